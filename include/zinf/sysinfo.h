@@ -1,0 +1,51 @@
+// zinf/sysinfo.h — the machine as an offload engine sees it (`zinf info`).
+//
+// CPU, NUMA nodes and their memory (hwloc), the SIMD path cpu_adam will run, host memory, the
+// locked-memory limit that bounds pinned buffers, and the GPUs CUDA sees with their PCIe links.
+// Read-only queries; safe to call from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zinf {
+
+struct NumaNode {
+  int index = 0;
+  std::uint64_t memory_bytes = 0;
+  std::string cpus;  // e.g. "0-15"
+};
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  std::uint64_t total_bytes = 0, free_bytes = 0;
+  int cc_major = 0, cc_minor = 0;
+  std::string pci_bus_id;  // "0000:3b:00.0"
+  int pcie_gen = 0, pcie_width = 0, pcie_gen_max = 0, pcie_width_max = 0;  // 0 when unknown
+  int numa_node = -1;
+};
+
+struct MachineInfo {
+  std::string cpu_model;
+  int physical_cores = 0, logical_cpus = 0;
+  std::vector<NumaNode> numa;
+  std::string simd_detected, simd_active;
+  bool avx512_bf16 = false;
+  std::uint64_t mem_total = 0, mem_available = 0;
+  std::uint64_t memlock_soft = 0, memlock_hard = 0;  // UINT64_MAX = unlimited
+  bool cuda_built = false;
+  std::string gpu_status;  // "2 GPUs", "no GPU visible (…)", "built without CUDA"
+  std::vector<GpuInfo> gpus;
+  std::string cuda_runtime, cuda_driver, nccl;  // versions, empty when unknown
+};
+
+MachineInfo query_machine();
+
+// "1.50 GiB" style; exact bytes below 1 KiB.
+std::string format_bytes(std::uint64_t bytes);
+// "1.23M", "7.1B" style parameter counts.
+std::string format_count(std::int64_t n);
+
+}  // namespace zinf

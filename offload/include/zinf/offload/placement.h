@@ -1,0 +1,88 @@
+// zinf/offload/placement.h — where every byte of the training state lives, before anything runs.
+//
+// The tier placement of shared/DESIGN.md §1 as arithmetic: given the layer units' sizes, the
+// precision and the two offload devices, it gives each state's bytes per tier (device, pinned host,
+// pageable host, NVMe), the fixed-count buffers the dataflow needs, and a verdict against the
+// capacities of a machine. The scheduler (issue 6) allocates exactly what this plan says, so
+// `zinf plan` and a real run agree. Pure functions; thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zinf/config.h"
+
+namespace zinf::offload {
+
+enum class Tier { device = 0, pinned = 1, host = 2, nvme = 3 };
+constexpr int kTiers = 4;
+const char* tier_name(Tier t);
+
+using TierBytes = std::array<std::uint64_t, kTiers>;
+
+struct PlanInput {
+  std::vector<std::int64_t> unit_params;  // per layer unit, forward order
+  int compute_bytes = 2;                  // 2 for fp16/bf16, 4 for fp32
+  OffloadDevice optimizer = OffloadDevice::none;
+  OffloadDevice param = OffloadDevice::none;
+  std::int64_t grad_accum = 1;
+  std::int64_t sub_group_size = 1'000'000'000;
+  std::int64_t reduce_bucket_size = 500'000'000;
+  std::int64_t prefetch_bucket_size = 50'000'000;
+  int optimizer_buffer_count = 4;
+  int param_buffer_count = 5;
+  std::int64_t param_buffer_size = 100'000'000;
+  std::uint64_t activation_bytes = 0;  // device bytes for one micro batch (the caller's estimate)
+};
+
+struct Row {
+  std::string name;   // "param16", "master", "activations", "grad landing (pinned)", …
+  std::string dtype;  // "fp16", "fp32", "" for buffers
+  TierBytes bytes{};
+  std::string note;
+};
+
+struct Plan {
+  std::int64_t n_params = 0;
+  std::int64_t largest_unit = 0;
+  int prefetch_depth = 0;      // layer units fetched ahead when params are offloaded
+  std::vector<Row> states;     // param16, grad16, grad32, master, m, v
+  std::vector<Row> buffers;    // activations, device windows, pinned pool parts
+  TierBytes model_states{};    // sum of `states`
+  TierBytes totals{};          // states + buffers
+  std::uint64_t pinned_pool = 0;  // staging buffers through the one bounded pool (excludes a pinned param16 home)
+};
+
+// Throws zinf::ConfigError when the input cannot be planned (e.g. a layer unit larger than
+// offload_param.buffer_size).
+Plan make_plan(const PlanInput& in);
+
+struct Capacity {
+  std::uint64_t device = 0;     // device memory budget
+  std::uint64_t host = 0;       // host memory available
+  std::uint64_t pinnable = 0;   // min(RLIMIT_MEMLOCK, host) — what may be page-locked
+  std::uint64_t nvme = 0;       // free space at the swap path(s)
+  bool nvme_known = false;      // false when no NVMe path is configured or it does not exist
+};
+
+struct Verdict {
+  bool fits = true;
+  std::string limiting;         // the resource closest to running out: "device", "pinned", …
+  double limiting_fraction = 0; // its use / capacity
+  std::vector<std::string> problems;  // one line per resource that runs out
+};
+
+Verdict judge(const Plan& plan, const Capacity& cap);
+
+// DeepSpeed's published estimator (estimate_zero3_model_states_mem_needs), for comparison:
+// returns {cpu bytes, gpu bytes} for one node and one GPU, with its additional_buffer_factor.
+struct DeepSpeedEstimate {
+  std::uint64_t cpu = 0, gpu = 0;
+};
+DeepSpeedEstimate deepspeed_zero3_estimate(std::int64_t total_params, std::int64_t largest_layer_params,
+                                           bool offload_optimizer, bool offload_param, bool zero_init,
+                                           double additional_buffer_factor = 1.5);
+
+}  // namespace zinf::offload

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages zinf builds and tests with. Idempotent: packages already present are
+# skipped, and apt is not touched at all when nothing is missing. Needs root (or sudo) only then.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config git
+      nlohmann-json3-dev libcli11-dev libtbb-dev libhwloc-dev liburing-dev libeigen3-dev
+      libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo_cmd apt-get update -qq
+$sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"

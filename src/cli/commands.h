@@ -1,0 +1,30 @@
+// commands.h — the `zinf` subcommands. Each registers its options on a CLI11 subcommand and
+// returns the function that runs it; only main() turns results and exceptions into exit codes.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace zinf::cli {
+
+struct Command {
+  CLI::App* sub = nullptr;
+  std::function<int()> run;
+};
+
+Command add_info(CLI::App& app);
+Command add_plan(CLI::App& app);
+
+// Shared: --config / --set handling and the "note:" lines a config produced.
+struct ConfigArgs {
+  std::string path;
+  std::vector<std::string> overrides;
+};
+void add_config_options(CLI::App& sub, ConfigArgs& args, bool required);
+
+}  // namespace zinf::cli

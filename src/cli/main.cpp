@@ -1,0 +1,55 @@
+// main.cpp — the `zinf` command line. Exit codes: 0 ok, 1 runtime failure, 2 usage or config
+// error; every error is one line on stderr.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+#include "zinf/error.h"
+
+namespace {
+
+void report(const char* kind, const zinf::Error& e) {
+  if (e.hint().empty())
+    std::fprintf(stderr, "zinf: %s%s\n", kind, e.what());
+  else
+    std::fprintf(stderr, "zinf: %s%s ---> HINT: %s\n", kind, e.what(), e.hint().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zinf — a ZeRO-Offload / ZeRO-Infinity training engine for models larger than their GPU",
+               "zinf"};
+  app.set_version_flag("--version", std::string("zinf ") + ZINF_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  const zinf::cli::Command commands[] = {zinf::cli::add_info(app), zinf::cli::add_plan(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "zinf: usage error: %s (see zinf --help)\n", e.what());
+    return 2;
+  }
+  try {
+    for (const auto& c : commands)
+      if (c.sub->parsed()) return c.run();
+    return 2;
+  } catch (const zinf::ConfigError& e) {
+    report("", e);
+    return 2;
+  } catch (const zinf::Error& e) {
+    report("error: ", e);
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zinf: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,134 @@
+// cli_test.cpp — the `zinf` binary as a user runs it: help, version, exit codes, one-line errors,
+// `info` and `plan` (text and --json) on every shipped config.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Result run(const std::string& args) {
+  const std::string base = std::filesystem::temp_directory_path() / ("zinf-cli-" + std::to_string(::getpid()));
+  const std::string cmd = std::string(ZINF_BIN) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  int status = std::system(cmd.c_str());
+  Result r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  std::filesystem::remove(base + ".out");
+  std::filesystem::remove(base + ".err");
+  return r;
+}
+
+std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
+
+const std::string kConfigs = std::string(ZINF_SOURCE_DIR) + "/configs";
+
+TEST(Cli, HelpAndVersion) {
+  Result r = run("--help");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_NE(r.out.find("info"), std::string::npos);
+  EXPECT_NE(r.out.find("plan"), std::string::npos);
+  r = run("--version");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_EQ(r.out.rfind("zinf ", 0), 0u);
+  for (const char* sub : {"info", "plan"}) {
+    r = run(std::string(sub) + " --help");
+    EXPECT_EQ(r.rc, 0) << sub;
+    EXPECT_NE(r.out.find("--json"), std::string::npos) << sub;
+  }
+}
+
+TEST(Cli, UsageErrorsExitTwoWithOneLine) {
+  for (const char* args : {"", "frobnicate", "plan", "plan --config", "info --bogus"}) {
+    Result r = run(args);
+    EXPECT_EQ(r.rc, 2) << args;
+    EXPECT_EQ(lines(r.err), 1u) << args << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("zinf: ", 0), 0u) << r.err;
+  }
+}
+
+TEST(Cli, InfoReportsTheMachine) {
+  Result r = run("info --path " + std::filesystem::temp_directory_path().string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("simd"), std::string::npos);
+  EXPECT_NE(r.out.find("memlock"), std::string::npos);
+  EXPECT_NE(r.out.find("O_DIRECT"), std::string::npos);
+  r = run("info --json --path /nonexistent-dir");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GE(j["cpu"]["logical_cpus"].get<int>(), 1);
+  EXPECT_GT(j["memory"]["total_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_FALSE(j["paths"][0]["exists"].get<bool>());
+  EXPECT_TRUE(j["cuda"].contains("status"));
+  if (j["gpus"].empty()) {
+    EXPECT_FALSE(j["cuda"]["status"].get<std::string>().empty());
+  }
+}
+
+TEST(Cli, PlanEveryShippedConfig) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(kConfigs)) {
+    if (e.path().extension() != ".json") continue;
+    SCOPED_TRACE(e.path().string());
+    Result r = run("plan --config " + e.path().string());
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.out.find("param16"), std::string::npos);
+    EXPECT_NE(r.out.find("verdict"), std::string::npos);
+    r = run("plan --json --config " + e.path().string());
+    ASSERT_EQ(r.rc, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    std::uint64_t sum = 0;
+    for (const auto& s : j["states"])
+      for (auto& [tier, b] : s["bytes"].items()) sum += b.get<std::uint64_t>();
+    std::uint64_t total = 0;
+    for (auto& [tier, b] : j["model_states"].items()) total += b.get<std::uint64_t>();
+    EXPECT_EQ(sum, total);
+    EXPECT_GT(j["model"]["params"].get<std::int64_t>(), 0);
+    EXPECT_EQ(j["largest_fit"].size(), 5u);
+    ++n;
+  }
+  EXPECT_GE(n, 6);
+}
+
+TEST(Cli, PlanWithOverride) {
+  Result r = run("plan --json --config " + kConfigs + "/tiny.json --set model.n_layer=8");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["model"]["n_layer"], 8);
+}
+
+TEST(Cli, BrokenConfigIsRefusedWithOneLine) {
+  const std::string bad = std::filesystem::temp_directory_path() / ("zinf-bad-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(bad) << R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimzer": {}}})";
+  Result r = run("plan --config " + bad);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("zero_optimization.offload_optimzer: unknown key (did you mean offload_optimizer?)"),
+            std::string::npos)
+      << r.err;
+  std::filesystem::remove(bad);
+  r = run("plan --config /nonexistent.json");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("/nonexistent.json: cannot open config file"), std::string::npos) << r.err;
+  r = run("plan --config " + kConfigs + "/tiny.json --set zero_optimization.stage=9");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("zero_optimization.stage"), std::string::npos) << r.err;
+}
+
+}  // namespace

@@ -70,3 +70,42 @@ SimdLevel active_simd() {
 void set_simd_cap(SimdLevel level) { cap_storage().store(static_cast<int>(level), std::memory_order_relaxed); }
 
 }  // namespace zinf::cpu_adam
+
+// ---- kernel dispatch --------------------------------------------------------------------------------
+#include "kernels.h"
+#include "zinf/cpu_adam/convert.h"
+
+namespace zinf::cpu_adam {
+namespace {
+
+const detail::KernelTable& table(SimdLevel requested) {
+  const SimdLevel det = detect_simd();
+  const SimdLevel l = static_cast<int>(requested) < static_cast<int>(det) ? requested : det;
+  switch (l) {
+    case SimdLevel::avx512: return detail::avx512_kernels();
+    case SimdLevel::avx2: return detail::avx2_kernels();
+    case SimdLevel::scalar: break;
+  }
+  return detail::scalar_kernels();
+}
+
+}  // namespace
+
+void adam_update(const AdamStep& s, const UpdateChunk& c, SimdLevel level) { table(level).adam(s, c); }
+void adam_update(const AdamStep& s, const UpdateChunk& c) { table(active_simd()).adam(s, c); }
+
+SumSquares sum_squares(const void* g, GradType t, std::size_t n, SimdLevel level) {
+  return table(level).sum_squares(g, t, n);
+}
+SumSquares sum_squares(const void* g, GradType t, std::size_t n) { return table(active_simd()).sum_squares(g, t, n); }
+
+void fp32_to_fp16(const float* s, std::uint16_t* d, std::size_t n, SimdLevel l) { table(l).fp32_to_fp16(s, d, n); }
+void fp16_to_fp32(const std::uint16_t* s, float* d, std::size_t n, SimdLevel l) { table(l).fp16_to_fp32(s, d, n); }
+void fp32_to_bf16(const float* s, std::uint16_t* d, std::size_t n, SimdLevel l) { table(l).fp32_to_bf16(s, d, n); }
+void bf16_to_fp32(const std::uint16_t* s, float* d, std::size_t n, SimdLevel l) { table(l).bf16_to_fp32(s, d, n); }
+void fp32_to_fp16(const float* s, std::uint16_t* d, std::size_t n) { fp32_to_fp16(s, d, n, active_simd()); }
+void fp16_to_fp32(const std::uint16_t* s, float* d, std::size_t n) { fp16_to_fp32(s, d, n, active_simd()); }
+void fp32_to_bf16(const float* s, std::uint16_t* d, std::size_t n) { fp32_to_bf16(s, d, n, active_simd()); }
+void bf16_to_fp32(const std::uint16_t* s, float* d, std::size_t n) { bf16_to_fp32(s, d, n, active_simd()); }
+
+}  // namespace zinf::cpu_adam

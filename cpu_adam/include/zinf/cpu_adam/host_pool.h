@@ -1,0 +1,47 @@
+// zinf/cpu_adam/host_pool.h — the host worker threads that run Update, norm and conversion passes.
+//
+// A oneTBB task arena of a fixed size (default: the physical cores, from hwloc), optionally with each
+// worker pinned to its own core. Work is split into chunks aligned to 1024 elements (4 KiB of fp32:
+// whole cache lines and whole SIMD vectors on every path), so the chunking never changes a result.
+// Calls may come from any thread, including the scheduler's workers; the arena bounds concurrency, so
+// nested or concurrent calls share the same threads instead of oversubscribing the cores.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "zinf/cpu_adam/adam.h"
+
+namespace zinf::cpu_adam {
+
+class HostPool {
+ public:
+  // threads = 0: the number of physical cores. pin: bind worker i to core i (hwloc).
+  explicit HostPool(int threads = 0, bool pin = false);
+  ~HostPool();
+  HostPool(const HostPool&) = delete;
+  HostPool& operator=(const HostPool&) = delete;
+
+  int threads() const;
+  // Runs fn(begin, end) over [0, n) in chunks of at least `grain` elements, rounded to 1024.
+  // Exceptions thrown by fn reach the caller.
+  void parallel_for(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& fn);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+int physical_cores();
+
+// The fused Update over a large range, split across the pool (results identical to one call).
+void adam_update(HostPool& pool, const AdamStep& s, const UpdateChunk& c);
+// Sum of squares over fixed 64 Ki-element blocks combined in block order: the result does not depend
+// on the thread count (it equals sum_squares_blocked's serial result).
+SumSquares sum_squares(HostPool& pool, const void* grad, GradType t, std::size_t n);
+// The serial definition of the blocked sum (the reference for the pooled one).
+SumSquares sum_squares_blocked(const void* grad, GradType t, std::size_t n);
+constexpr std::size_t kNormBlock = std::size_t{1} << 16;
+
+}  // namespace zinf::cpu_adam

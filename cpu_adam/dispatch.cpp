@@ -93,6 +93,7 @@ const detail::KernelTable& table(SimdLevel requested) {
 
 void adam_update(const AdamStep& s, const UpdateChunk& c, SimdLevel level) { table(level).adam(s, c); }
 void adam_update(const AdamStep& s, const UpdateChunk& c) { table(active_simd()).adam(s, c); }
+void adam_memory_traffic(const UpdateChunk& c, SimdLevel level) { table(level).traffic(c); }
 
 SumSquares sum_squares(const void* g, GradType t, std::size_t n, SimdLevel level) {
   return table(level).sum_squares(g, t, n);

@@ -18,6 +18,7 @@ struct KernelTable {
   void (*fp16_to_fp32)(const std::uint16_t*, float*, std::size_t);
   void (*fp32_to_bf16)(const float*, std::uint16_t*, std::size_t);
   void (*bf16_to_fp32)(const std::uint16_t*, float*, std::size_t);
+  void (*traffic)(const UpdateChunk&);  // benchmark limit: Adam's loads and stores, trivial math
 };
 
 const KernelTable& scalar_kernels();

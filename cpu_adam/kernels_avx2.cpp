@@ -84,6 +84,41 @@ void adam_avx2(const AdamStep& s, const UpdateChunk& c) {
   }
 }
 
+template <GradType G, int Out>
+void traffic_loop(const UpdateChunk& c) {
+  const std::size_t n8 = c.n & ~std::size_t{7};
+  auto* out = static_cast<std::uint16_t*>(c.param16);
+  for (std::size_t i = 0; i < n8; i += 8) {
+    const __m256 g = load_grad8<G>(c.grad, i);
+    const __m256 p = _mm256_add_ps(_mm256_loadu_ps(c.master + i), g);
+    _mm256_storeu_ps(c.master + i, p);
+    _mm256_storeu_ps(c.m + i, _mm256_add_ps(_mm256_loadu_ps(c.m + i), g));
+    _mm256_storeu_ps(c.v + i, _mm256_add_ps(_mm256_loadu_ps(c.v + i), g));
+    if constexpr (Out == 1)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    else if constexpr (Out == 2)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), to_bf16(p));
+  }
+  UpdateChunk tail = c;
+  tail.n = c.n - n8;
+  tail.grad = static_cast<const char*>(c.grad) + n8 * (G == GradType::fp32 ? 4 : 2);
+  tail.master += n8, tail.m += n8, tail.v += n8;
+  if (out) tail.param16 = out + n8;
+  scalar_kernels().traffic(tail);
+}
+template <GradType G>
+void traffic_for_grad(const UpdateChunk& c) {
+  if (!c.param16) return traffic_loop<G, 0>(c);
+  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
+}
+void traffic_avx2(const UpdateChunk& c) {
+  switch (c.grad_type) {
+    case GradType::fp32: return traffic_for_grad<GradType::fp32>(c);
+    case GradType::fp16: return traffic_for_grad<GradType::fp16>(c);
+    case GradType::bf16: return traffic_for_grad<GradType::bf16>(c);
+  }
+}
+
 template <GradType G>
 SumSquares sum_sq(const void* g, std::size_t n) {
   __m256d acc4[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
@@ -136,7 +171,7 @@ void bf16_f32(const std::uint16_t* s, float* d, std::size_t n) {
 }  // namespace
 
 const KernelTable& avx2_kernels() {
-  static const KernelTable t{adam_avx2, sum_squares_avx2, f32_f16, f16_f32, f32_bf16, bf16_f32};
+  static const KernelTable t{adam_avx2, sum_squares_avx2, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx2};
   return t;
 }
 

@@ -99,6 +99,41 @@ void adam_avx512(const AdamStep& s, const UpdateChunk& c) {
   }
 }
 
+template <GradType G, int Out>
+void traffic_loop(const UpdateChunk& c) {
+  const std::size_t n16 = c.n & ~std::size_t{15};
+  auto* out = static_cast<std::uint16_t*>(c.param16);
+  for (std::size_t i = 0; i < n16; i += 16) {
+    const __m512 g = load_grad16<G>(c.grad, i);
+    const __m512 p = _mm512_add_ps(_mm512_loadu_ps(c.master + i), g);
+    _mm512_storeu_ps(c.master + i, p);
+    _mm512_storeu_ps(c.m + i, _mm512_add_ps(_mm512_loadu_ps(c.m + i), g));
+    _mm512_storeu_ps(c.v + i, _mm512_add_ps(_mm512_loadu_ps(c.v + i), g));
+    if constexpr (Out == 1)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    else if constexpr (Out == 2)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_emulated(p));
+  }
+  UpdateChunk tail = c;
+  tail.n = c.n - n16;
+  tail.grad = static_cast<const char*>(c.grad) + n16 * (G == GradType::fp32 ? 4 : 2);
+  tail.master += n16, tail.m += n16, tail.v += n16;
+  if (out) tail.param16 = out + n16;
+  scalar_kernels().traffic(tail);
+}
+template <GradType G>
+void traffic_for_grad(const UpdateChunk& c) {
+  if (!c.param16) return traffic_loop<G, 0>(c);
+  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
+}
+void traffic_avx512(const UpdateChunk& c) {
+  switch (c.grad_type) {
+    case GradType::fp32: return traffic_for_grad<GradType::fp32>(c);
+    case GradType::fp16: return traffic_for_grad<GradType::fp16>(c);
+    case GradType::bf16: return traffic_for_grad<GradType::bf16>(c);
+  }
+}
+
 template <GradType G>
 SumSquares sum_sq(const void* g, std::size_t n) {
   __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();  // lanes 0–7 and 8–15
@@ -163,7 +198,7 @@ void bf16_f32(const std::uint16_t* s, float* d, std::size_t n) {
 }  // namespace
 
 const KernelTable& avx512_kernels() {
-  static const KernelTable t{adam_avx512, sum_squares_avx512, f32_f16, f16_f32, f32_bf16, bf16_f32};
+  static const KernelTable t{adam_avx512, sum_squares_avx512, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx512};
   return t;
 }
 

@@ -138,6 +138,17 @@ SumSquares sum_squares_scalar(const void* g, GradType t, std::size_t n) {
   const double sum = fold16(acc);
   return {sum, std::isfinite(sum)};
 }
+void traffic_scalar(const UpdateChunk& c) {
+  auto* out = static_cast<std::uint16_t*>(c.param16);
+  for (std::size_t i = 0; i < c.n; ++i) {
+    const float g = load_grad(c.grad, c.grad_type, i);
+    const float p = c.master[i] + g;
+    c.master[i] = p;
+    c.m[i] = c.m[i] + g;
+    c.v[i] = c.v[i] + g;
+    if (out) out[i] = c.param16_type == HalfType::fp16 ? fp32_to_fp16_reference(p) : fp32_to_bf16_reference(p);
+  }
+}
 void f32_f16(const float* s, std::uint16_t* d, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) d[i] = fp32_to_fp16_reference(s[i]);
 }
@@ -153,7 +164,7 @@ void bf16_f32(const std::uint16_t* s, float* d, std::size_t n) {
 }  // namespace
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable t{adam_scalar, sum_squares_scalar, f32_f16, f16_f32, f32_bf16, bf16_f32};
+  static const KernelTable t{adam_scalar, sum_squares_scalar, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_scalar};
   return t;
 }
 

@@ -19,6 +19,7 @@ struct Command {
 
 Command add_info(CLI::App& app);
 Command add_plan(CLI::App& app);
+Command add_bench(CLI::App& app);  // returns `bench adam`; more bench kinds register beside it
 
 // Shared: --config / --set handling and the "note:" lines a config produced.
 struct ConfigArgs {

@@ -77,6 +77,14 @@ void adam_update(const AdamStep& s, const UpdateChunk& c, SimdLevel level);
 // The same on active_simd().
 void adam_update(const AdamStep& s, const UpdateChunk& c);
 
+// Benchmark references (bench/cpu_adam_bench.cpp, `zinf bench adam`):
+//  * adam_memory_traffic: reads and writes exactly the streams adam_update does (grad, master, m, v
+//    in; master, m, v, param16 out) with trivial math (adds) — the memory-movement limit of the pass.
+//  * adam_update_naive: Adam written the ordinary way, a plain loop compiled without ISA flags — the
+//    "what you'd write" baseline. Not bit-compatible with the specification (different op order).
+void adam_memory_traffic(const UpdateChunk& c, SimdLevel level);
+void adam_update_naive(const AdamHyper& h, std::int64_t step, float grad_scale, const UpdateChunk& c);
+
 // Sum of squares of a gradient range, for the global norm. Each element is widened to double and
 // squared exactly; element i (counted from the start of the range) goes to accumulator i mod 16;
 // the 16 accumulators are folded pairwise (j += j+8, j += j+4, j += j+2, j += j+1). Identical on

@@ -2,9 +2,6 @@
 // input either parses or raises zinf::ConfigError (never another exception, never a signal).
 #include <gtest/gtest.h>
 
-// GCC 12 reports a false -Wrestrict inside libstdc++ for the string edits below (GCC bug 105329).
-#pragma GCC diagnostic ignored "-Wrestrict"
-
 #include <fstream>
 #include <random>
 #include <sstream>

@@ -1,0 +1,110 @@
+// zinf/nvme/store.h — the tensor store: named tensors in preallocated files under a private swap
+// directory, read and written asynchronously through an IoEngine.
+//
+// Layout: `<nvme_path>/zinf-<pid>-<random>/` (mode 0700, with a `.zinf-swap` marker naming the
+// owning process) holds `store.0 … store.<files-1>` (mode 0600). Each tensor gets an extent aligned
+// to the file's O_DIRECT alignment (queried with statx, at least 4 KiB) and padded to it; extents are
+// reserved with fallocate as tensors are added, and files are opened once.
+//
+// Buffers passed to read/write must be aligned to alignment() and hold padded(len) bytes (the
+// PinnedPool's blocks are): with O_DIRECT the tail of a tensor whose size is not a multiple of the
+// block size is transferred whole (DeepSpeed #1070 silently dropped such tails).
+//
+// Scratch hygiene: the directory and its files are removed by the destructor (normal exit, errors),
+// and on SIGINT/SIGTERM by a handler installed with install_swap_cleanup_handlers(). A leftover
+// directory from a crashed run is only removed when it is provably zinf's (marker present, owner
+// process gone, nothing but zinf's files inside) — see clean_stale_swap_dirs().
+//
+// Thread-safety: add() must not race with other calls; read/write may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zinf/nvme/engine.h"
+
+namespace zinf::nvme {
+
+// The private directory; removed (files and all) when destroyed or on SIGINT/SIGTERM.
+class SwapDir {
+ public:
+  explicit SwapDir(const std::string& parent);  // throws zinf::IoError naming the parent
+  ~SwapDir();
+  SwapDir(const SwapDir&) = delete;
+  SwapDir& operator=(const SwapDir&) = delete;
+  const std::string& path() const { return path_; }
+  // Path of a file inside; registers it for removal.
+  std::string file(const std::string& name);
+
+ private:
+  void remove();
+  std::string path_;
+  int slot_ = -1;
+};
+
+// Installs SIGINT/SIGTERM handlers that remove every live SwapDir, then re-raise the signal with
+// its default action. Idempotent.
+void install_swap_cleanup_handlers();
+
+// Leftover swap directories under `parent`: removes those that are provably zinf's and whose owner
+// is gone; returns one line per directory found (removed or kept, and why).
+std::vector<std::string> clean_stale_swap_dirs(const std::string& parent);
+
+struct StoreOptions {
+  std::string parent;                 // nvme_path
+  EngineKind engine = EngineKind::automatic;
+  EngineOptions io;
+  int files = 1;                      // tensors are spread round-robin over this many files
+  bool odirect = true;                // false, or refused by the filesystem: buffered I/O
+};
+
+class TensorStore {
+ public:
+  using Id = std::size_t;
+  explicit TensorStore(const StoreOptions& o, FaultPlan* faults = nullptr);
+  ~TensorStore();
+
+  // Registers a tensor of `bytes` and reserves its extent (fallocate). Throws zinf::IoError on a full
+  // disk, naming the file and size.
+  Id add(const std::string& name, std::uint64_t bytes);
+
+  std::uint64_t size(Id id) const;
+  std::uint64_t padded(std::uint64_t len) const { return (len + align_ - 1) / align_ * align_; }
+  std::size_t alignment() const { return align_; }
+  std::size_t count() const { return tensors_.size(); }
+
+  // Async whole-tensor or sub-range transfers; offset must be aligned; len is clamped to the tensor
+  // and the transfer covers padded(len) bytes of the buffer.
+  IoHandle write(Id id, const void* src, std::uint64_t offset = 0, std::uint64_t len = UINT64_MAX);
+  IoHandle read(Id id, void* dst, std::uint64_t offset = 0, std::uint64_t len = UINT64_MAX);
+
+  // "io_uring engine (auto: io_uring works here), O_DIRECT, 1 file(s) in /tmp/zinf-12-ab34"
+  const std::string& description() const { return description_; }
+  const std::string& directory() const { return dir_->path(); }
+  IoEngine& engine() { return *engine_; }
+
+ private:
+  struct File {
+    std::string path;
+    int fd = -1;
+    std::uint64_t end = 0;  // bytes reserved
+  };
+  struct Tensor {
+    std::string name;
+    std::size_t file;
+    std::uint64_t offset, bytes;
+  };
+  IoHandle transfer(bool write, Id id, void* buf, std::uint64_t offset, std::uint64_t len);
+
+  std::unique_ptr<SwapDir> dir_;
+  std::vector<File> files_;
+  std::vector<Tensor> tensors_;
+  std::size_t align_ = 4096;
+  bool odirect_ = false;
+  std::unique_ptr<IoEngine> engine_;
+  std::string description_;
+};
+
+}  // namespace zinf::nvme

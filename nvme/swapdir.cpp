@@ -1,0 +1,189 @@
+// swapdir.cpp — the private swap directory and its cleanup on every exit path (zinf/nvme/store.h).
+//
+// The signal handler may only use async-signal-safe calls, so live directories and their files are
+// kept in a fixed table of plain char arrays that the handler walks with unlink/rmdir.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <random>
+
+#include "zinf/error.h"
+#include "zinf/nvme/store.h"
+
+namespace zinf::nvme {
+namespace {
+
+constexpr int kSlots = 16, kFiles = 32, kPath = 512;
+struct Slot {
+  std::atomic<bool> used{false};
+  char dir[kPath];
+  char files[kFiles][kPath];
+  std::atomic<int> nfiles{0};
+};
+Slot g_slots[kSlots];
+std::mutex g_slots_mu;
+const char kMarker[] = ".zinf-swap";
+const char kMagic[] = "zinf swap directory";
+
+void remove_slot(Slot& s) {  // async-signal-safe
+  const int n = s.nfiles.load();
+  for (int i = 0; i < n; ++i) ::unlink(s.files[i]);
+  ::rmdir(s.dir);
+}
+
+void on_signal(int sig) {
+  for (auto& s : g_slots)
+    if (s.used.load()) remove_slot(s);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+bool copy_path(char* dst, const std::string& src) {
+  if (src.size() + 1 > static_cast<std::size_t>(kPath)) return false;
+  std::memcpy(dst, src.c_str(), src.size() + 1);
+  return true;
+}
+
+std::string boot_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+}  // namespace
+
+void install_swap_cleanup_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+  });
+}
+
+SwapDir::SwapDir(const std::string& parent) {
+  struct stat st {};
+  if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    const int e = S_ISDIR(st.st_mode) || errno ? errno : ENOTDIR;
+    throw IoError("swap path " + parent + ": " + std::strerror(e ? e : ENOTDIR), e ? e : ENOTDIR,
+                  "set nvme_path to an existing directory on the NVMe drive");
+  }
+  std::random_device rd;
+  char name[64];
+  std::snprintf(name, sizeof name, "zinf-%d-%08x", static_cast<int>(::getpid()), rd());
+  path_ = parent + (parent.back() == '/' ? "" : "/") + name;
+  if (::mkdir(path_.c_str(), 0700) != 0) {
+    const int e = errno;
+    throw IoError("swap path " + path_ + ": mkdir: " + std::strerror(e), e);
+  }
+  {
+    std::lock_guard<std::mutex> lk(g_slots_mu);
+    for (int i = 0; i < kSlots; ++i) {
+      if (!g_slots[i].used.load() && copy_path(g_slots[i].dir, path_)) {
+        g_slots[i].nfiles = 0;
+        g_slots[i].used = true;
+        slot_ = i;
+        break;
+      }
+    }
+  }
+  const std::string marker = file(kMarker);
+  std::ofstream m(marker);
+  m << kMagic << "\npid " << ::getpid() << "\nboot " << boot_id() << "\n";
+  if (!m) {
+    const int e = errno ? errno : EIO;
+    remove();
+    throw IoError("swap path " + marker + ": cannot write the marker: " + std::strerror(e), e);
+  }
+  ::chmod(marker.c_str(), 0600);
+}
+
+std::string SwapDir::file(const std::string& name) {
+  std::string p = path_ + "/" + name;
+  if (slot_ >= 0) {
+    std::lock_guard<std::mutex> lk(g_slots_mu);
+    Slot& s = g_slots[slot_];
+    const int n = s.nfiles.load();
+    if (n < kFiles && copy_path(s.files[n], p)) s.nfiles = n + 1;
+  }
+  return p;
+}
+
+SwapDir::~SwapDir() { remove(); }
+
+void SwapDir::remove() {
+  if (path_.empty()) return;
+  if (slot_ >= 0) {
+    std::lock_guard<std::mutex> lk(g_slots_mu);
+    remove_slot(g_slots[slot_]);
+    g_slots[slot_].used = false;
+    slot_ = -1;
+  }
+  ::rmdir(path_.c_str());
+  path_.clear();
+}
+
+std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
+  std::vector<std::string> report;
+  DIR* d = ::opendir(parent.c_str());
+  if (!d) return report;
+  const std::string my_boot = boot_id();
+  while (dirent* e = ::readdir(d)) {
+    int pid = 0;
+    unsigned tag = 0;
+    if (std::sscanf(e->d_name, "zinf-%d-%8x", &pid, &tag) != 2) continue;
+    const std::string dir = parent + "/" + e->d_name;
+    std::ifstream m(dir + "/" + kMarker);
+    std::string magic, key, boot;
+    int mpid = 0;
+    std::getline(m, magic);
+    m >> key >> mpid >> key >> boot;
+    if (magic != kMagic || mpid != pid) {
+      report.push_back(dir + ": kept (no zinf marker)");
+      continue;
+    }
+    const bool alive = boot == my_boot && (::kill(pid, 0) == 0 || errno == EPERM);
+    if (alive) {
+      report.push_back(dir + ": kept (process " + std::to_string(pid) + " is running)");
+      continue;
+    }
+    // Only zinf's own files may be inside: the marker and store.N.
+    std::vector<std::string> files;
+    bool foreign = false;
+    if (DIR* sub = ::opendir(dir.c_str())) {
+      while (dirent* f = ::readdir(sub)) {
+        const std::string n = f->d_name;
+        if (n == "." || n == "..") continue;
+        if (n == kMarker || n.rfind("store.", 0) == 0)
+          files.push_back(dir + "/" + n);
+        else
+          foreign = true;
+      }
+      ::closedir(sub);
+    }
+    if (foreign) {
+      report.push_back(dir + ": kept (holds files zinf did not write)");
+      continue;
+    }
+    for (const auto& f : files) ::unlink(f.c_str());
+    if (::rmdir(dir.c_str()) == 0)
+      report.push_back(dir + ": removed (left by process " + std::to_string(pid) + ", which is gone)");
+    else
+      report.push_back(dir + ": could not be removed: " + std::strerror(errno));
+  }
+  ::closedir(d);
+  return report;
+}
+
+}  // namespace zinf::nvme

@@ -586,6 +586,9 @@ void read_aio(Section s, AioConfig& a) {
   a.intra_op_parallelism = static_cast<int>(s.get_int(k, 1, 1, 64));
   a.single_submit = s.get_bool("single_submit", false);
   a.overlap_events = s.get_bool("overlap_events", true);
+  if (!a.overlap_events)
+    s.notes()->push_back(s.join("overlap_events") +
+                         ": zinf always refills the ring on each completion; false changes nothing");
   a.use_gds = s.get_bool("use_gds", false);
   if (a.use_gds)
     s.notes()->push_back(s.join("use_gds") +

@@ -10,9 +10,12 @@
 #include "zinf/config.h"
 #include "zinf/cpu_adam/simd.h"
 #include "zinf/error.h"
+#include "zinf/nvme/sweep.h"
 
 namespace zinf::cli {
 namespace {
+
+Command bench_nvme_;
 
 struct AdamArgs {
   std::string params = "256M";
@@ -72,6 +75,81 @@ int run_adam(const AdamArgs& a) {
   return 0;
 }
 
+struct NvmeArgs {
+  std::string path;
+  std::string size = "4G", cell = "256M", swap_item = "64M";
+  std::vector<std::string> blocks = {"128K", "512K", "1M", "4M", "8M"};
+  std::vector<int> depths = {1, 4, 16, 64};
+  std::vector<int> threads = {1, 2};
+  std::string engine = "auto";
+  bool json = false;
+};
+
+int run_nvme(const NvmeArgs& a) {
+  nvme::SweepOptions o;
+  o.dir = a.path;
+  o.file_bytes = parse_bytes(a.size, "--size");
+  o.cell_bytes = parse_bytes(a.cell, "--cell");
+  o.swap_item = static_cast<std::size_t>(parse_bytes(a.swap_item, "--swap-item"));
+  if (o.file_bytes < (1 << 20) || o.cell_bytes < (1 << 20) || o.swap_item < (1 << 20))
+    throw ConfigError("--size, --cell and --swap-item must each be at least 1M");
+  o.block_sizes.clear();
+  for (const auto& b : a.blocks) {
+    const std::uint64_t v = parse_bytes(b, "--blocks");
+    if (v < 4096 || v % 4096) throw ConfigError("--blocks: " + b + " is not a multiple of 4K");
+    o.block_sizes.push_back(static_cast<std::size_t>(v));
+  }
+  o.depths = a.depths;
+  o.threads = a.threads;
+  o.engine = a.engine == "uring" ? nvme::EngineKind::uring : a.engine == "posix" ? nvme::EngineKind::posix : nvme::EngineKind::automatic;
+  nvme::SweepResult r = nvme::run_sweep(o, [](const std::string& line) { std::fprintf(stderr, "bench nvme: %s\n", line.c_str()); });
+  auto cell = [](const nvme::SweepCell& c) {
+    return nlohmann::json{{"block_size", c.block}, {"queue_depth", c.depth}, {"threads", c.threads}, {"gb_per_s", c.gbps}};
+  };
+  nlohmann::json aio = {{"block_size", r.best_combined_read.block}, {"queue_depth", r.best_combined_read.depth},
+                        {"intra_op_parallelism", r.best_combined_read.threads}, {"single_submit", false},
+                        {"overlap_events", true}};
+  if (a.json) {
+    nlohmann::json j = {{"path", a.path}, {"engine", r.engine}, {"best_read", cell(r.best_read)},
+                        {"best_write", cell(r.best_write)}, {"best_read_gb_per_s", r.best_read.gbps},
+                        {"best_write_gb_per_s", r.best_write.gbps},
+                        {"plain", {{"read_gb_per_s", r.plain_read_gbps}, {"write_gb_per_s", r.plain_write_gbps}}},
+                        {"swap_gb_per_s", r.swap_gbps}, {"swap_ratio", r.swap_ratio}, {"aio", aio}};
+    j["cells"] = nlohmann::json::array();
+    for (const auto& c : r.cells) {
+      auto x = cell(c);
+      x["direction"] = c.write ? "write" : "read";
+      j["cells"].push_back(x);
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("zinf bench nvme — %s (%s)\n", a.path.c_str(), r.engine.c_str());
+  for (bool write : {false, true}) {
+    std::printf("\n%s GB/s    ", write ? "write" : "read ");
+    for (int th : o.threads)
+      for (int qd : o.depths) std::printf(" t%d/qd%-4d", th, qd);
+    std::printf("\n");
+    for (std::size_t bs : o.block_sizes) {
+      std::printf("  %6zuK    ", bs >> 10);
+      for (int th : o.threads)
+        for (int qd : o.depths)
+          for (const auto& c : r.cells)
+            if (c.write == write && c.block == bs && c.depth == qd && c.threads == th) std::printf(" %9.2f", c.gbps);
+      std::printf("\n");
+    }
+  }
+  std::printf("\nplain sequential O_DIRECT (1 MiB, QD 1): read %.2f GB/s, write %.2f GB/s\n", r.plain_read_gbps,
+              r.plain_write_gbps);
+  std::printf("best read  %.2f GB/s at block %zuK, depth %d, threads %d (%.2fx the plain pass)\n", r.best_read.gbps,
+              r.best_read.block >> 10, r.best_read.depth, r.best_read.threads, r.best_read.gbps / r.plain_read_gbps);
+  std::printf("best write %.2f GB/s at block %zuK, depth %d, threads %d (%.2fx the plain pass)\n", r.best_write.gbps,
+              r.best_write.block >> 10, r.best_write.depth, r.best_write.threads, r.best_write.gbps / r.plain_write_gbps);
+  std::printf("swap mode  %.2f GB/s (read + write) = %.2f of the best raw cells\n", r.swap_gbps, r.swap_ratio);
+  std::printf("\npaste into ds_config.json (best read + write):\n\"aio\": %s\n", aio.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 Command add_bench(CLI::App& app) {
@@ -89,7 +167,27 @@ Command add_bench(CLI::App& app) {
   adam->add_option("--reps", args->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
   adam->add_option("--simd", args->simd, "Cap the SIMD path: auto, avx512, avx2, scalar")->capture_default_str();
   adam->add_flag("--json", args->json, "Print one JSON object (the ratio as `ratio`)");
+  auto nargs = std::make_shared<NvmeArgs>();
+  CLI::App* nv = sub->add_subcommand(
+      "nvme",
+      "Sweep request size x queue depth x I/O threads, for read and for write, on an O_DIRECT file in a private "
+      "directory under --path (removed afterwards); measure a plain sequential O_DIRECT pread/pwrite pass in the "
+      "same run as the reference; then stream the optimizer pattern (read sub-group g+1 | touch g | write g-1) "
+      "through the pipelined swapper and report it against the best raw cells. Prints a table per direction, the "
+      "best cells and a paste-ready \"aio\" block");
+  nv->add_option("--path", nargs->path, "Directory on the drive to measure")->required()->type_name("DIR");
+  nv->add_option("--size", nargs->size, "File size")->capture_default_str();
+  nv->add_option("--cell", nargs->cell, "Bytes moved per sweep cell")->capture_default_str();
+  nv->add_option("--blocks", nargs->blocks, "Request sizes")->delimiter(',')->capture_default_str();
+  nv->add_option("--depths", nargs->depths, "Queue depths per thread")->delimiter(',')->capture_default_str();
+  nv->add_option("--threads", nargs->threads, "I/O thread counts (rings)")->delimiter(',')->capture_default_str();
+  nv->add_option("--swap-item", nargs->swap_item, "Sub-group size in swap mode")->capture_default_str();
+  nv->add_option("--engine", nargs->engine, "auto, uring or posix")->check(CLI::IsMember({"auto", "uring", "posix"}))->capture_default_str();
+  nv->add_flag("--json", nargs->json, "Print one JSON object (best_read/best_write GB/s, swap_ratio)");
+  bench_nvme_ = {nv, [nargs] { return run_nvme(*nargs); }};
   return {adam, [args] { return run_adam(*args); }};
 }
+
+Command bench_nvme_command() { return bench_nvme_; }
 
 }  // namespace zinf::cli

@@ -19,7 +19,8 @@ struct Command {
 
 Command add_info(CLI::App& app);
 Command add_plan(CLI::App& app);
-Command add_bench(CLI::App& app);  // returns `bench adam`; more bench kinds register beside it
+Command add_bench(CLI::App& app);  // registers `bench adam` (returned) and `bench nvme`
+Command bench_nvme_command();      // valid after add_bench
 
 // Shared: --config / --set handling and the "note:" lines a config produced.
 struct ConfigArgs {

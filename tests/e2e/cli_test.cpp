@@ -48,7 +48,7 @@ TEST(Cli, HelpAndVersion) {
   r = run("--version");
   EXPECT_EQ(r.rc, 0);
   EXPECT_EQ(r.out.rfind("zinf ", 0), 0u);
-  for (const char* sub : {"info", "plan"}) {
+  for (const char* sub : {"info", "plan", "bench adam", "bench nvme"}) {
     r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.rc, 0) << sub;
     EXPECT_NE(r.out.find("--json"), std::string::npos) << sub;
@@ -111,6 +111,43 @@ TEST(Cli, PlanWithOverride) {
   Result r = run("plan --json --config " + kConfigs + "/tiny.json --set model.n_layer=8");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["model"]["n_layer"], 8);
+}
+
+TEST(Cli, BenchAdamReportsTheRatio) {
+  Result r = run("bench adam --params 2M --threads 1 --reps 1 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["ratio"].get<double>(), 0.0);
+  EXPECT_GT(j["fused"]["params_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["memory_limit"]["gb_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(j["bytes_per_param"].get<double>(), 28.0);
+  r = run("bench adam --params 2M --threads 1 --reps 1 --simd scalar --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["simd"], "scalar");
+  EXPECT_EQ(run("bench adam --params zero").rc, 2);
+  r = run("bench adam --help");
+  EXPECT_NE(r.out.find("memory"), std::string::npos);
+}
+
+TEST(Cli, BenchNvmeSweepsAndCleansUp) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("zinf-bench-nvme-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  Result r = run("bench nvme --path " + dir.string() +
+                 " --size 8M --cell 4M --swap-item 1M --blocks 128K,1M --depths 1,4 --threads 1 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["cells"].size(), 8u);  // 2 blocks x 2 depths x 1 thread x 2 directions
+  EXPECT_GT(j["best_read_gb_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["best_write_gb_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["swap_ratio"].get<double>(), 0.0);
+  EXPECT_TRUE(j["aio"].contains("queue_depth"));
+  EXPECT_NE(r.err.find("swap mode"), std::string::npos);  // progress was shown
+  EXPECT_TRUE(std::filesystem::is_empty(dir));             // the private directory is gone
+  r = run("bench nvme --path /nonexistent-zinf-dir --size 8M --cell 4M");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("/nonexistent-zinf-dir"), std::string::npos) << r.err;
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, BrokenConfigIsRefusedWithOneLine) {

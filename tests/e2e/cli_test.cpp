@@ -48,7 +48,7 @@ TEST(Cli, HelpAndVersion) {
   r = run("--version");
   EXPECT_EQ(r.rc, 0);
   EXPECT_EQ(r.out.rfind("zinf ", 0), 0u);
-  for (const char* sub : {"info", "plan", "bench adam", "bench nvme"}) {
+  for (const char* sub : {"info", "plan", "train", "bench adam", "bench nvme"}) {
     r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.rc, 0) << sub;
     EXPECT_NE(r.out.find("--json"), std::string::npos) << sub;
@@ -148,6 +148,42 @@ TEST(Cli, BenchNvmeSweepsAndCleansUp) {
   EXPECT_NE(r.err.find("/nonexistent-zinf-dir"), std::string::npos) << r.err;
   EXPECT_EQ(lines(r.err), 1u) << r.err;
   std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, TrainPrintsConfigProgressAndTheFinalLine) {
+  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
+                            " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=2 --set device.threads=1";
+  const std::string metrics = std::filesystem::temp_directory_path() / ("zinf-metrics-" + std::to_string(::getpid()) + ".jsonl");
+  Result r = run("train --config " + kConfigs + "/tiny.json --set train.steps=4 --set steps_per_print=2"
+                 " --set wall_clock_breakdown=true --set train.metrics_file=\"" + metrics + "\"" + small);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("optimizer.params.lr"), std::string::npos);  // the resolved config table
+  EXPECT_NE(r.out.find("step     2/4 | loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fwd "), std::string::npos);
+  EXPECT_NE(r.out.find("val_loss"), std::string::npos);
+  const auto fin = r.out.find("final step=4 loss=");
+  ASSERT_NE(fin, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("params_digest=", fin), std::string::npos);
+  EXPECT_EQ(lines(slurp(metrics)), 5u);  // 4 steps + the final validation line
+  std::filesystem::remove(metrics);
+  // The same run twice gives the same digest; --json gives the summary on stdout.
+  Result a = run("train --json --config " + kConfigs + "/tiny.json --set train.steps=2" + small);
+  Result b = run("train --json --config " + kConfigs + "/tiny.json --set train.steps=2" + small);
+  ASSERT_EQ(a.rc, 0) << a.err;
+  auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["params_digest"], jb["params_digest"]);
+  EXPECT_EQ(ja["steps"], 2);
+}
+
+TEST(Cli, TrainErrorsAreOneLine) {
+  Result r = run("train --config " + kConfigs + "/tiny.json --set data.path=/nonexistent/corpus.txt");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/corpus.txt: data file does not exist"), std::string::npos) << r.err;
+  r = run("train --config " + kConfigs + "/tiny.json --set device.memory_budget=\"1MiB\"");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("device memory budget exceeded"), std::string::npos) << r.err;
 }
 
 TEST(Cli, BrokenConfigIsRefusedWithOneLine) {

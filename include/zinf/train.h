@@ -1,0 +1,64 @@
+// zinf/train.h — the training loop (`zinf train`), with DeepSpeed's numerics: mixed precision with
+// dynamic loss scaling, gradient accumulation, global-norm clipping, Adam/AdamW through cpu_adam's
+// fused Update, and the WarmupLR / WarmupDecayLR / WarmupCosineLR schedules.
+//
+// This issue's engine keeps every state on the device (the CPU device here); the offload scheduler
+// (issue 6) moves them. On the CPU device the model computes in fp32 from the 16-bit parameter copy
+// (so fp16/bf16 runs see 16-bit weights and 16-bit gradients, and fp16 overflows exactly where a GPU
+// run would); gradients are rounded to 16 bits before the update and, with GA > 1, accumulated in fp32.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "zinf/config.h"
+
+namespace zinf {
+
+// DeepSpeed's DynamicLossScaler (or a static scale when fp16.loss_scale > 0; 1 without fp16).
+class LossScaler {
+ public:
+  explicit LossScaler(const Fp16Config& c);
+  double scale() const { return cur_scale_; }
+  bool dynamic() const { return dynamic_; }
+  // Call once per step with whether the gradients overflowed. Throws zinf::Error when an overflow
+  // happens at the minimum scale (DeepSpeed's "Current loss scale already at minimum").
+  void update(bool overflow);
+  // State, for checkpoints and tests.
+  std::int64_t cur_iter = 0, last_overflow_iter = -1;
+  int cur_hysteresis = 0;
+
+ private:
+  bool dynamic_ = false;
+  double cur_scale_ = 1, min_scale_ = 1;
+  int window_ = 1000, hysteresis_ = 2;
+  bool consecutive_ = false;
+};
+
+// The learning rate for the optimizer step that follows `t` completed steps (t = 0 for the first).
+double lr_at(const SchedulerConfig& s, double base_lr, std::int64_t t);
+
+struct TrainResult {
+  std::int64_t steps = 0;          // optimizer steps attempted (including skipped ones)
+  std::int64_t skipped = 0;        // overflowed steps
+  double loss = 0, val_loss = 0;   // last training loss, last validation loss
+  double first_val_loss = 0;       // validation loss before training
+  std::string params_digest;       // FNV-1a 64 over every fp32 master parameter, in unit order
+  double tokens_per_s = 0;
+  std::size_t peak_device_bytes = 0;
+  bool interrupted = false;
+};
+
+struct TrainHooks {
+  std::function<void(const std::string&)> log;  // progress lines
+  const std::atomic<bool>* stop = nullptr;      // set (e.g. by SIGINT) to stop after the current step
+};
+
+TrainResult train(const Config& c, const TrainHooks& hooks);
+
+// FNV-1a 64-bit of a byte range, continuing from `h` (the digest's building block).
+std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h = 1469598103934665603ull);
+
+}  // namespace zinf

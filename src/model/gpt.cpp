@@ -1,0 +1,192 @@
+// gpt.cpp — GPT-2 forward/backward over layer units (gpt.h).
+#include "model/gpt.h"
+
+#include <cstring>
+
+namespace zinf {
+
+BlockView block_view(float* p, int C) {
+  const std::size_t c = static_cast<std::size_t>(C);
+  BlockView v{};
+  v.ln1w = p; p += c;
+  v.ln1b = p; p += c;
+  v.qkvw = p; p += c * 3 * c;
+  v.qkvb = p; p += 3 * c;
+  v.projw = p; p += c * c;
+  v.projb = p; p += c;
+  v.ln2w = p; p += c;
+  v.ln2b = p; p += c;
+  v.fcw = p; p += c * 4 * c;
+  v.fcb = p; p += 4 * c;
+  v.fcprojw = p; p += 4 * c * c;
+  v.fcprojb = p;
+  return v;
+}
+
+std::size_t GptModel::block_acts_floats() const {
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s_.d_model);
+  const std::size_t att = static_cast<std::size_t>(B_) * s_.n_head * s_.seq_len * s_.seq_len;
+  return R * C * 6 + R * 4 + R * 3 * C + att + R * 4 * C * 2;  // ln1 atty res2 ln2 out(+1 spare) | stats | qkv | att | fch fchg
+}
+
+GptModel::BlockActs GptModel::carve(float*& p) const {
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s_.d_model);
+  const std::size_t att = static_cast<std::size_t>(B_) * s_.n_head * s_.seq_len * s_.seq_len;
+  BlockActs a{};
+  auto take = [&](std::size_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  a.ln1 = take(R * C);
+  a.ln1_mean = take(R);
+  a.ln1_rstd = take(R);
+  a.qkv = take(R * 3 * C);
+  a.att = take(att);
+  a.atty = take(R * C);
+  a.res2 = take(R * C);
+  a.ln2 = take(R * C);
+  a.ln2_mean = take(R);
+  a.ln2_rstd = take(R);
+  a.fch = take(R * 4 * C);
+  a.fchg = take(R * 4 * C);
+  a.out = take(R * C);
+  take(R * C);  // keeps carve() within block_acts_floats()
+  return a;
+}
+
+GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, ops::Par& par)
+    : s_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), par_(par) {
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
+                    V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer);
+  const std::size_t per_block = block_acts_floats();
+  // Full activations per block, or only each block's output (= next block's input) with checkpointing.
+  const std::size_t kept = ckpt_ ? L * R * C : L * per_block;
+  acts_buf_ = DeviceBuffer(dev, (R * C + kept) * sizeof(float), "activations (" + std::to_string(L) + " blocks)");
+  float* p = acts_buf_.as<float>();
+  enc_out_ = p;
+  p += R * C;
+  for (std::size_t l = 0; l < L; ++l) {
+    if (ckpt_) {
+      BlockActs a{};
+      a.out = p;
+      p += R * C;
+      acts_.push_back(a);
+    } else {
+      acts_.push_back(carve(p));
+    }
+  }
+  if (ckpt_) {
+    scratch_buf_ = DeviceBuffer(dev, per_block * sizeof(float), "activation recompute scratch");
+    float* q = scratch_buf_.as<float>();
+    recompute_ = carve(q);
+  }
+  head_buf_ = DeviceBuffer(dev, (R * C + 3 * R + R * V) * sizeof(float), "final LayerNorm and logits");
+  p = head_buf_.as<float>();
+  lnf_ = p, p += R * C;
+  lnf_mean_ = p, p += R;
+  lnf_rstd_ = p, p += R;
+  losses_ = p, p += R;
+  probs_ = p;
+  grad_buf_ = DeviceBuffer(dev, (R * C * 5 + R * 3 * C + R * 4 * C * 2 + R * V) * sizeof(float), "backward scratch");
+  p = grad_buf_.as<float>();
+  dres_a_ = p, p += R * C;
+  dres_b_ = p, p += R * C;
+  dres2_ = p, p += R * C;
+  dln_ = p, p += R * C;
+  datty_ = p, p += R * C;
+  dqkv_ = p, p += R * 3 * C;
+  dfch_ = p, p += R * 4 * C;
+  dfchg_ = p, p += R * 4 * C;
+  dlogits_ = p;
+}
+
+void GptModel::block_forward(const BlockView& w, const float* x, const BlockActs& a) {
+  const int R = R_, C = s_.d_model;
+  const std::size_t RC = static_cast<std::size_t>(R) * C;
+  ops::layernorm_forward(par_, a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, R, C);
+  ops::matmul_forward(par_, a.qkv, a.ln1, w.qkvw, w.qkvb, R, C, 3 * C);
+  ops::attention_forward(par_, a.atty, a.att, a.qkv, B_, s_.seq_len, C, s_.n_head);
+  ops::matmul_forward(par_, a.res2, a.atty, w.projw, w.projb, R, C, C);
+  ops::add_inplace(par_, a.res2, x, RC);
+  ops::layernorm_forward(par_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, R, C);
+  ops::matmul_forward(par_, a.fch, a.ln2, w.fcw, w.fcb, R, C, 4 * C);
+  ops::gelu_forward(par_, a.fchg, a.fch, RC * 4);
+  ops::matmul_forward(par_, a.out, a.fchg, w.fcprojw, w.fcprojb, R, 4 * C, C);
+  ops::add_inplace(par_, a.out, a.res2, RC);
+}
+
+void GptModel::block_backward(const BlockView& w, const BlockView& g, const float* x, const BlockActs& a,
+                              const float* dout, float* dx) {
+  const int R = R_, C = s_.d_model;
+  const std::size_t RC = static_cast<std::size_t>(R) * C;
+  std::memcpy(dres2_, dout, RC * sizeof(float));  // the residual path: d(res2) starts as d(out)
+  std::memset(dfchg_, 0, RC * 4 * sizeof(float));
+  ops::matmul_backward(par_, dfchg_, g.fcprojw, g.fcprojb, dout, a.fchg, w.fcprojw, R, 4 * C, C);
+  ops::gelu_backward(par_, dfch_, a.fch, dfchg_, RC * 4);
+  std::memset(dln_, 0, RC * sizeof(float));
+  ops::matmul_backward(par_, dln_, g.fcw, g.fcb, dfch_, a.ln2, w.fcw, R, C, 4 * C);
+  ops::layernorm_backward(par_, dres2_, g.ln2w, g.ln2b, dln_, a.res2, w.ln2w, a.ln2_mean, a.ln2_rstd, R, C);
+  std::memset(datty_, 0, RC * sizeof(float));
+  ops::matmul_backward(par_, datty_, g.projw, g.projb, dres2_, a.atty, w.projw, R, C, C);
+  ops::attention_backward(par_, dqkv_, datty_, a.qkv, a.att, B_, s_.seq_len, C, s_.n_head);
+  std::memset(dln_, 0, RC * sizeof(float));
+  ops::matmul_backward(par_, dln_, g.qkvw, g.qkvb, dqkv_, a.ln1, w.qkvw, R, C, 3 * C);
+  std::memcpy(dx, dres2_, RC * sizeof(float));
+  ops::layernorm_backward(par_, dx, g.ln1w, g.ln1b, dln_, x, w.ln1w, a.ln1_mean, a.ln1_rstd, R, C);
+}
+
+double GptModel::forward(const std::vector<const float*>& w, const int* tokens, const int* targets) {
+  const int L = s_.n_layer, C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
+  ZINF_CHECK(w.size() == static_cast<std::size_t>(L) + 2);
+  const float* wte = w[0];
+  const float* wpe = w[0] + static_cast<std::size_t>(V) * C;
+  ops::encoder_forward(par_, enc_out_, tokens, wte, wpe, B_, T, C);
+  const float* x = enc_out_;
+  for (int l = 0; l < L; ++l) {
+    const BlockView bw = block_view(const_cast<float*>(w[static_cast<std::size_t>(l) + 1]), C);
+    if (ckpt_) {
+      block_forward(bw, x, recompute_);
+      std::memcpy(acts_[static_cast<std::size_t>(l)].out, recompute_.out, static_cast<std::size_t>(R_) * C * sizeof(float));
+    } else {
+      block_forward(bw, x, acts_[static_cast<std::size_t>(l)]);
+    }
+    x = acts_[static_cast<std::size_t>(l)].out;
+  }
+  const float* lnf = w[static_cast<std::size_t>(L) + 1];
+  ops::layernorm_forward(par_, lnf_, lnf_mean_, lnf_rstd_, x, lnf, lnf + C, R_, C);
+  return ops::lm_head_forward(par_, probs_, losses_, lnf_, wte, targets, R_, C, V);
+}
+
+void GptModel::backward(const std::vector<const float*>& w, const std::vector<float*>& grads, const int* tokens,
+                        const int* targets, float dscale) {
+  const int L = s_.n_layer, C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
+  const std::size_t RC = static_cast<std::size_t>(R_) * C;
+  ZINF_CHECK(grads.size() == static_cast<std::size_t>(L) + 2);
+  const float* wte = w[0];
+  float* dwte = grads[0];
+  float* dwpe = grads[0] + static_cast<std::size_t>(V) * C;
+  const float* lnf = w[static_cast<std::size_t>(L) + 1];
+  float* dlnf = grads[static_cast<std::size_t>(L) + 1];
+  ops::lm_head_backward(par_, dln_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
+  const float* last = L > 0 ? acts_[static_cast<std::size_t>(L) - 1].out : enc_out_;
+  std::memset(dres_a_, 0, RC * sizeof(float));
+  ops::layernorm_backward(par_, dres_a_, dlnf, dlnf + C, dln_, last, lnf, lnf_mean_, lnf_rstd_, R_, C);
+  float* dout = dres_a_;
+  float* dx = dres_b_;
+  for (int l = L - 1; l >= 0; --l) {
+    const float* x = l > 0 ? acts_[static_cast<std::size_t>(l) - 1].out : enc_out_;
+    const BlockView bw = block_view(const_cast<float*>(w[static_cast<std::size_t>(l) + 1]), C);
+    const BlockView bg = block_view(grads[static_cast<std::size_t>(l) + 1], C);
+    const BlockActs* a = &acts_[static_cast<std::size_t>(l)];
+    if (ckpt_) {  // recompute this block's activations from its kept input
+      block_forward(bw, x, recompute_);
+      a = &recompute_;
+    }
+    block_backward(bw, bg, x, *a, dout, dx);
+    std::swap(dout, dx);
+  }
+  ops::encoder_backward(par_, dwte, dwpe, dout, tokens, B_, T, C);
+}
+
+}  // namespace zinf

@@ -1,0 +1,64 @@
+// gpt.h — the GPT-2 model on the CPU device: forward, backward, and per-block activation
+// checkpointing, over one flat fp32 buffer per layer unit (zinf/model.h).
+//
+// Unit layouts (offsets in elements; C channels, V vocab, T positions):
+//   embedding: wte [V,C] then wpe [T,C]
+//   block.l:   ln1.w [C] ln1.b [C] attn.qkv.w [C,3C] attn.qkv.b [3C] attn.proj.w [C,C] attn.proj.b [C]
+//              ln2.w [C] ln2.b [C] mlp.fc.w [C,4C] mlp.fc.b [4C] mlp.proj.w [4C,C] mlp.proj.b [C]
+//   ln_f:      w [C] b [C]
+// Weights are [in, out] as in GPT-2's Conv1D, so the tensors map 1:1 onto GPT-2 checkpoints.
+// Activations live in device memory (charged to the device budget) and are allocated once.
+// Not thread-safe: one forward/backward at a time; the ops inside use the Par's threads.
+#pragma once
+
+#include <vector>
+
+#include "model/ops.h"
+#include "zinf/device.h"
+#include "zinf/model.h"
+
+namespace zinf {
+
+struct BlockView {
+  float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+};
+BlockView block_view(float* base, int C);
+
+class GptModel {
+ public:
+  // B: micro batch. Activations for B×T tokens are allocated on `dev` now.
+  GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, ops::Par& par);
+
+  // Forward pass; returns the mean cross-entropy over the B×T targets. Keeps what backward needs.
+  double forward(const std::vector<const float*>& w, const int* tokens, const int* targets);
+  // Backward of the last forward: adds d(loss·dscale·B·T)/dθ … i.e. each row's gradient is scaled by
+  // `dscale` (loss_scale / (B·T·GA) for a mean loss); grads[u] are accumulated (+=).
+  void backward(const std::vector<const float*>& w, const std::vector<float*>& grads, const int* tokens,
+                const int* targets, float dscale);
+
+  const ModelShape& shape() const { return s_; }
+  int batch() const { return B_; }
+
+ private:
+  struct BlockActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg, *out;
+  };
+  BlockActs carve(float*& p) const;
+  std::size_t block_acts_floats() const;
+  void block_forward(const BlockView& w, const float* x, const BlockActs& a);
+  void block_backward(const BlockView& w, const BlockView& g, const float* x, const BlockActs& a, const float* dout,
+                      float* dx);
+
+  ModelShape s_;
+  int B_, R_;
+  bool ckpt_;
+  ops::Par& par_;
+  DeviceBuffer acts_buf_, scratch_buf_, head_buf_, grad_buf_;
+  float* enc_out_ = nullptr;
+  std::vector<BlockActs> acts_;  // full activations per block, or (checkpointing) only .out is valid
+  BlockActs recompute_{};        // checkpointing: one block's activations, recomputed in backward
+  float *lnf_, *lnf_mean_, *lnf_rstd_, *probs_, *losses_;
+  float *dres_a_, *dres_b_, *dres2_, *dln_, *datty_, *dqkv_, *dfch_, *dfchg_, *dlogits_;
+};
+
+}  // namespace zinf

@@ -1,0 +1,74 @@
+// ops.h — the GPT model's operations on the CPU device, forward and backward, in fp32.
+//
+// These are the reference implementations the CUDA kernels (issue 8) are checked against, so they are
+// written for clarity and for one property above speed: every result is independent of the thread
+// count. Work is split into fixed chunks (never by thread), each chunk is computed by one thread in a
+// fixed order, and every reduction across rows (weight and bias gradients) is split by *columns* so
+// that each output element is summed by one thread, rows in order. GEMMs use Eigen on those chunks;
+// the ops are compiled for baseline x86-64 only, so the numbers do not depend on the CPU either.
+//
+// Shapes: B batch, T sequence, C channels, H heads, V vocab, R = B·T rows; IC/OC in/out channels.
+// Matrices are row-major; weights are [IC, OC] (GPT-2's Conv1D layout): out = inp · W + bias.
+// "+=" in a comment means the op accumulates into that output.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+namespace zinf::ops {
+
+// Fixed-chunk parallelism in a oneTBB arena of `threads` threads.
+class Par {
+ public:
+  explicit Par(int threads);
+  ~Par();
+  int threads() const { return threads_; }
+  // Runs fn(i) for i in [0, n); any thread may run any i.
+  void chunks(std::size_t n, const std::function<void(std::size_t)>& fn);
+
+ private:
+  struct Impl;
+  int threads_;
+  std::unique_ptr<Impl> impl_;
+};
+
+constexpr int kRowChunk = 64;  // rows per chunk (GEMM, LayerNorm, GELU)
+constexpr int kColChunk = 64;  // columns per chunk (weight/bias gradients)
+
+void matmul_forward(Par& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC);
+// dinp += dout·Wᵀ (skipped when null); dw += inpᵀ·dout; dbias += Σ_rows dout (skipped when null)
+void matmul_backward(Par& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                     int R, int IC, int OC);
+
+void layernorm_forward(Par& p, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                       int R, int C);
+// dinp += …; dw += …; db += …
+void layernorm_backward(Par& p, float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int R, int C);
+
+void gelu_forward(Par& p, float* out, const float* inp, std::size_t n);
+void gelu_backward(Par& p, float* dinp, const float* inp, const float* dout, std::size_t n);  // dinp = …
+
+void residual_forward(Par& p, float* out, const float* a, const float* b, std::size_t n);
+void add_inplace(Par& p, float* acc, const float* x, std::size_t n);  // acc += x
+
+// qkv [B,T,3C] → out [B,T,C]; att [B,H,T,T] keeps the softmax for backward (causal, scale 1/√(C/H)).
+void attention_forward(Par& p, float* out, float* att, const float* qkv, int B, int T, int C, int H);
+// dqkv = … (overwritten)
+void attention_backward(Par& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int H);
+
+void encoder_forward(Par& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
+// dwte += …; dwpe += …
+void encoder_backward(Par& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
+
+// LM head tied to wte with softmax cross-entropy. probs [R,V] is kept for backward; losses [R].
+// Returns the mean loss over the R rows (summed in row order in double).
+double lm_head_forward(Par& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
+                       int C, int V);
+// dlogits = (probs − onehot)·dscale;  dx = dlogits·wte (overwritten);  dwte += dlogitsᵀ·x
+void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
+                      const float* wte, const int* targets, float dscale, int R, int C, int V);
+
+}  // namespace zinf::ops

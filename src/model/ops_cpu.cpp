@@ -1,0 +1,346 @@
+// ops_cpu.cpp — GPT ops on the CPU device (see ops.h for the determinism rules).
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "model/ops.h"
+#include "zinf/error.h"
+
+namespace zinf::ops {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Strided = Eigen::OuterStride<>;
+using MapC = Eigen::Map<const RowMat, 0, Strided>;
+using MapM = Eigen::Map<RowMat, 0, Strided>;
+
+struct Par::Impl {
+  tbb::task_arena arena;
+  explicit Impl(int t) : arena(t) {}
+};
+
+Par::Par(int threads) : threads_(threads), impl_(std::make_unique<Impl>(threads)) { ZINF_CHECK(threads >= 1); }
+Par::~Par() = default;
+
+void Par::chunks(std::size_t n, const std::function<void(std::size_t)>& fn) {
+  if (n == 0) return;
+  if (n == 1 || threads_ == 1) {
+    for (std::size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  impl_->arena.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1),
+                      [&](const tbb::blocked_range<std::size_t>& r) {
+                        for (std::size_t i = r.begin(); i != r.end(); ++i) fn(i);
+                      },
+                      tbb::simple_partitioner());
+  });
+}
+
+namespace {
+std::size_t nchunks(std::size_t n, std::size_t c) { return (n + c - 1) / c; }
+}  // namespace
+
+void matmul_forward(Par& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC) {
+  MapC W(w, IC, OC, Strided(OC));
+  p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
+    MapM O(out + static_cast<std::size_t>(r0) * OC, rows, OC, Strided(OC));
+    MapC X(inp + static_cast<std::size_t>(r0) * IC, rows, IC, Strided(IC));
+    O.noalias() = X * W;
+    if (bias)
+      for (int r = 0; r < rows; ++r)
+        for (int o = 0; o < OC; ++o) O(r, o) += bias[o];
+  });
+}
+
+void matmul_backward(Par& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                     int R, int IC, int OC) {
+  if (dinp) {
+    MapC W(w, IC, OC, Strided(OC));
+    p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
+      const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
+      MapM DX(dinp + static_cast<std::size_t>(r0) * IC, rows, IC, Strided(IC));
+      MapC DY(dout + static_cast<std::size_t>(r0) * OC, rows, OC, Strided(OC));
+      DX.noalias() += DY * W.transpose();
+    });
+  }
+  MapC X(inp, R, IC, Strided(IC));
+  p.chunks(nchunks(OC, kColChunk), [&](std::size_t c) {
+    const int o0 = static_cast<int>(c) * kColChunk, cols = std::min(kColChunk, OC - o0);
+    MapM DW(dw + o0, IC, cols, Strided(OC));
+    MapC DY(dout + o0, R, cols, Strided(OC));
+    DW.noalias() += X.transpose() * DY;
+    if (dbias)
+      for (int r = 0; r < R; ++r)
+        for (int o = 0; o < cols; ++o) dbias[o0 + o] += DY(r, o);
+  });
+}
+
+void layernorm_forward(Par& p, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                       int R, int C) {
+  p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
+    for (int r = r0; r < r1; ++r) {
+      const float* x = inp + static_cast<std::size_t>(r) * C;
+      float m = 0;
+      for (int i = 0; i < C; ++i) m += x[i];
+      m /= static_cast<float>(C);
+      float v = 0;
+      for (int i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
+      v /= static_cast<float>(C);
+      const float s = 1.0f / std::sqrt(v + 1e-5f);
+      float* o = out + static_cast<std::size_t>(r) * C;
+      for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * w[i] + b[i];
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  });
+}
+
+void layernorm_backward(Par& p, float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int R, int C) {
+  p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
+    for (int r = r0; r < r1; ++r) {
+      const float* x = inp + static_cast<std::size_t>(r) * C;
+      const float* dy = dout + static_cast<std::size_t>(r) * C;
+      float* dx = dinp + static_cast<std::size_t>(r) * C;
+      const float m = mean[r], s = rstd[r];
+      float dnorm_mean = 0, dnorm_norm_mean = 0;
+      for (int i = 0; i < C; ++i) {
+        const float dnorm = w[i] * dy[i];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * (x[i] - m) * s;
+      }
+      dnorm_mean /= static_cast<float>(C);
+      dnorm_norm_mean /= static_cast<float>(C);
+      for (int i = 0; i < C; ++i) {
+        const float norm = (x[i] - m) * s;
+        const float dnorm = w[i] * dy[i];
+        dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+      }
+    }
+  });
+  p.chunks(nchunks(C, kColChunk), [&](std::size_t c) {
+    const int i0 = static_cast<int>(c) * kColChunk, i1 = std::min(C, i0 + kColChunk);
+    for (int r = 0; r < R; ++r) {
+      const float* x = inp + static_cast<std::size_t>(r) * C;
+      const float* dy = dout + static_cast<std::size_t>(r) * C;
+      for (int i = i0; i < i1; ++i) {
+        db[i] += dy[i];
+        dw[i] += (x[i] - mean[r]) * rstd[r] * dy[i];
+      }
+    }
+  });
+}
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr std::size_t kElemChunk = 1 << 14;
+}  // namespace
+
+void gelu_forward(Par& p, float* out, const float* inp, std::size_t n) {
+  p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
+    const std::size_t i1 = std::min(n, (c + 1) * kElemChunk);
+    for (std::size_t i = c * kElemChunk; i < i1; ++i) {
+      const float x = inp[i];
+      out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + 0.044715f * x * x * x)));
+    }
+  });
+}
+
+void gelu_backward(Par& p, float* dinp, const float* inp, const float* dout, std::size_t n) {
+  p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
+    const std::size_t i1 = std::min(n, (c + 1) * kElemChunk);
+    for (std::size_t i = c * kElemChunk; i < i1; ++i) {
+      const float x = inp[i];
+      const float u = kGeluScale * (x + 0.044715f * x * x * x);
+      const float t = std::tanh(u);
+      const float sech2 = 1.0f - t * t;
+      const float local = 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+      dinp[i] = local * dout[i];
+    }
+  });
+}
+
+void residual_forward(Par& p, float* out, const float* a, const float* b, std::size_t n) {
+  p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
+    const std::size_t i1 = std::min(n, (c + 1) * kElemChunk);
+    for (std::size_t i = c * kElemChunk; i < i1; ++i) out[i] = a[i] + b[i];
+  });
+}
+
+void add_inplace(Par& p, float* acc, const float* x, std::size_t n) {
+  p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
+    const std::size_t i1 = std::min(n, (c + 1) * kElemChunk);
+    for (std::size_t i = c * kElemChunk; i < i1; ++i) acc[i] += x[i];
+  });
+}
+
+void attention_forward(Par& p, float* out, float* att, const float* qkv, int B, int T, int C, int H) {
+  const int hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  p.chunks(static_cast<std::size_t>(B) * H, [&](std::size_t bh) {
+    const int b = static_cast<int>(bh) / H, h = static_cast<int>(bh) % H;
+    for (int t = 0; t < T; ++t) {
+      const float* q = qkv + (static_cast<std::size_t>(b) * T + t) * 3 * C + h * hs;
+      float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
+      float maxv = -INFINITY;
+      for (int s = 0; s <= t; ++s) {
+        const float* k = qkv + (static_cast<std::size_t>(b) * T + s) * 3 * C + C + h * hs;
+        float dot = 0;
+        for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
+        a[s] = dot * scale;
+        maxv = std::max(maxv, a[s]);
+      }
+      float sum = 0;
+      for (int s = 0; s <= t; ++s) {
+        a[s] = std::exp(a[s] - maxv);
+        sum += a[s];
+      }
+      const float inv = 1.0f / sum;
+      for (int s = 0; s <= t; ++s) a[s] *= inv;
+      for (int s = t + 1; s < T; ++s) a[s] = 0;
+      float* o = out + (static_cast<std::size_t>(b) * T + t) * C + h * hs;
+      for (int i = 0; i < hs; ++i) o[i] = 0;
+      for (int s = 0; s <= t; ++s) {
+        const float* v = qkv + (static_cast<std::size_t>(b) * T + s) * 3 * C + 2 * C + h * hs;
+        for (int i = 0; i < hs; ++i) o[i] += a[s] * v[i];
+      }
+    }
+  });
+}
+
+void attention_backward(Par& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int H) {
+  const int hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  p.chunks(static_cast<std::size_t>(B) * H, [&](std::size_t bh) {
+    const int b = static_cast<int>(bh) / H, h = static_cast<int>(bh) % H;
+    std::vector<float> datt(static_cast<std::size_t>(T));
+    for (int t = 0; t < T; ++t)  // this head's slots of dqkv start at zero
+      for (int part = 0; part < 3; ++part) {
+        float* d = dqkv + (static_cast<std::size_t>(b) * T + t) * 3 * C + part * C + h * hs;
+        for (int i = 0; i < hs; ++i) d[i] = 0;
+      }
+    for (int t = 0; t < T; ++t) {
+      const float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
+      const float* dy = dout + (static_cast<std::size_t>(b) * T + t) * C + h * hs;
+      // through the value sum: datt[s] = dy·v_s, dv_s += a[s]·dy
+      for (int s = 0; s <= t; ++s) {
+        const float* v = qkv + (static_cast<std::size_t>(b) * T + s) * 3 * C + 2 * C + h * hs;
+        float* dv = dqkv + (static_cast<std::size_t>(b) * T + s) * 3 * C + 2 * C + h * hs;
+        float d = 0;
+        for (int i = 0; i < hs; ++i) {
+          d += dy[i] * v[i];
+          dv[i] += a[s] * dy[i];
+        }
+        datt[static_cast<std::size_t>(s)] = d;
+      }
+      // through the softmax: dpre[s] = a[s]·(datt[s] − Σ a·datt)
+      float dot = 0;
+      for (int s = 0; s <= t; ++s) dot += a[s] * datt[static_cast<std::size_t>(s)];
+      const float* q = qkv + (static_cast<std::size_t>(b) * T + t) * 3 * C + h * hs;
+      float* dq = dqkv + (static_cast<std::size_t>(b) * T + t) * 3 * C + h * hs;
+      for (int s = 0; s <= t; ++s) {
+        const float dpre = a[s] * (datt[static_cast<std::size_t>(s)] - dot) * scale;
+        const float* k = qkv + (static_cast<std::size_t>(b) * T + s) * 3 * C + C + h * hs;
+        float* dk = dqkv + (static_cast<std::size_t>(b) * T + s) * 3 * C + C + h * hs;
+        for (int i = 0; i < hs; ++i) {
+          dq[i] += dpre * k[i];
+          dk[i] += dpre * q[i];
+        }
+      }
+    }
+  });
+}
+
+void encoder_forward(Par& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  p.chunks(nchunks(static_cast<std::size_t>(B) * T, kRowChunk), [&](std::size_t c) {
+    const std::size_t r1 = std::min(static_cast<std::size_t>(B) * T, (c + 1) * kRowChunk);
+    for (std::size_t r = c * kRowChunk; r < r1; ++r) {
+      const int t = static_cast<int>(r % static_cast<std::size_t>(T));
+      const float* e = wte + static_cast<std::size_t>(tokens[r]) * C;
+      const float* pe = wpe + static_cast<std::size_t>(t) * C;
+      float* o = out + r * C;
+      for (int i = 0; i < C; ++i) o[i] = e[i] + pe[i];
+    }
+  });
+}
+
+void encoder_backward(Par& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+  // Tokens repeat, so rows scatter into shared wte rows: split by columns, rows in order.
+  p.chunks(nchunks(C, kColChunk), [&](std::size_t c) {
+    const int i0 = static_cast<int>(c) * kColChunk, i1 = std::min(C, i0 + kColChunk);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(B) * T; ++r) {
+      const int t = static_cast<int>(r % static_cast<std::size_t>(T));
+      const float* d = dout + r * C;
+      float* de = dwte + static_cast<std::size_t>(tokens[r]) * C;
+      float* dp = dwpe + static_cast<std::size_t>(t) * C;
+      for (int i = i0; i < i1; ++i) {
+        de[i] += d[i];
+        dp[i] += d[i];
+      }
+    }
+  });
+}
+
+double lm_head_forward(Par& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
+                       int C, int V) {
+  MapC E(wte, V, C, Strided(C));
+  p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
+    MapM L(probs + static_cast<std::size_t>(r0) * V, rows, V, Strided(V));
+    MapC X(x + static_cast<std::size_t>(r0) * C, rows, C, Strided(C));
+    L.noalias() = X * E.transpose();
+    for (int r = 0; r < rows; ++r) {
+      float* l = probs + static_cast<std::size_t>(r0 + r) * V;
+      float maxv = -INFINITY;
+      for (int v = 0; v < V; ++v) maxv = std::max(maxv, l[v]);
+      float sum = 0;
+      for (int v = 0; v < V; ++v) {
+        l[v] = std::exp(l[v] - maxv);
+        sum += l[v];
+      }
+      const float inv = 1.0f / sum;
+      for (int v = 0; v < V; ++v) l[v] *= inv;
+      losses[r0 + r] = -std::log(std::max(l[targets[r0 + r]], 1e-30f));
+    }
+  });
+  double total = 0;
+  for (int r = 0; r < R; ++r) total += losses[r];
+  return total / R;
+}
+
+void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
+                      const float* wte, const int* targets, float dscale, int R, int C, int V) {
+  p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
+    for (int r = r0; r < r1; ++r) {
+      const float* pr = probs + static_cast<std::size_t>(r) * V;
+      float* dl = dlogits + static_cast<std::size_t>(r) * V;
+      for (int v = 0; v < V; ++v) dl[v] = (pr[v] - (v == targets[r] ? 1.0f : 0.0f)) * dscale;
+    }
+  });
+  MapC E(wte, V, C, Strided(C));
+  p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
+    MapM DX(dx + static_cast<std::size_t>(r0) * C, rows, C, Strided(C));
+    MapC DL(dlogits + static_cast<std::size_t>(r0) * V, rows, V, Strided(V));
+    DX.noalias() = DL * E;
+  });
+  MapC X(x, R, C, Strided(C));
+  p.chunks(nchunks(V, kColChunk), [&](std::size_t c) {
+    const int v0 = static_cast<int>(c) * kColChunk, rows = std::min(kColChunk, V - v0);
+    MapM DE(dwte + static_cast<std::size_t>(v0) * C, rows, C, Strided(C));
+    MapC DL(dlogits + v0, R, rows, Strided(V));
+    DE.noalias() += DL.transpose() * X;
+  });
+}
+
+}  // namespace zinf::ops

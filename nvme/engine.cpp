@@ -23,6 +23,7 @@ long long FaultPlan::apply(long long res, std::size_t len) {
 }
 
 void IoOp::request_done() {
+  if (pending_.load(std::memory_order_acquire) == 1 && on_done) on_done();  // the last request: before waiters wake
   if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     std::lock_guard<std::mutex> lk(mu_);
     cv_.notify_all();
@@ -55,9 +56,11 @@ std::string describe(const Request& r, int err) {
 }
 
 Split split(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset, std::size_t block_size,
-            const std::string& path) {
+            const std::string& path, std::function<void()> on_done) {
   Split out;
   out.op = std::make_shared<IoOp>(static_cast<std::size_t>((len + block_size - 1) / block_size));
+  out.op->on_done = std::move(on_done);
+  if (len == 0 && out.op->on_done) out.op->on_done();
   for (std::uint64_t pos = 0; pos < len; pos += block_size) {
     Request r;
     r.op = out.op;
@@ -89,9 +92,9 @@ class PosixEngine final : public IoEngine {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  IoHandle submit(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset,
-                  const std::string& path) override {
-    Split s = split(write, fd, buf, len, offset, o_.block_size, path);
+  IoHandle submit(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset, const std::string& path,
+                  std::function<void()> on_done) override {
+    Split s = split(write, fd, buf, len, offset, o_.block_size, path, std::move(on_done));
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (auto& r : s.requests) queue_.push_back(std::move(r));

@@ -31,7 +31,7 @@ struct Split {
   std::deque<Request> requests;
 };
 Split split(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset, std::size_t block_size,
-            const std::string& path);
+            const std::string& path, std::function<void()> on_done);
 
 std::unique_ptr<IoEngine> make_uring_engine(const EngineOptions& o, FaultPlan* faults);  // throws IoError
 std::unique_ptr<IoEngine> make_posix_engine(const EngineOptions& o, FaultPlan* faults);

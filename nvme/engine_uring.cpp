@@ -179,9 +179,9 @@ class UringEngine final : public IoEngine {
   UringEngine(const EngineOptions& o, FaultPlan* faults) : o_(o) {
     for (int i = 0; i < o.threads; ++i) workers_.push_back(std::make_unique<Worker>(o, faults));
   }
-  IoHandle submit(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset,
-                  const std::string& path) override {
-    Split s = split(write, fd, buf, len, offset, o_.block_size, path);
+  IoHandle submit(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset, const std::string& path,
+                  std::function<void()> on_done) override {
+    Split s = split(write, fd, buf, len, offset, o_.block_size, path, std::move(on_done));
     // Round-robin over the rings, continuing where the last transfer stopped.
     std::vector<std::deque<Request>> per(workers_.size());
     for (auto& r : s.requests) per[next_++ % workers_.size()].push_back(std::move(r));

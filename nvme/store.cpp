@@ -79,7 +79,23 @@ IoHandle TensorStore::transfer(bool write, Id id, void* buf, std::uint64_t offse
   ZINF_CHECK(!odirect_ || reinterpret_cast<std::uintptr_t>(buf) % align_ == 0);
   len = std::min(len, t.bytes - offset);
   const File& f = files_[t.file];
-  return engine_->submit(write, f.fd, buf, padded(len), t.offset + offset, f.path);
+  const auto start = std::chrono::steady_clock::now();
+  Busy* b = &busy_[write ? 1 : 0];
+  return engine_->submit(write, f.fd, buf, padded(len), t.offset + offset, f.path, [b, start] {
+    const auto end = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lk(b->mu);
+    const auto from = std::max(start, b->until);
+    if (end > from) b->total += std::chrono::duration<double>(end - from).count();
+    b->until = std::max(b->until, end);
+  });
+}
+
+double TensorStore::take_busy(bool write) {
+  Busy& b = busy_[write ? 1 : 0];
+  std::lock_guard<std::mutex> lk(b.mu);
+  const double t = b.total;
+  b.total = 0;
+  return t;
 }
 
 IoHandle TensorStore::write(Id id, const void* src, std::uint64_t offset, std::uint64_t len) {

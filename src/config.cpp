@@ -346,6 +346,7 @@ void read_train(Section s, TrainConfig& t) {
   t.metrics_file = s.get_str("metrics_file", "");
   t.eval_interval = s.get_int("eval_interval", 100, 0, kMaxI64);
   t.eval_batches = static_cast<int>(s.get_int("eval_batches", 8, 1, 1 << 20));
+  t.overlap_none = s.get_enum<bool>("overlap", false, {{"exact", false}, {"none", true}});
   if (t.checkpoint_interval > 0 && t.checkpoint_dir.empty())
     s.fail("checkpoint_interval", "checkpoint_interval is set but train.checkpoint_dir is empty");
   s.finish();

@@ -1,11 +1,10 @@
 // train.cpp — the training loop with every state on the device (zinf/train.h).
 //
-// One optimizer step:
-//   for each micro batch: zero grad32w; forward; backward with dscale = loss_scale / (B·T·GA);
-//                         round grad32w to grad16 (16-bit runs); with GA > 1 add it into gradacc
-//   norm: sum of squares of the gradients the Update will read, unit by unit in order (fixed order)
-//   non-finite → skip (fp16: the loss scaler backs off); else clip coefficient, then per unit the
-//   fused Update writes master, m, v and param16; param16 → fp32 working weights for the next step.
+// One optimizer step: for each micro batch, forward and backward through the offload engine (which
+// windows the parameters and streams each unit's gradient out as soon as it is complete, see
+// zinf/offload/engine.h); then engine.step() — the norm barrier, the overflow/clip decision and the
+// Update, which lands unit by unit while the next forward starts. The loss scaler and the LR schedule
+// live here; a skipped (overflowed) step advances neither the optimizer step nor the schedule.
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -21,6 +20,8 @@
 #include "zinf/data.h"
 #include "zinf/device.h"
 #include "zinf/error.h"
+#include "zinf/offload/engine.h"
+#include "zinf/offload/io_options.h"
 #include "zinf/sysinfo.h"
 #include "zinf/train.h"
 
@@ -66,15 +67,67 @@ void init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t se
   }
 }
 
-struct Unit {
-  std::size_t n = 0;
-  DeviceBuffer master, m, v, param16, work, grad32w, grad16, gradacc;
-};
-
 std::string hex64(std::uint64_t h) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016" PRIx64, h);
   return buf;
+}
+
+// The model's view of the engine, with the time the model spends computing (waits for fetches and
+// landings excluded) charged to the compute resource.
+class EngineUnits final : public UnitSource {
+  template <class F>
+  auto timed(F f) -> decltype(f()) {
+    const auto t0 = Clock::now();
+    auto r = f();
+    wait_ += since(t0);
+    return r;
+  }
+
+ public:
+  explicit EngineUnits(offload::Engine& e) : e_(e) {}
+  const float* weights(std::size_t u) override { return timed([&] { return e_.weights(u); }); }
+  void done_with(std::size_t u) override { e_.done_with(u); }
+  float* grads(std::size_t u) override { return timed([&] { return e_.grads(u); }); }
+  void grads_done(std::size_t u) override { timed([&] { e_.grads_done(u); return 0; }); }
+  double take_wait() {
+    const double w = wait_;
+    wait_ = 0;
+    return w;
+  }
+
+ private:
+  offload::Engine& e_;
+  double wait_ = 0;
+};
+
+int prefetch_depth(const Config& c, const ModelShape& s) {
+  const std::int64_t block = block_params(s);
+  return static_cast<int>(std::clamp<std::int64_t>(c.zero.prefetch_bucket_size / std::max<std::int64_t>(1, block), 1, 4));
+}
+
+offload::EngineConfig engine_config(const Config& c, int threads) {
+  const ModelShape shape{c.model.n_layer, c.model.n_head, c.model.d_model, c.model.vocab_size, c.model.seq_len};
+  offload::EngineConfig e;
+  const auto units = layer_units(shape);
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    e.units.push_back(static_cast<std::size_t>(units[u].params));
+    e.persistent.push_back(u == 0 || u + 1 == units.size());  // the embedding and the final LayerNorm
+  }
+  e.precision = c.precision();
+  e.optimizer = c.zero.offload_optimizer.device;
+  e.param = c.zero.offload_param.device;
+  e.grad_accum = c.gradient_accumulation_steps;
+  e.sub_group_size = static_cast<std::size_t>(c.zero.sub_group_size);
+  e.reduce_bucket_size = static_cast<std::size_t>(c.zero.reduce_bucket_size);
+  e.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
+  e.prefetch_depth = prefetch_depth(c, shape);
+  e.optimizer_store = offload::store_options(c.aio, c.zero.offload_optimizer.nvme_path);
+  e.param_store = offload::store_options(c.aio, c.zero.offload_param.nvme_path);
+  e.pin_memory = c.zero.offload_optimizer.pin_memory && c.zero.offload_param.pin_memory;
+  e.host_threads = threads;
+  e.overlap = c.train.overlap_none ? offload::Overlap::none : offload::Overlap::exact;
+  return e;
 }
 
 }  // namespace
@@ -86,17 +139,11 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   if (c.device.type == DeviceType::cuda)
     throw ConfigError(c.source + ": device.type: cuda: this build trains on the CPU device only so far",
                       "use device.type cpu (or auto)");
-  if (c.zero.offload_optimizer.device != OffloadDevice::none || c.zero.offload_param.device != OffloadDevice::none)
-    log("note: offload is planned but not scheduled yet (issue 6); training with every state on the device");
   if (c.device.simd != "auto") cpu_adam::set_simd_cap(cpu_adam::parse_simd_level(c.device.simd));
 
   const ModelShape shape{c.model.n_layer, c.model.n_head, c.model.d_model, c.model.vocab_size, c.model.seq_len};
   const int B = static_cast<int>(c.micro_batch_size), T = shape.seq_len;
   const std::int64_t GA = c.gradient_accumulation_steps;
-  const Precision prec = c.precision();
-  const bool mixed = prec != Precision::fp32;
-  const cpu_adam::HalfType half = prec == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16;
-  const cpu_adam::GradType grad16_type = prec == Precision::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
 
   TokenData data = TokenData::load(c.data, shape.vocab_size, T);
   log("data: " + data.description() + "; train " + std::to_string(data.train_tokens()) + " / val " +
@@ -107,64 +154,28 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   if (budget == 0) budget = query_machine().mem_available / 2;
   auto dev = make_cpu_device(budget);
   ops::Par par(threads);
-  cpu_adam::HostPool pool(threads);
   log("device: " + dev->name() + ", " + std::to_string(threads) + " threads, cpu_adam " +
-      std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(prec)));
+      std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(c.precision())));
 
-  // ---- states -------------------------------------------------------------------------------------
-  std::vector<Unit> units;
-  std::vector<const float*> weights;
-  std::vector<float*> grads;
-  const auto layout = layer_units(shape);
-  for (std::size_t u = 0; u < layout.size(); ++u) {
-    Unit x;
-    x.n = static_cast<std::size_t>(layout[u].params);
-    const std::string& nm = layout[u].name;
-    x.master = DeviceBuffer(*dev, x.n * 4, nm + " master");
-    x.m = DeviceBuffer(*dev, x.n * 4, nm + " adam.m");
-    x.v = DeviceBuffer(*dev, x.n * 4, nm + " adam.v");
-    x.grad32w = DeviceBuffer(*dev, x.n * 4, nm + " grad (fp32 work)");
-    if (mixed) {
-      x.param16 = DeviceBuffer(*dev, x.n * 2, nm + " param16");
-      x.work = DeviceBuffer(*dev, x.n * 4, nm + " fp32 working weights");
-      x.grad16 = DeviceBuffer(*dev, x.n * 2, nm + " grad16");
-    }
-    if (GA > 1) x.gradacc = DeviceBuffer(*dev, x.n * 4, nm + " grad32 (accumulation)");
-    init_unit(x.master.as<float>(), u, shape, c.train.seed);
-    std::memset(x.m.as<float>(), 0, x.n * 4);
-    std::memset(x.v.as<float>(), 0, x.n * 4);
-    if (mixed) {
-      auto* p16 = x.param16.as<std::uint16_t>();
-      if (half == cpu_adam::HalfType::fp16) {
-        cpu_adam::fp32_to_fp16(x.master.as<float>(), p16, x.n);
-        cpu_adam::fp16_to_fp32(p16, x.work.as<float>(), x.n);
-      } else {
-        cpu_adam::fp32_to_bf16(x.master.as<float>(), p16, x.n);
-        cpu_adam::bf16_to_fp32(p16, x.work.as<float>(), x.n);
-      }
-    }
-    weights.push_back(mixed ? x.work.as<float>() : x.master.as<float>());
-    grads.push_back(x.grad32w.as<float>());
-    units.push_back(std::move(x));
-  }
-  std::int64_t n_params = 0;
-  for (const auto& u : units) n_params += static_cast<std::int64_t>(u.n);
   GptModel model(shape, B, c.model.activation_checkpointing, *dev, par);
   DeviceBuffer tok(*dev, static_cast<std::size_t>(B) * T * 4, "tokens"), tgt(*dev, static_cast<std::size_t>(B) * T * 4, "targets");
   int* tokens = tok.as<int>();
   int* targets = tgt.as<int>();
-  log("model: " + format_count(n_params) + " parameters in " + std::to_string(units.size()) + " layer units; device memory " +
-      format_bytes(dev->in_use()) + " of " + format_bytes(dev->budget()));
+  offload::Engine engine(engine_config(c, threads), *dev,
+                         [&](std::size_t u, float* master) { init_unit(master, u, shape, c.train.seed); });
+  EngineUnits units(engine);
+  log("offload: " + engine.describe());
+  log("model: " + format_count(count_params(shape)) + " parameters in " + std::to_string(shape.n_layer + 2) +
+      " layer units; device memory " + format_bytes(dev->in_use()) + " of " + format_bytes(dev->budget()));
 
   auto evaluate = [&]() {
     double sum = 0;
     for (int k = 0; k < c.train.eval_batches; ++k) {
       data.val_batch(k, c.train.eval_batches, B, T, tokens, targets);
-      double l = 0;
-      dev->launch(StreamRole::compute, [&] { l = model.forward(weights, tokens, targets); });
-      dev->synchronize(StreamRole::compute);
-      sum += l;
+      engine.begin_forward();
+      sum += model.forward(units, tokens, targets);
     }
+    units.take_wait();
     return sum / c.train.eval_batches;
   };
 
@@ -177,6 +188,7 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   TrainResult res;
   res.first_val_loss = evaluate();
   res.val_loss = res.first_val_loss;
+  engine.take_times();
   log("step 0: val_loss " + std::to_string(res.first_val_loss).substr(0, 6));
   LossScaler scaler(c.fp16);
   std::mt19937_64 rng(c.train.seed);
@@ -185,69 +197,45 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
                                    static_cast<float>(c.optimizer.beta2), static_cast<float>(c.optimizer.eps),
                                    static_cast<float>(c.optimizer.weight_decay), c.optimizer.decoupled_weight_decay,
                                    c.optimizer.bias_correction};
-  double t_fwd = 0, t_bwd = 0, t_upd = 0, tok_s = 0;
+  double t_fwd = 0, t_bwd = 0, t_step = 0, tok_s = 0;
+  offload::ResourceTimes window{};
+  const std::int64_t measure_from = std::min<std::int64_t>(2, c.train.steps);  // step 1 warms up
 
   for (std::int64_t step = 1; step <= c.train.steps; ++step) {
-    const auto t_step = Clock::now();
+    const auto step_start = Clock::now();
     const double scale = scaler.scale();
     double loss_sum = 0;
     for (std::int64_t micro = 0; micro < GA; ++micro) {
       data.sample_train(rng, B, T, tokens, targets);
+      engine.begin_micro_batch(micro);
       auto t0 = Clock::now();
-      double l = 0;
-      dev->launch(StreamRole::compute, [&] {
-        for (auto& u : units) std::memset(u.grad32w.as<float>(), 0, u.n * 4);
-        l = model.forward(weights, tokens, targets);
-      });
-      dev->synchronize(StreamRole::compute);
-      t_fwd += since(t0);
-      loss_sum += l;
+      engine.begin_forward();
+      loss_sum += model.forward(units, tokens, targets);
+      double busy = since(t0) - units.take_wait();
+      t_fwd += busy;
+      engine.add_compute_time(busy);
       t0 = Clock::now();
-      const float dscale = static_cast<float>(scale / (static_cast<double>(B) * T * static_cast<double>(GA)));
-      dev->launch(StreamRole::compute, [&] {
-        model.backward(weights, grads, tokens, targets, dscale);
-        for (auto& u : units) {
-          float* g = u.grad32w.as<float>();
-          if (mixed) {  // the gradient as a 16-bit device would hold it
-            auto* g16 = u.grad16.as<std::uint16_t>();
-            if (half == cpu_adam::HalfType::fp16) cpu_adam::fp32_to_fp16(g, g16, u.n); else cpu_adam::fp32_to_bf16(g, g16, u.n);
-            if (GA > 1) {
-              if (half == cpu_adam::HalfType::fp16) cpu_adam::fp16_to_fp32(g16, g, u.n); else cpu_adam::bf16_to_fp32(g16, g, u.n);
-            }
-          }
-          if (GA > 1) {
-            float* acc = u.gradacc.as<float>();
-            if (micro == 0) std::memcpy(acc, g, u.n * 4); else ops::add_inplace(par, acc, g, u.n);
-          }
-        }
-      });
-      dev->synchronize(StreamRole::compute);
-      t_bwd += since(t0);
+      engine.begin_backward();
+      model.backward(units, tokens, targets, static_cast<float>(scale / (static_cast<double>(B) * T * static_cast<double>(GA))));
+      busy = since(t0) - units.take_wait();
+      t_bwd += busy;
+      engine.add_compute_time(busy);
     }
     const double loss = loss_sum / static_cast<double>(GA);
-
-    // ---- the global norm, in unit order -------------------------------------------------------------
-    const auto t0 = Clock::now();
-    auto source = [&](Unit& u) -> std::pair<const void*, cpu_adam::GradType> {
-      if (GA > 1) return {u.gradacc.as<float>(), cpu_adam::GradType::fp32};
-      if (mixed) return {u.grad16.as<std::uint16_t>(), grad16_type};
-      return {u.grad32w.as<float>(), cpu_adam::GradType::fp32};
-    };
-    double sumsq = 0;
-    bool finite = true;
-    for (auto& u : units) {
-      auto [g, gt] = source(u);
-      const auto s = cpu_adam::sum_squares(pool, g, gt, u.n);
-      sumsq += s.sum;
-      finite = finite && s.finite;
-    }
-    const double norm = std::sqrt(sumsq) / scale;
     const double lr = lr_at(c.scheduler, c.optimizer.lr, opt_steps);
+    offload::StepOptions so;
+    so.loss_scale = scale;
+    so.gradient_clipping = c.gradient_clipping;
+    so.hyper = hyper0;
+    so.hyper.lr = static_cast<float>(lr);
+    so.step = opt_steps + 1;
+    const offload::StepOutcome out = engine.step(so);
+    const double norm = out.norm;
     bool skipped = false;
-    if (!finite || !std::isfinite(norm)) {
+    if (!out.finite) {
       skipped = true;
       ++res.skipped;
-      if (prec == Precision::fp16 && scaler.dynamic()) {
+      if (c.precision() == Precision::fp16 && scaler.dynamic()) {
         const double before = scaler.scale();
         scaler.update(true);
         log("step " + std::to_string(step) + ": OVERFLOW, skipping step; loss scale " + std::to_string(before) + " -> " +
@@ -260,63 +248,51 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
       }
     } else {
       nonfinite_run = 0;
-      // DeepSpeed's combined divisor: loss_scale × max(1, (norm + 1e-6) / clip).
-      double combined = scale;
-      if (c.gradient_clipping > 0) {
-        const double coef = (norm + 1e-6) / c.gradient_clipping;
-        if (coef > 1) combined *= coef;
-      }
-      cpu_adam::AdamHyper h = hyper0;
-      h.lr = static_cast<float>(lr);
-      const cpu_adam::AdamStep st = cpu_adam::make_adam_step(h, opt_steps + 1, static_cast<float>(1.0 / combined));
-      for (auto& u : units) {
-        auto [g, gt] = source(u);
-        cpu_adam::UpdateChunk ch;
-        ch.n = u.n;
-        ch.grad = g;
-        ch.grad_type = gt;
-        ch.master = u.master.as<float>();
-        ch.m = u.m.as<float>();
-        ch.v = u.v.as<float>();
-        ch.param16 = mixed ? u.param16.as<std::uint16_t>() : nullptr;
-        ch.param16_type = half;
-        cpu_adam::adam_update(pool, st, ch);
-        if (mixed) {
-          if (half == cpu_adam::HalfType::fp16)
-            cpu_adam::fp16_to_fp32(u.param16.as<std::uint16_t>(), u.work.as<float>(), u.n);
-          else
-            cpu_adam::bf16_to_fp32(u.param16.as<std::uint16_t>(), u.work.as<float>(), u.n);
-        }
-      }
       scaler.update(false);
       ++opt_steps;
     }
-    t_upd += since(t0);
-    const double dt = since(t_step);
+    const double dt = since(step_start);
     tok_s = static_cast<double>(B) * T * static_cast<double>(GA) / dt;
     res.steps = step;
     res.loss = loss;
+    const offload::ResourceTimes rt = engine.take_times();
+    if (step >= measure_from) {
+      t_step += dt;
+      window.compute += rt.compute, window.h2d += rt.h2d, window.d2h += rt.d2h, window.host += rt.host;
+      window.nvme_read += rt.nvme_read, window.nvme_write += rt.nvme_write;
+      res.measured_steps++;
+    }
 
     if (metrics.is_open())
       metrics << "{\"step\": " << step << ", \"loss\": " << loss << ", \"lr\": " << lr << ", \"loss_scale\": " << scale
               << ", \"grad_norm\": " << (std::isfinite(norm) ? norm : -1.0) << ", \"skipped\": " << (skipped ? "true" : "false")
-              << ", \"tokens_per_s\": " << tok_s << "}\n";
+              << ", \"tokens_per_s\": " << tok_s << ", \"step_s\": " << dt << ", \"busy_s\": {\"compute\": " << rt.compute
+              << ", \"h2d\": " << rt.h2d << ", \"d2h\": " << rt.d2h << ", \"host\": " << rt.host
+              << ", \"nvme_read\": " << rt.nvme_read << ", \"nvme_write\": " << rt.nvme_write << "}}\n";
     if (step % c.steps_per_print == 0 || step == c.train.steps) {
-      char line[320];
+      char line[512];
       std::snprintf(line, sizeof line, "step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | scale %g | norm %.3f | %.0f tok/s",
                     step, c.train.steps, loss, lr, scale, norm, tok_s);
-      std::string s = line;
+      std::string sline = line;
       if (c.wall_clock_breakdown) {
-        std::snprintf(line, sizeof line, " | fwd %.1f ms bwd %.1f ms update %.1f ms", 1e3 * t_fwd / c.steps_per_print,
-                      1e3 * t_bwd / c.steps_per_print, 1e3 * t_upd / c.steps_per_print);
-        s += line;
+        std::snprintf(line, sizeof line, " | fwd %.1f ms bwd %.1f ms", 1e3 * t_fwd / c.steps_per_print,
+                      1e3 * t_bwd / c.steps_per_print);
+        sline += line;
       }
-      t_fwd = t_bwd = t_upd = 0;
-      log(s);
+      if (c.zero.offload_optimizer.device != OffloadDevice::none || c.zero.offload_param.device != OffloadDevice::none) {
+        std::snprintf(line, sizeof line,
+                      " | busy ms: compute %.0f h2d %.0f d2h %.0f host %.0f nvme r %.0f w %.0f | overlap %.2f", 1e3 * rt.compute,
+                      1e3 * rt.h2d, 1e3 * rt.d2h, 1e3 * rt.host, 1e3 * rt.nvme_read, 1e3 * rt.nvme_write,
+                      rt.busiest() > 0 ? dt / rt.busiest() : 0.0);
+        sline += line;
+      }
+      t_fwd = t_bwd = 0;
+      log(sline);
     }
     const bool stop = hooks.stop && hooks.stop->load();
     if ((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || step == c.train.steps || stop) {
       res.val_loss = evaluate();
+      engine.take_times();
       if (metrics.is_open()) metrics << "{\"step\": " << step << ", \"val_loss\": " << res.val_loss << "}\n";
       log("step " + std::to_string(step) + ": val_loss " + std::to_string(res.val_loss).substr(0, 6));
     }
@@ -326,11 +302,22 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
       break;
     }
   }
+  engine.synchronize();
   std::uint64_t h = fnv1a64(nullptr, 0);
-  for (const auto& u : units) h = fnv1a64(u.master.as<float>(), u.n * 4, h);
+  std::vector<float> buf;
+  for (std::size_t u = 0; u < static_cast<std::size_t>(shape.n_layer) + 2; ++u) {
+    buf.resize(static_cast<std::size_t>(layer_units(shape)[u].params));
+    engine.read_master(u, buf.data());
+    h = fnv1a64(buf.data(), buf.size() * 4, h);
+  }
   res.params_digest = hex64(h);
   res.tokens_per_s = tok_s;
   res.peak_device_bytes = dev->peak();
+  res.device_budget = dev->budget();
+  res.pinned_capacity = engine.pinned_capacity();
+  res.pinned_peak = engine.pinned_peak();
+  res.busy = {window.compute, window.h2d, window.d2h, window.host, window.nvme_read, window.nvme_write};
+  res.step_seconds = res.measured_steps ? t_step / static_cast<double>(res.measured_steps) : 0;
   return res;
 }
 

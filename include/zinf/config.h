@@ -130,6 +130,7 @@ struct TrainConfig {
   std::string metrics_file;
   std::int64_t eval_interval = 0;
   int eval_batches = 0;
+  bool overlap_none = false;  // train.overlap: "exact" (default) or "none" (every supernode in turn)
 };
 
 struct DeviceConfig {

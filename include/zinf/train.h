@@ -47,8 +47,17 @@ struct TrainResult {
   double first_val_loss = 0;       // validation loss before training
   std::string params_digest;       // FNV-1a 64 over every fp32 master parameter, in unit order
   double tokens_per_s = 0;
-  std::size_t peak_device_bytes = 0;
+  std::size_t peak_device_bytes = 0, device_budget = 0;
+  std::size_t pinned_capacity = 0, pinned_peak = 0;
   bool interrupted = false;
+  // Per-resource busy seconds summed over the measured steps (every step after the first), and the
+  // mean step time over them: the inputs of `zinf bench step`.
+  std::int64_t measured_steps = 0;
+  double step_seconds = 0;
+  struct Busy {
+    double compute = 0, h2d = 0, d2h = 0, host = 0, nvme_read = 0, nvme_write = 0;
+  };
+  Busy busy;
 };
 
 struct TrainHooks {

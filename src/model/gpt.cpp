@@ -136,57 +136,67 @@ void GptModel::block_backward(const BlockView& w, const BlockView& g, const floa
   ops::layernorm_backward(par_, dx, g.ln1w, g.ln1b, dln_, x, w.ln1w, a.ln1_mean, a.ln1_rstd, R, C);
 }
 
-double GptModel::forward(const std::vector<const float*>& w, const int* tokens, const int* targets) {
-  const int L = s_.n_layer, C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
-  ZINF_CHECK(w.size() == static_cast<std::size_t>(L) + 2);
-  const float* wte = w[0];
-  const float* wpe = w[0] + static_cast<std::size_t>(V) * C;
-  ops::encoder_forward(par_, enc_out_, tokens, wte, wpe, B_, T, C);
+double GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
+  const std::size_t L = static_cast<std::size_t>(s_.n_layer);
+  const int C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
+  const float* wte = src.weights(0);
+  ops::encoder_forward(par_, enc_out_, tokens, wte, wte + static_cast<std::size_t>(V) * C, B_, T, C);
+  src.done_with(0);
   const float* x = enc_out_;
-  for (int l = 0; l < L; ++l) {
-    const BlockView bw = block_view(const_cast<float*>(w[static_cast<std::size_t>(l) + 1]), C);
+  for (std::size_t l = 0; l < L; ++l) {
+    const BlockView bw = block_view(const_cast<float*>(src.weights(l + 1)), C);
     if (ckpt_) {
       block_forward(bw, x, recompute_);
-      std::memcpy(acts_[static_cast<std::size_t>(l)].out, recompute_.out, static_cast<std::size_t>(R_) * C * sizeof(float));
+      std::memcpy(acts_[l].out, recompute_.out, static_cast<std::size_t>(R_) * C * sizeof(float));
     } else {
-      block_forward(bw, x, acts_[static_cast<std::size_t>(l)]);
+      block_forward(bw, x, acts_[l]);
     }
-    x = acts_[static_cast<std::size_t>(l)].out;
+    src.done_with(l + 1);
+    x = acts_[l].out;
   }
-  const float* lnf = w[static_cast<std::size_t>(L) + 1];
+  const float* lnf = src.weights(L + 1);
   ops::layernorm_forward(par_, lnf_, lnf_mean_, lnf_rstd_, x, lnf, lnf + C, R_, C);
-  return ops::lm_head_forward(par_, probs_, losses_, lnf_, wte, targets, R_, C, V);
+  src.done_with(L + 1);
+  wte = src.weights(0);
+  const double loss = ops::lm_head_forward(par_, probs_, losses_, lnf_, wte, targets, R_, C, V);
+  src.done_with(0);
+  return loss;
 }
 
-void GptModel::backward(const std::vector<const float*>& w, const std::vector<float*>& grads, const int* tokens,
-                        const int* targets, float dscale) {
-  const int L = s_.n_layer, C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
+void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {
+  const std::size_t L = static_cast<std::size_t>(s_.n_layer);
+  const int C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
   const std::size_t RC = static_cast<std::size_t>(R_) * C;
-  ZINF_CHECK(grads.size() == static_cast<std::size_t>(L) + 2);
-  const float* wte = w[0];
-  float* dwte = grads[0];
-  float* dwpe = grads[0] + static_cast<std::size_t>(V) * C;
-  const float* lnf = w[static_cast<std::size_t>(L) + 1];
-  float* dlnf = grads[static_cast<std::size_t>(L) + 1];
+  const float* wte = src.weights(0);
+  float* dwte = src.grads(0);
   ops::lm_head_backward(par_, dln_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
-  const float* last = L > 0 ? acts_[static_cast<std::size_t>(L) - 1].out : enc_out_;
+  src.done_with(0);
+  const float* last = L > 0 ? acts_[L - 1].out : enc_out_;
+  const float* lnf = src.weights(L + 1);
+  float* dlnf = src.grads(L + 1);
   std::memset(dres_a_, 0, RC * sizeof(float));
   ops::layernorm_backward(par_, dres_a_, dlnf, dlnf + C, dln_, last, lnf, lnf_mean_, lnf_rstd_, R_, C);
+  src.grads_done(L + 1);
+  src.done_with(L + 1);
   float* dout = dres_a_;
   float* dx = dres_b_;
-  for (int l = L - 1; l >= 0; --l) {
-    const float* x = l > 0 ? acts_[static_cast<std::size_t>(l) - 1].out : enc_out_;
-    const BlockView bw = block_view(const_cast<float*>(w[static_cast<std::size_t>(l) + 1]), C);
-    const BlockView bg = block_view(grads[static_cast<std::size_t>(l) + 1], C);
-    const BlockActs* a = &acts_[static_cast<std::size_t>(l)];
+  for (std::size_t l = L; l-- > 0;) {
+    const float* x = l > 0 ? acts_[l - 1].out : enc_out_;
+    const BlockView bw = block_view(const_cast<float*>(src.weights(l + 1)), C);
+    const BlockView bg = block_view(src.grads(l + 1), C);
+    const BlockActs* a = &acts_[l];
     if (ckpt_) {  // recompute this block's activations from its kept input
       block_forward(bw, x, recompute_);
       a = &recompute_;
     }
     block_backward(bw, bg, x, *a, dout, dx);
+    src.grads_done(l + 1);
+    src.done_with(l + 1);
     std::swap(dout, dx);
   }
-  ops::encoder_backward(par_, dwte, dwpe, dout, tokens, B_, T, C);
+  dwte = src.grads(0);
+  ops::encoder_backward(par_, dwte, dwte + static_cast<std::size_t>(V) * C, dout, tokens, B_, T, C);
+  src.grads_done(0);
 }
 
 }  // namespace zinf

@@ -276,8 +276,11 @@ TEST(OpsGrad, WholeModelAgainstDoubleReference) {
     std::vector<int> tok(static_cast<std::size_t>(R)), tg(static_cast<std::size_t>(R));
     for (auto& t : tok) t = static_cast<int>(rng() % 16);
     for (auto& t : tg) t = static_cast<int>(rng() % 16);
-    const double loss = model.forward(w, tok.data(), tg.data());
-    model.backward(w, g, tok.data(), tg.data(), 1.0f / R);
+    std::vector<std::size_t> sizes;
+    for (const auto& v : u) sizes.push_back(v.size());
+    ResidentUnits src(w, g, sizes);
+    const double loss = model.forward(src, tok.data(), tg.data());
+    model.backward(src, tok.data(), tg.data(), 1.0f / R);
     std::vector<VD> ud;
     for (const auto& v : u) ud.push_back(to_d(v));
     EXPECT_NEAR(loss, ref_model_loss(ud, s, B, tok, tg), 1e-5 * std::fabs(loss));

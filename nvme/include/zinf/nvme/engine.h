@@ -19,6 +19,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,6 +60,9 @@ class IoOp {
   // Called by engines.
   void request_done();
   void request_failed(int err, const std::string& message);
+  // Runs once, on the completing I/O thread, when the last request finishes (set before submitting
+  // the first request; the store uses it to account busy time).
+  std::function<void()> on_done;
 
  private:
   std::atomic<std::size_t> pending_;
@@ -73,9 +77,10 @@ class IoEngine {
  public:
   virtual ~IoEngine() = default;
   // Queues a transfer of `len` bytes between `buf` and `fd` at `offset`. `path` names the file in
-  // errors. With O_DIRECT files, buf, len and offset must honour the file's alignment.
+  // errors. With O_DIRECT files, buf, len and offset must honour the file's alignment. `on_done`
+  // (optional) runs on the I/O thread when the transfer completes, before waiters are woken.
   virtual IoHandle submit(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset,
-                          const std::string& path) = 0;
+                          const std::string& path, std::function<void()> on_done = {}) = 0;
   virtual std::string name() const = 0;
   virtual const EngineOptions& options() const = 0;
 };

@@ -18,7 +18,9 @@
 // Thread-safety: add() must not race with other calls; read/write may be called from any thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,6 +82,10 @@ class TensorStore {
   IoHandle write(Id id, const void* src, std::uint64_t offset = 0, std::uint64_t len = UINT64_MAX);
   IoHandle read(Id id, void* dst, std::uint64_t offset = 0, std::uint64_t len = UINT64_MAX);
 
+  // Seconds the store had reads (writes) in flight since the last call — the union of the transfers'
+  // [submit, complete] intervals, for per-resource busy times. Resets the counters.
+  double take_busy(bool write);
+
   // "io_uring engine (auto: io_uring works here), O_DIRECT, 1 file(s) in /tmp/zinf-12-ab34"
   const std::string& description() const { return description_; }
   const std::string& directory() const { return dir_->path(); }
@@ -105,6 +111,11 @@ class TensorStore {
   bool odirect_ = false;
   std::unique_ptr<IoEngine> engine_;
   std::string description_;
+  struct Busy {
+    std::mutex mu;
+    double total = 0;
+    std::chrono::steady_clock::time_point until{};
+  } busy_[2];
 };
 
 }  // namespace zinf::nvme

@@ -1,0 +1,856 @@
+// engine.cpp — the offload engine (zinf/offload/engine.h).
+//
+// Reading guide. A unit's life in one step:
+//   forward   weights(u): resident → its buffer; windowed → a slot, fetched (or prefetched) from the
+//             param home once u's previous update has landed (versions below)
+//   backward  grads(u): a zeroed fp32 device buffer (resident, or a grad slot); grads_done(u):
+//             GradOut+Reduce — round to 16 bits, through pinned landing buckets, into the Update's
+//             source buffer (host or device); with GA > 1 accumulate in fp32
+//   step      barrier (all reduces done) → norm over units in order → overflow/clip decision →
+//             Update pipeline: per unit, per sub-group: fused cpu_adam pass, compute copy to its home
+//             (device via a pinned upload slot, pinned host, or NVMe); then the unit "lands":
+//             version[u] = applied_, which is what the next forward's weights(u) waits for.
+// Every buffer is fixed in count and size and allocated in the constructor.
+#include "zinf/offload/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "zinf/cpu_adam/convert.h"
+#include "zinf/cpu_adam/host_pool.h"
+#include "zinf/error.h"
+#include "zinf/nvme/pinned.h"
+#include "zinf/nvme/swapper.h"
+
+namespace zinf::offload {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+constexpr std::size_t kChunkAlign = 4096;  // elements: sub-group and bucket boundaries (16 KiB of fp32)
+
+std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
+
+// A FIFO worker thread; the first exception is kept and rethrown by drain()/check().
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      q_.push_back(std::move(fn));
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+  void drain() {
+    std::unique_lock<std::mutex> lk(mu_);
+    idle_.wait(lk, [&] { return pending_ == 0; });
+    rethrow_locked();
+  }
+  void check() {
+    std::lock_guard<std::mutex> lk(mu_);
+    rethrow_locked();
+  }
+
+ private:
+  void rethrow_locked() {
+    if (err_) {
+      auto e = err_;
+      err_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+  void loop() {
+    while (true) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+        if (q_.empty()) return;
+        fn = std::move(q_.front());
+        q_.pop_front();
+      }
+      bool skip;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        skip = err_ != nullptr;
+      }
+      if (!skip) {
+        try {
+          fn();
+        } catch (...) {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (!err_) err_ = std::current_exception();
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        --pending_;
+      }
+      idle_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, idle_;
+  std::deque<std::function<void()>> q_;
+  std::size_t pending_ = 0;
+  bool stop_ = false;
+  std::exception_ptr err_;
+  std::thread thread_;
+};
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using HostMem = std::unique_ptr<char, FreeDeleter>;
+HostMem host_alloc(std::size_t bytes) {
+  void* p = std::aligned_alloc(64, round_up(std::max<std::size_t>(bytes, 64), 64));
+  if (!p) throw Error("host allocation of " + std::to_string(bytes) + " bytes failed");
+  return HostMem(static_cast<char*>(p));
+}
+
+}  // namespace
+
+double ResourceTimes::busiest() const { return std::max({compute, h2d, d2h, host, nvme_read, nvme_write}); }
+const char* ResourceTimes::busiest_name() const {
+  const double b = busiest();
+  if (b == compute) return "compute";
+  if (b == host) return "host";
+  if (b == nvme_read) return "nvme_read";
+  if (b == nvme_write) return "nvme_write";
+  if (b == h2d) return "h2d";
+  return "d2h";
+}
+
+struct Engine::Impl {
+  EngineConfig c;
+  Device& dev;
+  const bool mixed;
+  const std::size_t cb;  // bytes of the compute copy
+  const cpu_adam::HalfType half;
+  const bool opt_off, param_off;
+  std::size_t max_window_unit = 0, bucket = 0, sg = 0;
+  cpu_adam::HostPool pool;
+  std::unique_ptr<nvme::PinnedPool> pinned;  // declared first among holders: outlives every PinnedBuffer
+
+  struct Unit {
+    std::size_t n = 0;
+    bool windowed = false, grad_windowed = false;
+    DeviceBuffer dparam, dwork, dmaster, dm, dv, dgrad, dgrad16, dgradacc;
+    HostMem hmaster, hm, hv, hgrad;
+    nvme::PinnedBuffer hparam;  // offload_param cpu: the home of the compute copy
+    std::vector<std::size_t> chunks;  // sub-group starts (elements)
+    std::vector<nvme::TensorStore::Id> sg_ids;
+    nvme::TensorStore::Id param_id = 0;
+    std::int64_t version = 0;   // updates landed
+    int grad_slot = -1;
+    bool reducing = false;      // a GradOut/Reduce of this unit still reads its device gradient
+  };
+  std::vector<Unit> units;
+
+  struct Slot {  // a window slot for one unit's compute copy (+ fp32 working weights when mixed)
+    DeviceBuffer param, work;
+    nvme::PinnedBuffer staging;  // offload_param nvme: read target before the h2d copy
+    int unit = -1;
+    std::int64_t version = -1;
+    int users = 0;
+    std::uint64_t last_use = 0;
+    EventHandle ready;
+  };
+  std::vector<Slot> slots;
+  struct GradSlot {
+    DeviceBuffer grad;
+    bool busy = false;
+  };
+  std::vector<GradSlot> gslots;
+
+  std::vector<nvme::PinnedBuffer> landing;   // 2 × bucket × cb
+  std::vector<nvme::PinnedBuffer> upload;    // 2 × sub-group × cb (param none, optimizer offloaded; param nvme)
+  std::vector<EventHandle> upload_ev;
+  HostMem reduce_scratch;                    // bucket × 4: fp32 of a landed bucket (GA > 1)
+  std::unique_ptr<nvme::TensorStore> ostore, pstore;
+  std::unique_ptr<nvme::Swapper> swapper;
+
+  std::unique_ptr<Worker> reduce_worker, update_worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::int64_t applied = 0;  // updates launched (target version)
+  std::int64_t micro = 0;
+  bool backward = false;
+  std::uint64_t tick = 0;
+  std::vector<bool> grad_zeroed;
+
+  // busy times (seconds)
+  std::mutex tmu;
+  ResourceTimes times;
+  void add(double ResourceTimes::*field, double s) {
+    std::lock_guard<std::mutex> lk(tmu);
+    times.*field += s;
+  }
+
+  bool exact() const { return c.overlap == Overlap::exact; }
+
+  Impl(const EngineConfig& cfg, Device& d)
+      : c(cfg),
+        dev(d),
+        mixed(cfg.precision != Precision::fp32),
+        cb(cfg.precision == Precision::fp32 ? 4 : 2),
+        half(cfg.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
+        opt_off(cfg.optimizer != OffloadDevice::none),
+        param_off(cfg.param != OffloadDevice::none),
+        pool(cfg.host_threads) {}
+
+  // ---- helpers --------------------------------------------------------------------------------------
+  void to_half(const float* s, void* d, std::size_t n) {
+    auto* o = static_cast<std::uint16_t*>(d);
+    pool.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+      if (half == cpu_adam::HalfType::fp16) cpu_adam::fp32_to_fp16(s + b, o + b, e - b); else cpu_adam::fp32_to_bf16(s + b, o + b, e - b);
+    });
+  }
+  void from_half(const void* s, float* d, std::size_t n) {
+    const auto* i = static_cast<const std::uint16_t*>(s);
+    pool.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+      if (half == cpu_adam::HalfType::fp16) cpu_adam::fp16_to_fp32(i + b, d + b, e - b); else cpu_adam::bf16_to_fp32(i + b, d + b, e - b);
+    });
+  }
+  void add_into(float* acc, const float* x, std::size_t n) {
+    pool.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) acc[i] += x[i];
+    });
+  }
+  // The compute copy (cb bytes per element) of an fp32 range.
+  void to_compute(const float* s, void* d, std::size_t n) {
+    if (mixed) to_half(s, d, n); else std::memcpy(d, s, n * 4);
+  }
+  // The buffer and type the Update reads for unit u.
+  std::pair<const void*, cpu_adam::GradType> grad_source(Unit& u) {
+    const cpu_adam::GradType g16 = half == cpu_adam::HalfType::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
+    if (!opt_off) {
+      if (c.grad_accum > 1) return {u.dgradacc.as<float>(), cpu_adam::GradType::fp32};
+      if (mixed) return {u.dgrad16.as<void>(), g16};
+      return {u.dgrad.as<float>(), cpu_adam::GradType::fp32};
+    }
+    if (c.grad_accum > 1 || !mixed) return {u.hgrad.get(), cpu_adam::GradType::fp32};
+    return {u.hgrad.get(), g16};
+  }
+  std::size_t gsize() const { return (c.grad_accum > 1 || !mixed) ? 4 : 2; }
+
+  // ---- windows ---------------------------------------------------------------------------------------
+  void wait_landed(std::size_t u) {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return units[u].version == applied; });
+  }
+  int find_slot(std::size_t u) {
+    std::lock_guard<std::mutex> lk(mu);
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].unit == static_cast<int>(u) && slots[i].version == units[u].version) return static_cast<int>(i);
+    return -1;
+  }
+  // Starts bringing unit u into a free slot; returns the slot or −1 when every slot is in use.
+  int fetch(std::size_t u) {
+    int best = -1;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].users > 0) continue;
+      if (best < 0 || slots[i].last_use < slots[static_cast<std::size_t>(best)].last_use) best = static_cast<int>(i);
+    }
+    if (best < 0) return -1;
+    Slot& s = slots[static_cast<std::size_t>(best)];
+    if (s.ready) s.ready->wait();  // a previous fetch into this slot must be finished
+    Unit& un = units[u];
+    s.unit = static_cast<int>(u);
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      s.version = un.version;
+    }
+    s.last_use = ++tick;
+    const std::size_t bytes = un.n * cb;
+    const bool from_nvme = c.param == OffloadDevice::nvme;
+    void* src = from_nvme ? s.staging.data() : un.hparam.data();
+    void* dst = s.param.as<void>();
+    float* work = mixed ? s.work.as<float>() : nullptr;
+    const std::size_t n = un.n;
+    const auto pid = un.param_id;
+    dev.launch(StreamRole::h2d, [this, dst, src, bytes, work, n, from_nvme, pid] {
+      if (from_nvme) pstore->read(pid, src, 0, bytes)->wait();  // Fetch: NVMe → pinned, then → device
+      const auto t0 = Clock::now();
+      std::memcpy(dst, src, bytes);
+      if (work) from_half(dst, work, n);  // the CPU device computes in fp32 from the 16-bit copy
+      add(&ResourceTimes::h2d, since(t0));
+    });
+    s.ready = dev.record(StreamRole::h2d);
+    if (!exact()) s.ready->wait();
+    return best;
+  }
+  void prefetch_after(std::size_t u) {
+    if (!exact() || !param_off) return;
+    for (int k = 1; k <= c.prefetch_depth; ++k) {
+      const long next = backward ? static_cast<long>(u) - k : static_cast<long>(u) + k;
+      if (next < 0 || next >= static_cast<long>(units.size())) break;
+      const std::size_t v = static_cast<std::size_t>(next);
+      if (!units[v].windowed) continue;
+      if (find_slot(v) >= 0) continue;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        if (units[v].version != applied) break;  // its update has not landed yet: fetch on demand
+      }
+      if (fetch(v) < 0) break;
+    }
+  }
+
+  // ---- GradOut + Reduce ------------------------------------------------------------------------------
+  void reduce_unit(std::size_t ui, float* dgrad, std::int64_t mb) {
+    Unit& u = units[ui];
+    if (!opt_off) {  // the Update reads device buffers: round (and accumulate) in place on the device
+      const auto t0 = Clock::now();
+      if (mixed) {
+        to_half(u.dgrad.as<float>(), u.dgrad16.as<void>(), u.n);
+        if (c.grad_accum > 1) from_half(u.dgrad16.as<void>(), u.dgrad.as<float>(), u.n);
+      }
+      if (c.grad_accum > 1) {
+        if (mb == 0) std::memcpy(u.dgradacc.as<float>(), u.dgrad.as<float>(), u.n * 4);
+        else add_into(u.dgradacc.as<float>(), u.dgrad.as<float>(), u.n);
+      }
+      add(&ResourceTimes::compute, since(t0));
+      return;
+    }
+    // Bucket by bucket through the pinned landing buffers.
+    for (std::size_t o = 0, k = 0; o < u.n; o += bucket, ++k) {
+      const std::size_t len = std::min(bucket, u.n - o);
+      nvme::PinnedBuffer& land = landing[k % landing.size()];
+      auto t0 = Clock::now();
+      to_compute(dgrad + o, land.data(), len);  // GradOut: the 16-bit gradient leaves the device
+      add(&ResourceTimes::d2h, since(t0));
+      t0 = Clock::now();
+      char* dst = u.hgrad.get() + o * gsize();
+      if (c.grad_accum == 1) {
+        std::memcpy(dst, land.data(), len * cb);
+      } else {
+        float* acc = reinterpret_cast<float*>(dst);
+        float* g = reinterpret_cast<float*>(reduce_scratch.get());
+        if (mixed) from_half(land.data(), g, len); else std::memcpy(g, land.data(), len * 4);
+        if (mb == 0) std::memcpy(acc, g, len * 4); else add_into(acc, g, len);
+      }
+      add(&ResourceTimes::host, since(t0));
+    }
+  }
+
+  // ---- the Update ------------------------------------------------------------------------------------
+  void update_chunk(Unit& u, std::size_t o, std::size_t len, float* master, float* m, float* v,
+                    const cpu_adam::AdamStep& st, void* param_out) {
+    auto [g, gt] = grad_source(u);
+    cpu_adam::UpdateChunk ch;
+    ch.n = len;
+    ch.grad = static_cast<const char*>(g) + o * (gt == cpu_adam::GradType::fp32 ? 4 : 2);
+    ch.grad_type = gt;
+    ch.master = master;
+    ch.m = m;
+    ch.v = v;
+    ch.param16 = mixed ? param_out : nullptr;
+    ch.param16_type = half;
+    cpu_adam::adam_update(pool, st, ch);
+    if (!mixed && param_out != master) std::memcpy(param_out, master, len * 4);
+  }
+  // Where the Update writes unit u's compute copy for [o, o+len): directly into its home when the
+  // home is host-visible, else into a pinned upload slot that land_chunk() moves on.
+  void* param_target(Unit& u, std::size_t o, int slot_k) {
+    if (!u.windowed && !opt_off) return static_cast<char*>(u.dparam.as<void>()) + o * cb;  // CPU device: host-visible
+    if (u.windowed && c.param == OffloadDevice::cpu) return static_cast<char*>(u.hparam.data()) + o * cb;
+    nvme::PinnedBuffer& up = upload[static_cast<std::size_t>(slot_k)];
+    if (upload_ev[static_cast<std::size_t>(slot_k)]) upload_ev[static_cast<std::size_t>(slot_k)]->wait();
+    return up.data();
+  }
+  std::vector<nvme::IoHandle> param_writes;
+  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot_k) {
+    if ((!u.windowed && !opt_off) || (u.windowed && c.param == OffloadDevice::cpu)) return;
+    void* src = upload[static_cast<std::size_t>(slot_k)].data();
+    if (u.windowed) {  // offload_param nvme: the compute copy goes home to NVMe
+      param_writes.push_back(pstore->write(u.param_id, src, o * cb, len * cb));
+      upload_ev[static_cast<std::size_t>(slot_k)] = nullptr;
+      param_writes.back()->wait();  // the slot is reused next; sub-group reads keep the disk busy meanwhile
+      param_writes.clear();
+      return;
+    }
+    char* dst = static_cast<char*>(u.dparam.as<void>()) + o * cb;  // Upload: pinned → device
+    const std::size_t bytes = len * cb;
+    dev.launch(StreamRole::h2d, [this, dst, src, bytes] {
+      const auto t0 = Clock::now();
+      std::memcpy(dst, src, bytes);
+      add(&ResourceTimes::h2d, since(t0));
+    });
+    upload_ev[static_cast<std::size_t>(slot_k)] = dev.record(StreamRole::h2d);
+  }
+  void land_unit(std::size_t ui) {
+    Unit& u = units[ui];
+    for (auto& e : upload_ev)
+      if (e) e->wait();
+    if (!u.windowed && mixed) {  // the CPU device's fp32 working weights follow the new 16-bit copy
+      const auto t0 = Clock::now();
+      from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n);
+      add(&ResourceTimes::h2d, since(t0));
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      u.version = applied;
+    }
+    cv.notify_all();
+  }
+  void run_update(const cpu_adam::AdamStep& st) {
+    int k = 0;
+    if (c.optimizer != OffloadDevice::nvme) {
+      for (std::size_t ui = 0; ui < units.size(); ++ui) {
+        Unit& u = units[ui];
+        for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+          const std::size_t o = u.chunks[ci], len = (ci + 1 < u.chunks.size() ? u.chunks[ci + 1] : u.n) - o;
+          // fp32 with the optimizer on the device and no separate master: the compute copy is the master
+          float* base_m = opt_off ? reinterpret_cast<float*>(u.hmaster.get())
+                                  : (u.dmaster.size() ? u.dmaster.as<float>() : u.dparam.as<float>());
+          float* base_a = opt_off ? reinterpret_cast<float*>(u.hm.get()) : u.dm.as<float>();
+          float* base_b = opt_off ? reinterpret_cast<float*>(u.hv.get()) : u.dv.as<float>();
+          const int slot_k = k++ % 2;
+          void* out = param_target(u, o, slot_k);
+          const auto t0 = Clock::now();
+          update_chunk(u, o, len, base_m + o, base_a + o, base_b + o, st, out);
+          add(&ResourceTimes::host, since(t0));
+          land_chunk(u, o, len, slot_k);
+        }
+        land_unit(ui);
+      }
+      return;
+    }
+    // NVMe: the swapper streams each sub-group's master|m|v: read ahead, update, write behind.
+    struct Item {
+      std::size_t unit, o, len;
+    };
+    std::vector<Item> meta;
+    std::vector<nvme::SwapItem> items;
+    for (std::size_t ui = 0; ui < units.size(); ++ui) {
+      Unit& u = units[ui];
+      for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+        const std::size_t o = u.chunks[ci], len = (ci + 1 < u.chunks.size() ? u.chunks[ci + 1] : u.n) - o;
+        meta.push_back({ui, o, len});
+        items.push_back({u.sg_ids[ci], 0, 12 * round_up(len, 1024), true, true});
+      }
+    }
+    swapper->run(items, [&](std::size_t i, void* buf, std::size_t) {
+      const Item& it = meta[i];
+      Unit& u = units[it.unit];
+      const std::size_t pl = round_up(it.len, 1024);
+      float* f = static_cast<float*>(buf);
+      const int slot_k = k++ % 2;
+      void* out = param_target(u, it.o, slot_k);
+      const auto t0 = Clock::now();
+      update_chunk(u, it.o, it.len, f, f + pl, f + 2 * pl, st, out);
+      add(&ResourceTimes::host, since(t0));
+      land_chunk(u, it.o, it.len, slot_k);
+      if (it.o + it.len == u.n) land_unit(it.unit);
+    }, exact() ? -1 : 0);
+  }
+};
+
+// ---- sizes ------------------------------------------------------------------------------------------
+
+namespace {
+struct Sizes {
+  std::size_t device = 0, pinned = 0;
+};
+Sizes sizes_of(const EngineConfig& c) {
+  Sizes s;
+  const bool mixed = c.precision != Precision::fp32;
+  const std::size_t cb = mixed ? 2 : 4;
+  const bool opt_off = c.optimizer != OffloadDevice::none, param_off = c.param != OffloadDevice::none;
+  std::size_t max_win = 0, max_unit = 0;
+  for (std::size_t u = 0; u < c.units.size(); ++u) {
+    const std::size_t n = c.units[u];
+    max_unit = std::max(max_unit, n);
+    const bool windowed = param_off && !c.persistent[u];
+    if (windowed) max_win = std::max(max_win, n);
+    if (!windowed) s.device += n * cb + (mixed ? n * 4 : 0);                  // compute copy (+ fp32 work)
+    if (!opt_off) {
+      s.device += n * 4 * ((!mixed && !param_off) ? 2 : 3);                     // master (aliased in fp32), m, v
+      s.device += n * 4;                                                        // fp32 grads
+      if (mixed && c.grad_accum == 1) s.device += n * 2;                        // grad16
+      if (c.grad_accum > 1) s.device += n * 4 + (mixed ? n * 2 : 0);            // grad32 (+ grad16)
+    } else if (!windowed) {
+      s.device += n * 4;  // persistent units keep their fp32 grads on the device
+    }
+  }
+  const int nslots = param_off ? std::max(2, 1 + c.prefetch_depth) : 0;
+  s.device += static_cast<std::size_t>(nslots) * max_win * (cb + (mixed ? 4 : 0));
+  if (opt_off) s.device += 2 * max_win * 4;  // grad slots
+  const std::size_t bucket = std::min(round_up(std::max<std::size_t>(c.reduce_bucket_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
+  const std::size_t sg = std::min(round_up(std::max<std::size_t>(c.sub_group_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
+  if (opt_off) s.pinned += 2 * bucket * cb;                                          // landing
+  if (opt_off || c.param == OffloadDevice::nvme) s.pinned += 2 * round_up(sg * cb, 4096);  // upload
+  if (c.optimizer == OffloadDevice::nvme) s.pinned += static_cast<std::size_t>(c.optimizer_buffer_count) * 12 * round_up(sg, 1024);
+  if (c.param == OffloadDevice::cpu)  // the param home of the windowed units
+    for (std::size_t u = 0; u < c.units.size(); ++u)
+      if (!c.persistent[u]) s.pinned += round_up(c.units[u] * cb, 4096);
+  if (c.param == OffloadDevice::nvme) s.pinned += static_cast<std::size_t>(nslots) * round_up(max_win * cb, 4096);
+  return s;
+}
+}  // namespace
+
+std::size_t Engine::device_bytes(const EngineConfig& c) { return sizes_of(c).device; }
+std::size_t Engine::pinned_bytes(const EngineConfig& c) { return sizes_of(c).pinned; }
+
+// ---- construction ------------------------------------------------------------------------------------
+
+Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
+  ZINF_CHECK(!cfg.units.empty() && cfg.persistent.size() == cfg.units.size());
+  impl_ = std::make_unique<Impl>(cfg, dev);
+  Impl& m = *impl_;
+  const EngineConfig& c = m.c;
+  const Sizes need = sizes_of(c);
+  if (need.device > dev.budget() - dev.in_use())
+    throw DeviceMemoryError("the offload plan needs " + std::to_string(need.device) + " bytes of device memory for states and windows, " +
+                                std::to_string(dev.budget() - dev.in_use()) + " are left in the budget of " + std::to_string(dev.budget()),
+                            "offload more (offload_optimizer / offload_param), raise device.memory_budget, or see `zinf plan`");
+  m.pinned = std::make_unique<nvme::PinnedPool>(need.pinned, c.pin_memory);
+
+  std::size_t max_unit = 0;
+  for (std::size_t u = 0; u < c.units.size(); ++u) {
+    max_unit = std::max(max_unit, c.units[u]);
+    if (m.param_off && !c.persistent[u]) m.max_window_unit = std::max(m.max_window_unit, c.units[u]);
+  }
+  m.bucket = std::min(round_up(std::max<std::size_t>(c.reduce_bucket_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
+  m.sg = std::min(round_up(std::max<std::size_t>(c.sub_group_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
+  if (c.optimizer == OffloadDevice::nvme) m.ostore = std::make_unique<nvme::TensorStore>(c.optimizer_store);
+  if (c.param == OffloadDevice::nvme) m.pstore = std::make_unique<nvme::TensorStore>(c.param_store);
+
+  const std::size_t cb = m.cb;
+  std::vector<float> tmp(max_unit);
+  for (std::size_t ui = 0; ui < c.units.size(); ++ui) {
+    Impl::Unit u;
+    u.n = c.units[ui];
+    u.windowed = m.param_off && !c.persistent[ui];
+    u.grad_windowed = m.opt_off && u.windowed;
+    const std::string nm = "unit " + std::to_string(ui);
+    for (std::size_t o = 0; o < u.n; o += m.sg) u.chunks.push_back(o);
+    if (u.chunks.empty()) u.chunks.push_back(0);
+    init(ui, tmp.data());
+    // optimizer states
+    if (!m.opt_off) {
+      if (m.mixed || m.param_off) u.dmaster = DeviceBuffer(dev, u.n * 4, nm + " master");
+      u.dm = DeviceBuffer(dev, u.n * 4, nm + " adam.m");
+      u.dv = DeviceBuffer(dev, u.n * 4, nm + " adam.v");
+      std::memset(u.dm.as<void>(), 0, u.n * 4);
+      std::memset(u.dv.as<void>(), 0, u.n * 4);
+    } else if (c.optimizer == OffloadDevice::cpu) {
+      u.hmaster = host_alloc(u.n * 4);
+      u.hm = host_alloc(u.n * 4);
+      u.hv = host_alloc(u.n * 4);
+      std::memcpy(u.hmaster.get(), tmp.data(), u.n * 4);
+      std::memset(u.hm.get(), 0, u.n * 4);
+      std::memset(u.hv.get(), 0, u.n * 4);
+    }
+    // the compute copy's home
+    if (!u.windowed) {
+      u.dparam = DeviceBuffer(dev, u.n * cb, nm + (m.mixed ? " param16" : " param"));
+      if (m.mixed) u.dwork = DeviceBuffer(dev, u.n * 4, nm + " fp32 working weights");
+      m.to_compute(tmp.data(), u.dparam.as<void>(), u.n);
+      if (m.mixed) m.from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n);
+    }
+    if (!m.opt_off && u.dmaster.size()) std::memcpy(u.dmaster.as<void>(), tmp.data(), u.n * 4);
+    if (u.windowed && c.param == OffloadDevice::cpu) {
+      u.hparam = m.pinned->acquire(u.n * cb);
+      m.to_compute(tmp.data(), u.hparam.data(), u.n);
+    }
+    // gradients
+    if (!m.opt_off) {
+      u.dgrad = DeviceBuffer(dev, u.n * 4, nm + " grad");
+      if (m.mixed) u.dgrad16 = DeviceBuffer(dev, u.n * 2, nm + " grad16");
+      if (c.grad_accum > 1) u.dgradacc = DeviceBuffer(dev, u.n * 4, nm + " grad32");
+    } else {
+      if (!u.windowed) u.dgrad = DeviceBuffer(dev, u.n * 4, nm + " grad");
+      u.hgrad = host_alloc(u.n * m.gsize());
+    }
+    m.units.push_back(std::move(u));
+    Impl::Unit& uu = m.units.back();
+    if (uu.windowed && c.param == OffloadDevice::nvme) uu.param_id = m.pstore->add(nm + ".param", uu.n * cb);
+    if (c.optimizer == OffloadDevice::nvme)
+      for (std::size_t ci = 0; ci < uu.chunks.size(); ++ci) {
+        const std::size_t len = (ci + 1 < uu.chunks.size() ? uu.chunks[ci + 1] : uu.n) - uu.chunks[ci];
+        uu.sg_ids.push_back(m.ostore->add(nm + ".sg" + std::to_string(ci), 12 * round_up(len, 1024)));
+      }
+    // Initial contents on NVMe, through one pinned block.
+    const bool param_on_nvme = uu.windowed && c.param == OffloadDevice::nvme;
+    if (param_on_nvme || c.optimizer == OffloadDevice::nvme) {
+      const std::size_t bytes = std::max(param_on_nvme ? uu.n * cb : 0,
+                                         c.optimizer == OffloadDevice::nvme ? 12 * round_up(std::min(m.sg, uu.n), 1024) : 0);
+      nvme::PinnedPool init_pool(round_up(bytes, 4096), false);  // pageable: used once, at start
+      nvme::PinnedBuffer b = init_pool.acquire(bytes);
+      if (param_on_nvme) {
+        m.to_compute(tmp.data(), b.data(), uu.n);
+        m.pstore->write(uu.param_id, b.data())->wait();
+      }
+      if (c.optimizer == OffloadDevice::nvme)
+        for (std::size_t ci = 0; ci < uu.chunks.size(); ++ci) {
+          const std::size_t o = uu.chunks[ci], len = (ci + 1 < uu.chunks.size() ? uu.chunks[ci + 1] : uu.n) - o;
+          const std::size_t pl = round_up(len, 1024);
+          std::memset(b.data(), 0, 12 * pl);
+          std::memcpy(b.data(), tmp.data() + o, len * 4);
+          m.ostore->write(uu.sg_ids[ci], b.data())->wait();
+        }
+    }
+  }
+  // windows and staging
+  if (m.param_off) {
+    const int nslots = std::max(2, 1 + c.prefetch_depth);
+    for (int i = 0; i < nslots; ++i) {
+      Impl::Slot s;
+      s.param = DeviceBuffer(dev, m.max_window_unit * cb, "param window slot " + std::to_string(i));
+      if (m.mixed) s.work = DeviceBuffer(dev, m.max_window_unit * 4, "fp32 working weights slot " + std::to_string(i));
+      if (c.param == OffloadDevice::nvme) s.staging = m.pinned->acquire(m.max_window_unit * cb);
+      m.slots.push_back(std::move(s));
+    }
+  }
+  if (m.opt_off) {
+    for (int i = 0; i < 2 && m.max_window_unit > 0; ++i) {
+      Impl::GradSlot g;
+      g.grad = DeviceBuffer(dev, m.max_window_unit * 4, "grad window slot " + std::to_string(i));
+      m.gslots.push_back(std::move(g));
+    }
+    for (int i = 0; i < 2; ++i) m.landing.push_back(m.pinned->acquire(m.bucket * cb));
+    if (c.grad_accum > 1) m.reduce_scratch = host_alloc(m.bucket * 4);
+  }
+  if (m.opt_off || c.param == OffloadDevice::nvme)
+    for (int i = 0; i < 2; ++i) m.upload.push_back(m.pinned->acquire(m.sg * cb));
+  m.upload_ev.resize(2);
+  if (c.optimizer == OffloadDevice::nvme)
+    m.swapper = std::make_unique<nvme::Swapper>(*m.ostore, *m.pinned, m.exact() ? c.optimizer_buffer_count : 1,
+                                                12 * round_up(m.sg, 1024));
+  m.grad_zeroed.assign(m.units.size(), false);
+  m.reduce_worker = std::make_unique<Worker>();
+  m.update_worker = std::make_unique<Worker>();
+}
+
+Engine::~Engine() {
+  if (!impl_) return;
+  try {
+    impl_->reduce_worker->drain();
+  } catch (...) {
+  }
+  try {
+    impl_->update_worker->drain();
+  } catch (...) {
+  }
+  try {
+    impl_->dev.synchronize();
+  } catch (...) {
+  }
+}
+
+// ---- model side ---------------------------------------------------------------------------------------
+
+void Engine::begin_micro_batch(std::int64_t micro) {
+  impl_->micro = micro;
+  std::fill(impl_->grad_zeroed.begin(), impl_->grad_zeroed.end(), false);
+}
+void Engine::begin_forward() { impl_->backward = false; }
+void Engine::begin_backward() { impl_->backward = true; }
+
+const float* Engine::weights(std::size_t u) {
+  Impl& m = *impl_;
+  m.reduce_worker->check();
+  m.update_worker->check();
+  m.wait_landed(u);
+  Impl::Unit& un = m.units[u];
+  if (!un.windowed) return m.mixed ? un.dwork.as<float>() : un.dparam.as<float>();
+  int s = m.find_slot(u);
+  if (s < 0) s = m.fetch(u);
+  if (s < 0) throw Error("offload: no free parameter window slot for unit " + std::to_string(u));
+  Impl::Slot& slot = m.slots[static_cast<std::size_t>(s)];
+  slot.ready->wait();
+  ++slot.users;
+  slot.last_use = ++m.tick;
+  m.prefetch_after(u);
+  return m.mixed ? slot.work.as<float>() : slot.param.as<float>();
+}
+
+void Engine::done_with(std::size_t u) {
+  Impl& m = *impl_;
+  if (!m.units[u].windowed) return;
+  const int s = m.find_slot(u);
+  if (s >= 0 && m.slots[static_cast<std::size_t>(s)].users > 0) --m.slots[static_cast<std::size_t>(s)].users;
+}
+
+float* Engine::grads(std::size_t u) {
+  Impl& m = *impl_;
+  Impl::Unit& un = m.units[u];
+  float* g;
+  if (un.grad_windowed) {
+    if (un.grad_slot < 0) {
+      std::unique_lock<std::mutex> lk(m.mu);
+      int free_slot = -1;
+      m.cv.wait(lk, [&] {
+        for (std::size_t i = 0; i < m.gslots.size(); ++i)
+          if (!m.gslots[i].busy) return (free_slot = static_cast<int>(i)) >= 0;
+        return false;
+      });
+      m.gslots[static_cast<std::size_t>(free_slot)].busy = true;
+      un.grad_slot = free_slot;
+    }
+    g = m.gslots[static_cast<std::size_t>(un.grad_slot)].grad.as<float>();
+  } else {
+    // The previous micro batch's Reduce may still be reading this buffer.
+    std::unique_lock<std::mutex> lk(m.mu);
+    m.cv.wait(lk, [&] { return !un.reducing; });
+    g = un.dgrad.as<float>();
+  }
+  if (!m.grad_zeroed[u]) {
+    std::memset(g, 0, un.n * 4);
+    m.grad_zeroed[u] = true;
+  }
+  return g;
+}
+
+void Engine::grads_done(std::size_t u) {
+  Impl& m = *impl_;
+  Impl::Unit& un = m.units[u];
+  float* g = un.grad_windowed ? m.gslots[static_cast<std::size_t>(un.grad_slot)].grad.as<float>() : un.dgrad.as<float>();
+  const std::int64_t mb = m.micro;
+  {
+    std::lock_guard<std::mutex> lk(m.mu);
+    un.reducing = true;
+  }
+  auto job = [&m, u, g, mb] {
+    struct Release {  // also on an exception, so nobody waits forever on the buffer
+      Impl& m;
+      std::size_t u;
+      ~Release() {
+        Impl::Unit& x = m.units[u];
+        {
+          std::lock_guard<std::mutex> lk(m.mu);
+          if (x.grad_windowed && x.grad_slot >= 0) {
+            m.gslots[static_cast<std::size_t>(x.grad_slot)].busy = false;
+            x.grad_slot = -1;
+          }
+          x.reducing = false;
+        }
+        m.cv.notify_all();
+      }
+    } release{m, u};
+    m.reduce_unit(u, g, mb);
+  };
+  if (m.exact()) m.reduce_worker->push(job); else job();
+}
+
+// ---- the step ------------------------------------------------------------------------------------------
+
+StepOutcome Engine::step(const StepOptions& o) {
+  Impl& m = *impl_;
+  m.reduce_worker->drain();  // the barrier: every gradient is in its Update buffer
+  m.update_worker->drain();
+  const auto t0 = Clock::now();
+  double sumsq = 0;
+  bool finite = true;
+  for (auto& u : m.units) {  // units in order, 64 Ki blocks in order: the same sum on every placement
+    auto [g, gt] = m.grad_source(u);
+    const auto s = cpu_adam::sum_squares(m.pool, g, gt, u.n);
+    sumsq += s.sum;
+    finite = finite && s.finite;
+  }
+  m.add(&ResourceTimes::host, since(t0));
+  StepOutcome out;
+  out.norm = std::sqrt(sumsq) / o.loss_scale;
+  out.finite = finite && std::isfinite(out.norm);
+  if (!out.finite) return out;
+  double combined = o.loss_scale;  // DeepSpeed: loss_scale × max(1, (norm + 1e-6) / clip)
+  if (o.gradient_clipping > 0) {
+    const double coef = (out.norm + 1e-6) / o.gradient_clipping;
+    if (coef > 1) combined *= coef;
+  }
+  const cpu_adam::AdamStep st = cpu_adam::make_adam_step(o.hyper, o.step, static_cast<float>(1.0 / combined));
+  {
+    std::lock_guard<std::mutex> lk(m.mu);
+    ++m.applied;
+  }
+  if (m.exact())
+    m.update_worker->push([&m, st] { m.run_update(st); });
+  else
+    m.run_update(st);
+  return out;
+}
+
+void Engine::synchronize() {
+  impl_->reduce_worker->drain();
+  impl_->update_worker->drain();
+  impl_->dev.synchronize();
+}
+
+void Engine::read_master(std::size_t ui, float* dst) {
+  synchronize();
+  Impl& m = *impl_;
+  Impl::Unit& u = m.units[ui];
+  if (m.c.optimizer == OffloadDevice::cpu) {
+    std::memcpy(dst, u.hmaster.get(), u.n * 4);
+  } else if (m.c.optimizer == OffloadDevice::none) {
+    std::memcpy(dst, u.dmaster.size() ? u.dmaster.as<void>() : u.dparam.as<void>(), u.n * 4);
+  } else {
+    nvme::PinnedPool p(12 * round_up(std::min(m.sg, u.n), 1024) + 4096, false);
+    nvme::PinnedBuffer b = p.acquire(12 * round_up(std::min(m.sg, u.n), 1024));
+    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+      const std::size_t o = u.chunks[ci], len = (ci + 1 < u.chunks.size() ? u.chunks[ci + 1] : u.n) - o;
+      m.ostore->read(u.sg_ids[ci], b.data(), 0, 4 * round_up(len, 1024))->wait();
+      std::memcpy(dst + o, b.data(), len * 4);
+    }
+  }
+}
+
+ResourceTimes Engine::take_times() {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lk(m.tmu);
+  ResourceTimes t = m.times;
+  if (m.ostore) {
+    t.nvme_read += m.ostore->take_busy(false);
+    t.nvme_write += m.ostore->take_busy(true);
+  }
+  if (m.pstore) {
+    t.nvme_read += m.pstore->take_busy(false);
+    t.nvme_write += m.pstore->take_busy(true);
+  }
+  m.times = ResourceTimes{};
+  return t;
+}
+
+void Engine::add_compute_time(double s) { impl_->add(&ResourceTimes::compute, s); }
+std::size_t Engine::pinned_capacity() const { return impl_->pinned->capacity(); }
+std::size_t Engine::pinned_peak() const { return impl_->pinned->peak(); }
+
+namespace {
+const char* device_name(OffloadDevice d) {
+  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
+}
+}  // namespace
+
+std::string Engine::describe() const {
+  const Impl& m = *impl_;
+  std::string s = std::string("offload_optimizer=") + device_name(m.c.optimizer) +
+                  " offload_param=" + device_name(m.c.param) + ", overlap " +
+                  (m.c.overlap == Overlap::exact ? "exact" : "none") + ", pinned pool " +
+                  std::to_string(m.pinned->capacity()) + " bytes";
+  if (m.ostore) s += "; optimizer store: " + m.ostore->description();
+  if (m.pstore) s += "; param store: " + m.pstore->description();
+  return s;
+}
+
+}  // namespace zinf::offload

@@ -1,0 +1,131 @@
+// zinf/offload/engine.h — the offload engine: where every training state lives, how gradients
+// leave the device, and how the host Update gets its inputs and puts the parameters back
+// (shared/DESIGN.md §1–§2). Model-agnostic: it sees layer units (flat fp32 parameter ranges).
+//
+// Placement (from the config):
+//   offload_optimizer none | cpu | nvme  → master, m, v on the device | in host memory | on NVMe
+//                                          (NVMe: one tensor per sub-group holding master|m|v)
+//   offload_param     none | cpu | nvme  → the compute copy of the parameters (param16, or fp32 in
+//                                          fp32 runs) on the device | pinned host | NVMe; with
+//                                          offload, the device holds the persistent units
+//                                          (embedding, final LayerNorm) plus a window of block slots
+//
+// Supernodes and where they run:
+//   Fetch(u)    param home → device slot          h2d stream (NVMe read first for offload_param nvme)
+//   GradOut(u)  device fp32 grad → 16-bit → pinned landing buffer, bucket by bucket   d2h stream
+//   Reduce(u)   landing → host grad16 (GA = 1) or += host grad32 (GA > 1)            host reduce worker
+//   SwapIn/Out  master|m|v of a sub-group, NVMe ⇄ pinned (the pipelined swapper)     NVMe ring
+//   Update(g)   the fused cpu_adam pass, writing the compute copy into its home or a pinned slot
+//   Upload(g)   pinned slot → device (offload_param none with an offloaded optimizer)  h2d stream
+//
+// Exactness: every placement and both overlap modes run the same float operations on the same
+// values in the same per-element order (the Update is elementwise; the norm is summed per unit over
+// fixed 64 Ki blocks, units in order), so the parameters are bitwise identical whatever the tiers.
+// Overlap::exact streams GradOut/Reduce behind the backward, prefetches parameter windows, reads
+// optimizer sub-groups ahead and writes behind, and lets the next forward of unit u start as soon as
+// u's update has landed; Overlap::none runs every supernode inline, one after another.
+//
+// Memory: all device buffers are allocated up front (a plan that does not fit the device budget is
+// refused before anything is allocated, with the numbers); host staging comes from one PinnedPool
+// whose size is fixed and reported.
+//
+// Threading: the model-facing calls (weights/done_with/grads/grads_done, begin_*, step) come from one
+// thread, the trainer's; the engine runs its own workers. Errors on any worker surface from the next
+// model-facing call or step()/synchronize().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zinf/config.h"
+#include "zinf/cpu_adam/adam.h"
+#include "zinf/device.h"
+#include "zinf/nvme/store.h"
+
+namespace zinf::offload {
+
+enum class Overlap { exact, none };
+
+struct EngineConfig {
+  std::vector<std::size_t> units;   // parameters per layer unit, forward order
+  std::vector<bool> persistent;     // units always resident on the device under param offload
+  Precision precision = Precision::fp32;
+  OffloadDevice optimizer = OffloadDevice::none;
+  OffloadDevice param = OffloadDevice::none;
+  std::int64_t grad_accum = 1;
+  std::size_t sub_group_size = 1'000'000'000;   // elements
+  std::size_t reduce_bucket_size = 500'000'000; // elements
+  int optimizer_buffer_count = 4;   // swapper buffers, each one sub-group's master|m|v
+  int prefetch_depth = 1;           // parameter units fetched ahead
+  nvme::StoreOptions optimizer_store, param_store;
+  bool pin_memory = true;
+  int host_threads = 0;             // 0: physical cores
+  Overlap overlap = Overlap::exact;
+};
+
+struct StepOptions {
+  double loss_scale = 1;
+  double gradient_clipping = 0;     // 0: off
+  cpu_adam::AdamHyper hyper;        // lr already scheduled
+  std::int64_t step = 1;            // optimizer step number (bias correction), from 1
+};
+
+struct StepOutcome {
+  bool finite = true;
+  double norm = 0;                  // the unscaled global gradient norm (NaN/Inf when not finite)
+};
+
+// Seconds each resource was busy since the last take_times().
+struct ResourceTimes {
+  double compute = 0, h2d = 0, d2h = 0, host = 0, nvme_read = 0, nvme_write = 0;
+  double busiest() const;
+  const char* busiest_name() const;
+};
+
+class Engine {
+ public:
+  // `init(u, master)` fills unit u's fp32 master parameters (n floats) once at start.
+  using InitFn = std::function<void(std::size_t unit, float* master)>;
+  Engine(const EngineConfig& c, Device& dev, const InitFn& init);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Device bytes the engine will allocate for this config (the refusal check uses it).
+  static std::size_t device_bytes(const EngineConfig& c);
+  // Pinned bytes the engine will take from its pool.
+  static std::size_t pinned_bytes(const EngineConfig& c);
+
+  // ---- the model's side (see GptModel's UnitSource) -----------------------------------------------
+  void begin_micro_batch(std::int64_t micro);  // 0 … grad_accum−1
+  void begin_forward();
+  void begin_backward();
+  const float* weights(std::size_t u);
+  void done_with(std::size_t u);
+  float* grads(std::size_t u);
+  void grads_done(std::size_t u);
+
+  // ---- after the last micro batch ------------------------------------------------------------------
+  // Waits for every gradient to be reduced, computes the global norm and, when finite, starts the
+  // Update (which lands unit by unit; the next forward waits per unit). Returns before the Update
+  // finishes under Overlap::exact.
+  StepOutcome step(const StepOptions& o);
+  void synchronize();                              // waits for the Update in flight, rethrows its error
+  void read_master(std::size_t u, float* dst);     // synchronizes, then copies unit u's fp32 master
+
+  ResourceTimes take_times();
+  void add_compute_time(double s);
+  std::size_t pinned_capacity() const;
+  std::size_t pinned_peak() const;
+  std::string describe() const;                    // one line: placement, pinned pool, NVMe engine
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf::offload

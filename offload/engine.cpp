@@ -22,6 +22,8 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <future>
+#include <optional>
 #include <mutex>
 #include <thread>
 
@@ -191,6 +193,16 @@ struct Engine::Impl {
   std::unique_ptr<nvme::Swapper> swapper;
 
   std::unique_ptr<Worker> reduce_worker, update_worker;
+  // The barrier's decision, for an Update pipeline started early (NVMe: sub-group reads overlap the
+  // backward): the AdamStep, or nothing when the step is skipped.
+  using Decision = std::optional<cpu_adam::AdamStep>;
+  std::unique_ptr<std::promise<Decision>> decision;
+  void decide(Decision d) {
+    if (decision) {
+      decision->set_value(d);
+      decision.reset();
+    }
+  }
   std::mutex mu;
   std::condition_variable cv;
   std::int64_t applied = 0;  // updates launched (target version)
@@ -414,8 +426,15 @@ struct Engine::Impl {
     cv.notify_all();
   }
   void run_update(const cpu_adam::AdamStep& st) {
+    std::promise<Decision> p;
+    p.set_value(st);
+    run_update(p.get_future().share());
+  }
+  void run_update(std::shared_future<Decision> fut) {
     int k = 0;
+    if (c.optimizer != OffloadDevice::nvme && !fut.get()) return;
     if (c.optimizer != OffloadDevice::nvme) {
+      const cpu_adam::AdamStep st = *fut.get();
       for (std::size_t ui = 0; ui < units.size(); ++ui) {
         Unit& u = units[ui];
         for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
@@ -451,6 +470,9 @@ struct Engine::Impl {
       }
     }
     swapper->run(items, [&](std::size_t i, void* buf, std::size_t) {
+      const Decision& d = fut.get();  // reads ahead meanwhile; blocks only until the barrier decides
+      if (!d) return;                 // skipped step: the states go back unchanged
+      const cpu_adam::AdamStep& st = *d;
       const Item& it = meta[i];
       Unit& u = units[it.unit];
       const std::size_t pl = round_up(it.len, 1024);
@@ -645,6 +667,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
 
 Engine::~Engine() {
   if (!impl_) return;
+  impl_->decide(std::nullopt);
   try {
     impl_->reduce_worker->drain();
   } catch (...) {
@@ -666,7 +689,15 @@ void Engine::begin_micro_batch(std::int64_t micro) {
   std::fill(impl_->grad_zeroed.begin(), impl_->grad_zeroed.end(), false);
 }
 void Engine::begin_forward() { impl_->backward = false; }
-void Engine::begin_backward() { impl_->backward = true; }
+void Engine::begin_backward() {
+  Impl& m = *impl_;
+  m.backward = true;
+  if (m.exact() && m.c.optimizer == OffloadDevice::nvme && m.micro == m.c.grad_accum - 1 && !m.decision) {
+    m.decision = std::make_unique<std::promise<Impl::Decision>>();
+    auto fut = m.decision->get_future().share();
+    m.update_worker->push([&m, fut] { m.run_update(fut); });  // SwapIn of the first sub-groups starts now
+  }
+}
 
 const float* Engine::weights(std::size_t u) {
   Impl& m = *impl_;
@@ -758,8 +789,12 @@ void Engine::grads_done(std::size_t u) {
 
 StepOutcome Engine::step(const StepOptions& o) {
   Impl& m = *impl_;
-  m.reduce_worker->drain();  // the barrier: every gradient is in its Update buffer
-  m.update_worker->drain();
+  try {
+    m.reduce_worker->drain();  // the barrier: every gradient is in its Update buffer
+  } catch (...) {
+    m.decide(std::nullopt);  // an early-started Update must not wait forever
+    throw;
+  }
   const auto t0 = Clock::now();
   double sumsq = 0;
   bool finite = true;
@@ -773,7 +808,10 @@ StepOutcome Engine::step(const StepOptions& o) {
   StepOutcome out;
   out.norm = std::sqrt(sumsq) / o.loss_scale;
   out.finite = finite && std::isfinite(out.norm);
-  if (!out.finite) return out;
+  if (!out.finite) {
+    m.decide(std::nullopt);
+    return out;
+  }
   double combined = o.loss_scale;  // DeepSpeed: loss_scale × max(1, (norm + 1e-6) / clip)
   if (o.gradient_clipping > 0) {
     const double coef = (out.norm + 1e-6) / o.gradient_clipping;
@@ -784,7 +822,9 @@ StepOutcome Engine::step(const StepOptions& o) {
     std::lock_guard<std::mutex> lk(m.mu);
     ++m.applied;
   }
-  if (m.exact())
+  if (m.decision)
+    m.decide(st);
+  else if (m.exact())
     m.update_worker->push([&m, st] { m.run_update(st); });
   else
     m.run_update(st);
@@ -792,6 +832,7 @@ StepOutcome Engine::step(const StepOptions& o) {
 }
 
 void Engine::synchronize() {
+  impl_->decide(std::nullopt);  // a pipeline started for a step that never came: let it finish unchanged
   impl_->reduce_worker->drain();
   impl_->update_worker->drain();
   impl_->dev.synchronize();

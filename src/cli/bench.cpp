@@ -11,11 +11,12 @@
 #include "zinf/cpu_adam/simd.h"
 #include "zinf/error.h"
 #include "zinf/nvme/sweep.h"
+#include "zinf/train.h"
 
 namespace zinf::cli {
 namespace {
 
-Command bench_nvme_;
+Command bench_nvme_, bench_step_;
 
 struct AdamArgs {
   std::string params = "256M";
@@ -150,6 +151,60 @@ int run_nvme(const NvmeArgs& a) {
   return 0;
 }
 
+struct StepArgs {
+  ConfigArgs config;
+  int steps = 6;
+  bool json = false;
+};
+
+int run_step(const StepArgs& a) {
+  std::vector<std::string> common = a.config.overrides;
+  for (const char* o : {"train.eval_interval=0", "train.eval_batches=1", "train.metrics_file=\"\"", "steps_per_print=1000000"})
+    common.push_back(o);
+  common.push_back("train.steps=" + std::to_string(std::max(2, a.steps)));
+  Config c = load_config(a.config.path, common);
+  for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  auto progress = [](const std::string& s) { std::fprintf(stderr, "bench step: %s\n", s.c_str()); };
+  TrainHooks hooks;
+  hooks.log = progress;
+  progress("with the configured placement (" + std::string(to_string(c.zero.offload_optimizer.device)) + " optimizer, " +
+           std::string(to_string(c.zero.offload_param.device)) + " params)");
+  const TrainResult r = train(c, hooks);
+  std::vector<std::string> none = common;
+  for (const char* o : {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"})
+    none.push_back(o);
+  Config cn = load_config(a.config.path, none);
+  progress("the same model with no offload");
+  const TrainResult base = train(cn, hooks);
+  const double n = static_cast<double>(std::max<std::int64_t>(1, r.measured_steps));
+  const double busy[] = {r.busy.compute / n, r.busy.h2d / n, r.busy.d2h / n, r.busy.host / n, r.busy.nvme_read / n, r.busy.nvme_write / n};
+  const char* names[] = {"compute", "h2d", "d2h", "host", "nvme_read", "nvme_write"};
+  int bi = 0;
+  for (int i = 1; i < 6; ++i)
+    if (busy[i] > busy[bi]) bi = i;
+  const double overlap_ratio = busy[bi] > 0 ? r.step_seconds / busy[bi] : 0;
+  const double vs_none = base.step_seconds > 0 ? r.step_seconds / base.step_seconds : 0;
+  if (a.json) {
+    nlohmann::json j = {{"config", c.source}, {"steps_measured", r.measured_steps}, {"step_s", r.step_seconds},
+                        {"busiest", names[bi]}, {"overlap_ratio", overlap_ratio}, {"no_offload_step_s", base.step_seconds},
+                        {"relative_to_no_offload", vs_none}, {"params_digest", r.params_digest},
+                        {"no_offload_params_digest", base.params_digest}};
+    for (int i = 0; i < 6; ++i) j["busy_s"][names[i]] = busy[i];
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("zinf bench step — %s, %lld measured steps (after one warm-up)\n", c.source.c_str(),
+              static_cast<long long>(r.measured_steps));
+  std::printf("  busy per step (ms):");
+  for (int i = 0; i < 6; ++i) std::printf(" %s %.1f", names[i], 1e3 * busy[i]);
+  std::printf("\n  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds, names[bi], 1e3 * busy[bi]);
+  std::printf("  overlap ratio (step time / busiest resource): %.3f   (1.0 = perfect overlap)\n", overlap_ratio);
+  std::printf("  relative to no offload (%.1f ms per step): %.3f\n", 1e3 * base.step_seconds, vs_none);
+  std::printf("  params digests: offload %s, no offload %s (%s)\n", r.params_digest.c_str(), base.params_digest.c_str(),
+              r.params_digest == base.params_digest ? "bit-identical" : "DIFFERENT");
+  return 0;
+}
+
 }  // namespace
 
 Command add_bench(CLI::App& app) {
@@ -185,9 +240,21 @@ Command add_bench(CLI::App& app) {
   nv->add_option("--engine", nargs->engine, "auto, uring or posix")->check(CLI::IsMember({"auto", "uring", "posix"}))->capture_default_str();
   nv->add_flag("--json", nargs->json, "Print one JSON object (best_read/best_write GB/s, swap_ratio)");
   bench_nvme_ = {nv, [nargs] { return run_nvme(*nargs); }};
+  auto sargs = std::make_shared<StepArgs>();
+  CLI::App* st = sub->add_subcommand(
+      "step",
+      "Run a few training steps with the config's placement and report each resource's busy time (compute, h2d, "
+      "d2h, host update, NVMe read, NVMe write), the step time, the step time divided by the busiest resource "
+      "(overlap_ratio; 1.0 is perfect overlap), and the step time relative to the same model with no offload. "
+      "The first step is a warm-up and is not measured");
+  add_config_options(*st, sargs->config, true);
+  st->add_option("--steps", sargs->steps, "Steps to run (the first is not measured)")->capture_default_str();
+  st->add_flag("--json", sargs->json, "Print one JSON object (overlap_ratio, busy_s, relative_to_no_offload)");
+  bench_step_ = {st, [sargs] { return run_step(*sargs); }};
   return {adam, [args] { return run_adam(*args); }};
 }
 
 Command bench_nvme_command() { return bench_nvme_; }
+Command bench_step_command() { return bench_step_; }
 
 }  // namespace zinf::cli

@@ -206,6 +206,7 @@ struct Engine::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::int64_t applied = 0;  // updates launched (target version)
+  bool update_failed = false;  // the Update pipeline threw: nobody may wait for a landing
   std::int64_t micro = 0;
   bool backward = false;
   std::uint64_t tick = 0;
@@ -268,8 +269,28 @@ struct Engine::Impl {
 
   // ---- windows ---------------------------------------------------------------------------------------
   void wait_landed(std::size_t u) {
-    std::unique_lock<std::mutex> lk(mu);
-    cv.wait(lk, [&] { return units[u].version == applied; });
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return units[u].version == applied || update_failed; });
+      if (!update_failed) return;
+    }
+    update_worker->drain();  // rethrows the pipeline's error
+    throw Error("offload: the parameter update failed earlier");
+  }
+  // Runs an Update pipeline on the update worker; a failure wakes everyone waiting for a landing.
+  void push_update(std::function<void()> job) {
+    update_worker->push([this, job = std::move(job)] {
+      try {
+        job();
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          update_failed = true;
+        }
+        cv.notify_all();
+        throw;
+      }
+    });
   }
   int find_slot(std::size_t u) {
     std::lock_guard<std::mutex> lk(mu);
@@ -555,7 +576,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   }
   m.bucket = std::min(round_up(std::max<std::size_t>(c.reduce_bucket_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
   m.sg = std::min(round_up(std::max<std::size_t>(c.sub_group_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
-  if (c.optimizer == OffloadDevice::nvme) m.ostore = std::make_unique<nvme::TensorStore>(c.optimizer_store);
+  if (c.optimizer == OffloadDevice::nvme) m.ostore = std::make_unique<nvme::TensorStore>(c.optimizer_store, c.optimizer_faults);
   if (c.param == OffloadDevice::nvme) m.pstore = std::make_unique<nvme::TensorStore>(c.param_store);
 
   const std::size_t cb = m.cb;
@@ -695,7 +716,7 @@ void Engine::begin_backward() {
   if (m.exact() && m.c.optimizer == OffloadDevice::nvme && m.micro == m.c.grad_accum - 1 && !m.decision) {
     m.decision = std::make_unique<std::promise<Impl::Decision>>();
     auto fut = m.decision->get_future().share();
-    m.update_worker->push([&m, fut] { m.run_update(fut); });  // SwapIn of the first sub-groups starts now
+    m.push_update([&m, fut] { m.run_update(fut); });  // SwapIn of the first sub-groups starts now
   }
 }
 
@@ -825,7 +846,7 @@ StepOutcome Engine::step(const StepOptions& o) {
   if (m.decision)
     m.decide(st);
   else if (m.exact())
-    m.update_worker->push([&m, st] { m.run_update(st); });
+    m.push_update([&m, st] { m.run_update(st); });
   else
     m.run_update(st);
   return out;

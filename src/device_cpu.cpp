@@ -87,18 +87,13 @@ class Stream {
         fn = std::move(queue_.front());
         queue_.pop_front();
       }
-      bool skip;
-      {
+      // Later work still runs after a failure (events recorded after it must fire, or waiters would
+      // hang); the first error is kept for synchronize().
+      try {
+        fn();
+      } catch (...) {
         std::lock_guard<std::mutex> lk(mu_);
-        skip = error_ != nullptr;  // after a failure, later work on the stream is dropped until synchronize
-      }
-      if (!skip) {
-        try {
-          fn();
-        } catch (...) {
-          std::lock_guard<std::mutex> lk(mu_);
-          if (!error_) error_ = std::current_exception();
-        }
+        if (!error_) error_ = std::current_exception();
       }
       {
         std::lock_guard<std::mutex> lk(mu_);

@@ -65,6 +65,7 @@ struct EngineConfig {
   bool pin_memory = true;
   int host_threads = 0;             // 0: physical cores
   Overlap overlap = Overlap::exact;
+  nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
 };
 
 struct StepOptions {

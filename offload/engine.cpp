@@ -32,6 +32,7 @@
 #include "zinf/error.h"
 #include "zinf/nvme/pinned.h"
 #include "zinf/nvme/swapper.h"
+#include "zinf/offload/placement.h"
 
 namespace zinf::offload {
 namespace {
@@ -150,7 +151,7 @@ struct Engine::Impl {
   const std::size_t cb;  // bytes of the compute copy
   const cpu_adam::HalfType half;
   const bool opt_off, param_off;
-  std::size_t max_window_unit = 0, bucket = 0, sg = 0;
+  std::size_t max_window_unit = 0, max_np = 0, bucket = 0, sg = 0;
   cpu_adam::HostPool pool;
   std::unique_ptr<nvme::PinnedPool> pinned;  // declared first among holders: outlives every PinnedBuffer
 
@@ -509,51 +510,28 @@ struct Engine::Impl {
   }
 };
 
-// ---- sizes ------------------------------------------------------------------------------------------
+// ---- sizes: the plan's byte model is the engine's ----------------------------------------------------
 
-namespace {
-struct Sizes {
-  std::size_t device = 0, pinned = 0;
-};
-Sizes sizes_of(const EngineConfig& c) {
-  Sizes s;
-  const bool mixed = c.precision != Precision::fp32;
-  const std::size_t cb = mixed ? 2 : 4;
-  const bool opt_off = c.optimizer != OffloadDevice::none, param_off = c.param != OffloadDevice::none;
-  std::size_t max_win = 0, max_unit = 0;
-  for (std::size_t u = 0; u < c.units.size(); ++u) {
-    const std::size_t n = c.units[u];
-    max_unit = std::max(max_unit, n);
-    const bool windowed = param_off && !c.persistent[u];
-    if (windowed) max_win = std::max(max_win, n);
-    if (!windowed) s.device += n * cb + (mixed ? n * 4 : 0);                  // compute copy (+ fp32 work)
-    if (!opt_off) {
-      s.device += n * 4 * ((!mixed && !param_off) ? 2 : 3);                     // master (aliased in fp32), m, v
-      s.device += n * 4;                                                        // fp32 grads
-      if (mixed && c.grad_accum == 1) s.device += n * 2;                        // grad16
-      if (c.grad_accum > 1) s.device += n * 4 + (mixed ? n * 2 : 0);            // grad32 (+ grad16)
-    } else if (!windowed) {
-      s.device += n * 4;  // persistent units keep their fp32 grads on the device
-    }
-  }
-  const int nslots = param_off ? std::max(2, 1 + c.prefetch_depth) : 0;
-  s.device += static_cast<std::size_t>(nslots) * max_win * (cb + (mixed ? 4 : 0));
-  if (opt_off) s.device += 2 * max_win * 4;  // grad slots
-  const std::size_t bucket = std::min(round_up(std::max<std::size_t>(c.reduce_bucket_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
-  const std::size_t sg = std::min(round_up(std::max<std::size_t>(c.sub_group_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
-  if (opt_off) s.pinned += 2 * bucket * cb;                                          // landing
-  if (opt_off || c.param == OffloadDevice::nvme) s.pinned += 2 * round_up(sg * cb, 4096);  // upload
-  if (c.optimizer == OffloadDevice::nvme) s.pinned += static_cast<std::size_t>(c.optimizer_buffer_count) * 12 * round_up(sg, 1024);
-  if (c.param == OffloadDevice::cpu)  // the param home of the windowed units
-    for (std::size_t u = 0; u < c.units.size(); ++u)
-      if (!c.persistent[u]) s.pinned += round_up(c.units[u] * cb, 4096);
-  if (c.param == OffloadDevice::nvme) s.pinned += static_cast<std::size_t>(nslots) * round_up(max_win * cb, 4096);
-  return s;
+PlanInput Engine::plan_input(const EngineConfig& c) {
+  PlanInput in;
+  for (auto n : c.units) in.unit_params.push_back(static_cast<std::int64_t>(n));
+  in.persistent = c.persistent;
+  in.compute_bytes = c.precision == Precision::fp32 ? 4 : 2;
+  in.optimizer = c.optimizer;
+  in.param = c.param;
+  in.grad_accum = c.grad_accum;
+  in.sub_group_size = static_cast<std::int64_t>(c.sub_group_size);
+  in.reduce_bucket_size = static_cast<std::int64_t>(c.reduce_bucket_size);
+  in.optimizer_buffer_count = c.overlap == Overlap::exact ? c.optimizer_buffer_count : 1;
+  in.prefetch_depth = c.prefetch_depth;
+  in.fp32_work = true;  // the CPU device
+  return in;
 }
-}  // namespace
 
-std::size_t Engine::device_bytes(const EngineConfig& c) { return sizes_of(c).device; }
-std::size_t Engine::pinned_bytes(const EngineConfig& c) { return sizes_of(c).pinned; }
+std::size_t Engine::device_bytes(const EngineConfig& c) {
+  return make_plan(plan_input(c)).totals[static_cast<int>(Tier::device)];
+}
+std::size_t Engine::pinned_bytes(const EngineConfig& c) { return make_plan(plan_input(c)).pinned_pool; }
 
 // ---- construction ------------------------------------------------------------------------------------
 
@@ -562,17 +540,19 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   impl_ = std::make_unique<Impl>(cfg, dev);
   Impl& m = *impl_;
   const EngineConfig& c = m.c;
-  const Sizes need = sizes_of(c);
-  if (need.device > dev.budget() - dev.in_use())
-    throw DeviceMemoryError("the offload plan needs " + std::to_string(need.device) + " bytes of device memory for states and windows, " +
+  const Plan plan = make_plan(plan_input(c));
+  const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];
+  if (need_device > dev.budget() - dev.in_use())
+    throw DeviceMemoryError("the offload plan needs " + std::to_string(need_device) + " bytes of device memory for states and windows, " +
                                 std::to_string(dev.budget() - dev.in_use()) + " are left in the budget of " + std::to_string(dev.budget()),
                             "offload more (offload_optimizer / offload_param), raise device.memory_budget, or see `zinf plan`");
-  m.pinned = std::make_unique<nvme::PinnedPool>(need.pinned, c.pin_memory);
+  m.pinned = std::make_unique<nvme::PinnedPool>(plan.pinned_pool, c.pin_memory);
 
   std::size_t max_unit = 0;
   for (std::size_t u = 0; u < c.units.size(); ++u) {
     max_unit = std::max(max_unit, c.units[u]);
     if (m.param_off && !c.persistent[u]) m.max_window_unit = std::max(m.max_window_unit, c.units[u]);
+    if (!c.persistent[u]) m.max_np = std::max(m.max_np, c.units[u]);
   }
   m.bucket = std::min(round_up(std::max<std::size_t>(c.reduce_bucket_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
   m.sg = std::min(round_up(std::max<std::size_t>(c.sub_group_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
@@ -585,7 +565,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     Impl::Unit u;
     u.n = c.units[ui];
     u.windowed = m.param_off && !c.persistent[ui];
-    u.grad_windowed = m.opt_off && u.windowed;
+    u.grad_windowed = m.opt_off && !c.persistent[ui];  // with the optimizer off the device, gradients only pass through
     const std::string nm = "unit " + std::to_string(ui);
     for (std::size_t o = 0; o < u.n; o += m.sg) u.chunks.push_back(o);
     if (u.chunks.empty()) u.chunks.push_back(0);
@@ -623,7 +603,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
       if (m.mixed) u.dgrad16 = DeviceBuffer(dev, u.n * 2, nm + " grad16");
       if (c.grad_accum > 1) u.dgradacc = DeviceBuffer(dev, u.n * 4, nm + " grad32");
     } else {
-      if (!u.windowed) u.dgrad = DeviceBuffer(dev, u.n * 4, nm + " grad");
+      if (!u.grad_windowed) u.dgrad = DeviceBuffer(dev, u.n * 4, nm + " grad");
       u.hgrad = host_alloc(u.n * m.gsize());
     }
     m.units.push_back(std::move(u));
@@ -667,9 +647,9 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     }
   }
   if (m.opt_off) {
-    for (int i = 0; i < 2 && m.max_window_unit > 0; ++i) {
+    for (int i = 0; i < 2 && m.max_np > 0; ++i) {
       Impl::GradSlot g;
-      g.grad = DeviceBuffer(dev, m.max_window_unit * 4, "grad window slot " + std::to_string(i));
+      g.grad = DeviceBuffer(dev, m.max_np * 4, "grad window slot " + std::to_string(i));
       m.gslots.push_back(std::move(g));
     }
     for (int i = 0; i < 2; ++i) m.landing.push_back(m.pinned->acquire(m.bucket * cb));

@@ -25,17 +25,6 @@ TierBytes on(Tier t, std::uint64_t bytes) {
   return b;
 }
 
-Tier home_of(OffloadDevice d) {
-  switch (d) {
-    case OffloadDevice::none: return Tier::device;
-    case OffloadDevice::cpu: return Tier::host;
-    case OffloadDevice::nvme: return Tier::nvme;
-  }
-  return Tier::device;
-}
-
-const char* dtype_name(int cb) { return cb == 4 ? "fp32" : "16-bit"; }
-
 }  // namespace
 
 const char* tier_name(Tier t) {
@@ -51,81 +40,112 @@ const char* tier_name(Tier t) {
 Plan make_plan(const PlanInput& in) {
   ZINF_CHECK(!in.unit_params.empty());
   ZINF_CHECK(in.compute_bytes == 2 || in.compute_bytes == 4);
+  ZINF_CHECK(in.persistent.empty() || in.persistent.size() == in.unit_params.size());
   Plan p;
-  for (auto u : in.unit_params) {
-    p.n_params += u;
-    p.largest_unit = std::max(p.largest_unit, u);
-  }
-  const std::uint64_t N = static_cast<std::uint64_t>(p.n_params);
-  const std::uint64_t L = static_cast<std::uint64_t>(p.largest_unit);
+  const bool mixed = in.compute_bytes == 2;
   const std::uint64_t cb = static_cast<std::uint64_t>(in.compute_bytes);
   const bool opt_off = in.optimizer != OffloadDevice::none;
   const bool param_off = in.param != OffloadDevice::none;
   const bool ga = in.grad_accum > 1;
-  const Tier opt_tier = home_of(in.optimizer);
-
-  // ---- states ----
-  Tier param_tier = in.param == OffloadDevice::cpu ? Tier::pinned : home_of(in.param);
-  p.states.push_back({"param16", dtype_name(in.compute_bytes), on(param_tier, cb * N),
-                      param_off ? "the device holds a window of layer units" : ""});
-  if (!opt_off)
-    p.states.push_back({"grad16", dtype_name(in.compute_bytes), on(Tier::device, cb * N), ""});
-  else if (!ga)
-    p.states.push_back({"grad16", dtype_name(in.compute_bytes), on(Tier::host, cb * N),
-                        "landed gradients, held until the global-norm barrier"});
-  else
-    p.states.push_back({"grad16", dtype_name(in.compute_bytes), {}, "accumulated straight into grad32"});
-  if (ga)
-    p.states.push_back({"grad32", "fp32", on(opt_tier == Tier::nvme ? Tier::host : opt_tier, 4 * N),
-                        "gradient accumulation buffer"});
-  const bool master_aliased = !opt_off && in.compute_bytes == 4;
-  p.states.push_back({"master", "fp32", master_aliased ? TierBytes{} : on(opt_tier, 4 * N),
-                      master_aliased ? "fp32 training: param16 is the master" : ""});
-  p.states.push_back({"adam.m", "fp32", on(opt_tier, 4 * N), ""});
-  p.states.push_back({"adam.v", "fp32", on(opt_tier, 4 * N), ""});
-
-  // ---- buffers ----
-  p.buffers.push_back({"activations", "", on(Tier::device, in.activation_bytes),
-                       "estimate for one micro batch"});
-  const std::int64_t units = static_cast<std::int64_t>(in.unit_params.size());
-  if (param_off) {
-    std::int64_t depth = in.prefetch_bucket_size / std::max<std::int64_t>(1, p.largest_unit);
-    depth = std::clamp<std::int64_t>(depth, 1, std::max<std::int64_t>(1, units - 1));
-    p.prefetch_depth = static_cast<int>(depth);
-    p.buffers.push_back({"param window", "", on(Tier::device, static_cast<std::uint64_t>(1 + depth) * L * cb),
-                         "computing unit + " + std::to_string(depth) + " prefetched"});
+  const bool work = mixed && in.fp32_work;
+  auto persistent = [&](std::size_t u) { return !in.persistent.empty() && in.persistent[u]; };
+  auto windowed = [&](std::size_t u) { return param_off && !persistent(u); };
+  std::uint64_t max_unit = 0, max_win = 0, max_np = 0;  // largest unit, windowed unit, non-persistent unit
+  for (std::size_t u = 0; u < in.unit_params.size(); ++u) {
+    const std::uint64_t n = static_cast<std::uint64_t>(in.unit_params[u]);
+    p.n_params += in.unit_params[u];
+    max_unit = std::max(max_unit, n);
+    if (windowed(u)) max_win = std::max(max_win, n);
+    if (!persistent(u)) max_np = std::max(max_np, n);
   }
-  if (opt_off) {
-    p.buffers.push_back({"grad window", "", on(Tier::device, 2 * L * cb),
-                         "unit being computed + one draining on d2h"});
-    const std::uint64_t bucket = std::min<std::uint64_t>(static_cast<std::uint64_t>(in.reduce_bucket_size), N);
-    p.buffers.push_back({"grad landing", "", on(Tier::pinned, 2 * bucket * cb), "2 x reduce_bucket_size"});
-    if (!param_off) {
-      const std::uint64_t sg = std::min<std::uint64_t>(static_cast<std::uint64_t>(in.sub_group_size), N);
-      p.buffers.push_back({"param upload", "", on(Tier::pinned, 2 * sg * cb), "2 x sub_group_size, fused Update output"});
+  p.largest_unit = static_cast<std::int64_t>(max_unit);
+  p.largest_windowed = static_cast<std::int64_t>(max_win);
+  auto up = [](std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; };
+  const std::uint64_t bucket = std::min(up(std::max<std::int64_t>(in.reduce_bucket_size, 1), 4096), up(max_unit, 4096));
+  const std::uint64_t sg = std::min(up(std::max<std::int64_t>(in.sub_group_size, 1), 4096), up(max_unit, 4096));
+  p.bucket = static_cast<std::int64_t>(bucket);
+  p.sub_group = static_cast<std::int64_t>(sg);
+  p.window_slots = param_off ? std::max(2, 1 + in.prefetch_depth) : 0;
+
+  // ---- states, unit by unit ----
+  Row param{"param16", mixed ? "16-bit" : "fp32", {}, param_off ? "persistent units on the device, the rest in their home" : ""};
+  Row workr{"fp32 work", "fp32", {}, "CPU device: fp32 copy of the resident 16-bit weights"};
+  Row grad{"grad", "fp32", {}, opt_off ? "device: persistent units; host: the Update's input" : ""};
+  Row grad16{"grad16", "16-bit", {}, ""};
+  Row grad32{"grad32", "fp32", {}, "gradient accumulation buffer"};
+  Row master{"master", "fp32", {}, ""};
+  Row mrow{"adam.m", "fp32", {}, ""}, vrow{"adam.v", "fp32", {}, ""};
+  const int D = static_cast<int>(Tier::device), P = static_cast<int>(Tier::pinned), H = static_cast<int>(Tier::host),
+            N = static_cast<int>(Tier::nvme);
+  for (std::size_t u = 0; u < in.unit_params.size(); ++u) {
+    const std::uint64_t n = static_cast<std::uint64_t>(in.unit_params[u]);
+    const bool win = windowed(u);
+    if (!win) {
+      param.bytes[D] += n * cb;
+      if (work) workr.bytes[D] += n * 4;
+    } else if (in.param == OffloadDevice::cpu) {
+      param.bytes[P] += up(n * cb, 4096);
+    } else {
+      param.bytes[N] += up(n * cb, 4096);
+    }
+    if (!opt_off) {
+      grad.bytes[D] += n * 4;
+      if (mixed) grad16.bytes[D] += n * 2;
+      if (ga) grad32.bytes[D] += n * 4;
+      if (mixed || param_off) master.bytes[D] += n * 4;
+      mrow.bytes[D] += n * 4;
+      vrow.bytes[D] += n * 4;
+    } else {
+      if (persistent(u)) grad.bytes[D] += n * 4;  // other units' gradients pass through the grad window
+      if (ga || !mixed) grad32.bytes[H] += n * 4; else grad16.bytes[H] += n * 2;
+      if (in.optimizer == OffloadDevice::cpu) {
+        master.bytes[H] += n * 4;
+        mrow.bytes[H] += n * 4;
+        vrow.bytes[H] += n * 4;
+      } else {
+        for (std::uint64_t o = 0; o < n; o += sg) {  // one tensor per sub-group: master|m|v, padded
+          const std::uint64_t pl = up(std::min(sg, n - o), 1024);
+          master.bytes[N] += 4 * pl;
+          mrow.bytes[N] += 4 * pl;
+          vrow.bytes[N] += 4 * pl;
+        }
+      }
     }
   }
-  if (in.optimizer == OffloadDevice::nvme) {
-    const std::uint64_t sg = std::min<std::uint64_t>(static_cast<std::uint64_t>(in.sub_group_size), N);
-    p.buffers.push_back({"optimizer swap", "", on(Tier::pinned, static_cast<std::uint64_t>(in.optimizer_buffer_count) * sg * 4),
-                         "buffer_count x sub_group_size x 4 B"});
+  if (!mixed && !opt_off && !param_off) master.note = "fp32 training: param16 is the master";
+  for (Row* r : {&param, &workr, &grad, &grad16, &grad32, &master, &mrow, &vrow}) {
+    std::uint64_t any = 0;
+    for (auto b : r->bytes) any += b;
+    if (any) p.states.push_back(*r);
   }
-  if (in.param == OffloadDevice::nvme) {
-    if (p.largest_unit > in.param_buffer_size)
-      throw ConfigError("zero_optimization.offload_param.buffer_size: " + std::to_string(in.param_buffer_size) +
-                        " elements is smaller than the largest layer unit (" + std::to_string(p.largest_unit) +
-                        " elements); raise it to at least that");
-    p.buffers.push_back({"param swap", "", on(Tier::pinned, static_cast<std::uint64_t>(in.param_buffer_count) * L * cb),
-                         "offload_param.buffer_count x largest unit"});
+
+  // ---- buffers ----
+  p.buffers.push_back({"activations", "", on(Tier::device, in.activation_bytes), "estimate for one micro batch"});
+  if (param_off) {
+    const std::uint64_t slots = static_cast<std::uint64_t>(p.window_slots);
+    p.buffers.push_back({"param window", "", on(Tier::device, slots * max_win * (cb + (work ? 4 : 0))),
+                         std::to_string(slots) + " slots x largest block"});
+    if (in.param == OffloadDevice::nvme)
+      p.buffers.push_back({"param staging", "", on(Tier::pinned, slots * up(max_win * cb, 4096)), "NVMe reads, one per slot"});
   }
+  if (opt_off) {
+    if (max_np > 0) p.buffers.push_back({"grad window", "", on(Tier::device, 2 * max_np * 4), "2 slots x largest block"});
+    p.buffers.push_back({"grad landing", "", on(Tier::pinned, 2 * bucket * cb), "2 x reduce bucket"});
+  }
+  if (opt_off || in.param == OffloadDevice::nvme)
+    p.buffers.push_back({"param upload", "", on(Tier::pinned, 2 * up(sg * cb, 4096)), "2 x sub-group: the Update's output"});
+  if (in.optimizer == OffloadDevice::nvme)
+    p.buffers.push_back({"optimizer swap", "", on(Tier::pinned, static_cast<std::uint64_t>(in.optimizer_buffer_count) * 12 * up(sg, 1024)),
+                         "buffer_count x sub-group master|m|v"});
+  if (ga && opt_off) p.buffers.push_back({"reduce scratch", "", on(Tier::host, bucket * 4), "fp32 of one bucket"});
 
   for (const auto& r : p.states)
     for (int t = 0; t < kTiers; ++t) p.model_states[t] += r.bytes[t];
   p.totals = p.model_states;
-  for (const auto& r : p.buffers) {
+  for (const auto& r : p.buffers)
     for (int t = 0; t < kTiers; ++t) p.totals[t] += r.bytes[t];
-    p.pinned_pool += r.bytes[static_cast<int>(Tier::pinned)];
-  }
+  p.pinned_pool = p.totals[P];  // everything pinned comes from the one pool
+  (void)H;
   return p;
 }
 

@@ -8,6 +8,7 @@
 
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
+#include "zinf/offload/io_options.h"
 
 namespace zinf {
 
@@ -27,19 +28,39 @@ std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_
   return static_cast<std::uint64_t>(total);
 }
 
+int prefetch_depth(const Config& c, const ModelShape& s) {
+  const std::int64_t block = block_params(s);
+  return static_cast<int>(std::clamp<std::int64_t>(c.zero.prefetch_bucket_size / std::max<std::int64_t>(1, block), 1, 4));
+}
+
+offload::EngineConfig engine_config(const Config& c, int host_threads) {
+  const ModelShape shape{c.model.n_layer, c.model.n_head, c.model.d_model, c.model.vocab_size, c.model.seq_len};
+  offload::EngineConfig e;
+  const auto units = layer_units(shape);
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    e.units.push_back(static_cast<std::size_t>(units[u].params));
+    e.persistent.push_back(u == 0 || u + 1 == units.size());  // the embedding and the final LayerNorm
+  }
+  e.precision = c.precision();
+  e.optimizer = c.zero.offload_optimizer.device;
+  e.param = c.zero.offload_param.device;
+  e.grad_accum = c.gradient_accumulation_steps;
+  e.sub_group_size = static_cast<std::size_t>(c.zero.sub_group_size);
+  e.reduce_bucket_size = static_cast<std::size_t>(c.zero.reduce_bucket_size);
+  e.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
+  e.prefetch_depth = prefetch_depth(c, shape);
+  e.optimizer_store = offload::store_options(c.aio, c.zero.offload_optimizer.nvme_path);
+  e.param_store = offload::store_options(c.aio, c.zero.offload_param.nvme_path);
+  e.pin_memory = c.zero.offload_optimizer.pin_memory && c.zero.offload_param.pin_memory;
+  e.host_threads = host_threads;
+  e.overlap = c.train.overlap_none ? offload::Overlap::none : offload::Overlap::exact;
+  return e;
+}
+
 offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
-  offload::PlanInput in;
-  for (const auto& u : layer_units(shape)) in.unit_params.push_back(u.params);
-  in.compute_bytes = c.precision() == Precision::fp32 ? 4 : 2;
-  in.optimizer = c.zero.offload_optimizer.device;
-  in.param = c.zero.offload_param.device;
-  in.grad_accum = c.gradient_accumulation_steps;
-  in.sub_group_size = c.zero.sub_group_size;
-  in.reduce_bucket_size = c.zero.reduce_bucket_size;
-  in.prefetch_bucket_size = c.zero.prefetch_bucket_size;
-  in.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
-  in.param_buffer_count = c.zero.offload_param.buffer_count;
-  in.param_buffer_size = c.zero.offload_param.buffer_size;
+  Config sized = c;
+  sized.model.n_layer = shape.n_layer;
+  offload::PlanInput in = offload::Engine::plan_input(engine_config(sized, 1));
   in.activation_bytes =
       estimate_activation_bytes(shape, c.micro_batch_size, in.compute_bytes, c.model.activation_checkpointing);
   return in;

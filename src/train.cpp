@@ -21,7 +21,7 @@
 #include "zinf/device.h"
 #include "zinf/error.h"
 #include "zinf/offload/engine.h"
-#include "zinf/offload/io_options.h"
+#include "zinf/plan.h"
 #include "zinf/sysinfo.h"
 #include "zinf/train.h"
 
@@ -100,35 +100,6 @@ class EngineUnits final : public UnitSource {
   offload::Engine& e_;
   double wait_ = 0;
 };
-
-int prefetch_depth(const Config& c, const ModelShape& s) {
-  const std::int64_t block = block_params(s);
-  return static_cast<int>(std::clamp<std::int64_t>(c.zero.prefetch_bucket_size / std::max<std::int64_t>(1, block), 1, 4));
-}
-
-offload::EngineConfig engine_config(const Config& c, int threads) {
-  const ModelShape shape{c.model.n_layer, c.model.n_head, c.model.d_model, c.model.vocab_size, c.model.seq_len};
-  offload::EngineConfig e;
-  const auto units = layer_units(shape);
-  for (std::size_t u = 0; u < units.size(); ++u) {
-    e.units.push_back(static_cast<std::size_t>(units[u].params));
-    e.persistent.push_back(u == 0 || u + 1 == units.size());  // the embedding and the final LayerNorm
-  }
-  e.precision = c.precision();
-  e.optimizer = c.zero.offload_optimizer.device;
-  e.param = c.zero.offload_param.device;
-  e.grad_accum = c.gradient_accumulation_steps;
-  e.sub_group_size = static_cast<std::size_t>(c.zero.sub_group_size);
-  e.reduce_bucket_size = static_cast<std::size_t>(c.zero.reduce_bucket_size);
-  e.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
-  e.prefetch_depth = prefetch_depth(c, shape);
-  e.optimizer_store = offload::store_options(c.aio, c.zero.offload_optimizer.nvme_path);
-  e.param_store = offload::store_options(c.aio, c.zero.offload_param.nvme_path);
-  e.pin_memory = c.zero.offload_optimizer.pin_memory && c.zero.offload_param.pin_memory;
-  e.host_threads = threads;
-  e.overlap = c.train.overlap_none ? offload::Overlap::none : offload::Overlap::exact;
-  return e;
-}
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 
 #include "zinf/config.h"
 #include "zinf/model.h"
+#include "zinf/offload/engine.h"
 #include "zinf/offload/placement.h"
 #include "zinf/sysinfo.h"
 
@@ -24,6 +25,10 @@ namespace zinf {
 std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
                                         bool checkpointing);
 
+// The engine configuration a run of `c` uses (shared by `zinf train`, `zinf plan`, `zinf bench step`).
+offload::EngineConfig engine_config(const Config& c, int host_threads);
+// Parameter units fetched ahead under param offload: stage3_prefetch_bucket_size / one block, 1…4.
+int prefetch_depth(const Config& c, const ModelShape& s);
 offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape);
 offload::Capacity machine_capacity(const Config& c, const MachineInfo& m);
 

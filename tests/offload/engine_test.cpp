@@ -127,6 +127,20 @@ TEST(OffloadEngine, WindowsKeepDeviceMemoryBounded) {
   EXPECT_EQ(peak_off, Engine::device_bytes(c));  // and exactly what the engine planned
 }
 
+TEST(OffloadEngine, AllocatesExactlyWhatThePlanSays) {
+  Dir dir;
+  for (auto opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+    for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+      for (Precision prec : {Precision::fp32, Precision::bf16}) {
+        SCOPED_TRACE(::testing::Message() << "opt " << static_cast<int>(opt) << " param " << static_cast<int>(param));
+        const EngineConfig c = config(opt, param, prec, 2, Overlap::exact, dir.p);
+        auto dev = make_cpu_device(64 << 20);
+        Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+        EXPECT_EQ(dev->in_use(), Engine::device_bytes(c));
+        EXPECT_EQ(e.pinned_capacity(), Engine::pinned_bytes(c));
+      }
+}
+
 TEST(OffloadEngine, RefusesAPlanOverTheBudgetBeforeAllocating) {
   Dir dir;
   auto dev = make_cpu_device(100000);

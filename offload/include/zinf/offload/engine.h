@@ -45,6 +45,7 @@
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/device.h"
 #include "zinf/nvme/store.h"
+#include "zinf/offload/placement.h"
 
 namespace zinf::offload {
 
@@ -96,6 +97,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // The placement plan's input for this config: `zinf plan` and the engine share one byte model.
+  static PlanInput plan_input(const EngineConfig& c);
   // Device bytes the engine will allocate for this config (the refusal check uses it).
   static std::size_t device_bytes(const EngineConfig& c);
   // Pinned bytes the engine will take from its pool.

@@ -24,17 +24,17 @@ using TierBytes = std::array<std::uint64_t, kTiers>;
 
 struct PlanInput {
   std::vector<std::int64_t> unit_params;  // per layer unit, forward order
+  std::vector<bool> persistent;           // units kept on the device under param offload (empty: none)
   int compute_bytes = 2;                  // 2 for fp16/bf16, 4 for fp32
   OffloadDevice optimizer = OffloadDevice::none;
   OffloadDevice param = OffloadDevice::none;
   std::int64_t grad_accum = 1;
   std::int64_t sub_group_size = 1'000'000'000;
   std::int64_t reduce_bucket_size = 500'000'000;
-  std::int64_t prefetch_bucket_size = 50'000'000;
   int optimizer_buffer_count = 4;
-  int param_buffer_count = 5;
-  std::int64_t param_buffer_size = 100'000'000;
-  std::uint64_t activation_bytes = 0;  // device bytes for one micro batch (the caller's estimate)
+  int prefetch_depth = 1;                 // parameter window: max(2, 1 + prefetch_depth) slots
+  bool fp32_work = true;                  // the CPU device keeps fp32 working weights of 16-bit params
+  std::uint64_t activation_bytes = 0;     // device bytes for one micro batch (the caller's estimate)
 };
 
 struct Row {
@@ -47,7 +47,9 @@ struct Row {
 struct Plan {
   std::int64_t n_params = 0;
   std::int64_t largest_unit = 0;
-  int prefetch_depth = 0;      // layer units fetched ahead when params are offloaded
+  std::int64_t largest_windowed = 0;  // the largest unit that moves through the parameter window
+  std::int64_t sub_group = 0, bucket = 0;  // effective sub-group and reduce-bucket sizes (elements)
+  int window_slots = 0;        // parameter window slots on the device (param offload)
   std::vector<Row> states;     // param16, grad16, grad32, master, m, v
   std::vector<Row> buffers;    // activations, device windows, pinned pool parts
   TierBytes model_states{};    // sum of `states`
@@ -55,8 +57,8 @@ struct Plan {
   std::uint64_t pinned_pool = 0;  // staging buffers through the one bounded pool (excludes a pinned param16 home)
 };
 
-// Throws zinf::ConfigError when the input cannot be planned (e.g. a layer unit larger than
-// offload_param.buffer_size).
+// The byte model of the offload engine: Engine allocates exactly these device and pinned bytes
+// (`totals[device] − activation_bytes` and `pinned_pool`), so the plan and a run agree.
 Plan make_plan(const PlanInput& in);
 
 struct Capacity {

@@ -48,7 +48,7 @@ TEST(Cli, HelpAndVersion) {
   r = run("--version");
   EXPECT_EQ(r.rc, 0);
   EXPECT_EQ(r.out.rfind("zinf ", 0), 0u);
-  for (const char* sub : {"info", "plan", "train", "bench adam", "bench nvme"}) {
+  for (const char* sub : {"info", "plan", "train", "bench adam", "bench nvme", "bench step"}) {
     r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.rc, 0) << sub;
     EXPECT_NE(r.out.find("--json"), std::string::npos) << sub;
@@ -173,6 +173,24 @@ TEST(Cli, TrainPrintsConfigProgressAndTheFinalLine) {
   auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
   EXPECT_EQ(ja["params_digest"], jb["params_digest"]);
   EXPECT_EQ(ja["steps"], 2);
+}
+
+TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
+  const std::string swap = std::filesystem::temp_directory_path() / ("zinf-bench-step-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(swap);
+  Result r = run("bench step --json --steps 3 --config " + kConfigs + "/tiny.json --set model.n_layer=2 --set model.d_model=32"
+                 " --set model.n_head=2 --set model.seq_len=32 --set train_micro_batch_size_per_gpu=2 --set device.threads=1"
+                 " --set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme"
+                 " --set zero_optimization.offload_param.device=cpu --set zero_optimization.offload_optimizer.nvme_path=" + swap);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GE(j["overlap_ratio"].get<double>(), 0.5);
+  EXPECT_GT(j["busy_s"]["compute"].get<double>(), 0.0);
+  EXPECT_GT(j["busy_s"]["nvme_read"].get<double>(), 0.0);
+  EXPECT_GT(j["relative_to_no_offload"].get<double>(), 0.0);
+  EXPECT_EQ(j["params_digest"], j["no_offload_params_digest"]);
+  EXPECT_TRUE(std::filesystem::is_empty(swap));
+  std::filesystem::remove_all(swap);
 }
 
 TEST(Cli, TrainErrorsAreOneLine) {

@@ -858,6 +858,82 @@ void Engine::read_master(std::size_t ui, float* dst) {
   }
 }
 
+void Engine::read_states(std::size_t ui, float* master, float* mm, float* vv) {
+  synchronize();
+  Impl& m = *impl_;
+  Impl::Unit& u = m.units[ui];
+  const std::size_t bytes = u.n * 4;
+  if (m.c.optimizer == OffloadDevice::cpu) {
+    std::memcpy(master, u.hmaster.get(), bytes);
+    std::memcpy(mm, u.hm.get(), bytes);
+    std::memcpy(vv, u.hv.get(), bytes);
+  } else if (m.c.optimizer == OffloadDevice::none) {
+    std::memcpy(master, u.dmaster.size() ? u.dmaster.as<void>() : u.dparam.as<void>(), bytes);
+    std::memcpy(mm, u.dm.as<void>(), bytes);
+    std::memcpy(vv, u.dv.as<void>(), bytes);
+  } else {
+    const std::size_t cap = 12 * round_up(std::min(m.sg, u.n), 1024);
+    nvme::PinnedPool p(cap, false);
+    nvme::PinnedBuffer b = p.acquire(cap);
+    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+      const std::size_t o = u.chunks[ci], len = (ci + 1 < u.chunks.size() ? u.chunks[ci + 1] : u.n) - o;
+      const std::size_t pl = round_up(len, 1024);
+      m.ostore->read(u.sg_ids[ci], b.data())->wait();
+      const float* f = static_cast<const float*>(b.data());
+      std::memcpy(master + o, f, len * 4);
+      std::memcpy(mm + o, f + pl, len * 4);
+      std::memcpy(vv + o, f + 2 * pl, len * 4);
+    }
+  }
+}
+
+void Engine::write_states(std::size_t ui, const float* master, const float* mm, const float* vv) {
+  synchronize();
+  Impl& m = *impl_;
+  Impl::Unit& u = m.units[ui];
+  const std::size_t bytes = u.n * 4;
+  if (m.c.optimizer == OffloadDevice::cpu) {
+    std::memcpy(u.hmaster.get(), master, bytes);
+    std::memcpy(u.hm.get(), mm, bytes);
+    std::memcpy(u.hv.get(), vv, bytes);
+  } else if (m.c.optimizer == OffloadDevice::none) {
+    if (u.dmaster.size()) std::memcpy(u.dmaster.as<void>(), master, bytes);
+    std::memcpy(u.dm.as<void>(), mm, bytes);
+    std::memcpy(u.dv.as<void>(), vv, bytes);
+  } else {
+    const std::size_t cap = 12 * round_up(std::min(m.sg, u.n), 1024);
+    nvme::PinnedPool p(cap, false);
+    nvme::PinnedBuffer b = p.acquire(cap);
+    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+      const std::size_t o = u.chunks[ci], len = (ci + 1 < u.chunks.size() ? u.chunks[ci + 1] : u.n) - o;
+      const std::size_t pl = round_up(len, 1024);
+      std::memset(b.data(), 0, 12 * pl);
+      float* f = static_cast<float*>(b.data());
+      std::memcpy(f, master + o, len * 4);
+      std::memcpy(f + pl, mm + o, len * 4);
+      std::memcpy(f + 2 * pl, vv + o, len * 4);
+      m.ostore->write(u.sg_ids[ci], b.data())->wait();
+    }
+  }
+  // The compute copy, rebuilt from the master exactly as the Update would write it.
+  if (!u.windowed) {
+    m.to_compute(master, u.dparam.as<void>(), u.n);
+    if (m.mixed) m.from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n);
+  } else if (m.c.param == OffloadDevice::cpu) {
+    m.to_compute(master, u.hparam.data(), u.n);
+  } else {
+    nvme::PinnedPool p(round_up(u.n * m.cb, 4096), false);
+    nvme::PinnedBuffer b = p.acquire(u.n * m.cb);
+    m.to_compute(master, b.data(), u.n);
+    m.pstore->write(u.param_id, b.data())->wait();
+  }
+  {
+    std::lock_guard<std::mutex> lk(m.mu);
+    ++m.applied;  // every window slot is stale now; all units are current at the new version
+    for (auto& other : m.units) other.version = m.applied;
+  }
+}
+
 ResourceTimes Engine::take_times() {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lk(m.tmu);

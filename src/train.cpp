@@ -14,6 +14,7 @@
 #include <random>
 
 #include "model/gpt.h"
+#include "zinf/checkpoint.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/cpu_adam/host_pool.h"
@@ -157,27 +158,72 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   }
 
   TrainResult res;
+  LossScaler scaler(c.fp16);
+  std::mt19937_64 rng(c.train.seed);
+  std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, first_step = 1;
+  if (!hooks.resume.empty()) {
+    std::string path = hooks.resume;
+    if (path == "latest") {
+      if (c.train.checkpoint_dir.empty())
+        throw ConfigError(c.source + ": --resume latest needs train.checkpoint_dir");
+      std::vector<std::string> skipped;
+      path = latest_valid_checkpoint(c.train.checkpoint_dir, shape, &skipped);
+      for (const auto& sk : skipped) log("resume: " + sk);
+      if (path.empty()) log("resume: no valid checkpoint under " + c.train.checkpoint_dir + "; starting from step 0");
+    }
+    if (!path.empty()) {
+      const auto t0 = Clock::now();
+      const CheckpointState st = load_checkpoint(path, shape, [&](std::size_t u, const float* ma, const float* mm, const float* vv) {
+        engine.write_states(u, ma, mm, vv);
+      });
+      scaler.restore(st.loss_scale, st.scaler_iter, st.scaler_last_overflow, st.scaler_hysteresis);
+      opt_steps = st.opt_steps;
+      rows_drawn = st.rows_drawn;
+      rng.discard(static_cast<unsigned long long>(rows_drawn));
+      res.skipped = st.skipped;
+      res.resumed_from = st.step;
+      first_step = st.step + 1;
+      log("resume: " + path + " (step " + std::to_string(st.step) + ", loaded and verified in " +
+          std::to_string(since(t0)).substr(0, 5) + " s)");
+    }
+  }
+  auto checkpoint = [&](std::int64_t step) {
+    const auto t0 = Clock::now();
+    CheckpointState st;
+    st.step = step;
+    st.opt_steps = opt_steps;
+    st.rows_drawn = rows_drawn;
+    st.skipped = res.skipped;
+    st.loss_scale = scaler.scale();
+    st.scaler_iter = scaler.cur_iter;
+    st.scaler_last_overflow = scaler.last_overflow_iter;
+    st.scaler_hysteresis = scaler.cur_hysteresis;
+    const std::string path = save_checkpoint(c.train.checkpoint_dir, c.train.keep_last, c, shape, st,
+                                             [&](std::size_t u, float* ma, float* mm, float* vv) { engine.read_states(u, ma, mm, vv); });
+    const double dt = since(t0);
+    res.checkpoint_seconds += dt;
+    log("checkpoint: " + path + " written in " + std::to_string(dt).substr(0, 5) + " s");
+  };
   res.first_val_loss = evaluate();
   res.val_loss = res.first_val_loss;
   engine.take_times();
-  log("step 0: val_loss " + std::to_string(res.first_val_loss).substr(0, 6));
-  LossScaler scaler(c.fp16);
-  std::mt19937_64 rng(c.train.seed);
-  std::int64_t opt_steps = 0, nonfinite_run = 0;
+  log("step " + std::to_string(first_step - 1) + ": val_loss " + std::to_string(res.first_val_loss).substr(0, 6));
   const cpu_adam::AdamHyper hyper0{static_cast<float>(c.optimizer.lr), static_cast<float>(c.optimizer.beta1),
                                    static_cast<float>(c.optimizer.beta2), static_cast<float>(c.optimizer.eps),
                                    static_cast<float>(c.optimizer.weight_decay), c.optimizer.decoupled_weight_decay,
                                    c.optimizer.bias_correction};
   double t_fwd = 0, t_bwd = 0, t_step = 0, tok_s = 0;
   offload::ResourceTimes window{};
-  const std::int64_t measure_from = std::min<std::int64_t>(2, c.train.steps);  // step 1 warms up
+  const std::int64_t measure_from = std::min<std::int64_t>(first_step + 1, c.train.steps);  // the first step warms up
 
-  for (std::int64_t step = 1; step <= c.train.steps; ++step) {
+  res.steps = first_step - 1;
+  for (std::int64_t step = first_step; step <= c.train.steps; ++step) {
     const auto step_start = Clock::now();
     const double scale = scaler.scale();
     double loss_sum = 0;
     for (std::int64_t micro = 0; micro < GA; ++micro) {
       data.sample_train(rng, B, T, tokens, targets);
+      rows_drawn += B;
       engine.begin_micro_batch(micro);
       auto t0 = Clock::now();
       engine.begin_forward();
@@ -267,6 +313,9 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
       if (metrics.is_open()) metrics << "{\"step\": " << step << ", \"val_loss\": " << res.val_loss << "}\n";
       log("step " + std::to_string(step) + ": val_loss " + std::to_string(res.val_loss).substr(0, 6));
     }
+    const bool save = !c.train.checkpoint_dir.empty() &&
+                      ((c.train.checkpoint_interval > 0 && step % c.train.checkpoint_interval == 0) || step == c.train.steps || stop);
+    if (save) checkpoint(step);
     if (stop) {
       res.interrupted = true;
       log("interrupted: stopping after step " + std::to_string(step));

@@ -26,6 +26,12 @@ class LossScaler {
   // Call once per step with whether the gradients overflowed. Throws zinf::Error when an overflow
   // happens at the minimum scale (DeepSpeed's "Current loss scale already at minimum").
   void update(bool overflow);
+  void restore(double scale, std::int64_t iter, std::int64_t last_overflow, int hysteresis) {
+    cur_scale_ = scale;
+    cur_iter = iter;
+    last_overflow_iter = last_overflow;
+    cur_hysteresis = hysteresis;
+  }
   // State, for checkpoints and tests.
   std::int64_t cur_iter = 0, last_overflow_iter = -1;
   int cur_hysteresis = 0;
@@ -41,7 +47,9 @@ class LossScaler {
 double lr_at(const SchedulerConfig& s, double base_lr, std::int64_t t);
 
 struct TrainResult {
-  std::int64_t steps = 0;          // optimizer steps attempted (including skipped ones)
+  std::int64_t steps = 0;          // training steps completed (including skipped ones)
+  std::int64_t resumed_from = 0;   // the checkpoint's step, when resumed
+  double checkpoint_seconds = 0;   // time spent writing checkpoints
   std::int64_t skipped = 0;        // overflowed steps
   double loss = 0, val_loss = 0;   // last training loss, last validation loss
   double first_val_loss = 0;       // validation loss before training
@@ -63,6 +71,9 @@ struct TrainResult {
 struct TrainHooks {
   std::function<void(const std::string&)> log;  // progress lines
   const std::atomic<bool>* stop = nullptr;      // set (e.g. by SIGINT) to stop after the current step
+  // Resume from a checkpoint: "" (start fresh), "latest" (the newest valid checkpoint under
+  // train.checkpoint_dir, falling back past invalid ones; fresh when there is none), or a path.
+  std::string resume;
 };
 
 TrainResult train(const Config& c, const TrainHooks& hooks);

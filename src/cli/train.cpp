@@ -21,6 +21,7 @@ extern "C" void on_sigint(int) {
 struct TrainArgs {
   ConfigArgs config;
   bool json = false;
+  std::string resume;
 };
 
 void flatten(const nlohmann::json& j, const std::string& prefix, std::vector<std::pair<std::string, std::string>>& out) {
@@ -48,6 +49,7 @@ int run_train(const TrainArgs& a) {
   sigaction(SIGINT, &sa, &old);
   TrainHooks hooks;
   hooks.stop = &g_stop;
+  hooks.resume = a.resume;
   hooks.log = [out](const std::string& s) {
     std::fprintf(out, "%s\n", s.c_str());
     std::fflush(out);
@@ -64,6 +66,7 @@ int run_train(const TrainArgs& a) {
                r.val_loss, r.params_digest.c_str());
   if (a.json) {
     nlohmann::json j = {{"steps", r.steps},        {"skipped", r.skipped},         {"loss", r.loss},
+                        {"resumed_from", r.resumed_from}, {"checkpoint_seconds", r.checkpoint_seconds},
                         {"val_loss", r.val_loss},  {"first_val_loss", r.first_val_loss},
                         {"params_digest", r.params_digest}, {"tokens_per_s", r.tokens_per_s},
                         {"peak_device_bytes", r.peak_device_bytes}, {"interrupted", r.interrupted}};
@@ -81,9 +84,16 @@ Command add_train(CLI::App& app) {
       "Train the configured GPT model: prints the resolved config, a progress line every steps_per_print steps "
       "(loss, lr, loss scale, grad norm, tokens/s; fwd/bwd/update times with wall_clock_breakdown), validation loss "
       "every train.eval_interval steps, and a final line `final step=N loss=X val_loss=Y params_digest=HEX` (a hash "
-      "of every fp32 master parameter: equal digests mean bit-identical runs). Ctrl-C stops after the current step");
+      "of every fp32 master parameter: equal digests mean bit-identical runs). Checkpoints go to train.checkpoint_dir "
+      "every train.checkpoint_interval steps, at the end, and on Ctrl-C, which stops after the current step");
   add_config_options(*sub, args->config, true);
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout (progress goes to stderr)");
+  sub->add_option("--resume", args->resume,
+                  "Resume from a checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir "
+                  "(invalid newer ones are passed over with a note; with none, training starts fresh)")
+      ->type_name("DIR|latest")
+      ->expected(0, 1)
+      ->default_str("latest");
   return {sub, [args] { return run_train(*args); }};
 }
 

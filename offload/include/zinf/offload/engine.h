@@ -120,6 +120,10 @@ class Engine {
   StepOutcome step(const StepOptions& o);
   void synchronize();                              // waits for the Update in flight, rethrows its error
   void read_master(std::size_t u, float* dst);     // synchronizes, then copies unit u's fp32 master
+  // Checkpoints: unit u's fp32 master, Adam m and v wherever they live (synchronizes first); and the
+  // reverse, which also rebuilds the unit's compute copy in its home. Nothing may run meanwhile.
+  void read_states(std::size_t u, float* master, float* m, float* v);
+  void write_states(std::size_t u, const float* master, const float* m, const float* v);
 
   ResourceTimes take_times();
   void add_compute_time(double s);

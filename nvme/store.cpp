@@ -14,6 +14,7 @@ namespace zinf::nvme {
 TensorStore::TensorStore(const StoreOptions& o, FaultPlan* faults) {
   ZINF_CHECK(o.files >= 1);
   install_swap_cleanup_handlers();
+  stale_ = clean_stale_swap_dirs(o.parent);  // a crashed run's leftovers, removed only when provably ours
   dir_ = std::make_unique<SwapDir>(o.parent);
   bool direct = o.odirect;
   std::string direct_note = direct ? "O_DIRECT" : "buffered (O_DIRECT off)";

@@ -968,6 +968,9 @@ std::string Engine::describe() const {
                   std::to_string(m.pinned->capacity()) + " bytes";
   if (m.ostore) s += "; optimizer store: " + m.ostore->description();
   if (m.pstore) s += "; param store: " + m.pstore->description();
+  for (const auto* st : {m.ostore.get(), m.pstore.get()})
+    if (st)
+      for (const auto& line : st->stale_report()) s += "; stale swap directory " + line;
   return s;
 }
 

@@ -187,7 +187,10 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
 
 }  // namespace
 
-void set_checkpoint_fault(int nth_save) { g_fault_at = nth_save; }
+void set_checkpoint_fault(int nth_save) {
+  g_fault_at = nth_save;
+  g_saves = 0;
+}
 
 std::string save_checkpoint(const std::string& dir, int keep_last, const Config& c, const ModelShape& shape,
                             const CheckpointState& s, const StatesReader& read) {

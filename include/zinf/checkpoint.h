@@ -51,8 +51,8 @@ void verify_checkpoint(const std::string& path, const ModelShape& shape);
 // to `skipped` saying why it was passed over.
 std::string latest_valid_checkpoint(const std::string& dir, const ModelShape& shape, std::vector<std::string>* skipped);
 
-// Test hook: the Nth save (1-based, counted per process) fails with ENOSPC half-way through
-// states.bin. 0 disables. Also settable with ZINF_TEST_CHECKPOINT_ENOSPC_AT.
+// Test hook: the Nth save from now (1-based) fails with ENOSPC half-way through states.bin; 0
+// disables. The environment variable ZINF_TEST_CHECKPOINT_ENOSPC_AT sets it for a whole process.
 void set_checkpoint_fault(int nth_save);
 
 }  // namespace zinf

@@ -89,6 +89,8 @@ class TensorStore {
   // "io_uring engine (auto: io_uring works here), O_DIRECT, 1 file(s) in /tmp/zinf-12-ab34"
   const std::string& description() const { return description_; }
   const std::string& directory() const { return dir_->path(); }
+  // What clean_stale_swap_dirs found under the parent when the store was created.
+  const std::vector<std::string>& stale_report() const { return stale_; }
   IoEngine& engine() { return *engine_; }
 
  private:
@@ -105,6 +107,7 @@ class TensorStore {
   IoHandle transfer(bool write, Id id, void* buf, std::uint64_t offset, std::uint64_t len);
 
   std::unique_ptr<SwapDir> dir_;
+  std::vector<std::string> stale_;
   std::vector<File> files_;
   std::vector<Tensor> tensors_;
   std::size_t align_ = 4096;

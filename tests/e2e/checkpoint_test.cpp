@@ -1,0 +1,217 @@
+// checkpoint_test.cpp — checkpoints and resume: bitwise-identical resume (also across placements and
+// thread counts, with the loss scaler mid-flight), keep_last, corruption and truncation refused with
+// the file and tensor named, `latest` falling back past a bad checkpoint, a full disk leaving the
+// previous checkpoint intact, and a run killed with SIGKILL at random moments resuming to the
+// uninterrupted digest.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "zinf/checkpoint.h"
+#include "zinf/config.h"
+#include "zinf/error.h"
+#include "zinf/train.h"
+
+namespace zinf {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Checkpoints : public ::testing::Test {
+ protected:
+  fs::path dir = fs::temp_directory_path() / ("zinf-ckpt-test-" + std::to_string(::getpid()));
+  void SetUp() override { fs::create_directories(dir / "swap"); }
+  void TearDown() override { fs::remove_all(dir); }
+
+  std::string cfg(int steps, const std::string& extra = "") const {
+    return R"({"model": {"n_layer": 2, "n_head": 2, "d_model": 32, "vocab_size": 256, "seq_len": 16},
+               "train": {"steps": )" +
+           std::to_string(steps) + R"(, "eval_interval": 0, "eval_batches": 2, "seed": 5, "checkpoint_interval": 2,
+                         "keep_last": 3, "checkpoint_dir": ")" +
+           (dir / "ck").string() + R"("},
+               "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1},
+               "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 1000,
+               "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+               "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": "auto"}},
+               "fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 3, "hysteresis": 1},
+               "zero_optimization": {"stage": 3, "sub_group_size": 6000,
+                 "offload_optimizer": {"nvme_path": ")" +
+           (dir / "swap").string() + R"("}, "offload_param": {"nvme_path": ")" + (dir / "swap").string() + R"("}})" + extra +
+           "}";
+  }
+  TrainResult run(int steps, const std::vector<std::string>& overrides = {}, const std::string& resume = "",
+                  std::vector<std::string>* log = nullptr) {
+    TrainHooks h;
+    h.resume = resume;
+    if (log) h.log = [log](const std::string& s) { log->push_back(s); };
+    return train(parse_config(cfg(steps), overrides), h);
+  }
+  ModelShape shape() const { return ModelShape{2, 2, 32, 256, 16}; }
+};
+
+TEST_F(Checkpoints, ResumeIsBitwiseIdenticalAcrossPlacementsAndThreads) {
+  const TrainResult full = run(10);
+  EXPECT_GT(full.skipped, 0);  // the fp16 scaler was busy: its state must survive the checkpoint
+  fs::remove_all(dir / "ck");
+  run(4, {"train.keep_last=10"});  // checkpoints at steps 2 and 4
+  ASSERT_TRUE(fs::exists(dir / "ck" / "step-00000004"));
+  const TrainResult resumed = run(10, {"train.keep_last=10"}, "latest");
+  EXPECT_EQ(resumed.resumed_from, 4);
+  EXPECT_EQ(resumed.params_digest, full.params_digest);
+  // Written with the states on the device, resumed with them on NVMe and 2 threads (and back).
+  const TrainResult moved = run(10,
+                                {"zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_param.device=cpu",
+                                 "device.threads=2"},
+                                (dir / "ck" / "step-00000004").string());
+  EXPECT_EQ(moved.params_digest, full.params_digest);
+  EXPECT_TRUE(fs::is_empty(dir / "swap"));
+}
+
+TEST_F(Checkpoints, KeepLastPrunesOlderCheckpoints) {
+  run(10);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir / "ck")) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-00000006", "step-00000008", "step-00000010"}));
+  const auto m = nlohmann::json::parse(std::ifstream(dir / "ck" / "step-00000010" / "manifest.json"));
+  EXPECT_EQ(m["format"], "zinf-checkpoint");
+  EXPECT_EQ(m["tensors"].size(), 12u);  // 4 units × (master, m, v)
+}
+
+TEST_F(Checkpoints, CorruptionIsNamedAndLatestFallsBack) {
+  run(6);
+  // Corrupt the newest checkpoint's states: one flipped byte inside block.1's Adam v.
+  const fs::path bad = dir / "ck" / "step-00000006";
+  const auto m = nlohmann::json::parse(std::ifstream(bad / "manifest.json"));
+  std::uint64_t off = 0;
+  for (const auto& t : m["tensors"])
+    if (t["name"] == "block.1/adam.v") off = t["offset"].get<std::uint64_t>() + 17;
+  {
+    std::fstream f(bad / "states.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(off));
+    char ch;
+    f.read(&ch, 1);
+    ch = static_cast<char>(ch ^ 0x40);
+    f.seekp(static_cast<std::streamoff>(off));
+    f.write(&ch, 1);
+  }
+  try {
+    verify_checkpoint(bad.string(), shape());
+    FAIL();
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("states.bin"), std::string::npos) << w;
+    EXPECT_NE(w.find("block.1/adam.v"), std::string::npos) << w;
+  }
+  EXPECT_THROW(run(8, {}, bad.string()), Error);  // an explicit bad checkpoint is refused
+  std::vector<std::string> log;
+  const TrainResult r = run(8, {}, "latest", &log);
+  EXPECT_EQ(r.resumed_from, 4);
+  bool said = false;
+  for (const auto& l : log) said = said || l.find("falling back") != std::string::npos;
+  EXPECT_TRUE(said);
+  // Truncation and a different model shape.
+  fs::resize_file(dir / "ck" / "step-00000004" / "states.bin", 1000);
+  EXPECT_THROW(verify_checkpoint((dir / "ck" / "step-00000004").string(), shape()), Error);
+  try {
+    verify_checkpoint((dir / "ck" / "step-00000008").string(), ModelShape{3, 2, 32, 256, 16});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model shape differs"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Checkpoints, FullDiskLeavesThePreviousCheckpointIntact) {
+  set_checkpoint_fault(2);  // the 2nd save of this process runs out of space half-way
+  try {
+    run(6);
+    FAIL() << "the second checkpoint should have failed";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), ENOSPC);
+    EXPECT_NE(std::string(e.what()).find("states.bin"), std::string::npos) << e.what();
+  }
+  set_checkpoint_fault(0);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir / "ck")) names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-00000002"}));  // no torn temporary left behind
+  verify_checkpoint((dir / "ck" / "step-00000002").string(), shape());
+  EXPECT_TRUE(fs::is_empty(dir / "swap"));
+}
+
+// ---- the kill test ---------------------------------------------------------------------------------
+
+int spawn(const std::vector<std::string>& args, const std::string& out) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    FILE* f = std::freopen(out.c_str(), "w", stdout);
+    (void)f;
+    FILE* e = std::freopen("/dev/null", "w", stderr);
+    (void)e;
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {
+  const int kills = std::getenv("ZINF_LONG_TESTS") ? 200 : 20;
+  const std::string conf = (dir / "run.json").string();
+  std::ofstream(conf) << cfg(40, R"(, "data": {"val_fraction": 0.1})");
+  const std::string out = (dir / "out.json").string();
+  auto args = [&](bool resume) {
+    std::vector<std::string> a = {ZINF_BIN, "train", "--json", "--config", conf, "--set", "train.checkpoint_interval=1",
+                                  "--set", "zero_optimization.offload_optimizer.device=nvme"};
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  // The uninterrupted run.
+  int status = 0;
+  ::waitpid(spawn(args(false), out), &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const std::string want = nlohmann::json::parse(std::ifstream(out))["params_digest"];
+  fs::remove_all(dir / "ck");
+  // Kill it again and again, mid-step and mid-checkpoint, resuming each time.
+  std::mt19937 rng(2024);
+  int killed = 0, runs = 0;
+  std::string got;
+  while (true) {
+    ASSERT_LT(++runs, kills + 200) << "the run never finished";
+    const pid_t pid = spawn(args(true), out);
+    if (killed < kills) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 + rng() % 120));  // a random moment, not synchronisation
+      ::kill(pid, SIGKILL);
+    }
+    ::waitpid(pid, &status, 0);
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+      ++killed;
+      continue;
+    }
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+    got = nlohmann::json::parse(std::ifstream(out))["params_digest"];
+    if (killed >= kills) break;
+    fs::remove_all(dir / "ck");  // it finished before the kill: start over so that kills keep landing mid-run
+  }
+  EXPECT_GE(killed, kills);
+  EXPECT_EQ(got, want);
+  // SIGKILL cannot be caught, so a killed run leaves its swap directory behind; the next run's store
+  // removes it (provably stale: marker, owner gone). At most the last killed run's remains.
+  std::size_t swap_dirs = 0;
+  for (const auto& e : fs::directory_iterator(dir / "swap")) swap_dirs += e.is_directory();
+  EXPECT_EQ(swap_dirs, 0u);
+  for (const auto& e : fs::directory_iterator(dir / "ck"))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zinf

@@ -266,6 +266,17 @@ std::string save_checkpoint(const std::string& dir, int keep_last, const Config&
   return final_path;
 }
 
+ModelShape checkpoint_shape(const std::string& path) {
+  const json j = read_manifest(path);
+  try {
+    const json& m = j.at("model");
+    return ModelShape{m.at("n_layer").get<int>(), m.at("n_head").get<int>(), m.at("d_model").get<int>(),
+                      m.at("vocab_size").get<int>(), m.at("seq_len").get<int>()};
+  } catch (const json::exception& e) {
+    throw Error("checkpoint " + path + "/manifest.json: " + e.what());
+  }
+}
+
 void verify_checkpoint(const std::string& path, const ModelShape& shape) {
   const json j = read_manifest(path);
   check_shape(j, shape, path);

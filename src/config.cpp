@@ -320,6 +320,7 @@ void read_model(Section s, ModelConfig& m) {
   m.vocab_size = static_cast<int>(s.get_int("vocab_size", base.vocab_size, 2, 1 << 24));
   m.seq_len = static_cast<int>(s.get_int("seq_len", base.seq_len, 1, 1 << 20));
   m.activation_checkpointing = s.get_bool("activation_checkpointing", false);
+  m.init_from = s.get_str("init_from", "");
   ModelShape shape{m.n_layer, m.n_head, m.d_model, m.vocab_size, m.seq_len};
   m.preset = (shape == base) ? preset : "";
   if (m.d_model % m.n_head != 0)

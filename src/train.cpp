@@ -15,6 +15,7 @@
 
 #include "model/gpt.h"
 #include "zinf/checkpoint.h"
+#include "zinf/safetensors.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/cpu_adam/host_pool.h"
@@ -133,8 +134,18 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   DeviceBuffer tok(*dev, static_cast<std::size_t>(B) * T * 4, "tokens"), tgt(*dev, static_cast<std::size_t>(B) * T * 4, "targets");
   int* tokens = tok.as<int>();
   int* targets = tgt.as<int>();
-  offload::Engine engine(engine_config(c, threads), *dev,
-                         [&](std::size_t u, float* master) { init_unit(master, u, shape, c.train.seed); });
+  std::unique_ptr<StFile> init_file;
+  if (!c.model.init_from.empty()) {
+    init_file = std::make_unique<StFile>(read_safetensors(c.model.init_from));
+    log("init: parameters from " + c.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
+  }
+  offload::Engine engine(engine_config(c, threads), *dev, [&](std::size_t u, float* master) {
+    if (init_file)
+      load_gpt2_unit(*init_file, c.model.init_from, shape, u, master);
+    else
+      init_unit(master, u, shape, c.train.seed);
+  });
+  init_file.reset();
   EngineUnits units(engine);
   log("offload: " + engine.describe());
   log("model: " + format_count(count_params(shape)) + " parameters in " + std::to_string(shape.n_layer + 2) +

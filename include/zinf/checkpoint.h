@@ -44,6 +44,9 @@ std::string save_checkpoint(const std::string& dir, int keep_last, const Config&
 // zinf::Error naming the file and tensor on any problem.
 CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape, const StatesWriter& write);
 
+// The model shape a checkpoint was written for (from its manifest).
+ModelShape checkpoint_shape(const std::string& path);
+
 // Checks a checkpoint without loading it (same checks as load_checkpoint).
 void verify_checkpoint(const std::string& path, const ModelShape& shape);
 

@@ -113,6 +113,7 @@ struct ModelConfig {
   std::string preset;  // empty when the shape is given explicitly
   int n_layer = 0, n_head = 0, d_model = 0, vocab_size = 0, seq_len = 0;
   bool activation_checkpointing = false;
+  std::string init_from;  // a GPT-2 safetensors file to start from ("" = random init)
 };
 
 struct DataConfig {

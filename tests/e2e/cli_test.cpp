@@ -48,10 +48,10 @@ TEST(Cli, HelpAndVersion) {
   r = run("--version");
   EXPECT_EQ(r.rc, 0);
   EXPECT_EQ(r.out.rfind("zinf ", 0), 0u);
-  for (const char* sub : {"info", "plan", "train", "bench adam", "bench nvme", "bench step"}) {
+  for (const char* sub : {"info", "plan", "train", "export", "bench adam", "bench nvme", "bench step"}) {
     r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.rc, 0) << sub;
-    EXPECT_NE(r.out.find("--json"), std::string::npos) << sub;
+    EXPECT_NE(r.out.find(std::string(sub) == "export" ? "--output" : "--json"), std::string::npos) << sub;
   }
 }
 
@@ -191,6 +191,32 @@ TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
   EXPECT_EQ(j["params_digest"], j["no_offload_params_digest"]);
   EXPECT_TRUE(std::filesystem::is_empty(swap));
   std::filesystem::remove_all(swap);
+}
+
+TEST(Cli, CheckpointResumeAndExport) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("zinf-cli-ck-" + std::to_string(::getpid()));
+  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
+                            " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=1 --set device.threads=1"
+                            " --set train.checkpoint_interval=2 --set train.checkpoint_dir=\"" + dir + "\"";
+  Result full = run("train --json --config " + kConfigs + "/tiny.json --set train.steps=6" + small);
+  ASSERT_EQ(full.rc, 0) << full.err;
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(run("train --json --config " + kConfigs + "/tiny.json --set train.steps=3" + small).rc, 0);
+  Result resumed = run("train --json --resume --config " + kConfigs + "/tiny.json --set train.steps=6" + small);
+  ASSERT_EQ(resumed.rc, 0) << resumed.err;
+  auto jr = nlohmann::json::parse(resumed.out);
+  EXPECT_EQ(jr["resumed_from"], 3);
+  EXPECT_EQ(jr["params_digest"], nlohmann::json::parse(full.out)["params_digest"]);
+  const std::string out = dir + "/model.safetensors";
+  Result ex = run("export --checkpoint " + dir + "/step-00000006 --dtype bf16 -o " + out);
+  ASSERT_EQ(ex.rc, 0) << ex.err;
+  EXPECT_GT(std::filesystem::file_size(out), 8u);
+  Result bad = run("export --checkpoint " + dir + "/step-99999999 -o " + out);
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_EQ(lines(bad.err), 1u) << bad.err;
+  EXPECT_NE(bad.err.find("step-99999999/manifest.json"), std::string::npos) << bad.err;
+  EXPECT_EQ(run("export --checkpoint " + dir + "/step-00000006 --dtype int8 -o " + out).rc, 2);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, TrainErrorsAreOneLine) {

@@ -1,0 +1,57 @@
+// zinf/safetensors.h — the safetensors format (8-byte little-endian header length, a JSON header
+// of {name: {dtype, shape, data_offsets}} plus optional __metadata__, then the tensor bytes), and
+// GPT-2's tensor names, so a trained model opens in the usual tools and a GPT-2 checkpoint can be
+// fine-tuned.
+//
+// The parser trusts nothing: header length within the file, valid JSON, known dtypes, shapes whose
+// element count matches data_offsets, offsets in range, and tensors that neither overlap nor leave
+// holes in the data buffer. Every problem is one zinf::Error naming the file and the tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zinf/model.h"
+
+namespace zinf {
+
+enum class StDtype { f32, f16, bf16 };
+
+struct StTensor {
+  std::string name;
+  StDtype dtype = StDtype::f32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, end = 0;  // byte offsets into the data buffer
+};
+
+struct StFile {
+  std::vector<StTensor> tensors;
+  std::string bytes;            // the whole file
+  std::uint64_t data_start = 0; // 8 + header length
+  const StTensor* find(const std::string& name) const;
+};
+
+// Parses and validates `bytes` (the whole file); `source` names it in errors.
+StFile parse_safetensors(std::string bytes, const std::string& source);
+StFile read_safetensors(const std::string& path);
+
+// One named GPT-2 tensor inside a layer unit (HF GPT-2 names: wte.weight, h.0.attn.c_attn.weight, …).
+struct Gpt2Tensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::size_t unit = 0;
+  std::size_t offset = 0;  // elements into the unit's flat buffer
+};
+std::vector<Gpt2Tensor> gpt2_tensors(const ModelShape& s);
+
+// Writes unit masters (fp32, unit order) as a GPT-2 safetensors file in `dtype`, atomically.
+void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const std::vector<std::vector<float>>& units,
+                            StDtype dtype);
+// Fills unit u's fp32 parameters from a GPT-2 safetensors file (names may carry a "transformer."
+// prefix); throws naming the file and the missing or mismatched tensor.
+void load_gpt2_unit(const StFile& f, const std::string& source, const ModelShape& s, std::size_t u, float* dst);
+
+StDtype parse_st_dtype(const std::string& name);  // "fp32"|"fp16"|"bf16" (or F32/F16/BF16); throws ConfigError
+
+}  // namespace zinf

@@ -1,0 +1,238 @@
+// safetensors.cpp — a strict safetensors reader and writer, and GPT-2's tensor layout (zinf/safetensors.h).
+#include "zinf/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "zinf/cpu_adam/convert.h"
+#include "zinf/error.h"
+
+namespace zinf {
+namespace {
+
+using json = nlohmann::json;
+
+std::size_t dtype_size(StDtype d) { return d == StDtype::f32 ? 4 : 2; }
+const char* dtype_name(StDtype d) { return d == StDtype::f32 ? "F32" : d == StDtype::f16 ? "F16" : "BF16"; }
+
+[[noreturn]] void bad(const std::string& source, const std::string& why) {
+  throw Error(source + ": invalid safetensors file: " + why);
+}
+
+}  // namespace
+
+StDtype parse_st_dtype(const std::string& n) {
+  if (n == "fp32" || n == "F32") return StDtype::f32;
+  if (n == "fp16" || n == "F16") return StDtype::f16;
+  if (n == "bf16" || n == "BF16") return StDtype::bf16;
+  throw ConfigError("dtype '" + n + "' is not one of fp32, fp16, bf16");
+}
+
+const StTensor* StFile::find(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+StFile parse_safetensors(std::string bytes, const std::string& source) {
+  StFile f;
+  if (bytes.size() < 8) bad(source, "shorter than the 8-byte header length");
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  if (n > bytes.size() - 8) bad(source, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(bytes.size()) + " bytes)");
+  if (n > (100u << 20)) bad(source, "header length " + std::to_string(n) + " is unreasonably large");
+  json h;
+  try {
+    h = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  } catch (const json::exception& e) {
+    bad(source, std::string("header is not valid JSON (") + e.what() + ")");
+  }
+  if (!h.is_object()) bad(source, "header is not a JSON object");
+  f.data_start = 8 + n;
+  const std::uint64_t data_len = bytes.size() - f.data_start;
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it.value().is_object()) bad(source, "__metadata__ is not an object");
+      continue;
+    }
+    const json& t = it.value();
+    const std::string& name = it.key();
+    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
+      bad(source, "tensor " + name + " needs dtype, shape and data_offsets");
+    StTensor x;
+    x.name = name;
+    if (!t["dtype"].is_string()) bad(source, "tensor " + name + ": dtype is not a string");
+    const std::string dt = t["dtype"].get<std::string>();
+    if (dt == "F32") x.dtype = StDtype::f32;
+    else if (dt == "F16") x.dtype = StDtype::f16;
+    else if (dt == "BF16") x.dtype = StDtype::bf16;
+    else bad(source, "tensor " + name + ": unsupported dtype " + dt + " (zinf reads F32, F16, BF16)");
+    if (!t["shape"].is_array()) bad(source, "tensor " + name + ": shape is not an array");
+    std::uint64_t count = 1;
+    for (const auto& d : t["shape"]) {
+      if (!d.is_number_unsigned()) bad(source, "tensor " + name + ": shape holds a non-integer or negative dimension");
+      const std::uint64_t v = d.get<std::uint64_t>();
+      if (v != 0 && count > (std::uint64_t{1} << 62) / v) bad(source, "tensor " + name + ": shape overflows");
+      count *= v;
+      x.shape.push_back(static_cast<std::int64_t>(v));
+    }
+    const json& o = t["data_offsets"];
+    if (!o.is_array() || o.size() != 2 || !o[0].is_number_unsigned() || !o[1].is_number_unsigned())
+      bad(source, "tensor " + name + ": data_offsets must be [begin, end]");
+    x.begin = o[0].get<std::uint64_t>();
+    x.end = o[1].get<std::uint64_t>();
+    if (x.begin > x.end || x.end > data_len)
+      bad(source, "tensor " + name + ": data_offsets [" + std::to_string(x.begin) + ", " + std::to_string(x.end) +
+                      "] are outside the data (" + std::to_string(data_len) + " bytes)");
+    if (x.end - x.begin != count * dtype_size(x.dtype))
+      bad(source, "tensor " + name + ": shape needs " + std::to_string(count * dtype_size(x.dtype)) + " bytes, data_offsets give " +
+                      std::to_string(x.end - x.begin));
+    f.tensors.push_back(std::move(x));
+  }
+  // Tensors must tile the data buffer: no overlaps, no holes.
+  std::vector<const StTensor*> order;
+  for (const auto& t : f.tensors) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](const StTensor* a, const StTensor* b) { return a->begin < b->begin; });
+  std::uint64_t pos = 0;
+  for (const StTensor* t : order) {
+    if (t->begin < pos) bad(source, "tensor " + t->name + " overlaps the tensor before it");
+    if (t->begin > pos) bad(source, "a hole of " + std::to_string(t->begin - pos) + " bytes before tensor " + t->name);
+    pos = t->end;
+  }
+  if (pos != data_len) bad(source, std::to_string(data_len - pos) + " bytes after the last tensor");
+  f.bytes = std::move(bytes);
+  return f;
+}
+
+StFile read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_safetensors(std::move(bytes), path);
+}
+
+std::vector<Gpt2Tensor> gpt2_tensors(const ModelShape& s) {
+  const std::int64_t C = s.d_model, V = s.vocab_size, T = s.seq_len;
+  std::vector<Gpt2Tensor> v;
+  v.push_back({"wte.weight", {V, C}, 0, 0});
+  v.push_back({"wpe.weight", {T, C}, 0, static_cast<std::size_t>(V * C)});
+  for (int l = 0; l < s.n_layer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    const std::size_t u = static_cast<std::size_t>(l) + 1;
+    std::size_t off = 0;
+    auto add = [&](const std::string& n, std::vector<std::int64_t> shape) {
+      std::int64_t count = 1;
+      for (auto d : shape) count *= d;
+      v.push_back({p + n, shape, u, off});
+      off += static_cast<std::size_t>(count);
+    };
+    add("ln_1.weight", {C});
+    add("ln_1.bias", {C});
+    add("attn.c_attn.weight", {C, 3 * C});
+    add("attn.c_attn.bias", {3 * C});
+    add("attn.c_proj.weight", {C, C});
+    add("attn.c_proj.bias", {C});
+    add("ln_2.weight", {C});
+    add("ln_2.bias", {C});
+    add("mlp.c_fc.weight", {C, 4 * C});
+    add("mlp.c_fc.bias", {4 * C});
+    add("mlp.c_proj.weight", {4 * C, C});
+    add("mlp.c_proj.bias", {C});
+  }
+  const std::size_t last = static_cast<std::size_t>(s.n_layer) + 1;
+  v.push_back({"ln_f.weight", {C}, last, 0});
+  v.push_back({"ln_f.bias", {C}, last, static_cast<std::size_t>(C)});
+  return v;
+}
+
+void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const std::vector<std::vector<float>>& units,
+                            StDtype dtype) {
+  const auto layout = gpt2_tensors(s);
+  json h = json::object();
+  h["__metadata__"] = {{"format", "pt"}, {"producer", "zinf"}};
+  std::uint64_t pos = 0;
+  for (const auto& t : layout) {
+    std::uint64_t count = 1;
+    for (auto d : t.shape) count *= static_cast<std::uint64_t>(d);
+    h[t.name] = {{"dtype", dtype_name(dtype)}, {"shape", t.shape}, {"data_offsets", {pos, pos + count * dtype_size(dtype)}}};
+    pos += count * dtype_size(dtype);
+  }
+  std::string header = h.dump();
+  while ((8 + header.size()) % 8 != 0) header.push_back(' ');  // the data starts 8-byte aligned
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw IoError(tmp + ": cannot create: " + std::strerror(errno), errno);
+    std::uint64_t n = header.size();
+    char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+    out.write(len, 8);
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    std::vector<std::uint16_t> half;
+    for (const auto& t : layout) {
+      std::size_t count = 1;
+      for (auto d : t.shape) count *= static_cast<std::size_t>(d);
+      const float* src = units[t.unit].data() + t.offset;
+      if (dtype == StDtype::f32) {
+        out.write(reinterpret_cast<const char*>(src), static_cast<std::streamsize>(count * 4));
+      } else {
+        half.resize(count);
+        if (dtype == StDtype::f16) cpu_adam::fp32_to_fp16(src, half.data(), count); else cpu_adam::fp32_to_bf16(src, half.data(), count);
+        out.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(count * 2));
+      }
+    }
+    out.flush();
+    if (!out) {
+      const int e = errno ? errno : EIO;
+      std::remove(tmp.c_str());
+      throw IoError(tmp + ": write failed: " + std::strerror(e), e);
+    }
+  }
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    std::remove(tmp.c_str());
+    throw IoError(path + ": rename failed: " + std::strerror(e), e);
+  }
+}
+
+void load_gpt2_unit(const StFile& f, const std::string& source, const ModelShape& s, std::size_t u, float* dst) {
+  for (const auto& t : gpt2_tensors(s)) {
+    if (t.unit != u) continue;
+    const StTensor* x = f.find(t.name);
+    if (!x) x = f.find("transformer." + t.name);
+    if (!x) throw Error(source + ": tensor " + t.name + " is missing (model.init_from)");
+    if (x->shape != t.shape) {
+      std::ostringstream os;
+      os << source << ": tensor " << t.name << " has shape [";
+      for (std::size_t i = 0; i < x->shape.size(); ++i) os << (i ? ", " : "") << x->shape[i];
+      os << "], the model needs [";
+      for (std::size_t i = 0; i < t.shape.size(); ++i) os << (i ? ", " : "") << t.shape[i];
+      os << "]";
+      throw Error(os.str());
+    }
+    const char* p = f.bytes.data() + f.data_start + x->begin;
+    const std::size_t count = static_cast<std::size_t>((x->end - x->begin) / dtype_size(x->dtype));
+    float* out = dst + t.offset;
+    if (x->dtype == StDtype::f32) {
+      std::memcpy(out, p, count * 4);
+    } else {
+      std::vector<std::uint16_t> half(count);
+      std::memcpy(half.data(), p, count * 2);
+      if (x->dtype == StDtype::f16) cpu_adam::fp16_to_fp32(half.data(), out, count); else cpu_adam::bf16_to_fp32(half.data(), out, count);
+    }
+  }
+}
+
+}  // namespace zinf

@@ -40,6 +40,9 @@ class Worker {
       rc = io_uring_register_buffers(&ring_, o.fixed_buffers.data(), static_cast<unsigned>(o.fixed_buffers.size()));
       fixed_ = rc == 0;  // registration is an optimisation: fall back to plain reads/writes
     }
+    if (!o.fixed_files.empty())
+      files_registered_ =
+          io_uring_register_files(&ring_, o.fixed_files.data(), static_cast<unsigned>(o.fixed_files.size())) == 0;
     arm_wake();
     thread_ = std::thread([this] { loop(); });
   }
@@ -87,17 +90,28 @@ class Worker {
     const unsigned n = static_cast<unsigned>(r->len - r->done);
     const auto off = static_cast<__u64>(r->offset + r->done);
     const int fi = fixed_index(buf);
+    int fd = r->fd;
+    bool fixed_file = false;
+    if (files_registered_) {
+      for (std::size_t i = 0; i < o_.fixed_files.size(); ++i)
+        if (o_.fixed_files[i] == fd) {
+          fd = static_cast<int>(i);
+          fixed_file = true;
+          break;
+        }
+    }
     if (fi >= 0) {
       if (r->write)
-        io_uring_prep_write_fixed(sqe, r->fd, buf, n, off, fi);
+        io_uring_prep_write_fixed(sqe, fd, buf, n, off, fi);
       else
-        io_uring_prep_read_fixed(sqe, r->fd, buf, n, off, fi);
+        io_uring_prep_read_fixed(sqe, fd, buf, n, off, fi);
     } else {
       if (r->write)
-        io_uring_prep_write(sqe, r->fd, buf, n, off);
+        io_uring_prep_write(sqe, fd, buf, n, off);
       else
-        io_uring_prep_read(sqe, r->fd, buf, n, off);
+        io_uring_prep_read(sqe, fd, buf, n, off);
     }
+    if (fixed_file) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
     io_uring_sqe_set_data(sqe, r);
     if (o_.single_submit) io_uring_submit(&ring_);
   }
@@ -168,6 +182,7 @@ class Worker {
   io_uring ring_{};
   int efd_ = -1;
   bool fixed_ = false;
+  bool files_registered_ = false;
   std::mutex mu_;
   std::deque<Request> queue_;
   bool stop_ = false;

@@ -42,6 +42,7 @@ TensorStore::TensorStore(const StoreOptions& o, FaultPlan* faults) {
   std::string why;
   EngineOptions io = o.io;
   io.block_size = std::max(align_, io.block_size / align_ * align_);
+  for (const auto& f : files_) io.fixed_files.push_back(f.fd);  // opened once: register them with the rings
   engine_ = make_engine(o.engine, io, &why, faults);
   description_ = why + ", " + direct_note + ", " + std::to_string(files_.size()) + " file(s) in " + dir_->path();
 }

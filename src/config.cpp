@@ -598,6 +598,7 @@ void read_aio(Section s, AioConfig& a) {
   a.engine = s.get_enum<IoEngineKind>(
       "engine", IoEngineKind::automatic,
       {{"auto", IoEngineKind::automatic}, {"uring", IoEngineKind::uring}, {"posix", IoEngineKind::posix}});
+  a.sqpoll = s.get_bool("sqpoll", false);
   s.finish();
 }
 

@@ -107,6 +107,7 @@ struct AioConfig {
   bool overlap_events = true;
   bool use_gds = false;
   IoEngineKind engine = IoEngineKind::automatic;  // zinf extension
+  bool sqpoll = false;                            // zinf extension: kernel-side submission polling
 };
 
 struct ModelConfig {

@@ -36,6 +36,7 @@ struct EngineOptions {
   bool single_submit = false;        // one io_uring_submit per request instead of batches
   bool sqpoll = false;               // kernel-side submission polling (IORING_SETUP_SQPOLL)
   std::vector<iovec> fixed_buffers;  // registered with every ring (e.g. the pinned pool's slabs)
+  std::vector<int> fixed_files;      // registered with every ring; requests on them use the fixed index
 };
 
 // Fault injection for tests: the Nth request (1-based, counted across the engine) fails with

@@ -8,6 +8,7 @@
 //                               mode); false is accepted and changes nothing
 //   aio.use_gds               → not used (reads go through the pinned pool)
 //   aio.engine (zinf)         → auto | uring | posix
+//   aio.sqpoll (zinf)         → IORING_SETUP_SQPOLL: a kernel thread submits (costs a core while busy)
 #pragma once
 
 #include <string>
@@ -27,6 +28,7 @@ inline nvme::StoreOptions store_options(const AioConfig& a, const std::string& n
   o.io.queue_depth = a.queue_depth;
   o.io.threads = a.intra_op_parallelism;
   o.io.single_submit = a.single_submit;
+  o.io.sqpoll = a.sqpoll;
   return o;
 }
 

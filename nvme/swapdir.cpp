@@ -135,6 +135,9 @@ void SwapDir::remove() {
 }
 
 std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
+  // Provably zinf's and stale: the name is zinf-<pid>-<tag>, every entry is zinf's (the marker or
+  // store.N), the owner process is gone, and either the marker names that owner or — a run killed
+  // between mkdir and the marker — there is no data in it at all.
   std::vector<std::string> report;
   DIR* d = ::opendir(parent.c_str());
   if (!d) return report;
@@ -149,31 +152,33 @@ std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
     int mpid = 0;
     std::getline(m, magic);
     m >> key >> mpid >> key >> boot;
-    if (magic != kMagic || mpid != pid) {
-      report.push_back(dir + ": kept (no zinf marker)");
-      continue;
-    }
-    const bool alive = boot == my_boot && (::kill(pid, 0) == 0 || errno == EPERM);
-    if (alive) {
-      report.push_back(dir + ": kept (process " + std::to_string(pid) + " is running)");
-      continue;
-    }
-    // Only zinf's own files may be inside: the marker and store.N.
+    const bool marked = magic == kMagic && mpid == pid;
     std::vector<std::string> files;
-    bool foreign = false;
+    bool foreign = false, data = false;
     if (DIR* sub = ::opendir(dir.c_str())) {
       while (dirent* f = ::readdir(sub)) {
         const std::string n = f->d_name;
         if (n == "." || n == "..") continue;
-        if (n == kMarker || n.rfind("store.", 0) == 0)
+        if (n == kMarker || n.rfind("store.", 0) == 0) {
           files.push_back(dir + "/" + n);
-        else
+          data = data || n != kMarker;
+        } else {
           foreign = true;
+        }
       }
       ::closedir(sub);
     }
     if (foreign) {
       report.push_back(dir + ": kept (holds files zinf did not write)");
+      continue;
+    }
+    const bool same_boot = !marked || boot == my_boot;
+    if (same_boot && (::kill(pid, 0) == 0 || errno == EPERM)) {
+      report.push_back(dir + ": kept (process " + std::to_string(pid) + " is running)");
+      continue;
+    }
+    if (!marked && data) {
+      report.push_back(dir + ": kept (no zinf marker)");
       continue;
     }
     for (const auto& f : files) ::unlink(f.c_str());

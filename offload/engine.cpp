@@ -33,6 +33,7 @@
 #include "zinf/nvme/pinned.h"
 #include "zinf/nvme/swapper.h"
 #include "zinf/offload/placement.h"
+#include "zinf/serial_worker.h"
 
 namespace zinf::offload {
 namespace {
@@ -44,82 +45,7 @@ constexpr std::size_t kChunkAlign = 4096;  // elements: sub-group and bucket bou
 
 std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 
-// A FIFO worker thread; the first exception is kept and rethrown by drain()/check().
-class Worker {
- public:
-  Worker() : thread_([this] { loop(); }) {}
-  ~Worker() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void push(std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      q_.push_back(std::move(fn));
-      ++pending_;
-    }
-    cv_.notify_all();
-  }
-  void drain() {
-    std::unique_lock<std::mutex> lk(mu_);
-    idle_.wait(lk, [&] { return pending_ == 0; });
-    rethrow_locked();
-  }
-  void check() {
-    std::lock_guard<std::mutex> lk(mu_);
-    rethrow_locked();
-  }
-
- private:
-  void rethrow_locked() {
-    if (err_) {
-      auto e = err_;
-      err_ = nullptr;
-      std::rethrow_exception(e);
-    }
-  }
-  void loop() {
-    while (true) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
-        if (q_.empty()) return;
-        fn = std::move(q_.front());
-        q_.pop_front();
-      }
-      bool skip;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        skip = err_ != nullptr;
-      }
-      if (!skip) {
-        try {
-          fn();
-        } catch (...) {
-          std::lock_guard<std::mutex> lk(mu_);
-          if (!err_) err_ = std::current_exception();
-        }
-      }
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        --pending_;
-      }
-      idle_.notify_all();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_, idle_;
-  std::deque<std::function<void()>> q_;
-  std::size_t pending_ = 0;
-  bool stop_ = false;
-  std::exception_ptr err_;
-  std::thread thread_;
-};
+using Worker = SerialWorker;
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -162,6 +88,7 @@ struct Engine::Impl {
     HostMem hmaster, hm, hv, hgrad;
     nvme::PinnedBuffer hparam;  // offload_param cpu: the home of the compute copy
     std::vector<std::size_t> chunks;  // sub-group starts (elements)
+    std::size_t chunk_len(std::size_t ci) const { return (ci + 1 < chunks.size() ? chunks[ci + 1] : n) - chunks[ci]; }
     std::vector<nvme::TensorStore::Id> sg_ids;
     nvme::TensorStore::Id param_id = 0;
     std::int64_t version = 0;   // updates landed
@@ -460,7 +387,7 @@ struct Engine::Impl {
       for (std::size_t ui = 0; ui < units.size(); ++ui) {
         Unit& u = units[ui];
         for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
-          const std::size_t o = u.chunks[ci], len = (ci + 1 < u.chunks.size() ? u.chunks[ci + 1] : u.n) - o;
+          const std::size_t o = u.chunks[ci], len = u.chunk_len(ci);
           // fp32 with the optimizer on the device and no separate master: the compute copy is the master
           float* base_m = opt_off ? reinterpret_cast<float*>(u.hmaster.get())
                                   : (u.dmaster.size() ? u.dmaster.as<float>() : u.dparam.as<float>());
@@ -486,7 +413,7 @@ struct Engine::Impl {
     for (std::size_t ui = 0; ui < units.size(); ++ui) {
       Unit& u = units[ui];
       for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
-        const std::size_t o = u.chunks[ci], len = (ci + 1 < u.chunks.size() ? u.chunks[ci + 1] : u.n) - o;
+        const std::size_t o = u.chunks[ci], len = u.chunk_len(ci);
         meta.push_back({ui, o, len});
         items.push_back({u.sg_ids[ci], 0, 12 * round_up(len, 1024), true, true});
       }
@@ -611,7 +538,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     if (uu.windowed && c.param == OffloadDevice::nvme) uu.param_id = m.pstore->add(nm + ".param", uu.n * cb);
     if (c.optimizer == OffloadDevice::nvme)
       for (std::size_t ci = 0; ci < uu.chunks.size(); ++ci) {
-        const std::size_t len = (ci + 1 < uu.chunks.size() ? uu.chunks[ci + 1] : uu.n) - uu.chunks[ci];
+        const std::size_t len = uu.chunk_len(ci);
         uu.sg_ids.push_back(m.ostore->add(nm + ".sg" + std::to_string(ci), 12 * round_up(len, 1024)));
       }
     // Initial contents on NVMe, through one pinned block.
@@ -627,7 +554,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
       }
       if (c.optimizer == OffloadDevice::nvme)
         for (std::size_t ci = 0; ci < uu.chunks.size(); ++ci) {
-          const std::size_t o = uu.chunks[ci], len = (ci + 1 < uu.chunks.size() ? uu.chunks[ci + 1] : uu.n) - o;
+          const std::size_t o = uu.chunks[ci], len = uu.chunk_len(ci);
           const std::size_t pl = round_up(len, 1024);
           std::memset(b.data(), 0, 12 * pl);
           std::memcpy(b.data(), tmp.data() + o, len * 4);
@@ -851,7 +778,7 @@ void Engine::read_master(std::size_t ui, float* dst) {
     nvme::PinnedPool p(12 * round_up(std::min(m.sg, u.n), 1024) + 4096, false);
     nvme::PinnedBuffer b = p.acquire(12 * round_up(std::min(m.sg, u.n), 1024));
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
-      const std::size_t o = u.chunks[ci], len = (ci + 1 < u.chunks.size() ? u.chunks[ci + 1] : u.n) - o;
+      const std::size_t o = u.chunks[ci], len = u.chunk_len(ci);
       m.ostore->read(u.sg_ids[ci], b.data(), 0, 4 * round_up(len, 1024))->wait();
       std::memcpy(dst + o, b.data(), len * 4);
     }
@@ -876,7 +803,7 @@ void Engine::read_states(std::size_t ui, float* master, float* mm, float* vv) {
     nvme::PinnedPool p(cap, false);
     nvme::PinnedBuffer b = p.acquire(cap);
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
-      const std::size_t o = u.chunks[ci], len = (ci + 1 < u.chunks.size() ? u.chunks[ci + 1] : u.n) - o;
+      const std::size_t o = u.chunks[ci], len = u.chunk_len(ci);
       const std::size_t pl = round_up(len, 1024);
       m.ostore->read(u.sg_ids[ci], b.data())->wait();
       const float* f = static_cast<const float*>(b.data());
@@ -905,7 +832,7 @@ void Engine::write_states(std::size_t ui, const float* master, const float* mm, 
     nvme::PinnedPool p(cap, false);
     nvme::PinnedBuffer b = p.acquire(cap);
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
-      const std::size_t o = u.chunks[ci], len = (ci + 1 < u.chunks.size() ? u.chunks[ci + 1] : u.n) - o;
+      const std::size_t o = u.chunks[ci], len = u.chunk_len(ci);
       const std::size_t pl = round_up(len, 1024);
       std::memset(b.data(), 0, 12 * pl);
       float* f = static_cast<float*>(b.data());

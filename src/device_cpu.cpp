@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "zinf/device.h"
+#include "zinf/serial_worker.h"
 #include "zinf/sysinfo.h"
 
 namespace zinf {
@@ -47,76 +48,13 @@ class CpuEvent final : public DeviceEvent {
   bool done_ = false;
 };
 
-class Stream {
- public:
-  explicit Stream(StreamRole role) : role_(role), thread_([this] { loop(); }) {}
-  ~Stream() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void push(std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      queue_.push_back(std::move(fn));
-      ++pending_;
-    }
-    cv_.notify_all();
-  }
-  void synchronize() {
-    std::unique_lock<std::mutex> lk(mu_);
-    idle_cv_.wait(lk, [&] { return pending_ == 0; });
-    if (error_) {
-      std::exception_ptr e = error_;
-      error_ = nullptr;
-      std::rethrow_exception(e);
-    }
-  }
-
- private:
-  void loop() {
-    while (true) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        fn = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      // Later work still runs after a failure (events recorded after it must fire, or waiters would
-      // hang); the first error is kept for synchronize().
-      try {
-        fn();
-      } catch (...) {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (!error_) error_ = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        --pending_;
-      }
-      idle_cv_.notify_all();
-    }
-  }
-
-  StreamRole role_;
-  std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
-  std::deque<std::function<void()>> queue_;
-  std::size_t pending_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;
-};
+// A stream: an in-order queue served by one worker thread.
+using Stream = SerialWorker;
 
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(std::size_t budget) : budget_(budget) {
-    for (int i = 0; i < kStreamRoles; ++i) streams_[i] = std::make_unique<Stream>(static_cast<StreamRole>(i));
+    for (int i = 0; i < kStreamRoles; ++i) streams_[i] = std::make_unique<Stream>();
   }
   ~CpuDevice() override {
     for (auto& s : streams_) s.reset();
@@ -170,12 +108,12 @@ class CpuDevice final : public Device {
   void wait_event(StreamRole s, EventHandle e) override {
     stream(s).push([e] { e->wait(); });
   }
-  void synchronize(StreamRole s) override { stream(s).synchronize(); }
+  void synchronize(StreamRole s) override { stream(s).drain(); }
   void synchronize() override {
     std::exception_ptr first;
     for (auto& s : streams_) {
       try {
-        s->synchronize();
+        s->drain();
       } catch (...) {
         if (!first) first = std::current_exception();
       }

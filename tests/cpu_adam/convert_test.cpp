@@ -2,6 +2,8 @@
 // cases (subnormals, ties, overflow, inf, NaN), every path against the reference, and the reference
 // against the CPU's own conversion instructions where it has them.
 #include <gtest/gtest.h>
+
+#include "paths.h"
 #include <immintrin.h>
 
 #include <cmath>
@@ -34,12 +36,7 @@ __attribute__((target("f16c"))) std::uint16_t hw_fp32_to_fp16(float x) {
       _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0));
 }
 
-std::vector<SimdLevel> paths() {
-  std::vector<SimdLevel> p = {SimdLevel::scalar};
-  if (detect_simd() >= SimdLevel::avx2) p.push_back(SimdLevel::avx2);
-  if (detect_simd() >= SimdLevel::avx512) p.push_back(SimdLevel::avx512);
-  return p;
-}
+std::vector<SimdLevel> paths() { return supported_paths(); }
 
 // fp32 values that stress every rounding branch of both conversions.
 std::vector<float> edge_cases() {

@@ -2,6 +2,8 @@
 // count, close to a long-double sum, and it reports NaN/Inf wherever they sit.
 #include <gtest/gtest.h>
 
+#include "paths.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -14,12 +16,7 @@
 namespace zinf::cpu_adam {
 namespace {
 
-std::vector<SimdLevel> paths() {
-  std::vector<SimdLevel> p = {SimdLevel::scalar};
-  if (detect_simd() >= SimdLevel::avx2) p.push_back(SimdLevel::avx2);
-  if (detect_simd() >= SimdLevel::avx512) p.push_back(SimdLevel::avx512);
-  return p;
-}
+std::vector<SimdLevel> paths() { return supported_paths(); }
 
 std::uint64_t bits(double d) {
   std::uint64_t u;

@@ -322,15 +322,18 @@ TEST(TensorStore, StaleDirectoriesAreRemovedOnlyWhenProvablyZinfs) {
   EXPECT_TRUE(live.stale_report().empty());
   const std::string ours = make(std::string("zinf-") + tag + "-0000abcd", true, false);
   const std::string foreign = make(std::string("zinf-") + tag + "-0000abce", true, true);
-  const std::string unmarked = make(std::string("zinf-") + tag + "-0000abcf", false, false);
+  const std::string unmarked = make(std::string("zinf-") + tag + "-0000abcf", false, false);  // has data: not provable
+  const std::string empty = dir.str() + "/zinf-" + tag + "-0000abc0";  // a run killed between mkdir and marker
+  fs::create_directories(empty);
   const std::string other = make("not-zinf", true, false);
   auto report = clean_stale_swap_dirs(dir.str());
   EXPECT_FALSE(fs::exists(ours));
   EXPECT_TRUE(fs::exists(foreign));
   EXPECT_TRUE(fs::exists(unmarked));
+  EXPECT_FALSE(fs::exists(empty));  // empty and its owner is gone
   EXPECT_TRUE(fs::exists(other));
   EXPECT_TRUE(fs::exists(live.directory()));
-  EXPECT_EQ(report.size(), 4u);
+  EXPECT_EQ(report.size(), 5u);
   // A new store sweeps on its own and reports what it removed.
   const std::string again = make(std::string("zinf-") + tag + "-0000abd0", true, false);
   TensorStore next(options(dir.str(), EngineKind::posix));

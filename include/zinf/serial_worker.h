@@ -1,0 +1,90 @@
+// zinf/serial_worker.h — one thread running submitted jobs in order (a CPU device stream, the offload
+// engine's reduce and update workers). The first exception a job throws is kept and rethrown by the
+// next drain() or check(); later jobs still run, so events recorded after a failure still fire.
+// Thread-safe: push/drain/check from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace zinf {
+
+class SerialWorker {
+ public:
+  SerialWorker() : thread_([this] { loop(); }) {}
+  ~SerialWorker() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  SerialWorker(const SerialWorker&) = delete;
+  SerialWorker& operator=(const SerialWorker&) = delete;
+
+  void push(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      q_.push_back(std::move(fn));
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+  // Waits until every job pushed so far has run, then rethrows the first error, if any.
+  void drain() {
+    std::unique_lock<std::mutex> lk(mu_);
+    idle_.wait(lk, [&] { return pending_ == 0; });
+    rethrow_locked();
+  }
+  // Rethrows the first error without waiting.
+  void check() {
+    std::lock_guard<std::mutex> lk(mu_);
+    rethrow_locked();
+  }
+
+ private:
+  void rethrow_locked() {
+    if (err_) {
+      auto e = err_;
+      err_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+  void loop() {
+    while (true) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+        if (q_.empty()) return;
+        fn = std::move(q_.front());
+        q_.pop_front();
+      }
+      try {
+        fn();
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!err_) err_ = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        --pending_;
+      }
+      idle_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, idle_;
+  std::deque<std::function<void()>> q_;
+  std::size_t pending_ = 0;
+  bool stop_ = false;
+  std::exception_ptr err_;
+  std::thread thread_;
+};
+
+}  // namespace zinf

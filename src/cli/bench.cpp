@@ -12,11 +12,12 @@
 #include "zinf/error.h"
 #include "zinf/nvme/sweep.h"
 #include "zinf/train.h"
+#include "cuda/bench_pcie.h"
 
 namespace zinf::cli {
 namespace {
 
-Command bench_nvme_, bench_step_;
+Command bench_nvme_, bench_step_, bench_pcie_;
 
 struct AdamArgs {
   std::string params = "256M";
@@ -205,6 +206,37 @@ int run_step(const StepArgs& a) {
   return 0;
 }
 
+struct PcieArgs {
+  int device = 0;
+  std::string size = "256M";
+  int reps = 5;
+  bool json = false;
+};
+
+int run_pcie(const PcieArgs& a) {
+  const std::uint64_t bytes = parse_bytes(a.size, "--size");
+  if (bytes < (1 << 20)) throw ConfigError("--size must be at least 1M");
+  const cuda::PcieResult r = cuda::bench_pcie(a.device, bytes, a.reps, [&](const std::string& l) {
+    if (!a.json) std::fprintf(stderr, "bench pcie: %s\n", l.c_str());
+  });
+  auto ratio = [&](double g) { return r.nominal_gbps > 0 ? g / r.nominal_gbps : 0.0; };
+  if (a.json) {
+    nlohmann::json j = {{"gpu", r.gpu}, {"pcie_gen", r.pcie_gen}, {"pcie_width", r.pcie_width}, {"nominal_gb_per_s", r.nominal_gbps},
+                        {"bytes", r.bytes}, {"h2d_gb_per_s", r.h2d_gbps}, {"d2h_gb_per_s", r.d2h_gbps},
+                        {"both_gb_per_s", r.both_gbps}, {"h2d_ratio", ratio(r.h2d_gbps)}, {"d2h_ratio", ratio(r.d2h_gbps)},
+                        {"both_ratio", r.nominal_gbps > 0 ? r.both_gbps / (2 * r.nominal_gbps) : 0.0}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("zinf bench pcie — %s, PCIe gen%d x%d (nominal %.1f GB/s per direction), %s per copy, best of %d\n",
+              r.gpu.c_str(), r.pcie_gen, r.pcie_width, r.nominal_gbps, a.size.c_str(), a.reps);
+  std::printf("  H2D  %7.2f GB/s  (%.2f of nominal)\n", r.h2d_gbps, ratio(r.h2d_gbps));
+  std::printf("  D2H  %7.2f GB/s  (%.2f of nominal)\n", r.d2h_gbps, ratio(r.d2h_gbps));
+  std::printf("  both %7.2f GB/s  (%.2f of twice nominal)\n", r.both_gbps,
+              r.nominal_gbps > 0 ? r.both_gbps / (2 * r.nominal_gbps) : 0.0);
+  return 0;
+}
+
 }  // namespace
 
 Command add_bench(CLI::App& app) {
@@ -251,10 +283,21 @@ Command add_bench(CLI::App& app) {
   st->add_option("--steps", sargs->steps, "Steps to run (the first is not measured)")->capture_default_str();
   st->add_flag("--json", sargs->json, "Print one JSON object (overlap_ratio, busy_s, relative_to_no_offload)");
   bench_step_ = {st, [sargs] { return run_step(*sargs); }};
+  auto pargs = std::make_shared<PcieArgs>();
+  CLI::App* pc = sub->add_subcommand(
+      "pcie",
+      "Pinned host-to-device, device-to-host, and both at once, on dedicated CUDA streams timed with events, "
+      "against the nominal per-direction rate of the GPU's PCIe link (generation x width, read from the device)");
+  pc->add_option("--device", pargs->device, "CUDA device index")->capture_default_str();
+  pc->add_option("--size", pargs->size, "Bytes per copy")->capture_default_str();
+  pc->add_option("--reps", pargs->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
+  pc->add_flag("--json", pargs->json, "Print one JSON object");
+  bench_pcie_ = {pc, [pargs] { return run_pcie(*pargs); }};
   return {adam, [args] { return run_adam(*args); }};
 }
 
 Command bench_nvme_command() { return bench_nvme_; }
 Command bench_step_command() { return bench_step_; }
+Command bench_pcie_command() { return bench_pcie_; }
 
 }  // namespace zinf::cli

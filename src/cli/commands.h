@@ -24,6 +24,7 @@ Command add_export(CLI::App& app);
 Command add_bench(CLI::App& app);  // registers `bench adam` (returned) and `bench nvme`
 Command bench_nvme_command();      // valid after add_bench
 Command bench_step_command();
+Command bench_pcie_command();
 
 // Shared: --config / --set handling and the "note:" lines a config produced.
 struct ConfigArgs {

@@ -474,6 +474,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
                                 std::to_string(dev.budget() - dev.in_use()) + " are left in the budget of " + std::to_string(dev.budget()),
                             "offload more (offload_optimizer / offload_param), raise device.memory_budget, or see `zinf plan`");
   m.pinned = std::make_unique<nvme::PinnedPool>(plan.pinned_pool, c.pin_memory);
+  if (m.pinned->capacity()) dev.register_host(m.pinned->slab().iov_base, m.pinned->capacity());  // CUDA: one copy, no bounce
 
   std::size_t max_unit = 0;
   for (std::size_t u = 0; u < c.units.size(); ++u) {
@@ -608,6 +609,7 @@ Engine::~Engine() {
     impl_->dev.synchronize();
   } catch (...) {
   }
+  if (impl_->pinned && impl_->pinned->capacity()) impl_->dev.unregister_host(impl_->pinned->slab().iov_base);
 }
 
 // ---- model side ---------------------------------------------------------------------------------------

@@ -58,6 +58,12 @@ class Device {
   // Enqueues host code that drives the device (CPU device: runs it on the stream's worker).
   virtual void launch(StreamRole s, std::function<void()> fn) = 0;
 
+  // Page-locks (registers) host memory with the device so copies from it run asynchronously at full
+  // speed — the pinned pool's slab. The CPU device needs nothing; the CUDA device calls
+  // cudaHostRegister. Pair with unregister_host before the memory is freed.
+  virtual void register_host(void* /*p*/, std::size_t /*bytes*/) {}
+  virtual void unregister_host(void* /*p*/) {}
+
   virtual EventHandle record(StreamRole s) = 0;
   virtual void wait_event(StreamRole s, EventHandle e) = 0;  // the stream waits, the host does not
   virtual void synchronize(StreamRole s) = 0;
@@ -66,6 +72,10 @@ class Device {
 
 // The CPU device with a memory budget in bytes.
 std::unique_ptr<Device> make_cpu_device(std::size_t budget_bytes);
+// The CUDA device `index` with a memory budget (0: the GPU's free memory). Throws zinf::Error when
+// this build has no CUDA or no GPU is visible. `launch` enqueues host code in stream order
+// (cudaLaunchHostFunc: it must not call CUDA); kernels go on the streams through the op backends.
+std::unique_ptr<Device> make_cuda_device(int index, std::size_t budget_bytes);
 
 // RAII device allocation.
 class DeviceBuffer {

@@ -1,0 +1,61 @@
+// device_cuda_test.cpp — the CUDA device through the device interface: budgeted allocation, async
+// copies on the role streams ordered by events, and a host job's error reaching synchronize().
+// Skips with the reason where no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cuda/gpu_query.h"
+#include "zinf/device.h"
+
+namespace zinf {
+namespace {
+
+std::unique_ptr<Device> gpu_or_skip(std::size_t budget, std::string* why) {
+  const cuda::GpuQuery q = cuda::query_gpus();
+  if (q.gpus.empty()) {
+    *why = q.status;
+    return nullptr;
+  }
+  return make_cuda_device(0, budget);
+}
+
+TEST(CudaDevice, CopiesRoundTripAcrossStreamsOrderedByEvents) {
+  std::string why;
+  auto dev = gpu_or_skip(64 << 20, &why);
+  if (!dev) GTEST_SKIP() << "no GPU: " << why;
+  std::vector<float> src(1 << 20), dst(1 << 20, 0.0f);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) * 0.5f;
+  dev->register_host(src.data(), src.size() * 4);
+  dev->register_host(dst.data(), dst.size() * 4);
+  DeviceBuffer d(*dev, src.size() * 4, "roundtrip");
+  dev->copy_to_device(d.as<void>(), src.data(), src.size() * 4, StreamRole::h2d);
+  auto landed = dev->record(StreamRole::h2d);
+  dev->wait_event(StreamRole::d2h, landed);
+  dev->copy_to_host(dst.data(), d.as<void>(), dst.size() * 4, StreamRole::d2h);
+  dev->synchronize(StreamRole::d2h);
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size() * 4), 0);
+  dev->unregister_host(src.data());
+  dev->unregister_host(dst.data());
+  EXPECT_GE(dev->peak(), src.size() * 4);
+}
+
+TEST(CudaDevice, BudgetAndHostJobErrors) {
+  std::string why;
+  auto dev = gpu_or_skip(8 << 20, &why);
+  if (!dev) GTEST_SKIP() << "no GPU: " << why;
+  DeviceBuffer a(*dev, 6 << 20, "a");
+  EXPECT_THROW(DeviceBuffer(*dev, 6 << 20, "b"), DeviceMemoryError);
+  dev->launch(StreamRole::compute, [] { throw Error("host job failed"); });
+  EXPECT_THROW(dev->synchronize(StreamRole::compute), Error);
+}
+
+TEST(CudaDevice, WithoutAGpuMakingOneIsAClearError) {
+  const cuda::GpuQuery q = cuda::query_gpus();
+  if (!q.gpus.empty()) GTEST_SKIP() << "a GPU is visible";
+  EXPECT_THROW(make_cuda_device(0, 0), Error);
+}
+
+}  // namespace
+}  // namespace zinf

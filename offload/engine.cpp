@@ -158,7 +158,7 @@ struct Engine::Impl {
         half(cfg.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
         opt_off(cfg.optimizer != OffloadDevice::none),
         param_off(cfg.param != OffloadDevice::none),
-        pool(cfg.host_threads) {}
+        pool(cfg.host_threads, cfg.pin_threads) {}
 
   // ---- helpers --------------------------------------------------------------------------------------
   void to_half(const float* s, void* d, std::size_t n) {

@@ -359,6 +359,7 @@ void read_device(Section s, DeviceConfig& d) {
       {{"auto", DeviceType::automatic}, {"cpu", DeviceType::cpu}, {"cuda", DeviceType::cuda}});
   d.memory_budget = s.get_bytes("memory_budget", 0, /*allow_auto_zero=*/true);
   d.threads = static_cast<int>(s.get_int("threads", 0, 0, 4096));
+  d.pin_threads = s.get_bool("pin_threads", false);
   d.simd = s.get_enum<std::string>(
       "simd", "auto",
       {{"auto", "auto"}, {"avx512", "avx512"}, {"avx2", "avx2"}, {"scalar", "scalar"}});

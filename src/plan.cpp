@@ -53,6 +53,7 @@ offload::EngineConfig engine_config(const Config& c, int host_threads) {
   e.param_store = offload::store_options(c.aio, c.zero.offload_param.nvme_path);
   e.pin_memory = c.zero.offload_optimizer.pin_memory && c.zero.offload_param.pin_memory;
   e.host_threads = host_threads;
+  e.pin_threads = c.device.pin_threads;
   e.overlap = c.train.overlap_none ? offload::Overlap::none : offload::Overlap::exact;
   return e;
 }

@@ -4,6 +4,7 @@
 // after SIGTERM.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -397,6 +398,39 @@ TEST(Swapper, ReadFailureDuringTheUpdateFailsCleanly) {
   }
   EXPECT_EQ(pool.in_use(), 0u);
   EXPECT_EQ(dir.entries(), 0u);
+}
+
+TEST(PinnedPool, TooSmallMemlockLimitIsAClearErrorWithTheFix) {
+  // In a child: lower RLIMIT_MEMLOCK and, when root (CAP_IPC_LOCK ignores the limit), become nobody.
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    rlimit rl{64 << 10, 64 << 10};
+    ::setrlimit(RLIMIT_MEMLOCK, &rl);
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(3);
+    std::string msg = "(no error)";
+    try {
+      PinnedPool pool(8 << 20);
+    } catch (const Error& e) {
+      msg = std::string(e.what()) + " | " + e.hint();
+    }
+    [[maybe_unused]] auto w = ::write(pipefd[1], msg.data(), msg.size());
+    ::_exit(0);
+  }
+  ::close(pipefd[1]);
+  std::string msg(1024, '\0');
+  const auto n = ::read(pipefd[0], msg.data(), msg.size());
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) GTEST_SKIP() << "cannot drop privileges here";
+  msg.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  EXPECT_NE(msg.find("RLIMIT_MEMLOCK"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ulimit -l"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pin_memory: false"), std::string::npos) << msg;
 }
 
 TEST(PinnedPool, BoundedCoalescingAndBlocking) {

@@ -65,6 +65,7 @@ struct EngineConfig {
   nvme::StoreOptions optimizer_store, param_store;
   bool pin_memory = true;
   int host_threads = 0;             // 0: physical cores
+  bool pin_threads = false;         // bind the host workers to cores (hwloc)
   Overlap overlap = Overlap::exact;
   nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
 };

@@ -130,7 +130,8 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   log("device: " + dev->name() + ", " + std::to_string(threads) + " threads, cpu_adam " +
       std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(c.precision())));
 
-  GptModel model(shape, B, c.model.activation_checkpointing, *dev, par);
+  CpuOps backend(par);
+  GptModel model(shape, B, c.model.activation_checkpointing, *dev, backend);
   DeviceBuffer tok(*dev, static_cast<std::size_t>(B) * T * 4, "tokens"), tgt(*dev, static_cast<std::size_t>(B) * T * 4, "targets");
   int* tokens = tok.as<int>();
   int* targets = tgt.as<int>();

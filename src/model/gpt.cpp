@@ -55,8 +55,8 @@ GptModel::BlockActs GptModel::carve(float*& p) const {
   return a;
 }
 
-GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, ops::Par& par)
-    : s_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), par_(par) {
+GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops)
+    : s_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), ops_(ops) {
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer);
   const std::size_t per_block = block_acts_floats();
@@ -104,50 +104,50 @@ GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, 
 void GptModel::block_forward(const BlockView& w, const float* x, const BlockActs& a) {
   const int R = R_, C = s_.d_model;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
-  ops::layernorm_forward(par_, a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, R, C);
-  ops::matmul_forward(par_, a.qkv, a.ln1, w.qkvw, w.qkvb, R, C, 3 * C);
-  ops::attention_forward(par_, a.atty, a.att, a.qkv, B_, s_.seq_len, C, s_.n_head);
-  ops::matmul_forward(par_, a.res2, a.atty, w.projw, w.projb, R, C, C);
-  ops::add_inplace(par_, a.res2, x, RC);
-  ops::layernorm_forward(par_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, R, C);
-  ops::matmul_forward(par_, a.fch, a.ln2, w.fcw, w.fcb, R, C, 4 * C);
-  ops::gelu_forward(par_, a.fchg, a.fch, RC * 4);
-  ops::matmul_forward(par_, a.out, a.fchg, w.fcprojw, w.fcprojb, R, 4 * C, C);
-  ops::add_inplace(par_, a.out, a.res2, RC);
+  ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, R, C);
+  ops_.matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, R, C, 3 * C);
+  ops_.attention_forward(a.atty, a.att, a.qkv, B_, s_.seq_len, C, s_.n_head);
+  ops_.matmul_forward(a.res2, a.atty, w.projw, w.projb, R, C, C);
+  ops_.add_inplace(a.res2, x, RC);
+  ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, R, C);
+  ops_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, R, C, 4 * C);
+  ops_.gelu_forward(a.fchg, a.fch, RC * 4);
+  ops_.matmul_forward(a.out, a.fchg, w.fcprojw, w.fcprojb, R, 4 * C, C);
+  ops_.add_inplace(a.out, a.res2, RC);
 }
 
 void GptModel::block_backward(const BlockView& w, const BlockView& g, const float* x, const BlockActs& a,
                               const float* dout, float* dx) {
   const int R = R_, C = s_.d_model;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
-  std::memcpy(dres2_, dout, RC * sizeof(float));  // the residual path: d(res2) starts as d(out)
-  std::memset(dfchg_, 0, RC * 4 * sizeof(float));
-  ops::matmul_backward(par_, dfchg_, g.fcprojw, g.fcprojb, dout, a.fchg, w.fcprojw, R, 4 * C, C);
-  ops::gelu_backward(par_, dfch_, a.fch, dfchg_, RC * 4);
-  std::memset(dln_, 0, RC * sizeof(float));
-  ops::matmul_backward(par_, dln_, g.fcw, g.fcb, dfch_, a.ln2, w.fcw, R, C, 4 * C);
-  ops::layernorm_backward(par_, dres2_, g.ln2w, g.ln2b, dln_, a.res2, w.ln2w, a.ln2_mean, a.ln2_rstd, R, C);
-  std::memset(datty_, 0, RC * sizeof(float));
-  ops::matmul_backward(par_, datty_, g.projw, g.projb, dres2_, a.atty, w.projw, R, C, C);
-  ops::attention_backward(par_, dqkv_, datty_, a.qkv, a.att, B_, s_.seq_len, C, s_.n_head);
-  std::memset(dln_, 0, RC * sizeof(float));
-  ops::matmul_backward(par_, dln_, g.qkvw, g.qkvb, dqkv_, a.ln1, w.qkvw, R, C, 3 * C);
-  std::memcpy(dx, dres2_, RC * sizeof(float));
-  ops::layernorm_backward(par_, dx, g.ln1w, g.ln1b, dln_, x, w.ln1w, a.ln1_mean, a.ln1_rstd, R, C);
+  ops_.copy(dres2_, dout, RC);  // the residual path: d(res2) starts as d(out)
+  ops_.zero(dfchg_, RC * 4);
+  ops_.matmul_backward(dfchg_, g.fcprojw, g.fcprojb, dout, a.fchg, w.fcprojw, R, 4 * C, C);
+  ops_.gelu_backward(dfch_, a.fch, dfchg_, RC * 4);
+  ops_.zero(dln_, RC);
+  ops_.matmul_backward(dln_, g.fcw, g.fcb, dfch_, a.ln2, w.fcw, R, C, 4 * C);
+  ops_.layernorm_backward(dres2_, g.ln2w, g.ln2b, dln_, a.res2, w.ln2w, a.ln2_mean, a.ln2_rstd, R, C);
+  ops_.zero(datty_, RC);
+  ops_.matmul_backward(datty_, g.projw, g.projb, dres2_, a.atty, w.projw, R, C, C);
+  ops_.attention_backward(dqkv_, datty_, a.qkv, a.att, B_, s_.seq_len, C, s_.n_head);
+  ops_.zero(dln_, RC);
+  ops_.matmul_backward(dln_, g.qkvw, g.qkvb, dqkv_, a.ln1, w.qkvw, R, C, 3 * C);
+  ops_.copy(dx, dres2_, RC);
+  ops_.layernorm_backward(dx, g.ln1w, g.ln1b, dln_, x, w.ln1w, a.ln1_mean, a.ln1_rstd, R, C);
 }
 
 double GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
   const std::size_t L = static_cast<std::size_t>(s_.n_layer);
   const int C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
   const float* wte = src.weights(0);
-  ops::encoder_forward(par_, enc_out_, tokens, wte, wte + static_cast<std::size_t>(V) * C, B_, T, C);
+  ops_.encoder_forward(enc_out_, tokens, wte, wte + static_cast<std::size_t>(V) * C, B_, T, C);
   src.done_with(0);
   const float* x = enc_out_;
   for (std::size_t l = 0; l < L; ++l) {
     const BlockView bw = block_view(const_cast<float*>(src.weights(l + 1)), C);
     if (ckpt_) {
       block_forward(bw, x, recompute_);
-      std::memcpy(acts_[l].out, recompute_.out, static_cast<std::size_t>(R_) * C * sizeof(float));
+      ops_.copy(acts_[l].out, recompute_.out, static_cast<std::size_t>(R_) * C);
     } else {
       block_forward(bw, x, acts_[l]);
     }
@@ -155,10 +155,10 @@ double GptModel::forward(UnitSource& src, const int* tokens, const int* targets)
     x = acts_[l].out;
   }
   const float* lnf = src.weights(L + 1);
-  ops::layernorm_forward(par_, lnf_, lnf_mean_, lnf_rstd_, x, lnf, lnf + C, R_, C);
+  ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, lnf, lnf + C, R_, C);
   src.done_with(L + 1);
   wte = src.weights(0);
-  const double loss = ops::lm_head_forward(par_, probs_, losses_, lnf_, wte, targets, R_, C, V);
+  const double loss = ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
   src.done_with(0);
   return loss;
 }
@@ -169,13 +169,13 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
   const std::size_t RC = static_cast<std::size_t>(R_) * C;
   const float* wte = src.weights(0);
   float* dwte = src.grads(0);
-  ops::lm_head_backward(par_, dln_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
+  ops_.lm_head_backward(dln_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
   src.done_with(0);
   const float* last = L > 0 ? acts_[L - 1].out : enc_out_;
   const float* lnf = src.weights(L + 1);
   float* dlnf = src.grads(L + 1);
-  std::memset(dres_a_, 0, RC * sizeof(float));
-  ops::layernorm_backward(par_, dres_a_, dlnf, dlnf + C, dln_, last, lnf, lnf_mean_, lnf_rstd_, R_, C);
+  ops_.zero(dres_a_, RC);
+  ops_.layernorm_backward(dres_a_, dlnf, dlnf + C, dln_, last, lnf, lnf_mean_, lnf_rstd_, R_, C);
   src.grads_done(L + 1);
   src.done_with(L + 1);
   float* dout = dres_a_;
@@ -195,7 +195,7 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
     std::swap(dout, dx);
   }
   dwte = src.grads(0);
-  ops::encoder_backward(par_, dwte, dwte + static_cast<std::size_t>(V) * C, dout, tokens, B_, T, C);
+  ops_.encoder_backward(dwte, dwte + static_cast<std::size_t>(V) * C, dout, tokens, B_, T, C);
   src.grads_done(0);
 }
 

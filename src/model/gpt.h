@@ -13,7 +13,7 @@
 
 #include <vector>
 
-#include "model/ops.h"
+#include "model/backend.h"
 #include "zinf/device.h"
 #include "zinf/model.h"
 
@@ -57,7 +57,7 @@ class ResidentUnits final : public UnitSource {
 class GptModel {
  public:
   // B: micro batch. Activations for B×T tokens are allocated on `dev` now.
-  GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, ops::Par& par);
+  GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
 
   // Forward pass; returns the mean cross-entropy over the B×T targets. Keeps what backward needs.
   double forward(UnitSource& src, const int* tokens, const int* targets);
@@ -81,7 +81,7 @@ class GptModel {
   ModelShape s_;
   int B_, R_;
   bool ckpt_;
-  ops::Par& par_;
+  OpsBackend& ops_;
   DeviceBuffer acts_buf_, scratch_buf_, head_buf_, grad_buf_;
   float* enc_out_ = nullptr;
   std::vector<BlockActs> acts_;  // full activations per block, or (checkpointing) only .out is valid

@@ -6,6 +6,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "model/ops.h"
@@ -344,3 +345,12 @@ void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const floa
 }
 
 }  // namespace zinf::ops
+
+#include "model/backend.h"
+
+namespace zinf {
+
+void CpuOps::copy(float* dst, const float* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+void CpuOps::zero(float* p, std::size_t n) { std::memset(p, 0, n * sizeof(float)); }
+
+}  // namespace zinf

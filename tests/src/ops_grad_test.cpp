@@ -261,7 +261,8 @@ TEST(OpsGrad, WholeModelAgainstDoubleReference) {
   auto dev = make_cpu_device(64 << 20);
   for (bool ckpt : {false, true}) {
     SCOPED_TRACE(ckpt ? "checkpointing" : "plain");
-    GptModel model(s, B, ckpt, *dev, par());
+    CpuOps backend(par());
+    GptModel model(s, B, ckpt, *dev, backend);
     std::vector<VF> u;
     std::vector<const float*> w;
     std::vector<VF> gr;

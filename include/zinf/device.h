@@ -64,6 +64,9 @@ class Device {
   virtual void register_host(void* /*p*/, std::size_t /*bytes*/) {}
   virtual void unregister_host(void* /*p*/) {}
 
+  // The native stream handle for kernels (cudaStream_t on the CUDA device; nullptr on the CPU device).
+  virtual void* native_stream(StreamRole /*s*/) { return nullptr; }
+
   virtual EventHandle record(StreamRole s) = 0;
   virtual void wait_event(StreamRole s, EventHandle e) = 0;  // the stream waits, the host does not
   virtual void synchronize(StreamRole s) = 0;

@@ -80,6 +80,7 @@ class CudaDevice final : public Device {
   }
   void register_host(void* p, std::size_t bytes) override { ZINF_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault)); }
   void unregister_host(void* p) override { cudaHostUnregister(p); }
+  void* native_stream(StreamRole s) override { return stream(s); }
   EventHandle record(StreamRole s) override { return std::make_shared<CudaEvent>(stream(s)); }
   void wait_event(StreamRole s, EventHandle e) override {
     auto* ce = dynamic_cast<CudaEvent*>(e.get());

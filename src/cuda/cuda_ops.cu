@@ -1,0 +1,113 @@
+// cuda_ops.cu — OpsBackend on the GPU (cuda_ops.h). Row-major matrices are handed to cuBLAS as their
+// column-major transposes: out[R,OC] = inp[R,IC]·W[IC,OC] is outᵀ = Wᵀ·inpᵀ, and so on below.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_ops.h"
+#include "cuda/ops/attention.cuh"
+#include "cuda/ops/bias.cuh"
+#include "cuda/ops/crossentropy.cuh"
+#include "cuda/ops/encoder.cuh"
+#include "cuda/ops/gelu.cuh"
+#include "cuda/ops/layernorm.cuh"
+#include "zinf/error.h"
+
+namespace zinf::cuda {
+namespace {
+
+void blas_check(cublasStatus_t st, const char* call) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw Error(std::string(call) + " failed (cuBLAS status " + std::to_string(static_cast<int>(st)) + ")");
+}
+void cuda_check(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) throw Error(std::string(call) + " failed: " + cudaGetErrorString(e));
+}
+#define ZINF_CUBLAS(x) blas_check((x), #x)
+#define ZINF_CUDA(x) cuda_check((x), #x)
+
+class CudaOps final : public OpsBackend {
+ public:
+  explicit CudaOps(Device& dev) : dev_(dev), s_(static_cast<cudaStream_t>(dev.native_stream(StreamRole::compute))) {
+    if (!s_) throw Error("CUDA ops need the CUDA device (this device has no native stream)");
+    ZINF_CUBLAS(cublasCreate(&h_));
+    ZINF_CUBLAS(cublasSetStream(h_, s_));
+    ZINF_CUBLAS(cublasSetMathMode(h_, CUBLAS_PEDANTIC_MATH));  // no TF32: fp32 as the CPU reference computes it
+  }
+  ~CudaOps() override { cublasDestroy(h_); }
+
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC) override {
+    const float one = 1, zero = 0;
+    ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_N, OC, R, IC, &one, w, OC, inp, IC, &zero, out, OC));
+    if (bias) ops::launch_add_bias(out, bias, R, OC, s_);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int R, int IC,
+                       int OC) override {
+    const float one = 1;
+    if (dinp) ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_T, CUBLAS_OP_N, IC, R, OC, &one, w, OC, dout, OC, &one, dinp, IC));
+    ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_T, OC, IC, R, &one, dout, OC, inp, IC, &one, dw, OC));
+    if (dbias) ops::launch_column_sum(dbias, dout, R, OC, s_);
+  }
+  void layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, int R, int C) override {
+    ops::launch_layernorm_forward(o, m, r, i, w, b, R, C, s_);
+  }
+  void layernorm_backward(float* di, float* dw, float* db, const float* dout, const float* i, const float* w, const float* m,
+                          const float* r, int R, int C) override {
+    ops::launch_layernorm_backward(di, dw, db, dout, i, w, m, r, R, C, s_);
+  }
+  void gelu_forward(float* o, const float* i, std::size_t n) override { ops::launch_gelu_forward(o, i, n, s_); }
+  void gelu_backward(float* di, const float* i, const float* dout, std::size_t n) override {
+    ops::launch_gelu_backward(di, i, dout, n, s_);
+  }
+  void add_inplace(float* acc, const float* x, std::size_t n) override { ops::launch_add_inplace(acc, x, n, s_); }
+  void attention_forward(float* o, float* att, const float* qkv, int B, int T, int C, int H) override {
+    ops::launch_attention_forward(o, att, qkv, B, T, C, H, s_);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int H) override {
+    const std::size_t need = static_cast<std::size_t>(B) * H * T * T * sizeof(float);
+    if (scratch_.size() < need) scratch_ = DeviceBuffer(dev_, need, "attention backward scratch");
+    ops::launch_attention_backward(dqkv, scratch_.as<float>(), dout, qkv, att, B, T, C, H, s_);
+  }
+  void encoder_forward(float* o, const int* t, const float* wte, const float* wpe, int B, int T, int C) override {
+    ops::launch_encoder_forward(o, t, wte, wpe, B, T, C, s_);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* t, int B, int T, int C) override {
+    ops::launch_encoder_backward(dwte, dwpe, dout, t, B, T, C, s_);
+  }
+  double lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C, int V) override {
+    const float one = 1, zero = 0;
+    ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_T, CUBLAS_OP_N, V, R, C, &one, wte, C, x, C, &zero, probs, V));
+    ops::launch_softmax_crossentropy(probs, losses, tg, R, V, s_);
+    host_losses_.resize(static_cast<std::size_t>(R));
+    ZINF_CUDA(cudaMemcpyAsync(host_losses_.data(), losses, static_cast<std::size_t>(R) * sizeof(float), cudaMemcpyDeviceToHost, s_));
+    ZINF_CUDA(cudaStreamSynchronize(s_));
+    double total = 0;
+    for (float l : host_losses_) total += l;  // row order, in double: as the CPU reference
+    return total / R;
+  }
+  void lm_head_backward(float* dx, float* dwte, float* dl, const float* probs, const float* x, const float* wte, const int* tg,
+                        float dscale, int R, int C, int V) override {
+    const float one = 1, zero = 0;
+    ops::launch_crossentropy_backward(dl, probs, tg, dscale, R, V, s_);
+    ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_N, C, R, V, &one, wte, C, dl, V, &zero, dx, C));
+    ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_T, C, V, R, &one, x, C, dl, V, &one, dwte, C));
+  }
+  void copy(float* dst, const float* src, std::size_t n) override {
+    ZINF_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s_));
+  }
+  void zero(float* p, std::size_t n) override { ZINF_CUDA(cudaMemsetAsync(p, 0, n * sizeof(float), s_)); }
+
+ private:
+  Device& dev_;
+  cudaStream_t s_;
+  cublasHandle_t h_ = nullptr;
+  DeviceBuffer scratch_;
+  std::vector<float> host_losses_;
+};
+
+}  // namespace
+
+std::unique_ptr<OpsBackend> make_cuda_ops(Device& dev) { return std::make_unique<CudaOps>(dev); }
+
+}  // namespace zinf::cuda

@@ -39,7 +39,17 @@ void remove_slot(Slot& s) {  // async-signal-safe
   ::rmdir(s.dir);
 }
 
+struct sigaction g_old_int {}, g_old_term {};
+
 void on_signal(int sig) {
+  // A handler the program installed before (e.g. `zinf train`'s graceful Ctrl-C) keeps the signal:
+  // the run stops cleanly and its destructors remove the directories.
+  const struct sigaction& old = sig == SIGINT ? g_old_int : g_old_term;
+  if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
+    old.sa_handler(sig);
+    return;
+  }
+  if (old.sa_handler == SIG_IGN) return;
   for (auto& s : g_slots)
     if (s.used.load()) remove_slot(s);
   ::signal(sig, SIG_DFL);
@@ -67,8 +77,8 @@ void install_swap_cleanup_handlers() {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, &g_old_int);
+    sigaction(SIGTERM, &sa, &g_old_term);
   });
 }
 

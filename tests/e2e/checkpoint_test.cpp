@@ -146,7 +146,7 @@ TEST_F(Checkpoints, FullDiskLeavesThePreviousCheckpointIntact) {
   EXPECT_TRUE(fs::is_empty(dir / "swap"));
 }
 
-// ---- the kill test ---------------------------------------------------------------------------------
+// ---- processes ---------------------------------------------------------------------------------------
 
 int spawn(const std::vector<std::string>& args, const std::string& out) {
   const pid_t pid = ::fork();
@@ -162,6 +162,30 @@ int spawn(const std::vector<std::string>& args, const std::string& out) {
     ::_exit(127);
   }
   return pid;
+}
+
+TEST_F(Checkpoints, CtrlCStopsCleanlyWithACheckpointAndNoSwapLeft) {
+  const std::string conf = (dir / "run.json").string();
+  std::ofstream(conf) << cfg(100000);
+  const std::string out = (dir / "out.json").string();
+  const pid_t pid = spawn({ZINF_BIN, "train", "--json", "--config", conf, "--set", "train.checkpoint_interval=1", "--set",
+                           "zero_optimization.offload_optimizer.device=nvme", "--set", "zero_optimization.offload_param.device=nvme"},
+                          out);
+  // Training has started once its first checkpoint exists (bounded wait on that condition).
+  for (int i = 0; i < 2000 && !fs::exists(dir / "ck" / "step-00000001"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(fs::exists(dir / "ck" / "step-00000001"));
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by the signal instead of stopping cleanly";
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const auto j = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_TRUE(j["interrupted"].get<bool>());
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(j["steps"].get<std::int64_t>()));
+  EXPECT_TRUE(fs::exists(dir / "ck" / name)) << name;  // the step it stopped after was saved
+  EXPECT_TRUE(fs::is_empty(dir / "swap"));               // and the NVMe swap directories are gone
 }
 
 TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {

@@ -298,6 +298,30 @@ TEST(TensorStore, SwapDirectoryIsRemovedOnSigterm) {
   EXPECT_EQ(dir.entries(), 0u);
 }
 
+std::atomic<bool> g_graceful{false};
+
+TEST(TensorStore, AProgramsOwnSigintHandlerKeepsTheSignal) {
+  TempDir dir;
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // like `zinf train`: a graceful-stop handler first, then the store
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { g_graceful = true; };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    {
+      TensorStore store(options(dir.str(), EngineKind::posix));
+      ::raise(SIGINT);
+      if (!g_graceful || !fs::exists(store.directory())) ::_exit(4);  // the run goes on; its directory too
+    }
+    ::_exit(fs::is_empty(dir.str()) ? 0 : 5);  // and the destructor cleaned up
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of a signal";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 TEST(TensorStore, StaleDirectoriesAreRemovedOnlyWhenProvablyZinfs) {
   TempDir dir;
   pid_t dead = ::fork();

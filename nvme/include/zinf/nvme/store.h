@@ -47,7 +47,8 @@ class SwapDir {
 };
 
 // Installs SIGINT/SIGTERM handlers that remove every live SwapDir, then re-raise the signal with
-// its default action. Idempotent.
+// its default action. A handler the program had installed before is called instead (its graceful
+// stop runs the destructors that remove the directories); an ignored signal stays ignored. Idempotent.
 void install_swap_cleanup_handlers();
 
 // Leftover swap directories under `parent`: removes those that are provably zinf's and whose owner

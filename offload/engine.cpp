@@ -314,6 +314,15 @@ struct Engine::Impl {
     }
   }
 
+  // Walks unit u's NVMe sub-groups with one (pageable) staging buffer of master|m|v:
+  // fn(o, len, padded_len, buf) for each, in order.
+  void for_each_subgroup(Unit& u, const std::function<void(std::size_t, std::size_t, std::size_t, float*)>& fn) {
+    const std::size_t cap = 12 * round_up(std::min(sg, u.n), 1024);
+    nvme::PinnedPool p(cap, false);
+    nvme::PinnedBuffer b = p.acquire(cap);
+    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) fn(u.chunks[ci], u.chunk_len(ci), round_up(u.chunk_len(ci), 1024), static_cast<float*>(b.data()));
+  }
+
   // ---- the Update ------------------------------------------------------------------------------------
   void update_chunk(Unit& u, std::size_t o, std::size_t len, float* master, float* m, float* v,
                     const cpu_adam::AdamStep& st, void* param_out) {
@@ -777,13 +786,11 @@ void Engine::read_master(std::size_t ui, float* dst) {
   } else if (m.c.optimizer == OffloadDevice::none) {
     std::memcpy(dst, u.dmaster.size() ? u.dmaster.as<void>() : u.dparam.as<void>(), u.n * 4);
   } else {
-    nvme::PinnedPool p(12 * round_up(std::min(m.sg, u.n), 1024) + 4096, false);
-    nvme::PinnedBuffer b = p.acquire(12 * round_up(std::min(m.sg, u.n), 1024));
-    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
-      const std::size_t o = u.chunks[ci], len = u.chunk_len(ci);
-      m.ostore->read(u.sg_ids[ci], b.data(), 0, 4 * round_up(len, 1024))->wait();
-      std::memcpy(dst + o, b.data(), len * 4);
-    }
+    std::size_t ci = 0;
+    m.for_each_subgroup(u, [&](std::size_t o, std::size_t len, std::size_t pl, float* buf) {
+      m.ostore->read(u.sg_ids[ci++], buf, 0, 4 * pl)->wait();  // the master part only
+      std::memcpy(dst + o, buf, len * 4);
+    });
   }
 }
 
@@ -801,18 +808,13 @@ void Engine::read_states(std::size_t ui, float* master, float* mm, float* vv) {
     std::memcpy(mm, u.dm.as<void>(), bytes);
     std::memcpy(vv, u.dv.as<void>(), bytes);
   } else {
-    const std::size_t cap = 12 * round_up(std::min(m.sg, u.n), 1024);
-    nvme::PinnedPool p(cap, false);
-    nvme::PinnedBuffer b = p.acquire(cap);
-    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
-      const std::size_t o = u.chunks[ci], len = u.chunk_len(ci);
-      const std::size_t pl = round_up(len, 1024);
-      m.ostore->read(u.sg_ids[ci], b.data())->wait();
-      const float* f = static_cast<const float*>(b.data());
+    std::size_t ci = 0;
+    m.for_each_subgroup(u, [&](std::size_t o, std::size_t len, std::size_t pl, float* f) {
+      m.ostore->read(u.sg_ids[ci++], f)->wait();
       std::memcpy(master + o, f, len * 4);
       std::memcpy(mm + o, f + pl, len * 4);
       std::memcpy(vv + o, f + 2 * pl, len * 4);
-    }
+    });
   }
 }
 
@@ -830,19 +832,14 @@ void Engine::write_states(std::size_t ui, const float* master, const float* mm, 
     std::memcpy(u.dm.as<void>(), mm, bytes);
     std::memcpy(u.dv.as<void>(), vv, bytes);
   } else {
-    const std::size_t cap = 12 * round_up(std::min(m.sg, u.n), 1024);
-    nvme::PinnedPool p(cap, false);
-    nvme::PinnedBuffer b = p.acquire(cap);
-    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
-      const std::size_t o = u.chunks[ci], len = u.chunk_len(ci);
-      const std::size_t pl = round_up(len, 1024);
-      std::memset(b.data(), 0, 12 * pl);
-      float* f = static_cast<float*>(b.data());
+    std::size_t ci = 0;
+    m.for_each_subgroup(u, [&](std::size_t o, std::size_t len, std::size_t pl, float* f) {
+      std::memset(f, 0, 12 * pl);
       std::memcpy(f, master + o, len * 4);
       std::memcpy(f + pl, mm + o, len * 4);
       std::memcpy(f + 2 * pl, vv + o, len * 4);
-      m.ostore->write(u.sg_ids[ci], b.data())->wait();
-    }
+      m.ostore->write(u.sg_ids[ci++], f)->wait();
+    });
   }
   // The compute copy, rebuilt from the master exactly as the Update would write it.
   if (!u.windowed) {

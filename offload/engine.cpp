@@ -79,6 +79,8 @@ struct Engine::Impl {
   const bool opt_off, param_off;
   std::size_t max_window_unit = 0, max_np = 0, bucket = 0, sg = 0;
   cpu_adam::HostPool pool;
+  std::unique_ptr<DeviceKernels> kern;       // the engine's work on device memory
+  DeviceBuffer gradout_stage;                // device: one bucket rounded to 16 bits before it leaves
   std::unique_ptr<nvme::PinnedPool> pinned;  // declared first among holders: outlives every PinnedBuffer
 
   struct Unit {
@@ -161,6 +163,26 @@ struct Engine::Impl {
         pool(cfg.host_threads, cfg.pin_threads) {}
 
   // ---- helpers --------------------------------------------------------------------------------------
+  // Host ⇄ device copies that complete before returning (the source may be a temporary).
+  void h2d_sync(void* dst, const void* src, std::size_t bytes) {
+    dev.copy_to_device(dst, src, bytes, StreamRole::h2d);
+    dev.synchronize(StreamRole::h2d);
+  }
+  void d2h_sync(void* dst, const void* src, std::size_t bytes) {
+    dev.copy_to_host(dst, src, bytes, StreamRole::d2h);
+    dev.synchronize(StreamRole::d2h);
+  }
+  // Busy time of work enqueued on a stream: markers in stream order around it.
+  void timed_on(StreamRole r, double ResourceTimes::*field, const std::function<void()>& enqueue) {
+    auto t0 = std::make_shared<Clock::time_point>();
+    dev.launch(r, [t0] { *t0 = Clock::now(); });
+    enqueue();
+    dev.launch(r, [this, t0, field] { add(field, since(*t0)); });
+  }
+  // The compute copy of a device fp32 range, on the device.
+  void dev_to_compute(const float* s, void* d, std::size_t n, StreamRole r) {
+    if (mixed) kern->to_half(s, d, n, half, r); else kern->copy(d, s, n * 4, r);
+  }
   void to_half(const float* s, void* d, std::size_t n) {
     auto* o = static_cast<std::uint16_t*>(d);
     pool.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
@@ -250,12 +272,11 @@ struct Engine::Impl {
     float* work = mixed ? s.work.as<float>() : nullptr;
     const std::size_t n = un.n;
     const auto pid = un.param_id;
-    dev.launch(StreamRole::h2d, [this, dst, src, bytes, work, n, from_nvme, pid] {
-      if (from_nvme) pstore->read(pid, src, 0, bytes)->wait();  // Fetch: NVMe → pinned, then → device
-      const auto t0 = Clock::now();
-      std::memcpy(dst, src, bytes);
-      if (work) from_half(dst, work, n);  // the CPU device computes in fp32 from the 16-bit copy
-      add(&ResourceTimes::h2d, since(t0));
+    if (from_nvme)  // Fetch: NVMe → pinned (in stream order, before the copy) …
+      dev.launch(StreamRole::h2d, [this, src, bytes, pid] { pstore->read(pid, src, 0, bytes)->wait(); });
+    timed_on(StreamRole::h2d, &ResourceTimes::h2d, [&] {  // … → device
+      dev.copy_to_device(dst, src, bytes, StreamRole::h2d);
+      if (work) kern->from_half(dst, work, n, half, StreamRole::h2d);  // the CPU device computes in fp32
     });
     s.ready = dev.record(StreamRole::h2d);
     if (!exact()) s.ready->wait();
@@ -280,27 +301,31 @@ struct Engine::Impl {
   // ---- GradOut + Reduce ------------------------------------------------------------------------------
   void reduce_unit(std::size_t ui, float* dgrad, std::int64_t mb) {
     Unit& u = units[ui];
+    const StreamRole r = StreamRole::d2h;
     if (!opt_off) {  // the Update reads device buffers: round (and accumulate) in place on the device
-      const auto t0 = Clock::now();
-      if (mixed) {
-        to_half(u.dgrad.as<float>(), u.dgrad16.as<void>(), u.n);
-        if (c.grad_accum > 1) from_half(u.dgrad16.as<void>(), u.dgrad.as<float>(), u.n);
-      }
-      if (c.grad_accum > 1) {
-        if (mb == 0) std::memcpy(u.dgradacc.as<float>(), u.dgrad.as<float>(), u.n * 4);
-        else add_into(u.dgradacc.as<float>(), u.dgrad.as<float>(), u.n);
-      }
-      add(&ResourceTimes::compute, since(t0));
+      timed_on(r, &ResourceTimes::compute, [&] {
+        if (mixed) {
+          kern->to_half(u.dgrad.as<float>(), u.dgrad16.as<void>(), u.n, half, r);
+          if (c.grad_accum > 1) kern->from_half(u.dgrad16.as<void>(), u.dgrad.as<float>(), u.n, half, r);
+        }
+        if (c.grad_accum > 1) {
+          if (mb == 0) kern->copy(u.dgradacc.as<float>(), u.dgrad.as<float>(), u.n * 4, r);
+          else kern->add(u.dgradacc.as<float>(), u.dgrad.as<float>(), u.n, r);
+        }
+      });
+      dev.synchronize(r);
       return;
     }
-    // Bucket by bucket through the pinned landing buffers.
-    for (std::size_t o = 0, k = 0; o < u.n; o += bucket, ++k) {
+    // Bucket by bucket: rounded on the device, then through the pinned landing buffers.
+    for (std::size_t o = 0, kb = 0; o < u.n; o += bucket, ++kb) {
       const std::size_t len = std::min(bucket, u.n - o);
-      nvme::PinnedBuffer& land = landing[k % landing.size()];
+      nvme::PinnedBuffer& land = landing[kb % landing.size()];
+      timed_on(r, &ResourceTimes::d2h, [&] {  // GradOut: the 16-bit gradient leaves the device
+        dev_to_compute(dgrad + o, gradout_stage.as<void>(), len, r);
+        dev.copy_to_host(land.data(), gradout_stage.as<void>(), len * cb, r);
+      });
+      dev.synchronize(r);
       auto t0 = Clock::now();
-      to_compute(dgrad + o, land.data(), len);  // GradOut: the 16-bit gradient leaves the device
-      add(&ResourceTimes::d2h, since(t0));
-      t0 = Clock::now();
       char* dst = u.hgrad.get() + o * gsize();
       if (c.grad_accum == 1) {
         std::memcpy(dst, land.data(), len * cb);
@@ -336,6 +361,12 @@ struct Engine::Impl {
     ch.v = v;
     ch.param16 = mixed ? param_out : nullptr;
     ch.param16_type = half;
+    if (!opt_off) {  // the states live on the device: the device's fused Update
+      kern->adam_update(st, ch, StreamRole::d2h);
+      if (!mixed && param_out != master) kern->copy(param_out, master, len * 4, StreamRole::d2h);
+      dev.synchronize(StreamRole::d2h);
+      return;
+    }
     cpu_adam::adam_update(pool, st, ch);
     if (!mixed && param_out != master) std::memcpy(param_out, master, len * 4);
   }
@@ -361,11 +392,7 @@ struct Engine::Impl {
     }
     char* dst = static_cast<char*>(u.dparam.as<void>()) + o * cb;  // Upload: pinned → device
     const std::size_t bytes = len * cb;
-    dev.launch(StreamRole::h2d, [this, dst, src, bytes] {
-      const auto t0 = Clock::now();
-      std::memcpy(dst, src, bytes);
-      add(&ResourceTimes::h2d, since(t0));
-    });
+    timed_on(StreamRole::h2d, &ResourceTimes::h2d, [&] { dev.copy_to_device(dst, src, bytes, StreamRole::h2d); });
     upload_ev[static_cast<std::size_t>(slot_k)] = dev.record(StreamRole::h2d);
   }
   void land_unit(std::size_t ui) {
@@ -373,9 +400,9 @@ struct Engine::Impl {
     for (auto& e : upload_ev)
       if (e) e->wait();
     if (!u.windowed && mixed) {  // the CPU device's fp32 working weights follow the new 16-bit copy
-      const auto t0 = Clock::now();
-      from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n);
-      add(&ResourceTimes::h2d, since(t0));
+      timed_on(StreamRole::h2d, &ResourceTimes::h2d,
+               [&] { kern->from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n, half, StreamRole::h2d); });
+      dev.synchronize(StreamRole::h2d);
     }
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -475,6 +502,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   ZINF_CHECK(!cfg.units.empty() && cfg.persistent.size() == cfg.units.size());
   impl_ = std::make_unique<Impl>(cfg, dev);
   Impl& m = *impl_;
+  m.kern = cfg.kernels ? cfg.kernels(dev, m.pool) : host_kernels(dev, m.pool);
   const EngineConfig& c = m.c;
   const Plan plan = make_plan(plan_input(c));
   const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];
@@ -498,6 +526,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
 
   const std::size_t cb = m.cb;
   std::vector<float> tmp(max_unit);
+  std::vector<char> tmp16(max_unit * cb);
   for (std::size_t ui = 0; ui < c.units.size(); ++ui) {
     Impl::Unit u;
     u.n = c.units[ui];
@@ -512,8 +541,8 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
       if (m.mixed || m.param_off) u.dmaster = DeviceBuffer(dev, u.n * 4, nm + " master");
       u.dm = DeviceBuffer(dev, u.n * 4, nm + " adam.m");
       u.dv = DeviceBuffer(dev, u.n * 4, nm + " adam.v");
-      std::memset(u.dm.as<void>(), 0, u.n * 4);
-      std::memset(u.dv.as<void>(), 0, u.n * 4);
+      m.kern->zero(u.dm.as<void>(), u.n * 4, StreamRole::h2d);
+      m.kern->zero(u.dv.as<void>(), u.n * 4, StreamRole::h2d);
     } else if (c.optimizer == OffloadDevice::cpu) {
       u.hmaster = host_alloc(u.n * 4);
       u.hm = host_alloc(u.n * 4);
@@ -526,10 +555,12 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     if (!u.windowed) {
       u.dparam = DeviceBuffer(dev, u.n * cb, nm + (m.mixed ? " param16" : " param"));
       if (m.mixed) u.dwork = DeviceBuffer(dev, u.n * 4, nm + " fp32 working weights");
-      m.to_compute(tmp.data(), u.dparam.as<void>(), u.n);
-      if (m.mixed) m.from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n);
+      m.to_compute(tmp.data(), tmp16.data(), u.n);  // on the host, then up
+      m.h2d_sync(u.dparam.as<void>(), tmp16.data(), u.n * cb);
+      if (m.mixed) m.kern->from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n, m.half, StreamRole::h2d);
     }
-    if (!m.opt_off && u.dmaster.size()) std::memcpy(u.dmaster.as<void>(), tmp.data(), u.n * 4);
+    if (!m.opt_off && u.dmaster.size()) m.h2d_sync(u.dmaster.as<void>(), tmp.data(), u.n * 4);
+    dev.synchronize(StreamRole::h2d);
     if (u.windowed && c.param == OffloadDevice::cpu) {
       u.hparam = m.pinned->acquire(u.n * cb);
       m.to_compute(tmp.data(), u.hparam.data(), u.n);
@@ -590,6 +621,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
       m.gslots.push_back(std::move(g));
     }
     for (int i = 0; i < 2; ++i) m.landing.push_back(m.pinned->acquire(m.bucket * cb));
+    m.gradout_stage = DeviceBuffer(dev, m.bucket * cb, "grad out staging");
     if (c.grad_accum > 1) m.reduce_scratch = host_alloc(m.bucket * 4);
   }
   if (m.opt_off || c.param == OffloadDevice::nvme)
@@ -687,7 +719,8 @@ float* Engine::grads(std::size_t u) {
     g = un.dgrad.as<float>();
   }
   if (!m.grad_zeroed[u]) {
-    std::memset(g, 0, un.n * 4);
+    m.kern->zero(g, un.n * 4, StreamRole::compute);
+    m.dev.synchronize(StreamRole::compute);  // the model may run on the host (the CPU device)
     m.grad_zeroed[u] = true;
   }
   return g;
@@ -702,6 +735,7 @@ void Engine::grads_done(std::size_t u) {
     std::lock_guard<std::mutex> lk(m.mu);
     un.reducing = true;
   }
+  m.dev.wait_event(StreamRole::d2h, m.dev.record(StreamRole::compute));  // the gradient is complete
   auto job = [&m, u, g, mb] {
     struct Release {  // also on an exception, so nobody waits forever on the buffer
       Impl& m;
@@ -739,7 +773,7 @@ StepOutcome Engine::step(const StepOptions& o) {
   bool finite = true;
   for (auto& u : m.units) {  // units in order, 64 Ki blocks in order: the same sum on every placement
     auto [g, gt] = m.grad_source(u);
-    const auto s = cpu_adam::sum_squares(m.pool, g, gt, u.n);
+    const auto s = m.opt_off ? cpu_adam::sum_squares(m.pool, g, gt, u.n) : m.kern->sum_squares(g, gt, u.n, StreamRole::d2h);
     sumsq += s.sum;
     finite = finite && s.finite;
   }
@@ -784,7 +818,7 @@ void Engine::read_master(std::size_t ui, float* dst) {
   if (m.c.optimizer == OffloadDevice::cpu) {
     std::memcpy(dst, u.hmaster.get(), u.n * 4);
   } else if (m.c.optimizer == OffloadDevice::none) {
-    std::memcpy(dst, u.dmaster.size() ? u.dmaster.as<void>() : u.dparam.as<void>(), u.n * 4);
+    m.d2h_sync(dst, u.dmaster.size() ? u.dmaster.as<void>() : u.dparam.as<void>(), u.n * 4);
   } else {
     std::size_t ci = 0;
     m.for_each_subgroup(u, [&](std::size_t o, std::size_t len, std::size_t pl, float* buf) {
@@ -804,9 +838,9 @@ void Engine::read_states(std::size_t ui, float* master, float* mm, float* vv) {
     std::memcpy(mm, u.hm.get(), bytes);
     std::memcpy(vv, u.hv.get(), bytes);
   } else if (m.c.optimizer == OffloadDevice::none) {
-    std::memcpy(master, u.dmaster.size() ? u.dmaster.as<void>() : u.dparam.as<void>(), bytes);
-    std::memcpy(mm, u.dm.as<void>(), bytes);
-    std::memcpy(vv, u.dv.as<void>(), bytes);
+    m.d2h_sync(master, u.dmaster.size() ? u.dmaster.as<void>() : u.dparam.as<void>(), bytes);
+    m.d2h_sync(mm, u.dm.as<void>(), bytes);
+    m.d2h_sync(vv, u.dv.as<void>(), bytes);
   } else {
     std::size_t ci = 0;
     m.for_each_subgroup(u, [&](std::size_t o, std::size_t len, std::size_t pl, float* f) {
@@ -828,9 +862,9 @@ void Engine::write_states(std::size_t ui, const float* master, const float* mm, 
     std::memcpy(u.hm.get(), mm, bytes);
     std::memcpy(u.hv.get(), vv, bytes);
   } else if (m.c.optimizer == OffloadDevice::none) {
-    if (u.dmaster.size()) std::memcpy(u.dmaster.as<void>(), master, bytes);
-    std::memcpy(u.dm.as<void>(), mm, bytes);
-    std::memcpy(u.dv.as<void>(), vv, bytes);
+    if (u.dmaster.size()) m.h2d_sync(u.dmaster.as<void>(), master, bytes);
+    m.h2d_sync(u.dm.as<void>(), mm, bytes);
+    m.h2d_sync(u.dv.as<void>(), vv, bytes);
   } else {
     std::size_t ci = 0;
     m.for_each_subgroup(u, [&](std::size_t o, std::size_t len, std::size_t pl, float* f) {
@@ -843,8 +877,11 @@ void Engine::write_states(std::size_t ui, const float* master, const float* mm, 
   }
   // The compute copy, rebuilt from the master exactly as the Update would write it.
   if (!u.windowed) {
-    m.to_compute(master, u.dparam.as<void>(), u.n);
-    if (m.mixed) m.from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n);
+    std::vector<char> c16(u.n * m.cb);
+    m.to_compute(master, c16.data(), u.n);
+    m.h2d_sync(u.dparam.as<void>(), c16.data(), u.n * m.cb);
+    if (m.mixed) m.kern->from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n, m.half, StreamRole::h2d);
+    m.dev.synchronize(StreamRole::h2d);
   } else if (m.c.param == OffloadDevice::cpu) {
     m.to_compute(master, u.hparam.data(), u.n);
   } else {

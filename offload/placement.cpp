@@ -131,6 +131,7 @@ Plan make_plan(const PlanInput& in) {
   if (opt_off) {
     if (max_np > 0) p.buffers.push_back({"grad window", "", on(Tier::device, 2 * max_np * 4), "2 slots x largest block"});
     p.buffers.push_back({"grad landing", "", on(Tier::pinned, 2 * bucket * cb), "2 x reduce bucket"});
+    p.buffers.push_back({"grad out staging", "", on(Tier::device, bucket * cb), "one bucket, rounded on the device"});
   }
   if (opt_off || in.param == OffloadDevice::nvme)
     p.buffers.push_back({"param upload", "", on(Tier::pinned, 2 * up(sg * cb, 4096)), "2 x sub-group: the Update's output"});

@@ -45,6 +45,7 @@
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/device.h"
 #include "zinf/nvme/store.h"
+#include "zinf/offload/device_kernels.h"
 #include "zinf/offload/placement.h"
 
 namespace zinf::offload {
@@ -68,6 +69,9 @@ struct EngineConfig {
   bool pin_threads = false;         // bind the host workers to cores (hwloc)
   Overlap overlap = Overlap::exact;
   nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
+  // The device's kernels for the engine's own work on device memory; empty: host_kernels (the CPU
+  // device). The CUDA device passes its kernels here.
+  std::function<std::unique_ptr<DeviceKernels>(Device&, cpu_adam::HostPool&)> kernels;
 };
 
 struct StepOptions {

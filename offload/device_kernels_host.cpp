@@ -1,0 +1,61 @@
+// device_kernels_host.cpp — DeviceKernels for the CPU device (zinf/offload/device_kernels.h).
+#include <cstring>
+
+#include "zinf/cpu_adam/convert.h"
+#include "zinf/offload/device_kernels.h"
+
+namespace zinf::offload {
+namespace {
+
+class HostKernels final : public DeviceKernels {
+ public:
+  HostKernels(Device& d, cpu_adam::HostPool& p) : dev_(d), pool_(p) {}
+  void zero(void* p, std::size_t bytes, StreamRole s) override {
+    dev_.launch(s, [=] { std::memset(p, 0, bytes); });
+  }
+  void to_half(const float* src, void* dst, std::size_t n, cpu_adam::HalfType t, StreamRole s) override {
+    dev_.launch(s, [=, this] {
+      auto* o = static_cast<std::uint16_t*>(dst);
+      pool_.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+        if (t == cpu_adam::HalfType::fp16) cpu_adam::fp32_to_fp16(src + b, o + b, e - b); else cpu_adam::fp32_to_bf16(src + b, o + b, e - b);
+      });
+    });
+  }
+  void from_half(const void* src, float* dst, std::size_t n, cpu_adam::HalfType t, StreamRole s) override {
+    dev_.launch(s, [=, this] {
+      const auto* i = static_cast<const std::uint16_t*>(src);
+      pool_.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+        if (t == cpu_adam::HalfType::fp16) cpu_adam::fp16_to_fp32(i + b, dst + b, e - b); else cpu_adam::bf16_to_fp32(i + b, dst + b, e - b);
+      });
+    });
+  }
+  void copy(void* dst, const void* src, std::size_t bytes, StreamRole s) override {
+    dev_.launch(s, [=] { std::memcpy(dst, src, bytes); });
+  }
+  void add(float* acc, const float* x, std::size_t n, StreamRole s) override {
+    dev_.launch(s, [=, this] {
+      pool_.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) acc[i] += x[i];
+      });
+    });
+  }
+  cpu_adam::SumSquares sum_squares(const void* g, cpu_adam::GradType t, std::size_t n, StreamRole s) override {
+    dev_.synchronize(s);
+    return cpu_adam::sum_squares(pool_, g, t, n);
+  }
+  void adam_update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& c, StreamRole s) override {
+    dev_.launch(s, [st, c, this] { cpu_adam::adam_update(pool_, st, c); });
+  }
+
+ private:
+  Device& dev_;
+  cpu_adam::HostPool& pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceKernels> host_kernels(Device& dev, cpu_adam::HostPool& pool) {
+  return std::make_unique<HostKernels>(dev, pool);
+}
+
+}  // namespace zinf::offload

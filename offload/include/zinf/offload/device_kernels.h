@@ -1,0 +1,40 @@
+// zinf/offload/device_kernels.h — the few operations the offload engine performs on device memory
+// itself (zeroing gradients, 16-bit rounding of gradients and weights, fp32 accumulation, the norm's
+// sum of squares, and the fused Update when the optimizer states live on the device).
+//
+// Every call is asynchronous on the given stream role, ordered after earlier work on that stream;
+// the engine synchronises with events or synchronize(). The results must be bit-identical to
+// cpu_adam's reference (the numerics contract holds across placements on any one device):
+// sum_squares reproduces cpu_adam's fixed order — 16 interleaved double accumulators per 64 Ki-element
+// block, folded pairwise, blocks added in order —, and adam_update its operation order.
+//
+// host_kernels() serves the CPU device (device memory is host memory): each call runs cpu_adam on the
+// stream's worker. The CUDA device's kernels live in src/cuda.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "zinf/cpu_adam/adam.h"
+#include "zinf/cpu_adam/host_pool.h"
+#include "zinf/device.h"
+
+namespace zinf::offload {
+
+class DeviceKernels {
+ public:
+  virtual ~DeviceKernels() = default;
+  virtual void zero(void* p, std::size_t bytes, StreamRole s) = 0;
+  virtual void to_half(const float* src, void* dst, std::size_t n, cpu_adam::HalfType t, StreamRole s) = 0;
+  virtual void from_half(const void* src, float* dst, std::size_t n, cpu_adam::HalfType t, StreamRole s) = 0;
+  virtual void copy(void* dst, const void* src, std::size_t bytes, StreamRole s) = 0;
+  virtual void add(float* acc, const float* x, std::size_t n, StreamRole s) = 0;  // acc += x
+  // Synchronous: waits for the stream, returns the sum (identical to cpu_adam::sum_squares(pool, …)).
+  virtual cpu_adam::SumSquares sum_squares(const void* g, cpu_adam::GradType t, std::size_t n, StreamRole s) = 0;
+  virtual void adam_update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& c, StreamRole s) = 0;
+};
+
+// The CPU device's kernels: cpu_adam on the host pool, run in stream order on `dev`'s workers.
+std::unique_ptr<DeviceKernels> host_kernels(Device& dev, cpu_adam::HostPool& pool);
+
+}  // namespace zinf::offload

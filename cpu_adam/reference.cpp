@@ -5,64 +5,16 @@
 
 #include "kernels.h"
 #include "zinf/cpu_adam/convert.h"
+#include "zinf/cpu_adam/spec.h"
 #include "zinf/error.h"
 
 namespace zinf::cpu_adam {
 
-namespace {
-inline std::uint32_t bits_of(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-inline float float_of(std::uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-}  // namespace
 
-std::uint16_t fp32_to_fp16_reference(float x) {
-  const std::uint32_t u = bits_of(x);
-  const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
-  const std::uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));  // NaN
-  if (a >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // ≥ 65520 rounds to inf
-  if (a < 0x38800000u) {  // below fp16's smallest normal (2^-14): subnormal or zero
-    if (a <= 0x33000000u) return sign;  // ≤ 2^-25: ties to even give zero
-    const std::uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
-    const std::uint32_t shift = 126u - (a >> 23);  // value = mant · 2^(e−150), unit 2^-24
-    std::uint32_t q = mant >> shift;
-    const std::uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return static_cast<std::uint16_t>(sign | q);
-  }
-  std::uint32_t h = (a - 0x38000000u) >> 13;  // rebias 127 → 15
-  const std::uint32_t rem = a & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry rolls into the exponent
-  return static_cast<std::uint16_t>(sign | h);
-}
-
-float fp16_to_fp32_reference(std::uint16_t h) {
-  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
-  const std::uint32_t e = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
-  if (e == 0x1F) return float_of(sign | 0x7F800000u | (mant << 13) | (mant ? 0x400000u : 0u));  // inf / quiet NaN
-  if (e != 0) return float_of(sign | ((e + 112u) << 23) | (mant << 13));
-  if (mant == 0) return float_of(sign);
-  // subnormal: mant · 2^-24, exact in fp32
-  float v = static_cast<float>(mant) * 0x1p-24f;
-  return float_of(sign | bits_of(v));
-}
-
-std::uint16_t fp32_to_bf16_reference(float x) {
-  const std::uint32_t u = bits_of(x);
-  const std::uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);      // NaN, made quiet
-  if (a < 0x00800000u) return static_cast<std::uint16_t>((u >> 16) & 0x8000u);    // subnormal → ±0
-  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);      // RNE; overflow → inf
-}
-
-float bf16_to_fp32_reference(std::uint16_t b) { return float_of(static_cast<std::uint32_t>(b) << 16); }
+std::uint16_t fp32_to_fp16_reference(float x) { return spec::fp32_to_fp16(x); }
+float fp16_to_fp32_reference(std::uint16_t h) { return spec::fp16_to_fp32(h); }
+std::uint16_t fp32_to_bf16_reference(float x) { return spec::fp32_to_bf16(x); }
+float bf16_to_fp32_reference(std::uint16_t b) { return spec::bf16_to_fp32(b); }
 
 AdamStep make_adam_step(const AdamHyper& h, std::int64_t step, float grad_scale) {
   ZINF_CHECK(step >= 1);
@@ -98,15 +50,8 @@ inline float load_grad(const void* g, GradType t, std::size_t i) {
 
 void adam_scalar_range(const AdamStep& s, const UpdateChunk& c, std::size_t begin, std::size_t end) {
   for (std::size_t i = begin; i < end; ++i) {
-    float g = load_grad(c.grad, c.grad_type, i) * s.grad_scale;
-    float p = c.master[i];
-    if (s.apply_decay && !s.decoupled) g = std::fma(s.decay, p, g);
-    const float m = std::fma(c.m[i], s.beta1, g * s.one_minus_beta1);
-    const float v = std::fma(c.v[i], s.beta2, (g * g) * s.one_minus_beta2);
-    const float denom = std::fma(std::sqrt(v), s.bc2_rsqrt, s.eps);
-    const float u = m / denom;
-    if (s.apply_decay && s.decoupled) p = p * s.decay;
-    p = std::fma(s.step_size, u, p);
+    float p = c.master[i], m = c.m[i], v = c.v[i];
+    spec::adam_element(s, load_grad(c.grad, c.grad_type, i), p, m, v);
     c.master[i] = p;
     c.m[i] = m;
     c.v[i] = v;

@@ -24,6 +24,8 @@
 #include "zinf/error.h"
 #include "zinf/offload/engine.h"
 #include "zinf/plan.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/engine_kernels.h"
 #include "zinf/sysinfo.h"
 #include "zinf/train.h"
 
@@ -109,9 +111,8 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   auto log = [&](const std::string& s) {
     if (hooks.log) hooks.log(s);
   };
-  if (c.device.type == DeviceType::cuda)
-    throw ConfigError(c.source + ": device.type: cuda: this build trains on the CPU device only so far",
-                      "use device.type cpu (or auto)");
+  // `auto` stays on the CPU device until the CUDA path has been validated on a GPU (see README).
+  const bool use_cuda = c.device.type == DeviceType::cuda;
   if (c.device.simd != "auto") cpu_adam::set_simd_cap(cpu_adam::parse_simd_level(c.device.simd));
 
   const ModelShape shape{c.model.n_layer, c.model.n_head, c.model.d_model, c.model.vocab_size, c.model.seq_len};
@@ -124,23 +125,32 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
 
   const int threads = c.device.threads > 0 ? c.device.threads : cpu_adam::physical_cores();
   std::size_t budget = c.device.memory_budget;
-  if (budget == 0) budget = query_machine().mem_available / 2;
-  auto dev = make_cpu_device(budget);
+  if (budget == 0 && !use_cuda) budget = query_machine().mem_available / 2;  // CUDA: 0 = the GPU's free memory
+  std::unique_ptr<Device> dev = use_cuda ? make_cuda_device(0, budget) : make_cpu_device(budget);
   ops::Par par(threads);
   log("device: " + dev->name() + ", " + std::to_string(threads) + " threads, cpu_adam " +
       std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(c.precision())));
 
-  CpuOps backend(par);
-  GptModel model(shape, B, c.model.activation_checkpointing, *dev, backend);
-  DeviceBuffer tok(*dev, static_cast<std::size_t>(B) * T * 4, "tokens"), tgt(*dev, static_cast<std::size_t>(B) * T * 4, "targets");
+  std::unique_ptr<OpsBackend> backend = use_cuda ? cuda::make_cuda_ops(*dev) : std::make_unique<CpuOps>(par);
+  GptModel model(shape, B, c.model.activation_checkpointing, *dev, *backend);
+  const std::size_t batch = static_cast<std::size_t>(B) * T;
+  DeviceBuffer tok(*dev, batch * 4, "tokens"), tgt(*dev, batch * 4, "targets");
+  std::vector<int> tokens_h(batch), targets_h(batch);
   int* tokens = tok.as<int>();
   int* targets = tgt.as<int>();
+  auto upload_batch = [&] {  // the sampled batch → device memory
+    dev->copy_to_device(tokens, tokens_h.data(), batch * 4, StreamRole::h2d);
+    dev->copy_to_device(targets, targets_h.data(), batch * 4, StreamRole::h2d);
+    dev->synchronize(StreamRole::h2d);
+  };
   std::unique_ptr<StFile> init_file;
   if (!c.model.init_from.empty()) {
     init_file = std::make_unique<StFile>(read_safetensors(c.model.init_from));
     log("init: parameters from " + c.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
   }
-  offload::Engine engine(engine_config(c, threads), *dev, [&](std::size_t u, float* master) {
+  offload::EngineConfig ec = engine_config(c, threads);
+  if (use_cuda) ec.kernels = [](Device& d, cpu_adam::HostPool&) { return cuda::make_engine_kernels(d); };
+  offload::Engine engine(ec, *dev, [&](std::size_t u, float* master) {
     if (init_file)
       load_gpt2_unit(*init_file, c.model.init_from, shape, u, master);
     else
@@ -155,7 +165,8 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   auto evaluate = [&]() {
     double sum = 0;
     for (int k = 0; k < c.train.eval_batches; ++k) {
-      data.val_batch(k, c.train.eval_batches, B, T, tokens, targets);
+      data.val_batch(k, c.train.eval_batches, B, T, tokens_h.data(), targets_h.data());
+      upload_batch();
       engine.begin_forward();
       sum += model.forward(units, tokens, targets);
     }
@@ -234,7 +245,8 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
     const double scale = scaler.scale();
     double loss_sum = 0;
     for (std::int64_t micro = 0; micro < GA; ++micro) {
-      data.sample_train(rng, B, T, tokens, targets);
+      data.sample_train(rng, B, T, tokens_h.data(), targets_h.data());
+      upload_batch();
       rows_drawn += B;
       engine.begin_micro_batch(micro);
       auto t0 = Clock::now();

@@ -13,6 +13,7 @@
 #include "zinf/device.h"
 #include "zinf/error.h"
 #include "zinf/train.h"
+#include "cuda/gpu_query.h"
 
 namespace zinf {
 namespace {
@@ -176,8 +177,40 @@ TEST_F(DataFiles, BadDataIsOneClearError) {
   EXPECT_NE(error_of(d, 100).find("vocab_size >= 256"), std::string::npos);
 }
 
-TEST(Train, CudaDeviceIsRefusedClearlyForNow) {
-  EXPECT_THROW(run(small(1), {"device.type=cuda"}), ConfigError);
+TEST(Train, CudaDeviceWithoutAGpuIsOneClearError) {
+  if (!cuda::query_gpus().gpus.empty()) GTEST_SKIP() << "a GPU is visible";
+  try {
+    run(small(1), {"device.type=cuda"});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA device"), std::string::npos) << e.what();
+  }
+}
+
+// ---- on a GPU (label e2e; skipped with the reason where none is visible) -----------------------------
+
+TEST(TrainGpu, PlacementsAreBitIdenticalOnTheGpuAndCloseToTheCpu) {
+  const cuda::GpuQuery q = cuda::query_gpus();
+  if (q.gpus.empty()) GTEST_SKIP() << "no GPU: " << q.status;
+  const std::string swap = std::filesystem::temp_directory_path() / ("zinf-gpu-train-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(swap);
+  const std::vector<std::string> gpu = {"device.type=cuda", "device.memory_budget=\"1GiB\"", "bf16.enabled=true",
+                                        "gradient_accumulation_steps=2", "zero_optimization.stage=3",
+                                        "zero_optimization.offload_optimizer.nvme_path=\"" + swap + "\""};
+  auto with = [&](std::vector<std::string> v, const std::string& extra) {
+    v.push_back(extra);
+    return v;
+  };
+  const TrainResult none = run(small(6), gpu);
+  for (const char* opt : {"cpu", "nvme"}) {
+    const TrainResult r = run(small(6), with(gpu, std::string("zero_optimization.offload_optimizer.device=") + opt));
+    EXPECT_EQ(r.params_digest, none.params_digest) << opt;
+  }
+  std::vector<std::string> cpu = gpu;
+  cpu[0] = "device.type=cpu";
+  const TrainResult on_cpu = run(small(6), cpu);
+  EXPECT_NEAR(none.loss, on_cpu.loss, 2e-2 * on_cpu.loss);  // across device kinds: close, not bitwise
+  std::filesystem::remove_all(swap);
 }
 
 }  // namespace

@@ -131,7 +131,7 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   log("device: " + dev->name() + ", " + std::to_string(threads) + " threads, cpu_adam " +
       std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(c.precision())));
 
-  std::unique_ptr<OpsBackend> backend = use_cuda ? cuda::make_cuda_ops(*dev) : std::make_unique<CpuOps>(par);
+  std::unique_ptr<OpsBackend> backend = use_cuda ? cuda::make_cuda_ops(*dev, c.precision()) : std::make_unique<CpuOps>(par);
   GptModel model(shape, B, c.model.activation_checkpointing, *dev, *backend);
   const std::size_t batch = static_cast<std::size_t>(B) * T;
   DeviceBuffer tok(*dev, batch * 4, "tokens"), tgt(*dev, batch * 4, "targets");

@@ -29,24 +29,36 @@ void cuda_check(cudaError_t e, const char* call) {
 
 class CudaOps final : public OpsBackend {
  public:
-  explicit CudaOps(Device& dev) : dev_(dev), s_(static_cast<cudaStream_t>(dev.native_stream(StreamRole::compute))) {
+  CudaOps(Device& dev, Precision p)
+      : dev_(dev),
+        s_(static_cast<cudaStream_t>(dev.native_stream(StreamRole::compute))),
+        compute_(p == Precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                 : p == Precision::fp16 ? CUBLAS_COMPUTE_32F_FAST_16F
+                                        : CUBLAS_COMPUTE_32F_PEDANTIC) {
     if (!s_) throw Error("CUDA ops need the CUDA device (this device has no native stream)");
     ZINF_CUBLAS(cublasCreate(&h_));
     ZINF_CUBLAS(cublasSetStream(h_, s_));
-    ZINF_CUBLAS(cublasSetMathMode(h_, CUBLAS_PEDANTIC_MATH));  // no TF32: fp32 as the CPU reference computes it
+    // fp32 runs: no TF32, fp32 as the CPU reference computes it; 16-bit runs: tensor cores via compute_.
+    ZINF_CUBLAS(cublasSetMathMode(h_, p == Precision::fp32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
   }
   ~CudaOps() override { cublasDestroy(h_); }
 
+  // Column-major C = op(A)·op(B) (+ beta·C), fp32 storage, the precision's compute type.
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc) {
+    const float one = 1;
+    ZINF_CUBLAS(cublasGemmEx(h_, ta, tb, m, n, k, &one, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, &beta, c, CUDA_R_32F, ldc,
+                             compute_, CUBLAS_GEMM_DEFAULT));
+  }
+
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC) override {
-    const float one = 1, zero = 0;
-    ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_N, OC, R, IC, &one, w, OC, inp, IC, &zero, out, OC));
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, OC, R, IC, w, OC, inp, IC, 0.0f, out, OC);
     if (bias) ops::launch_add_bias(out, bias, R, OC, s_);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int R, int IC,
                        int OC) override {
-    const float one = 1;
-    if (dinp) ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_T, CUBLAS_OP_N, IC, R, OC, &one, w, OC, dout, OC, &one, dinp, IC));
-    ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_T, OC, IC, R, &one, dout, OC, inp, IC, &one, dw, OC));
+    if (dinp) gemm(CUBLAS_OP_T, CUBLAS_OP_N, IC, R, OC, w, OC, dout, OC, 1.0f, dinp, IC);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, OC, IC, R, dout, OC, inp, IC, 1.0f, dw, OC);
     if (dbias) ops::launch_column_sum(dbias, dout, R, OC, s_);
   }
   void layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, int R, int C) override {
@@ -76,8 +88,7 @@ class CudaOps final : public OpsBackend {
     ops::launch_encoder_backward(dwte, dwpe, dout, t, B, T, C, s_);
   }
   double lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C, int V) override {
-    const float one = 1, zero = 0;
-    ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_T, CUBLAS_OP_N, V, R, C, &one, wte, C, x, C, &zero, probs, V));
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, V, R, C, wte, C, x, C, 0.0f, probs, V);
     ops::launch_softmax_crossentropy(probs, losses, tg, R, V, s_);
     host_losses_.resize(static_cast<std::size_t>(R));
     ZINF_CUDA(cudaMemcpyAsync(host_losses_.data(), losses, static_cast<std::size_t>(R) * sizeof(float), cudaMemcpyDeviceToHost, s_));
@@ -88,10 +99,9 @@ class CudaOps final : public OpsBackend {
   }
   void lm_head_backward(float* dx, float* dwte, float* dl, const float* probs, const float* x, const float* wte, const int* tg,
                         float dscale, int R, int C, int V) override {
-    const float one = 1, zero = 0;
     ops::launch_crossentropy_backward(dl, probs, tg, dscale, R, V, s_);
-    ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_N, C, R, V, &one, wte, C, dl, V, &zero, dx, C));
-    ZINF_CUBLAS(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_T, C, V, R, &one, x, C, dl, V, &one, dwte, C));
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, R, V, wte, C, dl, V, 0.0f, dx, C);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, V, R, x, C, dl, V, 1.0f, dwte, C);
   }
   void copy(float* dst, const float* src, std::size_t n) override {
     ZINF_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s_));
@@ -101,6 +111,7 @@ class CudaOps final : public OpsBackend {
  private:
   Device& dev_;
   cudaStream_t s_;
+  cublasComputeType_t compute_;
   cublasHandle_t h_ = nullptr;
   DeviceBuffer scratch_;
   std::vector<float> host_losses_;
@@ -108,6 +119,6 @@ class CudaOps final : public OpsBackend {
 
 }  // namespace
 
-std::unique_ptr<OpsBackend> make_cuda_ops(Device& dev) { return std::make_unique<CudaOps>(dev); }
+std::unique_ptr<OpsBackend> make_cuda_ops(Device& dev, Precision p) { return std::make_unique<CudaOps>(dev, p); }
 
 }  // namespace zinf::cuda

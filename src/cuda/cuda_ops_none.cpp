@@ -4,7 +4,7 @@
 
 namespace zinf::cuda {
 
-std::unique_ptr<OpsBackend> make_cuda_ops(Device&) {
+std::unique_ptr<OpsBackend> make_cuda_ops(Device&, Precision) {
   throw Error("CUDA ops: this zinf was built without CUDA", "configure with -DZINF_CUDA=ON on a machine with nvcc");
 }
 

@@ -69,11 +69,7 @@ void sum_squares_scalar_range(const void* grad, GradType t, std::size_t begin, s
   }
 }
 
-double fold16(double acc[16]) {
-  for (int w = 8; w >= 1; w /= 2)
-    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
-  return acc[0];
-}
+double fold16(double acc[16]) { return spec::fold16(acc); }
 
 namespace {
 void adam_scalar(const AdamStep& s, const UpdateChunk& c) { adam_scalar_range(s, c, 0, c.n); }

@@ -100,12 +100,7 @@ class CudaEngineKernels final : public offload::DeviceKernels {
           "cudaMemcpyAsync");
     check(cudaStreamSynchronize(st(s)), "cudaStreamSynchronize");
     double sum = 0;
-    for (std::size_t b = 0; b < blocks; ++b) {  // fold each block's 16 lanes as cpu_adam does, blocks in order
-      double* a = host_.data() + b * 16;
-      for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; ++j) a[j] += a[j + w];
-      sum += a[0];
-    }
+    for (std::size_t b = 0; b < blocks; ++b) sum += spec::fold16(host_.data() + b * 16);  // blocks in order
     return {sum, std::isfinite(sum)};
   }
   void adam_update(const cpu_adam::AdamStep& s, const cpu_adam::UpdateChunk& c, StreamRole r) override {

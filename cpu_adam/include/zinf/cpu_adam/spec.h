@@ -81,6 +81,13 @@ ZINF_HD inline std::uint16_t fp32_to_bf16(float x) {
 
 ZINF_HD inline float bf16_to_fp32(std::uint16_t b) { return float_of(static_cast<std::uint32_t>(b) << 16); }
 
+// The norm's fold of 16 interleaved accumulators: j += j+8, j += j+4, j += j+2, j += j+1.
+ZINF_HD inline double fold16(double acc[16]) {
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
+}
+
 // One parameter's Adam/AdamW step (adam.h states the formula); g is the raw gradient.
 ZINF_HD inline void adam_element(const AdamStep& s, float g, float& p, float& m, float& v) {
   g = g * s.grad_scale;

@@ -316,15 +316,26 @@ struct Engine::Impl {
       dev.synchronize(r);
       return;
     }
-    // Bucket by bucket: rounded on the device, then through the pinned landing buffers.
-    for (std::size_t o = 0, kb = 0; o < u.n; o += bucket, ++kb) {
-      const std::size_t len = std::min(bucket, u.n - o);
-      nvme::PinnedBuffer& land = landing[kb % landing.size()];
+    // Bucket by bucket: rounded on the device, then through the pinned landing buffers. The copies
+    // run ahead of the host's Reduce by as many buckets as there are landing buffers: bucket kb+L
+    // is enqueued only after the host has finished with bucket kb's buffer, and the host waits for
+    // each bucket's event. The one device staging buffer is reused in d2h stream order.
+    const std::size_t L = landing.size(), nb = (u.n + bucket - 1) / bucket;
+    std::vector<EventHandle> landed(L);
+    std::size_t enqueued = 0;
+    auto enqueue = [&](std::size_t kb) {
+      const std::size_t o = kb * bucket, len = std::min(bucket, u.n - o);
       timed_on(r, &ResourceTimes::d2h, [&] {  // GradOut: the 16-bit gradient leaves the device
         dev_to_compute(dgrad + o, gradout_stage.as<void>(), len, r);
-        dev.copy_to_host(land.data(), gradout_stage.as<void>(), len * cb, r);
+        dev.copy_to_host(landing[kb % L].data(), gradout_stage.as<void>(), len * cb, r);
       });
-      dev.synchronize(r);
+      landed[kb % L] = dev.record(r);
+    };
+    for (std::size_t kb = 0; kb < nb; ++kb) {
+      while (enqueued < nb && enqueued < kb + L) enqueue(enqueued++);
+      const std::size_t o = kb * bucket, len = std::min(bucket, u.n - o);
+      nvme::PinnedBuffer& land = landing[kb % L];
+      landed[kb % L]->wait();
       auto t0 = Clock::now();
       char* dst = u.hgrad.get() + o * gsize();
       if (c.grad_accum == 1) {
@@ -337,6 +348,7 @@ struct Engine::Impl {
       }
       add(&ResourceTimes::host, since(t0));
     }
+    dev.synchronize(r);  // an error on the d2h stream surfaces here (events carry none)
   }
 
   // Walks unit u's NVMe sub-groups with one (pageable) staging buffer of master|m|v:
@@ -720,7 +732,9 @@ float* Engine::grads(std::size_t u) {
   }
   if (!m.grad_zeroed[u]) {
     m.kern->zero(g, un.n * 4, StreamRole::compute);
-    m.dev.synchronize(StreamRole::compute);  // the model may run on the host (the CPU device)
+    // A model that runs on the host (the CPU device) must see the zeros now; one whose kernels go on
+    // the compute stream (the CUDA device) is ordered behind them already, and the host runs on.
+    if (!m.dev.native_stream(StreamRole::compute)) m.dev.synchronize(StreamRole::compute);
     m.grad_zeroed[u] = true;
   }
   return g;

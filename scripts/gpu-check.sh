@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a machine with an NVIDIA GPU (finishes in a few minutes on one
-# H200; installs the Debian dependencies first on a bare machine). Everything goes to one results
-# file (default gpu-check-results.txt, or $1; under $OUT when that is set).
+# H200; on a bare machine it installs the Debian dependencies first, or — where no package registry
+# is reachable, as on the lent GPU machine — unpacks the .debs/ folder that scripts/fetch-debs.sh
+# filled on a machine with apt and the caller carried along). Everything goes to one results file
+# (default gpu-check-results.txt, or $1; under $OUT when that is set).
 #
 # It builds for sm_90/sm_80, runs the `gpu` ctest label (the CUDA device, every GPT op of the CUDA
 # backend against the CPU reference, the whole model against the CPU device) and the GPU training
@@ -21,8 +23,44 @@ run() {  # a named step: its output goes to the results file; failures are recor
   local t0=$SECONDS
   if "$@" >> "$results" 2>&1; then log "== $name: ok ($((SECONDS - t0)) s)"; else log "== $name: FAILED ($((SECONDS - t0)) s)"; fi
 }
-run deps "$root/scripts/install-deps.sh"
-run build "$root/scripts/build.sh" "$root/build-gpu" -DZINF_CUDA=ON -DZINF_BUILD_BENCH=OFF
+# Dependencies: the Debian packages if installed; else, on a machine that reaches no package registry
+# (the lent GPU machine), the .deb files scripts/fetch-debs.sh downloaded elsewhere and the caller
+# carried in as .debs/ (or $ZINF_DEBS), unpacked into a private prefix; else apt (install-deps.sh).
+debs="${ZINF_DEBS:-$root/.debs}"
+if dpkg-query -W -f='${Status}\n' liburing-dev libtbb-dev libhwloc-dev libxxhash-dev libgtest-dev 2>/dev/null |
+   grep -c "install ok installed" | grep -qx 5; then
+  log "== deps: Debian packages installed"
+elif ls "$debs"/*.deb >/dev/null 2>&1; then
+  if env_lines="$("$root/scripts/use-debs.sh" "$debs" "$root/.deps-root" 2>>"$results")"; then
+    eval "$env_lines"
+    log "== deps: unpacked $(ls "$debs"/*.deb | wc -l) packages from $debs into $root/.deps-root"
+  else
+    log "== deps: FAILED to unpack $debs"
+  fi
+else
+  run deps "$root/scripts/install-deps.sh"
+fi
+# NCCL: in the CUDA toolkit here; on an image whose NCCL came with a Python wheel, point CMake at it.
+cmake_extra=()
+nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+cuda_root="$(dirname "$(dirname "$nvcc_bin")")"
+have_nccl=""
+for pat in "$cuda_root/lib64/libnccl.so*" "$cuda_root/lib/libnccl.so*" "/usr/lib/x86_64-linux-gnu/libnccl.so*"; do
+  compgen -G "$pat" >/dev/null && have_nccl=1
+done
+if [ -z "$have_nccl" ]; then
+  nccl_dir="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)"
+  nccl_lib="$(ls "$nccl_dir"/lib/libnccl.so* 2>/dev/null | head -1)"
+  if [ -n "$nccl_lib" ] && [ -f "$nccl_dir/include/nccl.h" ]; then
+    cmake_extra+=(-DZINF_NCCL_LIBRARY="$nccl_lib" -DZINF_NCCL_INCLUDE="$nccl_dir/include")
+    export LD_LIBRARY_PATH="$nccl_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    log "== nccl: $nccl_lib (Python wheel)"
+  else
+    log "== nccl: not found beside nvcc ($cuda_root) nor as a Python wheel; the build will say so"
+  fi
+fi
+# Warnings stay warnings here: the lent machine's compiler may not be Debian 12's GCC.
+run build "$root/scripts/build.sh" "$root/build-gpu" -DZINF_CUDA=ON -DZINF_BUILD_BENCH=OFF -DZINF_WERROR=OFF "${cmake_extra[@]}"
 run nvidia-smi nvidia-smi
 run info "$root/build-gpu/src/zinf" info
 run gpu-tests ctest --test-dir "$root/build-gpu" -L gpu --output-on-failure

@@ -27,8 +27,7 @@ run() {  # a named step: its output goes to the results file; failures are recor
 # (the lent GPU machine), the .deb files scripts/fetch-debs.sh downloaded elsewhere and the caller
 # carried in as .debs/ (or $ZINF_DEBS), unpacked into a private prefix; else apt (install-deps.sh).
 debs="${ZINF_DEBS:-$root/.debs}"
-if dpkg-query -W -f='${Status}\n' liburing-dev libtbb-dev libhwloc-dev libxxhash-dev libgtest-dev 2>/dev/null |
-   grep -c "install ok installed" | grep -qx 5; then
+if "$root/scripts/install-deps.sh" --check >> "$results" 2>&1; then
   log "== deps: Debian packages installed"
 elif ls "$debs"/*.deb >/dev/null 2>&1; then
   if env_lines="$("$root/scripts/use-debs.sh" "$debs" "$root/.deps-root" 2>>"$results")"; then

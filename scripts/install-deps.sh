@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages zinf builds and tests with. Idempotent: packages already present are
 # skipped, and apt is not touched at all when nothing is missing. Needs root (or sudo) only then.
+# --check: install nothing; exit 0 when every package is present, 1 (naming the missing) otherwise.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libcli11-dev libtbb-dev libhwloc-dev liburing-dev libeigen3-dev
@@ -12,6 +13,10 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#pkgs[@]} packages present"
   exit 0
+fi
+if [ "${1:-}" = "--check" ]; then  # report only: exit 1 when something is missing
+  echo "install-deps: missing ${missing[*]}"
+  exit 1
 fi
 echo "install-deps: installing ${missing[*]}"
 sudo_cmd=""

@@ -60,14 +60,13 @@ class CudaOps final : public OpsBackend {
   CudaOps(Device& dev, Precision p)
       : dev_(dev),
         s_(static_cast<cudaStream_t>(dev.native_stream(StreamRole::compute))),
-        // fp32 runs: plain fp32 (cuBLASLt uses TF32 only when asked with FAST_TF32), as the CPU
-        // reference computes; 16-bit runs: tensor cores, inputs rounded to fp16/bf16, fp32 accumulation.
-        lt_compute_(p == Precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF
-                    : p == Precision::fp16 ? CUBLAS_COMPUTE_32F_FAST_16F
-                                           : CUBLAS_COMPUTE_32F),
+        // fp32 runs: plain fp32, as the CPU reference computes (cublasGemmEx's PEDANTIC; cuBLASLt
+        // uses TF32 only when asked with FAST_TF32, so plain 32F there); 16-bit runs: tensor cores,
+        // inputs rounded to fp16/bf16, fp32 accumulation.
         compute_(p == Precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF
                  : p == Precision::fp16 ? CUBLAS_COMPUTE_32F_FAST_16F
-                                        : CUBLAS_COMPUTE_32F_PEDANTIC) {
+                                        : CUBLAS_COMPUTE_32F_PEDANTIC),
+        lt_compute_(compute_ == CUBLAS_COMPUTE_32F_PEDANTIC ? CUBLAS_COMPUTE_32F : compute_) {
     if (!s_) throw Error("CUDA ops need the CUDA device (this device has no native stream)");
     ZINF_CUBLAS(cublasLtCreate(&lt_));
     ZINF_CUBLAS(cublasCreate(&h_));
@@ -197,7 +196,7 @@ class CudaOps final : public OpsBackend {
  private:
   Device& dev_;
   cudaStream_t s_;
-  cublasComputeType_t lt_compute_, compute_;
+  cublasComputeType_t compute_, lt_compute_;
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t h_ = nullptr;
   DeviceBuffer workspace_;

@@ -12,6 +12,7 @@
 #include "cuda/gpu_query.h"
 #include "model/backend.h"
 #include "model/gpt.h"
+#include "random_floats.h"
 #include "zinf/device.h"
 
 namespace zinf {
@@ -19,13 +20,6 @@ namespace {
 
 using VF = std::vector<float>;
 
-VF randf(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  VF v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
 
 struct Gpu {
   std::unique_ptr<Device> dev;

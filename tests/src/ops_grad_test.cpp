@@ -11,6 +11,7 @@
 
 #include "model/gpt.h"
 #include "model/ops.h"
+#include "random_floats.h"
 #include "zinf/device.h"
 
 namespace zinf {
@@ -19,13 +20,6 @@ namespace {
 using VD = std::vector<double>;
 using VF = std::vector<float>;
 
-VF randf(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  VF v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
 VD to_d(const VF& v) { return VD(v.begin(), v.end()); }
 
 // ---- double-precision references ---------------------------------------------------------------

@@ -30,6 +30,7 @@
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/cpu_adam/host_pool.h"
 #include "zinf/error.h"
+#include "zinf/jitter.h"
 #include "zinf/nvme/pinned.h"
 #include "zinf/nvme/swapper.h"
 #include "zinf/offload/placement.h"
@@ -94,8 +95,9 @@ struct Engine::Impl {
     std::vector<nvme::TensorStore::Id> sg_ids;
     nvme::TensorStore::Id param_id = 0;
     std::int64_t version = 0;   // updates landed
-    int grad_slot = -1;
-    bool reducing = false;      // a GradOut/Reduce of this unit still reads its device gradient
+    int grad_slot = -1;         // under mu: the grad window slot this micro batch's gradient lives in
+    bool reducing = false;      // under mu: a GradOut/Reduce of this unit still reads its device gradient
+    EventHandle fetched;        // the last Fetch of this unit has read its home (h2d)
   };
   std::vector<Unit> units;
 
@@ -106,7 +108,8 @@ struct Engine::Impl {
     std::int64_t version = -1;
     int users = 0;
     std::uint64_t last_use = 0;
-    EventHandle ready;
+    EventHandle ready;     // h2d: the Fetch into this slot is complete
+    EventHandle released;  // compute: the model's last read of this slot is complete
   };
   std::vector<Slot> slots;
   struct GradSlot {
@@ -122,6 +125,7 @@ struct Engine::Impl {
   std::unique_ptr<nvme::TensorStore> ostore, pstore;
   std::unique_ptr<nvme::Swapper> swapper;
 
+  Jitter reduce_jitter, update_jitter;  // the device's jitter, one lane per host worker
   std::unique_ptr<Worker> reduce_worker, update_worker;
   // The barrier's decision, for an Update pipeline started early (NVMe: sub-group reads overlap the
   // backward): the AdamStep, or nothing when the step is skipped.
@@ -172,12 +176,10 @@ struct Engine::Impl {
     dev.copy_to_host(dst, src, bytes, StreamRole::d2h);
     dev.synchronize(StreamRole::d2h);
   }
-  // Busy time of work enqueued on a stream: markers in stream order around it.
-  void timed_on(StreamRole r, double ResourceTimes::*field, const std::function<void()>& enqueue) {
-    auto t0 = std::make_shared<Clock::time_point>();
-    dev.launch(r, [t0] { *t0 = Clock::now(); });
+  // Work enqueued on a stream, counted as that stream's busy time (measured by the device).
+  void timed_on(StreamRole r, const std::function<void()>& enqueue) {
+    BusyScope busy(dev, r);
     enqueue();
-    dev.launch(r, [this, t0, field] { add(field, since(*t0)); });
   }
   // The compute copy of a device fp32 range, on the device.
   void dev_to_compute(const float* s, void* d, std::size_t n, StreamRole r) {
@@ -258,6 +260,9 @@ struct Engine::Impl {
     if (best < 0) return -1;
     Slot& s = slots[static_cast<std::size_t>(best)];
     if (s.ready) s.ready->wait();  // a previous fetch into this slot must be finished
+    // The model may still be reading the slot's previous unit: the h2d stream waits for the compute
+    // stream's event recorded at done_with before it overwrites the slot.
+    if (s.released) dev.wait_event(StreamRole::h2d, s.released);
     Unit& un = units[u];
     s.unit = static_cast<int>(u);
     {
@@ -274,11 +279,12 @@ struct Engine::Impl {
     const auto pid = un.param_id;
     if (from_nvme)  // Fetch: NVMe → pinned (in stream order, before the copy) …
       dev.launch(StreamRole::h2d, [this, src, bytes, pid] { pstore->read(pid, src, 0, bytes)->wait(); });
-    timed_on(StreamRole::h2d, &ResourceTimes::h2d, [&] {  // … → device
+    timed_on(StreamRole::h2d, [&] {  // … → device
       dev.copy_to_device(dst, src, bytes, StreamRole::h2d);
-      if (work) kern->from_half(dst, work, n, half, StreamRole::h2d);  // the CPU device computes in fp32
+      if (work) kern->from_half(dst, work, n, half, StreamRole::h2d);  // fp32 working weights for the model
     });
     s.ready = dev.record(StreamRole::h2d);
+    un.fetched = s.ready;
     if (!exact()) s.ready->wait();
     return best;
   }
@@ -303,7 +309,7 @@ struct Engine::Impl {
     Unit& u = units[ui];
     const StreamRole r = StreamRole::d2h;
     if (!opt_off) {  // the Update reads device buffers: round (and accumulate) in place on the device
-      timed_on(r, &ResourceTimes::compute, [&] {
+      timed_on(r, [&] {
         if (mixed) {
           kern->to_half(u.dgrad.as<float>(), u.dgrad16.as<void>(), u.n, half, r);
           if (c.grad_accum > 1) kern->from_half(u.dgrad16.as<void>(), u.dgrad.as<float>(), u.n, half, r);
@@ -325,7 +331,7 @@ struct Engine::Impl {
     std::size_t enqueued = 0;
     auto enqueue = [&](std::size_t kb) {
       const std::size_t o = kb * bucket, len = std::min(bucket, u.n - o);
-      timed_on(r, &ResourceTimes::d2h, [&] {  // GradOut: the 16-bit gradient leaves the device
+      timed_on(r, [&] {  // GradOut: the 16-bit gradient leaves the device
         dev_to_compute(dgrad + o, gradout_stage.as<void>(), len, r);
         dev.copy_to_host(landing[kb % L].data(), gradout_stage.as<void>(), len * cb, r);
       });
@@ -385,7 +391,8 @@ struct Engine::Impl {
   // Where the Update writes unit u's compute copy for [o, o+len): directly into its home when the
   // home is host-visible, else into a pinned upload slot that land_chunk() moves on.
   void* param_target(Unit& u, std::size_t o, int slot_k) {
-    if (!u.windowed && !opt_off) return static_cast<char*>(u.dparam.as<void>()) + o * cb;  // CPU device: host-visible
+    if (!u.windowed && !opt_off) return static_cast<char*>(u.dparam.as<void>()) + o * cb;  // the device's own Update writes it
+    if (u.windowed && u.fetched) u.fetched->wait();  // no Fetch may still be reading the home we overwrite
     if (u.windowed && c.param == OffloadDevice::cpu) return static_cast<char*>(u.hparam.data()) + o * cb;
     nvme::PinnedBuffer& up = upload[static_cast<std::size_t>(slot_k)];
     if (upload_ev[static_cast<std::size_t>(slot_k)]) upload_ev[static_cast<std::size_t>(slot_k)]->wait();
@@ -404,7 +411,7 @@ struct Engine::Impl {
     }
     char* dst = static_cast<char*>(u.dparam.as<void>()) + o * cb;  // Upload: pinned → device
     const std::size_t bytes = len * cb;
-    timed_on(StreamRole::h2d, &ResourceTimes::h2d, [&] { dev.copy_to_device(dst, src, bytes, StreamRole::h2d); });
+    timed_on(StreamRole::h2d, [&] { dev.copy_to_device(dst, src, bytes, StreamRole::h2d); });
     upload_ev[static_cast<std::size_t>(slot_k)] = dev.record(StreamRole::h2d);
   }
   void land_unit(std::size_t ui) {
@@ -412,8 +419,7 @@ struct Engine::Impl {
     for (auto& e : upload_ev)
       if (e) e->wait();
     if (!u.windowed && mixed) {  // the CPU device's fp32 working weights follow the new 16-bit copy
-      timed_on(StreamRole::h2d, &ResourceTimes::h2d,
-               [&] { kern->from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n, half, StreamRole::h2d); });
+      timed_on(StreamRole::h2d, [&] { kern->from_half(u.dparam.as<void>(), u.dwork.as<float>(), u.n, half, StreamRole::h2d); });
       dev.synchronize(StreamRole::h2d);
     }
     {
@@ -643,8 +649,10 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     m.swapper = std::make_unique<nvme::Swapper>(*m.ostore, *m.pinned, m.exact() ? c.optimizer_buffer_count : 1,
                                                 12 * round_up(m.sg, 1024));
   m.grad_zeroed.assign(m.units.size(), false);
-  m.reduce_worker = std::make_unique<Worker>();
-  m.update_worker = std::make_unique<Worker>();
+  m.reduce_jitter = Jitter(dev.jitter(), 11);
+  m.update_jitter = Jitter(dev.jitter(), 12);
+  m.reduce_worker = std::make_unique<Worker>([&m] { m.reduce_jitter.delay(); });
+  m.update_worker = std::make_unique<Worker>([&m] { m.update_jitter.delay(); });
 }
 
 Engine::~Engine() {
@@ -693,7 +701,7 @@ const float* Engine::weights(std::size_t u) {
   if (s < 0) s = m.fetch(u);
   if (s < 0) throw Error("offload: no free parameter window slot for unit " + std::to_string(u));
   Impl::Slot& slot = m.slots[static_cast<std::size_t>(s)];
-  slot.ready->wait();
+  model_waits_for(m.dev, slot.ready);  // the model reads the slot after the Fetch's copies
   ++slot.users;
   slot.last_use = ++m.tick;
   m.prefetch_after(u);
@@ -704,37 +712,42 @@ void Engine::done_with(std::size_t u) {
   Impl& m = *impl_;
   if (!m.units[u].windowed) return;
   const int s = m.find_slot(u);
-  if (s >= 0 && m.slots[static_cast<std::size_t>(s)].users > 0) --m.slots[static_cast<std::size_t>(s)].users;
+  if (s < 0) return;
+  Impl::Slot& slot = m.slots[static_cast<std::size_t>(s)];
+  if (slot.users > 0 && --slot.users == 0)
+    slot.released = m.dev.record(StreamRole::compute);  // behind the model's last read of the slot
 }
 
 float* Engine::grads(std::size_t u) {
   Impl& m = *impl_;
   Impl::Unit& un = m.units[u];
   float* g;
-  if (un.grad_windowed) {
-    if (un.grad_slot < 0) {
-      std::unique_lock<std::mutex> lk(m.mu);
-      int free_slot = -1;
-      m.cv.wait(lk, [&] {
-        for (std::size_t i = 0; i < m.gslots.size(); ++i)
-          if (!m.gslots[i].busy) return (free_slot = static_cast<int>(i)) >= 0;
-        return false;
-      });
-      m.gslots[static_cast<std::size_t>(free_slot)].busy = true;
-      un.grad_slot = free_slot;
-    }
-    g = m.gslots[static_cast<std::size_t>(un.grad_slot)].grad.as<float>();
-  } else {
-    // The previous micro batch's Reduce may still be reading this buffer.
+  {
     std::unique_lock<std::mutex> lk(m.mu);
+    // The previous micro batch's GradOut/Reduce of this unit may still read its buffer (and, for a
+    // windowed gradient, still hold its slot): the Reduce worker clears `reducing` when it is done.
     m.cv.wait(lk, [&] { return !un.reducing; });
-    g = un.dgrad.as<float>();
+    if (un.grad_windowed) {
+      if (un.grad_slot < 0) {
+        int free_slot = -1;
+        m.cv.wait(lk, [&] {
+          for (std::size_t i = 0; i < m.gslots.size(); ++i)
+            if (!m.gslots[i].busy) return (free_slot = static_cast<int>(i)) >= 0;
+          return false;
+        });
+        m.gslots[static_cast<std::size_t>(free_slot)].busy = true;
+        un.grad_slot = free_slot;
+      }
+      g = m.gslots[static_cast<std::size_t>(un.grad_slot)].grad.as<float>();
+    } else {
+      g = un.dgrad.as<float>();
+    }
   }
   if (!m.grad_zeroed[u]) {
     m.kern->zero(g, un.n * 4, StreamRole::compute);
-    // A model that runs on the host (the CPU device) must see the zeros now; one whose kernels go on
-    // the compute stream (the CUDA device) is ordered behind them already, and the host runs on.
-    if (!m.dev.native_stream(StreamRole::compute)) m.dev.synchronize(StreamRole::compute);
+    // A model whose ops are compute-stream work is ordered behind the zeros already; one that runs
+    // on the host must see them now.
+    if (!m.dev.ops_stream_ordered()) m.dev.synchronize(StreamRole::compute);
     m.grad_zeroed[u] = true;
   }
   return g;
@@ -743,10 +756,12 @@ float* Engine::grads(std::size_t u) {
 void Engine::grads_done(std::size_t u) {
   Impl& m = *impl_;
   Impl::Unit& un = m.units[u];
-  float* g = un.grad_windowed ? m.gslots[static_cast<std::size_t>(un.grad_slot)].grad.as<float>() : un.dgrad.as<float>();
   const std::int64_t mb = m.micro;
+  float* g;
   {
     std::lock_guard<std::mutex> lk(m.mu);
+    ZINF_CHECK(!un.grad_windowed || un.grad_slot >= 0);  // grads(u) came first
+    g = un.grad_windowed ? m.gslots[static_cast<std::size_t>(un.grad_slot)].grad.as<float>() : un.dgrad.as<float>();
     un.reducing = true;
   }
   m.dev.wait_event(StreamRole::d2h, m.dev.record(StreamRole::compute));  // the gradient is complete
@@ -915,6 +930,11 @@ ResourceTimes Engine::take_times() {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lk(m.tmu);
   ResourceTimes t = m.times;
+  // Stream work as the device measured it where it ran; the model's compute too when its ops are
+  // stream work (otherwise the trainer reports the host time it spent in them).
+  t.h2d += m.dev.take_busy(StreamRole::h2d);
+  t.d2h += m.dev.take_busy(StreamRole::d2h);
+  if (m.dev.ops_stream_ordered()) t.compute += m.dev.take_busy(StreamRole::compute);
   if (m.ostore) {
     t.nvme_read += m.ostore->take_busy(false);
     t.nvme_write += m.ostore->take_busy(true);

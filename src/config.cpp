@@ -363,6 +363,11 @@ void read_device(Section s, DeviceConfig& d) {
   d.simd = s.get_enum<std::string>(
       "simd", "auto",
       {{"auto", "auto"}, {"avx512", "avx512"}, {"avx2", "avx2"}, {"scalar", "scalar"}});
+  d.async = s.get_bool("async", false);
+  d.jitter_seed = static_cast<std::uint64_t>(s.get_int("jitter_seed", 0, 0, std::numeric_limits<std::int64_t>::max()));
+  d.jitter_us = static_cast<int>(s.get_int("jitter_us", 200, 1, 1'000'000));
+  if (d.type == DeviceType::cuda && (d.async || d.jitter_seed))
+    s.fail(d.async ? "async" : "jitter_seed", "applies to the CPU device only (the CUDA device is asynchronous already)");
   s.finish();
 }
 

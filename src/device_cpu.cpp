@@ -1,6 +1,11 @@
 // device_cpu.cpp — the CPU device (zinf/device.h): host memory under a budget, one worker thread
-// per stream role running an in-order queue, events as completion flags.
+// per stream role running an in-order queue, events as completion flags. In async mode the model's
+// ops are stream work (the StreamOps backend enqueues them here); with a jitter seed every job on
+// every stream waits a seeded random time first.
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -48,18 +53,44 @@ class CpuEvent final : public DeviceEvent {
   bool done_ = false;
 };
 
-// A stream: an in-order queue served by one worker thread.
-using Stream = SerialWorker;
+// A stream: an in-order queue served by one worker thread, with its own jitter lane and the job
+// time it spent inside busy marks. `counting` is touched by the worker only.
+struct Stream {
+  Stream(const JitterSpec& j, std::uint64_t lane) : jitter(j, lane), worker([this] { jitter.delay(); }) {}
+  // A job whose run time is the stream's work (copies, launches); waits are pushed directly.
+  void push_work(std::function<void()> fn) {
+    worker.push([this, fn = std::move(fn)] {
+      if (!counting) return fn();
+      const auto t0 = std::chrono::steady_clock::now();
+      struct Count {  // also when fn throws
+        Stream& s;
+        std::chrono::steady_clock::time_point t0;
+        ~Count() { s.busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count(); }
+      } count{*this, t0};
+      fn();
+    });
+  }
+  Jitter jitter;
+  bool counting = false;
+  std::atomic<std::int64_t> busy_ns{0};
+  SerialWorker worker;  // last: its thread starts after the rest exists
+};
 
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(std::size_t budget) : budget_(budget) {
-    for (int i = 0; i < kStreamRoles; ++i) streams_[i] = std::make_unique<Stream>();
+  CpuDevice(std::size_t budget, const CpuDeviceOptions& o) : budget_(budget), opts_(o) {
+    for (int i = 0; i < kStreamRoles; ++i) streams_[i] = std::make_unique<Stream>(o.jitter, static_cast<std::uint64_t>(i) + 1);
   }
   ~CpuDevice() override {
     for (auto& s : streams_) s.reset();
   }
-  std::string name() const override { return "cpu (budget " + format_bytes(budget_) + ")"; }
+  std::string name() const override {
+    std::string n = "cpu (budget " + format_bytes(budget_);
+    if (opts_.async) n += ", async";
+    if (opts_.jitter.enabled())
+      n += ", jitter seed " + std::to_string(opts_.jitter.seed) + " up to " + std::to_string(opts_.jitter.max_us) + " us";
+    return n + ")";
+  }
 
   void* allocate(std::size_t bytes, const std::string& what) override {
     std::lock_guard<std::mutex> lk(mu_);
@@ -94,36 +125,49 @@ class CpuDevice final : public Device {
     return peak_;
   }
   void copy_to_device(void* dst, const void* src, std::size_t n, StreamRole s) override {
-    stream(s).push([=] { std::memcpy(dst, src, n); });
+    stream(s).push_work([=] { std::memcpy(dst, src, n); });
   }
   void copy_to_host(void* dst, const void* src, std::size_t n, StreamRole s) override {
-    stream(s).push([=] { std::memcpy(dst, src, n); });
+    stream(s).push_work([=] { std::memcpy(dst, src, n); });
   }
-  void launch(StreamRole s, std::function<void()> fn) override { stream(s).push(std::move(fn)); }
+  void launch(StreamRole s, std::function<void()> fn) override { stream(s).push_work(std::move(fn)); }
   EventHandle record(StreamRole s) override {
     auto e = std::make_shared<CpuEvent>();
-    stream(s).push([e] { e->fire(); });
+    stream(s).worker.push([e] { e->fire(); });
     return e;
   }
   void wait_event(StreamRole s, EventHandle e) override {
-    stream(s).push([e] { e->wait(); });
+    ZINF_CHECK(e != nullptr);
+    stream(s).worker.push([e] { e->wait(); });
   }
-  void synchronize(StreamRole s) override { stream(s).drain(); }
+  void synchronize(StreamRole s) override { stream(s).worker.drain(); }
   void synchronize() override {
     std::exception_ptr first;
     for (auto& s : streams_) {
       try {
-        s->drain();
+        s->worker.drain();
       } catch (...) {
         if (!first) first = std::current_exception();
       }
     }
     if (first) std::rethrow_exception(first);
   }
+  bool ops_stream_ordered() const override { return opts_.async; }
+  JitterSpec jitter() const override { return opts_.jitter; }
+  void busy_begin(StreamRole s) override {
+    Stream* st = &stream(s);
+    st->worker.push([st] { st->counting = true; });
+  }
+  void busy_end(StreamRole s) override {
+    Stream* st = &stream(s);
+    st->worker.push([st] { st->counting = false; });
+  }
+  double take_busy(StreamRole s) override { return 1e-9 * static_cast<double>(stream(s).busy_ns.exchange(0)); }
 
  private:
   Stream& stream(StreamRole s) { return *streams_[static_cast<int>(s)]; }
   std::size_t budget_;
+  CpuDeviceOptions opts_;
   mutable std::mutex mu_;
   std::unordered_map<void*, std::size_t> sizes_;
   std::size_t in_use_ = 0, peak_ = 0;
@@ -132,6 +176,27 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_cpu_device(std::size_t budget_bytes) { return std::make_unique<CpuDevice>(budget_bytes); }
+std::unique_ptr<Device> make_cpu_device(std::size_t budget_bytes, const CpuDeviceOptions& opts) {
+  return std::make_unique<CpuDevice>(budget_bytes, opts);
+}
+
+CpuDeviceOptions cpu_device_options_from_env(CpuDeviceOptions o) {
+  auto number = [](const char* name, const char* v) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long x = std::strtoull(v, &end, 10);
+    if (!*v || *end || errno || v[0] == '-')
+      throw Error(std::string("environment variable ") + name + "=" + v + " is not a non-negative integer");
+    return static_cast<std::uint64_t>(x);
+  };
+  if (const char* v = std::getenv("ZINF_DEVICE_ASYNC"); v && *v) o.async = number("ZINF_DEVICE_ASYNC", v) != 0;
+  if (const char* v = std::getenv("ZINF_JITTER_SEED"); v && *v) o.jitter.seed = number("ZINF_JITTER_SEED", v);
+  if (const char* v = std::getenv("ZINF_JITTER_US"); v && *v) {
+    const std::uint64_t us = number("ZINF_JITTER_US", v);
+    if (us < 1 || us > 1'000'000) throw Error(std::string("environment variable ZINF_JITTER_US=") + v + " must be in 1..1000000");
+    o.jitter.max_us = static_cast<int>(us);
+  }
+  return o;
+}
 
 }  // namespace zinf

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "model/gpt.h"
+#include "model/ops_stream.h"
 #include "zinf/checkpoint.h"
 #include "zinf/safetensors.h"
 #include "zinf/cpu_adam/adam.h"
@@ -105,6 +106,52 @@ class EngineUnits final : public UnitSource {
   double wait_ = 0;
 };
 
+// The token and target batch on the device, in two slots so that the host can fill and upload the
+// next micro batch while the model still reads the previous one. Handoffs: the host rewrites a
+// slot's staging only after its last h2d copy (event `copied`, host waits); the h2d stream
+// overwrites a slot's device buffers only after the model's last op that reads them (event `used`,
+// recorded on compute by done_with); the model reads them after the copies (model_waits_for).
+struct Batch {
+  DeviceBuffer tok, tgt;
+  std::vector<int> tok_h, tgt_h;
+  EventHandle copied, used;
+  int* tokens() const { return tok.as<int>(); }
+  int* targets() const { return tgt.as<int>(); }
+};
+class BatchSlots {
+ public:
+  BatchSlots(Device& d, std::size_t n) : dev_(d), n_(n) {
+    for (int i = 0; i < 2; ++i) {
+      s_[i].tok = DeviceBuffer(d, n * 4, "tokens " + std::to_string(i));
+      s_[i].tgt = DeviceBuffer(d, n * 4, "targets " + std::to_string(i));
+      s_[i].tok_h.resize(n);
+      s_[i].tgt_h.resize(n);
+    }
+  }
+  // Fills the next slot on the host (fill(tokens, targets)) and uploads it.
+  template <class Fill>
+  Batch& next(Fill fill) {
+    Batch& b = s_[k_];
+    k_ ^= 1;
+    if (b.copied) b.copied->wait();
+    fill(b.tok_h.data(), b.tgt_h.data());
+    if (b.used) dev_.wait_event(StreamRole::h2d, b.used);
+    dev_.copy_to_device(b.tokens(), b.tok_h.data(), n_ * 4, StreamRole::h2d);
+    dev_.copy_to_device(b.targets(), b.tgt_h.data(), n_ * 4, StreamRole::h2d);
+    b.copied = dev_.record(StreamRole::h2d);
+    model_waits_for(dev_, b.copied);
+    return b;
+  }
+  // The model has enqueued every op that reads the slot.
+  void done_with(Batch& b) { b.used = dev_.record(StreamRole::compute); }
+
+ private:
+  Device& dev_;
+  std::size_t n_;
+  Batch s_[2];
+  int k_ = 0;
+};
+
 }  // namespace
 
 TrainResult train(const Config& c, const TrainHooks& hooks) {
@@ -126,23 +173,28 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   const int threads = c.device.threads > 0 ? c.device.threads : cpu_adam::physical_cores();
   std::size_t budget = c.device.memory_budget;
   if (budget == 0 && !use_cuda) budget = query_machine().mem_available / 2;  // CUDA: 0 = the GPU's free memory
-  std::unique_ptr<Device> dev = use_cuda ? make_cuda_device(0, budget) : make_cpu_device(budget);
+  std::unique_ptr<Device> dev;
+  if (use_cuda) {
+    dev = make_cuda_device(0, budget);
+  } else {
+    CpuDeviceOptions o;
+    o.async = c.device.async;
+    o.jitter = JitterSpec{c.device.jitter_seed, c.device.jitter_us};
+    dev = make_cpu_device(budget, cpu_device_options_from_env(o));
+  }
   ops::Par par(threads);
   log("device: " + dev->name() + ", " + std::to_string(threads) + " threads, cpu_adam " +
       std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(c.precision())));
 
-  std::unique_ptr<OpsBackend> backend = use_cuda ? cuda::make_cuda_ops(*dev, c.precision()) : std::make_unique<CpuOps>(par);
+  std::unique_ptr<OpsBackend> backend;
+  if (use_cuda)
+    backend = cuda::make_cuda_ops(*dev, c.precision());
+  else if (dev->ops_stream_ordered())  // the async CPU device: the reference ops as compute-stream work
+    backend = make_stream_ops(*dev, std::make_unique<CpuOps>(par));
+  else
+    backend = std::make_unique<CpuOps>(par);
   GptModel model(shape, B, c.model.activation_checkpointing, *dev, *backend);
-  const std::size_t batch = static_cast<std::size_t>(B) * T;
-  DeviceBuffer tok(*dev, batch * 4, "tokens"), tgt(*dev, batch * 4, "targets");
-  std::vector<int> tokens_h(batch), targets_h(batch);
-  int* tokens = tok.as<int>();
-  int* targets = tgt.as<int>();
-  auto upload_batch = [&] {  // the sampled batch → device memory
-    dev->copy_to_device(tokens, tokens_h.data(), batch * 4, StreamRole::h2d);
-    dev->copy_to_device(targets, targets_h.data(), batch * 4, StreamRole::h2d);
-    dev->synchronize(StreamRole::h2d);
-  };
+  BatchSlots batches(*dev, static_cast<std::size_t>(B) * T);
   std::unique_ptr<StFile> init_file;
   if (!c.model.init_from.empty()) {
     init_file = std::make_unique<StFile>(read_safetensors(c.model.init_from));
@@ -165,10 +217,10 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   auto evaluate = [&]() {
     double sum = 0;
     for (int k = 0; k < c.train.eval_batches; ++k) {
-      data.val_batch(k, c.train.eval_batches, B, T, tokens_h.data(), targets_h.data());
-      upload_batch();
+      Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(k, c.train.eval_batches, B, T, tok, tgt); });
       engine.begin_forward();
-      sum += model.forward(units, tokens, targets);
+      sum += model.forward(units, b.tokens(), b.targets());
+      batches.done_with(b);
     }
     units.take_wait();
     return sum / c.train.eval_batches;
@@ -245,22 +297,23 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
     const double scale = scaler.scale();
     double loss_sum = 0;
     for (std::int64_t micro = 0; micro < GA; ++micro) {
-      data.sample_train(rng, B, T, tokens_h.data(), targets_h.data());
-      upload_batch();
+      Batch& b = batches.next([&](int* tok, int* tgt) { data.sample_train(rng, B, T, tok, tgt); });
       rows_drawn += B;
       engine.begin_micro_batch(micro);
       auto t0 = Clock::now();
       engine.begin_forward();
-      loss_sum += model.forward(units, tokens, targets);
+      loss_sum += model.forward(units, b.tokens(), b.targets());
       double busy = since(t0) - units.take_wait();
       t_fwd += busy;
-      engine.add_compute_time(busy);
+      if (!dev->ops_stream_ordered()) engine.add_compute_time(busy);  // else the device measures it
       t0 = Clock::now();
       engine.begin_backward();
-      model.backward(units, tokens, targets, static_cast<float>(scale / (static_cast<double>(B) * T * static_cast<double>(GA))));
+      model.backward(units, b.tokens(), b.targets(),
+                     static_cast<float>(scale / (static_cast<double>(B) * T * static_cast<double>(GA))));
       busy = since(t0) - units.take_wait();
       t_bwd += busy;
-      engine.add_compute_time(busy);
+      if (!dev->ops_stream_ordered()) engine.add_compute_time(busy);
+      batches.done_with(b);
     }
     const double loss = loss_sum / static_cast<double>(GA);
     const double lr = lr_at(c.scheduler, c.optimizer.lr, opt_steps);

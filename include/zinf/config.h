@@ -141,6 +141,9 @@ struct DeviceConfig {
   int threads = 0;                  // 0 = physical cores
   bool pin_threads = false;         // bind host workers to cores (hwloc)
   std::string simd;                 // auto|avx512|avx2|scalar: caps cpu_adam's runtime dispatch
+  bool async = false;               // CPU device: the model's ops run as compute-stream work
+  std::uint64_t jitter_seed = 0;    // CPU device: seeded delays before every stream/worker job; 0 = off
+  int jitter_us = 200;              // the longest such delay, microseconds
 };
 
 struct Config {

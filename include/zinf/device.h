@@ -3,8 +3,25 @@
 //
 // The CPU device is always built: its "device memory" is host memory charged against a configured
 // budget, its streams are in-order queues each served by one worker thread, and a "launch" runs a
-// host function on the stream's worker. The CUDA device (issue 8) implements the same calls with
-// real streams; the default stream is never used. Work is always passed an explicit stream role.
+// host function on the stream's worker. The CUDA device implements the same calls with real streams;
+// the default stream is never used. Work is always passed an explicit stream role.
+//
+// Ordering. Whether the model's ops are stream work is a property of the device, stated by
+// ops_stream_ordered(), never guessed: on the CUDA device (and the CPU device in async mode) an op
+// call only enqueues work on the compute stream, so a buffer the model reads may be overwritten only
+// after an event recorded on compute behind that read; on the synchronous CPU device an op has run
+// when its call returns. A buffer written on one stream and read on another is handed over by an
+// event recorded after the writer and waited on by the reader's stream (wait_event) or, where the
+// host itself reads, by the host (DeviceEvent::wait).
+//
+// The CPU device's async mode runs the model's ops on the compute stream's worker, and its jitter
+// (zinf/jitter.h) delays every job on every stream by a seeded random time, so a missing event shows
+// up as a changed digest in CI, which has no GPU. The math is the same, so the digests equal the
+// synchronous device's bit for bit.
+//
+// Busy time is measured where the work runs: between busy_begin and busy_end on a stream, the CPU
+// device counts its worker's own job time (waits for events and jitter excluded), the CUDA device
+// the time between events recorded at the two marks. take_busy returns and resets it.
 //
 // Errors: an allocation over budget throws DeviceMemoryError naming the allocation and the budget
 // (never an OOM kill). An exception thrown by work on a stream is kept and rethrown by the next
@@ -19,6 +36,7 @@
 #include <string>
 
 #include "zinf/error.h"
+#include "zinf/jitter.h"
 
 namespace zinf {
 
@@ -71,10 +89,54 @@ class Device {
   virtual void wait_event(StreamRole s, EventHandle e) = 0;  // the stream waits, the host does not
   virtual void synchronize(StreamRole s) = 0;
   virtual void synchronize() = 0;
+
+  // True when the model's ops are enqueued on the compute stream (CUDA; the CPU device in async
+  // mode); false when they run on the calling thread before the call returns (the CPU device).
+  virtual bool ops_stream_ordered() const = 0;
+  // The delays this device puts before stream jobs; the offload engine applies the same to its host
+  // workers. Off on every device but the jittered CPU device.
+  virtual JitterSpec jitter() const { return {}; }
+
+  // Busy time of stream s: work enqueued between busy_begin(s) and busy_end(s) (marks do not nest).
+  virtual void busy_begin(StreamRole s) = 0;
+  virtual void busy_end(StreamRole s) = 0;
+  // Seconds stream s was busy inside marks completed since the last call; resets the count.
+  virtual double take_busy(StreamRole s) = 0;
 };
 
+// Makes the model's next ops see what `e` completes: the compute stream waits for it when the ops
+// are stream-ordered, the host waits otherwise (the ops run on the host).
+inline void model_waits_for(Device& d, const EventHandle& e) {
+  if (!e) return;
+  if (d.ops_stream_ordered())
+    d.wait_event(StreamRole::compute, e);
+  else
+    e->wait();
+}
+
+// Marks the work enqueued on a stream during a scope as busy time.
+class BusyScope {
+ public:
+  BusyScope(Device& d, StreamRole s) : d_(d), s_(s) { d_.busy_begin(s_); }
+  ~BusyScope() { d_.busy_end(s_); }
+  BusyScope(const BusyScope&) = delete;
+  BusyScope& operator=(const BusyScope&) = delete;
+
+ private:
+  Device& d_;
+  StreamRole s_;
+};
+
+struct CpuDeviceOptions {
+  bool async = false;  // the model's ops run as compute-stream work (see ops_stream_ordered)
+  JitterSpec jitter;   // seeded delays before every job on every stream; seed 0: none
+};
+// The options the environment asks for: ZINF_DEVICE_ASYNC=1, ZINF_JITTER_SEED=N (N > 0) and
+// ZINF_JITTER_US=M override `base` where set (a malformed value is a zinf::Error naming it).
+CpuDeviceOptions cpu_device_options_from_env(CpuDeviceOptions base);
+
 // The CPU device with a memory budget in bytes.
-std::unique_ptr<Device> make_cpu_device(std::size_t budget_bytes);
+std::unique_ptr<Device> make_cpu_device(std::size_t budget_bytes, const CpuDeviceOptions& opts = {});
 // The CUDA device `index` with a memory budget (0: the GPU's free memory). Throws zinf::Error when
 // this build has no CUDA or no GPU is visible. `launch` enqueues host code in stream order
 // (cudaLaunchHostFunc: it must not call CUDA); kernels go on the streams through the op backends.

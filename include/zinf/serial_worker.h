@@ -1,6 +1,7 @@
 // zinf/serial_worker.h — one thread running submitted jobs in order (a CPU device stream, the offload
 // engine's reduce and update workers). The first exception a job throws is kept and rethrown by the
 // next drain() or check(); later jobs still run, so events recorded after a failure still fire.
+// An optional hook runs on the worker before each job (the jitter of zinf/jitter.h).
 // Thread-safe: push/drain/check from any thread.
 #pragma once
 
@@ -15,7 +16,7 @@ namespace zinf {
 
 class SerialWorker {
  public:
-  SerialWorker() : thread_([this] { loop(); }) {}
+  explicit SerialWorker(std::function<void()> before_job = {}) : before_(std::move(before_job)), thread_([this] { loop(); }) {}
   ~SerialWorker() {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -66,6 +67,7 @@ class SerialWorker {
         q_.pop_front();
       }
       try {
+        if (before_) before_();
         fn();
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu_);
@@ -84,7 +86,8 @@ class SerialWorker {
   std::size_t pending_ = 0;
   bool stop_ = false;
   std::exception_ptr err_;
-  std::thread thread_;
+  std::function<void()> before_;
+  std::thread thread_;  // last: starts after every other member exists
 };
 
 }  // namespace zinf

@@ -5,6 +5,7 @@
 
 #include <exception>
 #include <mutex>
+#include <vector>
 
 #include "cuda/caching_allocator.h"
 #include "cuda/gpu_query.h"
@@ -60,6 +61,7 @@ class CudaDevice final : public Device {
       cudaStreamSynchronize(s);
       cudaStreamDestroy(s);
     }
+    destroy_marks();
     alloc_.reset();
   }
   std::string name() const override { return name_ + " (budget " + format_bytes(alloc_->budget()) + ")"; }
@@ -95,8 +97,67 @@ class CudaDevice final : public Device {
     for (auto& st : streams_) ZINF_CUDA(cudaStreamSynchronize(st));
     rethrow();
   }
+  bool ops_stream_ordered() const override { return true; }  // every op is a kernel on the compute stream
+
+  // Busy marks: a pair of timing events per mark, read once the end event has completed.
+  void busy_begin(StreamRole s) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    Marks& m = marks_[static_cast<int>(s)];
+    ZINF_CHECK(m.open == nullptr);
+    m.open = timing_event();
+    ZINF_CUDA(cudaEventRecord(m.open, stream(s)));
+  }
+  void busy_end(StreamRole s) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    Marks& m = marks_[static_cast<int>(s)];
+    ZINF_CHECK(m.open != nullptr);
+    cudaEvent_t end = timing_event();
+    ZINF_CUDA(cudaEventRecord(end, stream(s)));
+    m.pending.push_back({m.open, end});
+    m.open = nullptr;
+  }
+  double take_busy(StreamRole s) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    Marks& m = marks_[static_cast<int>(s)];
+    double ms_total = 0;
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> later;
+    for (auto& [a, b] : m.pending) {
+      if (cudaEventQuery(b) != cudaSuccess) {  // still running (or failed: synchronize reports it)
+        later.push_back({a, b});
+        continue;
+      }
+      float ms = 0;
+      ZINF_CUDA(cudaEventElapsedTime(&ms, a, b));
+      ms_total += ms;
+      spare_.push_back(a);
+      spare_.push_back(b);
+    }
+    m.pending.swap(later);
+    return 1e-3 * ms_total;
+  }
 
  private:
+  struct Marks {
+    cudaEvent_t open = nullptr;
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending;
+  };
+  cudaEvent_t timing_event() {  // under mu_
+    if (!spare_.empty()) {
+      cudaEvent_t e = spare_.back();
+      spare_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    ZINF_CUDA(cudaEventCreate(&e));
+    return e;
+  }
+  void destroy_marks() {
+    for (auto& m : marks_) {
+      if (m.open) cudaEventDestroy(m.open);
+      for (auto& [a, b] : m.pending) cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    for (auto e : spare_) cudaEventDestroy(e);
+  }
   struct Job {
     CudaDevice* dev;
     std::function<void()> fn;
@@ -127,6 +188,8 @@ class CudaDevice final : public Device {
   cudaStream_t streams_[kStreamRoles] = {};
   std::mutex mu_;
   std::exception_ptr err_;
+  Marks marks_[kStreamRoles];
+  std::vector<cudaEvent_t> spare_;
 };
 
 }  // namespace

@@ -56,7 +56,7 @@ GptModel::BlockActs GptModel::carve(float*& p) const {
 }
 
 GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops)
-    : s_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), ops_(ops) {
+    : s_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), dev_(dev), ops_(ops) {
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer);
   const std::size_t per_block = block_acts_floats();
@@ -140,25 +140,38 @@ double GptModel::forward(UnitSource& src, const int* tokens, const int* targets)
   const std::size_t L = static_cast<std::size_t>(s_.n_layer);
   const int C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
   const float* wte = src.weights(0);
-  ops_.encoder_forward(enc_out_, tokens, wte, wte + static_cast<std::size_t>(V) * C, B_, T, C);
+  {
+    BusyScope busy(dev_, StreamRole::compute);
+    ops_.encoder_forward(enc_out_, tokens, wte, wte + static_cast<std::size_t>(V) * C, B_, T, C);
+  }
   src.done_with(0);
   const float* x = enc_out_;
   for (std::size_t l = 0; l < L; ++l) {
     const BlockView bw = block_view(const_cast<float*>(src.weights(l + 1)), C);
-    if (ckpt_) {
-      block_forward(bw, x, recompute_);
-      ops_.copy(acts_[l].out, recompute_.out, static_cast<std::size_t>(R_) * C);
-    } else {
-      block_forward(bw, x, acts_[l]);
+    {
+      BusyScope busy(dev_, StreamRole::compute);
+      if (ckpt_) {
+        block_forward(bw, x, recompute_);
+        ops_.copy(acts_[l].out, recompute_.out, static_cast<std::size_t>(R_) * C);
+      } else {
+        block_forward(bw, x, acts_[l]);
+      }
     }
     src.done_with(l + 1);
     x = acts_[l].out;
   }
   const float* lnf = src.weights(L + 1);
-  ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, lnf, lnf + C, R_, C);
+  {
+    BusyScope busy(dev_, StreamRole::compute);
+    ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, lnf, lnf + C, R_, C);
+  }
   src.done_with(L + 1);
   wte = src.weights(0);
-  const double loss = ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
+  double loss = 0;
+  {
+    BusyScope busy(dev_, StreamRole::compute);
+    loss = ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
+  }
   src.done_with(0);
   return loss;
 }
@@ -169,13 +182,19 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
   const std::size_t RC = static_cast<std::size_t>(R_) * C;
   const float* wte = src.weights(0);
   float* dwte = src.grads(0);
-  ops_.lm_head_backward(dln_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
+  {
+    BusyScope busy(dev_, StreamRole::compute);
+    ops_.lm_head_backward(dln_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
+  }
   src.done_with(0);
   const float* last = L > 0 ? acts_[L - 1].out : enc_out_;
   const float* lnf = src.weights(L + 1);
   float* dlnf = src.grads(L + 1);
-  ops_.zero(dres_a_, RC);
-  ops_.layernorm_backward(dres_a_, dlnf, dlnf + C, dln_, last, lnf, lnf_mean_, lnf_rstd_, R_, C);
+  {
+    BusyScope busy(dev_, StreamRole::compute);
+    ops_.zero(dres_a_, RC);
+    ops_.layernorm_backward(dres_a_, dlnf, dlnf + C, dln_, last, lnf, lnf_mean_, lnf_rstd_, R_, C);
+  }
   src.grads_done(L + 1);
   src.done_with(L + 1);
   float* dout = dres_a_;
@@ -184,18 +203,24 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
     const float* x = l > 0 ? acts_[l - 1].out : enc_out_;
     const BlockView bw = block_view(const_cast<float*>(src.weights(l + 1)), C);
     const BlockView bg = block_view(src.grads(l + 1), C);
-    const BlockActs* a = &acts_[l];
-    if (ckpt_) {  // recompute this block's activations from its kept input
-      block_forward(bw, x, recompute_);
-      a = &recompute_;
+    {
+      BusyScope busy(dev_, StreamRole::compute);
+      const BlockActs* a = &acts_[l];
+      if (ckpt_) {  // recompute this block's activations from its kept input
+        block_forward(bw, x, recompute_);
+        a = &recompute_;
+      }
+      block_backward(bw, bg, x, *a, dout, dx);
     }
-    block_backward(bw, bg, x, *a, dout, dx);
     src.grads_done(l + 1);
     src.done_with(l + 1);
     std::swap(dout, dx);
   }
   dwte = src.grads(0);
-  ops_.encoder_backward(dwte, dwte + static_cast<std::size_t>(V) * C, dout, tokens, B_, T, C);
+  {
+    BusyScope busy(dev_, StreamRole::compute);
+    ops_.encoder_backward(dwte, dwte + static_cast<std::size_t>(V) * C, dout, tokens, B_, T, C);
+  }
   src.grads_done(0);
 }
 

@@ -8,6 +8,7 @@
 //   ln_f:      w [C] b [C]
 // Weights are [in, out] as in GPT-2's Conv1D, so the tensors map 1:1 onto GPT-2 checkpoints.
 // Activations live in device memory (charged to the device budget) and are allocated once.
+// Each unit's ops are marked as compute busy time (BusyScope) after the unit's weights are ready.
 // Not thread-safe: one forward/backward at a time; the ops inside use the Par's threads.
 #pragma once
 
@@ -81,6 +82,7 @@ class GptModel {
   ModelShape s_;
   int B_, R_;
   bool ckpt_;
+  Device& dev_;
   OpsBackend& ops_;
   DeviceBuffer acts_buf_, scratch_buf_, head_buf_, grad_buf_;
   float* enc_out_ = nullptr;

@@ -10,6 +10,7 @@
 #include "zinf/config.h"
 #include "zinf/model.h"
 #include "zinf/train.h"
+#include "small_train.h"
 
 namespace zinf {
 namespace {
@@ -18,21 +19,7 @@ namespace fs = std::filesystem;
 
 const std::string kSwap = (fs::temp_directory_path() / ("zinf-offload-train-" + std::to_string(::getpid()))).string();
 
-std::string small(const std::string& extra) {
-  return R"({"model": {"n_layer": 3, "n_head": 2, "d_model": 32, "vocab_size": 256, "seq_len": 16},
-             "train": {"steps": 4, "eval_interval": 0, "eval_batches": 2, "seed": 11},
-             "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1},
-             "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 1000,
-             "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
-             "fp16": {"enabled": true, "initial_scale_power": 12},
-             "zero_optimization": {"stage": 3, "sub_group_size": 6000, "reduce_bucket_size": 5000,
-               "offload_optimizer": {"nvme_path": ")" +
-         kSwap + R"("}, "offload_param": {"nvme_path": ")" + kSwap + R"("}})" + extra + "}";
-}
-
-std::string digest(const std::vector<std::string>& overrides) {
-  return train(parse_config(small(""), overrides), TrainHooks{}).params_digest;
-}
+std::string digest(const std::vector<std::string>& overrides) { return test::small_train_digest(kSwap, overrides); }
 
 class OffloadTrain : public ::testing::Test {
  protected:

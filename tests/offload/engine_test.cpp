@@ -14,88 +14,12 @@
 #include "zinf/device.h"
 #include "zinf/error.h"
 #include "zinf/offload/engine.h"
+#include "engine_harness.h"
 
 namespace zinf::offload {
 namespace {
 
-namespace fs = std::filesystem;
-
-struct Dir {
-  fs::path p = fs::temp_directory_path() / ("zinf-engine-test-" + std::to_string(::getpid()));
-  Dir() { fs::create_directories(p); }
-  ~Dir() { fs::remove_all(p); }
-};
-
-EngineConfig config(OffloadDevice opt, OffloadDevice param, Precision prec, std::int64_t ga, Overlap ov, const std::string& dir) {
-  EngineConfig c;
-  c.units = {5000, 20000, 9000, 20000, 300};
-  c.persistent = {true, false, false, false, true};
-  c.precision = prec;
-  c.optimizer = opt;
-  c.param = param;
-  c.grad_accum = ga;
-  c.sub_group_size = 8192;
-  c.reduce_bucket_size = 4096;
-  c.optimizer_buffer_count = 3;
-  c.prefetch_depth = 1;
-  c.optimizer_store.parent = c.param_store.parent = dir;
-  c.optimizer_store.io.block_size = c.param_store.io.block_size = 64 << 10;
-  c.host_threads = 2;
-  c.overlap = ov;
-  return c;
-}
-
-void init(std::size_t u, float* p, std::size_t n) {
-  std::mt19937 rng(static_cast<std::uint32_t>(u + 1));
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  for (std::size_t i = 0; i < n; ++i) p[i] = nd(rng);
-}
-
-// Runs `steps` steps with synthetic gradients (a function of step, micro, unit and the current
-// weights, so a wrong window shows up in the result); returns every unit's master.
-std::vector<std::vector<float>> run(const EngineConfig& c, int steps, std::size_t* peak = nullptr, std::size_t budget = 64 << 20) {
-  auto dev = make_cpu_device(budget);
-  std::vector<std::vector<float>> out;
-  {
-    Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
-    for (int s = 1; s <= steps; ++s) {
-      for (std::int64_t mb = 0; mb < c.grad_accum; ++mb) {
-        e.begin_micro_batch(mb);
-        e.begin_forward();
-        std::vector<float> wsum(c.units.size());
-        for (std::size_t u = 0; u < c.units.size(); ++u) {
-          const float* w = e.weights(u);
-          wsum[u] = w[7] + w[c.units[u] - 1];
-          e.done_with(u);
-        }
-        e.begin_backward();
-        for (std::size_t u = c.units.size(); u-- > 0;) {
-          float* g = e.grads(u);
-          for (std::size_t i = 0; i < c.units[u]; ++i)
-            g[i] += 0.01f * std::sin(static_cast<float>(i * (u + 1) + 31 * s + 7 * mb)) + 0.1f * wsum[u];
-          e.grads_done(u);
-        }
-      }
-      StepOptions o;
-      o.loss_scale = c.precision == Precision::fp16 ? 1024 : 1;
-      o.gradient_clipping = 1.0;
-      o.hyper.lr = 1e-2f;
-      o.hyper.weight_decay = 0.01f;
-      o.step = s;
-      const StepOutcome r = e.step(o);
-      EXPECT_TRUE(r.finite);
-      EXPECT_GT(r.norm, 0.0);
-    }
-    for (std::size_t u = 0; u < c.units.size(); ++u) {
-      out.emplace_back(c.units[u]);
-      e.read_master(u, out.back().data());
-    }
-    EXPECT_LE(e.pinned_peak(), e.pinned_capacity());
-  }
-  if (peak) *peak = dev->peak();
-  EXPECT_EQ(dev->in_use(), 0u);
-  return out;
-}
+using namespace test;
 
 TEST(OffloadEngine, EveryPlacementAndOverlapModeIsBitIdentical) {
   Dir dir;

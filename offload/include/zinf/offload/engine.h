@@ -25,6 +25,38 @@
 // optimizer sub-groups ahead and writes behind, and lets the next forward of unit u start as soon as
 // u's update has landed; Overlap::none runs every supernode inline, one after another.
 //
+// Ordering: every buffer that one stream (or host worker) writes and another reads, and who hands
+// it over. "compute" is the model's stream (its ops, when the device runs them as stream work, see
+// Device::ops_stream_ordered); "host" is the trainer's thread; Reduce and Update are the engine's
+// host workers. A host wait (⇐) is used only where the host itself touches the buffer.
+//
+//   buffer                   written by              read by                 handed over by
+//   window slot (param/work) h2d (Fetch)             compute (model)         slot.ready: recorded on h2d after the
+//                                                                            copies; compute waits (model_waits_for)
+//   window slot, reuse       h2d (next Fetch)        compute (previous unit) slot.released: recorded on compute at
+//                                                                            done_with; h2d waits before overwriting
+//   param home (pinned/NVMe) Update                  h2d (Fetch)             unit.fetched (h2d) ⇐ Update, before it
+//                                                                            rewrites the home; the Fetch of a unit
+//                                                                            waits for its landing (version)
+//   resident param (+fp32)   Update / h2d (Upload)   compute                 landing: the Update's copies are waited
+//                                                                            (⇐ upload events, h2d sync) before
+//                                                                            version[u] is set; weights(u) waits it
+//   device gradient          compute (backward)      d2h (GradOut)           event recorded on compute at grads_done;
+//                                                                            d2h waits
+//   device gradient, reuse   compute (next zeroing)  d2h (GradOut)           unit.reducing ⇐ grads(u): the Reduce
+//                                                                            clears it after d2h is drained
+//   grad window slot         compute                 d2h                     as the device gradient; the slot is
+//                                                                            freed by the Reduce (under the lock)
+//   GradOut staging (device) d2h                     d2h                     stream order
+//   landing buffer (pinned)  d2h (GradOut)           Reduce                  one event per bucket ⇐ Reduce; the
+//                                                                            next copy into it is enqueued after
+//   host grad16/grad32       Reduce                  Update, norm            Reduce worker drained at step()
+//   upload slot (pinned)     Update                  h2d (Upload)            upload event ⇐ Update before reuse
+//   optimizer sub-group buf  NVMe (SwapIn)           Update                  the swapper's read handle
+//   token/target batch       h2d (trainer's upload)  compute (forward and    the trainer: h2d waits for an event
+//                                                    backward)               recorded on compute after the last
+//                                                                            micro batch's ops (train.cpp)
+//
 // Memory: all device buffers are allocated up front (a plan that does not fit the device budget is
 // refused before anything is allocated, with the numbers); host staging comes from one PinnedPool
 // whose size is fixed and reported.
@@ -130,7 +162,11 @@ class Engine {
   void read_states(std::size_t u, float* master, float* m, float* v);
   void write_states(std::size_t u, const float* master, const float* m, const float* v);
 
+  // Busy seconds per resource since the last call: h2d, d2h (and compute, when the model's ops are
+  // stream work) as the device measured them on its streams; host from the engine's workers; NVMe
+  // from the stores.
   ResourceTimes take_times();
+  // The trainer's host time in the model's ops, for a device whose ops run on the host.
   void add_compute_time(double s);
   std::size_t pinned_capacity() const;
   std::size_t pinned_peak() const;

@@ -1,0 +1,123 @@
+// engine_harness.h — the offload engine driven by a synthetic model, for the engine's tests: the same
+// gradients through any placement, overlap mode and device give the same masters.
+//
+// The synthetic model reads two weights of each unit in the forward and writes a gradient that
+// depends on them, on the step, the micro batch and the unit, so a wrong or stale window changes the
+// result. On a device whose ops are stream-ordered (the async CPU device) it does that reading and
+// writing as compute-stream work, exactly where a GPU's kernels would, so a handoff without an event
+// is caught by the jitter.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "zinf/device.h"
+#include "zinf/offload/engine.h"
+
+namespace zinf::offload::test {
+
+namespace fs = std::filesystem;
+
+struct Dir {
+  fs::path p;
+  explicit Dir(const std::string& tag = "zinf-engine-test")
+      : p(fs::temp_directory_path() / (tag + "-" + std::to_string(::getpid()))) {
+    fs::create_directories(p);
+  }
+  ~Dir() { fs::remove_all(p); }
+};
+
+inline EngineConfig config(OffloadDevice opt, OffloadDevice param, Precision prec, std::int64_t ga, Overlap ov,
+                           const std::string& dir) {
+  EngineConfig c;
+  c.units = {5000, 20000, 9000, 20000, 300};
+  c.persistent = {true, false, false, false, true};
+  c.precision = prec;
+  c.optimizer = opt;
+  c.param = param;
+  c.grad_accum = ga;
+  c.sub_group_size = 8192;
+  c.reduce_bucket_size = 4096;
+  c.optimizer_buffer_count = 3;
+  c.prefetch_depth = 1;
+  c.optimizer_store.parent = c.param_store.parent = dir;
+  c.optimizer_store.io.block_size = c.param_store.io.block_size = 64 << 10;
+  c.host_threads = 2;
+  c.overlap = ov;
+  return c;
+}
+
+inline void init(std::size_t u, float* p, std::size_t n) {
+  std::mt19937 rng(static_cast<std::uint32_t>(u + 1));
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (std::size_t i = 0; i < n; ++i) p[i] = nd(rng);
+}
+
+// Runs `steps` steps on `dev`; returns every unit's master.
+inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c, int steps) {
+  std::vector<std::vector<float>> out;
+  const bool on_stream = dev.ops_stream_ordered();
+  {
+    Engine e(c, dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+    auto wsum = std::make_shared<std::vector<float>>(c.units.size());
+    for (int s = 1; s <= steps; ++s) {
+      for (std::int64_t mb = 0; mb < c.grad_accum; ++mb) {
+        e.begin_micro_batch(mb);
+        e.begin_forward();
+        for (std::size_t u = 0; u < c.units.size(); ++u) {
+          const float* w = e.weights(u);
+          const std::size_t n = c.units[u];
+          auto read = [wsum, w, u, n] { (*wsum)[u] = w[7] + w[n - 1]; };
+          if (on_stream) dev.launch(StreamRole::compute, read); else read();
+          e.done_with(u);
+        }
+        e.begin_backward();
+        for (std::size_t u = c.units.size(); u-- > 0;) {
+          float* g = e.grads(u);
+          const std::size_t n = c.units[u];
+          auto write = [wsum, g, u, n, s, mb] {
+            for (std::size_t i = 0; i < n; ++i)
+              g[i] += 0.01f * std::sin(static_cast<float>(i * (u + 1) + 31 * static_cast<std::size_t>(s) + 7 * static_cast<std::size_t>(mb))) +
+                      0.1f * (*wsum)[u];
+          };
+          if (on_stream) dev.launch(StreamRole::compute, write); else write();
+          e.grads_done(u);
+        }
+      }
+      StepOptions o;
+      o.loss_scale = c.precision == Precision::fp16 ? 1024 : 1;
+      o.gradient_clipping = 1.0;
+      o.hyper.lr = 1e-2f;
+      o.hyper.weight_decay = 0.01f;
+      o.step = s;
+      const StepOutcome r = e.step(o);
+      EXPECT_TRUE(r.finite);
+      EXPECT_GT(r.norm, 0.0);
+    }
+    for (std::size_t u = 0; u < c.units.size(); ++u) {
+      out.emplace_back(c.units[u]);
+      e.read_master(u, out.back().data());
+    }
+    EXPECT_LE(e.pinned_peak(), e.pinned_capacity());
+  }
+  EXPECT_EQ(dev.in_use(), 0u);
+  return out;
+}
+
+// The same on a fresh CPU device.
+inline std::vector<std::vector<float>> run(const EngineConfig& c, int steps, std::size_t* peak = nullptr,
+                                           std::size_t budget = 64 << 20, const CpuDeviceOptions& o = {}) {
+  auto dev = make_cpu_device(budget, o);
+  auto out = run_on(*dev, c, steps);
+  if (peak) *peak = dev->peak();
+  return out;
+}
+
+}  // namespace zinf::offload::test

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds zinf into a build directory (default: build/, Release).
 # Usage: scripts/build.sh [BUILD_DIR] [extra cmake args...]
+# ZINF_BUILD_TARGETS="a b" builds only those targets (default: everything).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${1:-$root/build}"
@@ -9,4 +10,6 @@ gen=()
 command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 [ -f "$dir/CMakeCache.txt" ] && gen=()
 cmake -S "$root" -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
-cmake --build "$dir" -j "$(nproc)"
+targets=()
+for t in ${ZINF_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$dir" -j "$(nproc)" "${targets[@]}"

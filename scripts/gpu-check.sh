@@ -11,6 +11,13 @@
 # and trains configs/gpu-check.json — GPT-2 medium's shape at vocab 256, ~302M parameters, whose
 # training state (~4.8 GB) is over 3× its 1.5 GiB GPU budget — with the optimizer states on cpu and
 # then on nvme, reporting TFLOPS, the GPU busy fraction and the overlap ratio (`zinf bench step`).
+#
+# Ordering (results must not change run to run): TrainGpu.* repeated $ZINF_GPU_REPEAT times (default
+# 20); configs/gpu-check.json trained for 3 steps $ZINF_GPU_RUNS times (default 3) under every
+# placement (optimizer none/cpu/nvme × params none/cpu) and both overlap modes — one params_digest
+# for all of them is the pass condition ("digests: one digest" in the results); and the same model's
+# per-step losses on the CPU device against the GPU's, within a relative 2e-2 (bf16 on both; the
+# devices round differently, so close, not bitwise).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out_dir="${OUT:-$root}"
@@ -64,11 +71,49 @@ run nvidia-smi nvidia-smi
 run info "$root/build-gpu/src/zinf" info
 run gpu-tests ctest --test-dir "$root/build-gpu" -L gpu --output-on-failure
 run gpu-train-tests "$root/build-gpu/tests/train_test" --gtest_filter='TrainGpu.*'
+run gpu-train-tests-repeat "$root/build-gpu/tests/train_test" --gtest_filter='TrainGpu.*' --gtest_repeat="${ZINF_GPU_REPEAT:-20}"
 run bench-pcie "$root/build-gpu/src/zinf" bench pcie --size 1G --reps 5 --json
 swap="${TMPDIR:-/tmp}/zinf-gpu-check"
 mkdir -p "$swap"
 run train-optimizer-cpu "$root/build-gpu/src/zinf" bench step --json --steps 6 --config "$root/configs/gpu-check.json"
 run train-optimizer-nvme "$root/build-gpu/src/zinf" bench step --json --steps 6 --config "$root/configs/gpu-check.json" \
   --set zero_optimization.offload_optimizer.device=nvme --set "zero_optimization.offload_optimizer.nvme_path=\"$swap\""
+# One digest across placements, overlap modes and repeated runs. Nothing offloaded needs a larger budget.
+digests="$out_dir/gpu-digests.txt"
+: > "$digests"
+for opt in none cpu nvme; do
+  for param in none cpu; do
+    budget=1536MiB
+    [ "$opt" = none ] && budget=16GiB
+    for ov in exact none; do
+      for k in $(seq 1 "${ZINF_GPU_RUNS:-3}"); do
+        line="$("$root/build-gpu/src/zinf" train --config "$root/configs/gpu-check.json" --set train.steps=3 \
+          --set zero_optimization.offload_optimizer.device=$opt --set zero_optimization.offload_param.device=$param \
+          --set train.overlap=$ov --set device.memory_budget=$budget \
+          --set "zero_optimization.offload_optimizer.nvme_path=\"$swap\"" 2>>"$results" | grep '^final ')"
+        log "digest opt=$opt param=$param overlap=$ov run=$k: $line"
+        echo "${line##*params_digest=}" >> "$digests"
+      done
+    done
+  done
+done
+n="$(sort -u "$digests" | grep -c .)"
+if [ "$n" = 1 ]; then log "== digests: one digest over $(wc -l < "$digests") runs: $(head -1 "$digests")"
+else log "== digests: FAILED, $n different digests over $(wc -l < "$digests") runs"; fi
 rm -rf "$swap"
+# The GPU against the CPU device at this scale: per-step losses from the metrics files.
+for dev in cuda cpu; do
+  run "losses-$dev" "$root/build-gpu/src/zinf" train --config "$root/configs/gpu-check.json" --set train.steps=3 \
+    --set device.type=$dev --set device.memory_budget=16GiB --set "train.metrics_file=\"$out_dir/gpu-check-losses-$dev.jsonl\""
+done
+run losses-compare python3 - "$out_dir/gpu-check-losses-cuda.jsonl" "$out_dir/gpu-check-losses-cpu.jsonl" <<'PY'
+import json, sys
+def losses(p):
+    return [r["loss"] for r in map(json.loads, open(p)) if "loss" in r]
+g, c = losses(sys.argv[1]), losses(sys.argv[2])
+assert len(g) == len(c) > 0, (g, c)
+worst = max(abs(a - b) / abs(b) for a, b in zip(g, c))
+print("per-step loss gpu", g, "cpu", c, "max rel diff %.3g (tolerance 2e-2)" % worst)
+sys.exit(0 if worst <= 2e-2 else 1)
+PY
 log "== done; results in $results"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): install dependencies, build, run the whole suite; then build
-# the unit tests with AddressSanitizer + UBSan and run them again. Set ZINF_SKIP_SANITIZE=1 to skip
-# the second pass.
+# the unit tests with AddressSanitizer + UBSan and run them again; then build the `async` tests (the
+# ordering contract on the asynchronous, jittered CPU device) with ThreadSanitizer and run them.
+# ZINF_SKIP_SANITIZE=1 skips both sanitizer passes, ZINF_SKIP_TSAN=1 the last one.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/install-deps.sh"
@@ -12,4 +13,10 @@ if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ]; then
   "$root/scripts/build.sh" "$root/build-asan" -DZINF_SANITIZE=address,undefined -DZINF_BUILD_BENCH=OFF
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -L 'unit|nvme'
+fi
+if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TSAN:-0}" != "1" ]; then
+  echo "== sanitizer pass (thread): the async label, one jitter seed per configuration"
+  ZINF_BUILD_TARGETS=async_test "$root/scripts/build.sh" "$root/build-tsan" -DZINF_SANITIZE=thread -DZINF_BUILD_BENCH=OFF -DZINF_CUDA=OFF
+  TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_ASYNC_SEEDS=1 \
+    ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" -L async
 fi

@@ -427,6 +427,23 @@ TEST(Config, DeviceMemoryBudgetTakesUnits) {
   EXPECT_NE(e.find("device.memory_budget: '8 parsecs' has an unknown unit"), std::string::npos) << e;
 }
 
+TEST(Config, DeviceAsyncModeAndJitter) {
+  const Config d = ok(R"({"train_batch_size": 8})");
+  EXPECT_FALSE(d.device.async);
+  EXPECT_EQ(d.device.jitter_seed, 0u);
+  EXPECT_EQ(d.device.jitter_us, 200);
+  const Config c = ok(R"({"train_batch_size": 8, "device": {"type": "cpu", "async": true, "jitter_seed": 9, "jitter_us": 50}})");
+  EXPECT_TRUE(c.device.async);
+  EXPECT_EQ(c.device.jitter_seed, 9u);
+  EXPECT_EQ(c.device.jitter_us, 50);
+  std::string e = error_of(R"({"train_batch_size": 8, "device": {"jitter_us": 0}})");
+  EXPECT_NE(e.find("device.jitter_us"), std::string::npos) << e;
+  e = error_of(R"({"train_batch_size": 8, "device": {"jitter_seed": -1}})");
+  EXPECT_NE(e.find("device.jitter_seed"), std::string::npos) << e;
+  e = error_of(R"({"train_batch_size": 8, "device": {"type": "cuda", "async": true}})");
+  EXPECT_NE(e.find("device.async: applies to the CPU device only"), std::string::npos) << e;
+}
+
 TEST(Config, TrainCheckpointIntervalNeedsADirectory) {
   std::string e = error_of(R"({"train_batch_size": 8, "train": {"checkpoint_interval": 10}})");
   EXPECT_NE(e.find("train.checkpoint_interval"), std::string::npos) << e;

@@ -13,7 +13,7 @@
 
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
-#include "zinf/cpu_adam/host_pool.h"
+#include "zinf/cpu_adam/host_threads.h"
 
 namespace {
 
@@ -64,7 +64,7 @@ template <int Kind>
 void BM_update(benchmark::State& state) {
   validate_once();
   const auto n = static_cast<std::size_t>(state.range(0));
-  HostPool pool(static_cast<int>(state.range(1)));
+  HostThreads pool(static_cast<int>(state.range(1)));
   Arrays a(n);
   const AdamStep s = make_adam_step(kHyper, 10, 1.0f / 1024);
   const SimdLevel level = active_simd();
@@ -86,7 +86,7 @@ void BM_cpu_adam_naive(benchmark::State& s) { BM_update<2>(s); }
 
 void BM_cpu_adam_sum_squares(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  HostPool pool(static_cast<int>(state.range(1)));
+  HostThreads pool(static_cast<int>(state.range(1)));
   Arrays a(n);
   if (sum_squares(pool, a.grad.data(), GradType::fp16, n).sum != sum_squares_blocked(a.grad.data(), GradType::fp16, n).sum)
     std::abort();

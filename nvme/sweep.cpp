@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "zinf/error.h"
-#include "zinf/nvme/pinned.h"
+#include "zinf/pinned.h"
 #include "zinf/nvme/store.h"
 #include "zinf/nvme/swapper.h"
 

@@ -9,7 +9,7 @@ namespace {
 
 class HostKernels final : public DeviceKernels {
  public:
-  HostKernels(Device& d, cpu_adam::HostPool& p) : dev_(d), pool_(p) {}
+  HostKernels(Device& d, cpu_adam::HostThreads& p) : dev_(d), pool_(p) {}
   void zero(void* p, std::size_t bytes, StreamRole s) override {
     dev_.launch(s, [=] { std::memset(p, 0, bytes); });
   }
@@ -49,12 +49,12 @@ class HostKernels final : public DeviceKernels {
 
  private:
   Device& dev_;
-  cpu_adam::HostPool& pool_;
+  cpu_adam::HostThreads& pool_;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceKernels> host_kernels(Device& dev, cpu_adam::HostPool& pool) {
+std::unique_ptr<DeviceKernels> host_kernels(Device& dev, cpu_adam::HostThreads& pool) {
   return std::make_unique<HostKernels>(dev, pool);
 }
 

@@ -28,10 +28,10 @@
 #include <thread>
 
 #include "zinf/cpu_adam/convert.h"
-#include "zinf/cpu_adam/host_pool.h"
+#include "zinf/cpu_adam/host_threads.h"
 #include "zinf/error.h"
 #include "zinf/jitter.h"
-#include "zinf/nvme/pinned.h"
+#include "zinf/pinned.h"
 #include "zinf/nvme/swapper.h"
 #include "zinf/offload/placement.h"
 #include "zinf/serial_worker.h"
@@ -79,17 +79,17 @@ struct Engine::Impl {
   const cpu_adam::HalfType half;
   const bool opt_off, param_off;
   std::size_t max_window_unit = 0, max_np = 0, bucket = 0, sg = 0;
-  cpu_adam::HostPool pool;
+  cpu_adam::HostThreads pool;
   std::unique_ptr<DeviceKernels> kern;       // the engine's work on device memory
   DeviceBuffer gradout_stage;                // device: one bucket rounded to 16 bits before it leaves
-  std::unique_ptr<nvme::PinnedPool> pinned;  // declared first among holders: outlives every PinnedBuffer
+  std::unique_ptr<PinnedPool> pinned;  // declared first among holders: outlives every PinnedBuffer
 
   struct Unit {
     std::size_t n = 0;
     bool windowed = false, grad_windowed = false;
     DeviceBuffer dparam, dwork, dmaster, dm, dv, dgrad, dgrad16, dgradacc;
     HostMem hmaster, hm, hv, hgrad;
-    nvme::PinnedBuffer hparam;  // offload_param cpu: the home of the compute copy
+    PinnedBuffer hparam;  // offload_param cpu: the home of the compute copy
     std::vector<std::size_t> chunks;  // sub-group starts (elements)
     std::size_t chunk_len(std::size_t ci) const { return (ci + 1 < chunks.size() ? chunks[ci + 1] : n) - chunks[ci]; }
     std::vector<nvme::TensorStore::Id> sg_ids;
@@ -103,7 +103,7 @@ struct Engine::Impl {
 
   struct Slot {  // a window slot for one unit's compute copy (+ fp32 working weights when mixed)
     DeviceBuffer param, work;
-    nvme::PinnedBuffer staging;  // offload_param nvme: read target before the h2d copy
+    PinnedBuffer staging;  // offload_param nvme: read target before the h2d copy
     int unit = -1;
     std::int64_t version = -1;
     int users = 0;
@@ -118,8 +118,8 @@ struct Engine::Impl {
   };
   std::vector<GradSlot> gslots;
 
-  std::vector<nvme::PinnedBuffer> landing;   // 2 × bucket × cb
-  std::vector<nvme::PinnedBuffer> upload;    // 2 × sub-group × cb (param none, optimizer offloaded; param nvme)
+  std::vector<PinnedBuffer> landing;   // 2 × bucket × cb
+  std::vector<PinnedBuffer> upload;    // 2 × sub-group × cb (param none, optimizer offloaded; param nvme)
   std::vector<EventHandle> upload_ev;
   HostMem reduce_scratch;                    // bucket × 4: fp32 of a landed bucket (GA > 1)
   std::unique_ptr<nvme::TensorStore> ostore, pstore;
@@ -340,7 +340,7 @@ struct Engine::Impl {
     for (std::size_t kb = 0; kb < nb; ++kb) {
       while (enqueued < nb && enqueued < kb + L) enqueue(enqueued++);
       const std::size_t o = kb * bucket, len = std::min(bucket, u.n - o);
-      nvme::PinnedBuffer& land = landing[kb % L];
+      PinnedBuffer& land = landing[kb % L];
       landed[kb % L]->wait();
       auto t0 = Clock::now();
       char* dst = u.hgrad.get() + o * gsize();
@@ -361,8 +361,8 @@ struct Engine::Impl {
   // fn(o, len, padded_len, buf) for each, in order.
   void for_each_subgroup(Unit& u, const std::function<void(std::size_t, std::size_t, std::size_t, float*)>& fn) {
     const std::size_t cap = 12 * round_up(std::min(sg, u.n), 1024);
-    nvme::PinnedPool p(cap, false);
-    nvme::PinnedBuffer b = p.acquire(cap);
+    PinnedPool p(cap, false);
+    PinnedBuffer b = p.acquire(cap);
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) fn(u.chunks[ci], u.chunk_len(ci), round_up(u.chunk_len(ci), 1024), static_cast<float*>(b.data()));
   }
 
@@ -394,7 +394,7 @@ struct Engine::Impl {
     if (!u.windowed && !opt_off) return static_cast<char*>(u.dparam.as<void>()) + o * cb;  // the device's own Update writes it
     if (u.windowed && u.fetched) u.fetched->wait();  // no Fetch may still be reading the home we overwrite
     if (u.windowed && c.param == OffloadDevice::cpu) return static_cast<char*>(u.hparam.data()) + o * cb;
-    nvme::PinnedBuffer& up = upload[static_cast<std::size_t>(slot_k)];
+    PinnedBuffer& up = upload[static_cast<std::size_t>(slot_k)];
     if (upload_ev[static_cast<std::size_t>(slot_k)]) upload_ev[static_cast<std::size_t>(slot_k)]->wait();
     return up.data();
   }
@@ -528,7 +528,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     throw DeviceMemoryError("the offload plan needs " + std::to_string(need_device) + " bytes of device memory for states and windows, " +
                                 std::to_string(dev.budget() - dev.in_use()) + " are left in the budget of " + std::to_string(dev.budget()),
                             "offload more (offload_optimizer / offload_param), raise device.memory_budget, or see `zinf plan`");
-  m.pinned = std::make_unique<nvme::PinnedPool>(plan.pinned_pool, c.pin_memory);
+  m.pinned = std::make_unique<PinnedPool>(plan.pinned_pool, c.pin_memory);
   if (m.pinned->capacity()) dev.register_host(m.pinned->slab().iov_base, m.pinned->capacity());  // CUDA: one copy, no bounce
 
   std::size_t max_unit = 0;
@@ -605,8 +605,8 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     if (param_on_nvme || c.optimizer == OffloadDevice::nvme) {
       const std::size_t bytes = std::max(param_on_nvme ? uu.n * cb : 0,
                                          c.optimizer == OffloadDevice::nvme ? 12 * round_up(std::min(m.sg, uu.n), 1024) : 0);
-      nvme::PinnedPool init_pool(round_up(bytes, 4096), false);  // pageable: used once, at start
-      nvme::PinnedBuffer b = init_pool.acquire(bytes);
+      PinnedPool init_pool(round_up(bytes, 4096), false);  // pageable: used once, at start
+      PinnedBuffer b = init_pool.acquire(bytes);
       if (param_on_nvme) {
         m.to_compute(tmp.data(), b.data(), uu.n);
         m.pstore->write(uu.param_id, b.data())->wait();
@@ -914,8 +914,8 @@ void Engine::write_states(std::size_t ui, const float* master, const float* mm, 
   } else if (m.c.param == OffloadDevice::cpu) {
     m.to_compute(master, u.hparam.data(), u.n);
   } else {
-    nvme::PinnedPool p(round_up(u.n * m.cb, 4096), false);
-    nvme::PinnedBuffer b = p.acquire(u.n * m.cb);
+    PinnedPool p(round_up(u.n * m.cb, 4096), false);
+    PinnedBuffer b = p.acquire(u.n * m.cb);
     m.to_compute(master, b.data(), u.n);
     m.pstore->write(u.param_id, b.data())->wait();
   }

@@ -9,7 +9,7 @@
 #include "zinf/bench.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
-#include "zinf/cpu_adam/host_pool.h"
+#include "zinf/cpu_adam/host_threads.h"
 #include "zinf/error.h"
 
 namespace zinf {
@@ -38,7 +38,7 @@ struct Arrays {
   }
 };
 
-void fill(HostPool& pool, Arrays& a) {
+void fill(HostThreads& pool, Arrays& a) {
   pool.parallel_for(a.n, 1 << 16, [&](std::size_t b, std::size_t e) {  // first touch by the workers
     std::uint32_t x = static_cast<std::uint32_t>(b) * 2654435761u + 1;
     for (std::size_t i = b; i < e; ++i) {
@@ -57,7 +57,7 @@ void fill(HostPool& pool, Arrays& a) {
 
 AdamBenchResult run_adam_bench(const AdamBenchOptions& o, const std::function<void(const std::string&)>& progress) {
   if (o.params < 1024) throw ConfigError("--params must be at least 1024");
-  HostPool pool(o.threads);
+  HostThreads pool(o.threads);
   AdamBenchResult r;
   r.params = o.params;
   r.threads = pool.threads();

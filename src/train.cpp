@@ -19,7 +19,7 @@
 #include "zinf/safetensors.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
-#include "zinf/cpu_adam/host_pool.h"
+#include "zinf/cpu_adam/host_threads.h"
 #include "zinf/data.h"
 #include "zinf/device.h"
 #include "zinf/error.h"
@@ -201,7 +201,7 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
     log("init: parameters from " + c.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
   }
   offload::EngineConfig ec = engine_config(c, threads);
-  if (use_cuda) ec.kernels = [](Device& d, cpu_adam::HostPool&) { return cuda::make_engine_kernels(d); };
+  if (use_cuda) ec.kernels = [](Device& d, cpu_adam::HostThreads&) { return cuda::make_engine_kernels(d); };
   offload::Engine engine(ec, *dev, [&](std::size_t u, float* master) {
     if (init_file)
       load_gpt2_unit(*init_file, c.model.init_from, shape, u, master);

@@ -8,7 +8,7 @@
 
 #include "cuda/engine_kernels.h"
 #include "cuda/ops/check.cuh"
-#include "zinf/cpu_adam/host_pool.h"
+#include "zinf/cpu_adam/host_threads.h"
 #include "zinf/cpu_adam/spec.h"
 #include "zinf/error.h"
 

@@ -11,7 +11,7 @@
 
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
-#include "zinf/cpu_adam/host_pool.h"
+#include "zinf/cpu_adam/host_threads.h"
 
 namespace zinf::cpu_adam {
 namespace {
@@ -232,7 +232,7 @@ TEST(AdamUpdate, ThreadCountDoesNotChangeResults) {
   const AdamStep st = make_adam_step(AdamHyper{.weight_decay = 0.01f}, 4, 0.25f);
   State base = make_state(n, GradType::fp16, 11, false);
   State one = base, two = base, three = base;
-  HostPool p1(1), p2(2), p3(3);
+  HostThreads p1(1), p2(2), p3(3);
   adam_update(p1, st, chunk_of(one, n, GradType::fp16, true, HalfType::fp16, 0));
   adam_update(p2, st, chunk_of(two, n, GradType::fp16, true, HalfType::fp16, 0));
   adam_update(p3, st, chunk_of(three, n, GradType::fp16, true, HalfType::fp16, 0));
@@ -242,14 +242,14 @@ TEST(AdamUpdate, ThreadCountDoesNotChangeResults) {
   EXPECT_EQ(p2.threads(), 2);
 }
 
-TEST(HostPool, ExceptionsReachTheCaller) {
-  HostPool pool(2);
+TEST(HostThreads, ExceptionsReachTheCaller) {
+  HostThreads pool(2);
   EXPECT_THROW(pool.parallel_for(1 << 20, 1024,
                                  [](std::size_t b, std::size_t) {
                                    if (b > 0) throw std::runtime_error("worker failed");
                                  }),
                std::runtime_error);
-  HostPool pinned(2, /*pin=*/true);
+  HostThreads pinned(2, /*pin=*/true);
   std::atomic<std::size_t> covered{0};
   pinned.parallel_for(100000, 1, [&](std::size_t b, std::size_t e) { covered += e - b; });
   EXPECT_EQ(covered.load(), 100000u);

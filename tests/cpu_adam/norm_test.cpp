@@ -11,7 +11,7 @@
 
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
-#include "zinf/cpu_adam/host_pool.h"
+#include "zinf/cpu_adam/host_threads.h"
 
 namespace zinf::cpu_adam {
 namespace {
@@ -92,7 +92,7 @@ TEST(SumSquares, ThreadCountDoesNotChangeTheNorm) {
   Grads g = grads(n, 77);
   const SumSquares serial = sum_squares_blocked(g.f16.data(), GradType::fp16, n);
   for (int threads : {1, 2, 3, 4}) {
-    HostPool pool(threads);
+    HostThreads pool(threads);
     const SumSquares s = sum_squares(pool, g.f16.data(), GradType::fp16, n);
     EXPECT_EQ(bits(s.sum), bits(serial.sum)) << threads << " threads";
     EXPECT_TRUE(s.finite);

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "zinf/error.h"
-#include "zinf/nvme/pinned.h"
+#include "zinf/pinned.h"
 #include "zinf/nvme/probe.h"
 #include "zinf/nvme/store.h"
 #include "zinf/nvme/swapper.h"

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "zinf/nvme/engine.h"
+#include "zinf/nvme/io_engine.h"
 
 namespace zinf::nvme {
 

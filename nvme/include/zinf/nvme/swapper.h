@@ -15,7 +15,7 @@
 #include <functional>
 #include <vector>
 
-#include "zinf/nvme/pinned.h"
+#include "zinf/pinned.h"
 #include "zinf/nvme/store.h"
 
 namespace zinf::nvme {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "zinf/nvme/engine.h"
+#include "zinf/nvme/io_engine.h"
 
 namespace zinf::nvme {
 

@@ -16,7 +16,7 @@
 #include <memory>
 
 #include "zinf/cpu_adam/adam.h"
-#include "zinf/cpu_adam/host_pool.h"
+#include "zinf/cpu_adam/host_threads.h"
 #include "zinf/device.h"
 
 namespace zinf::offload {
@@ -35,6 +35,6 @@ class DeviceKernels {
 };
 
 // The CPU device's kernels: cpu_adam on the host pool, run in stream order on `dev`'s workers.
-std::unique_ptr<DeviceKernels> host_kernels(Device& dev, cpu_adam::HostPool& pool);
+std::unique_ptr<DeviceKernels> host_kernels(Device& dev, cpu_adam::HostThreads& pool);
 
 }  // namespace zinf::offload

@@ -103,7 +103,7 @@ struct EngineConfig {
   nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
   // The device's kernels for the engine's own work on device memory; empty: host_kernels (the CPU
   // device). The CUDA device passes its kernels here.
-  std::function<std::unique_ptr<DeviceKernels>(Device&, cpu_adam::HostPool&)> kernels;
+  std::function<std::unique_ptr<DeviceKernels>(Device&, cpu_adam::HostThreads&)> kernels;
 };
 
 struct StepOptions {

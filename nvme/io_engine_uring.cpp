@@ -1,4 +1,4 @@
-// engine_uring.cpp — the io_uring engine: one ring per I/O thread, each keeping up to queue_depth
+// io_engine_uring.cpp — the io_uring engine: one ring per I/O thread, each keeping up to queue_depth
 // requests in flight. A worker blocks in io_uring_submit_and_wait for completions; new work wakes it
 // through an eventfd that is itself polled by the ring, so an idle engine burns no CPU and a busy one
 // never waits for a timer. Pinned-pool slabs, when given, are registered as fixed buffers.
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "engine_internal.h"
+#include "io_engine_internal.h"
 #include "zinf/error.h"
 
 namespace zinf::nvme::detail {

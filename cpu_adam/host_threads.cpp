@@ -1,5 +1,5 @@
-// host_pool.cpp — oneTBB arena (+ optional hwloc pinning) for the host-side passes (host_pool.h).
-#include "zinf/cpu_adam/host_pool.h"
+// host_threads.cpp — oneTBB arena (+ optional hwloc pinning) for the host-side passes (host_threads.h).
+#include "zinf/cpu_adam/host_threads.h"
 
 #include <hwloc.h>
 #include <tbb/blocked_range.h>
@@ -56,7 +56,7 @@ int physical_cores() {
   return n;
 }
 
-struct HostPool::Impl {
+struct HostThreads::Impl {
   int threads;
   tbb::task_arena arena;
   hwloc_topology_t topo = nullptr;
@@ -72,14 +72,14 @@ struct HostPool::Impl {
   }
 };
 
-HostPool::HostPool(int threads, bool pin) {
+HostThreads::HostThreads(int threads, bool pin) {
   ZINF_CHECK(threads >= 0);
   impl_ = std::make_unique<Impl>(threads == 0 ? physical_cores() : threads, pin);
 }
-HostPool::~HostPool() = default;
-int HostPool::threads() const { return impl_->threads; }
+HostThreads::~HostThreads() = default;
+int HostThreads::threads() const { return impl_->threads; }
 
-void HostPool::parallel_for(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& fn) {
+void HostThreads::parallel_for(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& fn) {
   if (n == 0) return;
   grain = std::max<std::size_t>(kAlign, (grain + kAlign - 1) / kAlign * kAlign);
   const std::size_t chunks = (n + grain - 1) / grain;
@@ -113,7 +113,7 @@ const void* grad_at(const void* g, GradType t, std::size_t i) {
 }
 }  // namespace
 
-void adam_update(HostPool& pool, const AdamStep& s, const UpdateChunk& c) {
+void adam_update(HostThreads& pool, const AdamStep& s, const UpdateChunk& c) {
   // Elementwise: any split gives the same bits. Chunks of ≥ 64 Ki elements amortise scheduling.
   const SimdLevel level = active_simd();
   const std::size_t grain = std::max<std::size_t>(std::size_t{1} << 16, c.n / (4 * static_cast<std::size_t>(pool.threads())));
@@ -127,7 +127,7 @@ SumSquares sum_squares_blocked(const void* grad, GradType t, std::size_t n) {
   return {sum, std::isfinite(sum)};
 }
 
-SumSquares sum_squares(HostPool& pool, const void* grad, GradType t, std::size_t n) {
+SumSquares sum_squares(HostThreads& pool, const void* grad, GradType t, std::size_t n) {
   const std::size_t blocks = (n + kNormBlock - 1) / kNormBlock;
   std::vector<double> part(blocks);
   const SimdLevel level = active_simd();

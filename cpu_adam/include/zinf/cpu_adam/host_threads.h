@@ -1,4 +1,4 @@
-// zinf/cpu_adam/host_pool.h — the host worker threads that run Update, norm and conversion passes.
+// zinf/cpu_adam/host_threads.h — the host worker threads that run Update, norm and conversion passes.
 //
 // A oneTBB task arena of a fixed size (default: the physical cores, from hwloc), optionally with each
 // worker pinned to its own core. Work is split into chunks aligned to 1024 elements (4 KiB of fp32:
@@ -15,13 +15,13 @@
 
 namespace zinf::cpu_adam {
 
-class HostPool {
+class HostThreads {
  public:
   // threads = 0: the number of physical cores. pin: bind worker i to core i (hwloc).
-  explicit HostPool(int threads = 0, bool pin = false);
-  ~HostPool();
-  HostPool(const HostPool&) = delete;
-  HostPool& operator=(const HostPool&) = delete;
+  explicit HostThreads(int threads = 0, bool pin = false);
+  ~HostThreads();
+  HostThreads(const HostThreads&) = delete;
+  HostThreads& operator=(const HostThreads&) = delete;
 
   int threads() const;
   // Runs fn(begin, end) over [0, n) in chunks of at least `grain` elements, rounded to 1024.
@@ -36,10 +36,10 @@ class HostPool {
 int physical_cores();
 
 // The fused Update over a large range, split across the pool (results identical to one call).
-void adam_update(HostPool& pool, const AdamStep& s, const UpdateChunk& c);
+void adam_update(HostThreads& pool, const AdamStep& s, const UpdateChunk& c);
 // Sum of squares over fixed 64 Ki-element blocks combined in block order: the result does not depend
 // on the thread count (it equals sum_squares_blocked's serial result).
-SumSquares sum_squares(HostPool& pool, const void* grad, GradType t, std::size_t n);
+SumSquares sum_squares(HostThreads& pool, const void* grad, GradType t, std::size_t n);
 // The serial definition of the blocked sum (the reference for the pooled one).
 SumSquares sum_squares_blocked(const void* grad, GradType t, std::size_t n);
 constexpr std::size_t kNormBlock = std::size_t{1} << 16;

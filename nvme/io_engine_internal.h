@@ -1,4 +1,4 @@
-// engine_internal.h — pieces shared by the engine implementations (internal to zinf_nvme).
+// io_engine_internal.h — pieces shared by the engine implementations (internal to zinf_nvme).
 #pragma once
 
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "zinf/nvme/engine.h"
+#include "zinf/nvme/io_engine.h"
 
 namespace zinf::nvme::detail {
 

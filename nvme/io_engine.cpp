@@ -1,6 +1,6 @@
-// engine.cpp — the engine-independent parts (IoOp, splitting, faults, the factory) and the plain
+// io_engine.cpp — the engine-independent parts (IoOp, splitting, faults, the factory) and the plain
 // pread/pwrite engine used where io_uring cannot be set up.
-#include "zinf/nvme/engine.h"
+#include "zinf/nvme/io_engine.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <thread>
 
-#include "engine_internal.h"
+#include "io_engine_internal.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
 

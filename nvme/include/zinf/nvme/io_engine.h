@@ -1,4 +1,4 @@
-// zinf/nvme/engine.h — the I/O seam: an engine moves bytes between host buffers and files.
+// zinf/nvme/io_engine.h — the I/O seam: an engine moves bytes between host buffers and files.
 //
 // Implementations: io_uring (liburing; one ring per I/O thread, batched submission, completions
 // reaped by blocking in the ring — no core burnt —, optional SQPOLL, registered buffers), a plain

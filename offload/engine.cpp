@@ -60,17 +60,6 @@ HostMem host_alloc(std::size_t bytes) {
 
 }  // namespace
 
-double ResourceTimes::busiest() const { return std::max({compute, h2d, d2h, host, nvme_read, nvme_write}); }
-const char* ResourceTimes::busiest_name() const {
-  const double b = busiest();
-  if (b == compute) return "compute";
-  if (b == host) return "host";
-  if (b == nvme_read) return "nvme_read";
-  if (b == nvme_write) return "nvme_write";
-  if (b == h2d) return "h2d";
-  return "d2h";
-}
-
 struct Engine::Impl {
   EngineConfig c;
   Device& dev;
@@ -148,8 +137,8 @@ struct Engine::Impl {
 
   // busy times (seconds)
   std::mutex tmu;
-  ResourceTimes times;
-  void add(double ResourceTimes::*field, double s) {
+  BusyTimes times;
+  void add(double BusyTimes::*field, double s) {
     std::lock_guard<std::mutex> lk(tmu);
     times.*field += s;
   }
@@ -352,7 +341,7 @@ struct Engine::Impl {
         if (mixed) from_half(land.data(), g, len); else std::memcpy(g, land.data(), len * 4);
         if (mb == 0) std::memcpy(acc, g, len * 4); else add_into(acc, g, len);
       }
-      add(&ResourceTimes::host, since(t0));
+      add(&BusyTimes::host, since(t0));
     }
     dev.synchronize(r);  // an error on the d2h stream surfaces here (events carry none)
   }
@@ -451,7 +440,7 @@ struct Engine::Impl {
           void* out = param_target(u, o, slot_k);
           const auto t0 = Clock::now();
           update_chunk(u, o, len, base_m + o, base_a + o, base_b + o, st, out);
-          add(&ResourceTimes::host, since(t0));
+          add(&BusyTimes::host, since(t0));
           land_chunk(u, o, len, slot_k);
         }
         land_unit(ui);
@@ -484,7 +473,7 @@ struct Engine::Impl {
       void* out = param_target(u, it.o, slot_k);
       const auto t0 = Clock::now();
       update_chunk(u, it.o, it.len, f, f + pl, f + 2 * pl, st, out);
-      add(&ResourceTimes::host, since(t0));
+      add(&BusyTimes::host, since(t0));
       land_chunk(u, it.o, it.len, slot_k);
       if (it.o + it.len == u.n) land_unit(it.unit);
     }, exact() ? -1 : 0);
@@ -806,7 +795,7 @@ StepOutcome Engine::step(const StepOptions& o) {
     sumsq += s.sum;
     finite = finite && s.finite;
   }
-  m.add(&ResourceTimes::host, since(t0));
+  m.add(&BusyTimes::host, since(t0));
   StepOutcome out;
   out.norm = std::sqrt(sumsq) / o.loss_scale;
   out.finite = finite && std::isfinite(out.norm);
@@ -926,10 +915,10 @@ void Engine::write_states(std::size_t ui, const float* master, const float* mm, 
   }
 }
 
-ResourceTimes Engine::take_times() {
+BusyTimes Engine::take_times() {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lk(m.tmu);
-  ResourceTimes t = m.times;
+  BusyTimes t = m.times;
   // Stream work as the device measured it where it ran; the model's compute too when its ops are
   // stream work (otherwise the trainer reports the host time it spent in them).
   t.h2d += m.dev.take_busy(StreamRole::h2d);
@@ -943,24 +932,18 @@ ResourceTimes Engine::take_times() {
     t.nvme_read += m.pstore->take_busy(false);
     t.nvme_write += m.pstore->take_busy(true);
   }
-  m.times = ResourceTimes{};
+  m.times = BusyTimes{};
   return t;
 }
 
-void Engine::add_compute_time(double s) { impl_->add(&ResourceTimes::compute, s); }
+void Engine::add_compute_time(double s) { impl_->add(&BusyTimes::compute, s); }
 std::size_t Engine::pinned_capacity() const { return impl_->pinned->capacity(); }
 std::size_t Engine::pinned_peak() const { return impl_->pinned->peak(); }
 
-namespace {
-const char* device_name(OffloadDevice d) {
-  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
-}
-}  // namespace
-
 std::string Engine::describe() const {
   const Impl& m = *impl_;
-  std::string s = std::string("offload_optimizer=") + device_name(m.c.optimizer) +
-                  " offload_param=" + device_name(m.c.param) + ", overlap " +
+  std::string s = "offload_optimizer=" + std::string(to_string(m.c.optimizer)) +
+                  " offload_param=" + std::string(to_string(m.c.param)) + ", overlap " +
                   (m.c.overlap == Overlap::exact ? "exact" : "none") + ", pinned pool " +
                   std::to_string(m.pinned->capacity()) + " bytes";
   if (m.ostore) s += "; optimizer store: " + m.ostore->description();

@@ -14,20 +14,15 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/types.h"
+
 namespace zinf {
 
-enum class OffloadDevice { none, cpu, nvme };
 enum class OptimizerType { adam, adamw };
 enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr };
 enum class WarmupType { log, linear };
-enum class Precision { fp32, fp16, bf16 };
-enum class DeviceType { automatic, cpu, cuda };
 enum class IoEngineKind { automatic, uring, posix };
 enum class DataFormat { automatic, text, tokens };
-
-std::string_view to_string(OffloadDevice d);
-std::string_view to_string(Precision p);
-std::string_view to_string(DeviceType d);
 
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::adamw;

@@ -19,6 +19,10 @@ struct ModelShape {
   bool operator==(const ModelShape&) const = default;
 };
 
+struct ModelConfig;
+// The shape a run config's `model` section describes (the one way to get it from a config).
+ModelShape model_shape(const ModelConfig& m);
+
 struct ModelPreset {
   std::string name;
   ModelShape shape;

@@ -62,10 +62,7 @@ struct TrainResult {
   // mean step time over them: the inputs of `zinf bench step`.
   std::int64_t measured_steps = 0;
   double step_seconds = 0;
-  struct Busy {
-    double compute = 0, h2d = 0, d2h = 0, host = 0, nvme_read = 0, nvme_write = 0;
-  };
-  Busy busy;
+  BusyTimes busy;
 };
 
 struct TrainHooks {

@@ -1,21 +1,22 @@
-// bench.cpp — `zinf bench <what>`: user-facing measurements, each as a ratio against a limit
-// measured in the same run. `adam` today; `nvme`, `step` and `pcie` join with their issues.
+// bench.cpp — `zinf bench <what>`: the command line of the measurements in src/bench/ (adam, nvme,
+// pcie) and of `bench step` (training runs through train()), each as a ratio against a limit
+// measured in the same run.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 
 #include "commands.h"
-#include "zinf/bench.h"
+#include "bench/adam.h"
 #include "zinf/config.h"
 #include "zinf/cpu_adam/simd.h"
 #include "zinf/error.h"
-#include "zinf/nvme/sweep.h"
+#include "bench/nvme_sweep.h"
 #include "zinf/train.h"
 #include "zinf/device.h"
 #include "zinf/model.h"
 #include "zinf/sysinfo.h"
-#include "cuda/bench_pcie.h"
+#include "bench/pcie.h"
 
 namespace zinf::cli {
 namespace {
@@ -188,33 +189,29 @@ int run_step(const StepArgs& a) {
     progress(std::string("no offload does not fit: ") + e.what());
   }
   const double n = static_cast<double>(std::max<std::int64_t>(1, r.measured_steps));
-  const double busy[] = {r.busy.compute / n, r.busy.h2d / n, r.busy.d2h / n, r.busy.host / n, r.busy.nvme_read / n, r.busy.nvme_write / n};
-  const char* names[] = {"compute", "h2d", "d2h", "host", "nvme_read", "nvme_write"};
-  int bi = 0;
-  for (int i = 1; i < 6; ++i)
-    if (busy[i] > busy[bi]) bi = i;
-  const double overlap_ratio = busy[bi] > 0 ? r.step_seconds / busy[bi] : 0;
+  const BusyTimes busy = r.busy.per(n);
+  const double overlap_ratio = busy.busiest() > 0 ? r.step_seconds / busy.busiest() : 0;
   const double vs_none = base_fits && base.step_seconds > 0 ? r.step_seconds / base.step_seconds : 0;
-  const ModelShape shape{c.model.n_layer, c.model.n_head, c.model.d_model, c.model.vocab_size, c.model.seq_len};
+  const ModelShape shape = model_shape(c.model);
   const double tokens = static_cast<double>(c.train_batch_size) * c.model.seq_len;
   const double tflops = r.step_seconds > 0 ? 6.0 * static_cast<double>(count_params(shape)) * tokens / r.step_seconds / 1e12 : 0;
-  const double device_busy = r.step_seconds > 0 ? busy[0] / r.step_seconds : 0;
+  const double device_busy = r.step_seconds > 0 ? busy.compute / r.step_seconds : 0;
   if (a.json) {
     nlohmann::json j = {{"config", c.source}, {"steps_measured", r.measured_steps}, {"step_s", r.step_seconds},
-                        {"busiest", names[bi]}, {"overlap_ratio", overlap_ratio}, {"tflops", tflops},
+                        {"busiest", busy.busiest_name()}, {"overlap_ratio", overlap_ratio}, {"tflops", tflops},
                         {"device_busy_fraction", device_busy}, {"no_offload_fits", base_fits},
                         {"no_offload_step_s", base.step_seconds}, {"relative_to_no_offload", vs_none},
                         {"params_digest", r.params_digest}, {"no_offload_params_digest", base.params_digest},
                         {"peak_device_bytes", r.peak_device_bytes}, {"device_budget", r.device_budget}};
-    for (int i = 0; i < 6; ++i) j["busy_s"][names[i]] = busy[i];
+    busy.each([&](const char* name, double sec) { j["busy_s"][name] = sec; });
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("zinf bench step — %s, %lld measured steps (after one warm-up)\n", c.source.c_str(),
               static_cast<long long>(r.measured_steps));
   std::printf("  busy per step (ms):");
-  for (int i = 0; i < 6; ++i) std::printf(" %s %.1f", names[i], 1e3 * busy[i]);
-  std::printf("\n  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds, names[bi], 1e3 * busy[bi]);
+  busy.each([](const char* name, double sec) { std::printf(" %s %.1f", name, 1e3 * sec); });
+  std::printf("\n  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds, busy.busiest_name(), 1e3 * busy.busiest());
   std::printf("  overlap ratio (step time / busiest resource): %.3f   (1.0 = perfect overlap)\n", overlap_ratio);
   std::printf("  %.2f TFLOPS (6 x params x tokens / step time), device busy %.0f%% of the step, peak device memory %s of %s\n",
               tflops, 100 * device_busy, format_bytes(r.peak_device_bytes).c_str(), format_bytes(r.device_budget).c_str());

@@ -7,7 +7,7 @@
 
 #include "commands.h"
 #include "zinf/config.h"
-#include "zinf/plan.h"
+#include "plan/plan.h"
 
 namespace zinf::cli {
 namespace {

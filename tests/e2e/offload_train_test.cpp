@@ -81,7 +81,7 @@ TEST_F(OffloadTrain, StateFourTimesTheDeviceBudgetTrainsWithinIt) {
         "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
                           kSwap + R"(", "buffer_count": 3}, "offload_param": {"device": "cpu"}}})";
   const Config c = parse_config(cfg);
-  const ModelShape s{c.model.n_layer, c.model.n_head, c.model.d_model, c.model.vocab_size, c.model.seq_len};
+  const ModelShape s = model_shape(c.model);
   const std::uint64_t state = static_cast<std::uint64_t>(count_params(s)) * 16;
   ASSERT_GE(state, 4 * c.device.memory_budget);
   TrainResult r = train(c, TrainHooks{});

@@ -13,7 +13,7 @@
 #include "zinf/device.h"
 #include "zinf/error.h"
 #include "zinf/train.h"
-#include "cuda/gpu_query.h"
+#include "devices/gpu_query.h"
 
 namespace zinf {
 namespace {

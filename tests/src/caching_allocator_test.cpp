@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <set>
 
-#include "cuda/caching_allocator.h"
+#include "devices/caching_allocator.h"
 
 namespace zinf::cuda {
 namespace {

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "cuda/cuda_ops.h"
-#include "cuda/gpu_query.h"
+#include "model/cuda/cuda_ops.h"
+#include "devices/gpu_query.h"
 #include "model/backend.h"
 #include "model/gpt.h"
 #include "random_floats.h"

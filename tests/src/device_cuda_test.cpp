@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cuda/gpu_query.h"
+#include "devices/gpu_query.h"
 #include "zinf/device.h"
 
 namespace zinf {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <unordered_set>
 
-#include "cuda/gemm_plan.h"
+#include "model/cuda/gemm_plan.h"
 
 namespace zinf::cuda {
 namespace {

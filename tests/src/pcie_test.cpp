@@ -2,8 +2,8 @@
 // and the GPU measurement itself, which skips with the reason where no GPU is visible.
 #include <gtest/gtest.h>
 
-#include "cuda/bench_pcie.h"
-#include "cuda/gpu_query.h"
+#include "bench/pcie.h"
+#include "devices/gpu_query.h"
 #include "zinf/error.h"
 
 namespace zinf::cuda {

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "zinf/config.h"
-#include "zinf/plan.h"
+#include "plan/plan.h"
 
 namespace zinf {
 namespace {

@@ -73,7 +73,7 @@
 #include <string>
 #include <vector>
 
-#include "zinf/config.h"
+#include "zinf/types.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/device.h"
 #include "zinf/nvme/store.h"
@@ -118,13 +118,6 @@ struct StepOutcome {
   double norm = 0;                  // the unscaled global gradient norm (NaN/Inf when not finite)
 };
 
-// Seconds each resource was busy since the last take_times().
-struct ResourceTimes {
-  double compute = 0, h2d = 0, d2h = 0, host = 0, nvme_read = 0, nvme_write = 0;
-  double busiest() const;
-  const char* busiest_name() const;
-};
-
 class Engine {
  public:
   // `init(u, master)` fills unit u's fp32 master parameters (n floats) once at start.
@@ -165,7 +158,7 @@ class Engine {
   // Busy seconds per resource since the last call: h2d, d2h (and compute, when the model's ops are
   // stream work) as the device measured them on its streams; host from the engine's workers; NVMe
   // from the stores.
-  ResourceTimes take_times();
+  BusyTimes take_times();
   // The trainer's host time in the model's ops, for a device whose ops run on the host.
   void add_compute_time(double s);
   std::size_t pinned_capacity() const;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "zinf/config.h"
+#include "zinf/types.h"
 
 namespace zinf::offload {
 

@@ -1,0 +1,68 @@
+// zinf/types.h — the shared vocabulary, at the bottom of every layer: where a state lives, the
+// training precision, the device kind, with their names; and the busy-time record every layer reports
+// in. Header-only; includes nothing of zinf.
+#pragma once
+
+#include <algorithm>
+#include <string_view>
+
+namespace zinf {
+
+enum class OffloadDevice { none, cpu, nvme };
+enum class Precision { fp32, fp16, bf16 };
+enum class DeviceType { automatic, cpu, cuda };
+
+constexpr std::string_view to_string(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::none: return "none";
+    case OffloadDevice::cpu: return "cpu";
+    case OffloadDevice::nvme: return "nvme";
+  }
+  return "?";
+}
+constexpr std::string_view to_string(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::fp16: return "fp16";
+    case Precision::bf16: return "bf16";
+  }
+  return "?";
+}
+constexpr std::string_view to_string(DeviceType d) {
+  switch (d) {
+    case DeviceType::automatic: return "auto";
+    case DeviceType::cpu: return "cpu";
+    case DeviceType::cuda: return "cuda";
+  }
+  return "?";
+}
+
+// Seconds each resource of a step was busy, measured where its work ran (see zinf/device.h and the
+// offload engine): the device's compute, h2d and d2h streams, the host workers, NVMe reads and writes.
+struct BusyTimes {
+  double compute = 0, h2d = 0, d2h = 0, host = 0, nvme_read = 0, nvme_write = 0;
+
+  double busiest() const { return std::max({compute, h2d, d2h, host, nvme_read, nvme_write}); }
+  const char* busiest_name() const {
+    const double b = busiest();
+    if (b == compute) return "compute";
+    if (b == host) return "host";
+    if (b == nvme_read) return "nvme_read";
+    if (b == nvme_write) return "nvme_write";
+    if (b == h2d) return "h2d";
+    return "d2h";
+  }
+  BusyTimes& operator+=(const BusyTimes& o) {
+    compute += o.compute, h2d += o.h2d, d2h += o.d2h, host += o.host, nvme_read += o.nvme_read, nvme_write += o.nvme_write;
+    return *this;
+  }
+  template <class F>
+  void each(F f) const {  // f(name, seconds) for every resource, in a fixed order
+    f("compute", compute), f("h2d", h2d), f("d2h", d2h), f("host", host), f("nvme_read", nvme_read), f("nvme_write", nvme_write);
+  }
+  BusyTimes per(double n) const {  // a sum over n steps as a per-step mean
+    return {compute / n, h2d / n, d2h / n, host / n, nvme_read / n, nvme_write / n};
+  }
+};
+
+}  // namespace zinf

@@ -1,0 +1,125 @@
+// engine_kernels.cu — DeviceKernels on the GPU (engine_kernels.h). Compiled with --fmad=false: the
+// spec's separate multiplies and adds stay separate.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "zinf/offload/cuda_kernels.h"
+#include "zinf/cuda_check.cuh"
+#include "zinf/cpu_adam/host_threads.h"
+#include "zinf/cpu_adam/spec.h"
+#include "zinf/error.h"
+
+namespace zinf::cuda {
+namespace {
+
+using cpu_adam::GradType;
+using cpu_adam::HalfType;
+namespace spec = cpu_adam::spec;
+
+void check(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) throw Error(std::string(call) + " failed: " + cudaGetErrorString(e));
+}
+
+__device__ inline float load_grad(const void* g, GradType t, std::size_t i) {
+  if (t == GradType::fp32) return static_cast<const float*>(g)[i];
+  const std::uint16_t h = static_cast<const std::uint16_t*>(g)[i];
+  return t == GradType::fp16 ? spec::fp16_to_fp32(h) : spec::bf16_to_fp32(h);
+}
+
+__global__ void to_half_kernel(const float* s, std::uint16_t* d, std::size_t n, HalfType t) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) d[i] = t == HalfType::fp16 ? spec::fp32_to_fp16(s[i]) : spec::fp32_to_bf16(s[i]);
+}
+__global__ void from_half_kernel(const std::uint16_t* s, float* d, std::size_t n, HalfType t) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) d[i] = t == HalfType::fp16 ? spec::fp16_to_fp32(s[i]) : spec::bf16_to_fp32(s[i]);
+}
+__global__ void add_kernel(float* acc, const float* x, std::size_t n) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) acc[i] += x[i];
+}
+// One thread per (64 Ki block, lane): lane l sums elements l, l+16, … of its block, as cpu_adam does.
+__global__ void sum_squares_kernel(const void* g, GradType t, std::size_t n, double* partial) {
+  const std::size_t idx = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t block = idx / 16, lane = idx % 16;
+  const std::size_t begin = block * cpu_adam::kNormBlock;
+  if (begin >= n) return;
+  const std::size_t end = begin + cpu_adam::kNormBlock < n ? begin + cpu_adam::kNormBlock : n;
+  double acc = 0;
+  for (std::size_t i = begin + lane; i < end; i += 16) {
+    const double x = load_grad(g, t, i);
+    acc += x * x;  // x·x is exact in double: with or without contraction the same bits
+  }
+  partial[idx] = acc;
+}
+__global__ void adam_kernel(cpu_adam::AdamStep st, cpu_adam::UpdateChunk c) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i >= c.n) return;
+  float p = c.master[i], m = c.m[i], v = c.v[i];
+  spec::adam_element(st, load_grad(c.grad, c.grad_type, i), p, m, v);
+  c.master[i] = p;
+  c.m[i] = m;
+  c.v[i] = v;
+  if (c.param16) {
+    auto* out = static_cast<std::uint16_t*>(c.param16);
+    out[i] = c.param16_type == HalfType::fp16 ? spec::fp32_to_fp16(p) : spec::fp32_to_bf16(p);
+  }
+}
+
+class CudaEngineKernels final : public offload::DeviceKernels {
+ public:
+  explicit CudaEngineKernels(Device& d) : dev_(d) {}
+  void zero(void* p, std::size_t bytes, StreamRole s) override { check(cudaMemsetAsync(p, 0, bytes, st(s)), "cudaMemsetAsync"); }
+  void to_half(const float* src, void* dst, std::size_t n, HalfType t, StreamRole s) override {
+    to_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(src, static_cast<std::uint16_t*>(dst), n, t);
+    ZINF_CUDA_LAUNCH_CHECK("to_half");
+  }
+  void from_half(const void* src, float* dst, std::size_t n, HalfType t, StreamRole s) override {
+    from_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(static_cast<const std::uint16_t*>(src), dst, n, t);
+    ZINF_CUDA_LAUNCH_CHECK("from_half");
+  }
+  void copy(void* dst, const void* src, std::size_t bytes, StreamRole s) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st(s)), "cudaMemcpyAsync");
+  }
+  void add(float* acc, const float* x, std::size_t n, StreamRole s) override {
+    add_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(acc, x, n);
+    ZINF_CUDA_LAUNCH_CHECK("add");
+  }
+  cpu_adam::SumSquares sum_squares(const void* g, GradType t, std::size_t n, StreamRole s) override {
+    const std::size_t blocks = (n + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock;
+    if (blocks == 0) return {0.0, true};
+    const std::size_t threads = blocks * 16;
+    if (partial_.size() < threads * sizeof(double)) partial_ = DeviceBuffer(dev_, threads * sizeof(double), "norm partials");
+    sum_squares_kernel<<<ops::blocks_for(threads, 128), 128, 0, st(s)>>>(g, t, n, partial_.as<double>());
+    ZINF_CUDA_LAUNCH_CHECK("sum_squares");
+    host_.resize(threads);
+    check(cudaMemcpyAsync(host_.data(), partial_.as<double>(), threads * sizeof(double), cudaMemcpyDeviceToHost, st(s)),
+          "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(st(s)), "cudaStreamSynchronize");
+    double sum = 0;
+    for (std::size_t b = 0; b < blocks; ++b) sum += spec::fold16(host_.data() + b * 16);  // blocks in order
+    return {sum, std::isfinite(sum)};
+  }
+  void adam_update(const cpu_adam::AdamStep& s, const cpu_adam::UpdateChunk& c, StreamRole r) override {
+    adam_kernel<<<ops::blocks_for(c.n, 256), 256, 0, st(r)>>>(s, c);
+    ZINF_CUDA_LAUNCH_CHECK("adam_update");
+  }
+
+ private:
+  cudaStream_t st(StreamRole s) const { return static_cast<cudaStream_t>(dev_.native_stream(s)); }
+  Device& dev_;
+  DeviceBuffer partial_;
+  std::vector<double> host_;
+};
+
+}  // namespace
+
+std::unique_ptr<offload::DeviceKernels> make_engine_kernels(Device& dev) {
+  if (!dev.native_stream(StreamRole::compute)) throw Error("CUDA engine kernels need the CUDA device");
+  return std::make_unique<CudaEngineKernels>(dev);
+}
+
+}  // namespace zinf::cuda

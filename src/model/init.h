@@ -1,0 +1,15 @@
+// init.h — GPT-2's initialisation of one layer unit, deterministic per unit and seed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "zinf/model.h"
+
+namespace zinf {
+
+// Fills unit `unit`'s flat fp32 parameters (layout of gpt.h): N(0, 0.02) weights, N(0, 0.02/√(2L))
+// for the two residual projections, N(0, 0.01) positions, zero biases, LayerNorm weights 1.
+void gpt2_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed);
+
+}  // namespace zinf

@@ -1,0 +1,351 @@
+// train.cpp — the training loop (zinf/train.h).
+//
+// One optimizer step: for each micro batch, upload a batch and run forward and backward through the
+// offload engine (which windows the parameters and streams each unit's gradient out as soon as it is
+// complete, see zinf/offload/engine.h); then engine.step() — the norm barrier, the overflow/clip
+// decision and the Update, which lands unit by unit while the next forward starts. The loss scaler
+// and the LR schedule live here; a skipped (overflowed) step advances neither the optimizer step
+// nor the schedule. A Run holds what the loop needs, built in dependency order; train() is the loop.
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "config/engine_config.h"
+#include "model/cuda/cuda_ops.h"
+#include "model/gpt.h"
+#include "model/init.h"
+#include "model/ops_stream.h"
+#include "training/batches.h"
+#include "training/report.h"
+#include "zinf/checkpoint.h"
+#include "zinf/cpu_adam/adam.h"
+#include "zinf/cpu_adam/host_threads.h"
+#include "zinf/data.h"
+#include "zinf/device.h"
+#include "zinf/error.h"
+#include "zinf/offload/cuda_kernels.h"
+#include "zinf/offload/engine.h"
+#include "zinf/safetensors.h"
+#include "zinf/sysinfo.h"
+#include "zinf/train.h"
+
+namespace zinf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The device a config asks for. `auto` stays on the CPU device until the CUDA path has been validated
+// on a GPU (see README). The CPU device's budget "auto" is half of the available host memory.
+std::unique_ptr<Device> make_device(const Config& c) {
+  std::size_t budget = c.device.memory_budget;
+  if (c.device.type == DeviceType::cuda) return make_cuda_device(0, budget);  // 0: the GPU's free memory
+  if (budget == 0) budget = query_machine().mem_available / 2;
+  CpuDeviceOptions o;
+  o.async = c.device.async;
+  o.jitter = JitterSpec{c.device.jitter_seed, c.device.jitter_us};
+  return make_cpu_device(budget, cpu_device_options_from_env(o));
+}
+
+// The model's ops for that device: CUDA kernels, or the CPU reference ops — as compute-stream work
+// on the CPU device's async mode.
+std::unique_ptr<OpsBackend> make_backend(const Config& c, Device& dev, ops::Par& par) {
+  if (c.device.type == DeviceType::cuda) return cuda::make_cuda_ops(dev, c.precision());
+  if (dev.ops_stream_ordered()) return make_stream_ops(dev, std::make_unique<CpuOps>(par));
+  return std::make_unique<CpuOps>(par);
+}
+
+// The model's view of the engine, with the time the model spends waiting for fetches and landings
+// kept apart from its compute time.
+class EngineUnits final : public UnitSource {
+  template <class F>
+  auto timed(F f) -> decltype(f()) {
+    const auto t0 = Clock::now();
+    auto r = f();
+    wait_ += since(t0);
+    return r;
+  }
+
+ public:
+  explicit EngineUnits(offload::Engine& e) : e_(e) {}
+  const float* weights(std::size_t u) override { return timed([&] { return e_.weights(u); }); }
+  void done_with(std::size_t u) override { e_.done_with(u); }
+  float* grads(std::size_t u) override { return timed([&] { return e_.grads(u); }); }
+  void grads_done(std::size_t u) override { timed([&] { e_.grads_done(u); return 0; }); }
+  double take_wait() {
+    const double w = wait_;
+    wait_ = 0;
+    return w;
+  }
+
+ private:
+  offload::Engine& e_;
+  double wait_ = 0;
+};
+
+// Everything a run holds, in the order it is built (and destroyed in reverse: the engine, which
+// synchronises the device, goes before the model and the backend whose work it waits for).
+class Run {
+ public:
+  Run(const Config& cfg, const TrainHooks& h)
+      : c(cfg),
+        hooks(h),
+        shape(model_shape(cfg.model)),
+        B(static_cast<int>(cfg.micro_batch_size)),
+        T(shape.seq_len),
+        GA(cfg.gradient_accumulation_steps),
+        data(TokenData::load(cfg.data, shape.vocab_size, T)),
+        threads(cfg.device.threads > 0 ? cfg.device.threads : cpu_adam::physical_cores()),
+        dev(make_device(cfg)),
+        par(threads),
+        backend(make_backend(cfg, *dev, par)),
+        model(shape, B, cfg.model.activation_checkpointing, *dev, *backend),
+        batches(*dev, static_cast<std::size_t>(B) * T),
+        engine(make_engine()),
+        units(*engine),
+        scaler(cfg.fp16),
+        rng(cfg.train.seed),
+        metrics(cfg.train.metrics_file) {
+    log("offload: " + engine->describe());
+    log("model: " + format_count(count_params(shape)) + " parameters in " + std::to_string(shape.n_layer + 2) +
+        " layer units; device memory " + format_bytes(dev->in_use()) + " of " + format_bytes(dev->budget()));
+  }
+
+  void log(const std::string& s) const {
+    if (hooks.log) hooks.log(s);
+  }
+
+  // Mean validation loss over train.eval_batches fixed windows.
+  double evaluate() {
+    double sum = 0;
+    for (int k = 0; k < c.train.eval_batches; ++k) {
+      Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(k, c.train.eval_batches, B, T, tok, tgt); });
+      engine->begin_forward();
+      sum += model.forward(units, b.tokens(), b.targets());
+      batches.done_with(b);
+    }
+    units.take_wait();
+    engine->take_times();
+    return sum / c.train.eval_batches;
+  }
+
+  // Forward and backward of every micro batch of one step; returns the mean loss.
+  double forward_backward(double scale) {
+    double loss_sum = 0;
+    const float dscale = static_cast<float>(scale / (static_cast<double>(B) * T * static_cast<double>(GA)));
+    for (std::int64_t micro = 0; micro < GA; ++micro) {
+      Batch& b = batches.next([&](int* tok, int* tgt) { data.sample_train(rng, B, T, tok, tgt); });
+      rows_drawn += B;
+      engine->begin_micro_batch(micro);
+      engine->begin_forward();
+      t_fwd += model_time([&] { loss_sum += model.forward(units, b.tokens(), b.targets()); });
+      engine->begin_backward();
+      t_bwd += model_time([&] { model.backward(units, b.tokens(), b.targets(), dscale); });
+      batches.done_with(b);
+    }
+    return loss_sum / static_cast<double>(GA);
+  }
+
+  offload::StepOutcome update(double scale, double lr) {
+    offload::StepOptions so;
+    so.loss_scale = scale;
+    so.gradient_clipping = c.gradient_clipping;
+    so.hyper = cpu_adam::AdamHyper{static_cast<float>(lr), static_cast<float>(c.optimizer.beta1),
+                                   static_cast<float>(c.optimizer.beta2), static_cast<float>(c.optimizer.eps),
+                                   static_cast<float>(c.optimizer.weight_decay), c.optimizer.decoupled_weight_decay,
+                                   c.optimizer.bias_correction};
+    so.step = opt_steps + 1;
+    return engine->step(so);
+  }
+
+  // DeepSpeed's policy for the step's outcome: a finite step advances the optimizer and the scaler's
+  // window; a non-finite one is skipped — fp16 with a dynamic scale halves it, anything else stops
+  // after 50 in a row. Returns whether the step was skipped.
+  bool account(const offload::StepOutcome& out, std::int64_t step, double loss) {
+    if (out.finite) {
+      nonfinite_run = 0;
+      scaler.update(false);
+      ++opt_steps;
+      return false;
+    }
+    ++skipped;
+    if (c.precision() == Precision::fp16 && scaler.dynamic()) {
+      const double before = scaler.scale();
+      scaler.update(true);
+      log("step " + std::to_string(step) + ": OVERFLOW, skipping step; loss scale " + std::to_string(before) + " -> " +
+          std::to_string(scaler.scale()));
+    } else {
+      log("step " + std::to_string(step) + ": non-finite gradients, skipping step");
+      if (++nonfinite_run >= 50)
+        throw Error("gradients were NaN/Inf for 50 consecutive steps (last loss " + std::to_string(loss) + "): the run has diverged",
+                    "lower optimizer.params.lr or check the data");
+    }
+    return true;
+  }
+
+  void checkpoint(std::int64_t step, TrainResult& res) {
+    const auto t0 = Clock::now();
+    CheckpointState st;
+    st.step = step;
+    st.opt_steps = opt_steps;
+    st.rows_drawn = rows_drawn;
+    st.skipped = skipped;
+    st.loss_scale = scaler.scale();
+    st.scaler_iter = scaler.cur_iter;
+    st.scaler_last_overflow = scaler.last_overflow_iter;
+    st.scaler_hysteresis = scaler.cur_hysteresis;
+    const std::string path = save_checkpoint(c.train.checkpoint_dir, c.train.keep_last, c, shape, st,
+                                             [&](std::size_t u, float* ma, float* mm, float* vv) { engine->read_states(u, ma, mm, vv); });
+    const double dt = since(t0);
+    res.checkpoint_seconds += dt;
+    log("checkpoint: " + path + " written in " + std::to_string(dt).substr(0, 5) + " s");
+  }
+
+  // Restores the newest (or the named) checkpoint; returns its step (0: starting fresh).
+  std::int64_t resume(const std::string& which) {
+    if (which.empty()) return 0;
+    std::string path = which;
+    if (path == "latest") {
+      if (c.train.checkpoint_dir.empty()) throw ConfigError(c.source + ": --resume latest needs train.checkpoint_dir");
+      std::vector<std::string> passed_over;
+      path = latest_valid_checkpoint(c.train.checkpoint_dir, shape, &passed_over);
+      for (const auto& p : passed_over) log("resume: " + p);
+      if (path.empty()) {
+        log("resume: no valid checkpoint under " + c.train.checkpoint_dir + "; starting from step 0");
+        return 0;
+      }
+    }
+    const auto t0 = Clock::now();
+    const CheckpointState st = load_checkpoint(path, shape, [&](std::size_t u, const float* ma, const float* mm, const float* vv) {
+      engine->write_states(u, ma, mm, vv);
+    });
+    scaler.restore(st.loss_scale, st.scaler_iter, st.scaler_last_overflow, st.scaler_hysteresis);
+    opt_steps = st.opt_steps;
+    rows_drawn = st.rows_drawn;
+    rng.discard(static_cast<unsigned long long>(rows_drawn));
+    skipped = st.skipped;
+    log("resume: " + path + " (step " + std::to_string(st.step) + ", loaded and verified in " +
+        std::to_string(since(t0)).substr(0, 5) + " s)");
+    return st.step;
+  }
+
+  const Config& c;
+  const TrainHooks& hooks;
+  const ModelShape shape;
+  const int B, T;
+  const std::int64_t GA;
+  TokenData data;
+  const int threads;
+  std::unique_ptr<Device> dev;
+  ops::Par par;
+  std::unique_ptr<OpsBackend> backend;
+  GptModel model;
+  BatchSlots batches;
+  std::unique_ptr<offload::Engine> engine;
+  EngineUnits units;
+  LossScaler scaler;
+  std::mt19937_64 rng;
+  MetricsFile metrics;
+  std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, skipped = 0;
+  double t_fwd = 0, t_bwd = 0;  // the model's own time since the last progress line
+
+ private:
+  // Host time in the model, waits for the engine excluded; charged to compute when the device does
+  // not measure its compute stream itself (the synchronous CPU device).
+  template <class F>
+  double model_time(F f) {
+    const auto t0 = Clock::now();
+    f();
+    const double busy = since(t0) - units.take_wait();
+    if (!dev->ops_stream_ordered()) engine->add_compute_time(busy);
+    return busy;
+  }
+
+  std::unique_ptr<offload::Engine> make_engine() {
+    log("data: " + data.description() + "; train " + std::to_string(data.train_tokens()) + " / val " +
+        std::to_string(data.val_tokens()) + " tokens");
+    log("device: " + dev->name() + ", " + std::to_string(threads) + " threads, cpu_adam " +
+        std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(c.precision())));
+    std::unique_ptr<StFile> init_file;
+    if (!c.model.init_from.empty()) {
+      init_file = std::make_unique<StFile>(read_safetensors(c.model.init_from));
+      log("init: parameters from " + c.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
+    }
+    offload::EngineConfig ec = engine_config(c, threads);
+    if (c.device.type == DeviceType::cuda) ec.kernels = [](Device& d, cpu_adam::HostThreads&) { return cuda::make_engine_kernels(d); };
+    return std::make_unique<offload::Engine>(ec, *dev, [&](std::size_t u, float* master) {
+      if (init_file)
+        load_gpt2_unit(*init_file, c.model.init_from, shape, u, master);
+      else
+        gpt2_init_unit(master, u, shape, c.train.seed);
+    });
+  }
+};
+
+}  // namespace
+
+TrainResult train(const Config& c, const TrainHooks& hooks) {
+  if (c.device.simd != "auto") cpu_adam::set_simd_cap(cpu_adam::parse_simd_level(c.device.simd));
+  Run run(c, hooks);
+  TrainResult res;
+  res.resumed_from = run.resume(hooks.resume);
+  const std::int64_t first_step = res.resumed_from + 1;
+  res.first_val_loss = res.val_loss = run.evaluate();
+  run.log("step " + std::to_string(first_step - 1) + ": val_loss " + std::to_string(res.first_val_loss).substr(0, 6));
+  const std::int64_t measure_from = std::min<std::int64_t>(first_step + 1, c.train.steps);  // the first step warms up
+  double t_measured = 0;
+
+  res.steps = first_step - 1;
+  for (std::int64_t step = first_step; step <= c.train.steps; ++step) {
+    const auto t0 = Clock::now();
+    StepReport r;
+    r.step = step, r.steps = c.train.steps;
+    r.loss_scale = run.scaler.scale();
+    r.lr = lr_at(c.scheduler, c.optimizer.lr, run.opt_steps);
+    r.loss = run.forward_backward(r.loss_scale);
+    const offload::StepOutcome out = run.update(r.loss_scale, r.lr);
+    r.grad_norm = out.norm;
+    r.skipped = run.account(out, step, r.loss);
+    r.step_s = since(t0);
+    r.tokens_per_s = static_cast<double>(c.train_batch_size) * run.T / r.step_s;
+    r.busy = run.engine->take_times();
+    res.steps = step;
+    res.loss = r.loss;
+    res.tokens_per_s = r.tokens_per_s;
+    if (step >= measure_from) {
+      t_measured += r.step_s;
+      res.busy += r.busy;
+      res.measured_steps++;
+    }
+    run.metrics.step(r);
+    if (step % c.steps_per_print == 0 || step == c.train.steps) {
+      run.log(progress_line(c, r, 1e3 * run.t_fwd / c.steps_per_print, 1e3 * run.t_bwd / c.steps_per_print));
+      run.t_fwd = run.t_bwd = 0;
+    }
+    const bool stop = hooks.stop && hooks.stop->load();
+    if ((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || step == c.train.steps || stop) {
+      res.val_loss = run.evaluate();
+      run.metrics.validation(step, res.val_loss);
+      run.log("step " + std::to_string(step) + ": val_loss " + std::to_string(res.val_loss).substr(0, 6));
+    }
+    if (!c.train.checkpoint_dir.empty() &&
+        ((c.train.checkpoint_interval > 0 && step % c.train.checkpoint_interval == 0) || step == c.train.steps || stop))
+      run.checkpoint(step, res);
+    if (stop) {
+      res.interrupted = true;
+      run.log("interrupted: stopping after step " + std::to_string(step));
+      break;
+    }
+  }
+  run.engine->synchronize();
+  res.skipped = run.skipped;
+  res.params_digest = params_digest(*run.engine, run.shape);
+  res.peak_device_bytes = run.dev->peak();
+  res.device_budget = run.dev->budget();
+  res.pinned_capacity = run.engine->pinned_capacity();
+  res.pinned_peak = run.engine->pinned_peak();
+  res.step_seconds = res.measured_steps ? t_measured / static_cast<double>(res.measured_steps) : 0;
+  return res;
+}
+
+}  // namespace zinf

@@ -1,0 +1,188 @@
+// engine_state.h — what the offload engine's stages share (internal to zinf_offload): the layer
+// units and their buffers, the sub-group layout of optimizer states, the landing versions, and the
+// host-side helpers. Each stage lives in its own file:
+//
+//   window.cpp            Fetch and the parameter window (slots, prefetch)
+//   gradients.cpp         the gradient path: device gradient buffers, GradOut, landing buffers, Reduce
+//   update.cpp            the update pipeline: SwapIn, Update, Upload, SwapOut
+//   optimizer_states.cpp  where master, m, v live: device, pinned host or NVMe (one class per tier)
+//   param_homes.cpp       where each unit's compute copy lives: device, pinned host or NVMe
+//   engine.cpp            the front the model and the trainer call; construction; the norm barrier
+//
+// Locking: `mu` guards the fields marked "under mu" and the landing versions; `cv` is notified when
+// a unit lands, a gradient buffer is released or the Update fails.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zinf/cpu_adam/adam.h"
+#include "zinf/cpu_adam/convert.h"
+#include "zinf/cpu_adam/host_threads.h"
+#include "zinf/device.h"
+#include "zinf/error.h"
+#include "zinf/nvme/store.h"
+#include "zinf/offload/device_kernels.h"
+#include "zinf/offload/engine.h"
+#include "zinf/pinned.h"
+
+namespace zinf::offload::detail {
+
+using Clock = std::chrono::steady_clock;
+inline double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+inline std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
+
+constexpr std::size_t kChunkAlign = 4096;  // elements: sub-group and bucket boundaries (16 KiB of fp32)
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using HostMem = std::unique_ptr<char, FreeDeleter>;
+inline HostMem host_alloc(std::size_t bytes) {
+  void* p = std::aligned_alloc(64, round_up(std::max<std::size_t>(bytes, 64), 64));
+  if (!p) throw Error("host allocation of " + std::to_string(bytes) + " bytes failed");
+  return HostMem(static_cast<char*>(p));
+}
+
+// One sub-group's optimizer states as stored outside the device: master | m | v, each padded to 1024
+// elements (4 KiB of fp32), so each part starts aligned for O_DIRECT and SIMD. The one place that
+// knows this layout (zinf plan's arithmetic in placement.cpp uses bytes_for too).
+struct SubGroupLayout {
+  static constexpr std::size_t kPad = 1024;
+  std::size_t len, padded;
+  explicit SubGroupLayout(std::size_t n) : len(n), padded(round_up(n, kPad)) {}
+  static std::size_t bytes_for(std::size_t n) { return 12 * round_up(n, kPad); }
+  std::size_t bytes() const { return 12 * padded; }
+  float* master(void* b) const { return static_cast<float*>(b); }
+  float* m(void* b) const { return static_cast<float*>(b) + padded; }
+  float* v(void* b) const { return static_cast<float*>(b) + 2 * padded; }
+};
+
+// A layer unit: a flat range of `n` parameters, split into sub-groups for the Update.
+struct Unit {
+  std::size_t n = 0;
+  bool windowed = false;       // its compute copy lives off the device and visits a window slot
+  bool grad_windowed = false;  // its gradient passes through a device gradient slot
+  std::vector<std::size_t> chunks;  // sub-group starts (elements)
+  std::size_t chunk_len(std::size_t ci) const { return (ci + 1 < chunks.size() ? chunks[ci + 1] : n) - chunks[ci]; }
+
+  // The compute copy (param_homes.cpp): resident on the device (param16, or fp32 in fp32 runs) with
+  // fp32 working weights for 16-bit runs; or its home in pinned memory or on NVMe.
+  DeviceBuffer param, work;
+  PinnedBuffer pinned_home;
+  nvme::TensorStore::Id nvme_param = 0;
+  EventHandle fetched;  // h2d: the last Fetch of this unit has read its home
+
+  // Optimizer states (optimizer_states.cpp): on the device, in host memory, or NVMe sub-groups.
+  DeviceBuffer dev_master, dev_m, dev_v;
+  HostMem host_master, host_m, host_v;
+  std::vector<nvme::TensorStore::Id> nvme_subgroups;
+
+  // Gradients (gradients.cpp): the model's fp32 device buffer (resident units, optimizer on the
+  // device), its 16-bit rounding and fp32 GA sum on the device; or the Update's input in host memory.
+  DeviceBuffer grad, grad16, grad_sum;
+  HostMem host_grad;
+  int grad_slot = -1;     // under mu: the gradient slot this micro batch's gradient lives in
+  bool reducing = false;  // under mu: a GradOut/Reduce of this unit still reads its device gradient
+
+  std::int64_t version = 0;  // under mu: updates landed
+};
+
+// What every stage shares.
+struct EngineState {
+  EngineConfig c;
+  Device& dev;
+  const bool mixed;                // fp16/bf16: the compute copy is 16-bit
+  const std::size_t compute_bytes;  // bytes per element of the compute copy
+  const cpu_adam::HalfType half;
+  const bool optimizer_offloaded, param_offloaded;
+  std::size_t bucket = 0, sub_group = 0;  // effective sizes, elements
+  cpu_adam::HostThreads threads;
+  std::unique_ptr<DeviceKernels> kern;  // the engine's own work on device memory
+  std::unique_ptr<PinnedPool> pinned;   // declared before every holder of a PinnedBuffer
+  std::vector<Unit> units;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::int64_t applied = 0;    // under mu: updates launched (the version a landed unit has)
+  bool update_failed = false;  // under mu: the Update threw; nobody may wait for a landing
+
+  std::mutex times_mu;
+  BusyTimes times;  // host and (synchronous device) compute time; streams are measured by the device
+
+  EngineState(const EngineConfig& cfg, Device& d)
+      : c(cfg),
+        dev(d),
+        mixed(cfg.precision != Precision::fp32),
+        compute_bytes(cfg.precision == Precision::fp32 ? 4 : 2),
+        half(cfg.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
+        optimizer_offloaded(cfg.optimizer != OffloadDevice::none),
+        param_offloaded(cfg.param != OffloadDevice::none),
+        threads(cfg.host_threads, cfg.pin_threads) {}
+
+  bool exact() const { return c.overlap == Overlap::exact; }
+  void add_time(double BusyTimes::*field, double s) {
+    std::lock_guard<std::mutex> lk(times_mu);
+    times.*field += s;
+  }
+
+  // Host ⇄ device copies that complete before returning (the source may be a temporary).
+  void h2d_sync(void* dst, const void* src, std::size_t bytes) {
+    dev.copy_to_device(dst, src, bytes, StreamRole::h2d);
+    dev.synchronize(StreamRole::h2d);
+  }
+  void d2h_sync(void* dst, const void* src, std::size_t bytes) {
+    dev.copy_to_host(dst, src, bytes, StreamRole::d2h);
+    dev.synchronize(StreamRole::d2h);
+  }
+  // The compute copy of a device fp32 range, on the device, in stream order.
+  void device_to_compute(const float* s, void* d, std::size_t n, StreamRole r) {
+    if (mixed) kern->to_half(s, d, n, half, r); else kern->copy(d, s, n * 4, r);
+  }
+  // Host conversions on the host threads (chunked, so the result does not depend on the count).
+  void to_half(const float* s, void* d, std::size_t n) {
+    auto* o = static_cast<std::uint16_t*>(d);
+    threads.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+      if (half == cpu_adam::HalfType::fp16) cpu_adam::fp32_to_fp16(s + b, o + b, e - b); else cpu_adam::fp32_to_bf16(s + b, o + b, e - b);
+    });
+  }
+  void from_half(const void* s, float* d, std::size_t n) {
+    const auto* i = static_cast<const std::uint16_t*>(s);
+    threads.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+      if (half == cpu_adam::HalfType::fp16) cpu_adam::fp16_to_fp32(i + b, d + b, e - b); else cpu_adam::bf16_to_fp32(i + b, d + b, e - b);
+    });
+  }
+  void add_into(float* acc, const float* x, std::size_t n) {
+    threads.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) acc[i] += x[i];
+    });
+  }
+  // The compute copy (compute_bytes per element) of an fp32 range, on the host.
+  void to_compute(const float* s, void* d, std::size_t n) {
+    if (mixed) to_half(s, d, n); else std::memcpy(d, s, n * 4);
+  }
+
+  // Blocks until unit u's latest update has landed; rethrows when the Update failed (`rethrow` drains
+  // the update worker, which holds the error).
+  void wait_landed(std::size_t u, const std::function<void()>& rethrow) {
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return units[u].version == applied || update_failed; });
+      if (!update_failed) return;
+    }
+    rethrow();
+    throw Error("offload: the parameter update failed earlier");
+  }
+};
+
+}  // namespace zinf::offload::detail

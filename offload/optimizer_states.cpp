@@ -1,0 +1,176 @@
+// optimizer_states.cpp — master, m and v of every unit, on the tier offload_optimizer names:
+//   DeviceStates  device memory (offload_optimizer none); the Update is the device's own kernel
+//   HostStates    host memory (cpu); the Update is cpu_adam on the host threads
+//   NvmeStates    one store tensor per sub-group, laid out by SubGroupLayout (nvme); the Update
+//                 streams them through the pipelined swapper: SwapIn ahead, SwapOut behind
+#include <cstring>
+
+#include "tiers.h"
+#include "zinf/nvme/swapper.h"
+
+namespace zinf::offload::detail {
+namespace {
+
+class DeviceStates final : public OptimizerStates {
+ public:
+  explicit DeviceStates(EngineState& s) : s_(s) {}
+  void add(Unit& u, const std::string& name, const float* master) override {
+    // fp32 with resident parameters: the compute copy is the master (no second fp32 copy).
+    if (s_.mixed || s_.param_offloaded) u.dev_master = DeviceBuffer(s_.dev, u.n * 4, name + " master");
+    u.dev_m = DeviceBuffer(s_.dev, u.n * 4, name + " adam.m");
+    u.dev_v = DeviceBuffer(s_.dev, u.n * 4, name + " adam.v");
+    s_.kern->zero(u.dev_m.as<void>(), u.n * 4, StreamRole::h2d);
+    s_.kern->zero(u.dev_v.as<void>(), u.n * 4, StreamRole::h2d);
+    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master, u.n * 4);
+    s_.dev.synchronize(StreamRole::h2d);
+  }
+  void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
+    const Decision& d = decision.get();
+    if (!d) return;
+    for (std::size_t ui = 0; ui < s_.units.size(); ++ui) {
+      Unit& u = s_.units[ui];
+      for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+        const std::size_t o = u.chunks[ci];
+        fn(ui, o, u.chunk_len(ci), master_of(u) + o, u.dev_m.as<float>() + o, u.dev_v.as<float>() + o, *d);
+      }
+    }
+  }
+  void read(Unit& u, float* master, float* m, float* v) override {
+    s_.d2h_sync(master, master_of(u), u.n * 4);
+    if (m) s_.d2h_sync(m, u.dev_m.as<void>(), u.n * 4);
+    if (v) s_.d2h_sync(v, u.dev_v.as<void>(), u.n * 4);
+  }
+  void write(Unit& u, const float* master, const float* m, const float* v) override {
+    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master, u.n * 4);  // else: the compute copy, rebuilt by its home
+    s_.h2d_sync(u.dev_m.as<void>(), m, u.n * 4);
+    s_.h2d_sync(u.dev_v.as<void>(), v, u.n * 4);
+  }
+
+ private:
+  float* master_of(Unit& u) { return u.dev_master.size() ? u.dev_master.as<float>() : u.param.as<float>(); }
+  EngineState& s_;
+};
+
+class HostStates final : public OptimizerStates {
+ public:
+  explicit HostStates(EngineState& s) : s_(s) {}
+  void add(Unit& u, const std::string&, const float* master) override {
+    u.host_master = host_alloc(u.n * 4);
+    u.host_m = host_alloc(u.n * 4);
+    u.host_v = host_alloc(u.n * 4);
+    std::memcpy(u.host_master.get(), master, u.n * 4);
+    std::memset(u.host_m.get(), 0, u.n * 4);
+    std::memset(u.host_v.get(), 0, u.n * 4);
+  }
+  void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
+    const Decision& d = decision.get();
+    if (!d) return;
+    for (std::size_t ui = 0; ui < s_.units.size(); ++ui) {
+      Unit& u = s_.units[ui];
+      for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+        const std::size_t o = u.chunks[ci];
+        fn(ui, o, u.chunk_len(ci), f(u.host_master) + o, f(u.host_m) + o, f(u.host_v) + o, *d);
+      }
+    }
+  }
+  void read(Unit& u, float* master, float* m, float* v) override {
+    std::memcpy(master, u.host_master.get(), u.n * 4);
+    if (m) std::memcpy(m, u.host_m.get(), u.n * 4);
+    if (v) std::memcpy(v, u.host_v.get(), u.n * 4);
+  }
+  void write(Unit& u, const float* master, const float* m, const float* v) override {
+    std::memcpy(u.host_master.get(), master, u.n * 4);
+    std::memcpy(u.host_m.get(), m, u.n * 4);
+    std::memcpy(u.host_v.get(), v, u.n * 4);
+  }
+
+ private:
+  static float* f(const HostMem& p) { return reinterpret_cast<float*>(p.get()); }
+  EngineState& s_;
+};
+
+class NvmeStates final : public OptimizerStates {
+ public:
+  explicit NvmeStates(EngineState& s)
+      : s_(s),
+        store_(s.c.optimizer_store, s.c.optimizer_faults),
+        swapper_(store_, *s.pinned, s.exact() ? s.c.optimizer_buffer_count : 1, SubGroupLayout::bytes_for(s.sub_group)) {}
+  void add(Unit& u, const std::string& name, const float* master) override {
+    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci)
+      u.nvme_subgroups.push_back(store_.add(name + ".sg" + std::to_string(ci), SubGroupLayout::bytes_for(u.chunk_len(ci))));
+    for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {  // initial contents
+      std::memset(buf, 0, l.bytes());
+      std::memcpy(l.master(buf), master + o, l.len * 4);
+      store_.write(u.nvme_subgroups[ci], buf)->wait();
+    });
+  }
+  void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
+    struct Item {
+      std::size_t unit, o, len;
+    };
+    std::vector<Item> meta;
+    std::vector<nvme::SwapItem> items;
+    for (std::size_t ui = 0; ui < s_.units.size(); ++ui) {
+      Unit& u = s_.units[ui];
+      for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+        meta.push_back({ui, u.chunks[ci], u.chunk_len(ci)});
+        items.push_back({u.nvme_subgroups[ci], 0, SubGroupLayout::bytes_for(u.chunk_len(ci)), true, true});
+      }
+    }
+    // SwapIn reads ahead (during the backward, when started early) and SwapOut writes behind.
+    swapper_.run(items, [&](std::size_t i, void* buf, std::size_t) {
+      const Decision& d = decision.get();  // blocks only until the barrier decides
+      if (!d) return;                       // skipped step: the states go back unchanged
+      const Item& it = meta[i];
+      const SubGroupLayout l(it.len);
+      fn(it.unit, it.o, it.len, l.master(buf), l.m(buf), l.v(buf), *d);
+    }, s_.exact() ? -1 : 0);
+  }
+  void read(Unit& u, float* master, float* m, float* v) override {
+    for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {
+      if (m || v)
+        store_.read(u.nvme_subgroups[ci], buf)->wait();
+      else
+        store_.read(u.nvme_subgroups[ci], buf, 0, 4 * l.padded)->wait();  // the master part only
+      std::memcpy(master + o, l.master(buf), l.len * 4);
+      if (m) std::memcpy(m + o, l.m(buf), l.len * 4);
+      if (v) std::memcpy(v + o, l.v(buf), l.len * 4);
+    });
+  }
+  void write(Unit& u, const float* master, const float* m, const float* v) override {
+    for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {
+      std::memset(buf, 0, l.bytes());
+      std::memcpy(l.master(buf), master + o, l.len * 4);
+      std::memcpy(l.m(buf), m + o, l.len * 4);
+      std::memcpy(l.v(buf), v + o, l.len * 4);
+      store_.write(u.nvme_subgroups[ci], buf)->wait();
+    });
+  }
+  nvme::TensorStore* store() override { return &store_; }
+
+ private:
+  // fn(ci, o, layout, buf) for each of u's sub-groups in order, with one pageable staging buffer.
+  template <class F>
+  void for_each_subgroup(Unit& u, F fn) {
+    const std::size_t cap = SubGroupLayout::bytes_for(std::min(s_.sub_group, u.n));
+    PinnedPool pool(round_up(cap, PinnedPool::kAlign), /*lock=*/false);
+    PinnedBuffer b = pool.acquire(cap);
+    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) fn(ci, u.chunks[ci], SubGroupLayout(u.chunk_len(ci)), b.data());
+  }
+  EngineState& s_;
+  nvme::TensorStore store_;
+  nvme::Swapper swapper_;
+};
+
+}  // namespace
+
+std::unique_ptr<OptimizerStates> make_optimizer_states(EngineState& s) {
+  switch (s.c.optimizer) {
+    case OffloadDevice::none: return std::make_unique<DeviceStates>(s);
+    case OffloadDevice::cpu: return std::make_unique<HostStates>(s);
+    case OffloadDevice::nvme: return std::make_unique<NvmeStates>(s);
+  }
+  throw Error("offload: unknown optimizer tier");
+}
+
+}  // namespace zinf::offload::detail

@@ -1,0 +1,139 @@
+// param_homes.cpp — where each unit's compute copy (param16, or fp32 in fp32 runs) lives:
+//   DeviceHome  resident on the device: every unit without offload_param, and the persistent units
+//               (embedding, final LayerNorm) with it; 16-bit runs add fp32 working weights
+//   PinnedHome  pinned host memory (offload_param cpu): the Update writes it in place, Fetch copies
+//               from it
+//   NvmeHome    a store tensor per unit (offload_param nvme): the Update's chunks go home through
+//               an upload slot, Fetch reads them into a window slot's pinned staging first
+// Upload — the new compute copy going home after the Update — is land_chunk() of each.
+#include <cstring>
+
+#include "tiers.h"
+
+namespace zinf::offload::detail {
+namespace {
+
+class DeviceHome final : public ParamHome {
+ public:
+  DeviceHome(EngineState& s, UploadSlots& up) : s_(s), up_(up) {}
+  void place(Unit& u, const std::string& name, const float* master) override {
+    u.param = DeviceBuffer(s_.dev, u.n * s_.compute_bytes, name + (s_.mixed ? " param16" : " param"));
+    if (s_.mixed) u.work = DeviceBuffer(s_.dev, u.n * 4, name + " fp32 working weights");
+    rebuild(u, master);
+  }
+  void rebuild(Unit& u, const float* master) override {
+    std::vector<char> copy(u.n * s_.compute_bytes);
+    s_.to_compute(master, copy.data(), u.n);  // on the host, then up
+    s_.h2d_sync(u.param.as<void>(), copy.data(), copy.size());
+    if (s_.mixed) s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
+    s_.dev.synchronize(StreamRole::h2d);
+  }
+  void* update_target(Unit& u, std::size_t o, int slot) override {
+    if (!s_.optimizer_offloaded) return static_cast<char*>(u.param.as<void>()) + o * s_.compute_bytes;  // the device's own Update
+    auto k = static_cast<std::size_t>(slot);
+    if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
+    return up_.buffer[k].data();
+  }
+  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
+    if (!s_.optimizer_offloaded) return;
+    auto k = static_cast<std::size_t>(slot);
+    char* dst = static_cast<char*>(u.param.as<void>()) + o * s_.compute_bytes;  // Upload: pinned → device
+    {
+      BusyScope busy(s_.dev, StreamRole::h2d);
+      s_.dev.copy_to_device(dst, up_.buffer[k].data(), len * s_.compute_bytes, StreamRole::h2d);
+    }
+    up_.copied[k] = s_.dev.record(StreamRole::h2d);
+  }
+  void land_unit(Unit& u) override {
+    for (auto& e : up_.copied)
+      if (e) e->wait();
+    if (s_.mixed) {  // the fp32 working weights follow the new 16-bit copy
+      {
+        BusyScope busy(s_.dev, StreamRole::h2d);
+        s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
+      }
+      s_.dev.synchronize(StreamRole::h2d);
+    }
+  }
+  const void* fetch_source(Unit&, PinnedBuffer&) override { throw Error("offload: a resident unit is never fetched"); }
+
+ private:
+  EngineState& s_;
+  UploadSlots& up_;
+};
+
+class PinnedHome final : public ParamHome {
+ public:
+  explicit PinnedHome(EngineState& s) : s_(s) {}
+  void place(Unit& u, const std::string&, const float* master) override {
+    u.pinned_home = s_.pinned->acquire(u.n * s_.compute_bytes);
+    rebuild(u, master);
+  }
+  void rebuild(Unit& u, const float* master) override { s_.to_compute(master, u.pinned_home.data(), u.n); }
+  void* update_target(Unit& u, std::size_t o, int) override {
+    if (u.fetched) u.fetched->wait();  // no Fetch may still be reading the home we overwrite
+    return static_cast<char*>(u.pinned_home.data()) + o * s_.compute_bytes;
+  }
+  void land_chunk(Unit&, std::size_t, std::size_t, int) override {}  // written in place
+  const void* fetch_source(Unit& u, PinnedBuffer&) override { return u.pinned_home.data(); }
+
+ private:
+  EngineState& s_;
+};
+
+class NvmeHome final : public ParamHome {
+ public:
+  NvmeHome(EngineState& s, UploadSlots& up) : s_(s), up_(up), store_(s.c.param_store) {}
+  void place(Unit& u, const std::string& name, const float* master) override {
+    u.nvme_param = store_.add(name + ".param", u.n * s_.compute_bytes);
+    rebuild(u, master);
+  }
+  void rebuild(Unit& u, const float* master) override {
+    const std::size_t bytes = u.n * s_.compute_bytes;
+    PinnedPool pool(round_up(bytes, PinnedPool::kAlign), /*lock=*/false);  // pageable: used once
+    PinnedBuffer b = pool.acquire(bytes);
+    s_.to_compute(master, b.data(), u.n);
+    store_.write(u.nvme_param, b.data())->wait();
+  }
+  void* update_target(Unit& u, std::size_t, int slot) override {
+    if (u.fetched) u.fetched->wait();  // no Fetch may still be reading the home we overwrite
+    auto k = static_cast<std::size_t>(slot);
+    if (up_.copied[k]) up_.copied[k]->wait();
+    return up_.buffer[k].data();
+  }
+  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
+    // The slot is reused next: wait for the write (the swapper's sub-group reads keep the disk busy).
+    const auto k = static_cast<std::size_t>(slot);
+    store_.write(u.nvme_param, up_.buffer[k].data(), o * s_.compute_bytes, len * s_.compute_bytes)->wait();
+    up_.copied[k] = nullptr;
+  }
+  const void* fetch_source(Unit& u, PinnedBuffer& staging) override {
+    const std::size_t bytes = u.n * s_.compute_bytes;
+    void* buf = staging.data();
+    const auto id = u.nvme_param;
+    // NVMe → pinned in h2d stream order, before the copy (its time is the store's, not the link's).
+    s_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
+    return buf;
+  }
+  nvme::TensorStore* store() override { return &store_; }
+
+ private:
+  EngineState& s_;
+  UploadSlots& up_;
+  nvme::TensorStore store_;
+};
+
+}  // namespace
+
+std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up) { return std::make_unique<DeviceHome>(s, up); }
+
+std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up) {
+  switch (s.c.param) {
+    case OffloadDevice::none: return nullptr;
+    case OffloadDevice::cpu: return std::make_unique<PinnedHome>(s);
+    case OffloadDevice::nvme: return std::make_unique<NvmeHome>(s, up);
+  }
+  throw Error("offload: unknown parameter tier");
+}
+
+}  // namespace zinf::offload::detail

@@ -1,0 +1,68 @@
+// tiers.h — where the states live, one class per tier (internal to zinf_offload). Adding a tier or a
+// compressed state format means one more class here; the stages only call these interfaces.
+//
+//   OptimizerStates  master, m, v     DeviceStates | HostStates | NvmeStates  (optimizer_states.cpp)
+//   ParamHome        the compute copy DeviceHome (resident units) | PinnedHome | NvmeHome  (param_homes.cpp)
+#pragma once
+
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine_state.h"
+
+namespace zinf::offload::detail {
+
+// The barrier's decision for a step: the AdamStep, or nothing when the step is skipped.
+using Decision = std::optional<cpu_adam::AdamStep>;
+
+class OptimizerStates {
+ public:
+  virtual ~OptimizerStates() = default;
+  // Allocates unit u's states: master from `master` (n floats), m and v zero.
+  virtual void add(Unit& u, const std::string& name, const float* master) = 0;
+  // The Update's walk over every sub-group of every unit in forward order: fn(unit, o, len, master,
+  // m, v, step) with pointers where this tier keeps them (device memory for DeviceStates). The
+  // decision is awaited before the first call; a skipped step calls nothing (NVMe: its sub-groups
+  // still pass through, unchanged). Runs on the update worker.
+  using SubGroupFn = std::function<void(std::size_t unit, std::size_t o, std::size_t len, float* master, float* m, float* v,
+                                        const cpu_adam::AdamStep& step)>;
+  virtual void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) = 0;
+  // Checkpoints (nothing else may run): unit u's states, n floats each; m and v may be null.
+  virtual void read(Unit& u, float* master, float* m, float* v) = 0;
+  virtual void write(Unit& u, const float* master, const float* m, const float* v) = 0;
+  virtual nvme::TensorStore* store() { return nullptr; }
+};
+std::unique_ptr<OptimizerStates> make_optimizer_states(EngineState& s);
+
+// Two pinned slots through which the Update's new compute copy leaves the host when its home is not
+// host-visible (the device with an offloaded optimizer, or NVMe); each with the event of its last
+// h2d copy, waited on before the slot is rewritten.
+struct UploadSlots {
+  std::vector<PinnedBuffer> buffer;
+  std::vector<EventHandle> copied;
+};
+
+class ParamHome {
+ public:
+  virtual ~ParamHome() = default;
+  // At construction: unit u's compute copy from its fp32 master.
+  virtual void place(Unit& u, const std::string& name, const float* master) = 0;
+  // After write_states: the compute copy rebuilt from the master, exactly as the Update writes it.
+  virtual void rebuild(Unit& u, const float* master) = 0;
+  // The Update writes the new compute copy of [o, o+len) to update_target(), then land_chunk()
+  // moves it home (Upload); land_unit() runs once u's last chunk is home, before u lands.
+  virtual void* update_target(Unit& u, std::size_t o, int slot) = 0;
+  virtual void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) = 0;
+  virtual void land_unit(Unit&) {}
+  // Fetch (windowed homes): the host-visible source of u's compute copy for the h2d copy into a
+  // window slot — the home itself, or `staging` (pinned) after a read enqueued on the h2d stream.
+  virtual const void* fetch_source(Unit& u, PinnedBuffer& staging) = 0;
+  virtual nvme::TensorStore* store() { return nullptr; }
+};
+// The home of resident units, and the home of windowed units for the configured offload_param.
+std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up);
+std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up);  // null without offload_param
+
+}  // namespace zinf::offload::detail

@@ -1,0 +1,92 @@
+// window.cpp — Fetch and the parameter window (window.h).
+#include "window.h"
+
+namespace zinf::offload::detail {
+
+ParamWindow::ParamWindow(EngineState& s, ParamHome& home, std::size_t max_unit) : s_(s), home_(home) {
+  const int n = std::max(2, 1 + s.c.prefetch_depth);
+  for (int i = 0; i < n; ++i) {
+    Slot slot;
+    slot.param = DeviceBuffer(s.dev, max_unit * s.compute_bytes, "param window slot " + std::to_string(i));
+    if (s.mixed) slot.work = DeviceBuffer(s.dev, max_unit * 4, "fp32 working weights slot " + std::to_string(i));
+    if (s.c.param == OffloadDevice::nvme) slot.staging = s.pinned->acquire(max_unit * s.compute_bytes);
+    slots_.push_back(std::move(slot));
+  }
+}
+
+int ParamWindow::find(std::size_t u) {
+  std::lock_guard<std::mutex> lk(s_.mu);
+  for (std::size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].unit == static_cast<int>(u) && slots_[i].version == s_.units[u].version) return static_cast<int>(i);
+  return -1;
+}
+
+// Fetch(u): starts bringing unit u into the least recently used free slot; returns the slot, or −1
+// when every slot is in use.
+int ParamWindow::fetch(std::size_t u) {
+  int best = -1;
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].users > 0) continue;
+    if (best < 0 || slots_[i].last_use < slots_[static_cast<std::size_t>(best)].last_use) best = static_cast<int>(i);
+  }
+  if (best < 0) return -1;
+  Slot& slot = slots_[static_cast<std::size_t>(best)];
+  if (slot.ready) slot.ready->wait();  // a previous fetch into this slot must be finished
+  // The model may still be reading the slot's previous unit: the h2d stream waits for the compute
+  // stream's event recorded at release() before it overwrites the slot.
+  if (slot.released) s_.dev.wait_event(StreamRole::h2d, slot.released);
+  Unit& unit = s_.units[u];
+  slot.unit = static_cast<int>(u);
+  {
+    std::lock_guard<std::mutex> lk(s_.mu);
+    slot.version = unit.version;
+  }
+  slot.last_use = ++tick_;
+  const void* src = home_.fetch_source(unit, slot.staging);
+  {
+    BusyScope busy(s_.dev, StreamRole::h2d);  // home → device
+    s_.dev.copy_to_device(slot.param.as<void>(), src, unit.n * s_.compute_bytes, StreamRole::h2d);
+    if (s_.mixed) s_.kern->from_half(slot.param.as<void>(), slot.work.as<float>(), unit.n, s_.half, StreamRole::h2d);
+  }
+  slot.ready = s_.dev.record(StreamRole::h2d);
+  unit.fetched = slot.ready;
+  if (!s_.exact()) slot.ready->wait();
+  return best;
+}
+
+void ParamWindow::prefetch_after(std::size_t u, bool backward) {
+  if (!s_.exact()) return;
+  for (int k = 1; k <= s_.c.prefetch_depth; ++k) {
+    const long next = backward ? static_cast<long>(u) - k : static_cast<long>(u) + k;
+    if (next < 0 || next >= static_cast<long>(s_.units.size())) break;
+    const auto v = static_cast<std::size_t>(next);
+    if (!s_.units[v].windowed) continue;
+    if (find(v) >= 0) continue;
+    {
+      std::lock_guard<std::mutex> lk(s_.mu);
+      if (s_.units[v].version != s_.applied) break;  // its update has not landed yet: fetch on demand
+    }
+    if (fetch(v) < 0) break;
+  }
+}
+
+const float* ParamWindow::acquire(std::size_t u, bool backward) {
+  int i = find(u);
+  if (i < 0) i = fetch(u);
+  if (i < 0) throw Error("offload: no free parameter window slot for unit " + std::to_string(u));
+  Slot& slot = slots_[static_cast<std::size_t>(i)];
+  model_waits_for(s_.dev, slot.ready);  // the model reads the slot after the Fetch's copies
+  ++slot.users;
+  slot.last_use = ++tick_;
+  prefetch_after(u, backward);
+  return s_.mixed ? slot.work.as<float>() : slot.param.as<float>();
+}
+
+void ParamWindow::release(std::size_t u) {
+  const int i = find(u);
+  if (i < 0) return;
+  Slot& slot = slots_[static_cast<std::size_t>(i)];
+  if (slot.users > 0 && --slot.users == 0) slot.released = s_.dev.record(StreamRole::compute);  // behind the model's last read
+}
+
+}  // namespace zinf::offload::detail

@@ -35,6 +35,7 @@
 #include "zinf/offload/device_kernels.h"
 #include "zinf/offload/engine.h"
 #include "zinf/pinned.h"
+#include "subgroup_layout.h"
 
 namespace zinf::offload::detail {
 
@@ -53,20 +54,6 @@ inline HostMem host_alloc(std::size_t bytes) {
   if (!p) throw Error("host allocation of " + std::to_string(bytes) + " bytes failed");
   return HostMem(static_cast<char*>(p));
 }
-
-// One sub-group's optimizer states as stored outside the device: master | m | v, each padded to 1024
-// elements (4 KiB of fp32), so each part starts aligned for O_DIRECT and SIMD. The one place that
-// knows this layout (zinf plan's arithmetic in placement.cpp uses bytes_for too).
-struct SubGroupLayout {
-  static constexpr std::size_t kPad = 1024;
-  std::size_t len, padded;
-  explicit SubGroupLayout(std::size_t n) : len(n), padded(round_up(n, kPad)) {}
-  static std::size_t bytes_for(std::size_t n) { return 12 * round_up(n, kPad); }
-  std::size_t bytes() const { return 12 * padded; }
-  float* master(void* b) const { return static_cast<float*>(b); }
-  float* m(void* b) const { return static_cast<float*>(b) + padded; }
-  float* v(void* b) const { return static_cast<float*>(b) + 2 * padded; }
-};
 
 // A layer unit: a flat range of `n` parameters, split into sub-groups for the Update.
 struct Unit {

@@ -11,6 +11,8 @@
 //   m, v     4·N    each, with the optimizer
 #include "zinf/offload/placement.h"
 
+#include "subgroup_layout.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -104,7 +106,7 @@ Plan make_plan(const PlanInput& in) {
         vrow.bytes[H] += n * 4;
       } else {
         for (std::uint64_t o = 0; o < n; o += sg) {  // one tensor per sub-group: master|m|v, padded
-          const std::uint64_t pl = up(std::min(sg, n - o), 1024);
+          const std::uint64_t pl = detail::SubGroupLayout(std::min(sg, n - o)).padded;
           master.bytes[N] += 4 * pl;
           mrow.bytes[N] += 4 * pl;
           vrow.bytes[N] += 4 * pl;
@@ -136,7 +138,7 @@ Plan make_plan(const PlanInput& in) {
   if (opt_off || in.param == OffloadDevice::nvme)
     p.buffers.push_back({"param upload", "", on(Tier::pinned, 2 * up(sg * cb, 4096)), "2 x sub-group: the Update's output"});
   if (in.optimizer == OffloadDevice::nvme)
-    p.buffers.push_back({"optimizer swap", "", on(Tier::pinned, static_cast<std::uint64_t>(in.optimizer_buffer_count) * 12 * up(sg, 1024)),
+    p.buffers.push_back({"optimizer swap", "", on(Tier::pinned, static_cast<std::uint64_t>(in.optimizer_buffer_count) * detail::SubGroupLayout::bytes_for(sg)),
                          "buffer_count x sub-group master|m|v"});
   if (ga && opt_off) p.buffers.push_back({"reduce scratch", "", on(Tier::host, bucket * 4), "fp32 of one bucket"});
 

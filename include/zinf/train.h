@@ -2,10 +2,10 @@
 // dynamic loss scaling, gradient accumulation, global-norm clipping, Adam/AdamW through cpu_adam's
 // fused Update, and the WarmupLR / WarmupDecayLR / WarmupCosineLR schedules.
 //
-// This issue's engine keeps every state on the device (the CPU device here); the offload scheduler
-// (issue 6) moves them. On the CPU device the model computes in fp32 from the 16-bit parameter copy
-// (so fp16/bf16 runs see 16-bit weights and 16-bit gradients, and fp16 overflows exactly where a GPU
-// run would); gradients are rounded to 16 bits before the update and, with GA > 1, accumulated in fp32.
+// Every state goes through the offload engine (zinf/offload/engine.h), whatever the placement. The
+// CPU device computes in fp32 from the 16-bit parameter copy (so fp16/bf16 runs see 16-bit weights
+// and 16-bit gradients, and fp16 overflows exactly where a GPU run would); gradients are rounded to
+// 16 bits before the update and, with GA > 1, accumulated in fp32.
 #pragma once
 
 #include <atomic>

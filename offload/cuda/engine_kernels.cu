@@ -19,10 +19,6 @@ using cpu_adam::GradType;
 using cpu_adam::HalfType;
 namespace spec = cpu_adam::spec;
 
-void check(cudaError_t e, const char* call) {
-  if (e != cudaSuccess) throw Error(std::string(call) + " failed: " + cudaGetErrorString(e));
-}
-
 __device__ inline float load_grad(const void* g, GradType t, std::size_t i) {
   if (t == GradType::fp32) return static_cast<const float*>(g)[i];
   const std::uint16_t h = static_cast<const std::uint16_t*>(g)[i];
@@ -72,7 +68,7 @@ __global__ void adam_kernel(cpu_adam::AdamStep st, cpu_adam::UpdateChunk c) {
 class CudaEngineKernels final : public offload::DeviceKernels {
  public:
   explicit CudaEngineKernels(Device& d) : dev_(d) {}
-  void zero(void* p, std::size_t bytes, StreamRole s) override { check(cudaMemsetAsync(p, 0, bytes, st(s)), "cudaMemsetAsync"); }
+  void zero(void* p, std::size_t bytes, StreamRole s) override { ZINF_CUDA(cudaMemsetAsync(p, 0, bytes, st(s))); }
   void to_half(const float* src, void* dst, std::size_t n, HalfType t, StreamRole s) override {
     to_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(src, static_cast<std::uint16_t*>(dst), n, t);
     ZINF_CUDA_LAUNCH_CHECK("to_half");
@@ -82,7 +78,7 @@ class CudaEngineKernels final : public offload::DeviceKernels {
     ZINF_CUDA_LAUNCH_CHECK("from_half");
   }
   void copy(void* dst, const void* src, std::size_t bytes, StreamRole s) override {
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st(s)), "cudaMemcpyAsync");
+    ZINF_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st(s)));
   }
   void add(float* acc, const float* x, std::size_t n, StreamRole s) override {
     add_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(acc, x, n);
@@ -96,9 +92,8 @@ class CudaEngineKernels final : public offload::DeviceKernels {
     sum_squares_kernel<<<ops::blocks_for(threads, 128), 128, 0, st(s)>>>(g, t, n, partial_.as<double>());
     ZINF_CUDA_LAUNCH_CHECK("sum_squares");
     host_.resize(threads);
-    check(cudaMemcpyAsync(host_.data(), partial_.as<double>(), threads * sizeof(double), cudaMemcpyDeviceToHost, st(s)),
-          "cudaMemcpyAsync");
-    check(cudaStreamSynchronize(st(s)), "cudaStreamSynchronize");
+    ZINF_CUDA(cudaMemcpyAsync(host_.data(), partial_.as<double>(), threads * sizeof(double), cudaMemcpyDeviceToHost, st(s)));
+    ZINF_CUDA(cudaStreamSynchronize(st(s)));
     double sum = 0;
     for (std::size_t b = 0; b < blocks; ++b) sum += spec::fold16(host_.data() + b * 16);  // blocks in order
     return {sum, std::isfinite(sum)};

@@ -10,15 +10,12 @@
 #include "devices/caching_allocator.h"
 #include "devices/gpu_query.h"
 #include "zinf/device.h"
+#include "zinf/cuda_check.cuh"
 #include "zinf/error.h"
 
 namespace zinf {
 namespace {
 
-void cuda_check(cudaError_t e, const char* call) {
-  if (e != cudaSuccess) throw Error(std::string(call) + " failed: " + cudaGetErrorString(e));
-}
-#define ZINF_CUDA(x) cuda_check((x), #x)
 
 class CudaEvent final : public DeviceEvent {
  public:

@@ -1,6 +1,6 @@
 // backend.h — the seam between the model and a device's kernels: every GPT op of ops.h, plus the
 // copies and fills the model does on device memory, behind one interface. CpuOps runs the reference
-// ops of ops_cpu.cpp; a CUDA backend (issue 8) implements the same calls as kernels on the compute
+// ops of ops_cpu.cpp; the CUDA backend (model/cuda/) implements the same calls as kernels on the compute
 // stream. Shapes and semantics are those of ops.h.
 #pragma once
 

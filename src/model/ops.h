@@ -1,6 +1,6 @@
-// ops.h — the GPT model's operations on the CPU device, forward and backward, in fp32.
+// ops.h — the GPT model's reference operations (the CPU backend), forward and backward, in fp32.
 //
-// These are the reference implementations the CUDA kernels (issue 8) are checked against, so they are
+// These are the reference implementations the CUDA kernels are checked against, so they are
 // written for clarity and for one property above speed: every result is independent of the thread
 // count. Work is split into fixed chunks (never by thread), each chunk is computed by one thread in a
 // fixed order, and every reduction across rows (weight and bias gradients) is split by *columns* so

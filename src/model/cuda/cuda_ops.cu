@@ -20,6 +20,7 @@
 #include "model/cuda/ops/encoder.cuh"
 #include "model/cuda/ops/gelu.cuh"
 #include "model/cuda/ops/layernorm.cuh"
+#include "zinf/cuda_check.cuh"
 #include "zinf/error.h"
 
 namespace zinf::cuda {
@@ -28,11 +29,7 @@ namespace {
 void blas_check(cublasStatus_t st, const char* call) {
   if (st != CUBLAS_STATUS_SUCCESS) throw Error(std::string(call) + " failed (cuBLAS status " + std::to_string(static_cast<int>(st)) + ")");
 }
-void cuda_check(cudaError_t e, const char* call) {
-  if (e != cudaSuccess) throw Error(std::string(call) + " failed: " + cudaGetErrorString(e));
-}
 #define ZINF_CUBLAS(x) blas_check((x), #x)
-#define ZINF_CUDA(x) cuda_check((x), #x)
 
 // One cached cuBLASLt call shape: its descriptors and the algorithm the heuristic chose (or none, and
 // then the call goes to cublasGemmEx).

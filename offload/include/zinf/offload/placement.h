@@ -3,7 +3,7 @@
 // The tier placement of shared/DESIGN.md §1 as arithmetic: given the layer units' sizes, the
 // precision and the two offload devices, it gives each state's bytes per tier (device, pinned host,
 // pageable host, NVMe), the fixed-count buffers the dataflow needs, and a verdict against the
-// capacities of a machine. The scheduler (issue 6) allocates exactly what this plan says, so
+// capacities of a machine. The offload engine allocates exactly what this plan says, so
 // `zinf plan` and a real run agree. Pure functions; thread-safe.
 #pragma once
 

@@ -4,12 +4,30 @@
 //   NvmeStates    one store tensor per sub-group, laid out by SubGroupLayout (nvme); the Update
 //                 streams them through the pipelined swapper: SwapIn ahead, SwapOut behind
 #include <cstring>
+#include <tuple>
 
 #include "tiers.h"
 #include "zinf/nvme/swapper.h"
 
 namespace zinf::offload::detail {
 namespace {
+
+// The Update's walk over states that are addressable in place: bases(u) gives unit u's master, m
+// and v arrays.
+template <class Bases>
+void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision, const OptimizerStates::SubGroupFn& fn,
+                   Bases bases) {
+  const Decision& d = decision.get();
+  if (!d) return;
+  for (std::size_t ui = 0; ui < s.units.size(); ++ui) {
+    Unit& u = s.units[ui];
+    const auto [master, m, v] = bases(u);
+    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+      const std::size_t o = u.chunks[ci];
+      fn(ui, o, u.chunk_len(ci), master + o, m + o, v + o, *d);
+    }
+  }
+}
 
 class DeviceStates final : public OptimizerStates {
  public:
@@ -25,15 +43,7 @@ class DeviceStates final : public OptimizerStates {
     s_.dev.synchronize(StreamRole::h2d);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
-    const Decision& d = decision.get();
-    if (!d) return;
-    for (std::size_t ui = 0; ui < s_.units.size(); ++ui) {
-      Unit& u = s_.units[ui];
-      for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
-        const std::size_t o = u.chunks[ci];
-        fn(ui, o, u.chunk_len(ci), master_of(u) + o, u.dev_m.as<float>() + o, u.dev_v.as<float>() + o, *d);
-      }
-    }
+    walk_in_place(s_, decision, fn, [this](Unit& u) { return std::tuple(master_of(u), u.dev_m.as<float>(), u.dev_v.as<float>()); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     s_.d2h_sync(master, master_of(u), u.n * 4);
@@ -63,15 +73,7 @@ class HostStates final : public OptimizerStates {
     std::memset(u.host_v.get(), 0, u.n * 4);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
-    const Decision& d = decision.get();
-    if (!d) return;
-    for (std::size_t ui = 0; ui < s_.units.size(); ++ui) {
-      Unit& u = s_.units[ui];
-      for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
-        const std::size_t o = u.chunks[ci];
-        fn(ui, o, u.chunk_len(ci), f(u.host_master) + o, f(u.host_m) + o, f(u.host_v) + o, *d);
-      }
-    }
+    walk_in_place(s_, decision, fn, [](Unit& u) { return std::tuple(f(u.host_master), f(u.host_m), f(u.host_v)); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     std::memcpy(master, u.host_master.get(), u.n * 4);

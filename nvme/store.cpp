@@ -15,7 +15,7 @@ TensorStore::TensorStore(const StoreOptions& o, FaultPlan* faults) {
   ZINF_CHECK(o.files >= 1);
   install_swap_cleanup_handlers();
   stale_ = clean_stale_swap_dirs(o.parent);  // a crashed run's leftovers, removed only when provably ours
-  dir_ = std::make_unique<SwapDir>(o.parent);
+  dir_ = std::make_unique<SwapDir>(o.parent, o.create_parent);
   bool direct = o.odirect;
   std::string direct_note = direct ? "O_DIRECT" : "buffered (O_DIRECT off)";
   for (int i = 0; i < o.files; ++i) {
@@ -45,6 +45,7 @@ TensorStore::TensorStore(const StoreOptions& o, FaultPlan* faults) {
   for (const auto& f : files_) io.fixed_files.push_back(f.fd);  // opened once: register them with the rings
   engine_ = make_engine(o.engine, io, &why, faults);
   description_ = why + ", " + direct_note + ", " + std::to_string(files_.size()) + " file(s) in " + dir_->path();
+  if (dir_->created_parent()) description_ += " (created " + o.parent + ", which did not exist)";
 }
 
 TensorStore::~TensorStore() {

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -71,6 +72,11 @@ std::string boot_id() {
 
 }  // namespace
 
+void remove_live_swap_dirs() {
+  for (auto& s : g_slots)
+    if (s.used.load()) remove_slot(s);
+}
+
 void install_swap_cleanup_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -82,12 +88,20 @@ void install_swap_cleanup_handlers() {
   });
 }
 
-SwapDir::SwapDir(const std::string& parent) {
+SwapDir::SwapDir(const std::string& parent, bool create_parent) {
   struct stat st {};
+  if (create_parent && ::stat(parent.c_str(), &st) != 0 && errno == ENOENT) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    if (ec)
+      throw IoError("swap path " + parent + ": cannot create it: " + ec.message(), ec.value(),
+                    "set nvme_path to a directory on the NVMe drive that you can write to");
+    created_parent_ = true;
+  }
   if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     const int e = S_ISDIR(st.st_mode) || errno ? errno : ENOTDIR;
     throw IoError("swap path " + parent + ": " + std::strerror(e ? e : ENOTDIR), e ? e : ENOTDIR,
-                  "set nvme_path to an existing directory on the NVMe drive");
+                  "set nvme_path to a directory on the NVMe drive");
   }
   std::random_device rd;
   char name[64];
@@ -156,6 +170,7 @@ std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
     int pid = 0;
     unsigned tag = 0;
     if (std::sscanf(e->d_name, "zinf-%d-%8x", &pid, &tag) != 2) continue;
+    if (pid == ::getpid()) continue;  // this run's own (e.g. the optimizer's store beside the parameters')
     const std::string dir = parent + "/" + e->d_name;
     std::ifstream m(dir + "/" + kMarker);
     std::string magic, key, boot;

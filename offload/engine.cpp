@@ -1,7 +1,8 @@
 // engine.cpp — the offload engine's front (zinf/offload/engine.h): construction, the calls the
 // model and the trainer make, and the norm barrier. The stages are in their own files (see
-// engine_state.h for the map): window.cpp (Fetch), gradients.cpp (GradOut, Reduce), update.cpp
-// (SwapIn, Update, Upload, SwapOut), and the tiers in optimizer_states.cpp and param_homes.cpp.
+// engine_state.h for the map): param_window.cpp (Fetch), gradient_path.cpp (GradOut, Reduce),
+// update_pipeline.cpp (SwapIn, Update, Upload, SwapOut), and the tiers in optimizer_states.cpp and
+// param_homes.cpp.
 //
 // A unit's life in one step:
 //   forward   weights(u): resident → its buffer; windowed → a window slot, fetched (or prefetched)
@@ -17,10 +18,10 @@
 #include <cmath>
 
 #include "engine_state.h"
-#include "gradients.h"
+#include "gradient_path.h"
 #include "tiers.h"
-#include "update.h"
-#include "window.h"
+#include "update_pipeline.h"
+#include "param_window.h"
 #include "zinf/offload/placement.h"
 
 namespace zinf::offload {

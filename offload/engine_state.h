@@ -2,10 +2,10 @@
 // units and their buffers, the sub-group layout of optimizer states, the landing versions, and the
 // host-side helpers. Each stage lives in its own file:
 //
-//   window.cpp            Fetch and the parameter window (slots, prefetch)
-//   gradients.cpp         the gradient path: device gradient buffers, GradOut, landing buffers, Reduce
-//   update.cpp            the update pipeline: SwapIn, Update, Upload, SwapOut
-//   optimizer_states.cpp  where master, m, v live: device, pinned host or NVMe (one class per tier)
+//   param_window.cpp      Fetch and the parameter window (slots, prefetch)
+//   gradient_path.cpp     the gradient path: device gradient buffers, GradOut, landing buffers, Reduce
+//   update_pipeline.cpp   the update pipeline: SwapIn, Update, Upload, SwapOut
+//   optimizer_states.cpp  where master, m, v live: device, host memory or NVMe (one class per tier)
 //   param_homes.cpp       where each unit's compute copy lives: device, pinned host or NVMe
 //   engine.cpp            the front the model and the trainer call; construction; the norm barrier
 //
@@ -75,7 +75,7 @@ struct Unit {
   HostMem host_master, host_m, host_v;
   std::vector<nvme::TensorStore::Id> nvme_subgroups;
 
-  // Gradients (gradients.cpp): the model's fp32 device buffer (resident units, optimizer on the
+  // Gradients (gradient_path.cpp): the model's fp32 device buffer (resident units, optimizer on the
   // device), its 16-bit rounding and fp32 GA sum on the device; or the Update's input in host memory.
   DeviceBuffer grad, grad16, grad_sum;
   HostMem host_grad;

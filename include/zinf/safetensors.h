@@ -51,6 +51,11 @@ void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const 
 // Fills unit u's fp32 parameters from a GPT-2 safetensors file (names may carry a "transformer."
 // prefix); throws naming the file and the missing or mismatched tensor.
 void load_gpt2_unit(const StFile& f, const std::string& source, const ModelShape& s, std::size_t u, float* dst);
+// Checks, before anything is loaded, that the file holds exactly the model's tensors: every one
+// present with its shape, and none the model has no place for (the causal-mask buffers and a tied
+// lm_head.weight that Hugging Face files carry are accepted). Throws ConfigError naming the file and
+// the tensors, with a hint when the file looks like another shape (more or fewer layers).
+void check_gpt2_tensor_set(const StFile& f, const std::string& source, const ModelShape& s);
 
 StDtype parse_st_dtype(const std::string& name);  // "fp32"|"fp16"|"bf16" (or F32/F16/BF16); throws ConfigError
 

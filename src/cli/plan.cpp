@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 
 #include "commands.h"
@@ -103,12 +104,14 @@ int run_plan(const PlanArgs& a) {
               format_bytes(r.capacity.device).c_str(), format_bytes(r.capacity.host).c_str(),
               format_bytes(r.capacity.pinnable).c_str(),
               r.capacity.nvme_known ? format_bytes(r.capacity.nvme).c_str() : "unknown");
+  const std::string share = std::isfinite(r.verdict.limiting_fraction)
+                                ? std::to_string(static_cast<long long>(std::lround(100.0 * r.verdict.limiting_fraction))) + "%"
+                                : "";  // nothing of it is available
   if (r.verdict.fits)
-    std::printf("verdict      FITS — tightest resource: %s at %.0f%%\n", r.verdict.limiting.c_str(),
-                100.0 * r.verdict.limiting_fraction);
+    std::printf("verdict      FITS — tightest resource: %s at %s\n", r.verdict.limiting.c_str(), share.c_str());
   else
-    std::printf("verdict      DOES NOT FIT — first to run out: %s (%.0f%% of capacity); %s\n",
-                r.verdict.limiting.c_str(), 100.0 * r.verdict.limiting_fraction,
+    std::printf("verdict      DOES NOT FIT — first to run out: %s (%s); %s\n", r.verdict.limiting.c_str(),
+                share.empty() ? "none available" : (share + " of capacity").c_str(),
                 r.verdict.problems.empty() ? "" : r.verdict.problems.front().c_str());
   std::printf("deepspeed    estimate_zero3_model_states_mem_needs (x1.5 buffer factor): cpu %s, gpu %s\n",
               format_bytes(r.deepspeed.cpu).c_str(), format_bytes(r.deepspeed.gpu).c_str());

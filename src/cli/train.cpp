@@ -2,20 +2,51 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 
 #include "commands.h"
 #include "zinf/config.h"
+#include "zinf/error.h"
+#include "zinf/nvme/store.h"
 #include "zinf/train.h"
 
 namespace zinf::cli {
 namespace {
 
+// The first Ctrl-C asks the run to stop after the current step or evaluation batch (with a
+// checkpoint); a second stops at once: the swap directories are removed here, then the signal's
+// default action ends the process.
 std::atomic<bool> g_stop{false};
 extern "C" void on_sigint(int) {
-  if (g_stop.exchange(true)) ::signal(SIGINT, SIG_DFL);  // a second Ctrl-C stops at once
+  if (!g_stop.exchange(true)) {
+    static const char msg[] = "\nzinf: stopping after the current step or evaluation batch (Ctrl-C again stops at once)\n";
+    [[maybe_unused]] const auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);  // async-signal-safe
+    return;
+  }
+  nvme::remove_live_swap_dirs();
+  ::signal(SIGINT, SIG_DFL);
+  ::raise(SIGINT);  // delivered when this handler returns
+}
+
+// Runs train() with the Ctrl-C handler installed.
+TrainResult train_with_sigint(const Config& c, TrainHooks hooks) {
+  g_stop = false;
+  struct sigaction sa {}, old {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old);
+  hooks.stop = &g_stop;
+  try {
+    TrainResult r = train(c, hooks);
+    sigaction(SIGINT, &old, nullptr);
+    return r;
+  } catch (...) {
+    sigaction(SIGINT, &old, nullptr);
+    throw;
+  }
 }
 
 struct TrainArgs {
@@ -42,26 +73,13 @@ int run_train(const TrainArgs& a) {
   for (const auto& [k, v] : rows) std::fprintf(out, "  %-58s %s\n", k.c_str(), v.c_str());
   std::fflush(out);
 
-  g_stop = false;
-  struct sigaction sa {}, old {};
-  sa.sa_handler = on_sigint;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old);
   TrainHooks hooks;
-  hooks.stop = &g_stop;
   hooks.resume = a.resume;
   hooks.log = [out](const std::string& s) {
     std::fprintf(out, "%s\n", s.c_str());
     std::fflush(out);
   };
-  TrainResult r;
-  try {
-    r = train(c, hooks);
-  } catch (...) {
-    sigaction(SIGINT, &old, nullptr);
-    throw;
-  }
-  sigaction(SIGINT, &old, nullptr);
+  const TrainResult r = train_with_sigint(c, hooks);
   std::fprintf(out, "final step=%lld loss=%.6f val_loss=%.6f params_digest=%s\n", static_cast<long long>(r.steps), r.loss,
                r.val_loss, r.params_digest.c_str());
   if (a.json) {
@@ -75,7 +93,58 @@ int run_train(const TrainArgs& a) {
   return r.interrupted ? 130 : 0;
 }
 
+struct EvalArgs {
+  ConfigArgs config;
+  std::string checkpoint, weights;
+  bool json = false;
+};
+
+int run_eval(const EvalArgs& a) {
+  std::vector<std::string> overrides = a.config.overrides;
+  overrides.push_back("train.steps=0");
+  if (!a.weights.empty()) overrides.push_back("model.init_from=" + nlohmann::json(a.weights).dump());
+  const Config c = load_config(a.config.path, overrides);
+  for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  TrainHooks hooks;
+  hooks.resume = a.checkpoint;
+  hooks.log = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
+  const TrainResult r = train_with_sigint(c, hooks);
+  const std::string of = !a.checkpoint.empty() ? (r.resumed_from ? "checkpoint step " + std::to_string(r.resumed_from) : "no checkpoint found")
+                         : !a.weights.empty() ? a.weights
+                                              : "the initial parameters of train.seed " + std::to_string(c.train.seed);
+  if (a.json) {
+    nlohmann::json j = {{"val_loss", r.val_loss}, {"of", of}, {"eval_batches", c.train.eval_batches},
+                        {"micro_batch", c.micro_batch_size}, {"seq_len", c.model.seq_len}, {"params_digest", r.params_digest},
+                        {"interrupted", r.interrupted}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("eval: val_loss=%.6f over %d batches of %lld x %d tokens (%s) params_digest=%s\n", r.val_loss, c.train.eval_batches,
+                static_cast<long long>(c.micro_batch_size), c.model.seq_len, of.c_str(), r.params_digest.c_str());
+  }
+  return r.interrupted ? 130 : 0;
+}
+
 }  // namespace
+
+Command add_eval(CLI::App& app) {
+  auto args = std::make_shared<EvalArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "eval",
+      "Evaluate a model without training: the mean loss over train.eval_batches windows of the validation split "
+      "(data.path, data.val_fraction), for a checkpoint (--checkpoint), a GPT-2 safetensors file (--weights), or the "
+      "config's initial parameters. The same as `zinf train` with train.steps=0");
+  add_config_options(*sub, args->config, true);
+  sub->add_option("--checkpoint", args->checkpoint,
+                  "A checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir")
+      ->type_name("DIR|latest");
+  sub->add_option("--weights", args->weights, "A GPT-2 safetensors file (as model.init_from)")->type_name("FILE");
+  sub->add_flag("--json", args->json, "Print a JSON summary on stdout");
+  return {sub, [args] {
+            if (!args->checkpoint.empty() && !args->weights.empty())
+              throw ConfigError("zinf eval: give --checkpoint or --weights, not both");
+            return run_eval(*args);
+          }};
+}
 
 Command add_train(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
@@ -85,7 +154,8 @@ Command add_train(CLI::App& app) {
       "(loss, lr, loss scale, grad norm, tokens/s; fwd/bwd/update times with wall_clock_breakdown), validation loss "
       "every train.eval_interval steps, and a final line `final step=N loss=X val_loss=Y params_digest=HEX` (a hash "
       "of every fp32 master parameter: equal digests mean bit-identical runs). Checkpoints go to train.checkpoint_dir "
-      "every train.checkpoint_interval steps, at the end, and on Ctrl-C, which stops after the current step");
+      "every train.checkpoint_interval steps, at the end, and on Ctrl-C, which stops after the current step or "
+      "evaluation batch; a second Ctrl-C stops at once (swap directories are still removed)");
   add_config_options(*sub, args->config, true);
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout (progress goes to stderr)");
   sub->add_option("--resume", args->resume,

@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <cstring>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <limits>
 #include <optional>
 #include <set>
@@ -40,6 +42,20 @@ std::string show(const json& v) {
   return s;
 }
 
+// A number as a user wrote it: integers without an exponent (1048576, not 1.04858e+06).
+std::string num(double d) {
+  if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 1e18) return std::to_string(static_cast<long long>(d));
+  std::ostringstream os;
+  os << std::setprecision(10) << d;
+  return os.str();
+}
+
+// Keys whose "auto" zinf cannot resolve, collected over the whole config so that one error names
+// them all, each with a value to paste (zinf's default for it).
+struct Unresolved {
+  std::vector<std::pair<std::string, std::string>> keys;  // JSON path, suggested value
+};
+
 // How a key treats the string "auto" (as Hugging Face's Trainer writes it).
 struct AutoRule {
   std::optional<json> value;  // resolved value, if zinf can resolve it here
@@ -54,9 +70,9 @@ const AutoRule kNoAuto = AutoRule::reject(
 
 class Section {
  public:
-  Section(std::string source, std::vector<std::string>* notes, const json* obj, std::string path,
+  Section(std::string source, std::vector<std::string>* notes, Unresolved* autos, const json* obj, std::string path,
           json* out)
-      : source_(std::move(source)), notes_(notes), obj_(obj), path_(std::move(path)), out_(out) {}
+      : source_(std::move(source)), notes_(notes), autos_(autos), obj_(obj), path_(std::move(path)), out_(out) {}
 
   [[noreturn]] void fail(std::string_view key, const std::string& why) const {
     throw ConfigError(source_ + ": " + join(key) + ": " + why);
@@ -89,19 +105,27 @@ class Section {
   static bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
   // Returns the value to interpret: the raw one, the resolved "auto", or nullptr (use the default).
-  const json* value(std::string_view key, const AutoRule& rule, json& scratch) {
+  // An "auto" zinf cannot resolve is collected (with `def` as the value to suggest) and reported
+  // with every other one at the end of the parse.
+  const json* value(std::string_view key, const AutoRule& rule, json& scratch, const json& def) {
     const json* v = raw(key);
     if (v && is_auto(*v)) {
-      if (!rule.value) fail(key, rule.reason);
+      if (!rule.value) {
+        unresolved(key, def);
+        return nullptr;
+      }
       scratch = *rule.value;
       return &scratch;
     }
     return v;
   }
+  void unresolved(std::string_view key, const json& suggestion) {
+    autos_->keys.emplace_back(join(key), suggestion.dump());
+  }
 
   bool get_bool(std::string_view key, bool def, const AutoRule& rule = kNoAuto) {
     json scratch;
-    const json* v = value(key, rule, scratch);
+    const json* v = value(key, rule, scratch, json(def));
     bool r = def;
     if (v) {
       if (!v->is_boolean()) fail(key, "expected true or false, got " + show(*v));
@@ -114,7 +138,7 @@ class Section {
   std::int64_t get_int(std::string_view key, std::int64_t def, std::int64_t lo, std::int64_t hi,
                        const AutoRule& rule = kNoAuto) {
     json scratch;
-    const json* v = value(key, rule, scratch);
+    const json* v = value(key, rule, scratch, json(def));
     std::int64_t r = def;
     if (v) r = as_int(key, *v);
     check_range(key, static_cast<double>(r), static_cast<double>(lo), static_cast<double>(hi));
@@ -135,7 +159,7 @@ class Section {
   double get_num(std::string_view key, double def, double lo, double hi,
                  const AutoRule& rule = kNoAuto) {
     json scratch;
-    const json* v = value(key, rule, scratch);
+    const json* v = value(key, rule, scratch, json(def));
     double r = def;
     if (v) {
       if (!v->is_number() || v->is_boolean()) fail(key, "expected a number, got " + show(*v));
@@ -150,18 +174,18 @@ class Section {
   void check_range(std::string_view key, double r, double lo, double hi) const {
     if (r < lo || r > hi) {
       std::ostringstream os;
-      os << "value " << r << " is out of range; expected ";
+      os << "value " << num(r) << " is out of range; expected ";
       if (hi >= 9e18)
-        os << ">= " << lo;
+        os << ">= " << num(lo);
       else
-        os << "a value in [" << lo << ", " << hi << "]";
+        os << "a value in [" << num(lo) << ", " << num(hi) << "]";
       fail(key, os.str());
     }
   }
 
   std::string get_str(std::string_view key, std::string def, const AutoRule& rule = kNoAuto) {
     json scratch;
-    const json* v = value(key, rule, scratch);
+    const json* v = value(key, rule, scratch, json(def));
     std::string r = std::move(def);
     if (v) {
       if (!v->is_string()) fail(key, "expected a string, got " + show(*v));
@@ -209,8 +233,8 @@ class Section {
     std::uint64_t r = def;
     if (const json* v = raw(key)) {
       if (is_auto(*v)) {
-        if (!allow_auto_zero) fail(key, kNoAuto.reason);
-        r = 0;
+        if (!allow_auto_zero) unresolved(key, json(def));
+        r = allow_auto_zero ? 0 : def;
       } else if (v->is_string()) {
         r = parse_bytes(v->get<std::string>(), join(key));
       } else if (v->is_number() && !v->is_boolean()) {
@@ -233,7 +257,7 @@ class Section {
     if (v && !v->is_object()) fail(key, "expected an object, got " + show(*v));
     json& o = (*out_)[std::string(key)];
     o = json::object();
-    return Section(source_, notes_, v, join(key), &o);
+    return Section(source_, notes_, autos_, v, join(key), &o);
   }
 
   // A DeepSpeed key that has no meaning in zinf: accepted, with one note when present.
@@ -269,6 +293,7 @@ class Section {
  private:
   std::string source_;
   std::vector<std::string>* notes_;
+  Unresolved* autos_;
   const json* obj_;
   std::string path_;
   json* out_;
@@ -339,7 +364,7 @@ void read_data(Section s, DataConfig& d) {
 }
 
 void read_train(Section s, TrainConfig& t) {
-  t.steps = s.get_int("steps", 1000, 1, kMaxI64);
+  t.steps = s.get_int("steps", 1000, 0, kMaxI64);  // 0: evaluate only
   t.seed = static_cast<std::uint64_t>(s.get_int("seed", 1234, 0, kMaxI64));
   t.checkpoint_dir = s.get_str("checkpoint_dir", "");
   t.checkpoint_interval = s.get_int("checkpoint_interval", 0, 0, kMaxI64);
@@ -392,7 +417,7 @@ void read_optimizer(Section s, OptimizerConfig& o) {
   o.beta1 = 0.9;
   o.beta2 = 0.999;
   json scratch;
-  if (const json* b = p.value("betas", kNoAuto, scratch)) {
+  if (const json* b = p.value("betas", kNoAuto, scratch, json::array({0.9, 0.999}))) {
     if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
       p.fail("betas", "expected [beta1, beta2], got " + show(*b));
     o.beta1 = (*b)[0].get<double>();
@@ -447,7 +472,7 @@ void read_scheduler(Section s, SchedulerConfig& c, double opt_lr, std::int64_t t
   if (c.type != SchedulerType::warmup_lr) {
     if (!p.present("total_num_steps"))
       p.fail("total_num_steps", "required by " + std::string(cosine ? "WarmupCosineLR" : "WarmupDecayLR"));
-    c.total_num_steps = p.get_int("total_num_steps", 0, 1, kMaxI64, AutoRule::to(train_steps));
+    c.total_num_steps = p.get_int("total_num_steps", 0, 1, kMaxI64, AutoRule::to(std::max<std::int64_t>(1, train_steps)));
     if (c.total_num_steps < c.warmup_num_steps)
       s.notes()->push_back(p.join("total_num_steps") + ": " + std::to_string(c.total_num_steps) +
                            " is less than warmup_num_steps " + std::to_string(c.warmup_num_steps));
@@ -610,15 +635,26 @@ void read_aio(Section s, AioConfig& a) {
 
 // DeepSpeed's _set_batch_related_parameters / _batch_assertion, world size 1, same wording.
 void resolve_batch(Section& s, Config& c) {
+  std::vector<const char*> autos;
   auto read = [&](const char* key) -> std::int64_t {
     const json* v = s.raw(key);
-    if (!v || Section::is_auto(*v)) return 0;  // "auto": inferred from the others when possible
-    return s.as_int(key, *v);
+    if (!v) return 0;
+    if (Section::is_auto(*v)) {  // "auto": inferred from the others when possible
+      autos.push_back(key);
+      return 0;
+    }
+    const std::int64_t n = s.as_int(key, *v);
+    if (n <= 0) s.fail(key, "must be a positive integer, got " + show(*v));
+    return n;
   };
   std::int64_t train = read("train_batch_size");
   std::int64_t micro = read("train_micro_batch_size_per_gpu");
   std::int64_t ga = read("gradient_accumulation_steps");
   const std::int64_t ws = 1;
+  if (train == 0 && micro == 0 && !autos.empty()) {  // nothing to infer from: report with the other "auto"s
+    for (const char* k : autos) s.unresolved(k, json(1));
+    train = micro = ga = 1;
+  }
   if (train > 0 && micro > 0 && ga > 0) {
   } else if (train > 0 && micro > 0) {
     ga = train / micro / ws;
@@ -659,7 +695,8 @@ Config parse_root(const json& root, std::string source) {
   Config c;
   c.source = source;
   json out = json::object();
-  Section top(source, &c.notes, &root, "", &out);
+  Unresolved autos;
+  Section top(source, &c.notes, &autos, &root, "", &out);
 
   read_model(top.child("model"), c.model);
   read_train(top.child("train"), c.train);
@@ -704,6 +741,19 @@ Config parse_root(const json& root, std::string source) {
     top.note_if_present(key, why);
   }
   top.finish();
+  if (!autos.keys.empty()) {
+    std::string keys, sets;
+    for (const auto& [path, value] : autos.keys) {
+      keys += (keys.empty() ? "" : ", ") + path;
+      sets += " --set " + path + "=" + value;
+    }
+    throw ConfigError(source + ": " + std::to_string(autos.keys.size()) + (autos.keys.size() == 1 ? " key is" : " keys are") +
+                          " \"auto\", which the Hugging Face Trainer fills from its own arguments and zinf cannot: " + keys,
+                      "give them values in the file, or paste (zinf's defaults shown; change as you like):" + sets);
+  }
+  if (!root.contains("model"))
+    c.notes.push_back("model: no model section; training zinf's default model, gpt2-124m (12 layers, d_model 768, vocab 50257, "
+                      "seq_len 1024) — add a \"model\" section to choose the shape (see the README's Config section)");
   c.resolved_json = out.dump(2);
   return c;
 }
@@ -757,8 +807,38 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
                     std::string_view source_name) {
   std::string source(source_name);
   json root;
+  // DeepSpeed rejects a key given twice in one object; nlohmann would keep the last. One frame per
+  // open object or array: its keys so far and the key being read (for the path in the message).
+  struct Frame {
+    bool object;
+    std::set<std::string> keys;
+    std::string key;
+  };
+  std::vector<Frame> frames;
+  auto check_duplicates = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start: frames.push_back({true, {}, {}}); break;
+      case json::parse_event_t::array_start: frames.push_back({false, {}, {}}); break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!frames.empty()) frames.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        Frame& f = frames.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second) {
+          std::string path;
+          for (const Frame& g : frames) path += g.object ? (path.empty() ? "" : ".") + g.key : "[]";
+          throw ConfigError(source + ": " + path + ": the key appears twice in one object (DeepSpeed rejects that too); keep one");
+        }
+        break;
+      }
+      case json::parse_event_t::value: break;
+    }
+    return true;
+  };
   try {
-    root = json::parse(json_text);
+    root = json::parse(json_text, check_duplicates);
   } catch (const json::parse_error& e) {
     // nlohmann's message carries line and column; keep its part after the "[json.exception...]" tag.
     std::string m = e.what();
@@ -771,6 +851,9 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(path + ": is a directory, not a config file", "pass the JSON file, e.g. --config configs/tiny.json");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw ConfigError(path + ": cannot open config file (" + std::strerror(errno) + ")");
   std::stringstream ss;

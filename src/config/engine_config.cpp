@@ -16,6 +16,7 @@ nvme::StoreOptions store_options(const AioConfig& a, const std::string& nvme_pat
   o.io.threads = a.intra_op_parallelism;
   o.io.single_submit = a.single_submit;
   o.io.sqpoll = a.sqpoll;
+  o.create_parent = true;  // DeepSpeed creates nvme_path
   return o;
 }
 

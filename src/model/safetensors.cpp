@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <set>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -112,6 +115,9 @@ StFile parse_safetensors(std::string bytes, const std::string& source) {
 }
 
 StFile read_safetensors(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(path + ": is a directory; a .safetensors file is expected", "name the file itself, e.g. model.safetensors");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -233,6 +239,56 @@ void load_gpt2_unit(const StFile& f, const std::string& source, const ModelShape
       if (x->dtype == StDtype::f16) cpu_adam::fp16_to_fp32(half.data(), out, count); else cpu_adam::bf16_to_fp32(half.data(), out, count);
     }
   }
+}
+
+void check_gpt2_tensor_set(const StFile& f, const std::string& source, const ModelShape& s) {
+  std::set<std::string> expected;
+  std::vector<std::string> missing;
+  for (const auto& t : gpt2_tensors(s)) {
+    expected.insert(t.name);
+    const StTensor* x = f.find(t.name);
+    if (!x) x = f.find("transformer." + t.name);
+    if (!x) {
+      missing.push_back(t.name);
+    } else if (x->shape != t.shape) {
+      std::ostringstream os;
+      os << source << ": tensor " << t.name << " has shape [";
+      for (std::size_t i = 0; i < x->shape.size(); ++i) os << (i ? ", " : "") << x->shape[i];
+      os << "], the model needs [";
+      for (std::size_t i = 0; i < t.shape.size(); ++i) os << (i ? ", " : "") << t.shape[i];
+      os << "]";
+      throw ConfigError(os.str(), "model.init_from must hold a model of the configured shape (model.d_model, vocab_size, seq_len)");
+    }
+  }
+  auto ignorable = [](const std::string& n) {  // buffers, and the LM head GPT-2 ties to wte
+    auto ends = [&](const char* sfx) { return n.size() >= std::strlen(sfx) && n.compare(n.size() - std::strlen(sfx), std::string::npos, sfx) == 0; };
+    return ends(".attn.bias") || ends(".attn.masked_bias") || n == "lm_head.weight";
+  };
+  std::vector<std::string> extra;
+  for (const auto& t : f.tensors) {
+    std::string n = t.name.rfind("transformer.", 0) == 0 ? t.name.substr(12) : t.name;
+    if (!expected.count(n) && !ignorable(n)) extra.push_back(t.name);
+  }
+  auto list = [](const std::vector<std::string>& v) {
+    std::string r;
+    for (std::size_t i = 0; i < v.size() && i < 4; ++i) r += (i ? ", " : "") + v[i];
+    if (v.size() > 4) r += " (and " + std::to_string(v.size() - 4) + " more)";
+    return r;
+  };
+  if (missing.empty() && extra.empty()) return;
+  int layers = 0;  // the file's block count, for the hint
+  for (const auto& t : f.tensors) {
+    int l = -1;
+    if (std::sscanf(t.name.c_str(), "h.%d.", &l) == 1 || std::sscanf(t.name.c_str(), "transformer.h.%d.", &l) == 1)
+      layers = std::max(layers, l + 1);
+  }
+  const std::string hint = layers && layers != s.n_layer
+                               ? "the file holds " + std::to_string(layers) + " blocks and the model has " + std::to_string(s.n_layer) +
+                                     ": set model.n_layer to " + std::to_string(layers)
+                               : "model.init_from must hold a GPT-2 model of the configured shape";
+  if (!extra.empty())
+    throw ConfigError(source + ": " + std::to_string(extra.size()) + " tensor(s) the model has no place for: " + list(extra), hint);
+  throw ConfigError(source + ": " + std::to_string(missing.size()) + " tensor(s) the model needs are missing: " + list(missing), hint);
 }
 
 }  // namespace zinf

@@ -1,9 +1,11 @@
 // plan.cpp — `zinf plan` arithmetic joined to the machine (plan.h).
 #include "plan/plan.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 
 #include "zinf/error.h"
@@ -69,12 +71,28 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
                           : c.zero.offload_param.device == OffloadDevice::nvme  ? c.zero.offload_param.nvme_path
                                                                                  : "";
   std::string probe_dir = nvme_path.empty() ? "." : nvme_path;
+  if (!nvme_path.empty() && !std::filesystem::exists(probe_dir)) {
+    // zinf train creates nvme_path (as DeepSpeed does): measure where it will be created.
+    std::filesystem::path p = std::filesystem::absolute(probe_dir);
+    while (p.has_parent_path() && p != p.parent_path() && !std::filesystem::exists(p)) p = p.parent_path();
+    probe_dir = p.string();
+    r.notes.push_back("nvme_path " + nvme_path + " does not exist yet: zinf train creates it (free space measured at " +
+                      probe_dir + ")");
+  }
   nvme::PathProbe probe = nvme::probe_path(probe_dir);
+  bool writable = false;  // a scratch file, not access(): root passes access() on read-only mounts
+  if (probe.exists) {
+    const std::string scratch = probe_dir + "/.zinf-plan-" + std::to_string(::getpid());
+    const int fd = ::open(scratch.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      writable = true;
+      ::close(fd);
+      ::unlink(scratch.c_str());
+    }
+  }
   if (probe.exists) {
     r.capacity.nvme = probe.free_bytes;
     r.capacity.nvme_known = true;
-  } else if (!nvme_path.empty()) {
-    r.notes.push_back("nvme_path " + nvme_path + " does not exist: NVMe capacity unknown");
   }
   if (nvme_path.empty() && probe.exists)
     r.notes.push_back("largest-model NVMe rows assume the free space of the current directory (" +
@@ -90,9 +108,10 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
     }
   }
   r.verdict = offload::judge(r.plan, r.capacity);
-  if (!nvme_path.empty() && !probe.exists) {
+  if (!nvme_path.empty() && !writable) {
     r.verdict.fits = false;
-    r.verdict.problems.push_back("nvme: " + nvme_path + " does not exist");
+    r.verdict.limiting = "nvme";
+    r.verdict.problems.insert(r.verdict.problems.begin(), "nvme: " + probe_dir + " is not a directory this user can write to");
   }
   r.deepspeed = offload::deepspeed_zero3_estimate(
       r.plan.n_params, r.plan.largest_unit, c.zero.offload_optimizer.device != OffloadDevice::none,

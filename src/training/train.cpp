@@ -6,8 +6,14 @@
 // decision and the Update, which lands unit by unit while the next forward starts. The loss scaler
 // and the LR schedule live here; a skipped (overflowed) step advances neither the optimizer step
 // nor the schedule. A Run holds what the loop needs, built in dependency order; train() is the loop.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "config/engine_config.h"
@@ -34,6 +40,35 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A directory the run will write to, created when missing (as DeepSpeed creates nvme_path) and
+// probed with a scratch file, so that a wrong path fails before any training, not at the first
+// checkpoint or swap.
+// Returns whether it had to create it.
+bool ensure_writable_dir(const std::string& dir, const std::string& what) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(dir, ec);
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw ConfigError(what + " " + dir + ": cannot create it: " + ec.message());
+  const std::string probe = (std::filesystem::path(dir) / (".zinf-write-test-" + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw ConfigError(what + " " + dir + ": cannot write there: " + std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return !existed;
+}
+
+// Everything a run will write, checked before anything is built; one line per directory created.
+void check_output_paths(const Config& c, const TrainHooks& hooks) {
+  auto check = [&](const std::string& dir, const std::string& what) {
+    if (ensure_writable_dir(dir, what) && hooks.log) hooks.log(what + ": created " + dir + ", which did not exist");
+  };
+  if (!c.train.checkpoint_dir.empty()) check(c.train.checkpoint_dir, "train.checkpoint_dir");
+  if (c.zero.offload_optimizer.device == OffloadDevice::nvme)
+    check(c.zero.offload_optimizer.nvme_path, "zero_optimization.offload_optimizer.nvme_path");
+  if (c.zero.offload_param.device == OffloadDevice::nvme && c.zero.offload_param.nvme_path != c.zero.offload_optimizer.nvme_path)
+    check(c.zero.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path");
+}
 
 // The device a config asks for. `auto` stays on the CPU device until the CUDA path has been validated
 // on a GPU (see README). The CPU device's budget "auto" is half of the available host memory.
@@ -115,18 +150,24 @@ class Run {
     if (hooks.log) hooks.log(s);
   }
 
-  // Mean validation loss over train.eval_batches fixed windows.
+  bool stop_asked() const { return hooks.stop && hooks.stop->load(); }
+
+  // Mean validation loss over train.eval_batches fixed windows (over the batches done, when a stop
+  // is asked for in the middle: the run stops after the current batch).
   double evaluate() {
     double sum = 0;
-    for (int k = 0; k < c.train.eval_batches; ++k) {
+    int k = 0;
+    while (k < c.train.eval_batches) {
       Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(k, c.train.eval_batches, B, T, tok, tgt); });
       engine->begin_forward();
       sum += model.forward(units, b.tokens(), b.targets());
       batches.done_with(b);
+      ++k;
+      if (stop_asked()) break;
     }
     units.take_wait();
     engine->take_times();
-    return sum / c.train.eval_batches;
+    return sum / k;
   }
 
   // Forward and backward of every micro batch of one step; returns the mean loss.
@@ -215,10 +256,15 @@ class Run {
         return 0;
       }
     }
+
     const auto t0 = Clock::now();
     const CheckpointState st = load_checkpoint(path, shape, [&](std::size_t u, const float* ma, const float* mm, const float* vv) {
       engine->write_states(u, ma, mm, vv);
     });
+    if (c.train.steps > 0 && st.step > c.train.steps)  // train.steps 0 evaluates a checkpoint of any step
+      throw ConfigError(path + ": the checkpoint is at step " + std::to_string(st.step) + ", past train.steps " +
+                            std::to_string(c.train.steps),
+                        "raise train.steps to continue training from it, or evaluate it with `zinf eval`");
     scaler.restore(st.loss_scale, st.scaler_iter, st.scaler_last_overflow, st.scaler_hysteresis);
     opt_steps = st.opt_steps;
     rows_drawn = st.rows_drawn;
@@ -269,6 +315,7 @@ class Run {
     std::unique_ptr<StFile> init_file;
     if (!c.model.init_from.empty()) {
       init_file = std::make_unique<StFile>(read_safetensors(c.model.init_from));
+      check_gpt2_tensor_set(*init_file, c.model.init_from, shape);
       log("init: parameters from " + c.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
     }
     offload::EngineConfig ec = engine_config(c, threads);
@@ -286,17 +333,22 @@ class Run {
 
 TrainResult train(const Config& c, const TrainHooks& hooks) {
   if (c.device.simd != "auto") cpu_adam::set_simd_cap(cpu_adam::parse_simd_level(c.device.simd));
+  check_output_paths(c, hooks);
   Run run(c, hooks);
   TrainResult res;
   res.resumed_from = run.resume(hooks.resume);
   const std::int64_t first_step = res.resumed_from + 1;
   res.first_val_loss = res.val_loss = run.evaluate();
   run.log("step " + std::to_string(first_step - 1) + ": val_loss " + std::to_string(res.first_val_loss).substr(0, 6));
+  if (run.stop_asked()) {  // stopped during the first evaluation: nothing was trained, nothing to save
+    res.interrupted = true;
+    run.log("interrupted: stopping before the first step");
+  }
   const std::int64_t measure_from = std::min<std::int64_t>(first_step + 1, c.train.steps);  // the first step warms up
   double t_measured = 0;
 
   res.steps = first_step - 1;
-  for (std::int64_t step = first_step; step <= c.train.steps; ++step) {
+  for (std::int64_t step = first_step; step <= c.train.steps && !res.interrupted; ++step) {
     const auto t0 = Clock::now();
     StepReport r;
     r.step = step, r.steps = c.train.steps;
@@ -322,8 +374,8 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
       run.log(progress_line(c, r, 1e3 * run.t_fwd / c.steps_per_print, 1e3 * run.t_bwd / c.steps_per_print));
       run.t_fwd = run.t_bwd = 0;
     }
-    const bool stop = hooks.stop && hooks.stop->load();
-    if ((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || step == c.train.steps || stop) {
+    const bool stop = run.stop_asked();
+    if (((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || step == c.train.steps) && !stop) {
       res.val_loss = run.evaluate();
       run.metrics.validation(step, res.val_loss);
       run.log("step " + std::to_string(step) + ": val_loss " + std::to_string(res.val_loss).substr(0, 6));

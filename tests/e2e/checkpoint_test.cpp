@@ -148,7 +148,7 @@ TEST_F(Checkpoints, FullDiskLeavesThePreviousCheckpointIntact) {
 
 // ---- processes ---------------------------------------------------------------------------------------
 
-int spawn(const std::vector<std::string>& args, const std::string& out) {
+int spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err = "/dev/null") {
   const pid_t pid = ::fork();
   if (pid == 0) {
     std::vector<char*> argv;
@@ -156,7 +156,7 @@ int spawn(const std::vector<std::string>& args, const std::string& out) {
     argv.push_back(nullptr);
     FILE* f = std::freopen(out.c_str(), "w", stdout);
     (void)f;
-    FILE* e = std::freopen("/dev/null", "w", stderr);
+    FILE* e = std::freopen(err.c_str(), "w", stderr);
     (void)e;
     ::execv(argv[0], argv.data());
     ::_exit(127);
@@ -235,6 +235,100 @@ TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {
   EXPECT_EQ(swap_dirs, 0u);
   for (const auto& e : fs::directory_iterator(dir / "ck"))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos);
+}
+
+// A second Ctrl-C stops at once — the process ends by the signal — and still removes the NVMe swap
+// directories.
+TEST_F(Checkpoints, SecondCtrlCStopsAtOnceAndRemovesTheSwapDirectories) {
+  const std::string conf = (dir / "run.json").string();
+  std::ofstream(conf) << cfg(100000);
+  // Steps of 400 micro batches: long enough that the second Ctrl-C lands while the first one waits
+  // for the step to end.
+  const std::string err = (dir / "err.txt").string();
+  const pid_t pid = spawn({ZINF_BIN, "train", "--config", conf, "--set", "train.checkpoint_interval=1", "--set",
+                           "gradient_accumulation_steps=400", "--set", "zero_optimization.offload_optimizer.device=nvme", "--set",
+                           "zero_optimization.offload_param.device=nvme"},
+                          (dir / "out.txt").string(), err);
+  for (int i = 0; i < 6000 && !fs::exists(dir / "ck" / "step-00000001"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(fs::exists(dir / "ck" / "step-00000001"));
+  ASSERT_FALSE(fs::is_empty(dir / "swap"));
+  ::kill(pid, SIGINT);
+  auto said = [&] {
+    std::ifstream f(err);
+    return std::string(std::istreambuf_iterator<char>(f), {}).find("Ctrl-C again stops at once") != std::string::npos;
+  };
+  for (int i = 0; i < 2000 && !said(); ++i)  // the first Ctrl-C was taken (the handler says so)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(said());
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exited with " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1)
+                                   << " instead of stopping at once";
+  EXPECT_EQ(WTERMSIG(status), SIGINT);
+  EXPECT_TRUE(fs::is_empty(dir / "swap"));  // the swap directories went with it
+}
+
+// Ctrl-C during the first evaluation stops after the current evaluation batch, not after a step and
+// another full evaluation. With a million evaluation batches, only that can end the run.
+TEST_F(Checkpoints, CtrlCDuringTheFirstEvaluationStopsAfterTheCurrentBatch) {
+  const std::string conf = (dir / "run.json").string();
+  std::ofstream(conf) << cfg(100000);
+  const std::string out = (dir / "out.json").string();
+  const pid_t pid = spawn({ZINF_BIN, "train", "--json", "--config", conf, "--set", "train.eval_batches=1000000", "--set",
+                           "zero_optimization.offload_optimizer.device=nvme"},
+                          out);
+  for (int i = 0; i < 2000 && fs::is_empty(dir / "swap"); ++i)  // the engine is built: evaluation begins
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ::kill(pid, SIGINT);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 6000 && done == 0; ++i) {  // bounded: a run that ignores the stop is killed, and fails
+    done = ::waitpid(pid, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "the run did not stop within a minute of Ctrl-C during its first evaluation";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const auto j = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_TRUE(j["interrupted"].get<bool>());
+  EXPECT_EQ(j["steps"].get<std::int64_t>(), 0);
+  EXPECT_TRUE(fs::is_empty(dir / "swap"));
+}
+
+// nvme_path is created when it does not exist (as DeepSpeed does), and a run whose optimizer and
+// parameters share one swap path does not call its own second directory stale.
+TEST_F(Checkpoints, NvmePathIsCreatedAndARunsOwnDirectoriesAreNotStale) {
+  const fs::path fresh = dir / "new" / "swap";
+  std::vector<std::string> log;
+  const TrainResult r = run(2, {"zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_param.device=nvme",
+                                "zero_optimization.offload_optimizer.nvme_path=\"" + fresh.string() + "\"",
+                                "zero_optimization.offload_param.nvme_path=\"" + fresh.string() + "\""},
+                        "", &log);
+  EXPECT_EQ(r.steps, 2);
+  EXPECT_TRUE(fs::is_directory(fresh));
+  EXPECT_TRUE(fs::is_empty(fresh));
+  std::string offload, created;
+  for (const auto& l : log) {
+    if (l.rfind("offload:", 0) == 0) offload = l;
+    if (l.find("created " + fresh.string()) != std::string::npos) created = l;
+  }
+  EXPECT_EQ(created, "zero_optimization.offload_optimizer.nvme_path: created " + fresh.string() + ", which did not exist");
+  EXPECT_EQ(offload.find("stale"), std::string::npos) << offload;
+}
+
+// train.steps 0 only evaluates: a checkpoint of any step, with the loss the run ended with.
+TEST_F(Checkpoints, StepsZeroEvaluatesACheckpoint) {
+  const TrainResult trained = run(4);
+  const TrainResult evaluated = run(0, {}, "latest");
+  EXPECT_EQ(evaluated.resumed_from, 4);
+  EXPECT_EQ(evaluated.val_loss, trained.val_loss);
+  EXPECT_EQ(evaluated.params_digest, trained.params_digest);
 }
 
 }  // namespace

@@ -248,4 +248,60 @@ TEST(Cli, BrokenConfigIsRefusedWithOneLine) {
   EXPECT_NE(r.err.find("zero_optimization.stage"), std::string::npos) << r.err;
 }
 
+// What a user gets wrong is found before any training, with one line and exit code 2.
+TEST(Cli, FailuresAreFoundBeforeTraining) {
+  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
+                            " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=1 --set device.threads=1";
+  Result r = run("train --config " + kConfigs + "/tiny.json --set train.steps=40 --set train.checkpoint_dir=/proc/zinf-ck" + small);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("train.checkpoint_dir /proc/zinf-ck: cannot"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;  // not one step ran
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  r = run("train --config " + kConfigs + "/tiny.json --set zero_optimization.stage=3"
+          " --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=/proc/zinf-swap" + small);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("zero_optimization.offload_optimizer.nvme_path /proc/zinf-swap: cannot"), std::string::npos) << r.err;
+  r = run("train --config " + std::filesystem::temp_directory_path().string());
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("is a directory, not a config file"), std::string::npos) << r.err;
+}
+
+TEST(Cli, ResumePastTheLastStepIsAnErrorAndEvalReportsTheCheckpointsLoss) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("zinf-cli-eval-" + std::to_string(::getpid()));
+  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
+                            " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=3 --set device.threads=1"
+                            " --set train.checkpoint_dir=\"" + dir + "\"";
+  Result t = run("train --json --config " + kConfigs + "/tiny.json --set train.steps=4" + small);
+  ASSERT_EQ(t.rc, 0) << t.err;
+  const auto jt = nlohmann::json::parse(t.out);
+  // zinf eval of that checkpoint: the loss the run ended with, on the same validation windows.
+  Result e = run("eval --json --config " + kConfigs + "/tiny.json --checkpoint latest" + small);
+  ASSERT_EQ(e.rc, 0) << e.err;
+  const auto je = nlohmann::json::parse(e.out);
+  EXPECT_EQ(je["val_loss"].get<double>(), jt["val_loss"].get<double>());
+  EXPECT_EQ(je["params_digest"], jt["params_digest"]);
+  EXPECT_EQ(je["of"], "checkpoint step 4");
+  // Resuming it with fewer steps than it has is refused.
+  Result r = run("train --config " + kConfigs + "/tiny.json --set train.steps=2 --resume" + small);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("the checkpoint is at step 4, past train.steps 2"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("final step="), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, PlanMeasuresAMissingNvmePathWhereItWillBeCreatedAndRefusesAnUnwritableOne) {
+  const std::string missing = std::filesystem::temp_directory_path() / ("zinf-plan-new-" + std::to_string(::getpid())) / "swap";
+  auto plan = [&](const std::string& path) {
+    return run("plan --config " + kConfigs + "/6.7b-nvme.json --set zero_optimization.offload_optimizer.nvme_path=\"" + path + "\"");
+  };
+  Result r = plan(missing);
+  EXPECT_NE((r.out + r.err).find("does not exist yet: zinf train creates it"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(missing));  // plan only looks
+  EXPECT_NE(r.out.find("nvme "), std::string::npos);
+  r = plan("/proc/zinf-plan-x");
+  EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("is not a directory this user can write to"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("inf%"), std::string::npos) << r.out;
+}
+
 }  // namespace

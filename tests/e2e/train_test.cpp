@@ -84,12 +84,24 @@ TEST(Train, Fp16WithDynamicLossScalingTrains) {
 }
 
 TEST(Train, StopFlagEndsAfterTheCurrentStep) {
+  std::atomic<bool> stop{false};
+  TrainHooks h;
+  h.stop = &stop;
+  h.log = [&](const std::string& line) {  // asked while step 2 is reported: the run ends after it
+    if (line.rfind("step     2/", 0) == 0) stop = true;
+  };
+  TrainResult r = train(parse_config(small(50), {"steps_per_print=1"}), h);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps, 2);
+}
+
+TEST(Train, StopFlagBeforeTheFirstStepEndsAfterTheFirstEvaluationBatch) {
   std::atomic<bool> stop{true};
   TrainHooks h;
   h.stop = &stop;
   TrainResult r = train(parse_config(small(50)), h);
   EXPECT_TRUE(r.interrupted);
-  EXPECT_EQ(r.steps, 1);
+  EXPECT_EQ(r.steps, 0);
 }
 
 TEST(Train, TooSmallDeviceBudgetIsAClearError) {

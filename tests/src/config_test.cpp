@@ -16,7 +16,7 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
   try {
     parse_config(text, overrides, "cfg.json");
   } catch (const ConfigError& e) {
-    return e.what();
+    return std::string(e.what()) + (e.hint().empty() ? "" : " ---> HINT: " + e.hint());
   }
   ADD_FAILURE() << "expected a ConfigError for: " << text;
   return {};
@@ -68,7 +68,9 @@ TEST(Config, MinimalConfigTakesDeepSpeedDefaults) {
   EXPECT_EQ(c.scheduler.type, SchedulerType::none);
   EXPECT_EQ(c.model.preset, "gpt2-124m");
   EXPECT_EQ(c.model.n_layer, 12);
-  EXPECT_TRUE(c.notes.empty());
+  ASSERT_EQ(c.notes.size(), 1u);  // no model section: the default model is named
+  EXPECT_NE(c.notes[0].find("no model section; training zinf's default model, gpt2-124m"), std::string::npos) << c.notes[0];
+  EXPECT_TRUE(ok(R"({"train_batch_size": 8, "model": {"preset": "gpt2-124m"}})").notes.empty());
 }
 
 TEST(Config, OverlapCommDefaultsTrueOnlyForStage3) {
@@ -105,7 +107,7 @@ TEST(Config, ZeroOffloadTutorialShapeLoads) {
   EXPECT_EQ(c.precision(), Precision::fp16);
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::cpu);
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
-  EXPECT_EQ(c.notes.size(), 3u);  // allgather_partitions, allgather_bucket_size, reduce_scatter
+  EXPECT_EQ(c.notes.size(), 4u);  // allgather_partitions, allgather_bucket_size, reduce_scatter; the default model
 }
 
 TEST(Config, ZeroInfinityShapeWithAioLoads) {
@@ -147,11 +149,67 @@ TEST(Config, HuggingFaceAutoConfigResolves) {
 
 TEST(Config, AutoThatCannotBeResolvedIsRejectedWithReason) {
   std::string e = error_of(R"({"train_batch_size": 8, "optimizer": {"params": {"lr": "auto"}}})");
-  EXPECT_NE(e.find("optimizer.params.lr"), std::string::npos) << e;
-  EXPECT_NE(e.find("Hugging Face"), std::string::npos) << e;
+  EXPECT_NE(e.find("1 key is \"auto\", which the Hugging Face Trainer fills"), std::string::npos) << e;
+  EXPECT_NE(e.find("--set optimizer.params.lr=0.001"), std::string::npos) << e;
   e = error_of(R"({"train_batch_size": 8, "fp16": {"enabled": "auto"}})");
-  EXPECT_NE(e.find("fp16.enabled"), std::string::npos) << e;
-  EXPECT_NE(e.find("--fp16"), std::string::npos) << e;
+  EXPECT_NE(e.find("--set fp16.enabled=false"), std::string::npos) << e;
+}
+
+// A Hugging Face Trainer config: every "auto" zinf cannot fill is named in one error, with a --set
+// line for each, and pasting those lines makes it load.
+TEST(Config, EveryUnresolvedAutoIsReportedAtOnceWithLinesToPaste) {
+  const std::string hf = R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},
+    "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}, "model": {"preset": "gpt2-124m"}})";
+  const std::string e = error_of(hf);
+  EXPECT_EQ(e.find("Either train_batch_size"), std::string::npos) << e;  // not the misleading batch message
+  for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                          "gradient_clipping", "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps",
+                          "optimizer.params.weight_decay", "scheduler.params.warmup_num_steps", "fp16.enabled", "bf16.enabled"})
+    EXPECT_NE(e.find(std::string("--set ") + key + "="), std::string::npos) << key << ": " << e;
+  EXPECT_EQ(e.find("warmup_min_lr="), std::string::npos) << e;  // resolved: 0
+  std::vector<std::string> sets;
+  for (std::size_t p = e.find("--set "); p != std::string::npos; p = e.find("--set ", p + 1)) {
+    const std::size_t b = p + 6, end = e.find(" --set ", b);
+    sets.push_back(e.substr(b, end == std::string::npos ? std::string::npos : end - b));
+  }
+  const Config c = ok(hf, sets);
+  EXPECT_EQ(c.micro_batch_size, 1);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+}
+
+TEST(Config, DuplicateKeysAreRejectedWithTheirPath) {
+  std::string e = error_of(R"({"train_batch_size": 8, "train_batch_size": 16})");
+  EXPECT_NE(e.find("cfg.json: train_batch_size: the key appears twice"), std::string::npos) << e;
+  e = error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "device": "nvme"}}})");
+  EXPECT_NE(e.find("zero_optimization.offload_optimizer.device: the key appears twice"), std::string::npos) << e;
+  // The same key in two different objects is fine.
+  ok(R"({"train_batch_size": 8, "fp16": {"enabled": false}, "bf16": {"enabled": false}})");
+}
+
+TEST(Config, NonPositiveBatchValuesGetTheirOwnError) {
+  for (const char* v : {"0", "-4"}) {
+    std::string e = error_of(std::string(R"({"train_micro_batch_size_per_gpu": )") + v + "}");
+    EXPECT_NE(e.find(std::string("train_micro_batch_size_per_gpu: must be a positive integer, got ") + v), std::string::npos) << e;
+  }
+  std::string e = error_of(R"({"train_batch_size": 8, "gradient_accumulation_steps": 0})");
+  EXPECT_NE(e.find("gradient_accumulation_steps: must be a positive integer, got 0"), std::string::npos) << e;
+}
+
+TEST(Config, RangesPrintIntegersAsWritten) {
+  std::string e = error_of(R"({"train_batch_size": 8, "device": {"jitter_us": 2000000}})");
+  EXPECT_NE(e.find("value 2000000 is out of range; expected a value in [1, 1000000]"), std::string::npos) << e;
+}
+
+TEST(Config, ADirectoryIsNotAConfigFile) {
+  try {
+    load_config(std::filesystem::temp_directory_path().string());
+    FAIL();
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("is a directory, not a config file"), std::string::npos) << err.what();
+  }
 }
 
 // ---- the batch-size rule (DeepSpeed's _set_batch_related_parameters) -------------------------------
@@ -361,7 +419,7 @@ TEST(Config, OffloadNeedsTheRightStage) {
 TEST(Config, DeprecatedCpuOffloadMapsWithNote) {
   Config c = ok(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": true}})");
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::cpu);
-  ASSERT_EQ(c.notes.size(), 1u);
+  ASSERT_EQ(c.notes.size(), 2u);  // and the default model
   EXPECT_NE(c.notes[0].find("deprecated"), std::string::npos);
   std::string e = error_of(
       R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": true, "offload_optimizer": {"device": "cpu"}}})");
@@ -381,7 +439,7 @@ TEST(Config, Stage3AliasesAreAcceptedButNotTwice) {
 TEST(Config, NonApplicableDeepSpeedKeysGiveOneNoteEach) {
   Config c = ok(R"({"train_batch_size": 8, "communication_data_type": "fp16", "wandb": {"enabled": false},
                     "zero_optimization": {"round_robin_gradients": true}})");
-  ASSERT_EQ(c.notes.size(), 3u);
+  ASSERT_EQ(c.notes.size(), 4u);  // and the default model
   EXPECT_NE(c.notes[0].find("zero_optimization.round_robin_gradients"), std::string::npos);
 }
 

@@ -218,5 +218,42 @@ TEST(Safetensors, ExportThenInitFromContinuesFromTheSameWeights) {
   EXPECT_EQ(second.first_val_loss, first.val_loss);  // the same weights, the same validation windows
 }
 
+// model.init_from must hold exactly the model's tensors: a file of another depth or width is refused
+// before anything is loaded, naming the tensors and the likely fix; a directory is one clear line.
+TEST(Safetensors, InitFromChecksTheTensorSetBeforeLoading) {
+  Tmp t;
+  auto write = [&](const ModelShape& s, const std::string& name) {
+    std::vector<std::vector<float>> units;
+    for (const auto& u : layer_units(s)) units.emplace_back(static_cast<std::size_t>(u.params), 0.01f);
+    const std::string file = (t.dir / name).string();
+    write_gpt2_safetensors(file, s, units, StDtype::f32);
+    return file;
+  };
+  const ModelShape three{3, 2, 32, 256, 16};
+  auto message = [&](const std::string& file) {
+    try {
+      check_gpt2_tensor_set(read_safetensors(file), file, three);
+    } catch (const ConfigError& e) {
+      return std::string(e.what()) + " ---> " + e.hint();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message(write(three, "same.safetensors")), "accepted");
+  std::string m = message(write({4, 2, 32, 256, 16}, "deeper.safetensors"));
+  EXPECT_NE(m.find("tensor(s) the model has no place for: h.3."), std::string::npos) << m;
+  EXPECT_NE(m.find("set model.n_layer to 4"), std::string::npos) << m;
+  m = message(write({2, 2, 32, 256, 16}, "shallower.safetensors"));
+  EXPECT_NE(m.find("tensor(s) the model needs are missing: h.2."), std::string::npos) << m;
+  EXPECT_NE(m.find("set model.n_layer to 2"), std::string::npos) << m;
+  m = message(write({3, 2, 64, 256, 16}, "wider.safetensors"));
+  EXPECT_NE(m.find("tensor wte.weight has shape [256, 64], the model needs [256, 32]"), std::string::npos) << m;
+  try {
+    read_safetensors(t.dir.string());
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory; a .safetensors file is expected"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace zinf

@@ -32,11 +32,14 @@ namespace zinf::nvme {
 // The private directory; removed (files and all) when destroyed or on SIGINT/SIGTERM.
 class SwapDir {
  public:
-  explicit SwapDir(const std::string& parent);  // throws zinf::IoError naming the parent
+  // With create_parent, creates `parent` (and its parents) when it does not exist, as DeepSpeed does
+  // with nvme_path; throws zinf::IoError naming the parent when that fails or it is no directory.
+  explicit SwapDir(const std::string& parent, bool create_parent = false);
   ~SwapDir();
   SwapDir(const SwapDir&) = delete;
   SwapDir& operator=(const SwapDir&) = delete;
   const std::string& path() const { return path_; }
+  bool created_parent() const { return created_parent_; }
   // Path of a file inside; registers it for removal.
   std::string file(const std::string& name);
 
@@ -44,15 +47,20 @@ class SwapDir {
   void remove();
   std::string path_;
   int slot_ = -1;
+  bool created_parent_ = false;
 };
 
 // Installs SIGINT/SIGTERM handlers that remove every live SwapDir, then re-raise the signal with
 // its default action. A handler the program had installed before is called instead (its graceful
 // stop runs the destructors that remove the directories); an ignored signal stays ignored. Idempotent.
 void install_swap_cleanup_handlers();
+// Removes every live SwapDir of this process now (async-signal-safe): for a program's own signal
+// handler that stops at once, e.g. on a second Ctrl-C.
+void remove_live_swap_dirs();
 
 // Leftover swap directories under `parent`: removes those that are provably zinf's and whose owner
-// is gone; returns one line per directory found (removed or kept, and why).
+// is gone; returns one line per directory found (removed or kept, and why). This process's own
+// directories (another store of the same run) are passed over in silence.
 std::vector<std::string> clean_stale_swap_dirs(const std::string& parent);
 
 struct StoreOptions {
@@ -61,6 +69,7 @@ struct StoreOptions {
   EngineOptions io;
   int files = 1;                      // tensors are spread round-robin over this many files
   bool odirect = true;                // false, or refused by the filesystem: buffered I/O
+  bool create_parent = false;         // create `parent` when missing (training's nvme_path, as DeepSpeed)
 };
 
 class TensorStore {

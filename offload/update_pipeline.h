@@ -1,5 +1,5 @@
-// update.h — the update pipeline (internal to zinf_offload): after the norm barrier, every sub-group
-// in forward order goes through
+// update_pipeline.h — the update pipeline (internal to zinf_offload): after the norm barrier, every
+// sub-group in forward order goes through
 //   SwapIn   its master|m|v come in (NVMe tier only; read ahead, from the last backward on)
 //   Update   one fused cpu_adam pass (or the device's kernel when the states live on the device):
 //            unscale · clip · Adam(W) · the new compute copy
@@ -12,7 +12,7 @@
 #include <future>
 #include <memory>
 
-#include "gradients.h"
+#include "gradient_path.h"
 #include "tiers.h"
 #include "zinf/jitter.h"
 #include "zinf/serial_worker.h"

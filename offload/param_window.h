@@ -1,4 +1,4 @@
-// window.h — Fetch and the parameter window (internal to zinf_offload): under offload_param the
+// param_window.h — Fetch and the parameter window (internal to zinf_offload): under offload_param the
 // device holds a few slots, each one unit's compute copy (and fp32 working weights in 16-bit runs);
 // a unit is fetched from its home into a slot on the h2d stream when the model asks for it, or
 // ahead of that (prefetch, c.prefetch_depth units) in the pass's direction. A slot is reused least

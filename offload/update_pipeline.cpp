@@ -1,5 +1,5 @@
-// update.cpp — the update pipeline: SwapIn, Update, Upload, SwapOut (update.h).
-#include "update.h"
+// update_pipeline.cpp — the update pipeline: SwapIn, Update, Upload, SwapOut (update_pipeline.h).
+#include "update_pipeline.h"
 
 namespace zinf::offload::detail {
 

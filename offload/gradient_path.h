@@ -1,4 +1,4 @@
-// gradients.h — the gradient path (internal to zinf_offload): the model's fp32 gradient buffer per
+// gradient_path.h — the gradient path (internal to zinf_offload): the model's fp32 gradient buffer per
 // unit on the device, then GradOut and Reduce into the Update's input.
 //
 //   optimizer on the device   Reduce rounds the gradient to 16 bits (and sums micro batches in fp32)

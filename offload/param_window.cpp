@@ -1,5 +1,5 @@
-// window.cpp — Fetch and the parameter window (window.h).
-#include "window.h"
+// param_window.cpp — Fetch and the parameter window (param_window.h).
+#include "param_window.h"
 
 namespace zinf::offload::detail {
 

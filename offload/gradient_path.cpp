@@ -1,5 +1,5 @@
-// gradients.cpp — the gradient path: GradOut and Reduce (gradients.h).
-#include "gradients.h"
+// gradient_path.cpp — the gradient path: GradOut and Reduce (gradient_path.h).
+#include "gradient_path.h"
 
 namespace zinf::offload::detail {
 

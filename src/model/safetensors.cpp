@@ -213,21 +213,30 @@ void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const 
   }
 }
 
+namespace {
+std::string shape_mismatch(const std::string& source, const std::string& name, const std::vector<std::int64_t>& got,
+                           const std::vector<std::int64_t>& want) {
+  std::ostringstream os;
+  auto dims = [&](const std::vector<std::int64_t>& v) {
+    os << "[";
+    for (std::size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+    os << "]";
+  };
+  os << source << ": tensor " << name << " has shape ";
+  dims(got);
+  os << ", the model needs ";
+  dims(want);
+  return os.str();
+}
+}  // namespace
+
 void load_gpt2_unit(const StFile& f, const std::string& source, const ModelShape& s, std::size_t u, float* dst) {
   for (const auto& t : gpt2_tensors(s)) {
     if (t.unit != u) continue;
     const StTensor* x = f.find(t.name);
     if (!x) x = f.find("transformer." + t.name);
     if (!x) throw Error(source + ": tensor " + t.name + " is missing (model.init_from)");
-    if (x->shape != t.shape) {
-      std::ostringstream os;
-      os << source << ": tensor " << t.name << " has shape [";
-      for (std::size_t i = 0; i < x->shape.size(); ++i) os << (i ? ", " : "") << x->shape[i];
-      os << "], the model needs [";
-      for (std::size_t i = 0; i < t.shape.size(); ++i) os << (i ? ", " : "") << t.shape[i];
-      os << "]";
-      throw Error(os.str());
-    }
+    if (x->shape != t.shape) throw Error(shape_mismatch(source, t.name, x->shape, t.shape));
     const char* p = f.bytes.data() + f.data_start + x->begin;
     const std::size_t count = static_cast<std::size_t>((x->end - x->begin) / dtype_size(x->dtype));
     float* out = dst + t.offset;
@@ -251,13 +260,8 @@ void check_gpt2_tensor_set(const StFile& f, const std::string& source, const Mod
     if (!x) {
       missing.push_back(t.name);
     } else if (x->shape != t.shape) {
-      std::ostringstream os;
-      os << source << ": tensor " << t.name << " has shape [";
-      for (std::size_t i = 0; i < x->shape.size(); ++i) os << (i ? ", " : "") << x->shape[i];
-      os << "], the model needs [";
-      for (std::size_t i = 0; i < t.shape.size(); ++i) os << (i ? ", " : "") << t.shape[i];
-      os << "]";
-      throw ConfigError(os.str(), "model.init_from must hold a model of the configured shape (model.d_model, vocab_size, seq_len)");
+      throw ConfigError(shape_mismatch(source, t.name, x->shape, t.shape),
+                        "model.init_from must hold a model of the configured shape (model.d_model, vocab_size, seq_len)");
     }
   }
   auto ignorable = [](const std::string& n) {  // buffers, and the LM head GPT-2 ties to wte

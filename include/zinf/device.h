@@ -97,7 +97,8 @@ class Device {
   // workers. Off on every device but the jittered CPU device.
   virtual JitterSpec jitter() const { return {}; }
 
-  // Busy time of stream s: work enqueued between busy_begin(s) and busy_end(s) (marks do not nest).
+  // Busy time of stream s: work enqueued between busy_begin(s) and busy_end(s). Marks may come from
+  // several host threads and nest; the stream is busy while any is open.
   virtual void busy_begin(StreamRole s) = 0;
   virtual void busy_end(StreamRole s) = 0;
   // Seconds stream s was busy inside marks completed since the last call; resets the count.

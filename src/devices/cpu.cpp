@@ -54,13 +54,14 @@ class CpuEvent final : public DeviceEvent {
 };
 
 // A stream: an in-order queue served by one worker thread, with its own jitter lane and the job
-// time it spent inside busy marks. `counting` is touched by the worker only.
+// time it spent inside busy marks. `depth` (marks open, in stream order) is touched by the worker
+// only; marks from several host threads on one stream nest.
 struct Stream {
   Stream(const JitterSpec& j, std::uint64_t lane) : jitter(j, lane), worker([this] { jitter.delay(); }) {}
   // A job whose run time is the stream's work (copies, launches); waits are pushed directly.
   void push_work(std::function<void()> fn) {
     worker.push([this, fn = std::move(fn)] {
-      if (!counting) return fn();
+      if (depth == 0) return fn();
       const auto t0 = std::chrono::steady_clock::now();
       struct Count {  // also when fn throws
         Stream& s;
@@ -71,7 +72,7 @@ struct Stream {
     });
   }
   Jitter jitter;
-  bool counting = false;
+  int depth = 0;
   std::atomic<std::int64_t> busy_ns{0};
   SerialWorker worker;  // last: its thread starts after the rest exists
 };
@@ -156,11 +157,11 @@ class CpuDevice final : public Device {
   JitterSpec jitter() const override { return opts_.jitter; }
   void busy_begin(StreamRole s) override {
     Stream* st = &stream(s);
-    st->worker.push([st] { st->counting = true; });
+    st->worker.push([st] { ++st->depth; });
   }
   void busy_end(StreamRole s) override {
     Stream* st = &stream(s);
-    st->worker.push([st] { st->counting = false; });
+    st->worker.push([st] { --st->depth; });
   }
   double take_busy(StreamRole s) override { return 1e-9 * static_cast<double>(stream(s).busy_ns.exchange(0)); }
 

@@ -96,18 +96,21 @@ class CudaDevice final : public Device {
   }
   bool ops_stream_ordered() const override { return true; }  // every op is a kernel on the compute stream
 
-  // Busy marks: a pair of timing events per mark, read once the end event has completed.
+  // Busy marks: a pair of timing events per marked interval, read once the end event has completed.
+  // Marks from several host threads on one stream (the trainer's Fetch and the Update's Upload on
+  // h2d) merge into one interval from the first begin to the last end.
   void busy_begin(StreamRole s) override {
     std::lock_guard<std::mutex> lk(mu_);
     Marks& m = marks_[static_cast<int>(s)];
-    ZINF_CHECK(m.open == nullptr);
+    if (m.depth++ > 0) return;
     m.open = timing_event();
     ZINF_CUDA(cudaEventRecord(m.open, stream(s)));
   }
   void busy_end(StreamRole s) override {
     std::lock_guard<std::mutex> lk(mu_);
     Marks& m = marks_[static_cast<int>(s)];
-    ZINF_CHECK(m.open != nullptr);
+    ZINF_CHECK(m.depth > 0);
+    if (--m.depth > 0) return;
     cudaEvent_t end = timing_event();
     ZINF_CUDA(cudaEventRecord(end, stream(s)));
     m.pending.push_back({m.open, end});
@@ -135,6 +138,7 @@ class CudaDevice final : public Device {
 
  private:
   struct Marks {
+    int depth = 0;
     cudaEvent_t open = nullptr;
     std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending;
   };

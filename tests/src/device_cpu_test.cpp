@@ -93,6 +93,23 @@ TEST(CpuDevice, BusyTimeIsTheStreamsOwnWorkInsideMarks) {
   EXPECT_EQ(dev->take_busy(StreamRole::compute), 0.0);
 }
 
+// Marks from two host threads on one stream (the trainer's Fetch and the Update's Upload share h2d)
+// nest: the stream is busy while either is open.
+TEST(CpuDevice, BusyMarksNest) {
+  auto dev = make_cpu_device(1 << 20);
+  auto nap = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  dev->busy_begin(StreamRole::h2d);
+  dev->busy_begin(StreamRole::h2d);
+  dev->busy_end(StreamRole::h2d);
+  dev->launch(StreamRole::h2d, nap);  // one mark still open: counted
+  dev->busy_end(StreamRole::h2d);
+  dev->synchronize();
+  EXPECT_GE(dev->take_busy(StreamRole::h2d), 0.020);
+  dev->launch(StreamRole::h2d, nap);  // every mark closed: not counted
+  dev->synchronize();
+  EXPECT_EQ(dev->take_busy(StreamRole::h2d), 0.0);
+}
+
 TEST(CpuDevice, TheEnvironmentSwitchesAsyncModeAndJitter) {
   ::setenv("ZINF_DEVICE_ASYNC", "1", 1);
   ::setenv("ZINF_JITTER_SEED", "42", 1);

@@ -12,6 +12,7 @@ pkgs=(nlohmann-json3-dev libcli11-dev libeigen3-dev
       libhwloc-dev libhwloc15 libudev1
       liburing-dev liburing2
       libxxhash-dev libxxhash0
+      libsentencepiece-dev libsentencepiece0
       libgtest-dev libgmock-dev
       pkgconf pkgconf-bin libpkgconf3)
 mkdir -p "$dir"

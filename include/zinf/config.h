@@ -116,6 +116,7 @@ struct DataConfig {
   std::string path;  // empty: the built-in default text (see README)
   DataFormat format = DataFormat::automatic;
   double val_fraction = 0;
+  std::string tokenizer;  // a SentencePiece tokenizer.model: text is tokenized with it at load
 };
 
 struct TrainConfig {

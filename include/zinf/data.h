@@ -1,7 +1,10 @@
-// zinf/data.h — training data: byte-level tokens from any UTF-8 text file (vocab 256), or llm.c's
-// token files (a 256×int32 header — magic 20240520, version 1, token count — then uint16 tokens).
-// With no path, the default text is every licence in /usr/share/common-licenses (Debian's
-// base-files package, about 300 KB of English on every Debian system), read in name order.
+// zinf/data.h — training data: byte-level tokens from any UTF-8 text file (vocab 256), text
+// tokenized at load by a SentencePiece model (data.tokenizer), or llm.c's token files — a 256×int32
+// header (magic, version, token count) then the tokens: magic 20240520 with uint16 tokens (GPT-2),
+// 20240801 with uint32 tokens (vocabularies over 65,535, e.g. Llama 3's 128,256). Token files and
+// single text files are memory-mapped, not read. With no path, the default text is every licence in
+// /usr/share/common-licenses (Debian's base-files package, about 240 KB of English on every Debian
+// system), read in name order.
 //
 // The last val_fraction of the tokens is the validation split. Training windows are drawn from the
 // seed (deterministic, and resumable from the number of windows drawn); validation batches are
@@ -10,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,8 +27,16 @@ class TokenData {
   static TokenData load(const DataConfig& cfg, int vocab_size, int seq_len);
 
   std::size_t train_tokens() const { return split_; }
-  std::size_t val_tokens() const { return tokens_.size() - split_; }
+  std::size_t val_tokens() const { return n_ - split_; }
+  std::size_t size() const { return n_; }
   const std::string& description() const { return description_; }
+  std::uint32_t at(std::size_t i) const {
+    switch (width_) {
+      case 1: return base_[i];
+      case 2: return reinterpret_cast<const std::uint16_t*>(base_)[i];
+      default: return reinterpret_cast<const std::uint32_t*>(base_)[i];
+    }
+  }
 
   // B windows of T+1 tokens from the training split: inputs[b,t] and targets[b,t] = next token.
   void sample_train(std::mt19937_64& rng, int B, int T, int* inputs, int* targets) const;
@@ -32,9 +44,23 @@ class TokenData {
   void val_batch(int index, int count, int B, int T, int* inputs, int* targets) const;
 
  private:
-  std::vector<std::uint16_t> tokens_;
-  std::size_t split_ = 0;
+  std::shared_ptr<const void> storage_;  // a mapping or an owned buffer; base_ points into it
+  const unsigned char* base_ = nullptr;
+  int width_ = 1;                         // bytes per token: 1 (bytes), 2 (uint16), 4 (uint32)
+  std::size_t n_ = 0, split_ = 0;
   std::string description_;
 };
+
+// llm.c's token file format.
+constexpr std::int32_t kTokensMagicU16 = 20240520, kTokensVersionU16 = 1;
+constexpr std::int32_t kTokensMagicU32 = 20240801, kTokensVersionU32 = 7;
+
+// Writes `tokens` as an llm.c token file (uint16 when every token fits, else uint32), atomically.
+// Returns the bytes per token it chose.
+int write_token_file(const std::string& path, const std::vector<std::uint32_t>& tokens);
+
+// SentencePiece: the model at `model_path` tokenizes `text` (no BOS/EOS added). Throws ConfigError
+// naming the file when it cannot be loaded.
+std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, const std::string& text, int* vocab = nullptr);
 
 }  // namespace zinf

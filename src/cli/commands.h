@@ -21,6 +21,7 @@ Command add_info(CLI::App& app);
 Command add_plan(CLI::App& app);
 Command add_train(CLI::App& app);
 Command add_eval(CLI::App& app);
+Command add_tokenize(CLI::App& app);
 Command add_export(CLI::App& app);
 Command add_bench(CLI::App& app);  // registers `bench adam` (returned) and `bench nvme`
 Command bench_nvme_command();      // valid after add_bench

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("zinf ") + ZINF_VERSION);
   app.require_subcommand(1);
   app.fallthrough(false);
-  const zinf::cli::Command commands[] = {zinf::cli::add_info(app), zinf::cli::add_plan(app), zinf::cli::add_train(app), zinf::cli::add_eval(app), zinf::cli::add_export(app),
+  const zinf::cli::Command commands[] = {zinf::cli::add_info(app), zinf::cli::add_plan(app), zinf::cli::add_train(app), zinf::cli::add_eval(app), zinf::cli::add_tokenize(app), zinf::cli::add_export(app),
                                          zinf::cli::add_bench(app),
                                          zinf::cli::bench_nvme_command(), zinf::cli::bench_step_command(),
                                          zinf::cli::bench_pcie_command()};

@@ -360,6 +360,9 @@ void read_data(Section s, DataConfig& d) {
       "format", DataFormat::automatic,
       {{"auto", DataFormat::automatic}, {"text", DataFormat::text}, {"tokens", DataFormat::tokens}});
   d.val_fraction = s.get_num("val_fraction", 0.1, 0.001, 0.5);
+  d.tokenizer = s.get_str("tokenizer", "");
+  if (!d.tokenizer.empty() && d.format == DataFormat::tokens)
+    s.fail("tokenizer", "a tokenizer applies to text; data.format is tokens");
   s.finish();
 }
 

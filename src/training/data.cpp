@@ -1,5 +1,10 @@
-// data.cpp — byte-level text and llm.c token files (zinf/data.h).
+// data.cpp — byte-level text, SentencePiece-tokenized text and llm.c token files (zinf/data.h).
 #include "zinf/data.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -14,31 +19,58 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr char kDefaultDir[] = "/usr/share/common-licenses";
-constexpr std::int32_t kLlmcMagic = 20240520;
+constexpr std::size_t kHeaderBytes = 1024;
 
-std::string read_all(const std::string& path) {
+void check_data_path(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw ConfigError(path + ": data file does not exist");
   if (fs::is_directory(path, ec)) throw ConfigError(path + ": is a directory, expected a data file");
+}
+
+std::string read_all(const std::string& path) {
+  check_data_path(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw ConfigError(path + ": cannot open data file (" + std::strerror(errno) + ")");
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
-bool looks_like_llmc(const std::string& bytes) {
-  if (bytes.size() < 1024) return false;
+// A read-only mapping of a whole file, unmapped when the last holder lets go.
+std::shared_ptr<const void> map_file(const std::string& path, std::size_t* size) {
+  check_data_path(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ConfigError(path + ": cannot open data file (" + std::strerror(errno) + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw ConfigError(path + ": cannot stat data file (" + std::strerror(e) + ")");
+  }
+  *size = static_cast<std::size_t>(st.st_size);
+  if (*size == 0) {
+    ::close(fd);
+    throw ConfigError(path + ": data file is empty");
+  }
+  void* p = ::mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) throw ConfigError(path + ": cannot map data file (" + std::strerror(e) + ")");
+  const std::size_t n = *size;
+  return std::shared_ptr<const void>(p, [n](const void* q) { ::munmap(const_cast<void*>(q), n); });
+}
+
+std::int32_t magic_of(const void* data, std::size_t size) {
+  if (size < kHeaderBytes) return 0;
   std::int32_t magic;
-  std::memcpy(&magic, bytes.data(), 4);
-  return magic == kLlmcMagic;
+  std::memcpy(&magic, data, 4);
+  return magic;
 }
 
 }  // namespace
 
 TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
   TokenData d;
-  std::string bytes, source;
-  bool tokens_format = false;
-  if (cfg.path.empty()) {
+  std::string source;
+  if (cfg.path.empty()) {  // the default text: several files, concatenated into one owned buffer
     std::vector<fs::path> files;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(kDefaultDir, ec))
@@ -47,47 +79,94 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
       throw ConfigError(std::string(kDefaultDir) + ": no default training text found (the base-files package)",
                         "give a text file with data.path");
     std::sort(files.begin(), files.end());
-    for (const auto& f : files) bytes += read_all(f.string());
+    auto text = std::make_shared<std::string>();
+    for (const auto& f : files) *text += read_all(f.string());
     source = "default text: " + std::to_string(files.size()) + " files in " + kDefaultDir;
+    d.storage_ = text;
+    d.base_ = reinterpret_cast<const unsigned char*>(text->data());
+    d.n_ = text->size();
   } else {
-    bytes = read_all(cfg.path);
     source = cfg.path;
-    tokens_format = cfg.format == DataFormat::tokens || (cfg.format == DataFormat::automatic && looks_like_llmc(bytes));
+    std::size_t size = 0;
+    d.storage_ = map_file(cfg.path, &size);
+    d.base_ = static_cast<const unsigned char*>(d.storage_.get());
+    d.n_ = size;
+    const std::int32_t magic = magic_of(d.base_, size);
+    const bool tokens = cfg.format == DataFormat::tokens ||
+                        (cfg.format == DataFormat::automatic && (magic == kTokensMagicU16 || magic == kTokensMagicU32));
+    if (tokens) {
+      if (size < kHeaderBytes) throw ConfigError(source + ": too short for an llm.c token file (no 1024-byte header)");
+      std::int32_t header[3];
+      std::memcpy(header, d.base_, sizeof header);
+      if (header[0] == kTokensMagicU16) {
+        if (header[1] != kTokensVersionU16)
+          throw ConfigError(source + ": unsupported token file version " + std::to_string(header[1]) + " (expected 1: uint16 tokens)");
+        d.width_ = 2;
+      } else if (header[0] == kTokensMagicU32) {
+        d.width_ = 4;  // llm.c writes version 7 for these; the magic alone says uint32
+      } else {
+        throw ConfigError(source + ": bad magic " + std::to_string(header[0]) +
+                          " (expected llm.c's token format: 20240520 for uint16 tokens, 20240801 for uint32)");
+      }
+      const std::int64_t count = header[2];
+      const auto w = static_cast<std::uint64_t>(d.width_);
+      if (count < 0 || static_cast<std::uint64_t>(count) * w + kHeaderBytes != size)
+        throw ConfigError(source + ": header says " + std::to_string(count) + " tokens but the file holds " +
+                          std::to_string((size - kHeaderBytes) / w));
+      d.base_ += kHeaderBytes;
+      d.n_ = static_cast<std::size_t>(count);
+      d.description_ = source + " (llm.c tokens, uint" + std::to_string(8 * d.width_) + ", " + std::to_string(count) + " tokens)";
+    } else if (!cfg.tokenizer.empty()) {
+      const std::string text(reinterpret_cast<const char*>(d.base_), size);
+      d.storage_.reset();
+      d.base_ = nullptr;
+      source += " tokenized by " + cfg.tokenizer;
+      auto ids = std::make_shared<std::vector<std::uint32_t>>();
+      int vocab = 0;
+      *ids = sentencepiece_encode(cfg.tokenizer, text, &vocab);
+      if (vocab > vocab_size)
+        throw ConfigError(cfg.tokenizer + ": the tokenizer has " + std::to_string(vocab) + " pieces, more than model.vocab_size " +
+                              std::to_string(vocab_size),
+                          "set model.vocab_size to at least " + std::to_string(vocab));
+      d.storage_ = ids;
+      d.base_ = reinterpret_cast<const unsigned char*>(ids->data());
+      d.width_ = 4;
+      d.n_ = ids->size();
+      d.description_ = source + " (SentencePiece, " + std::to_string(vocab) + " pieces, " + std::to_string(d.n_) + " tokens)";
+    }
   }
-  if (bytes.empty()) throw ConfigError(source + ": data file is empty");
-
-  if (tokens_format) {
-    if (bytes.size() < 1024) throw ConfigError(source + ": too short for an llm.c token file (no 1024-byte header)");
-    std::int32_t header[256];
-    std::memcpy(header, bytes.data(), sizeof header);
-    if (header[0] != kLlmcMagic)
-      throw ConfigError(source + ": bad magic " + std::to_string(header[0]) + " (expected 20240520, llm.c's token format)");
-    if (header[1] != 1)
-      throw ConfigError(source + ": unsupported token file version " + std::to_string(header[1]) + " (expected 1: uint16 tokens)");
-    const std::int64_t count = header[2];
-    if (count < 0 || static_cast<std::uint64_t>(count) * 2 + 1024 != bytes.size())
-      throw ConfigError(source + ": header says " + std::to_string(count) + " tokens but the file holds " +
-                        std::to_string((bytes.size() - 1024) / 2));
-    d.tokens_.resize(static_cast<std::size_t>(count));
-    std::memcpy(d.tokens_.data(), bytes.data() + 1024, static_cast<std::size_t>(count) * 2);
-    for (std::size_t i = 0; i < d.tokens_.size(); ++i)
-      if (d.tokens_[i] >= vocab_size)
-        throw ConfigError(source + ": token " + std::to_string(d.tokens_[i]) + " at position " + std::to_string(i) +
-                          " is outside the model's vocabulary (" + std::to_string(vocab_size) + ")");
-    d.description_ = source + " (llm.c tokens, " + std::to_string(count) + " tokens)";
-  } else {
+  if (cfg.path.empty() && !cfg.tokenizer.empty()) {  // the default text through a tokenizer
+    const std::string text(reinterpret_cast<const char*>(d.base_), d.n_);
+    auto ids = std::make_shared<std::vector<std::uint32_t>>();
+    int vocab = 0;
+    *ids = sentencepiece_encode(cfg.tokenizer, text, &vocab);
+    if (vocab > vocab_size)
+      throw ConfigError(cfg.tokenizer + ": the tokenizer has " + std::to_string(vocab) + " pieces, more than model.vocab_size " +
+                            std::to_string(vocab_size),
+                        "set model.vocab_size to at least " + std::to_string(vocab));
+    d.storage_ = ids;
+    d.base_ = reinterpret_cast<const unsigned char*>(ids->data());
+    d.width_ = 4;
+    d.n_ = ids->size();
+    source += " tokenized by " + cfg.tokenizer;
+    d.description_ = source + " (SentencePiece, " + std::to_string(vocab) + " pieces, " + std::to_string(d.n_) + " tokens)";
+  }
+  if (d.n_ == 0) throw ConfigError(source + ": data file is empty");
+  if (d.width_ == 1) {
     if (vocab_size < 256)
       throw ConfigError(source + ": byte-level text needs model.vocab_size >= 256 (it is " + std::to_string(vocab_size) + ")");
-    d.tokens_.assign(reinterpret_cast<const unsigned char*>(bytes.data()),
-                     reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
-    d.description_ = source + " (bytes, " + std::to_string(bytes.size()) + " tokens)";
+    d.description_ = source + " (bytes, " + std::to_string(d.n_) + " tokens)";
+  } else {
+    for (std::size_t i = 0; i < d.n_; ++i)
+      if (d.at(i) >= static_cast<std::uint32_t>(vocab_size))
+        throw ConfigError(source + ": token " + std::to_string(d.at(i)) + " at position " + std::to_string(i) +
+                          " is outside the model's vocabulary (" + std::to_string(vocab_size) + ")");
   }
-  const std::size_t n = d.tokens_.size();
-  std::size_t val = static_cast<std::size_t>(static_cast<double>(n) * cfg.val_fraction);
-  d.split_ = n - val;
+  std::size_t val = static_cast<std::size_t>(static_cast<double>(d.n_) * cfg.val_fraction);
+  d.split_ = d.n_ - val;
   const std::size_t need = static_cast<std::size_t>(seq_len) + 1;
   if (d.split_ < need || val < need)
-    throw ConfigError(source + ": " + std::to_string(n) + " tokens are too few for seq_len " + std::to_string(seq_len) +
+    throw ConfigError(source + ": " + std::to_string(d.n_) + " tokens are too few for seq_len " + std::to_string(seq_len) +
                           " (each split needs at least " + std::to_string(need) + ")",
                       "use more data, a smaller model.seq_len, or another data.val_fraction");
   return d;
@@ -98,8 +177,8 @@ void TokenData::sample_train(std::mt19937_64& rng, int B, int T, int* inputs, in
   for (int b = 0; b < B; ++b) {
     const std::size_t start = static_cast<std::size_t>(rng() % span);
     for (int t = 0; t < T; ++t) {
-      inputs[b * T + t] = tokens_[start + static_cast<std::size_t>(t)];
-      targets[b * T + t] = tokens_[start + static_cast<std::size_t>(t) + 1];
+      inputs[b * T + t] = static_cast<int>(at(start + static_cast<std::size_t>(t)));
+      targets[b * T + t] = static_cast<int>(at(start + static_cast<std::size_t>(t) + 1));
     }
   }
 }
@@ -111,8 +190,8 @@ void TokenData::val_batch(int index, int count, int B, int T, int* inputs, int* 
     const std::size_t j = static_cast<std::size_t>(index) * static_cast<std::size_t>(B) + static_cast<std::size_t>(b);
     const std::size_t start = split_ + (windows > 1 ? j * (span - 1) / (windows - 1) : 0);
     for (int t = 0; t < T; ++t) {
-      inputs[b * T + t] = tokens_[start + static_cast<std::size_t>(t)];
-      targets[b * T + t] = tokens_[start + static_cast<std::size_t>(t) + 1];
+      inputs[b * T + t] = static_cast<int>(at(start + static_cast<std::size_t>(t)));
+      targets[b * T + t] = static_cast<int>(at(start + static_cast<std::size_t>(t) + 1));
     }
   }
 }

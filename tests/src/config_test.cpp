@@ -502,6 +502,12 @@ TEST(Config, DeviceAsyncModeAndJitter) {
   EXPECT_NE(e.find("device.async: applies to the CPU device only"), std::string::npos) << e;
 }
 
+TEST(Config, DataTokenizerAppliesToText) {
+  EXPECT_EQ(ok(R"({"train_batch_size": 8, "data": {"path": "a.txt", "tokenizer": "t.model"}})").data.tokenizer, "t.model");
+  std::string e = error_of(R"({"train_batch_size": 8, "data": {"format": "tokens", "tokenizer": "t.model"}})");
+  EXPECT_NE(e.find("data.tokenizer: a tokenizer applies to text"), std::string::npos) << e;
+}
+
 TEST(Config, TrainCheckpointIntervalNeedsADirectory) {
   std::string e = error_of(R"({"train_batch_size": 8, "train": {"checkpoint_interval": 10}})");
   EXPECT_NE(e.find("train.checkpoint_interval"), std::string::npos) << e;

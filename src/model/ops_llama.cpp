@@ -1,0 +1,217 @@
+// ops_llama.cpp — the Llama family's reference ops (ops_llama.h).
+#include "model/ops_llama.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "zinf/error.h"
+
+namespace zinf::ops {
+namespace {
+std::size_t nchunks(std::size_t n, std::size_t c) { return (n + c - 1) / c; }
+constexpr std::size_t kElemChunk = 1 << 14;
+}  // namespace
+
+void rmsnorm_forward(Par& p, float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps) {
+  p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
+    for (int r = r0; r < r1; ++r) {
+      const float* x = inp + static_cast<std::size_t>(r) * C;
+      float ss = 0;
+      for (int i = 0; i < C; ++i) ss += x[i] * x[i];
+      const float s = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+      rstd[r] = s;
+      float* o = out + static_cast<std::size_t>(r) * C;
+      for (int i = 0; i < C; ++i) o[i] = x[i] * s * w[i];
+    }
+  });
+}
+
+void rmsnorm_backward(Par& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int R,
+                      int C) {
+  // y_i = x_i·s·w_i with s = (mean x² + eps)^-1/2:  dx_i = s·w_i·dy_i − s³/C · x_i · Σ_j w_j·dy_j·x_j
+  p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
+    for (int r = r0; r < r1; ++r) {
+      const float* x = inp + static_cast<std::size_t>(r) * C;
+      const float* dy = dout + static_cast<std::size_t>(r) * C;
+      float* dx = dinp + static_cast<std::size_t>(r) * C;
+      const float s = rstd[r];
+      float dot = 0;
+      for (int i = 0; i < C; ++i) dot += w[i] * dy[i] * x[i];
+      const float k = s * s * s * dot / static_cast<float>(C);
+      for (int i = 0; i < C; ++i) dx[i] += s * w[i] * dy[i] - k * x[i];
+    }
+  });
+  p.chunks(nchunks(static_cast<std::size_t>(C), kColChunk), [&](std::size_t c) {
+    const int i0 = static_cast<int>(c) * kColChunk, i1 = std::min(C, i0 + kColChunk);
+    for (int r = 0; r < R; ++r) {
+      const float* x = inp + static_cast<std::size_t>(r) * C;
+      const float* dy = dout + static_cast<std::size_t>(r) * C;
+      for (int i = i0; i < i1; ++i) dw[i] += x[i] * rstd[r] * dy[i];
+    }
+  });
+}
+
+std::vector<double> rope_inv_freq(int D, double theta, const RopeScaling& sc) {
+  ZINF_CHECK(D > 0 && D % 2 == 0);
+  std::vector<double> f(static_cast<std::size_t>(D / 2));
+  for (int i = 0; i < D / 2; ++i) f[static_cast<std::size_t>(i)] = std::pow(theta, -2.0 * i / D);
+  if (sc.factor == 1) return f;
+  // Llama 3: wavelengths shorter than old_len / high_freq_factor keep their frequency, those longer
+  // than old_len / low_freq_factor are slowed by `factor`, and the band between is interpolated.
+  const double low_wavelen = sc.original_max_position_embeddings / sc.low_freq_factor;
+  const double high_wavelen = sc.original_max_position_embeddings / sc.high_freq_factor;
+  for (double& x : f) {
+    const double wavelen = 2 * M_PI / x;
+    if (wavelen < high_wavelen) continue;
+    if (wavelen > low_wavelen) {
+      x /= sc.factor;
+      continue;
+    }
+    const double smooth = (sc.original_max_position_embeddings / wavelen - sc.low_freq_factor) /
+                          (sc.high_freq_factor - sc.low_freq_factor);
+    x = (1 - smooth) * x / sc.factor + smooth * x;
+  }
+  return f;
+}
+
+void rope_tables(const std::vector<double>& inv_freq, int T, std::vector<float>& cos_t, std::vector<float>& sin_t) {
+  const std::size_t half = inv_freq.size();
+  cos_t.resize(static_cast<std::size_t>(T) * half);
+  sin_t.resize(cos_t.size());
+  for (int t = 0; t < T; ++t)
+    for (std::size_t i = 0; i < half; ++i) {
+      const double a = t * inv_freq[i];
+      cos_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::cos(a));
+      sin_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::sin(a));
+    }
+}
+
+void rope_apply(Par& p, float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D, bool backward) {
+  const int half = D / 2;
+  const float sign = backward ? -1.0f : 1.0f;
+  p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
+    for (int r = r0; r < r1; ++r) {
+      const std::size_t t = static_cast<std::size_t>(r % T);
+      for (int h = 0; h < heads; ++h) {
+        float* v = x + (static_cast<std::size_t>(r) * heads + h) * D;
+        for (int i = 0; i < half; ++i) {
+          const float co = cos_t[t * half + i], si = sign * sin_t[t * half + i];
+          const float a = v[i], b = v[i + half];
+          v[i] = a * co - b * si;
+          v[i + half] = b * co + a * si;
+        }
+      }
+    }
+  });
+}
+
+void swiglu_forward(Par& p, float* out, const float* gate, const float* up, std::size_t n) {
+  p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
+    const std::size_t i0 = c * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
+    for (std::size_t i = i0; i < i1; ++i) {
+      const float g = gate[i], sig = 1.0f / (1.0f + std::exp(-g));
+      out[i] = g * sig * up[i];
+    }
+  });
+}
+
+void swiglu_backward(Par& p, float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::size_t n) {
+  p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
+    const std::size_t i0 = c * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
+    for (std::size_t i = i0; i < i1; ++i) {
+      const float g = gate[i], sig = 1.0f / (1.0f + std::exp(-g)), silu = g * sig;
+      dup[i] = dout[i] * silu;
+      dgate[i] = dout[i] * up[i] * (sig + silu * (1.0f - sig));  // silu' = σ + g·σ·(1 − σ)
+    }
+  });
+}
+
+void gqa_attention_forward(Par& p, float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
+                           int KV, int D) {
+  ZINF_CHECK(KV > 0 && H % KV == 0);
+  const int group = H / KV;
+  const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  p.chunks(static_cast<std::size_t>(B) * H, [&](std::size_t bh) {
+    const int b = static_cast<int>(bh) / H, h = static_cast<int>(bh) % H, j = h / group;
+    for (int t = 0; t < T; ++t) {
+      const float* qt = q + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
+      float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
+      float maxv = -INFINITY;
+      for (int s = 0; s <= t; ++s) {
+        const float* ks = k + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
+        float dot = 0;
+        for (int i = 0; i < D; ++i) dot += qt[i] * ks[i];
+        a[s] = dot * scale;
+        maxv = std::max(maxv, a[s]);
+      }
+      float sum = 0;
+      for (int s = 0; s <= t; ++s) sum += (a[s] = std::exp(a[s] - maxv));
+      const float inv = 1.0f / sum;
+      for (int s = 0; s <= t; ++s) a[s] *= inv;
+      for (int s = t + 1; s < T; ++s) a[s] = 0;
+      float* o = out + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
+      for (int i = 0; i < D; ++i) o[i] = 0;
+      for (int s = 0; s <= t; ++s) {
+        const float* vs = v + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
+        for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
+      }
+    }
+  });
+}
+
+void gqa_attention_backward(Par& p, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                            const float* v, const float* att, int B, int T, int H, int KV, int D) {
+  ZINF_CHECK(KV > 0 && H % KV == 0);
+  const int group = H / KV;
+  const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // One task per (batch, key/value head): it owns dk and dv of that head and dq of its query heads,
+  // and adds the query heads in order, so the sums do not depend on the thread count.
+  p.chunks(static_cast<std::size_t>(B) * KV, [&](std::size_t bj) {
+    const int b = static_cast<int>(bj) / KV, j = static_cast<int>(bj) % KV;
+    for (int t = 0; t < T; ++t) {
+      float* dkt = dk + (static_cast<std::size_t>(b) * T + t) * kw + static_cast<std::size_t>(j) * D;
+      float* dvt = dv + (static_cast<std::size_t>(b) * T + t) * kw + static_cast<std::size_t>(j) * D;
+      for (int i = 0; i < D; ++i) dkt[i] = dvt[i] = 0;
+    }
+    std::vector<float> datt(static_cast<std::size_t>(T));
+    for (int h = j * group; h < (j + 1) * group; ++h)
+      for (int t = 0; t < T; ++t) {
+        const std::size_t row = static_cast<std::size_t>(b) * T + t;
+        const float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
+        const float* dot = dout + row * qw + static_cast<std::size_t>(h) * D;
+        const float* qt = q + row * qw + static_cast<std::size_t>(h) * D;
+        float* dqt = dq + row * qw + static_cast<std::size_t>(h) * D;
+        float weighted = 0;  // Σ_s a_s · datt_s
+        for (int s = 0; s <= t; ++s) {
+          const std::size_t srow = static_cast<std::size_t>(b) * T + s;
+          const float* vs = v + srow * kw + static_cast<std::size_t>(j) * D;
+          float* dvs = dv + srow * kw + static_cast<std::size_t>(j) * D;
+          float d = 0;
+          for (int i = 0; i < D; ++i) {
+            d += dot[i] * vs[i];
+            dvs[i] += a[s] * dot[i];
+          }
+          datt[static_cast<std::size_t>(s)] = d;
+          weighted += a[s] * d;
+        }
+        for (int i = 0; i < D; ++i) dqt[i] = 0;
+        for (int s = 0; s <= t; ++s) {
+          const float dpre = a[s] * (datt[static_cast<std::size_t>(s)] - weighted) * scale;  // softmax, then the scale
+          const std::size_t srow = static_cast<std::size_t>(b) * T + s;
+          const float* ks = k + srow * kw + static_cast<std::size_t>(j) * D;
+          float* dks = dk + srow * kw + static_cast<std::size_t>(j) * D;
+          for (int i = 0; i < D; ++i) {
+            dqt[i] += dpre * ks[i];
+            dks[i] += dpre * qt[i];
+          }
+        }
+      }
+  });
+}
+
+}  // namespace zinf::ops

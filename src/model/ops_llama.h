@@ -1,0 +1,51 @@
+// ops_llama.h — the reference operations of the Llama family (Llama 2/3, Mistral, Qwen2, TinyLlama,
+// SmolLM) beside GPT-2's (ops.h), in fp32 on the CPU: RMSNorm, rotary position embeddings (with
+// Llama 3's frequency scaling), the SwiGLU activation, and causal attention with grouped-query heads.
+// The rules of ops.h hold: every op is parallel over fixed chunks and every cross-row sum is done by
+// one thread in row order, so results do not depend on the thread count; backward ops accumulate
+// (+=) into weight gradients and, where noted, into input gradients.
+//
+// Shapes: B = batch, T = positions, R = B·T rows, C = model width, H query heads, KV key/value heads
+// (H a multiple of KV), D = C / H head width (even), F = the MLP's hidden width.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "model/ops.h"
+
+namespace zinf::ops {
+
+// out[r] = inp[r] / sqrt(mean(inp[r]²) + eps) · w; rstd[r] keeps the reciprocal root for backward.
+void rmsnorm_forward(Par& p, float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps);
+// dinp += ∂/∂inp, dw += ∂/∂w of Σ dout·out.
+void rmsnorm_backward(Par& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int R,
+                      int C);
+
+// Llama 3's rope_scaling ("rope_type": "llama3"); factor 1 (the default) leaves the frequencies alone.
+struct RopeScaling {
+  double factor = 1, low_freq_factor = 1, high_freq_factor = 4;
+  double original_max_position_embeddings = 8192;
+};
+// The D/2 inverse frequencies theta^(-2i/D), rescaled as Llama 3 does when scaling.factor != 1.
+std::vector<double> rope_inv_freq(int D, double theta, const RopeScaling& scaling = {});
+// cos and sin of position t × inv_freq[i], as [T, D/2] tables (computed in double, stored as float).
+void rope_tables(const std::vector<double>& inv_freq, int T, std::vector<float>& cos_t, std::vector<float>& sin_t);
+// Rotates each head of x [R, heads·D] in place by its row's position (r mod T), in Hugging Face's
+// convention: the pairs are (i, i + D/2). backward = true rotates by the opposite angle, which is the
+// gradient of the rotation (applied to dx in place).
+void rope_apply(Par& p, float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D, bool backward);
+
+// SwiGLU: out = silu(gate) · up, elementwise over n. Backward writes (=) dgate and dup.
+void swiglu_forward(Par& p, float* out, const float* gate, const float* up, std::size_t n);
+void swiglu_backward(Par& p, float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::size_t n);
+
+// Causal attention with grouped-query heads: q [R, H·D], k and v [R, KV·D], out [R, H·D]; query head
+// h reads key/value head h / (H / KV). att [B, H, T, T] keeps the probabilities for backward.
+void gqa_attention_forward(Par& p, float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
+                           int KV, int D);
+// Writes (=) dq, dk, dv; each key/value head's gradient sums its query heads in head order.
+void gqa_attention_backward(Par& p, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                            const float* v, const float* att, int B, int T, int H, int KV, int D);
+
+}  // namespace zinf::ops

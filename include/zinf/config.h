@@ -110,6 +110,14 @@ struct ModelConfig {
   int n_layer = 0, n_head = 0, d_model = 0, vocab_size = 0, seq_len = 0;
   bool activation_checkpointing = false;
   std::string init_from;  // a GPT-2 safetensors file to start from ("" = random init)
+  // The architecture: "gpt2", or "llama" (RMSNorm, rotary positions, SwiGLU, grouped-query heads).
+  ModelFamily family = ModelFamily::gpt2;
+  int n_kv_head = 0;              // llama: key/value heads (0 = n_head)
+  int d_ff = 0;                   // llama: MLP hidden width (intermediate_size)
+  bool tie_embeddings = true;     // llama: the LM head is the token embedding
+  bool qkv_bias = false;          // llama: biases on the q, k, v projections (Qwen2)
+  double rope_theta = 10000, norm_eps = 1e-5;
+  double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4, rope_original_max = 8192;
 };
 
 struct DataConfig {

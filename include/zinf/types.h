@@ -11,6 +11,7 @@ namespace zinf {
 enum class OffloadDevice { none, cpu, nvme };
 enum class Precision { fp32, fp16, bf16 };
 enum class DeviceType { automatic, cpu, cuda };
+enum class ModelFamily { gpt2, llama };
 
 constexpr std::string_view to_string(OffloadDevice d) {
   switch (d) {
@@ -36,6 +37,8 @@ constexpr std::string_view to_string(DeviceType d) {
   }
   return "?";
 }
+
+constexpr std::string_view to_string(ModelFamily f) { return f == ModelFamily::gpt2 ? "gpt2" : "llama"; }
 
 // Seconds each resource of a step was busy, measured where its work ran (see zinf/device.h and the
 // offload engine): the device's compute, h2d and d2h streams, the host workers, NVMe reads and writes.

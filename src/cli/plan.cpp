@@ -82,8 +82,12 @@ int run_plan(const PlanArgs& a) {
   }
 
   std::printf("zinf plan — %s\n", c.source.c_str());
-  std::printf("model      %s%s%d layers, d_model %d, %d heads, vocab %d, seq %d: %s params (%lld), largest unit %s\n",
-              c.model.preset.c_str(), c.model.preset.empty() ? "" : ": ", r.shape.n_layer, r.shape.d_model,
+  const std::string family = r.shape.family == ModelFamily::llama
+                                 ? "llama, " + std::to_string(r.shape.kv_heads()) + " kv heads, d_ff " + std::to_string(r.shape.d_ff) +
+                                       (r.shape.tie_embeddings ? ", tied head" : "") + ", "
+                                 : "";
+  std::printf("model      %s%s%s%d layers, d_model %d, %d heads, vocab %d, seq %d: %s params (%lld), largest unit %s\n",
+              c.model.preset.c_str(), c.model.preset.empty() ? "" : ": ", family.c_str(), r.shape.n_layer, r.shape.d_model,
               r.shape.n_head, r.shape.vocab_size, r.shape.seq_len, format_count(p.n_params).c_str(),
               static_cast<long long>(p.n_params), format_count(p.largest_unit).c_str());
   std::printf("run        %s, micro batch %lld x GA %lld = %lld, ZeRO stage %d, offload_optimizer=%s, offload_param=%s\n",

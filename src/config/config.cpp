@@ -346,11 +346,37 @@ void read_model(Section s, ModelConfig& m) {
   m.seq_len = static_cast<int>(s.get_int("seq_len", base.seq_len, 1, 1 << 20));
   m.activation_checkpointing = s.get_bool("activation_checkpointing", false);
   m.init_from = s.get_str("init_from", "");
-  ModelShape shape{m.n_layer, m.n_head, m.d_model, m.vocab_size, m.seq_len};
-  m.preset = (shape == base) ? preset : "";
+  m.family = s.get_enum<ModelFamily>("family", base.family, {{"gpt2", ModelFamily::gpt2}, {"llama", ModelFamily::llama}});
   if (m.d_model % m.n_head != 0)
     s.fail("d_model", "d_model " + std::to_string(m.d_model) + " is not divisible by n_head " +
                           std::to_string(m.n_head));
+  if (m.family == ModelFamily::llama) {
+    m.n_kv_head = static_cast<int>(s.get_int("n_kv_head", base.n_kv_head ? base.n_kv_head : m.n_head, 1, 4096));
+    // Llama's rule for the MLP width when none is given: 2/3 of 4·C, rounded up to a multiple of 256.
+    const std::int64_t llama_ff = (8 * std::int64_t{m.d_model} / 3 + 255) / 256 * 256;
+    m.d_ff = static_cast<int>(s.get_int("d_ff", base.d_ff ? base.d_ff : llama_ff, 1, 1 << 22));
+    m.tie_embeddings = s.get_bool("tie_embeddings", base.tie_embeddings);
+    m.qkv_bias = s.get_bool("qkv_bias", base.qkv_bias);
+    m.rope_theta = s.get_num("rope_theta", base.rope_theta, 1, 1e12);
+    m.norm_eps = s.get_num("norm_eps", base.norm_eps, 1e-12, 1e-2);
+    Section rs = s.child("rope_scaling");  // Llama 3's "rope_type": "llama3"
+    m.rope_factor = rs.get_num("factor", base.rope_factor, 1, 1e6);
+    m.rope_low_freq_factor = rs.get_num("low_freq_factor", base.rope_low_freq_factor, 1e-6, 1e6);
+    m.rope_high_freq_factor = rs.get_num("high_freq_factor", base.rope_high_freq_factor, 1e-6, 1e6);
+    m.rope_original_max = rs.get_num("original_max_position_embeddings", base.rope_original_max, 1, 1e9);
+    rs.finish();
+    if (m.rope_factor != 1 && m.rope_high_freq_factor <= m.rope_low_freq_factor)
+      s.fail("rope_scaling", "high_freq_factor must exceed low_freq_factor");
+    if (m.n_head % m.n_kv_head != 0)
+      s.fail("n_kv_head", "n_head " + std::to_string(m.n_head) + " is not a multiple of n_kv_head " + std::to_string(m.n_kv_head));
+    if ((m.d_model / m.n_head) % 2 != 0)
+      s.fail("n_head", "the head width d_model / n_head = " + std::to_string(m.d_model / m.n_head) +
+                           " must be even for rotary positions");
+  } else {
+    for (const char* k : {"n_kv_head", "d_ff", "tie_embeddings", "qkv_bias", "rope_theta", "norm_eps", "rope_scaling"})
+      if (s.present(k)) s.fail(k, "applies to model.family llama only");
+  }
+  m.preset = (model_shape(m) == base) ? preset : "";
   s.finish();
 }
 

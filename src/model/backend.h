@@ -1,5 +1,5 @@
-// backend.h — the seam between the model and a device's kernels: every GPT op of ops.h, plus the
-// copies and fills the model does on device memory, behind one interface. CpuOps runs the reference
+// backend.h — the seam between the model and a device's kernels: every GPT op of ops.h and Llama op
+// of ops_llama.h, plus the copies and fills the model does on device memory, behind one interface. CpuOps runs the reference
 // ops of ops_cpu.cpp; the CUDA backend (model/cuda/) implements the same calls as kernels on the compute
 // stream. Shapes and semantics are those of ops.h.
 #pragma once
@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "model/ops.h"
+#include "model/ops_llama.h"
 
 namespace zinf {
 
@@ -34,6 +35,25 @@ class OpsBackend {
                                 const int* targets, float dscale, int R, int C, int V) = 0;
   virtual void copy(float* dst, const float* src, std::size_t n) = 0;
   virtual void zero(float* p, std::size_t n) = 0;
+
+  // ---- the llama family (ops_llama.h); a backend without them says so ------------------------------
+  virtual bool has_llama_ops() const { return false; }
+  virtual void rmsnorm_forward(float*, float*, const float*, const float*, int, int, float) { no_llama(); }
+  virtual void rmsnorm_backward(float*, float*, const float*, const float*, const float*, const float*, int, int) { no_llama(); }
+  // cos_t/sin_t: [T, D/2] tables in device memory.
+  virtual void rope_apply(float*, const float*, const float*, int, int, int, int, bool) { no_llama(); }
+  virtual void swiglu_forward(float*, const float*, const float*, std::size_t) { no_llama(); }
+  virtual void swiglu_backward(float*, float*, const float*, const float*, const float*, std::size_t) { no_llama(); }
+  virtual void gqa_attention_forward(float*, float*, const float*, const float*, const float*, int, int, int, int, int) { no_llama(); }
+  virtual void gqa_attention_backward(float*, float*, float*, const float*, const float*, const float*, const float*, const float*, int,
+                                      int, int, int, int) {
+    no_llama();
+  }
+  // Token embedding without positions: out[r] = wte[tokens[r]]; backward dwte[tokens[r]] += dout[r].
+  virtual void embedding_forward(float*, const int*, const float*, int, int) { no_llama(); }
+  virtual void embedding_backward(float*, const float*, const int*, int, int) { no_llama(); }
+
+  [[noreturn]] static void no_llama();  // the ConfigError a backend without llama kernels raises
 };
 
 // The CPU device's backend: the reference ops, parallel over fixed chunks.
@@ -78,6 +98,33 @@ class CpuOps final : public OpsBackend {
   }
   void copy(float* dst, const float* src, std::size_t n) override;
   void zero(float* p, std::size_t n) override;
+
+  bool has_llama_ops() const override { return true; }
+  void rmsnorm_forward(float* o, float* rstd, const float* i, const float* w, int R, int C, float eps) override {
+    ops::rmsnorm_forward(p_, o, rstd, i, w, R, C, eps);
+  }
+  void rmsnorm_backward(float* di, float* dw, const float* dout, const float* i, const float* w, const float* rstd, int R, int C) override {
+    ops::rmsnorm_backward(p_, di, dw, dout, i, w, rstd, R, C);
+  }
+  void rope_apply(float* x, const float* co, const float* si, int R, int T, int heads, int D, bool backward) override {
+    ops::rope_apply(p_, x, co, si, R, T, heads, D, backward);
+  }
+  void swiglu_forward(float* o, const float* g, const float* u, std::size_t n) override { ops::swiglu_forward(p_, o, g, u, n); }
+  void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, std::size_t n) override {
+    ops::swiglu_backward(p_, dg, du, dout, g, u, n);
+  }
+  void gqa_attention_forward(float* o, float* att, const float* q, const float* k, const float* v, int B, int T, int H, int KV,
+                             int D) override {
+    ops::gqa_attention_forward(p_, o, att, q, k, v, B, T, H, KV, D);
+  }
+  void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                              const float* att, int B, int T, int H, int KV, int D) override {
+    ops::gqa_attention_backward(p_, dq, dk, dv, dout, q, k, v, att, B, T, H, KV, D);
+  }
+  void embedding_forward(float* o, const int* t, const float* wte, int R, int C) override { ops::embedding_forward(p_, o, t, wte, R, C); }
+  void embedding_backward(float* dwte, const float* dout, const int* t, int R, int C) override {
+    ops::embedding_backward(p_, dwte, dout, t, R, C);
+  }
 
  private:
   ops::Par& p_;

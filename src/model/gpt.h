@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/backend.h"
+#include "model/lm.h"
 #include "zinf/device.h"
 #include "zinf/model.h"
 
@@ -25,46 +26,16 @@ struct BlockView {
 };
 BlockView block_view(float* base, int C);
 
-// Where the model gets each layer unit's weights and gradient buffers. The model asks for a unit
-// right before it uses it and says when it is done, so a scheduler can keep only a window of units
-// on the device, prefetch the next ones, and stream each gradient out as soon as it is complete.
-// Access order per micro batch: forward 0, 1..L, L+1 (and 0 again for the LM head); backward
-// 0 and L+1 (head, final LayerNorm), L..1, then 0 (embedding).
-class UnitSource {
- public:
-  virtual ~UnitSource() = default;
-  virtual const float* weights(std::size_t unit) = 0;  // fp32 device weights; valid until done_with
-  virtual void done_with(std::size_t unit) = 0;
-  virtual float* grads(std::size_t unit) = 0;          // fp32 device buffer, zero at first request per micro batch
-  virtual void grads_done(std::size_t unit) = 0;       // this micro batch's gradient of the unit is complete
-};
-
-// Every unit resident: plain arrays (tests, and the simplest engine).
-class ResidentUnits final : public UnitSource {
- public:
-  ResidentUnits(std::vector<const float*> w, std::vector<float*> g, std::vector<std::size_t> n)
-      : w_(std::move(w)), g_(std::move(g)), n_(std::move(n)) {}
-  const float* weights(std::size_t u) override { return w_[u]; }
-  void done_with(std::size_t) override {}
-  float* grads(std::size_t u) override { return g_[u]; }
-  void grads_done(std::size_t) override {}
-
- private:
-  std::vector<const float*> w_;
-  std::vector<float*> g_;
-  std::vector<std::size_t> n_;
-};
-
-class GptModel {
+class GptModel final : public LanguageModel {
  public:
   // B: micro batch. Activations for B×T tokens are allocated on `dev` now.
   GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
 
   // Forward pass; returns the mean cross-entropy over the B×T targets. Keeps what backward needs.
-  double forward(UnitSource& src, const int* tokens, const int* targets);
+  double forward(UnitSource& src, const int* tokens, const int* targets) override;
   // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
   // for a mean loss); the units' gradient buffers are accumulated (+=).
-  void backward(UnitSource& src, const int* tokens, const int* targets, float dscale);
+  void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override;
 
   const ModelShape& shape() const { return s_; }
   int batch() const { return B_; }

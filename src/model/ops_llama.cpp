@@ -214,4 +214,23 @@ void gqa_attention_backward(Par& p, float* dq, float* dk, float* dv, const float
   });
 }
 
+void embedding_forward(Par& p, float* out, const int* tokens, const float* wte, int R, int C) {
+  p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
+    for (int r = r0; r < r1; ++r)
+      std::copy_n(wte + static_cast<std::size_t>(tokens[r]) * C, C, out + static_cast<std::size_t>(r) * C);
+  });
+}
+
+void embedding_backward(Par& p, float* dwte, const float* dout, const int* tokens, int R, int C) {
+  p.chunks(nchunks(static_cast<std::size_t>(C), kColChunk), [&](std::size_t c) {
+    const int i0 = static_cast<int>(c) * kColChunk, i1 = std::min(C, i0 + kColChunk);
+    for (int r = 0; r < R; ++r) {
+      float* d = dwte + static_cast<std::size_t>(tokens[r]) * C;
+      const float* g = dout + static_cast<std::size_t>(r) * C;
+      for (int i = i0; i < i1; ++i) d[i] += g[i];
+    }
+  });
+}
+
 }  // namespace zinf::ops

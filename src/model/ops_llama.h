@@ -48,4 +48,9 @@ void gqa_attention_forward(Par& p, float* out, float* att, const float* q, const
 void gqa_attention_backward(Par& p, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                             const float* v, const float* att, int B, int T, int H, int KV, int D);
 
+// Token embedding without positions (R rows): out[r] = wte[tokens[r]]; backward dwte[tokens[r]] +=
+// dout[r], summed over rows in order (each column chunk by one thread).
+void embedding_forward(Par& p, float* out, const int* tokens, const float* wte, int R, int C);
+void embedding_backward(Par& p, float* dwte, const float* dout, const int* tokens, int R, int C);
+
 }  // namespace zinf::ops

@@ -59,6 +59,37 @@ class StreamOps final : public OpsBackend {
   void copy(float* dst, const float* src, std::size_t n) override { go([=, this] { in_->copy(dst, src, n); }); }
   void zero(float* p, std::size_t n) override { go([=, this] { in_->zero(p, n); }); }
 
+  bool has_llama_ops() const override { return in_->has_llama_ops(); }
+  void rmsnorm_forward(float* o, float* rstd, const float* i, const float* w, int R, int C, float eps) override {
+    go([=, this] { in_->rmsnorm_forward(o, rstd, i, w, R, C, eps); });
+  }
+  void rmsnorm_backward(float* di, float* dw, const float* dout, const float* i, const float* w, const float* rstd, int R, int C) override {
+    go([=, this] { in_->rmsnorm_backward(di, dw, dout, i, w, rstd, R, C); });
+  }
+  void rope_apply(float* x, const float* co, const float* si, int R, int T, int heads, int D, bool backward) override {
+    go([=, this] { in_->rope_apply(x, co, si, R, T, heads, D, backward); });
+  }
+  void swiglu_forward(float* o, const float* g, const float* u, std::size_t n) override {
+    go([=, this] { in_->swiglu_forward(o, g, u, n); });
+  }
+  void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, std::size_t n) override {
+    go([=, this] { in_->swiglu_backward(dg, du, dout, g, u, n); });
+  }
+  void gqa_attention_forward(float* o, float* att, const float* q, const float* k, const float* v, int B, int T, int H, int KV,
+                             int D) override {
+    go([=, this] { in_->gqa_attention_forward(o, att, q, k, v, B, T, H, KV, D); });
+  }
+  void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                              const float* att, int B, int T, int H, int KV, int D) override {
+    go([=, this] { in_->gqa_attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, H, KV, D); });
+  }
+  void embedding_forward(float* o, const int* t, const float* wte, int R, int C) override {
+    go([=, this] { in_->embedding_forward(o, t, wte, R, C); });
+  }
+  void embedding_backward(float* dwte, const float* dout, const int* t, int R, int C) override {
+    go([=, this] { in_->embedding_backward(dwte, dout, t, R, C); });
+  }
+
  private:
   template <class F>
   void go(F&& f) {

@@ -139,10 +139,36 @@ json read_manifest(const std::string& path) {
   }
 }
 
+// The model section of a manifest: GPT-2's five numbers, and the llama family's settings when present
+// (checkpoints from before the llama family have none: they are GPT-2).
+json shape_json(const ModelShape& s) {
+  json m = {{"n_layer", s.n_layer}, {"n_head", s.n_head}, {"d_model", s.d_model}, {"vocab_size", s.vocab_size}, {"seq_len", s.seq_len}};
+  if (s.family == ModelFamily::llama)
+    m.update({{"family", "llama"}, {"n_kv_head", s.n_kv_head}, {"d_ff", s.d_ff}, {"tie_embeddings", s.tie_embeddings},
+              {"qkv_bias", s.qkv_bias}, {"rope_theta", s.rope_theta}, {"norm_eps", s.norm_eps}, {"rope_factor", s.rope_factor},
+              {"rope_low_freq_factor", s.rope_low_freq_factor}, {"rope_high_freq_factor", s.rope_high_freq_factor},
+              {"rope_original_max", s.rope_original_max}});
+  return m;
+}
+ModelShape shape_from_json(const json& m) {
+  ModelShape s{m.at("n_layer").get<int>(), m.at("n_head").get<int>(), m.at("d_model").get<int>(), m.at("vocab_size").get<int>(),
+               m.at("seq_len").get<int>()};
+  if (m.value("family", std::string("gpt2")) == "llama") {
+    s.family = ModelFamily::llama;
+    s.n_kv_head = m.at("n_kv_head").get<int>(), s.d_ff = m.at("d_ff").get<int>();
+    s.tie_embeddings = m.at("tie_embeddings").get<bool>(), s.qkv_bias = m.at("qkv_bias").get<bool>();
+    s.rope_theta = m.at("rope_theta").get<double>(), s.norm_eps = m.at("norm_eps").get<double>();
+    s.rope_factor = m.at("rope_factor").get<double>(), s.rope_low_freq_factor = m.at("rope_low_freq_factor").get<double>();
+    s.rope_high_freq_factor = m.at("rope_high_freq_factor").get<double>(), s.rope_original_max = m.at("rope_original_max").get<double>();
+  }
+  return s;
+}
+
 void check_shape(const json& j, const ModelShape& s, const std::string& path) {
-  const json& m = j.at("model");
-  const ModelShape got{m.at("n_layer").get<int>(), m.at("n_head").get<int>(), m.at("d_model").get<int>(),
-                       m.at("vocab_size").get<int>(), m.at("seq_len").get<int>()};
+  const ModelShape got = shape_from_json(j.at("model"));
+  if (got.family != s.family)
+    throw Error("checkpoint " + path + ": the model family differs (checkpoint " + std::string(to_string(got.family)) + ", config " +
+                std::string(to_string(s.family)) + ")");
   if (!(got == s))
     throw Error("checkpoint " + path + ": model shape differs (checkpoint n_layer " + std::to_string(got.n_layer) + ", d_model " +
                 std::to_string(got.d_model) + ", n_head " + std::to_string(got.n_head) + ", vocab " + std::to_string(got.vocab_size) +
@@ -212,8 +238,7 @@ std::string save_checkpoint(const std::string& dir, int keep_last, const Config&
     j["skipped"] = s.skipped;
     j["scaler"] = {{"scale", s.loss_scale}, {"iter", s.scaler_iter}, {"last_overflow_iter", s.scaler_last_overflow},
                    {"hysteresis", s.scaler_hysteresis}};
-    j["model"] = {{"n_layer", shape.n_layer}, {"n_head", shape.n_head}, {"d_model", shape.d_model},
-                  {"vocab_size", shape.vocab_size}, {"seq_len", shape.seq_len}};
+    j["model"] = shape_json(shape);
     j["config"] = json::parse(c.resolved_json);
     j["tensors"] = json::array();
     SyncedFile states(tmp + "/states.bin");
@@ -269,9 +294,7 @@ std::string save_checkpoint(const std::string& dir, int keep_last, const Config&
 ModelShape checkpoint_shape(const std::string& path) {
   const json j = read_manifest(path);
   try {
-    const json& m = j.at("model");
-    return ModelShape{m.at("n_layer").get<int>(), m.at("n_head").get<int>(), m.at("d_model").get<int>(),
-                      m.at("vocab_size").get<int>(), m.at("seq_len").get<int>()};
+    return shape_from_json(j.at("model"));
   } catch (const json::exception& e) {
     throw Error("checkpoint " + path + "/manifest.json: " + e.what());
   }

@@ -19,7 +19,7 @@
 #include "config/engine_config.h"
 #include "model/cuda/cuda_ops.h"
 #include "model/gpt.h"
-#include "model/init.h"
+#include "model/lm.h"
 #include "model/ops_stream.h"
 #include "training/batches.h"
 #include "training/report.h"
@@ -134,7 +134,7 @@ class Run {
         dev(make_device(cfg)),
         par(threads),
         backend(make_backend(cfg, *dev, par)),
-        model(shape, B, cfg.model.activation_checkpointing, *dev, *backend),
+        model(make_model(shape, B, cfg.model.activation_checkpointing, *dev, *backend)),
         batches(*dev, static_cast<std::size_t>(B) * T),
         engine(make_engine()),
         units(*engine),
@@ -160,7 +160,7 @@ class Run {
     while (k < c.train.eval_batches) {
       Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(k, c.train.eval_batches, B, T, tok, tgt); });
       engine->begin_forward();
-      sum += model.forward(units, b.tokens(), b.targets());
+      sum += model->forward(units, b.tokens(), b.targets());
       batches.done_with(b);
       ++k;
       if (stop_asked()) break;
@@ -179,9 +179,9 @@ class Run {
       rows_drawn += B;
       engine->begin_micro_batch(micro);
       engine->begin_forward();
-      t_fwd += model_time([&] { loss_sum += model.forward(units, b.tokens(), b.targets()); });
+      t_fwd += model_time([&] { loss_sum += model->forward(units, b.tokens(), b.targets()); });
       engine->begin_backward();
-      t_bwd += model_time([&] { model.backward(units, b.tokens(), b.targets(), dscale); });
+      t_bwd += model_time([&] { model->backward(units, b.tokens(), b.targets(), dscale); });
       batches.done_with(b);
     }
     return loss_sum / static_cast<double>(GA);
@@ -285,7 +285,7 @@ class Run {
   std::unique_ptr<Device> dev;
   ops::Par par;
   std::unique_ptr<OpsBackend> backend;
-  GptModel model;
+  std::unique_ptr<LanguageModel> model;
   BatchSlots batches;
   std::unique_ptr<offload::Engine> engine;
   EngineUnits units;
@@ -314,6 +314,9 @@ class Run {
         std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(c.precision())));
     std::unique_ptr<StFile> init_file;
     if (!c.model.init_from.empty()) {
+      if (shape.family != ModelFamily::gpt2)
+        throw ConfigError("model.init_from: loading a llama-family model from a file is not supported yet (GPT-2 safetensors only)",
+                          "start from random initialisation (no init_from) or use a gpt2-family model");
       init_file = std::make_unique<StFile>(read_safetensors(c.model.init_from));
       check_gpt2_tensor_set(*init_file, c.model.init_from, shape);
       log("init: parameters from " + c.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
@@ -324,7 +327,7 @@ class Run {
       if (init_file)
         load_gpt2_unit(*init_file, c.model.init_from, shape, u, master);
       else
-        gpt2_init_unit(master, u, shape, c.train.seed);
+        init_model_unit(master, u, shape, c.train.seed);
     });
   }
 };

@@ -331,5 +331,21 @@ TEST_F(Checkpoints, StepsZeroEvaluatesACheckpoint) {
   EXPECT_EQ(evaluated.params_digest, trained.params_digest);
 }
 
+// A llama-family run resumes bitwise, and its checkpoint is refused by a GPT-2 config.
+TEST_F(Checkpoints, LlamaResumesExactlyAndOtherFamiliesAreRefused) {
+  const std::vector<std::string> llama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=40", "model.tie_embeddings=false"};
+  const TrainResult full = run(4, llama);
+  fs::remove_all(dir / "ck" / "step-00000004");
+  const TrainResult resumed = run(4, llama, "latest");
+  EXPECT_EQ(resumed.resumed_from, 2);
+  EXPECT_EQ(resumed.params_digest, full.params_digest);
+  try {
+    run(4, {}, (dir / "ck" / "step-00000002").string());
+    FAIL() << "a GPT-2 config resumed a llama checkpoint";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the model family differs (checkpoint llama, config gpt2)"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace zinf

@@ -96,5 +96,28 @@ TEST_F(OffloadTrain, StateFourTimesTheDeviceBudgetTrainsWithinIt) {
                          TrainHooks{}));
 }
 
+// The llama family through the same engine: every placement gives one digest (untied head, grouped
+// key/value heads, q/k/v biases), with activation checkpointing too.
+TEST_F(OffloadTrain, LlamaEveryPlacementGivesTheSameDigest) {
+  const std::vector<std::string> llama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=48", "model.tie_embeddings=false",
+                                          "model.qkv_bias=true"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto v = llama;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  const std::string ref = digest(llama);
+  EXPECT_NE(ref, digest({}));  // a different model than GPT-2
+  for (const char* opt : {"none", "cpu", "nvme"})
+    for (const char* param : {"none", "cpu", "nvme"}) {
+      SCOPED_TRACE(std::string("optimizer ") + opt + " param " + param);
+      EXPECT_EQ(digest(with({std::string("zero_optimization.offload_optimizer.device=") + opt,
+                             std::string("zero_optimization.offload_param.device=") + param})),
+                ref);
+    }
+  EXPECT_EQ(digest(with({"model.activation_checkpointing=true", "zero_optimization.offload_optimizer.device=cpu"})), ref);
+  EXPECT_EQ(digest(with({"device.threads=2", "train.overlap=none"})), ref);
+}
+
 }  // namespace
 }  // namespace zinf

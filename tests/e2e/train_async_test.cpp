@@ -92,5 +92,18 @@ TEST_F(TrainAsync, PrecisionsAndGradientAccumulationEqualTheSynchronousRun) {
     }
 }
 
+TEST_F(TrainAsync, LlamaEqualsTheSynchronousRun) {
+  const std::vector<std::string> llama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=48", "model.tie_embeddings=false"};
+  const std::string ref = digest(llama);
+  std::uint64_t seed = 401;
+  for (const char* place : {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_optimizer.device=nvme"}) {
+    auto o = llama;
+    o.push_back(place);
+    o.push_back("zero_optimization.offload_param.device=cpu");
+    expect_async_equal(o, ref, seed);
+    seed += 10;
+  }
+}
+
 }  // namespace
 }  // namespace zinf

@@ -1,7 +1,8 @@
-// ops_llama_test.cpp — the Llama family's reference ops against double-precision references that live
-// here: forward within 1e-4 relative; backward against central finite differences of the reference
-// (J = Σ out·g for a random g) within 2e-3 relative (+1e-4 absolute); Llama 3's RoPE frequency
-// scaling at its published settings; and the same bits for one and two threads.
+// ops_llama_test.cpp — the Llama family's reference ops and whole model against double-precision
+// references that live here: forward within 1e-4 relative; backward against central finite
+// differences of the reference (J = Σ out·g for a random g, or the loss) within 2e-3 relative (+1e-4
+// absolute); Llama 3's RoPE frequency scaling at its published settings; the same bits for one and
+// two threads.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,15 +10,16 @@
 #include <functional>
 #include <vector>
 
+#include "grad_check.h"
+#include "model/llama.h"
 #include "model/ops_llama.h"
 #include "random_floats.h"
+#include "zinf/device.h"
 
 namespace zinf {
 namespace {
 
-using VD = std::vector<double>;
-using VF = std::vector<float>;
-VD to_d(const VF& v) { return VD(v.begin(), v.end()); }
+using namespace test;
 
 VD ref_rmsnorm(const VD& x, const VD& w, int R, int C, double eps) {
   VD o(x.size());
@@ -73,36 +75,6 @@ VD ref_gqa(const VD& q, const VD& k, const VD& v, int B, int T, int H, int KV, i
   return o;
 }
 
-double numgrad(VD& x, std::size_t i, const std::function<double()>& J, double h = 1e-6) {
-  const double keep = x[i];
-  x[i] = keep + h;
-  const double jp = J();
-  x[i] = keep - h;
-  const double jm = J();
-  x[i] = keep;
-  return (jp - jm) / (2 * h);
-}
-double dot(const VD& a, const VF& g) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * g[i];
-  return s;
-}
-void check_grad(const char* what, const VF& analytic, VD& x, const std::function<double()>& J) {
-  int bad = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double n = numgrad(x, i, J);
-    if (std::fabs(analytic[i] - n) > 2e-3 * std::fabs(n) + 1e-4 && bad++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: analytic " << analytic[i] << " numeric " << n;
-  }
-  EXPECT_EQ(bad, 0) << what;
-}
-void expect_close(const char* what, const VF& got, const VD& want) {
-  int bad = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (std::fabs(got[i] - want[i]) > 1e-4 * std::fabs(want[i]) + 1e-5 && bad++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs " << want[i];
-  EXPECT_EQ(bad, 0) << what;
-}
 ops::Par& par(int threads = 2) {
   static ops::Par one(1), two(2);
   return threads == 1 ? one : two;
@@ -213,6 +185,89 @@ TEST(OpsLlama, ResultsDoNotDependOnTheThreadCount) {
   const VF one = run(1), two = run(2);
   ASSERT_EQ(one.size(), two.size());
   EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * 4), 0);
+}
+
+// The whole Llama model in double, on the same unit layout as the model (llama.h).
+double ref_llama_loss(const std::vector<VD>& u, const ModelShape& s, int B, const std::vector<int>& tok, const std::vector<int>& tg) {
+  const int C = s.d_model, V = s.vocab_size, T = s.seq_len, R = B * T, L = s.n_layer, H = s.n_head, KV = s.kv_heads(),
+            D = s.head_dim(), F = s.d_ff, KVD = KV * D;
+  ops::RopeScaling sc;
+  sc.factor = s.rope_factor, sc.low_freq_factor = s.rope_low_freq_factor, sc.high_freq_factor = s.rope_high_freq_factor;
+  sc.original_max_position_embeddings = s.rope_original_max;
+  const auto f = ops::rope_inv_freq(D, s.rope_theta, sc);
+  VD x(static_cast<std::size_t>(R) * C);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < C; ++i)
+      x[static_cast<std::size_t>(r) * C + i] = u[0][static_cast<std::size_t>(tok[static_cast<std::size_t>(r)]) * C + i];
+  for (int l = 0; l < L; ++l) {
+    const VD& p = u[static_cast<std::size_t>(l) + 1];
+    std::size_t o = 0;
+    auto take = [&](std::size_t n) {
+      VD v(p.begin() + static_cast<std::ptrdiff_t>(o), p.begin() + static_cast<std::ptrdiff_t>(o + n));
+      o += n;
+      return v;
+    };
+    const std::size_t c = static_cast<std::size_t>(C), kvd = static_cast<std::size_t>(KVD), ff = static_cast<std::size_t>(F);
+    VD an_w = take(c), wq = take(c * c), bq = s.qkv_bias ? take(c) : VD{}, wk = take(c * kvd), bk = s.qkv_bias ? take(kvd) : VD{},
+       wv = take(c * kvd), bv = s.qkv_bias ? take(kvd) : VD{}, wo = take(c * c), fn_w = take(c), wg = take(c * ff), wu = take(c * ff),
+       wd = take(ff * c);
+    const VD an = ref_rmsnorm(x, an_w, R, C, s.norm_eps);
+    const VD q = ref_rope(ref_matmul(an, wq, bq, R, C, C), R, T, H, D, f);
+    const VD k = ref_rope(ref_matmul(an, wk, bk, R, C, KVD), R, T, KV, D, f);
+    const VD v = ref_matmul(an, wv, bv, R, C, KVD);
+    const VD a = ref_matmul(ref_gqa(q, k, v, B, T, H, KV, D), wo, {}, R, C, C);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += a[i];
+    const VD fn = ref_rmsnorm(x, fn_w, R, C, s.norm_eps);
+    const VD m = ref_matmul(ref_swiglu(ref_matmul(fn, wg, {}, R, C, F), ref_matmul(fn, wu, {}, R, C, F)), wd, {}, R, F, C);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += m[i];
+  }
+  const VD& fin = u[static_cast<std::size_t>(L) + 1];
+  const VD lnf = ref_rmsnorm(x, VD(fin.begin(), fin.begin() + C), R, C, s.norm_eps);
+  const VD head = s.tie_embeddings ? u[0] : VD(fin.begin() + C, fin.end());
+  return ref_lm_loss(lnf, head, tg, R, C, V);
+}
+
+TEST(OpsLlama, WholeModelAgainstDoubleReference) {
+  struct Case {
+    const char* name;
+    bool tied, bias, ckpt;
+    double rope_factor;
+  };
+  for (const Case& k : {Case{"tied", true, false, false, 1}, Case{"untied, q/k/v biases, checkpointing", false, true, true, 1},
+                        Case{"Llama 3 rope scaling", true, false, false, 4}}) {
+    SCOPED_TRACE(k.name);
+    ModelShape s{2, 4, 16, 11, 5};
+    s.family = ModelFamily::llama;
+    s.n_kv_head = 2, s.d_ff = 12, s.tie_embeddings = k.tied, s.qkv_bias = k.bias, s.norm_eps = 1e-5;
+    s.rope_factor = k.rope_factor, s.rope_original_max = 4, s.rope_theta = 100;  // short wavelengths, so scaling matters here
+    const int B = 2, R = B * s.seq_len;
+    auto dev = make_cpu_device(64 << 20);
+    CpuOps backend(par());
+    LlamaModel model(s, B, k.ckpt, *dev, backend);
+    std::vector<VF> u, gr;
+    std::vector<const float*> w;
+    std::vector<float*> g;
+    std::uint32_t seed = 200;
+    for (const auto& lu : layer_units(s)) {
+      u.push_back(randf(static_cast<std::size_t>(lu.params), seed++, 0.4f));
+      gr.emplace_back(static_cast<std::size_t>(lu.params), 0.0f);
+    }
+    for (std::size_t i = 0; i < u.size(); ++i) w.push_back(u[i].data()), g.push_back(gr[i].data());
+    std::vector<int> tok(static_cast<std::size_t>(R)), tg(static_cast<std::size_t>(R));
+    for (int r = 0; r < R; ++r) tok[static_cast<std::size_t>(r)] = (r * 7 + 3) % 11, tg[static_cast<std::size_t>(r)] = (r * 5 + 1) % 11;
+    std::vector<std::size_t> sizes;
+    for (const auto& v : u) sizes.push_back(v.size());
+    ResidentUnits src(w, g, sizes);
+    const double loss = model.forward(src, tok.data(), tg.data());
+    model.backward(src, tok.data(), tg.data(), 1.0f / R);
+    std::vector<VD> ud;
+    for (const auto& v : u) ud.push_back(to_d(v));
+    EXPECT_NEAR(loss, ref_llama_loss(ud, s, B, tok, tg), 1e-5 * std::fabs(loss));
+    for (std::size_t i = 0; i < ud.size(); ++i) {
+      SCOPED_TRACE("unit " + std::to_string(i));
+      check_grad("model grad", gr[i], ud[i], [&] { return ref_llama_loss(ud, s, B, tok, tg); });
+    }
+  }
 }
 
 }  // namespace

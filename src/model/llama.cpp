@@ -1,0 +1,327 @@
+// llama.cpp — the Llama family's forward and backward over layer units (llama.h).
+#include "model/llama.h"
+
+#include <cmath>
+#include <random>
+
+#include "model/ops_llama.h"
+#include "zinf/error.h"
+
+namespace zinf {
+
+LlamaBlockView llama_block_view(float* p, const ModelShape& s) {
+  const std::size_t C = static_cast<std::size_t>(s.d_model), KVD = static_cast<std::size_t>(s.kv_heads()) * s.head_dim(),
+                    F = static_cast<std::size_t>(s.d_ff);
+  LlamaBlockView v{};
+  auto take = [&](std::size_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  v.attn_norm = take(C);
+  v.wq = take(C * C);
+  v.bq = s.qkv_bias ? take(C) : nullptr;
+  v.wk = take(C * KVD);
+  v.bk = s.qkv_bias ? take(KVD) : nullptr;
+  v.wv = take(C * KVD);
+  v.bv = s.qkv_bias ? take(KVD) : nullptr;
+  v.wo = take(C * C);
+  v.ffn_norm = take(C);
+  v.w_gate = take(C * F);
+  v.w_up = take(C * F);
+  v.w_down = take(F * C);
+  return v;
+}
+
+std::size_t LlamaModel::acts_floats() const {
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_), KVD = static_cast<std::size_t>(KV_) * D_,
+                    F = static_cast<std::size_t>(F_), att = static_cast<std::size_t>(B_) * H_ * T_ * T_;
+  return R * C * 6 + R * 2 + R * KVD * 2 + att + R * F * 3;  // an q atty res2 fn out | rstd ×2 | k v | att | gate up h
+}
+
+LlamaModel::Acts LlamaModel::carve(float*& p) const {
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_), KVD = static_cast<std::size_t>(KV_) * D_,
+                    F = static_cast<std::size_t>(F_), att = static_cast<std::size_t>(B_) * H_ * T_ * T_;
+  Acts a{};
+  auto take = [&](std::size_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  a.an = take(R * C);
+  a.an_rstd = take(R);
+  a.q = take(R * C);
+  a.k = take(R * KVD);
+  a.v = take(R * KVD);
+  a.att = take(att);
+  a.atty = take(R * C);
+  a.res2 = take(R * C);
+  a.fn = take(R * C);
+  a.fn_rstd = take(R);
+  a.gate = take(R * F);
+  a.up = take(R * F);
+  a.h = take(R * F);
+  a.out = take(R * C);
+  return a;
+}
+
+LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops)
+    : s_(s),
+      B_(B),
+      T_(s.seq_len),
+      R_(B * s.seq_len),
+      C_(s.d_model),
+      H_(s.n_head),
+      KV_(s.kv_heads()),
+      D_(s.head_dim()),
+      F_(s.d_ff),
+      ckpt_(checkpointing),
+      dev_(dev),
+      ops_(ops) {
+  ZINF_CHECK(s.family == ModelFamily::llama && H_ % KV_ == 0 && D_ % 2 == 0 && F_ > 0);
+  if (!ops.has_llama_ops()) OpsBackend::no_llama();
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_), V = static_cast<std::size_t>(s.vocab_size),
+                    L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_);
+  const std::size_t per_block = acts_floats();
+  const std::size_t kept = ckpt_ ? L * R * C : L * per_block;
+  acts_buf_ = DeviceBuffer(dev, (R * C + kept) * sizeof(float), "activations (" + std::to_string(L) + " blocks)");
+  float* p = acts_buf_.as<float>();
+  x0_ = p;
+  p += R * C;
+  for (std::size_t l = 0; l < L; ++l) {
+    if (ckpt_) {
+      Acts a{};
+      a.out = p;
+      p += R * C;
+      acts_.push_back(a);
+    } else {
+      acts_.push_back(carve(p));
+    }
+  }
+  if (ckpt_) {
+    scratch_buf_ = DeviceBuffer(dev, per_block * sizeof(float), "activation recompute scratch");
+    float* q = scratch_buf_.as<float>();
+    recompute_ = carve(q);
+  }
+  head_buf_ = DeviceBuffer(dev, (R * C + 2 * R + R * V) * sizeof(float), "final norm and logits");
+  p = head_buf_.as<float>();
+  lnf_ = p, p += R * C;
+  lnf_rstd_ = p, p += R;
+  losses_ = p, p += R;
+  probs_ = p;
+  grad_buf_ = DeviceBuffer(dev, (R * C * 6 + R * KVD * 2 + R * F * 3 + R * V) * sizeof(float), "backward scratch");
+  p = grad_buf_.as<float>();
+  dres_a_ = p, p += R * C;
+  dres_b_ = p, p += R * C;
+  dres2_ = p, p += R * C;
+  dn_ = p, p += R * C;
+  datty_ = p, p += R * C;
+  dq_ = p, p += R * C;
+  dk_ = p, p += R * KVD;
+  dv_ = p, p += R * KVD;
+  dh_ = p, p += R * F;
+  dgate_ = p, p += R * F;
+  dup_ = p, p += R * F;
+  dlogits_ = p;
+  // Rotary tables, computed once on the host and copied to the device.
+  ops::RopeScaling sc;
+  sc.factor = s.rope_factor, sc.low_freq_factor = s.rope_low_freq_factor, sc.high_freq_factor = s.rope_high_freq_factor;
+  sc.original_max_position_embeddings = s.rope_original_max;
+  std::vector<float> co, si;
+  ops::rope_tables(ops::rope_inv_freq(D_, s.rope_theta, sc), T_, co, si);
+  rope_buf_ = DeviceBuffer(dev, 2 * co.size() * sizeof(float), "rotary tables");
+  cos_ = rope_buf_.as<float>();
+  sin_ = cos_ + co.size();
+  dev.copy_to_device(cos_, co.data(), co.size() * sizeof(float), StreamRole::h2d);
+  dev.copy_to_device(sin_, si.data(), si.size() * sizeof(float), StreamRole::h2d);
+  dev.synchronize(StreamRole::h2d);
+}
+
+void LlamaModel::block_forward(const LlamaBlockView& w, const float* x, const Acts& a) {
+  const int R = R_, C = C_, KVD = KV_ * D_, F = F_;
+  const std::size_t RC = static_cast<std::size_t>(R) * C;
+  const float eps = static_cast<float>(s_.norm_eps);
+  ops_.rmsnorm_forward(a.an, a.an_rstd, x, w.attn_norm, R, C, eps);
+  ops_.matmul_forward(a.q, a.an, w.wq, w.bq, R, C, C);
+  ops_.matmul_forward(a.k, a.an, w.wk, w.bk, R, C, KVD);
+  ops_.matmul_forward(a.v, a.an, w.wv, w.bv, R, C, KVD);
+  ops_.rope_apply(a.q, cos_, sin_, R, T_, H_, D_, false);
+  ops_.rope_apply(a.k, cos_, sin_, R, T_, KV_, D_, false);
+  ops_.gqa_attention_forward(a.atty, a.att, a.q, a.k, a.v, B_, T_, H_, KV_, D_);
+  ops_.matmul_forward(a.res2, a.atty, w.wo, nullptr, R, C, C);
+  ops_.add_inplace(a.res2, x, RC);
+  ops_.rmsnorm_forward(a.fn, a.fn_rstd, a.res2, w.ffn_norm, R, C, eps);
+  ops_.matmul_forward(a.gate, a.fn, w.w_gate, nullptr, R, C, F);
+  ops_.matmul_forward(a.up, a.fn, w.w_up, nullptr, R, C, F);
+  ops_.swiglu_forward(a.h, a.gate, a.up, static_cast<std::size_t>(R) * F);
+  ops_.matmul_forward(a.out, a.h, w.w_down, nullptr, R, F, C);
+  ops_.add_inplace(a.out, a.res2, RC);
+}
+
+void LlamaModel::block_backward(const LlamaBlockView& w, const LlamaBlockView& g, const float* x, const Acts& a, const float* dout,
+                                float* dx) {
+  const int R = R_, C = C_, KVD = KV_ * D_, F = F_;
+  const std::size_t RC = static_cast<std::size_t>(R) * C;
+  ops_.copy(dres2_, dout, RC);  // the residual path: d(res2) starts as d(out)
+  ops_.zero(dh_, static_cast<std::size_t>(R) * F);
+  ops_.matmul_backward(dh_, g.w_down, nullptr, dout, a.h, w.w_down, R, F, C);
+  ops_.swiglu_backward(dgate_, dup_, dh_, a.gate, a.up, static_cast<std::size_t>(R) * F);
+  ops_.zero(dn_, RC);
+  ops_.matmul_backward(dn_, g.w_gate, nullptr, dgate_, a.fn, w.w_gate, R, C, F);
+  ops_.matmul_backward(dn_, g.w_up, nullptr, dup_, a.fn, w.w_up, R, C, F);
+  ops_.rmsnorm_backward(dres2_, g.ffn_norm, dn_, a.res2, w.ffn_norm, a.fn_rstd, R, C);
+  ops_.zero(datty_, RC);
+  ops_.matmul_backward(datty_, g.wo, nullptr, dres2_, a.atty, w.wo, R, C, C);
+  ops_.gqa_attention_backward(dq_, dk_, dv_, datty_, a.q, a.k, a.v, a.att, B_, T_, H_, KV_, D_);
+  ops_.rope_apply(dq_, cos_, sin_, R, T_, H_, D_, true);  // the gradient before the rotation
+  ops_.rope_apply(dk_, cos_, sin_, R, T_, KV_, D_, true);
+  ops_.zero(dn_, RC);
+  ops_.matmul_backward(dn_, g.wq, g.bq, dq_, a.an, w.wq, R, C, C);
+  ops_.matmul_backward(dn_, g.wk, g.bk, dk_, a.an, w.wk, R, C, KVD);
+  ops_.matmul_backward(dn_, g.wv, g.bv, dv_, a.an, w.wv, R, C, KVD);
+  ops_.copy(dx, dres2_, RC);
+  ops_.rmsnorm_backward(dx, g.attn_norm, dn_, x, w.attn_norm, a.an_rstd, R, C);
+}
+
+double LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets) {
+  const std::size_t L = static_cast<std::size_t>(s_.n_layer);
+  const int C = C_, V = s_.vocab_size;
+  const float* wte = src.weights(0);
+  {
+    BusyScope busy(dev_, StreamRole::compute);
+    ops_.embedding_forward(x0_, tokens, wte, R_, C);
+  }
+  src.done_with(0);
+  const float* x = x0_;
+  for (std::size_t l = 0; l < L; ++l) {
+    const LlamaBlockView bw = llama_block_view(const_cast<float*>(src.weights(l + 1)), s_);
+    {
+      BusyScope busy(dev_, StreamRole::compute);
+      if (ckpt_) {
+        block_forward(bw, x, recompute_);
+        ops_.copy(acts_[l].out, recompute_.out, static_cast<std::size_t>(R_) * C);
+      } else {
+        block_forward(bw, x, acts_[l]);
+      }
+    }
+    src.done_with(l + 1);
+    x = acts_[l].out;
+  }
+  const float* fin = src.weights(L + 1);
+  double loss = 0;
+  if (s_.tie_embeddings) {
+    {
+      BusyScope busy(dev_, StreamRole::compute);
+      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, fin, R_, C, static_cast<float>(s_.norm_eps));
+    }
+    src.done_with(L + 1);
+    wte = src.weights(0);
+    {
+      BusyScope busy(dev_, StreamRole::compute);
+      loss = ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
+    }
+    src.done_with(0);
+  } else {
+    {
+      BusyScope busy(dev_, StreamRole::compute);
+      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, fin, R_, C, static_cast<float>(s_.norm_eps));
+      loss = ops_.lm_head_forward(probs_, losses_, lnf_, fin + C, targets, R_, C, V);
+    }
+    src.done_with(L + 1);
+  }
+  return loss;
+}
+
+void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {
+  const std::size_t L = static_cast<std::size_t>(s_.n_layer);
+  const int C = C_, V = s_.vocab_size;
+  const std::size_t RC = static_cast<std::size_t>(R_) * C;
+  const float* last = L > 0 ? acts_[L - 1].out : x0_;
+  const float* fin = src.weights(L + 1);
+  float* dfin = src.grads(L + 1);
+  if (s_.tie_embeddings) {
+    const float* wte = src.weights(0);
+    float* dwte = src.grads(0);
+    {
+      BusyScope busy(dev_, StreamRole::compute);
+      ops_.lm_head_backward(dn_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
+    }
+    src.done_with(0);
+  } else {
+    BusyScope busy(dev_, StreamRole::compute);
+    ops_.lm_head_backward(dn_, dfin + C, dlogits_, probs_, lnf_, fin + C, targets, dscale, R_, C, V);
+  }
+  {
+    BusyScope busy(dev_, StreamRole::compute);
+    ops_.zero(dres_a_, RC);
+    ops_.rmsnorm_backward(dres_a_, dfin, dn_, last, fin, lnf_rstd_, R_, C);
+  }
+  src.grads_done(L + 1);
+  src.done_with(L + 1);
+  float* dout = dres_a_;
+  float* dx = dres_b_;
+  for (std::size_t l = L; l-- > 0;) {
+    const float* x = l > 0 ? acts_[l - 1].out : x0_;
+    const LlamaBlockView bw = llama_block_view(const_cast<float*>(src.weights(l + 1)), s_);
+    const LlamaBlockView bg = llama_block_view(src.grads(l + 1), s_);
+    {
+      BusyScope busy(dev_, StreamRole::compute);
+      const Acts* a = &acts_[l];
+      if (ckpt_) {  // recompute this block's activations from its kept input
+        block_forward(bw, x, recompute_);
+        a = &recompute_;
+      }
+      block_backward(bw, bg, x, *a, dout, dx);
+    }
+    src.grads_done(l + 1);
+    src.done_with(l + 1);
+    std::swap(dout, dx);
+  }
+  float* dwte = src.grads(0);
+  {
+    BusyScope busy(dev_, StreamRole::compute);
+    ops_.embedding_backward(dwte, dout, tokens, R_, C);
+  }
+  src.grads_done(0);
+}
+
+void llama_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed) {
+  std::mt19937_64 rng(seed * 1000003ull + unit * 7919ull + 29);
+  auto normal = [&](float* dst, std::size_t n, double stdv) {
+    for (std::size_t i = 0; i < n; i += 2) {  // Box–Muller, independent of the libstdc++ version
+      const double u1 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
+      const double u2 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
+      const double r = std::sqrt(-2.0 * std::log(u1)) * stdv;
+      dst[i] = static_cast<float>(r * std::cos(2 * M_PI * u2));
+      if (i + 1 < n) dst[i + 1] = static_cast<float>(r * std::sin(2 * M_PI * u2));
+    }
+  };
+  const std::size_t C = static_cast<std::size_t>(s.d_model), V = static_cast<std::size_t>(s.vocab_size),
+                    L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(s.kv_heads()) * s.head_dim(),
+                    F = static_cast<std::size_t>(s.d_ff);
+  if (unit == 0) {
+    normal(p, V * C, 0.02);
+  } else if (unit == L + 1) {
+    std::fill(p, p + C, 1.0f);
+    if (!s.tie_embeddings) normal(p + C, V * C, 0.02);
+  } else {
+    const LlamaBlockView b = llama_block_view(p, s);
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
+    std::fill(b.attn_norm, b.attn_norm + C, 1.0f);
+    std::fill(b.ffn_norm, b.ffn_norm + C, 1.0f);
+    normal(b.wq, C * C, 0.02);
+    normal(b.wk, C * KVD, 0.02);
+    normal(b.wv, C * KVD, 0.02);
+    if (s.qkv_bias) {
+      std::fill(b.bq, b.bq + C, 0.0f);
+      std::fill(b.bk, b.bk + KVD, 0.0f);
+      std::fill(b.bv, b.bv + KVD, 0.0f);
+    }
+    normal(b.wo, C * C, proj_std);
+    normal(b.w_gate, C * F, 0.02);
+    normal(b.w_up, C * F, 0.02);
+    normal(b.w_down, F * C, proj_std);
+  }
+}
+
+}  // namespace zinf

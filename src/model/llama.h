@@ -1,0 +1,59 @@
+// llama.h — the Llama family (Llama 2/3, Mistral, Qwen2, TinyLlama, SmolLM) over an op backend:
+// forward, backward and per-block activation checkpointing, over one flat fp32 buffer per layer unit
+// (zinf/model.h).
+//
+// Unit layouts (offsets in elements; C width, V vocab, KVD = key/value heads × head width, F = d_ff):
+//   embedding: wte [V,C]
+//   block.l:   attn_norm [C]  wq [C,C] (bq [C])  wk [C,KVD] (bk [KVD])  wv [C,KVD] (bv [KVD])  wo [C,C]
+//              ffn_norm [C]  w_gate [C,F]  w_up [C,F]  w_down [F,C]        (biases with qkv_bias only)
+//   final:     norm [C] (lm_head [V,C] unless the head is tied to wte)
+// Matrices are [in, out] (Hugging Face stores [out, in]: import and export transpose). Rotary
+// positions follow Hugging Face's convention (pairs i, i + D/2), so HF weights need no permutation.
+// Activations live in device memory and are allocated once; each unit's ops are marked as compute
+// busy time. Not thread-safe: one forward/backward at a time.
+#pragma once
+
+#include <vector>
+
+#include "model/lm.h"
+
+namespace zinf {
+
+struct LlamaBlockView {
+  float *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+};
+LlamaBlockView llama_block_view(float* base, const ModelShape& s);
+
+class LlamaModel final : public LanguageModel {
+ public:
+  LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
+  double forward(UnitSource& src, const int* tokens, const int* targets) override;
+  void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override;
+
+ private:
+  struct Acts {
+    float *an, *an_rstd, *q, *k, *v, *att, *atty, *res2, *fn, *fn_rstd, *gate, *up, *h, *out;
+  };
+  std::size_t acts_floats() const;
+  Acts carve(float*& p) const;
+  void block_forward(const LlamaBlockView& w, const float* x, const Acts& a);
+  void block_backward(const LlamaBlockView& w, const LlamaBlockView& g, const float* x, const Acts& a, const float* dout, float* dx);
+
+  ModelShape s_;
+  int B_, T_, R_, C_, H_, KV_, D_, F_;
+  bool ckpt_;
+  Device& dev_;
+  OpsBackend& ops_;
+  DeviceBuffer acts_buf_, scratch_buf_, head_buf_, grad_buf_, rope_buf_;
+  float *x0_ = nullptr, *cos_ = nullptr, *sin_ = nullptr;
+  std::vector<Acts> acts_;  // full activations per block, or (checkpointing) only .out is valid
+  Acts recompute_{};
+  float *lnf_, *lnf_rstd_, *probs_, *losses_;
+  float *dres_a_, *dres_b_, *dres2_, *dn_, *datty_, *dq_, *dk_, *dv_, *dh_, *dgate_, *dup_, *dlogits_;
+};
+
+// Llama-style initialisation: N(0, 0.02) matrices, N(0, 0.02/√(2L)) for wo and w_down, zero biases,
+// norms 1.
+void llama_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed);
+
+}  // namespace zinf

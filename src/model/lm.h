@@ -1,0 +1,60 @@
+// lm.h — what the trainer sees of a language model, whichever family: forward and backward over
+// layer units that a UnitSource (the offload engine, or plain arrays) provides.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "model/backend.h"
+#include "zinf/device.h"
+#include "zinf/model.h"
+
+namespace zinf {
+
+// Where the model gets each layer unit's weights and gradient buffers. The model asks for a unit
+// right before it uses it and says when it is done, so a scheduler can keep only a window of units
+// on the device, prefetch the next ones, and stream each gradient out as soon as it is complete.
+// Access order per micro batch: forward 0, 1..L, L+1 (and 0 again for a tied LM head); backward the
+// head's unit and L+1 (head, final norm), L..1, then 0 (embedding).
+class UnitSource {
+ public:
+  virtual ~UnitSource() = default;
+  virtual const float* weights(std::size_t unit) = 0;  // fp32 device weights; valid until done_with
+  virtual void done_with(std::size_t unit) = 0;
+  virtual float* grads(std::size_t unit) = 0;          // fp32 device buffer, zero at first request per micro batch
+  virtual void grads_done(std::size_t unit) = 0;       // this micro batch's gradient of the unit is complete
+};
+
+// Every unit resident: plain arrays (tests, and the simplest engine).
+class ResidentUnits final : public UnitSource {
+ public:
+  ResidentUnits(std::vector<const float*> w, std::vector<float*> g, std::vector<std::size_t> n)
+      : w_(std::move(w)), g_(std::move(g)), n_(std::move(n)) {}
+  const float* weights(std::size_t u) override { return w_[u]; }
+  void done_with(std::size_t) override {}
+  float* grads(std::size_t u) override { return g_[u]; }
+  void grads_done(std::size_t) override {}
+
+ private:
+  std::vector<const float*> w_;
+  std::vector<float*> g_;
+  std::vector<std::size_t> n_;
+};
+
+class LanguageModel {
+ public:
+  virtual ~LanguageModel() = default;
+  // Forward pass; returns the mean cross-entropy over the B×T targets. Keeps what backward needs.
+  virtual double forward(UnitSource& src, const int* tokens, const int* targets) = 0;
+  // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
+  // for a mean loss); the units' gradient buffers are accumulated (+=).
+  virtual void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) = 0;
+};
+
+// The model of `s.family` for micro batches of B sequences; activations are allocated on `dev`.
+std::unique_ptr<LanguageModel> make_model(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
+// The family's initialisation of unit `unit` (deterministic per unit and seed).
+void init_model_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed);
+
+}  // namespace zinf

@@ -118,6 +118,7 @@ struct ModelConfig {
   bool qkv_bias = false;          // llama: biases on the q, k, v projections (Qwen2)
   double rope_theta = 10000, norm_eps = 1e-5;
   double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4, rope_original_max = 8192;
+  int max_positions = 0;          // llama: max_position_embeddings (0 = seq_len)
 };
 
 struct DataConfig {

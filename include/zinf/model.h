@@ -28,6 +28,7 @@ struct ModelShape {
   bool tie_embeddings = true, qkv_bias = false;
   double rope_theta = 10000, norm_eps = 1e-5;
   double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4, rope_original_max = 8192;
+  int max_positions = 0;  // the positions the model was made for (config.json's max_position_embeddings; 0 = seq_len)
   bool operator==(const ModelShape&) const = default;
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_dim() const { return d_model / n_head; }

@@ -34,16 +34,39 @@ struct StFile {
 
 // Parses and validates `bytes` (the whole file); `source` names it in errors.
 StFile parse_safetensors(std::string bytes, const std::string& source);
+// Validates a header (the JSON after the 8-byte length) against a data buffer of `data_len` bytes.
+StFile parse_safetensors_header(const std::string& header_json, std::uint64_t data_len, const std::string& source);
 StFile read_safetensors(const std::string& path);
 
-// One named GPT-2 tensor inside a layer unit (HF GPT-2 names: wte.weight, h.0.attn.c_attn.weight, …).
-struct Gpt2Tensor {
+// One named tensor of a model file inside a layer unit. `transposed`: the file holds the matrix as
+// [out, in] (Hugging Face's nn.Linear; `shape` is the file's) while the unit holds it as [in, out].
+struct ModelTensor {
   std::string name;
   std::vector<std::int64_t> shape;
   std::size_t unit = 0;
   std::size_t offset = 0;  // elements into the unit's flat buffer
+  bool transposed = false;
 };
-std::vector<Gpt2Tensor> gpt2_tensors(const ModelShape& s);
+using Gpt2Tensor = ModelTensor;
+// HF GPT-2 names: wte.weight, h.0.attn.c_attn.weight, … (Conv1D: [in, out], as the units hold them).
+std::vector<ModelTensor> gpt2_tensors(const ModelShape& s);
+// Writes `layout`'s tensors of the unit masters (fp32, unit order) as one safetensors file in
+// `dtype`, atomically (temporary file, fsync, rename).
+void write_model_safetensors(const std::string& path, const std::vector<ModelTensor>& layout,
+                             const std::vector<std::vector<float>>& units, StDtype dtype);
+// A safetensors file read lazily: the header at open, each tensor's bytes when asked for, so a model
+// larger than memory loads tensor by tensor. The header is validated as parse_safetensors does.
+class StReader {
+ public:
+  explicit StReader(const std::string& path);
+  const StFile& header() const { return f_; }
+  // Reads tensor t as fp32 into dst; with `transposed`, the file's [rows, cols] lands as [cols, rows].
+  void read(const StTensor& t, float* dst, bool transposed) const;
+
+ private:
+  std::string path_;
+  StFile f_;  // bytes stay empty
+};
 
 // Writes unit masters (fp32, unit order) as a GPT-2 safetensors file in `dtype`, atomically.
 void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const std::vector<std::vector<float>>& units,

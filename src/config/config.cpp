@@ -22,6 +22,7 @@
 
 #include "zinf/error.h"
 #include "zinf/model.h"
+#include "model/hf.h"
 
 namespace zinf {
 namespace {
@@ -346,6 +347,23 @@ void read_model(Section s, ModelConfig& m) {
   m.seq_len = static_cast<int>(s.get_int("seq_len", base.seq_len, 1, 1 << 20));
   m.activation_checkpointing = s.get_bool("activation_checkpointing", false);
   m.init_from = s.get_str("init_from", "");
+  if (is_hf_folder(m.init_from)) {  // a Hugging Face folder: its config.json is the shape
+    for (const char* k : {"preset", "family", "n_layer", "n_head", "d_model", "vocab_size", "n_kv_head", "d_ff", "tie_embeddings",
+                          "qkv_bias", "rope_theta", "norm_eps", "rope_scaling"})
+      if (s.present(k)) s.fail(k, "the shape comes from " + m.init_from + "/config.json; remove this key");
+    const ModelShape h = hf_shape(m.init_from, m.seq_len == base.seq_len && !s.present("seq_len") ? 0 : m.seq_len);
+    m.family = h.family, m.n_layer = h.n_layer, m.n_head = h.n_head, m.d_model = h.d_model, m.vocab_size = h.vocab_size;
+    m.seq_len = h.seq_len, m.n_kv_head = h.n_kv_head, m.d_ff = h.d_ff, m.tie_embeddings = h.tie_embeddings, m.qkv_bias = h.qkv_bias;
+    m.rope_theta = h.rope_theta, m.norm_eps = h.norm_eps, m.rope_factor = h.rope_factor, m.rope_low_freq_factor = h.rope_low_freq_factor;
+    m.rope_high_freq_factor = h.rope_high_freq_factor, m.rope_original_max = h.rope_original_max, m.max_positions = h.max_positions;
+    m.preset = "";
+    for (auto [k, v] : {std::pair{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"d_model", m.d_model}, {"vocab_size", m.vocab_size},
+                        {"seq_len", m.seq_len}, {"n_kv_head", m.n_kv_head}, {"d_ff", m.d_ff}})
+      s.set_out(k, v);
+    s.set_out("family", std::string(to_string(m.family)));
+    s.finish();
+    return;
+  }
   m.family = s.get_enum<ModelFamily>("family", base.family, {{"gpt2", ModelFamily::gpt2}, {"llama", ModelFamily::llama}});
   if (m.d_model % m.n_head != 0)
     s.fail("d_model", "d_model " + std::to_string(m.d_model) + " is not divisible by n_head " +

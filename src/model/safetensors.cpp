@@ -44,22 +44,34 @@ const StTensor* StFile::find(const std::string& name) const {
   return nullptr;
 }
 
-StFile parse_safetensors(std::string bytes, const std::string& source) {
-  StFile f;
-  if (bytes.size() < 8) bad(source, "shorter than the 8-byte header length");
+namespace {
+std::uint64_t header_length(const char* p8) {
   std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(p8[i]);
+  return n;
+}
+}  // namespace
+
+StFile parse_safetensors(std::string bytes, const std::string& source) {
+  if (bytes.size() < 8) bad(source, "shorter than the 8-byte header length");
+  const std::uint64_t n = header_length(bytes.data());
   if (n > bytes.size() - 8) bad(source, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(bytes.size()) + " bytes)");
   if (n > (100u << 20)) bad(source, "header length " + std::to_string(n) + " is unreasonably large");
+  StFile f = parse_safetensors_header(bytes.substr(8, n), bytes.size() - 8 - n, source);
+  f.bytes = std::move(bytes);
+  return f;
+}
+
+StFile parse_safetensors_header(const std::string& header_json, std::uint64_t data_len, const std::string& source) {
+  StFile f;
   json h;
   try {
-    h = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+    h = json::parse(header_json);
   } catch (const json::exception& e) {
     bad(source, std::string("header is not valid JSON (") + e.what() + ")");
   }
   if (!h.is_object()) bad(source, "header is not a JSON object");
-  f.data_start = 8 + n;
-  const std::uint64_t data_len = bytes.size() - f.data_start;
+  f.data_start = 8 + header_json.size();
   for (auto it = h.begin(); it != h.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it.value().is_object()) bad(source, "__metadata__ is not an object");
@@ -110,7 +122,6 @@ StFile parse_safetensors(std::string bytes, const std::string& source) {
     pos = t->end;
   }
   if (pos != data_len) bad(source, std::to_string(data_len - pos) + " bytes after the last tensor");
-  f.bytes = std::move(bytes);
   return f;
 }
 
@@ -158,9 +169,8 @@ std::vector<Gpt2Tensor> gpt2_tensors(const ModelShape& s) {
   return v;
 }
 
-void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const std::vector<std::vector<float>>& units,
-                            StDtype dtype) {
-  const auto layout = gpt2_tensors(s);
+void write_model_safetensors(const std::string& path, const std::vector<ModelTensor>& layout,
+                             const std::vector<std::vector<float>>& units, StDtype dtype) {
   json h = json::object();
   h["__metadata__"] = {{"format", "pt"}, {"producer", "zinf"}};
   std::uint64_t pos = 0;
@@ -182,10 +192,18 @@ void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const 
     out.write(len, 8);
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
     std::vector<std::uint16_t> half;
+    std::vector<float> turned;
     for (const auto& t : layout) {
       std::size_t count = 1;
       for (auto d : t.shape) count *= static_cast<std::size_t>(d);
       const float* src = units[t.unit].data() + t.offset;
+      if (t.transposed) {  // the unit's [in, out] as the file's [out, in]
+        const std::size_t rows = static_cast<std::size_t>(t.shape[0]), cols = static_cast<std::size_t>(t.shape[1]);
+        turned.resize(count);
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t c = 0; c < cols; ++c) turned[r * cols + c] = src[c * rows + r];
+        src = turned.data();
+      }
       if (dtype == StDtype::f32) {
         out.write(reinterpret_cast<const char*>(src), static_cast<std::streamsize>(count * 4));
       } else {
@@ -210,6 +228,65 @@ void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const 
     const int e = errno;
     std::remove(tmp.c_str());
     throw IoError(path + ": rename failed: " + std::strerror(e), e);
+  }
+}
+
+void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const std::vector<std::vector<float>>& units,
+                            StDtype dtype) {
+  write_model_safetensors(path, gpt2_tensors(s), units, dtype);
+}
+
+StReader::StReader(const std::string& path) : path_(path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw ConfigError(path + ": is a directory; a .safetensors file is expected");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  const auto size = std::filesystem::file_size(path, ec);
+  char len[8];
+  if (ec || !in.read(len, 8)) bad(path, "shorter than the 8-byte header length");
+  const std::uint64_t n = header_length(len);
+  if (n > size - 8) bad(path, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size) + " bytes)");
+  if (n > (100u << 20)) bad(path, "header length " + std::to_string(n) + " is unreasonably large");
+  std::string header(n, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(n))) bad(path, "cannot read the header");
+  f_ = parse_safetensors_header(header, size - 8 - n, path);
+}
+
+void StReader::read(const StTensor& t, float* dst, bool transposed) const {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw IoError(path_ + ": cannot open: " + std::strerror(errno), errno);
+  const std::size_t bytes = static_cast<std::size_t>(t.end - t.begin), count = bytes / dtype_size(t.dtype);
+  std::vector<char> raw(bytes);
+  std::size_t got = 0;
+  while (got < bytes) {
+    const ssize_t r = ::pread(fd, raw.data() + got, bytes - got, static_cast<off_t>(f_.data_start + t.begin + got));
+    if (r <= 0) {
+      const int e = r < 0 ? errno : EIO;
+      ::close(fd);
+      throw IoError(path_ + ": reading tensor " + t.name + " at offset " + std::to_string(f_.data_start + t.begin + got) + ": " +
+                        (r < 0 ? std::strerror(e) : "unexpected end of file"),
+                    e);
+    }
+    got += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
+  std::vector<float> flat;
+  float* out = dst;
+  if (transposed) {
+    flat.resize(count);
+    out = flat.data();
+  }
+  if (t.dtype == StDtype::f32) {
+    std::memcpy(out, raw.data(), bytes);
+  } else {
+    std::vector<std::uint16_t> half(count);
+    std::memcpy(half.data(), raw.data(), bytes);
+    if (t.dtype == StDtype::f16) cpu_adam::fp16_to_fp32(half.data(), out, count); else cpu_adam::bf16_to_fp32(half.data(), out, count);
+  }
+  if (transposed) {  // the file's [rows, cols] as the unit's [cols, rows]
+    const std::size_t rows = static_cast<std::size_t>(t.shape[0]), cols = static_cast<std::size_t>(t.shape[1]);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) dst[c * rows + r] = flat[r * cols + c];
   }
 }
 

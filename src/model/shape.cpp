@@ -15,6 +15,7 @@ ModelShape model_shape(const ModelConfig& m) {
     s.rope_theta = m.rope_theta, s.norm_eps = m.norm_eps, s.rope_factor = m.rope_factor;
     s.rope_low_freq_factor = m.rope_low_freq_factor, s.rope_high_freq_factor = m.rope_high_freq_factor;
     s.rope_original_max = m.rope_original_max;
+    s.max_positions = m.max_positions;
   }
   return s;
 }

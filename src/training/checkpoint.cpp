@@ -147,7 +147,7 @@ json shape_json(const ModelShape& s) {
     m.update({{"family", "llama"}, {"n_kv_head", s.n_kv_head}, {"d_ff", s.d_ff}, {"tie_embeddings", s.tie_embeddings},
               {"qkv_bias", s.qkv_bias}, {"rope_theta", s.rope_theta}, {"norm_eps", s.norm_eps}, {"rope_factor", s.rope_factor},
               {"rope_low_freq_factor", s.rope_low_freq_factor}, {"rope_high_freq_factor", s.rope_high_freq_factor},
-              {"rope_original_max", s.rope_original_max}});
+              {"rope_original_max", s.rope_original_max}, {"max_positions", s.max_positions}});
   return m;
 }
 ModelShape shape_from_json(const json& m) {
@@ -160,6 +160,7 @@ ModelShape shape_from_json(const json& m) {
     s.rope_theta = m.at("rope_theta").get<double>(), s.norm_eps = m.at("norm_eps").get<double>();
     s.rope_factor = m.at("rope_factor").get<double>(), s.rope_low_freq_factor = m.at("rope_low_freq_factor").get<double>();
     s.rope_high_freq_factor = m.at("rope_high_freq_factor").get<double>(), s.rope_original_max = m.at("rope_original_max").get<double>();
+    s.max_positions = m.value("max_positions", 0);
   }
   return s;
 }

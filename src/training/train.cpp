@@ -19,6 +19,7 @@
 #include "config/engine_config.h"
 #include "model/cuda/cuda_ops.h"
 #include "model/gpt.h"
+#include "model/hf.h"
 #include "model/lm.h"
 #include "model/ops_stream.h"
 #include "training/batches.h"
@@ -313,10 +314,15 @@ class Run {
     log("device: " + dev->name() + ", " + std::to_string(threads) + " threads, cpu_adam " +
         std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(c.precision())));
     std::unique_ptr<StFile> init_file;
-    if (!c.model.init_from.empty()) {
+    std::unique_ptr<HfModelReader> hf;
+    if (is_hf_folder(c.model.init_from)) {  // tensor by tensor, as each unit is placed in its tier
+      hf = std::make_unique<HfModelReader>(c.model.init_from);
+      hf->check(shape);
+      log("init: parameters from the Hugging Face folder " + c.model.init_from);
+    } else if (!c.model.init_from.empty()) {
       if (shape.family != ModelFamily::gpt2)
-        throw ConfigError("model.init_from: loading a llama-family model from a file is not supported yet (GPT-2 safetensors only)",
-                          "start from random initialisation (no init_from) or use a gpt2-family model");
+        throw ConfigError("model.init_from: a llama-family model loads from a Hugging Face folder (config.json and safetensors), "
+                          "not from " + c.model.init_from);
       init_file = std::make_unique<StFile>(read_safetensors(c.model.init_from));
       check_gpt2_tensor_set(*init_file, c.model.init_from, shape);
       log("init: parameters from " + c.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
@@ -324,7 +330,9 @@ class Run {
     offload::EngineConfig ec = engine_config(c, threads);
     if (c.device.type == DeviceType::cuda) ec.kernels = [](Device& d, cpu_adam::HostThreads&) { return cuda::make_engine_kernels(d); };
     return std::make_unique<offload::Engine>(ec, *dev, [&](std::size_t u, float* master) {
-      if (init_file)
+      if (hf)
+        hf->load_unit(shape, u, master);
+      else if (init_file)
         load_gpt2_unit(*init_file, c.model.init_from, shape, u, master);
       else
         init_model_unit(master, u, shape, c.train.seed);

@@ -1,0 +1,56 @@
+// hf.h — Hugging Face model folders of the Llama family (Llama 2/3, Mistral, Qwen2, TinyLlama,
+// SmolLM): config.json plus model.safetensors, or shards model-0000K-of-0000N.safetensors with
+// model.safetensors.index.json. Tensor names and layouts are Hugging Face's
+// (model.layers.N.self_attn.q_proj.weight as [out, in], lm_head.weight unless tied); the units hold
+// matrices as [in, out], so loading and writing transpose. fp32, fp16 and bf16 tensors.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "zinf/model.h"
+#include "zinf/safetensors.h"
+
+namespace zinf {
+
+// A directory holding config.json.
+bool is_hf_folder(const std::string& path);
+
+// The model shape config.json describes, for training sequences of `seq_len` tokens (0: the smaller
+// of 2048 and max_position_embeddings). Anything zinf cannot honour is a ConfigError naming the
+// file and the key (an unknown model_type, hidden_act other than silu, MLP biases, a rope_scaling
+// type other than llama3, a head_dim other than hidden_size / num_attention_heads, a sequence
+// longer than max_position_embeddings or Mistral's sliding_window).
+ModelShape hf_shape(const std::string& dir, int seq_len);
+
+// The tensors of a llama-family model in Hugging Face's names, in file order.
+std::vector<ModelTensor> llama_hf_tensors(const ModelShape& s);
+
+// A folder opened for loading: each file's header now, each tensor's bytes when its unit is loaded.
+class HfModelReader {
+ public:
+  explicit HfModelReader(const std::string& dir);
+  // Every tensor the model needs present with its shape, and none it has no place for; a
+  // ConfigError naming the folder and the tensors otherwise.
+  void check(const ModelShape& s) const;
+  // Fills unit u's fp32 parameters, tensor by tensor.
+  void load_unit(const ModelShape& s, std::size_t u, float* dst) const;
+
+ private:
+  struct Where {
+    std::size_t file;
+    const StTensor* tensor;
+  };
+  const Where* find(const std::string& name) const;
+  std::string dir_;
+  std::vector<StReader> files_;
+  std::vector<std::pair<std::string, Where>> index_;
+};
+
+// Writes a folder Hugging Face loaders open: config.json, and the tensors in `dtype`, in shards of at
+// most `shard_bytes` (one model.safetensors when it fits, else model-0000K-of-0000N.safetensors and
+// model.safetensors.index.json). Files are written atomically; the folder is created.
+void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vector<std::vector<float>>& units, StDtype dtype,
+                     std::uint64_t shard_bytes = std::uint64_t{5} << 30);
+
+}  // namespace zinf

@@ -20,6 +20,7 @@
 #include "model/cuda/ops/encoder.cuh"
 #include "model/cuda/ops/gelu.cuh"
 #include "model/cuda/ops/layernorm.cuh"
+#include "model/cuda/ops/llama.cuh"
 #include "zinf/cuda_check.cuh"
 #include "zinf/error.h"
 
@@ -190,6 +191,40 @@ class CudaOps final : public OpsBackend {
   }
   void zero(float* p, std::size_t n) override { ZINF_CUDA(cudaMemsetAsync(p, 0, n * sizeof(float), s_)); }
 
+  bool has_llama_ops() const override { return true; }
+  void rmsnorm_forward(float* o, float* rstd, const float* i, const float* w, int R, int C, float eps) override {
+    ops::launch_rmsnorm_forward(o, rstd, i, w, R, C, eps, s_);
+  }
+  void rmsnorm_backward(float* di, float* dw, const float* dout, const float* i, const float* w, const float* rstd, int R, int C) override {
+    ops::launch_rmsnorm_backward(di, dw, dout, i, w, rstd, R, C, s_);
+  }
+  void rope_apply(float* x, const float* co, const float* si, int R, int T, int heads, int D, bool backward) override {
+    ops::launch_rope_apply(x, co, si, R, T, heads, D, backward, s_);
+  }
+  void swiglu_forward(float* o, const float* g, const float* u, std::size_t n) override { ops::launch_swiglu_forward(o, g, u, n, s_); }
+  void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, std::size_t n) override {
+    ops::launch_swiglu_backward(dg, du, dout, g, u, n, s_);
+  }
+  void gqa_attention_forward(float* o, float* att, const float* q, const float* k, const float* v, int B, int T, int H, int KV,
+                             int D) override {
+    ops::launch_gqa_attention_forward(o, att, q, k, v, B, T, H, KV, D, s_);
+  }
+  void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                              const float* att, int B, int T, int H, int KV, int D) override {
+    const std::size_t need = static_cast<std::size_t>(B) * H * T * sizeof(float);
+    if (weighted_.size() < need) {  // per-row scratch, kept for the next call (in stream order)
+      ZINF_CUDA(cudaStreamSynchronize(s_));
+      weighted_ = DeviceBuffer(dev_, need, "attention backward scratch");
+    }
+    ops::launch_gqa_attention_backward(dq, dk, dv, weighted_.as<float>(), dout, q, k, v, att, B, T, H, KV, D, s_);
+  }
+  void embedding_forward(float* o, const int* t, const float* wte, int R, int C) override {
+    ops::launch_embedding_forward(o, t, wte, R, C, s_);
+  }
+  void embedding_backward(float* dwte, const float* dout, const int* t, int R, int C) override {
+    ops::launch_embedding_backward(dwte, dout, t, R, C, s_);
+  }
+
  private:
   Device& dev_;
   cudaStream_t s_;
@@ -197,6 +232,7 @@ class CudaOps final : public OpsBackend {
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t h_ = nullptr;
   DeviceBuffer workspace_;
+  DeviceBuffer weighted_;  // the attention backward's per-row sums
   std::unordered_map<GemmKey, std::unique_ptr<LtPlan>, GemmKeyHash> plans_;
   bool warned_fallback_ = false;
   DeviceBuffer scratch_;

@@ -348,10 +348,18 @@ void read_model(Section s, ModelConfig& m) {
   m.activation_checkpointing = s.get_bool("activation_checkpointing", false);
   m.init_from = s.get_str("init_from", "");
   if (is_hf_folder(m.init_from)) {  // a Hugging Face folder: its config.json is the shape
-    for (const char* k : {"preset", "family", "n_layer", "n_head", "d_model", "vocab_size", "n_kv_head", "d_ff", "tie_embeddings",
+    for (const char* k : {"family", "n_layer", "n_head", "d_model", "vocab_size", "n_kv_head", "d_ff", "tie_embeddings",
                           "qkv_bias", "rope_theta", "norm_eps", "rope_scaling"})
       if (s.present(k)) s.fail(k, "the shape comes from " + m.init_from + "/config.json; remove this key");
     const ModelShape h = hf_shape(m.init_from, m.seq_len == base.seq_len && !s.present("seq_len") ? 0 : m.seq_len);
+    if (s.present("preset")) {  // a preset beside a folder says which model the folder must hold
+      ModelShape want = base, got = h;
+      want.seq_len = got.seq_len = 0;
+      want.max_positions = got.max_positions = 0;
+      if (!(want == got))
+        s.fail("preset", "'" + preset + "' does not match " + m.init_from + "/config.json (" + std::to_string(h.n_layer) +
+                             " layers, hidden_size " + std::to_string(h.d_model) + ", vocab " + std::to_string(h.vocab_size) + ")");
+    }
     m.family = h.family, m.n_layer = h.n_layer, m.n_head = h.n_head, m.d_model = h.d_model, m.vocab_size = h.vocab_size;
     m.seq_len = h.seq_len, m.n_kv_head = h.n_kv_head, m.d_ff = h.d_ff, m.tie_embeddings = h.tie_embeddings, m.qkv_bias = h.qkv_bias;
     m.rope_theta = h.rope_theta, m.norm_eps = h.norm_eps, m.rope_factor = h.rope_factor, m.rope_low_freq_factor = h.rope_low_freq_factor;

@@ -170,6 +170,7 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
   };
   EXPECT_EQ(error(), "accepted");
   EXPECT_NE(error(R"(, "n_layer": 3)").find("model.n_layer: the shape comes from"), std::string::npos);
+  EXPECT_NE(error(R"(, "preset": "llama-3.2-1b")").find("model.preset: 'llama-3.2-1b' does not match"), std::string::npos);
   patch([](nlohmann::json& c) { c["hidden_act"] = "gelu"; });
   EXPECT_NE(error().find("config.json: hidden_act: \"gelu\" is not silu"), std::string::npos) << error();
   patch([](nlohmann::json& c) { c["hidden_act"] = "silu", c["model_type"] = "gpt_neox"; });

@@ -9,17 +9,19 @@
 
 namespace zinf {
 
+void normal_fill(std::mt19937_64& rng, float* dst, std::size_t n, double stdv) {
+  for (std::size_t i = 0; i < n; i += 2) {  // Box–Muller, so the numbers do not depend on the libstdc++ version
+    const double u1 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
+    const double u2 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1)) * stdv;
+    dst[i] = static_cast<float>(r * std::cos(2 * M_PI * u2));
+    if (i + 1 < n) dst[i + 1] = static_cast<float>(r * std::sin(2 * M_PI * u2));
+  }
+}
+
 void gpt2_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed) {
   std::mt19937_64 rng(seed * 1000003ull + unit * 7919ull + 17);
-  auto normal = [&](float* dst, std::size_t n, double stdv) {
-    for (std::size_t i = 0; i < n; i += 2) {  // Box–Muller, so the numbers do not depend on the libstdc++ version
-      const double u1 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
-      const double u2 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
-      const double r = std::sqrt(-2.0 * std::log(u1)) * stdv;
-      dst[i] = static_cast<float>(r * std::cos(2 * M_PI * u2));
-      if (i + 1 < n) dst[i + 1] = static_cast<float>(r * std::sin(2 * M_PI * u2));
-    }
-  };
+  auto normal = [&](float* dst, std::size_t n, double stdv) { normal_fill(rng, dst, n, stdv); };
   const std::size_t C = static_cast<std::size_t>(s.d_model), V = static_cast<std::size_t>(s.vocab_size),
                     T = static_cast<std::size_t>(s.seq_len);
   const std::size_t L = static_cast<std::size_t>(s.n_layer);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "model/init.h"
 #include "model/ops_llama.h"
 #include "zinf/error.h"
 
@@ -287,15 +288,7 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
 
 void llama_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed) {
   std::mt19937_64 rng(seed * 1000003ull + unit * 7919ull + 29);
-  auto normal = [&](float* dst, std::size_t n, double stdv) {
-    for (std::size_t i = 0; i < n; i += 2) {  // Box–Muller, independent of the libstdc++ version
-      const double u1 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
-      const double u2 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
-      const double r = std::sqrt(-2.0 * std::log(u1)) * stdv;
-      dst[i] = static_cast<float>(r * std::cos(2 * M_PI * u2));
-      if (i + 1 < n) dst[i + 1] = static_cast<float>(r * std::sin(2 * M_PI * u2));
-    }
-  };
+  auto normal = [&](float* dst, std::size_t n, double stdv) { normal_fill(rng, dst, n, stdv); };
   const std::size_t C = static_cast<std::size_t>(s.d_model), V = static_cast<std::size_t>(s.vocab_size),
                     L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(s.kv_heads()) * s.head_dim(),
                     F = static_cast<std::size_t>(s.d_ff);

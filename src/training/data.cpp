@@ -116,26 +116,10 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
       d.base_ += kHeaderBytes;
       d.n_ = static_cast<std::size_t>(count);
       d.description_ = source + " (llm.c tokens, uint" + std::to_string(8 * d.width_) + ", " + std::to_string(count) + " tokens)";
-    } else if (!cfg.tokenizer.empty()) {
-      const std::string text(reinterpret_cast<const char*>(d.base_), size);
-      d.storage_.reset();
-      d.base_ = nullptr;
-      source += " tokenized by " + cfg.tokenizer;
-      auto ids = std::make_shared<std::vector<std::uint32_t>>();
-      int vocab = 0;
-      *ids = sentencepiece_encode(cfg.tokenizer, text, &vocab);
-      if (vocab > vocab_size)
-        throw ConfigError(cfg.tokenizer + ": the tokenizer has " + std::to_string(vocab) + " pieces, more than model.vocab_size " +
-                              std::to_string(vocab_size),
-                          "set model.vocab_size to at least " + std::to_string(vocab));
-      d.storage_ = ids;
-      d.base_ = reinterpret_cast<const unsigned char*>(ids->data());
-      d.width_ = 4;
-      d.n_ = ids->size();
-      d.description_ = source + " (SentencePiece, " + std::to_string(vocab) + " pieces, " + std::to_string(d.n_) + " tokens)";
     }
   }
-  if (cfg.path.empty() && !cfg.tokenizer.empty()) {  // the default text through a tokenizer
+  // Text through a SentencePiece model: the tokens replace the bytes.
+  if (!cfg.tokenizer.empty() && d.width_ == 1) {
     const std::string text(reinterpret_cast<const char*>(d.base_), d.n_);
     auto ids = std::make_shared<std::vector<std::uint32_t>>();
     int vocab = 0;

@@ -146,22 +146,14 @@ TEST(CudaOps, EveryOpMatchesTheCpuReference) {
   expect_close("encoder dwte", g.down(gdwte_e, wte.size()), dwte_e, 1e-5, 1e-6);
 }
 
-TEST(CudaOps, WholeModelLossAndGradientsMatchTheCpuDevice) {
-  Gpu g;
-  std::string why;
-  if (!gpu(g, &why)) GTEST_SKIP() << "no GPU: " << why;
-  const ModelShape s{2, 4, 64, 256, 32};
-  const int B = 3, R = B * s.seq_len;
-  auto cpu_dev = make_cpu_device(256 << 20);
-  ops::Par par(2);
-  CpuOps cpu(par);
-  GptModel cm(s, B, false, *cpu_dev, cpu);
-  GptModel gm(s, B, true, *g.dev, *g.ops);  // the GPU side also recomputes: activation checkpointing
+// Runs one forward and backward of the same model on the CPU device and on the GPU with the same
+// random weights and tokens; expects the loss within 1e-5 relative, gradients 1e-3 relative + 1e-5.
+void expect_model_matches(Gpu& g, LanguageModel& cm, LanguageModel& gm, const ModelShape& s, int B, std::uint32_t seed) {
+  const int R = B * s.seq_len;
   std::vector<VF> w, gr;
   std::vector<const float*> cw, gw;
   std::vector<float*> cg, gg;
   std::vector<std::size_t> n;
-  std::uint32_t seed = 20;
   for (const auto& u : layer_units(s)) {
     w.push_back(randf(static_cast<std::size_t>(u.params), seed++, 0.05f));
     gr.emplace_back(static_cast<std::size_t>(u.params), 0.0f);
@@ -174,9 +166,9 @@ TEST(CudaOps, WholeModelLossAndGradientsMatchTheCpuDevice) {
     gg.push_back(g.up(VF(w[i].size())));
   }
   std::vector<int> tok(static_cast<std::size_t>(R)), tg(static_cast<std::size_t>(R));
-  std::mt19937 rng(5);
-  for (auto& t : tok) t = static_cast<int>(rng() % 256);
-  for (auto& t : tg) t = static_cast<int>(rng() % 256);
+  std::mt19937 rng(seed);
+  for (auto& t : tok) t = static_cast<int>(rng() % static_cast<unsigned>(s.vocab_size));
+  for (auto& t : tg) t = static_cast<int>(rng() % static_cast<unsigned>(s.vocab_size));
   ResidentUnits csrc(cw, cg, n), gsrc(gw, gg, n);
   const double closs = cm.forward(csrc, tok.data(), tg.data());
   int *gtok = g.up(tok), *gtg = g.up(tg);
@@ -187,9 +179,21 @@ TEST(CudaOps, WholeModelLossAndGradientsMatchTheCpuDevice) {
   for (std::size_t i = 0; i < w.size(); ++i) expect_close("model grads", g.down(gg[i], n[i]), gr[i], 1e-3, 1e-5);
 }
 
+TEST(CudaOps, WholeModelLossAndGradientsMatchTheCpuDevice) {
+  Gpu g;
+  std::string why;
+  if (!gpu(g, &why)) GTEST_SKIP() << "no GPU: " << why;
+  const ModelShape s{2, 4, 64, 256, 32};
+  auto cpu_dev = make_cpu_device(256 << 20);
+  ops::Par par(2);
+  CpuOps cpu(par);
+  GptModel cm(s, 3, false, *cpu_dev, cpu);
+  GptModel gm(s, 3, true, *g.dev, *g.ops);  // the GPU side also recomputes: activation checkpointing
+  expect_model_matches(g, cm, gm, s, 3, 20);
+}
+
 // The llama family's kernels through the whole model (every op of llama.cuh forward and backward, with
-// grouped key/value heads, q/k/v biases, an untied head and Llama 3's rope scaling), against the CPU
-// device: loss 1e-5 relative, gradients 1e-3 relative + 1e-5 absolute.
+// grouped key/value heads, q/k/v biases, an untied head and Llama 3's rope scaling).
 TEST(CudaOps, WholeLlamaModelLossAndGradientsMatchTheCpuDevice) {
   Gpu g;
   std::string why;
@@ -197,40 +201,12 @@ TEST(CudaOps, WholeLlamaModelLossAndGradientsMatchTheCpuDevice) {
   ModelShape s{2, 4, 64, 256, 32};
   s.family = ModelFamily::llama;
   s.n_kv_head = 2, s.d_ff = 96, s.tie_embeddings = false, s.qkv_bias = true, s.rope_factor = 4, s.rope_original_max = 16;
-  const int B = 3, R = B * s.seq_len;
   auto cpu_dev = make_cpu_device(256 << 20);
   ops::Par par(2);
   CpuOps cpu(par);
-  LlamaModel cm(s, B, false, *cpu_dev, cpu);
-  LlamaModel gm(s, B, true, *g.dev, *g.ops);  // the GPU side also recomputes: activation checkpointing
-  std::vector<VF> w, gr;
-  std::vector<const float*> cw, gw;
-  std::vector<float*> cg, gg;
-  std::vector<std::size_t> n;
-  std::uint32_t seed = 40;
-  for (const auto& u : layer_units(s)) {
-    w.push_back(randf(static_cast<std::size_t>(u.params), seed++, 0.05f));
-    gr.emplace_back(static_cast<std::size_t>(u.params), 0.0f);
-    n.push_back(static_cast<std::size_t>(u.params));
-  }
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    cw.push_back(w[i].data());
-    cg.push_back(gr[i].data());
-    gw.push_back(g.up(w[i]));
-    gg.push_back(g.up(VF(w[i].size())));
-  }
-  std::vector<int> tok(static_cast<std::size_t>(R)), tg(static_cast<std::size_t>(R));
-  std::mt19937 rng(6);
-  for (auto& t : tok) t = static_cast<int>(rng() % 256);
-  for (auto& t : tg) t = static_cast<int>(rng() % 256);
-  ResidentUnits csrc(cw, cg, n), gsrc(gw, gg, n);
-  const double closs = cm.forward(csrc, tok.data(), tg.data());
-  int *gtok = g.up(tok), *gtg = g.up(tg);
-  const double gloss = gm.forward(gsrc, gtok, gtg);
-  EXPECT_NEAR(gloss, closs, 1e-5 * closs);
-  cm.backward(csrc, tok.data(), tg.data(), 1.0f / R);
-  gm.backward(gsrc, gtok, gtg, 1.0f / R);
-  for (std::size_t i = 0; i < w.size(); ++i) expect_close("llama grads", g.down(gg[i], n[i]), gr[i], 1e-3, 1e-5);
+  LlamaModel cm(s, 3, false, *cpu_dev, cpu);
+  LlamaModel gm(s, 3, true, *g.dev, *g.ops);
+  expect_model_matches(g, cm, gm, s, 3, 40);
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ int run_plan(const PlanArgs& a) {
     j["largest_fit"] = nlohmann::json::array();
     for (const auto& f : r.largest)
       j["largest_fit"].push_back({{"optimizer", to_string(f.optimizer)}, {"param", to_string(f.param)},
-                                  {"n_layer", f.n_layer}, {"params", f.params}});
+                                  {"n_layer", f.n_layer}, {"params", f.params}, {"largest_preset", f.largest_preset}});
     j["notes"] = r.notes;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -119,12 +119,13 @@ int run_plan(const PlanArgs& a) {
                 r.verdict.problems.empty() ? "" : r.verdict.problems.front().c_str());
   std::printf("deepspeed    estimate_zero3_model_states_mem_needs (x1.5 buffer factor): cpu %s, gpu %s\n",
               format_bytes(r.deepspeed.cpu).c_str(), format_bytes(r.deepspeed.gpu).c_str());
-  std::printf("\nlargest model of this width (n_layer scaled) that fits:\n");
+  std::printf("\nlargest model that fits: of this width (n_layer scaled) | the largest real model (llama-family preset, this seq_len)\n");
   for (const auto& f : r.largest) {
+    const std::string real = f.largest_preset.empty() ? "none" : f.largest_preset;
     if (f.n_layer == 0)
-      std::printf("  %-30s  not even one block\n", f.setting.c_str());
+      std::printf("  %-30s  not even one block              | %s\n", f.setting.c_str(), real.c_str());
     else
-      std::printf("  %-30s  n_layer %-7d %s params\n", f.setting.c_str(), f.n_layer, format_count(f.params).c_str());
+      std::printf("  %-30s  n_layer %-7d %-14s params | %s\n", f.setting.c_str(), f.n_layer, format_count(f.params).c_str(), real.c_str());
   }
   for (const auto& n : r.notes) std::printf("note: %s\n", n.c_str());
   return 0;

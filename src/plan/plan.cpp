@@ -31,9 +31,19 @@ std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_
   return static_cast<std::uint64_t>(total);
 }
 
+namespace {
+// The model section that describes `s` (the inverse of model_shape()).
+void set_model(ModelConfig& m, const ModelShape& s) {
+  m.n_layer = s.n_layer, m.n_head = s.n_head, m.d_model = s.d_model, m.vocab_size = s.vocab_size, m.seq_len = s.seq_len;
+  m.family = s.family, m.n_kv_head = s.n_kv_head, m.d_ff = s.d_ff, m.tie_embeddings = s.tie_embeddings, m.qkv_bias = s.qkv_bias;
+  m.rope_theta = s.rope_theta, m.norm_eps = s.norm_eps, m.rope_factor = s.rope_factor, m.rope_low_freq_factor = s.rope_low_freq_factor;
+  m.rope_high_freq_factor = s.rope_high_freq_factor, m.rope_original_max = s.rope_original_max, m.max_positions = s.max_positions;
+}
+}  // namespace
+
 offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
   Config sized = c;
-  sized.model.n_layer = shape.n_layer;
+  set_model(sized.model, shape);
   offload::PlanInput in = offload::Engine::plan_input(engine_config(sized, 1));
   in.activation_bytes =
       estimate_activation_bytes(shape, c.micro_batch_size, in.compute_bytes, c.model.activation_checkpointing);
@@ -158,6 +168,22 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
       ModelShape sh = r.shape;
       sh.n_layer = lo;
       f.params = count_params(sh);
+    }
+    // The largest real model (a llama-family preset, at this run's sequence length) that fits.
+    std::int64_t best = 0;
+    for (const auto& p : model_presets()) {
+      if (p.shape.family != ModelFamily::llama || count_params(p.shape) <= best) continue;
+      ModelShape sh = p.shape;
+      sh.seq_len = r.shape.seq_len;
+      offload::PlanInput pi = make_plan_input(c, sh);
+      pi.optimizer = s.opt;
+      pi.param = s.param;
+      offload::Capacity cc = cap;
+      cc.nvme_known = true;
+      if (offload::judge(offload::make_plan(pi), cc).fits) {
+        best = count_params(p.shape);
+        f.largest_preset = p.name;
+      }
     }
     r.largest.push_back(f);
   }

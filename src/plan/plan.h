@@ -32,6 +32,7 @@ struct LargestFit {
   OffloadDevice optimizer = OffloadDevice::none, param = OffloadDevice::none;
   int n_layer = 0;      // 0: not even one block fits
   std::int64_t params = 0;
+  std::string largest_preset;  // the largest llama-family preset that fits ("" when none does)
 };
 
 struct RunPlan {

@@ -55,5 +55,22 @@ TEST(Plan, OffloadLetsLargerModelsFitAndTheVerdictIsConsistent) {
   for (const auto& f : r.largest) EXPECT_EQ(f.params, f.n_layer ? f.params : 0);
 }
 
+// Per placement, the largest real model (a llama-family preset) that fits: offloading more never
+// shrinks it, and on an 80 GB GPU with 256 GB of host memory, optimizer and parameters in host memory
+// fit an 8B model's fine-tune but not a 70B one's.
+TEST(Plan, TheLargestRealModelThatFitsGrowsWithOffload) {
+  Config c = parse_config(R"({"train_batch_size": 1, "model": {"preset": "llama-3.2-1b", "seq_len": 1024,
+                              "activation_checkpointing": true}, "zero_optimization": {"stage": 3}, "bf16": {"enabled": true},
+                              "device": {"type": "cuda", "memory_budget": "80GiB"}})");
+  RunPlan r = plan_run(c, fake_machine(256ull << 30, 80ull << 30));
+  std::vector<std::int64_t> params;
+  for (const auto& f : r.largest)
+    params.push_back(f.largest_preset.empty() ? 0 : count_params(find_model_preset(f.largest_preset).shape));
+  EXPECT_LE(params[0], params[1]);
+  EXPECT_LE(params[1], params[2]);
+  EXPECT_GE(params[2], count_params(find_model_preset("llama-3.1-8b").shape));
+  EXPECT_LT(params[2], count_params(find_model_preset("llama-3.1-70b").shape));
+}
+
 }  // namespace
 }  // namespace zinf

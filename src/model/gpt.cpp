@@ -59,28 +59,8 @@ GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, 
     : s_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), dev_(dev), ops_(ops) {
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer);
-  const std::size_t per_block = block_acts_floats();
-  // Full activations per block, or only each block's output (= next block's input) with checkpointing.
-  const std::size_t kept = ckpt_ ? L * R * C : L * per_block;
-  acts_buf_ = DeviceBuffer(dev, (R * C + kept) * sizeof(float), "activations (" + std::to_string(L) + " blocks)");
-  float* p = acts_buf_.as<float>();
-  enc_out_ = p;
-  p += R * C;
-  for (std::size_t l = 0; l < L; ++l) {
-    if (ckpt_) {
-      BlockActs a{};
-      a.out = p;
-      p += R * C;
-      acts_.push_back(a);
-    } else {
-      acts_.push_back(carve(p));
-    }
-  }
-  if (ckpt_) {
-    scratch_buf_ = DeviceBuffer(dev, per_block * sizeof(float), "activation recompute scratch");
-    float* q = scratch_buf_.as<float>();
-    recompute_ = carve(q);
-  }
+  acts_.allocate(dev, R * C, L, block_acts_floats(), ckpt_, [this](float*& p) { return carve(p); });
+  float* p = nullptr;
   head_buf_ = DeviceBuffer(dev, (R * C + 3 * R + R * V) * sizeof(float), "final LayerNorm and logits");
   p = head_buf_.as<float>();
   lnf_ = p, p += R * C;
@@ -142,23 +122,23 @@ double GptModel::forward(UnitSource& src, const int* tokens, const int* targets)
   const float* wte = src.weights(0);
   {
     BusyScope busy(dev_, StreamRole::compute);
-    ops_.encoder_forward(enc_out_, tokens, wte, wte + static_cast<std::size_t>(V) * C, B_, T, C);
+    ops_.encoder_forward(acts_.x0, tokens, wte, wte + static_cast<std::size_t>(V) * C, B_, T, C);
   }
   src.done_with(0);
-  const float* x = enc_out_;
+  const float* x = acts_.x0;
   for (std::size_t l = 0; l < L; ++l) {
     const BlockView bw = block_view(const_cast<float*>(src.weights(l + 1)), C);
     {
       BusyScope busy(dev_, StreamRole::compute);
       if (ckpt_) {
-        block_forward(bw, x, recompute_);
-        ops_.copy(acts_[l].out, recompute_.out, static_cast<std::size_t>(R_) * C);
+        block_forward(bw, x, acts_.recompute);
+        ops_.copy(acts_.blocks[l].out, acts_.recompute.out, static_cast<std::size_t>(R_) * C);
       } else {
-        block_forward(bw, x, acts_[l]);
+        block_forward(bw, x, acts_.blocks[l]);
       }
     }
     src.done_with(l + 1);
-    x = acts_[l].out;
+    x = acts_.blocks[l].out;
   }
   const float* lnf = src.weights(L + 1);
   {
@@ -187,7 +167,7 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
     ops_.lm_head_backward(dln_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
   }
   src.done_with(0);
-  const float* last = L > 0 ? acts_[L - 1].out : enc_out_;
+  const float* last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
   const float* lnf = src.weights(L + 1);
   float* dlnf = src.grads(L + 1);
   {
@@ -200,15 +180,15 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
   float* dout = dres_a_;
   float* dx = dres_b_;
   for (std::size_t l = L; l-- > 0;) {
-    const float* x = l > 0 ? acts_[l - 1].out : enc_out_;
+    const float* x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
     const BlockView bw = block_view(const_cast<float*>(src.weights(l + 1)), C);
     const BlockView bg = block_view(src.grads(l + 1), C);
     {
       BusyScope busy(dev_, StreamRole::compute);
-      const BlockActs* a = &acts_[l];
+      const BlockActs* a = &acts_.blocks[l];
       if (ckpt_) {  // recompute this block's activations from its kept input
-        block_forward(bw, x, recompute_);
-        a = &recompute_;
+        block_forward(bw, x, acts_.recompute);
+        a = &acts_.recompute;
       }
       block_backward(bw, bg, x, *a, dout, dx);
     }

@@ -55,10 +55,8 @@ class GptModel final : public LanguageModel {
   bool ckpt_;
   Device& dev_;
   OpsBackend& ops_;
-  DeviceBuffer acts_buf_, scratch_buf_, head_buf_, grad_buf_;
-  float* enc_out_ = nullptr;
-  std::vector<BlockActs> acts_;  // full activations per block, or (checkpointing) only .out is valid
-  BlockActs recompute_{};        // checkpointing: one block's activations, recomputed in backward
+  BlockActivations<BlockActs> acts_;  // x0: the embedding output
+  DeviceBuffer head_buf_, grad_buf_;
   float *lnf_, *lnf_mean_, *lnf_rstd_, *probs_, *losses_;
   float *dres_a_, *dres_b_, *dres2_, *dln_, *datty_, *dqkv_, *dfch_, *dfchg_, *dlogits_;
 };

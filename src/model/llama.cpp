@@ -83,27 +83,8 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
   if (!ops.has_llama_ops()) OpsBackend::no_llama();
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_), V = static_cast<std::size_t>(s.vocab_size),
                     L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_);
-  const std::size_t per_block = acts_floats();
-  const std::size_t kept = ckpt_ ? L * R * C : L * per_block;
-  acts_buf_ = DeviceBuffer(dev, (R * C + kept) * sizeof(float), "activations (" + std::to_string(L) + " blocks)");
-  float* p = acts_buf_.as<float>();
-  x0_ = p;
-  p += R * C;
-  for (std::size_t l = 0; l < L; ++l) {
-    if (ckpt_) {
-      Acts a{};
-      a.out = p;
-      p += R * C;
-      acts_.push_back(a);
-    } else {
-      acts_.push_back(carve(p));
-    }
-  }
-  if (ckpt_) {
-    scratch_buf_ = DeviceBuffer(dev, per_block * sizeof(float), "activation recompute scratch");
-    float* q = scratch_buf_.as<float>();
-    recompute_ = carve(q);
-  }
+  acts_.allocate(dev, R * C, L, acts_floats(), ckpt_, [this](float*& p) { return carve(p); });
+  float* p = nullptr;
   head_buf_ = DeviceBuffer(dev, (R * C + 2 * R + R * V) * sizeof(float), "final norm and logits");
   p = head_buf_.as<float>();
   lnf_ = p, p += R * C;
@@ -190,23 +171,23 @@ double LlamaModel::forward(UnitSource& src, const int* tokens, const int* target
   const float* wte = src.weights(0);
   {
     BusyScope busy(dev_, StreamRole::compute);
-    ops_.embedding_forward(x0_, tokens, wte, R_, C);
+    ops_.embedding_forward(acts_.x0, tokens, wte, R_, C);
   }
   src.done_with(0);
-  const float* x = x0_;
+  const float* x = acts_.x0;
   for (std::size_t l = 0; l < L; ++l) {
     const LlamaBlockView bw = llama_block_view(const_cast<float*>(src.weights(l + 1)), s_);
     {
       BusyScope busy(dev_, StreamRole::compute);
       if (ckpt_) {
-        block_forward(bw, x, recompute_);
-        ops_.copy(acts_[l].out, recompute_.out, static_cast<std::size_t>(R_) * C);
+        block_forward(bw, x, acts_.recompute);
+        ops_.copy(acts_.blocks[l].out, acts_.recompute.out, static_cast<std::size_t>(R_) * C);
       } else {
-        block_forward(bw, x, acts_[l]);
+        block_forward(bw, x, acts_.blocks[l]);
       }
     }
     src.done_with(l + 1);
-    x = acts_[l].out;
+    x = acts_.blocks[l].out;
   }
   const float* fin = src.weights(L + 1);
   double loss = 0;
@@ -237,7 +218,7 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
   const std::size_t L = static_cast<std::size_t>(s_.n_layer);
   const int C = C_, V = s_.vocab_size;
   const std::size_t RC = static_cast<std::size_t>(R_) * C;
-  const float* last = L > 0 ? acts_[L - 1].out : x0_;
+  const float* last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
   const float* fin = src.weights(L + 1);
   float* dfin = src.grads(L + 1);
   if (s_.tie_embeddings) {
@@ -262,15 +243,15 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
   float* dout = dres_a_;
   float* dx = dres_b_;
   for (std::size_t l = L; l-- > 0;) {
-    const float* x = l > 0 ? acts_[l - 1].out : x0_;
+    const float* x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
     const LlamaBlockView bw = llama_block_view(const_cast<float*>(src.weights(l + 1)), s_);
     const LlamaBlockView bg = llama_block_view(src.grads(l + 1), s_);
     {
       BusyScope busy(dev_, StreamRole::compute);
-      const Acts* a = &acts_[l];
+      const Acts* a = &acts_.blocks[l];
       if (ckpt_) {  // recompute this block's activations from its kept input
-        block_forward(bw, x, recompute_);
-        a = &recompute_;
+        block_forward(bw, x, acts_.recompute);
+        a = &acts_.recompute;
       }
       block_backward(bw, bg, x, *a, dout, dx);
     }

@@ -44,10 +44,9 @@ class LlamaModel final : public LanguageModel {
   bool ckpt_;
   Device& dev_;
   OpsBackend& ops_;
-  DeviceBuffer acts_buf_, scratch_buf_, head_buf_, grad_buf_, rope_buf_;
-  float *x0_ = nullptr, *cos_ = nullptr, *sin_ = nullptr;
-  std::vector<Acts> acts_;  // full activations per block, or (checkpointing) only .out is valid
-  Acts recompute_{};
+  BlockActivations<Acts> acts_;  // x0: the embedding output
+  DeviceBuffer head_buf_, grad_buf_, rope_buf_;
+  float *cos_ = nullptr, *sin_ = nullptr;
   float *lnf_, *lnf_rstd_, *probs_, *losses_;
   float *dres_a_, *dres_b_, *dres2_, *dn_, *datty_, *dq_, *dk_, *dv_, *dh_, *dgate_, *dup_, *dlogits_;
 };

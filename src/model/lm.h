@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/backend.h"
@@ -50,6 +51,41 @@ class LanguageModel {
   // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
   // for a mean loss); the units' gradient buffers are accumulated (+=).
   virtual void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) = 0;
+};
+
+// The activations a model keeps for backward, allocated once on the device: the embedding output
+// (x0), then per block either everything (`carve` lays one block's Acts out from a float cursor) or,
+// with checkpointing, only its output (= the next block's input) plus one block's recompute scratch.
+template <class Acts>
+struct BlockActivations {
+  DeviceBuffer kept, scratch;
+  float* x0 = nullptr;
+  std::vector<Acts> blocks;  // .out always valid; the rest only without checkpointing
+  Acts recompute{};
+
+  template <class Carve>
+  void allocate(Device& dev, std::size_t row_floats, std::size_t n_blocks, std::size_t per_block, bool checkpointing, Carve carve) {
+    const std::size_t n = row_floats + (checkpointing ? n_blocks * row_floats : n_blocks * per_block);
+    kept = DeviceBuffer(dev, n * sizeof(float), "activations (" + std::to_string(n_blocks) + " blocks)");
+    float* p = kept.as<float>();
+    x0 = p;
+    p += row_floats;
+    for (std::size_t l = 0; l < n_blocks; ++l) {
+      if (checkpointing) {
+        Acts a{};
+        a.out = p;
+        p += row_floats;
+        blocks.push_back(a);
+      } else {
+        blocks.push_back(carve(p));
+      }
+    }
+    if (checkpointing) {
+      scratch = DeviceBuffer(dev, per_block * sizeof(float), "activation recompute scratch");
+      float* q = scratch.as<float>();
+      recompute = carve(q);
+    }
+  }
 };
 
 // The model of `s.family` for micro batches of B sequences; activations are allocated on `dev`.

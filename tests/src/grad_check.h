@@ -10,6 +10,9 @@
 #include <functional>
 #include <vector>
 
+#include "model/lm.h"
+#include "random_floats.h"
+
 namespace zinf::test {
 
 using VD = std::vector<double>;
@@ -84,6 +87,35 @@ inline void expect_close(const char* what, const VF& got, const VD& want, double
     if (std::fabs(got[i] - want[i]) > rel * std::fabs(want[i]) + 1e-5 && bad++ < 5)
       ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs " << want[i];
   EXPECT_EQ(bad, 0) << what;
+}
+
+// One forward and backward of `model` on random units (seeded from `seed`, scale `scale`) and the given
+// tokens; the loss must equal the double reference `ref_loss(units)` within 1e-5 relative and every
+// unit's gradient its finite differences (check_grad).
+inline void check_whole_model(LanguageModel& model, const ModelShape& s, int B, std::uint32_t seed, float scale,
+                              const std::vector<int>& tok, const std::vector<int>& tg,
+                              const std::function<double(const std::vector<VD>&)>& ref_loss) {
+  const int R = B * s.seq_len;
+  std::vector<VF> u, gr;
+  std::vector<const float*> w;
+  std::vector<float*> g;
+  std::vector<std::size_t> sizes;
+  for (const auto& lu : layer_units(s)) {
+    u.push_back(randf(static_cast<std::size_t>(lu.params), seed++, scale));
+    gr.emplace_back(static_cast<std::size_t>(lu.params), 0.0f);
+    sizes.push_back(static_cast<std::size_t>(lu.params));
+  }
+  for (std::size_t i = 0; i < u.size(); ++i) w.push_back(u[i].data()), g.push_back(gr[i].data());
+  ResidentUnits src(w, g, sizes);
+  const double loss = model.forward(src, tok.data(), tg.data());
+  model.backward(src, tok.data(), tg.data(), 1.0f / R);
+  std::vector<VD> ud;
+  for (const auto& v : u) ud.push_back(to_d(v));
+  EXPECT_NEAR(loss, ref_loss(ud), 1e-5 * std::fabs(loss));
+  for (std::size_t k = 0; k < ud.size(); ++k) {
+    SCOPED_TRACE("unit " + std::to_string(k));
+    check_grad("model grad", gr[k], ud[k], [&] { return ref_loss(ud); });
+  }
 }
 
 }  // namespace zinf::test

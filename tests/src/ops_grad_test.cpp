@@ -187,32 +187,11 @@ TEST(OpsGrad, WholeModelAgainstDoubleReference) {
     SCOPED_TRACE(ckpt ? "checkpointing" : "plain");
     CpuOps backend(par());
     GptModel model(s, B, ckpt, *dev, backend);
-    std::vector<VF> u;
-    std::vector<const float*> w;
-    std::vector<VF> gr;
-    std::vector<float*> g;
-    std::uint32_t seed = 100;
-    for (const auto& lu : layer_units(s)) {
-      u.push_back(randf(static_cast<std::size_t>(lu.params), seed++, 0.3f));
-      gr.emplace_back(static_cast<std::size_t>(lu.params), 0.0f);
-    }
-    for (std::size_t i = 0; i < u.size(); ++i) w.push_back(u[i].data()), g.push_back(gr[i].data());
     std::mt19937 rng(3);
     std::vector<int> tok(static_cast<std::size_t>(R)), tg(static_cast<std::size_t>(R));
     for (auto& t : tok) t = static_cast<int>(rng() % 16);
     for (auto& t : tg) t = static_cast<int>(rng() % 16);
-    std::vector<std::size_t> sizes;
-    for (const auto& v : u) sizes.push_back(v.size());
-    ResidentUnits src(w, g, sizes);
-    const double loss = model.forward(src, tok.data(), tg.data());
-    model.backward(src, tok.data(), tg.data(), 1.0f / R);
-    std::vector<VD> ud;
-    for (const auto& v : u) ud.push_back(to_d(v));
-    EXPECT_NEAR(loss, ref_model_loss(ud, s, B, tok, tg), 1e-5 * std::fabs(loss));
-    for (std::size_t k = 0; k < ud.size(); ++k) {
-      SCOPED_TRACE("unit " + std::to_string(k));
-      check_grad("model grad", gr[k], ud[k], [&] { return ref_model_loss(ud, s, B, tok, tg); });
-    }
+    check_whole_model(model, s, B, 100, 0.3f, tok, tg, [&](const std::vector<VD>& ud) { return ref_model_loss(ud, s, B, tok, tg); });
   }
 }
 

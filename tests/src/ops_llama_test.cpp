@@ -244,29 +244,9 @@ TEST(OpsLlama, WholeModelAgainstDoubleReference) {
     auto dev = make_cpu_device(64 << 20);
     CpuOps backend(par());
     LlamaModel model(s, B, k.ckpt, *dev, backend);
-    std::vector<VF> u, gr;
-    std::vector<const float*> w;
-    std::vector<float*> g;
-    std::uint32_t seed = 200;
-    for (const auto& lu : layer_units(s)) {
-      u.push_back(randf(static_cast<std::size_t>(lu.params), seed++, 0.4f));
-      gr.emplace_back(static_cast<std::size_t>(lu.params), 0.0f);
-    }
-    for (std::size_t i = 0; i < u.size(); ++i) w.push_back(u[i].data()), g.push_back(gr[i].data());
     std::vector<int> tok(static_cast<std::size_t>(R)), tg(static_cast<std::size_t>(R));
     for (int r = 0; r < R; ++r) tok[static_cast<std::size_t>(r)] = (r * 7 + 3) % 11, tg[static_cast<std::size_t>(r)] = (r * 5 + 1) % 11;
-    std::vector<std::size_t> sizes;
-    for (const auto& v : u) sizes.push_back(v.size());
-    ResidentUnits src(w, g, sizes);
-    const double loss = model.forward(src, tok.data(), tg.data());
-    model.backward(src, tok.data(), tg.data(), 1.0f / R);
-    std::vector<VD> ud;
-    for (const auto& v : u) ud.push_back(to_d(v));
-    EXPECT_NEAR(loss, ref_llama_loss(ud, s, B, tok, tg), 1e-5 * std::fabs(loss));
-    for (std::size_t i = 0; i < ud.size(); ++i) {
-      SCOPED_TRACE("unit " + std::to_string(i));
-      check_grad("model grad", gr[i], ud[i], [&] { return ref_llama_loss(ud, s, B, tok, tg); });
-    }
+    check_whole_model(model, s, B, 200, 0.4f, tok, tg, [&](const std::vector<VD>& ud) { return ref_llama_loss(ud, s, B, tok, tg); });
   }
 }
 

@@ -18,7 +18,13 @@
 # for all of them is the pass condition ("digests: one digest" in the results); and the same model's
 # per-step losses on the CPU device against the GPU's, within a relative 2e-2 (bf16 on both; the
 # devices round differently, so close, not bitwise).
+#
+# ZINF_GPU_CHECK_PARTS picks parts (default all): build tests bench digests losses — e.g. one call
+# with "build tests bench" and a second with "digests losses" (the build is reused), so that each
+# fits a 10-minute call on a lent machine.
 set -uo pipefail
+parts=" ${ZINF_GPU_CHECK_PARTS:-build tests bench digests losses} "
+want() { [[ "$parts" == *" $1 "* ]]; }
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out_dir="${OUT:-$root}"
 results="${1:-$out_dir/gpu-check-results.txt}"
@@ -66,19 +72,24 @@ if [ -z "$have_nccl" ]; then
   fi
 fi
 # Warnings stay warnings here: the lent machine's compiler may not be Debian 12's GCC.
-run build "$root/scripts/build.sh" "$root/build-gpu" -DZINF_CUDA=ON -DZINF_BUILD_BENCH=OFF -DZINF_WERROR=OFF "${cmake_extra[@]}"
+want build && run build "$root/scripts/build.sh" "$root/build-gpu" -DZINF_CUDA=ON -DZINF_BUILD_BENCH=OFF -DZINF_WERROR=OFF "${cmake_extra[@]}"
 run nvidia-smi nvidia-smi
+if want tests; then
 run info "$root/build-gpu/src/zinf" info
 run gpu-tests ctest --test-dir "$root/build-gpu" -L gpu --output-on-failure
 run gpu-train-tests "$root/build-gpu/tests/train_test" --gtest_filter='TrainGpu.*'
 run gpu-train-tests-repeat "$root/build-gpu/tests/train_test" --gtest_filter='TrainGpu.*' --gtest_repeat="${ZINF_GPU_REPEAT:-20}"
-run bench-pcie "$root/build-gpu/src/zinf" bench pcie --size 1G --reps 5 --json
+fi
 swap="${TMPDIR:-/tmp}/zinf-gpu-check"
 mkdir -p "$swap"
+if want bench; then
+run bench-pcie "$root/build-gpu/src/zinf" bench pcie --size 1G --reps 5 --json
 run train-optimizer-cpu "$root/build-gpu/src/zinf" bench step --json --steps 6 --config "$root/configs/gpu-check.json"
 run train-optimizer-nvme "$root/build-gpu/src/zinf" bench step --json --steps 6 --config "$root/configs/gpu-check.json" \
   --set zero_optimization.offload_optimizer.device=nvme --set "zero_optimization.offload_optimizer.nvme_path=\"$swap\""
+fi
 # One digest across placements, overlap modes and repeated runs. Nothing offloaded needs a larger budget.
+if want digests; then
 digests="$out_dir/gpu-digests.txt"
 : > "$digests"
 for opt in none cpu nvme; do
@@ -100,8 +111,10 @@ done
 n="$(sort -u "$digests" | grep -c .)"
 if [ "$n" = 1 ]; then log "== digests: one digest over $(wc -l < "$digests") runs: $(head -1 "$digests")"
 else log "== digests: FAILED, $n different digests over $(wc -l < "$digests") runs"; fi
+fi
 rm -rf "$swap"
 # The GPU against the CPU device at this scale: per-step losses from the metrics files.
+if want losses; then
 for dev in cuda cpu; do
   run "losses-$dev" "$root/build-gpu/src/zinf" train --config "$root/configs/gpu-check.json" --set train.steps=3 \
     --set device.type=$dev --set device.memory_budget=16GiB --set "train.metrics_file=\"$out_dir/gpu-check-losses-$dev.jsonl\""
@@ -116,4 +129,5 @@ worst = max(abs(a - b) / abs(b) for a, b in zip(g, c))
 print("per-step loss gpu", g, "cpu", c, "max rel diff %.3g (tolerance 2e-2)" % worst)
 sys.exit(0 if worst <= 2e-2 else 1)
 PY
+fi
 log "== done; results in $results"

@@ -79,6 +79,7 @@ PathProbe probe_path(const std::string& dir) {
     p.odirect_reason = p.io_uring_reason = std::string("cannot create a file: ") + std::strerror(errno);
     return p;
   }
+  p.writable = true;
   ::close(fd);
   struct statx sx {};
   if (::statx(AT_FDCWD, tmpl.c_str(), 0, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN))

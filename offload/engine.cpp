@@ -36,7 +36,6 @@ struct Engine::Impl {
   std::unique_ptr<ParamWindow> window;             // null without offload_param
   std::unique_ptr<GradientPath> grads;
   std::unique_ptr<UpdatePipeline> update;
-  std::int64_t micro = 0;
   bool backward = false;
 
   Impl(const EngineConfig& c, Device& d) : s(c, d) {}
@@ -143,15 +142,12 @@ Engine::~Engine() {
 
 // ---- the model's side -------------------------------------------------------------------------------
 
-void Engine::begin_micro_batch(std::int64_t micro) {
-  impl_->micro = micro;
-  impl_->grads->begin_micro_batch(micro);
-}
+void Engine::begin_micro_batch(std::int64_t micro) { impl_->grads->begin_micro_batch(micro); }
 void Engine::begin_forward() { impl_->backward = false; }
 void Engine::begin_backward() {
   Impl& m = *impl_;
   m.backward = true;
-  if (m.s.exact() && m.s.c.optimizer == OffloadDevice::nvme && m.micro == m.s.c.grad_accum - 1 && !m.update->started_early())
+  if (m.s.exact() && m.s.c.optimizer == OffloadDevice::nvme && m.grads->micro() == m.s.c.grad_accum - 1 && !m.update->started_early())
     m.update->start_early();
 }
 
@@ -159,7 +155,7 @@ const float* Engine::weights(std::size_t u) {
   Impl& m = *impl_;
   m.grads->check();
   m.update->check();
-  m.s.wait_landed(u, [&] { m.update->rethrow_failure(); });
+  m.s.wait_landed(u, [&] { m.update->drain(); });  // the drain rethrows the pipeline's error
   Unit& unit = m.s.units[u];
   if (!unit.windowed) return m.s.mixed ? unit.work.as<float>() : unit.param.as<float>();
   return m.window->acquire(u, m.backward);

@@ -27,6 +27,7 @@ class GradientPath {
   void allocate_shared(std::size_t max_unit);   // slots, landing buffers, staging (after every add)
 
   void begin_micro_batch(std::int64_t micro);
+  std::int64_t micro() const { return micro_; }
   float* grads(std::size_t u);       // zeroed at the first request of a micro batch
   void grads_done(std::size_t u);    // starts GradOut + Reduce of u
   void drain();                      // the barrier: every Reduce has finished; rethrows its error

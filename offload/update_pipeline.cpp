@@ -58,7 +58,6 @@ void UpdatePipeline::launch(const cpu_adam::AdamStep& st) {
 
 void UpdatePipeline::drain() { worker_->drain(); }
 void UpdatePipeline::check() { worker_->check(); }
-void UpdatePipeline::rethrow_failure() { worker_->drain(); }
 
 void UpdatePipeline::run(const std::shared_future<Decision>& d) {
   int k = 0;  // alternates the two upload slots

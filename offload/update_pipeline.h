@@ -34,7 +34,6 @@ class UpdatePipeline {
 
   void drain();  // waits for the pipeline in flight; rethrows its error
   void check();  // rethrows its error without waiting
-  void rethrow_failure();  // after update_failed: drains, which rethrows the pipeline's error
 
  private:
   void push(std::function<void()> job);  // a failure wakes everyone waiting for a landing

@@ -16,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zinf/config.h"
@@ -61,6 +62,6 @@ int write_token_file(const std::string& path, const std::vector<std::uint32_t>& 
 
 // SentencePiece: the model at `model_path` tokenizes `text` (no BOS/EOS added). Throws ConfigError
 // naming the file when it cannot be loaded.
-std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, const std::string& text, int* vocab = nullptr);
+std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, std::string_view text, int* vocab = nullptr);
 
 }  // namespace zinf

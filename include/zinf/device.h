@@ -21,7 +21,8 @@
 //
 // Busy time is measured where the work runs: between busy_begin and busy_end on a stream, the CPU
 // device counts its worker's own job time (waits for events and jitter excluded), the CUDA device
-// the time between events recorded at the two marks. take_busy returns and resets it.
+// the time between events recorded at the two marks. take_busy returns and resets it. On the
+// synchronous CPU device the model's ops are not stream work: its compute marks are ignored.
 //
 // Errors: an allocation over budget throws DeviceMemoryError naming the allocation and the budget
 // (never an OOM kill). An exception thrown by work on a stream is kept and rethrown by the next

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,7 +57,8 @@ std::vector<ModelTensor> gpt2_tensors(const ModelShape& s);
 void write_model_safetensors(const std::string& path, const std::vector<ModelTensor>& layout,
                              const std::vector<std::vector<float>>& units, StDtype dtype);
 // A safetensors file read lazily: the header at open, each tensor's bytes when asked for, so a model
-// larger than memory loads tensor by tensor. The header is validated as parse_safetensors does.
+// larger than memory loads tensor by tensor. The header is validated as parse_safetensors does; the
+// file stays open while the reader (or a copy) lives.
 class StReader {
  public:
   explicit StReader(const std::string& path);
@@ -64,7 +67,10 @@ class StReader {
   void read(const StTensor& t, float* dst, bool transposed) const;
 
  private:
+  // Reads exactly n bytes at offset `at`; `what` names them in the error.
+  void pread_all(void* dst, std::size_t n, std::uint64_t at, const std::string& what) const;
   std::string path_;
+  std::shared_ptr<const int> fd_;
   StFile f_;  // bytes stay empty
 };
 
@@ -74,6 +80,16 @@ void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const 
 // Fills unit u's fp32 parameters from a GPT-2 safetensors file (names may carry a "transformer."
 // prefix); throws naming the file and the missing or mismatched tensor.
 void load_gpt2_unit(const StFile& f, const std::string& source, const ModelShape& s, std::size_t u, float* dst);
+// Checks that a model file (or folder) `source` holds exactly `layout`'s tensors: shape_of(name) is the
+// shape of a tensor it holds (null when absent), `names` every tensor it holds (in layout names),
+// ignorable(name) passes a tensor the model has no place for but loaders accept (buffers, a tied head).
+// Throws ConfigError naming the tensors: a shape mismatch (with shape_hint), else tensors without a
+// place, else missing ones (with hint).
+void check_tensor_set(const std::string& source, const std::vector<ModelTensor>& layout,
+                      const std::function<const std::vector<std::int64_t>*(const std::string&)>& shape_of,
+                      const std::vector<std::string>& names, const std::function<bool(const std::string&)>& ignorable,
+                      const std::string& hint, const std::string& shape_hint);
+
 // Checks, before anything is loaded, that the file holds exactly the model's tensors: every one
 // present with its shape, and none the model has no place for (the causal-mask buffers and a tied
 // lm_head.weight that Hugging Face files carry are accepted). Throws ConfigError naming the file and

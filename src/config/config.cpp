@@ -57,17 +57,13 @@ struct Unresolved {
   std::vector<std::pair<std::string, std::string>> keys;  // JSON path, suggested value
 };
 
-// How a key treats the string "auto" (as Hugging Face's Trainer writes it).
+// How a key treats the string "auto" (as Hugging Face's Trainer writes it): the value zinf resolves
+// it to, or none — then it is reported with every other unresolved "auto" at the end of the parse.
 struct AutoRule {
-  std::optional<json> value;  // resolved value, if zinf can resolve it here
-  std::string reason;         // why not, otherwise
-  static AutoRule to(json v) { return {std::move(v), {}}; }
-  static AutoRule reject(std::string why) { return {std::nullopt, std::move(why)}; }
+  std::optional<json> value;
+  static AutoRule to(json v) { return {std::move(v)}; }
 };
-
-const AutoRule kNoAuto = AutoRule::reject(
-    "'auto' is filled in by the Hugging Face Trainer from its own arguments; zinf has none to take "
-    "it from, so give a value");
+const AutoRule kNoAuto{};
 
 class Section {
  public:
@@ -538,9 +534,7 @@ void read_scheduler(Section s, SchedulerConfig& c, double opt_lr, std::int64_t t
 }
 
 void read_fp16(Section s, Fp16Config& f) {
-  f.enabled = s.get_bool("enabled", false,
-                         AutoRule::reject("'auto' is filled in by the Hugging Face Trainer from its "
-                                          "--fp16 flag; write true or false"));
+  f.enabled = s.get_bool("enabled", false);
   if (const json* v = s.raw("loss_scale"); v && v->is_boolean())
     s.fail("loss_scale", "expected a number (0 = dynamic), got " + show(*v));
   f.loss_scale = s.get_num("loss_scale", 0.0, 0, 1e38);
@@ -556,9 +550,7 @@ void read_fp16(Section s, Fp16Config& f) {
 }
 
 void read_bf16(Section s, Bf16Config& b) {
-  b.enabled = s.get_bool("enabled", false,
-                         AutoRule::reject("'auto' is filled in by the Hugging Face Trainer from its "
-                                          "--bf16 flag; write true or false"));
+  b.enabled = s.get_bool("enabled", false);
   b.check_grad_overflow = s.get_bool("check_grad_overflow", true);
   s.note_if_present("immediate_grad_update", "ignored: zinf streams gradients out per bucket");
   s.only_default("bf16_master_weights_and_grads", false,

@@ -155,11 +155,15 @@ class CpuDevice final : public Device {
   }
   bool ops_stream_ordered() const override { return opts_.async; }
   JitterSpec jitter() const override { return opts_.jitter; }
+  // Without async mode the model's ops run on the caller's thread, not on the compute stream: marks
+  // there would only wake its worker, so they are not pushed (the caller measures that time).
   void busy_begin(StreamRole s) override {
+    if (s == StreamRole::compute && !opts_.async) return;
     Stream* st = &stream(s);
     st->worker.push([st] { ++st->depth; });
   }
   void busy_end(StreamRole s) override {
+    if (s == StreamRole::compute && !opts_.async) return;
     Stream* st = &stream(s);
     st->worker.push([st] { --st->depth; });
   }

@@ -60,9 +60,8 @@ GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, 
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer);
   acts_.allocate(dev, R * C, L, block_acts_floats(), ckpt_, [this](float*& p) { return carve(p); });
-  float* p = nullptr;
   head_buf_ = DeviceBuffer(dev, (R * C + 3 * R + R * V) * sizeof(float), "final LayerNorm and logits");
-  p = head_buf_.as<float>();
+  float* p = head_buf_.as<float>();
   lnf_ = p, p += R * C;
   lnf_mean_ = p, p += R;
   lnf_rstd_ = p, p += R;

@@ -187,48 +187,31 @@ HfModelReader::HfModelReader(const std::string& dir) : dir_(dir) {
   for (std::size_t i = 0; i < files_.size(); ++i)
     for (const auto& t : files_[i].header().tensors) {
       if (find(t.name)) throw ConfigError(dir + ": tensor " + t.name + " is in more than one file");
-      index_.push_back({t.name, Where{i, &t}});
+      index_.emplace(t.name, Where{i, &t});
     }
 }
 
 const HfModelReader::Where* HfModelReader::find(const std::string& name) const {
-  for (const auto& [n, w] : index_)
-    if (n == name) return &w;
-  return nullptr;
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &it->second;
 }
 
 void HfModelReader::check(const ModelShape& s) const {
-  std::set<std::string> expected;
-  std::vector<std::string> missing, extra;
-  for (const auto& t : llama_hf_tensors(s)) {
-    expected.insert(t.name);
-    const Where* w = find(t.name);
-    if (!w) {
-      missing.push_back(t.name);
-      continue;
-    }
-    if (w->tensor->shape != t.shape) {
-      std::string got, want;
-      for (auto d : w->tensor->shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
-      for (auto d : t.shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
-      throw ConfigError(dir_ + ": tensor " + t.name + " has shape [" + got + "], config.json's model needs [" + want + "]");
-    }
-  }
-  for (const auto& [n, w] : index_) {
-    const bool buffer = n.size() > 19 && n.compare(n.size() - 19, 19, "rotary_emb.inv_freq") == 0;
-    const bool tied_head = s.tie_embeddings && n == "lm_head.weight";  // some tied files store it anyway
-    if (!expected.count(n) && !buffer && !tied_head) extra.push_back(n);
-  }
-  auto list = [](const std::vector<std::string>& v) {
-    std::string r;
-    for (std::size_t i = 0; i < v.size() && i < 4; ++i) r += (i ? ", " : "") + v[i];
-    if (v.size() > 4) r += " (and " + std::to_string(v.size() - 4) + " more)";
-    return r;
+  std::vector<std::string> names;
+  for (const auto& [n, w] : index_) names.push_back(n);
+  std::sort(names.begin(), names.end());
+  auto shape_of = [&](const std::string& name) -> const std::vector<std::int64_t>* {
+    const Where* w = find(name);
+    return w ? &w->tensor->shape : nullptr;
   };
-  if (!missing.empty()) throw ConfigError(dir_ + ": " + std::to_string(missing.size()) + " tensor(s) the model needs are missing: " + list(missing));
-  if (!extra.empty())
-    throw ConfigError(dir_ + ": " + std::to_string(extra.size()) + " tensor(s) zinf's llama model has no place for: " + list(extra),
-                      "zinf trains the llama family without MLP or output-projection biases");
+  auto ignorable = [&](const std::string& n) {
+    const bool buffer = n.size() > 19 && n.compare(n.size() - 19, 19, "rotary_emb.inv_freq") == 0;
+    return buffer || (s.tie_embeddings && n == "lm_head.weight");  // some tied files store the head anyway
+  };
+  check_tensor_set(dir_, llama_hf_tensors(s), shape_of, names, ignorable,
+                   "the folder must hold the model its config.json describes; zinf trains the llama family without MLP or "
+                   "output-projection biases",
+                   "the folder's tensors must have the shapes its config.json describes");
 }
 
 void HfModelReader::load_unit(const ModelShape& s, std::size_t u, float* dst) const {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "zinf/model.h"
@@ -44,7 +45,7 @@ class HfModelReader {
   const Where* find(const std::string& name) const;
   std::string dir_;
   std::vector<StReader> files_;
-  std::vector<std::pair<std::string, Where>> index_;
+  std::unordered_map<std::string, Where> index_;
 };
 
 // Writes a folder Hugging Face loaders open: config.json, and the tensors in `dtype`, in shards of at

@@ -84,9 +84,8 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_), V = static_cast<std::size_t>(s.vocab_size),
                     L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_);
   acts_.allocate(dev, R * C, L, acts_floats(), ckpt_, [this](float*& p) { return carve(p); });
-  float* p = nullptr;
   head_buf_ = DeviceBuffer(dev, (R * C + 2 * R + R * V) * sizeof(float), "final norm and logits");
-  p = head_buf_.as<float>();
+  float* p = head_buf_.as<float>();
   lnf_ = p, p += R * C;
   lnf_rstd_ = p, p += R;
   losses_ = p, p += R;

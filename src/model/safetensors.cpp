@@ -239,37 +239,41 @@ void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const 
 StReader::StReader(const std::string& path) : path_(path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw ConfigError(path + ": is a directory; a .safetensors file is expected");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  fd_ = std::shared_ptr<const int>(new int(fd), [](const int* p) {
+    ::close(*p);
+    delete p;
+  });
   const auto size = std::filesystem::file_size(path, ec);
+  if (ec || size < 8) bad(path, "shorter than the 8-byte header length");
   char len[8];
-  if (ec || !in.read(len, 8)) bad(path, "shorter than the 8-byte header length");
+  pread_all(len, 8, 0, "the header length");
   const std::uint64_t n = header_length(len);
   if (n > size - 8) bad(path, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size) + " bytes)");
   if (n > (100u << 20)) bad(path, "header length " + std::to_string(n) + " is unreasonably large");
   std::string header(n, '\0');
-  if (!in.read(header.data(), static_cast<std::streamsize>(n))) bad(path, "cannot read the header");
+  pread_all(header.data(), n, 8, "the header");
   f_ = parse_safetensors_header(header, size - 8 - n, path);
 }
 
-void StReader::read(const StTensor& t, float* dst, bool transposed) const {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError(path_ + ": cannot open: " + std::strerror(errno), errno);
-  const std::size_t bytes = static_cast<std::size_t>(t.end - t.begin), count = bytes / dtype_size(t.dtype);
-  std::vector<char> raw(bytes);
+void StReader::pread_all(void* dst, std::size_t n, std::uint64_t at, const std::string& what) const {
   std::size_t got = 0;
-  while (got < bytes) {
-    const ssize_t r = ::pread(fd, raw.data() + got, bytes - got, static_cast<off_t>(f_.data_start + t.begin + got));
+  while (got < n) {
+    const ssize_t r = ::pread(*fd_, static_cast<char*>(dst) + got, n - got, static_cast<off_t>(at + got));
     if (r <= 0) {
       const int e = r < 0 ? errno : EIO;
-      ::close(fd);
-      throw IoError(path_ + ": reading tensor " + t.name + " at offset " + std::to_string(f_.data_start + t.begin + got) + ": " +
+      throw IoError(path_ + ": reading " + what + " at offset " + std::to_string(at + got) + ": " +
                         (r < 0 ? std::strerror(e) : "unexpected end of file"),
                     e);
     }
     got += static_cast<std::size_t>(r);
   }
-  ::close(fd);
+}
+
+void StReader::read(const StTensor& t, float* dst, bool transposed) const {
+  const std::size_t bytes = static_cast<std::size_t>(t.end - t.begin), count = bytes / dtype_size(t.dtype);
+  const std::uint64_t at = f_.data_start + t.begin;
   std::vector<float> flat;
   float* out = dst;
   if (transposed) {
@@ -277,10 +281,10 @@ void StReader::read(const StTensor& t, float* dst, bool transposed) const {
     out = flat.data();
   }
   if (t.dtype == StDtype::f32) {
-    std::memcpy(out, raw.data(), bytes);
+    pread_all(out, bytes, at, "tensor " + t.name);
   } else {
     std::vector<std::uint16_t> half(count);
-    std::memcpy(half.data(), raw.data(), bytes);
+    pread_all(half.data(), bytes, at, "tensor " + t.name);
     if (t.dtype == StDtype::f16) cpu_adam::fp16_to_fp32(half.data(), out, count); else cpu_adam::bf16_to_fp32(half.data(), out, count);
   }
   if (transposed) {  // the file's [rows, cols] as the unit's [cols, rows]
@@ -327,49 +331,58 @@ void load_gpt2_unit(const StFile& f, const std::string& source, const ModelShape
   }
 }
 
-void check_gpt2_tensor_set(const StFile& f, const std::string& source, const ModelShape& s) {
+void check_tensor_set(const std::string& source, const std::vector<ModelTensor>& layout,
+                      const std::function<const std::vector<std::int64_t>*(const std::string&)>& shape_of,
+                      const std::vector<std::string>& names, const std::function<bool(const std::string&)>& ignorable,
+                      const std::string& hint, const std::string& shape_hint) {
   std::set<std::string> expected;
-  std::vector<std::string> missing;
-  for (const auto& t : gpt2_tensors(s)) {
+  std::vector<std::string> missing, extra;
+  for (const auto& t : layout) {
     expected.insert(t.name);
-    const StTensor* x = f.find(t.name);
-    if (!x) x = f.find("transformer." + t.name);
-    if (!x) {
+    const std::vector<std::int64_t>* got = shape_of(t.name);
+    if (!got)
       missing.push_back(t.name);
-    } else if (x->shape != t.shape) {
-      throw ConfigError(shape_mismatch(source, t.name, x->shape, t.shape),
-                        "model.init_from must hold a model of the configured shape (model.d_model, vocab_size, seq_len)");
-    }
+    else if (*got != t.shape)
+      throw ConfigError(shape_mismatch(source, t.name, *got, t.shape), shape_hint);
   }
-  auto ignorable = [](const std::string& n) {  // buffers, and the LM head GPT-2 ties to wte
-    auto ends = [&](const char* sfx) { return n.size() >= std::strlen(sfx) && n.compare(n.size() - std::strlen(sfx), std::string::npos, sfx) == 0; };
-    return ends(".attn.bias") || ends(".attn.masked_bias") || n == "lm_head.weight";
-  };
-  std::vector<std::string> extra;
-  for (const auto& t : f.tensors) {
-    std::string n = t.name.rfind("transformer.", 0) == 0 ? t.name.substr(12) : t.name;
-    if (!expected.count(n) && !ignorable(n)) extra.push_back(t.name);
-  }
+  for (const auto& n : names)
+    if (!expected.count(n) && !ignorable(n)) extra.push_back(n);
   auto list = [](const std::vector<std::string>& v) {
     std::string r;
     for (std::size_t i = 0; i < v.size() && i < 4; ++i) r += (i ? ", " : "") + v[i];
     if (v.size() > 4) r += " (and " + std::to_string(v.size() - 4) + " more)";
     return r;
   };
-  if (missing.empty() && extra.empty()) return;
+  if (!extra.empty())
+    throw ConfigError(source + ": " + std::to_string(extra.size()) + " tensor(s) the model has no place for: " + list(extra), hint);
+  if (!missing.empty())
+    throw ConfigError(source + ": " + std::to_string(missing.size()) + " tensor(s) the model needs are missing: " + list(missing), hint);
+}
+
+void check_gpt2_tensor_set(const StFile& f, const std::string& source, const ModelShape& s) {
+  auto strip = [](const std::string& n) { return n.rfind("transformer.", 0) == 0 ? n.substr(12) : n; };
+  std::vector<std::string> names;
   int layers = 0;  // the file's block count, for the hint
   for (const auto& t : f.tensors) {
+    names.push_back(strip(t.name));
     int l = -1;
-    if (std::sscanf(t.name.c_str(), "h.%d.", &l) == 1 || std::sscanf(t.name.c_str(), "transformer.h.%d.", &l) == 1)
-      layers = std::max(layers, l + 1);
+    if (std::sscanf(names.back().c_str(), "h.%d.", &l) == 1) layers = std::max(layers, l + 1);
   }
+  auto shape_of = [&](const std::string& name) -> const std::vector<std::int64_t>* {
+    const StTensor* x = f.find(name);
+    if (!x) x = f.find("transformer." + name);
+    return x ? &x->shape : nullptr;
+  };
+  auto ignorable = [](const std::string& n) {  // buffers, and the LM head GPT-2 ties to wte
+    auto ends = [&](const char* sfx) { return n.size() >= std::strlen(sfx) && n.compare(n.size() - std::strlen(sfx), std::string::npos, sfx) == 0; };
+    return ends(".attn.bias") || ends(".attn.masked_bias") || n == "lm_head.weight";
+  };
   const std::string hint = layers && layers != s.n_layer
                                ? "the file holds " + std::to_string(layers) + " blocks and the model has " + std::to_string(s.n_layer) +
                                      ": set model.n_layer to " + std::to_string(layers)
                                : "model.init_from must hold a GPT-2 model of the configured shape";
-  if (!extra.empty())
-    throw ConfigError(source + ": " + std::to_string(extra.size()) + " tensor(s) the model has no place for: " + list(extra), hint);
-  throw ConfigError(source + ": " + std::to_string(missing.size()) + " tensor(s) the model needs are missing: " + list(missing), hint);
+  check_tensor_set(source, gpt2_tensors(s), shape_of, names, ignorable, hint,
+                   "model.init_from must hold a model of the configured shape (model.d_model, vocab_size, seq_len)");
 }
 
 }  // namespace zinf

@@ -1,7 +1,6 @@
 // plan.cpp — `zinf plan` arithmetic joined to the machine (plan.h).
 #include "plan/plan.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -90,16 +89,6 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
                       probe_dir + ")");
   }
   nvme::PathProbe probe = nvme::probe_path(probe_dir);
-  bool writable = false;  // a scratch file, not access(): root passes access() on read-only mounts
-  if (probe.exists) {
-    const std::string scratch = probe_dir + "/.zinf-plan-" + std::to_string(::getpid());
-    const int fd = ::open(scratch.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      writable = true;
-      ::close(fd);
-      ::unlink(scratch.c_str());
-    }
-  }
   if (probe.exists) {
     r.capacity.nvme = probe.free_bytes;
     r.capacity.nvme_known = true;
@@ -118,7 +107,7 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
     }
   }
   r.verdict = offload::judge(r.plan, r.capacity);
-  if (!nvme_path.empty() && !writable) {
+  if (!nvme_path.empty() && !probe.writable) {
     r.verdict.fits = false;
     r.verdict.limiting = "nvme";
     r.verdict.problems.insert(r.verdict.problems.begin(), "nvme: " + probe_dir + " is not a directory this user can write to");

@@ -120,10 +120,9 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
   }
   // Text through a SentencePiece model: the tokens replace the bytes.
   if (!cfg.tokenizer.empty() && d.width_ == 1) {
-    const std::string text(reinterpret_cast<const char*>(d.base_), d.n_);
     auto ids = std::make_shared<std::vector<std::uint32_t>>();
-    int vocab = 0;
-    *ids = sentencepiece_encode(cfg.tokenizer, text, &vocab);
+    int vocab = 0;  // the text is read where it lies (the mapping, or the default text's buffer)
+    *ids = sentencepiece_encode(cfg.tokenizer, std::string_view(reinterpret_cast<const char*>(d.base_), d.n_), &vocab);
     if (vocab > vocab_size)
       throw ConfigError(cfg.tokenizer + ": the tokenizer has " + std::to_string(vocab) + " pieces, more than model.vocab_size " +
                             std::to_string(vocab_size),

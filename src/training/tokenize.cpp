@@ -12,7 +12,7 @@
 
 namespace zinf {
 
-std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, const std::string& text, int* vocab) {
+std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, std::string_view text, int* vocab) {
   sentencepiece::SentencePieceProcessor sp;
   const auto st = sp.Load(model_path);
   if (!st.ok()) throw ConfigError(model_path + ": cannot load the SentencePiece model: " + st.ToString());

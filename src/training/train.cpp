@@ -18,7 +18,6 @@
 
 #include "config/engine_config.h"
 #include "model/cuda/cuda_ops.h"
-#include "model/gpt.h"
 #include "model/hf.h"
 #include "model/lm.h"
 #include "model/ops_stream.h"

@@ -16,6 +16,7 @@ struct PathProbe {
   std::uint64_t free_bytes = 0;   // available to this user
   std::uint64_t total_bytes = 0;
   std::uint32_t dio_align = 0;    // O_DIRECT memory/offset alignment from statx (0 if unknown)
+  bool writable = false;          // a scratch file could be created (not access(): root passes it on read-only mounts)
   bool odirect = false;           // an aligned O_DIRECT write+read round-trip succeeded
   std::string odirect_reason;     // why not, when false
   bool io_uring = false;          // a ring was set up and completed a read

@@ -127,7 +127,7 @@ SumSquares sum_squares_blocked(const void* grad, GradType t, std::size_t n) {
   return {sum, std::isfinite(sum)};
 }
 
-SumSquares sum_squares(HostThreads& pool, const void* grad, GradType t, std::size_t n) {
+std::vector<double> sum_squares_parts(HostThreads& pool, const void* grad, GradType t, std::size_t n) {
   const std::size_t blocks = (n + kNormBlock - 1) / kNormBlock;
   std::vector<double> part(blocks);
   const SimdLevel level = active_simd();
@@ -137,8 +137,12 @@ SumSquares sum_squares(HostThreads& pool, const void* grad, GradType t, std::siz
       part[blk] = sum_squares(grad_at(grad, t, off), t, std::min(kNormBlock, n - off), level).sum;
     }
   });
+  return part;
+}
+
+SumSquares sum_squares(HostThreads& pool, const void* grad, GradType t, std::size_t n) {
   double sum = 0;
-  for (double p : part) sum += p;  // fixed block order: independent of the thread count
+  for (double p : sum_squares_parts(pool, grad, t, n)) sum += p;  // fixed block order: independent of the thread count
   return {sum, std::isfinite(sum)};
 }
 

@@ -32,8 +32,8 @@ struct Engine::Impl {
   EngineState s;
   UploadSlots uploads;
   std::unique_ptr<OptimizerStates> states;
-  std::unique_ptr<ParamHome> resident, offloaded;  // offloaded: null without offload_param
-  std::unique_ptr<ParamWindow> window;             // null without offload_param
+  std::unique_ptr<ParamHome> resident, offloaded;  // offloaded: the windowed units' home (null without windows)
+  std::unique_ptr<ParamWindow> window;             // null without windowed units
   std::unique_ptr<GradientPath> grads;
   std::unique_ptr<UpdatePipeline> update;
   bool backward = false;
@@ -57,6 +57,9 @@ PlanInput Engine::plan_input(const EngineConfig& c) {
   in.optimizer_buffer_count = c.overlap == Overlap::exact ? c.optimizer_buffer_count : 1;
   in.prefetch_depth = c.prefetch_depth;
   in.fp32_work = true;  // the CPU device
+  in.world = c.comm ? c.comm->size() : 1;
+  in.rank = c.comm ? c.comm->rank() : 0;
+  in.stage = c.stage;
   return in;
 }
 
@@ -69,10 +72,22 @@ std::size_t Engine::pinned_bytes(const EngineConfig& c) { return make_plan(plan_
 
 Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   ZINF_CHECK(!cfg.units.empty() && cfg.persistent.size() == cfg.units.size());
+  ZINF_CHECK(cfg.stage >= 0 && cfg.stage <= 3);
   impl_ = std::make_unique<Impl>(cfg, dev);
   Impl& m = *impl_;
   EngineState& s = m.s;
   const EngineConfig& c = s.c;
+  if (s.parallel()) {  // one communicator per thread that runs collectives, in this order on every rank
+    Comm& hc = *c.comm;
+    Comm& dc = c.device_comm ? *c.device_comm : *c.comm;
+    s.front_comm = hc.dup();
+    s.reduce_comm = hc.dup();
+    s.reduce_dcomm = dc.dup();
+    s.update_comm = hc.dup();
+    s.update_dcomm = dc.dup();
+    s.fetch_comm = hc.dup();
+    s.fetch_dcomm = dc.dup();
+  }
   s.kern = cfg.kernels ? cfg.kernels(dev, s.threads) : host_kernels(dev, s.threads);
   const Plan plan = make_plan(plan_input(c));
   const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];
@@ -83,14 +98,18 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   s.pinned = std::make_unique<PinnedPool>(plan.pinned_pool, c.pin_memory);
   if (s.pinned->capacity()) dev.register_host(s.pinned->slab().iov_base, s.pinned->capacity());  // CUDA: one copy, no bounce
 
+  const bool windows = s.param_offloaded || s.shard_params;  // some units visit a window slot
   std::size_t max_unit = 0, max_windowed = 0, max_grad_windowed = 0;
   for (std::size_t u = 0; u < c.units.size(); ++u) {
     max_unit = std::max(max_unit, c.units[u]);
-    if (s.param_offloaded && !c.persistent[u]) max_windowed = std::max(max_windowed, c.units[u]);
+    if (windows && !c.persistent[u]) max_windowed = std::max(max_windowed, c.units[u]);
     if (!c.persistent[u]) max_grad_windowed = std::max(max_grad_windowed, c.units[u]);
   }
   s.bucket = std::min(round_up(std::max<std::size_t>(c.reduce_bucket_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
   s.sub_group = std::min(round_up(std::max<std::size_t>(c.sub_group_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
+  for (auto n : c.units)  // the receive scratch: every rank's contribution to this rank's part of a bucket
+    s.comm_scratch = std::max<std::size_t>(s.comm_scratch, std::min<std::size_t>(s.bucket, shard_of(n, s.world, s.rank).len()));
+  s.comm_scratch *= static_cast<std::size_t>(s.world);
 
   m.states = make_optimizer_states(s);
   if (s.optimizer_offloaded || c.param == OffloadDevice::nvme)
@@ -105,10 +124,15 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   for (std::size_t ui = 0; ui < c.units.size(); ++ui) {
     Unit u;
     u.n = c.units[ui];
-    u.windowed = s.param_offloaded && !c.persistent[ui];
+    u.windowed = windows && !c.persistent[ui];
     u.grad_windowed = s.optimizer_offloaded && !c.persistent[ui];  // off the device, gradients only pass through
-    for (std::size_t o = 0; o < u.n; o += s.sub_group) u.chunks.push_back(o);
-    if (u.chunks.empty()) u.chunks.push_back(0);
+    for (int r = 0; r < s.world; ++r) u.bounds.push_back(shard_of(u.n, s.world, r).lo);
+    u.bounds.push_back(u.n);
+    const Shard mine = shard_of(u.n, s.world, s.rank);
+    u.s_lo = s.shard_states ? mine.lo : 0, u.s_hi = s.shard_states ? mine.hi : u.n;
+    u.g_lo = s.shard_grads ? mine.lo : 0, u.g_hi = s.shard_grads ? mine.hi : u.n;
+    u.p_lo = s.shard_params && u.windowed ? mine.lo : 0, u.p_hi = s.shard_params && u.windowed ? mine.hi : u.n;
+    for (std::size_t o = u.s_lo; o < u.s_hi; o += s.sub_group) u.chunks.push_back(o);
     const std::string name = "unit " + std::to_string(ui);
     init(ui, master.data());
     m.states->add(u, name, master.data());
@@ -116,8 +140,9 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     m.grads->add(u, name);
     s.units.push_back(std::move(u));
   }
-  if (s.param_offloaded) m.window = std::make_unique<ParamWindow>(s, *m.offloaded, max_windowed);
+  if (windows) m.window = std::make_unique<ParamWindow>(s, *m.offloaded, max_windowed);
   m.grads->allocate_shared(max_grad_windowed);
+  m.grads->allocate_comm_scratch();
   m.update = std::make_unique<UpdatePipeline>(s, *m.states, *m.resident, m.offloaded.get(), *m.grads);
 }
 
@@ -181,10 +206,39 @@ StepOutcome Engine::step(const StepOptions& o) {
   const auto t0 = Clock::now();
   double sumsq = 0;
   bool finite = true;
-  for (auto& u : m.s.units) {  // units in order, 64 Ki blocks in order: the same sum on every placement
-    const auto part = m.grads->sum_squares(u);
-    sumsq += part.sum;
-    finite = finite && part.finite;
+  if (!m.s.shard_grads) {
+    for (auto& u : m.s.units) {  // units in order, 64 Ki blocks in order: the same sum on every placement
+      const auto part = m.grads->sum_squares(u);
+      sumsq += part.sum;
+      finite = finite && part.finite;
+    }
+  } else {
+    // Each rank holds the reduced gradient of its shards only: their block sums are gathered and
+    // added per unit in block order (shards start on block boundaries), then units in order, which
+    // is the one-rank sum exactly.
+    std::vector<double> mine;
+    std::vector<std::size_t> counts(static_cast<std::size_t>(m.s.world), 0);
+    auto blocks = [](std::size_t a, std::size_t b) { return (b - a + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock; };
+    for (auto& u : m.s.units) {
+      const auto p = m.grads->block_sums(u);
+      mine.insert(mine.end(), p.begin(), p.end());
+      for (std::size_t r = 0; r < counts.size(); ++r) counts[r] += blocks(u.bounds[r], u.bounds[r + 1]);
+    }
+    std::vector<double> all;
+    for (auto c : counts) all.resize(all.size() + c);
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(m.s.rank); ++r) at += counts[r];
+    std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(at));
+    m.s.front_comm->allgatherv(all.data(), counts, sizeof(double));
+    std::vector<std::size_t> next(counts.size(), 0);  // each rank's read position, rank-major
+    for (std::size_t r = 1; r < counts.size(); ++r) next[r] = next[r - 1] + counts[r - 1];
+    for (auto& u : m.s.units) {
+      double part = 0;
+      for (std::size_t r = 0; r < counts.size(); ++r)
+        for (std::size_t k = blocks(u.bounds[r], u.bounds[r + 1]); k > 0; --k) part += all[next[r]++];
+      sumsq += part;
+      finite = finite && std::isfinite(part);
+    }
   }
   m.s.add_time(&BusyTimes::host, since(t0));
   StepOutcome out;
@@ -218,14 +272,17 @@ void Engine::synchronize() {
 
 // ---- checkpoints ----------------------------------------------------------------------------------
 
-void Engine::read_master(std::size_t u, float* dst) {
-  synchronize();
-  impl_->states->read(impl_->s.units[u], dst, nullptr, nullptr);
-}
+void Engine::read_master(std::size_t u, float* dst) { read_states(u, dst, nullptr, nullptr); }
 
-void Engine::read_states(std::size_t u, float* master, float* m, float* v) {
+void Engine::read_states(std::size_t ui, float* master, float* m, float* v) {
   synchronize();
-  impl_->states->read(impl_->s.units[u], master, m, v);
+  Impl& e = *impl_;
+  Unit& u = e.s.units[ui];
+  e.states->read(u, master, m, v);
+  if (!e.s.shard_states) return;
+  const auto counts = u.counts_in(0, u.n);  // every rank's shard, gathered into the whole unit
+  for (float* p : {master, m, v})
+    if (p) e.s.front_comm->allgatherv(p, counts, 4);
 }
 
 void Engine::write_states(std::size_t ui, const float* master, const float* m, const float* v) {

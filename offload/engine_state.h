@@ -30,6 +30,7 @@
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/cpu_adam/host_threads.h"
 #include "zinf/device.h"
+#include "zinf/comm.h"
 #include "zinf/error.h"
 #include "zinf/nvme/store.h"
 #include "zinf/offload/device_kernels.h"
@@ -56,12 +57,28 @@ inline HostMem host_alloc(std::size_t bytes) {
 }
 
 // A layer unit: a flat range of `n` parameters, split into sub-groups for the Update.
+//
+// Data parallelism: this rank keeps the optimizer states of [s_lo, s_hi), the reduced gradient of
+// [g_lo, g_hi) and, in its home, the compute copy of [p_lo, p_hi) — each either its shard (by the
+// ZeRO stage, see shard_of) or the whole unit. Offsets stay global everywhere (sub-group starts,
+// bucket offsets); a buffer holding a range is indexed from its start.
 struct Unit {
   std::size_t n = 0;
   bool windowed = false;       // its compute copy lives off the device and visits a window slot
   bool grad_windowed = false;  // its gradient passes through a device gradient slot
-  std::vector<std::size_t> chunks;  // sub-group starts (elements)
-  std::size_t chunk_len(std::size_t ci) const { return (ci + 1 < chunks.size() ? chunks[ci + 1] : n) - chunks[ci]; }
+  std::size_t s_lo = 0, s_hi = 0, g_lo = 0, g_hi = 0, p_lo = 0, p_hi = 0;
+  std::vector<std::size_t> bounds;  // shard boundaries of every rank: rank r owns [bounds[r], bounds[r+1])
+  std::vector<std::size_t> chunks;  // sub-group starts (elements, within [s_lo, s_hi))
+  std::size_t chunk_len(std::size_t ci) const { return (ci + 1 < chunks.size() ? chunks[ci + 1] : s_hi) - chunks[ci]; }
+  // Elements of [o, o+len) in each rank's shard.
+  std::vector<std::size_t> counts_in(std::size_t o, std::size_t len) const {
+    std::vector<std::size_t> c(bounds.size() - 1);
+    for (std::size_t r = 0; r + 1 < bounds.size(); ++r) {
+      const std::size_t a = std::max(o, bounds[r]), b = std::min(o + len, bounds[r + 1]);
+      c[r] = b > a ? b - a : 0;
+    }
+    return c;
+  }
 
   // The compute copy (param_homes.cpp): resident on the device (param16, or fp32 in fp32 runs) with
   // fp32 working weights for 16-bit runs; or its home in pinned memory or on NVMe.
@@ -93,7 +110,15 @@ struct EngineState {
   const std::size_t compute_bytes;  // bytes per element of the compute copy
   const cpu_adam::HalfType half;
   const bool optimizer_offloaded, param_offloaded;
+  const int world, rank;
+  // With more than one rank, by the ZeRO stage: which states this rank keeps only its shard of.
+  const bool shard_states, shard_grads, shard_params;
   std::size_t bucket = 0, sub_group = 0;  // effective sizes, elements
+  // Communicators (null with one rank), one per thread that runs collectives, made in this order on
+  // every rank: the trainer's thread (norm parts, checkpoints), the Reduce worker, the Update worker,
+  // and the h2d stream (stage 3 Fetch); the `d` ones for device memory.
+  std::unique_ptr<Comm> front_comm, reduce_comm, reduce_dcomm, update_comm, update_dcomm, fetch_comm, fetch_dcomm;
+  std::size_t comm_scratch = 0;  // elements of one rank's receive scratch (world × a bucket's shard part)
   cpu_adam::HostThreads threads;
   std::unique_ptr<DeviceKernels> kern;  // the engine's own work on device memory
   std::unique_ptr<PinnedPool> pinned;   // declared before every holder of a PinnedBuffer
@@ -115,9 +140,27 @@ struct EngineState {
         half(cfg.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
         optimizer_offloaded(cfg.optimizer != OffloadDevice::none),
         param_offloaded(cfg.param != OffloadDevice::none),
+        world(cfg.comm ? cfg.comm->size() : 1),
+        rank(cfg.comm ? cfg.comm->rank() : 0),
+        shard_states(world > 1 && cfg.stage >= 1),
+        shard_grads(world > 1 && cfg.stage >= 2),
+        shard_params(world > 1 && cfg.stage >= 3),
         threads(cfg.host_threads, cfg.pin_threads) {}
 
   bool exact() const { return c.overlap == Overlap::exact; }
+  bool parallel() const { return world > 1; }
+
+  // A collective on device memory of stream r: a stream-ordered transport (NCCL) enqueues behind the
+  // stream's work; a host one (MPI on the CPU device's memory) runs once the stream has drained.
+  template <class F>
+  void device_collective(Comm& comm, StreamRole r, F f) {
+    if (comm.stream_ordered()) {
+      f(dev.native_stream(r));
+    } else {
+      dev.synchronize(r);
+      f(nullptr);
+    }
+  }
   void add_time(double BusyTimes::*field, double s) {
     std::lock_guard<std::mutex> lk(times_mu);
     times.*field += s;

@@ -8,13 +8,14 @@ GradientPath::GradientPath(EngineState& s) : s_(s), jitter_(s.dev.jitter(), 11) 
 }
 
 void GradientPath::add(Unit& u, const std::string& name) {
+  const std::size_t kept = u.g_hi - u.g_lo;  // the reduced gradient this rank keeps for its Update
   if (!s_.optimizer_offloaded) {
     u.grad = DeviceBuffer(s_.dev, u.n * 4, name + " grad");
     if (s_.mixed) u.grad16 = DeviceBuffer(s_.dev, u.n * 2, name + " grad16");
-    if (s_.c.grad_accum > 1) u.grad_sum = DeviceBuffer(s_.dev, u.n * 4, name + " grad32");
+    if (fp32_sum()) u.grad_sum = DeviceBuffer(s_.dev, kept * 4, name + " grad32");
   } else {
     if (!u.grad_windowed) u.grad = DeviceBuffer(s_.dev, u.n * 4, name + " grad");
-    u.host_grad = host_alloc(u.n * host_grad_bytes());
+    u.host_grad = host_alloc(kept * host_grad_bytes());
   }
 }
 
@@ -28,7 +29,54 @@ void GradientPath::allocate_shared(std::size_t max_unit) {
   }
   for (int i = 0; i < 2; ++i) landing_.push_back(s_.pinned->acquire(s_.bucket * s_.compute_bytes));
   gradout_stage_ = DeviceBuffer(s_.dev, s_.bucket * s_.compute_bytes, "grad out staging");
-  if (s_.c.grad_accum > 1) reduce_scratch_ = host_alloc(s_.bucket * 4);
+  if (fp32_sum()) reduce_scratch_ = host_alloc(s_.bucket * 4);
+}
+
+void GradientPath::allocate_comm_scratch() {
+  if (!s_.parallel()) return;
+  if (s_.optimizer_offloaded)
+    host_recv_ = host_alloc(s_.comm_scratch * 4);
+  else
+    device_recv_ = DeviceBuffer(s_.dev, s_.comm_scratch * 4, "gradient receive scratch");
+}
+
+// The reduction of one bucket [o, o+len) of unit u across ranks, in place in `g` (the bucket's fp32
+// contributions of this rank): each rank's part of the bucket goes to the rank that owns it
+// (all-to-all), which sums the contributions in rank order; without partitioned gradients the sums
+// are then all-gathered, so every rank holds the whole reduced bucket.
+void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device) {
+  const auto counts = u.counts_in(o, len);
+  const std::size_t mine = counts[static_cast<std::size_t>(s_.rank)];
+  const std::vector<std::size_t> recv_counts(counts.size(), mine);
+  const std::size_t first = std::max(o, u.bounds[static_cast<std::size_t>(s_.rank)]) - o;  // my part within the bucket
+  const auto W = static_cast<std::size_t>(s_.world);
+  const StreamRole r = StreamRole::d2h;
+  if (on_device) {
+    Comm& c = *s_.reduce_dcomm;
+    float* recv = device_recv_.as<float>();
+    s_.device_collective(c, r, [&](void* st) { c.alltoallv(g, counts, recv, recv_counts, 4, st); });
+    if (mine) {
+      BusyScope busy(s_.dev, r);
+      s_.kern->copy(g + first, recv, mine * 4, r);
+      for (std::size_t k = 1; k < W; ++k) s_.kern->add(g + first, recv + k * mine, mine, r);
+    }
+    if (!s_.shard_grads) s_.device_collective(c, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
+    return;
+  }
+  Comm& c = *s_.reduce_comm;
+  float* recv = reinterpret_cast<float*>(host_recv_.get());
+  c.alltoallv(g, counts, recv, recv_counts, 4);
+  if (mine) {
+    float* dst = g + first;
+    s_.threads.parallel_for(mine, 1 << 16, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) {
+        float acc = recv[i];
+        for (std::size_t k = 1; k < W; ++k) acc += recv[k * mine + i];  // rank order
+        dst[i] = acc;
+      }
+    });
+  }
+  if (!s_.shard_grads) c.allgatherv(g, counts, 4);
 }
 
 void GradientPath::begin_micro_batch(std::int64_t micro) {
@@ -114,12 +162,16 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
       BusyScope busy(s_.dev, r);
       if (s_.mixed) {
         s_.kern->to_half(u.grad.as<float>(), u.grad16.as<void>(), u.n, s_.half, r);
-        if (s_.c.grad_accum > 1) s_.kern->from_half(u.grad16.as<void>(), u.grad.as<float>(), u.n, s_.half, r);
+        if (fp32_sum()) s_.kern->from_half(u.grad16.as<void>(), u.grad.as<float>(), u.n, s_.half, r);
       }
-      if (s_.c.grad_accum > 1) {
-        if (mb == 0) s_.kern->copy(u.grad_sum.as<float>(), u.grad.as<float>(), u.n * 4, r);
-        else s_.kern->add(u.grad_sum.as<float>(), u.grad.as<float>(), u.n, r);
-      }
+    }
+    if (s_.parallel())
+      for (std::size_t o = 0; o < u.n; o += s_.bucket) reduce_bucket(u, o, std::min(s_.bucket, u.n - o), u.grad.as<float>() + o, true);
+    if (fp32_sum()) {
+      BusyScope busy(s_.dev, r);
+      const float* kept = u.grad.as<float>() + u.g_lo;
+      if (mb == 0) s_.kern->copy(u.grad_sum.as<float>(), kept, (u.g_hi - u.g_lo) * 4, r);
+      else s_.kern->add(u.grad_sum.as<float>(), kept, u.g_hi - u.g_lo, r);
     }
     s_.dev.synchronize(r);
     return;
@@ -146,14 +198,18 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
     PinnedBuffer& land = landing_[kb % L];
     landed[kb % L]->wait();
     const auto t0 = Clock::now();  // Reduce: into the Update's input
-    char* dst = u.host_grad.get() + o * host_grad_bytes();
-    if (s_.c.grad_accum == 1) {
-      std::memcpy(dst, land.data(), len * cb);
+    if (!fp32_sum()) {
+      std::memcpy(u.host_grad.get() + o * host_grad_bytes(), land.data(), len * cb);
     } else {
-      float* acc = reinterpret_cast<float*>(dst);
       float* g = reinterpret_cast<float*>(reduce_scratch_.get());
       if (s_.mixed) s_.from_half(land.data(), g, len); else std::memcpy(g, land.data(), len * 4);
-      if (mb == 0) std::memcpy(acc, g, len * 4); else s_.add_into(acc, g, len);
+      if (s_.parallel()) reduce_bucket(u, o, len, g, false);
+      // The part of the bucket this rank keeps, summed over micro batches in fp32.
+      const std::size_t a = std::max(o, u.g_lo), b = std::min(o + len, u.g_hi);
+      if (b > a) {
+        float* acc = reinterpret_cast<float*>(u.host_grad.get()) + (a - u.g_lo);
+        if (mb == 0) std::memcpy(acc, g + (a - o), (b - a) * 4); else s_.add_into(acc, g + (a - o), b - a);
+      }
     }
     s_.add_time(&BusyTimes::host, since(t0));
   }
@@ -163,18 +219,30 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
 std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) const {
   const cpu_adam::GradType g16 = s_.half == cpu_adam::HalfType::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
   if (!s_.optimizer_offloaded) {
-    if (s_.c.grad_accum > 1) return {u.grad_sum.as<float>(), cpu_adam::GradType::fp32};
+    if (fp32_sum()) return {u.grad_sum.as<float>(), cpu_adam::GradType::fp32};
     if (s_.mixed) return {u.grad16.as<void>(), g16};
     return {u.grad.as<float>(), cpu_adam::GradType::fp32};
   }
-  if (s_.c.grad_accum > 1 || !s_.mixed) return {u.host_grad.get(), cpu_adam::GradType::fp32};
+  if (fp32_sum() || !s_.mixed) return {u.host_grad.get(), cpu_adam::GradType::fp32};
   return {u.host_grad.get(), g16};
 }
 
 cpu_adam::SumSquares GradientPath::sum_squares(Unit& u) {
   auto [g, type] = update_input(u);
-  return s_.optimizer_offloaded ? cpu_adam::sum_squares(s_.threads, g, type, u.n)
-                                : s_.kern->sum_squares(g, type, u.n, StreamRole::d2h);
+  const std::size_t n = u.g_hi - u.g_lo;
+  return s_.optimizer_offloaded ? cpu_adam::sum_squares(s_.threads, g, type, n)
+                                : s_.kern->sum_squares(g, type, n, StreamRole::d2h);
+}
+
+std::vector<double> GradientPath::block_sums(Unit& u) {
+  auto [g, type] = update_input(u);
+  const std::size_t n = u.g_hi - u.g_lo;
+  if (s_.optimizer_offloaded) return cpu_adam::sum_squares_parts(s_.threads, g, type, n);
+  std::vector<double> parts;  // one block at a time: the sum of one block is that block's part
+  const std::size_t es = type == cpu_adam::GradType::fp32 ? 4 : 2;
+  for (std::size_t o = 0; o < n; o += cpu_adam::kNormBlock)
+    parts.push_back(s_.kern->sum_squares(static_cast<const char*>(g) + o * es, type, std::min(cpu_adam::kNormBlock, n - o), StreamRole::d2h).sum);
+  return parts;
 }
 
 }  // namespace zinf::offload::detail

@@ -7,6 +7,9 @@
 //                             each bucket (reduce_bucket_size) to 16 bits on the device and copies it
 //                             into one of two pinned landing buffers (d2h stream, an event each);
 //                             Reduce copies it into host grad16, or adds it into host grad32 (GA > 1)
+//   more than one rank        the Update's input is always an fp32 sum; each bucket's rounded
+//                             gradient is reduced across ranks (reduce_bucket) before it is summed
+//                             over micro batches — into this rank's shard only under ZeRO stage ≥ 2
 // GradOut+Reduce of a unit run on the Reduce worker behind the backward (overlap exact) or inline.
 #pragma once
 
@@ -25,6 +28,7 @@ class GradientPath {
   explicit GradientPath(EngineState& s);
   void add(Unit& u, const std::string& name);  // unit u's gradient buffers (at construction)
   void allocate_shared(std::size_t max_unit);   // slots, landing buffers, staging (after every add)
+  void allocate_comm_scratch();                 // the receive scratch of the cross-rank reduction
 
   void begin_micro_batch(std::int64_t micro);
   std::int64_t micro() const { return micro_; }
@@ -36,10 +40,16 @@ class GradientPath {
   // The Update's input for unit u, and the sum of squares of it (the norm's part; synchronous).
   std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const;
   cpu_adam::SumSquares sum_squares(Unit& u);
+  // The 64 Ki-block sums of squares of the kept range (partitioned gradients: the global norm is
+  // assembled from every rank's blocks in order).
+  std::vector<double> block_sums(Unit& u);
 
  private:
   void grad_out_and_reduce(std::size_t u, float* grad, std::int64_t micro);
-  std::size_t host_grad_bytes() const { return (s_.c.grad_accum > 1 || !s_.mixed) ? 4 : 2; }
+  void reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device);
+  // The Update reads an fp32 sum of the micro batches' (and ranks') rounded gradients.
+  bool fp32_sum() const { return s_.c.grad_accum > 1 || s_.parallel(); }
+  std::size_t host_grad_bytes() const { return (fp32_sum() || !s_.mixed) ? 4 : 2; }
 
   struct GradSlot {
     DeviceBuffer grad;
@@ -49,7 +59,9 @@ class GradientPath {
   std::vector<GradSlot> slots_;
   std::vector<PinnedBuffer> landing_;  // 2 × bucket × compute_bytes
   DeviceBuffer gradout_stage_;         // one bucket rounded to 16 bits before it leaves the device
-  HostMem reduce_scratch_;             // bucket × 4: the fp32 of a landed bucket (GA > 1)
+  HostMem reduce_scratch_;             // bucket × 4: the fp32 of a landed bucket (GA > 1, several ranks)
+  HostMem host_recv_;                  // several ranks: every rank's part of a bucket, received
+  DeviceBuffer device_recv_;           //   (host when the optimizer is offloaded, else device)
   std::vector<bool> zeroed_;           // this micro batch's gradient of unit u is zeroed
   std::int64_t micro_ = 0;
   Jitter jitter_;

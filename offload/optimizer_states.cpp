@@ -3,6 +3,8 @@
 //   HostStates    host memory (cpu); the Update is cpu_adam on the host threads
 //   NvmeStates    one store tensor per sub-group, laid out by SubGroupLayout (nvme); the Update
 //                 streams them through the pipelined swapper: SwapIn ahead, SwapOut behind
+// Each holds the states of [s_lo, s_hi) of every unit (this rank's shard under ZeRO stage ≥ 1 with
+// several ranks, else the whole unit); add/read/write take whole-unit arrays indexed globally.
 #include <cstring>
 #include <tuple>
 
@@ -24,7 +26,8 @@ void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision,
     const auto [master, m, v] = bases(u);
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
       const std::size_t o = u.chunks[ci];
-      fn(ui, o, u.chunk_len(ci), master + o, m + o, v + o, *d);
+      const std::size_t i = o - u.s_lo;
+      fn(ui, o, u.chunk_len(ci), master + i, m + i, v + i, *d);
     }
   }
 }
@@ -33,31 +36,34 @@ class DeviceStates final : public OptimizerStates {
  public:
   explicit DeviceStates(EngineState& s) : s_(s) {}
   void add(Unit& u, const std::string& name, const float* master) override {
-    // fp32 with resident parameters: the compute copy is the master (no second fp32 copy).
-    if (s_.mixed || s_.param_offloaded) u.dev_master = DeviceBuffer(s_.dev, u.n * 4, name + " master");
-    u.dev_m = DeviceBuffer(s_.dev, u.n * 4, name + " adam.m");
-    u.dev_v = DeviceBuffer(s_.dev, u.n * 4, name + " adam.v");
-    s_.kern->zero(u.dev_m.as<void>(), u.n * 4, StreamRole::h2d);
-    s_.kern->zero(u.dev_v.as<void>(), u.n * 4, StreamRole::h2d);
-    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master, u.n * 4);
+    const std::size_t n = u.s_hi - u.s_lo;
+    // fp32 with whole resident parameters: the compute copy is the master (no second fp32 copy).
+    if (s_.mixed || s_.param_offloaded || s_.shard_params) u.dev_master = DeviceBuffer(s_.dev, n * 4, name + " master");
+    u.dev_m = DeviceBuffer(s_.dev, n * 4, name + " adam.m");
+    u.dev_v = DeviceBuffer(s_.dev, n * 4, name + " adam.v");
+    s_.kern->zero(u.dev_m.as<void>(), n * 4, StreamRole::h2d);
+    s_.kern->zero(u.dev_v.as<void>(), n * 4, StreamRole::h2d);
+    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master + u.s_lo, n * 4);
     s_.dev.synchronize(StreamRole::h2d);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
     walk_in_place(s_, decision, fn, [this](Unit& u) { return std::tuple(master_of(u), u.dev_m.as<float>(), u.dev_v.as<float>()); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
-    s_.d2h_sync(master, master_of(u), u.n * 4);
-    if (m) s_.d2h_sync(m, u.dev_m.as<void>(), u.n * 4);
-    if (v) s_.d2h_sync(v, u.dev_v.as<void>(), u.n * 4);
+    const std::size_t n = u.s_hi - u.s_lo;
+    s_.d2h_sync(master + u.s_lo, master_of(u), n * 4);
+    if (m) s_.d2h_sync(m + u.s_lo, u.dev_m.as<void>(), n * 4);
+    if (v) s_.d2h_sync(v + u.s_lo, u.dev_v.as<void>(), n * 4);
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
-    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master, u.n * 4);  // else: the compute copy, rebuilt by its home
-    s_.h2d_sync(u.dev_m.as<void>(), m, u.n * 4);
-    s_.h2d_sync(u.dev_v.as<void>(), v, u.n * 4);
+    const std::size_t n = u.s_hi - u.s_lo;
+    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master + u.s_lo, n * 4);  // else: the compute copy, rebuilt by its home
+    s_.h2d_sync(u.dev_m.as<void>(), m + u.s_lo, n * 4);
+    s_.h2d_sync(u.dev_v.as<void>(), v + u.s_lo, n * 4);
   }
 
  private:
-  float* master_of(Unit& u) { return u.dev_master.size() ? u.dev_master.as<float>() : u.param.as<float>(); }
+  float* master_of(Unit& u) { return u.dev_master.size() ? u.dev_master.as<float>() : u.param.as<float>() + u.s_lo; }
   EngineState& s_;
 };
 
@@ -65,25 +71,28 @@ class HostStates final : public OptimizerStates {
  public:
   explicit HostStates(EngineState& s) : s_(s) {}
   void add(Unit& u, const std::string&, const float* master) override {
-    u.host_master = host_alloc(u.n * 4);
-    u.host_m = host_alloc(u.n * 4);
-    u.host_v = host_alloc(u.n * 4);
-    std::memcpy(u.host_master.get(), master, u.n * 4);
-    std::memset(u.host_m.get(), 0, u.n * 4);
-    std::memset(u.host_v.get(), 0, u.n * 4);
+    const std::size_t n = u.s_hi - u.s_lo;
+    u.host_master = host_alloc(n * 4);
+    u.host_m = host_alloc(n * 4);
+    u.host_v = host_alloc(n * 4);
+    std::memcpy(u.host_master.get(), master + u.s_lo, n * 4);
+    std::memset(u.host_m.get(), 0, n * 4);
+    std::memset(u.host_v.get(), 0, n * 4);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
     walk_in_place(s_, decision, fn, [](Unit& u) { return std::tuple(f(u.host_master), f(u.host_m), f(u.host_v)); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
-    std::memcpy(master, u.host_master.get(), u.n * 4);
-    if (m) std::memcpy(m, u.host_m.get(), u.n * 4);
-    if (v) std::memcpy(v, u.host_v.get(), u.n * 4);
+    const std::size_t n = u.s_hi - u.s_lo;
+    std::memcpy(master + u.s_lo, u.host_master.get(), n * 4);
+    if (m) std::memcpy(m + u.s_lo, u.host_m.get(), n * 4);
+    if (v) std::memcpy(v + u.s_lo, u.host_v.get(), n * 4);
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
-    std::memcpy(u.host_master.get(), master, u.n * 4);
-    std::memcpy(u.host_m.get(), m, u.n * 4);
-    std::memcpy(u.host_v.get(), v, u.n * 4);
+    const std::size_t n = u.s_hi - u.s_lo;
+    std::memcpy(u.host_master.get(), master + u.s_lo, n * 4);
+    std::memcpy(u.host_m.get(), m + u.s_lo, n * 4);
+    std::memcpy(u.host_v.get(), v + u.s_lo, n * 4);
   }
 
  private:
@@ -154,7 +163,7 @@ class NvmeStates final : public OptimizerStates {
   // fn(ci, o, layout, buf) for each of u's sub-groups in order, with one pageable staging buffer.
   template <class F>
   void for_each_subgroup(Unit& u, F fn) {
-    const std::size_t cap = SubGroupLayout::bytes_for(std::min(s_.sub_group, u.n));
+    const std::size_t cap = SubGroupLayout::bytes_for(std::max<std::size_t>(1, std::min(s_.sub_group, u.s_hi - u.s_lo)));
     PinnedPool pool(round_up(cap, PinnedPool::kAlign), /*lock=*/false);
     PinnedBuffer b = pool.acquire(cap);
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) fn(ci, u.chunks[ci], SubGroupLayout(u.chunk_len(ci)), b.data());

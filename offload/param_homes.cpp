@@ -6,6 +6,11 @@
 //   NvmeHome    a store tensor per unit (offload_param nvme): the Update's chunks go home through
 //               an upload slot, Fetch reads them into a window slot's pinned staging first
 // Upload — the new compute copy going home after the Update — is land_chunk() of each.
+//
+// Several ranks: a home holds [p_lo, p_hi) of its unit — the whole unit, or this rank's shard under
+// ZeRO stage 3 (windowed units; a stage-3 run without offload_param keeps the shards in a DeviceHome
+// of its own). A whole resident unit whose optimizer states are partitioned gathers every rank's
+// updated part when it lands; a sharded home gathers the shards at Fetch, on the trainer's thread.
 #include <cstring>
 
 #include "tiers.h"
@@ -17,19 +22,20 @@ class DeviceHome final : public ParamHome {
  public:
   DeviceHome(EngineState& s, UploadSlots& up) : s_(s), up_(up) {}
   void place(Unit& u, const std::string& name, const float* master) override {
-    u.param = DeviceBuffer(s_.dev, u.n * s_.compute_bytes, name + (s_.mixed ? " param16" : " param"));
-    if (s_.mixed) u.work = DeviceBuffer(s_.dev, u.n * 4, name + " fp32 working weights");
+    u.param = DeviceBuffer(s_.dev, (u.p_hi - u.p_lo) * s_.compute_bytes, name + (s_.mixed ? " param16" : " param"));
+    if (s_.mixed && !u.windowed) u.work = DeviceBuffer(s_.dev, u.n * 4, name + " fp32 working weights");
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
-    std::vector<char> copy(u.n * s_.compute_bytes);
-    s_.to_compute(master, copy.data(), u.n);  // on the host, then up
+    const std::size_t n = u.p_hi - u.p_lo;
+    std::vector<char> copy(n * s_.compute_bytes);
+    s_.to_compute(master + u.p_lo, copy.data(), n);  // on the host, then up
     s_.h2d_sync(u.param.as<void>(), copy.data(), copy.size());
-    if (s_.mixed) s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
+    if (s_.mixed && !u.windowed) s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
     s_.dev.synchronize(StreamRole::h2d);
   }
   void* update_target(Unit& u, std::size_t o, int slot) override {
-    if (!s_.optimizer_offloaded) return static_cast<char*>(u.param.as<void>()) + o * s_.compute_bytes;  // the device's own Update
+    if (!s_.optimizer_offloaded) return static_cast<char*>(u.param.as<void>()) + (o - u.p_lo) * s_.compute_bytes;  // the device's own Update
     auto k = static_cast<std::size_t>(slot);
     if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
     return up_.buffer[k].data();
@@ -37,7 +43,7 @@ class DeviceHome final : public ParamHome {
   void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
     if (!s_.optimizer_offloaded) return;
     auto k = static_cast<std::size_t>(slot);
-    char* dst = static_cast<char*>(u.param.as<void>()) + o * s_.compute_bytes;  // Upload: pinned → device
+    char* dst = static_cast<char*>(u.param.as<void>()) + (o - u.p_lo) * s_.compute_bytes;  // Upload: pinned → device
     {
       BusyScope busy(s_.dev, StreamRole::h2d);
       s_.dev.copy_to_device(dst, up_.buffer[k].data(), len * s_.compute_bytes, StreamRole::h2d);
@@ -47,15 +53,25 @@ class DeviceHome final : public ParamHome {
   void land_unit(Unit& u) override {
     for (auto& e : up_.copied)
       if (e) e->wait();
+    if (u.windowed) return;  // a shard: gathered at Fetch
+    if (s_.shard_states) {   // every rank updated its part: gather the new compute copy
+      Comm& c = *s_.update_dcomm;
+      BusyScope busy(s_.dev, StreamRole::h2d);
+      s_.device_collective(c, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
+    }
     if (s_.mixed) {  // the fp32 working weights follow the new 16-bit copy
       {
         BusyScope busy(s_.dev, StreamRole::h2d);
         s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
       }
-      s_.dev.synchronize(StreamRole::h2d);
     }
+    s_.dev.synchronize(StreamRole::h2d);
   }
-  const void* fetch_source(Unit&, PinnedBuffer&) override { throw Error("offload: a resident unit is never fetched"); }
+  void fetch_into(Unit& u, void* slot, PinnedBuffer&) override {
+    if (!u.windowed) throw Error("offload: a resident unit is never fetched");
+    Comm& c = *s_.fetch_dcomm;  // the shards of every rank, straight into the slot
+    s_.device_collective(c, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), s_.compute_bytes, st); });
+  }
 
  private:
   EngineState& s_;
@@ -66,16 +82,23 @@ class PinnedHome final : public ParamHome {
  public:
   explicit PinnedHome(EngineState& s) : s_(s) {}
   void place(Unit& u, const std::string&, const float* master) override {
-    u.pinned_home = s_.pinned->acquire(u.n * s_.compute_bytes);
+    u.pinned_home = s_.pinned->acquire((u.p_hi - u.p_lo) * s_.compute_bytes);
     rebuild(u, master);
   }
-  void rebuild(Unit& u, const float* master) override { s_.to_compute(master, u.pinned_home.data(), u.n); }
+  void rebuild(Unit& u, const float* master) override { s_.to_compute(master + u.p_lo, u.pinned_home.data(), u.p_hi - u.p_lo); }
   void* update_target(Unit& u, std::size_t o, int) override {
     if (u.fetched) u.fetched->wait();  // no Fetch may still be reading the home we overwrite
-    return static_cast<char*>(u.pinned_home.data()) + o * s_.compute_bytes;
+    return static_cast<char*>(u.pinned_home.data()) + (o - u.p_lo) * s_.compute_bytes;
   }
   void land_chunk(Unit&, std::size_t, std::size_t, int) override {}  // written in place
-  const void* fetch_source(Unit& u, PinnedBuffer&) override { return u.pinned_home.data(); }
+  void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
+    const void* src = u.pinned_home.data();
+    if (s_.shard_params) {  // every rank's shard into the staging buffer first
+      s_.fetch_comm->allgatherv(u.pinned_home.data(), staging.data(), u.counts_in(0, u.n), s_.compute_bytes);
+      src = staging.data();
+    }
+    s_.dev.copy_to_device(slot, src, u.n * s_.compute_bytes, StreamRole::h2d);
+  }
 
  private:
   EngineState& s_;
@@ -85,14 +108,16 @@ class NvmeHome final : public ParamHome {
  public:
   NvmeHome(EngineState& s, UploadSlots& up) : s_(s), up_(up), store_(s.c.param_store) {}
   void place(Unit& u, const std::string& name, const float* master) override {
-    u.nvme_param = store_.add(name + ".param", u.n * s_.compute_bytes);
+    if (u.p_hi == u.p_lo) return;  // an empty shard: nothing on disk
+    u.nvme_param = store_.add(name + ".param", (u.p_hi - u.p_lo) * s_.compute_bytes);
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
-    const std::size_t bytes = u.n * s_.compute_bytes;
+    const std::size_t n = u.p_hi - u.p_lo, bytes = n * s_.compute_bytes;
+    if (!n) return;
     PinnedPool pool(round_up(bytes, PinnedPool::kAlign), /*lock=*/false);  // pageable: used once
     PinnedBuffer b = pool.acquire(bytes);
-    s_.to_compute(master, b.data(), u.n);
+    s_.to_compute(master + u.p_lo, b.data(), n);
     store_.write(u.nvme_param, b.data())->wait();
   }
   void* update_target(Unit& u, std::size_t, int slot) override {
@@ -104,16 +129,21 @@ class NvmeHome final : public ParamHome {
   void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
     // The slot is reused next: wait for the write (the swapper's sub-group reads keep the disk busy).
     const auto k = static_cast<std::size_t>(slot);
-    store_.write(u.nvme_param, up_.buffer[k].data(), o * s_.compute_bytes, len * s_.compute_bytes)->wait();
+    store_.write(u.nvme_param, up_.buffer[k].data(), (o - u.p_lo) * s_.compute_bytes, len * s_.compute_bytes)->wait();
     up_.copied[k] = nullptr;
   }
-  const void* fetch_source(Unit& u, PinnedBuffer& staging) override {
-    const std::size_t bytes = u.n * s_.compute_bytes;
-    void* buf = staging.data();
+  void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
+    const std::size_t cb = s_.compute_bytes, bytes = u.n * cb;
+    char* buf = static_cast<char*>(staging.data());
     const auto id = u.nvme_param;
-    // NVMe → pinned in h2d stream order, before the copy (its time is the store's, not the link's).
-    s_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
-    return buf;
+    if (!s_.shard_params) {
+      // NVMe → pinned in h2d stream order, before the copy (its time is the store's, not the link's).
+      s_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
+    } else {  // this rank's shard from disk into its place, then every other rank's
+      if (u.p_hi > u.p_lo) store_.read(id, buf + u.p_lo * cb, 0, (u.p_hi - u.p_lo) * cb)->wait();
+      s_.fetch_comm->allgatherv(buf, u.counts_in(0, u.n), cb);
+    }
+    s_.dev.copy_to_device(slot, buf, bytes, StreamRole::h2d);
   }
   nvme::TensorStore* store() override { return &store_; }
 
@@ -129,7 +159,7 @@ std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up) { r
 
 std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up) {
   switch (s.c.param) {
-    case OffloadDevice::none: return nullptr;
+    case OffloadDevice::none: return s.shard_params ? std::make_unique<DeviceHome>(s, up) : nullptr;
     case OffloadDevice::cpu: return std::make_unique<PinnedHome>(s);
     case OffloadDevice::nvme: return std::make_unique<NvmeHome>(s, up);
   }

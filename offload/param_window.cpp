@@ -9,7 +9,7 @@ ParamWindow::ParamWindow(EngineState& s, ParamHome& home, std::size_t max_unit) 
     Slot slot;
     slot.param = DeviceBuffer(s.dev, max_unit * s.compute_bytes, "param window slot " + std::to_string(i));
     if (s.mixed) slot.work = DeviceBuffer(s.dev, max_unit * 4, "fp32 working weights slot " + std::to_string(i));
-    if (s.c.param == OffloadDevice::nvme) slot.staging = s.pinned->acquire(max_unit * s.compute_bytes);
+    if (s.c.param == OffloadDevice::nvme || (s.shard_params && s.param_offloaded)) slot.staging = s.pinned->acquire(max_unit * s.compute_bytes);
     slots_.push_back(std::move(slot));
   }
 }
@@ -42,10 +42,9 @@ int ParamWindow::fetch(std::size_t u) {
     slot.version = unit.version;
   }
   slot.last_use = ++tick_;
-  const void* src = home_.fetch_source(unit, slot.staging);
   {
     BusyScope busy(s_.dev, StreamRole::h2d);  // home → device
-    s_.dev.copy_to_device(slot.param.as<void>(), src, unit.n * s_.compute_bytes, StreamRole::h2d);
+    home_.fetch_into(unit, slot.param.as<void>(), slot.staging);
     if (s_.mixed) s_.kern->from_half(slot.param.as<void>(), slot.work.as<float>(), unit.n, s_.half, StreamRole::h2d);
   }
   slot.ready = s_.dev.record(StreamRole::h2d);
@@ -63,7 +62,10 @@ void ParamWindow::prefetch_after(std::size_t u, bool backward) {
     if (!s_.units[v].windowed) continue;
     if (find(v) >= 0) continue;
     {
-      std::lock_guard<std::mutex> lk(s_.mu);
+      std::unique_lock<std::mutex> lk(s_.mu);
+      // Partitioned parameters: every rank must gather the same units in the same order, so the
+      // prefetch waits for the landing instead of depending on its timing.
+      if (s_.shard_params) s_.cv.wait(lk, [&] { return s_.units[v].version == s_.applied || s_.update_failed; });
       if (s_.units[v].version != s_.applied) break;  // its update has not landed yet: fetch on demand
     }
     if (fetch(v) < 0) break;

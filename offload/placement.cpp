@@ -29,6 +29,14 @@ TierBytes on(Tier t, std::uint64_t bytes) {
 
 }  // namespace
 
+Shard shard_of(std::uint64_t n, int world, int rank) {
+  ZINF_CHECK(world >= 1 && rank >= 0 && rank < world);
+  if (world == 1) return {0, n};
+  const std::uint64_t w = static_cast<std::uint64_t>(world), r = static_cast<std::uint64_t>(rank);
+  const std::uint64_t per = (n + w - 1) / w, step = (per + kShardAlign - 1) / kShardAlign * kShardAlign;
+  return {std::min(n, r * step), std::min(n, (r + 1) * step)};
+}
+
 const char* tier_name(Tier t) {
   switch (t) {
     case Tier::device: return "device";
@@ -50,8 +58,12 @@ Plan make_plan(const PlanInput& in) {
   const bool param_off = in.param != OffloadDevice::none;
   const bool ga = in.grad_accum > 1;
   const bool work = mixed && in.fp32_work;
+  ZINF_CHECK(in.world >= 1 && in.rank >= 0 && in.rank < in.world && in.stage >= 0 && in.stage <= 3);
+  const bool parallel = in.world > 1;
+  const bool shard_states = parallel && in.stage >= 1, shard_grads = parallel && in.stage >= 2, shard_params = parallel && in.stage >= 3;
+  const bool fp32_sum = ga || parallel;  // the Update reads an fp32 sum of micro batches (and ranks)
   auto persistent = [&](std::size_t u) { return !in.persistent.empty() && in.persistent[u]; };
-  auto windowed = [&](std::size_t u) { return param_off && !persistent(u); };
+  auto windowed = [&](std::size_t u) { return (param_off || shard_params) && !persistent(u); };
   std::uint64_t max_unit = 0, max_win = 0, max_np = 0;  // largest unit, windowed unit, non-persistent unit
   for (std::size_t u = 0; u < in.unit_params.size(); ++u) {
     const std::uint64_t n = static_cast<std::uint64_t>(in.unit_params[u]);
@@ -67,7 +79,7 @@ Plan make_plan(const PlanInput& in) {
   const std::uint64_t sg = std::min(up(std::max<std::int64_t>(in.sub_group_size, 1), 4096), up(max_unit, 4096));
   p.bucket = static_cast<std::int64_t>(bucket);
   p.sub_group = static_cast<std::int64_t>(sg);
-  p.window_slots = param_off ? std::max(2, 1 + in.prefetch_depth) : 0;
+  p.window_slots = (param_off || shard_params) ? std::max(2, 1 + in.prefetch_depth) : 0;
 
   // ---- states, unit by unit ----
   Row param{"param16", mixed ? "16-bit" : "fp32", {}, param_off ? "persistent units on the device, the rest in their home" : ""};
@@ -79,37 +91,43 @@ Plan make_plan(const PlanInput& in) {
   Row mrow{"adam.m", "fp32", {}, ""}, vrow{"adam.v", "fp32", {}, ""};
   const int D = static_cast<int>(Tier::device), P = static_cast<int>(Tier::pinned), H = static_cast<int>(Tier::host),
             N = static_cast<int>(Tier::nvme);
+  std::uint64_t comm_part = 0;  // this rank's largest part of a reduce bucket
   for (std::size_t u = 0; u < in.unit_params.size(); ++u) {
     const std::uint64_t n = static_cast<std::uint64_t>(in.unit_params[u]);
     const bool win = windowed(u);
+    const std::uint64_t mine = shard_of(n, in.world, in.rank).len();
+    const std::uint64_t sl = shard_states ? mine : n, gl = shard_grads ? mine : n, pl = shard_params && win ? mine : n;
+    comm_part = std::max(comm_part, std::min(bucket, mine));
     if (!win) {
       param.bytes[D] += n * cb;
       if (work) workr.bytes[D] += n * 4;
     } else if (in.param == OffloadDevice::cpu) {
-      param.bytes[P] += up(n * cb, 4096);
+      param.bytes[P] += std::max<std::uint64_t>(4096, up(pl * cb, 4096));
+    } else if (in.param == OffloadDevice::nvme) {
+      param.bytes[N] += up(pl * cb, 4096);
     } else {
-      param.bytes[N] += up(n * cb, 4096);
+      param.bytes[D] += pl * cb;  // a stage-3 shard on the device
     }
     if (!opt_off) {
       grad.bytes[D] += n * 4;
       if (mixed) grad16.bytes[D] += n * 2;
-      if (ga) grad32.bytes[D] += n * 4;
-      if (mixed || param_off) master.bytes[D] += n * 4;
-      mrow.bytes[D] += n * 4;
-      vrow.bytes[D] += n * 4;
+      if (fp32_sum) grad32.bytes[D] += gl * 4;
+      if (mixed || param_off || shard_params) master.bytes[D] += sl * 4;
+      mrow.bytes[D] += sl * 4;
+      vrow.bytes[D] += sl * 4;
     } else {
       if (persistent(u)) grad.bytes[D] += n * 4;  // other units' gradients pass through the grad window
-      if (ga || !mixed) grad32.bytes[H] += n * 4; else grad16.bytes[H] += n * 2;
+      if (fp32_sum || !mixed) grad32.bytes[H] += gl * 4; else grad16.bytes[H] += gl * 2;
       if (in.optimizer == OffloadDevice::cpu) {
-        master.bytes[H] += n * 4;
-        mrow.bytes[H] += n * 4;
-        vrow.bytes[H] += n * 4;
+        master.bytes[H] += sl * 4;
+        mrow.bytes[H] += sl * 4;
+        vrow.bytes[H] += sl * 4;
       } else {
-        for (std::uint64_t o = 0; o < n; o += sg) {  // one tensor per sub-group: master|m|v, padded
-          const std::uint64_t pl = detail::SubGroupLayout(std::min(sg, n - o)).padded;
-          master.bytes[N] += 4 * pl;
-          mrow.bytes[N] += 4 * pl;
-          vrow.bytes[N] += 4 * pl;
+        for (std::uint64_t o = 0; o < sl; o += sg) {  // one tensor per sub-group: master|m|v, padded
+          const std::uint64_t pad = detail::SubGroupLayout(std::min(sg, sl - o)).padded;
+          master.bytes[N] += 4 * pad;
+          mrow.bytes[N] += 4 * pad;
+          vrow.bytes[N] += 4 * pad;
         }
       }
     }
@@ -123,12 +141,13 @@ Plan make_plan(const PlanInput& in) {
 
   // ---- buffers ----
   p.buffers.push_back({"activations", "", on(Tier::device, in.activation_bytes), "estimate for one micro batch"});
-  if (param_off) {
+  if (param_off || shard_params) {
     const std::uint64_t slots = static_cast<std::uint64_t>(p.window_slots);
     p.buffers.push_back({"param window", "", on(Tier::device, slots * max_win * (cb + (work ? 4 : 0))),
                          std::to_string(slots) + " slots x largest block"});
-    if (in.param == OffloadDevice::nvme)
-      p.buffers.push_back({"param staging", "", on(Tier::pinned, slots * up(max_win * cb, 4096)), "NVMe reads, one per slot"});
+    if (in.param == OffloadDevice::nvme || (shard_params && param_off))
+      p.buffers.push_back({"param staging", "", on(Tier::pinned, slots * std::max<std::uint64_t>(4096, up(max_win * cb, 4096))),
+                           in.param == OffloadDevice::nvme ? "NVMe reads, one per slot" : "gathered shards, one per slot"});
   }
   if (opt_off) {
     if (max_np > 0) p.buffers.push_back({"grad window", "", on(Tier::device, 2 * max_np * 4), "2 slots x largest block"});
@@ -140,7 +159,10 @@ Plan make_plan(const PlanInput& in) {
   if (in.optimizer == OffloadDevice::nvme)
     p.buffers.push_back({"optimizer swap", "", on(Tier::pinned, static_cast<std::uint64_t>(in.optimizer_buffer_count) * detail::SubGroupLayout::bytes_for(sg)),
                          "buffer_count x sub-group master|m|v"});
-  if (ga && opt_off) p.buffers.push_back({"reduce scratch", "", on(Tier::host, bucket * 4), "fp32 of one bucket"});
+  if (fp32_sum && opt_off) p.buffers.push_back({"reduce scratch", "", on(Tier::host, bucket * 4), "fp32 of one bucket"});
+  if (parallel)
+    p.buffers.push_back({"comm receive", "", on(opt_off ? Tier::host : Tier::device, static_cast<std::uint64_t>(in.world) * comm_part * 4),
+                         "ranks x this rank's part of a bucket"});
 
   for (const auto& r : p.states)
     for (int t = 0; t < kTiers; ++t) p.model_states[t] += r.bytes[t];

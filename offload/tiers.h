@@ -56,13 +56,15 @@ class ParamHome {
   virtual void* update_target(Unit& u, std::size_t o, int slot) = 0;
   virtual void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) = 0;
   virtual void land_unit(Unit&) {}
-  // Fetch (windowed homes): the host-visible source of u's compute copy for the h2d copy into a
-  // window slot — the home itself, or `staging` (pinned) after a read enqueued on the h2d stream.
-  virtual const void* fetch_source(Unit& u, PinnedBuffer& staging) = 0;
+  // Fetch (windowed homes): brings u's whole compute copy into `slot` (device memory) on the h2d
+  // stream — a copy from the home, an NVMe read into `staging` (pinned) first, or, with partitioned
+  // parameters, the gather of every rank's shard (on the calling thread, which is the trainer's).
+  virtual void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) = 0;
   virtual nvme::TensorStore* store() { return nullptr; }
 };
 // The home of resident units, and the home of windowed units for the configured offload_param.
 std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up);
-std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up);  // null without offload_param
+// Null without offload_param, unless the parameters are partitioned (ZeRO stage 3 with several ranks).
+std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up);
 
 }  // namespace zinf::offload::detail

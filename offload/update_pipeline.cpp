@@ -60,7 +60,11 @@ void UpdatePipeline::drain() { worker_->drain(); }
 void UpdatePipeline::check() { worker_->check(); }
 
 void UpdatePipeline::run(const std::shared_future<Decision>& d) {
-  int k = 0;  // alternates the two upload slots
+  int k = 0;             // alternates the two upload slots
+  std::size_t next = 0;  // units land in order, each once its sub-groups (possibly none: an empty shard) are home
+  auto land_through = [&](std::size_t ui) {
+    while (next <= ui) land(next++);
+  };
   states_.update_walk(d, [&](std::size_t ui, std::size_t o, std::size_t len, float* master, float* m, float* v,
                              const cpu_adam::AdamStep& st) {
     Unit& u = s_.units[ui];
@@ -71,8 +75,9 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
     update_chunk(u, o, len, master, m, v, st, out);
     s_.add_time(&BusyTimes::host, since(t0));
     home.land_chunk(u, o, len, slot);  // Upload
-    if (o + len == u.n) land(ui);
+    if (o + len == u.s_hi) land_through(ui);
   });
+  if (d.get() && !s_.units.empty()) land_through(s_.units.size() - 1);
 }
 
 void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, float* master, float* m, float* v,
@@ -80,7 +85,7 @@ void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, float
   auto [g, type] = grads_.update_input(u);
   cpu_adam::UpdateChunk ch;
   ch.n = len;
-  ch.grad = static_cast<const char*>(g) + o * (type == cpu_adam::GradType::fp32 ? 4 : 2);
+  ch.grad = static_cast<const char*>(g) + (o - u.g_lo) * (type == cpu_adam::GradType::fp32 ? 4 : 2);
   ch.grad_type = type;
   ch.master = master;
   ch.m = m;

@@ -5,7 +5,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libcli11-dev libtbb-dev libhwloc-dev liburing-dev libeigen3-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libsentencepiece-dev)
+      libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libsentencepiece-dev
+      libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "zinf/cpu_adam/adam.h"
 
@@ -40,6 +41,8 @@ void adam_update(HostThreads& pool, const AdamStep& s, const UpdateChunk& c);
 // Sum of squares over fixed 64 Ki-element blocks combined in block order: the result does not depend
 // on the thread count (it equals sum_squares_blocked's serial result).
 SumSquares sum_squares(HostThreads& pool, const void* grad, GradType t, std::size_t n);
+// The per-block sums behind it, in block order (a data-parallel rank sums the blocks of its shard).
+std::vector<double> sum_squares_parts(HostThreads& pool, const void* grad, GradType t, std::size_t n);
 // The serial definition of the blocked sum (the reference for the pooled one).
 SumSquares sum_squares_blocked(const void* grad, GradType t, std::size_t n);
 constexpr std::size_t kNormBlock = std::size_t{1} << 16;

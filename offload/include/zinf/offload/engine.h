@@ -74,6 +74,7 @@
 #include <vector>
 
 #include "zinf/types.h"
+#include "zinf/comm.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/device.h"
 #include "zinf/nvme/store.h"
@@ -101,6 +102,16 @@ struct EngineConfig {
   bool pin_threads = false;         // bind the host workers to cores (hwloc)
   Overlap overlap = Overlap::exact;
   nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
+  // Data parallelism: this rank's communicators (zinf/comm.h), `comm` for host-visible buffers and
+  // `device_comm` for device memory (the CPU device: the same one; CUDA: NCCL). Null, or one rank:
+  // no communication. The engine takes a dup() of each for every thread that runs collectives.
+  Comm* comm = nullptr;
+  Comm* device_comm = nullptr;
+  // ZeRO stage with more than one rank: 0 every rank keeps every state; 1 the optimizer states are
+  // partitioned (each rank updates its shard of every unit, the new compute copy is all-gathered);
+  // 2 the reduced gradients too; 3 the compute copy too (gathered into a window slot ahead of use;
+  // persistent units stay whole). Gradients are reduced every micro batch in every stage.
+  int stage = 0;
   // The device's kernels for the engine's own work on device memory; empty: host_kernels (the CPU
   // device). The CUDA device passes its kernels here.
   std::function<std::unique_ptr<DeviceKernels>(Device&, cpu_adam::HostThreads&)> kernels;

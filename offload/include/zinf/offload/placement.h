@@ -22,6 +22,17 @@ const char* tier_name(Tier t);
 
 using TierBytes = std::array<std::uint64_t, kTiers>;
 
+// Data parallelism: rank r's shard of a unit of n elements among `world` ranks. Shards are
+// contiguous and in rank order; every boundary is a multiple of kShardAlign elements (the global
+// norm's block, so that shards sum their blocks exactly as one rank does), so a small unit may sit
+// whole on the first ranks and leave the last ones empty.
+constexpr std::uint64_t kShardAlign = std::uint64_t{1} << 16;
+struct Shard {
+  std::uint64_t lo = 0, hi = 0;
+  std::uint64_t len() const { return hi - lo; }
+};
+Shard shard_of(std::uint64_t n, int world, int rank);
+
 struct PlanInput {
   std::vector<std::int64_t> unit_params;  // per layer unit, forward order
   std::vector<bool> persistent;           // units kept on the device under param offload (empty: none)
@@ -35,6 +46,8 @@ struct PlanInput {
   int prefetch_depth = 1;                 // parameter window: max(2, 1 + prefetch_depth) slots
   bool fp32_work = true;                  // the CPU device keeps fp32 working weights of 16-bit params
   std::uint64_t activation_bytes = 0;     // device bytes for one micro batch (the caller's estimate)
+  int world = 1, rank = 0;                // data-parallel ranks, and the rank this plan is for
+  int stage = 0;                          // ZeRO stage (partitioning applies with world > 1)
 };
 
 struct Row {

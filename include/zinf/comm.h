@@ -1,0 +1,87 @@
+// zinf/comm.h — communication between data-parallel ranks: the few collectives the engine and the
+// trainer need, behind one small interface with a backend per transport.
+//
+//   MPI   host-visible buffers (host memory, pinned memory, the CPU device's "device" memory);
+//         blocking calls on the calling thread. Open MPI from Debian; launched by mpirun.
+//   NCCL  CUDA device memory; calls enqueue on the CUDA stream passed in and return. Its
+//         communicator is bootstrapped through MPI (the unique id is broadcast by rank 0).
+//   solo  one rank: every collective is a copy or nothing (no MPI initialised at all).
+//
+// Determinism: no sum is left to the transport. A reduction is done by the caller as an
+// all-to-all of contributions (alltoallv) followed by a sum in rank order, so element i of a
+// reduced vector is ((x₀ + x₁) + x₂) + … on every backend, every world size and every collective
+// algorithm the library picks. The sums of small host values (losses, norm parts) are made the same
+// way with allgather.
+//
+// Threads: one communicator serves one thread at a time, and every rank issues the same collectives
+// on it in the same order. A component that runs collectives on several threads takes one dup() per
+// thread (made at construction, in the same order on every rank).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zinf {
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "mpi", "nccl", "solo"
+  // True when buffers are device memory and calls enqueue on `stream` (NCCL); false when they are
+  // host-visible and calls block until done (MPI, solo).
+  virtual bool stream_ordered() const { return false; }
+
+  // Element sizes are in bytes (`elem` = 2, 4 or 8); counts in elements.
+  // Every rank sends send_counts[r] elements to rank r, taken one after another from `send`, and
+  // receives recv_counts[r] elements from rank r, placed one after another in `recv`.
+  virtual void alltoallv(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                         const std::vector<std::size_t>& recv_counts, std::size_t elem, void* stream = nullptr) = 0;
+  // In place: rank r's counts[r] elements lie at offset Σ counts[<r] of `buf` on rank r; afterwards
+  // every rank holds every part.
+  virtual void allgatherv(void* buf, const std::vector<std::size_t>& counts, std::size_t elem, void* stream = nullptr) = 0;
+  // From a separate source: rank r contributes counts[r] elements from `part`; `buf` receives all.
+  virtual void allgatherv(const void* part, void* buf, const std::vector<std::size_t>& counts, std::size_t elem,
+                          void* stream = nullptr) = 0;
+  virtual void broadcast(void* buf, std::size_t bytes, int root, void* stream = nullptr) = 0;
+  virtual void barrier() = 0;
+  // A new communicator over the same ranks, for another thread (collective: every rank calls it).
+  virtual std::unique_ptr<Comm> dup() = 0;
+  // Ends the whole job from any rank (MPI_Abort): the others stop instead of waiting.
+  [[noreturn]] virtual void abort(int code) = 0;
+
+  // ---- host helpers built on the above (host memory only) ----------------------------------------
+  // Every rank's `n` doubles, rank-major.
+  std::vector<double> allgather(const double* mine, std::size_t n);
+  // The rank-ordered sum of one double per rank (the same value on every rank).
+  double sum(double mine);
+  // Whether the flag is set on any rank.
+  bool any(bool mine);
+  // Whether every rank passed the same 64-bit value (a config fingerprint, a step number).
+  bool same(std::uint64_t mine);
+};
+
+// One rank: no communication at all.
+std::unique_ptr<Comm> make_solo_comm();
+
+// The ranks of this job as the launcher set them up (see world.cpp in src/comm): mpirun's
+// environment (Open MPI, or any PMI launcher), with DeepSpeed's RANK / WORLD_SIZE / LOCAL_RANK
+// checked against it; a process started alone is rank 0 of 1.
+struct World {
+  int rank = 0, size = 1, local_rank = 0;
+  std::string launcher = "none";  // "mpirun", or "none" for a single process
+};
+// Reads the launch environment; throws a ConfigError naming the variables when it is inconsistent.
+World detect_world();
+// The host communicator of this job: MPI when launched with more than one rank (initialises MPI with
+// MPI_THREAD_MULTIPLE once), solo otherwise.
+std::unique_ptr<Comm> make_world_comm(const World& w);
+// The communicator for CUDA device memory: NCCL over the ranks of `host` (bootstrapped through it);
+// throws when this build has no NCCL or no GPU.
+std::unique_ptr<Comm> make_nccl_comm(Comm& host, int cuda_device);
+
+}  // namespace zinf

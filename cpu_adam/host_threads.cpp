@@ -47,7 +47,16 @@ int physical_cores() {
     hwloc_topology_t topo;
     int cores = 0;
     if (hwloc_topology_init(&topo) == 0) {
-      if (hwloc_topology_load(topo) == 0) cores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
+      if (hwloc_topology_load(topo) == 0) {
+        // The cores this process may run on (mpirun binds each rank to its own cores): more threads
+        // than that would only share them, and oneTBB refuses them with a warning.
+        hwloc_bitmap_t set = hwloc_bitmap_alloc();
+        if (set && hwloc_get_cpubind(topo, set, HWLOC_CPUBIND_PROCESS) == 0)
+          cores = hwloc_get_nbobjs_inside_cpuset_by_type(topo, set, HWLOC_OBJ_CORE);
+        else
+          cores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
+        if (set) hwloc_bitmap_free(set);
+      }
       hwloc_topology_destroy(topo);
     }
     if (cores <= 0) cores = static_cast<int>(std::thread::hardware_concurrency());

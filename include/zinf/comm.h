@@ -80,6 +80,9 @@ World detect_world();
 // The host communicator of this job: MPI when launched with more than one rank (initialises MPI with
 // MPI_THREAD_MULTIPLE once), solo otherwise.
 std::unique_ptr<Comm> make_world_comm(const World& w);
+// When MPI was initialised by this process (a job of several ranks): ends the whole job with `code`
+// (MPI_Abort), so no other rank waits for this one; otherwise returns.
+void end_world_job(int code);
 // The communicator for CUDA device memory: NCCL over the ranks of `host` (bootstrapped through it);
 // throws when this build has no NCCL or no GPU.
 std::unique_ptr<Comm> make_nccl_comm(Comm& host, int cuda_device);

@@ -149,12 +149,14 @@ struct DeviceConfig {
   bool async = false;               // CPU device: the model's ops run as compute-stream work
   std::uint64_t jitter_seed = 0;    // CPU device: seeded delays before every stream/worker job; 0 = off
   int jitter_us = 200;              // the longest such delay, microseconds
+  std::string comm = "auto";        // data-parallel transport: auto (nccl on CUDA, mpi on the CPU device) | mpi | nccl
 };
 
 struct Config {
   std::int64_t train_batch_size = 0;
   std::int64_t micro_batch_size = 0;  // train_micro_batch_size_per_gpu
   std::int64_t gradient_accumulation_steps = 0;
+  int world_size = 1;                 // data-parallel ranks the batch rule was resolved for
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   Fp16Config fp16;
@@ -181,11 +183,13 @@ struct Config {
 // Parses `json_text` (from `source_name`), applying `overrides` ("dotted.path=value"; value parsed
 // as JSON, or taken as a string when it is not JSON) before validation, so an override is checked
 // exactly like the file. Throws ConfigError with one line: "<source>: <json.path>: <why>".
+// `world_size`: the data-parallel ranks of this job (DeepSpeed's batch rule: train_batch_size =
+// micro batch × gradient_accumulation_steps × world size).
 Config parse_config(std::string_view json_text, const std::vector<std::string>& overrides = {},
-                    std::string_view source_name = "<string>");
+                    std::string_view source_name = "<string>", int world_size = 1);
 
 // Reads and parses a file; a missing or unreadable file is a ConfigError naming it.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {}, int world_size = 1);
 
 // "8GiB", "512MB", "1.5G", "4096" → bytes. K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024,
 // KB/MB/GB/TB powers of 1000. Throws ConfigError naming `what` on a malformed or negative value.

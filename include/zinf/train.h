@@ -13,6 +13,7 @@
 #include <functional>
 #include <string>
 
+#include "zinf/comm.h"
 #include "zinf/config.h"
 
 namespace zinf {
@@ -71,6 +72,9 @@ struct TrainHooks {
   // Resume from a checkpoint: "" (start fresh), "latest" (the newest valid checkpoint under
   // train.checkpoint_dir, falling back past invalid ones; fresh when there is none), or a path.
   std::string resume;
+  // The data-parallel ranks of this run (zinf/comm.h); null: the ranks this process was launched with
+  // (mpirun), or one. Rank 0 alone logs, writes metrics and checkpoints.
+  Comm* comm = nullptr;
 };
 
 TrainResult train(const Config& c, const TrainHooks& hooks);

@@ -1,20 +1,40 @@
 // main.cpp — the `zinf` command line. Exit codes: 0 ok, 1 runtime failure, 2 usage or config
-// error; every error is one line on stderr.
+// error; every error is one line on stderr. Under mpirun each failing rank prints its line naming the
+// rank and ends the whole job (the other ranks may be waiting for it in a collective).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.h"
+#include "zinf/comm.h"
 #include "zinf/error.h"
 
 namespace {
 
+// "rank R: " when this process is one of several ranks.
+std::string rank_prefix() {
+  try {
+    const zinf::World w = zinf::detect_world();
+    return w.size > 1 ? "rank " + std::to_string(w.rank) + ": " : "";
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+int fail(int code) {
+  std::fflush(stderr);
+  zinf::end_world_job(code);  // several ranks: the others may be waiting for this one
+  return code;
+}
+
 void report(const char* kind, const zinf::Error& e) {
+  const std::string who = rank_prefix();
   if (e.hint().empty())
-    std::fprintf(stderr, "zinf: %s%s\n", kind, e.what());
+    std::fprintf(stderr, "zinf: %s%s%s\n", who.c_str(), kind, e.what());
   else
-    std::fprintf(stderr, "zinf: %s%s ---> HINT: %s\n", kind, e.what(), e.hint().c_str());
+    std::fprintf(stderr, "zinf: %s%s%s ---> HINT: %s\n", who.c_str(), kind, e.what(), e.hint().c_str());
 }
 
 }  // namespace
@@ -47,12 +67,12 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const zinf::ConfigError& e) {
     report("", e);
-    return 2;
+    return fail(2);
   } catch (const zinf::Error& e) {
     report("error: ", e);
-    return 1;
+    return fail(1);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zinf: error: %s\n", e.what());
-    return 1;
+    std::fprintf(stderr, "zinf: %serror: %s\n", rank_prefix().c_str(), e.what());
+    return fail(1);
   }
 }

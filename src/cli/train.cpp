@@ -64,7 +64,14 @@ void flatten(const nlohmann::json& j, const std::string& prefix, std::vector<std
 }
 
 int run_train(const TrainArgs& a) {
-  Config c = load_config(a.config.path, a.config.overrides);
+  const World world = detect_world();
+  Config c = load_config(a.config.path, a.config.overrides, world.size);
+  if (world.rank != 0) {  // the other ranks of a data-parallel job train silently; errors still print
+    TrainHooks hooks;
+    hooks.resume = a.resume;
+    const TrainResult r = train_with_sigint(c, hooks);
+    return r.interrupted ? 130 : 0;
+  }
   FILE* out = a.json ? stderr : stdout;  // with --json, stdout carries only the summary object
   for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
   std::vector<std::pair<std::string, std::string>> rows;
@@ -103,7 +110,14 @@ int run_eval(const EvalArgs& a) {
   std::vector<std::string> overrides = a.config.overrides;
   overrides.push_back("train.steps=0");
   if (!a.weights.empty()) overrides.push_back("model.init_from=" + nlohmann::json(a.weights).dump());
-  const Config c = load_config(a.config.path, overrides);
+  const World world = detect_world();
+  const Config c = load_config(a.config.path, overrides, world.size);
+  if (world.rank != 0) {
+    TrainHooks hooks;
+    hooks.resume = a.checkpoint;
+    const TrainResult r = train_with_sigint(c, hooks);
+    return r.interrupted ? 130 : 0;
+  }
   for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
   TrainHooks hooks;
   hooks.resume = a.checkpoint;

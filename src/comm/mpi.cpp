@@ -118,6 +118,13 @@ void finalize_at_exit() {
 
 }  // namespace
 
+void end_world_job(int code) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 std::unique_ptr<Comm> make_world_comm(const World& w) {
   if (w.size <= 1) return make_solo_comm();
   static std::once_flag once;

@@ -10,4 +10,6 @@ std::unique_ptr<Comm> make_world_comm(const World& w) {
                     "install libopenmpi-dev (scripts/install-deps.sh) and rebuild");
 }
 
+void end_world_job(int) {}
+
 }  // namespace zinf

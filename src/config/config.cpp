@@ -442,6 +442,8 @@ void read_device(Section s, DeviceConfig& d) {
   d.async = s.get_bool("async", false);
   d.jitter_seed = static_cast<std::uint64_t>(s.get_int("jitter_seed", 0, 0, std::numeric_limits<std::int64_t>::max()));
   d.jitter_us = static_cast<int>(s.get_int("jitter_us", 200, 1, 1'000'000));
+  d.comm = s.get_enum<std::string>("comm", "auto", {{"auto", "auto"}, {"mpi", "mpi"}, {"nccl", "nccl"}});
+  if (d.type == DeviceType::cpu && d.comm == "nccl") s.fail("comm", "nccl moves CUDA device memory; the CPU device's ranks use mpi");
   if (d.type == DeviceType::cuda && (d.async || d.jitter_seed))
     s.fail(d.async ? "async" : "jitter_seed", "applies to the CPU device only (the CUDA device is asynchronous already)");
   s.finish();
@@ -680,7 +682,7 @@ void read_aio(Section s, AioConfig& a) {
   s.finish();
 }
 
-// DeepSpeed's _set_batch_related_parameters / _batch_assertion, world size 1, same wording.
+// DeepSpeed's _set_batch_related_parameters / _batch_assertion, same wording.
 void resolve_batch(Section& s, Config& c) {
   std::vector<const char*> autos;
   auto read = [&](const char* key) -> std::int64_t {
@@ -697,7 +699,7 @@ void resolve_batch(Section& s, Config& c) {
   std::int64_t train = read("train_batch_size");
   std::int64_t micro = read("train_micro_batch_size_per_gpu");
   std::int64_t ga = read("gradient_accumulation_steps");
-  const std::int64_t ws = 1;
+  const std::int64_t ws = c.world_size;
   if (train == 0 && micro == 0 && !autos.empty()) {  // nothing to infer from: report with the other "auto"s
     for (const char* k : autos) s.unresolved(k, json(1));
     train = micro = ga = 1;
@@ -737,10 +739,11 @@ void resolve_batch(Section& s, Config& c) {
   c.gradient_accumulation_steps = ga;
 }
 
-Config parse_root(const json& root, std::string source) {
+Config parse_root(const json& root, std::string source, int world_size) {
   if (!root.is_object()) throw ConfigError(source + ": the config must be a JSON object");
   Config c;
   c.source = source;
+  c.world_size = world_size;
   json out = json::object();
   Unresolved autos;
   Section top(source, &c.notes, &autos, &root, "", &out);
@@ -851,7 +854,7 @@ std::uint64_t parse_bytes(std::string_view text, std::string_view what) {
 }
 
 Config parse_config(std::string_view json_text, const std::vector<std::string>& overrides,
-                    std::string_view source_name) {
+                    std::string_view source_name, int world_size) {
   std::string source(source_name);
   json root;
   // DeepSpeed rejects a key given twice in one object; nlohmann would keep the last. One frame per
@@ -894,10 +897,10 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
     throw ConfigError(source + ": invalid JSON: " + m);
   }
   for (const auto& o : overrides) apply_override(root, o);
-  return parse_root(root, source);
+  return parse_root(root, source, world_size);
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw ConfigError(path + ": is a directory, not a config file", "pass the JSON file, e.g. --config configs/tiny.json");
@@ -905,7 +908,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!f) throw ConfigError(path + ": cannot open config file (" + std::strerror(errno) + ")");
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse_config(ss.str(), overrides, path);
+  return parse_config(ss.str(), overrides, path, world_size);
 }
 
 }  // namespace zinf

@@ -6,6 +6,13 @@
 // decision and the Update, which lands unit by unit while the next forward starts. The loss scaler
 // and the LR schedule live here; a skipped (overflowed) step advances neither the optimizer step
 // nor the schedule. A Run holds what the loop needs, built in dependency order; train() is the loop.
+//
+// Data parallelism (zinf/comm.h): every rank draws the same stream of training rows and keeps its
+// own — micro batch m of rank r is micro batch m·W + r of one rank with W × the accumulation —, seeds
+// the backward with 1/(B·T·GA·W), and reports the loss summed in that global order; evaluation
+// batches are dealt round-robin. So W ranks × GA g match one rank × GA g·W: exactly for g = 1 (the
+// engine sums contributions in rank order, as one rank sums its micro batches), within rounding
+// otherwise. Rank 0 alone logs, writes metrics and checkpoints (full tensors: any world size resumes).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -13,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <random>
 
@@ -72,9 +80,9 @@ void check_output_paths(const Config& c, const TrainHooks& hooks) {
 
 // The device a config asks for. `auto` stays on the CPU device until the CUDA path has been validated
 // on a GPU (see README). The CPU device's budget "auto" is half of the available host memory.
-std::unique_ptr<Device> make_device(const Config& c) {
+std::unique_ptr<Device> make_device(const Config& c, int local_rank) {
   std::size_t budget = c.device.memory_budget;
-  if (c.device.type == DeviceType::cuda) return make_cuda_device(0, budget);  // 0: the GPU's free memory
+  if (c.device.type == DeviceType::cuda) return make_cuda_device(local_rank, budget);  // 0: the GPU's free memory
   if (budget == 0) budget = query_machine().mem_available / 2;
   CpuDeviceOptions o;
   o.async = c.device.async;
@@ -122,16 +130,20 @@ class EngineUnits final : public UnitSource {
 // synchronises the device, goes before the model and the backend whose work it waits for).
 class Run {
  public:
-  Run(const Config& cfg, const TrainHooks& h)
+  Run(const Config& cfg, const TrainHooks& h, Comm& cm, int local_rank)
       : c(cfg),
         hooks(h),
+        comm(cm),
+        W(cm.size()),
+        R(cm.rank()),
         shape(model_shape(cfg.model)),
         B(static_cast<int>(cfg.micro_batch_size)),
         T(shape.seq_len),
         GA(cfg.gradient_accumulation_steps),
         data(TokenData::load(cfg.data, shape.vocab_size, T)),
         threads(cfg.device.threads > 0 ? cfg.device.threads : cpu_adam::physical_cores()),
-        dev(make_device(cfg)),
+        dev(make_device(cfg, local_rank)),
+        device_comm(make_device_comm(local_rank)),
         par(threads),
         backend(make_backend(cfg, *dev, par)),
         model(make_model(shape, B, cfg.model.activation_checkpointing, *dev, *backend)),
@@ -140,51 +152,72 @@ class Run {
         units(*engine),
         scaler(cfg.fp16),
         rng(cfg.train.seed),
-        metrics(cfg.train.metrics_file) {
+        metrics(cm.rank() == 0 ? cfg.train.metrics_file : std::string()) {
     log("offload: " + engine->describe());
     log("model: " + format_count(count_params(shape)) + " parameters in " + std::to_string(shape.n_layer + 2) +
         " layer units; device memory " + format_bytes(dev->in_use()) + " of " + format_bytes(dev->budget()));
   }
 
   void log(const std::string& s) const {
-    if (hooks.log) hooks.log(s);
+    if (hooks.log && R == 0) hooks.log(s);
   }
 
-  bool stop_asked() const { return hooks.stop && hooks.stop->load(); }
+  // A stop asked for on any rank (mpirun passes Ctrl-C to every rank, not at the same moment).
+  bool stop_asked() const {
+    const bool mine = hooks.stop && hooks.stop->load();
+    return W > 1 ? comm.any(mine) : mine;
+  }
 
-  // Mean validation loss over train.eval_batches fixed windows (over the batches done, when a stop
-  // is asked for in the middle: the run stops after the current batch).
+  // Mean validation loss over train.eval_batches fixed windows, dealt round-robin over the ranks and
+  // summed in window order (one rank: over the batches done, when a stop is asked for in the middle —
+  // the run stops after the current batch).
   double evaluate() {
-    double sum = 0;
+    const int K = c.train.eval_batches;
+    std::vector<double> mine(static_cast<std::size_t>(K), 0.0);
     int k = 0;
-    while (k < c.train.eval_batches) {
-      Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(k, c.train.eval_batches, B, T, tok, tgt); });
+    for (; k < K; ++k) {
+      if (k % W != R) continue;
+      Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(k, K, B, T, tok, tgt); });
       engine->begin_forward();
-      sum += model->forward(units, b.tokens(), b.targets());
+      mine[static_cast<std::size_t>(k)] = model->forward(units, b.tokens(), b.targets());
       batches.done_with(b);
-      ++k;
-      if (stop_asked()) break;
+      if (W == 1 && stop_asked()) {
+        ++k;
+        break;
+      }
     }
     units.take_wait();
     engine->take_times();
+    const std::vector<double> all = W > 1 ? comm.allgather(mine.data(), mine.size()) : mine;
+    double sum = 0;
+    for (int i = 0; i < k; ++i) sum += all[static_cast<std::size_t>((i % W) * K + i)];
     return sum / k;
   }
 
-  // Forward and backward of every micro batch of one step; returns the mean loss.
+  // Forward and backward of every micro batch of one step; returns the mean loss over every rank's
+  // micro batches, summed in their global order.
   double forward_backward(double scale) {
-    double loss_sum = 0;
-    const float dscale = static_cast<float>(scale / (static_cast<double>(B) * T * static_cast<double>(GA)));
+    std::vector<double> losses(static_cast<std::size_t>(GA));
+    const float dscale = static_cast<float>(scale / (static_cast<double>(B) * T * static_cast<double>(GA) * W));
     for (std::int64_t micro = 0; micro < GA; ++micro) {
-      Batch& b = batches.next([&](int* tok, int* tgt) { data.sample_train(rng, B, T, tok, tgt); });
-      rows_drawn += B;
+      Batch& b = batches.next([&](int* tok, int* tgt) {
+        rng.discard(static_cast<unsigned long long>(B) * static_cast<unsigned long long>(R));  // the rows of lower ranks
+        data.sample_train(rng, B, T, tok, tgt);
+        rng.discard(static_cast<unsigned long long>(B) * static_cast<unsigned long long>(W - 1 - R));
+      });
+      rows_drawn += static_cast<std::int64_t>(B) * W;
       engine->begin_micro_batch(micro);
       engine->begin_forward();
-      t_fwd += model_time([&] { loss_sum += model->forward(units, b.tokens(), b.targets()); });
+      t_fwd += model_time([&] { losses[static_cast<std::size_t>(micro)] = model->forward(units, b.tokens(), b.targets()); });
       engine->begin_backward();
       t_bwd += model_time([&] { model->backward(units, b.tokens(), b.targets(), dscale); });
       batches.done_with(b);
     }
-    return loss_sum / static_cast<double>(GA);
+    const std::vector<double> all = W > 1 ? comm.allgather(losses.data(), losses.size()) : losses;
+    double loss_sum = 0;
+    for (std::int64_t micro = 0; micro < GA; ++micro)
+      for (int r = 0; r < W; ++r) loss_sum += all[static_cast<std::size_t>(r * GA + micro)];
+    return loss_sum / (static_cast<double>(GA) * W);
   }
 
   offload::StepOutcome update(double scale, double lr) {
@@ -235,6 +268,13 @@ class Run {
     st.scaler_iter = scaler.cur_iter;
     st.scaler_last_overflow = scaler.last_overflow_iter;
     st.scaler_hysteresis = scaler.cur_hysteresis;
+    if (R != 0) {  // rank 0 writes; the others hand over their shards, unit by unit in the same order
+      for (std::size_t u = 0; u < engine_units.size(); ++u) {
+        std::vector<float> ma(engine_units[u]), mm(engine_units[u]), vv(engine_units[u]);
+        engine->read_states(u, ma.data(), mm.data(), vv.data());
+      }
+      return;
+    }
     const std::string path = save_checkpoint(c.train.checkpoint_dir, c.train.keep_last, c, shape, st,
                                              [&](std::size_t u, float* ma, float* mm, float* vv) { engine->read_states(u, ma, mm, vv); });
     const double dt = since(t0);
@@ -277,12 +317,15 @@ class Run {
 
   const Config& c;
   const TrainHooks& hooks;
+  Comm& comm;
+  const int W, R;  // ranks, and this one
   const ModelShape shape;
   const int B, T;
   const std::int64_t GA;
   TokenData data;
   const int threads;
   std::unique_ptr<Device> dev;
+  std::unique_ptr<Comm> device_comm;  // NCCL for the CUDA device's memory (several ranks)
   ops::Par par;
   std::unique_ptr<OpsBackend> backend;
   std::unique_ptr<LanguageModel> model;
@@ -292,6 +335,7 @@ class Run {
   LossScaler scaler;
   std::mt19937_64 rng;
   MetricsFile metrics;
+  std::vector<std::size_t> engine_units;  // parameters per layer unit
   std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, skipped = 0;
   double t_fwd = 0, t_bwd = 0;  // the model's own time since the last progress line
 
@@ -305,6 +349,14 @@ class Run {
     const double busy = since(t0) - units.take_wait();
     if (!dev->ops_stream_ordered()) engine->add_compute_time(busy);
     return busy;
+  }
+
+  std::unique_ptr<Comm> make_device_comm(int local_rank) {
+    if (W == 1 || c.device.type != DeviceType::cuda) return nullptr;
+    if (c.device.comm == "mpi")
+      throw ConfigError(c.source + ": device.comm: mpi cannot move CUDA device memory (Debian's Open MPI is not CUDA-aware)",
+                        "use device.comm nccl (the default for the CUDA device)");
+    return make_nccl_comm(comm, local_rank);
   }
 
   std::unique_ptr<offload::Engine> make_engine() {
@@ -327,6 +379,14 @@ class Run {
       log("init: parameters from " + c.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
     }
     offload::EngineConfig ec = engine_config(c, threads);
+    engine_units = ec.units;
+    if (W > 1) {
+      ec.comm = &comm;
+      ec.device_comm = device_comm ? device_comm.get() : &comm;
+      log("data parallel: " + std::to_string(W) + " ranks over " + comm.backend() +
+          (device_comm ? " (device memory: " + device_comm->backend() + ")" : std::string()) + ", ZeRO stage " +
+          std::to_string(c.zero.stage));
+    }
     if (c.device.type == DeviceType::cuda) ec.kernels = [](Device& d, cpu_adam::HostThreads&) { return cuda::make_engine_kernels(d); };
     return std::make_unique<offload::Engine>(ec, *dev, [&](std::size_t u, float* master) {
       if (hf)
@@ -343,8 +403,33 @@ class Run {
 
 TrainResult train(const Config& c, const TrainHooks& hooks) {
   if (c.device.simd != "auto") cpu_adam::set_simd_cap(cpu_adam::parse_simd_level(c.device.simd));
-  check_output_paths(c, hooks);
-  Run run(c, hooks);
+  std::unique_ptr<Comm> world_comm;
+  Comm* comm = hooks.comm;
+  int local_rank = 0;
+  if (!comm) {
+    const World w = detect_world();
+    world_comm = make_world_comm(w);
+    comm = world_comm.get();
+    local_rank = w.local_rank;
+  }
+  if (c.world_size != comm->size())
+    throw ConfigError(c.source + ": the batch sizes were resolved for " + std::to_string(c.world_size) + " rank(s), this job has " +
+                      std::to_string(comm->size()));
+  if (comm->size() > 1 && !comm->same(fnv1a64(c.resolved_json.data(), c.resolved_json.size())))
+    throw ConfigError(c.source + ": the ranks of this job were given different configs (rank " + std::to_string(comm->rank()) +
+                          "'s resolved config differs from another rank's)",
+                      "start every rank with the same config file and --set overrides");
+  // Rank 0 prepares the directories the run writes; the others learn whether that worked.
+  std::exception_ptr prepared;
+  if (comm->rank() == 0) try {
+      check_output_paths(c, hooks);
+    } catch (...) {
+      prepared = std::current_exception();
+    }
+  if (comm->size() > 1 && comm->any(prepared != nullptr) && !prepared)
+    throw ConfigError("rank 0 could not prepare the run's output directories (its error names them)");
+  if (prepared) std::rethrow_exception(prepared);
+  Run run(c, hooks, *comm, local_rank);
   TrainResult res;
   res.resumed_from = run.resume(hooks.resume);
   const std::int64_t first_step = res.resumed_from + 1;

@@ -330,12 +330,12 @@ class Run {
   std::unique_ptr<OpsBackend> backend;
   std::unique_ptr<LanguageModel> model;
   BatchSlots batches;
+  std::vector<std::size_t> engine_units;  // parameters per layer unit (filled by make_engine)
   std::unique_ptr<offload::Engine> engine;
   EngineUnits units;
   LossScaler scaler;
   std::mt19937_64 rng;
   MetricsFile metrics;
-  std::vector<std::size_t> engine_units;  // parameters per layer unit
   std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, skipped = 0;
   double t_fwd = 0, t_bwd = 0;  // the model's own time since the last progress line
 

@@ -60,14 +60,25 @@ inline void init(std::size_t u, float* p, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) p[i] = nd(rng);
 }
 
-// Runs `steps` steps on `dev`; returns every unit's master.
-inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c, int steps) {
+// Every unit's master, m and v as whole tensors (what a checkpoint holds).
+struct States {
+  std::vector<std::vector<float>> master, m, v;
+};
+
+// Runs `steps` steps on `dev`; returns every unit's master. As rank `rank` of `world` data-parallel
+// ranks (c.comm), micro batch m is the global micro batch m·world + rank — the gradients one rank
+// with world × the accumulation would see. `load`: states written into the engine before step
+// `first`; `save`: receives the states after the last step.
+inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c, int steps, int rank = 0, int world = 1,
+                                              int first = 1, const States* load = nullptr, States* save = nullptr) {
   std::vector<std::vector<float>> out;
   const bool on_stream = dev.ops_stream_ordered();
   {
     Engine e(c, dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+    if (load)
+      for (std::size_t u = 0; u < c.units.size(); ++u) e.write_states(u, load->master[u].data(), load->m[u].data(), load->v[u].data());
     auto wsum = std::make_shared<std::vector<float>>(c.units.size());
-    for (int s = 1; s <= steps; ++s) {
+    for (int s = first; s < first + steps; ++s) {
       for (std::int64_t mb = 0; mb < c.grad_accum; ++mb) {
         e.begin_micro_batch(mb);
         e.begin_forward();
@@ -79,13 +90,13 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
           e.done_with(u);
         }
         e.begin_backward();
+        const auto j = static_cast<std::size_t>(mb * world + rank);
         for (std::size_t u = c.units.size(); u-- > 0;) {
           float* g = e.grads(u);
           const std::size_t n = c.units[u];
-          auto write = [wsum, g, u, n, s, mb] {
+          auto write = [wsum, g, u, n, s, j] {
             for (std::size_t i = 0; i < n; ++i)
-              g[i] += 0.01f * std::sin(static_cast<float>(i * (u + 1) + 31 * static_cast<std::size_t>(s) + 7 * static_cast<std::size_t>(mb))) +
-                      0.1f * (*wsum)[u];
+              g[i] += 0.01f * std::sin(static_cast<float>(i * (u + 1) + 31 * static_cast<std::size_t>(s) + 7 * j)) + 0.1f * (*wsum)[u];
           };
           if (on_stream) dev.launch(StreamRole::compute, write); else write();
           e.grads_done(u);
@@ -104,6 +115,13 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
     for (std::size_t u = 0; u < c.units.size(); ++u) {
       out.emplace_back(c.units[u]);
       e.read_master(u, out.back().data());
+    }
+    if (save) {
+      *save = States{};
+      for (std::size_t u = 0; u < c.units.size(); ++u) {
+        save->master.emplace_back(c.units[u]), save->m.emplace_back(c.units[u]), save->v.emplace_back(c.units[u]);
+        e.read_states(u, save->master.back().data(), save->m.back().data(), save->v.back().data());
+      }
     }
     EXPECT_LE(e.pinned_peak(), e.pinned_capacity());
   }

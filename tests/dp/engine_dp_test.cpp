@@ -1,0 +1,232 @@
+// engine_dp_test.cpp — the offload engine across data-parallel ranks (run under mpirun): the
+// communicator's collectives; every ZeRO stage × placement × overlap mode giving one result; N ranks
+// × GA g against one rank × GA g·N; the plan's per-rank bytes against what a rank allocates; and
+// checkpoint states moving between world sizes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "../offload/engine_harness.h"
+#include "dp_world.h"
+#include "zinf/offload/placement.h"
+
+namespace zinf::offload::test {
+namespace {
+
+using zinf::test::world;
+
+// Units large enough to be split across ranks (shards are 64 Ki-aligned), with one that leaves the
+// last rank empty, and buckets / sub-groups that cross shard boundaries.
+EngineConfig dp_config(int stage, OffloadDevice opt, OffloadDevice param, Precision prec, std::int64_t ga, Overlap ov,
+                       const std::string& dir) {
+  EngineConfig c = config(opt, param, prec, ga, ov, dir);
+  c.units = {5000, 200000, 90000, 140000, 300};
+  c.persistent = {true, false, false, false, true};
+  c.sub_group_size = 32768;
+  c.reduce_bucket_size = 40960;
+  c.stage = stage;
+  c.comm = &world();
+  return c;
+}
+
+std::vector<std::vector<float>> run_dp(const EngineConfig& c, int steps, const CpuDeviceOptions& o = {}) {
+  auto dev = make_cpu_device(256 << 20, o);
+  return run_on(*dev, c, steps, world().rank(), world().size());
+}
+
+// Whether every rank got the same result as its own `want` (and all ranks agree).
+std::uint64_t digest(const std::vector<std::vector<float>>& m) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& v : m)
+    for (float x : v) {
+      std::uint32_t b;
+      std::memcpy(&b, &x, 4);
+      h = (h ^ b) * 1099511628211ull;
+    }
+  return h;
+}
+
+TEST(Comm, CollectivesMoveEveryPartToItsPlace) {
+  ZINF_NEED_RANKS();
+  Comm& c = world();
+  const int W = c.size(), R = c.rank();
+  // alltoallv: rank r sends (r+1)·(k+1) elements to rank k, each valued 1000·r + k.
+  std::vector<std::size_t> sc, rc;
+  std::vector<float> send;
+  for (int k = 0; k < W; ++k) {
+    sc.push_back(static_cast<std::size_t>((R + 1) * (k + 1)));
+    rc.push_back(static_cast<std::size_t>((k + 1) * (R + 1)));
+    for (int i = 0; i < (R + 1) * (k + 1); ++i) send.push_back(static_cast<float>(1000 * R + k));
+  }
+  std::vector<float> recv(std::accumulate(rc.begin(), rc.end(), std::size_t{0}), -1.0f);
+  c.alltoallv(send.data(), sc, recv.data(), rc, 4);
+  std::size_t at = 0;
+  for (int k = 0; k < W; ++k)
+    for (std::size_t i = 0; i < rc[static_cast<std::size_t>(k)]; ++i) EXPECT_EQ(recv[at++], static_cast<float>(1000 * k + R));
+  // allgatherv in place, with an empty part.
+  std::vector<std::size_t> counts;
+  for (int k = 0; k < W; ++k) counts.push_back(k == 1 ? 0 : static_cast<std::size_t>(3 + k));
+  std::vector<std::uint16_t> all(std::accumulate(counts.begin(), counts.end(), std::size_t{0}), 0);
+  std::size_t off = 0;
+  for (int k = 0; k < R; ++k) off += counts[static_cast<std::size_t>(k)];
+  for (std::size_t i = 0; i < counts[static_cast<std::size_t>(R)]; ++i) all[off + i] = static_cast<std::uint16_t>(100 * R + i);
+  c.allgatherv(all.data(), counts, 2);
+  off = 0;
+  for (int k = 0; k < W; ++k)
+    for (std::size_t i = 0; i < counts[static_cast<std::size_t>(k)]; ++i) EXPECT_EQ(all[off++], 100 * k + i);
+  // broadcast, the rank-ordered sum, any, same.
+  double x = R == 0 ? 42.5 : 0.0;
+  c.broadcast(&x, sizeof x, 0);
+  EXPECT_EQ(x, 42.5);
+  EXPECT_EQ(c.sum(R + 0.25), W * (W - 1) / 2.0 + 0.25 * W);
+  EXPECT_TRUE(c.any(R == W - 1));
+  EXPECT_FALSE(c.any(false));
+  EXPECT_TRUE(c.same(0x123456789abcdef0ull));
+  EXPECT_FALSE(c.same(R == 0 ? 1u : 2u));
+  auto d = c.dup();  // a second communicator: independent order
+  EXPECT_EQ(d->rank(), R);
+  EXPECT_EQ(d->sum(1.0), static_cast<double>(W));
+}
+
+TEST(Shards, AreContiguousAlignedAndCoverTheUnit) {
+  for (int W : {1, 2, 3, 5, 8})
+    for (std::uint64_t n : {0ull, 1ull, 65535ull, 65536ull, 200000ull, 1000003ull}) {
+      std::uint64_t next = 0;
+      for (int r = 0; r < W; ++r) {
+        const Shard s = shard_of(n, W, r);
+        EXPECT_EQ(s.lo, next) << n << " " << W << " " << r;
+        EXPECT_LE(s.lo, s.hi);
+        if (s.hi < n) {
+          EXPECT_EQ(s.hi % kShardAlign, 0u);
+        }
+        next = s.hi;
+      }
+      EXPECT_EQ(next, n);
+    }
+}
+
+struct Case {
+  int stage;
+  OffloadDevice opt, param;
+};
+// The placements DeepSpeed allows per stage: optimizer offload from stage 1, parameter offload at 3.
+std::vector<Case> cases() {
+  std::vector<Case> v{{0, OffloadDevice::none, OffloadDevice::none}};
+  for (int st : {1, 2})
+    for (auto o : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) v.push_back({st, o, OffloadDevice::none});
+  for (auto o : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+    for (auto p : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) v.push_back({3, o, p});
+  return v;
+}
+
+std::string name(const Case& k, Overlap ov) {
+  return "stage " + std::to_string(k.stage) + " optimizer " + std::string(to_string(k.opt)) + " param " +
+         std::string(to_string(k.param)) + (ov == Overlap::exact ? " exact" : " none");
+}
+
+TEST(EngineDp, EveryStagePlacementAndOverlapGivesOneResult) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  for (Precision prec : {Precision::fp32, Precision::bf16, Precision::fp16})
+    for (std::int64_t ga : {1, 2}) {
+      const auto ref = run_dp(dp_config(0, OffloadDevice::none, OffloadDevice::none, prec, ga, Overlap::none, dir.p), 3);
+      EXPECT_TRUE(world().same(digest(ref))) << "ranks disagree";
+      for (const Case& k : cases())
+        for (Overlap ov : {Overlap::exact, Overlap::none}) {
+          const auto got = run_dp(dp_config(k.stage, k.opt, k.param, prec, ga, ov, dir.p), 3);
+          EXPECT_EQ(digest(got), digest(ref)) << name(k, ov) << " " << to_string(prec) << " GA " << ga;
+        }
+    }
+}
+
+TEST(EngineDp, RanksMatchOneRankWithTheirAccumulation) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  const int W = world().size();
+  for (Precision prec : {Precision::fp32, Precision::bf16})
+    for (std::int64_t ga : {1, 2}) {
+      const auto dp = run_dp(dp_config(2, OffloadDevice::cpu, OffloadDevice::none, prec, ga, Overlap::exact, dir.p), 3);
+      EngineConfig one = dp_config(0, OffloadDevice::cpu, OffloadDevice::none, prec, ga * W, Overlap::exact, dir.p);
+      one.comm = nullptr;  // this rank alone
+      const auto solo = run(one, 3);
+      if (ga == 1) {  // contributions summed in rank order = one rank's micro batches in order: exact
+        EXPECT_EQ(digest(dp), digest(solo)) << to_string(prec);
+      } else {        // (a+b)+(c+d) against ((a+b)+c)+d: within rounding
+        double worst = 0;
+        for (std::size_t u = 0; u < dp.size(); ++u)
+          for (std::size_t i = 0; i < dp[u].size(); ++i) worst = std::max(worst, std::fabs(double(dp[u][i]) - double(solo[u][i])));
+        EXPECT_LT(worst, prec == Precision::fp32 ? 1e-5 : 1e-2) << to_string(prec) << " GA " << ga;
+        EXPECT_GT(worst, 0.0) << "different summation orders should differ somewhere (or the test is not testing)";
+      }
+    }
+}
+
+TEST(EngineDp, AsynchronousJitteredDeviceGivesTheSameResult) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  const auto ref = run_dp(dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::bf16, 2, Overlap::none, dir.p), 3);
+  for (const Case& k : {Case{2, OffloadDevice::cpu, OffloadDevice::none}, Case{3, OffloadDevice::none, OffloadDevice::none},
+                        Case{3, OffloadDevice::cpu, OffloadDevice::cpu}, Case{3, OffloadDevice::nvme, OffloadDevice::nvme}})
+    for (std::uint64_t seed : {1, 2}) {
+      CpuDeviceOptions o;
+      o.async = true;
+      o.jitter = JitterSpec{seed * 7 + static_cast<std::uint64_t>(world().rank()), 100};
+      const auto got = run_dp(dp_config(k.stage, k.opt, k.param, Precision::bf16, 2, Overlap::exact, dir.p), 3, o);
+      EXPECT_EQ(digest(got), digest(ref)) << name(k, Overlap::exact) << " seed " << seed;
+    }
+}
+
+TEST(EngineDp, EachRankAllocatesWhatItsPlanSays) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  for (const Case& k : cases())
+    for (Precision prec : {Precision::fp32, Precision::fp16})
+      for (std::int64_t ga : {1, 2}) {
+        const EngineConfig c = dp_config(k.stage, k.opt, k.param, prec, ga, Overlap::exact, dir.p);
+        auto dev = make_cpu_device(256 << 20);
+        Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+        EXPECT_EQ(dev->in_use(), Engine::device_bytes(c)) << name(k, Overlap::exact) << " GA " << ga;
+        EXPECT_EQ(e.pinned_capacity(), Engine::pinned_bytes(c)) << name(k, Overlap::exact) << " GA " << ga;
+      }
+  // And partitioning shrinks a rank's share: stage 3 holds less on the device than stage 0.
+  PlanInput in = Engine::plan_input(dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::fp16, 1, Overlap::exact, dir.p));
+  const auto s0 = make_plan(in).totals[0];
+  in.stage = 3;
+  EXPECT_LT(make_plan(in).totals[0], s0);
+}
+
+TEST(EngineDp, CheckpointStatesMoveBetweenStagesAndWorldSizes) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  const int W = world().size(), R = world().rank();
+  auto make = [&](int stage, OffloadDevice opt, OffloadDevice param, bool solo) {
+    EngineConfig c = dp_config(stage, opt, param, Precision::bf16, solo ? W : 1, Overlap::exact, dir.p);
+    if (solo) c.comm = nullptr;
+    return c;
+  };
+  // Three steps straight through (stage 2, optimizer on NVMe) against two steps whose states are read
+  // out as whole tensors, then a third after loading them into other stages, tiers and world sizes.
+  auto dev = make_cpu_device(256 << 20);
+  const auto straight = run_on(*dev, make(2, OffloadDevice::nvme, OffloadDevice::none, false), 3, R, W);
+  States half;
+  run_on(*dev, make(2, OffloadDevice::nvme, OffloadDevice::none, false), 2, R, W, 1, nullptr, &half);
+  EXPECT_TRUE(world().same(digest(half.m)) && world().same(digest(half.v))) << "every rank reads the same whole tensors";
+  EXPECT_NE(digest(half.m), digest(std::vector<std::vector<float>>(half.m.size())));
+  for (const Case& k : {Case{0, OffloadDevice::none, OffloadDevice::none}, Case{1, OffloadDevice::cpu, OffloadDevice::none},
+                        Case{3, OffloadDevice::cpu, OffloadDevice::nvme}, Case{3, OffloadDevice::none, OffloadDevice::none}}) {
+    const auto resumed = run_on(*dev, make(k.stage, k.opt, k.param, false), 1, R, W, 3, &half);
+    EXPECT_EQ(digest(resumed), digest(straight)) << "resumed into " << name(k, Overlap::exact);
+  }
+  // One rank with W × the accumulation continues them exactly (GA 1 per rank), and the reverse.
+  EngineConfig one = make(0, OffloadDevice::cpu, OffloadDevice::none, true);
+  EXPECT_EQ(digest(run_on(*dev, one, 1, 0, 1, 3, &half)), digest(straight)) << "resumed on one rank";
+  States solo_half;
+  run_on(*dev, one, 2, 0, 1, 1, nullptr, &solo_half);
+  EXPECT_EQ(digest(run_on(*dev, make(3, OffloadDevice::nvme, OffloadDevice::cpu, false), 1, R, W, 3, &solo_half)), digest(straight))
+      << "one rank's states resumed on " << W;
+}
+
+}  // namespace
+}  // namespace zinf::offload::test

@@ -1,0 +1,139 @@
+// train_dp_test.cpp — `train()` across data-parallel ranks (run under mpirun): every ZeRO stage,
+// placement and overlap mode gives one digest, equal to one rank with the ranks' accumulation;
+// checkpoints resume across world sizes; a job whose ranks disagree on the config is refused.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dp_world.h"
+#include "zinf/config.h"
+#include "zinf/error.h"
+#include "zinf/train.h"
+
+namespace zinf::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One directory for the whole job (rank 0's name), removed at the end.
+struct SharedDir {
+  std::string p;
+  SharedDir() {
+    char name[256] = {};
+    if (world().rank() == 0)
+      std::snprintf(name, sizeof name, "%s/zinf-dp-train-%d", fs::temp_directory_path().c_str(), static_cast<int>(::getpid()));
+    world().broadcast(name, sizeof name, 0);
+    p = name;
+    if (world().rank() == 0) fs::create_directories(p);
+    world().barrier();
+  }
+  ~SharedDir() {
+    world().barrier();
+    if (world().rank() == 0) fs::remove_all(p);
+  }
+};
+
+// Blocks of 110,592 parameters: split across ranks (shards are 64 Ki-aligned).
+std::string dp_config(const std::string& dir) {
+  return R"({"model": {"n_layer": 2, "n_head": 2, "d_model": 96, "vocab_size": 256, "seq_len": 16},
+             "train": {"steps": 3, "eval_interval": 0, "eval_batches": 3, "seed": 5},
+             "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1},
+             "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1000,
+             "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+             "gradient_clipping": 0.5,
+             "fp16": {"enabled": true, "initial_scale_power": 12},
+             "zero_optimization": {"stage": 0, "sub_group_size": 50000, "reduce_bucket_size": 40000,
+               "offload_optimizer": {"nvme_path": ")" + dir + R"("}, "offload_param": {"nvme_path": ")" + dir + R"("}}})";
+}
+
+TrainResult run(const std::string& dir, std::vector<std::string> over, bool solo = false, const std::string& resume = "") {
+  static auto one = make_solo_comm();
+  const int W = solo ? 1 : world().size();
+  if (solo) over.push_back("gradient_accumulation_steps=" + std::to_string(world().size()));
+  TrainHooks h;
+  h.comm = solo ? one.get() : &world();
+  h.resume = resume;
+  return train(parse_config(dp_config(dir), over, "dp.json", W), h);
+}
+
+TEST(TrainDp, EveryStagePlacementAndOverlapGivesOneDigestEqualToOneRank) {
+  ZINF_NEED_RANKS();
+  SharedDir dir;
+  const TrainResult one = run(dir.p, {}, /*solo=*/true);
+  const std::vector<std::vector<std::string>> cases = {
+      {"zero_optimization.stage=0"},
+      {"zero_optimization.stage=1", "zero_optimization.offload_optimizer.device=cpu"},
+      {"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=nvme"},
+      {"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu", "train.overlap=none"},
+      {"zero_optimization.stage=3"},
+      {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_param.device=cpu"},
+      {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_param.device=nvme",
+       "train.overlap=none"},
+  };
+  for (const auto& c : cases) {
+    const TrainResult r = run(dir.p, c);
+    std::string what;
+    for (const auto& s : c) what += s + " ";
+    EXPECT_EQ(r.params_digest, one.params_digest) << what;
+    EXPECT_EQ(r.loss, one.loss) << what;          // the loss summed in the global micro-batch order
+    EXPECT_EQ(r.val_loss, one.val_loss) << what;  // evaluation batches dealt round-robin
+  }
+  EXPECT_GT(one.first_val_loss, one.val_loss);
+}
+
+TEST(TrainDp, CheckpointsResumeOnAnotherWorldSize) {
+  ZINF_NEED_RANKS();
+  SharedDir dir;
+  const std::string ck = dir.p + "/ck", ck1 = dir.p + "/ck1";
+  const std::vector<std::string> base = {"train.steps=4", "zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"};
+  const TrainResult straight = run(dir.p, base);
+  auto with = [&](std::vector<std::string> v, const std::string& more) {
+    v.push_back(more);
+    return v;
+  };
+  // The ranks train two steps and checkpoint (rank 0 writes whole tensors); one rank resumes.
+  run(dir.p, with(with(base, "train.steps=2"), "train.checkpoint_dir=" + ck));
+  world().barrier();  // rank 0 may still be writing when the others return
+  EXPECT_TRUE(fs::exists(ck + "/step-00000002"));
+  if (world().rank() == 0) {  // (one process writes into a checkpoint directory)
+    const TrainResult resumed_one = run(dir.p, with(base, "train.checkpoint_dir=" + ck), true, "latest");
+    EXPECT_EQ(resumed_one.resumed_from, 2);
+    EXPECT_EQ(resumed_one.params_digest, straight.params_digest);
+  }
+  // One rank trains two steps and checkpoints; the ranks resume from it, with stage 3.
+  if (world().rank() == 0) run(dir.p, with(with(base, "train.steps=2"), "train.checkpoint_dir=" + ck1), true);
+  world().barrier();
+  const TrainResult resumed = run(dir.p, {"train.steps=4", "zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu",
+                                          "zero_optimization.offload_optimizer.device=cpu", "train.checkpoint_dir=" + ck1},
+                                  false, "latest");
+  EXPECT_EQ(resumed.resumed_from, 2);
+  EXPECT_EQ(resumed.params_digest, straight.params_digest);
+}
+
+TEST(TrainDp, RanksWithDifferentConfigsAreRefusedAtStart) {
+  ZINF_NEED_RANKS();
+  SharedDir dir;
+  const std::string lr = world().rank() == 1 ? "optimizer.params.lr=0.001" : "optimizer.params.lr=0.003";
+  try {
+    run(dir.p, {lr});
+    ADD_FAILURE() << "a job whose ranks disagree trained";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("different configs"), std::string::npos) << e.what();
+  }
+  // A config resolved for another world size (the batch rule) is refused too.
+  try {
+    TrainHooks h;
+    h.comm = &world();
+    train(parse_config(dp_config(dir.p), {}, "dp.json", 1), h);
+    ADD_FAILURE() << "a config resolved for one rank trained on " << world().size();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("resolved for 1 rank"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zinf::test

@@ -415,10 +415,18 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   if (c.world_size != comm->size())
     throw ConfigError(c.source + ": the batch sizes were resolved for " + std::to_string(c.world_size) + " rank(s), this job has " +
                       std::to_string(comm->size()));
-  if (comm->size() > 1 && !comm->same(fnv1a64(c.resolved_json.data(), c.resolved_json.size())))
-    throw ConfigError(c.source + ": the ranks of this job were given different configs (rank " + std::to_string(comm->rank()) +
-                          "'s resolved config differs from another rank's)",
-                      "start every rank with the same config file and --set overrides");
+  if (comm->size() > 1) {  // every rank must train the same thing: compare the resolved configs
+    const std::uint64_t h = fnv1a64(c.resolved_json.data(), c.resolved_json.size());
+    const double parts[2] = {static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffu)};
+    const auto all = comm->allgather(parts, 2);
+    std::string differ;
+    for (std::size_t r = 1; r < all.size() / 2; ++r)
+      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (!differ.empty())
+      throw ConfigError(c.source + ": the ranks of this job were given different configs: the resolved config of rank(s) " + differ +
+                            " differs from rank 0's",
+                        "start every rank with the same config file and --set overrides");
+  }
   // Rank 0 prepares the directories the run writes; the others learn whether that worked.
   std::exception_ptr prepared;
   if (comm->rank() == 0) try {

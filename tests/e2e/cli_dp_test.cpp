@@ -1,0 +1,154 @@
+// cli_dp_test.cpp — `mpirun -np N zinf …` as a user runs it: ranks train as one rank with their
+// accumulation, rank 0 alone prints, a killed rank ends the job without a hang, and bad launches
+// (ranks given different configs, a world the launcher does not match) are refused at start.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+const std::string kTiny = std::string(ZINF_SOURCE_DIR) + "/configs/tiny.json";
+const std::string kMpi = std::string(ZINF_MPIEXEC) + " --oversubscribe --bind-to none";
+
+Result sh(const std::string& cmd) {
+  const std::string base = fs::temp_directory_path() / ("zinf-cli-dp-" + std::to_string(::getpid()));
+  const int status = std::system((cmd + " >" + base + ".out 2>" + base + ".err").c_str());
+  Result r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
+  return r;
+}
+
+std::string digest_of(const std::string& out) {
+  const auto p = out.find("params_digest=");
+  return p == std::string::npos ? "" : out.substr(p + 14, 16);
+}
+
+std::size_t count(const std::string& s, const std::string& what) {
+  std::size_t n = 0;
+  for (auto p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+class CliDp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);  // CI runs as root
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+};
+
+TEST_F(CliDp, MpirunRanksTrainAsOneRankWithTheirAccumulation) {
+  const std::string args = " train --config " + kTiny + " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0";
+  const Result one = sh(std::string(ZINF_BIN) + args + " --set gradient_accumulation_steps=2");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  for (const std::string stage : {"--set zero_optimization.stage=2",
+                                  "--set zero_optimization.stage=3 --set zero_optimization.offload_param.device=cpu"}) {
+    const Result two = sh(kMpi + " -np 2 " + ZINF_BIN + args + " " + stage);
+    EXPECT_EQ(two.rc, 0) << two.err;
+    EXPECT_EQ(digest_of(two.out), digest_of(one.out)) << stage;
+    EXPECT_EQ(count(two.out, "final step="), 1u) << "rank 0 alone prints";
+    EXPECT_NE(two.out.find("data parallel: 2 ranks over mpi"), std::string::npos) << two.out;
+  }
+}
+
+TEST_F(CliDp, KillingOneRankEndsTheJobWithoutAHang) {
+  const std::string base = fs::temp_directory_path() / ("zinf-cli-dp-kill-" + std::to_string(::getpid()));
+  const pid_t job = ::fork();
+  ASSERT_GE(job, 0);
+  if (job == 0) {
+    ::setpgid(0, 0);
+    const std::string cmd = "exec " + kMpi + " -np 2 " + ZINF_BIN + " train --config " + kTiny +
+                            " --set train.steps=100000 --set steps_per_print=1 >" + base + ".out 2>" + base + ".err";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Wait for training to be under way, then SIGKILL one rank (a child of mpirun).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (slurp(base + ".out").find("step     2/") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::vector<pid_t> ranks;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string stat = slurp(e.path().string() + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (ppid == job && slurp(e.path().string() + "/comm").rfind("zinf", 0) == 0) ranks.push_back(std::stoi(e.path().filename()));
+  }
+  ASSERT_EQ(ranks.size(), 2u) << slurp(base + ".out") << slurp(base + ".err");
+  ::kill(ranks.back(), SIGKILL);
+  int status = 0;
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  pid_t done = 0;
+  while ((done = ::waitpid(job, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (done == 0) {
+    ::kill(-job, SIGKILL);
+    ::waitpid(job, &status, 0);
+    ADD_FAILURE() << "the job still ran 60 s after one rank was killed";
+  }
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const std::string err = slurp(base + ".err");
+  EXPECT_NE(err.find("signal 9"), std::string::npos) << err;  // the launcher names the rank and the signal
+  for (pid_t r : ranks) {  // gone, or a zombie waiting to be reaped
+    std::string stat;
+    for (int i = 0; i < 50 && !(stat = slurp("/proc/" + std::to_string(r) + "/stat")).empty(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto close = stat.rfind(')');
+    EXPECT_TRUE(stat.empty() || (close != std::string::npos && stat.compare(close + 2, 1, "Z") == 0)) << "rank process " << r << " survived";
+  }
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
+}
+
+TEST_F(CliDp, BadLaunchesAreRefusedAtStart) {
+  const std::string train = std::string(ZINF_BIN) + " train --config " + kTiny + " --set train.steps=1";
+  // Ranks given different configs (MPMD: one launch, two command lines).
+  Result r = sh(kMpi + " -np 1 " + train + " : -np 1 " + train + " --set optimizer.params.lr=0.001");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("different configs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zinf: rank "), std::string::npos) << r.err;
+  // DeepSpeed's variables describing a world mpirun did not start.
+  r = sh(kMpi + " -np 2 -x WORLD_SIZE=3 " + train);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("disagree with mpirun's world"), std::string::npos) << r.err;
+  r = sh("WORLD_SIZE=2 RANK=0 " + train);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("not started by mpirun"), std::string::npos) << r.err;
+  // A batch size that does not divide among the ranks: DeepSpeed's rule with the world size.
+  r = sh(kMpi + " -np 2 " + train + " --set train_batch_size=16 --set gradient_accumulation_steps=1");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("gradient_acc_step * world_size 16 != 16 * 1 * 2"), std::string::npos) << r.err;
+}
+
+}  // namespace

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "zinf/comm.h"
 #include "zinf/config.h"
 #include "plan/plan.h"
 
@@ -16,6 +17,7 @@ namespace {
 struct PlanArgs {
   ConfigArgs config;
   bool json = false;
+  int world = 0;  // 0: the launcher's world (1 for a process started alone)
 };
 
 std::string cell(std::uint64_t b) { return b ? format_bytes(b) : "-"; }
@@ -41,7 +43,7 @@ nlohmann::json tiers_json(const offload::TierBytes& b) {
 }
 
 int run_plan(const PlanArgs& a) {
-  Config c = load_config(a.config.path, a.config.overrides);
+  Config c = load_config(a.config.path, a.config.overrides, a.world > 0 ? a.world : detect_world().size);
   for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
   MachineInfo m = query_machine();
   RunPlan r = plan_run(c, m);
@@ -72,6 +74,11 @@ int run_plan(const PlanArgs& a) {
     j["verdict"] = {{"fits", r.verdict.fits}, {"limiting", r.verdict.limiting},
                     {"limiting_fraction", r.verdict.limiting_fraction}, {"problems", r.verdict.problems}};
     j["deepspeed_zero3_estimate"] = {{"cpu", r.deepspeed.cpu}, {"gpu", r.deepspeed.gpu}};
+    j["world_size"] = r.world;
+    j["per_rank_stages"] = nlohmann::json::array();
+    for (const auto& s : r.stages)
+      j["per_rank_stages"].push_back({{"stage", s.stage}, {"valid", s.valid}, {"model_states", tiers_json(s.model_states)},
+                                      {"totals", tiers_json(s.totals)}, {"zero_paper_model_states", s.zero_paper}});
     j["largest_fit"] = nlohmann::json::array();
     for (const auto& f : r.largest)
       j["largest_fit"].push_back({{"optimizer", to_string(f.optimizer)}, {"param", to_string(f.param)},
@@ -119,6 +126,17 @@ int run_plan(const PlanArgs& a) {
                 r.verdict.problems.empty() ? "" : r.verdict.problems.front().c_str());
   std::printf("deepspeed    estimate_zero3_model_states_mem_needs (x1.5 buffer factor): cpu %s, gpu %s\n",
               format_bytes(r.deepspeed.cpu).c_str(), format_bytes(r.deepspeed.gpu).c_str());
+  std::printf("\nper rank     %d rank(s), rank 0 (the largest shards), this placement at each ZeRO stage; the ZeRO paper's\n"
+              "             model states per GPU (mixed-precision Adam, nothing offloaded) beside them\n",
+              r.world);
+  std::printf("  %-6s %12s %12s %12s %12s %12s   %s\n", "stage", "device", "pinned", "host", "nvme", "states", "ZeRO paper");
+  for (const auto& s : r.stages) {
+    std::uint64_t states = 0;
+    for (auto b : s.model_states) states += b;
+    std::printf("  %-6d %12s %12s %12s %12s %12s   %s%s\n", s.stage, cell(s.totals[0]).c_str(), cell(s.totals[1]).c_str(),
+                cell(s.totals[2]).c_str(), cell(s.totals[3]).c_str(), cell(states).c_str(), format_bytes(s.zero_paper).c_str(),
+                s.valid ? (s.stage == c.zero.stage ? "   <- this run" : "") : "   (this offload needs a higher stage)");
+  }
   std::printf("\nlargest model that fits: of this width (n_layer scaled) | the largest real model (llama-family preset, this seq_len)\n");
   for (const auto& f : r.largest) {
     const std::string real = f.largest_preset.empty() ? "none" : f.largest_preset;
@@ -150,6 +168,9 @@ Command add_plan(CLI::App& app) {
       "out, and the largest model of the same width that fits under each offload setting");
   add_config_options(*sub, args->config, true);
   sub->add_flag("--json", args->json, "Print one JSON object instead of the table");
+  sub->add_option("--world", args->world,
+                  "Data-parallel ranks to plan for (per-rank bytes; default: the ranks mpirun started, or 1)")
+      ->check(CLI::Range(1, 1 << 20));
   return {sub, [args] { return run_plan(*args); }};
 }
 

@@ -44,6 +44,9 @@ offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
   Config sized = c;
   set_model(sized.model, shape);
   offload::PlanInput in = offload::Engine::plan_input(engine_config(sized, 1));
+  in.world = c.world_size;  // rank 0: the largest shards
+  in.rank = 0;
+  in.stage = c.zero.stage;
   in.activation_bytes =
       estimate_activation_bytes(shape, c.micro_batch_size, in.compute_bytes, c.model.activation_checkpointing);
   return in;
@@ -66,10 +69,29 @@ offload::Capacity machine_capacity(const Config& c, const MachineInfo& m) {
   return cap;
 }
 
+std::uint64_t zero_paper_bytes(std::int64_t params, int stage, int world) {
+  const double p = static_cast<double>(params), nd = static_cast<double>(world), k = 12;
+  const double b = stage == 0 ? (2 + 2 + k) * p : stage == 1 ? 4 * p + k * p / nd : stage == 2 ? 2 * p + (2 + k) * p / nd : (2 + 2 + k) * p / nd;
+  return static_cast<std::uint64_t>(b);
+}
+
 RunPlan plan_run(const Config& c, const MachineInfo& m) {
   RunPlan r;
   r.shape = model_shape(c.model);
+  r.world = c.world_size;
   offload::PlanInput in = make_plan_input(c, r.shape);
+  for (int st = 0; st <= 3; ++st) {
+    StagePlan sp;
+    sp.stage = st;
+    sp.valid = !(in.optimizer != OffloadDevice::none && st == 0) && !(in.param != OffloadDevice::none && st < 3);
+    offload::PlanInput si = in;
+    si.stage = st;
+    const offload::Plan sp_plan = offload::make_plan(si);
+    sp.model_states = sp_plan.model_states;
+    sp.totals = sp_plan.totals;
+    sp.zero_paper = zero_paper_bytes(sp_plan.n_params, st, c.world_size);
+    r.stages.push_back(sp);
+  }
   r.plan = offload::make_plan(in);
   r.capacity = machine_capacity(c, m);
   r.activations_plain = estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, false);

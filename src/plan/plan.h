@@ -35,8 +35,22 @@ struct LargestFit {
   std::string largest_preset;  // the largest llama-family preset that fits ("" when none does)
 };
 
+// One ZeRO stage of this run's placement, per rank (rank 0, which holds the largest shards).
+struct StagePlan {
+  int stage = 0;
+  bool valid = true;               // the config's offload settings are allowed at this stage
+  offload::TierBytes model_states{}, totals{};
+  std::uint64_t zero_paper = 0;    // the ZeRO paper's model states per GPU, mixed-precision Adam, no offload
+};
+
+// The ZeRO paper's per-GPU model-state bytes for Ψ parameters, mixed-precision Adam (K = 12) over
+// Nd ranks: stage 0 (2+2+K)Ψ, 1 (2+2)Ψ + KΨ/Nd, 2 2Ψ + (2+K)Ψ/Nd, 3 (2+2+K)Ψ/Nd.
+std::uint64_t zero_paper_bytes(std::int64_t params, int stage, int world);
+
 struct RunPlan {
   ModelShape shape;
+  int world = 1;                         // data-parallel ranks the plan is for
+  std::vector<StagePlan> stages;         // stages 0–3 with this placement
   offload::Plan plan;
   offload::Capacity capacity;
   offload::Verdict verdict;

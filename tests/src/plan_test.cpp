@@ -72,5 +72,41 @@ TEST(Plan, TheLargestRealModelThatFitsGrowsWithOffload) {
   EXPECT_LT(params[2], count_params(find_model_preset("llama-3.1-70b").shape));
 }
 
+TEST(Plan, ZeroPaperFormulasPerStage) {
+  // The ZeRO paper's worked example: 7.5B parameters on 64 GPUs — 120 GB, 31.4 GB, 16.6 GB, 1.88 GB.
+  const std::int64_t psi = 7'500'000'000;
+  EXPECT_EQ(zero_paper_bytes(psi, 0, 64), 120'000'000'000ull);
+  EXPECT_NEAR(static_cast<double>(zero_paper_bytes(psi, 1, 64)), 31.4e9, 0.05e9);
+  EXPECT_NEAR(static_cast<double>(zero_paper_bytes(psi, 2, 64)), 16.6e9, 0.05e9);
+  EXPECT_NEAR(static_cast<double>(zero_paper_bytes(psi, 3, 64)), 1.875e9, 0.001e9);
+  EXPECT_EQ(zero_paper_bytes(psi, 3, 1), zero_paper_bytes(psi, 0, 1));
+}
+
+TEST(Plan, PerRankBytesFallWithTheStageAndTheWorld) {
+  auto plan_for = [](int world) {
+    Config c = parse_config(R"({"model": {"preset": "gpt2-350m"}, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+                               "zero_optimization": {"stage": 2}})",
+                            {}, "<test>", world);
+    return plan_run(c, fake_machine(64ull << 30, 80ull << 30));
+  };
+  const RunPlan one = plan_for(1), four = plan_for(4);
+  ASSERT_EQ(four.stages.size(), 4u);
+  EXPECT_EQ(four.world, 4);
+  auto states = [](const StagePlan& s) { return s.model_states[0] + s.model_states[1] + s.model_states[2] + s.model_states[3]; };
+  for (int st = 1; st <= 3; ++st) {
+    EXPECT_LT(states(four.stages[st]), states(four.stages[st - 1])) << "stage " << st;
+    EXPECT_LT(four.stages[st].zero_paper, four.stages[st - 1].zero_paper);
+    EXPECT_LT(states(four.stages[st]), states(one.stages[st])) << "stage " << st << ": 4 ranks hold less each than 1";
+  }
+  // With one rank the stages partition nothing.
+  EXPECT_EQ(states(one.stages[1]), states(one.stages[3]));
+  for (const auto& st : four.stages) EXPECT_TRUE(st.valid) << "no offload: every stage allows it";
+  Config off = parse_config(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})", {},
+                            "<test>", 4);
+  const RunPlan r = plan_run(off, fake_machine(64ull << 30, 80ull << 30));
+  EXPECT_FALSE(r.stages[0].valid);  // offloading the optimizer needs stage 1 or more
+  EXPECT_TRUE(r.stages[1].valid);
+}
+
 }  // namespace
 }  // namespace zinf

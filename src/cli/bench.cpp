@@ -16,12 +16,14 @@
 #include "zinf/device.h"
 #include "zinf/model.h"
 #include "zinf/sysinfo.h"
+#include "bench/comm.h"
 #include "bench/pcie.h"
+#include "zinf/comm.h"
 
 namespace zinf::cli {
 namespace {
 
-Command bench_nvme_, bench_step_, bench_pcie_;
+Command bench_nvme_, bench_step_, bench_pcie_, bench_comm_;
 
 struct AdamArgs {
   std::string params = "256M";
@@ -256,6 +258,38 @@ int run_pcie(const PcieArgs& a) {
   return 0;
 }
 
+struct CommArgs {
+  std::vector<std::string> sizes = {"64K", "1M", "16M", "64M"};
+  int iters = 10;
+  bool json = false;
+};
+
+int run_comm(const CommArgs& a) {
+  const World w = detect_world();
+  auto comm = make_world_comm(w);
+  std::vector<std::uint64_t> sizes;
+  for (const auto& s : a.sizes) sizes.push_back(parse_bytes(s, "--sizes"));
+  const auto rows = bench_comm(*comm, sizes, a.iters);
+  if (comm->rank() != 0) return 0;
+  if (a.json) {
+    nlohmann::json j = {{"backend", comm->backend()}, {"ranks", comm->size()}, {"rows", nlohmann::json::array()}};
+    for (const auto& r : rows)
+      j["rows"].push_back({{"op", r.op}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"algbw_gb_per_s", r.algbw},
+                           {"busbw_gb_per_s", r.busbw}, {"memcpy_gb_per_s", r.memcpy_gbps},
+                           {"busbw_to_memcpy", r.memcpy_gbps > 0 ? r.busbw / r.memcpy_gbps : 0.0}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("zinf bench comm — %s, %d rank(s), mean of %d calls, the slowest rank's time\n", comm->backend().c_str(), comm->size(),
+              a.iters);
+  if (comm->size() == 1) std::printf("note: one rank moves nothing; launch with mpirun -np N\n");
+  std::printf("  %-10s %-15s %12s %12s %12s %12s %8s\n", "bytes", "op", "time us", "algbw GB/s", "busbw GB/s", "memcpy GB/s", "bus/cpy");
+  for (const auto& r : rows)
+    std::printf("  %-10s %-15s %12.1f %12.2f %12.2f %12.2f %8.2f\n", format_bytes(r.bytes).c_str(), r.op.c_str(), r.seconds * 1e6, r.algbw,
+                r.busbw, r.memcpy_gbps, r.memcpy_gbps > 0 ? r.busbw / r.memcpy_gbps : 0.0);
+  return 0;
+}
+
 }  // namespace
 
 Command add_bench(CLI::App& app) {
@@ -312,11 +346,23 @@ Command add_bench(CLI::App& app) {
   pc->add_option("--reps", pargs->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
   pc->add_flag("--json", pargs->json, "Print one JSON object");
   bench_pcie_ = {pc, [pargs] { return run_pcie(*pargs); }};
+  auto cargs = std::make_shared<CommArgs>();
+  CLI::App* cm = sub->add_subcommand(
+      "comm",
+      "The data-parallel collectives of the host transport (MPI) as zinf's engine uses them — all-gather, all-to-all, "
+      "reduce-scatter (all-to-all, then a rank-ordered sum), all-reduce, broadcast — per size, with algorithm and bus "
+      "bandwidth the way nccl-tests reports them, against this machine's memcpy rate at the same size. Launch it with "
+      "mpirun -np N; every rank takes part, rank 0 prints");
+  cm->add_option("--sizes", cargs->sizes, "Buffer sizes (every rank's parts together)")->delimiter(',')->capture_default_str();
+  cm->add_option("--iters", cargs->iters, "Calls per size and collective")->check(CLI::Range(1, 100000))->capture_default_str();
+  cm->add_flag("--json", cargs->json, "Print one JSON object");
+  bench_comm_ = {cm, [cargs] { return run_comm(*cargs); }};
   return {adam, [args] { return run_adam(*args); }};
 }
 
 Command bench_nvme_command() { return bench_nvme_; }
 Command bench_step_command() { return bench_step_; }
 Command bench_pcie_command() { return bench_pcie_; }
+Command bench_comm_command() { return bench_comm_; }
 
 }  // namespace zinf::cli

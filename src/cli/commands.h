@@ -27,6 +27,7 @@ Command add_bench(CLI::App& app);  // registers `bench adam` (returned) and `ben
 Command bench_nvme_command();      // valid after add_bench
 Command bench_step_command();
 Command bench_pcie_command();
+Command bench_comm_command();
 
 // Shared: --config / --set handling and the "note:" lines a config produced.
 struct ConfigArgs {

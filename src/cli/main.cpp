@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   const zinf::cli::Command commands[] = {zinf::cli::add_info(app), zinf::cli::add_plan(app), zinf::cli::add_train(app), zinf::cli::add_eval(app), zinf::cli::add_tokenize(app), zinf::cli::add_export(app),
                                          zinf::cli::add_bench(app),
                                          zinf::cli::bench_nvme_command(), zinf::cli::bench_step_command(),
-                                         zinf::cli::bench_pcie_command()};
+                                         zinf::cli::bench_pcie_command(), zinf::cli::bench_comm_command()};
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -43,7 +43,9 @@ nlohmann::json tiers_json(const offload::TierBytes& b) {
 }
 
 int run_plan(const PlanArgs& a) {
-  Config c = load_config(a.config.path, a.config.overrides, a.world > 0 ? a.world : detect_world().size);
+  const World w = detect_world();
+  if (w.rank != 0) return 0;  // under mpirun: one plan, from rank 0
+  Config c = load_config(a.config.path, a.config.overrides, a.world > 0 ? a.world : w.size);
   for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
   MachineInfo m = query_machine();
   RunPlan r = plan_run(c, m);

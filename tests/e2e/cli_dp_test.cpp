@@ -2,6 +2,7 @@
 // accumulation, rank 0 alone prints, a killed rank ends the job without a hang, and bad launches
 // (ranks given different configs, a world the launcher does not match) are refused at start.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -149,6 +150,29 @@ TEST_F(CliDp, BadLaunchesAreRefusedAtStart) {
   r = sh(kMpi + " -np 2 " + train + " --set train_batch_size=16 --set gradient_accumulation_steps=1");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("gradient_acc_step * world_size 16 != 16 * 1 * 2"), std::string::npos) << r.err;
+}
+
+TEST_F(CliDp, BenchCommAndPlanReportPerRankFigures) {
+  Result r = sh(kMpi + " -np 2 " + ZINF_BIN + " bench comm --sizes 64K,1M --iters 3 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);  // rank 0 alone prints
+  EXPECT_EQ(j["backend"], "mpi");
+  EXPECT_EQ(j["ranks"], 2);
+  ASSERT_EQ(j["rows"].size(), 10u);
+  for (const auto& row : j["rows"]) {
+    EXPECT_GT(row["busbw_gb_per_s"].get<double>(), 0.0) << row.dump();
+    EXPECT_GT(row["memcpy_gb_per_s"].get<double>(), 0.0) << row.dump();
+  }
+  // The plan for the ranks mpirun starts (and for a world given by hand): the per-rank share falls.
+  r = sh(std::string(ZINF_BIN) + " plan --config " + kTiny + " --world 4 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto p = nlohmann::json::parse(r.out);
+  EXPECT_EQ(p["world_size"], 4);
+  ASSERT_EQ(p["per_rank_stages"].size(), 4u);
+  EXPECT_LT(p["per_rank_stages"][3]["zero_paper_model_states"].get<double>(), p["per_rank_stages"][0]["zero_paper_model_states"].get<double>());
+  r = sh(kMpi + " -np 2 " + ZINF_BIN + " plan --config " + kTiny + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["world_size"], 2);  // one plan, from rank 0
 }
 
 }  // namespace

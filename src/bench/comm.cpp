@@ -1,0 +1,96 @@
+// comm.cpp — `zinf bench comm` (bench/comm.h).
+#include "bench/comm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+
+#include "zinf/error.h"
+
+namespace zinf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Even parts of n elements, in rank order (the last may be shorter).
+std::vector<std::size_t> parts(std::size_t n, int world) {
+  std::vector<std::size_t> c(static_cast<std::size_t>(world));
+  const std::size_t per = (n + c.size() - 1) / c.size();
+  for (std::size_t r = 0, left = n; r < c.size(); ++r) {
+    c[r] = std::min(per, left);
+    left -= c[r];
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<CommBenchRow> bench_comm(Comm& comm, const std::vector<std::uint64_t>& sizes, int iters) {
+  const int W = comm.size(), R = comm.rank();
+  const double share = W > 1 ? static_cast<double>(W - 1) / W : 0.0;
+  std::vector<CommBenchRow> rows;
+  for (std::uint64_t bytes : sizes) {
+    const std::size_t n = std::max<std::size_t>(static_cast<std::size_t>(bytes / 4), static_cast<std::size_t>(W));
+    const auto counts = parts(n, W);
+    const std::size_t mine = counts[static_cast<std::size_t>(R)];
+    std::size_t my_off = 0;
+    for (int r = 0; r < R; ++r) my_off += counts[static_cast<std::size_t>(r)];
+    std::vector<float> buf(n), recv(mine * static_cast<std::size_t>(W)), copy(n);
+    for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(R)) % 1000) * 1e-3f;
+    const std::vector<std::size_t> recv_counts(counts.size(), mine);
+
+    auto reduce_scatter = [&] {
+      comm.alltoallv(buf.data(), counts, recv.data(), recv_counts, 4);
+      float* dst = buf.data() + my_off;
+      for (std::size_t i = 0; i < mine; ++i) {
+        float acc = recv[i];
+        for (std::size_t k = 1; k < static_cast<std::size_t>(W); ++k) acc += recv[k * mine + i];
+        dst[i] = acc;
+      }
+    };
+    struct Op {
+      const char* name;
+      double factor;  // bus bandwidth / algorithm bandwidth
+      std::function<void()> run;
+    };
+    const std::vector<Op> ops = {
+        {"all_gather", share, [&] { comm.allgatherv(buf.data(), counts, 4); }},
+        {"all_to_all", share, [&] { comm.alltoallv(buf.data(), counts, recv.data(), recv_counts, 4); }},
+        {"reduce_scatter", share, reduce_scatter},
+        {"all_reduce", 2 * share, [&] {
+           reduce_scatter();
+           comm.allgatherv(buf.data(), counts, 4);
+         }},
+        {"broadcast", 1.0, [&] { comm.broadcast(buf.data(), n * 4, 0); }},
+    };
+    // The machine's own copy rate at this size: the reference the bus bandwidth is read against.
+    double t_copy = 1e30;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = Clock::now();
+      std::memcpy(copy.data(), buf.data(), n * 4);
+      t_copy = std::min(t_copy, seconds_since(t0));
+    }
+    for (const Op& op : ops) {
+      op.run();  // warm-up
+      comm.barrier();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) op.run();
+      const double mean = seconds_since(t0) / iters;
+      const auto all = comm.allgather(&mean, 1);
+      CommBenchRow row;
+      row.op = op.name;
+      row.bytes = n * 4;
+      row.seconds = *std::max_element(all.begin(), all.end());
+      row.algbw = static_cast<double>(row.bytes) / row.seconds / 1e9;
+      row.busbw = row.algbw * op.factor;
+      row.memcpy_gbps = static_cast<double>(row.bytes) / t_copy / 1e9;
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+}  // namespace zinf

@@ -60,6 +60,7 @@ PlanInput Engine::plan_input(const EngineConfig& c) {
   in.world = c.comm ? c.comm->size() : 1;
   in.rank = c.comm ? c.comm->rank() : 0;
   in.stage = c.stage;
+  in.persistence_threshold = static_cast<std::int64_t>(c.persistence_threshold);
   return in;
 }
 
@@ -99,10 +100,13 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   if (s.pinned->capacity()) dev.register_host(s.pinned->slab().iov_base, s.pinned->capacity());  // CUDA: one copy, no bounce
 
   const bool windows = s.param_offloaded || s.shard_params;  // some units visit a window slot
+  // Units that stay whole and resident: the model's persistent ones, and (partitioned parameters)
+  // those at or under the persistence threshold.
+  auto kept = [&](std::size_t u) { return c.persistent[u] || (s.shard_params && c.units[u] <= c.persistence_threshold); };
   std::size_t max_unit = 0, max_windowed = 0, max_grad_windowed = 0;
   for (std::size_t u = 0; u < c.units.size(); ++u) {
     max_unit = std::max(max_unit, c.units[u]);
-    if (windows && !c.persistent[u]) max_windowed = std::max(max_windowed, c.units[u]);
+    if (windows && !kept(u)) max_windowed = std::max(max_windowed, c.units[u]);
     if (!c.persistent[u]) max_grad_windowed = std::max(max_grad_windowed, c.units[u]);
   }
   s.bucket = std::min(round_up(std::max<std::size_t>(c.reduce_bucket_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
@@ -124,7 +128,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   for (std::size_t ui = 0; ui < c.units.size(); ++ui) {
     Unit u;
     u.n = c.units[ui];
-    u.windowed = windows && !c.persistent[ui];
+    u.windowed = windows && !kept(ui);
     u.grad_windowed = s.optimizer_offloaded && !c.persistent[ui];  // off the device, gradients only pass through
     for (int r = 0; r < s.world; ++r) u.bounds.push_back(shard_of(u.n, s.world, r).lo);
     u.bounds.push_back(u.n);
@@ -325,6 +329,13 @@ std::string Engine::describe() const {
   std::string d = "offload_optimizer=" + std::string(to_string(m.s.c.optimizer)) + " offload_param=" +
                   std::string(to_string(m.s.c.param)) + ", overlap " + (m.s.exact() ? "exact" : "none") + ", pinned pool " +
                   std::to_string(m.s.pinned->capacity()) + " bytes";
+  if (m.s.parallel()) {
+    d += "; rank " + std::to_string(m.s.rank) + " of " + std::to_string(m.s.world) + ", ZeRO stage " + std::to_string(m.s.c.stage);
+    d += m.s.shard_params ? " (optimizer states, gradients and parameters partitioned)"
+         : m.s.shard_grads ? " (optimizer states and gradients partitioned)"
+         : m.s.shard_states ? " (optimizer states partitioned)"
+                            : " (every state on every rank)";
+  }
   nvme::TensorStore* stores[] = {m.states->store(), m.offloaded ? m.offloaded->store() : nullptr};
   if (stores[0]) d += "; optimizer store: " + stores[0]->description();
   if (stores[1]) d += "; param store: " + stores[1]->description();

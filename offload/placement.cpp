@@ -63,7 +63,8 @@ Plan make_plan(const PlanInput& in) {
   const bool shard_states = parallel && in.stage >= 1, shard_grads = parallel && in.stage >= 2, shard_params = parallel && in.stage >= 3;
   const bool fp32_sum = ga || parallel;  // the Update reads an fp32 sum of micro batches (and ranks)
   auto persistent = [&](std::size_t u) { return !in.persistent.empty() && in.persistent[u]; };
-  auto windowed = [&](std::size_t u) { return (param_off || shard_params) && !persistent(u); };
+  auto kept = [&](std::size_t u) { return persistent(u) || (shard_params && in.unit_params[u] <= in.persistence_threshold); };
+  auto windowed = [&](std::size_t u) { return (param_off || shard_params) && !kept(u); };
   std::uint64_t max_unit = 0, max_win = 0, max_np = 0;  // largest unit, windowed unit, non-persistent unit
   for (std::size_t u = 0; u < in.unit_params.size(); ++u) {
     const std::uint64_t n = static_cast<std::uint64_t>(in.unit_params[u]);

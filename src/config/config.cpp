@@ -642,8 +642,7 @@ void read_zero(Section s, ZeroConfig& z, const ModelConfig& model) {
     o.finish();
   }
   for (const char* key :
-       {"reduce_scatter", "allgather_partitions", "allgather_bucket_size",
-        "use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "round_robin_gradients",
+       {"use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "round_robin_gradients",
         "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
         "gather_16bit_weights_on_model_save", "ignore_unused_parameters", "zero_hpz_partition_size",
         "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
@@ -654,6 +653,9 @@ void read_zero(Section s, ZeroConfig& z, const ModelConfig& model) {
         "elastic_checkpoint", "legacy_stage1", "log_trace_cache_warnings", "enable_sanity_checks",
         "pipeline_loading_checkpoint", "leaf_module"})
     s.note_if_present(key, "accepted, no effect on one box (multi-GPU or PyTorch-module setting)");
+  for (const char* key : {"reduce_scatter", "allgather_partitions", "allgather_bucket_size"})
+    s.note_if_present(key, "accepted, no effect: across ranks zinf always reduce-scatters gradients bucket by bucket "
+                           "(reduce_bucket_size) and gathers updated parameters unit by unit");
   s.only_default("zenflow", nullptr, "ZenFlow is not supported; zinf's default overlap is exact");
   s.finish();
 }

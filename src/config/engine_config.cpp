@@ -21,8 +21,11 @@ nvme::StoreOptions store_options(const AioConfig& a, const std::string& nvme_pat
 }
 
 int prefetch_depth(const Config& c, const ModelShape& s) {
-  const std::int64_t block = block_params(s);
-  return static_cast<int>(std::clamp<std::int64_t>(c.zero.prefetch_bucket_size / std::max<std::int64_t>(1, block), 1, 4));
+  const std::int64_t block = std::max<std::int64_t>(1, block_params(s));
+  // stage3_prefetch_bucket_size: how far ahead; stage3_max_live_parameters: the window (the unit in
+  // use and those fetched ahead) never holds more.
+  const std::int64_t ahead = std::min(c.zero.prefetch_bucket_size / block, c.zero.max_live_parameters / block - 1);
+  return static_cast<int>(std::clamp<std::int64_t>(ahead, 1, 4));
 }
 
 offload::EngineConfig engine_config(const Config& c, int host_threads) {
@@ -41,6 +44,8 @@ offload::EngineConfig engine_config(const Config& c, int host_threads) {
   e.reduce_bucket_size = static_cast<std::size_t>(c.zero.reduce_bucket_size);
   e.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
   e.prefetch_depth = prefetch_depth(c, shape);
+  e.stage = c.zero.stage;
+  e.persistence_threshold = static_cast<std::size_t>(c.zero.param_persistence_threshold);
   e.optimizer_store = store_options(c.aio, c.zero.offload_optimizer.nvme_path);
   e.param_store = store_options(c.aio, c.zero.offload_param.nvme_path);
   e.pin_memory = c.zero.offload_optimizer.pin_memory && c.zero.offload_param.pin_memory;

@@ -112,6 +112,9 @@ struct EngineConfig {
   // 2 the reduced gradients too; 3 the compute copy too (gathered into a window slot ahead of use;
   // persistent units stay whole). Gradients are reduced every micro batch in every stage.
   int stage = 0;
+  // Stage 3 with several ranks: units of at most this many parameters are not partitioned (each rank
+  // keeps them whole on the device, as DeepSpeed's stage3_param_persistence_threshold).
+  std::size_t persistence_threshold = 0;
   // The device's kernels for the engine's own work on device memory; empty: host_kernels (the CPU
   // device). The CUDA device passes its kernels here.
   std::function<std::unique_ptr<DeviceKernels>(Device&, cpu_adam::HostThreads&)> kernels;

@@ -48,6 +48,7 @@ struct PlanInput {
   std::uint64_t activation_bytes = 0;     // device bytes for one micro batch (the caller's estimate)
   int world = 1, rank = 0;                // data-parallel ranks, and the rank this plan is for
   int stage = 0;                          // ZeRO stage (partitioning applies with world > 1)
+  std::int64_t persistence_threshold = 0; // stage 3, world > 1: units this small are not partitioned
 };
 
 struct Row {

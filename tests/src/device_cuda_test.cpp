@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "devices/gpu_query.h"
+#include "zinf/comm.h"
 #include "zinf/device.h"
 
 namespace zinf {
@@ -55,6 +56,33 @@ TEST(CudaDevice, WithoutAGpuMakingOneIsAClearError) {
   const cuda::GpuQuery q = cuda::query_gpus();
   if (!q.gpus.empty()) GTEST_SKIP() << "a GPU is visible";
   EXPECT_THROW(make_cuda_device(0, 0), Error);
+}
+
+// The NCCL communicator with one rank (all a single-GPU machine can run): every collective on
+// device memory, enqueued on a device stream, moves the data where zinf/comm.h says.
+TEST(Nccl, OneRankCollectivesOnDeviceMemory) {
+  std::string why;
+  auto dev = gpu_or_skip(64 << 20, &why);
+  if (!dev) GTEST_SKIP() << "no GPU: " << why;
+  auto host = make_solo_comm();
+  auto nccl = make_nccl_comm(*host, 0);
+  EXPECT_EQ(nccl->backend(), "nccl");
+  EXPECT_TRUE(nccl->stream_ordered());
+  const std::size_t n = 1 << 16;
+  std::vector<float> src(n), back(n, 0.0f);
+  for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<float>(i) * 0.25f;
+  DeviceBuffer a(*dev, n * 4, "nccl a"), b(*dev, n * 4, "nccl b");
+  void* st = dev->native_stream(StreamRole::d2h);
+  dev->copy_to_device(a.as<void>(), src.data(), n * 4, StreamRole::d2h);
+  nccl->alltoallv(a.as<void>(), {n}, b.as<void>(), {n}, 4, st);      // to itself
+  nccl->allgatherv(b.as<void>(), a.as<void>(), {n}, 4, st);          // from a separate part
+  nccl->allgatherv(a.as<void>(), {n}, 4, st);                        // in place
+  nccl->broadcast(a.as<void>(), n * 4, 0, st);
+  dev->copy_to_host(back.data(), a.as<void>(), n * 4, StreamRole::d2h);
+  dev->synchronize(StreamRole::d2h);
+  EXPECT_EQ(std::memcmp(src.data(), back.data(), n * 4), 0);
+  auto twin = nccl->dup();
+  EXPECT_EQ(twin->size(), 1);
 }
 
 }  // namespace

@@ -16,36 +16,18 @@
 #include <thread>
 #include <vector>
 
+#include "shell.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using zinf::test::Result;
+using zinf::test::sh;
+using zinf::test::slurp;
 
 const std::string kTiny = std::string(ZINF_SOURCE_DIR) + "/configs/tiny.json";
 const std::string kMpi = std::string(ZINF_MPIEXEC) + " --oversubscribe --bind-to none";
-
-Result sh(const std::string& cmd) {
-  const std::string base = fs::temp_directory_path() / ("zinf-cli-dp-" + std::to_string(::getpid()));
-  const int status = std::system((cmd + " >" + base + ".out 2>" + base + ".err").c_str());
-  Result r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  fs::remove(base + ".out");
-  fs::remove(base + ".err");
-  return r;
-}
 
 std::string digest_of(const std::string& out) {
   const auto p = out.find("params_digest=");

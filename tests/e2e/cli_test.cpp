@@ -9,32 +9,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "shell.h"
+
 namespace {
 
-struct Result {
-  int rc = -1;
-  std::string out, err;
-};
+using zinf::test::Result;
+using zinf::test::slurp;
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-Result run(const std::string& args) {
-  const std::string base = std::filesystem::temp_directory_path() / ("zinf-cli-" + std::to_string(::getpid()));
-  const std::string cmd = std::string(ZINF_BIN) + " " + args + " >" + base + ".out 2>" + base + ".err";
-  int status = std::system(cmd.c_str());
-  Result r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  std::filesystem::remove(base + ".out");
-  std::filesystem::remove(base + ".err");
-  return r;
-}
+Result run(const std::string& args) { return zinf::test::sh(std::string(ZINF_BIN) + " " + args); }
 
 std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
 

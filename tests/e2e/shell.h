@@ -1,0 +1,41 @@
+// shell.h — running a command line as a user would, for the command-line tests: its exit code,
+// stdout and stderr.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace zinf::test {
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+inline std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs `cmd` with /bin/sh; rc is its exit status (−1 when it did not exit normally).
+inline Result sh(const std::string& cmd) {
+  const std::string base = std::filesystem::temp_directory_path() / ("zinf-sh-" + std::to_string(::getpid()));
+  const int status = std::system((cmd + " >" + base + ".out 2>" + base + ".err").c_str());
+  Result r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  std::filesystem::remove(base + ".out");
+  std::filesystem::remove(base + ".err");
+  return r;
+}
+
+}  // namespace zinf::test

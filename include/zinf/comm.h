@@ -68,17 +68,24 @@ class Comm {
 // One rank: no communication at all.
 std::unique_ptr<Comm> make_solo_comm();
 
-// The ranks of this job as the launcher set them up (see world.cpp in src/comm): mpirun's
-// environment (Open MPI, or any PMI launcher), with DeepSpeed's RANK / WORLD_SIZE / LOCAL_RANK
-// checked against it; a process started alone is rank 0 of 1.
+// The ranks of this job as the launcher set them up: mpirun's environment (Open MPI, or a PMI
+// launcher), with DeepSpeed's RANK / WORLD_SIZE / LOCAL_RANK checked against it; or, without mpirun,
+// DeepSpeed's (torchrun's) RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; a process
+// started alone is rank 0 of 1.
 struct World {
   int rank = 0, size = 1, local_rank = 0;
-  std::string launcher = "none";  // "mpirun", or "none" for a single process
+  std::string launcher = "none";  // "mpirun", "env" (RANK/WORLD_SIZE/MASTER_*), or "none" for a single process
+  std::string master_addr;        // "env": rank 0's host and the rendezvous port
+  int master_port = 0;
 };
 // Reads the launch environment; throws a ConfigError naming the variables when it is inconsistent.
 World detect_world();
 // The host communicator of this job: MPI when launched with more than one rank (initialises MPI with
-// MPI_THREAD_MULTIPLE once), solo otherwise.
+// MPI_THREAD_MULTIPLE once), solo otherwise. Launched by environment variables, the processes are
+// separate MPI jobs until they meet: rank 0 starts Open MPI's name server (ompi-server), hands its
+// address and an MPI port to the others over a TCP connection at MASTER_ADDR:MASTER_PORT, and the
+// ranks connect through MPI (MPI_Comm_accept/connect), ordered by RANK. A rank that does not arrive
+// within ZINF_RENDEZVOUS_TIMEOUT seconds (default 120) fails the start on every rank that waits.
 std::unique_ptr<Comm> make_world_comm(const World& w);
 // When MPI was initialised by this process (a job of several ranks): ends the whole job with `code`
 // (MPI_Abort), so no other rank waits for this one; otherwise returns.

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <functional>
+#include <vector>
 
 #include "zinf/error.h"
 
@@ -28,9 +28,20 @@ std::vector<std::size_t> parts(std::size_t n, int world) {
 
 }  // namespace
 
-std::vector<CommBenchRow> bench_comm(Comm& comm, const std::vector<std::uint64_t>& sizes, int iters) {
+std::vector<CommBenchRow> bench_comm(Comm& comm, Device& dev, offload::DeviceKernels& kern, const std::vector<std::uint64_t>& sizes,
+                                     int iters) {
   const int W = comm.size(), R = comm.rank();
   const double share = W > 1 ? static_cast<double>(W - 1) / W : 0.0;
+  const StreamRole s = StreamRole::d2h;
+  // Collectives on the stream's memory: a stream-ordered transport enqueues, a host one waits first.
+  auto on_stream = [&](const std::function<void(void*)>& f) {
+    if (comm.stream_ordered()) {
+      f(dev.native_stream(s));
+    } else {
+      dev.synchronize(s);
+      f(nullptr);
+    }
+  };
   std::vector<CommBenchRow> rows;
   for (std::uint64_t bytes : sizes) {
     const std::size_t n = std::max<std::size_t>(static_cast<std::size_t>(bytes / 4), static_cast<std::size_t>(W));
@@ -38,46 +49,55 @@ std::vector<CommBenchRow> bench_comm(Comm& comm, const std::vector<std::uint64_t
     const std::size_t mine = counts[static_cast<std::size_t>(R)];
     std::size_t my_off = 0;
     for (int r = 0; r < R; ++r) my_off += counts[static_cast<std::size_t>(r)];
-    std::vector<float> buf(n), recv(mine * static_cast<std::size_t>(W)), copy(n);
-    for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(R)) % 1000) * 1e-3f;
+    DeviceBuffer buf(dev, n * 4, "bench comm buffer"), recv(dev, std::max<std::size_t>(1, mine * static_cast<std::size_t>(W)) * 4,
+                                                              "bench comm receive"),
+        copy(dev, n * 4, "bench comm copy");
+    std::vector<float> init(n);
+    for (std::size_t i = 0; i < n; ++i) init[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(R)) % 1000) * 1e-3f;
+    dev.copy_to_device(buf.as<void>(), init.data(), n * 4, s);
+    dev.synchronize(s);
     const std::vector<std::size_t> recv_counts(counts.size(), mine);
+    float* b = buf.as<float>();
+    float* rv = recv.as<float>();
 
     auto reduce_scatter = [&] {
-      comm.alltoallv(buf.data(), counts, recv.data(), recv_counts, 4);
-      float* dst = buf.data() + my_off;
-      for (std::size_t i = 0; i < mine; ++i) {
-        float acc = recv[i];
-        for (std::size_t k = 1; k < static_cast<std::size_t>(W); ++k) acc += recv[k * mine + i];
-        dst[i] = acc;
+      on_stream([&](void* st) { comm.alltoallv(b, counts, rv, recv_counts, 4, st); });
+      if (mine) {
+        kern.copy(b + my_off, rv, mine * 4, s);
+        for (std::size_t k = 1; k < static_cast<std::size_t>(W); ++k) kern.add(b + my_off, rv + k * mine, mine, s);
       }
     };
+    auto all_gather = [&] { on_stream([&](void* st) { comm.allgatherv(b, counts, 4, st); }); };
     struct Op {
       const char* name;
       double factor;  // bus bandwidth / algorithm bandwidth
       std::function<void()> run;
     };
     const std::vector<Op> ops = {
-        {"all_gather", share, [&] { comm.allgatherv(buf.data(), counts, 4); }},
-        {"all_to_all", share, [&] { comm.alltoallv(buf.data(), counts, recv.data(), recv_counts, 4); }},
+        {"all_gather", share, all_gather},
+        {"all_to_all", share, [&] { on_stream([&](void* st) { comm.alltoallv(b, counts, rv, recv_counts, 4, st); }); }},
         {"reduce_scatter", share, reduce_scatter},
         {"all_reduce", 2 * share, [&] {
            reduce_scatter();
-           comm.allgatherv(buf.data(), counts, 4);
+           all_gather();
          }},
-        {"broadcast", 1.0, [&] { comm.broadcast(buf.data(), n * 4, 0); }},
+        {"broadcast", 1.0, [&] { on_stream([&](void* st) { comm.broadcast(b, n * 4, 0, st); }); }},
     };
-    // The machine's own copy rate at this size: the reference the bus bandwidth is read against.
+    // The device's own copy rate at this size: the reference the bus bandwidth is read against.
     double t_copy = 1e30;
     for (int i = 0; i < 3; ++i) {
       const auto t0 = Clock::now();
-      std::memcpy(copy.data(), buf.data(), n * 4);
+      kern.copy(copy.as<void>(), b, n * 4, s);
+      dev.synchronize(s);
       t_copy = std::min(t_copy, seconds_since(t0));
     }
     for (const Op& op : ops) {
       op.run();  // warm-up
+      dev.synchronize(s);
       comm.barrier();
       const auto t0 = Clock::now();
       for (int i = 0; i < iters; ++i) op.run();
+      dev.synchronize(s);
       const double mean = seconds_since(t0) / iters;
       const auto all = comm.allgather(&mean, 1);
       CommBenchRow row;
@@ -86,7 +106,7 @@ std::vector<CommBenchRow> bench_comm(Comm& comm, const std::vector<std::uint64_t
       row.seconds = *std::max_element(all.begin(), all.end());
       row.algbw = static_cast<double>(row.bytes) / row.seconds / 1e9;
       row.busbw = row.algbw * op.factor;
-      row.memcpy_gbps = static_cast<double>(row.bytes) / t_copy / 1e9;
+      row.copy_gbps = static_cast<double>(row.bytes) / t_copy / 1e9;
       rows.push_back(row);
     }
   }

@@ -1,8 +1,9 @@
-// comm.h — `zinf bench comm`: the data-parallel collectives of the active transport, per size, as
-// nccl-tests reports them — algorithm bandwidth (bytes / time) and bus bandwidth (the algorithm
-// bandwidth times the share of the data each rank must move: 2(n−1)/n for all-reduce, (n−1)/n for
-// all-gather, reduce-scatter and all-to-all) — beside this machine's memcpy bandwidth at the same
-// size, measured in the same run. Every rank calls it; the slowest rank's time counts.
+// comm.h — `zinf bench comm`: the data-parallel collectives of the active transport, on the active
+// device's memory, per size, as nccl-tests reports them — algorithm bandwidth (bytes / time) and bus
+// bandwidth (the algorithm bandwidth times the share of the data each rank must move: 2(n−1)/n for
+// all-reduce, (n−1)/n for all-gather, reduce-scatter and all-to-all) — beside the device's own copy
+// rate at the same size (memcpy on the CPU device, a device-to-device copy on a GPU), measured in the
+// same run. Every rank calls it; the slowest rank's time counts.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,8 @@
 #include <vector>
 
 #include "zinf/comm.h"
+#include "zinf/device.h"
+#include "zinf/offload/device_kernels.h"
 
 namespace zinf {
 
@@ -18,11 +21,13 @@ struct CommBenchRow {
   std::uint64_t bytes = 0;     // the whole buffer (every rank's parts together), as nccl-tests counts it
   double seconds = 0;          // per call, the slowest rank's mean
   double algbw = 0, busbw = 0; // GB/s
-  double memcpy_gbps = 0;      // one memcpy of the same bytes on this machine, GB/s
+  double copy_gbps = 0;        // one copy of the same bytes in the device's memory, GB/s
 };
 
-// The engine's reduce-scatter: each rank's part goes to its owner (all-to-all), which sums the
-// contributions in rank order; all-reduce is that followed by an all-gather.
-std::vector<CommBenchRow> bench_comm(Comm& comm, const std::vector<std::uint64_t>& sizes, int iters);
+// `comm` moves `dev`'s memory (MPI for the CPU device, NCCL for CUDA); `kern` does the sums. The
+// reduce-scatter is the engine's: each rank's part goes to its owner (all-to-all), which sums the
+// contributions in rank order on the device; all-reduce is that followed by an all-gather.
+std::vector<CommBenchRow> bench_comm(Comm& comm, Device& dev, offload::DeviceKernels& kern, const std::vector<std::uint64_t>& sizes,
+                                     int iters);
 
 }  // namespace zinf

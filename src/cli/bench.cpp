@@ -19,6 +19,10 @@
 #include "bench/comm.h"
 #include "bench/pcie.h"
 #include "zinf/comm.h"
+#include "zinf/cpu_adam/host_threads.h"
+#include "zinf/device.h"
+#include "zinf/offload/cuda_kernels.h"
+#include "zinf/offload/device_kernels.h"
 
 namespace zinf::cli {
 namespace {
@@ -261,32 +265,53 @@ int run_pcie(const PcieArgs& a) {
 struct CommArgs {
   std::vector<std::string> sizes = {"64K", "1M", "16M", "64M"};
   int iters = 10;
+  std::string device = "cpu";
   bool json = false;
 };
 
 int run_comm(const CommArgs& a) {
   const World w = detect_world();
-  auto comm = make_world_comm(w);
+  auto host = make_world_comm(w);
   std::vector<std::uint64_t> sizes;
   for (const auto& s : a.sizes) sizes.push_back(parse_bytes(s, "--sizes"));
-  const auto rows = bench_comm(*comm, sizes, a.iters);
-  if (comm->rank() != 0) return 0;
+  std::uint64_t largest = 0;
+  for (auto s : sizes) largest = std::max(largest, s);
+  const std::size_t budget = static_cast<std::size_t>(largest) * 3 + (64 << 20);
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<cpu_adam::HostThreads> threads;
+  std::unique_ptr<offload::DeviceKernels> kern;
+  std::unique_ptr<Comm> device_comm;
+  if (a.device == "cuda") {  // NCCL on GPU memory, one GPU per rank
+    dev = make_cuda_device(w.local_rank, budget);
+    kern = cuda::make_engine_kernels(*dev);
+    device_comm = make_nccl_comm(*host, w.local_rank);
+  } else {  // MPI on the CPU device's memory
+    dev = make_cpu_device(budget);
+    threads = std::make_unique<cpu_adam::HostThreads>(0, false);
+    kern = offload::host_kernels(*dev, *threads);
+  }
+  Comm& comm = device_comm ? *device_comm : *host;
+  const auto rows = bench_comm(comm, *dev, *kern, sizes, a.iters);
+  if (comm.rank() != 0) return 0;
+  const char* ref = a.device == "cuda" ? "device copy" : "memcpy";
   if (a.json) {
-    nlohmann::json j = {{"backend", comm->backend()}, {"ranks", comm->size()}, {"rows", nlohmann::json::array()}};
+    nlohmann::json j = {{"backend", comm.backend()}, {"device", dev->name()}, {"ranks", comm.size()}, {"reference", ref},
+                        {"rows", nlohmann::json::array()}};
     for (const auto& r : rows)
       j["rows"].push_back({{"op", r.op}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"algbw_gb_per_s", r.algbw},
-                           {"busbw_gb_per_s", r.busbw}, {"memcpy_gb_per_s", r.memcpy_gbps},
-                           {"busbw_to_memcpy", r.memcpy_gbps > 0 ? r.busbw / r.memcpy_gbps : 0.0}});
+                           {"busbw_gb_per_s", r.busbw}, {"copy_gb_per_s", r.copy_gbps},
+                           {"busbw_to_copy", r.copy_gbps > 0 ? r.busbw / r.copy_gbps : 0.0}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("zinf bench comm — %s, %d rank(s), mean of %d calls, the slowest rank's time\n", comm->backend().c_str(), comm->size(),
-              a.iters);
-  if (comm->size() == 1) std::printf("note: one rank moves nothing; launch with mpirun -np N\n");
-  std::printf("  %-10s %-15s %12s %12s %12s %12s %8s\n", "bytes", "op", "time us", "algbw GB/s", "busbw GB/s", "memcpy GB/s", "bus/cpy");
+  std::printf("zinf bench comm — %s on %s, %d rank(s), mean of %d calls, the slowest rank's time\n", comm.backend().c_str(),
+              dev->name().c_str(), comm.size(), a.iters);
+  if (comm.size() == 1) std::printf("note: one rank moves nothing; launch with mpirun -np N\n");
+  std::printf("  %-10s %-15s %12s %12s %12s %12s %8s\n", "bytes", "op", "time us", "algbw GB/s", "busbw GB/s",
+              a.device == "cuda" ? "d2d GB/s" : "memcpy GB/s", "bus/copy");
   for (const auto& r : rows)
     std::printf("  %-10s %-15s %12.1f %12.2f %12.2f %12.2f %8.2f\n", format_bytes(r.bytes).c_str(), r.op.c_str(), r.seconds * 1e6, r.algbw,
-                r.busbw, r.memcpy_gbps, r.memcpy_gbps > 0 ? r.busbw / r.memcpy_gbps : 0.0);
+                r.busbw, r.copy_gbps, r.copy_gbps > 0 ? r.busbw / r.copy_gbps : 0.0);
   return 0;
 }
 
@@ -349,12 +374,15 @@ Command add_bench(CLI::App& app) {
   auto cargs = std::make_shared<CommArgs>();
   CLI::App* cm = sub->add_subcommand(
       "comm",
-      "The data-parallel collectives of the host transport (MPI) as zinf's engine uses them — all-gather, all-to-all, "
-      "reduce-scatter (all-to-all, then a rank-ordered sum), all-reduce, broadcast — per size, with algorithm and bus "
-      "bandwidth the way nccl-tests reports them, against this machine's memcpy rate at the same size. Launch it with "
-      "mpirun -np N; every rank takes part, rank 0 prints");
+      "The data-parallel collectives as zinf's engine uses them — all-gather, all-to-all, reduce-scatter (all-to-all, "
+      "then a rank-ordered sum), all-reduce, broadcast — on the device's memory through its transport (MPI on the CPU "
+      "device, NCCL on CUDA), per size, with algorithm and bus bandwidth the way nccl-tests reports them, against the "
+      "device's own copy rate at the same size. Launch it with mpirun -np N; every rank takes part, rank 0 prints");
   cm->add_option("--sizes", cargs->sizes, "Buffer sizes (every rank's parts together)")->delimiter(',')->capture_default_str();
   cm->add_option("--iters", cargs->iters, "Calls per size and collective")->check(CLI::Range(1, 100000))->capture_default_str();
+  cm->add_option("--device", cargs->device, "cpu (MPI) or cuda (NCCL, one GPU per rank: the local rank's)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cm->add_flag("--json", cargs->json, "Print one JSON object");
   bench_comm_ = {cm, [cargs] { return run_comm(*cargs); }};
   return {adam, [args] { return run_adam(*args); }};

@@ -88,11 +88,20 @@ World detect_world() {
     if (ds_local >= 0) w.local_rank = ds_local;
     return w;
   }
-  if (ds_size > 1)
-    throw ConfigError("WORLD_SIZE=" + std::to_string(ds_size) + " is set, but this process was not started by mpirun: zinf's ranks "
-                          "find each other through MPI",
-                      "launch with `mpirun -np " + std::to_string(ds_size) +
-                          " zinf train …` (from DeepSpeed's launcher: `deepspeed --launcher openmpi …`)");
+  if (ds_size > 1) {  // a launcher that sets DeepSpeed's (torchrun's) variables: rendezvous at MASTER_ADDR:MASTER_PORT
+    const char* addr = std::getenv("MASTER_ADDR");
+    const int port = env_int("MASTER_PORT");
+    if (ds_rank < 0 || ds_rank >= ds_size)
+      throw ConfigError("WORLD_SIZE=" + std::to_string(ds_size) + " is set without a RANK below it", "set RANK=0…" + std::to_string(ds_size - 1));
+    if (!addr || !*addr || port <= 0 || port > 65535)
+      throw ConfigError("WORLD_SIZE=" + std::to_string(ds_size) + " and RANK are set, but MASTER_ADDR / MASTER_PORT are not",
+                        "set both (rank 0's host and a free TCP port), or launch with `mpirun -np " + std::to_string(ds_size) + " zinf …`");
+    w.size = ds_size, w.rank = ds_rank, w.local_rank = ds_local >= 0 ? ds_local : ds_rank;
+    w.launcher = "env";
+    w.master_addr = addr;
+    w.master_port = port;
+    return w;
+  }
   if (ds_rank > 0) throw ConfigError("RANK=" + std::to_string(ds_rank) + " is set for a world of one process");
   return w;
 }

@@ -4,11 +4,29 @@
 // their own communicator), only when the launcher started more than one rank; it is finalised at exit.
 // Errors return (MPI_ERRORS_RETURN) and become zinf errors naming the call and the rank.
 #include <mpi.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "zinf/comm.h"
 #include "zinf/error.h"
@@ -110,10 +128,275 @@ class MpiComm final : public Comm {
   int rank_ = 0, size_ = 1;
 };
 
+MPI_Comm g_job = MPI_COMM_NULL;  // the job's communicator: MPI_COMM_WORLD, or the ranks joined by rendezvous
+pid_t g_name_server = 0;         // rank 0 of an environment launch: the ompi-server it started
+std::string g_rendezvous_dir;    // an environment launch: where this process keeps the server's address
+// An environment launch has no mpirun to end the job when a rank dies, so the rendezvous connections
+// stay open as lifelines (rank 0 ⇄ every other rank): a rank that ends normally says "BYE" first;
+// one that closes without it has died, and the watchdog ends this rank too — each in turn, so no
+// rank waits forever in a collective.
+std::mutex g_lines_mu;
+std::vector<std::pair<int, int>> g_lifelines;  // (socket, the rank at its other end)
+int g_my_rank = 0;
+
+void say_goodbye() {
+  std::lock_guard<std::mutex> lk(g_lines_mu);
+  for (auto& [fd, r] : g_lifelines) {
+    (void)!::write(fd, "BYE\n", 4);
+    ::shutdown(fd, SHUT_WR);
+  }
+}
+
+void watch_lifelines() {
+  std::thread([] {
+    while (true) {
+      std::vector<pollfd> fds;
+      std::vector<int> ranks;
+      {
+        std::lock_guard<std::mutex> lk(g_lines_mu);
+        if (g_lifelines.empty()) return;
+        for (auto& [fd, r] : g_lifelines) fds.push_back({fd, POLLIN, 0}), ranks.push_back(r);
+      }
+      if (::poll(fds.data(), fds.size(), -1) < 0) continue;
+      for (std::size_t i = 0; i < fds.size(); ++i) {
+        if (!fds[i].revents) continue;
+        char buf[8] = {};
+        const ssize_t n = ::read(fds[i].fd, buf, sizeof buf - 1);
+        std::lock_guard<std::mutex> lk(g_lines_mu);
+        auto& v = g_lifelines;
+        v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& p) { return p.first == fds[i].fd; }), v.end());
+        if (n > 0 && std::strncmp(buf, "BYE", 3) == 0) continue;  // it finished
+        std::fprintf(stderr, "zinf: rank %d: rank %d left the job without finishing (it died or was killed); ending this rank\n", g_my_rank,
+                     ranks[i]);
+        std::fflush(stderr);
+        if (g_name_server > 0) ::kill(g_name_server, SIGTERM);
+        for (auto& [fd, r] : v) ::close(fd);  // the next rank in line sees this one leave
+        ::_exit(1);
+      }
+    }
+  }).detach();
+}
+
 void finalize_at_exit() {
+  say_goodbye();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+  if (g_name_server > 0) {
+    ::kill(g_name_server, SIGTERM);
+    ::waitpid(g_name_server, nullptr, 0);
+  }
+  if (!g_rendezvous_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(g_rendezvous_dir, ec);
+  }
+}
+
+void init_mpi() {
+  int provided = 0;
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) throw Error("MPI_Init_thread failed");
+  if (provided < MPI_THREAD_MULTIPLE)
+    throw Error("this MPI library does not provide MPI_THREAD_MULTIPLE, which zinf's workers need",
+                "use Debian's Open MPI (openmpi-bin, libopenmpi-dev)");
+  std::atexit(finalize_at_exit);
+}
+
+// ---- the rendezvous of an environment launch (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT) ----
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void rdv_fail(const World& w, const std::string& what) {
+  throw ConfigError("rendezvous at " + w.master_addr + ":" + std::to_string(w.master_port) + " (rank " + std::to_string(w.rank) + " of " +
+                        std::to_string(w.size) + "): " + what,
+                    "start every rank with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT (rank 0's host and a free port), or "
+                    "launch with mpirun");
+}
+
+int poll_ms(Clock::time_point deadline) {
+  return static_cast<int>(std::max<long long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+}
+
+std::string read_line(int fd, Clock::time_point deadline, const World& w) {
+  std::string line;
+  char c;
+  while (true) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, poll_ms(deadline)) <= 0) rdv_fail(w, "timed out waiting for the other side");
+    const ssize_t n = ::read(fd, &c, 1);
+    if (n <= 0) rdv_fail(w, "the connection closed early");
+    if (c == '\n') return line;
+    line += c;
+  }
+}
+
+void write_all(int fd, const std::string& s) {
+  for (std::size_t o = 0; o < s.size();) {
+    const ssize_t n = ::write(fd, s.data() + o, s.size() - o);
+    if (n <= 0) return;
+    o += static_cast<std::size_t>(n);
+  }
+}
+
+// Open MPI's name server, which lets separately started MPI processes connect; returns the file
+// holding its address.
+// This process's private folder for the server's address (removed at exit).
+std::string rendezvous_file() {
+  const auto dir = std::filesystem::temp_directory_path() / ("zinf-rendezvous-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  g_rendezvous_dir = dir.string();
+  return (dir / "ompi-server.uri").string();
+}
+
+std::string start_name_server(const World& w, Clock::time_point deadline) {
+  const std::string uri = rendezvous_file();
+  const pid_t pid = ::fork();
+  if (pid < 0) rdv_fail(w, std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // it ends with this process
+    if (!std::freopen("/dev/null", "w", stdout) || !std::freopen("/dev/null", "w", stderr)) ::_exit(126);
+    ::execlp("ompi-server", "ompi-server", "--no-daemonize", "-r", uri.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  g_name_server = pid;
+  while (Clock::now() < deadline) {
+    std::ifstream f(uri);
+    std::string line;
+    if (std::getline(f, line) && !line.empty()) return uri;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      g_name_server = 0;
+      rdv_fail(w, "ompi-server (from openmpi-bin) could not start");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  rdv_fail(w, "ompi-server did not report its address");
+}
+
+int tcp_socket(const World& w, bool listen_side, Clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = listen_side ? AI_PASSIVE : 0;
+  const std::string port = std::to_string(w.master_port);
+  while (true) {
+    addrinfo* res = nullptr;
+    const int rc = ::getaddrinfo(listen_side ? nullptr : w.master_addr.c_str(), port.c_str(), &hints, &res);
+    if (rc != 0) rdv_fail(w, std::string("MASTER_ADDR: ") + ::gai_strerror(rc));
+    std::string why;
+    for (addrinfo* a = res; a; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      if (listen_side) {
+        const int one = 1;
+        ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 256) == 0) {
+          ::freeaddrinfo(res);
+          return fd;
+        }
+      } else if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        ::freeaddrinfo(res);
+        return fd;
+      }
+      why = std::strerror(errno);
+      ::close(fd);
+    }
+    ::freeaddrinfo(res);
+    if (listen_side) rdv_fail(w, "cannot listen on port " + port + ": " + why);
+    if (Clock::now() >= deadline) rdv_fail(w, "rank 0 could not be reached: " + why);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 may not be listening yet
+  }
+}
+
+// Every rank: the job's communicator, ordered by RANK.
+MPI_Comm rendezvous(const World& w) {
+  const char* t = std::getenv("ZINF_RENDEZVOUS_TIMEOUT");
+  const auto deadline = Clock::now() + std::chrono::seconds(t && std::atoi(t) > 0 ? std::atoi(t) : 120);
+  std::string port_name;
+  MPI_Comm group = MPI_COMM_NULL;
+  if (w.rank == 0) {
+    const std::string uri = start_name_server(w, deadline);
+    ::setenv("OMPI_MCA_pmix_server_uri", ("file:" + uri).c_str(), 1);
+    init_mpi();
+    char port[MPI_MAX_PORT_NAME];
+    check(MPI_Open_port(MPI_INFO_NULL, port), "Open_port", 0);
+    port_name = port;
+    std::string uri_text;
+    std::getline(std::ifstream(uri), uri_text);
+    // Every other rank calls in once: its RANK and WORLD_SIZE, answered with where to meet.
+    const int lfd = tcp_socket(w, true, deadline);
+    std::vector<bool> seen(static_cast<std::size_t>(w.size), false);
+    seen[0] = true;
+    for (int k = 1; k < w.size; ++k) {
+      pollfd p{lfd, POLLIN, 0};
+      if (::poll(&p, 1, poll_ms(deadline)) <= 0) {
+        std::string missing;
+        for (std::size_t r = 1; r < seen.size(); ++r)
+          if (!seen[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        ::close(lfd);
+        rdv_fail(w, "rank(s) " + missing + " did not arrive");
+      }
+      const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        --k;
+        continue;
+      }
+      std::istringstream in(read_line(fd, deadline, w));
+      int r = -1, n = -1;
+      in >> r >> n;
+      std::string err;
+      if (n != w.size) err = "a rank says WORLD_SIZE=" + std::to_string(n) + ", rank 0 has " + std::to_string(w.size);
+      else if (r < 1 || r >= w.size || seen[static_cast<std::size_t>(r)]) err = "RANK=" + std::to_string(r) + " arrived twice or is out of range";
+      write_all(fd, err.empty() ? "OK\n" + uri_text + "\n" + port_name + "\n" : "ERR " + err + "\n");
+      if (!err.empty()) {
+        ::close(fd);
+        ::close(lfd);
+        rdv_fail(w, err);
+      }
+      seen[static_cast<std::size_t>(r)] = true;
+      std::lock_guard<std::mutex> lk(g_lines_mu);
+      g_lifelines.emplace_back(fd, r);
+    }
+    ::close(lfd);
+    check(MPI_Comm_dup(MPI_COMM_SELF, &group), "Comm_dup", 0);
+  } else {
+    const int fd = tcp_socket(w, false, deadline);
+    write_all(fd, std::to_string(w.rank) + " " + std::to_string(w.size) + "\n");
+    const std::string status = read_line(fd, deadline, w);
+    if (status.rfind("ERR ", 0) == 0) {
+      ::close(fd);
+      rdv_fail(w, status.substr(4));
+    }
+    const std::string uri_text = read_line(fd, deadline, w);
+    port_name = read_line(fd, deadline, w);
+    {
+      std::lock_guard<std::mutex> lk(g_lines_mu);
+      g_lifelines.emplace_back(fd, 0);
+    }
+    const std::string uri = rendezvous_file();
+    std::ofstream(uri) << uri_text << "\n";
+    ::setenv("OMPI_MCA_pmix_server_uri", ("file:" + uri).c_str(), 1);
+    init_mpi();
+    MPI_Comm inter;
+    check(MPI_Comm_connect(port_name.c_str(), MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter), "Comm_connect", w.rank);
+    check(MPI_Intercomm_merge(inter, 1, &group), "Intercomm_merge", w.rank);
+    MPI_Comm_free(&inter);
+  }
+  // The group grows by one rank at a time, in arrival order; everyone already in takes part.
+  for (int size = 0; MPI_Comm_size(group, &size), size < w.size;) {
+    MPI_Comm inter, bigger;
+    check(MPI_Comm_accept(port_name.c_str(), MPI_INFO_NULL, 0, group, &inter), "Comm_accept", w.rank);
+    check(MPI_Intercomm_merge(inter, 0, &bigger), "Intercomm_merge", w.rank);
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&group);
+    group = bigger;
+  }
+  if (w.rank == 0) MPI_Close_port(port_name.c_str());
+  MPI_Comm job;
+  check(MPI_Comm_split(group, 0, w.rank, &job), "Comm_split", w.rank);  // ranks ordered by RANK
+  MPI_Comm_free(&group);
+  g_my_rank = w.rank;
+  watch_lifelines();
+  return job;
 }
 
 }  // namespace
@@ -122,22 +405,28 @@ void end_world_job(int code) {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
-  if (init && !fin) MPI_Abort(MPI_COMM_WORLD, code);
+  if (g_name_server > 0) {  // the name server of an environment launch goes first (MPI_Abort does not return)
+    ::kill(g_name_server, SIGTERM);
+    ::waitpid(g_name_server, nullptr, 0);
+    g_name_server = 0;
+  }
+  if (init && !fin) MPI_Abort(g_job != MPI_COMM_NULL ? g_job : MPI_COMM_WORLD, code);
 }
 
 std::unique_ptr<Comm> make_world_comm(const World& w) {
   if (w.size <= 1) return make_solo_comm();
   static std::once_flag once;
-  std::call_once(once, [] {
-    int provided = 0;
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
-      throw Error("MPI_Init_thread failed");
-    if (provided < MPI_THREAD_MULTIPLE)
-      throw Error("this MPI library does not provide MPI_THREAD_MULTIPLE, which zinf's workers need",
-                  "use Debian's Open MPI (openmpi-bin, libopenmpi-dev)");
-    std::atexit(finalize_at_exit);
+  std::call_once(once, [&] {
+    if (w.launcher == "env") {
+      g_job = rendezvous(w);
+    } else {
+      init_mpi();
+      g_job = MPI_COMM_WORLD;
+    }
   });
-  auto c = std::make_unique<MpiComm>(MPI_COMM_WORLD);
+  MPI_Comm mine;
+  check(MPI_Comm_dup(g_job, &mine), "Comm_dup", w.rank);
+  auto c = std::make_unique<MpiComm>(mine);
   if (c->size() != w.size || c->rank() != w.rank)
     throw Error("MPI reports rank " + std::to_string(c->rank()) + " of " + std::to_string(c->size()) + ", the launcher said " +
                 std::to_string(w.rank) + " of " + std::to_string(w.size));

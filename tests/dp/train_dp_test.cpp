@@ -88,17 +88,21 @@ TEST(TrainDp, EveryStagePlacementAndOverlapGivesOneDigestEqualToOneRank) {
 TEST(TrainDp, CheckpointsResumeOnAnotherWorldSize) {
   ZINF_NEED_RANKS();
   SharedDir dir;
-  const std::string ck = dir.p + "/ck", ck1 = dir.p + "/ck1";
+  const std::string ck = dir.p + "/ck", ck1 = dir.p + "/ck1", ck2 = dir.p + "/ck0";
   const std::vector<std::string> base = {"train.steps=4", "zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"};
   const TrainResult straight = run(dir.p, base);
   auto with = [&](std::vector<std::string> v, const std::string& more) {
     v.push_back(more);
     return v;
   };
-  // The ranks train two steps and checkpoint (rank 0 writes whole tensors); one rank resumes.
+  // The ranks train two steps and checkpoint (rank 0 writes whole tensors); the same ranks resume.
   run(dir.p, with(with(base, "train.steps=2"), "train.checkpoint_dir=" + ck));
   world().barrier();  // rank 0 may still be writing when the others return
   EXPECT_TRUE(fs::exists(ck + "/step-00000002"));
+  const TrainResult same = run(dir.p, with(base, "train.checkpoint_dir=" + ck2), false, ck + "/step-00000002");
+  EXPECT_EQ(same.resumed_from, 2);
+  EXPECT_EQ(same.params_digest, straight.params_digest) << "resumed on the same ranks";
+  // One rank resumes it.
   if (world().rank() == 0) {  // (one process writes into a checkpoint directory)
     const TrainResult resumed_one = run(dir.p, with(base, "train.checkpoint_dir=" + ck), true, "latest");
     EXPECT_EQ(resumed_one.resumed_from, 2);

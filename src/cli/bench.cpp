@@ -173,9 +173,13 @@ int run_step(const StepArgs& a) {
   for (const char* o : {"train.eval_interval=0", "train.eval_batches=1", "train.metrics_file=\"\"", "steps_per_print=1000000"})
     common.push_back(o);
   common.push_back("train.steps=" + std::to_string(std::max(2, a.steps)));
-  Config c = load_config(a.config.path, common);
-  for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
-  auto progress = [](const std::string& s) { std::fprintf(stderr, "bench step: %s\n", s.c_str()); };
+  const World w = detect_world();  // under mpirun: every rank trains, rank 0 reports (its own busy times)
+  Config c = load_config(a.config.path, common, w.size);
+  if (w.rank == 0)
+    for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  auto progress = [&w](const std::string& s) {
+    if (w.rank == 0) std::fprintf(stderr, "bench step: %s\n", s.c_str());
+  };
   TrainHooks hooks;
   hooks.log = progress;
   progress("with the configured placement (" + std::string(to_string(c.zero.offload_optimizer.device)) + " optimizer, " +
@@ -184,7 +188,7 @@ int run_step(const StepArgs& a) {
   std::vector<std::string> none = common;
   for (const char* o : {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"})
     none.push_back(o);
-  Config cn = load_config(a.config.path, none);
+  Config cn = load_config(a.config.path, none, w.size);
   progress("the same model with no offload");
   TrainResult base;
   bool base_fits = true;
@@ -202,6 +206,7 @@ int run_step(const StepArgs& a) {
   const double tokens = static_cast<double>(c.train_batch_size) * c.model.seq_len;
   const double tflops = r.step_seconds > 0 ? 6.0 * static_cast<double>(count_params(shape)) * tokens / r.step_seconds / 1e12 : 0;
   const double device_busy = r.step_seconds > 0 ? busy.compute / r.step_seconds : 0;
+  if (w.rank != 0) return 0;
   if (a.json) {
     nlohmann::json j = {{"config", c.source}, {"steps_measured", r.measured_steps}, {"step_s", r.step_seconds},
                         {"busiest", busy.busiest_name()}, {"overlap_ratio", overlap_ratio}, {"tflops", tflops},

@@ -83,6 +83,23 @@ TEST(TrainDp, EveryStagePlacementAndOverlapGivesOneDigestEqualToOneRank) {
     EXPECT_EQ(r.val_loss, one.val_loss) << what;  // evaluation batches dealt round-robin
   }
   EXPECT_GT(one.first_val_loss, one.val_loss);
+  // The Llama family, and the asynchronous jittered device, keep the contract too.
+  const std::vector<std::string> llama = {"model.family=llama", "model.d_ff=192"};
+  const TrainResult llama_one = run(dir.p, llama, true);
+  auto with = [](std::vector<std::string> v, std::initializer_list<const char*> more) {
+    for (const char* m : more) v.push_back(m);
+    return v;
+  };
+  EXPECT_EQ(run(dir.p, with(llama, {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+                                    "zero_optimization.offload_param.device=cpu"}))
+                .params_digest,
+            llama_one.params_digest);
+  EXPECT_NE(llama_one.params_digest, one.params_digest);
+  const std::string seed = "device.jitter_seed=5";  // (every rank the same config)
+  EXPECT_EQ(run(dir.p, {"zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu",
+                        "zero_optimization.offload_optimizer.device=cpu", "device.async=true", seed, "device.jitter_us=100"})
+                .params_digest,
+            one.params_digest);
 }
 
 TEST(TrainDp, CheckpointsResumeOnAnotherWorldSize) {

@@ -107,7 +107,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   for (std::size_t u = 0; u < c.units.size(); ++u) {
     max_unit = std::max(max_unit, c.units[u]);
     if (windows && !kept(u)) max_windowed = std::max(max_windowed, c.units[u]);
-    if (!c.persistent[u]) max_grad_windowed = std::max(max_grad_windowed, c.units[u]);
+    if (!c.persistent[u]) max_grad_windowed = std::max(max_grad_windowed, c.units[u]);  // (every non-persistent unit)
   }
   s.bucket = std::min(round_up(std::max<std::size_t>(c.reduce_bucket_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
   s.sub_group = std::min(round_up(std::max<std::size_t>(c.sub_group_size, 1), kChunkAlign), round_up(max_unit, kChunkAlign));
@@ -129,7 +129,8 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     Unit u;
     u.n = c.units[ui];
     u.windowed = windows && !kept(ui);
-    u.grad_windowed = s.optimizer_offloaded && !c.persistent[ui];  // off the device, gradients only pass through
+    // Off the device (or partitioned), a block's gradient only passes through a gradient slot.
+    u.grad_windowed = (s.optimizer_offloaded || s.shard_grads) && !c.persistent[ui];
     for (int r = 0; r < s.world; ++r) u.bounds.push_back(shard_of(u.n, s.world, r).lo);
     u.bounds.push_back(u.n);
     const Shard mine = shard_of(u.n, s.world, s.rank);

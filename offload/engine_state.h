@@ -65,7 +65,7 @@ inline HostMem host_alloc(std::size_t bytes) {
 struct Unit {
   std::size_t n = 0;
   bool windowed = false;       // its compute copy lives off the device and visits a window slot
-  bool grad_windowed = false;  // its gradient passes through a device gradient slot
+  bool grad_windowed = false;  // its gradient passes through a device gradient slot (optimizer off the device, or partitioned gradients)
   std::size_t s_lo = 0, s_hi = 0, g_lo = 0, g_hi = 0, p_lo = 0, p_hi = 0;
   std::vector<std::size_t> bounds;  // shard boundaries of every rank: rank r owns [bounds[r], bounds[r+1])
   std::vector<std::size_t> chunks;  // sub-group starts (elements, within [s_lo, s_hi))

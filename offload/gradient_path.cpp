@@ -10,8 +10,10 @@ GradientPath::GradientPath(EngineState& s) : s_(s), jitter_(s.dev.jitter(), 11) 
 void GradientPath::add(Unit& u, const std::string& name) {
   const std::size_t kept = u.g_hi - u.g_lo;  // the reduced gradient this rank keeps for its Update
   if (!s_.optimizer_offloaded) {
-    u.grad = DeviceBuffer(s_.dev, u.n * 4, name + " grad");
-    if (s_.mixed) u.grad16 = DeviceBuffer(s_.dev, u.n * 2, name + " grad16");
+    if (!u.grad_windowed) {  // (partitioned gradients: the block's pass through the gradient slots)
+      u.grad = DeviceBuffer(s_.dev, u.n * 4, name + " grad");
+      if (s_.mixed) u.grad16 = DeviceBuffer(s_.dev, u.n * 2, name + " grad16");
+    }
     if (fp32_sum()) u.grad_sum = DeviceBuffer(s_.dev, kept * 4, name + " grad32");
   } else {
     if (!u.grad_windowed) u.grad = DeviceBuffer(s_.dev, u.n * 4, name + " grad");
@@ -21,12 +23,14 @@ void GradientPath::add(Unit& u, const std::string& name) {
 
 void GradientPath::allocate_shared(std::size_t max_unit) {
   zeroed_.assign(s_.units.size(), false);
-  if (!s_.optimizer_offloaded) return;
-  for (int i = 0; i < 2 && max_unit > 0; ++i) {
+  const bool slots = s_.optimizer_offloaded || s_.shard_grads;  // see Unit::grad_windowed
+  for (int i = 0; i < 2 && max_unit > 0 && slots; ++i) {
     GradSlot g;
     g.grad = DeviceBuffer(s_.dev, max_unit * 4, "grad window slot " + std::to_string(i));
+    if (!s_.optimizer_offloaded && s_.mixed) g.grad16 = DeviceBuffer(s_.dev, max_unit * 2, "grad16 window slot " + std::to_string(i));
     slots_.push_back(std::move(g));
   }
+  if (!s_.optimizer_offloaded) return;
   for (int i = 0; i < 2; ++i) landing_.push_back(s_.pinned->acquire(s_.bucket * s_.compute_bytes));
   gradout_stage_ = DeviceBuffer(s_.dev, s_.bucket * s_.compute_bytes, "grad out staging");
   if (fp32_sum()) reduce_scratch_ = host_alloc(s_.bucket * 4);
@@ -158,18 +162,23 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
   Unit& u = s_.units[ui];
   const StreamRole r = StreamRole::d2h;
   if (!s_.optimizer_offloaded) {  // the Update reads device buffers: round (and accumulate) in place
+    void* g16 = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(s_.mu);  // the slot stays this unit's until the job ends
+      g16 = u.grad_windowed ? slots_[static_cast<std::size_t>(u.grad_slot)].grad16.as<void>() : u.grad16.as<void>();
+    }
     {
       BusyScope busy(s_.dev, r);
       if (s_.mixed) {
-        s_.kern->to_half(u.grad.as<float>(), u.grad16.as<void>(), u.n, s_.half, r);
-        if (fp32_sum()) s_.kern->from_half(u.grad16.as<void>(), u.grad.as<float>(), u.n, s_.half, r);
+        s_.kern->to_half(grad, g16, u.n, s_.half, r);
+        if (fp32_sum()) s_.kern->from_half(g16, grad, u.n, s_.half, r);
       }
     }
     if (s_.parallel())
-      for (std::size_t o = 0; o < u.n; o += s_.bucket) reduce_bucket(u, o, std::min(s_.bucket, u.n - o), u.grad.as<float>() + o, true);
+      for (std::size_t o = 0; o < u.n; o += s_.bucket) reduce_bucket(u, o, std::min(s_.bucket, u.n - o), grad + o, true);
     if (fp32_sum()) {
       BusyScope busy(s_.dev, r);
-      const float* kept = u.grad.as<float>() + u.g_lo;
+      const float* kept = grad + u.g_lo;
       if (mb == 0) s_.kern->copy(u.grad_sum.as<float>(), kept, (u.g_hi - u.g_lo) * 4, r);
       else s_.kern->add(u.grad_sum.as<float>(), kept, u.g_hi - u.g_lo, r);
     }

@@ -7,6 +7,8 @@
 //                             each bucket (reduce_bucket_size) to 16 bits on the device and copies it
 //                             into one of two pinned landing buffers (d2h stream, an event each);
 //                             Reduce copies it into host grad16, or adds it into host grad32 (GA > 1)
+//   partitioned gradients     (ZeRO stage ≥ 2, several ranks) block gradients pass through the two
+//                             gradient slots whatever the optimizer's tier: a rank keeps only its shard
 //   more than one rank        the Update's input is always an fp32 sum; each bucket's rounded
 //                             gradient is reduced across ranks (reduce_bucket) before it is summed
 //                             over micro batches — into this rank's shard only under ZeRO stage ≥ 2
@@ -52,7 +54,7 @@ class GradientPath {
   std::size_t host_grad_bytes() const { return (fp32_sum() || !s_.mixed) ? 4 : 2; }
 
   struct GradSlot {
-    DeviceBuffer grad;
+    DeviceBuffer grad, grad16;  // grad16: the optimizer on the device with partitioned gradients
     bool busy = false;  // under mu
   };
   EngineState& s_;

@@ -110,8 +110,10 @@ Plan make_plan(const PlanInput& in) {
       param.bytes[D] += pl * cb;  // a stage-3 shard on the device
     }
     if (!opt_off) {
-      grad.bytes[D] += n * 4;
-      if (mixed) grad16.bytes[D] += n * 2;
+      if (!shard_grads || persistent(u)) {  // partitioned: blocks pass through the gradient slots
+        grad.bytes[D] += n * 4;
+        if (mixed) grad16.bytes[D] += n * 2;
+      }
       if (fp32_sum) grad32.bytes[D] += gl * 4;
       if (mixed || param_off || shard_params) master.bytes[D] += sl * 4;
       mrow.bytes[D] += sl * 4;
@@ -150,6 +152,8 @@ Plan make_plan(const PlanInput& in) {
       p.buffers.push_back({"param staging", "", on(Tier::pinned, slots * std::max<std::uint64_t>(4096, up(max_win * cb, 4096))),
                            in.param == OffloadDevice::nvme ? "NVMe reads, one per slot" : "gathered shards, one per slot"});
   }
+  if (!opt_off && shard_grads && max_np > 0)
+    p.buffers.push_back({"grad window", "", on(Tier::device, 2 * max_np * (4 + (mixed ? 2 : 0))), "2 slots x largest block (+ its 16-bit rounding)"});
   if (opt_off) {
     if (max_np > 0) p.buffers.push_back({"grad window", "", on(Tier::device, 2 * max_np * 4), "2 slots x largest block"});
     p.buffers.push_back({"grad landing", "", on(Tier::pinned, 2 * bucket * cb), "2 x reduce bucket"});

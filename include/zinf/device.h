@@ -88,6 +88,10 @@ class Device {
 
   virtual EventHandle record(StreamRole s) = 0;
   virtual void wait_event(StreamRole s, EventHandle e) = 0;  // the stream waits, the host does not
+  // Profiling: an event that also keeps the time its stream reached it, and the seconds between two
+  // such events of one stream (waits for `b`).
+  virtual EventHandle record_timed(StreamRole s) { return record(s); }
+  virtual double elapsed_seconds(const EventHandle& a, const EventHandle& b) = 0;
   virtual void synchronize(StreamRole s) = 0;
   virtual void synchronize() = 0;
 

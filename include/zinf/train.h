@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "zinf/comm.h"
 #include "zinf/config.h"
@@ -47,6 +48,15 @@ class LossScaler {
 // The learning rate for the optimizer step that follows `t` completed steps (t = 0 for the first).
 double lr_at(const SchedulerConfig& s, double base_lr, std::int64_t t);
 
+// Device time of one kind of the model's ops (`zinf bench step --profile`): a GEMM class (by its
+// input and output features), attention, norms, elementwise ops, embeddings, the LM head, copies.
+struct OpTime {
+  std::string name;
+  std::int64_t calls = 0;
+  double seconds = 0;  // on the compute stream (the host's own time on the synchronous CPU device)
+  double flops = 0;    // floating-point operations (0 for ops measured in bytes)
+};
+
 struct TrainResult {
   std::int64_t steps = 0;          // training steps completed (including skipped ones)
   std::int64_t resumed_from = 0;   // the checkpoint's step, when resumed
@@ -64,6 +74,7 @@ struct TrainResult {
   std::int64_t measured_steps = 0;
   double step_seconds = 0;
   BusyTimes busy;
+  std::vector<OpTime> profile;  // with TrainHooks::profile: summed over the measured steps, slowest first
 };
 
 struct TrainHooks {
@@ -75,6 +86,9 @@ struct TrainHooks {
   // The data-parallel ranks of this run (zinf/comm.h); null: the ranks this process was launched with
   // (mpirun), or one. Rank 0 alone logs, writes metrics and checkpoints.
   Comm* comm = nullptr;
+  // Time every op of the model by kind (TrainResult::profile). Adds two timed events per op on
+  // stream-ordered devices; the math is unchanged.
+  bool profile = false;
 };
 
 TrainResult train(const Config& c, const TrainHooks& hooks);

@@ -162,10 +162,17 @@ int run_nvme(const NvmeArgs& a) {
   return 0;
 }
 
+// How --profile timed the ops on this config's device.
+const char* dev_timing(const Config& c) {
+  if (c.device.type == DeviceType::cuda) return "CUDA events on the compute stream";
+  return c.device.async ? "the CPU device's compute stream" : "host clock: the CPU device runs ops inline";
+}
+
 struct StepArgs {
   ConfigArgs config;
   int steps = 6;
   bool json = false;
+  bool profile = false;
 };
 
 int run_step(const StepArgs& a) {
@@ -183,8 +190,10 @@ int run_step(const StepArgs& a) {
   TrainHooks hooks;
   hooks.log = progress;
   progress("with the configured placement (" + std::string(to_string(c.zero.offload_optimizer.device)) + " optimizer, " +
-           std::string(to_string(c.zero.offload_param.device)) + " params)");
+           std::string(to_string(c.zero.offload_param.device)) + " params)" + (a.profile ? ", ops profiled" : ""));
+  hooks.profile = a.profile;
   const TrainResult r = train(c, hooks);
+  hooks.profile = false;
   std::vector<std::string> none = common;
   for (const char* o : {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"})
     none.push_back(o);
@@ -215,6 +224,13 @@ int run_step(const StepArgs& a) {
                         {"params_digest", r.params_digest}, {"no_offload_params_digest", base.params_digest},
                         {"peak_device_bytes", r.peak_device_bytes}, {"device_budget", r.device_budget}};
     busy.each([&](const char* name, double sec) { j["busy_s"][name] = sec; });
+    if (a.profile) {
+      j["profile"] = nlohmann::json::array();
+      for (const auto& o : r.profile)
+        j["profile"].push_back({{"op", o.name}, {"calls_per_step", static_cast<double>(o.calls) / n}, {"seconds_per_step", o.seconds / n},
+                                {"share_of_step", r.step_seconds > 0 ? o.seconds / n / r.step_seconds : 0.0},
+                                {"tflops", o.seconds > 0 ? o.flops / o.seconds / 1e12 : 0.0}});
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -232,6 +248,17 @@ int run_step(const StepArgs& a) {
                 r.params_digest == base.params_digest ? "bit-identical" : "DIFFERENT");
   } else {
     std::printf("  without offload the model does not fit the device budget\n");
+  }
+  if (a.profile) {
+    double total = 0;
+    for (const auto& o : r.profile) total += o.seconds;
+    std::printf("\n  the model's ops by kind, per step (%s; %.1f ms in ops, %.0f%% of the step)\n",
+                dev_timing(c), 1e3 * total / n, r.step_seconds > 0 ? 100 * total / n / r.step_seconds : 0.0);
+    std::printf("  %-16s %10s %8s %8s %9s\n", "op", "ms", "share", "calls", "TFLOPS");
+    for (const auto& o : r.profile)
+      std::printf("  %-16s %10.2f %7.1f%% %8.0f %9s\n", o.name.c_str(), 1e3 * o.seconds / n,
+                  r.step_seconds > 0 ? 100 * o.seconds / n / r.step_seconds : 0.0, static_cast<double>(o.calls) / n,
+                  o.flops > 0 && o.seconds > 0 ? std::to_string(o.flops / o.seconds / 1e12).substr(0, 6).c_str() : "-");
   }
   return 0;
 }
@@ -365,6 +392,9 @@ Command add_bench(CLI::App& app) {
   add_config_options(*st, sargs->config, true);
   st->add_option("--steps", sargs->steps, "Steps to run (the first is not measured)")->capture_default_str();
   st->add_flag("--json", sargs->json, "Print one JSON object (overlap_ratio, busy_s, relative_to_no_offload)");
+  st->add_flag("--profile", sargs->profile,
+               "Also time the model's ops by kind on the compute stream (GEMM classes, attention, norms, elementwise, embeddings, "
+               "LM head, copies): time per step, share of the step, calls, achieved TFLOPS");
   bench_step_ = {st, [sargs] { return run_step(*sargs); }};
   auto pargs = std::make_shared<PcieArgs>();
   CLI::App* pc = sub->add_subcommand(

@@ -43,14 +43,21 @@ class CpuEvent final : public DeviceEvent {
   }
   void fire() {
     std::lock_guard<std::mutex> lk(mu_);
+    at_ = std::chrono::steady_clock::now();
     done_ = true;
     cv_.notify_all();
+  }
+  std::chrono::steady_clock::time_point at() {  // when the stream reached it
+    wait();
+    std::lock_guard<std::mutex> lk(mu_);
+    return at_;
   }
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point at_;
 };
 
 // A stream: an in-order queue served by one worker thread, with its own jitter lane and the job
@@ -140,6 +147,12 @@ class CpuDevice final : public Device {
   void wait_event(StreamRole s, EventHandle e) override {
     ZINF_CHECK(e != nullptr);
     stream(s).worker.push([e] { e->wait(); });
+  }
+  double elapsed_seconds(const EventHandle& a, const EventHandle& b) override {
+    auto* x = dynamic_cast<CpuEvent*>(a.get());
+    auto* y = dynamic_cast<CpuEvent*>(b.get());
+    ZINF_CHECK(x && y);
+    return std::chrono::duration<double>(y->at() - x->at()).count();
   }
   void synchronize(StreamRole s) override { stream(s).worker.drain(); }
   void synchronize() override {

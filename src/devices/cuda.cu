@@ -19,8 +19,8 @@ namespace {
 
 class CudaEvent final : public DeviceEvent {
  public:
-  explicit CudaEvent(cudaStream_t s) {
-    ZINF_CUDA(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
+  explicit CudaEvent(cudaStream_t s, bool timed = false) {
+    ZINF_CUDA(cudaEventCreateWithFlags(&ev_, timed ? cudaEventDefault : cudaEventDisableTiming));
     ZINF_CUDA(cudaEventRecord(ev_, s));
   }
   ~CudaEvent() override { cudaEventDestroy(ev_); }
@@ -81,6 +81,16 @@ class CudaDevice final : public Device {
   void unregister_host(void* p) override { cudaHostUnregister(p); }
   void* native_stream(StreamRole s) override { return stream(s); }
   EventHandle record(StreamRole s) override { return std::make_shared<CudaEvent>(stream(s)); }
+  EventHandle record_timed(StreamRole s) override { return std::make_shared<CudaEvent>(stream(s), true); }
+  double elapsed_seconds(const EventHandle& a, const EventHandle& b) override {
+    auto* x = dynamic_cast<CudaEvent*>(a.get());
+    auto* y = dynamic_cast<CudaEvent*>(b.get());
+    ZINF_CHECK(x && y);
+    ZINF_CUDA(cudaEventSynchronize(y->get()));
+    float ms = 0;
+    ZINF_CUDA(cudaEventElapsedTime(&ms, x->get(), y->get()));
+    return ms / 1e3;
+  }
   void wait_event(StreamRole s, EventHandle e) override {
     auto* ce = dynamic_cast<CudaEvent*>(e.get());
     ZINF_CHECK(ce != nullptr);

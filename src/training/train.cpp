@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -28,6 +29,7 @@
 #include "model/cuda/cuda_ops.h"
 #include "model/hf.h"
 #include "model/lm.h"
+#include "model/ops_profile.h"
 #include "model/ops_stream.h"
 #include "training/batches.h"
 #include "training/report.h"
@@ -92,10 +94,14 @@ std::unique_ptr<Device> make_device(const Config& c, int local_rank) {
 
 // The model's ops for that device: CUDA kernels, or the CPU reference ops — as compute-stream work
 // on the CPU device's async mode.
-std::unique_ptr<OpsBackend> make_backend(const Config& c, Device& dev, ops::Par& par) {
-  if (c.device.type == DeviceType::cuda) return cuda::make_cuda_ops(dev, c.precision());
-  if (dev.ops_stream_ordered()) return make_stream_ops(dev, std::make_unique<CpuOps>(par));
-  return std::make_unique<CpuOps>(par);
+// With `profile`, wrapped in the op profiler, which reports into *profile.
+std::unique_ptr<OpsBackend> make_backend(const Config& c, Device& dev, ops::Par& par, std::shared_ptr<OpProfile>* profile,
+                                         const ModelShape& shape) {
+  std::unique_ptr<OpsBackend> b;
+  if (c.device.type == DeviceType::cuda) b = cuda::make_cuda_ops(dev, c.precision());
+  else if (dev.ops_stream_ordered()) b = make_stream_ops(dev, std::make_unique<CpuOps>(par));
+  else b = std::make_unique<CpuOps>(par);
+  return profile ? make_profile_ops(dev, shape, std::move(b), profile) : std::move(b);
 }
 
 // The model's view of the engine, with the time the model spends waiting for fetches and landings
@@ -145,7 +151,7 @@ class Run {
         dev(make_device(cfg, local_rank)),
         device_comm(make_device_comm(local_rank)),
         par(threads),
-        backend(make_backend(cfg, *dev, par)),
+        backend(make_backend(cfg, *dev, par, h.profile ? &profile : nullptr, shape)),
         model(make_model(shape, B, cfg.model.activation_checkpointing, *dev, *backend)),
         batches(*dev, static_cast<std::size_t>(B) * T),
         engine(make_engine()),
@@ -327,6 +333,7 @@ class Run {
   std::unique_ptr<Device> dev;
   std::unique_ptr<Comm> device_comm;  // NCCL for the CUDA device's memory (several ranks)
   ops::Par par;
+  std::shared_ptr<OpProfile> profile;  // TrainHooks::profile: the op profiler's times
   std::unique_ptr<OpsBackend> backend;
   std::unique_ptr<LanguageModel> model;
   BatchSlots batches;
@@ -464,6 +471,8 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
     r.step_s = since(t0);
     r.tokens_per_s = static_cast<double>(c.train_batch_size) * run.T / r.step_s;
     r.busy = run.engine->take_times();
+    std::vector<OpTime> ops_times;
+    if (run.profile) ops_times = run.profile->take();
     res.steps = step;
     res.loss = r.loss;
     res.tokens_per_s = r.tokens_per_s;
@@ -471,6 +480,14 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
       t_measured += r.step_s;
       res.busy += r.busy;
       res.measured_steps++;
+      for (const auto& o : ops_times) {
+        auto it = std::find_if(res.profile.begin(), res.profile.end(), [&](const OpTime& x) { return x.name == o.name; });
+        if (it == res.profile.end()) {
+          res.profile.push_back(o);
+        } else {
+          it->calls += o.calls, it->seconds += o.seconds, it->flops += o.flops;
+        }
+      }
     }
     run.metrics.step(r);
     if (step % c.steps_per_print == 0 || step == c.train.steps) {
@@ -500,6 +517,7 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   res.pinned_capacity = run.engine->pinned_capacity();
   res.pinned_peak = run.engine->pinned_peak();
   res.step_seconds = res.measured_steps ? t_measured / static_cast<double>(res.measured_steps) : 0;
+  std::sort(res.profile.begin(), res.profile.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
   return res;
 }
 

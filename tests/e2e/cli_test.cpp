@@ -160,7 +160,7 @@ TEST(Cli, TrainPrintsConfigProgressAndTheFinalLine) {
 TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
   const std::string swap = std::filesystem::temp_directory_path() / ("zinf-bench-step-" + std::to_string(::getpid()));
   std::filesystem::create_directories(swap);
-  Result r = run("bench step --json --steps 3 --config " + kConfigs + "/tiny.json --set model.n_layer=2 --set model.d_model=32"
+  Result r = run("bench step --json --profile --steps 3 --config " + kConfigs + "/tiny.json --set model.n_layer=2 --set model.d_model=32"
                  " --set model.n_head=2 --set model.seq_len=32 --set train_micro_batch_size_per_gpu=2 --set device.threads=1"
                  " --set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme"
                  " --set zero_optimization.offload_param.device=cpu --set zero_optimization.offload_optimizer.nvme_path=" + swap);
@@ -170,7 +170,17 @@ TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
   EXPECT_GT(j["busy_s"]["compute"].get<double>(), 0.0);
   EXPECT_GT(j["busy_s"]["nvme_read"].get<double>(), 0.0);
   EXPECT_GT(j["relative_to_no_offload"].get<double>(), 0.0);
-  EXPECT_EQ(j["params_digest"], j["no_offload_params_digest"]);
+  EXPECT_EQ(j["params_digest"], j["no_offload_params_digest"]);  // the profiled run's math is the plain run's
+  // --profile: the model's ops by kind, slowest first, each a share of the step.
+  ASSERT_GE(j["profile"].size(), 8u) << j.dump();
+  double share = 0;
+  for (const auto& o : j["profile"]) share += o["share_of_step"].get<double>();
+  EXPECT_GT(share, 0.0);
+  EXPECT_LE(share, 1.05);
+  bool gemm = false;
+  for (const auto& o : j["profile"])
+    if (o["op"] == "gemm mlp up") gemm = o["tflops"].get<double>() > 0 && o["calls_per_step"].get<double>() == 4;
+  EXPECT_TRUE(gemm) << j["profile"].dump();
   EXPECT_TRUE(std::filesystem::is_empty(swap));
   std::filesystem::remove_all(swap);
 }

@@ -19,9 +19,10 @@
 # per-step losses on the CPU device against the GPU's, within a relative 2e-2 (bf16 on both; the
 # devices round differently, so close, not bitwise).
 #
-# ZINF_GPU_CHECK_PARTS picks parts (default all): build tests bench digests losses — e.g. one call
-# with "build tests bench" and a second with "digests losses" (the build is reused), so that each
-# fits a 10-minute call on a lent machine.
+# ZINF_GPU_CHECK_PARTS picks parts (default all but compare): build tests bench digests losses
+# compare — e.g. one call with "build tests bench" and a second with "digests losses" (the build is
+# reused), so that each fits a 10-minute call on a lent machine. `compare` runs
+# scripts/compare-torch.sh (zinf beside the PyTorch peer, torch_gpt2.py copied into the tree first).
 set -uo pipefail
 parts=" ${ZINF_GPU_CHECK_PARTS:-build tests bench digests losses} "
 want() { [[ "$parts" == *" $1 "* ]]; }
@@ -129,5 +130,8 @@ worst = max(abs(a - b) / abs(b) for a, b in zip(g, c))
 print("per-step loss gpu", g, "cpu", c, "max rel diff %.3g (tolerance 2e-2)" % worst)
 sys.exit(0 if worst <= 2e-2 else 1)
 PY
+fi
+if want compare; then
+  ZINF_BIN="$root/build-gpu/src/zinf" run compare "$root/scripts/compare-torch.sh"
 fi
 log "== done; results in $results"

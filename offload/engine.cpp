@@ -277,6 +277,8 @@ void Engine::synchronize() {
 
 // ---- checkpoints ----------------------------------------------------------------------------------
 
+bool Engine::states_partitioned() const { return impl_->s.shard_states; }
+
 void Engine::read_master(std::size_t u, float* dst) { read_states(u, dst, nullptr, nullptr); }
 
 void Engine::read_states(std::size_t ui, float* master, float* m, float* v) {

@@ -275,6 +275,7 @@ class Run {
     st.scaler_last_overflow = scaler.last_overflow_iter;
     st.scaler_hysteresis = scaler.cur_hysteresis;
     if (R != 0) {  // rank 0 writes; the others hand over their shards, unit by unit in the same order
+      if (!engine->states_partitioned()) return;  // rank 0 holds every state itself
       for (std::size_t u = 0; u < engine_units.size(); ++u) {
         std::vector<float> ma(engine_units[u]), mm(engine_units[u]), vv(engine_units[u]);
         engine->read_states(u, ma.data(), mm.data(), vv.data());

@@ -30,7 +30,7 @@ TEST(Cli, HelpAndVersion) {
   r = run("--version");
   EXPECT_EQ(r.rc, 0);
   EXPECT_EQ(r.out.rfind("zinf ", 0), 0u);
-  for (const char* sub : {"info", "plan", "train", "export", "bench adam", "bench nvme", "bench step", "bench pcie"}) {
+  for (const char* sub : {"info", "plan", "train", "export", "bench adam", "bench nvme", "bench step", "bench pcie", "bench comm"}) {
     r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.rc, 0) << sub;
     EXPECT_NE(r.out.find(std::string(sub) == "export" ? "--output" : "--json"), std::string::npos) << sub;

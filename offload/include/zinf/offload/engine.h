@@ -166,7 +166,10 @@ class Engine {
   void read_master(std::size_t u, float* dst);     // synchronizes, then copies unit u's fp32 master
   // Checkpoints: unit u's fp32 master, Adam m and v wherever they live (synchronizes first); and the
   // reverse, which also rebuilds the unit's compute copy in its home. Nothing may run meanwhile.
+  // With optimizer states partitioned across ranks (ZeRO stage ≥ 1), read_states and read_master are
+  // collective: every rank calls them for the same units in the same order, and each gets whole units.
   void read_states(std::size_t u, float* master, float* m, float* v);
+  bool states_partitioned() const;
   void write_states(std::size_t u, const float* master, const float* m, const float* v);
 
   // Busy seconds per resource since the last call: h2d, d2h (and compute, when the model's ops are

@@ -29,8 +29,9 @@ class OpsBackend {
                                   int H) = 0;
   virtual void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) = 0;
   virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) = 0;
-  virtual double lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* targets, int R, int C,
-                                 int V) = 0;
+  // Writes each row's loss into `losses` (device memory); see ops::lm_head_forward.
+  virtual void lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* targets, int R, int C,
+                               int V) = 0;
   virtual void lm_head_backward(float* dx, float* dwte, float* dlogits, const float* probs, const float* x, const float* wte,
                                 const int* targets, float dscale, int R, int C, int V) = 0;
   virtual void copy(float* dst, const float* src, std::size_t n) = 0;
@@ -89,8 +90,8 @@ class CpuOps final : public OpsBackend {
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* t, int B, int T, int C) override {
     ops::encoder_backward(p_, dwte, dwpe, dout, t, B, T, C);
   }
-  double lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C, int V) override {
-    return ops::lm_head_forward(p_, probs, losses, x, wte, tg, R, C, V);
+  void lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C, int V) override {
+    ops::lm_head_forward(p_, probs, losses, x, wte, tg, R, C, V);
   }
   void lm_head_backward(float* dx, float* dwte, float* dl, const float* probs, const float* x, const float* wte, const int* tg,
                         float dscale, int R, int C, int V) override {

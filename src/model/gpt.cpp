@@ -115,7 +115,7 @@ void GptModel::block_backward(const BlockView& w, const BlockView& g, const floa
   ops_.layernorm_backward(dx, g.ln1w, g.ln1b, dln_, x, w.ln1w, a.ln1_mean, a.ln1_rstd, R, C);
 }
 
-double GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
+void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
   const std::size_t L = static_cast<std::size_t>(s_.n_layer);
   const int C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
   const float* wte = src.weights(0);
@@ -146,13 +146,11 @@ double GptModel::forward(UnitSource& src, const int* tokens, const int* targets)
   }
   src.done_with(L + 1);
   wte = src.weights(0);
-  double loss = 0;
   {
     BusyScope busy(dev_, StreamRole::compute);
-    loss = ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
+    ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
   }
   src.done_with(0);
-  return loss;
 }
 
 void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {

@@ -32,7 +32,9 @@ class GptModel final : public LanguageModel {
   GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
 
   // Forward pass; returns the mean cross-entropy over the B×T targets. Keeps what backward needs.
-  double forward(UnitSource& src, const int* tokens, const int* targets) override;
+  void forward(UnitSource& src, const int* tokens, const int* targets) override;
+  const float* row_losses() const override { return losses_; }
+  int rows() const override { return R_; }
   // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
   // for a mean loss); the units' gradient buffers are accumulated (+=).
   void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override;

@@ -164,7 +164,7 @@ void LlamaModel::block_backward(const LlamaBlockView& w, const LlamaBlockView& g
   ops_.rmsnorm_backward(dx, g.attn_norm, dn_, x, w.attn_norm, a.an_rstd, R, C);
 }
 
-double LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets) {
+void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets) {
   const std::size_t L = static_cast<std::size_t>(s_.n_layer);
   const int C = C_, V = s_.vocab_size;
   const float* wte = src.weights(0);
@@ -189,7 +189,6 @@ double LlamaModel::forward(UnitSource& src, const int* tokens, const int* target
     x = acts_.blocks[l].out;
   }
   const float* fin = src.weights(L + 1);
-  double loss = 0;
   if (s_.tie_embeddings) {
     {
       BusyScope busy(dev_, StreamRole::compute);
@@ -199,18 +198,17 @@ double LlamaModel::forward(UnitSource& src, const int* tokens, const int* target
     wte = src.weights(0);
     {
       BusyScope busy(dev_, StreamRole::compute);
-      loss = ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
+      ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
     }
     src.done_with(0);
   } else {
     {
       BusyScope busy(dev_, StreamRole::compute);
       ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, fin, R_, C, static_cast<float>(s_.norm_eps));
-      loss = ops_.lm_head_forward(probs_, losses_, lnf_, fin + C, targets, R_, C, V);
+      ops_.lm_head_forward(probs_, losses_, lnf_, fin + C, targets, R_, C, V);
     }
     src.done_with(L + 1);
   }
-  return loss;
 }
 
 void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {

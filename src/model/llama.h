@@ -27,7 +27,9 @@ LlamaBlockView llama_block_view(float* base, const ModelShape& s);
 class LlamaModel final : public LanguageModel {
  public:
   LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
-  double forward(UnitSource& src, const int* tokens, const int* targets) override;
+  void forward(UnitSource& src, const int* tokens, const int* targets) override;
+  const float* row_losses() const override { return losses_; }
+  int rows() const override { return R_; }
   void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override;
 
  private:

@@ -46,12 +46,19 @@ class ResidentUnits final : public UnitSource {
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
-  // Forward pass; returns the mean cross-entropy over the B×T targets. Keeps what backward needs.
-  virtual double forward(UnitSource& src, const int* tokens, const int* targets) = 0;
+  // Forward pass; keeps what backward needs. Each of the B×T rows' cross-entropy is in row_losses()
+  // (device memory) once the model's ops have run: nothing here waits for them.
+  virtual void forward(UnitSource& src, const int* tokens, const int* targets) = 0;
+  virtual const float* row_losses() const = 0;
+  virtual int rows() const = 0;
   // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
   // for a mean loss); the units' gradient buffers are accumulated (+=).
   virtual void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) = 0;
 };
+
+// A forward whose mean loss the caller reads at once (tests, one-off evaluations): waits for the
+// device. The trainer instead collects the row losses of a whole step and reads them at its end.
+double forward_mean_loss(LanguageModel& m, Device& dev, UnitSource& src, const int* tokens, const int* targets);
 
 // The activations a model keeps for backward, allocated once on the device: the embedding output
 // (x0), then per block either everything (`carve` lays one block's Acts out from a float cursor) or,

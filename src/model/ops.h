@@ -63,10 +63,12 @@ void encoder_forward(Par& p, float* out, const int* tokens, const float* wte, co
 // dwte += …; dwpe += …
 void encoder_backward(Par& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
 
-// LM head tied to wte with softmax cross-entropy. probs [R,V] is kept for backward; losses [R].
-// Returns the mean loss over the R rows (summed in row order in double).
-double lm_head_forward(Par& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
-                       int C, int V);
+// LM head tied to wte with softmax cross-entropy. probs [R,V] is kept for backward; losses [R], each
+// row's loss (read by the host at the step's end, not here: no round trip inside the forward).
+void lm_head_forward(Par& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
+                     int C, int V);
+// The mean of R row losses, summed in row order in double (host memory).
+double mean_loss(const float* losses, int R);
 // dlogits = (probs − onehot)·dscale;  dx = dlogits·wte (overwritten);  dwte += dlogitsᵀ·x
 void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
                       const float* wte, const int* targets, float dscale, int R, int C, int V);

@@ -291,8 +291,8 @@ void encoder_backward(Par& p, float* dwte, float* dwpe, const float* dout, const
   });
 }
 
-double lm_head_forward(Par& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
-                       int C, int V) {
+void lm_head_forward(Par& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
+                     int C, int V) {
   MapC E(wte, V, C, Strided(C));
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
@@ -313,6 +313,9 @@ double lm_head_forward(Par& p, float* probs, float* losses, const float* x, cons
       losses[r0 + r] = -std::log(std::max(l[targets[r0 + r]], 1e-30f));
     }
   });
+}
+
+double mean_loss(const float* losses, int R) {
   double total = 0;
   for (int r = 0; r < R; ++r) total += losses[r];
   return total / R;

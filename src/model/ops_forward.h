@@ -37,7 +37,7 @@ class ForwardingOps : public OpsBackend {
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int H) override;
   void encoder_forward(float* o, const int* t, const float* wte, const float* wpe, int B, int T, int C) override;
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* t, int B, int T, int C) override;
-  double lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C, int V) override;
+  void lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C, int V) override;
   void lm_head_backward(float* dx, float* dwte, float* dl, const float* probs, const float* x, const float* wte, const int* tg,
                         float dscale, int R, int C, int V) override;
   void copy(float* dst, const float* src, std::size_t n) override;
@@ -59,8 +59,6 @@ class ForwardingOps : public OpsBackend {
  protected:
   // Runs (or enqueues) one op of the wrapped backend.
   virtual void run(const OpInfo& op, std::function<void()> f) = 0;
-  // Called before the host reads a value an op computed (the loss).
-  virtual void settle() {}
   OpsBackend& inner() { return *in_; }
 
  private:

@@ -20,7 +20,6 @@ class StreamOps final : public ForwardingOps {
 
  protected:
   void run(const OpInfo&, std::function<void()> f) override { dev_.launch(StreamRole::compute, std::move(f)); }
-  void settle() override { dev_.synchronize(StreamRole::compute); }
 
  private:
   Device& dev_;

@@ -6,7 +6,7 @@
 //
 // Pointers are captured by value: what they point to must stay valid (and unmodified by other
 // streams) until the compute stream has run the op — the ordering rules of zinf/device.h.
-// lm_head_forward returns the loss, so it waits for the compute stream (the one host round trip).
+// Nothing here waits for the compute stream: the loss stays in device memory until the host reads it.
 #pragma once
 
 #include <memory>

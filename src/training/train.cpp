@@ -29,6 +29,7 @@
 #include "model/cuda/cuda_ops.h"
 #include "model/hf.h"
 #include "model/lm.h"
+#include "model/ops.h"
 #include "model/ops_profile.h"
 #include "model/ops_stream.h"
 #include "training/batches.h"
@@ -41,6 +42,7 @@
 #include "zinf/error.h"
 #include "zinf/offload/cuda_kernels.h"
 #include "zinf/offload/engine.h"
+#include "zinf/pinned.h"
 #include "zinf/safetensors.h"
 #include "zinf/sysinfo.h"
 #include "zinf/train.h"
@@ -104,6 +106,51 @@ std::unique_ptr<OpsBackend> make_backend(const Config& c, Device& dev, ops::Par&
   return profile ? make_profile_ops(dev, shape, std::move(b), profile) : std::move(b);
 }
 
+// Row losses of several forwards, copied behind the model's ops into (pinned) host memory and read
+// when the caller asks — once a step, not once a micro batch: the forward never makes the host wait
+// for the device. On the synchronous CPU device the ops have run when forward returns and the rows
+// are copied at once.
+class LossRows {
+ public:
+  LossRows(Device& dev, int rows, int slots)
+      : dev_(dev),
+        rows_(static_cast<std::size_t>(rows)),
+        slots_(static_cast<std::size_t>(slots)),
+        pool_(std::max<std::size_t>(PinnedPool::kAlign, (rows_ * slots_ * 4 + PinnedPool::kAlign - 1) / PinnedPool::kAlign * PinnedPool::kAlign),
+              /*lock=*/false),
+        buf_(pool_.acquire(rows_ * slots_ * 4)) {
+    dev_.register_host(buf_.data(), pool_.capacity());
+  }
+  ~LossRows() {
+    try {
+      dev_.synchronize(StreamRole::compute);  // no copy may still target the buffer
+    } catch (...) {
+    }
+    dev_.unregister_host(buf_.data());
+  }
+  std::size_t slots() const { return slots_; }
+  // Slot k receives the rows of the forward just issued.
+  void take(std::size_t k, const float* device_rows) {
+    float* dst = at(k);
+    if (dev_.ops_stream_ordered())
+      dev_.copy_to_host(dst, device_rows, rows_ * 4, StreamRole::compute);
+    else
+      std::memcpy(dst, device_rows, rows_ * 4);
+  }
+  // The mean loss of slot k's rows (waits for the compute stream the first time after a take).
+  double mean(std::size_t k) {
+    if (dev_.ops_stream_ordered()) dev_.synchronize(StreamRole::compute);
+    return ops::mean_loss(at(k), static_cast<int>(rows_));
+  }
+
+ private:
+  float* at(std::size_t k) { return static_cast<float*>(buf_.data()) + k * rows_; }
+  Device& dev_;
+  std::size_t rows_, slots_;
+  PinnedPool pool_;
+  PinnedBuffer buf_;
+};
+
 // The model's view of the engine, with the time the model spends waiting for fetches and landings
 // kept apart from its compute time.
 class EngineUnits final : public UnitSource {
@@ -154,6 +201,7 @@ class Run {
         backend(make_backend(cfg, *dev, par, h.profile ? &profile : nullptr, shape)),
         model(make_model(shape, B, cfg.model.activation_checkpointing, *dev, *backend)),
         batches(*dev, static_cast<std::size_t>(B) * T),
+        losses(*dev, model->rows(), static_cast<int>(std::max<std::int64_t>(GA, 8))),
         engine(make_engine()),
         units(*engine),
         scaler(cfg.fp16),
@@ -180,18 +228,27 @@ class Run {
   double evaluate() {
     const int K = c.train.eval_batches;
     std::vector<double> mine(static_cast<std::size_t>(K), 0.0);
+    std::vector<int> pending;  // batches whose row losses sit in `losses`, read a slot-full at a time
+    auto read = [&] {
+      for (std::size_t i = 0; i < pending.size(); ++i) mine[static_cast<std::size_t>(pending[i])] = losses.mean(i);
+      pending.clear();
+    };
     int k = 0;
     for (; k < K; ++k) {
       if (k % W != R) continue;
       Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(k, K, B, T, tok, tgt); });
       engine->begin_forward();
-      mine[static_cast<std::size_t>(k)] = model->forward(units, b.tokens(), b.targets());
+      model->forward(units, b.tokens(), b.targets());
+      losses.take(pending.size(), model->row_losses());
+      pending.push_back(k);
       batches.done_with(b);
+      if (pending.size() == losses.slots()) read();
       if (W == 1 && stop_asked()) {
         ++k;
         break;
       }
     }
+    read();
     units.take_wait();
     engine->take_times();
     const std::vector<double> all = W > 1 ? comm.allgather(mine.data(), mine.size()) : mine;
@@ -200,10 +257,8 @@ class Run {
     return sum / k;
   }
 
-  // Forward and backward of every micro batch of one step; returns the mean loss over every rank's
-  // micro batches, summed in their global order.
-  double forward_backward(double scale) {
-    std::vector<double> losses(static_cast<std::size_t>(GA));
+  // Forward and backward of every micro batch of one step (their losses are read by step_loss()).
+  void forward_backward(double scale) {
     const float dscale = static_cast<float>(scale / (static_cast<double>(B) * T * static_cast<double>(GA) * W));
     for (std::int64_t micro = 0; micro < GA; ++micro) {
       Batch& b = batches.next([&](int* tok, int* tgt) {
@@ -214,12 +269,22 @@ class Run {
       rows_drawn += static_cast<std::int64_t>(B) * W;
       engine->begin_micro_batch(micro);
       engine->begin_forward();
-      t_fwd += model_time([&] { losses[static_cast<std::size_t>(micro)] = model->forward(units, b.tokens(), b.targets()); });
+      t_fwd += model_time([&] {
+        model->forward(units, b.tokens(), b.targets());
+        losses.take(static_cast<std::size_t>(micro), model->row_losses());
+      });
       engine->begin_backward();
       t_bwd += model_time([&] { model->backward(units, b.tokens(), b.targets(), dscale); });
       batches.done_with(b);
     }
-    const std::vector<double> all = W > 1 ? comm.allgather(losses.data(), losses.size()) : losses;
+  }
+
+  // The step's mean loss over every rank's micro batches, summed in their global order (waits for
+  // the compute stream: called once the Update is under way).
+  double step_loss() {
+    std::vector<double> mine(static_cast<std::size_t>(GA));
+    for (std::int64_t micro = 0; micro < GA; ++micro) mine[static_cast<std::size_t>(micro)] = losses.mean(static_cast<std::size_t>(micro));
+    const std::vector<double> all = W > 1 ? comm.allgather(mine.data(), mine.size()) : mine;
     double loss_sum = 0;
     for (std::int64_t micro = 0; micro < GA; ++micro)
       for (int r = 0; r < W; ++r) loss_sum += all[static_cast<std::size_t>(r * GA + micro)];
@@ -338,6 +403,7 @@ class Run {
   std::unique_ptr<OpsBackend> backend;
   std::unique_ptr<LanguageModel> model;
   BatchSlots batches;
+  LossRows losses;  // each micro batch's row losses, read at the step's end
   std::vector<std::size_t> engine_units;  // parameters per layer unit (filled by make_engine)
   std::unique_ptr<offload::Engine> engine;
   EngineUnits units;
@@ -465,8 +531,9 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
     r.step = step, r.steps = c.train.steps;
     r.loss_scale = run.scaler.scale();
     r.lr = lr_at(c.scheduler, c.optimizer.lr, run.opt_steps);
-    r.loss = run.forward_backward(r.loss_scale);
+    run.forward_backward(r.loss_scale);
     const offload::StepOutcome out = run.update(r.loss_scale, r.lr);
+    r.loss = run.step_loss();
     r.grad_norm = out.norm;
     r.skipped = run.account(out, step, r.loss);
     r.step_s = since(t0);

@@ -130,9 +130,11 @@ TEST(CudaOps, EveryOpMatchesTheCpuReference) {
   g.ops->encoder_forward(geo, gtok, gwte, g.up(wpe), B, T, C);
   expect_close("encoder_forward", g.down(geo, eo.size()), eo, 1e-6, 1e-7);
   VF probs(static_cast<std::size_t>(R) * V), losses(R), dl(probs.size()), hdx(x.size()), dwte(wte.size(), 0);
-  const double loss = cpu.lm_head_forward(probs.data(), losses.data(), x.data(), wte.data(), tg.data(), R, C, V);
+  cpu.lm_head_forward(probs.data(), losses.data(), x.data(), wte.data(), tg.data(), R, C, V);
+  const double loss = ops::mean_loss(losses.data(), R);
   float *gprobs = g.up(VF(probs.size())), *glosses = g.up(VF(R)), *gx = g.up(x);
-  const double gloss = g.ops->lm_head_forward(gprobs, glosses, gx, gwte, gtg, R, C, V);
+  g.ops->lm_head_forward(gprobs, glosses, gx, gwte, gtg, R, C, V);
+  const double gloss = ops::mean_loss(g.down(glosses, static_cast<std::size_t>(R)).data(), R);
   EXPECT_NEAR(gloss, loss, 1e-5 * loss);
   cpu.lm_head_backward(hdx.data(), dwte.data(), dl.data(), probs.data(), x.data(), wte.data(), tg.data(), 1.0f / R, R, C, V);
   float *ghdx = g.up(VF(hdx.size())), *gdwte = g.up(VF(dwte.size())), *gdl = g.up(VF(dl.size()));
@@ -170,9 +172,11 @@ void expect_model_matches(Gpu& g, LanguageModel& cm, LanguageModel& gm, const Mo
   for (auto& t : tok) t = static_cast<int>(rng() % static_cast<unsigned>(s.vocab_size));
   for (auto& t : tg) t = static_cast<int>(rng() % static_cast<unsigned>(s.vocab_size));
   ResidentUnits csrc(cw, cg, n), gsrc(gw, gg, n);
-  const double closs = cm.forward(csrc, tok.data(), tg.data());
+  cm.forward(csrc, tok.data(), tg.data());
+  const double closs = ops::mean_loss(cm.row_losses(), R);
   int *gtok = g.up(tok), *gtg = g.up(tg);
-  const double gloss = gm.forward(gsrc, gtok, gtg);
+  gm.forward(gsrc, gtok, gtg);
+  const double gloss = ops::mean_loss(g.down(gm.row_losses(), static_cast<std::size_t>(R)).data(), R);
   EXPECT_NEAR(gloss, closs, 1e-5 * closs);
   cm.backward(csrc, tok.data(), tg.data(), 1.0f / R);
   gm.backward(gsrc, gtok, gtg, 1.0f / R);

@@ -39,9 +39,11 @@ class HostKernels final : public DeviceKernels {
       });
     });
   }
-  cpu_adam::SumSquares sum_squares(const void* g, cpu_adam::GradType t, std::size_t n, StreamRole s) override {
+  std::vector<std::vector<double>> block_sums(const std::vector<NormInput>& in, StreamRole s) override {
     dev_.synchronize(s);
-    return cpu_adam::sum_squares(pool_, g, t, n);
+    std::vector<std::vector<double>> out;
+    for (const auto& x : in) out.push_back(cpu_adam::sum_squares_parts(pool_, x.g, x.t, x.n));
+    return out;
   }
   void adam_update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& c, StreamRole s) override {
     dev_.launch(s, [st, c, this] { cpu_adam::adam_update(pool_, st, c); });

@@ -211,11 +211,13 @@ StepOutcome Engine::step(const StepOptions& o) {
   const auto t0 = Clock::now();
   double sumsq = 0;
   bool finite = true;
+  const auto parts = m.grads->block_sums();  // every unit's blocks, one wait for the device
   if (!m.s.shard_grads) {
-    for (auto& u : m.s.units) {  // units in order, 64 Ki blocks in order: the same sum on every placement
-      const auto part = m.grads->sum_squares(u);
-      sumsq += part.sum;
-      finite = finite && part.finite;
+    for (const auto& unit_parts : parts) {  // units in order, 64 Ki blocks in order: the same sum on every placement
+      double part = 0;
+      for (double p : unit_parts) part += p;
+      sumsq += part;
+      finite = finite && std::isfinite(part);
     }
   } else {
     // Each rank holds the reduced gradient of its shards only: their block sums are gathered and
@@ -224,9 +226,9 @@ StepOutcome Engine::step(const StepOptions& o) {
     std::vector<double> mine;
     std::vector<std::size_t> counts(static_cast<std::size_t>(m.s.world), 0);
     auto blocks = [](std::size_t a, std::size_t b) { return (b - a + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock; };
-    for (auto& u : m.s.units) {
-      const auto p = m.grads->block_sums(u);
-      mine.insert(mine.end(), p.begin(), p.end());
+    for (std::size_t ui = 0; ui < m.s.units.size(); ++ui) {
+      mine.insert(mine.end(), parts[ui].begin(), parts[ui].end());
+      const Unit& u = m.s.units[ui];
       for (std::size_t r = 0; r < counts.size(); ++r) counts[r] += blocks(u.bounds[r], u.bounds[r + 1]);
     }
     std::vector<double> all;

@@ -236,22 +236,16 @@ std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) c
   return {u.host_grad.get(), g16};
 }
 
-cpu_adam::SumSquares GradientPath::sum_squares(Unit& u) {
-  auto [g, type] = update_input(u);
-  const std::size_t n = u.g_hi - u.g_lo;
-  return s_.optimizer_offloaded ? cpu_adam::sum_squares(s_.threads, g, type, n)
-                                : s_.kern->sum_squares(g, type, n, StreamRole::d2h);
-}
-
-std::vector<double> GradientPath::block_sums(Unit& u) {
-  auto [g, type] = update_input(u);
-  const std::size_t n = u.g_hi - u.g_lo;
-  if (s_.optimizer_offloaded) return cpu_adam::sum_squares_parts(s_.threads, g, type, n);
-  std::vector<double> parts;  // one block at a time: the sum of one block is that block's part
-  const std::size_t es = type == cpu_adam::GradType::fp32 ? 4 : 2;
-  for (std::size_t o = 0; o < n; o += cpu_adam::kNormBlock)
-    parts.push_back(s_.kern->sum_squares(static_cast<const char*>(g) + o * es, type, std::min(cpu_adam::kNormBlock, n - o), StreamRole::d2h).sum);
-  return parts;
+std::vector<std::vector<double>> GradientPath::block_sums() {
+  std::vector<DeviceKernels::NormInput> in;
+  for (auto& u : s_.units) {
+    auto [g, type] = update_input(u);
+    in.push_back({g, type, u.g_hi - u.g_lo});
+  }
+  if (!s_.optimizer_offloaded) return s_.kern->block_sums(in, StreamRole::d2h);  // one wait for every unit
+  std::vector<std::vector<double>> out;
+  for (const auto& x : in) out.push_back(cpu_adam::sum_squares_parts(s_.threads, x.g, x.t, x.n));
+  return out;
 }
 
 }  // namespace zinf::offload::detail

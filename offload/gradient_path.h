@@ -39,12 +39,12 @@ class GradientPath {
   void drain();                      // the barrier: every Reduce has finished; rethrows its error
   void check();                      // rethrows a Reduce error without waiting
 
-  // The Update's input for unit u, and the sum of squares of it (the norm's part; synchronous).
+  // The Update's input for unit u.
   std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const;
-  cpu_adam::SumSquares sum_squares(Unit& u);
-  // The 64 Ki-block sums of squares of the kept range (partitioned gradients: the global norm is
-  // assembled from every rank's blocks in order).
-  std::vector<double> block_sums(Unit& u);
+  // Every unit's 64 Ki-block sums of squares of its kept range, units in order (the norm's parts;
+  // synchronous, one wait for the device for all units). Added in block order they are the unit's
+  // sum of squares; with partitioned gradients the ranks' blocks are gathered first.
+  std::vector<std::vector<double>> block_sums();
 
  private:
   void grad_out_and_reduce(std::size_t u, float* grad, std::int64_t micro);

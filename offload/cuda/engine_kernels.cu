@@ -84,19 +84,24 @@ class CudaEngineKernels final : public offload::DeviceKernels {
     add_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(acc, x, n);
     ZINF_CUDA_LAUNCH_CHECK("add");
   }
-  cpu_adam::SumSquares sum_squares(const void* g, GradType t, std::size_t n, StreamRole s) override {
-    const std::size_t blocks = (n + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock;
-    if (blocks == 0) return {0.0, true};
-    const std::size_t threads = blocks * 16;
-    if (partial_.size() < threads * sizeof(double)) partial_ = DeviceBuffer(dev_, threads * sizeof(double), "norm partials");
-    sum_squares_kernel<<<ops::blocks_for(threads, 128), 128, 0, st(s)>>>(g, t, n, partial_.as<double>());
-    ZINF_CUDA_LAUNCH_CHECK("sum_squares");
-    host_.resize(threads);
-    ZINF_CUDA(cudaMemcpyAsync(host_.data(), partial_.as<double>(), threads * sizeof(double), cudaMemcpyDeviceToHost, st(s)));
+  std::vector<std::vector<double>> block_sums(const std::vector<NormInput>& in, StreamRole s) override {
+    std::vector<std::size_t> first(in.size() + 1, 0);  // each input's first 16-lane slot in `partial_`
+    for (std::size_t i = 0; i < in.size(); ++i) first[i + 1] = first[i] + (in[i].n + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock * 16;
+    std::vector<std::vector<double>> out(in.size());
+    if (first.back() == 0) return out;
+    if (partial_.size() < first.back() * sizeof(double)) partial_ = DeviceBuffer(dev_, first.back() * sizeof(double), "norm partials");
+    for (std::size_t i = 0; i < in.size(); ++i) {  // every unit's kernel, then one copy and one wait
+      const std::size_t threads = first[i + 1] - first[i];
+      if (!threads) continue;
+      sum_squares_kernel<<<ops::blocks_for(threads, 128), 128, 0, st(s)>>>(in[i].g, in[i].t, in[i].n, partial_.as<double>() + first[i]);
+      ZINF_CUDA_LAUNCH_CHECK("sum_squares");
+    }
+    host_.resize(first.back());
+    ZINF_CUDA(cudaMemcpyAsync(host_.data(), partial_.as<double>(), first.back() * sizeof(double), cudaMemcpyDeviceToHost, st(s)));
     ZINF_CUDA(cudaStreamSynchronize(st(s)));
-    double sum = 0;
-    for (std::size_t b = 0; b < blocks; ++b) sum += spec::fold16(host_.data() + b * 16);  // blocks in order
-    return {sum, std::isfinite(sum)};
+    for (std::size_t i = 0; i < in.size(); ++i)
+      for (std::size_t b = first[i]; b < first[i + 1]; b += 16) out[i].push_back(spec::fold16(host_.data() + b));
+    return out;
   }
   void adam_update(const cpu_adam::AdamStep& s, const cpu_adam::UpdateChunk& c, StreamRole r) override {
     adam_kernel<<<ops::blocks_for(c.n, 256), 256, 0, st(r)>>>(s, c);

@@ -5,8 +5,8 @@
 // Every call is asynchronous on the given stream role, ordered after earlier work on that stream;
 // the engine synchronises with events or synchronize(). The results must be bit-identical to
 // cpu_adam's reference (the numerics contract holds across placements on any one device):
-// sum_squares reproduces cpu_adam's fixed order — 16 interleaved double accumulators per 64 Ki-element
-// block, folded pairwise, blocks added in order —, and adam_update its operation order.
+// block_sums reproduces cpu_adam's fixed order — 16 interleaved double accumulators per 64 Ki-element
+// block, folded pairwise; the caller adds blocks in order —, and adam_update its operation order.
 //
 // host_kernels() serves the CPU device (device memory is host memory): each call runs cpu_adam on the
 // stream's worker. The CUDA device's kernels live in src/cuda.
@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/host_threads.h"
@@ -29,8 +30,15 @@ class DeviceKernels {
   virtual void from_half(const void* src, float* dst, std::size_t n, cpu_adam::HalfType t, StreamRole s) = 0;
   virtual void copy(void* dst, const void* src, std::size_t bytes, StreamRole s) = 0;
   virtual void add(float* acc, const float* x, std::size_t n, StreamRole s) = 0;  // acc += x
-  // Synchronous: waits for the stream, returns the sum (identical to cpu_adam::sum_squares(pool, …)).
-  virtual cpu_adam::SumSquares sum_squares(const void* g, cpu_adam::GradType t, std::size_t n, StreamRole s) = 0;
+  // The norm's parts of several gradient buffers in one go: for each, its 64 Ki-block sums of squares
+  // (identical to cpu_adam::sum_squares_parts). Synchronous, with one wait for the stream for all of
+  // them — not one per unit.
+  struct NormInput {
+    const void* g;
+    cpu_adam::GradType t;
+    std::size_t n;
+  };
+  virtual std::vector<std::vector<double>> block_sums(const std::vector<NormInput>& in, StreamRole s) = 0;
   virtual void adam_update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& c, StreamRole s) = 0;
 };
 

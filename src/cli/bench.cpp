@@ -260,6 +260,12 @@ int run_step(const StepArgs& a) {
       std::printf("  %-16s %10.2f %7.1f%% %8.0f %9s\n", o.name.c_str(), 1e3 * o.seconds / n,
                   r.step_seconds > 0 ? 100 * o.seconds / n / r.step_seconds : 0.0, static_cast<double>(o.calls) / n,
                   o.flops > 0 && o.seconds > 0 ? std::to_string(o.flops / o.seconds / 1e12).substr(0, 6).c_str() : "-");
+    // The engine's side of the step, on its own streams and workers (overlapped with the above).
+    std::printf("  engine, beside the ops (busy per step):");
+    busy.each([&](const char* name, double sec) {
+      if (std::string(name) != "compute") std::printf(" %s %.2f ms (%.1f%%)", name, 1e3 * sec, r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
+    });
+    std::printf("\n");
   }
   return 0;
 }

@@ -33,6 +33,7 @@
 #include "zinf/comm.h"
 #include "zinf/error.h"
 #include "zinf/nvme/store.h"
+#include "zinf/offload/collectives.h"
 #include "zinf/offload/device_kernels.h"
 #include "zinf/offload/engine.h"
 #include "zinf/pinned.h"
@@ -150,17 +151,6 @@ struct EngineState {
   bool exact() const { return c.overlap == Overlap::exact; }
   bool parallel() const { return world > 1; }
 
-  // A collective on device memory of stream r: a stream-ordered transport (NCCL) enqueues behind the
-  // stream's work; a host one (MPI on the CPU device's memory) runs once the stream has drained.
-  template <class F>
-  void device_collective(Comm& comm, StreamRole r, F f) {
-    if (comm.stream_ordered()) {
-      f(dev.native_stream(r));
-    } else {
-      dev.synchronize(r);
-      f(nullptr);
-    }
-  }
   void add_time(double BusyTimes::*field, double s) {
     std::lock_guard<std::mutex> lk(times_mu);
     times.*field += s;

@@ -50,23 +50,21 @@ void GradientPath::allocate_comm_scratch() {
 // are then all-gathered, so every rank holds the whole reduced bucket.
 void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device) {
   const auto counts = u.counts_in(o, len);
+  const StreamRole r = StreamRole::d2h;
+  if (on_device) {
+    Comm& c = *s_.reduce_dcomm;
+    {
+      BusyScope busy(s_.dev, r);
+      reduce_scatter_ordered(c, s_.dev, *s_.kern, r, g, counts, device_recv_.as<float>());
+    }
+    if (!s_.shard_grads) on_stream(c, s_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
+    return;
+  }
+  // Host memory: the same reduction with the sum spread over the host threads.
   const std::size_t mine = counts[static_cast<std::size_t>(s_.rank)];
   const std::vector<std::size_t> recv_counts(counts.size(), mine);
   const std::size_t first = std::max(o, u.bounds[static_cast<std::size_t>(s_.rank)]) - o;  // my part within the bucket
   const auto W = static_cast<std::size_t>(s_.world);
-  const StreamRole r = StreamRole::d2h;
-  if (on_device) {
-    Comm& c = *s_.reduce_dcomm;
-    float* recv = device_recv_.as<float>();
-    s_.device_collective(c, r, [&](void* st) { c.alltoallv(g, counts, recv, recv_counts, 4, st); });
-    if (mine) {
-      BusyScope busy(s_.dev, r);
-      s_.kern->copy(g + first, recv, mine * 4, r);
-      for (std::size_t k = 1; k < W; ++k) s_.kern->add(g + first, recv + k * mine, mine, r);
-    }
-    if (!s_.shard_grads) s_.device_collective(c, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
-    return;
-  }
   Comm& c = *s_.reduce_comm;
   float* recv = reinterpret_cast<float*>(host_recv_.get());
   c.alltoallv(g, counts, recv, recv_counts, 4);

@@ -57,7 +57,7 @@ class DeviceHome final : public ParamHome {
     if (s_.shard_states) {   // every rank updated its part: gather the new compute copy
       Comm& c = *s_.update_dcomm;
       BusyScope busy(s_.dev, StreamRole::h2d);
-      s_.device_collective(c, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
+      on_stream(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
     }
     if (s_.mixed) {  // the fp32 working weights follow the new 16-bit copy
       {
@@ -70,7 +70,7 @@ class DeviceHome final : public ParamHome {
   void fetch_into(Unit& u, void* slot, PinnedBuffer&) override {
     if (!u.windowed) throw Error("offload: a resident unit is never fetched");
     Comm& c = *s_.fetch_dcomm;  // the shards of every rank, straight into the slot
-    s_.device_collective(c, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), s_.compute_bytes, st); });
+    on_stream(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), s_.compute_bytes, st); });
   }
 
  private:

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "zinf/error.h"
+#include "zinf/offload/collectives.h"
 
 namespace zinf {
 namespace {
@@ -33,22 +34,12 @@ std::vector<CommBenchRow> bench_comm(Comm& comm, Device& dev, offload::DeviceKer
   const int W = comm.size(), R = comm.rank();
   const double share = W > 1 ? static_cast<double>(W - 1) / W : 0.0;
   const StreamRole s = StreamRole::d2h;
-  // Collectives on the stream's memory: a stream-ordered transport enqueues, a host one waits first.
-  auto on_stream = [&](const std::function<void(void*)>& f) {
-    if (comm.stream_ordered()) {
-      f(dev.native_stream(s));
-    } else {
-      dev.synchronize(s);
-      f(nullptr);
-    }
-  };
+  auto run = [&](const std::function<void(void*)>& f) { offload::on_stream(comm, dev, s, f); };
   std::vector<CommBenchRow> rows;
   for (std::uint64_t bytes : sizes) {
     const std::size_t n = std::max<std::size_t>(static_cast<std::size_t>(bytes / 4), static_cast<std::size_t>(W));
     const auto counts = parts(n, W);
     const std::size_t mine = counts[static_cast<std::size_t>(R)];
-    std::size_t my_off = 0;
-    for (int r = 0; r < R; ++r) my_off += counts[static_cast<std::size_t>(r)];
     DeviceBuffer buf(dev, n * 4, "bench comm buffer"), recv(dev, std::max<std::size_t>(1, mine * static_cast<std::size_t>(W)) * 4,
                                                               "bench comm receive"),
         copy(dev, n * 4, "bench comm copy");
@@ -60,14 +51,8 @@ std::vector<CommBenchRow> bench_comm(Comm& comm, Device& dev, offload::DeviceKer
     float* b = buf.as<float>();
     float* rv = recv.as<float>();
 
-    auto reduce_scatter = [&] {
-      on_stream([&](void* st) { comm.alltoallv(b, counts, rv, recv_counts, 4, st); });
-      if (mine) {
-        kern.copy(b + my_off, rv, mine * 4, s);
-        for (std::size_t k = 1; k < static_cast<std::size_t>(W); ++k) kern.add(b + my_off, rv + k * mine, mine, s);
-      }
-    };
-    auto all_gather = [&] { on_stream([&](void* st) { comm.allgatherv(b, counts, 4, st); }); };
+    auto reduce_scatter = [&] { offload::reduce_scatter_ordered(comm, dev, kern, s, b, counts, rv); };  // the engine's
+    auto all_gather = [&] { run([&](void* st) { comm.allgatherv(b, counts, 4, st); }); };
     struct Op {
       const char* name;
       double factor;  // bus bandwidth / algorithm bandwidth
@@ -75,13 +60,13 @@ std::vector<CommBenchRow> bench_comm(Comm& comm, Device& dev, offload::DeviceKer
     };
     const std::vector<Op> ops = {
         {"all_gather", share, all_gather},
-        {"all_to_all", share, [&] { on_stream([&](void* st) { comm.alltoallv(b, counts, rv, recv_counts, 4, st); }); }},
+        {"all_to_all", share, [&] { run([&](void* st) { comm.alltoallv(b, counts, rv, recv_counts, 4, st); }); }},
         {"reduce_scatter", share, reduce_scatter},
         {"all_reduce", 2 * share, [&] {
            reduce_scatter();
            all_gather();
          }},
-        {"broadcast", 1.0, [&] { on_stream([&](void* st) { comm.broadcast(b, n * 4, 0, st); }); }},
+        {"broadcast", 1.0, [&] { run([&](void* st) { comm.broadcast(b, n * 4, 0, st); }); }},
     };
     // The device's own copy rate at this size: the reference the bus bandwidth is read against.
     double t_copy = 1e30;

@@ -63,15 +63,17 @@ void flatten(const nlohmann::json& j, const std::string& prefix, std::vector<std
   }
 }
 
+// The other ranks of a data-parallel job train silently (rank 0 reports); their errors still print.
+int run_other_rank(const Config& c, const std::string& resume) {
+  TrainHooks hooks;
+  hooks.resume = resume;
+  return train_with_sigint(c, hooks).interrupted ? 130 : 0;
+}
+
 int run_train(const TrainArgs& a) {
   const World world = detect_world();
   Config c = load_config(a.config.path, a.config.overrides, world.size);
-  if (world.rank != 0) {  // the other ranks of a data-parallel job train silently; errors still print
-    TrainHooks hooks;
-    hooks.resume = a.resume;
-    const TrainResult r = train_with_sigint(c, hooks);
-    return r.interrupted ? 130 : 0;
-  }
+  if (world.rank != 0) return run_other_rank(c, a.resume);
   FILE* out = a.json ? stderr : stdout;  // with --json, stdout carries only the summary object
   for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
   std::vector<std::pair<std::string, std::string>> rows;
@@ -112,12 +114,7 @@ int run_eval(const EvalArgs& a) {
   if (!a.weights.empty()) overrides.push_back("model.init_from=" + nlohmann::json(a.weights).dump());
   const World world = detect_world();
   const Config c = load_config(a.config.path, overrides, world.size);
-  if (world.rank != 0) {
-    TrainHooks hooks;
-    hooks.resume = a.checkpoint;
-    const TrainResult r = train_with_sigint(c, hooks);
-    return r.interrupted ? 130 : 0;
-  }
+  if (world.rank != 0) return run_other_rank(c, a.checkpoint);
   for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
   TrainHooks hooks;
   hooks.resume = a.checkpoint;

@@ -341,8 +341,9 @@ class Run {
     st.scaler_hysteresis = scaler.cur_hysteresis;
     if (R != 0) {  // rank 0 writes; the others hand over their shards, unit by unit in the same order
       if (!engine->states_partitioned()) return;  // rank 0 holds every state itself
+      std::vector<float> ma, mm, vv;
       for (std::size_t u = 0; u < engine_units.size(); ++u) {
-        std::vector<float> ma(engine_units[u]), mm(engine_units[u]), vv(engine_units[u]);
+        for (auto* b : {&ma, &mm, &vv}) b->resize(engine_units[u]);
         engine->read_states(u, ma.data(), mm.data(), vv.data());
       }
       return;

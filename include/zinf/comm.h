@@ -90,6 +90,10 @@ std::unique_ptr<Comm> make_world_comm(const World& w);
 // When MPI was initialised by this process (a job of several ranks): ends the whole job with `code`
 // (MPI_Abort), so no other rank waits for this one; otherwise returns.
 void end_world_job(int code);
+// The normal end of a job of several ranks: waits until every rank has finished (a barrier), then
+// closes the launch's own connections so that no rank mistakes another's exit for its death. Runs at
+// exit if not called before; once per process; returns at once for a single process.
+void leave_world();
 // The communicator for CUDA device memory: NCCL over the ranks of `host` (bootstrapped through it);
 // throws when this build has no NCCL or no GPU.
 std::unique_ptr<Comm> make_nccl_comm(Comm& host, int cuda_device);

@@ -63,7 +63,11 @@ int main(int argc, char** argv) {
   }
   try {
     for (const auto& c : commands)
-      if (c.sub->parsed()) return c.run();
+      if (c.sub->parsed()) {
+        const int rc = c.run();
+        zinf::leave_world();  // several ranks: wait for the others, then close the launch's lines cleanly
+        return rc;
+      }
     return 2;
   } catch (const zinf::ConfigError& e) {
     report("", e);

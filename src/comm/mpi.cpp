@@ -16,6 +16,7 @@
 #include <chrono>
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -132,18 +133,27 @@ MPI_Comm g_job = MPI_COMM_NULL;  // the job's communicator: MPI_COMM_WORLD, or t
 pid_t g_name_server = 0;         // rank 0 of an environment launch: the ompi-server it started
 std::string g_rendezvous_dir;    // an environment launch: where this process keeps the server's address
 // An environment launch has no mpirun to end the job when a rank dies, so the rendezvous connections
-// stay open as lifelines (rank 0 ⇄ every other rank): a rank that ends normally says "BYE" first;
-// one that closes without it has died, and the watchdog ends this rank too — each in turn, so no
-// rank waits forever in a collective.
+// stay open as lifelines (rank 0 ⇄ every other rank). Until the ranks have all finished (a barrier in
+// leave_world), a line that closes means its rank died, and the watcher ends this rank too — each in
+// turn, so no rank waits forever in a collective. After that barrier every rank says "BYE", shuts its
+// side and reads the other side to its end before closing: a socket closed with unread data would
+// reset the connection, and the peer could not tell that from a death.
 std::mutex g_lines_mu;
-std::vector<std::pair<int, int>> g_lifelines;  // (socket, the rank at its other end)
+std::condition_variable g_lines_cv;
+struct Lifeline {
+  int fd, rank;
+  bool bye = false;  // it said goodbye: it has passed the final barrier, so this rank has finished too
+};
+std::vector<Lifeline> g_lifelines;
+bool g_leaving = false;                        // every rank has finished: closing lines are goodbyes
+bool g_left = false;                           // leave_world ran
 int g_my_rank = 0;
 
-void say_goodbye() {
-  std::lock_guard<std::mutex> lk(g_lines_mu);
-  for (auto& [fd, r] : g_lifelines) {
-    (void)!::write(fd, "BYE\n", 4);
-    ::shutdown(fd, SHUT_WR);
+void send_all(int fd, const std::string& s) {
+  for (std::size_t o = 0; o < s.size();) {
+    const ssize_t n = ::send(fd, s.data() + o, s.size() - o, MSG_NOSIGNAL);  // a closed peer is an error, not SIGPIPE
+    if (n <= 0) return;
+    o += static_cast<std::size_t>(n);
   }
 }
 
@@ -155,22 +165,34 @@ void watch_lifelines() {
       {
         std::lock_guard<std::mutex> lk(g_lines_mu);
         if (g_lifelines.empty()) return;
-        for (auto& [fd, r] : g_lifelines) fds.push_back({fd, POLLIN, 0}), ranks.push_back(r);
+        for (const auto& l : g_lifelines) fds.push_back({l.fd, POLLIN, 0}), ranks.push_back(l.rank);
       }
-      if (::poll(fds.data(), fds.size(), -1) < 0) continue;
+      // Woken at least every 100 ms to see lines added or leave_world begun.
+      if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
       for (std::size_t i = 0; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
-        char buf[8] = {};
-        const ssize_t n = ::read(fds[i].fd, buf, sizeof buf - 1);
+        char buf[64];
+        const ssize_t n = ::recv(fds[i].fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         std::lock_guard<std::mutex> lk(g_lines_mu);
         auto& v = g_lifelines;
-        v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& p) { return p.first == fds[i].fd; }), v.end());
-        if (n > 0 && std::strncmp(buf, "BYE", 3) == 0) continue;  // it finished
+        const auto it = std::find_if(v.begin(), v.end(), [&](const Lifeline& l) { return l.fd == fds[i].fd; });
+        if (n > 0) {  // a rank writes nothing but its goodbye
+          it->bye = true;
+          continue;  // read on to the end of the line
+        }
+        const bool bye = it->bye || g_leaving;
+        v.erase(it);
+        ::close(fds[i].fd);
+        if (bye) {
+          g_lines_cv.notify_all();
+          continue;
+        }
         std::fprintf(stderr, "zinf: rank %d: rank %d left the job without finishing (it died or was killed); ending this rank\n", g_my_rank,
                      ranks[i]);
         std::fflush(stderr);
         if (g_name_server > 0) ::kill(g_name_server, SIGTERM);
-        for (auto& [fd, r] : v) ::close(fd);  // the next rank in line sees this one leave
+        for (const auto& l : v) ::close(l.fd);  // the next rank in line sees this one leave
         ::_exit(1);
       }
     }
@@ -178,7 +200,7 @@ void watch_lifelines() {
 }
 
 void finalize_at_exit() {
-  say_goodbye();
+  leave_world();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -226,14 +248,6 @@ std::string read_line(int fd, Clock::time_point deadline, const World& w) {
     if (n <= 0) rdv_fail(w, "the connection closed early");
     if (c == '\n') return line;
     line += c;
-  }
-}
-
-void write_all(int fd, const std::string& s) {
-  for (std::size_t o = 0; o < s.size();) {
-    const ssize_t n = ::write(fd, s.data() + o, s.size() - o);
-    if (n <= 0) return;
-    o += static_cast<std::size_t>(n);
   }
 }
 
@@ -346,7 +360,7 @@ MPI_Comm rendezvous(const World& w) {
       std::string err;
       if (n != w.size) err = "a rank says WORLD_SIZE=" + std::to_string(n) + ", rank 0 has " + std::to_string(w.size);
       else if (r < 1 || r >= w.size || seen[static_cast<std::size_t>(r)]) err = "RANK=" + std::to_string(r) + " arrived twice or is out of range";
-      write_all(fd, err.empty() ? "OK\n" + uri_text + "\n" + port_name + "\n" : "ERR " + err + "\n");
+      send_all(fd, err.empty() ? "OK\n" + uri_text + "\n" + port_name + "\n" : "ERR " + err + "\n");
       if (!err.empty()) {
         ::close(fd);
         ::close(lfd);
@@ -354,13 +368,13 @@ MPI_Comm rendezvous(const World& w) {
       }
       seen[static_cast<std::size_t>(r)] = true;
       std::lock_guard<std::mutex> lk(g_lines_mu);
-      g_lifelines.emplace_back(fd, r);
+      g_lifelines.push_back({fd, r});
     }
     ::close(lfd);
     check(MPI_Comm_dup(MPI_COMM_SELF, &group), "Comm_dup", 0);
   } else {
     const int fd = tcp_socket(w, false, deadline);
-    write_all(fd, std::to_string(w.rank) + " " + std::to_string(w.size) + "\n");
+    send_all(fd, std::to_string(w.rank) + " " + std::to_string(w.size) + "\n");
     const std::string status = read_line(fd, deadline, w);
     if (status.rfind("ERR ", 0) == 0) {
       ::close(fd);
@@ -370,7 +384,7 @@ MPI_Comm rendezvous(const World& w) {
     port_name = read_line(fd, deadline, w);
     {
       std::lock_guard<std::mutex> lk(g_lines_mu);
-      g_lifelines.emplace_back(fd, 0);
+      g_lifelines.push_back({fd, 0});
     }
     const std::string uri = rendezvous_file();
     std::ofstream(uri) << uri_text << "\n";
@@ -411,6 +425,29 @@ void end_world_job(int code) {
     g_name_server = 0;
   }
   if (init && !fin) MPI_Abort(g_job != MPI_COMM_NULL ? g_job : MPI_COMM_WORLD, code);
+}
+
+void leave_world() {
+  {
+    std::lock_guard<std::mutex> lk(g_lines_mu);
+    if (g_left) return;
+    g_left = true;
+  }
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (!init || fin || g_job == MPI_COMM_NULL) return;
+  // Every rank has finished once all are here: from now on a rank that goes away is saying goodbye.
+  // (A rank that dies during the barrier is still caught by the watcher.)
+  if (MPI_Barrier(g_job) != MPI_SUCCESS) return;
+  std::unique_lock<std::mutex> lk(g_lines_mu);
+  g_leaving = true;
+  for (const auto& l : g_lifelines) {
+    send_all(l.fd, "BYE\n");
+    ::shutdown(l.fd, SHUT_WR);
+  }
+  // The watcher reads each line to its end and closes it; a peer that never closes is left after 30 s.
+  g_lines_cv.wait_for(lk, std::chrono::seconds(30), [] { return g_lifelines.empty(); });
 }
 
 std::unique_ptr<Comm> make_world_comm(const World& w) {

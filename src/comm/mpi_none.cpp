@@ -12,4 +12,6 @@ std::unique_ptr<Comm> make_world_comm(const World& w) {
 
 void end_world_job(int) {}
 
+void leave_world() {}
+
 }  // namespace zinf

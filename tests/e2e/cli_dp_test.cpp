@@ -125,8 +125,14 @@ TEST_F(CliDp, EnvironmentLaunchMeetsAtTheMasterPort) {
                         " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0 --set gradient_accumulation_steps=2");
   ASSERT_EQ(one.rc, 0) << one.err;
   // Rank 1 first, in the background: it waits for rank 0.
-  const Result two = sh("(" + env + "RANK=1 LOCAL_RANK=1 " + train + " >/dev/null 2>&1 &) ; " + env + "RANK=0 LOCAL_RANK=0 " + train);
-  EXPECT_EQ(two.rc, 0) << two.err;
+  const std::string log1 = fs::temp_directory_path() / ("zinf-cli-dp-env-rank1-" + std::to_string(::getpid()));
+  const Result two = sh("((" + env + "RANK=1 LOCAL_RANK=1 " + train + " >/dev/null 2>" + log1 + "; echo exit status $? >>" + log1 + ") &) ; " + env + "RANK=0 LOCAL_RANK=0 " + train);
+  EXPECT_EQ(two.rc, 0) << two.err << "rank 1 said:\n" << slurp(log1);
+  // Rank 1 ends cleanly too, whichever rank finished first (it may still be closing when rank 0 returns).
+  for (int i = 0; i < 300 && slurp(log1).find("exit status") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_NE(slurp(log1).find("exit status 0"), std::string::npos) << slurp(log1);
+  fs::remove(log1);
   EXPECT_EQ(digest_of(two.out), digest_of(one.out));
   EXPECT_NE(two.out.find("data parallel: 2 ranks over mpi"), std::string::npos) << two.out;
   // No mpirun to end the job when a rank dies: the ranks watch each other. Kill rank 1 mid-run; rank 0

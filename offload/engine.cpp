@@ -187,7 +187,13 @@ const float* Engine::weights(std::size_t u) {
   m.update->check();
   m.s.wait_landed(u, [&] { m.update->drain(); });  // the drain rethrows the pipeline's error
   Unit& unit = m.s.units[u];
-  if (!unit.windowed) return m.s.mixed ? unit.work.as<float>() : unit.param.as<float>();
+  if (!unit.windowed) {
+    if (unit.gather_pending) {  // partitioned parameters: the other ranks' parts of its new copy, in use order
+      m.resident->finish_landing(unit);
+      model_waits_for(m.s.dev, m.s.dev.record(StreamRole::h2d));
+    }
+    return m.s.mixed ? unit.work.as<float>() : unit.param.as<float>();
+  }
   return m.window->acquire(u, m.backward);
 }
 
@@ -274,6 +280,8 @@ void Engine::synchronize() {
   m.update->decide(std::nullopt);  // a pipeline started for a step that never came: let it finish unchanged
   m.grads->drain();
   m.update->drain();
+  for (auto& u : m.s.units)  // every compute copy whole again (every rank calls this at the same point)
+    if (u.gather_pending) m.resident->finish_landing(u);
   m.s.dev.synchronize();
 }
 

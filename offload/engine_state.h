@@ -101,6 +101,9 @@ struct Unit {
   bool reducing = false;  // under mu: a GradOut/Reduce of this unit still reads its device gradient
 
   std::int64_t version = 0;  // under mu: updates landed
+  // A resident unit with partitioned parameters whose landed compute copy still holds only this
+  // rank's fresh part (set by land_unit, read and cleared by the trainer after the landing).
+  bool gather_pending = false;
 };
 
 // What every stage shares.

@@ -54,18 +54,31 @@ class DeviceHome final : public ParamHome {
     for (auto& e : up_.copied)
       if (e) e->wait();
     if (u.windowed) return;  // a shard: gathered at Fetch
-    if (s_.shard_states) {   // every rank updated its part: gather the new compute copy
+    if (s_.shard_states && s_.shard_params) {
+      // Stage 3: the trainer also gathers windowed units on h2d (at Fetch); this unit's gather
+      // waits for it too (finish_landing), or the two threads' collectives would reach the stream
+      // in a timing-dependent order — different on each rank, which hangs stream-ordered transports.
+      u.gather_pending = true;
+      s_.dev.synchronize(StreamRole::h2d);
+      return;
+    }
+    if (s_.shard_states) {  // every rank updated its part: gather the new compute copy
       Comm& c = *s_.update_dcomm;
       BusyScope busy(s_.dev, StreamRole::h2d);
       on_stream(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
     }
-    if (s_.mixed) {  // the fp32 working weights follow the new 16-bit copy
-      {
-        BusyScope busy(s_.dev, StreamRole::h2d);
-        s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
-      }
-    }
+    follow_half(u);
     s_.dev.synchronize(StreamRole::h2d);
+  }
+  void finish_landing(Unit& u) override {
+    if (!u.gather_pending) return;
+    u.gather_pending = false;
+    Comm& c = *s_.fetch_dcomm;  // the trainer's, beside its Fetch gathers
+    {
+      BusyScope busy(s_.dev, StreamRole::h2d);
+      on_stream(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
+    }
+    follow_half(u);
   }
   void fetch_into(Unit& u, void* slot, PinnedBuffer&) override {
     if (!u.windowed) throw Error("offload: a resident unit is never fetched");
@@ -74,6 +87,12 @@ class DeviceHome final : public ParamHome {
   }
 
  private:
+  void follow_half(Unit& u) {  // 16-bit runs: the fp32 working weights follow the new 16-bit copy (h2d)
+    if (!s_.mixed) return;
+    BusyScope busy(s_.dev, StreamRole::h2d);
+    s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
+  }
+
   EngineState& s_;
   UploadSlots& up_;
 };

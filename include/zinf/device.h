@@ -83,7 +83,8 @@ class Device {
   virtual void register_host(void* /*p*/, std::size_t /*bytes*/) {}
   virtual void unregister_host(void* /*p*/) {}
 
-  // The native stream handle for kernels (cudaStream_t on the CUDA device; nullptr on the CPU device).
+  // The native stream handle (cudaStream_t on the CUDA device; an opaque handle per stream on the CPU
+  // device, for communicators that enqueue on streams). Only a stream-ordered Comm passes it on.
   virtual void* native_stream(StreamRole /*s*/) { return nullptr; }
 
   virtual EventHandle record(StreamRole s) = 0;

@@ -118,7 +118,7 @@ class CudaEngineKernels final : public offload::DeviceKernels {
 }  // namespace
 
 std::unique_ptr<offload::DeviceKernels> make_engine_kernels(Device& dev) {
-  if (!dev.native_stream(StreamRole::compute)) throw Error("CUDA engine kernels need the CUDA device");
+  if (!dev.native_stream(StreamRole::compute) || dev.name().rfind("cpu", 0) == 0) throw Error("CUDA engine kernels need the CUDA device");
   return std::make_unique<CudaEngineKernels>(dev);
 }
 

@@ -139,6 +139,9 @@ class CpuDevice final : public Device {
     stream(s).push_work([=] { std::memcpy(dst, src, n); });
   }
   void launch(StreamRole s, std::function<void()> fn) override { stream(s).push_work(std::move(fn)); }
+  // An opaque handle per stream (its queue), so that a stream-ordered communicator can name the
+  // stream it enqueues on, as NCCL does with a cudaStream_t.
+  void* native_stream(StreamRole s) override { return &stream(s); }
   EventHandle record(StreamRole s) override {
     auto e = std::make_shared<CpuEvent>();
     stream(s).worker.push([e] { e->fire(); });

@@ -4,12 +4,18 @@
 // checkpoint states moving between world sizes.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "../offload/engine_harness.h"
 #include "dp_world.h"
+#include "stream_comm.h"
 #include "zinf/offload/placement.h"
 
 namespace zinf::offload::test {
@@ -174,6 +180,54 @@ TEST(EngineDp, AsynchronousJitteredDeviceGivesTheSameResult) {
       o.async = true;
       o.jitter = JitterSpec{seed * 7 + static_cast<std::uint64_t>(world().rank()), 100};
       const auto got = run_dp(dp_config(k.stage, k.opt, k.param, Precision::bf16, 2, Overlap::exact, dir.p), 3, o);
+      EXPECT_EQ(digest(got), digest(ref)) << name(k, Overlap::exact) << " seed " << seed;
+    }
+}
+
+// Runs f; a run that has not finished after `seconds` is a hang: the job is ended with a line saying
+// what hung (every rank would otherwise wait for ever).
+template <class F>
+void within(int seconds, const std::string& what, F&& f) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lk(mu);
+    if (cv.wait_for(lk, std::chrono::seconds(seconds), [&] { return done; })) return;
+    std::fprintf(stderr, "rank %d: %s did not finish within %d s: the ranks are waiting for each other\n", world().rank(), what.c_str(), seconds);
+    std::fflush(stderr);
+    world().abort(3);
+  });
+  f();
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    done = true;
+  }
+  cv.notify_all();
+  watchdog.join();
+}
+
+// NCCL's convention on the CPU device: collectives on device memory are jobs on a stream, blocking
+// it until every rank joins (stream_comm.h). Collectives issued on one stream by two host threads
+// (the Update worker's gathers at landing, the trainer's gathers at Fetch) would reach it in a
+// timing-dependent order, and two ranks with different orders wait for each other for ever, as two
+// GPUs would; every stage and placement must finish, with the one result, under jitter.
+TEST(EngineDp, StreamOrderedCollectivesReachEveryRanksStreamsInOneOrder) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  const auto ref = run_dp(dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::bf16, 2, Overlap::none, dir.p), 3);
+  std::vector<Case> all = cases();
+  for (const Case& k : all)
+    for (std::uint64_t seed : {3, 4}) {
+      CpuDeviceOptions o;
+      o.async = true;
+      o.jitter = JitterSpec{seed * 11 + static_cast<std::uint64_t>(world().rank()), 200};
+      auto dev = make_cpu_device(256 << 20, o);
+      zinf::test::StreamOrderedComm dc(world().dup(), *dev);
+      EngineConfig c = dp_config(k.stage, k.opt, k.param, Precision::bf16, 2, Overlap::exact, dir.p);
+      c.device_comm = &dc;
+      std::vector<std::vector<float>> got;
+      within(120, name(k, Overlap::exact) + " seed " + std::to_string(seed), [&] { got = run_on(*dev, c, 3, world().rank(), world().size()); });
       EXPECT_EQ(digest(got), digest(ref)) << name(k, Overlap::exact) << " seed " << seed;
     }
 }

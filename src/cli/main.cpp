@@ -65,8 +65,9 @@ int main(int argc, char** argv) {
     for (const auto& c : commands)
       if (c.sub->parsed()) {
         const int rc = c.run();
+        if (rc != 0) return fail(rc);
         zinf::leave_world();  // several ranks: wait for the others, then close the launch's lines cleanly
-        return rc;
+        return 0;
       }
     return 2;
   } catch (const zinf::ConfigError& e) {

@@ -117,7 +117,8 @@ TEST_F(CliDp, KillingOneRankEndsTheJobWithoutAHang) {
 // A launcher that sets DeepSpeed's (torchrun's) variables instead of running mpirun: the ranks meet
 // at MASTER_ADDR:MASTER_PORT and train exactly as under mpirun.
 TEST_F(CliDp, EnvironmentLaunchMeetsAtTheMasterPort) {
-  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  // Below Linux's ephemeral range (32768–60999), where other processes' connections take their ports.
+  const std::string port = std::to_string(20000 + ::getpid() % 12000);
   const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " WORLD_SIZE=2 ";
   const std::string train = std::string(ZINF_BIN) + " train --config " + kTiny +
                             " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0";

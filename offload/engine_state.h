@@ -122,6 +122,11 @@ struct EngineState {
   // every rank: the trainer's thread (norm parts, checkpoints), the Reduce worker, the Update worker,
   // and the h2d stream (stage 3 Fetch); the `d` ones for device memory.
   std::unique_ptr<Comm> front_comm, reduce_comm, reduce_dcomm, update_comm, update_dcomm, fetch_comm, fetch_dcomm;
+  // A stream-ordered device transport (NCCL): every device collective is issued by the trainer's
+  // thread (the Reduce of device gradients at grads_done, gathers at Fetch and at first use after a
+  // landing) and runs through `order`, so every rank runs them in one order.
+  const bool ordered_collectives;
+  CollectiveOrder order;
   std::size_t comm_scratch = 0;  // elements of one rank's receive scratch (world × a bucket's shard part)
   cpu_adam::HostThreads threads;
   std::unique_ptr<DeviceKernels> kern;  // the engine's own work on device memory
@@ -149,6 +154,7 @@ struct EngineState {
         shard_states(world > 1 && cfg.stage >= 1),
         shard_grads(world > 1 && cfg.stage >= 2),
         shard_params(world > 1 && cfg.stage >= 3),
+        ordered_collectives(world > 1 && cfg.device_comm && cfg.device_comm->stream_ordered()),
         threads(cfg.host_threads, cfg.pin_threads) {}
 
   bool exact() const { return c.overlap == Overlap::exact; }

@@ -55,9 +55,9 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
     Comm& c = *s_.reduce_dcomm;
     {
       BusyScope busy(s_.dev, r);
-      reduce_scatter_ordered(c, s_.dev, *s_.kern, r, g, counts, device_recv_.as<float>());
+      reduce_scatter_ordered(c, s_.dev, *s_.kern, r, g, counts, device_recv_.as<float>(), &s_.order);
     }
-    if (!s_.shard_grads) on_stream(c, s_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
+    if (!s_.shard_grads) s_.order.run(c, s_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
     return;
   }
   // Host memory: the same reduction with the sum spread over the host threads.
@@ -131,55 +131,74 @@ void GradientPath::grads_done(std::size_t u) {
     unit.reducing = true;
   }
   s_.dev.wait_event(StreamRole::d2h, s_.dev.record(StreamRole::compute));  // the gradient is complete
-  auto job = [this, u, g, mb] {
+  // The optimizer on the device with a stream-ordered transport: the Reduce's collectives are
+  // issued here, on the trainer's thread, in its order (zinf/offload/collectives.h); the worker then
+  // only waits for the stream and frees the buffer.
+  const bool issue_here = s_.ordered_collectives && !s_.optimizer_offloaded;
+  if (issue_here) {
+    try {
+      enqueue_on_device(unit, g, mb);
+    } catch (...) {
+      release(u);
+      throw;
+    }
+  }
+  auto job = [this, u, g, mb, issue_here] {
     struct Release {  // also on an exception, so nobody waits forever on the buffer
       GradientPath& p;
       std::size_t u;
-      ~Release() {
-        Unit& x = p.s_.units[u];
-        {
-          std::lock_guard<std::mutex> lk(p.s_.mu);
-          if (x.grad_windowed && x.grad_slot >= 0) {
-            p.slots_[static_cast<std::size_t>(x.grad_slot)].busy = false;
-            x.grad_slot = -1;
-          }
-          x.reducing = false;
-        }
-        p.s_.cv.notify_all();
-      }
+      ~Release() { p.release(u); }
     } release{*this, u};
-    grad_out_and_reduce(u, g, mb);
+    if (issue_here) s_.dev.synchronize(StreamRole::d2h); else grad_out_and_reduce(u, g, mb);
   };
   if (s_.exact()) worker_->push(job); else job();
+}
+
+void GradientPath::release(std::size_t u) {
+  Unit& x = s_.units[u];
+  {
+    std::lock_guard<std::mutex> lk(s_.mu);
+    if (x.grad_windowed && x.grad_slot >= 0) {
+      slots_[static_cast<std::size_t>(x.grad_slot)].busy = false;
+      x.grad_slot = -1;
+    }
+    x.reducing = false;
+  }
+  s_.cv.notify_all();
 }
 
 void GradientPath::drain() { worker_->drain(); }
 void GradientPath::check() { worker_->check(); }
 
+void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
+  const StreamRole r = StreamRole::d2h;  // the Update reads device buffers: round (and accumulate) in place
+  void* g16 = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(s_.mu);  // the slot stays this unit's until the job ends
+    g16 = u.grad_windowed ? slots_[static_cast<std::size_t>(u.grad_slot)].grad16.as<void>() : u.grad16.as<void>();
+  }
+  {
+    BusyScope busy(s_.dev, r);
+    if (s_.mixed) {
+      s_.kern->to_half(grad, g16, u.n, s_.half, r);
+      if (fp32_sum()) s_.kern->from_half(g16, grad, u.n, s_.half, r);
+    }
+  }
+  if (s_.parallel())
+    for (std::size_t o = 0; o < u.n; o += s_.bucket) reduce_bucket(u, o, std::min(s_.bucket, u.n - o), grad + o, true);
+  if (fp32_sum()) {
+    BusyScope busy(s_.dev, r);
+    const float* kept = grad + u.g_lo;
+    if (mb == 0) s_.kern->copy(u.grad_sum.as<float>(), kept, (u.g_hi - u.g_lo) * 4, r);
+    else s_.kern->add(u.grad_sum.as<float>(), kept, u.g_hi - u.g_lo, r);
+  }
+}
+
 void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t mb) {
   Unit& u = s_.units[ui];
   const StreamRole r = StreamRole::d2h;
-  if (!s_.optimizer_offloaded) {  // the Update reads device buffers: round (and accumulate) in place
-    void* g16 = nullptr;
-    {
-      std::lock_guard<std::mutex> lk(s_.mu);  // the slot stays this unit's until the job ends
-      g16 = u.grad_windowed ? slots_[static_cast<std::size_t>(u.grad_slot)].grad16.as<void>() : u.grad16.as<void>();
-    }
-    {
-      BusyScope busy(s_.dev, r);
-      if (s_.mixed) {
-        s_.kern->to_half(grad, g16, u.n, s_.half, r);
-        if (fp32_sum()) s_.kern->from_half(g16, grad, u.n, s_.half, r);
-      }
-    }
-    if (s_.parallel())
-      for (std::size_t o = 0; o < u.n; o += s_.bucket) reduce_bucket(u, o, std::min(s_.bucket, u.n - o), grad + o, true);
-    if (fp32_sum()) {
-      BusyScope busy(s_.dev, r);
-      const float* kept = grad + u.g_lo;
-      if (mb == 0) s_.kern->copy(u.grad_sum.as<float>(), kept, (u.g_hi - u.g_lo) * 4, r);
-      else s_.kern->add(u.grad_sum.as<float>(), kept, u.g_hi - u.g_lo, r);
-    }
+  if (!s_.optimizer_offloaded) {
+    enqueue_on_device(u, grad, mb);
     s_.dev.synchronize(r);
     return;
   }

@@ -48,6 +48,10 @@ class GradientPath {
 
  private:
   void grad_out_and_reduce(std::size_t u, float* grad, std::int64_t micro);
+  // The optimizer on the device: the rounding, Reduce and fp32 sum of unit u's gradient, enqueued on
+  // the d2h stream (the caller then waits for the stream).
+  void enqueue_on_device(Unit& u, float* grad, std::int64_t micro);
+  void release(std::size_t u);  // unit u's gradient buffer (and slot) free for the next micro batch
   void reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device);
   // The Update reads an fp32 sum of the micro batches' (and ranks') rounded gradients.
   bool fp32_sum() const { return s_.c.grad_accum > 1 || s_.parallel(); }

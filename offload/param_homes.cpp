@@ -54,16 +54,18 @@ class DeviceHome final : public ParamHome {
     for (auto& e : up_.copied)
       if (e) e->wait();
     if (u.windowed) return;  // a shard: gathered at Fetch
-    if (s_.shard_states && s_.shard_params) {
-      // Stage 3: the trainer also gathers windowed units on h2d (at Fetch); this unit's gather
-      // waits for it too (finish_landing), or the two threads' collectives would reach the stream
-      // in a timing-dependent order — different on each rank, which hangs stream-ordered transports.
+    if (s_.shard_states && (s_.shard_params || s_.ordered_collectives)) {
+      // Stage 3 (the trainer also gathers windowed units on h2d, at Fetch), or a stream-ordered
+      // transport (the trainer issues every device collective): the trainer gathers this unit too, at
+      // its first use (finish_landing). Two threads issuing collectives on one stream would issue
+      // them in a timing-dependent order — different on each rank, which hangs stream-ordered
+      // transports.
       u.gather_pending = true;
       s_.dev.synchronize(StreamRole::h2d);
       return;
     }
     if (s_.shard_states) {  // every rank updated its part: gather the new compute copy
-      Comm& c = *s_.update_dcomm;
+      Comm& c = *s_.update_dcomm;  // a host transport: on this (the Update worker's) thread
       BusyScope busy(s_.dev, StreamRole::h2d);
       on_stream(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
     }
@@ -76,14 +78,14 @@ class DeviceHome final : public ParamHome {
     Comm& c = *s_.fetch_dcomm;  // the trainer's, beside its Fetch gathers
     {
       BusyScope busy(s_.dev, StreamRole::h2d);
-      on_stream(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
+      s_.order.run(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
     }
     follow_half(u);
   }
   void fetch_into(Unit& u, void* slot, PinnedBuffer&) override {
     if (!u.windowed) throw Error("offload: a resident unit is never fetched");
     Comm& c = *s_.fetch_dcomm;  // the shards of every rank, straight into the slot
-    on_stream(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), s_.compute_bytes, st); });
+    s_.order.run(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), s_.compute_bytes, st); });
   }
 
  private:

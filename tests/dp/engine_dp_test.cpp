@@ -207,11 +207,13 @@ void within(int seconds, const std::string& what, F&& f) {
   watchdog.join();
 }
 
-// NCCL's convention on the CPU device: collectives on device memory are jobs on a stream, blocking
-// it until every rank joins (stream_comm.h). Collectives issued on one stream by two host threads
-// (the Update worker's gathers at landing, the trainer's gathers at Fetch) would reach it in a
-// timing-dependent order, and two ranks with different orders wait for each other for ever, as two
-// GPUs would; every stage and placement must finish, with the one result, under jitter.
+// NCCL's convention on the CPU device (stream_comm.h): collectives on device memory are jobs on a
+// stream, each blocking its stream until every rank joins, one at a time per process. Collectives
+// issued by several host threads (the Reduce worker's at grads_done, the Update worker's gathers at
+// landing, the trainer's at Fetch) would run in a timing-dependent order, and two ranks with
+// different orders wait for each other for ever, as two GPUs would. With a stream-ordered transport
+// the engine issues them all from the trainer's thread through one CollectiveOrder: every stage and
+// placement must finish under jitter, with the one result.
 TEST(EngineDp, StreamOrderedCollectivesReachEveryRanksStreamsInOneOrder) {
   ZINF_NEED_RANKS();
   Dir dir("zinf-dp-test");

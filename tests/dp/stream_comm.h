@@ -1,14 +1,15 @@
 // stream_comm.h — NCCL's calling convention on the CPU device, for the data-parallel tests: a
-// communicator whose collectives on device memory are jobs on the device stream passed in (they run
-// when the stream reaches them and block that stream until every rank has joined), the way NCCL's
-// kernels do on a CUDA stream. Over MPI on the asynchronous CPU device this shows what a GPU with
-// NCCL would do with the engine's ordering: two collectives that reach one stream in a different
-// order on two ranks hang both, as they would on GPUs.
+// communicator whose collectives on device memory are jobs on the device stream passed in: each runs
+// when its stream reaches it, blocks that stream until every rank has joined, and runs alone in its
+// process (NCCL does not promise that two collectives in flight at once on one GPU both progress).
+// Over MPI on the asynchronous CPU device this shows what GPUs with NCCL would do with the engine's
+// ordering: collectives that two ranks run in different orders hang both.
 #pragma once
 
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,13 @@ class StreamOrderedComm final : public Comm {
   // The job goes on the stream whose native handle was passed; without one it runs now (host helpers).
   void run(void* stream, std::function<void()> job) {
     if (!stream) return job();
+    // One collective at a time per process: NCCL does not promise that two in flight at once on one
+    // GPU both progress, so the test assumes the worst — they never run side by side.
+    job = [j = std::move(job)] {
+      static std::mutex one_at_a_time;
+      std::lock_guard<std::mutex> lk(one_at_a_time);
+      j();
+    };
     for (StreamRole r : {StreamRole::compute, StreamRole::h2d, StreamRole::d2h})
       if (dev_.native_stream(r) == stream) return dev_.launch(r, std::move(job));
     throw Error("StreamOrderedComm: a stream of another device");

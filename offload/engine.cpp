@@ -188,7 +188,7 @@ const float* Engine::weights(std::size_t u) {
   m.s.wait_landed(u, [&] { m.update->drain(); });  // the drain rethrows the pipeline's error
   Unit& unit = m.s.units[u];
   if (!unit.windowed) {
-    if (unit.gather_pending) {  // partitioned parameters: the other ranks' parts of its new copy, in use order
+    if (unit.gather_pending) {  // the other ranks' parts of its new copy, gathered in the trainer's order of use
       m.resident->finish_landing(unit);
       model_waits_for(m.s.dev, m.s.dev.record(StreamRole::h2d));
     }

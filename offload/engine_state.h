@@ -101,8 +101,8 @@ struct Unit {
   bool reducing = false;  // under mu: a GradOut/Reduce of this unit still reads its device gradient
 
   std::int64_t version = 0;  // under mu: updates landed
-  // A resident unit with partitioned parameters whose landed compute copy still holds only this
-  // rank's fresh part (set by land_unit, read and cleared by the trainer after the landing).
+  // A resident unit whose landed compute copy still holds only this rank's fresh part, to be
+  // gathered by the trainer (ParamHome::finish_landing; set by land_unit, cleared by the trainer).
   bool gather_pending = false;
 };
 
@@ -120,7 +120,8 @@ struct EngineState {
   std::size_t bucket = 0, sub_group = 0;  // effective sizes, elements
   // Communicators (null with one rank), one per thread that runs collectives, made in this order on
   // every rank: the trainer's thread (norm parts, checkpoints), the Reduce worker, the Update worker,
-  // and the h2d stream (stage 3 Fetch); the `d` ones for device memory.
+  // and the trainer's Fetch; the `d` ones for device memory (all issued by the trainer's thread when
+  // ordered_collectives).
   std::unique_ptr<Comm> front_comm, reduce_comm, reduce_dcomm, update_comm, update_dcomm, fetch_comm, fetch_dcomm;
   // A stream-ordered device transport (NCCL): every device collective is issued by the trainer's
   // thread (the Reduce of device gradients at grads_done, gathers at Fetch and at first use after a

@@ -56,10 +56,10 @@ class ParamHome {
   virtual void* update_target(Unit& u, std::size_t o, int slot) = 0;
   virtual void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) = 0;
   virtual void land_unit(Unit&) {}
-  // Partitioned parameters (stage 3): a resident unit's new compute copy is whole only once the
-  // trainer has gathered the other ranks' parts (land_unit leaves gather_pending set). Runs on the
-  // trainer's thread, in its order of use, so that every rank issues its device collectives on the
-  // h2d stream in one order; the gather is on h2d.
+  // Partitioned optimizer states at stage 3, or with a stream-ordered transport at any stage: a
+  // resident unit's new compute copy is whole only once the trainer has gathered the other ranks'
+  // parts (land_unit leaves gather_pending set). Runs on the trainer's thread, in its order of use,
+  // so that every rank issues its device collectives in one order; the gather is on h2d.
   virtual void finish_landing(Unit&) {}
   // Fetch (windowed homes): brings u's whole compute copy into `slot` (device memory) on the h2d
   // stream — a copy from the home, an NVMe read into `staging` (pinned) first, or, with partitioned

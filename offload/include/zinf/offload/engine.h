@@ -104,7 +104,9 @@ struct EngineConfig {
   nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
   // Data parallelism: this rank's communicators (zinf/comm.h), `comm` for host-visible buffers and
   // `device_comm` for device memory (the CPU device: the same one; CUDA: NCCL). Null, or one rank:
-  // no communication. The engine takes a dup() of each for every thread that runs collectives.
+  // no communication. The engine takes a dup() of each for every thread that runs collectives; a
+  // stream-ordered `device_comm` (NCCL) gets every device collective from the thread that drives the
+  // model, in one order on every rank (zinf/offload/collectives.h: CollectiveOrder).
   Comm* comm = nullptr;
   Comm* device_comm = nullptr;
   // ZeRO stage with more than one rank: 0 every rank keeps every state; 1 the optimizer states are

@@ -85,7 +85,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     s.reduce_comm = hc.dup();
     s.reduce_dcomm = dc.dup();
     s.update_comm = hc.dup();
-    s.update_dcomm = dc.dup();
+    if (!s.ordered_collectives) s.update_dcomm = dc.dup();  // (ordered: the trainer gathers at first use instead)
     s.fetch_comm = hc.dup();
     s.fetch_dcomm = dc.dup();
   }

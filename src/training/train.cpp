@@ -233,18 +233,25 @@ class Run {
       for (std::size_t i = 0; i < pending.size(); ++i) mine[static_cast<std::size_t>(pending[i])] = losses.mean(i);
       pending.clear();
     };
-    int k = 0;
-    for (; k < K; ++k) {
-      if (k % W != R) continue;
-      Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(k, K, B, T, tok, tgt); });
+    int k = K;  // the windows in the mean
+    // Every rank runs the same number of forwards — ⌈K/W⌉, the ranks short of a window repeating
+    // their last one (or the first) and dropping its loss — because a forward may gather partitioned
+    // parameters (stage 3), a collective every rank must join.
+    const int rounds = (K + W - 1) / W;
+    for (int j = 0; j < rounds; ++j) {
+      const bool real = j * W + R < K;
+      const int window = real ? j * W + R : (j > 0 ? (j - 1) * W + R : 0);
+      Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(window, K, B, T, tok, tgt); });
       engine->begin_forward();
       model->forward(units, b.tokens(), b.targets());
-      losses.take(pending.size(), model->row_losses());
-      pending.push_back(k);
+      if (real) {
+        losses.take(pending.size(), model->row_losses());
+        pending.push_back(window);
+      }
       batches.done_with(b);
       if (pending.size() == losses.slots()) read();
       if (W == 1 && stop_asked()) {
-        ++k;
+        k = window + 1;
         break;
       }
     }

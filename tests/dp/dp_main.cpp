@@ -1,6 +1,10 @@
 // dp_main.cpp — main() of the data-parallel tests: the job's communicator first, then GoogleTest.
 // Only rank 0 prints the test log; a failure on another rank is printed by that rank with its number.
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
+#include <thread>
 
 #include "dp_world.h"
 
@@ -22,6 +26,35 @@ class RankFailures : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 Comm& world() { return *g_world; }
+
+void within(int seconds, const std::string& what, const std::function<void()>& f) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lk(mu);
+    if (cv.wait_for(lk, std::chrono::seconds(seconds), [&] { return done; })) return;
+    std::fprintf(stderr, "rank %d: %s did not finish within %d s: the ranks are waiting for each other\n", world().rank(), what.c_str(),
+                 seconds);
+    std::fflush(stderr);
+    world().abort(3);
+  });
+  struct Done {  // also when f throws
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& done;
+    std::thread& t;
+    ~Done() {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        done = true;
+      }
+      cv.notify_all();
+      t.join();
+    }
+  } finish{mu, cv, done, watchdog};
+  f();
+}
 
 }  // namespace zinf::test
 

@@ -6,11 +6,18 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+
 #include "zinf/comm.h"
 
 namespace zinf::test {
 
 Comm& world();  // the job's communicator (solo when the binary was started without mpirun)
+
+// Runs f; one that has not finished after `seconds` is a hang (the ranks waiting for each other):
+// the job is ended with a line naming `what`, instead of every rank waiting for ever.
+void within(int seconds, const std::string& what, const std::function<void()>& f);
 
 // Skips the calling test when the binary was started as one process.
 #define ZINF_NEED_RANKS()                                                                          \

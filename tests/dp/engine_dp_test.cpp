@@ -4,14 +4,9 @@
 // checkpoint states moving between world sizes.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
-#include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <numeric>
-#include <thread>
 
 #include "../offload/engine_harness.h"
 #include "dp_world.h"
@@ -21,6 +16,7 @@
 namespace zinf::offload::test {
 namespace {
 
+using zinf::test::within;
 using zinf::test::world;
 
 // Units large enough to be split across ranks (shards are 64 Ki-aligned), with one that leaves the
@@ -182,29 +178,6 @@ TEST(EngineDp, AsynchronousJitteredDeviceGivesTheSameResult) {
       const auto got = run_dp(dp_config(k.stage, k.opt, k.param, Precision::bf16, 2, Overlap::exact, dir.p), 3, o);
       EXPECT_EQ(digest(got), digest(ref)) << name(k, Overlap::exact) << " seed " << seed;
     }
-}
-
-// Runs f; a run that has not finished after `seconds` is a hang: the job is ended with a line saying
-// what hung (every rank would otherwise wait for ever).
-template <class F>
-void within(int seconds, const std::string& what, F&& f) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  std::thread watchdog([&] {
-    std::unique_lock<std::mutex> lk(mu);
-    if (cv.wait_for(lk, std::chrono::seconds(seconds), [&] { return done; })) return;
-    std::fprintf(stderr, "rank %d: %s did not finish within %d s: the ranks are waiting for each other\n", world().rank(), what.c_str(), seconds);
-    std::fflush(stderr);
-    world().abort(3);
-  });
-  f();
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    done = true;
-  }
-  cv.notify_all();
-  watchdog.join();
 }
 
 // NCCL's convention on the CPU device (stream_comm.h): collectives on device memory are jobs on a

@@ -102,6 +102,29 @@ TEST(TrainDp, EveryStagePlacementAndOverlapGivesOneDigestEqualToOneRank) {
             one.params_digest);
 }
 
+// Evaluation batches that do not divide among the ranks, with more layers than parameter window
+// slots at stage 3: a forward gathers partitioned parameters, so every rank runs as many evaluation
+// forwards as the busiest (the others repeat one and drop its loss) and none waits for ever; the
+// validation losses are one rank's.
+TEST(TrainDp, UnevenEvaluationAtStage3MatchesOneRank) {
+  ZINF_NEED_RANKS();
+  SharedDir dir;
+  const int W = world().size();
+  const std::vector<std::string> base = {"model.n_layer=4", "train.eval_interval=1", "train.eval_batches=" + std::to_string(W + 1),
+                                         "zero_optimization.stage3_prefetch_bucket_size=1", "zero_optimization.stage3_param_persistence_threshold=0"};
+  const TrainResult one = run(dir.p, base, /*solo=*/true);
+  for (const char* param : {"none", "cpu"}) {
+    std::vector<std::string> over = base;
+    over.push_back("zero_optimization.stage=3");
+    over.push_back(std::string("zero_optimization.offload_param.device=") + param);
+    TrainResult r;
+    within(120, std::string("stage 3, parameters on ") + param, [&] { r = run(dir.p, over); });
+    EXPECT_EQ(r.first_val_loss, one.first_val_loss) << param;
+    EXPECT_EQ(r.val_loss, one.val_loss) << param;
+    EXPECT_EQ(r.params_digest, one.params_digest) << param;
+  }
+}
+
 TEST(TrainDp, CheckpointsResumeOnAnotherWorldSize) {
   ZINF_NEED_RANKS();
   SharedDir dir;

@@ -161,14 +161,12 @@ void watch_lifelines() {
   std::thread([] {
     while (true) {
       std::vector<pollfd> fds;
-      std::vector<int> ranks;
       {
         std::lock_guard<std::mutex> lk(g_lines_mu);
         if (g_lifelines.empty()) return;
-        for (const auto& l : g_lifelines) fds.push_back({l.fd, POLLIN, 0}), ranks.push_back(l.rank);
+        for (const auto& l : g_lifelines) fds.push_back({l.fd, POLLIN, 0});
       }
-      // Woken at least every 100 ms to see lines added or leave_world begun.
-      if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
+      if (::poll(fds.data(), fds.size(), -1) <= 0) continue;
       for (std::size_t i = 0; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
         char buf[64];
@@ -182,6 +180,7 @@ void watch_lifelines() {
           continue;  // read on to the end of the line
         }
         const bool bye = it->bye || g_leaving;
+        const int who = it->rank;
         v.erase(it);
         ::close(fds[i].fd);
         if (bye) {
@@ -189,7 +188,7 @@ void watch_lifelines() {
           continue;
         }
         std::fprintf(stderr, "zinf: rank %d: rank %d left the job without finishing (it died or was killed); ending this rank\n", g_my_rank,
-                     ranks[i]);
+                     who);
         std::fflush(stderr);
         if (g_name_server > 0) ::kill(g_name_server, SIGTERM);
         for (const auto& l : v) ::close(l.fd);  // the next rank in line sees this one leave
@@ -199,15 +198,20 @@ void watch_lifelines() {
   }).detach();
 }
 
+// Rank 0 of an environment launch: ends the ompi-server it started.
+void stop_name_server() {
+  if (g_name_server <= 0) return;
+  ::kill(g_name_server, SIGTERM);
+  ::waitpid(g_name_server, nullptr, 0);
+  g_name_server = 0;
+}
+
 void finalize_at_exit() {
   leave_world();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
-  if (g_name_server > 0) {
-    ::kill(g_name_server, SIGTERM);
-    ::waitpid(g_name_server, nullptr, 0);
-  }
+  stop_name_server();
   if (!g_rendezvous_dir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(g_rendezvous_dir, ec);
@@ -419,11 +423,7 @@ void end_world_job(int code) {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
-  if (g_name_server > 0) {  // the name server of an environment launch goes first (MPI_Abort does not return)
-    ::kill(g_name_server, SIGTERM);
-    ::waitpid(g_name_server, nullptr, 0);
-    g_name_server = 0;
-  }
+  stop_name_server();  // first: MPI_Abort does not return
   if (init && !fin) MPI_Abort(g_job != MPI_COMM_NULL ? g_job : MPI_COMM_WORLD, code);
 }
 

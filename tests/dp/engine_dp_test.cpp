@@ -191,8 +191,7 @@ TEST(EngineDp, StreamOrderedCollectivesReachEveryRanksStreamsInOneOrder) {
   ZINF_NEED_RANKS();
   Dir dir("zinf-dp-test");
   const auto ref = run_dp(dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::bf16, 2, Overlap::none, dir.p), 3);
-  std::vector<Case> all = cases();
-  for (const Case& k : all)
+  for (const Case& k : cases())
     for (std::uint64_t seed : {3, 4}) {
       CpuDeviceOptions o;
       o.async = true;

@@ -134,6 +134,9 @@ struct TrainConfig {
   std::string checkpoint_dir;
   std::int64_t checkpoint_interval = 0;
   int keep_last = 0;
+  // A run that is not a resume may replace the checkpoints already in checkpoint_dir (and a resume
+  // from an older checkpoint those newer than it); without it such a run is refused.
+  bool overwrite_checkpoints = false;
   std::string metrics_file;
   std::int64_t eval_interval = 0;
   int eval_batches = 0;

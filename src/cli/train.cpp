@@ -120,7 +120,8 @@ int run_eval(const EvalArgs& a) {
   hooks.resume = a.checkpoint;
   hooks.log = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
   const TrainResult r = train_with_sigint(c, hooks);
-  const std::string of = !a.checkpoint.empty() ? (r.resumed_from ? "checkpoint step " + std::to_string(r.resumed_from) : "no checkpoint found")
+  // (A --checkpoint with no valid checkpoint behind it was refused before anything ran.)
+  const std::string of = !a.checkpoint.empty() ? "checkpoint step " + std::to_string(r.resumed_from)
                          : !a.weights.empty() ? a.weights
                                               : "the initial parameters of train.seed " + std::to_string(c.train.seed);
   if (a.json) {
@@ -146,7 +147,8 @@ Command add_eval(CLI::App& app) {
       "config's initial parameters. The same as `zinf train` with train.steps=0");
   add_config_options(*sub, args->config, true);
   sub->add_option("--checkpoint", args->checkpoint,
-                  "A checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir")
+                  "A checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir (corrupt newer ones are "
+                  "passed over with a note; with none, or one of another model, nothing is evaluated: exit code 2)")
       ->type_name("DIR|latest");
   sub->add_option("--weights", args->weights, "A GPT-2 safetensors file (as model.init_from)")->type_name("FILE");
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout");
@@ -171,7 +173,9 @@ Command add_train(CLI::App& app) {
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout (progress goes to stderr)");
   sub->add_option("--resume", args->resume,
                   "Resume from a checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir "
-                  "(invalid newer ones are passed over with a note; with none, training starts fresh)")
+                  "(corrupt newer ones are passed over with a note and moved aside as step-N.corrupt; with none, training "
+                  "starts fresh; one of another model shape or family is refused). Without --resume, a train.checkpoint_dir "
+                  "that holds checkpoints is refused unless train.overwrite_checkpoints is true")
       ->type_name("DIR|latest")
       ->expected(0, 1)
       ->default_str("latest");

@@ -420,6 +420,7 @@ void read_train(Section s, TrainConfig& t) {
   t.checkpoint_dir = s.get_str("checkpoint_dir", "");
   t.checkpoint_interval = s.get_int("checkpoint_interval", 0, 0, kMaxI64);
   t.keep_last = static_cast<int>(s.get_int("keep_last", 2, 1, 1000));
+  t.overwrite_checkpoints = s.get_bool("overwrite_checkpoints", false);
   t.metrics_file = s.get_str("metrics_file", "");
   t.eval_interval = s.get_int("eval_interval", 100, 0, kMaxI64);
   t.eval_batches = static_cast<int>(s.get_int("eval_batches", 8, 1, 1 << 20));

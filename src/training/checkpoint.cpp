@@ -27,7 +27,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr char kFormat[] = "zinf-checkpoint";
-constexpr int kVersion = 1;
+// Version 2 added the manifest's own checksum and the precision; version 1 is still read.
+constexpr int kVersion = 2;
 
 std::atomic<int> g_fault_at{-1};
 std::atomic<int> g_saves{0};
@@ -124,18 +125,65 @@ std::vector<std::pair<std::int64_t, std::string>> list_steps(const std::string& 
   return out;
 }
 
-json read_manifest(const std::string& path) {
+// "fp16", "bf16" or "fp32" as a Precision.
+Precision precision_from(const std::string& s, const std::string& mf) {
+  for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16})
+    if (to_string(p) == s) return p;
+  throw CorruptCheckpoint("checkpoint " + mf + ": unknown precision '" + s + "'");
+}
+
+// The manifest's checksum: XXH64 of its compact form without the checksum itself (nlohmann::json
+// keeps object keys sorted and writes numbers in their shortest round-trip form, so the text read
+// back hashes to what was written whatever whitespace the file has).
+std::string manifest_checksum(const json& j_without_checksum) {
+  const std::string text = j_without_checksum.dump();
+  return hex(XXH64(text.data(), text.size(), 0));
+}
+
+constexpr char kChecksumKey[] = "manifest_xxh64";
+
+// Reads a manifest and checks its format, version and checksum. Sets *unchecked for a version-1
+// manifest (written before manifests carried a checksum).
+json read_manifest(const std::string& path, bool* unchecked = nullptr) {
   const std::string mf = path + "/manifest.json";
   std::ifstream f(mf);
-  if (!f) throw Error("checkpoint " + mf + ": missing or unreadable");
+  if (!f) throw CorruptCheckpoint("checkpoint " + mf + ": missing or unreadable");
+  json j;
   try {
-    json j = json::parse(f);
-    if (j.value("format", "") != kFormat) throw Error("checkpoint " + mf + ": not a zinf checkpoint manifest");
-    if (j.value("version", 0) != kVersion)
-      throw Error("checkpoint " + mf + ": unsupported version " + std::to_string(j.value("version", 0)));
+    j = json::parse(f);
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + std::string(e.what()) + ")");
+  }
+  try {
+    if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
+      throw CorruptCheckpoint("checkpoint " + mf + ": not a zinf checkpoint manifest");
+    const json& v = j.contains("version") ? j["version"] : json();
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 1)
+      throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (no valid format version)");
+    const std::int64_t version = v.get<std::int64_t>();
+    // A newer format is refused, never treated as damage: an older zinf must not move aside (or
+    // prune) what a newer one wrote.
+    if (version > kVersion)
+      throw IncompatibleCheckpoint("checkpoint " + mf + ": written by a newer zinf (format version " + std::to_string(version) +
+                                       "; this zinf reads versions 1 to " + std::to_string(kVersion) + ")",
+                                   "resume it with the zinf version that wrote it");
+    const auto it = j.find(kChecksumKey);
+    if (version == 1) {
+      // Checkpoints from before manifests were checksummed stay usable: their tensors are still
+      // verified, only the step, data position and scaler state cannot be.
+      if (it != j.end()) throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (a version-1 manifest with a checksum)");
+      if (unchecked) *unchecked = true;
+      return j;
+    }
+    if (it == j.end() || !it->is_string()) throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (its checksum is missing)");
+    const std::string want = it->get<std::string>();
+    j.erase(it);
+    if (manifest_checksum(j) != want)
+      throw CorruptCheckpoint("checkpoint " + mf + ": the manifest fails its checksum (edited or damaged)");
+    if (unchecked) *unchecked = false;
     return j;
   } catch (const json::exception& e) {
-    throw Error("checkpoint " + mf + ": corrupt manifest (" + std::string(e.what()) + ")");
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + std::string(e.what()) + ")");
   }
 }
 
@@ -166,51 +214,103 @@ ModelShape shape_from_json(const json& m) {
 }
 
 void check_shape(const json& j, const ModelShape& s, const std::string& path) {
-  const ModelShape got = shape_from_json(j.at("model"));
+  ModelShape got;
+  try {
+    got = shape_from_json(j.at("model"));
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt model section (" + std::string(e.what()) + ")");
+  }
+  const char* hint = "resume it with the config it was written with (its manifest.json holds that config), or train this model "
+                     "in another train.checkpoint_dir";
   if (got.family != s.family)
-    throw Error("checkpoint " + path + ": the model family differs (checkpoint " + std::string(to_string(got.family)) + ", config " +
-                std::string(to_string(s.family)) + ")");
+    throw IncompatibleCheckpoint("checkpoint " + path + ": the model family differs (checkpoint " + std::string(to_string(got.family)) +
+                                     ", config " + std::string(to_string(s.family)) + ")",
+                                 hint);
   if (!(got == s))
-    throw Error("checkpoint " + path + ": model shape differs (checkpoint n_layer " + std::to_string(got.n_layer) + ", d_model " +
-                std::to_string(got.d_model) + ", n_head " + std::to_string(got.n_head) + ", vocab " + std::to_string(got.vocab_size) +
-                ", seq_len " + std::to_string(got.seq_len) + "; config n_layer " + std::to_string(s.n_layer) + ", d_model " +
-                std::to_string(s.d_model) + ", n_head " + std::to_string(s.n_head) + ", vocab " + std::to_string(s.vocab_size) +
-                ", seq_len " + std::to_string(s.seq_len) + ")");
+    throw IncompatibleCheckpoint("checkpoint " + path + ": model shape differs (checkpoint n_layer " + std::to_string(got.n_layer) +
+                                     ", d_model " + std::to_string(got.d_model) + ", n_head " + std::to_string(got.n_head) + ", vocab " +
+                                     std::to_string(got.vocab_size) + ", seq_len " + std::to_string(got.seq_len) + "; config n_layer " +
+                                     std::to_string(s.n_layer) + ", d_model " + std::to_string(s.d_model) + ", n_head " +
+                                     std::to_string(s.n_head) + ", vocab " + std::to_string(s.vocab_size) + ", seq_len " +
+                                     std::to_string(s.seq_len) + ")",
+                                 hint);
 }
 
 // Streams states.bin tensor by tensor, checking each checksum; hands each unit to `use` when given.
 void read_states_file(const std::string& path, const json& j, const ModelShape& shape, const StatesWriter* use) {
   const std::string sf = path + "/states.bin";
-  std::ifstream f(sf, std::ios::binary);
-  if (!f) throw Error("checkpoint " + sf + ": missing or unreadable");
-  f.seekg(0, std::ios::end);
-  const std::uint64_t size = static_cast<std::uint64_t>(f.tellg());
-  f.seekg(0);
-  if (size != j.at("states_bytes").get<std::uint64_t>())
-    throw Error("checkpoint " + sf + ": " + std::to_string(size) + " bytes, the manifest says " +
-                std::to_string(j.at("states_bytes").get<std::uint64_t>()) + " (truncated?)");
-  const auto units = layer_units(shape);
-  const json& tensors = j.at("tensors");
-  if (tensors.size() != units.size() * 3) throw Error("checkpoint " + path + "/manifest.json: wrong number of tensors");
-  std::vector<float> buf[3];
-  for (std::size_t u = 0; u < units.size(); ++u) {
-    const std::size_t n = static_cast<std::size_t>(units[u].params);
-    for (int k = 0; k < 3; ++k) {
-      const json& t = tensors[u * 3 + static_cast<std::size_t>(k)];
-      const std::string name = t.at("name").get<std::string>();
-      if (t.at("bytes").get<std::uint64_t>() != n * 4)
-        throw Error("checkpoint " + sf + ": tensor " + name + " has " + std::to_string(t.at("bytes").get<std::uint64_t>()) +
-                    " bytes, the model needs " + std::to_string(n * 4));
-      buf[k].resize(n);
-      f.seekg(static_cast<std::streamoff>(t.at("offset").get<std::uint64_t>()));
-      f.read(reinterpret_cast<char*>(buf[k].data()), static_cast<std::streamsize>(n * 4));
-      if (!f) throw Error("checkpoint " + sf + ": tensor " + name + " is cut short");
-      if (hex(XXH64(buf[k].data(), n * 4, 0)) != t.at("xxh64").get<std::string>())
-        throw Error("checkpoint " + sf + ": tensor " + name + " fails its checksum (corrupt)");
+  try {
+    std::ifstream f(sf, std::ios::binary);
+    if (!f) throw CorruptCheckpoint("checkpoint " + sf + ": missing or unreadable");
+    f.seekg(0, std::ios::end);
+    const std::uint64_t size = static_cast<std::uint64_t>(f.tellg());
+    f.seekg(0);
+    if (size != j.at("states_bytes").get<std::uint64_t>())
+      throw CorruptCheckpoint("checkpoint " + sf + ": " + std::to_string(size) + " bytes, the manifest says " +
+                              std::to_string(j.at("states_bytes").get<std::uint64_t>()) + " (truncated?)");
+    const auto units = layer_units(shape);
+    const json& tensors = j.at("tensors");
+    if (tensors.size() != units.size() * 3) throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: wrong number of tensors");
+    std::vector<float> buf[3];
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      const std::size_t n = static_cast<std::size_t>(units[u].params);
+      for (int k = 0; k < 3; ++k) {
+        const json& t = tensors[u * 3 + static_cast<std::size_t>(k)];
+        const std::string name = t.at("name").get<std::string>();
+        if (t.at("bytes").get<std::uint64_t>() != n * 4)
+          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " has " + std::to_string(t.at("bytes").get<std::uint64_t>()) +
+                                  " bytes, the model needs " + std::to_string(n * 4));
+        buf[k].resize(n);
+        f.seekg(static_cast<std::streamoff>(t.at("offset").get<std::uint64_t>()));
+        f.read(reinterpret_cast<char*>(buf[k].data()), static_cast<std::streamsize>(n * 4));
+        if (!f) throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
+        if (hex(XXH64(buf[k].data(), n * 4, 0)) != t.at("xxh64").get<std::string>())
+          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " fails its checksum (corrupt)");
+      }
+      if (use) (*use)(u, buf[0].data(), buf[1].data(), buf[2].data());
     }
-    if (use) (*use)(u, buf[0].data(), buf[1].data(), buf[2].data());
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt tensor list (" + std::string(e.what()) + ")");
   }
 }
+
+// What the manifest says, read from a manifest that passed read_manifest.
+CheckpointInfo info_from(const std::string& path, const json& j, bool unchecked) {
+  const std::string mf = path + "/manifest.json";
+  CheckpointInfo in;
+  in.path = path;
+  in.unchecked_manifest = unchecked;
+  try {
+    in.step = j.at("step").get<std::int64_t>();
+    in.shape = shape_from_json(j.at("model"));
+    if (j.contains("precision")) {
+      in.precision = precision_from(j["precision"].get<std::string>(), mf);
+    } else {  // version 1: from the resolved config it holds
+      const json& c = j.at("config");
+      const bool fp16 = c.contains("fp16") && c["fp16"].value("enabled", false);
+      const bool bf16 = c.contains("bf16") && c["bf16"].value("enabled", false);
+      in.precision = fp16 ? Precision::fp16 : bf16 ? Precision::bf16 : Precision::fp32;
+    }
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + std::string(e.what()) + ")");
+  }
+  // The directory's name orders the checkpoints; the manifest's step is what a resume continues from.
+  const std::string name = fs::path(path).filename().string();
+  long long named = 0;
+  char tail = 0;
+  if (std::sscanf(name.c_str(), "step-%lld%c", &named, &tail) == 1 && named != in.step)
+    throw CorruptCheckpoint("checkpoint " + mf + ": the manifest says step " + std::to_string(in.step) + ", the directory's name step " +
+                            std::to_string(named));
+  return in;
+}
+
+std::string canonical(const std::string& p) {
+  std::error_code ec;
+  const fs::path c = fs::weakly_canonical(p, ec);
+  return ec ? p : c.string();
+}
+
+std::string pid_tag() { return std::to_string(::getpid()); }
 
 }  // namespace
 
@@ -219,16 +319,41 @@ void set_checkpoint_fault(int nth_save) {
   g_saves = 0;
 }
 
-std::string save_checkpoint(const std::string& dir, int keep_last, const Config& c, const ModelShape& shape,
-                            const CheckpointState& s, const StatesReader& read) {
+std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir) { return list_steps(dir); }
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  bool unchecked = false;
+  const json j = read_manifest(path, &unchecked);
+  return info_from(path, j, unchecked);
+}
+
+std::string move_corrupt_aside(const std::string& path) {
+  std::string to = path + ".corrupt";
+  for (int i = 2; fs::exists(to); ++i) to = path + ".corrupt-" + std::to_string(i);
+  if (::rename(path.c_str(), to.c_str()) != 0) io_fail("rename to " + to, path, errno);
+  return to;
+}
+
+CheckpointDir::CheckpointDir(std::string dir, int keep_last, const ModelShape& shape, Log log)
+    : dir_(std::move(dir)), keep_last_(std::max(keep_last, 1)), shape_(shape), log_(std::move(log)) {}
+
+void CheckpointDir::mark_verified(const std::string& path) { verified_.insert(canonical(path)); }
+
+void CheckpointDir::replace_on_first_save(const std::vector<std::string>& paths) {
+  replace_.clear();
+  for (const auto& p : paths) replace_.push_back(canonical(p));
+}
+
+std::string CheckpointDir::save(const Config& c, const CheckpointState& s, const StatesReader& read) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) io_fail("create directory", dir, ec.value());
+  fs::create_directories(dir_, ec);
+  if (ec) io_fail("create directory", dir_, ec.value());
   const int nth = ++g_saves;
-  const std::string final_path = dir + "/" + step_name(s.step);
-  const std::string tmp = final_path + ".tmp-" + std::to_string(::getpid());
+  const std::string final_path = dir_ + "/" + step_name(s.step);
+  const std::string tmp = final_path + ".tmp-" + pid_tag();
   fs::remove_all(tmp, ec);
   if (::mkdir(tmp.c_str(), 0755) != 0) io_fail("create directory", tmp, errno);
+  std::vector<std::pair<std::string, std::string>> aside;  // (checkpoint, its temporary name) until published
   try {
     json j;
     j["format"] = kFormat;
@@ -239,11 +364,12 @@ std::string save_checkpoint(const std::string& dir, int keep_last, const Config&
     j["skipped"] = s.skipped;
     j["scaler"] = {{"scale", s.loss_scale}, {"iter", s.scaler_iter}, {"last_overflow_iter", s.scaler_last_overflow},
                    {"hysteresis", s.scaler_hysteresis}};
-    j["model"] = shape_json(shape);
+    j["model"] = shape_json(shape_);
+    j["precision"] = std::string(to_string(c.precision()));
     j["config"] = json::parse(c.resolved_json);
     j["tensors"] = json::array();
     SyncedFile states(tmp + "/states.bin");
-    const auto units = layer_units(shape);
+    const auto units = layer_units(shape_);
     std::uint64_t total = 0;
     for (const auto& u : units) total += static_cast<std::uint64_t>(u.params) * 12;
     if (fault_at() == nth) states.fail_after(static_cast<std::int64_t>(total / 2));
@@ -263,58 +389,111 @@ std::string save_checkpoint(const std::string& dir, int keep_last, const Config&
     }
     states.finish();
     j["states_bytes"] = off;
+    j[kChecksumKey] = manifest_checksum(j);
     SyncedFile manifest(tmp + "/manifest.json");
     const std::string text = j.dump(1);
     manifest.write(text.data(), text.size());
     manifest.finish();
     fsync_dir(tmp);
-    // Publish: an older checkpoint of the same step (a rerun after resume) is replaced.
-    if (fs::exists(final_path)) {
-      const std::string old = final_path + ".old-" + std::to_string(::getpid());
-      if (::rename(final_path.c_str(), old.c_str()) != 0) io_fail("rename", final_path, errno);
-      fs::remove_all(old, ec);
+    // Checkpoints this run replaces go only once their successor has been read back whole.
+    if (!replace_.empty()) verify_checkpoint(tmp, shape_);
+    for (const auto& p : replace_)
+      if (fs::exists(p)) aside.emplace_back(p, p + ".old-" + pid_tag());
+    // A checkpoint of the same step already there: an earlier run's (replaced above), one this run
+    // can vouch for (a rerun after resume: replaced), or one that turns out corrupt (moved aside).
+    if (fs::exists(final_path) && std::find(replace_.begin(), replace_.end(), canonical(final_path)) == replace_.end()) {
+      bool sound = verified_.count(canonical(final_path)) > 0;
+      if (!sound) try {
+          verify_checkpoint(final_path, shape_);
+          sound = true;
+        } catch (const CorruptCheckpoint& e) {
+          const std::string to = move_corrupt_aside(final_path);
+          if (log_) log_("checkpoint: " + std::string(e.what()) + " — moved aside to " + to);
+        } catch (const IncompatibleCheckpoint&) {
+          sound = true;  // a step this run has reached: its own checkpoint takes the name
+        }
+      if (sound) aside.emplace_back(final_path, final_path + ".old-" + pid_tag());
     }
+    for (std::size_t i = 0; i < aside.size(); ++i)
+      if (::rename(aside[i].first.c_str(), aside[i].second.c_str()) != 0) {
+        const int e = errno;
+        const auto failed = aside[i];
+        aside.resize(i);  // those before it are renamed back below
+        io_fail("rename to " + failed.second, failed.first, e);
+      }
     if (::rename(tmp.c_str(), final_path.c_str()) != 0) io_fail("rename to " + final_path, tmp, errno);
-    fsync_dir(dir);
+    fsync_dir(dir_);
   } catch (...) {
     fs::remove_all(tmp, ec);  // never leave a torn checkpoint behind
+    for (const auto& [p, t] : aside) ::rename(t.c_str(), p.c_str());  // nor lose the ones it was to replace
     throw;
   }
-  // Keep the newest keep_last; also sweep temporaries of runs that were killed mid-write.
-  auto steps = list_steps(dir);
-  for (std::size_t i = static_cast<std::size_t>(std::max(keep_last, 1)); i < steps.size(); ++i) fs::remove_all(steps[i].second, ec);
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  for (const auto& [p, t] : aside) {
+    fs::remove_all(t, ec);
+    verified_.erase(canonical(p));
+  }
+  if (!replace_.empty() && log_)
+    log_("checkpoint: " + std::to_string(replace_.size()) + " earlier checkpoint(s) replaced (train.overwrite_checkpoints)");
+  replace_.clear();
+  verified_.insert(canonical(final_path));
+  prune();
+  // Sweep temporaries of runs that were killed mid-write.
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind("step-", 0) == 0 && (n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos) &&
-        e.path().string() != tmp)
+    if (n.rfind("step-", 0) == 0 && (n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos))
       fs::remove_all(e.path(), ec);
   }
   return final_path;
 }
 
-ModelShape checkpoint_shape(const std::string& path) {
-  const json j = read_manifest(path);
-  try {
-    return shape_from_json(j.at("model"));
-  } catch (const json::exception& e) {
-    throw Error("checkpoint " + path + "/manifest.json: " + e.what());
+void CheckpointDir::prune() {
+  int kept = 0;
+  std::error_code ec;
+  for (const auto& [step, path] : list_steps(dir_)) {
+    const std::string key = canonical(path);
+    if (foreign_.count(key)) continue;
+    if (!verified_.count(key)) {
+      try {
+        verify_checkpoint(path, shape_);
+        verified_.insert(key);
+      } catch (const CorruptCheckpoint& e) {
+        const std::string to = move_corrupt_aside(path);
+        if (log_) log_("checkpoint: " + std::string(e.what()) + " — moved aside to " + to + ", not counted by keep_last");
+        continue;
+      } catch (const IncompatibleCheckpoint& e) {
+        foreign_.insert(key);
+        if (log_) log_("checkpoint: " + std::string(e.what()) + " — left alone, not counted by keep_last");
+        continue;
+      }
+    }
+    if (++kept > keep_last_) {
+      fs::remove_all(path, ec);
+      verified_.erase(key);
+    }
   }
 }
 
+ModelShape checkpoint_shape(const std::string& path) { return read_checkpoint_info(path).shape; }
+
 void verify_checkpoint(const std::string& path, const ModelShape& shape) {
-  const json j = read_manifest(path);
+  bool unchecked = false;
+  const json j = read_manifest(path, &unchecked);
+  info_from(path, j, unchecked);
   check_shape(j, shape, path);
   read_states_file(path, j, shape, nullptr);
 }
 
-CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape, const StatesWriter& write) {
-  const json j = read_manifest(path);
+CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape, const StatesWriter& write, bool verify_first) {
+  bool unchecked = false;
+  const json j = read_manifest(path, &unchecked);
+  const CheckpointInfo info = info_from(path, j, unchecked);
   check_shape(j, shape, path);
-  verify_checkpoint(path, shape);  // every checksum before anything is overwritten
+  if (verify_first) read_states_file(path, j, shape, nullptr);  // every checksum before anything is overwritten
   read_states_file(path, j, shape, &write);
   CheckpointState s;
+  s.step = info.step;
+  s.precision = info.precision;
   try {
-    s.step = j.at("step").get<std::int64_t>();
     s.opt_steps = j.at("opt_steps").get<std::int64_t>();
     s.rows_drawn = j.at("rows_drawn").get<std::int64_t>();
     s.skipped = j.at("skipped").get<std::int64_t>();
@@ -324,21 +503,42 @@ CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape
     s.scaler_last_overflow = sc.at("last_overflow_iter").get<std::int64_t>();
     s.scaler_hysteresis = sc.at("hysteresis").get<int>();
   } catch (const json::exception& e) {
-    throw Error("checkpoint " + path + "/manifest.json: " + e.what());
+    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: " + e.what());
   }
   return s;
 }
 
-std::string latest_valid_checkpoint(const std::string& dir, const ModelShape& shape, std::vector<std::string>* skipped) {
+ResumeChoice choose_checkpoint(const std::string& dir, const std::string& which, const ModelShape& shape) {
+  ResumeChoice r;
+  auto take = [&](const std::string& path) {
+    const CheckpointInfo info = read_checkpoint_info(path);
+    verify_checkpoint(path, shape);
+    r.path = path;
+    r.step = info.step;
+    if (info.unchecked_manifest)
+      r.notes.push_back("checkpoint " + path + " was written before manifests carried a checksum: its tensors are verified, "
+                        "its step, data position and loss-scaler state are taken as they are");
+  };
+  if (which != "latest") {
+    std::error_code ec;
+    if (!fs::is_directory(which, ec))
+      throw ConfigError("checkpoint " + which + ": no such directory",
+                        "name a step-N directory under train.checkpoint_dir, or `latest` for the newest valid one");
+    take(which);
+    return r;
+  }
   for (const auto& [step, path] : list_steps(dir)) {
     try {
-      verify_checkpoint(path, shape);
-      return path;
-    } catch (const Error& e) {
-      if (skipped) skipped->push_back(std::string(e.what()) + " — falling back to an earlier checkpoint");
+      take(path);
+      return r;
+    } catch (const CorruptCheckpoint& e) {  // damage: an older one may be whole
+      r.corrupt.push_back(path);
+      r.notes.push_back(std::string(e.what()) + " — passed over as corrupt, falling back to an earlier checkpoint");
     }
+    // IncompatibleCheckpoint propagates: the newest sound checkpoint is the run's latest state, and
+    // this config cannot continue it; an older one would silently lose the newer training.
   }
-  return "";
+  return r;
 }
 
 }  // namespace zinf

@@ -75,11 +75,90 @@ void check_output_paths(const Config& c, const TrainHooks& hooks) {
   auto check = [&](const std::string& dir, const std::string& what) {
     if (ensure_writable_dir(dir, what) && hooks.log) hooks.log(what + ": created " + dir + ", which did not exist");
   };
-  if (!c.train.checkpoint_dir.empty()) check(c.train.checkpoint_dir, "train.checkpoint_dir");
+  if (!c.train.checkpoint_dir.empty() && c.train.steps > 0) check(c.train.checkpoint_dir, "train.checkpoint_dir");  // steps 0 writes none
   if (c.zero.offload_optimizer.device == OffloadDevice::nvme)
     check(c.zero.offload_optimizer.nvme_path, "zero_optimization.offload_optimizer.nvme_path");
   if (c.zero.offload_param.device == OffloadDevice::nvme && c.zero.offload_param.nvme_path != c.zero.offload_optimizer.nvme_path)
     check(c.zero.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path");
+}
+
+// What rank 0 settles about checkpoints before anything is built or written: the checkpoint to load,
+// and what the run may do to the checkpoints already in train.checkpoint_dir. A checkpoint this
+// config cannot continue, a fresh run into a directory that holds checkpoints, or a resume from an
+// older checkpoint with newer ones beside it is refused here — one line, nothing written or deleted.
+struct CheckpointPlan {
+  std::string load;                  // the checkpoint to load ("": start from step 0)
+  std::vector<std::string> corrupt;  // newer checkpoints passed over as corrupt: moved aside once the run is ready
+  std::vector<std::string> replace;  // train.overwrite_checkpoints: replaced by the run's first checkpoint
+};
+
+std::string names(const std::vector<std::pair<std::int64_t, std::string>>& cks) {
+  std::string s;
+  for (std::size_t i = 0; i < cks.size() && i < 3; ++i)
+    s += (i ? ", " : "") + std::filesystem::path(cks[i].second).filename().string();
+  if (cks.size() > 3) s += " and " + std::to_string(cks.size() - 3) + " more";
+  return s;
+}
+
+CheckpointPlan plan_checkpoints(const Config& c, const std::string& which, const ModelShape& shape, const TrainHooks& hooks) {
+  auto log = [&](const std::string& s) {
+    if (hooks.log) hooks.log(s);
+  };
+  const std::string& dir = c.train.checkpoint_dir;
+  CheckpointPlan p;
+  std::int64_t from = 0;
+  if (!which.empty()) {
+    if (which == "latest" && dir.empty()) throw ConfigError(c.source + ": --resume latest needs train.checkpoint_dir");
+    const ResumeChoice ch = choose_checkpoint(dir, which, shape);
+    for (const auto& n : ch.notes) log("resume: " + n);
+    if (ch.path.empty()) {
+      if (c.train.steps == 0)  // only evaluating: the random initial parameters are not what was asked for
+        throw ConfigError("no valid checkpoint under train.checkpoint_dir " + dir +
+                              (std::filesystem::exists(dir) ? ch.corrupt.empty() ? "" : " (" + std::to_string(ch.corrupt.size()) + " corrupt)"
+                                                            : " (it does not exist)"),
+                          "train one first, or name a checkpoint directory");
+      log("resume: no valid checkpoint under " + dir + "; starting from step 0");
+    }
+    if (!ch.path.empty() && c.train.steps > 0 && ch.step > c.train.steps)  // train.steps 0 evaluates a checkpoint of any step
+      throw ConfigError(ch.path + ": the checkpoint is at step " + std::to_string(ch.step) + ", past train.steps " +
+                            std::to_string(c.train.steps),
+                        "raise train.steps to continue training from it, or evaluate it with `zinf eval`");
+    p.load = ch.path;
+    p.corrupt = ch.corrupt;
+    from = ch.step;
+  }
+  if (dir.empty() || c.train.steps == 0) return p;  // writes no checkpoints
+  // Checkpoints newer than the starting point would outrank this run's own (`latest`, keep_last):
+  // every one of them when starting fresh.
+  std::vector<std::pair<std::int64_t, std::string>> newer;
+  for (const auto& ck : list_checkpoints(dir))
+    if (ck.first > from && std::find(p.corrupt.begin(), p.corrupt.end(), ck.second) == p.corrupt.end()) newer.push_back(ck);
+  if (newer.empty()) return p;
+  if (!c.train.overwrite_checkpoints) {
+    if (from == 0)
+      throw ConfigError("train.checkpoint_dir " + dir + " holds checkpoints (" + names(newer) +
+                            ") and this run is not a resume: its checkpoints would overwrite and mix with them",
+                        "continue them with --resume, choose another train.checkpoint_dir, or set train.overwrite_checkpoints "
+                        "true to replace them (they are removed once this run's first checkpoint is written and verified)");
+    throw ConfigError("train.checkpoint_dir " + dir + " holds checkpoints newer than " + p.load + " (" + names(newer) +
+                          "): this run's checkpoints would mix with them",
+                      "resume the newest with --resume latest, choose another train.checkpoint_dir, or set "
+                      "train.overwrite_checkpoints true to replace them (they are removed once this run's first checkpoint is "
+                      "written and verified)");
+  }
+  for (const auto& ck : newer) p.replace.push_back(ck.second);
+  log("train.overwrite_checkpoints: " + std::to_string(newer.size()) + " checkpoint(s) in " + dir + " (" + names(newer) +
+      ") will be replaced once this run's first checkpoint is written and verified");
+  return p;
+}
+
+// Rank 0's string on every rank.
+std::string broadcast_string(Comm& comm, std::string s) {
+  std::uint64_t n = s.size();
+  comm.broadcast(&n, sizeof n, 0);
+  s.resize(static_cast<std::size_t>(n));
+  if (n > 0) comm.broadcast(s.data(), s.size(), 0);
+  return s;
 }
 
 // The device a config asks for. `auto` stays on the CPU device until the CUDA path has been validated
@@ -355,37 +434,29 @@ class Run {
       }
       return;
     }
-    const std::string path = save_checkpoint(c.train.checkpoint_dir, c.train.keep_last, c, shape, st,
-                                             [&](std::size_t u, float* ma, float* mm, float* vv) { engine->read_states(u, ma, mm, vv); });
+    const std::string path = checkpoints->save(c, st, [&](std::size_t u, float* ma, float* mm, float* vv) { engine->read_states(u, ma, mm, vv); });
     const double dt = since(t0);
     res.checkpoint_seconds += dt;
     log("checkpoint: " + path + " written in " + std::to_string(dt).substr(0, 5) + " s");
   }
 
-  // Restores the newest (or the named) checkpoint; returns its step (0: starting fresh).
-  std::int64_t resume(const std::string& which) {
-    if (which.empty()) return 0;
-    std::string path = which;
-    if (path == "latest") {
-      if (c.train.checkpoint_dir.empty()) throw ConfigError(c.source + ": --resume latest needs train.checkpoint_dir");
-      std::vector<std::string> passed_over;
-      path = latest_valid_checkpoint(c.train.checkpoint_dir, shape, &passed_over);
-      for (const auto& p : passed_over) log("resume: " + p);
-      if (path.empty()) {
-        log("resume: no valid checkpoint under " + c.train.checkpoint_dir + "; starting from step 0");
-        return 0;
-      }
-    }
-
+  // Loads the checkpoint rank 0 chose and verified (plan_checkpoints); returns its step (0: none,
+  // starting fresh). Every checksum is still checked as the states stream in.
+  std::int64_t resume(const std::string& path) {
+    if (path.empty()) return 0;
     const auto t0 = Clock::now();
-    const CheckpointState st = load_checkpoint(path, shape, [&](std::size_t u, const float* ma, const float* mm, const float* vv) {
-      engine->write_states(u, ma, mm, vv);
-    });
-    if (c.train.steps > 0 && st.step > c.train.steps)  // train.steps 0 evaluates a checkpoint of any step
-      throw ConfigError(path + ": the checkpoint is at step " + std::to_string(st.step) + ", past train.steps " +
-                            std::to_string(c.train.steps),
-                        "raise train.steps to continue training from it, or evaluate it with `zinf eval`");
-    scaler.restore(st.loss_scale, st.scaler_iter, st.scaler_last_overflow, st.scaler_hysteresis);
+    const CheckpointState st = load_checkpoint(
+        path, shape, [&](std::size_t u, const float* ma, const float* mm, const float* vv) { engine->write_states(u, ma, mm, vv); },
+        /*verify_first=*/false);
+    // The fp32 masters and Adam moments carry over to any precision; the loss scaler's state belongs
+    // to the precision it was kept for (an fp16 scale means nothing to bf16, and a bf16 run's static
+    // scale of 1 would start fp16 far below its configured scale).
+    if (st.precision == c.precision())
+      scaler.restore(st.loss_scale, st.scaler_iter, st.scaler_last_overflow, st.scaler_hysteresis);
+    else
+      log("resume: the checkpoint was trained in " + std::string(to_string(st.precision)) + ", this run is " +
+          std::string(to_string(c.precision())) + ": its fp32 master parameters and Adam states carry over, the loss scaler starts "
+          "from this config");
     opt_steps = st.opt_steps;
     rows_drawn = st.rows_drawn;
     rng.discard(static_cast<unsigned long long>(rows_drawn));
@@ -418,6 +489,7 @@ class Run {
   LossScaler scaler;
   std::mt19937_64 rng;
   MetricsFile metrics;
+  std::unique_ptr<CheckpointDir> checkpoints;  // rank 0, when the run writes checkpoints
   std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, skipped = 0;
   double t_fwd = 0, t_bwd = 0;  // the model's own time since the last progress line
 
@@ -509,19 +581,34 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
                             " differs from rank 0's",
                         "start every rank with the same config file and --set overrides");
   }
-  // Rank 0 prepares the directories the run writes; the others learn whether that worked.
+  // Rank 0 settles the checkpoint to start from and prepares the directories the run writes; the
+  // others learn whether that worked (a refusal ends every rank the same way) and which checkpoint
+  // to load. Nothing is written before every check has passed.
+  const ModelShape shape = model_shape(c.model);
+  CheckpointPlan plan;
   std::exception_ptr prepared;
   if (comm->rank() == 0) try {
+      plan = plan_checkpoints(c, hooks.resume, shape, hooks);
       check_output_paths(c, hooks);
+      for (const auto& p : plan.corrupt) {  // kept for inspection, out of latest's and keep_last's way
+        const std::string to = move_corrupt_aside(p);
+        if (hooks.log) hooks.log("resume: moved the corrupt " + p + " aside to " + to);
+      }
     } catch (...) {
       prepared = std::current_exception();
     }
   if (comm->size() > 1 && comm->any(prepared != nullptr) && !prepared)
-    throw ConfigError("rank 0 could not prepare the run's output directories (its error names them)");
+    throw ConfigError("rank 0 refused to start the run (its error says why)");
   if (prepared) std::rethrow_exception(prepared);
+  if (comm->size() > 1) plan.load = broadcast_string(*comm, plan.load);
   Run run(c, hooks, *comm, local_rank);
+  if (comm->rank() == 0 && !c.train.checkpoint_dir.empty() && c.train.steps > 0) {
+    run.checkpoints = std::make_unique<CheckpointDir>(c.train.checkpoint_dir, c.train.keep_last, shape, [&run](const std::string& s) { run.log(s); });
+    if (!plan.load.empty()) run.checkpoints->mark_verified(plan.load);
+    run.checkpoints->replace_on_first_save(plan.replace);
+  }
   TrainResult res;
-  res.resumed_from = run.resume(hooks.resume);
+  res.resumed_from = run.resume(plan.load);
   const std::int64_t first_step = res.resumed_from + 1;
   res.first_val_loss = res.val_loss = run.evaluate();
   run.log("step " + std::to_string(first_step - 1) + ": val_loss " + std::to_string(res.first_val_loss).substr(0, 6));

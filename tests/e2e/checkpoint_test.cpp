@@ -11,6 +11,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -19,6 +21,7 @@
 #include "zinf/config.h"
 #include "zinf/error.h"
 #include "zinf/train.h"
+#include "shell.h"
 
 namespace zinf {
 namespace {
@@ -67,9 +70,10 @@ TEST_F(Checkpoints, ResumeIsBitwiseIdenticalAcrossPlacementsAndThreads) {
   EXPECT_EQ(resumed.resumed_from, 4);
   EXPECT_EQ(resumed.params_digest, full.params_digest);
   // Written with the states on the device, resumed with them on NVMe and 2 threads (and back).
+  // (Steps 6 to 10 of the resumed run are there: going back to step 4 replaces them.)
   const TrainResult moved = run(10,
                                 {"zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_param.device=cpu",
-                                 "device.threads=2"},
+                                 "device.threads=2", "train.overwrite_checkpoints=true"},
                                 (dir / "ck" / "step-00000004").string());
   EXPECT_EQ(moved.params_digest, full.params_digest);
   EXPECT_TRUE(fs::is_empty(dir / "swap"));
@@ -144,6 +148,225 @@ TEST_F(Checkpoints, FullDiskLeavesThePreviousCheckpointIntact) {
   EXPECT_EQ(names, (std::vector<std::string>{"step-00000002"}));  // no torn temporary left behind
   verify_checkpoint((dir / "ck" / "step-00000002").string(), shape());
   EXPECT_TRUE(fs::is_empty(dir / "swap"));
+}
+
+// ---- a checkpoint directory is never damaged by a mistake ------------------------------------------------
+
+// Every file under `d` with its contents: equal snapshots mean nothing was written, renamed or deleted.
+std::map<std::string, std::string> snapshot(const fs::path& d) {
+  std::map<std::string, std::string> out;
+  if (!fs::exists(d)) return out;
+  for (const auto& e : fs::recursive_directory_iterator(d)) {
+    const std::string rel = fs::relative(e.path(), d).string();
+    if (e.is_regular_file()) {
+      std::ifstream f(e.path(), std::ios::binary);
+      out[rel] = std::string(std::istreambuf_iterator<char>(f), {});
+    } else {
+      out[rel] = "<dir>";
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> entries(const fs::path& d) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(d)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void flip_byte(const fs::path& file, std::uint64_t off) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(off));
+  char ch;
+  f.read(&ch, 1);
+  ch = static_cast<char>(ch ^ 0x40);
+  f.seekp(static_cast<std::streamoff>(off));
+  f.write(&ch, 1);
+}
+
+// Rewrites a manifest through `edit` (as a user with an editor would; its checksum is left as it was).
+std::string slurp_file(const fs::path& p) { return test::slurp(p.string()); }
+
+void edit_manifest(const fs::path& ck, const std::function<void(nlohmann::json&)>& edit) {
+  auto m = nlohmann::json::parse(std::ifstream(ck / "manifest.json"));
+  edit(m);
+  std::ofstream(ck / "manifest.json") << m.dump(1);
+}
+
+bool said(const std::vector<std::string>& log, const std::string& what) {
+  for (const auto& l : log)
+    if (l.find(what) != std::string::npos) return true;
+  return false;
+}
+
+// A checkpoint of another model shape or family is refused — one error, nothing written or deleted —
+// rather than passed over as if it were damaged (which trained from scratch and let keep_last delete
+// every original checkpoint).
+TEST_F(Checkpoints, ResumeUnderAnotherShapeOrFamilyIsRefusedAndTouchesNothing) {
+  run(6);  // steps 2, 4, 6
+  const auto before = snapshot(dir / "ck");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> others = {
+      {{"model.d_model=48"}, "model shape differs"},
+      {{"model.seq_len=32"}, "model shape differs"},
+      {{"model.family=llama", "model.n_kv_head=1", "model.d_ff=40"}, "the model family differs"},
+  };
+  for (const auto& [over, why] : others) {
+    for (const std::string& which : {std::string("latest"), (dir / "ck" / "step-00000004").string()}) {
+      try {
+        run(8, over, which);
+        ADD_FAILURE() << over[0] << " resumed " << which;
+      } catch (const IncompatibleCheckpoint& e) {
+        EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(which == "latest" ? "step-00000006" : "step-00000004"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(snapshot(dir / "ck"), before) << over[0] << " " << which;
+    }
+  }
+  // Another precision is honoured: the fp32 states carry over, the loss scaler starts from the config
+  // (bf16's static 1, not the fp16 run's scale).
+  std::vector<std::string> log;
+  const TrainResult r = run(8, {"fp16.enabled=false", "bf16.enabled=true", "steps_per_print=1"}, "latest", &log);
+  EXPECT_EQ(r.resumed_from, 6);
+  EXPECT_TRUE(said(log, "the checkpoint was trained in fp16, this run is bf16")) << log.size();
+  EXPECT_TRUE(said(log, "step     7/8 | ") && said(log, "| scale 1 |"));
+  for (const auto& l : log) {
+    if (l.rfind("step ", 0) == 0 && l.find("| scale ") != std::string::npos) EXPECT_NE(l.find("| scale 1 |"), std::string::npos) << l;
+  }
+}
+
+// The same through the command line and with a checkpoint of a model of another family: exit code 2,
+// one line, the directory as it was.
+TEST_F(Checkpoints, TheCommandLineRefusesAnIncompatibleResumeWithExitTwo) {
+  const std::string conf = (dir / "run.json").string();
+  std::ofstream(conf) << cfg(3);
+  const std::string zinf = std::string(ZINF_BIN) + " train --config " + conf;
+  ASSERT_EQ(test::sh(zinf + " --set model.family=llama --set model.n_kv_head=1 --set model.d_ff=40").rc, 0);
+  const auto before = snapshot(dir / "ck");
+  const test::Result r = test::sh(zinf + " --resume");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("the model family differs (checkpoint llama, config gpt2)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("step 0: val_loss"), std::string::npos) << "it started: " << r.out;
+  EXPECT_EQ(snapshot(dir / "ck"), before);
+}
+
+// A run without --resume into a directory that holds checkpoints is refused; with
+// train.overwrite_checkpoints the old ones stay until the new run's first checkpoint is written and
+// verified, then all of them go (none is left to pass for the new run's latest).
+TEST_F(Checkpoints, AFreshRunIntoADirectoryWithCheckpointsIsRefusedUnlessOverwriting) {
+  run(3);  // steps 2 and 3
+  const auto before = snapshot(dir / "ck");
+  try {
+    run(4);
+    ADD_FAILURE() << "a fresh run wrote into a directory of checkpoints";
+  } catch (const ConfigError& e) {
+    const std::string w = std::string(e.what()) + " " + e.hint();
+    EXPECT_NE(w.find("holds checkpoints (step-00000003, step-00000002)"), std::string::npos) << w;
+    EXPECT_NE(w.find("--resume"), std::string::npos) << w;
+    EXPECT_NE(w.find("train.overwrite_checkpoints"), std::string::npos) << w;
+  }
+  EXPECT_EQ(snapshot(dir / "ck"), before);
+  // Overwriting, with the first checkpoint failing (a full disk): the old ones are all still there.
+  set_checkpoint_fault(1);
+  EXPECT_THROW(run(4, {"train.overwrite_checkpoints=true"}), IoError);
+  set_checkpoint_fault(0);
+  EXPECT_EQ(snapshot(dir / "ck"), before);
+  // Overwriting, with a first checkpoint at step 1: the old steps 2 and 3 are replaced.
+  std::vector<std::string> log;
+  const TrainResult fresh = run(1, {"train.overwrite_checkpoints=true", "train.checkpoint_interval=1"}, "", &log);
+  EXPECT_EQ(entries(dir / "ck"), (std::vector<std::string>{"step-00000001"}));
+  EXPECT_TRUE(said(log, "2 checkpoint(s)")) << log.size();
+  EXPECT_EQ(run(0, {}, "latest").params_digest, fresh.params_digest);
+  // Going back to an older checkpoint with newer ones beside it is refused the same way.
+  run(4, {"train.checkpoint_interval=1", "train.keep_last=5"}, "latest");  // steps 2, 3, 4
+  const auto four = snapshot(dir / "ck");
+  try {
+    run(4, {}, (dir / "ck" / "step-00000002").string());
+    ADD_FAILURE() << "resumed an older checkpoint beside newer ones";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("newer than"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(snapshot(dir / "ck"), four);
+}
+
+// keep_last counts only verified checkpoints: a corrupt one is moved aside as step-N.corrupt with a
+// line — never counted, never deleted — and the valid older one is kept.
+TEST_F(Checkpoints, KeepLastCountsOnlyVerifiedCheckpoints) {
+  const std::vector<std::string> two = {"train.keep_last=2", "train.checkpoint_interval=1"};
+  run(3, two);  // steps 2 and 3
+  const auto m = nlohmann::json::parse(std::ifstream(dir / "ck" / "step-00000003" / "manifest.json"));
+  flip_byte(dir / "ck" / "step-00000003" / "states.bin", m["tensors"][4]["offset"].get<std::uint64_t>() + 9);
+  std::vector<std::string> log;
+  std::vector<std::string> over = two;
+  over.push_back("train.checkpoint_interval=2");
+  const TrainResult r = run(4, over, "latest", &log);  // from 2, writes 4
+  EXPECT_EQ(r.resumed_from, 2);
+  EXPECT_EQ(entries(dir / "ck"), (std::vector<std::string>{"step-00000002", "step-00000003.corrupt", "step-00000004"}));
+  EXPECT_TRUE(said(log, "moved the corrupt")) << log.size();
+  verify_checkpoint((dir / "ck" / "step-00000002").string(), shape());
+  // An older checkpoint found corrupt when keep_last comes to it is moved aside too, not deleted.
+  const auto m2 = nlohmann::json::parse(std::ifstream(dir / "ck" / "step-00000002" / "manifest.json"));
+  flip_byte(dir / "ck" / "step-00000002" / "states.bin", m2["tensors"][0]["offset"].get<std::uint64_t>() + 3);
+  log.clear();
+  run(6, over, "latest", &log);  // from 4, writes 6: keep_last meets step 2
+  EXPECT_EQ(entries(dir / "ck"),
+            (std::vector<std::string>{"step-00000002.corrupt", "step-00000003.corrupt", "step-00000004", "step-00000006"}));
+  EXPECT_TRUE(said(log, "not counted by keep_last")) << log.size();
+}
+
+// The manifest is checksummed like the tensors: an edited step or data position is corruption, and
+// `latest` falls back past it. A manifest written before manifests had a checksum is accepted with a
+// note (its tensors are still verified).
+TEST_F(Checkpoints, AnEditedManifestIsCaughtAsCorruption) {
+  run(4);  // steps 2 and 4
+  const fs::path four = dir / "ck" / "step-00000004";
+  const auto original = slurp_file(four / "manifest.json");
+  edit_manifest(four, [](nlohmann::json& m) { m["rows_drawn"] = m["rows_drawn"].get<std::int64_t>() + 1; });
+  try {
+    verify_checkpoint(four.string(), shape());
+    ADD_FAILURE() << "an edited manifest passed";
+  } catch (const CorruptCheckpoint& e) {
+    EXPECT_NE(std::string(e.what()).find("manifest.json: the manifest fails its checksum"), std::string::npos) << e.what();
+  }
+  edit_manifest(four, [](nlohmann::json& m) { m["step"] = 7; });
+  EXPECT_THROW(verify_checkpoint(four.string(), shape()), CorruptCheckpoint);
+  std::vector<std::string> log;
+  EXPECT_EQ(run(0, {}, "latest", &log).resumed_from, 2);
+  EXPECT_TRUE(said(log, "passed over as corrupt")) << log.size();
+  // The same manifest as the previous format wrote it: no checksum, no precision, version 1.
+  std::ofstream(four / "manifest.json") << original;
+  edit_manifest(four, [](nlohmann::json& m) {
+    m.erase("manifest_xxh64");
+    m.erase("precision");
+    m["version"] = 1;
+  });
+  log.clear();
+  EXPECT_EQ(run(0, {}, "latest", &log).resumed_from, 4);
+  EXPECT_TRUE(said(log, "written before manifests carried a checksum")) << log.size();
+}
+
+// zinf eval with no valid checkpoint evaluates nothing: exit code 2, one line, no directory created;
+// a --checkpoint that does not exist is bad input (2) too.
+TEST_F(Checkpoints, EvalWithoutAValidCheckpointIsExitTwoAndCreatesNothing) {
+  const std::string conf = (dir / "run.json").string();
+  std::ofstream(conf) << cfg(3);
+  test::Result r = test::sh(std::string(ZINF_BIN) + " eval --config " + conf + " --checkpoint latest");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("no valid checkpoint under train.checkpoint_dir"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "ck"));
+  r = test::sh(std::string(ZINF_BIN) + " eval --config " + conf + " --checkpoint " + (dir / "nowhere" / "step-00000001").string());
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("no such directory"), std::string::npos) << r.err;
+  // Only corrupt checkpoints: the same refusal, and eval moves nothing.
+  run(2);
+  flip_byte(dir / "ck" / "step-00000002" / "states.bin", 100);
+  const auto before = snapshot(dir / "ck");
+  r = test::sh(std::string(ZINF_BIN) + " eval --config " + conf + " --checkpoint latest");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("(1 corrupt)"), std::string::npos) << r.err;
+  EXPECT_EQ(snapshot(dir / "ck"), before);
 }
 
 // ---- processes ---------------------------------------------------------------------------------------

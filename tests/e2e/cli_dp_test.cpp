@@ -178,6 +178,39 @@ TEST_F(CliDp, BadLaunchesAreRefusedAtStart) {
   EXPECT_NE(r.err.find("gradient_acc_step * world_size 16 != 16 * 1 * 2"), std::string::npos) << r.err;
 }
 
+// A run rank 0 refuses before it starts — a resume under another model shape, a fresh run into a
+// directory of checkpoints — ends every rank with exit code 2 (none is left waiting), and the
+// checkpoint directory is left exactly as it was.
+TEST_F(CliDp, ARefusedResumeEndsEveryRankAndTouchesNoCheckpoint) {
+  const std::string ck = fs::temp_directory_path() / ("zinf-cli-dp-ck-" + std::to_string(::getpid()));
+  const std::string train = kMpi + " -np 2 " + ZINF_BIN + " train --config " + kTiny +
+                            " --set train.steps=2 --set train.eval_batches=2 --set train.eval_interval=0 --set model.n_layer=1"
+                            " --set train.checkpoint_dir=\"" + ck + "\"";
+  const Result first = sh(train);
+  ASSERT_EQ(first.rc, 0) << first.err;
+  auto listing = [&] {
+    std::string s;
+    for (const auto& e : fs::recursive_directory_iterator(ck))
+      s += e.path().string() + " " + (e.is_regular_file() ? slurp(e.path().string()) : std::string("<dir>")) + "\n";
+    return s;
+  };
+  const std::string before = listing();
+  // (timeout: a rank left waiting would hang the job; it ends it with 124 instead)
+  Result r = sh("timeout 300 " + train + " --set train.steps=4 --set model.d_model=96 --resume");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("model shape differs"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("step 2: val_loss"), std::string::npos) << r.out;
+  r = sh("timeout 300 " + train + " --set train.steps=4");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("holds checkpoints"), std::string::npos) << r.err;
+  EXPECT_EQ(listing(), before);
+  // And the resume it can honour still works.
+  r = sh("timeout 300 " + train + " --set train.steps=3 --resume");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("(step 2, loaded and verified"), std::string::npos) << r.out;
+  fs::remove_all(ck);
+}
+
 TEST_F(CliDp, BenchCommAndPlanReportPerRankFigures) {
   Result r = sh(kMpi + " -np 2 " + ZINF_BIN + " bench comm --sizes 64K,1M --iters 3 --json");
   ASSERT_EQ(r.rc, 0) << r.err;

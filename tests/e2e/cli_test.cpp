@@ -204,7 +204,7 @@ TEST(Cli, CheckpointResumeAndExport) {
   ASSERT_EQ(ex.rc, 0) << ex.err;
   EXPECT_GT(std::filesystem::file_size(out), 8u);
   Result bad = run("export --checkpoint " + dir + "/step-99999999 -o " + out);
-  EXPECT_EQ(bad.rc, 1);
+  EXPECT_EQ(bad.rc, 2);  // a missing checkpoint is bad input
   EXPECT_EQ(lines(bad.err), 1u) << bad.err;
   EXPECT_NE(bad.err.find("step-99999999/manifest.json"), std::string::npos) << bad.err;
   EXPECT_EQ(run("export --checkpoint " + dir + "/step-00000006 --dtype int8 -o " + out).rc, 2);

@@ -124,8 +124,8 @@ CheckpointPlan plan_checkpoints(const Config& c, const std::string& which, const
                             std::to_string(c.train.steps),
                         "raise train.steps to continue training from it, or evaluate it with `zinf eval`");
     p.load = ch.path;
-    p.corrupt = ch.corrupt;
     from = ch.step;
+    if (!dir.empty() && c.train.steps > 0) p.corrupt = ch.corrupt;  // (evaluating moves nothing)
   }
   if (dir.empty() || c.train.steps == 0) return p;  // writes no checkpoints
   // Checkpoints newer than the starting point would outrank this run's own (`latest`, keep_last):

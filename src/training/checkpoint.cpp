@@ -524,6 +524,9 @@ ResumeChoice choose_checkpoint(const std::string& dir, const std::string& which,
     if (!fs::is_directory(which, ec))
       throw ConfigError("checkpoint " + which + ": no such directory",
                         "name a step-N directory under train.checkpoint_dir, or `latest` for the newest valid one");
+    if (!fs::exists(fs::path(which) / "manifest.json", ec) && !list_steps(which).empty())
+      throw ConfigError("checkpoint " + which + ": a directory of checkpoints, not one checkpoint",
+                        "name one of its step-N directories, or set train.checkpoint_dir to it and ask for `latest`");
     take(which);
     return r;
   }

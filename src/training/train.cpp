@@ -434,6 +434,7 @@ class Run {
       }
       return;
     }
+    if (!checkpoints) return;  // (train.steps 0 writes none)
     const std::string path = checkpoints->save(c, st, [&](std::size_t u, float* ma, float* mm, float* vv) { engine->read_states(u, ma, mm, vv); });
     const double dt = since(t0);
     res.checkpoint_seconds += dt;

@@ -375,8 +375,12 @@ TEST_F(Checkpoints, EvalWithoutAValidCheckpointIsExitTwoAndCreatesNothing) {
   r = test::sh(std::string(ZINF_BIN) + " eval --config " + conf + " --checkpoint " + (dir / "nowhere" / "step-00000001").string());
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("no such directory"), std::string::npos) << r.err;
-  // Only corrupt checkpoints: the same refusal, and eval moves nothing.
+  // The directory of checkpoints instead of one of them: said so.
   run(2);
+  r = test::sh(std::string(ZINF_BIN) + " eval --config " + conf + " --checkpoint " + (dir / "ck").string());
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("a directory of checkpoints, not one checkpoint"), std::string::npos) << r.err;
+  // Only corrupt checkpoints: the same refusal, and eval moves nothing.
   flip_byte(dir / "ck" / "step-00000002" / "states.bin", 100);
   const auto before = snapshot(dir / "ck");
   r = test::sh(std::string(ZINF_BIN) + " eval --config " + conf + " --checkpoint latest");

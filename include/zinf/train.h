@@ -79,7 +79,10 @@ struct TrainResult {
 
 struct TrainHooks {
   std::function<void(const std::string&)> log;  // progress lines
-  const std::atomic<bool>* stop = nullptr;      // set (e.g. by SIGINT) to stop after the current step
+  const std::atomic<bool>* stop = nullptr;      // set (e.g. by SIGTERM) to stop after the current step
+  // Set by train() once the run's state is built (and a checkpoint resumed): from then on a stop is
+  // honoured at a step boundary; before, there is nothing to save and a caller may end at once.
+  std::atomic<bool>* stoppable = nullptr;
   // Resume from a checkpoint: "" (start fresh), "latest" (the newest valid checkpoint under
   // train.checkpoint_dir, falling back past invalid ones; fresh when there is none), or a path.
   std::string resume;

@@ -216,7 +216,9 @@ class Run {
     if (hooks.log && R == 0) hooks.log(s);
   }
 
-  // A stop asked for on any rank (mpirun passes Ctrl-C to every rank, not at the same moment).
+  // A stop asked for on any rank: signals reach the ranks at different moments (mpirun sends them
+  // one by one, a launcher may signal one rank only), so the ranks agree here, at the same point of
+  // every step, and all stop after the same step and write one checkpoint together.
   bool stop_asked() const {
     const bool mine = hooks.stop && hooks.stop->load();
     return W > 1 ? comm.any(mine) : mine;
@@ -522,6 +524,7 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   Run run(c, hooks, *comm, local_rank);
   TrainResult res;
   res.resumed_from = run.resume(hooks.resume);
+  if (hooks.stoppable) hooks.stoppable->store(true);
   const std::int64_t first_step = res.resumed_from + 1;
   res.first_val_loss = res.val_loss = run.evaluate();
   run.log("step " + std::to_string(first_step - 1) + ": val_loss " + std::to_string(res.first_val_loss).substr(0, 6));

@@ -139,6 +139,7 @@ constexpr std::size_t kPathMax = 512;
 char g_rdv_dir_c[kPathMax], g_rdv_file_c[kPathMax];
 bool g_mpi_connected = false;           // an environment launch has begun to connect through MPI
 std::atomic<bool> g_failing{false};     // mark_world_failing(): this rank reports its own error
+bool g_watching = false;                // the lifelines' watcher runs
 // An environment launch has no mpirun to end the job when a rank dies, so the rendezvous connections
 // stay open as lifelines (rank 0 ⇄ every other rank). Until the ranks have all finished (a barrier in
 // leave_world), a line that closes means its rank died, and the watcher ends this rank too — each in
@@ -178,6 +179,7 @@ void send_all(int fd, const std::string& s) {
 }
 
 void watch_lifelines() {
+  g_watching = true;
   std::thread([] {
     while (true) {
       std::vector<pollfd> fds;
@@ -205,10 +207,8 @@ void watch_lifelines() {
         const int who = it->rank;
         v.erase(it);
         ::close(fds[i].fd);
-        if (bye) {
-          g_lines_cv.notify_all();
-          continue;
-        }
+        g_lines_cv.notify_all();
+        if (bye || g_failing.load()) continue;  // finished; or this rank is failing and reports that itself
         if (failed) {
           // It failed with its own error line. When this rank fails too (the same bad input often
           // fails every rank), its own line is the one to print: give it a moment to get there.
@@ -464,13 +464,17 @@ void end_world_job(int code) {
     // An environment launch: MPI_Abort would print Open MPI's banner under this rank's error line
     // and skip the exit's cleanup. The rendezvous lines tell the others instead.
     {
-      std::lock_guard<std::mutex> lk(g_lines_mu);
+      std::unique_lock<std::mutex> lk(g_lines_mu);
       g_failing = true;
       g_left = true;  // no goodbye barrier at exit
       for (const auto& l : g_lifelines) {
         send_all(l.fd, "FAIL\n");
         ::shutdown(l.fd, SHUT_WR);
       }
+      // The watcher reads each line to its end before it is closed (a peer that fails too says
+      // "FAIL" as well: left unread, the connection would be reset, and the peer might lose this
+      // rank's message); a peer that is not failing ends itself within seconds of reading ours.
+      if (g_watching) g_lines_cv.wait_for(lk, std::chrono::seconds(10), [] { return g_lifelines.empty(); });
     }
     stop_name_server();
     remove_world_files();

@@ -77,11 +77,12 @@ class Child {
     return true;
   }
 
-  // Waits until `what` appears in stderr (which the test does not hold back), polling.
+  // Waits until `what` appears in stderr (which the test does not hold back), polling; false when
+  // the child ends first.
   bool wait_err(const std::string& what) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
     while (err().find(what) == std::string::npos) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
+      if (std::chrono::steady_clock::now() > deadline || ended()) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     return true;
@@ -102,6 +103,13 @@ class Child {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     return false;
+  }
+
+  // Whether the child has ended (a zombie until finish() reaps it).
+  bool ended() const {
+    const std::string stat = slurp("/proc/" + std::to_string(pid_) + "/stat");
+    const auto close = stat.rfind(')');
+    return close == std::string::npos || stat.compare(close + 2, 1, "Z") == 0;
   }
 
   // Reads stdout to its end and reaps the child; returns its wait status.

@@ -141,9 +141,11 @@ std::atomic<bool>& run_stoppable() { return g_stoppable; }
 
 void note_run_finished() { g_finished = true; }
 
-int stopped_exit_code() {
-  const int sig = g_first.load();
-  return 128 + (sig ? sig : SIGINT);
+const std::atomic<int>& stop_signal() { return g_first; }
+
+int stopped_exit_code(int sig) {
+  if (sig <= 0) sig = g_first.load();
+  return 128 + (sig > 0 ? sig : SIGINT);
 }
 
 }  // namespace zinf::cli

@@ -28,7 +28,10 @@ std::atomic<bool>& run_stoppable();
 // Called when train() has returned: what is left is closing (mpirun's deadline then ends the rank
 // quietly — nothing is lost any more).
 void note_run_finished();
-// The exit code of a run that stopped on a signal: 128 + the first signal's number.
-int stopped_exit_code();
+// TrainHooks::stop_signal: the signal that set stop_requested().
+const std::atomic<int>& stop_signal();
+// The exit code of a run that stopped on a signal: 128 + the signal's number — `sig` (the job's, from
+// TrainResult::stop_signal), else the one this process received.
+int stopped_exit_code(int sig = 0);
 
 }  // namespace zinf::cli

@@ -18,6 +18,7 @@ namespace {
 TrainResult train_until_stopped(const Config& c, TrainHooks hooks) {
   hooks.stop = &stop_requested();
   hooks.stoppable = &run_stoppable();
+  hooks.stop_signal = &stop_signal();
   TrainResult r = train(c, hooks);
   note_run_finished();
   return r;
@@ -41,7 +42,8 @@ void flatten(const nlohmann::json& j, const std::string& prefix, std::vector<std
 int run_other_rank(const Config& c, const std::string& resume) {
   TrainHooks hooks;
   hooks.resume = resume;
-  return train_until_stopped(c, hooks).interrupted ? stopped_exit_code() : 0;
+  const TrainResult r = train_until_stopped(c, hooks);
+  return r.interrupted ? stopped_exit_code(r.stop_signal) : 0;
 }
 
 int run_train(const TrainArgs& a) {
@@ -73,7 +75,7 @@ int run_train(const TrainArgs& a) {
                         {"peak_device_bytes", r.peak_device_bytes}, {"interrupted", r.interrupted}};
     std::printf("%s\n", j.dump(2).c_str());
   }
-  return r.interrupted ? stopped_exit_code() : 0;
+  return r.interrupted ? stopped_exit_code(r.stop_signal) : 0;
 }
 
 struct EvalArgs {
@@ -106,7 +108,7 @@ int run_eval(const EvalArgs& a) {
     std::printf("eval: val_loss=%.6f over %d batches of %lld x %d tokens (%s) params_digest=%s\n", r.val_loss, c.train.eval_batches,
                 static_cast<long long>(c.micro_batch_size), c.model.seq_len, of.c_str(), r.params_digest.c_str());
   }
-  return r.interrupted ? stopped_exit_code() : 0;
+  return r.interrupted ? stopped_exit_code(r.stop_signal) : 0;
 }
 
 }  // namespace

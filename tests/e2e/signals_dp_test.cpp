@@ -95,6 +95,41 @@ TEST_F(SignalsDp, SigtermOrSigusr1ToMpirunStopsEveryRankAfterTheSameStepWithOneC
   }
 }
 
+// Launched by environment variables, a scheduler may signal one rank only: the ranks agree at the
+// step's end, all stop after the same step, and all exit with the signal's code.
+TEST_F(SignalsDp, SigtermToOneRankOfAnEnvironmentLaunchStopsEveryRank) {
+  TempDir ck("ck-env");
+  const std::string port = std::to_string(20000 + (::getpid() + 3) % 12000);
+  std::vector<std::string> args = {ZINF_BIN, "train", "--config", kTiny};
+  for (const std::string s : {"train.steps=100000", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=32",
+                              "train_micro_batch_size_per_gpu=2", "train.eval_batches=1", "train.eval_interval=0", "device.threads=1",
+                              "steps_per_print=1"})
+    args.insert(args.end(), {"--set", s});
+  args.insert(args.end(), {"--set", "train.checkpoint_dir=\"" + ck.path.string() + "\""});
+  const std::vector<std::string> env = {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "WORLD_SIZE=2"};
+  auto with = [&](const std::string& kv) {
+    auto e = env;
+    e.push_back(kv);
+    return e;
+  };
+  Child rank1(args, with("RANK=1"));
+  Child rank0(args, with("RANK=0"));
+  ASSERT_TRUE(rank0.read_until("step     1/")) << rank0.out() << rank0.err() << rank1.err();
+  ::kill(rank1.pid(), SIGTERM);
+  const int s0 = rank0.finish(), s1 = rank1.finish();
+  ASSERT_TRUE(WIFEXITED(s0) && WIFEXITED(s1)) << rank0.err() << rank1.err();
+  EXPECT_EQ(WEXITSTATUS(s0), 128 + SIGTERM) << rank0.err();  // rank 0 learnt the signal from rank 1
+  EXPECT_EQ(WEXITSTATUS(s1), 128 + SIGTERM) << rank1.err();
+  const std::string key = "interrupted: stopping after step ";
+  ASSERT_EQ(count(rank0.out(), key), 1u) << rank0.out();
+  const long k = std::stol(rank0.out().substr(rank0.out().find(key) + key.size()));
+  char step_dir[32];
+  std::snprintf(step_dir, sizeof step_dir, "step-%08ld", k);
+  EXPECT_EQ(ck.entries(), std::vector<std::string>{step_dir});
+  EXPECT_EQ(rank0.err().find("left the job"), std::string::npos) << rank0.err();
+  EXPECT_EQ(rank1.err().find("left the job"), std::string::npos) << rank1.err();
+}
+
 // Without mpirun there is no launcher to print a banner or clean up: a failing rank prints its one
 // line, tells the others on the rendezvous connections, removes its rendezvous folder and exits.
 TEST_F(SignalsDp, AFailedEnvironmentLaunchPrintsOneLineAndLeavesNoRendezvousFolder) {

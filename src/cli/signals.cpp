@@ -65,7 +65,7 @@ extern "C" void on_signal(int sig, siginfo_t* info, void*) {
   int none = 0;
   if (kHandled[k].stops && g_stoppable.load() && g_first.compare_exchange_strong(none, sig)) {
     g_stop = true;
-    say(g_stopping[k]);
+    if (!g_finished.load()) say(g_stopping[k]);
     if (sig == SIGTERM && g_mpirun && info && info->si_pid == ::getppid()) ::sem_post(&g_mpirun_term);
     errno = saved_errno;
     return;

@@ -112,6 +112,16 @@ class Child {
     return close == std::string::npos || stat.compare(close + 2, 1, "Z") == 0;
   }
 
+  // Waits until the child ends by itself, without reading its stdout.
+  bool wait_ended() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+    while (!ended()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return true;
+  }
+
   // Reads stdout to its end and reaps the child; returns its wait status.
   int finish() {
     while (read_some()) {

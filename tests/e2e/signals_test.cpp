@@ -146,4 +146,26 @@ TEST(Signals, SighupAndSigquitEndAtOnceAndRemoveTheSwapFolder) {
   }
 }
 
+// mpirun (Open MPI 4) SIGKILLs its ranks odls_base_sigkill_timeout seconds after the SIGTERM it
+// sends them, which would leave the swap folder behind: a rank that has not stopped shortly before
+// removes it and ends itself. Here the test is the launcher (the rank's parent, mpirun's variables
+// set), and the run is held in its progress line so that it cannot stop in time.
+TEST(Signals, UnderMpirunARankThatCannotStopBeforeTheSigkillRemovesTheSwapFolderAndEnds) {
+  TempDir swap("swap-mpirun"), ck("ck-mpirun");
+  auto sets = nvme_sets(swap);
+  sets.push_back("train.checkpoint_dir=\"" + ck.path.string() + "\"");
+  Child run(train_args(100000, sets), {"OMPI_COMM_WORLD_SIZE=1", "OMPI_COMM_WORLD_RANK=0", "OMPI_MCA_odls_base_sigkill_timeout=1"});
+  ASSERT_TRUE(run.read_until("step     1/")) << run.out() << run.err();
+  ASSERT_TRUE(run.wait_blocked_on_stdout());
+  ::kill(run.pid(), SIGTERM);
+  ASSERT_TRUE(run.wait_ended()) << run.err();
+  const int status = run.finish();
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exited with " << WEXITSTATUS(status) << "\n" << run.err();
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  EXPECT_NE(run.err().find("mpirun kills the ranks 1 s after its SIGTERM: stopping now, without a checkpoint"), std::string::npos)
+      << run.err();
+  EXPECT_TRUE(ck.entries().empty());
+  EXPECT_TRUE(swap.entries().empty());
+}
+
 }  // namespace

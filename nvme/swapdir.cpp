@@ -40,21 +40,15 @@ void remove_slot(Slot& s) {  // async-signal-safe
   ::rmdir(s.dir);
 }
 
-struct sigaction g_old_int {}, g_old_term {};
+// The signals whose default action ends the process and that a user or a scheduler sends to end a
+// run: with no handler of the program's, the directories go first.
+constexpr int kEndingSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
 void on_signal(int sig) {
-  // A handler the program installed before (e.g. `zinf train`'s graceful Ctrl-C) keeps the signal:
-  // the run stops cleanly and its destructors remove the directories.
-  const struct sigaction& old = sig == SIGINT ? g_old_int : g_old_term;
-  if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
-    old.sa_handler(sig);
-    return;
-  }
-  if (old.sa_handler == SIG_IGN) return;
   for (auto& s : g_slots)
     if (s.used.load()) remove_slot(s);
   ::signal(sig, SIG_DFL);
-  ::raise(sig);
+  ::raise(sig);  // delivered when this handler returns: the process ends as the signal says
 }
 
 bool copy_path(char* dst, const std::string& src) {
@@ -80,11 +74,16 @@ void remove_live_swap_dirs() {
 void install_swap_cleanup_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &g_old_int);
-    sigaction(SIGTERM, &sa, &g_old_term);
+    // A signal the program handles itself (e.g. `zinf train`'s graceful stop, which removes the
+    // directories on the paths that end at once) or ignores (nohup) is left as it is.
+    for (const int sig : kEndingSignals) {
+      struct sigaction cur {};
+      if (sigaction(sig, nullptr, &cur) != 0 || (cur.sa_flags & SA_SIGINFO) || cur.sa_handler != SIG_DFL) continue;
+      struct sigaction sa {};
+      sa.sa_handler = on_signal;
+      sigemptyset(&sa.sa_mask);
+      sigaction(sig, &sa, nullptr);
+    }
   });
 }
 

@@ -87,9 +87,19 @@ World detect_world();
 // ranks connect through MPI (MPI_Comm_accept/connect), ordered by RANK. A rank that does not arrive
 // within ZINF_RENDEZVOUS_TIMEOUT seconds (default 120) fails the start on every rank that waits.
 std::unique_ptr<Comm> make_world_comm(const World& w);
-// When MPI was initialised by this process (a job of several ranks): ends the whole job with `code`
-// (MPI_Abort), so no other rank waits for this one; otherwise returns.
+// This rank is failing and reports its own error: from now on, a peer that ends because it failed
+// too is not reported as a second line (call before printing the error, then end_world_job).
+void mark_world_failing();
+// When MPI was initialised by this process (a job of several ranks): ends the whole job with `code`,
+// so no other rank waits for this one; otherwise returns. Under mpirun that is MPI_Abort. An
+// environment launch ends without Open MPI's abort banner: the rank tells the others on the
+// rendezvous lines that it failed (they end themselves), removes its rendezvous files and exits with
+// `code` (it returns, for main to exit normally, only when it never joined the others).
 void end_world_job(int code);
+// The files of an environment launch's rendezvous (the name server's address): stops the name server
+// and removes them. Async-signal-safe, for a signal handler that ends the process at once; the normal
+// and the error exits do it themselves.
+void remove_world_files();
 // The normal end of a job of several ranks: waits until every rank has finished (a barrier), then
 // closes the launch's own connections so that no rank mistakes another's exit for its death. Runs at
 // exit if not called before; once per process; returns at once for a single process.

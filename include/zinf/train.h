@@ -69,6 +69,7 @@ struct TrainResult {
   std::size_t peak_device_bytes = 0, device_budget = 0;
   std::size_t pinned_capacity = 0, pinned_peak = 0;
   bool interrupted = false;
+  int stop_signal = 0;  // interrupted: the signal behind the stop (TrainHooks::stop_signal of the lowest rank that had one)
   // Per-resource busy seconds summed over the measured steps (every step after the first), and the
   // mean step time over them: the inputs of `zinf bench step`.
   std::int64_t measured_steps = 0;
@@ -79,7 +80,12 @@ struct TrainResult {
 
 struct TrainHooks {
   std::function<void(const std::string&)> log;  // progress lines
-  const std::atomic<bool>* stop = nullptr;      // set (e.g. by SIGINT) to stop after the current step
+  const std::atomic<bool>* stop = nullptr;      // set (e.g. by SIGTERM) to stop after the current step
+  // Set by train() once the run's state is built (and a checkpoint resumed): from then on a stop is
+  // honoured at a step boundary; before, there is nothing to save and a caller may end at once.
+  std::atomic<bool>* stoppable = nullptr;
+  // The signal that set *stop, if any: every rank learns it, also those that did not receive it.
+  const std::atomic<int>* stop_signal = nullptr;
   // Resume from a checkpoint: "" (start fresh), "latest" (the newest valid checkpoint under
   // train.checkpoint_dir, falling back past invalid ones; fresh when there is none), or a path.
   std::string resume;

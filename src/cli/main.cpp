@@ -1,6 +1,7 @@
 // main.cpp — the `zinf` command line. Exit codes: 0 ok, 1 runtime failure, 2 usage or config
-// error; every error is one line on stderr. Under mpirun each failing rank prints its line naming the
-// rank and ends the whole job (the other ranks may be waiting for it in a collective).
+// error, 128 + N a run stopped by signal N after a step (signals.h); every error is one line on
+// stderr. Under mpirun each failing rank prints its line naming the rank and ends the whole job (the
+// other ranks may be waiting for it in a collective); a stopped job ends as a finished one does.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -8,8 +9,10 @@
 #include <string>
 
 #include "commands.h"
+#include "signals.h"
 #include "zinf/comm.h"
 #include "zinf/error.h"
+#include "zinf/nvme/store.h"
 
 namespace {
 
@@ -24,12 +27,16 @@ std::string rank_prefix() {
 }
 
 int fail(int code) {
+  zinf::mark_world_failing();
+  std::fflush(stdout);
   std::fflush(stderr);
-  zinf::end_world_job(code);  // several ranks: the others may be waiting for this one
+  zinf::nvme::remove_live_swap_dirs();  // gone with the run already, unless it never unwound
+  zinf::end_world_job(code);            // several ranks: the others may be waiting for this one
   return code;
 }
 
 void report(const char* kind, const zinf::Error& e) {
+  zinf::mark_world_failing();  // before the line: a rank failing with it stays quiet about this one
   const std::string who = rank_prefix();
   if (e.hint().empty())
     std::fprintf(stderr, "zinf: %s%s%s\n", who.c_str(), kind, e.what());
@@ -40,6 +47,7 @@ void report(const char* kind, const zinf::Error& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  zinf::cli::install_signal_handlers();
   CLI::App app{"zinf — a ZeRO-Offload / ZeRO-Infinity training engine for models larger than their GPU",
                "zinf"};
   app.set_version_flag("--version", std::string("zinf ") + ZINF_VERSION);
@@ -65,9 +73,9 @@ int main(int argc, char** argv) {
     for (const auto& c : commands)
       if (c.sub->parsed()) {
         const int rc = c.run();
-        if (rc != 0) return fail(rc);
+        if (rc != 0 && rc < 128) return fail(rc);
         zinf::leave_world();  // several ranks: wait for the others, then close the launch's lines cleanly
-        return 0;
+        return rc;            // 0, or 128 + N: stopped by signal N after a step, as every rank was
       }
     return 2;
   } catch (const zinf::ConfigError& e) {
@@ -77,6 +85,7 @@ int main(int argc, char** argv) {
     report("error: ", e);
     return fail(1);
   } catch (const std::exception& e) {
+    zinf::mark_world_failing();
     std::fprintf(stderr, "zinf: %serror: %s\n", rank_prefix().c_str(), e.what());
     return fail(1);
   }

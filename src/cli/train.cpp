@@ -1,52 +1,27 @@
 // train.cpp — `zinf train --config C [--set k=v]... [--json]`.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <signal.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cstdio>
 
 #include "commands.h"
+#include "signals.h"
 #include "zinf/config.h"
 #include "zinf/error.h"
-#include "zinf/nvme/store.h"
 #include "zinf/train.h"
 
 namespace zinf::cli {
 namespace {
 
-// The first Ctrl-C asks the run to stop after the current step or evaluation batch (with a
-// checkpoint); a second stops at once: the swap directories are removed here, then the signal's
-// default action ends the process.
-std::atomic<bool> g_stop{false};
-extern "C" void on_sigint(int) {
-  if (!g_stop.exchange(true)) {
-    static const char msg[] = "\nzinf: stopping after the current step or evaluation batch (Ctrl-C again stops at once)\n";
-    [[maybe_unused]] const auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);  // async-signal-safe
-    return;
-  }
-  nvme::remove_live_swap_dirs();
-  ::signal(SIGINT, SIG_DFL);
-  ::raise(SIGINT);  // delivered when this handler returns
-}
-
-// Runs train() with the Ctrl-C handler installed.
-TrainResult train_with_sigint(const Config& c, TrainHooks hooks) {
-  g_stop = false;
-  struct sigaction sa {}, old {};
-  sa.sa_handler = on_sigint;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old);
-  hooks.stop = &g_stop;
-  try {
-    TrainResult r = train(c, hooks);
-    sigaction(SIGINT, &old, nullptr);
-    return r;
-  } catch (...) {
-    sigaction(SIGINT, &old, nullptr);
-    throw;
-  }
+// Runs train() so that SIGINT, SIGTERM or SIGUSR1 stop it after the current step or evaluation batch
+// (signals.h).
+TrainResult train_until_stopped(const Config& c, TrainHooks hooks) {
+  hooks.stop = &stop_requested();
+  hooks.stoppable = &run_stoppable();
+  hooks.stop_signal = &stop_signal();
+  TrainResult r = train(c, hooks);
+  note_run_finished();
+  return r;
 }
 
 struct TrainArgs {
@@ -67,7 +42,8 @@ void flatten(const nlohmann::json& j, const std::string& prefix, std::vector<std
 int run_other_rank(const Config& c, const std::string& resume) {
   TrainHooks hooks;
   hooks.resume = resume;
-  return train_with_sigint(c, hooks).interrupted ? 130 : 0;
+  const TrainResult r = train_until_stopped(c, hooks);
+  return r.interrupted ? stopped_exit_code(r.stop_signal) : 0;
 }
 
 int run_train(const TrainArgs& a) {
@@ -88,7 +64,7 @@ int run_train(const TrainArgs& a) {
     std::fprintf(out, "%s\n", s.c_str());
     std::fflush(out);
   };
-  const TrainResult r = train_with_sigint(c, hooks);
+  const TrainResult r = train_until_stopped(c, hooks);
   std::fprintf(out, "final step=%lld loss=%.6f val_loss=%.6f params_digest=%s\n", static_cast<long long>(r.steps), r.loss,
                r.val_loss, r.params_digest.c_str());
   if (a.json) {
@@ -99,7 +75,7 @@ int run_train(const TrainArgs& a) {
                         {"peak_device_bytes", r.peak_device_bytes}, {"interrupted", r.interrupted}};
     std::printf("%s\n", j.dump(2).c_str());
   }
-  return r.interrupted ? 130 : 0;
+  return r.interrupted ? stopped_exit_code(r.stop_signal) : 0;
 }
 
 struct EvalArgs {
@@ -119,7 +95,7 @@ int run_eval(const EvalArgs& a) {
   TrainHooks hooks;
   hooks.resume = a.checkpoint;
   hooks.log = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
-  const TrainResult r = train_with_sigint(c, hooks);
+  const TrainResult r = train_until_stopped(c, hooks);
   // (A --checkpoint with no valid checkpoint behind it was refused before anything ran.)
   const std::string of = !a.checkpoint.empty() ? "checkpoint step " + std::to_string(r.resumed_from)
                          : !a.weights.empty() ? a.weights
@@ -133,7 +109,7 @@ int run_eval(const EvalArgs& a) {
     std::printf("eval: val_loss=%.6f over %d batches of %lld x %d tokens (%s) params_digest=%s\n", r.val_loss, c.train.eval_batches,
                 static_cast<long long>(c.micro_batch_size), c.model.seq_len, of.c_str(), r.params_digest.c_str());
   }
-  return r.interrupted ? 130 : 0;
+  return r.interrupted ? stopped_exit_code(r.stop_signal) : 0;
 }
 
 }  // namespace
@@ -167,8 +143,9 @@ Command add_train(CLI::App& app) {
       "(loss, lr, loss scale, grad norm, tokens/s; fwd/bwd/update times with wall_clock_breakdown), validation loss "
       "every train.eval_interval steps, and a final line `final step=N loss=X val_loss=Y params_digest=HEX` (a hash "
       "of every fp32 master parameter: equal digests mean bit-identical runs). Checkpoints go to train.checkpoint_dir "
-      "every train.checkpoint_interval steps, at the end, and on Ctrl-C, which stops after the current step or "
-      "evaluation batch; a second Ctrl-C stops at once (swap directories are still removed)");
+      "every train.checkpoint_interval steps, at the end, and on a stop: SIGINT (Ctrl-C), SIGTERM or SIGUSR1 stop after "
+      "the current step or evaluation batch (every rank of a job after the same step) and exit with 128 + the "
+      "signal's number; a second signal, SIGHUP and SIGQUIT stop at once (swap directories are still removed)");
   add_config_options(*sub, args->config, true);
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout (progress goes to stderr)");
   sub->add_option("--resume", args->resume,

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
@@ -31,6 +32,7 @@
 
 #include "zinf/comm.h"
 #include "zinf/error.h"
+#include "zinf/nvme/store.h"
 
 namespace zinf {
 namespace {
@@ -130,19 +132,28 @@ class MpiComm final : public Comm {
 };
 
 MPI_Comm g_job = MPI_COMM_NULL;  // the job's communicator: MPI_COMM_WORLD, or the ranks joined by rendezvous
-pid_t g_name_server = 0;         // rank 0 of an environment launch: the ompi-server it started
-std::string g_rendezvous_dir;    // an environment launch: where this process keeps the server's address
+std::atomic<pid_t> g_name_server{0};  // rank 0 of an environment launch: the ompi-server it started
+std::string g_rendezvous_dir;         // an environment launch: where this process keeps the server's address
+// The same folder and its one file as plain characters, for remove_world_files() in a signal handler.
+constexpr std::size_t kPathMax = 512;
+char g_rdv_dir_c[kPathMax], g_rdv_file_c[kPathMax];
+bool g_mpi_connected = false;           // an environment launch has begun to connect through MPI
+std::atomic<bool> g_failing{false};     // mark_world_failing(): this rank reports its own error
+bool g_watching = false;                // the lifelines' watcher runs
 // An environment launch has no mpirun to end the job when a rank dies, so the rendezvous connections
 // stay open as lifelines (rank 0 ⇄ every other rank). Until the ranks have all finished (a barrier in
 // leave_world), a line that closes means its rank died, and the watcher ends this rank too — each in
 // turn, so no rank waits forever in a collective. After that barrier every rank says "BYE", shuts its
 // side and reads the other side to its end before closing: a socket closed with unread data would
-// reset the connection, and the peer could not tell that from a death.
+// reset the connection, and the peer could not tell that from a death. A rank that fails says "FAIL"
+// instead (end_world_job): it has printed its own error, so a peer that is failing too stays quiet, and
+// one that is not says which rank failed and ends.
 std::mutex g_lines_mu;
 std::condition_variable g_lines_cv;
 struct Lifeline {
   int fd, rank;
-  bool bye = false;  // it said goodbye: it has passed the final barrier, so this rank has finished too
+  bool bye = false;     // it said goodbye: it has passed the final barrier, so this rank has finished too
+  bool failed = false;  // it said it failed, and printed why
 };
 std::vector<Lifeline> g_lifelines;
 bool g_leaving = false;                        // every rank has finished: closing lines are goodbyes
@@ -157,7 +168,18 @@ void send_all(int fd, const std::string& s) {
   }
 }
 
+// Ends this rank because another one left: its scratch first (the main thread may be blocked in a
+// collective and never unwind), then the process.
+[[noreturn]] void end_this_rank() {
+  std::fflush(stderr);
+  for (const auto& l : g_lifelines) ::close(l.fd);  // the next rank in line sees this one leave
+  nvme::remove_live_swap_dirs();
+  remove_world_files();
+  ::_exit(1);
+}
+
 void watch_lifelines() {
+  g_watching = true;
   std::thread([] {
     while (true) {
       std::vector<pollfd> fds;
@@ -172,27 +194,32 @@ void watch_lifelines() {
         char buf[64];
         const ssize_t n = ::recv(fds[i].fd, buf, sizeof buf, MSG_DONTWAIT);
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        std::lock_guard<std::mutex> lk(g_lines_mu);
+        std::unique_lock<std::mutex> lk(g_lines_mu);
         auto& v = g_lifelines;
         const auto it = std::find_if(v.begin(), v.end(), [&](const Lifeline& l) { return l.fd == fds[i].fd; });
-        if (n > 0) {  // a rank writes nothing but its goodbye
-          it->bye = true;
+        if (it == v.end()) continue;
+        if (n > 0) {  // a rank writes nothing but its goodbye ("BYE") or that it failed ("FAIL")
+          (std::memchr(buf, 'F', static_cast<std::size_t>(n)) ? it->failed : it->bye) = true;
           continue;  // read on to the end of the line
         }
-        const bool bye = it->bye || g_leaving;
+        const bool bye = (it->bye && !it->failed) || g_leaving;
+        const bool failed = it->failed;
         const int who = it->rank;
         v.erase(it);
         ::close(fds[i].fd);
-        if (bye) {
-          g_lines_cv.notify_all();
-          continue;
+        g_lines_cv.notify_all();
+        if (bye || g_failing.load()) continue;  // finished; or this rank is failing and reports that itself
+        if (failed) {
+          // It failed with its own error line. When this rank fails too (the same bad input often
+          // fails every rank), its own line is the one to print: give it a moment to get there.
+          g_lines_cv.wait_for(lk, std::chrono::seconds(5), [] { return g_failing.load(); });
+          if (g_failing.load()) continue;  // the main thread reports and ends this rank
+          std::fprintf(stderr, "zinf: rank %d: rank %d failed (its own error says why); ending this rank\n", g_my_rank, who);
+        } else {
+          std::fprintf(stderr, "zinf: rank %d: rank %d left the job without finishing (it died or was killed); ending this rank\n",
+                       g_my_rank, who);
         }
-        std::fprintf(stderr, "zinf: rank %d: rank %d left the job without finishing (it died or was killed); ending this rank\n", g_my_rank,
-                     who);
-        std::fflush(stderr);
-        if (g_name_server > 0) ::kill(g_name_server, SIGTERM);
-        for (const auto& l : v) ::close(l.fd);  // the next rank in line sees this one leave
-        ::_exit(1);
+        end_this_rank();
       }
     }
   }).detach();
@@ -200,10 +227,10 @@ void watch_lifelines() {
 
 // Rank 0 of an environment launch: ends the ompi-server it started.
 void stop_name_server() {
-  if (g_name_server <= 0) return;
-  ::kill(g_name_server, SIGTERM);
-  ::waitpid(g_name_server, nullptr, 0);
-  g_name_server = 0;
+  const pid_t pid = g_name_server.exchange(0);
+  if (pid <= 0) return;
+  ::kill(pid, SIGTERM);
+  ::waitpid(pid, nullptr, 0);
 }
 
 void finalize_at_exit() {
@@ -212,10 +239,7 @@ void finalize_at_exit() {
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
   stop_name_server();
-  if (!g_rendezvous_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(g_rendezvous_dir, ec);
-  }
+  remove_world_files();
 }
 
 void init_mpi() {
@@ -260,9 +284,13 @@ std::string read_line(int fd, Clock::time_point deadline, const World& w) {
 // This process's private folder for the server's address (removed at exit).
 std::string rendezvous_file() {
   const auto dir = std::filesystem::temp_directory_path() / ("zinf-rendezvous-" + std::to_string(::getpid()));
+  const std::string file = (dir / "ompi-server.uri").string();
+  if (file.size() >= kPathMax) throw ConfigError("the temporary folder's path is too long: " + dir.string(), "set TMPDIR to a shorter path");
   std::filesystem::create_directories(dir);
   g_rendezvous_dir = dir.string();
-  return (dir / "ompi-server.uri").string();
+  std::memcpy(g_rdv_file_c, file.c_str(), file.size() + 1);
+  std::memcpy(g_rdv_dir_c, g_rendezvous_dir.c_str(), g_rendezvous_dir.size() + 1);
+  return file;
 }
 
 std::string start_name_server(const World& w, Clock::time_point deadline) {
@@ -331,6 +359,7 @@ MPI_Comm rendezvous(const World& w) {
   const auto deadline = Clock::now() + std::chrono::seconds(t && std::atoi(t) > 0 ? std::atoi(t) : 120);
   std::string port_name;
   MPI_Comm group = MPI_COMM_NULL;
+  g_my_rank = w.rank;
   if (w.rank == 0) {
     const std::string uri = start_name_server(w, deadline);
     ::setenv("OMPI_MCA_pmix_server_uri", ("file:" + uri).c_str(), 1);
@@ -375,6 +404,8 @@ MPI_Comm rendezvous(const World& w) {
       g_lifelines.push_back({fd, r});
     }
     ::close(lfd);
+    watch_lifelines();  // from here on a rank that goes away ends the others, even while they connect
+    g_mpi_connected = true;
     check(MPI_Comm_dup(MPI_COMM_SELF, &group), "Comm_dup", 0);
   } else {
     const int fd = tcp_socket(w, false, deadline);
@@ -390,10 +421,12 @@ MPI_Comm rendezvous(const World& w) {
       std::lock_guard<std::mutex> lk(g_lines_mu);
       g_lifelines.push_back({fd, 0});
     }
+    watch_lifelines();
     const std::string uri = rendezvous_file();
     std::ofstream(uri) << uri_text << "\n";
     ::setenv("OMPI_MCA_pmix_server_uri", ("file:" + uri).c_str(), 1);
     init_mpi();
+    g_mpi_connected = true;
     MPI_Comm inter;
     check(MPI_Comm_connect(port_name.c_str(), MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter), "Comm_connect", w.rank);
     check(MPI_Intercomm_merge(inter, 1, &group), "Intercomm_merge", w.rank);
@@ -412,19 +445,58 @@ MPI_Comm rendezvous(const World& w) {
   MPI_Comm job;
   check(MPI_Comm_split(group, 0, w.rank, &job), "Comm_split", w.rank);  // ranks ordered by RANK
   MPI_Comm_free(&group);
-  g_my_rank = w.rank;
-  watch_lifelines();
   return job;
 }
 
 }  // namespace
 
+void mark_world_failing() {
+  std::lock_guard<std::mutex> lk(g_lines_mu);
+  g_failing = true;
+  g_lines_cv.notify_all();
+}
+
 void end_world_job(int code) {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
+  if (!g_rendezvous_dir.empty()) {
+    // An environment launch: MPI_Abort would print Open MPI's banner under this rank's error line
+    // and skip the exit's cleanup. The rendezvous lines tell the others instead.
+    {
+      std::unique_lock<std::mutex> lk(g_lines_mu);
+      g_failing = true;
+      g_left = true;  // no goodbye barrier at exit
+      for (const auto& l : g_lifelines) {
+        send_all(l.fd, "FAIL\n");
+        ::shutdown(l.fd, SHUT_WR);
+      }
+      // The watcher reads each line to its end before it is closed (a peer that fails too says
+      // "FAIL" as well: left unread, the connection would be reset, and the peer might lose this
+      // rank's message); a peer that is not failing ends itself within seconds of reading ours.
+      if (g_watching) g_lines_cv.wait_for(lk, std::chrono::seconds(10), [] { return g_lifelines.empty(); });
+    }
+    stop_name_server();
+    remove_world_files();
+    std::fflush(nullptr);
+    // Before any MPI connection MPI ends cleanly; after one, MPI_Finalize would wait for the ranks
+    // this one is connected to, so the process ends here (its run has unwound: nothing else to do).
+    if (!g_mpi_connected) {
+      if (init && !fin) MPI_Finalize();
+      return;
+    }
+    nvme::remove_live_swap_dirs();
+    ::_exit(code);
+  }
   stop_name_server();  // first: MPI_Abort does not return
   if (init && !fin) MPI_Abort(g_job != MPI_COMM_NULL ? g_job : MPI_COMM_WORLD, code);
+}
+
+void remove_world_files() {
+  const pid_t server = g_name_server.load();
+  if (server > 0) ::kill(server, SIGTERM);
+  if (g_rdv_file_c[0]) ::unlink(g_rdv_file_c);
+  if (g_rdv_dir_c[0]) ::rmdir(g_rdv_dir_c);
 }
 
 void leave_world() {

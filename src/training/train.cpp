@@ -295,10 +295,26 @@ class Run {
     if (hooks.log && R == 0) hooks.log(s);
   }
 
-  // A stop asked for on any rank (mpirun passes Ctrl-C to every rank, not at the same moment).
-  bool stop_asked() const {
+  // A stop asked for on any rank: signals reach the ranks at different moments (mpirun sends them
+  // one by one, a launcher may signal one rank only), so the ranks agree here, at the same point of
+  // every step, and all stop after the same step and write one checkpoint together.
+  // Also sets stop_signal: the signal behind the stop, from the lowest rank that knows one.
+  bool stop_asked() {
     const bool mine = hooks.stop && hooks.stop->load();
-    return W > 1 ? comm.any(mine) : mine;
+    const int sig = mine && hooks.stop_signal ? hooks.stop_signal->load() : 0;
+    if (W == 1) {
+      stop_signal = sig;
+      return mine;
+    }
+    const double parts[2] = {mine ? 1.0 : 0.0, static_cast<double>(sig)};
+    const std::vector<double> all = comm.allgather(parts, 2);
+    bool any = false;
+    stop_signal = 0;
+    for (std::size_t r = 0; r < all.size(); r += 2) {
+      any = any || all[r] > 0;
+      if (stop_signal == 0) stop_signal = static_cast<int>(all[r + 1]);
+    }
+    return any;
   }
 
   // Mean validation loss over train.eval_batches fixed windows, dealt round-robin over the ranks and
@@ -492,6 +508,7 @@ class Run {
   MetricsFile metrics;
   std::unique_ptr<CheckpointDir> checkpoints;  // rank 0, when the run writes checkpoints
   std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, skipped = 0;
+  int stop_signal = 0;  // set by stop_asked()
   double t_fwd = 0, t_bwd = 0;  // the model's own time since the last progress line
 
  private:
@@ -610,11 +627,13 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   }
   TrainResult res;
   res.resumed_from = run.resume(plan.load);
+  if (hooks.stoppable) hooks.stoppable->store(true);
   const std::int64_t first_step = res.resumed_from + 1;
   res.first_val_loss = res.val_loss = run.evaluate();
   run.log("step " + std::to_string(first_step - 1) + ": val_loss " + std::to_string(res.first_val_loss).substr(0, 6));
   if (run.stop_asked()) {  // stopped during the first evaluation: nothing was trained, nothing to save
     res.interrupted = true;
+    res.stop_signal = run.stop_signal;
     run.log("interrupted: stopping before the first step");
   }
   const std::int64_t measure_from = std::min<std::int64_t>(first_step + 1, c.train.steps);  // the first step warms up
@@ -669,6 +688,7 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
       run.checkpoint(step, res);
     if (stop) {
       res.interrupted = true;
+      res.stop_signal = run.stop_signal;
       run.log("interrupted: stopping after step " + std::to_string(step));
       break;
     }

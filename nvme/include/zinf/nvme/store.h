@@ -11,7 +11,8 @@
 // block size is transferred whole (DeepSpeed #1070 silently dropped such tails).
 //
 // Scratch hygiene: the directory and its files are removed by the destructor (normal exit, errors),
-// and on SIGINT/SIGTERM by a handler installed with install_swap_cleanup_handlers(). A leftover
+// and on SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 by a handler installed with
+// install_swap_cleanup_handlers() (where the program has none of its own). A leftover
 // directory from a crashed run is only removed when it is provably zinf's (marker present, owner
 // process gone, nothing but zinf's files inside) — see clean_stale_swap_dirs().
 //
@@ -50,9 +51,11 @@ class SwapDir {
   bool created_parent_ = false;
 };
 
-// Installs SIGINT/SIGTERM handlers that remove every live SwapDir, then re-raise the signal with
-// its default action. A handler the program had installed before is called instead (its graceful
-// stop runs the destructors that remove the directories); an ignored signal stays ignored. Idempotent.
+// Installs handlers for SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 that remove every
+// live SwapDir, then re-raise the signal with its default action — for each of them that still has
+// its default action: a signal the program handles itself keeps its handler (which must call
+// remove_live_swap_dirs() on the paths that end the process at once), and an ignored one stays
+// ignored. Idempotent.
 void install_swap_cleanup_handlers();
 // Removes every live SwapDir of this process now (async-signal-safe): for a program's own signal
 // handler that stops at once, e.g. on a second Ctrl-C.

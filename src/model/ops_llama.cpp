@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/fixed_math.h"
 #include "zinf/error.h"
 
 namespace zinf::ops {
@@ -112,7 +113,7 @@ void swiglu_forward(Par& p, float* out, const float* gate, const float* up, std:
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i0 = c * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
     for (std::size_t i = i0; i < i1; ++i) {
-      const float g = gate[i], sig = 1.0f / (1.0f + std::exp(-g));
+      const float g = gate[i], sig = 1.0f / (1.0f + fixed::expf(-g));
       out[i] = g * sig * up[i];
     }
   });
@@ -122,7 +123,7 @@ void swiglu_backward(Par& p, float* dgate, float* dup, const float* dout, const 
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i0 = c * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
     for (std::size_t i = i0; i < i1; ++i) {
-      const float g = gate[i], sig = 1.0f / (1.0f + std::exp(-g)), silu = g * sig;
+      const float g = gate[i], sig = 1.0f / (1.0f + fixed::expf(-g)), silu = g * sig;
       dup[i] = dout[i] * silu;
       dgate[i] = dout[i] * up[i] * (sig + silu * (1.0f - sig));  // silu' = σ + g·σ·(1 − σ)
     }
@@ -149,7 +150,7 @@ void gqa_attention_forward(Par& p, float* out, float* att, const float* q, const
         maxv = std::max(maxv, a[s]);
       }
       float sum = 0;
-      for (int s = 0; s <= t; ++s) sum += (a[s] = std::exp(a[s] - maxv));
+      for (int s = 0; s <= t; ++s) sum += (a[s] = fixed::expf(a[s] - maxv));
       const float inv = 1.0f / sum;
       for (int s = 0; s <= t; ++s) a[s] *= inv;
       for (int s = t + 1; s < T; ++s) a[s] = 0;

@@ -32,6 +32,27 @@ constexpr double kInvFact[] = {1.0,
                                1.0 / 39916800,
                                1.0 / 479001600,
                                1.0 / 6227020800};
+// 1/(2n+1)! and 1/(2n)! for n = 0…9: the Taylor series of sin and cos.
+constexpr double kInvOddFact[] = {1.0,
+                                  1.0 / 6,
+                                  1.0 / 120,
+                                  1.0 / 5040,
+                                  1.0 / 362880,
+                                  1.0 / 39916800,
+                                  1.0 / 6227020800,
+                                  1.0 / 1307674368000,
+                                  1.0 / 355687428096000,
+                                  1.0 / 121645100408832000};
+constexpr double kInvEvenFact[] = {1.0,
+                                   1.0 / 2,
+                                   1.0 / 24,
+                                   1.0 / 720,
+                                   1.0 / 40320,
+                                   1.0 / 3628800,
+                                   1.0 / 479001600,
+                                   1.0 / 87178291200,
+                                   1.0 / 20922789888000,
+                                   1.0 / 6402373705728000};
 // ln 2 split so that k·kLn2Hi is exact for |k| < 2^11 (the low 32 bits of kLn2Hi are zero).
 constexpr double kLn2Hi = 0x1.62e42feep-1;
 constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
@@ -93,6 +114,45 @@ inline double exp(double x) {
   return detail::exp_in_range(x);
 }
 
+// sin x and cos x in double for |x| ≤ 1e6 (rotary tables, schedules, Box–Muller); beyond that libm
+// (no caller goes there). x = q·π/2 + r with |r| ≤ π/4 (π/2 in three 33-bit pieces, so q·piece is
+// exact), then the Taylor series of sin and cos on r, swapped and negated by the quadrant q mod 4.
+inline void sincos(double x, double& s, double& c) {
+  if (!(std::fabs(x) <= 1e6)) {
+    s = std::sin(x);
+    c = std::cos(x);
+    return;
+  }
+  constexpr double kTwoOverPi = 0x1.45f306dc9c883p-1;
+  constexpr double kPio2[] = {0x1.921fb544p0, 0x1.0b4611a6p-34, 0x1.3198a2ep-69, 0x1.b839a252049c1p-104};
+  const double qd = (x * kTwoOverPi + detail::kRound) - detail::kRound;
+  const double r = (((x - qd * kPio2[0]) - qd * kPio2[1]) - qd * kPio2[2]) - qd * kPio2[3];
+  const double r2 = r * r;
+  // sin r = r·Σ (−r²)^n/(2n+1)!, cos r = Σ (−r²)^n/(2n)!, n ≤ 9: the next terms are below 1e-20
+  double ps = 0, pc = 0;
+  for (int n = 9; n >= 0; --n) {
+    ps = ps * -r2 + detail::kInvOddFact[n];
+    pc = pc * -r2 + detail::kInvEvenFact[n];
+  }
+  const double sr = r * ps, cr = pc;
+  switch (static_cast<std::int64_t>(qd) & 3) {
+    case 0: s = sr, c = cr; break;
+    case 1: s = cr, c = -sr; break;
+    case 2: s = -sr, c = -cr; break;
+    default: s = -cr, c = sr; break;
+  }
+}
+inline double sin(double x) {
+  double s, c;
+  sincos(x, s, c);
+  return s;
+}
+inline double cos(double x) {
+  double s, c;
+  sincos(x, s, c);
+  return c;
+}
+
 // log x in double (−inf at 0, NaN below 0, +inf kept).
 inline double log(double x) {
   if (x != x || x == std::numeric_limits<double>::infinity()) return x;
@@ -100,6 +160,9 @@ inline double log(double x) {
   if (x == 0) return -std::numeric_limits<double>::infinity();
   return detail::log_positive(x);
 }
+
+// x^y for x > 0 as e^{y·log x}; the relative error grows with |y·log x| (about 1e-15 at 10).
+inline double pow_positive(double x, double y) { return fixed::exp(y * fixed::log(x)); }
 
 // e^x in float, rounded once from double (inf above 88.73, 0 below −104, NaN kept).
 inline float expf(float x) {

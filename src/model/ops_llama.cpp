@@ -57,7 +57,7 @@ void rmsnorm_backward(Par& p, float* dinp, float* dw, const float* dout, const f
 std::vector<double> rope_inv_freq(int D, double theta, const RopeScaling& sc) {
   ZINF_CHECK(D > 0 && D % 2 == 0);
   std::vector<double> f(static_cast<std::size_t>(D / 2));
-  for (int i = 0; i < D / 2; ++i) f[static_cast<std::size_t>(i)] = std::pow(theta, -2.0 * i / D);
+  for (int i = 0; i < D / 2; ++i) f[static_cast<std::size_t>(i)] = fixed::pow_positive(theta, -2.0 * i / D);
   if (sc.factor == 1) return f;
   // Llama 3: wavelengths shorter than old_len / high_freq_factor keep their frequency, those longer
   // than old_len / low_freq_factor are slowed by `factor`, and the band between is interpolated.
@@ -84,8 +84,10 @@ void rope_tables(const std::vector<double>& inv_freq, int T, std::vector<float>&
   for (int t = 0; t < T; ++t)
     for (std::size_t i = 0; i < half; ++i) {
       const double a = t * inv_freq[i];
-      cos_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::cos(a));
-      sin_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::sin(a));
+      double s, c;
+      fixed::sincos(a, s, c);
+      cos_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(c);
+      sin_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(s);
     }
 }
 

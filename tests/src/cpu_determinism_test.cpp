@@ -189,6 +189,21 @@ TEST(FixedMath, WithinOneUlpOfLibm) {
   for (double d : {1e-300, 1e-310, 0.3, 1.0, 2.5, 1e300})
     EXPECT_NEAR(fixed::log(d), std::log(d), 1e-15 * std::fabs(std::log(d)) + 1e-300) << d;
   for (double d : {-700.0, -20.0, -1e-3, 0.0, 0.5, 30.0, 700.0}) EXPECT_NEAR(fixed::exp(d) / std::exp(d), 1.0, 1e-15) << d;
+  // the double functions behind the init, the LR schedule and the rotary tables
+  double worst_sincos = 0, worst_pow = 0, worst_dlog = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const double x = std::ldexp(std::uniform_real_distribution<double>(-1.0, 1.0)(rng), static_cast<int>(rng() % 40) - 22);
+    double s = 0, c = 0;
+    fixed::sincos(x, s, c);
+    worst_sincos = std::max({worst_sincos, std::fabs(s - std::sin(x)), std::fabs(c - std::cos(x))});
+    const double u = (static_cast<double>(rng() >> 11) + 0.5) * 0x1p-21;
+    worst_dlog = std::max(worst_dlog, std::fabs(fixed::log(u) - std::log(u)) / std::fabs(std::log(u)));
+    const double e = -std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    worst_pow = std::max(worst_pow, std::fabs(fixed::pow_positive(500000.0, e) / std::pow(500000.0, e) - 1.0));
+  }
+  EXPECT_LT(worst_sincos, 1e-15 * 0x1p18);  // |x| up to 2^18: the reduction's absolute error grows with x
+  EXPECT_LT(worst_dlog, 1e-15);
+  EXPECT_LT(worst_pow, 1e-14);
 }
 
 // ---- the whole CPU device: one digest -------------------------------------------------------------

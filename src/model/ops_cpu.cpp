@@ -103,29 +103,59 @@ void micro_kernel(int K, const float* __restrict a, const float* __restrict b, f
   }
 }
 
-// C[M×N] (row stride ldc) = A·B, or += A·B with `accumulate` (A·B summed first, then added).
+// A (M×K) copied into kMr-row panels, k-major inside a panel, zero rows past M: for an A that several
+// chunks share (the activations in a weight gradient), packed once.
+class PackedA {
+ public:
+  PackedA(Operand a, int M, int K) : M_(M), K_(K), panels_(static_cast<int>(nchunks(M, kMr))) {
+    data_.assign(static_cast<std::size_t>(panels_) * K * kMr, 0.0f);
+    for (int k = 0; k < K; ++k)  // k outer: a transposed A (X[r, i] read as A(i, r)) is read row by row
+      for (int i = 0; i < M; ++i)
+        data_[(static_cast<std::size_t>(i / kMr) * K + k) * kMr + i % kMr] = a.at(i, k);
+  }
+  int M() const { return M_; }
+  int K() const { return K_; }
+  const float* panel(int ip) const { return data_.data() + static_cast<std::size_t>(ip) * K_ * kMr; }
+
+ private:
+  int M_, K_, panels_;
+  std::vector<float> data_;
+};
+
+// Rows [i0, i0 + mi) of C from one packed A panel: C = A·B, or += A·B with `accumulate` (A·B summed
+// first, then added).
+void gemm_panel(const float* ap, int i0, int mi, const PackedB& b, float* c, std::ptrdiff_t ldc, bool accumulate) {
+  float tile[kMr * kNr];
+  for (int jp = 0; jp < b.panels(); ++jp) {
+    const int j0 = jp * kNr, nj = std::min(kNr, b.N() - j0);
+    micro_kernel(b.K(), ap, b.panel(jp), tile);
+    for (int ii = 0; ii < mi; ++ii) {
+      float* dst = c + (i0 + ii) * ldc + j0;
+      const float* t = tile + ii * kNr;
+      if (accumulate)
+        for (int jj = 0; jj < nj; ++jj) dst[jj] += t[jj];
+      else
+        for (int jj = 0; jj < nj; ++jj) dst[jj] = t[jj];
+    }
+  }
+}
+
+// C[M×N] (row stride ldc) = A·B, or += A·B with `accumulate`; A read through a view, a panel at a time.
 void gemm(Operand a, const PackedB& b, int M, float* c, std::ptrdiff_t ldc, bool accumulate) {
-  const int K = b.K(), N = b.N();
+  const int K = b.K();
   thread_local std::vector<float> apack;
   apack.resize(static_cast<std::size_t>(K) * kMr);
-  float tile[kMr * kNr];
   for (int i0 = 0; i0 < M; i0 += kMr) {
     const int mi = std::min(kMr, M - i0);
     for (int k = 0; k < K; ++k)
       for (int ii = 0; ii < kMr; ++ii) apack[static_cast<std::size_t>(k) * kMr + ii] = ii < mi ? a.at(i0 + ii, k) : 0.0f;
-    for (int jp = 0; jp < b.panels(); ++jp) {
-      const int j0 = jp * kNr, nj = std::min(kNr, N - j0);
-      micro_kernel(K, apack.data(), b.panel(jp), tile);
-      for (int ii = 0; ii < mi; ++ii) {
-        float* dst = c + (i0 + ii) * ldc + j0;
-        const float* t = tile + ii * kNr;
-        if (accumulate)
-          for (int jj = 0; jj < nj; ++jj) dst[jj] += t[jj];
-        else
-          for (int jj = 0; jj < nj; ++jj) dst[jj] = t[jj];
-      }
-    }
+    gemm_panel(apack.data(), i0, mi, b, c, ldc, accumulate);
   }
+}
+
+// The same with A packed beforehand.
+void gemm(const PackedA& a, const PackedB& b, float* c, std::ptrdiff_t ldc, bool accumulate) {
+  for (int i0 = 0; i0 < a.M(); i0 += kMr) gemm_panel(a.panel(i0 / kMr), i0, std::min(kMr, a.M() - i0), b, c, ldc, accumulate);
 }
 }  // namespace
 
@@ -150,10 +180,11 @@ void matmul_backward(Par& p, float* dinp, float* dw, float* dbias, const float* 
       gemm({dout + static_cast<std::size_t>(r0) * OC, OC, 1}, Wt, rows, dinp + static_cast<std::size_t>(r0) * IC, IC, true);
     });
   }
+  const PackedA Xt({inp, 1, IC}, IC, R);  // A(i, r) = X[r, i]
   p.chunks(nchunks(OC, kColChunk), [&](std::size_t c) {
     const int o0 = static_cast<int>(c) * kColChunk, cols = std::min(kColChunk, OC - o0);
     const PackedB DY({dout + o0, OC, 1}, R, cols);
-    gemm({inp, 1, IC}, DY, IC, dw + o0, OC, true);  // A(i, r) = X[r, i]
+    gemm(Xt, DY, dw + o0, OC, true);
     if (dbias)
       for (int r = 0; r < R; ++r)
         for (int o = 0; o < cols; ++o) dbias[o0 + o] += dout[static_cast<std::size_t>(r) * OC + o0 + o];

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "model/fixed_math.h"
 #include "model/gpt.h"
 
 namespace zinf {
@@ -13,9 +14,12 @@ void normal_fill(std::mt19937_64& rng, float* dst, std::size_t n, double stdv) {
   for (std::size_t i = 0; i < n; i += 2) {  // Box–Muller, so the numbers do not depend on the libstdc++ version
     const double u1 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
     const double u2 = (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
-    const double r = std::sqrt(-2.0 * std::log(u1)) * stdv;
-    dst[i] = static_cast<float>(r * std::cos(2 * M_PI * u2));
-    if (i + 1 < n) dst[i + 1] = static_cast<float>(r * std::sin(2 * M_PI * u2));
+    // fixed::, not libm, whose per-CPU variants differ in the last bit: one init on every x86-64 CPU
+    const double r = std::sqrt(-2.0 * fixed::log(u1)) * stdv;
+    double s, c;
+    fixed::sincos(2 * M_PI * u2, s, c);
+    dst[i] = static_cast<float>(r * c);
+    if (i + 1 < n) dst[i + 1] = static_cast<float>(r * s);
   }
 }
 

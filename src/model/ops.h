@@ -4,8 +4,10 @@
 // written for clarity and for one property above speed: every result is independent of the thread
 // count. Work is split into fixed chunks (never by thread), each chunk is computed by one thread in a
 // fixed order, and every reduction across rows (weight and bias gradients) is split by *columns* so
-// that each output element is summed by one thread, rows in order. GEMMs use Eigen on those chunks;
-// the ops are compiled for baseline x86-64 only, so the numbers do not depend on the CPU either.
+// that each output element is summed by one thread, rows in order. The numbers do not depend on the
+// CPU either: the GEMMs sum every element in k order whatever the cache sizes or vector width (a
+// tuned BLAS would not), exp/log/tanh come from model/fixed_math.h rather than glibc (which picks a
+// variant per CPU), and nothing is fused into FMAs (-ffp-contract=off).
 //
 // Shapes: B batch, T sequence, C channels, H heads, V vocab, R = B·T rows; IC/OC in/out channels.
 // Matrices are row-major; weights are [IC, OC] (GPT-2's Conv1D layout): out = inp · W + bias.

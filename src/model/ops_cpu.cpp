@@ -3,21 +3,16 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "model/fixed_math.h"
 #include "model/ops.h"
 #include "zinf/error.h"
 
 namespace zinf::ops {
-
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using Strided = Eigen::OuterStride<>;
-using MapC = Eigen::Map<const RowMat, 0, Strided>;
-using MapM = Eigen::Map<RowMat, 0, Strided>;
 
 struct Par::Impl {
   tbb::task_arena arena;
@@ -44,41 +39,155 @@ void Par::chunks(std::size_t n, const std::function<void(std::size_t)>& fn) {
 
 namespace {
 std::size_t nchunks(std::size_t n, std::size_t c) { return (n + c - 1) / c; }
+
+// ---- the reference GEMM ---------------------------------------------------------------------------
+// C (+)= A·B with one summation order on every machine: each output element is the sum over k of
+// A(i,k)·B(k,j), added in k order starting from zero (each product and each sum one fp32 rounding),
+// and only then stored into C or added to it. Vector lanes run across output columns, never along k,
+// so the width of the vectors, the tile sizes and the cache sizes change only the speed, never the
+// bits — unlike a tuned BLAS (or Eigen), whose k-blocking follows the caches of the CPU it runs on.
+// The files are compiled with -ffp-contract=off, so no multiply and add are fused either.
+using V4 = float __attribute__((vector_size(16)));
+using V4i = int __attribute__((vector_size(16)));
+constexpr int kMr = 4;  // rows of A per micro-tile
+constexpr int kNr = 8;  // columns of B per micro-tile (two 4-lane vectors)
+
+// A strided matrix view: element (r, c) is p[r·row + c·col].
+struct Operand {
+  const float* p;
+  std::ptrdiff_t row, col;
+  float at(std::ptrdiff_t r, std::ptrdiff_t c) const { return p[r * row + c * col]; }
+};
+
+// B (K×N) copied into kNr-column panels, k-major inside a panel, zero columns past N.
+class PackedB {
+ public:
+  PackedB(Operand b, int K, int N) : K_(K), N_(N), panels_(static_cast<int>(nchunks(N, kNr))) {
+    data_.assign(static_cast<std::size_t>(panels_) * K * kNr, 0.0f);
+    for (int jp = 0; jp < panels_; ++jp) {
+      const int j0 = jp * kNr, nj = std::min(kNr, N - j0);
+      float* d = panel(jp);
+      for (int k = 0; k < K; ++k)
+        for (int jj = 0; jj < nj; ++jj) d[static_cast<std::size_t>(k) * kNr + jj] = b.at(k, j0 + jj);
+    }
+  }
+  int K() const { return K_; }
+  int N() const { return N_; }
+  int panels() const { return panels_; }
+  const float* panel(int jp) const { return data_.data() + static_cast<std::size_t>(jp) * K_ * kNr; }
+
+ private:
+  float* panel(int jp) { return data_.data() + static_cast<std::size_t>(jp) * K_ * kNr; }
+  int K_, N_, panels_;
+  std::vector<float> data_;
+};
+
+// out[kMr×kNr] = Σ_k a[k]ᵀ·b[k] over one packed A panel (k-major, kMr per k) and one B panel.
+void micro_kernel(int K, const float* __restrict a, const float* __restrict b, float* __restrict out) {
+  V4 c[kMr][2];
+  for (auto& row : c) row[0] = row[1] = V4{0, 0, 0, 0};
+  for (int k = 0; k < K; ++k) {
+    V4 b0, b1, av;
+    std::memcpy(&b0, b + static_cast<std::size_t>(k) * kNr, sizeof b0);
+    std::memcpy(&b1, b + static_cast<std::size_t>(k) * kNr + 4, sizeof b1);
+    std::memcpy(&av, a + static_cast<std::size_t>(k) * kMr, sizeof av);
+    for (int i = 0; i < kMr; ++i) {
+      const V4 x = __builtin_shuffle(av, V4i{i, i, i, i});
+      c[i][0] = c[i][0] + x * b0;
+      c[i][1] = c[i][1] + x * b1;
+    }
+  }
+  for (int i = 0; i < kMr; ++i) {
+    std::memcpy(out + i * kNr, &c[i][0], sizeof(V4));
+    std::memcpy(out + i * kNr + 4, &c[i][1], sizeof(V4));
+  }
+}
+
+// A (M×K) copied into kMr-row panels, k-major inside a panel, zero rows past M: for an A that several
+// chunks share (the activations in a weight gradient), packed once.
+class PackedA {
+ public:
+  PackedA(Operand a, int M, int K) : M_(M), K_(K), panels_(static_cast<int>(nchunks(M, kMr))) {
+    data_.assign(static_cast<std::size_t>(panels_) * K * kMr, 0.0f);
+    for (int k = 0; k < K; ++k)  // k outer: a transposed A (X[r, i] read as A(i, r)) is read row by row
+      for (int i = 0; i < M; ++i)
+        data_[(static_cast<std::size_t>(i / kMr) * K + k) * kMr + i % kMr] = a.at(i, k);
+  }
+  int M() const { return M_; }
+  int K() const { return K_; }
+  const float* panel(int ip) const { return data_.data() + static_cast<std::size_t>(ip) * K_ * kMr; }
+
+ private:
+  int M_, K_, panels_;
+  std::vector<float> data_;
+};
+
+// Rows [i0, i0 + mi) of C from one packed A panel: C = A·B, or += A·B with `accumulate` (A·B summed
+// first, then added).
+void gemm_panel(const float* ap, int i0, int mi, const PackedB& b, float* c, std::ptrdiff_t ldc, bool accumulate) {
+  float tile[kMr * kNr];
+  for (int jp = 0; jp < b.panels(); ++jp) {
+    const int j0 = jp * kNr, nj = std::min(kNr, b.N() - j0);
+    micro_kernel(b.K(), ap, b.panel(jp), tile);
+    for (int ii = 0; ii < mi; ++ii) {
+      float* dst = c + (i0 + ii) * ldc + j0;
+      const float* t = tile + ii * kNr;
+      if (accumulate)
+        for (int jj = 0; jj < nj; ++jj) dst[jj] += t[jj];
+      else
+        for (int jj = 0; jj < nj; ++jj) dst[jj] = t[jj];
+    }
+  }
+}
+
+// C[M×N] (row stride ldc) = A·B, or += A·B with `accumulate`; A read through a view, a panel at a time.
+void gemm(Operand a, const PackedB& b, int M, float* c, std::ptrdiff_t ldc, bool accumulate) {
+  const int K = b.K();
+  thread_local std::vector<float> apack;
+  apack.resize(static_cast<std::size_t>(K) * kMr);
+  for (int i0 = 0; i0 < M; i0 += kMr) {
+    const int mi = std::min(kMr, M - i0);
+    for (int k = 0; k < K; ++k)
+      for (int ii = 0; ii < kMr; ++ii) apack[static_cast<std::size_t>(k) * kMr + ii] = ii < mi ? a.at(i0 + ii, k) : 0.0f;
+    gemm_panel(apack.data(), i0, mi, b, c, ldc, accumulate);
+  }
+}
+
+// The same with A packed beforehand.
+void gemm(const PackedA& a, const PackedB& b, float* c, std::ptrdiff_t ldc, bool accumulate) {
+  for (int i0 = 0; i0 < a.M(); i0 += kMr) gemm_panel(a.panel(i0 / kMr), i0, std::min(kMr, a.M() - i0), b, c, ldc, accumulate);
+}
 }  // namespace
 
 void matmul_forward(Par& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC) {
-  MapC W(w, IC, OC, Strided(OC));
+  const PackedB W({w, OC, 1}, IC, OC);
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
-    MapM O(out + static_cast<std::size_t>(r0) * OC, rows, OC, Strided(OC));
-    MapC X(inp + static_cast<std::size_t>(r0) * IC, rows, IC, Strided(IC));
-    O.noalias() = X * W;
+    float* o = out + static_cast<std::size_t>(r0) * OC;
+    gemm({inp + static_cast<std::size_t>(r0) * IC, IC, 1}, W, rows, o, OC, false);
     if (bias)
       for (int r = 0; r < rows; ++r)
-        for (int o = 0; o < OC; ++o) O(r, o) += bias[o];
+        for (int j = 0; j < OC; ++j) o[static_cast<std::size_t>(r) * OC + j] += bias[j];
   });
 }
 
 void matmul_backward(Par& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                      int R, int IC, int OC) {
   if (dinp) {
-    MapC W(w, IC, OC, Strided(OC));
+    const PackedB Wt({w, 1, OC}, OC, IC);  // B(o, i) = W[i, o]
     p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
       const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
-      MapM DX(dinp + static_cast<std::size_t>(r0) * IC, rows, IC, Strided(IC));
-      MapC DY(dout + static_cast<std::size_t>(r0) * OC, rows, OC, Strided(OC));
-      DX.noalias() += DY * W.transpose();
+      gemm({dout + static_cast<std::size_t>(r0) * OC, OC, 1}, Wt, rows, dinp + static_cast<std::size_t>(r0) * IC, IC, true);
     });
   }
-  MapC X(inp, R, IC, Strided(IC));
+  const PackedA Xt({inp, 1, IC}, IC, R);  // A(i, r) = X[r, i]
   p.chunks(nchunks(OC, kColChunk), [&](std::size_t c) {
     const int o0 = static_cast<int>(c) * kColChunk, cols = std::min(kColChunk, OC - o0);
-    MapM DW(dw + o0, IC, cols, Strided(OC));
-    MapC DY(dout + o0, R, cols, Strided(OC));
-    DW.noalias() += X.transpose() * DY;
+    const PackedB DY({dout + o0, OC, 1}, R, cols);
+    gemm(Xt, DY, dw + o0, OC, true);
     if (dbias)
       for (int r = 0; r < R; ++r)
-        for (int o = 0; o < cols; ++o) dbias[o0 + o] += DY(r, o);
+        for (int o = 0; o < cols; ++o) dbias[o0 + o] += dout[static_cast<std::size_t>(r) * OC + o0 + o];
   });
 }
 
@@ -150,7 +259,7 @@ void gelu_forward(Par& p, float* out, const float* inp, std::size_t n) {
     const std::size_t i1 = std::min(n, (c + 1) * kElemChunk);
     for (std::size_t i = c * kElemChunk; i < i1; ++i) {
       const float x = inp[i];
-      out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + 0.044715f * x * x * x)));
+      out[i] = 0.5f * x * (1.0f + fixed::tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
     }
   });
 }
@@ -161,7 +270,7 @@ void gelu_backward(Par& p, float* dinp, const float* inp, const float* dout, std
     for (std::size_t i = c * kElemChunk; i < i1; ++i) {
       const float x = inp[i];
       const float u = kGeluScale * (x + 0.044715f * x * x * x);
-      const float t = std::tanh(u);
+      const float t = fixed::tanhf(u);
       const float sech2 = 1.0f - t * t;
       const float local = 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
       dinp[i] = local * dout[i];
@@ -201,7 +310,7 @@ void attention_forward(Par& p, float* out, float* att, const float* qkv, int B, 
       }
       float sum = 0;
       for (int s = 0; s <= t; ++s) {
-        a[s] = std::exp(a[s] - maxv);
+        a[s] = fixed::expf(a[s] - maxv);
         sum += a[s];
       }
       const float inv = 1.0f / sum;
@@ -293,24 +402,22 @@ void encoder_backward(Par& p, float* dwte, float* dwpe, const float* dout, const
 
 void lm_head_forward(Par& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
                      int C, int V) {
-  MapC E(wte, V, C, Strided(C));
+  const PackedB Et({wte, 1, C}, C, V);  // B(c, v) = wte[v, c]
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
-    MapM L(probs + static_cast<std::size_t>(r0) * V, rows, V, Strided(V));
-    MapC X(x + static_cast<std::size_t>(r0) * C, rows, C, Strided(C));
-    L.noalias() = X * E.transpose();
+    gemm({x + static_cast<std::size_t>(r0) * C, C, 1}, Et, rows, probs + static_cast<std::size_t>(r0) * V, V, false);
     for (int r = 0; r < rows; ++r) {
       float* l = probs + static_cast<std::size_t>(r0 + r) * V;
       float maxv = -INFINITY;
       for (int v = 0; v < V; ++v) maxv = std::max(maxv, l[v]);
       float sum = 0;
       for (int v = 0; v < V; ++v) {
-        l[v] = std::exp(l[v] - maxv);
+        l[v] = fixed::expf(l[v] - maxv);
         sum += l[v];
       }
       const float inv = 1.0f / sum;
       for (int v = 0; v < V; ++v) l[v] *= inv;
-      losses[r0 + r] = -std::log(std::max(l[targets[r0 + r]], 1e-30f));
+      losses[r0 + r] = -fixed::logf(std::max(l[targets[r0 + r]], 1e-30f));
     }
   });
 }
@@ -331,19 +438,15 @@ void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const floa
       for (int v = 0; v < V; ++v) dl[v] = (pr[v] - (v == targets[r] ? 1.0f : 0.0f)) * dscale;
     }
   });
-  MapC E(wte, V, C, Strided(C));
+  const PackedB E({wte, C, 1}, V, C);
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
-    MapM DX(dx + static_cast<std::size_t>(r0) * C, rows, C, Strided(C));
-    MapC DL(dlogits + static_cast<std::size_t>(r0) * V, rows, V, Strided(V));
-    DX.noalias() = DL * E;
+    gemm({dlogits + static_cast<std::size_t>(r0) * V, V, 1}, E, rows, dx + static_cast<std::size_t>(r0) * C, C, false);
   });
-  MapC X(x, R, C, Strided(C));
+  const PackedB X({x, C, 1}, R, C);
   p.chunks(nchunks(V, kColChunk), [&](std::size_t c) {
     const int v0 = static_cast<int>(c) * kColChunk, rows = std::min(kColChunk, V - v0);
-    MapM DE(dwte + static_cast<std::size_t>(v0) * C, rows, C, Strided(C));
-    MapC DL(dlogits + v0, R, rows, Strided(V));
-    DE.noalias() += DL.transpose() * X;
+    gemm({dlogits + v0, 1, V}, X, rows, dwte + static_cast<std::size_t>(v0) * C, C, true);  // A(v, r) = dlogits[r, v]
   });
 }
 

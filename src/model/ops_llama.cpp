@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/fixed_math.h"
 #include "zinf/error.h"
 
 namespace zinf::ops {
@@ -56,7 +57,7 @@ void rmsnorm_backward(Par& p, float* dinp, float* dw, const float* dout, const f
 std::vector<double> rope_inv_freq(int D, double theta, const RopeScaling& sc) {
   ZINF_CHECK(D > 0 && D % 2 == 0);
   std::vector<double> f(static_cast<std::size_t>(D / 2));
-  for (int i = 0; i < D / 2; ++i) f[static_cast<std::size_t>(i)] = std::pow(theta, -2.0 * i / D);
+  for (int i = 0; i < D / 2; ++i) f[static_cast<std::size_t>(i)] = fixed::pow_positive(theta, -2.0 * i / D);
   if (sc.factor == 1) return f;
   // Llama 3: wavelengths shorter than old_len / high_freq_factor keep their frequency, those longer
   // than old_len / low_freq_factor are slowed by `factor`, and the band between is interpolated.
@@ -83,8 +84,10 @@ void rope_tables(const std::vector<double>& inv_freq, int T, std::vector<float>&
   for (int t = 0; t < T; ++t)
     for (std::size_t i = 0; i < half; ++i) {
       const double a = t * inv_freq[i];
-      cos_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::cos(a));
-      sin_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::sin(a));
+      double s, c;
+      fixed::sincos(a, s, c);
+      cos_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(c);
+      sin_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(s);
     }
 }
 
@@ -112,7 +115,7 @@ void swiglu_forward(Par& p, float* out, const float* gate, const float* up, std:
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i0 = c * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
     for (std::size_t i = i0; i < i1; ++i) {
-      const float g = gate[i], sig = 1.0f / (1.0f + std::exp(-g));
+      const float g = gate[i], sig = 1.0f / (1.0f + fixed::expf(-g));
       out[i] = g * sig * up[i];
     }
   });
@@ -122,7 +125,7 @@ void swiglu_backward(Par& p, float* dgate, float* dup, const float* dout, const 
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i0 = c * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
     for (std::size_t i = i0; i < i1; ++i) {
-      const float g = gate[i], sig = 1.0f / (1.0f + std::exp(-g)), silu = g * sig;
+      const float g = gate[i], sig = 1.0f / (1.0f + fixed::expf(-g)), silu = g * sig;
       dup[i] = dout[i] * silu;
       dgate[i] = dout[i] * up[i] * (sig + silu * (1.0f - sig));  // silu' = σ + g·σ·(1 − σ)
     }
@@ -149,7 +152,7 @@ void gqa_attention_forward(Par& p, float* out, float* att, const float* q, const
         maxv = std::max(maxv, a[s]);
       }
       float sum = 0;
-      for (int s = 0; s <= t; ++s) sum += (a[s] = std::exp(a[s] - maxv));
+      for (int s = 0; s <= t; ++s) sum += (a[s] = fixed::expf(a[s] - maxv));
       const float inv = 1.0f / sum;
       for (int s = 0; s <= t; ++s) a[s] *= inv;
       for (int s = t + 1; s < T; ++s) a[s] = 0;

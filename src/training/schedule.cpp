@@ -1,6 +1,7 @@
 // schedule.cpp — DeepSpeed's dynamic loss scaler and LR schedules, step for step (zinf/train.h).
 #include <cmath>
 
+#include "model/fixed_math.h"  // not libm: one learning rate on every x86-64 CPU
 #include "zinf/error.h"
 #include "zinf/train.h"
 
@@ -47,7 +48,7 @@ void LossScaler::update(bool overflow) {
 namespace {
 double warmup_gamma(const SchedulerConfig& s, std::int64_t t) {
   const double W = static_cast<double>(s.warmup_num_steps);
-  if (s.warmup_type == WarmupType::log) return std::log(static_cast<double>(t) + 1.0) / std::log(W);
+  if (s.warmup_type == WarmupType::log) return fixed::log(static_cast<double>(t) + 1.0) / fixed::log(W);
   return static_cast<double>(t) / W;
 }
 }  // namespace
@@ -75,7 +76,7 @@ double lr_at(const SchedulerConfig& s, double base_lr, std::int64_t t) {
       } else {
         const double p = std::min(1.0, static_cast<double>(t - s.warmup_num_steps + 1) /
                                            std::max<double>(1.0, static_cast<double>(s.total_num_steps - s.warmup_num_steps)));
-        ratio = s.cos_min_ratio + (1.0 - s.cos_min_ratio) * (1.0 + std::cos(M_PI * p)) / 2.0;
+        ratio = s.cos_min_ratio + (1.0 - s.cos_min_ratio) * (1.0 + fixed::cos(M_PI * p)) / 2.0;
       }
       return base_lr * ratio;
     }

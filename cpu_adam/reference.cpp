@@ -16,6 +16,19 @@ float fp16_to_fp32_reference(std::uint16_t h) { return spec::fp16_to_fp32(h); }
 std::uint16_t fp32_to_bf16_reference(float x) { return spec::fp32_to_bf16(x); }
 float bf16_to_fp32_reference(std::uint16_t b) { return spec::bf16_to_fp32(b); }
 
+// beta^step by repeated squaring: + and × only, so the bias corrections (and with them every Update)
+// are the same bits on every CPU. glibc's pow picks an FMA or a plain variant by the CPU it runs on,
+// and the two can differ in the last bit.
+static double power_by_squaring(double base, std::int64_t exponent) {
+  double result = 1.0;
+  while (exponent > 0) {
+    if (exponent & 1) result *= base;
+    base *= base;
+    exponent >>= 1;
+  }
+  return result;
+}
+
 AdamStep make_adam_step(const AdamHyper& h, std::int64_t step, float grad_scale) {
   ZINF_CHECK(step >= 1);
   AdamStep s;
@@ -24,9 +37,8 @@ AdamStep make_adam_step(const AdamHyper& h, std::int64_t step, float grad_scale)
   s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
   s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
   s.eps = h.eps;
-  const double t = static_cast<double>(step);
-  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
-  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
+  const double bc1 = h.bias_correction ? 1.0 - power_by_squaring(static_cast<double>(h.beta1), step) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - power_by_squaring(static_cast<double>(h.beta2), step) : 1.0;
   s.step_size = static_cast<float>(-static_cast<double>(h.lr) / bc1);
   s.bc2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   s.decoupled = h.decoupled;

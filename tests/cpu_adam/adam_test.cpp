@@ -227,6 +227,21 @@ TEST(AdamUpdate, AdamStepScalarsFollowDeepSpeed) {
   EXPECT_FLOAT_EQ(make_adam_step(h, 1).decay, 0.1f);
 }
 
+// The bias corrections are computed with + and × only (the same bits on every CPU, unlike libm's
+// pow): they must still track beta^t closely over a long run, up to the point where they reach 1.
+TEST(AdamUpdate, BiasCorrectionsTrackLongDoublePowerOverLongRuns) {
+  const AdamHyper h{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f};
+  for (std::int64_t t : {1, 2, 3, 7, 10, 100, 1000, 4097, 65536, 1000000, 123456789}) {
+    const AdamStep s = make_adam_step(h, t);
+    const long double bc1 = 1.0L - std::pow(static_cast<long double>(h.beta1), static_cast<long double>(t));
+    const long double bc2 = 1.0L - std::pow(static_cast<long double>(h.beta2), static_cast<long double>(t));
+    const float want_step = static_cast<float>(-1e-3L / bc1);
+    const float want_rsqrt = static_cast<float>(1.0L / std::sqrt(bc2));
+    EXPECT_LE(std::abs(static_cast<long>(bits(s.step_size)) - static_cast<long>(bits(want_step))), 1) << "step " << t;
+    EXPECT_LE(std::abs(static_cast<long>(bits(s.bc2_rsqrt)) - static_cast<long>(bits(want_rsqrt))), 1) << "step " << t;
+  }
+}
+
 TEST(AdamUpdate, ThreadCountDoesNotChangeResults) {
   const std::size_t n = (std::size_t{1} << 19) + 3;
   const AdamStep st = make_adam_step(AdamHyper{.weight_decay = 0.01f}, 4, 0.25f);

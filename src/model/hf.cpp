@@ -84,11 +84,11 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
     return c[key].get<int>();
   };
   // A positive finite number: every real number in config.json (eps, theta, the scaling factors) is one.
-  auto positive = [&](const json& o, const std::string& key, double def) {
+  auto positive = [&](const json& o, const std::string& key, double def, const std::string& prefix = "") {
     if (!o.contains(key) || o[key].is_null()) return def;
-    if (!o[key].is_number()) throw fail(key, "expected a number, got " + o[key].dump());
+    if (!o[key].is_number()) throw fail(prefix + key, "expected a number, got " + o[key].dump());
     const double v = o[key].get<double>();
-    if (!std::isfinite(v) || v <= 0) throw fail(key, "expected a positive number, got " + o[key].dump());
+    if (!std::isfinite(v) || v <= 0) throw fail(prefix + key, "expected a positive number, got " + o[key].dump());
     return v;
   };
   auto get_num = [&](const char* key, double def) { return positive(c, key, def); };
@@ -128,10 +128,10 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
     const json& kind_v = r.contains("rope_type") ? r["rope_type"] : r.contains("type") ? r["type"] : json("");
     const std::string kind = kind_v.is_string() ? kind_v.get<std::string>() : kind_v.dump();
     if (kind != "llama3") throw fail("rope_scaling", "type '" + kind + "' is not supported (llama3 is)");
-    s.rope_factor = positive(r, "factor", 1.0);
-    s.rope_low_freq_factor = positive(r, "low_freq_factor", 1.0);
-    s.rope_high_freq_factor = positive(r, "high_freq_factor", 4.0);
-    s.rope_original_max = positive(r, "original_max_position_embeddings", 8192.0);
+    s.rope_factor = positive(r, "factor", 1.0, "rope_scaling.");
+    s.rope_low_freq_factor = positive(r, "low_freq_factor", 1.0, "rope_scaling.");
+    s.rope_high_freq_factor = positive(r, "high_freq_factor", 4.0, "rope_scaling.");
+    s.rope_original_max = positive(r, "original_max_position_embeddings", 8192.0, "rope_scaling.");
     if (s.rope_factor < 1) throw fail("rope_scaling.factor", "expected at least 1, got " + r["factor"].dump());
     if (s.rope_factor != 1 && s.rope_high_freq_factor <= s.rope_low_freq_factor)
       throw fail("rope_scaling.high_freq_factor", "must exceed low_freq_factor");

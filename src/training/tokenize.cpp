@@ -14,9 +14,9 @@ namespace zinf {
 namespace {
 
 // SentencePiece's status text carries its source location and the failed expression
-// ("sentencepiece_processor.cc(1101) [model_proto->ParseFromArray(...)] "); a user needs neither.
+// ("./src/sentencepiece_processor.cc(232) [model_proto->ParseFromArray(...)] "); a user needs neither.
 std::string status_text(const sentencepiece::util::Status& st) {
-  static const std::regex where(R"([A-Za-z0-9_]+\.cc\([0-9]+\) \[[^\]]*\] ?)");
+  static const std::regex where(R"([^ \[]*\.cc\([0-9]+\) \[.*\] ?)");
   std::string m = std::regex_replace(std::string(st.message()), where, "");
   while (!m.empty() && (m.back() == ' ' || m.back() == '\n')) m.pop_back();
   return m;

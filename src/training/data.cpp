@@ -22,7 +22,7 @@ constexpr std::size_t kHeaderBytes = 1024;
 std::shared_ptr<const void> map_file(const std::string& path, std::size_t* size) {
   const InputFile f(path, "data.path");  // only a regular file: a FIFO or device is refused, not waited on
   *size = static_cast<std::size_t>(f.size());
-  if (*size == 0) throw ConfigError("data.path " + path + ": the data file is empty");
+  if (*size == 0) throw ConfigError("data.path " + path + ": data file is empty");
   void* p = ::mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, f.fd(), 0);
   const int e = errno;
   if (p == MAP_FAILED) throw ConfigError("data.path " + path + ": cannot map the data file (" + std::strerror(e) + ")");

@@ -142,9 +142,7 @@ void OutputFile::flush_buffer() {
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       const int e = w < 0 ? errno : EIO;
-      throw IoError(what_ + " " + path_ + ": write failed (" + errno_text(e) + "); the previous " + path_ +
-                        ", if any, is untouched",
-                    e);
+      throw IoError(what_ + " " + path_ + ": write failed (" + errno_text(e) + "); nothing was replaced", e);
     }
     done += static_cast<std::size_t>(w);
   }

@@ -291,39 +291,50 @@ void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vec
     in_shard += n;
     total += n;
   }
-  json weight_map = json::object();
-  for (std::size_t k = 0; k < shards.size(); ++k) {
-    const std::string name = shards.size() == 1 ? "model.safetensors" : shard_name(k + 1, shards.size());
-    write_model_safetensors((tmp / name).string(), shards[k], units, dtype);
-    for (const auto& t : shards[k]) weight_map[t.name] = name;
+  // A failure names the folder the user asked for, not the temporary one it happened in.
+  std::string writing;
+  try {
+    json weight_map = json::object();
+    for (std::size_t k = 0; k < shards.size(); ++k) {
+      const std::string name = shards.size() == 1 ? "model.safetensors" : shard_name(k + 1, shards.size());
+      writing = name;
+      write_model_safetensors((tmp / name).string(), shards[k], units, dtype);
+      for (const auto& t : shards[k]) weight_map[t.name] = name;
+    }
+    writing = "model.safetensors.index.json";
+    if (shards.size() > 1)
+      write_file((tmp / "model.safetensors.index.json").string(),
+                 json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
+    json c = {{"architectures", {s.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+              {"model_type", s.qkv_bias ? "qwen2" : "llama"},
+              {"hidden_size", s.d_model},
+              {"intermediate_size", s.d_ff},
+              {"num_attention_heads", s.n_head},
+              {"num_key_value_heads", s.kv_heads()},
+              {"num_hidden_layers", s.n_layer},
+              {"vocab_size", s.vocab_size},
+              {"max_position_embeddings", s.max_positions > 0 ? s.max_positions : s.seq_len},
+              {"rms_norm_eps", s.norm_eps},
+              {"rope_theta", s.rope_theta},
+              {"tie_word_embeddings", s.tie_embeddings},
+              {"hidden_act", "silu"},
+              {"torch_dtype", dtype == StDtype::f32 ? "float32" : dtype == StDtype::f16 ? "float16" : "bfloat16"}};
+    if (!s.qkv_bias) c["attention_bias"] = false;
+    if (s.rope_factor != 1)
+      c["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", s.rope_factor},
+                           {"low_freq_factor", s.rope_low_freq_factor},
+                           {"high_freq_factor", s.rope_high_freq_factor},
+                           {"original_max_position_embeddings", s.rope_original_max}};
+    else
+      c["rope_scaling"] = nullptr;
+    writing = "config.json";
+    write_file((tmp / "config.json").string(), c.dump(2) + "\n");
+  } catch (const IoError& e) {
+    throw IoError("--output " + dir + ": writing " + writing + " failed (" + std::strerror(e.error_number()) + "); " + dir +
+                      " is as it was",
+                  e.error_number());
   }
-  if (shards.size() > 1)
-    write_file((tmp / "model.safetensors.index.json").string(),
-               json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
-  json c = {{"architectures", {s.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-            {"model_type", s.qkv_bias ? "qwen2" : "llama"},
-            {"hidden_size", s.d_model},
-            {"intermediate_size", s.d_ff},
-            {"num_attention_heads", s.n_head},
-            {"num_key_value_heads", s.kv_heads()},
-            {"num_hidden_layers", s.n_layer},
-            {"vocab_size", s.vocab_size},
-            {"max_position_embeddings", s.max_positions > 0 ? s.max_positions : s.seq_len},
-            {"rms_norm_eps", s.norm_eps},
-            {"rope_theta", s.rope_theta},
-            {"tie_word_embeddings", s.tie_embeddings},
-            {"hidden_act", "silu"},
-            {"torch_dtype", dtype == StDtype::f32 ? "float32" : dtype == StDtype::f16 ? "float16" : "bfloat16"}};
-  if (!s.qkv_bias) c["attention_bias"] = false;
-  if (s.rope_factor != 1)
-    c["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", s.rope_factor},
-                         {"low_freq_factor", s.rope_low_freq_factor},
-                         {"high_freq_factor", s.rope_high_freq_factor},
-                         {"original_max_position_embeddings", s.rope_original_max}};
-  else
-    c["rope_scaling"] = nullptr;
-  write_file((tmp / "config.json").string(), c.dump(2) + "\n");
   folder.commit();
 }
 

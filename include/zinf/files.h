@@ -92,6 +92,7 @@ class OutputFolder {
 
  private:
   std::string path_, what_, tmp_;
+  std::string created_;  // the outermost folder created for the output ("" when none was)
   std::function<bool(const std::string&)> replaced_;
   bool committed_ = false;
 };

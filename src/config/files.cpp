@@ -193,6 +193,11 @@ OutputFolder::OutputFolder(std::string path, std::function<bool(const std::strin
     throw ConfigError(what_ + " " + path_ + ": exists and is not a folder; a folder is written here");
   const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
   if (!fs::is_directory(parent, ec)) {
+    // Folders created for the output go again should it fail: the outermost one is remembered.
+    for (fs::path a = parent; !a.empty() && !fs::exists(a, ec); a = a.parent_path()) {
+      created_ = a.string();
+      if (a == a.parent_path()) break;
+    }
     fs::create_directories(parent, ec);
     if (ec) throw ConfigError(what_ + " " + path_ + ": cannot create the folder " + parent.string() + " (" + ec.message() + ")");
   }
@@ -206,6 +211,7 @@ OutputFolder::OutputFolder(std::string path, std::function<bool(const std::strin
 OutputFolder::~OutputFolder() {
   std::error_code ec;
   fs::remove_all(tmp_, ec);  // after commit(): the old folder
+  if (!committed_ && !created_.empty()) fs::remove_all(created_, ec);
 }
 
 void OutputFolder::commit() {

@@ -329,8 +329,9 @@ TEST(Outputs, AFolderExportThatFailsLeavesThePreviousFolderUntouched) {
   {
     FileSizeLimit limit(30000);  // the new single file (about 72 KB) stops part way: the disk is "full"
     EXPECT_THROW(write_hf_folder(t / "m", s, units_of(s, -0.5f), StDtype::f32), IoError);
+    EXPECT_THROW(write_hf_folder(t / "new/deeper/m", s, units_of(s, -0.5f), StDtype::f32), IoError);
   }
-  EXPECT_EQ(snapshot(t.dir), before);
+  EXPECT_EQ(snapshot(t.dir), before);  // nor the folders made for a new output
 }
 
 TEST(Outputs, ModelSafetensorsIsReadBeforeAnIndexAsHuggingFaceDoes) {

@@ -345,7 +345,7 @@ TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
   TmpDir t("hfexport");
   // d_ff 512: the MLP's matrices (64 KiB each in fp32) outgrow the embedding, so with 40 KB shards
   // the first shards are small and a later one large — the case where a full disk strikes part way.
-  Result tr = run("train --config " + kConfigs + "/tiny.json --set model.family=llama --set model.d_ff=512 --set train.steps=2"
+  Result tr = run("train --config " + kConfigs + "/tiny.json --set model.family=llama --set model.d_ff=512 --set train.steps=4"
                   " --set train.checkpoint_interval=2"
                   " --set train.checkpoint_dir=\"" + t / "ck" + "\"" + kSmall);
   ASSERT_EQ(tr.rc, 0) << tr.err;
@@ -382,6 +382,24 @@ TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
     EXPECT_EQ(error_lines(r.err), 1u) << r.err;
     EXPECT_NE(r.err.find("config.json: expected a JSON object"), std::string::npos) << r.err;
   }
+  // A folder holding both model.safetensors and an index with shards: model.safetensors is read, as
+  // Hugging Face's loaders read it, and the log says so.
+  ASSERT_EQ(run("export --format hf --checkpoint " + t / "ck/step-00000004" + " -o " + t / "single").rc, 0);
+  ASSERT_EQ(run("export --format hf --shard-size 40KB --checkpoint " + ck + " -o " + t / "both").rc, 0);
+  fs::copy_file(t / "single/model.safetensors", t / "both/model.safetensors");
+  auto digest = [&](const std::string& folder) {
+    std::ofstream(t / "eval.json") << nlohmann::json{{"train_batch_size", 2}, {"model", {{"init_from", folder}, {"seq_len", 32}}},
+                                                     {"train", {{"eval_batches", 1}}}, {"device", {{"type", "cpu"}, {"threads", 1}}}}
+                                              .dump();
+    Result r = run("eval --json --config " + t / "eval.json");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return std::make_pair(nlohmann::json::parse(r.out)["params_digest"].get<std::string>(), r.err);
+  };
+  const auto [both, both_log] = digest(t / "both");
+  EXPECT_EQ(both, digest(t / "single").first);
+  EXPECT_NE(both, digest(out).first);  // step 2's weights differ from step 4's
+  EXPECT_NE(both_log.find("(model.safetensors (model.safetensors.index.json beside it is ignored"), std::string::npos) << both_log;
+
   auto cfg = nlohmann::json::parse(slurp(out + "/config.json"));
   for (const auto& [key, value] : {std::pair<std::string, double>{"rms_norm_eps", -1}, {"rope_theta", -5}}) {
     auto c = cfg;

@@ -56,12 +56,22 @@ class TokenData {
 constexpr std::int32_t kTokensMagicU16 = 20240520, kTokensVersionU16 = 1;
 constexpr std::int32_t kTokensMagicU32 = 20240801, kTokensVersionU32 = 7;
 
-// Writes `tokens` as an llm.c token file (uint16 when every token fits, else uint32), atomically.
-// Returns the bytes per token it chose.
+// What an llm.c token file's header says: bytes per token (2 or 4) and the token count.
+struct TokenFileHeader {
+  int width = 0;
+  std::int64_t count = 0;
+};
+// Checks the header of a token file of `size` bytes starting at `data` (magic, version, a count that
+// matches the size); a ConfigError naming `source` otherwise.
+TokenFileHeader parse_token_header(const void* data, std::size_t size, const std::string& source);
+
+// Writes `tokens` as an llm.c token file (uint16 when every token fits, else uint32), all or nothing
+// (see OutputFile). Returns the bytes per token it chose.
 int write_token_file(const std::string& path, const std::vector<std::uint32_t>& tokens);
 
 // SentencePiece: the model at `model_path` tokenizes `text` (no BOS/EOS added). Throws ConfigError
-// naming the file when it cannot be loaded.
-std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, std::string_view text, int* vocab = nullptr);
+// naming `what` (the key or flag) and the file when it is not a regular file or not a model.
+std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, std::string_view text, int* vocab = nullptr,
+                                                const std::string& what = "data.tokenizer");
 
 }  // namespace zinf

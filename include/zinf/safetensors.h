@@ -5,7 +5,8 @@
 //
 // The parser trusts nothing: header length within the file, valid JSON, known dtypes, shapes whose
 // element count matches data_offsets, offsets in range, and tensors that neither overlap nor leave
-// holes in the data buffer. Every problem is one zinf::Error naming the file and the tensor.
+// holes in the data buffer. Every problem is one zinf::ConfigError (bad input, exit code 2) naming the
+// file and the tensor; a failing read is a zinf::IoError.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "zinf/files.h"
 #include "zinf/model.h"
 
 namespace zinf {
@@ -38,7 +40,10 @@ struct StFile {
 StFile parse_safetensors(std::string bytes, const std::string& source);
 // Validates a header (the JSON after the 8-byte length) against a data buffer of `data_len` bytes.
 StFile parse_safetensors_header(const std::string& header_json, std::uint64_t data_len, const std::string& source);
-StFile read_safetensors(const std::string& path);
+// Reads a whole file; `what` names its role in errors (see InputFile: only a regular file is read).
+StFile read_safetensors(const std::string& path, const std::string& what = "safetensors file");
+// A ConfigError naming the file and the tensor when any of its n values is NaN or infinite.
+void check_finite_tensor(const float* p, std::size_t n, const std::string& source, const std::string& tensor);
 
 // One named tensor of a model file inside a layer unit. `transposed`: the file holds the matrix as
 // [out, in] (Hugging Face's nn.Linear; `shape` is the file's) while the unit holds it as [in, out].
@@ -61,8 +66,9 @@ void write_model_safetensors(const std::string& path, const std::vector<ModelTen
 // file stays open while the reader (or a copy) lives.
 class StReader {
  public:
-  explicit StReader(const std::string& path);
+  explicit StReader(const std::string& path, const std::string& what = "safetensors file");
   const StFile& header() const { return f_; }
+  const std::string& path() const { return path_; }
   // Reads tensor t as fp32 into dst; with `transposed`, the file's [rows, cols] lands as [cols, rows].
   void read(const StTensor& t, float* dst, bool transposed) const;
 
@@ -70,7 +76,7 @@ class StReader {
   // Reads exactly n bytes at offset `at`; `what` names them in the error.
   void pread_all(void* dst, std::size_t n, std::uint64_t at, const std::string& what) const;
   std::string path_;
-  std::shared_ptr<const int> fd_;
+  std::shared_ptr<const InputFile> file_;
   StFile f_;  // bytes stay empty
 };
 

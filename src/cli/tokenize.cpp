@@ -3,15 +3,12 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "commands.h"
 #include "zinf/data.h"
 #include "zinf/error.h"
+#include "zinf/files.h"
 
 namespace zinf::cli {
 namespace {
@@ -23,21 +20,22 @@ struct TokenizeArgs {
 };
 
 int run_tokenize(const TokenizeArgs& a) {
+  // The output is written beside itself and renamed over at the end: were it one of the inputs, the
+  // input would be gone. Compared by device and inode, so another spelling or a link counts too.
+  std::vector<std::string> inputs = a.inputs;
+  if (!a.tokenizer.empty()) inputs.push_back(a.tokenizer);
+  for (const auto& in : inputs)
+    if (in == a.output || same_file(in, a.output))
+      throw ConfigError("--output " + a.output + ": is the input " + in + "; give the token file another name");
   std::string text;
-  for (const auto& in : a.inputs) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(in, ec)) throw ConfigError(in + ": is a directory, expected a text file");
-    std::ifstream f(in, std::ios::binary);
-    if (!f) throw ConfigError(in + ": cannot open (" + std::strerror(errno) + ")");
-    text.append(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  }
+  for (const auto& in : a.inputs) text += read_input_file(in, "input");
   if (text.empty()) throw ConfigError("tokenize: the input is empty");
   int vocab = 256;
   std::vector<std::uint32_t> tokens;
   if (a.tokenizer.empty())
     tokens.assign(reinterpret_cast<const unsigned char*>(text.data()), reinterpret_cast<const unsigned char*>(text.data()) + text.size());
   else
-    tokens = sentencepiece_encode(a.tokenizer, text, &vocab);
+    tokens = sentencepiece_encode(a.tokenizer, text, &vocab, "--tokenizer");
   const int width = write_token_file(a.output, tokens);
   if (a.json) {
     nlohmann::json j = {{"output", a.output}, {"tokens", tokens.size()}, {"bytes_per_token", width}, {"vocab", vocab},
@@ -61,7 +59,9 @@ Command add_tokenize(CLI::App& app) {
       "else uint32");
   sub->add_option("inputs", args->inputs, "Text files")->required()->check(CLI::ExistingFile);
   sub->add_option("--tokenizer", args->tokenizer, "A SentencePiece tokenizer.model")->check(CLI::ExistingFile);
-  sub->add_option("-o,--output", args->output, "The token file to write")->required();
+  sub->add_option("-o,--output", args->output,
+                  "The token file to write (all or nothing: written beside, then renamed into place; never an input)")
+      ->required();
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout");
   return {sub, [args] { return run_tokenize(*args); }};
 }

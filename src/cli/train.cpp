@@ -2,7 +2,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "commands.h"
 #include "signals.h"
@@ -56,13 +58,19 @@ int run_train(const TrainArgs& a) {
   flatten(nlohmann::json::parse(c.resolved_json), "", rows);
   std::fprintf(out, "zinf train — %s (resolved config)\n", c.source.c_str());
   for (const auto& [k, v] : rows) std::fprintf(out, "  %-58s %s\n", k.c_str(), v.c_str());
-  std::fflush(out);
+  if (std::fflush(out) != 0 || std::ferror(out)) {
+    const int e = errno;
+    throw IoError(std::string(out == stdout ? "stdout" : "stderr") + ": cannot write the progress log (" + std::strerror(e) + ")", e);
+  }
 
   TrainHooks hooks;
   hooks.resume = a.resume;
   hooks.log = [out](const std::string& s) {
-    std::fprintf(out, "%s\n", s.c_str());
-    std::fflush(out);
+    // A log redirected to a full disk stops the run at its first lost line rather than at the end.
+    if (std::fprintf(out, "%s\n", s.c_str()) < 0 || std::fflush(out) != 0) {
+      const int e = errno;
+      throw IoError(std::string(out == stdout ? "stdout" : "stderr") + ": cannot write the progress log (" + std::strerror(e) + ")", e);
+    }
   };
   const TrainResult r = train_until_stopped(c, hooks);
   std::fprintf(out, "final step=%lld loss=%.6f val_loss=%.6f params_digest=%s\n", static_cast<long long>(r.steps), r.loss,

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zinf/error.h"
+#include "zinf/files.h"
 #include "zinf/model.h"
 #include "model/hf.h"
 
@@ -343,6 +344,13 @@ void read_model(Section s, ModelConfig& m) {
   m.seq_len = static_cast<int>(s.get_int("seq_len", base.seq_len, 1, 1 << 20));
   m.activation_checkpointing = s.get_bool("activation_checkpointing", false);
   m.init_from = s.get_str("init_from", "");
+  if (!m.init_from.empty() && !is_hf_folder(m.init_from)) {  // refused now, not after the data is loaded
+    std::error_code ec;
+    if (std::filesystem::is_directory(m.init_from, ec))
+      s.fail("init_from", m.init_from + ": a folder without config.json; model.init_from takes a safetensors file or a Hugging "
+                                        "Face folder (config.json and model.safetensors or its shards)");
+    InputFile check(m.init_from, "model.init_from");  // exists, and is a regular file (not a FIFO that would block)
+  }
   if (is_hf_folder(m.init_from)) {  // a Hugging Face folder: its config.json is the shape
     for (const char* k : {"family", "n_layer", "n_head", "d_model", "vocab_size", "n_kv_head", "d_ff", "tie_embeddings",
                           "qkv_bias", "rope_theta", "norm_eps", "rope_scaling"})
@@ -899,19 +907,24 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
     if (p != std::string::npos) m = m.substr(p + 2);
     throw ConfigError(source + ": invalid JSON: " + m);
   }
+  if (!root.is_object())
+    throw ConfigError(source + ": the config must be a JSON object, got " + std::string(root.type_name()),
+                      "a config is one object: {\"train_batch_size\": 8, ...}");
   for (const auto& o : overrides) apply_override(root, o);
-  return parse_root(root, source, world_size);
+  try {
+    return parse_root(root, source, world_size);
+  } catch (const json::exception& e) {  // a value of a type no check foresaw: still zinf's one line
+    std::string m = e.what();
+    const auto p = m.find("] ");
+    throw ConfigError(source + ": " + (p == std::string::npos ? m : m.substr(p + 2)));
+  }
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw ConfigError(path + ": is a directory, not a config file", "pass the JSON file, e.g. --config configs/tiny.json");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw ConfigError(path + ": cannot open config file (" + std::strerror(errno) + ")");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_config(ss.str(), overrides, path, world_size);
+  return parse_config(read_input_file(path, "config file"), overrides, path, world_size);
 }
 
 }  // namespace zinf

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -22,15 +23,26 @@ bool is_hf_folder(const std::string& path);
 // file and the key (an unknown model_type, hidden_act other than silu, MLP biases, a rope_scaling
 // type other than llama3, a head_dim other than hidden_size / num_attention_heads, a sequence
 // longer than max_position_embeddings or Mistral's sliding_window).
+// config.json that is not a JSON object, and numbers that cannot be (a non-positive rms_norm_eps,
+// rope_theta or rope_scaling factor) are refused the same way.
 ModelShape hf_shape(const std::string& dir, int seq_len);
+// The same from config.json's text; `source` names it in errors.
+ModelShape hf_shape_from_json(std::string_view text, const std::string& source, int seq_len);
+// The shard files model.safetensors.index.json's weight_map names (sorted, each once); each must be a
+// plain file name in the folder. `source` names the index in errors.
+std::vector<std::string> hf_index_files(std::string_view text, const std::string& source);
 
 // The tensors of a llama-family model in Hugging Face's names, in file order.
 std::vector<ModelTensor> llama_hf_tensors(const ModelShape& s);
 
 // A folder opened for loading: each file's header now, each tensor's bytes when its unit is loaded.
+// Like Hugging Face's loaders it reads model.safetensors when present, else the shards the index
+// names; weights() says which. A NaN or infinite weight is a ConfigError naming the file and tensor.
 class HfModelReader {
  public:
   explicit HfModelReader(const std::string& dir);
+  // What was read: "model.safetensors", or the index and its shard count.
+  const std::string& weights() const { return weights_; }
   // Every tensor the model needs present with its shape, and none it has no place for; a
   // ConfigError naming the folder and the tensors otherwise.
   void check(const ModelShape& s) const;
@@ -43,14 +55,17 @@ class HfModelReader {
     const StTensor* tensor;
   };
   const Where* find(const std::string& name) const;
-  std::string dir_;
+  std::string dir_, weights_;
   std::vector<StReader> files_;
   std::unordered_map<std::string, Where> index_;
 };
 
 // Writes a folder Hugging Face loaders open: config.json, and the tensors in `dtype`, in shards of at
 // most `shard_bytes` (one model.safetensors when it fits, else model-0000K-of-0000N.safetensors and
-// model.safetensors.index.json). Files are written atomically; the folder is created.
+// model.safetensors.index.json). All or nothing: the folder is built beside `dir` and swapped in
+// whole when complete (see OutputFolder); an existing folder's config.json, *.safetensors and
+// *.safetensors.index.json are replaced (no shard or index of an earlier export survives) and its
+// other files (tokenizer, README) are kept. On any failure `dir` is left as it was.
 void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vector<std::vector<float>>& units, StDtype dtype,
                      std::uint64_t shard_bytes = std::uint64_t{5} << 30);
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/error.h"
+#include "zinf/files.h"
 
 namespace zinf {
 namespace {
@@ -25,8 +27,9 @@ using json = nlohmann::json;
 std::size_t dtype_size(StDtype d) { return d == StDtype::f32 ? 4 : 2; }
 const char* dtype_name(StDtype d) { return d == StDtype::f32 ? "F32" : d == StDtype::f16 ? "F16" : "BF16"; }
 
+// A malformed file is bad input (exit code 2), not a failure of the run.
 [[noreturn]] void bad(const std::string& source, const std::string& why) {
-  throw Error(source + ": invalid safetensors file: " + why);
+  throw ConfigError(source + ": invalid safetensors file: " + why);
 }
 
 }  // namespace
@@ -125,14 +128,16 @@ StFile parse_safetensors_header(const std::string& header_json, std::uint64_t da
   return f;
 }
 
-StFile read_safetensors(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw ConfigError(path + ": is a directory; a .safetensors file is expected", "name the file itself, e.g. model.safetensors");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_safetensors(std::move(bytes), path);
+StFile read_safetensors(const std::string& path, const std::string& what) {
+  return parse_safetensors(read_input_file(path, what), path);
+}
+
+void check_finite_tensor(const float* p, std::size_t n, const std::string& source, const std::string& tensor) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i]))
+      throw ConfigError(source + ": tensor " + tensor + " holds " + (std::isnan(p[i]) ? "NaN" : "Inf") + " at element " +
+                            std::to_string(i) + "; zinf starts only from finite weights",
+                        "the file is corrupt or comes from a run that diverged; export an earlier checkpoint");
 }
 
 std::vector<Gpt2Tensor> gpt2_tensors(const ModelShape& s) {
@@ -182,53 +187,34 @@ void write_model_safetensors(const std::string& path, const std::vector<ModelTen
   }
   std::string header = h.dump();
   while ((8 + header.size()) % 8 != 0) header.push_back(' ');  // the data starts 8-byte aligned
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw IoError(tmp + ": cannot create: " + std::strerror(errno), errno);
-    std::uint64_t n = header.size();
-    char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
-    out.write(len, 8);
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    std::vector<std::uint16_t> half;
-    std::vector<float> turned;
-    for (const auto& t : layout) {
-      std::size_t count = 1;
-      for (auto d : t.shape) count *= static_cast<std::size_t>(d);
-      const float* src = units[t.unit].data() + t.offset;
-      if (t.transposed) {  // the unit's [in, out] as the file's [out, in]
-        const std::size_t rows = static_cast<std::size_t>(t.shape[0]), cols = static_cast<std::size_t>(t.shape[1]);
-        turned.resize(count);
-        for (std::size_t r = 0; r < rows; ++r)
-          for (std::size_t c = 0; c < cols; ++c) turned[r * cols + c] = src[c * rows + r];
-        src = turned.data();
-      }
-      if (dtype == StDtype::f32) {
-        out.write(reinterpret_cast<const char*>(src), static_cast<std::streamsize>(count * 4));
-      } else {
-        half.resize(count);
-        if (dtype == StDtype::f16) cpu_adam::fp32_to_fp16(src, half.data(), count); else cpu_adam::fp32_to_bf16(src, half.data(), count);
-        out.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(count * 2));
-      }
+  OutputFile out(path, "safetensors file");
+  std::uint64_t n = header.size();
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  out.write(len, 8);
+  out.write(header.data(), header.size());
+  std::vector<std::uint16_t> half;
+  std::vector<float> turned;
+  for (const auto& t : layout) {
+    std::size_t count = 1;
+    for (auto d : t.shape) count *= static_cast<std::size_t>(d);
+    const float* src = units[t.unit].data() + t.offset;
+    if (t.transposed) {  // the unit's [in, out] as the file's [out, in]
+      const std::size_t rows = static_cast<std::size_t>(t.shape[0]), cols = static_cast<std::size_t>(t.shape[1]);
+      turned.resize(count);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) turned[r * cols + c] = src[c * rows + r];
+      src = turned.data();
     }
-    out.flush();
-    if (!out) {
-      const int e = errno ? errno : EIO;
-      std::remove(tmp.c_str());
-      throw IoError(tmp + ": write failed: " + std::strerror(e), e);
+    if (dtype == StDtype::f32) {
+      out.write(src, count * 4);
+    } else {
+      half.resize(count);
+      if (dtype == StDtype::f16) cpu_adam::fp32_to_fp16(src, half.data(), count); else cpu_adam::fp32_to_bf16(src, half.data(), count);
+      out.write(half.data(), count * 2);
     }
   }
-  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    throw IoError(path + ": rename failed: " + std::strerror(e), e);
-  }
+  out.commit();
 }
 
 void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const std::vector<std::vector<float>>& units,
@@ -236,17 +222,10 @@ void write_gpt2_safetensors(const std::string& path, const ModelShape& s, const 
   write_model_safetensors(path, gpt2_tensors(s), units, dtype);
 }
 
-StReader::StReader(const std::string& path) : path_(path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw ConfigError(path + ": is a directory; a .safetensors file is expected");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
-  fd_ = std::shared_ptr<const int>(new int(fd), [](const int* p) {
-    ::close(*p);
-    delete p;
-  });
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec || size < 8) bad(path, "shorter than the 8-byte header length");
+StReader::StReader(const std::string& path, const std::string& what)
+    : path_(path), file_(std::make_shared<const InputFile>(path, what)) {
+  const std::uint64_t size = file_->size();
+  if (size < 8) bad(path, "shorter than the 8-byte header length");
   char len[8];
   pread_all(len, 8, 0, "the header length");
   const std::uint64_t n = header_length(len);
@@ -260,7 +239,7 @@ StReader::StReader(const std::string& path) : path_(path) {
 void StReader::pread_all(void* dst, std::size_t n, std::uint64_t at, const std::string& what) const {
   std::size_t got = 0;
   while (got < n) {
-    const ssize_t r = ::pread(*fd_, static_cast<char*>(dst) + got, n - got, static_cast<off_t>(at + got));
+    const ssize_t r = ::pread(file_->fd(), static_cast<char*>(dst) + got, n - got, static_cast<off_t>(at + got));
     if (r <= 0) {
       const int e = r < 0 ? errno : EIO;
       throw IoError(path_ + ": reading " + what + " at offset " + std::to_string(at + got) + ": " +
@@ -316,8 +295,8 @@ void load_gpt2_unit(const StFile& f, const std::string& source, const ModelShape
     if (t.unit != u) continue;
     const StTensor* x = f.find(t.name);
     if (!x) x = f.find("transformer." + t.name);
-    if (!x) throw Error(source + ": tensor " + t.name + " is missing (model.init_from)");
-    if (x->shape != t.shape) throw Error(shape_mismatch(source, t.name, x->shape, t.shape));
+    if (!x) throw ConfigError(source + ": tensor " + t.name + " is missing (model.init_from)");
+    if (x->shape != t.shape) throw ConfigError(shape_mismatch(source, t.name, x->shape, t.shape));
     const char* p = f.bytes.data() + f.data_start + x->begin;
     const std::size_t count = static_cast<std::size_t>((x->end - x->begin) / dtype_size(x->dtype));
     float* out = dst + t.offset;
@@ -328,6 +307,7 @@ void load_gpt2_unit(const StFile& f, const std::string& source, const ModelShape
       std::memcpy(half.data(), p, count * 2);
       if (x->dtype == StDtype::f16) cpu_adam::fp16_to_fp32(half.data(), out, count); else cpu_adam::bf16_to_fp32(half.data(), out, count);
     }
+    check_finite_tensor(out, count, source, x->name);
   }
 }
 

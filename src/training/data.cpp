@@ -1,18 +1,15 @@
 // data.cpp — byte-level text, SentencePiece-tokenized text and llm.c token files (zinf/data.h).
 #include "zinf/data.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "zinf/error.h"
+#include "zinf/files.h"
 
 namespace zinf {
 namespace {
@@ -21,39 +18,14 @@ namespace fs = std::filesystem;
 constexpr char kDefaultDir[] = "/usr/share/common-licenses";
 constexpr std::size_t kHeaderBytes = 1024;
 
-void check_data_path(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw ConfigError(path + ": data file does not exist");
-  if (fs::is_directory(path, ec)) throw ConfigError(path + ": is a directory, expected a data file");
-}
-
-std::string read_all(const std::string& path) {
-  check_data_path(path);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw ConfigError(path + ": cannot open data file (" + std::strerror(errno) + ")");
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
 // A read-only mapping of a whole file, unmapped when the last holder lets go.
 std::shared_ptr<const void> map_file(const std::string& path, std::size_t* size) {
-  check_data_path(path);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw ConfigError(path + ": cannot open data file (" + std::strerror(errno) + ")");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    throw ConfigError(path + ": cannot stat data file (" + std::strerror(e) + ")");
-  }
-  *size = static_cast<std::size_t>(st.st_size);
-  if (*size == 0) {
-    ::close(fd);
-    throw ConfigError(path + ": data file is empty");
-  }
-  void* p = ::mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const InputFile f(path, "data.path");  // only a regular file: a FIFO or device is refused, not waited on
+  *size = static_cast<std::size_t>(f.size());
+  if (*size == 0) throw ConfigError("data.path " + path + ": data file is empty");
+  void* p = ::mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, f.fd(), 0);
   const int e = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) throw ConfigError(path + ": cannot map data file (" + std::strerror(e) + ")");
+  if (p == MAP_FAILED) throw ConfigError("data.path " + path + ": cannot map the data file (" + std::strerror(e) + ")");
   const std::size_t n = *size;
   return std::shared_ptr<const void>(p, [n](const void* q) { ::munmap(const_cast<void*>(q), n); });
 }
@@ -66,6 +38,29 @@ std::int32_t magic_of(const void* data, std::size_t size) {
 }
 
 }  // namespace
+
+TokenFileHeader parse_token_header(const void* data, std::size_t size, const std::string& source) {
+  if (size < kHeaderBytes) throw ConfigError(source + ": too short for an llm.c token file (no 1024-byte header)");
+  std::int32_t header[3];
+  std::memcpy(header, data, sizeof header);
+  TokenFileHeader h;
+  if (header[0] == kTokensMagicU16) {
+    if (header[1] != kTokensVersionU16)
+      throw ConfigError(source + ": unsupported token file version " + std::to_string(header[1]) + " (expected 1: uint16 tokens)");
+    h.width = 2;
+  } else if (header[0] == kTokensMagicU32) {
+    h.width = 4;  // llm.c writes version 7 for these; the magic alone says uint32
+  } else {
+    throw ConfigError(source + ": bad magic " + std::to_string(header[0]) +
+                      " (expected llm.c's token format: 20240520 for uint16 tokens, 20240801 for uint32)");
+  }
+  h.count = header[2];
+  const auto w = static_cast<std::uint64_t>(h.width);
+  if (h.count < 0 || static_cast<std::uint64_t>(h.count) * w + kHeaderBytes != size)
+    throw ConfigError(source + ": header says " + std::to_string(h.count) + " tokens but the file holds " +
+                      std::to_string((size - kHeaderBytes) / w));
+  return h;
+}
 
 TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
   TokenData d;
@@ -80,7 +75,7 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
                         "give a text file with data.path");
     std::sort(files.begin(), files.end());
     auto text = std::make_shared<std::string>();
-    for (const auto& f : files) *text += read_all(f.string());
+    for (const auto& f : files) *text += read_input_file(f.string(), "default text");
     source = "default text: " + std::to_string(files.size()) + " files in " + kDefaultDir;
     d.storage_ = text;
     d.base_ = reinterpret_cast<const unsigned char*>(text->data());
@@ -95,24 +90,9 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
     const bool tokens = cfg.format == DataFormat::tokens ||
                         (cfg.format == DataFormat::automatic && (magic == kTokensMagicU16 || magic == kTokensMagicU32));
     if (tokens) {
-      if (size < kHeaderBytes) throw ConfigError(source + ": too short for an llm.c token file (no 1024-byte header)");
-      std::int32_t header[3];
-      std::memcpy(header, d.base_, sizeof header);
-      if (header[0] == kTokensMagicU16) {
-        if (header[1] != kTokensVersionU16)
-          throw ConfigError(source + ": unsupported token file version " + std::to_string(header[1]) + " (expected 1: uint16 tokens)");
-        d.width_ = 2;
-      } else if (header[0] == kTokensMagicU32) {
-        d.width_ = 4;  // llm.c writes version 7 for these; the magic alone says uint32
-      } else {
-        throw ConfigError(source + ": bad magic " + std::to_string(header[0]) +
-                          " (expected llm.c's token format: 20240520 for uint16 tokens, 20240801 for uint32)");
-      }
-      const std::int64_t count = header[2];
-      const auto w = static_cast<std::uint64_t>(d.width_);
-      if (count < 0 || static_cast<std::uint64_t>(count) * w + kHeaderBytes != size)
-        throw ConfigError(source + ": header says " + std::to_string(count) + " tokens but the file holds " +
-                          std::to_string((size - kHeaderBytes) / w));
+      const TokenFileHeader h = parse_token_header(d.base_, size, source);
+      d.width_ = h.width;
+      const std::int64_t count = h.count;
       d.base_ += kHeaderBytes;
       d.n_ = static_cast<std::size_t>(count);
       d.description_ = source + " (llm.c tokens, uint" + std::to_string(8 * d.width_) + ", " + std::to_string(count) + " tokens)";

@@ -1,7 +1,12 @@
 // report.cpp — see report.h.
 #include "training/report.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cinttypes>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -12,14 +17,36 @@
 
 namespace zinf {
 
-MetricsFile::MetricsFile(const std::string& path) {
+MetricsFile::MetricsFile(const std::string& path) : path_(path) {
   if (path.empty()) return;
-  out_.open(path, std::ios::trunc);
-  if (!out_) throw ConfigError(path + ": cannot open the metrics file for writing");
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
+    const int e = errno;
+    throw ConfigError("train.metrics_file " + path + ": cannot open for writing (" + std::strerror(e) + ")");
+  }
+}
+
+MetricsFile::~MetricsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+// Each line goes out in one write, unbuffered: a full disk or a broken file stops the run at the
+// first line that did not reach the file, not with a silently short file at the end.
+void MetricsFile::write_line(const std::string& line) {
+  std::size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int e = w < 0 ? errno : EIO;
+      throw IoError("train.metrics_file " + path_ + ": write failed (" + std::strerror(e) + ")", e);
+    }
+    done += static_cast<std::size_t>(w);
+  }
 }
 
 void MetricsFile::step(const StepReport& r) {
-  if (!out_.is_open()) return;
+  if (fd_ < 0) return;
   nlohmann::json j = {{"step", r.step},
                       {"loss", r.loss},
                       {"lr", r.lr},
@@ -29,11 +56,11 @@ void MetricsFile::step(const StepReport& r) {
                       {"tokens_per_s", r.tokens_per_s},
                       {"step_s", r.step_s}};
   r.busy.each([&](const char* name, double s) { j["busy_s"][name] = s; });
-  out_ << j.dump() << "\n";
+  write_line(j.dump() + "\n");
 }
 
 void MetricsFile::validation(std::int64_t step, double val_loss) {
-  if (out_.is_open()) out_ << nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump() << "\n";
+  if (fd_ >= 0) write_line(nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump() + "\n");
 }
 
 std::string progress_line(const Config& c, const StepReport& r, double fwd_ms, double bwd_ms) {

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include "zinf/config.h"
@@ -24,11 +23,17 @@ struct StepReport {
 class MetricsFile {
  public:
   explicit MetricsFile(const std::string& path);  // "": off; an unwritable path is a ConfigError
+  ~MetricsFile();
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+  // A line that cannot be written (a full disk) is an IoError naming the file, at once.
   void step(const StepReport& r);
   void validation(std::int64_t step, double val_loss);
 
  private:
-  std::ofstream out_;
+  void write_line(const std::string& line);
+  std::string path_;
+  int fd_ = -1;
 };
 
 // "step N/M | loss … | lr … | scale … | norm … | tok/s", plus the forward/backward times with

@@ -1,24 +1,44 @@
 // tokenize.cpp — SentencePiece tokenization and llm.c token files (zinf/data.h).
-#include <fcntl.h>
 #include <sentencepiece_processor.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <regex>
 
 #include "zinf/data.h"
 #include "zinf/error.h"
+#include "zinf/files.h"
 
 namespace zinf {
 
-std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, std::string_view text, int* vocab) {
+namespace {
+
+// SentencePiece's status text carries its source location and the failed expression
+// ("./src/sentencepiece_processor.cc(232) [model_proto->ParseFromArray(...)] "); a user needs neither.
+std::string status_text(const sentencepiece::util::Status& st) {
+  static const std::regex where(R"([^ \[]*\.cc\([0-9]+\) \[.*\] ?)");
+  std::string m = std::regex_replace(std::string(st.message()), where, "");
+  while (!m.empty() && (m.back() == ' ' || m.back() == '\n')) m.pop_back();
+  return m;
+}
+
+}  // namespace
+
+std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, std::string_view text, int* vocab,
+                                                const std::string& what) {
+  // Read here, not by the library: only a regular file is read (see InputFile), and a bad file is
+  // zinf's one line rather than the library's.
+  const std::string bytes = read_input_file(model_path, what);
   sentencepiece::SentencePieceProcessor sp;
-  const auto st = sp.Load(model_path);
-  if (!st.ok()) throw ConfigError(model_path + ": cannot load the SentencePiece model: " + st.ToString());
+  const auto st = sp.LoadFromSerializedProto(bytes);
+  if (!st.ok()) {
+    const std::string why = status_text(st);
+    throw ConfigError(what + " " + model_path + ": not a SentencePiece model (" + (why.empty() ? "it does not parse as one" : why) + ")",
+                      "give the tokenizer.model file that came with the model");
+  }
   std::vector<int> ids;
   const auto enc = sp.Encode(text, &ids);
-  if (!enc.ok()) throw Error(model_path + ": tokenizing failed: " + enc.ToString());
+  if (!enc.ok()) throw Error(what + " " + model_path + ": tokenizing failed: " + status_text(enc));
   if (vocab) *vocab = sp.GetPieceSize();
   return std::vector<std::uint32_t>(ids.begin(), ids.end());
 }
@@ -31,25 +51,15 @@ int write_token_file(const std::string& path, const std::vector<std::uint32_t>& 
   header[0] = narrow ? kTokensMagicU16 : kTokensMagicU32;
   header[1] = narrow ? kTokensVersionU16 : kTokensVersionU32;
   header[2] = static_cast<std::int32_t>(tokens.size());
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw Error(tmp + ": cannot write (" + std::strerror(errno) + ")");
-    f.write(reinterpret_cast<const char*>(header), sizeof header);
-    if (narrow) {
-      std::vector<std::uint16_t> n(tokens.begin(), tokens.end());
-      f.write(reinterpret_cast<const char*>(n.data()), static_cast<std::streamsize>(n.size() * 2));
-    } else {
-      f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
-    }
-    f.flush();
-    if (!f) throw Error(tmp + ": write failed (" + std::strerror(errno) + ")");
+  OutputFile f(path, "--output");  // all or nothing: a failed write leaves no file and the old one untouched
+  f.write(header, sizeof header);
+  if (narrow) {
+    std::vector<std::uint16_t> n(tokens.begin(), tokens.end());
+    f.write(n.data(), n.size() * 2);
+  } else {
+    f.write(tokens.data(), tokens.size() * 4);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    throw Error(path + ": cannot rename the finished file into place (" + std::strerror(e) + ")");
-  }
+  f.commit();
   return narrow ? 2 : 4;
 }
 

@@ -541,12 +541,12 @@ class Run {
     if (is_hf_folder(c.model.init_from)) {  // tensor by tensor, as each unit is placed in its tier
       hf = std::make_unique<HfModelReader>(c.model.init_from);
       hf->check(shape);
-      log("init: parameters from the Hugging Face folder " + c.model.init_from);
+      log("init: parameters from the Hugging Face folder " + c.model.init_from + " (" + hf->weights() + ")");
     } else if (!c.model.init_from.empty()) {
       if (shape.family != ModelFamily::gpt2)
         throw ConfigError("model.init_from: a llama-family model loads from a Hugging Face folder (config.json and safetensors), "
                           "not from " + c.model.init_from);
-      init_file = std::make_unique<StFile>(read_safetensors(c.model.init_from));
+      init_file = std::make_unique<StFile>(read_safetensors(c.model.init_from, "model.init_from"));
       check_gpt2_tensor_set(*init_file, c.model.init_from, shape);
       log("init: parameters from " + c.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
     }

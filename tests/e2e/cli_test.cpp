@@ -4,7 +4,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <cstring>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -19,6 +24,13 @@ using zinf::test::slurp;
 Result run(const std::string& args) { return zinf::test::sh(std::string(ZINF_BIN) + " " + args); }
 
 std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
+
+// The lines of stderr that are zinf's error lines (notes and progress may share stderr).
+std::size_t error_lines(const std::string& s) {
+  std::size_t n = s.rfind("zinf: ", 0) == 0 ? 1 : 0;
+  for (std::size_t p = s.find("\nzinf: "); p != std::string::npos; p = s.find("\nzinf: ", p + 1)) ++n;
+  return n;
+}
 
 const std::string kConfigs = std::string(ZINF_SOURCE_DIR) + "/configs";
 
@@ -206,7 +218,7 @@ TEST(Cli, CheckpointResumeAndExport) {
   Result bad = run("export --checkpoint " + dir + "/step-99999999 -o " + out);
   EXPECT_EQ(bad.rc, 2);  // a missing checkpoint is bad input
   EXPECT_EQ(lines(bad.err), 1u) << bad.err;
-  EXPECT_NE(bad.err.find("step-99999999/manifest.json"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("step-99999999: does not exist"), std::string::npos) << bad.err;
   EXPECT_EQ(run("export --checkpoint " + dir + "/step-00000006 --dtype int8 -o " + out).rc, 2);
   std::filesystem::remove_all(dir);
 }
@@ -215,7 +227,7 @@ TEST(Cli, TrainErrorsAreOneLine) {
   Result r = run("train --config " + kConfigs + "/tiny.json --set data.path=/nonexistent/corpus.txt");
   EXPECT_EQ(r.rc, 2);
   EXPECT_EQ(lines(r.err), 1u) << r.err;
-  EXPECT_NE(r.err.find("/nonexistent/corpus.txt: data file does not exist"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("data.path /nonexistent/corpus.txt: does not exist"), std::string::npos) << r.err;
   r = run("train --config " + kConfigs + "/tiny.json --set device.memory_budget=\"1MiB\"");
   EXPECT_EQ(r.rc, 1);
   EXPECT_EQ(lines(r.err), 1u) << r.err;
@@ -234,7 +246,7 @@ TEST(Cli, BrokenConfigIsRefusedWithOneLine) {
   std::filesystem::remove(bad);
   r = run("plan --config /nonexistent.json");
   EXPECT_EQ(r.rc, 2);
-  EXPECT_NE(r.err.find("/nonexistent.json: cannot open config file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("config file /nonexistent.json: does not exist"), std::string::npos) << r.err;
   r = run("plan --config " + kConfigs + "/tiny.json --set zero_optimization.stage=9");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("zero_optimization.stage"), std::string::npos) << r.err;
@@ -294,6 +306,213 @@ TEST(Cli, PlanMeasuresAMissingNvmePathWhereItWillBeCreatedAndRefusesAnUnwritable
   EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("is not a directory this user can write to"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("inf%"), std::string::npos) << r.out;
+}
+
+
+// ---------------------------------------------------------------------------------------------------
+// Outputs appear whole or not at all; bad input files are refused with one line and exit code 2.
+
+namespace fs = std::filesystem;
+
+const std::string kSmall = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
+                           " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=1 --set device.threads=1";
+
+// The command under a file size limit of `kib` KiB, SIGXFSZ ignored: a write past it fails with
+// EFBIG part way through, as a full disk fails with ENOSPC.
+Result run_limited(int kib, const std::string& args) {
+  return zinf::test::sh("(ulimit -f " + std::to_string(kib * 2) + "; trap '' XFSZ; exec " + std::string(ZINF_BIN) + " " + args + ")");
+}
+
+// Size and hash of a file's bytes: a failed comparison prints a line per file, not the files.
+std::string fingerprint(const std::string& bytes) {
+  return std::to_string(bytes.size()) + " bytes, hash " + std::to_string(std::hash<std::string>{}(bytes));
+}
+
+// Every entry under `dir` with its bytes' fingerprint, for "nothing changed" checks.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> m;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    m[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? fingerprint(slurp(e.path().string())) : std::string("<dir>");
+  return m;
+}
+
+struct TmpDir {
+  fs::path dir;
+  explicit TmpDir(const std::string& tag) : dir(fs::temp_directory_path() / ("zinf-cli-" + tag + "-" + std::to_string(::getpid()))) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~TmpDir() { fs::remove_all(dir); }
+  std::string operator/(const std::string& n) const { return (dir / n).string(); }
+};
+
+TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
+  TmpDir t("hfexport");
+  // d_ff 512: the MLP's matrices (64 KiB each in fp32) outgrow the embedding, so with 40 KB shards
+  // the first shards are small and a later one large — the case where a full disk strikes part way.
+  Result tr = run("train --config " + kConfigs + "/tiny.json --set model.family=llama --set model.d_ff=512 --set train.steps=4"
+                  " --set train.checkpoint_interval=2"
+                  " --set train.checkpoint_dir=\"" + t / "ck" + "\"" + kSmall);
+  ASSERT_EQ(tr.rc, 0) << tr.err;
+  const std::string ck = t / "ck/step-00000002", out = t / "out/hf";
+  ASSERT_EQ(run("export --format hf --shard-size 10KB --checkpoint " + ck + " -o " + out).rc, 0);
+  ASSERT_TRUE(fs::exists(out + "/model.safetensors.index.json"));
+  std::ofstream(out + "/tokenizer.json") << "{}";
+  Result one = run("export --format hf --checkpoint " + ck + " -o " + out);  // one file now
+  ASSERT_EQ(one.rc, 0) << one.err;
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(out)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));  // no old shard or index
+  // A full disk part way: exit 1, one line, the folder as it was and nothing beside it.
+  const auto before = snapshot(t / "out");
+  Result full = run_limited(48, "export --format hf --shard-size 40KB --checkpoint " + ck + " -o " + out);
+  EXPECT_EQ(full.rc, 1) << full.err;
+  EXPECT_EQ(error_lines(full.err), 1u) << full.err;
+  EXPECT_EQ(snapshot(t / "out"), before);
+  // The output may not be what it is made from.
+  Result self = run("export --format hf --checkpoint " + ck + " -o " + ck);
+  EXPECT_EQ(self.rc, 2);
+  EXPECT_NE(self.err.find("is the checkpoint folder"), std::string::npos) << self.err;
+  Result holder = run("export --format hf --checkpoint " + ck + " -o " + t / "ck");
+  EXPECT_EQ(holder.rc, 2);
+  EXPECT_NE(holder.err.find("a folder holding the checkpoint"), std::string::npos) << holder.err;
+  // A folder with config.json that is not an object, or impossible numbers in it: one line, exit 2.
+  fs::create_directories(t / "bad");
+  fs::copy_file(out + "/model.safetensors", t / "bad/model.safetensors");
+  std::ofstream(t / "run.json") << nlohmann::json{{"train_batch_size", 2}, {"model", {{"init_from", t / "bad"}}}}.dump();
+  for (const std::string& text : {std::string("[1,2]"), std::string("null"), std::string("42")}) {
+    std::ofstream(t / "bad/config.json") << text;
+    Result r = run("plan --config " + t / "run.json");
+    EXPECT_EQ(r.rc, 2) << text << r.err;
+    EXPECT_EQ(error_lines(r.err), 1u) << r.err;
+    EXPECT_NE(r.err.find("config.json: expected a JSON object"), std::string::npos) << r.err;
+  }
+  // A folder holding both model.safetensors and an index with shards: model.safetensors is read, as
+  // Hugging Face's loaders read it, and the log says so.
+  ASSERT_EQ(run("export --format hf --checkpoint " + t / "ck/step-00000004" + " -o " + t / "single").rc, 0);
+  ASSERT_EQ(run("export --format hf --shard-size 40KB --checkpoint " + ck + " -o " + t / "both").rc, 0);
+  fs::copy_file(t / "single/model.safetensors", t / "both/model.safetensors");
+  auto digest = [&](const std::string& folder) {
+    std::ofstream(t / "eval.json") << nlohmann::json{{"train_batch_size", 2}, {"model", {{"init_from", folder}, {"seq_len", 32}}},
+                                                     {"train", {{"eval_batches", 1}}}, {"device", {{"type", "cpu"}, {"threads", 1}}}}
+                                              .dump();
+    Result r = run("eval --json --config " + t / "eval.json");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return std::make_pair(nlohmann::json::parse(r.out)["params_digest"].get<std::string>(), r.err);
+  };
+  const auto [both, both_log] = digest(t / "both");
+  EXPECT_EQ(both, digest(t / "single").first);
+  EXPECT_NE(both, digest(out).first);  // step 2's weights differ from step 4's
+  EXPECT_NE(both_log.find("(model.safetensors (model.safetensors.index.json beside it is ignored"), std::string::npos) << both_log;
+
+  auto cfg = nlohmann::json::parse(slurp(out + "/config.json"));
+  for (const auto& [key, value] : {std::pair<std::string, double>{"rms_norm_eps", -1}, {"rope_theta", -5}}) {
+    auto c = cfg;
+    c[key] = value;
+    std::ofstream(t / "bad/config.json") << c.dump();
+    Result r = run("plan --config " + t / "run.json");
+    EXPECT_EQ(r.rc, 2) << key << r.err;
+    EXPECT_NE(r.err.find("config.json: " + key + ": expected a positive number"), std::string::npos) << r.err;
+  }
+}
+
+TEST(Cli, FileExportIsWholeOrNotAtAllAndBadWeightsExitTwo) {
+  TmpDir t("stexport");
+  ASSERT_EQ(run("train --config " + kConfigs + "/tiny.json --set train.steps=2 --set train.checkpoint_interval=2"
+                " --set train.checkpoint_dir=\"" + t / "ck" + "\"" + kSmall).rc, 0);
+  const std::string ck = t / "ck/step-00000002", out = t / "out/model.safetensors";
+  fs::create_directories(t / "out");
+  ASSERT_EQ(run("export --checkpoint " + ck + " -o " + out).rc, 0);
+  const auto before = snapshot(t / "out");
+  Result full = run_limited(8, "export --checkpoint " + ck + " -o " + out);
+  EXPECT_EQ(full.rc, 1) << full.err;
+  EXPECT_EQ(error_lines(full.err), 1u) << full.err;
+  EXPECT_EQ(snapshot(t / "out"), before);  // the old file, and no temporary beside it
+  const std::string states = slurp(ck + "/states.bin");
+  Result self = run("export --checkpoint " + ck + " -o " + ck + "/states.bin");
+  EXPECT_EQ(self.rc, 2);
+  EXPECT_NE(self.err.find("is the checkpoint's"), std::string::npos) << self.err;
+  EXPECT_EQ(slurp(ck + "/states.bin"), states);
+  Result missing = run("export --checkpoint " + t / "ck/step-99999999" + " -o " + t / "x.safetensors");
+  EXPECT_EQ(missing.rc, 2);
+  EXPECT_NE(missing.err.find("--checkpoint " + t / "ck/step-99999999" + ": does not exist"), std::string::npos) << missing.err;
+
+  const std::string eval = "eval --config " + kConfigs + "/tiny.json" + kSmall + " --weights ";
+  Result none = run(eval + t / "nonexistent.safetensors");
+  EXPECT_EQ(none.rc, 2);
+  EXPECT_NE(none.err.find("model.init_from " + t / "nonexistent.safetensors" + ": does not exist"), std::string::npos) << none.err;
+  std::ofstream(t / "junk.safetensors") << "not a safetensors file";
+  Result junk = run(eval + t / "junk.safetensors");
+  EXPECT_EQ(junk.rc, 2);
+  EXPECT_NE(junk.err.find("invalid safetensors file"), std::string::npos) << junk.err;
+  // A NaN in the first tensor (wte.weight): refused with the tensor named, not trained to nan.
+  std::string bytes = slurp(out);
+  std::uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  const std::uint32_t nan_bits = 0x7fc00000u;
+  std::memcpy(bytes.data() + 8 + header, &nan_bits, 4);
+  std::ofstream(t / "nan.safetensors", std::ios::binary) << bytes;
+  Result nan = run(eval + t / "nan.safetensors");
+  EXPECT_EQ(nan.rc, 2);
+  EXPECT_EQ(error_lines(nan.err), 1u) << nan.err;
+  EXPECT_NE(nan.err.find("tensor wte.weight holds NaN at element 0"), std::string::npos) << nan.err;
+}
+
+TEST(Cli, TokenizeNeverReplacesItsInputAndLeavesNothingPartial) {
+  TmpDir t("tokenize");
+  std::ofstream(t / "a.txt") << std::string(5000, 'a');
+  const std::string text = slurp(t / "a.txt");
+  Result same = run("tokenize " + t / "a.txt" + " -o " + t / "a.txt");
+  EXPECT_EQ(same.rc, 2);
+  EXPECT_NE(same.err.find("--output " + t / "a.txt" + ": is the input"), std::string::npos) << same.err;
+  EXPECT_EQ(slurp(t / "a.txt"), text);
+  Result other = run("tokenize " + t / "a.txt" + " -o " + (t.dir / "." / "a.txt").string());  // another spelling
+  EXPECT_EQ(other.rc, 2);
+  EXPECT_EQ(slurp(t / "a.txt"), text);
+  ASSERT_EQ(run("tokenize " + t / "a.txt" + " -o " + t / "t.bin").rc, 0);
+  std::ofstream(t / "b.txt") << std::string(20000, 'b');
+  const auto before = snapshot(t.dir);
+  Result full = run_limited(8, "tokenize " + t / "b.txt" + " -o " + t / "t.bin");
+  EXPECT_EQ(full.rc, 1) << full.err;
+  EXPECT_EQ(snapshot(t.dir), before);  // no .tmp file, the old token file as it was
+  std::ofstream(t / "junk.model") << "not a model";
+  Result junk = run("tokenize " + t / "a.txt" + " --tokenizer " + t / "junk.model" + " -o " + t / "u.bin");
+  EXPECT_EQ(junk.rc, 2);
+  EXPECT_EQ(error_lines(junk.err), 1u) << junk.err;
+  EXPECT_NE(junk.err.find("--tokenizer " + t / "junk.model" + ": not a SentencePiece model"), std::string::npos) << junk.err;
+  EXPECT_EQ(junk.err.find(".cc("), std::string::npos) << junk.err;
+}
+
+// A FIFO is refused, not waited on (the timeout only turns a regression into a failure, rc 124).
+TEST(Cli, FifosAndDirectoriesAreRefusedWhereverAFileIsRead) {
+  TmpDir t("fifo");
+  ASSERT_EQ(::mkfifo((t / "fifo").c_str(), 0600), 0);
+  const std::string bin = "timeout 60 " + std::string(ZINF_BIN) + " ";
+  const std::string train = "train --config " + kConfigs + "/tiny.json --set train.steps=1" + kSmall;
+  for (const std::string& args : {"tokenize " + t / "fifo" + " -o " + t / "o.bin",
+                                  train + " --set data.path=\"" + t / "fifo" + "\"",
+                                  train + " --set model.init_from=\"" + t / "fifo" + "\"",
+                                  "plan --config " + t / "fifo"}) {
+    Result r = zinf::test::sh(bin + args);
+    EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
+    EXPECT_EQ(error_lines(r.err), 1u) << r.err;
+    EXPECT_NE(r.err.find(t / "fifo" + ": is a FIFO"), std::string::npos) << r.err;
+  }
+  std::ofstream(t / "text.txt") << std::string(4000, 'x');
+  Result dir = run(train + " --set data.path=\"" + t / "text.txt" + "\" --set data.tokenizer=\"" + t.dir.string() + "\"");
+  EXPECT_EQ(dir.rc, 2);
+  EXPECT_EQ(error_lines(dir.err), 1u) << dir.err;
+  EXPECT_NE(dir.err.find("data.tokenizer " + t.dir.string() + ": is a directory"), std::string::npos) << dir.err;
+}
+
+TEST(Cli, AMetricsFileOrLogThatCannotBeWrittenIsAnError) {
+  const std::string train = "train --config " + kConfigs + "/tiny.json --set train.steps=2" + kSmall;
+  Result m = run(train + " --set train.metrics_file=/dev/full");
+  EXPECT_EQ(m.rc, 1);
+  EXPECT_NE(m.err.find("train.metrics_file /dev/full: write failed (No space left on device)"), std::string::npos) << m.err;
+  Result log = zinf::test::sh("(" + std::string(ZINF_BIN) + " " + train + " >/dev/full)");
+  EXPECT_EQ(log.rc, 1);
+  EXPECT_NE(log.err.find("stdout: cannot write the progress log (No space left on device)"), std::string::npos) << log.err;
 }
 
 }  // namespace

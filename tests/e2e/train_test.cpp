@@ -170,7 +170,7 @@ TEST_F(DataFiles, TextAndTokenFilesLoad) {
 TEST_F(DataFiles, BadDataIsOneClearError) {
   DataConfig d;
   d.path = (dir / "missing.txt").string();
-  EXPECT_NE(error_of(d).find("missing.txt: data file does not exist"), std::string::npos);
+  EXPECT_NE(error_of(d).find("missing.txt: does not exist"), std::string::npos);
   d.path = write("empty.txt", "");
   EXPECT_NE(error_of(d).find("empty.txt: data file is empty"), std::string::npos);
   d.path = write("short.txt", "abc");

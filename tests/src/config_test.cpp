@@ -304,7 +304,7 @@ TEST(Config, InvalidJsonReportsPosition) {
   std::string e = error_of("{\"train_batch_size\": 8,\n \"fp16\": {\"enabled\": tru}}");
   EXPECT_EQ(e.rfind("cfg.json: invalid JSON: ", 0), 0u) << e;
   EXPECT_NE(e.find("line 2"), std::string::npos) << e;
-  EXPECT_EQ(error_of("[1, 2]"), "cfg.json: the config must be a JSON object");
+  EXPECT_EQ(error_of("[1, 2]").rfind("cfg.json: the config must be a JSON object, got array", 0), 0u);
 }
 
 TEST(Config, MissingFileIsAConfigErrorNamingIt) {
@@ -312,7 +312,7 @@ TEST(Config, MissingFileIsAConfigErrorNamingIt) {
     load_config("/nonexistent/ds_config.json");
     FAIL() << "expected an error";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/ds_config.json: cannot open config file"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("config file /nonexistent/ds_config.json: does not exist"), std::string::npos);
   }
 }
 

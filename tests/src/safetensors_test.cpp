@@ -251,7 +251,7 @@ TEST(Safetensors, InitFromChecksTheTensorSetBeforeLoading) {
     read_safetensors(t.dir.string());
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("is a directory; a .safetensors file is expected"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(": is a directory"), std::string::npos) << e.what();
   }
 }
 

@@ -125,6 +125,37 @@ TEST(TrainDp, UnevenEvaluationAtStage3MatchesOneRank) {
   }
 }
 
+// Stage 3 with exact overlap, repeated on the asynchronous jittered device: the next forward's
+// gathers run while the Update is still landing units, and every rank must issue them in one order
+// whatever the timing — the blocks are all the same size, so two ranks gathering different units
+// at the same point would silently swap parameters, not fail. Four blocks and a window that
+// prefetches several of them ahead; every repeat (another jitter seed) must give one rank's digest.
+TEST(TrainDp, Stage3ExactOverlapGivesOneRanksDigestOnEveryRepeat) {
+  ZINF_NEED_RANKS();
+  SharedDir dir;
+  const std::vector<std::string> base = {"model.n_layer=6", "train.steps=4", "train.eval_batches=2"};
+  const TrainResult one = run(dir.p, base, /*solo=*/true);
+  std::string failed;
+  int bad = 0, runs = 0;
+  for (const char* opt : {"none", "cpu"})
+    for (int seed = 1; seed <= 4; ++seed) {
+      std::vector<std::string> over = base;
+      for (const std::string& s : {std::string("zero_optimization.stage=3"), std::string("zero_optimization.offload_optimizer.device=") + opt,
+                                   std::string("device.async=true"), "device.jitter_seed=" + std::to_string(seed),
+                                   std::string("device.jitter_us=100")})
+        over.push_back(s);
+      TrainResult r;
+      const std::string what = std::string("optimizer ") + opt + ", jitter seed " + std::to_string(seed);
+      within(120, what, [&] { r = run(dir.p, over); });
+      ++runs;
+      if (r.params_digest != one.params_digest || r.loss != one.loss) {
+        ++bad;
+        failed += " [" + what + ": " + r.params_digest + "]";
+      }
+    }
+  EXPECT_EQ(bad, 0) << bad << " of " << runs << " repeats differ from one rank's digest " << one.params_digest << ":" << failed;
+}
+
 TEST(TrainDp, CheckpointsResumeOnAnotherWorldSize) {
   ZINF_NEED_RANKS();
   SharedDir dir;

@@ -1,5 +1,6 @@
 // train_dp_test.cpp — `train()` across data-parallel ranks (run under mpirun): every ZeRO stage,
-// placement and overlap mode gives one digest, equal to one rank with the ranks' accumulation;
+// placement and overlap mode gives one digest, equal to one rank with the ranks' accumulation — also
+// run after run on the asynchronous jittered device, where the ranks' timings differ every time;
 // checkpoints resume across world sizes; a job whose ranks disagree on the config is refused.
 #include <gtest/gtest.h>
 #include <unistd.h>

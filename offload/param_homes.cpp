@@ -35,7 +35,10 @@ class DeviceHome final : public ParamHome {
     s_.dev.synchronize(StreamRole::h2d);
   }
   void* update_target(Unit& u, std::size_t o, int slot) override {
-    if (!s_.optimizer_offloaded) return static_cast<char*>(u.param.as<void>()) + (o - u.p_lo) * s_.compute_bytes;  // the device's own Update
+    // The device's own Update (on d2h) rewrites the home in place. A Fetch gather that read it (on h2d
+    // with NCCL) is behind it already: the model's stream waited for that gather (slot.ready) before
+    // its reads, and d2h waited for the model's event at every grads_done before this Update.
+    if (!s_.optimizer_offloaded) return static_cast<char*>(u.param.as<void>()) + (o - u.p_lo) * s_.compute_bytes;
     auto k = static_cast<std::size_t>(slot);
     if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
     return up_.buffer[k].data();

@@ -60,14 +60,21 @@ void ParamWindow::prefetch_after(std::size_t u, bool backward) {
     if (next < 0 || next >= static_cast<long>(s_.units.size())) break;
     const auto v = static_cast<std::size_t>(next);
     if (!s_.units[v].windowed) continue;
-    if (find(v) >= 0) continue;
     {
       std::unique_lock<std::mutex> lk(s_.mu);
       // Partitioned parameters: every rank must gather the same units in the same order, so the
-      // prefetch waits for the landing instead of depending on its timing.
+      // prefetch waits for the landing (the Update worker sets version[v] = applied under mu once
+      // v's shard is home; that is what hands the shard to this thread's gather) instead of
+      // depending on its timing.
       if (s_.shard_params) s_.cv.wait(lk, [&] { return s_.units[v].version == s_.applied || s_.update_failed; });
       if (s_.units[v].version != s_.applied) break;  // its update has not landed yet: fetch on demand
     }
+    // Only now is the window asked whether it holds v: before v lands, find() compares slots with
+    // v's previous version, so a slot with the stale copy would count as current. Asked first, one
+    // rank whose Update had not reached v yet skipped v and gathered v+1 before it, while another
+    // rank, whose Update was a unit ahead, gathered v first — equal-sized blocks then swapped
+    // parameters between the two gathers without any error.
+    if (find(v) >= 0) continue;
     if (fetch(v) < 0) break;
   }
 }

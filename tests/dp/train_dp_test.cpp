@@ -1,9 +1,13 @@
 // train_dp_test.cpp — `train()` across data-parallel ranks (run under mpirun): every ZeRO stage,
-// placement and overlap mode gives one digest, equal to one rank with the ranks' accumulation;
+// placement and overlap mode gives one digest, equal to one rank with the ranks' accumulation — also
+// run after run on the asynchronous jittered device, where the ranks' timings differ every time;
 // checkpoints resume across world sizes; a job whose ranks disagree on the config is refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -123,6 +127,65 @@ TEST(TrainDp, UnevenEvaluationAtStage3MatchesOneRank) {
     EXPECT_EQ(r.val_loss, one.val_loss) << param;
     EXPECT_EQ(r.params_digest, one.params_digest) << param;
   }
+}
+
+// Repeats on the asynchronous jittered device: each case runs once per jitter seed 1…repeats (times
+// ZINF_DP_REPEATS when set, for longer sweeps by hand) with exact overlap; every run must give the
+// digest and loss of one rank with the ranks' accumulation. Returns one line per case that did not
+// always agree ("x/y agree"); rank 0 prints every case's count when ZINF_DP_REPEATS is set.
+std::string repeat_on_jittered_device(const std::string& dir, const std::vector<std::string>& base,
+                                      const std::vector<std::vector<std::string>>& cases, int repeats) {
+  if (const char* m = std::getenv("ZINF_DP_REPEATS")) repeats *= std::max(1, std::atoi(m));
+  const TrainResult one = run(dir, base, /*solo=*/true);
+  std::string failed;
+  for (const auto& c : cases) {
+    std::string what;
+    for (const auto& s : c) what += s + " ";
+    int agree = 0;
+    std::string digests;
+    for (int seed = 1; seed <= repeats; ++seed) {
+      std::vector<std::string> over = base;
+      over.insert(over.end(), c.begin(), c.end());
+      for (const std::string& s : {std::string("device.async=true"), "device.jitter_seed=" + std::to_string(seed),
+                                   std::string("device.jitter_us=100")})
+        over.push_back(s);
+      TrainResult r;
+      within(120, what + "seed " + std::to_string(seed), [&] { r = run(dir, over); });
+      if (r.params_digest == one.params_digest && r.loss == one.loss) ++agree; else digests += " " + r.params_digest;
+    }
+    if (agree < repeats) failed += "\n  " + what + ": " + std::to_string(agree) + "/" + std::to_string(repeats) + " agree (" + digests + " )";
+    if (std::getenv("ZINF_DP_REPEATS") && world().rank() == 0)
+      std::printf("  %d ranks, %s: %d/%d agree\n", world().size(), what.c_str(), agree, repeats);
+  }
+  return failed.empty() ? failed : "differ from one rank's digest " + one.params_digest + ":" + failed;
+}
+
+// Stage 3 with exact overlap, repeated: the next forward's gathers run while the Update is still
+// landing units, and every rank must issue them in one order whatever the timing — the blocks are
+// all the same size, so two ranks gathering different units at the same point would silently swap
+// parameters, not fail. Six blocks and a window that prefetches several of them ahead (and evicts).
+TEST(TrainDp, Stage3ExactOverlapGivesOneRanksDigestOnEveryRepeat) {
+  ZINF_NEED_RANKS();
+  SharedDir dir;
+  const std::string failed = repeat_on_jittered_device(
+      dir.p, {"model.n_layer=6", "train.steps=4", "train.eval_batches=2"},
+      {{"zero_optimization.stage=3"}, {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu"}}, 4);
+  EXPECT_TRUE(failed.empty()) << failed;
+}
+
+// Every stage and every placement DeepSpeed allows (optimizer offload from stage 1, parameter
+// offload at stage 3), once each on the jittered device with exact overlap.
+TEST(TrainDp, EveryStageAndPlacementGivesOneDigestOnTheJitteredDevice) {
+  ZINF_NEED_RANKS();
+  SharedDir dir;
+  std::vector<std::vector<std::string>> cases = {{"zero_optimization.stage=0"}};
+  const std::string opt = "zero_optimization.offload_optimizer.device=", param = "zero_optimization.offload_param.device=";
+  for (const char* st : {"1", "2"})
+    for (const char* o : {"none", "cpu", "nvme"}) cases.push_back({std::string("zero_optimization.stage=") + st, opt + o});
+  for (const char* o : {"none", "cpu", "nvme"})
+    for (const char* p : {"none", "cpu", "nvme"}) cases.push_back({"zero_optimization.stage=3", opt + o, param + p});
+  const std::string failed = repeat_on_jittered_device(dir.p, {"model.n_layer=4", "train.eval_batches=2"}, cases, 1);
+  EXPECT_TRUE(failed.empty()) << failed;
 }
 
 TEST(TrainDp, CheckpointsResumeOnAnotherWorldSize) {

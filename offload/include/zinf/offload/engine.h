@@ -38,6 +38,17 @@
 //   param home (pinned/NVMe) Update                  h2d (Fetch)             unit.fetched (h2d) ⇐ Update, before it
 //                                                                            rewrites the home; the Fetch of a unit
 //                                                                            waits for its landing (version)
+//   param shard (stage 3,    Update / h2d (Upload)   the trainer's gather    landing (version[u] = applied, under mu):
+//   several ranks)                                   at Fetch (MPI on the    weights(u) waits for it, and the prefetch
+//                                                    host, or h2d)           waits for it before it asks the window
+//                                                                            whether u is there (a stale slot would
+//                                                                            pass for current and the ranks' gathers
+//                                                                            would go in different orders)
+//   param shard, rewrite     next Update: h2d        the gather (h2d, with   h2d Upload: stream order. The device's
+//                            (Upload) or d2h (the    NCCL)                   own Update on d2h: through compute — it
+//                            device's Update)                                waited slot.ready before the model's
+//                                                                            reads, and d2h waits compute's event at
+//                                                                            every grads_done before the Update
 //   resident param (+fp32)   Update / h2d (Upload)   compute                 landing: the Update's copies are waited
 //                                                                            (⇐ upload events, h2d sync) before
 //                                                                            version[u] is set; weights(u) waits it

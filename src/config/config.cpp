@@ -891,8 +891,9 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
   };
   try {
     root = json::parse(json_text, check_duplicates);
-  } catch (const json::parse_error& e) {
-    // nlohmann's message carries line and column; keep its part after the "[json.exception...]" tag.
+  } catch (const json::exception& e) {
+    // A syntax error (its message carries line and column), or a number too large for a double
+    // ("number overflow parsing '1e400'"); keep nlohmann's text after its "[json.exception...]" tag.
     std::string m = e.what();
     auto p = m.find("] ");
     if (p != std::string::npos) m = m.substr(p + 2);

@@ -91,5 +91,16 @@ TEST(ConfigFuzz, RandomBytesAndValuesAreHandled) {
     for (const char* v : values) try_parse(R"({"train_batch_size": 8})", {std::string(k) + "=" + v});
 }
 
+// nlohmann reports a number beyond a double as out_of_range, not as a parse error; it must still be
+// one ConfigError line naming the file, not the library's exception.
+TEST(ConfigFuzz, ANumberTooLargeForADoubleIsAConfigError) {
+  try {
+    parse_config(R"({"train_batch_size": 8, "gradient_clipping": 1e400})", {}, "big.json");
+    FAIL() << "1e400 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "big.json: invalid JSON: number overflow parsing '1e400'");
+  }
+}
+
 }  // namespace
 }  // namespace zinf

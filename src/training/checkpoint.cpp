@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -124,18 +125,26 @@ std::vector<std::pair<std::int64_t, std::string>> list_steps(const std::string& 
   return out;
 }
 
+// nlohmann's message without its "[json.exception.type_error.302] " tag: what is wrong, for one
+// error line naming the manifest.
+std::string json_why(const json::exception& e) {
+  const std::string m = e.what();
+  const auto p = m.find("] ");
+  return p == std::string::npos ? m : m.substr(p + 2);
+}
+
 json read_manifest(const std::string& path) {
   const std::string mf = path + "/manifest.json";
   std::ifstream f(mf);
   if (!f) throw Error("checkpoint " + mf + ": missing or unreadable");
   try {
     json j = json::parse(f);
-    if (j.value("format", "") != kFormat) throw Error("checkpoint " + mf + ": not a zinf checkpoint manifest");
-    if (j.value("version", 0) != kVersion)
-      throw Error("checkpoint " + mf + ": unsupported version " + std::to_string(j.value("version", 0)));
+    if (!j.is_object() || j.value("format", "") != kFormat) throw Error("checkpoint " + mf + ": not a zinf checkpoint manifest");
+    if (!j.contains("version") || j["version"] != kVersion)
+      throw Error("checkpoint " + mf + ": unsupported version " + (j.contains("version") ? j["version"].dump() : "(none)"));
     return j;
   } catch (const json::exception& e) {
-    throw Error("checkpoint " + mf + ": corrupt manifest (" + std::string(e.what()) + ")");
+    throw Error("checkpoint " + mf + ": corrupt manifest (" + json_why(e) + ")");
   }
 }
 
@@ -150,23 +159,38 @@ json shape_json(const ModelShape& s) {
               {"rope_original_max", s.rope_original_max}, {"max_positions", s.max_positions}});
   return m;
 }
-ModelShape shape_from_json(const json& m) {
-  ModelShape s{m.at("n_layer").get<int>(), m.at("n_head").get<int>(), m.at("d_model").get<int>(), m.at("vocab_size").get<int>(),
-               m.at("seq_len").get<int>()};
+// Throws json::exception on a missing key or a wrong type, Error (naming `mf`) on a size no config
+// can give (the bounds are the run config's), so no caller builds a model from a corrupt manifest.
+ModelShape shape_from_json(const json& m, const std::string& mf) {
+  auto size = [&](const char* key, std::int64_t hi) {
+    const json& v = m.at(key);
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > hi)
+      throw Error("checkpoint " + mf + ": model." + key + ": " + v.dump() + " is not a size between 1 and " + std::to_string(hi));
+    return static_cast<int>(v.get<std::int64_t>());
+  };
+  ModelShape s{size("n_layer", 4096), size("n_head", 4096), size("d_model", 1 << 20), size("vocab_size", 1 << 24),
+               size("seq_len", 1 << 20)};
   if (m.value("family", std::string("gpt2")) == "llama") {
     s.family = ModelFamily::llama;
-    s.n_kv_head = m.at("n_kv_head").get<int>(), s.d_ff = m.at("d_ff").get<int>();
+    s.n_kv_head = size("n_kv_head", 4096), s.d_ff = size("d_ff", 1 << 22);
     s.tie_embeddings = m.at("tie_embeddings").get<bool>(), s.qkv_bias = m.at("qkv_bias").get<bool>();
     s.rope_theta = m.at("rope_theta").get<double>(), s.norm_eps = m.at("norm_eps").get<double>();
     s.rope_factor = m.at("rope_factor").get<double>(), s.rope_low_freq_factor = m.at("rope_low_freq_factor").get<double>();
     s.rope_high_freq_factor = m.at("rope_high_freq_factor").get<double>(), s.rope_original_max = m.at("rope_original_max").get<double>();
-    s.max_positions = m.value("max_positions", 0);
+    s.max_positions = m.contains("max_positions") ? size("max_positions", 1 << 30) : 0;
   }
+  if (s.d_model % s.n_head != 0 || s.n_head % s.kv_heads() != 0)
+    throw Error("checkpoint " + mf + ": model: n_head does not divide d_model, or n_kv_head does not divide n_head");
   return s;
 }
 
 void check_shape(const json& j, const ModelShape& s, const std::string& path) {
-  const ModelShape got = shape_from_json(j.at("model"));
+  ModelShape got;
+  try {
+    got = shape_from_json(j.at("model"), path + "/manifest.json");
+  } catch (const json::exception& e) {
+    throw Error("checkpoint " + path + "/manifest.json: model: " + json_why(e));
+  }
   if (got.family != s.family)
     throw Error("checkpoint " + path + ": the model family differs (checkpoint " + std::string(to_string(got.family)) + ", config " +
                 std::string(to_string(s.family)) + ")");
@@ -179,16 +203,23 @@ void check_shape(const json& j, const ModelShape& s, const std::string& path) {
 }
 
 // Streams states.bin tensor by tensor, checking each checksum; hands each unit to `use` when given.
-void read_states_file(const std::string& path, const json& j, const ModelShape& shape, const StatesWriter* use) {
+// Throws json::exception when the manifest's states_bytes or tensors are missing or mistyped.
+void read_states_file_or_throw_json(const std::string& path, const json& j, const ModelShape& shape, const StatesWriter* use) {
   const std::string sf = path + "/states.bin";
+  // A byte count or offset: an unsigned integer (a float would not convert to one safely).
+  auto bytes_at = [&](const json& o, const char* key) {
+    const json& v = o.at(key);
+    if (!v.is_number_unsigned()) throw Error("checkpoint " + path + "/manifest.json: " + key + ": " + v.dump() + " is not a byte count");
+    return v.get<std::uint64_t>();
+  };
   std::ifstream f(sf, std::ios::binary);
   if (!f) throw Error("checkpoint " + sf + ": missing or unreadable");
   f.seekg(0, std::ios::end);
   const std::uint64_t size = static_cast<std::uint64_t>(f.tellg());
   f.seekg(0);
-  if (size != j.at("states_bytes").get<std::uint64_t>())
+  if (size != bytes_at(j, "states_bytes"))
     throw Error("checkpoint " + sf + ": " + std::to_string(size) + " bytes, the manifest says " +
-                std::to_string(j.at("states_bytes").get<std::uint64_t>()) + " (truncated?)");
+                std::to_string(bytes_at(j, "states_bytes")) + " (truncated?)");
   const auto units = layer_units(shape);
   const json& tensors = j.at("tensors");
   if (tensors.size() != units.size() * 3) throw Error("checkpoint " + path + "/manifest.json: wrong number of tensors");
@@ -198,11 +229,13 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
     for (int k = 0; k < 3; ++k) {
       const json& t = tensors[u * 3 + static_cast<std::size_t>(k)];
       const std::string name = t.at("name").get<std::string>();
-      if (t.at("bytes").get<std::uint64_t>() != n * 4)
-        throw Error("checkpoint " + sf + ": tensor " + name + " has " + std::to_string(t.at("bytes").get<std::uint64_t>()) +
+      if (bytes_at(t, "bytes") != n * 4)
+        throw Error("checkpoint " + sf + ": tensor " + name + " has " + std::to_string(bytes_at(t, "bytes")) +
                     " bytes, the model needs " + std::to_string(n * 4));
       buf[k].resize(n);
-      f.seekg(static_cast<std::streamoff>(t.at("offset").get<std::uint64_t>()));
+      const std::uint64_t at = bytes_at(t, "offset");
+      if (at > size || size - at < n * 4) throw Error("checkpoint " + sf + ": tensor " + name + " is cut short");
+      f.seekg(static_cast<std::streamoff>(at));
       f.read(reinterpret_cast<char*>(buf[k].data()), static_cast<std::streamsize>(n * 4));
       if (!f) throw Error("checkpoint " + sf + ": tensor " + name + " is cut short");
       if (hex(XXH64(buf[k].data(), n * 4, 0)) != t.at("xxh64").get<std::string>())
@@ -210,6 +243,45 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
     }
     if (use) (*use)(u, buf[0].data(), buf[1].data(), buf[2].data());
   }
+}
+
+void read_states_file(const std::string& path, const json& j, const ModelShape& shape, const StatesWriter* use) {
+  try {
+    read_states_file_or_throw_json(path, j, shape, use);
+  } catch (const json::exception& e) {  // a key missing or of the wrong type in states_bytes or tensors
+    throw Error("checkpoint " + path + "/manifest.json: " + json_why(e));
+  }
+}
+
+// The training state a manifest records. Verifying a checkpoint reads it too, so that a checkpoint
+// the resume path picks always loads.
+CheckpointState state_from_json(const json& j, const std::string& path) {
+  CheckpointState s;
+  const std::string mf = path + "/manifest.json";
+  // A counter: an integer (a float would not convert to one safely).
+  auto counter = [&](const json& o, const char* key, std::int64_t lo, std::int64_t hi) {
+    const json& v = o.at(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) ||
+        v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+      throw Error("checkpoint " + mf + ": " + key + ": " + v.dump() + " is not an integer between " + std::to_string(lo) + " and " +
+                  std::to_string(hi));
+    return v.get<std::int64_t>();
+  };
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  try {
+    s.step = counter(j, "step", 0, kMax);
+    s.opt_steps = counter(j, "opt_steps", 0, kMax);
+    s.rows_drawn = counter(j, "rows_drawn", 0, kMax);
+    s.skipped = counter(j, "skipped", 0, kMax);
+    const json& sc = j.at("scaler");
+    s.loss_scale = sc.at("scale").get<double>();
+    s.scaler_iter = counter(sc, "iter", 0, kMax);
+    s.scaler_last_overflow = counter(sc, "last_overflow_iter", -1, kMax);
+    s.scaler_hysteresis = static_cast<int>(counter(sc, "hysteresis", 0, std::numeric_limits<int>::max()));
+  } catch (const json::exception& e) {
+    throw Error("checkpoint " + mf + ": " + json_why(e));
+  }
+  return s;
 }
 
 }  // namespace
@@ -295,15 +367,16 @@ std::string save_checkpoint(const std::string& dir, int keep_last, const Config&
 ModelShape checkpoint_shape(const std::string& path) {
   const json j = read_manifest(path);
   try {
-    return shape_from_json(j.at("model"));
+    return shape_from_json(j.at("model"), path + "/manifest.json");
   } catch (const json::exception& e) {
-    throw Error("checkpoint " + path + "/manifest.json: " + e.what());
+    throw Error("checkpoint " + path + "/manifest.json: model: " + json_why(e));
   }
 }
 
 void verify_checkpoint(const std::string& path, const ModelShape& shape) {
   const json j = read_manifest(path);
   check_shape(j, shape, path);
+  (void)state_from_json(j, path);
   read_states_file(path, j, shape, nullptr);
 }
 
@@ -312,21 +385,7 @@ CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape
   check_shape(j, shape, path);
   verify_checkpoint(path, shape);  // every checksum before anything is overwritten
   read_states_file(path, j, shape, &write);
-  CheckpointState s;
-  try {
-    s.step = j.at("step").get<std::int64_t>();
-    s.opt_steps = j.at("opt_steps").get<std::int64_t>();
-    s.rows_drawn = j.at("rows_drawn").get<std::int64_t>();
-    s.skipped = j.at("skipped").get<std::int64_t>();
-    const json& sc = j.at("scaler");
-    s.loss_scale = sc.at("scale").get<double>();
-    s.scaler_iter = sc.at("iter").get<std::int64_t>();
-    s.scaler_last_overflow = sc.at("last_overflow_iter").get<std::int64_t>();
-    s.scaler_hysteresis = sc.at("hysteresis").get<int>();
-  } catch (const json::exception& e) {
-    throw Error("checkpoint " + path + "/manifest.json: " + e.what());
-  }
-  return s;
+  return state_from_json(j, path);
 }
 
 std::string latest_valid_checkpoint(const std::string& dir, const ModelShape& shape, std::vector<std::string>* skipped) {

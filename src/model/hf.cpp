@@ -66,6 +66,7 @@ bool is_hf_folder(const std::string& path) {
 ModelShape hf_shape(const std::string& dir, int seq_len) {
   const std::string src = (fs::path(dir) / "config.json").string();
   const json c = read_json(src);
+  if (!c.is_object()) throw ConfigError(src + ": expected a JSON object of model settings, got " + std::string(c.type_name()));
   auto fail = [&](const std::string& key, const std::string& why) -> ConfigError { return ConfigError(src + ": " + key + ": " + why); };
   auto get_int = [&](const char* key, std::optional<std::int64_t> def = std::nullopt) -> int {
     if (!c.contains(key) || c[key].is_null()) {
@@ -86,7 +87,8 @@ ModelShape hf_shape(const std::string& dir, int seq_len) {
     if (!c[key].is_boolean()) throw fail(key, "expected true or false, got " + c[key].dump());
     return c[key].get<bool>();
   };
-  const std::string type = c.value("model_type", std::string());
+  const std::string type = !c.contains("model_type") ? std::string() : c["model_type"].is_string() ? c["model_type"].get<std::string>()
+                                                                                                   : c["model_type"].dump();
   if (type != "llama" && type != "mistral" && type != "qwen2")
     throw fail("model_type", "'" + type + "' is not of the llama family zinf trains (llama, mistral, qwen2)");
   ModelShape s;
@@ -111,20 +113,28 @@ ModelShape hf_shape(const std::string& dir, int seq_len) {
   if (type == "llama" && get_bool("attention_bias", false)) throw fail("attention_bias", "attention biases (q, k, v and o) are not supported");
   if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
     const json& r = c["rope_scaling"];
-    const std::string kind = r.value("rope_type", r.value("type", std::string()));
-    if (kind != "llama3") throw fail("rope_scaling", "type '" + kind + "' is not supported (llama3 is)");
-    s.rope_factor = r.value("factor", 1.0);
-    s.rope_low_freq_factor = r.value("low_freq_factor", 1.0);
-    s.rope_high_freq_factor = r.value("high_freq_factor", 4.0);
-    s.rope_original_max = r.value("original_max_position_embeddings", 8192.0);
+    if (!r.is_object()) throw fail("rope_scaling", "expected an object or null, got " + r.dump());
+    const json kind = r.contains("rope_type") ? r["rope_type"] : r.contains("type") ? r["type"] : json("");
+    if (kind != "llama3")
+      throw fail("rope_scaling", "type '" + (kind.is_string() ? kind.get<std::string>() : kind.dump()) + "' is not supported (llama3 is)");
+    auto rope_num = [&](const char* key, double def) {
+      if (!r.contains(key) || r[key].is_null()) return def;
+      if (!r[key].is_number()) throw fail(std::string("rope_scaling.") + key, "expected a number, got " + r[key].dump());
+      return r[key].get<double>();
+    };
+    s.rope_factor = rope_num("factor", 1.0);
+    s.rope_low_freq_factor = rope_num("low_freq_factor", 1.0);
+    s.rope_high_freq_factor = rope_num("high_freq_factor", 4.0);
+    s.rope_original_max = rope_num("original_max_position_embeddings", 8192.0);
   }
   s.seq_len = seq_len > 0 ? seq_len : std::min(2048, s.max_positions);
   if (s.seq_len > s.max_positions)
     throw ConfigError(src + ": max_position_embeddings is " + std::to_string(s.max_positions) + ", below model.seq_len " +
                       std::to_string(s.seq_len));
   const bool sliding = type == "mistral" ? true : get_bool("use_sliding_window", false);
-  if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() && c["sliding_window"].get<int>() < s.seq_len)
-    throw fail("sliding_window", std::to_string(c["sliding_window"].get<int>()) + " is shorter than model.seq_len " +
+  if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() &&
+      c["sliding_window"].get<std::int64_t>() < s.seq_len)
+    throw fail("sliding_window", std::to_string(c["sliding_window"].get<std::int64_t>()) + " is shorter than model.seq_len " +
                                      std::to_string(s.seq_len) + " (zinf attends over the whole sequence)");
   if ((s.head_dim()) % 2 != 0) throw fail("num_attention_heads", "the head width must be even for rotary positions");
   return s;

@@ -1,6 +1,6 @@
 // checkpoint_fuzz.cpp — a checkpoint's manifest.json on arbitrary bytes. A real checkpoint of a
 // tiny GPT-2 is saved once (in memory, deterministic states); each input replaces its manifest, and
-// every reader of checkpoints runs on it: checkpoint_shape, verify_checkpoint, load_checkpoint and
+// every reader of checkpoints runs on it: checkpoint_shape (which must describe a model that can be built), verify_checkpoint, load_checkpoint and
 // latest_valid_checkpoint (the resume path, which must skip a bad checkpoint with a reason, never
 // stop on one). A checkpoint they accept must hand back the states that were saved.
 // ZINF_FUZZ_WRITE_SEED=<file> copies the real manifest there (the seed corpus's valid input).
@@ -52,7 +52,14 @@ const Saved& saved() {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const Saved& ck = saved();
   zinf::fuzz::write_file(ck.path + "/manifest.json", data, size);
-  zinf::fuzz::expect_clean("checkpoint_shape", [&] { (void)zinf::checkpoint_shape(ck.path); });
+  zinf::ModelShape shape;
+  if (zinf::fuzz::expect_clean("checkpoint_shape", [&] { shape = zinf::checkpoint_shape(ck.path); })) {
+    // `zinf export` builds the model checkpoint_shape describes before it loads anything.
+    if (shape.n_layer < 1 || shape.n_head < 1 || shape.d_model < 1 || shape.vocab_size < 1 || shape.seq_len < 1 ||
+        shape.kv_heads() < 1 || shape.d_model % shape.n_head != 0 || shape.n_head % shape.kv_heads() != 0)
+      zinf::fuzz::violated("checkpoint_shape returned a shape no model has");
+    if (shape.n_layer <= 64 && std::int64_t{shape.d_model} * shape.vocab_size < (1 << 24)) (void)zinf::layer_units(shape);
+  }
   const bool valid = zinf::fuzz::expect_clean("verify_checkpoint", [&] { zinf::verify_checkpoint(ck.path, kShape); });
   bool same = true;
   const bool loaded = zinf::fuzz::expect_clean("load_checkpoint", [&] {

@@ -11,6 +11,7 @@
 
 #include "model/hf.h"
 #include "zinf/error.h"
+#include "zinf/safetensors.h"
 
 namespace zinf {
 namespace {
@@ -63,6 +64,21 @@ TEST(FuzzFindings, AHugeSlidingWindowIsNotReadAsAShortOne) {
   EXPECT_EQ(hf_shape_error(R"({"model_type": "mistral", "sliding_window": 4294967304, )" + kLlama + "}"), "accepted");
   EXPECT_NE(hf_shape_error(R"({"model_type": "mistral", "sliding_window": 8, )" + kLlama + "}").find("sliding_window: 8 is shorter"),
             std::string::npos);
+}
+
+// A shape of 2^31 × 2^31 F32 needs 2^64 bytes, which wrapped to 0 and matched data_offsets [0, 0]:
+// the file was accepted, and reading the tensor transposed walked 2^62 elements of an empty buffer.
+TEST(FuzzFindings, ASafetensorsShapeWhoseByteCountWrapsIsRefused) {
+  const std::string header = R"({"w":{"dtype":"F32","shape":[2147483648,2147483648],"data_offsets":[0,0]}})";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xFF);
+  file += header;
+  try {
+    (void)parse_safetensors(file, "wrap.safetensors");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "wrap.safetensors: invalid safetensors file: tensor w: shape overflows");
+  }
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ for t in $targets; do
   mkdir -p "$work"
   echo "== fuzz $t: ${secs}s"
   if ! ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      "$dir/tests/fuzz/${t}_fuzz" -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+      "$dir/tests/fuzz/${t}_fuzz" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
       -dict="$root/tests/fuzz/fuzz.dict" -artifact_prefix="$artifacts/$t-" "$work" "$root/tests/fuzz/corpus/$t" \
       >"$dir/fuzz-$t.log" 2>&1; then
     tail -n 60 "$dir/fuzz-$t.log"

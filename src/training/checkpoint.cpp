@@ -162,10 +162,11 @@ json shape_json(const ModelShape& s) {
 // Throws json::exception on a missing key or a wrong type, Error (naming `mf`) on a size no config
 // can give (the bounds are the run config's), so no caller builds a model from a corrupt manifest.
 ModelShape shape_from_json(const json& m, const std::string& mf) {
-  auto size = [&](const char* key, std::int64_t hi) {
+  auto size = [&](const char* key, std::int64_t hi, std::int64_t lo = 1) {
     const json& v = m.at(key);
-    if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > hi)
-      throw Error("checkpoint " + mf + ": model." + key + ": " + v.dump() + " is not a size between 1 and " + std::to_string(hi));
+    if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+      throw Error("checkpoint " + mf + ": model." + key + ": " + v.dump() + " is not a size between " + std::to_string(lo) + " and " +
+                  std::to_string(hi));
     return static_cast<int>(v.get<std::int64_t>());
   };
   ModelShape s{size("n_layer", 4096), size("n_head", 4096), size("d_model", 1 << 20), size("vocab_size", 1 << 24),
@@ -177,7 +178,7 @@ ModelShape shape_from_json(const json& m, const std::string& mf) {
     s.rope_theta = m.at("rope_theta").get<double>(), s.norm_eps = m.at("norm_eps").get<double>();
     s.rope_factor = m.at("rope_factor").get<double>(), s.rope_low_freq_factor = m.at("rope_low_freq_factor").get<double>();
     s.rope_high_freq_factor = m.at("rope_high_freq_factor").get<double>(), s.rope_original_max = m.at("rope_original_max").get<double>();
-    s.max_positions = m.contains("max_positions") ? size("max_positions", 1 << 30) : 0;
+    s.max_positions = m.contains("max_positions") ? size("max_positions", 1 << 30, 0) : 0;  // 0: seq_len
   }
   if (s.d_model % s.n_head != 0 || s.n_head % s.kv_heads() != 0)
     throw Error("checkpoint " + mf + ": model: n_head does not divide d_model, or n_kv_head does not divide n_head");

@@ -298,6 +298,14 @@ class Section {
 };
 
 void apply_override(json& root, const std::string& item) {
+  // JSON text is UTF-8: an argument in another encoding (a Latin-1 file name, say) could be neither
+  // shown in a message nor written into the resolved config, so it is refused here.
+  try {
+    (void)json(item).dump();
+  } catch (const json::type_error&) {
+    throw ConfigError("--set " + json(item).dump(-1, ' ', false, json::error_handler_t::replace) + ": not valid UTF-8",
+                      "a config holds UTF-8 text only");
+  }
   auto eq = item.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError("--set " + item + ": expected key.path=value");

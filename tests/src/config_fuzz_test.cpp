@@ -102,5 +102,18 @@ TEST(ConfigFuzz, ANumberTooLargeForADoubleIsAConfigError) {
   }
 }
 
+// An override is taken as a string when it is not JSON, bypassing the parser's UTF-8 check; bytes
+// that are not UTF-8 then made nlohmann throw type_error.316 when zinf showed or stored the value.
+TEST(ConfigFuzz, AnOverrideThatIsNotUtf8IsAConfigError) {
+  for (const std::string item : {"data.path=caf\xe9.txt", "model.n_layer=\xf6", "model.\xff=1"}) {
+    try {
+      parse_config(R"({"train_batch_size": 8})", {item}, "o.json");
+      ADD_FAILURE() << "accepted " << item;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("not valid UTF-8"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zinf

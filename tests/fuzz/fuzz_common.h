@@ -10,9 +10,11 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -64,23 +66,29 @@ inline void write_file(const std::string& path, const void* data, std::size_t n)
 }
 
 // A directory for the whole run, in memory where the machine has /dev/shm (tmpfs), removed at exit.
-// For parsers that take a folder (config.json, the index, a checkpoint's manifest.json).
+// For parsers that take a folder (config.json, the index, a checkpoint's manifest.json). A run that
+// found something ends in abort(), past atexit; the next run removes what such runs left behind.
 inline const std::string& scratch_dir() {
-  static const std::string dir = [] {
+  static std::string dir;
+  if (dir.empty()) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    const fs::path base = fs::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0 ? fs::path("/dev/shm")
-                                                                                           : fs::temp_directory_path();
-    std::string tmpl = (base / "zinf-fuzz-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) violated("cannot create a scratch directory under " + base.string());
-    static std::string keep;
-    keep = tmpl;
+    const bool shm = fs::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0;
+    const fs::path base = shm ? fs::path("/dev/shm") : fs::temp_directory_path();
+    for (const auto& e : fs::directory_iterator(base, ec)) {  // zinf-fuzz-<pid>-XXXXXX of processes gone
+      const std::string n = e.path().filename().string();
+      int pid = 0;
+      if (std::sscanf(n.c_str(), "zinf-fuzz-%d-", &pid) == 1 && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)
+        fs::remove_all(e.path(), ec);
+    }
+    std::string tmpl = (base / ("zinf-fuzz-" + std::to_string(::getpid()) + "-XXXXXX")).string();
+    if (!::mkdtemp(tmpl.data())) violated("cannot create a scratch directory " + tmpl);
+    dir = tmpl;
     std::atexit([] {
       std::error_code e;
-      std::filesystem::remove_all(keep, e);
+      std::filesystem::remove_all(dir, e);
     });
-    return tmpl;
-  }();
+  }
   return dir;
 }
 

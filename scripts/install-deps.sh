@@ -6,7 +6,8 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libcli11-dev libtbb-dev libhwloc-dev liburing-dev libeigen3-dev
       libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libsentencepiece-dev
-      libopenmpi-dev openmpi-bin)
+      libopenmpi-dev openmpi-bin
+      clang-14 libclang-rt-14-dev)  # the libFuzzer targets (scripts/fuzz.sh): clang and its fuzzer runtime
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): install dependencies, build, run the whole suite; then build
 # the unit tests with AddressSanitizer + UBSan and run them again; then build the `async` tests (the
-# ordering contract on the asynchronous, jittered CPU device) with ThreadSanitizer and run them.
-# ZINF_SKIP_SANITIZE=1 skips both sanitizer passes, ZINF_SKIP_TSAN=1 the last one.
+# ordering contract on the asynchronous, jittered CPU device) with ThreadSanitizer and run them; last,
+# build the parsers' libFuzzer targets with clang and run each briefly (scripts/fuzz.sh).
+# ZINF_SKIP_SANITIZE=1 skips both sanitizer passes, ZINF_SKIP_TSAN=1 the last one, ZINF_SKIP_FUZZ=1
+# the fuzzing.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/install-deps.sh"
@@ -19,4 +21,8 @@ if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TSAN:-0}" != "1" ]; t
   ZINF_BUILD_TARGETS=async_test "$root/scripts/build.sh" "$root/build-tsan" -DZINF_SANITIZE=thread -DZINF_BUILD_BENCH=OFF -DZINF_CUDA=OFF
   TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_ASYNC_SEEDS=1 \
     ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" -L async
+fi
+if [ "${ZINF_SKIP_FUZZ:-0}" != "1" ]; then
+  echo "== fuzzing (libFuzzer, address,undefined): each parser from its seed corpus for ${ZINF_FUZZ_SECONDS:-15}s"
+  "$root/scripts/fuzz.sh" "$root/build-fuzz"
 fi

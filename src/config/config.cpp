@@ -299,6 +299,14 @@ class Section {
 };
 
 void apply_override(json& root, const std::string& item) {
+  // JSON text is UTF-8: an argument in another encoding (a Latin-1 file name, say) could be neither
+  // shown in a message nor written into the resolved config, so it is refused here.
+  try {
+    (void)json(item).dump();
+  } catch (const json::type_error&) {
+    throw ConfigError("--set " + json(item).dump(-1, ' ', false, json::error_handler_t::replace) + ": not valid UTF-8",
+                      "a config holds UTF-8 text only");
+  }
   auto eq = item.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError("--set " + item + ": expected key.path=value");
@@ -900,8 +908,9 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
   };
   try {
     root = json::parse(json_text, check_duplicates);
-  } catch (const json::parse_error& e) {
-    // nlohmann's message carries line and column; keep its part after the "[json.exception...]" tag.
+  } catch (const json::exception& e) {
+    // A syntax error (its message carries line and column), or a number too large for a double
+    // ("number overflow parsing '1e400'"); keep nlohmann's text after its "[json.exception...]" tag.
     std::string m = e.what();
     auto p = m.find("] ");
     if (p != std::string::npos) m = m.substr(p + 2);

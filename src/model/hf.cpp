@@ -141,8 +141,9 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
     throw ConfigError(src + ": max_position_embeddings is " + std::to_string(s.max_positions) + ", below model.seq_len " +
                       std::to_string(s.seq_len));
   const bool sliding = type == "mistral" ? true : get_bool("use_sliding_window", false);
-  if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() && c["sliding_window"].get<int>() < s.seq_len)
-    throw fail("sliding_window", std::to_string(c["sliding_window"].get<int>()) + " is shorter than model.seq_len " +
+  if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() &&
+      c["sliding_window"].get<std::int64_t>() < s.seq_len)
+    throw fail("sliding_window", std::to_string(c["sliding_window"].get<std::int64_t>()) + " is shorter than model.seq_len " +
                                      std::to_string(s.seq_len) + " (zinf attends over the whole sequence)");
   if ((s.head_dim()) % 2 != 0) throw fail("num_attention_heads", "the head width must be even for rotary positions");
   return s;

@@ -97,7 +97,8 @@ StFile parse_safetensors_header(const std::string& header_json, std::uint64_t da
     for (const auto& d : t["shape"]) {
       if (!d.is_number_unsigned()) bad(source, "tensor " + name + ": shape holds a non-integer or negative dimension");
       const std::uint64_t v = d.get<std::uint64_t>();
-      if (v != 0 && count > (std::uint64_t{1} << 62) / v) bad(source, "tensor " + name + ": shape overflows");
+      // Bounded so that count times the element size (up to 4) cannot wrap around 2^64 either.
+      if (v != 0 && count > (std::uint64_t{1} << 60) / v) bad(source, "tensor " + name + ": shape overflows");
       count *= v;
       x.shape.push_back(static_cast<std::int64_t>(v));
     }

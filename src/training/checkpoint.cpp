@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -125,6 +126,14 @@ std::vector<std::pair<std::int64_t, std::string>> list_steps(const std::string& 
   return out;
 }
 
+// nlohmann's message without its "[json.exception.type_error.302] " tag: what is wrong, for one
+// error line naming the manifest.
+std::string json_why(const json::exception& e) {
+  const std::string m = e.what();
+  const auto p = m.find("] ");
+  return p == std::string::npos ? m : m.substr(p + 2);
+}
+
 // "fp16", "bf16" or "fp32" as a Precision.
 Precision precision_from(const std::string& s, const std::string& mf) {
   for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16})
@@ -152,7 +161,7 @@ json read_manifest(const std::string& path, bool* unchecked = nullptr) {
   try {
     j = json::parse(f);
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + std::string(e.what()) + ")");
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + json_why(e) + ")");
   }
   try {
     if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
@@ -183,7 +192,7 @@ json read_manifest(const std::string& path, bool* unchecked = nullptr) {
     if (unchecked) *unchecked = false;
     return j;
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + std::string(e.what()) + ")");
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + json_why(e) + ")");
   }
 }
 
@@ -198,27 +207,38 @@ json shape_json(const ModelShape& s) {
               {"rope_original_max", s.rope_original_max}, {"max_positions", s.max_positions}});
   return m;
 }
-ModelShape shape_from_json(const json& m) {
-  ModelShape s{m.at("n_layer").get<int>(), m.at("n_head").get<int>(), m.at("d_model").get<int>(), m.at("vocab_size").get<int>(),
-               m.at("seq_len").get<int>()};
+// Throws json::exception on a missing key or a wrong type, Error (naming `mf`) on a size no config
+// can give (the bounds are the run config's), so no caller builds a model from a corrupt manifest.
+ModelShape shape_from_json(const json& m, const std::string& mf) {
+  auto size = [&](const char* key, std::int64_t hi, std::int64_t lo = 1) {
+    const json& v = m.at(key);
+    if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+      throw CorruptCheckpoint("checkpoint " + mf + ": model." + key + ": " + v.dump() + " is not a size between " + std::to_string(lo) + " and " +
+                  std::to_string(hi));
+    return static_cast<int>(v.get<std::int64_t>());
+  };
+  ModelShape s{size("n_layer", 4096), size("n_head", 4096), size("d_model", 1 << 20), size("vocab_size", 1 << 24),
+               size("seq_len", 1 << 20)};
   if (m.value("family", std::string("gpt2")) == "llama") {
     s.family = ModelFamily::llama;
-    s.n_kv_head = m.at("n_kv_head").get<int>(), s.d_ff = m.at("d_ff").get<int>();
+    s.n_kv_head = size("n_kv_head", 4096), s.d_ff = size("d_ff", 1 << 22);
     s.tie_embeddings = m.at("tie_embeddings").get<bool>(), s.qkv_bias = m.at("qkv_bias").get<bool>();
     s.rope_theta = m.at("rope_theta").get<double>(), s.norm_eps = m.at("norm_eps").get<double>();
     s.rope_factor = m.at("rope_factor").get<double>(), s.rope_low_freq_factor = m.at("rope_low_freq_factor").get<double>();
     s.rope_high_freq_factor = m.at("rope_high_freq_factor").get<double>(), s.rope_original_max = m.at("rope_original_max").get<double>();
-    s.max_positions = m.value("max_positions", 0);
+    s.max_positions = m.contains("max_positions") ? size("max_positions", 1 << 30, 0) : 0;  // 0: seq_len
   }
+  if (s.d_model % s.n_head != 0 || s.n_head % s.kv_heads() != 0)
+    throw CorruptCheckpoint("checkpoint " + mf + ": model: n_head does not divide d_model, or n_kv_head does not divide n_head");
   return s;
 }
 
 void check_shape(const json& j, const ModelShape& s, const std::string& path) {
   ModelShape got;
   try {
-    got = shape_from_json(j.at("model"));
+    got = shape_from_json(j.at("model"), path + "/manifest.json");
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt model section (" + std::string(e.what()) + ")");
+    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt model section (" + json_why(e) + ")");
   }
   const char* hint = "resume it with the config it was written with (its manifest.json holds that config), or train this model "
                      "in another train.checkpoint_dir";
@@ -239,15 +259,21 @@ void check_shape(const json& j, const ModelShape& s, const std::string& path) {
 // Streams states.bin tensor by tensor, checking each checksum; hands each unit to `use` when given.
 void read_states_file(const std::string& path, const json& j, const ModelShape& shape, const StatesWriter* use) {
   const std::string sf = path + "/states.bin";
+  // A byte count or offset: an unsigned integer (a float would not convert to one safely).
+  auto bytes_at = [&](const json& o, const char* key) {
+    const json& v = o.at(key);
+    if (!v.is_number_unsigned()) throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: " + key + ": " + v.dump() + " is not a byte count");
+    return v.get<std::uint64_t>();
+  };
   try {
     std::ifstream f(sf, std::ios::binary);
     if (!f) throw CorruptCheckpoint("checkpoint " + sf + ": missing or unreadable");
     f.seekg(0, std::ios::end);
     const std::uint64_t size = static_cast<std::uint64_t>(f.tellg());
     f.seekg(0);
-    if (size != j.at("states_bytes").get<std::uint64_t>())
+    if (size != bytes_at(j, "states_bytes"))
       throw CorruptCheckpoint("checkpoint " + sf + ": " + std::to_string(size) + " bytes, the manifest says " +
-                              std::to_string(j.at("states_bytes").get<std::uint64_t>()) + " (truncated?)");
+                  std::to_string(bytes_at(j, "states_bytes")) + " (truncated?)");
     const auto units = layer_units(shape);
     const json& tensors = j.at("tensors");
     if (tensors.size() != units.size() * 3) throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: wrong number of tensors");
@@ -257,11 +283,13 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
       for (int k = 0; k < 3; ++k) {
         const json& t = tensors[u * 3 + static_cast<std::size_t>(k)];
         const std::string name = t.at("name").get<std::string>();
-        if (t.at("bytes").get<std::uint64_t>() != n * 4)
-          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " has " + std::to_string(t.at("bytes").get<std::uint64_t>()) +
-                                  " bytes, the model needs " + std::to_string(n * 4));
+        if (bytes_at(t, "bytes") != n * 4)
+          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " has " + std::to_string(bytes_at(t, "bytes")) +
+                      " bytes, the model needs " + std::to_string(n * 4));
         buf[k].resize(n);
-        f.seekg(static_cast<std::streamoff>(t.at("offset").get<std::uint64_t>()));
+        const std::uint64_t at = bytes_at(t, "offset");
+        if (at > size || size - at < n * 4) throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
+        f.seekg(static_cast<std::streamoff>(at));
         f.read(reinterpret_cast<char*>(buf[k].data()), static_cast<std::streamsize>(n * 4));
         if (!f) throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
         if (hex(XXH64(buf[k].data(), n * 4, 0)) != t.at("xxh64").get<std::string>())
@@ -270,7 +298,7 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
       if (use) (*use)(u, buf[0].data(), buf[1].data(), buf[2].data());
     }
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt tensor list (" + std::string(e.what()) + ")");
+    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt tensor list (" + json_why(e) + ")");
   }
 }
 
@@ -282,7 +310,7 @@ CheckpointInfo info_from(const std::string& path, const json& j, bool unchecked)
   in.unchecked_manifest = unchecked;
   try {
     in.step = j.at("step").get<std::int64_t>();
-    in.shape = shape_from_json(j.at("model"));
+    in.shape = shape_from_json(j.at("model"), mf);
     if (j.contains("precision")) {
       in.precision = precision_from(j["precision"].get<std::string>(), mf);
     } else {  // version 1: from the resolved config it holds
@@ -292,7 +320,7 @@ CheckpointInfo info_from(const std::string& path, const json& j, bool unchecked)
       in.precision = fp16 ? Precision::fp16 : bf16 ? Precision::bf16 : Precision::fp32;
     }
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + std::string(e.what()) + ")");
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + json_why(e) + ")");
   }
   // The directory's name orders the checkpoints; the manifest's step is what a resume continues from.
   const std::string name = fs::path(path).filename().string();
@@ -311,6 +339,37 @@ std::string canonical(const std::string& p) {
 }
 
 std::string pid_tag() { return std::to_string(::getpid()); }
+
+// The training state a manifest records. Verifying a checkpoint reads it too, so that a checkpoint
+// the resume path picks always loads.
+CheckpointState state_from_json(const json& j, const std::string& path) {
+  CheckpointState s;
+  const std::string mf = path + "/manifest.json";
+  // A counter: an integer (a float would not convert to one safely).
+  auto counter = [&](const json& o, const char* key, std::int64_t lo, std::int64_t hi) {
+    const json& v = o.at(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) ||
+        v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+      throw CorruptCheckpoint("checkpoint " + mf + ": " + key + ": " + v.dump() + " is not an integer between " + std::to_string(lo) + " and " +
+                  std::to_string(hi));
+    return v.get<std::int64_t>();
+  };
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  try {
+    s.step = counter(j, "step", 0, kMax);
+    s.opt_steps = counter(j, "opt_steps", 0, kMax);
+    s.rows_drawn = counter(j, "rows_drawn", 0, kMax);
+    s.skipped = counter(j, "skipped", 0, kMax);
+    const json& sc = j.at("scaler");
+    s.loss_scale = sc.at("scale").get<double>();
+    s.scaler_iter = counter(sc, "iter", 0, kMax);
+    s.scaler_last_overflow = counter(sc, "last_overflow_iter", -1, kMax);
+    s.scaler_hysteresis = static_cast<int>(counter(sc, "hysteresis", 0, std::numeric_limits<int>::max()));
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + mf + ": " + json_why(e));
+  }
+  return s;
+}
 
 }  // namespace
 
@@ -480,6 +539,7 @@ void verify_checkpoint(const std::string& path, const ModelShape& shape) {
   const json j = read_manifest(path, &unchecked);
   info_from(path, j, unchecked);
   check_shape(j, shape, path);
+  (void)state_from_json(j, path);
   read_states_file(path, j, shape, nullptr);
 }
 
@@ -490,21 +550,9 @@ CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape
   check_shape(j, shape, path);
   if (verify_first) read_states_file(path, j, shape, nullptr);  // every checksum before anything is overwritten
   read_states_file(path, j, shape, &write);
-  CheckpointState s;
+  CheckpointState s = state_from_json(j, path);
   s.step = info.step;
   s.precision = info.precision;
-  try {
-    s.opt_steps = j.at("opt_steps").get<std::int64_t>();
-    s.rows_drawn = j.at("rows_drawn").get<std::int64_t>();
-    s.skipped = j.at("skipped").get<std::int64_t>();
-    const json& sc = j.at("scaler");
-    s.loss_scale = sc.at("scale").get<double>();
-    s.scaler_iter = sc.at("iter").get<std::int64_t>();
-    s.scaler_last_overflow = sc.at("last_overflow_iter").get<std::int64_t>();
-    s.scaler_hysteresis = sc.at("hysteresis").get<int>();
-  } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: " + e.what());
-  }
   return s;
 }
 

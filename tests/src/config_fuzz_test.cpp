@@ -91,5 +91,29 @@ TEST(ConfigFuzz, RandomBytesAndValuesAreHandled) {
     for (const char* v : values) try_parse(R"({"train_batch_size": 8})", {std::string(k) + "=" + v});
 }
 
+// nlohmann reports a number beyond a double as out_of_range, not as a parse error; it must still be
+// one ConfigError line naming the file, not the library's exception.
+TEST(ConfigFuzz, ANumberTooLargeForADoubleIsAConfigError) {
+  try {
+    parse_config(R"({"train_batch_size": 8, "gradient_clipping": 1e400})", {}, "big.json");
+    FAIL() << "1e400 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "big.json: invalid JSON: number overflow parsing '1e400'");
+  }
+}
+
+// An override is taken as a string when it is not JSON, bypassing the parser's UTF-8 check; bytes
+// that are not UTF-8 then made nlohmann throw type_error.316 when zinf showed or stored the value.
+TEST(ConfigFuzz, AnOverrideThatIsNotUtf8IsAConfigError) {
+  for (const std::string item : {"data.path=caf\xe9.txt", "model.n_layer=\xf6", "model.\xff=1"}) {
+    try {
+      parse_config(R"({"train_batch_size": 8})", {item}, "o.json");
+      ADD_FAILURE() << "accepted " << item;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("not valid UTF-8"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zinf

@@ -286,6 +286,10 @@ class Run {
         scaler(cfg.fp16),
         rng(cfg.train.seed),
         metrics(cm.rank() == 0 ? cfg.train.metrics_file : std::string()) {
+    // From here a stop signal waits for the end of the current evaluation batch or step (with a
+    // checkpoint when a step ran); while the model was being built it ended the process at once.
+    // The "model:" line below tells a watcher that the run is stoppable.
+    if (hooks.stoppable) hooks.stoppable->store(true);
     log("offload: " + engine->describe());
     log("model: " + format_count(count_params(shape)) + " parameters in " + std::to_string(shape.n_layer + 2) +
         " layer units; device memory " + format_bytes(dev->in_use()) + " of " + format_bytes(dev->budget()));
@@ -627,7 +631,6 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   }
   TrainResult res;
   res.resumed_from = run.resume(plan.load);
-  if (hooks.stoppable) hooks.stoppable->store(true);
   const std::int64_t first_step = res.resumed_from + 1;
   res.first_val_loss = res.val_loss = run.evaluate();
   run.log("step " + std::to_string(first_step - 1) + ": val_loss " + std::to_string(res.first_val_loss).substr(0, 6));

@@ -499,7 +499,7 @@ TEST_F(Checkpoints, SecondCtrlCStopsAtOnceAndRemovesTheSwapDirectories) {
   ::kill(pid, SIGINT);
   auto said = [&] {
     std::ifstream f(err);
-    return std::string(std::istreambuf_iterator<char>(f), {}).find("Ctrl-C again stops at once") != std::string::npos;
+    return std::string(std::istreambuf_iterator<char>(f), {}).find("a second signal stops at once") != std::string::npos;
   };
   for (int i = 0; i < 2000 && !said(); ++i)  // the first Ctrl-C was taken (the handler says so)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -518,12 +518,16 @@ TEST_F(Checkpoints, SecondCtrlCStopsAtOnceAndRemovesTheSwapDirectories) {
 TEST_F(Checkpoints, CtrlCDuringTheFirstEvaluationStopsAfterTheCurrentBatch) {
   const std::string conf = (dir / "run.json").string();
   std::ofstream(conf) << cfg(100000);
-  const std::string out = (dir / "out.json").string();
+  const std::string out = (dir / "out.json").string(), err = (dir / "err.txt").string();
   const pid_t pid = spawn({ZINF_BIN, "train", "--json", "--config", conf, "--set", "train.eval_batches=1000000", "--set",
                            "zero_optimization.offload_optimizer.device=nvme"},
-                          out);
-  for (int i = 0; i < 2000 && fs::is_empty(dir / "swap"); ++i)  // the engine is built: evaluation begins
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                          out, err);
+  auto built = [&] {  // the "model:" line: the model is built and a signal now stops the run gracefully
+    std::ifstream f(err);
+    return std::string(std::istreambuf_iterator<char>(f), {}).find("\nmodel: ") != std::string::npos;
+  };
+  for (int i = 0; i < 6000 && !built(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(built());
   ::kill(pid, SIGINT);
   int status = 0;
   pid_t done = 0;

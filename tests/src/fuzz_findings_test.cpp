@@ -43,10 +43,10 @@ const std::string kLlama = R"("hidden_size": 64, "intermediate_size": 128, "num_
 TEST(FuzzFindings, HfConfigOfTheWrongShapeIsOneConfigError) {
   EXPECT_EQ(hf_shape_error(R"({"model_type": "llama", )" + kLlama + "}"), "accepted");
   // Not an object at all: nlohmann's value() threw type_error.306.
-  EXPECT_NE(hf_shape_error("0").find("config.json: expected a JSON object of model settings, got number"), std::string::npos);
+  EXPECT_NE(hf_shape_error("0").find("config.json: expected a JSON object, got number"), std::string::npos);
   EXPECT_NE(hf_shape_error(R"(["rope_scaling"])").find("got array"), std::string::npos);
   // model_type not a string: type_error.302.
-  EXPECT_NE(hf_shape_error(R"({"model_type": 7, )" + kLlama + "}").find("model_type: '7' is not of the llama family"), std::string::npos);
+  EXPECT_NE(hf_shape_error(R"({"model_type": 7, )" + kLlama + "}").find("model_type: expected a string, got 7"), std::string::npos);
   // rope_scaling a string, or its numbers strings: type_error.306 and .302.
   EXPECT_NE(hf_shape_error(R"({"model_type": "llama", "rope_scaling": "llama3", )" + kLlama + "}")
                 .find("config.json: rope_scaling: expected an object or null, got \"llama3\""),

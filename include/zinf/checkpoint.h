@@ -129,6 +129,11 @@ class CheckpointDir {
   std::vector<std::string> replace_;
 };
 
+// Puts a checkpoint directory back in order after a run that was killed while saving: its temporary
+// is removed, and the checkpoints it had renamed aside to replace are renamed back when it died
+// before publishing its own (removed when it had published). Files of a live process are left alone.
+void recover_interrupted_saves(const std::string& dir, const std::function<void(const std::string&)>& log);
+
 // Test hook: the Nth save from now (1-based) fails with ENOSPC half-way through states.bin; 0
 // disables. The environment variable ZINF_TEST_CHECKPOINT_ENOSPC_AT sets it for a whole process.
 void set_checkpoint_fault(int nth_save);

@@ -21,6 +21,11 @@ TrainResult train_until_stopped(const Config& c, TrainHooks hooks) {
   hooks.stop = &stop_requested();
   hooks.stoppable = &run_stoppable();
   hooks.stop_signal = &stop_signal();
+  // However train() ends — returning, or throwing on the way to its error line — a signal from then on
+  // ends the process at once: no step is coming to stop after.
+  struct NotStoppableAfter {
+    ~NotStoppableAfter() { run_stoppable().store(false); }
+  } guard;
   TrainResult r = train(c, hooks);
   note_run_finished();
   return r;

@@ -122,7 +122,10 @@ OutputFile::OutputFile(std::string path, std::string what)
     : path_(std::move(path)), what_(std::move(what)), tmp_(path_ + ".tmp-" + std::to_string(::getpid())) {
   std::error_code ec;
   if (fs::is_directory(path_, ec)) throw ConfigError(what_ + " " + path_ + ": is a directory; a file is expected here");
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  // The temporary's name is predictable: a file (or a planted symlink) of that name is removed, never
+  // followed or truncated.
+  ::unlink(tmp_.c_str());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd_ < 0) {
     const int e = errno;
     throw ConfigError(what_ + " " + path_ + ": cannot create " + tmp_ + " (" + errno_text(e) + ")");

@@ -77,6 +77,8 @@ inline double exp_in_range(double x) {
   double p = kInvFact[13];
   for (int n = 12; n >= 0; --n) p = p * r + kInvFact[n];
   const auto k = static_cast<std::int64_t>(kd);
+  if (k > 1023)  // x just below the overflow threshold rounds to k = 1024, whose 2^k is no double: 2^1023 · 2
+    return p * from_bits(static_cast<std::uint64_t>(k - 1 + 1023) << 52) * 2.0;
   return p * from_bits(static_cast<std::uint64_t>(k + 1023) << 52);
 }
 
@@ -114,11 +116,12 @@ inline double exp(double x) {
   return detail::exp_in_range(x);
 }
 
-// sin x and cos x in double for |x| ≤ 1e6 (rotary tables, schedules, Box–Muller); beyond that libm
-// (no caller goes there). x = q·π/2 + r with |r| ≤ π/4 (π/2 in three 33-bit pieces, so q·piece is
+// sin x and cos x in double for |x| ≤ 1.6e6 (rotary tables up to the longest sequence a config allows,
+// 2^20, schedules, Box–Muller); beyond that libm (no caller goes there): q stays below 2^20 there, so
+// q times each 33-bit piece of π/2 is exact. x = q·π/2 + r with |r| ≤ π/4 (π/2 in three 33-bit pieces, so q·piece is
 // exact), then the Taylor series of sin and cos on r, swapped and negated by the quadrant q mod 4.
 inline void sincos(double x, double& s, double& c) {
-  if (!(std::fabs(x) <= 1e6)) {
+  if (!(std::fabs(x) <= 1.6e6)) {
     s = std::sin(x);
     c = std::cos(x);
     return;

@@ -48,7 +48,6 @@ std::size_t nchunks(std::size_t n, std::size_t c) { return (n + c - 1) / c; }
 // bits — unlike a tuned BLAS (or Eigen), whose k-blocking follows the caches of the CPU it runs on.
 // The files are compiled with -ffp-contract=off, so no multiply and add are fused either.
 using V4 = float __attribute__((vector_size(16)));
-using V4i = int __attribute__((vector_size(16)));
 constexpr int kMr = 4;  // rows of A per micro-tile
 constexpr int kNr = 8;  // columns of B per micro-tile (two 4-lane vectors)
 
@@ -87,12 +86,12 @@ void micro_kernel(int K, const float* __restrict a, const float* __restrict b, f
   V4 c[kMr][2];
   for (auto& row : c) row[0] = row[1] = V4{0, 0, 0, 0};
   for (int k = 0; k < K; ++k) {
-    V4 b0, b1, av;
+    V4 b0, b1;
     std::memcpy(&b0, b + static_cast<std::size_t>(k) * kNr, sizeof b0);
     std::memcpy(&b1, b + static_cast<std::size_t>(k) * kNr + 4, sizeof b1);
-    std::memcpy(&av, a + static_cast<std::size_t>(k) * kMr, sizeof av);
     for (int i = 0; i < kMr; ++i) {
-      const V4 x = __builtin_shuffle(av, V4i{i, i, i, i});
+      const float ai = a[static_cast<std::size_t>(k) * kMr + static_cast<std::size_t>(i)];
+      const V4 x = {ai, ai, ai, ai};  // a broadcast (GCC and clang both spell it so)
       c[i][0] = c[i][0] + x * b0;
       c[i][1] = c[i][1] + x * b1;
     }

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "zinf/error.h"
@@ -309,7 +311,11 @@ CheckpointInfo info_from(const std::string& path, const json& j, bool unchecked)
   in.path = path;
   in.unchecked_manifest = unchecked;
   try {
-    in.step = j.at("step").get<std::int64_t>();
+    const json& step = j.at("step");
+    if (!step.is_number_integer() || (step.is_number_unsigned() && step.get<std::uint64_t>() > std::uint64_t{1} << 62) ||
+        step.get<std::int64_t>() < 0)  // (a float would not convert to an integer safely)
+      throw CorruptCheckpoint("checkpoint " + mf + ": step: " + step.dump() + " is not a step number");
+    in.step = step.get<std::int64_t>();
     in.shape = shape_from_json(j.at("model"), mf);
     if (j.contains("precision")) {
       in.precision = precision_from(j["precision"].get<std::string>(), mf);
@@ -496,13 +502,58 @@ std::string CheckpointDir::save(const Config& c, const CheckpointState& s, const
   replace_.clear();
   verified_.insert(canonical(final_path));
   prune();
-  // Sweep temporaries of runs that were killed mid-write.
-  for (const auto& e : fs::directory_iterator(dir_, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("step-", 0) == 0 && (n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos))
-      fs::remove_all(e.path(), ec);
-  }
+  recover_interrupted_saves(dir_, log_);
   return final_path;
+}
+
+void recover_interrupted_saves(const std::string& dir, const std::function<void(const std::string&)>& log) {
+  // A save writes step-M.tmp-PID, renames the checkpoints it replaces to step-N.old-PID, renames the
+  // temporary to step-M (the publication) and only then removes the .old-PID ones. So for a process
+  // PID that is gone: a .tmp-PID still there means it died before publishing, and its .old-PID
+  // checkpoints are the directory's real state (renamed back); without one it had published, and
+  // its .old-PID checkpoints were already superseded (removed). A live PID's files are its own.
+  struct Leftover {
+    fs::path path;
+    std::string base;  // step-N
+    std::string kind;  // "tmp" or "old"
+  };
+  std::vector<Leftover> found;
+  std::set<long> pids_with_tmp;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    long long step = 0;
+    int consumed = 0;
+    if (n.rfind("step-", 0) != 0 || std::sscanf(n.c_str(), "step-%lld%n", &step, &consumed) != 1) continue;
+    const std::string rest = n.substr(static_cast<std::size_t>(consumed));
+    for (const char* kind : {"tmp", "old"}) {
+      const std::string tag = std::string(".") + kind + "-";
+      if (rest.rfind(tag, 0) != 0) continue;
+      const std::string digits = rest.substr(tag.size());
+      if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      const long pid = std::stol(digits);
+      if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // a live run's
+      found.push_back({e.path(), n.substr(0, static_cast<std::size_t>(consumed)), kind});
+      if (std::string(kind) == "tmp") pids_with_tmp.insert(pid);
+    }
+  }
+  for (const auto& f : found) {
+    if (f.kind == "tmp") {
+      fs::remove_all(f.path, ec);
+      continue;
+    }
+    const std::string name = f.path.filename().string();
+    const long pid = std::stol(name.substr(name.rfind('-') + 1));
+    const fs::path back = f.path.parent_path() / f.base;
+    if (pids_with_tmp.count(pid) && !fs::exists(back, ec)) {
+      if (::rename(f.path.c_str(), back.c_str()) == 0) {
+        if (log) log("checkpoint: " + back.string() + " restored (a run that was replacing it stopped before its checkpoint was published)");
+        continue;
+      }
+    }
+    if (!pids_with_tmp.count(pid)) fs::remove_all(f.path, ec);
+  }
+  if (!found.empty()) fsync_dir(dir);
 }
 
 void CheckpointDir::prune() {

@@ -107,6 +107,8 @@ CheckpointPlan plan_checkpoints(const Config& c, const std::string& which, const
   const std::string& dir = c.train.checkpoint_dir;
   CheckpointPlan p;
   std::int64_t from = 0;
+  // A run killed in the middle of replacing checkpoints left them renamed aside: put them back first.
+  if (!dir.empty() && std::filesystem::is_directory(dir)) recover_interrupted_saves(dir, log);
   if (!which.empty()) {
     if (which == "latest" && dir.empty()) throw ConfigError(c.source + ": --resume latest needs train.checkpoint_dir");
     const ResumeChoice ch = choose_checkpoint(dir, which, shape);

@@ -302,6 +302,38 @@ TEST_F(Checkpoints, AFreshRunIntoADirectoryWithCheckpointsIsRefusedUnlessOverwri
   EXPECT_EQ(snapshot(dir / "ck"), four);
 }
 
+// A run killed while replacing checkpoints (overwrite_checkpoints, or a step saved again) had renamed
+// them aside as step-N.old-PID. If it died before publishing its own checkpoint (its step-M.tmp-PID
+// still there) they are the directory's real state and come back; if it had published, they were
+// superseded and go. A live process's files are left alone.
+TEST_F(Checkpoints, AnInterruptedReplacementIsUndoneOrFinishedByTheNextRun) {
+  run(3);  // steps 2 and 3
+  auto dead_pid = [] {
+    const pid_t p = ::fork();
+    if (p == 0) ::_exit(0);
+    ::waitpid(p, nullptr, 0);
+    return std::to_string(p);
+  };
+  const fs::path ck = dir / "ck";
+  // Died before publishing: both checkpoints renamed aside, its temporary half written.
+  const std::string a = dead_pid();
+  fs::rename(ck / "step-00000002", ck / ("step-00000002.old-" + a));
+  fs::rename(ck / "step-00000003", ck / ("step-00000003.old-" + a));
+  fs::create_directories(ck / ("step-00000001.tmp-" + a));
+  std::vector<std::string> log;
+  const TrainResult resumed = run(4, {"train.checkpoint_interval=1"}, "latest", &log);
+  EXPECT_EQ(resumed.resumed_from, 3) << "the renamed-aside checkpoints were not put back";
+  EXPECT_TRUE(said(log, "restored")) << log.size();
+  // Died after publishing: what it renamed aside is gone; a live process's leftovers stay.
+  const std::string b = dead_pid(), live = std::to_string(::getppid());
+  fs::create_directories(ck / ("step-00000002.old-" + b));
+  fs::create_directories(ck / ("step-00000009.tmp-" + live));
+  recover_interrupted_saves(ck.string(), nullptr);
+  EXPECT_FALSE(fs::exists(ck / ("step-00000002.old-" + b)));
+  EXPECT_TRUE(fs::exists(ck / ("step-00000009.tmp-" + live)));
+  EXPECT_TRUE(fs::exists(ck / "step-00000004"));
+}
+
 // keep_last counts only verified checkpoints: a corrupt one is moved aside as step-N.corrupt with a
 // line — never counted, never deleted — and the valid older one is kept.
 TEST_F(Checkpoints, KeepLastCountsOnlyVerifiedCheckpoints) {

@@ -188,7 +188,15 @@ TEST(FixedMath, WithinOneUlpOfLibm) {
   EXPECT_TRUE(std::isnan(fixed::tanhf(NAN)));
   for (double d : {1e-300, 1e-310, 0.3, 1.0, 2.5, 1e300})
     EXPECT_NEAR(fixed::log(d), std::log(d), 1e-15 * std::fabs(std::log(d)) + 1e-300) << d;
-  for (double d : {-700.0, -20.0, -1e-3, 0.0, 0.5, 30.0, 700.0}) EXPECT_NEAR(fixed::exp(d) / std::exp(d), 1.0, 1e-15) << d;
+  for (double d : {-700.0, -20.0, -1e-3, 0.0, 0.5, 30.0, 700.0, 709.5, 709.78}) EXPECT_NEAR(fixed::exp(d) / std::exp(d), 1.0, 1e-15) << d;
+  {  // beyond 2^20·π/2 … up to the rotary tables' longest sequence (2^20 positions) the reduction stays exact
+    double s = 0, c = 0;
+    for (double x : {1048575.0, 1.5e6}) {
+      fixed::sincos(x, s, c);
+      EXPECT_NEAR(s, std::sin(x), 1e-9) << x;
+      EXPECT_NEAR(c, std::cos(x), 1e-9) << x;
+    }
+  }
   // the double functions behind the init, the LR schedule and the rotary tables
   double worst_sincos = 0, worst_pow = 0, worst_dlog = 0;
   for (int i = 0; i < 200000; ++i) {

@@ -100,4 +100,8 @@ class OutputFolder {
 // fsyncs a file or directory by path (errors are reported as IoError naming it).
 void fsync_path(const std::string& path);
 
+// Writes all n bytes to fd, retrying short writes and EINTR. Returns 0, or the errno of the write
+// that failed (EIO for a write that wrote nothing).
+int write_all(int fd, const void* data, std::size_t n);
+
 }  // namespace zinf

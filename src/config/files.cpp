@@ -138,17 +138,21 @@ OutputFile::~OutputFile() {
   if (!committed_) ::unlink(tmp_.c_str());
 }
 
-void OutputFile::flush_buffer() {
+int write_all(int fd, const void* data, std::size_t n) {
+  const char* p = static_cast<const char*>(data);
   std::size_t done = 0;
-  while (done < buf_.size()) {
-    const ssize_t w = ::write(fd_, buf_.data() + done, buf_.size() - done);
+  while (done < n) {
+    const ssize_t w = ::write(fd, p + done, n - done);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int e = w < 0 ? errno : EIO;
-      throw IoError(what_ + " " + path_ + ": write failed (" + errno_text(e) + "); nothing was replaced", e);
-    }
+    if (w <= 0) return w < 0 ? errno : EIO;
     done += static_cast<std::size_t>(w);
   }
+  return 0;
+}
+
+void OutputFile::flush_buffer() {
+  if (const int e = write_all(fd_, buf_.data(), buf_.size()))
+    throw IoError(what_ + " " + path_ + ": write failed (" + errno_text(e) + "); nothing was replaced", e);
   buf_.clear();
 }
 

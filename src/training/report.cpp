@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "zinf/error.h"
+#include "zinf/files.h"
 #include "zinf/train.h"
 
 namespace zinf {
@@ -33,16 +34,8 @@ MetricsFile::~MetricsFile() {
 // Each line goes out in one write, unbuffered: a full disk or a broken file stops the run at the
 // first line that did not reach the file, not with a silently short file at the end.
 void MetricsFile::write_line(const std::string& line) {
-  std::size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int e = w < 0 ? errno : EIO;
-      throw IoError("train.metrics_file " + path_ + ": write failed (" + std::strerror(e) + ")", e);
-    }
-    done += static_cast<std::size_t>(w);
-  }
+  if (const int e = write_all(fd_, line.data(), line.size()))
+    throw IoError("train.metrics_file " + path_ + ": write failed (" + std::strerror(e) + ")", e);
 }
 
 void MetricsFile::step(const StepReport& r) {

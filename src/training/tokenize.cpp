@@ -3,7 +3,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <regex>
 
 #include "zinf/data.h"
 #include "zinf/error.h"
@@ -16,8 +15,19 @@ namespace {
 // SentencePiece's status text carries its source location and the failed expression
 // ("./src/sentencepiece_processor.cc(232) [model_proto->ParseFromArray(...)] "); a user needs neither.
 std::string status_text(const sentencepiece::util::Status& st) {
-  static const std::regex where(R"([^ \[]*\.cc\([0-9]+\) \[.*\] ?)");
-  std::string m = std::regex_replace(std::string(st.message()), where, "");
+  std::string m(st.message());
+  // Cut "FILE.cc(LINE) [EXPR] " (EXPR may hold brackets: up to the last ']'). No std::regex: GCC 12's
+  // <regex> trips -Wmaybe-uninitialized in sanitizer builds.
+  const auto cc = m.find(".cc(");
+  const auto open = cc == std::string::npos ? cc : m.find(") [", cc);
+  const auto close = m.rfind(']');
+  if (open != std::string::npos && close != std::string::npos && close > open) {
+    const auto space = m.find_last_of(" [", cc);
+    const std::size_t begin = space == std::string::npos ? 0 : space + 1;
+    std::size_t end = close + 1;
+    if (end < m.size() && m[end] == ' ') ++end;
+    m.erase(begin, end - begin);
+  }
   while (!m.empty() && (m.back() == ' ' || m.back() == '\n')) m.pop_back();
   return m;
 }

@@ -1,7 +1,7 @@
 // placement.cpp — the byte model behind `zinf plan` (zinf/offload/placement.h).
 //
 // N = parameters, L = the largest layer unit, cb = bytes of the compute dtype.
-// States (shared/DESIGN.md §1):
+// States (docs/design.md, "States and tiers"):
 //   param16  cb·N   device | pinned host (offload_param=cpu) | NVMe (offload_param=nvme)
 //   grad16   cb·N   device when the optimizer is on the device; otherwise the host keeps every
 //                   landed gradient until the global-norm barrier (GA = 1), or none at all (GA > 1:

@@ -1,5 +1,6 @@
-// zinf/device.h — the device seam (shared/DESIGN.md §5): memory within a budget, async copies
-// between pinned host memory and the device, streams named by role, events, synchronisation.
+// zinf/device.h — the device seam (docs/design.md, "The device seam"): memory within a budget,
+// async copies between pinned host memory and the device, streams named by role, events,
+// synchronisation.
 //
 // The CPU device is always built: its "device memory" is host memory charged against a configured
 // budget, its streams are in-order queues each served by one worker thread, and a "launch" runs a

@@ -1,6 +1,6 @@
 // zinf/error.h — how zinf fails.
 //
-// Two kinds of failure, kept apart on purpose (shared/CONVENTIONS.md "Errors"):
+// Two kinds of failure, kept apart on purpose (docs/design.md, "Errors"):
 //  * a broken invariant is a bug: ZINF_CHECK aborts with file, line and the failed expression;
 //  * a bad environment (config, file, disk, io_uring, CUDA) is the user's problem to fix: it is an
 //    exception carrying what failed, where and why, plus an optional hint. Only main() turns it into

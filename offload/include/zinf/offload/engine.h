@@ -1,6 +1,7 @@
 // zinf/offload/engine.h — the offload engine: where every training state lives, how gradients
 // leave the device, and how the host Update gets its inputs and puts the parameters back
-// (shared/DESIGN.md §1–§2). Model-agnostic: it sees layer units (flat fp32 parameter ranges).
+// (docs/design.md, "States and tiers" and "The step as a dataflow"). Model-agnostic: it sees layer
+// units (flat fp32 parameter ranges).
 //
 // Placement (from the config):
 //   offload_optimizer none | cpu | nvme  → master, m, v on the device | in host memory | on NVMe

@@ -1,6 +1,6 @@
 // zinf/offload/placement.h — where every byte of the training state lives, before anything runs.
 //
-// The tier placement of shared/DESIGN.md §1 as arithmetic: given the layer units' sizes, the
+// The tier placement of docs/design.md ("States and tiers") as arithmetic: given the layer units' sizes, the
 // precision and the two offload devices, it gives each state's bytes per tier (device, pinned host,
 // pageable host, NVMe), the fixed-count buffers the dataflow needs, and a verdict against the
 // capacities of a machine. The offload engine allocates exactly what this plan says, so

@@ -8,15 +8,15 @@
 #   b-ga4-opt  b at GA 4, optimizer states on the CPU (ZeRO-Offload; zinf only, against b-ga4)
 #   b-ga4-all  b at GA 4, optimizer and parameters on the CPU, device budget under a third of the
 #              training state; beside PyTorch FSDP with CPUOffload(offload_params=True) on the same work
-# Usage: scripts/compare-torch.sh [PEER]   (PEER: torch_gpt2.py, default ./torch_gpt2.py, then
-# ../shared/peers/torch_gpt2.py). ZINF_COMPARE_CASES picks cases (default all, in the order above);
+# Usage: scripts/compare-torch.sh [PEER]   (PEER: a PyTorch GPT-2 script, default ./torch_gpt2.py;
+# the repository does not ship one yet, see docs/gpu.md). ZINF_COMPARE_CASES picks cases (default all, in the order above);
 # ZINF_BIN the zinf binary (default build-gpu/src/zinf, built by scripts/gpu-check.sh's build part).
 # Writes compare.jsonl (every raw result) and compare.md (the table) under $OUT, or the repository.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out_dir="${OUT:-$root}"
 peer="${1:-}"
-for p in "$peer" "$root/torch_gpt2.py" "$root/../shared/peers/torch_gpt2.py"; do
+for p in "$peer" "$root/torch_gpt2.py"; do
   [ -n "$p" ] && [ -f "$p" ] && peer="$p" && break
 done
 zinf="${ZINF_BIN:-$root/build-gpu/src/zinf}"

@@ -51,6 +51,14 @@ namespace detail {
 }
 }  // namespace detail
 
+// A library's exception text without its leading "[tag] " (nlohmann's "[json.exception.type_error.302] "):
+// the part a user's one error line needs.
+inline std::string library_message(const std::exception& e) {
+  const std::string m = e.what();
+  const auto p = m.find("] ");
+  return p == std::string::npos ? m : m.substr(p + 2);
+}
+
 }  // namespace zinf
 
 // Always on, also in release builds: invariants are cheap next to what they protect.

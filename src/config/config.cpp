@@ -911,10 +911,7 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
   } catch (const json::exception& e) {
     // A syntax error (its message carries line and column), or a number too large for a double
     // ("number overflow parsing '1e400'"); keep nlohmann's text after its "[json.exception...]" tag.
-    std::string m = e.what();
-    auto p = m.find("] ");
-    if (p != std::string::npos) m = m.substr(p + 2);
-    throw ConfigError(source + ": invalid JSON: " + m);
+    throw ConfigError(source + ": invalid JSON: " + library_message(e));
   }
   if (!root.is_object())
     throw ConfigError(source + ": the config must be a JSON object, got " + std::string(root.type_name()),
@@ -923,9 +920,7 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
   try {
     return parse_root(root, source, world_size);
   } catch (const json::exception& e) {  // a value of a type no check foresaw: still zinf's one line
-    std::string m = e.what();
-    const auto p = m.find("] ");
-    throw ConfigError(source + ": " + (p == std::string::npos ? m : m.substr(p + 2)));
+    throw ConfigError(source + ": " + library_message(e));
   }
 }
 

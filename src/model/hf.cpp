@@ -25,19 +25,12 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// nlohmann's messages start with a tag ("[json.exception.type_error.302] "); zinf's line keeps the rest.
-std::string json_message(const json::exception& e) {
-  std::string m = e.what();
-  const auto p = m.find("] ");
-  return p == std::string::npos ? m : m.substr(p + 2);
-}
-
 json parse_json_object(std::string_view text, const std::string& source) {
   json j;
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw ConfigError(source + ": invalid JSON (" + json_message(e) + ")");
+    throw ConfigError(source + ": invalid JSON (" + library_message(e) + ")");
   }
   if (!j.is_object()) throw ConfigError(source + ": expected a JSON object, got " + std::string(j.type_name()));
   return j;
@@ -160,7 +153,7 @@ ModelShape hf_shape_from_json(std::string_view text, const std::string& src, int
   try {
     return hf_shape_of(c, src, seq_len);
   } catch (const json::exception& e) {  // a value of an unexpected type that no check above caught
-    throw ConfigError(src + ": " + json_message(e));
+    throw ConfigError(src + ": " + library_message(e));
   }
 }
 

@@ -128,14 +128,6 @@ std::vector<std::pair<std::int64_t, std::string>> list_steps(const std::string& 
   return out;
 }
 
-// nlohmann's message without its "[json.exception.type_error.302] " tag: what is wrong, for one
-// error line naming the manifest.
-std::string json_why(const json::exception& e) {
-  const std::string m = e.what();
-  const auto p = m.find("] ");
-  return p == std::string::npos ? m : m.substr(p + 2);
-}
-
 // "fp16", "bf16" or "fp32" as a Precision.
 Precision precision_from(const std::string& s, const std::string& mf) {
   for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16})
@@ -163,7 +155,7 @@ json read_manifest(const std::string& path, bool* unchecked = nullptr) {
   try {
     j = json::parse(f);
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + json_why(e) + ")");
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + library_message(e) + ")");
   }
   try {
     if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
@@ -194,7 +186,7 @@ json read_manifest(const std::string& path, bool* unchecked = nullptr) {
     if (unchecked) *unchecked = false;
     return j;
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + json_why(e) + ")");
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + library_message(e) + ")");
   }
 }
 
@@ -240,7 +232,7 @@ void check_shape(const json& j, const ModelShape& s, const std::string& path) {
   try {
     got = shape_from_json(j.at("model"), path + "/manifest.json");
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt model section (" + json_why(e) + ")");
+    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt model section (" + library_message(e) + ")");
   }
   const char* hint = "resume it with the config it was written with (its manifest.json holds that config), or train this model "
                      "in another train.checkpoint_dir";
@@ -300,7 +292,7 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
       if (use) (*use)(u, buf[0].data(), buf[1].data(), buf[2].data());
     }
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt tensor list (" + json_why(e) + ")");
+    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt tensor list (" + library_message(e) + ")");
   }
 }
 
@@ -326,7 +318,7 @@ CheckpointInfo info_from(const std::string& path, const json& j, bool unchecked)
       in.precision = fp16 ? Precision::fp16 : bf16 ? Precision::bf16 : Precision::fp32;
     }
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + json_why(e) + ")");
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + library_message(e) + ")");
   }
   // The directory's name orders the checkpoints; the manifest's step is what a resume continues from.
   const std::string name = fs::path(path).filename().string();
@@ -372,7 +364,7 @@ CheckpointState state_from_json(const json& j, const std::string& path) {
     s.scaler_last_overflow = counter(sc, "last_overflow_iter", -1, kMax);
     s.scaler_hysteresis = static_cast<int>(counter(sc, "hysteresis", 0, std::numeric_limits<int>::max()));
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + mf + ": " + json_why(e));
+    throw CorruptCheckpoint("checkpoint " + mf + ": " + library_message(e));
   }
   return s;
 }

@@ -153,22 +153,7 @@ TEST_F(Checkpoints, FullDiskLeavesThePreviousCheckpointIntact) {
 
 // ---- a checkpoint directory is never damaged by a mistake ------------------------------------------------
 
-// Every file under `d` with its size and a hash of its contents: equal snapshots mean nothing was written, renamed or deleted.
-std::map<std::string, std::string> snapshot(const fs::path& d) {
-  std::map<std::string, std::string> out;
-  if (!fs::exists(d)) return out;
-  for (const auto& e : fs::recursive_directory_iterator(d)) {
-    const std::string rel = fs::relative(e.path(), d).string();
-    if (e.is_regular_file()) {
-      std::ifstream f(e.path(), std::ios::binary);
-      const std::string bytes(std::istreambuf_iterator<char>(f), {});
-      out[rel] = std::to_string(bytes.size()) + " bytes, hash " + std::to_string(std::hash<std::string>{}(bytes));
-    } else {
-      out[rel] = "<dir>";
-    }
-  }
-  return out;
-}
+using test::snapshot;
 
 std::vector<std::string> entries(const fs::path& d) {
   std::vector<std::string> names;

@@ -20,6 +20,7 @@ namespace {
 
 using zinf::test::Result;
 using zinf::test::slurp;
+using zinf::test::snapshot;
 
 Result run(const std::string& args) { return zinf::test::sh(std::string(ZINF_BIN) + " " + args); }
 
@@ -321,19 +322,6 @@ const std::string kSmall = " --set model.n_layer=1 --set model.d_model=32 --set 
 // EFBIG part way through, as a full disk fails with ENOSPC.
 Result run_limited(int kib, const std::string& args) {
   return zinf::test::sh("(ulimit -f " + std::to_string(kib * 2) + "; trap '' XFSZ; exec " + std::string(ZINF_BIN) + " " + args + ")");
-}
-
-// Size and hash of a file's bytes: a failed comparison prints a line per file, not the files.
-std::string fingerprint(const std::string& bytes) {
-  return std::to_string(bytes.size()) + " bytes, hash " + std::to_string(std::hash<std::string>{}(bytes));
-}
-
-// Every entry under `dir` with its bytes' fingerprint, for "nothing changed" checks.
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> m;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    m[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? fingerprint(slurp(e.path().string())) : std::string("<dir>");
-  return m;
 }
 
 struct TmpDir {

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -19,10 +21,27 @@ struct Result {
 };
 
 inline std::string slurp(const std::string& p) {
-  std::ifstream f(p);
+  std::ifstream f(p, std::ios::binary);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// Every entry under `dir` (none when it does not exist) with its size and a hash of its bytes
+// (directories as "<dir>"): equal snapshots mean nothing was written, renamed or deleted, and a failed
+// comparison prints a line per file, not the files.
+inline std::map<std::string, std::string> snapshot(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> m;
+  if (!std::filesystem::exists(dir)) return m;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    std::string v = "<dir>";
+    if (e.is_regular_file()) {
+      const std::string bytes = slurp(e.path().string());
+      v = std::to_string(bytes.size()) + " bytes, hash " + std::to_string(std::hash<std::string>{}(bytes));
+    }
+    m[std::filesystem::relative(e.path(), dir).string()] = v;
+  }
+  return m;
 }
 
 // Runs `cmd` with /bin/sh; rc is its exit status (−1 when it did not exit normally).

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../e2e/shell.h"
 #include "model/hf.h"
 #include "training/report.h"
 #include "zinf/config.h"
@@ -65,25 +66,8 @@ struct FileSizeLimit {
   ~FileSizeLimit() { ::setrlimit(RLIMIT_FSIZE, &old); }
 };
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// Size and hash of a file's bytes: a failed comparison prints a line per file, not the files.
-std::string fingerprint(const std::string& bytes) {
-  return std::to_string(bytes.size()) + " bytes, hash " + std::to_string(std::hash<std::string>{}(bytes));
-}
-
-// Every entry under `dir` with its bytes' fingerprint (directories as names only), for "nothing changed" checks.
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> m;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    m[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? fingerprint(slurp(e.path().string())) : std::string("<dir>");
-  return m;
-}
+using test::slurp;
+using test::snapshot;
 
 template <class E, class F>
 std::string error_of(F f) {

@@ -21,7 +21,7 @@ void CollectiveOrder::run(Comm& comm, Device& dev, StreamRole s, const std::func
   last_role_ = s;
 }
 
-void reduce_scatter_ordered(Comm& comm, Device& dev, DeviceKernels& kern, StreamRole s, float* g, const std::vector<std::size_t>& counts,
+void reduce_scatter_ordered(Comm& comm, Device& dev, EngineKernels& kern, StreamRole s, float* g, const std::vector<std::size_t>& counts,
                             float* recv, CollectiveOrder* order) {
   const auto me = static_cast<std::size_t>(comm.rank());
   const std::size_t mine = counts[me];

@@ -89,7 +89,8 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     s.fetch_comm = hc.dup();
     s.fetch_dcomm = dc.dup();
   }
-  s.kern = cfg.kernels ? cfg.kernels(dev, s.threads) : host_kernels(dev, s.threads);
+  if (!cfg.kernels) throw Error("offload engine: no kernels for the device (EngineConfig::kernels is empty)");
+  s.kern = cfg.kernels(dev, s.threads);
   const Plan plan = make_plan(plan_input(c));
   const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];
   if (need_device > dev.budget() - dev.in_use())

@@ -34,7 +34,7 @@
 #include "zinf/error.h"
 #include "zinf/nvme/store.h"
 #include "zinf/offload/collectives.h"
-#include "zinf/offload/device_kernels.h"
+#include "zinf/offload/engine_kernels.h"
 #include "zinf/offload/engine.h"
 #include "zinf/pinned.h"
 #include "subgroup_layout.h"
@@ -130,7 +130,7 @@ struct EngineState {
   CollectiveOrder order;
   std::size_t comm_scratch = 0;  // elements of one rank's receive scratch (world × a bucket's shard part)
   cpu_adam::HostThreads threads;
-  std::unique_ptr<DeviceKernels> kern;  // the engine's own work on device memory
+  std::unique_ptr<EngineKernels> kern;  // the engine's own work on device memory
   std::unique_ptr<PinnedPool> pinned;   // declared before every holder of a PinnedBuffer
   std::vector<Unit> units;
 

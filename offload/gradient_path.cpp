@@ -254,7 +254,7 @@ std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) c
 }
 
 std::vector<std::vector<double>> GradientPath::block_sums() {
-  std::vector<DeviceKernels::NormInput> in;
+  std::vector<EngineKernels::NormInput> in;
   for (auto& u : s_.units) {
     auto [g, type] = update_input(u);
     in.push_back({g, type, u.g_hi - u.g_lo});

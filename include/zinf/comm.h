@@ -104,8 +104,5 @@ void remove_world_files();
 // closes the launch's own connections so that no rank mistakes another's exit for its death. Runs at
 // exit if not called before; once per process; returns at once for a single process.
 void leave_world();
-// The communicator for CUDA device memory: NCCL over the ranks of `host` (bootstrapped through it);
-// throws when this build has no NCCL or no GPU.
-std::unique_ptr<Comm> make_nccl_comm(Comm& host, int cuda_device);
 
 }  // namespace zinf

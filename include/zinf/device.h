@@ -135,21 +135,6 @@ class BusyScope {
   StreamRole s_;
 };
 
-struct CpuDeviceOptions {
-  bool async = false;  // the model's ops run as compute-stream work (see ops_stream_ordered)
-  JitterSpec jitter;   // seeded delays before every job on every stream; seed 0: none
-};
-// The options the environment asks for: ZINF_DEVICE_ASYNC=1, ZINF_JITTER_SEED=N (N > 0) and
-// ZINF_JITTER_US=M override `base` where set (a malformed value is a zinf::Error naming it).
-CpuDeviceOptions cpu_device_options_from_env(CpuDeviceOptions base);
-
-// The CPU device with a memory budget in bytes.
-std::unique_ptr<Device> make_cpu_device(std::size_t budget_bytes, const CpuDeviceOptions& opts = {});
-// The CUDA device `index` with a memory budget (0: the GPU's free memory). Throws zinf::Error when
-// this build has no CUDA or no GPU is visible. `launch` enqueues host code in stream order
-// (cudaLaunchHostFunc: it must not call CUDA); kernels go on the streams through the op backends.
-std::unique_ptr<Device> make_cuda_device(int index, std::size_t budget_bytes);
-
 // RAII device allocation.
 class DeviceBuffer {
  public:

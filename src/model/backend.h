@@ -58,7 +58,7 @@ class OpsBackend {
 };
 
 // The CPU device's backend: the reference ops, parallel over fixed chunks.
-class CpuOps final : public OpsBackend {
+class CpuOps : public OpsBackend {
  public:
   explicit CpuOps(ops::Par& par) : p_(par) {}
   void matmul_forward(float* o, const float* i, const float* w, const float* b, int R, int IC, int OC) override {

@@ -17,7 +17,7 @@
 #include "model/backend.h"
 #include "model/lm.h"
 #include "zinf/device.h"
-#include "zinf/model.h"
+#include "model/shape.h"
 
 namespace zinf {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <random>
 
-#include "zinf/model.h"
+#include "model/shape.h"
 
 namespace zinf {
 

@@ -9,7 +9,7 @@
 
 #include "model/backend.h"
 #include "zinf/device.h"
-#include "zinf/model.h"
+#include "model/shape.h"
 
 namespace zinf {
 

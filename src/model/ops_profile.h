@@ -6,15 +6,25 @@
 // down, …), so each class reports its own TFLOPS.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/backend.h"
 #include "zinf/device.h"
-#include "zinf/model.h"
-#include "zinf/train.h"
+#include "model/shape.h"
 
 namespace zinf {
+
+// Device time of one kind of the model's ops (`zinf bench step --profile`): a GEMM class (by its
+// input and output features), attention, norms, elementwise ops, embeddings, the LM head, copies.
+struct OpTime {
+  std::string name;
+  std::int64_t calls = 0;
+  double seconds = 0;  // on the compute stream (the host's own time on the synchronous CPU device)
+  double flops = 0;    // floating-point operations (0 for ops measured in bytes)
+};
 
 class OpProfile {
  public:

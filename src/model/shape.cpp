@@ -1,24 +1,10 @@
-// shape.cpp — presets and exact parameter counts for the GPT-2 architecture (zinf/model.h).
+// shape.cpp — presets and exact parameter counts for the GPT-2 architecture (model/shape.h).
 #include <algorithm>
 
-#include "zinf/config.h"
 #include "zinf/error.h"
-#include "zinf/model.h"
+#include "model/shape.h"
 
 namespace zinf {
-
-ModelShape model_shape(const ModelConfig& m) {
-  ModelShape s{m.n_layer, m.n_head, m.d_model, m.vocab_size, m.seq_len};
-  s.family = m.family;
-  if (m.family == ModelFamily::llama) {
-    s.n_kv_head = m.n_kv_head, s.d_ff = m.d_ff, s.tie_embeddings = m.tie_embeddings, s.qkv_bias = m.qkv_bias;
-    s.rope_theta = m.rope_theta, s.norm_eps = m.norm_eps, s.rope_factor = m.rope_factor;
-    s.rope_low_freq_factor = m.rope_low_freq_factor, s.rope_high_freq_factor = m.rope_high_freq_factor;
-    s.rope_original_max = m.rope_original_max;
-    s.max_positions = m.max_positions;
-  }
-  return s;
-}
 
 namespace {
 // A Llama-family shape; rope_factor != 1 selects Llama 3's scaling (low 1, high 4, original 8192).

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "dp_world.h"
-#include "zinf/config.h"
+#include "app/config/config.h"
 #include "zinf/error.h"
-#include "zinf/train.h"
+#include "app/train/train.h"
 
 namespace zinf::test {
 namespace {

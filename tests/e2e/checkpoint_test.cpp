@@ -18,10 +18,10 @@
 #include <sstream>
 #include <thread>
 
-#include "zinf/checkpoint.h"
-#include "zinf/config.h"
+#include "app/train/checkpoint.h"
+#include "app/config/config.h"
 #include "zinf/error.h"
-#include "zinf/train.h"
+#include "app/train/train.h"
 #include "shell.h"
 
 namespace zinf {

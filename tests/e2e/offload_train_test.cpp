@@ -7,9 +7,9 @@
 
 #include <filesystem>
 
-#include "zinf/config.h"
-#include "zinf/model.h"
-#include "zinf/train.h"
+#include "app/config/config.h"
+#include "model/shape.h"
+#include "app/train/train.h"
 #include "small_train.h"
 
 namespace zinf {

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "zinf/config.h"
-#include "zinf/train.h"
+#include "app/config/config.h"
+#include "app/train/train.h"
 
 namespace zinf {
 namespace {

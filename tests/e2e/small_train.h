@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "zinf/config.h"
-#include "zinf/train.h"
+#include "app/config/config.h"
+#include "app/train/train.h"
 
 namespace zinf::test {
 

@@ -10,8 +10,8 @@
 #include <filesystem>
 
 #include "small_train.h"
-#include "zinf/config.h"
-#include "zinf/train.h"
+#include "app/config/config.h"
+#include "app/train/train.h"
 
 namespace zinf {
 namespace {

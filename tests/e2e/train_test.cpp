@@ -8,12 +8,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "zinf/config.h"
-#include "zinf/data.h"
+#include "app/config/config.h"
+#include "io/data.h"
 #include "zinf/device.h"
 #include "zinf/error.h"
-#include "zinf/train.h"
-#include "devices/gpu_query.h"
+#include "app/train/train.h"
+#include "zinf/backends/gpu.h"
 
 namespace zinf {
 namespace {

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "zinf/checkpoint.h"
-#include "zinf/config.h"
-#include "zinf/model.h"
+#include "app/train/checkpoint.h"
+#include "app/config/config.h"
+#include "model/shape.h"
 
 namespace {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "zinf/config.h"
-#include "zinf/model.h"
+#include "app/config/config.h"
+#include "model/shape.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view all(reinterpret_cast<const char*>(data), size);

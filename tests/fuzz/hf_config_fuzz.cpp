@@ -7,9 +7,9 @@
 #include <string>
 
 #include "fuzz_common.h"
-#include "model/hf.h"
-#include "zinf/config.h"
-#include "zinf/model.h"
+#include "io/hf.h"
+#include "app/config/config.h"
+#include "model/shape.h"
 
 namespace {
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "model/hf.h"
-#include "zinf/model.h"
+#include "io/hf.h"
+#include "model/shape.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "zinf/safetensors.h"
+#include "io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static zinf::fuzz::MemFile file;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "zinf/data.h"
+#include "io/data.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static zinf::fuzz::MemFile file;

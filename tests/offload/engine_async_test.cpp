@@ -10,6 +10,7 @@
 
 #include "engine_harness.h"
 #include "zinf/device.h"
+#include "zinf/backends/cpu.h"
 #include "zinf/offload/engine.h"
 
 namespace zinf::offload {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "zinf/device.h"
+#include "zinf/backends/cpu.h"
 #include "zinf/offload/engine.h"
 
 namespace zinf::offload::test {
@@ -51,6 +52,7 @@ inline EngineConfig config(OffloadDevice opt, OffloadDevice param, Precision pre
   c.optimizer_store.io.block_size = c.param_store.io.block_size = 64 << 10;
   c.host_threads = 2;
   c.overlap = ov;
+  c.kernels = make_cpu_engine_kernels;
   return c;
 }
 

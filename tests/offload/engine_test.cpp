@@ -12,6 +12,7 @@
 
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/device.h"
+#include "zinf/backends/cpu.h"
 #include "zinf/error.h"
 #include "zinf/offload/engine.h"
 #include "engine_harness.h"

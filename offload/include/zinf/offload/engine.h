@@ -90,7 +90,7 @@
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/device.h"
 #include "zinf/nvme/store.h"
-#include "zinf/offload/device_kernels.h"
+#include "zinf/offload/engine_kernels.h"
 #include "zinf/offload/placement.h"
 
 namespace zinf::offload {
@@ -129,9 +129,9 @@ struct EngineConfig {
   // Stage 3 with several ranks: units of at most this many parameters are not partitioned (each rank
   // keeps them whole on the device, as DeepSpeed's stage3_param_persistence_threshold).
   std::size_t persistence_threshold = 0;
-  // The device's kernels for the engine's own work on device memory; empty: host_kernels (the CPU
-  // device). The CUDA device passes its kernels here.
-  std::function<std::unique_ptr<DeviceKernels>(Device&, cpu_adam::HostThreads&)> kernels;
+  // The device's kernels for the engine's own work on device memory (required): the backend of the
+  // device makes them (zinf/backends/backend.h).
+  std::function<std::unique_ptr<EngineKernels>(Device&, cpu_adam::HostThreads&)> kernels;
 };
 
 struct StepOptions {

@@ -1,0 +1,217 @@
+// device.cu — the CUDA device (zinf/device.h): the caching allocator over cudaMalloc within the
+// budget, one non-blocking stream per role (the default stream is never used), events as the only
+// cross-stream synchronisation, async copies, host registration of the pinned pool.
+#include <cuda_runtime.h>
+
+#include <exception>
+#include <mutex>
+#include <vector>
+
+#include "cuda/caching_allocator.h"
+#include "zinf/backends/gpu.h"
+#include "cuda/cuda.h"
+#include "zinf/device.h"
+#include "cuda/cuda_check.cuh"
+#include "zinf/error.h"
+
+namespace zinf {
+namespace {
+
+
+class CudaEvent final : public DeviceEvent {
+ public:
+  explicit CudaEvent(cudaStream_t s, bool timed = false) {
+    ZINF_CUDA(cudaEventCreateWithFlags(&ev_, timed ? cudaEventDefault : cudaEventDisableTiming));
+    ZINF_CUDA(cudaEventRecord(ev_, s));
+  }
+  ~CudaEvent() override { cudaEventDestroy(ev_); }
+  bool done() const override { return cudaEventQuery(ev_) == cudaSuccess; }
+  void wait() override { ZINF_CUDA(cudaEventSynchronize(ev_)); }
+  cudaEvent_t get() const { return ev_; }
+
+ private:
+  cudaEvent_t ev_ = nullptr;
+};
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int index, std::size_t budget) : index_(index) {
+    ZINF_CUDA(cudaSetDevice(index));
+    if (budget == 0) {
+      std::size_t free_b = 0, total_b = 0;
+      ZINF_CUDA(cudaMemGetInfo(&free_b, &total_b));
+      budget = free_b;
+    }
+    alloc_ = std::make_unique<cuda::CachingAllocator>(
+        budget,
+        [](std::size_t n) -> void* {
+          void* p = nullptr;
+          return cudaMalloc(&p, n) == cudaSuccess ? p : (cudaGetLastError(), nullptr);
+        },
+        [](void* p) { cudaFree(p); });
+    for (auto& s : streams_) ZINF_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaDeviceProp prop{};
+    ZINF_CUDA(cudaGetDeviceProperties(&prop, index));
+    name_ = std::string("cuda:") + std::to_string(index) + " " + prop.name;
+  }
+  ~CudaDevice() override {
+    for (auto& s : streams_) {
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    }
+    destroy_marks();
+    alloc_.reset();
+  }
+  std::string name() const override { return name_ + " (budget " + format_bytes(alloc_->budget()) + ")"; }
+  void* allocate(std::size_t bytes, const std::string& what) override { return alloc_->allocate(bytes, what); }
+  void free(void* p) override { alloc_->free(p); }
+  std::size_t budget() const override { return alloc_->budget(); }
+  std::size_t in_use() const override { return alloc_->in_use(); }
+  std::size_t peak() const override { return alloc_->peak(); }
+  void copy_to_device(void* dst, const void* src, std::size_t n, StreamRole s) override {
+    ZINF_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream(s)));
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t n, StreamRole s) override {
+    ZINF_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream(s)));
+  }
+  void launch(StreamRole s, std::function<void()> fn) override {
+    auto* job = new Job{this, std::move(fn)};
+    ZINF_CUDA(cudaLaunchHostFunc(stream(s), &CudaDevice::run_job, job));
+  }
+  void register_host(void* p, std::size_t bytes) override { ZINF_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault)); }
+  void unregister_host(void* p) override { cudaHostUnregister(p); }
+  void* native_stream(StreamRole s) override { return stream(s); }
+  EventHandle record(StreamRole s) override { return std::make_shared<CudaEvent>(stream(s)); }
+  EventHandle record_timed(StreamRole s) override { return std::make_shared<CudaEvent>(stream(s), true); }
+  double elapsed_seconds(const EventHandle& a, const EventHandle& b) override {
+    auto* x = dynamic_cast<CudaEvent*>(a.get());
+    auto* y = dynamic_cast<CudaEvent*>(b.get());
+    ZINF_CHECK(x && y);
+    ZINF_CUDA(cudaEventSynchronize(y->get()));
+    float ms = 0;
+    ZINF_CUDA(cudaEventElapsedTime(&ms, x->get(), y->get()));
+    return ms / 1e3;
+  }
+  void wait_event(StreamRole s, EventHandle e) override {
+    auto* ce = dynamic_cast<CudaEvent*>(e.get());
+    ZINF_CHECK(ce != nullptr);
+    ZINF_CUDA(cudaStreamWaitEvent(stream(s), ce->get(), 0));
+  }
+  void synchronize(StreamRole s) override {
+    ZINF_CUDA(cudaStreamSynchronize(stream(s)));
+    rethrow();
+  }
+  void synchronize() override {
+    for (auto& st : streams_) ZINF_CUDA(cudaStreamSynchronize(st));
+    rethrow();
+  }
+  bool ops_stream_ordered() const override { return true; }  // every op is a kernel on the compute stream
+
+  // Busy marks: a pair of timing events per marked interval, read once the end event has completed.
+  // Marks from several host threads on one stream (the trainer's Fetch and the Update's Upload on
+  // h2d) merge into one interval from the first begin to the last end.
+  void busy_begin(StreamRole s) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    Marks& m = marks_[static_cast<int>(s)];
+    if (m.depth++ > 0) return;
+    m.open = timing_event();
+    ZINF_CUDA(cudaEventRecord(m.open, stream(s)));
+  }
+  void busy_end(StreamRole s) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    Marks& m = marks_[static_cast<int>(s)];
+    ZINF_CHECK(m.depth > 0);
+    if (--m.depth > 0) return;
+    cudaEvent_t end = timing_event();
+    ZINF_CUDA(cudaEventRecord(end, stream(s)));
+    m.pending.push_back({m.open, end});
+    m.open = nullptr;
+  }
+  double take_busy(StreamRole s) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    Marks& m = marks_[static_cast<int>(s)];
+    double ms_total = 0;
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> later;
+    for (auto& [a, b] : m.pending) {
+      if (cudaEventQuery(b) != cudaSuccess) {  // still running (or failed: synchronize reports it)
+        later.push_back({a, b});
+        continue;
+      }
+      float ms = 0;
+      ZINF_CUDA(cudaEventElapsedTime(&ms, a, b));
+      ms_total += ms;
+      spare_.push_back(a);
+      spare_.push_back(b);
+    }
+    m.pending.swap(later);
+    return 1e-3 * ms_total;
+  }
+
+ private:
+  struct Marks {
+    int depth = 0;
+    cudaEvent_t open = nullptr;
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending;
+  };
+  cudaEvent_t timing_event() {  // under mu_
+    if (!spare_.empty()) {
+      cudaEvent_t e = spare_.back();
+      spare_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    ZINF_CUDA(cudaEventCreate(&e));
+    return e;
+  }
+  void destroy_marks() {
+    for (auto& m : marks_) {
+      if (m.open) cudaEventDestroy(m.open);
+      for (auto& [a, b] : m.pending) cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    for (auto e : spare_) cudaEventDestroy(e);
+  }
+  struct Job {
+    CudaDevice* dev;
+    std::function<void()> fn;
+  };
+  static void CUDART_CB run_job(void* p) {
+    auto* job = static_cast<Job*>(p);
+    try {
+      job->fn();
+    } catch (...) {  // a driver callback cannot throw: keep the first error for synchronize()
+      std::lock_guard<std::mutex> lk(job->dev->mu_);
+      if (!job->dev->err_) job->dev->err_ = std::current_exception();
+    }
+    delete job;
+  }
+  void rethrow() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (err_) {
+      auto e = err_;
+      err_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+  cudaStream_t stream(StreamRole s) const { return streams_[static_cast<int>(s)]; }
+
+  int index_;
+  std::string name_;
+  std::unique_ptr<cuda::CachingAllocator> alloc_;
+  cudaStream_t streams_[kStreamRoles] = {};
+  std::mutex mu_;
+  std::exception_ptr err_;
+  Marks marks_[kStreamRoles];
+  std::vector<cudaEvent_t> spare_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> cuda::make_cuda_device(int index, std::size_t budget_bytes) {
+  const cuda::GpuQuery q = cuda::query_gpus();
+  if (q.gpus.empty()) throw Error("CUDA device: " + q.status, "run on a machine with an NVIDIA GPU and driver, or use device.type cpu");
+  if (index < 0 || index >= static_cast<int>(q.gpus.size()))
+    throw ConfigError("CUDA device " + std::to_string(index) + " does not exist (" + q.status + ")");
+  return std::make_unique<CudaDevice>(index, budget_bytes);
+}
+
+}  // namespace zinf

@@ -1,0 +1,125 @@
+// engine_kernels.cu — EngineKernels on the GPU (engine_kernels.h). Compiled with --fmad=false: the
+// spec's separate multiplies and adds stay separate.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda.h"
+#include "cuda/cuda_check.cuh"
+#include "zinf/cpu_adam/host_threads.h"
+#include "zinf/cpu_adam/spec.h"
+#include "zinf/error.h"
+
+namespace zinf::cuda {
+namespace {
+
+using cpu_adam::GradType;
+using cpu_adam::HalfType;
+namespace spec = cpu_adam::spec;
+
+__device__ inline float load_grad(const void* g, GradType t, std::size_t i) {
+  if (t == GradType::fp32) return static_cast<const float*>(g)[i];
+  const std::uint16_t h = static_cast<const std::uint16_t*>(g)[i];
+  return t == GradType::fp16 ? spec::fp16_to_fp32(h) : spec::bf16_to_fp32(h);
+}
+
+__global__ void to_half_kernel(const float* s, std::uint16_t* d, std::size_t n, HalfType t) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) d[i] = t == HalfType::fp16 ? spec::fp32_to_fp16(s[i]) : spec::fp32_to_bf16(s[i]);
+}
+__global__ void from_half_kernel(const std::uint16_t* s, float* d, std::size_t n, HalfType t) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) d[i] = t == HalfType::fp16 ? spec::fp16_to_fp32(s[i]) : spec::bf16_to_fp32(s[i]);
+}
+__global__ void add_kernel(float* acc, const float* x, std::size_t n) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) acc[i] += x[i];
+}
+// One thread per (64 Ki block, lane): lane l sums elements l, l+16, … of its block, as cpu_adam does.
+__global__ void sum_squares_kernel(const void* g, GradType t, std::size_t n, double* partial) {
+  const std::size_t idx = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t block = idx / 16, lane = idx % 16;
+  const std::size_t begin = block * cpu_adam::kNormBlock;
+  if (begin >= n) return;
+  const std::size_t end = begin + cpu_adam::kNormBlock < n ? begin + cpu_adam::kNormBlock : n;
+  double acc = 0;
+  for (std::size_t i = begin + lane; i < end; i += 16) {
+    const double x = load_grad(g, t, i);
+    acc += x * x;  // x·x is exact in double: with or without contraction the same bits
+  }
+  partial[idx] = acc;
+}
+__global__ void adam_kernel(cpu_adam::AdamStep st, cpu_adam::UpdateChunk c) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i >= c.n) return;
+  float p = c.master[i], m = c.m[i], v = c.v[i];
+  spec::adam_element(st, load_grad(c.grad, c.grad_type, i), p, m, v);
+  c.master[i] = p;
+  c.m[i] = m;
+  c.v[i] = v;
+  if (c.param16) {
+    auto* out = static_cast<std::uint16_t*>(c.param16);
+    out[i] = c.param16_type == HalfType::fp16 ? spec::fp32_to_fp16(p) : spec::fp32_to_bf16(p);
+  }
+}
+
+class CudaEngineKernels final : public offload::EngineKernels {
+ public:
+  explicit CudaEngineKernels(Device& d) : dev_(d) {}
+  void zero(void* p, std::size_t bytes, StreamRole s) override { ZINF_CUDA(cudaMemsetAsync(p, 0, bytes, st(s))); }
+  void to_half(const float* src, void* dst, std::size_t n, HalfType t, StreamRole s) override {
+    to_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(src, static_cast<std::uint16_t*>(dst), n, t);
+    ZINF_CUDA_LAUNCH_CHECK("to_half");
+  }
+  void from_half(const void* src, float* dst, std::size_t n, HalfType t, StreamRole s) override {
+    from_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(static_cast<const std::uint16_t*>(src), dst, n, t);
+    ZINF_CUDA_LAUNCH_CHECK("from_half");
+  }
+  void copy(void* dst, const void* src, std::size_t bytes, StreamRole s) override {
+    ZINF_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st(s)));
+  }
+  void add(float* acc, const float* x, std::size_t n, StreamRole s) override {
+    add_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(acc, x, n);
+    ZINF_CUDA_LAUNCH_CHECK("add");
+  }
+  std::vector<std::vector<double>> block_sums(const std::vector<NormInput>& in, StreamRole s) override {
+    std::vector<std::size_t> first(in.size() + 1, 0);  // each input's first 16-lane slot in `partial_`
+    for (std::size_t i = 0; i < in.size(); ++i) first[i + 1] = first[i] + (in[i].n + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock * 16;
+    std::vector<std::vector<double>> out(in.size());
+    if (first.back() == 0) return out;
+    if (partial_.size() < first.back() * sizeof(double)) partial_ = DeviceBuffer(dev_, first.back() * sizeof(double), "norm partials");
+    for (std::size_t i = 0; i < in.size(); ++i) {  // every unit's kernel, then one copy and one wait
+      const std::size_t threads = first[i + 1] - first[i];
+      if (!threads) continue;
+      sum_squares_kernel<<<ops::blocks_for(threads, 128), 128, 0, st(s)>>>(in[i].g, in[i].t, in[i].n, partial_.as<double>() + first[i]);
+      ZINF_CUDA_LAUNCH_CHECK("sum_squares");
+    }
+    host_.resize(first.back());
+    ZINF_CUDA(cudaMemcpyAsync(host_.data(), partial_.as<double>(), first.back() * sizeof(double), cudaMemcpyDeviceToHost, st(s)));
+    ZINF_CUDA(cudaStreamSynchronize(st(s)));
+    for (std::size_t i = 0; i < in.size(); ++i)
+      for (std::size_t b = first[i]; b < first[i + 1]; b += 16) out[i].push_back(spec::fold16(host_.data() + b));
+    return out;
+  }
+  void adam_update(const cpu_adam::AdamStep& s, const cpu_adam::UpdateChunk& c, StreamRole r) override {
+    adam_kernel<<<ops::blocks_for(c.n, 256), 256, 0, st(r)>>>(s, c);
+    ZINF_CUDA_LAUNCH_CHECK("adam_update");
+  }
+
+ private:
+  cudaStream_t st(StreamRole s) const { return static_cast<cudaStream_t>(dev_.native_stream(s)); }
+  Device& dev_;
+  DeviceBuffer partial_;
+  std::vector<double> host_;
+};
+
+}  // namespace
+
+std::unique_ptr<offload::EngineKernels> make_cuda_engine_kernels(Device& dev) {
+  if (!dev.native_stream(StreamRole::compute) || dev.name().rfind("cpu", 0) == 0) throw Error("CUDA engine kernels need the CUDA device");
+  return std::make_unique<CudaEngineKernels>(dev);
+}
+
+}  // namespace zinf::cuda

@@ -1,0 +1,90 @@
+// gpu_query.cu — ask the CUDA runtime which GPUs it sees (never the default stream: no work is
+// launched here). A machine without a driver or GPU is a normal answer, not an error.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "zinf/backends/gpu.h"
+
+namespace zinf::cuda {
+namespace {
+
+std::string version_string(int v) {  // 13000 -> "13.0"
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%d.%d", v / 1000, (v % 1000) / 10);
+  return buf;
+}
+
+std::string read_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+int pcie_gen_from_speed(const std::string& s) {  // "16.0 GT/s PCIe"
+  double gts = std::atof(s.c_str());
+  if (gts >= 63) return 6;
+  if (gts >= 31) return 5;
+  if (gts >= 15) return 4;
+  if (gts >= 7.9) return 3;
+  if (gts >= 4.9) return 2;
+  if (gts >= 2.4) return 1;
+  return 0;
+}
+
+}  // namespace
+
+GpuQuery query_gpus() {
+  GpuQuery q;
+  q.built = true;
+  int rt = 0;
+  if (cudaRuntimeGetVersion(&rt) == cudaSuccess) q.runtime = version_string(rt);
+  int drv = 0;
+  if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0) q.driver = version_string(drv);
+  int nccl = 0;
+  if (ncclGetVersion(&nccl) == ncclSuccess) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%d.%d.%d", nccl / 10000, (nccl / 100) % 100, nccl % 100);
+    q.nccl = buf;
+  }
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    q.status = std::string("no GPU visible (") + (e != cudaSuccess ? cudaGetErrorString(e) : "no devices") + ")";
+    (void)cudaGetLastError();
+    return q;
+  }
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    GpuInfo g;
+    g.index = i;
+    g.name = p.name;
+    g.total_bytes = p.totalGlobalMem;
+    g.cc_major = p.major;
+    g.cc_minor = p.minor;
+    char bus[32];
+    std::snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", p.pciDomainID, p.pciBusID, p.pciDeviceID);
+    g.pci_bus_id = bus;
+    if (cudaSetDevice(i) == cudaSuccess) {
+      size_t free_b = 0, total_b = 0;
+      if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_bytes = free_b;
+    }
+    const std::string sys = "/sys/bus/pci/devices/" + g.pci_bus_id + "/";
+    g.pcie_gen = pcie_gen_from_speed(read_line(sys + "current_link_speed"));
+    g.pcie_gen_max = pcie_gen_from_speed(read_line(sys + "max_link_speed"));
+    g.pcie_width = std::atoi(read_line(sys + "current_link_width").c_str());
+    g.pcie_width_max = std::atoi(read_line(sys + "max_link_width").c_str());
+    std::string numa = read_line(sys + "numa_node");
+    g.numa_node = numa.empty() ? -1 : std::atoi(numa.c_str());
+    q.gpus.push_back(g);
+  }
+  q.status = std::to_string(q.gpus.size()) + (q.gpus.size() == 1 ? " GPU" : " GPUs");
+  return q;
+}
+
+}  // namespace zinf::cuda

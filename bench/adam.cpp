@@ -1,0 +1,108 @@
+// adam.cpp — `zinf bench adam`: the fused Update against the memory limit of its own access
+// pattern and against an ordinary Adam loop, measured in one run (adam.h).
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "bench/adam.h"
+#include "zinf/cpu_adam/adam.h"
+#include "zinf/cpu_adam/convert.h"
+#include "zinf/cpu_adam/host_threads.h"
+#include "zinf/error.h"
+
+namespace zinf {
+namespace {
+
+using namespace cpu_adam;
+
+struct Arrays {
+  std::size_t n;
+  std::unique_ptr<std::uint16_t[]> grad, out;
+  std::unique_ptr<float[]> master, m, v;
+  explicit Arrays(std::size_t count)
+      : n(count), grad(new std::uint16_t[count]), out(new std::uint16_t[count]), master(new float[count]),
+        m(new float[count]), v(new float[count]) {}
+  UpdateChunk chunk(std::size_t b, std::size_t e) const {
+    UpdateChunk c;
+    c.n = e - b;
+    c.grad = grad.get() + b;
+    c.grad_type = GradType::fp16;
+    c.master = master.get() + b;
+    c.m = m.get() + b;
+    c.v = v.get() + b;
+    c.param16 = out.get() + b;
+    c.param16_type = HalfType::fp16;
+    return c;
+  }
+};
+
+void fill(HostThreads& pool, Arrays& a) {
+  pool.parallel_for(a.n, 1 << 16, [&](std::size_t b, std::size_t e) {  // first touch by the workers
+    std::uint32_t x = static_cast<std::uint32_t>(b) * 2654435761u + 1;
+    for (std::size_t i = b; i < e; ++i) {
+      x = x * 1664525u + 1013904223u;
+      const float r = static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f;
+      a.grad[i] = fp32_to_fp16_reference(r * 1e-2f);
+      a.master[i] = r * 0.02f;
+      a.m[i] = r * 1e-3f;
+      a.v[i] = r * r * 1e-6f;
+      a.out[i] = 0;
+    }
+  });
+}
+
+}  // namespace
+
+AdamBenchResult run_adam_bench(const AdamBenchOptions& o, const std::function<void(const std::string&)>& progress) {
+  if (o.params < 1024) throw ConfigError("--params must be at least 1024");
+  HostThreads pool(o.threads);
+  AdamBenchResult r;
+  r.params = o.params;
+  r.threads = pool.threads();
+  r.simd = std::string(to_string(active_simd()));
+  const AdamHyper h{.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f, .decoupled = true};
+  const AdamStep step = make_adam_step(h, 10, 1.0f / 1024);
+
+  // Validate the fused path on a slice before timing anything.
+  {
+    Arrays a(1 << 20), b(1 << 20);
+    fill(pool, a);
+    fill(pool, b);
+    adam_update_reference(step, a.chunk(0, a.n));
+    adam_update(pool, step, b.chunk(0, b.n));
+    if (std::memcmp(a.master.get(), b.master.get(), a.n * 4) || std::memcmp(a.out.get(), b.out.get(), a.n * 2))
+      throw Error("bench adam: the " + r.simd + " path does not match the reference; refusing to time it");
+  }
+
+  progress("allocating " + std::to_string(o.params) + " parameters (" +
+           std::to_string(static_cast<long long>(o.params * 16 / (1 << 20))) + " MiB)");
+  Arrays a(static_cast<std::size_t>(o.params));
+  fill(pool, a);
+  const SimdLevel level = active_simd();
+  const std::size_t grain = std::max<std::size_t>(1 << 16, a.n / (4 * static_cast<std::size_t>(r.threads)));
+  auto time = [&](const std::function<void(std::size_t, std::size_t)>& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(a.n, grain, fn);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double best[3] = {1e30, 1e30, 1e30};
+  for (int rep = 0; rep < o.reps; ++rep) {
+    progress("rep " + std::to_string(rep + 1) + "/" + std::to_string(o.reps));
+    best[0] = std::min(best[0], time([&](std::size_t b, std::size_t e) { adam_update(step, a.chunk(b, e), level); }));
+    best[1] = std::min(best[1], time([&](std::size_t b, std::size_t e) { adam_memory_traffic(a.chunk(b, e), level); }));
+    best[2] = std::min(best[2], time([&](std::size_t b, std::size_t e) { adam_update_naive(h, 10, 1.0f / 1024, a.chunk(b, e)); }));
+  }
+  AdamBenchRow* rows[3] = {&r.fused, &r.traffic, &r.naive};
+  for (int k = 0; k < 3; ++k) {
+    rows[k]->seconds = best[k];
+    rows[k]->params_per_s = static_cast<double>(a.n) / best[k];
+    rows[k]->gb_per_s = rows[k]->params_per_s * r.bytes_per_param / 1e9;
+  }
+  r.ratio = r.fused.params_per_s / r.traffic.params_per_s;
+  r.speedup_vs_naive = r.fused.params_per_s / r.naive.params_per_s;
+  return r;
+}
+
+}  // namespace zinf

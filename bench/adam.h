@@ -1,0 +1,39 @@
+// bench/adam.h — user-facing measurements (`zinf bench …`). Each reports ratios against a limit
+// measured in the same run, because absolute numbers drift on a shared machine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace zinf {
+
+struct AdamBenchOptions {
+  std::int64_t params = 256'000'000;
+  int threads = 0;       // 0: physical cores
+  int reps = 5;          // best of
+};
+
+struct AdamBenchRow {
+  double seconds = 0;    // best of reps
+  double params_per_s = 0;
+  double gb_per_s = 0;   // at 28 B/param
+};
+
+struct AdamBenchResult {
+  std::int64_t params = 0;
+  int threads = 0;
+  std::string simd;
+  double bytes_per_param = 28;  // read grad16 2 + master, m, v 12; write master, m, v 12 + param16 2
+  AdamBenchRow fused;    // (a) the fused Update: fp16 grads in, fp16 param copy out
+  AdamBenchRow traffic;  // (b) the same loads and stores with trivial math: the memory limit
+  AdamBenchRow naive;    // (c) Adam written the ordinary way
+  double ratio = 0;      // (a)/(b) in throughput: 1.0 = at the memory limit
+  double speedup_vs_naive = 0;  // (a)/(c)
+};
+
+// Validates the fused path against the reference on a slice first (throws zinf::Error on mismatch),
+// then times (a), (b), (c) interleaved, best of `reps`. `progress` gets one line per phase.
+AdamBenchResult run_adam_bench(const AdamBenchOptions& o, const std::function<void(const std::string&)>& progress);
+
+}  // namespace zinf

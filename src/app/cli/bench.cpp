@@ -1,0 +1,439 @@
+// bench.cpp — `zinf bench <what>`: the command line of the measurements in bench/ (adam, nvme,
+// pcie) and of `bench step` (training runs through train()), each as a ratio against a limit
+// measured in the same run.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
+#include "commands.h"
+#include "bench/adam.h"
+#include "app/config/config.h"
+#include "zinf/cpu_adam/simd.h"
+#include "zinf/error.h"
+#include "bench/nvme_sweep.h"
+#include "app/train/train.h"
+#include "zinf/device.h"
+#include "zinf/backends/backend.h"
+#include "model/shape.h"
+#include "zinf/sysinfo.h"
+#include "bench/comm.h"
+#include "zinf/backends/gpu.h"
+#include "zinf/comm.h"
+#include "zinf/cpu_adam/host_threads.h"
+#include "zinf/device.h"
+#include "zinf/offload/engine_kernels.h"
+
+namespace zinf::cli {
+namespace {
+
+Command bench_nvme_, bench_step_, bench_pcie_, bench_comm_;
+
+struct AdamArgs {
+  std::string params = "256M";
+  int threads = 0;
+  int reps = 5;
+  std::string simd = "auto";
+  bool json = false;
+};
+
+// "256M" → 256,000,000 parameters (K, M, G are powers of 1000 for counts).
+std::int64_t parse_count(const std::string& s) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::logic_error&) {
+    throw zinf::ConfigError("--params: '" + s + "' is not a count (e.g. 64M, 1.5G, 1000000)");
+  }
+  std::string unit = s.substr(used);
+  double mult = unit.empty() ? 1 : unit == "K" || unit == "k" ? 1e3 : unit == "M" || unit == "m" ? 1e6 : unit == "G" || unit == "g" ? 1e9 : 0;
+  if (mult == 0 || v <= 0) throw zinf::ConfigError("--params: '" + s + "' is not a count (e.g. 64M, 1.5G, 1000000)");
+  return static_cast<std::int64_t>(v * mult);
+}
+
+int run_adam(const AdamArgs& a) {
+  if (a.simd != "auto") cpu_adam::set_simd_cap(cpu_adam::parse_simd_level(a.simd));
+  AdamBenchOptions o;
+  o.params = parse_count(a.params);
+  o.threads = a.threads;
+  o.reps = a.reps;
+  AdamBenchResult r = run_adam_bench(o, [&](const std::string& line) {
+    if (!a.json) std::fprintf(stderr, "bench adam: %s\n", line.c_str());
+  });
+  if (a.json) {
+    nlohmann::json j = {{"params", r.params}, {"threads", r.threads}, {"simd", r.simd},
+                        {"bytes_per_param", r.bytes_per_param}, {"ratio", r.ratio},
+                        {"speedup_vs_naive", r.speedup_vs_naive}};
+    auto row = [](const AdamBenchRow& x) {
+      return nlohmann::json{{"seconds", x.seconds}, {"params_per_s", x.params_per_s}, {"gb_per_s", x.gb_per_s}};
+    };
+    j["fused"] = row(r.fused);
+    j["memory_limit"] = row(r.traffic);
+    j["naive"] = row(r.naive);
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("zinf bench adam — %lld params, %d threads, %s path, %.0f B/param, best of %d\n",
+              static_cast<long long>(r.params), r.threads, r.simd.c_str(), r.bytes_per_param, a.reps);
+  std::printf("  %-38s %10s %12s %10s\n", "", "Gparam/s", "GB/s", "s");
+  auto line = [](const char* name, const AdamBenchRow& x) {
+    std::printf("  %-38s %10.3f %12.2f %10.4f\n", name, x.params_per_s / 1e9, x.gb_per_s, x.seconds);
+  };
+  line("(a) fused Update (fp16 grad in/out)", r.fused);
+  line("(b) memory limit (same streams)", r.traffic);
+  line("(c) plain C++ Adam loop", r.naive);
+  std::printf("  ratio (a)/(b) = %.3f   speedup (a)/(c) = %.2fx\n", r.ratio, r.speedup_vs_naive);
+  return 0;
+}
+
+struct NvmeArgs {
+  std::string path;
+  std::string size = "4G", cell = "256M", swap_item = "64M";
+  std::vector<std::string> blocks = {"128K", "512K", "1M", "4M", "8M"};
+  std::vector<int> depths = {1, 4, 16, 64};
+  std::vector<int> threads = {1, 2};
+  std::string engine = "auto";
+  bool json = false;
+};
+
+int run_nvme(const NvmeArgs& a) {
+  nvme::SweepOptions o;
+  o.dir = a.path;
+  o.file_bytes = parse_bytes(a.size, "--size");
+  o.cell_bytes = parse_bytes(a.cell, "--cell");
+  o.swap_item = static_cast<std::size_t>(parse_bytes(a.swap_item, "--swap-item"));
+  if (o.file_bytes < (1 << 20) || o.cell_bytes < (1 << 20) || o.swap_item < (1 << 20))
+    throw ConfigError("--size, --cell and --swap-item must each be at least 1M");
+  o.block_sizes.clear();
+  for (const auto& b : a.blocks) {
+    const std::uint64_t v = parse_bytes(b, "--blocks");
+    if (v < 4096 || v % 4096) throw ConfigError("--blocks: " + b + " is not a multiple of 4K");
+    o.block_sizes.push_back(static_cast<std::size_t>(v));
+  }
+  o.depths = a.depths;
+  o.threads = a.threads;
+  o.engine = a.engine == "uring" ? nvme::EngineKind::uring : a.engine == "posix" ? nvme::EngineKind::posix : nvme::EngineKind::automatic;
+  nvme::SweepResult r = nvme::run_sweep(o, [](const std::string& line) { std::fprintf(stderr, "bench nvme: %s\n", line.c_str()); });
+  auto cell = [](const nvme::SweepCell& c) {
+    return nlohmann::json{{"block_size", c.block}, {"queue_depth", c.depth}, {"threads", c.threads}, {"gb_per_s", c.gbps}};
+  };
+  nlohmann::json aio = {{"block_size", r.best_combined_read.block}, {"queue_depth", r.best_combined_read.depth},
+                        {"intra_op_parallelism", r.best_combined_read.threads}, {"single_submit", false},
+                        {"overlap_events", true}};
+  if (a.json) {
+    nlohmann::json j = {{"path", a.path}, {"engine", r.engine}, {"best_read", cell(r.best_read)},
+                        {"best_write", cell(r.best_write)}, {"best_read_gb_per_s", r.best_read.gbps},
+                        {"best_write_gb_per_s", r.best_write.gbps},
+                        {"plain", {{"read_gb_per_s", r.plain_read_gbps}, {"write_gb_per_s", r.plain_write_gbps}}},
+                        {"swap_gb_per_s", r.swap_gbps}, {"swap_ratio", r.swap_ratio}, {"aio", aio}};
+    j["cells"] = nlohmann::json::array();
+    for (const auto& c : r.cells) {
+      auto x = cell(c);
+      x["direction"] = c.write ? "write" : "read";
+      j["cells"].push_back(x);
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("zinf bench nvme — %s (%s)\n", a.path.c_str(), r.engine.c_str());
+  for (bool write : {false, true}) {
+    std::printf("\n%s GB/s    ", write ? "write" : "read ");
+    for (int th : o.threads)
+      for (int qd : o.depths) std::printf(" t%d/qd%-4d", th, qd);
+    std::printf("\n");
+    for (std::size_t bs : o.block_sizes) {
+      std::printf("  %6zuK    ", bs >> 10);
+      for (int th : o.threads)
+        for (int qd : o.depths)
+          for (const auto& c : r.cells)
+            if (c.write == write && c.block == bs && c.depth == qd && c.threads == th) std::printf(" %9.2f", c.gbps);
+      std::printf("\n");
+    }
+  }
+  std::printf("\nplain sequential O_DIRECT (1 MiB, QD 1): read %.2f GB/s, write %.2f GB/s\n", r.plain_read_gbps,
+              r.plain_write_gbps);
+  std::printf("best read  %.2f GB/s at block %zuK, depth %d, threads %d (%.2fx the plain pass)\n", r.best_read.gbps,
+              r.best_read.block >> 10, r.best_read.depth, r.best_read.threads, r.best_read.gbps / r.plain_read_gbps);
+  std::printf("best write %.2f GB/s at block %zuK, depth %d, threads %d (%.2fx the plain pass)\n", r.best_write.gbps,
+              r.best_write.block >> 10, r.best_write.depth, r.best_write.threads, r.best_write.gbps / r.plain_write_gbps);
+  std::printf("swap mode  %.2f GB/s (read + write) = %.2f of the best raw cells\n", r.swap_gbps, r.swap_ratio);
+  std::printf("\npaste into ds_config.json (best read + write):\n\"aio\": %s\n", aio.dump().c_str());
+  return 0;
+}
+
+// How --profile timed the ops on this config's device.
+const char* dev_timing(const Config& c) {
+  if (c.device.type == DeviceType::cuda) return "CUDA events on the compute stream";
+  return c.device.async ? "the CPU device's compute stream" : "host clock: the CPU device runs ops inline";
+}
+
+struct StepArgs {
+  ConfigArgs config;
+  int steps = 6;
+  bool json = false;
+  bool profile = false;
+  bool baseline = true;  // also run the same model with no offload
+};
+
+int run_step(const StepArgs& a) {
+  std::vector<std::string> common = a.config.overrides;
+  for (const char* o : {"train.eval_interval=0", "train.eval_batches=1", "train.metrics_file=\"\"", "steps_per_print=1000000"})
+    common.push_back(o);
+  common.push_back("train.steps=" + std::to_string(std::max(2, a.steps)));
+  const World w = detect_world();  // under mpirun: every rank trains, rank 0 reports (its own busy times)
+  Config c = load_config(a.config.path, common, w.size);
+  if (w.rank == 0)
+    for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  auto progress = [&w](const std::string& s) {
+    if (w.rank == 0) std::fprintf(stderr, "bench step: %s\n", s.c_str());
+  };
+  TrainHooks hooks;
+  hooks.log = progress;
+  progress("with the configured placement (" + std::string(to_string(c.zero.offload_optimizer.device)) + " optimizer, " +
+           std::string(to_string(c.zero.offload_param.device)) + " params)" + (a.profile ? ", ops profiled" : ""));
+  hooks.profile = a.profile;
+  const TrainResult r = train(c, hooks);
+  hooks.profile = false;
+  std::vector<std::string> none = common;
+  for (const char* o : {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"})
+    none.push_back(o);
+  Config cn = load_config(a.config.path, none, w.size);
+  if (a.baseline) progress("the same model with no offload");
+  TrainResult base;
+  bool base_fits = a.baseline;
+  if (a.baseline) try {
+      base = train(cn, hooks);
+    } catch (const DeviceMemoryError& e) {  // the reason to offload: it does not fit without
+      base_fits = false;
+      progress(std::string("no offload does not fit: ") + e.what());
+    }
+  const double n = static_cast<double>(std::max<std::int64_t>(1, r.measured_steps));
+  const BusyTimes busy = r.busy.per(n);
+  const double overlap_ratio = busy.busiest() > 0 ? r.step_seconds / busy.busiest() : 0;
+  const double vs_none = base_fits && base.step_seconds > 0 ? r.step_seconds / base.step_seconds : 0;
+  const ModelShape shape = model_shape(c.model);
+  const double tokens = static_cast<double>(c.train_batch_size) * c.model.seq_len;
+  const double tflops = r.step_seconds > 0 ? 6.0 * static_cast<double>(count_params(shape)) * tokens / r.step_seconds / 1e12 : 0;
+  const double device_busy = r.step_seconds > 0 ? busy.compute / r.step_seconds : 0;
+  if (w.rank != 0) return 0;
+  if (a.json) {
+    nlohmann::json j = {{"config", c.source}, {"steps_measured", r.measured_steps}, {"step_s", r.step_seconds},
+                        {"busiest", busy.busiest_name()}, {"overlap_ratio", overlap_ratio}, {"tflops", tflops},
+                        {"device_busy_fraction", device_busy}, {"no_offload_fits", a.baseline ? nlohmann::json(base_fits) : nlohmann::json(nullptr)},
+                        {"no_offload_step_s", base.step_seconds}, {"relative_to_no_offload", vs_none},
+                        {"params_digest", r.params_digest}, {"no_offload_params_digest", base.params_digest},
+                        {"peak_device_bytes", r.peak_device_bytes}, {"device_budget", r.device_budget}};
+    busy.each([&](const char* name, double sec) { j["busy_s"][name] = sec; });
+    if (a.profile) {
+      j["profile"] = nlohmann::json::array();
+      for (const auto& o : r.profile)
+        j["profile"].push_back({{"op", o.name}, {"calls_per_step", static_cast<double>(o.calls) / n}, {"seconds_per_step", o.seconds / n},
+                                {"share_of_step", r.step_seconds > 0 ? o.seconds / n / r.step_seconds : 0.0},
+                                {"tflops", o.seconds > 0 ? o.flops / o.seconds / 1e12 : 0.0}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("zinf bench step — %s, %lld measured steps (after one warm-up)\n", c.source.c_str(),
+              static_cast<long long>(r.measured_steps));
+  std::printf("  busy per step (ms):");
+  busy.each([](const char* name, double sec) { std::printf(" %s %.1f", name, 1e3 * sec); });
+  std::printf("\n  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds, busy.busiest_name(), 1e3 * busy.busiest());
+  std::printf("  overlap ratio (step time / busiest resource): %.3f   (1.0 = perfect overlap)\n", overlap_ratio);
+  std::printf("  %.2f TFLOPS (6 x params x tokens / step time), device busy %.0f%% of the step, peak device memory %s of %s\n",
+              tflops, 100 * device_busy, format_bytes(r.peak_device_bytes).c_str(), format_bytes(r.device_budget).c_str());
+  if (base_fits) {
+    std::printf("  relative to no offload (%.1f ms per step): %.3f\n", 1e3 * base.step_seconds, vs_none);
+    std::printf("  params digests: offload %s, no offload %s (%s)\n", r.params_digest.c_str(), base.params_digest.c_str(),
+                r.params_digest == base.params_digest ? "bit-identical" : "DIFFERENT");
+  } else if (a.baseline) {
+    std::printf("  without offload the model does not fit the device budget\n");
+  }
+  if (a.profile) {
+    double total = 0;
+    for (const auto& o : r.profile) total += o.seconds;
+    std::printf("\n  the model's ops by kind, per step (%s; %.1f ms in ops, %.0f%% of the step)\n",
+                dev_timing(c), 1e3 * total / n, r.step_seconds > 0 ? 100 * total / n / r.step_seconds : 0.0);
+    std::printf("  %-16s %10s %8s %8s %9s\n", "op", "ms", "share", "calls", "TFLOPS");
+    for (const auto& o : r.profile)
+      std::printf("  %-16s %10.2f %7.1f%% %8.0f %9s\n", o.name.c_str(), 1e3 * o.seconds / n,
+                  r.step_seconds > 0 ? 100 * o.seconds / n / r.step_seconds : 0.0, static_cast<double>(o.calls) / n,
+                  o.flops > 0 && o.seconds > 0 ? std::to_string(o.flops / o.seconds / 1e12).substr(0, 6).c_str() : "-");
+    // The engine's side of the step, on its own streams and workers (overlapped with the above).
+    std::printf("  engine, beside the ops (busy per step):");
+    busy.each([&](const char* name, double sec) {
+      if (std::string(name) != "compute") std::printf(" %s %.2f ms (%.1f%%)", name, 1e3 * sec, r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
+    });
+    std::printf("\n");
+  }
+  return 0;
+}
+
+struct PcieArgs {
+  int device = 0;
+  std::string size = "256M";
+  int reps = 5;
+  bool json = false;
+};
+
+int run_pcie(const PcieArgs& a) {
+  const std::uint64_t bytes = parse_bytes(a.size, "--size");
+  if (bytes < (1 << 20)) throw ConfigError("--size must be at least 1M");
+  const cuda::PcieResult r = cuda::bench_pcie(a.device, bytes, a.reps, [&](const std::string& l) {
+    if (!a.json) std::fprintf(stderr, "bench pcie: %s\n", l.c_str());
+  });
+  auto ratio = [&](double g) { return r.nominal_gbps > 0 ? g / r.nominal_gbps : 0.0; };
+  if (a.json) {
+    nlohmann::json j = {{"gpu", r.gpu}, {"pcie_gen", r.pcie_gen}, {"pcie_width", r.pcie_width}, {"nominal_gb_per_s", r.nominal_gbps},
+                        {"bytes", r.bytes}, {"h2d_gb_per_s", r.h2d_gbps}, {"d2h_gb_per_s", r.d2h_gbps},
+                        {"both_gb_per_s", r.both_gbps}, {"h2d_ratio", ratio(r.h2d_gbps)}, {"d2h_ratio", ratio(r.d2h_gbps)},
+                        {"both_ratio", r.nominal_gbps > 0 ? r.both_gbps / (2 * r.nominal_gbps) : 0.0}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("zinf bench pcie — %s, PCIe gen%d x%d (nominal %.1f GB/s per direction), %s per copy, best of %d\n",
+              r.gpu.c_str(), r.pcie_gen, r.pcie_width, r.nominal_gbps, a.size.c_str(), a.reps);
+  std::printf("  H2D  %7.2f GB/s  (%.2f of nominal)\n", r.h2d_gbps, ratio(r.h2d_gbps));
+  std::printf("  D2H  %7.2f GB/s  (%.2f of nominal)\n", r.d2h_gbps, ratio(r.d2h_gbps));
+  std::printf("  both %7.2f GB/s  (%.2f of twice nominal)\n", r.both_gbps,
+              r.nominal_gbps > 0 ? r.both_gbps / (2 * r.nominal_gbps) : 0.0);
+  return 0;
+}
+
+struct CommArgs {
+  std::vector<std::string> sizes = {"64K", "1M", "16M", "64M"};
+  int iters = 10;
+  std::string device = "cpu";
+  bool json = false;
+};
+
+int run_comm(const CommArgs& a) {
+  const World w = detect_world();
+  auto host = make_world_comm(w);
+  std::vector<std::uint64_t> sizes;
+  for (const auto& s : a.sizes) sizes.push_back(parse_bytes(s, "--sizes"));
+  std::uint64_t largest = 0;
+  for (auto s : sizes) largest = std::max(largest, s);
+  const std::size_t budget = static_cast<std::size_t>(largest) * 3 + (64 << 20);
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<cpu_adam::HostThreads> threads;
+  std::unique_ptr<offload::EngineKernels> kern;
+  std::unique_ptr<Comm> device_comm;
+  // CUDA: NCCL on GPU memory, one GPU per rank; CPU: MPI on the CPU device's memory.
+  const backends::Backend& be = backends::backend_for(a.device == "cuda" ? DeviceType::cuda : DeviceType::cpu);
+  backends::DeviceSpec spec;
+  spec.local_rank = w.local_rank;
+  spec.budget_bytes = budget;
+  dev = be.make_device(spec);
+  threads = std::make_unique<cpu_adam::HostThreads>(0, false);
+  kern = be.make_engine_kernels(*dev, *threads);
+  device_comm = be.make_device_comm(*host, w.local_rank);
+  Comm& comm = device_comm ? *device_comm : *host;
+  const auto rows = bench_comm(comm, *dev, *kern, sizes, a.iters);
+  if (comm.rank() != 0) return 0;
+  const char* ref = a.device == "cuda" ? "device copy" : "memcpy";
+  if (a.json) {
+    nlohmann::json j = {{"backend", comm.backend()}, {"device", dev->name()}, {"ranks", comm.size()}, {"reference", ref},
+                        {"rows", nlohmann::json::array()}};
+    for (const auto& r : rows)
+      j["rows"].push_back({{"op", r.op}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"algbw_gb_per_s", r.algbw},
+                           {"busbw_gb_per_s", r.busbw}, {"copy_gb_per_s", r.copy_gbps},
+                           {"busbw_to_copy", r.copy_gbps > 0 ? r.busbw / r.copy_gbps : 0.0}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("zinf bench comm — %s on %s, %d rank(s), mean of %d calls, the slowest rank's time\n", comm.backend().c_str(),
+              dev->name().c_str(), comm.size(), a.iters);
+  if (comm.size() == 1) std::printf("note: one rank moves nothing; launch with mpirun -np N\n");
+  std::printf("  %-10s %-15s %12s %12s %12s %12s %8s\n", "bytes", "op", "time us", "algbw GB/s", "busbw GB/s",
+              a.device == "cuda" ? "d2d GB/s" : "memcpy GB/s", "bus/copy");
+  for (const auto& r : rows)
+    std::printf("  %-10s %-15s %12.1f %12.2f %12.2f %12.2f %8.2f\n", format_bytes(r.bytes).c_str(), r.op.c_str(), r.seconds * 1e6, r.algbw,
+                r.busbw, r.copy_gbps, r.copy_gbps > 0 ? r.busbw / r.copy_gbps : 0.0);
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("bench", "Measure what this machine can do, as ratios against limits measured in the same run");
+  sub->require_subcommand(1);
+  auto args = std::make_shared<AdamArgs>();
+  CLI::App* adam = sub->add_subcommand(
+      "adam",
+      "The fused host Update (Adam/AdamW, fp16 gradients in, fp16 parameter copy out, 28 bytes per parameter) "
+      "against (b) a kernel with the same loads and stores but trivial math — the memory-movement limit of the "
+      "pass — and (c) Adam written as a plain C++ loop. Reports params/s, GB/s and the ratio (a)/(b); the fused "
+      "path is checked against the scalar reference before timing");
+  adam->add_option("--params", args->params, "Parameters to update, e.g. 64M, 256M (K/M/G = 10^3/10^6/10^9)")->capture_default_str();
+  adam->add_option("--threads", args->threads, "Host threads (0 = physical cores)")->capture_default_str();
+  adam->add_option("--reps", args->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
+  adam->add_option("--simd", args->simd, "Cap the SIMD path: auto, avx512, avx2, scalar")->capture_default_str();
+  adam->add_flag("--json", args->json, "Print one JSON object (the ratio as `ratio`)");
+  auto nargs = std::make_shared<NvmeArgs>();
+  CLI::App* nv = sub->add_subcommand(
+      "nvme",
+      "Sweep request size x queue depth x I/O threads, for read and for write, on an O_DIRECT file in a private "
+      "directory under --path (removed afterwards); measure a plain sequential O_DIRECT pread/pwrite pass in the "
+      "same run as the reference; then stream the optimizer pattern (read sub-group g+1 | touch g | write g-1) "
+      "through the pipelined swapper and report it against the best raw cells. Prints a table per direction, the "
+      "best cells and a paste-ready \"aio\" block");
+  nv->add_option("--path", nargs->path, "Directory on the drive to measure")->required()->type_name("DIR");
+  nv->add_option("--size", nargs->size, "File size")->capture_default_str();
+  nv->add_option("--cell", nargs->cell, "Bytes moved per sweep cell")->capture_default_str();
+  nv->add_option("--blocks", nargs->blocks, "Request sizes")->delimiter(',')->capture_default_str();
+  nv->add_option("--depths", nargs->depths, "Queue depths per thread")->delimiter(',')->capture_default_str();
+  nv->add_option("--threads", nargs->threads, "I/O thread counts (rings)")->delimiter(',')->capture_default_str();
+  nv->add_option("--swap-item", nargs->swap_item, "Sub-group size in swap mode")->capture_default_str();
+  nv->add_option("--engine", nargs->engine, "auto, uring or posix")->check(CLI::IsMember({"auto", "uring", "posix"}))->capture_default_str();
+  nv->add_flag("--json", nargs->json, "Print one JSON object (best_read/best_write GB/s, swap_ratio)");
+  bench_nvme_ = {nv, [nargs] { return run_nvme(*nargs); }};
+  auto sargs = std::make_shared<StepArgs>();
+  CLI::App* st = sub->add_subcommand(
+      "step",
+      "Run a few training steps with the config's placement and report each resource's busy time (compute, h2d, "
+      "d2h, host update, NVMe read, NVMe write), the step time, the step time divided by the busiest resource "
+      "(overlap_ratio; 1.0 is perfect overlap), and the step time relative to the same model with no offload. "
+      "The first step is a warm-up and is not measured");
+  add_config_options(*st, sargs->config, true);
+  st->add_option("--steps", sargs->steps, "Steps to run (the first is not measured)")->capture_default_str();
+  st->add_flag("--json", sargs->json, "Print one JSON object (overlap_ratio, busy_s, relative_to_no_offload)");
+  st->add_flag("!--no-baseline", sargs->baseline, "Skip the run with no offload (relative_to_no_offload is then 0)");
+  st->add_flag("--profile", sargs->profile,
+               "Also time the model's ops by kind on the compute stream (GEMM classes, attention, norms, elementwise, embeddings, "
+               "LM head, copies): time per step, share of the step, calls, achieved TFLOPS");
+  bench_step_ = {st, [sargs] { return run_step(*sargs); }};
+  auto pargs = std::make_shared<PcieArgs>();
+  CLI::App* pc = sub->add_subcommand(
+      "pcie",
+      "Pinned host-to-device, device-to-host, and both at once, on dedicated CUDA streams timed with events, "
+      "against the nominal per-direction rate of the GPU's PCIe link (generation x width, read from the device)");
+  pc->add_option("--device", pargs->device, "CUDA device index")->capture_default_str();
+  pc->add_option("--size", pargs->size, "Bytes per copy")->capture_default_str();
+  pc->add_option("--reps", pargs->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
+  pc->add_flag("--json", pargs->json, "Print one JSON object");
+  bench_pcie_ = {pc, [pargs] { return run_pcie(*pargs); }};
+  auto cargs = std::make_shared<CommArgs>();
+  CLI::App* cm = sub->add_subcommand(
+      "comm",
+      "The data-parallel collectives as zinf's engine uses them — all-gather, all-to-all, reduce-scatter (all-to-all, "
+      "then a rank-ordered sum), all-reduce, broadcast — on the device's memory through its transport (MPI on the CPU "
+      "device, NCCL on CUDA), per size, with algorithm and bus bandwidth the way nccl-tests reports them, against the "
+      "device's own copy rate at the same size. Launch it with mpirun -np N; every rank takes part, rank 0 prints");
+  cm->add_option("--sizes", cargs->sizes, "Buffer sizes (every rank's parts together)")->delimiter(',')->capture_default_str();
+  cm->add_option("--iters", cargs->iters, "Calls per size and collective")->check(CLI::Range(1, 100000))->capture_default_str();
+  cm->add_option("--device", cargs->device, "cpu (MPI) or cuda (NCCL, one GPU per rank: the local rank's)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cm->add_flag("--json", cargs->json, "Print one JSON object");
+  bench_comm_ = {cm, [cargs] { return run_comm(*cargs); }};
+  return {adam, [args] { return run_adam(*args); }};
+}
+
+Command bench_nvme_command() { return bench_nvme_; }
+Command bench_step_command() { return bench_step_; }
+Command bench_pcie_command() { return bench_pcie_; }
+Command bench_comm_command() { return bench_comm_; }
+
+}  // namespace zinf::cli

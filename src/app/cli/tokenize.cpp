@@ -1,0 +1,69 @@
+// tokenize.cpp — `zinf tokenize`: text files → an llm.c token file, by a SentencePiece model or
+// byte by byte.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
+#include "commands.h"
+#include "io/data.h"
+#include "zinf/error.h"
+#include "io/files.h"
+
+namespace zinf::cli {
+namespace {
+
+struct TokenizeArgs {
+  std::vector<std::string> inputs;
+  std::string tokenizer, output;
+  bool json = false;
+};
+
+int run_tokenize(const TokenizeArgs& a) {
+  // The output is written beside itself and renamed over at the end: were it one of the inputs, the
+  // input would be gone. Compared by device and inode, so another spelling or a link counts too.
+  std::vector<std::string> inputs = a.inputs;
+  if (!a.tokenizer.empty()) inputs.push_back(a.tokenizer);
+  for (const auto& in : inputs)
+    if (in == a.output || same_file(in, a.output))
+      throw ConfigError("--output " + a.output + ": is the input " + in + "; give the token file another name");
+  std::string text;
+  for (const auto& in : a.inputs) text += read_input_file(in, "input");
+  if (text.empty()) throw ConfigError("tokenize: the input is empty");
+  int vocab = 256;
+  std::vector<std::uint32_t> tokens;
+  if (a.tokenizer.empty())
+    tokens.assign(reinterpret_cast<const unsigned char*>(text.data()), reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+  else
+    tokens = sentencepiece_encode(a.tokenizer, text, &vocab, "--tokenizer");
+  const int width = write_token_file(a.output, tokens);
+  if (a.json) {
+    nlohmann::json j = {{"output", a.output}, {"tokens", tokens.size()}, {"bytes_per_token", width}, {"vocab", vocab},
+                        {"input_bytes", text.size()}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("tokenize: %zu tokens (uint%d, vocabulary %d) from %zu bytes of text -> %s\n", tokens.size(), 8 * width, vocab,
+                text.size(), a.output.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_tokenize(CLI::App& app) {
+  auto args = std::make_shared<TokenizeArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "tokenize",
+      "Tokenize text files (concatenated in the order given) into an llm.c token file for data.path: with a SentencePiece "
+      "model (--tokenizer), or byte by byte (vocabulary 256) without one. Tokens are stored as uint16 when they fit, "
+      "else uint32");
+  sub->add_option("inputs", args->inputs, "Text files")->required()->check(CLI::ExistingFile);
+  sub->add_option("--tokenizer", args->tokenizer, "A SentencePiece tokenizer.model")->check(CLI::ExistingFile);
+  sub->add_option("-o,--output", args->output,
+                  "The token file to write (all or nothing: written beside, then renamed into place; never an input)")
+      ->required();
+  sub->add_flag("--json", args->json, "Print a JSON summary on stdout");
+  return {sub, [args] { return run_tokenize(*args); }};
+}
+
+}  // namespace zinf::cli

@@ -1,0 +1,31 @@
+// engine_config.h — a run config's settings for the layers below it: the offload engine's
+// configuration (placement, sizes, overlap, the NVMe stores) and DeepSpeed's `aio` section mapped
+// onto the NVMe engine. Shared by `zinf train`, `zinf plan` and `zinf bench step`.
+//
+//   aio.block_size            → bytes per io_uring request (SQE); larger transfers are split
+//   aio.queue_depth           → requests in flight per ring
+//   aio.intra_op_parallelism  → rings (I/O threads); DeepSpeed's documented alias thread_count too
+//   aio.single_submit         → one io_uring_submit per request instead of one per batch
+//   aio.overlap_events        → zinf always refills the ring on each completion (DeepSpeed's "overlap"
+//                               mode); false is accepted and changes nothing
+//   aio.use_gds               → not used (reads go through the pinned pool)
+//   aio.engine (zinf)         → auto | uring | posix
+//   aio.sqpoll (zinf)         → IORING_SETUP_SQPOLL: a kernel thread submits (costs a core while busy)
+#pragma once
+
+#include <string>
+
+#include "app/config/config.h"
+#include "model/shape.h"
+#include "zinf/nvme/store.h"
+#include "zinf/offload/engine.h"
+
+namespace zinf {
+
+nvme::StoreOptions store_options(const AioConfig& a, const std::string& nvme_path);
+// Parameter units fetched ahead under param offload: stage3_prefetch_bucket_size / one block, 1…4.
+int prefetch_depth(const Config& c, const ModelShape& s);
+// The engine configuration a run of `c` uses; the embedding and the final LayerNorm are persistent.
+offload::EngineConfig engine_config(const Config& c, int host_threads);
+
+}  // namespace zinf

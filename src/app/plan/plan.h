@@ -1,0 +1,65 @@
+// plan.h — `zinf plan`: the model's training state placed on this machine's tiers.
+//
+// Joins the config (model shape, precision, ZeRO offload settings) with the machine (device budget,
+// host memory, memlock limit, NVMe free space) through offload::make_plan, and answers: where does
+// every byte live, does it fit, what runs out first, and how large a model of the same shape would fit
+// under each offload setting.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "app/config/config.h"
+#include "model/shape.h"
+#include "zinf/offload/placement.h"
+#include "zinf/sysinfo.h"
+
+namespace zinf {
+
+// Activation memory for one micro batch of B sequences of length T on the device, in bytes. Without
+// checkpointing each block keeps T·B·C·(34 + 5·H·T/C) two-byte units (Korthikanti et al. 2022),
+// scaled to the compute dtype; with it, each block keeps its input and one block is recomputed at a
+// time. The logits (B·T·V, compute dtype) and their fp32 gradient are added in both cases.
+std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
+                                        bool checkpointing);
+
+offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape);
+offload::Capacity machine_capacity(const Config& c, const MachineInfo& m);
+
+struct LargestFit {
+  std::string setting;  // "optimizer=cpu param=none"
+  OffloadDevice optimizer = OffloadDevice::none, param = OffloadDevice::none;
+  int n_layer = 0;      // 0: not even one block fits
+  std::int64_t params = 0;
+  std::string largest_preset;  // the largest llama-family preset that fits ("" when none does)
+};
+
+// One ZeRO stage of this run's placement, per rank (rank 0, which holds the largest shards).
+struct StagePlan {
+  int stage = 0;
+  bool valid = true;               // the config's offload settings are allowed at this stage
+  offload::TierBytes model_states{}, totals{};
+  std::uint64_t zero_paper = 0;    // the ZeRO paper's model states per GPU, mixed-precision Adam, no offload
+};
+
+// The ZeRO paper's per-GPU model-state bytes for Ψ parameters, mixed-precision Adam (K = 12) over
+// Nd ranks: stage 0 (2+2+K)Ψ, 1 (2+2)Ψ + KΨ/Nd, 2 2Ψ + (2+K)Ψ/Nd, 3 (2+2+K)Ψ/Nd.
+std::uint64_t zero_paper_bytes(std::int64_t params, int stage, int world);
+
+struct RunPlan {
+  ModelShape shape;
+  int world = 1;                         // data-parallel ranks the plan is for
+  std::vector<StagePlan> stages;         // stages 0–3 with this placement
+  offload::Plan plan;
+  offload::Capacity capacity;
+  offload::Verdict verdict;
+  std::uint64_t activations_plain = 0, activations_checkpointed = 0;
+  offload::DeepSpeedEstimate deepspeed;  // estimate_zero3_model_states_mem_needs for this model
+  std::vector<LargestFit> largest;
+  std::vector<std::string> notes;        // e.g. "nvme_path does not exist"
+};
+
+RunPlan plan_run(const Config& c, const MachineInfo& m);
+
+}  // namespace zinf

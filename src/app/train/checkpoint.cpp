@@ -1,0 +1,638 @@
+// checkpoint.cpp — atomic, verified checkpoints (checkpoint.h).
+#include "app/train/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "zinf/error.h"
+
+namespace zinf {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr char kFormat[] = "zinf-checkpoint";
+// Version 2 added the manifest's own checksum and the precision; version 1 is still read.
+constexpr int kVersion = 2;
+
+std::atomic<int> g_fault_at{-1};
+std::atomic<int> g_saves{0};
+
+int fault_at() {
+  int f = g_fault_at.load();
+  if (f < 0) {
+    const char* e = std::getenv("ZINF_TEST_CHECKPOINT_ENOSPC_AT");
+    f = e ? std::atoi(e) : 0;
+    g_fault_at = f;
+  }
+  return f;
+}
+
+[[noreturn]] void io_fail(const std::string& what, const std::string& path, int err) {
+  throw IoError("checkpoint " + path + ": " + what + ": " + std::strerror(err), err,
+                err == ENOSPC ? "free space under train.checkpoint_dir; the previous checkpoints are intact" : "");
+}
+
+// A file written with write(2) and fsync'ed before close, so a rename afterwards publishes whole data.
+class SyncedFile {
+ public:
+  explicit SyncedFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) io_fail("create", path, errno);
+  }
+  ~SyncedFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void write(const void* p, std::size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      if (budget_ >= 0 && static_cast<std::int64_t>(n) > budget_) io_fail("write", path_, ENOSPC);  // test hook
+      const ssize_t w = ::write(fd_, c, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        io_fail("write at offset " + std::to_string(written_), path_, errno);
+      }
+      c += w;
+      n -= static_cast<std::size_t>(w);
+      written_ += static_cast<std::uint64_t>(w);
+      if (budget_ >= 0) budget_ -= w;
+    }
+  }
+  void finish() {
+    if (::fsync(fd_) != 0) io_fail("fsync", path_, errno);
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      io_fail("close", path_, errno);
+    }
+    fd_ = -1;
+  }
+  void fail_after(std::int64_t bytes) { budget_ = bytes; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t written_ = 0;
+  std::int64_t budget_ = -1;
+};
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) io_fail("open directory", dir, errno);
+  const int rc = ::fsync(fd);
+  const int e = errno;
+  ::close(fd);
+  if (rc != 0) io_fail("fsync directory", dir, e);
+}
+
+std::string hex(std::uint64_t h) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016" PRIx64, h);
+  return b;
+}
+
+std::string step_name(std::int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step-%08" PRId64, step);
+  return b;
+}
+
+// step-N directories under dir, newest first.
+std::vector<std::pair<std::int64_t, std::string>> list_steps(const std::string& dir) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    long long step = 0;
+    char tail = 0;
+    if (std::sscanf(n.c_str(), "step-%lld%c", &step, &tail) == 1 && e.is_directory()) out.emplace_back(step, e.path().string());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+// "fp16", "bf16" or "fp32" as a Precision.
+Precision precision_from(const std::string& s, const std::string& mf) {
+  for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16})
+    if (to_string(p) == s) return p;
+  throw CorruptCheckpoint("checkpoint " + mf + ": unknown precision '" + s + "'");
+}
+
+// The manifest's checksum: XXH64 of its compact form without the checksum itself (nlohmann::json
+// keeps object keys sorted and writes numbers in their shortest round-trip form, so the text read
+// back hashes to what was written whatever whitespace the file has).
+std::string manifest_checksum(const json& j_without_checksum) {
+  const std::string text = j_without_checksum.dump();
+  return hex(XXH64(text.data(), text.size(), 0));
+}
+
+constexpr char kChecksumKey[] = "manifest_xxh64";
+
+// Reads a manifest and checks its format, version and checksum. Sets *unchecked for a version-1
+// manifest (written before manifests carried a checksum).
+json read_manifest(const std::string& path, bool* unchecked = nullptr) {
+  const std::string mf = path + "/manifest.json";
+  std::ifstream f(mf);
+  if (!f) throw CorruptCheckpoint("checkpoint " + mf + ": missing or unreadable");
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + library_message(e) + ")");
+  }
+  try {
+    if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
+      throw CorruptCheckpoint("checkpoint " + mf + ": not a zinf checkpoint manifest");
+    const json& v = j.contains("version") ? j["version"] : json();
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 1)
+      throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (no valid format version)");
+    const std::int64_t version = v.get<std::int64_t>();
+    // A newer format is refused, never treated as damage: an older zinf must not move aside (or
+    // prune) what a newer one wrote.
+    if (version > kVersion)
+      throw IncompatibleCheckpoint("checkpoint " + mf + ": written by a newer zinf (format version " + std::to_string(version) +
+                                       "; this zinf reads versions 1 to " + std::to_string(kVersion) + ")",
+                                   "resume it with the zinf version that wrote it");
+    const auto it = j.find(kChecksumKey);
+    if (version == 1) {
+      // Checkpoints from before manifests were checksummed stay usable: their tensors are still
+      // verified, only the step, data position and scaler state cannot be.
+      if (it != j.end()) throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (a version-1 manifest with a checksum)");
+      if (unchecked) *unchecked = true;
+      return j;
+    }
+    if (it == j.end() || !it->is_string()) throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (its checksum is missing)");
+    const std::string want = it->get<std::string>();
+    j.erase(it);
+    if (manifest_checksum(j) != want)
+      throw CorruptCheckpoint("checkpoint " + mf + ": the manifest fails its checksum (edited or damaged)");
+    if (unchecked) *unchecked = false;
+    return j;
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + library_message(e) + ")");
+  }
+}
+
+// The model section of a manifest: GPT-2's five numbers, and the llama family's settings when present
+// (checkpoints from before the llama family have none: they are GPT-2).
+json shape_json(const ModelShape& s) {
+  json m = {{"n_layer", s.n_layer}, {"n_head", s.n_head}, {"d_model", s.d_model}, {"vocab_size", s.vocab_size}, {"seq_len", s.seq_len}};
+  if (s.family == ModelFamily::llama)
+    m.update({{"family", "llama"}, {"n_kv_head", s.n_kv_head}, {"d_ff", s.d_ff}, {"tie_embeddings", s.tie_embeddings},
+              {"qkv_bias", s.qkv_bias}, {"rope_theta", s.rope_theta}, {"norm_eps", s.norm_eps}, {"rope_factor", s.rope_factor},
+              {"rope_low_freq_factor", s.rope_low_freq_factor}, {"rope_high_freq_factor", s.rope_high_freq_factor},
+              {"rope_original_max", s.rope_original_max}, {"max_positions", s.max_positions}});
+  return m;
+}
+// Throws json::exception on a missing key or a wrong type, Error (naming `mf`) on a size no config
+// can give (the bounds are the run config's), so no caller builds a model from a corrupt manifest.
+ModelShape shape_from_json(const json& m, const std::string& mf) {
+  auto size = [&](const char* key, std::int64_t hi, std::int64_t lo = 1) {
+    const json& v = m.at(key);
+    if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+      throw CorruptCheckpoint("checkpoint " + mf + ": model." + key + ": " + v.dump() + " is not a size between " + std::to_string(lo) + " and " +
+                  std::to_string(hi));
+    return static_cast<int>(v.get<std::int64_t>());
+  };
+  ModelShape s{size("n_layer", 4096), size("n_head", 4096), size("d_model", 1 << 20), size("vocab_size", 1 << 24),
+               size("seq_len", 1 << 20)};
+  if (m.value("family", std::string("gpt2")) == "llama") {
+    s.family = ModelFamily::llama;
+    s.n_kv_head = size("n_kv_head", 4096), s.d_ff = size("d_ff", 1 << 22);
+    s.tie_embeddings = m.at("tie_embeddings").get<bool>(), s.qkv_bias = m.at("qkv_bias").get<bool>();
+    s.rope_theta = m.at("rope_theta").get<double>(), s.norm_eps = m.at("norm_eps").get<double>();
+    s.rope_factor = m.at("rope_factor").get<double>(), s.rope_low_freq_factor = m.at("rope_low_freq_factor").get<double>();
+    s.rope_high_freq_factor = m.at("rope_high_freq_factor").get<double>(), s.rope_original_max = m.at("rope_original_max").get<double>();
+    s.max_positions = m.contains("max_positions") ? size("max_positions", 1 << 30, 0) : 0;  // 0: seq_len
+  }
+  if (s.d_model % s.n_head != 0 || s.n_head % s.kv_heads() != 0)
+    throw CorruptCheckpoint("checkpoint " + mf + ": model: n_head does not divide d_model, or n_kv_head does not divide n_head");
+  return s;
+}
+
+void check_shape(const json& j, const ModelShape& s, const std::string& path) {
+  ModelShape got;
+  try {
+    got = shape_from_json(j.at("model"), path + "/manifest.json");
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt model section (" + library_message(e) + ")");
+  }
+  const char* hint = "resume it with the config it was written with (its manifest.json holds that config), or train this model "
+                     "in another train.checkpoint_dir";
+  if (got.family != s.family)
+    throw IncompatibleCheckpoint("checkpoint " + path + ": the model family differs (checkpoint " + std::string(to_string(got.family)) +
+                                     ", config " + std::string(to_string(s.family)) + ")",
+                                 hint);
+  if (!(got == s))
+    throw IncompatibleCheckpoint("checkpoint " + path + ": model shape differs (checkpoint n_layer " + std::to_string(got.n_layer) +
+                                     ", d_model " + std::to_string(got.d_model) + ", n_head " + std::to_string(got.n_head) + ", vocab " +
+                                     std::to_string(got.vocab_size) + ", seq_len " + std::to_string(got.seq_len) + "; config n_layer " +
+                                     std::to_string(s.n_layer) + ", d_model " + std::to_string(s.d_model) + ", n_head " +
+                                     std::to_string(s.n_head) + ", vocab " + std::to_string(s.vocab_size) + ", seq_len " +
+                                     std::to_string(s.seq_len) + ")",
+                                 hint);
+}
+
+// Streams states.bin tensor by tensor, checking each checksum; hands each unit to `use` when given.
+void read_states_file(const std::string& path, const json& j, const ModelShape& shape, const StatesWriter* use) {
+  const std::string sf = path + "/states.bin";
+  // A byte count or offset: an unsigned integer (a float would not convert to one safely).
+  auto bytes_at = [&](const json& o, const char* key) {
+    const json& v = o.at(key);
+    if (!v.is_number_unsigned()) throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: " + key + ": " + v.dump() + " is not a byte count");
+    return v.get<std::uint64_t>();
+  };
+  try {
+    std::ifstream f(sf, std::ios::binary);
+    if (!f) throw CorruptCheckpoint("checkpoint " + sf + ": missing or unreadable");
+    f.seekg(0, std::ios::end);
+    const std::uint64_t size = static_cast<std::uint64_t>(f.tellg());
+    f.seekg(0);
+    if (size != bytes_at(j, "states_bytes"))
+      throw CorruptCheckpoint("checkpoint " + sf + ": " + std::to_string(size) + " bytes, the manifest says " +
+                  std::to_string(bytes_at(j, "states_bytes")) + " (truncated?)");
+    const auto units = layer_units(shape);
+    const json& tensors = j.at("tensors");
+    if (tensors.size() != units.size() * 3) throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: wrong number of tensors");
+    std::vector<float> buf[3];
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      const std::size_t n = static_cast<std::size_t>(units[u].params);
+      for (int k = 0; k < 3; ++k) {
+        const json& t = tensors[u * 3 + static_cast<std::size_t>(k)];
+        const std::string name = t.at("name").get<std::string>();
+        if (bytes_at(t, "bytes") != n * 4)
+          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " has " + std::to_string(bytes_at(t, "bytes")) +
+                      " bytes, the model needs " + std::to_string(n * 4));
+        buf[k].resize(n);
+        const std::uint64_t at = bytes_at(t, "offset");
+        if (at > size || size - at < n * 4) throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
+        f.seekg(static_cast<std::streamoff>(at));
+        f.read(reinterpret_cast<char*>(buf[k].data()), static_cast<std::streamsize>(n * 4));
+        if (!f) throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
+        if (hex(XXH64(buf[k].data(), n * 4, 0)) != t.at("xxh64").get<std::string>())
+          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " fails its checksum (corrupt)");
+      }
+      if (use) (*use)(u, buf[0].data(), buf[1].data(), buf[2].data());
+    }
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt tensor list (" + library_message(e) + ")");
+  }
+}
+
+// What the manifest says, read from a manifest that passed read_manifest.
+CheckpointInfo info_from(const std::string& path, const json& j, bool unchecked) {
+  const std::string mf = path + "/manifest.json";
+  CheckpointInfo in;
+  in.path = path;
+  in.unchecked_manifest = unchecked;
+  try {
+    const json& step = j.at("step");
+    if (!step.is_number_integer() || (step.is_number_unsigned() && step.get<std::uint64_t>() > std::uint64_t{1} << 62) ||
+        step.get<std::int64_t>() < 0)  // (a float would not convert to an integer safely)
+      throw CorruptCheckpoint("checkpoint " + mf + ": step: " + step.dump() + " is not a step number");
+    in.step = step.get<std::int64_t>();
+    in.shape = shape_from_json(j.at("model"), mf);
+    if (j.contains("precision")) {
+      in.precision = precision_from(j["precision"].get<std::string>(), mf);
+    } else {  // version 1: from the resolved config it holds
+      const json& c = j.at("config");
+      const bool fp16 = c.contains("fp16") && c["fp16"].value("enabled", false);
+      const bool bf16 = c.contains("bf16") && c["bf16"].value("enabled", false);
+      in.precision = fp16 ? Precision::fp16 : bf16 ? Precision::bf16 : Precision::fp32;
+    }
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + library_message(e) + ")");
+  }
+  // The directory's name orders the checkpoints; the manifest's step is what a resume continues from.
+  const std::string name = fs::path(path).filename().string();
+  long long named = 0;
+  char tail = 0;
+  if (std::sscanf(name.c_str(), "step-%lld%c", &named, &tail) == 1 && named != in.step)
+    throw CorruptCheckpoint("checkpoint " + mf + ": the manifest says step " + std::to_string(in.step) + ", the directory's name step " +
+                            std::to_string(named));
+  return in;
+}
+
+std::string canonical(const std::string& p) {
+  std::error_code ec;
+  const fs::path c = fs::weakly_canonical(p, ec);
+  return ec ? p : c.string();
+}
+
+std::string pid_tag() { return std::to_string(::getpid()); }
+
+// The training state a manifest records. Verifying a checkpoint reads it too, so that a checkpoint
+// the resume path picks always loads.
+CheckpointState state_from_json(const json& j, const std::string& path) {
+  CheckpointState s;
+  const std::string mf = path + "/manifest.json";
+  // A counter: an integer (a float would not convert to one safely).
+  auto counter = [&](const json& o, const char* key, std::int64_t lo, std::int64_t hi) {
+    const json& v = o.at(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) ||
+        v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+      throw CorruptCheckpoint("checkpoint " + mf + ": " + key + ": " + v.dump() + " is not an integer between " + std::to_string(lo) + " and " +
+                  std::to_string(hi));
+    return v.get<std::int64_t>();
+  };
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  try {
+    s.step = counter(j, "step", 0, kMax);
+    s.opt_steps = counter(j, "opt_steps", 0, kMax);
+    s.rows_drawn = counter(j, "rows_drawn", 0, kMax);
+    s.skipped = counter(j, "skipped", 0, kMax);
+    const json& sc = j.at("scaler");
+    s.loss_scale = sc.at("scale").get<double>();
+    s.scaler_iter = counter(sc, "iter", 0, kMax);
+    s.scaler_last_overflow = counter(sc, "last_overflow_iter", -1, kMax);
+    s.scaler_hysteresis = static_cast<int>(counter(sc, "hysteresis", 0, std::numeric_limits<int>::max()));
+  } catch (const json::exception& e) {
+    throw CorruptCheckpoint("checkpoint " + mf + ": " + library_message(e));
+  }
+  return s;
+}
+
+}  // namespace
+
+void set_checkpoint_fault(int nth_save) {
+  g_fault_at = nth_save;
+  g_saves = 0;
+}
+
+std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& dir) { return list_steps(dir); }
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  bool unchecked = false;
+  const json j = read_manifest(path, &unchecked);
+  return info_from(path, j, unchecked);
+}
+
+std::string move_corrupt_aside(const std::string& path) {
+  std::string to = path + ".corrupt";
+  for (int i = 2; fs::exists(to); ++i) to = path + ".corrupt-" + std::to_string(i);
+  if (::rename(path.c_str(), to.c_str()) != 0) io_fail("rename to " + to, path, errno);
+  return to;
+}
+
+CheckpointDir::CheckpointDir(std::string dir, int keep_last, const ModelShape& shape, Log log)
+    : dir_(std::move(dir)), keep_last_(std::max(keep_last, 1)), shape_(shape), log_(std::move(log)) {}
+
+void CheckpointDir::mark_verified(const std::string& path) { verified_.insert(canonical(path)); }
+
+void CheckpointDir::replace_on_first_save(const std::vector<std::string>& paths) {
+  replace_.clear();
+  for (const auto& p : paths) replace_.push_back(canonical(p));
+}
+
+std::string CheckpointDir::save(const Config& c, const CheckpointState& s, const StatesReader& read) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) io_fail("create directory", dir_, ec.value());
+  const int nth = ++g_saves;
+  const std::string final_path = dir_ + "/" + step_name(s.step);
+  const std::string tmp = final_path + ".tmp-" + pid_tag();
+  fs::remove_all(tmp, ec);
+  if (::mkdir(tmp.c_str(), 0755) != 0) io_fail("create directory", tmp, errno);
+  std::vector<std::pair<std::string, std::string>> aside;  // (checkpoint, its temporary name) until published
+  try {
+    json j;
+    j["format"] = kFormat;
+    j["version"] = kVersion;
+    j["step"] = s.step;
+    j["opt_steps"] = s.opt_steps;
+    j["rows_drawn"] = s.rows_drawn;
+    j["skipped"] = s.skipped;
+    j["scaler"] = {{"scale", s.loss_scale}, {"iter", s.scaler_iter}, {"last_overflow_iter", s.scaler_last_overflow},
+                   {"hysteresis", s.scaler_hysteresis}};
+    j["model"] = shape_json(shape_);
+    j["precision"] = std::string(to_string(c.precision()));
+    j["config"] = json::parse(c.resolved_json);
+    j["tensors"] = json::array();
+    SyncedFile states(tmp + "/states.bin");
+    const auto units = layer_units(shape_);
+    std::uint64_t total = 0;
+    for (const auto& u : units) total += static_cast<std::uint64_t>(u.params) * 12;
+    if (fault_at() == nth) states.fail_after(static_cast<std::int64_t>(total / 2));
+    std::uint64_t off = 0;
+    std::vector<float> buf[3];
+    const char* kinds[3] = {"master", "adam.m", "adam.v"};
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      const std::size_t n = static_cast<std::size_t>(units[u].params);
+      for (auto& b : buf) b.resize(n);
+      read(u, buf[0].data(), buf[1].data(), buf[2].data());
+      for (int k = 0; k < 3; ++k) {
+        states.write(buf[k].data(), n * 4);
+        j["tensors"].push_back({{"name", units[u].name + "/" + kinds[k]}, {"offset", off}, {"bytes", n * 4},
+                                {"xxh64", hex(XXH64(buf[k].data(), n * 4, 0))}});
+        off += n * 4;
+      }
+    }
+    states.finish();
+    j["states_bytes"] = off;
+    j[kChecksumKey] = manifest_checksum(j);
+    SyncedFile manifest(tmp + "/manifest.json");
+    const std::string text = j.dump(1);
+    manifest.write(text.data(), text.size());
+    manifest.finish();
+    fsync_dir(tmp);
+    // Checkpoints this run replaces go only once their successor has been read back whole.
+    if (!replace_.empty()) verify_checkpoint(tmp, shape_);
+    for (const auto& p : replace_)
+      if (fs::exists(p)) aside.emplace_back(p, p + ".old-" + pid_tag());
+    // A checkpoint of the same step already there: an earlier run's (replaced above), one this run
+    // can vouch for (a rerun after resume: replaced), or one that turns out corrupt (moved aside).
+    if (fs::exists(final_path) && std::find(replace_.begin(), replace_.end(), canonical(final_path)) == replace_.end()) {
+      bool sound = verified_.count(canonical(final_path)) > 0;
+      if (!sound) try {
+          verify_checkpoint(final_path, shape_);
+          sound = true;
+        } catch (const CorruptCheckpoint& e) {
+          const std::string to = move_corrupt_aside(final_path);
+          if (log_) log_("checkpoint: " + std::string(e.what()) + " — moved aside to " + to);
+        } catch (const IncompatibleCheckpoint&) {
+          sound = true;  // a step this run has reached: its own checkpoint takes the name
+        }
+      if (sound) aside.emplace_back(final_path, final_path + ".old-" + pid_tag());
+    }
+    for (std::size_t i = 0; i < aside.size(); ++i)
+      if (::rename(aside[i].first.c_str(), aside[i].second.c_str()) != 0) {
+        const int e = errno;
+        const auto failed = aside[i];
+        aside.resize(i);  // those before it are renamed back below
+        io_fail("rename to " + failed.second, failed.first, e);
+      }
+    if (::rename(tmp.c_str(), final_path.c_str()) != 0) io_fail("rename to " + final_path, tmp, errno);
+    fsync_dir(dir_);
+  } catch (...) {
+    fs::remove_all(tmp, ec);  // never leave a torn checkpoint behind
+    for (const auto& [p, t] : aside) ::rename(t.c_str(), p.c_str());  // nor lose the ones it was to replace
+    throw;
+  }
+  for (const auto& [p, t] : aside) {
+    fs::remove_all(t, ec);
+    verified_.erase(canonical(p));
+  }
+  if (!replace_.empty() && log_)
+    log_("checkpoint: " + std::to_string(replace_.size()) + " earlier checkpoint(s) replaced (train.overwrite_checkpoints)");
+  replace_.clear();
+  verified_.insert(canonical(final_path));
+  prune();
+  recover_interrupted_saves(dir_, log_);
+  return final_path;
+}
+
+void recover_interrupted_saves(const std::string& dir, const std::function<void(const std::string&)>& log) {
+  // A save writes step-M.tmp-PID, renames the checkpoints it replaces to step-N.old-PID, renames the
+  // temporary to step-M (the publication) and only then removes the .old-PID ones. So for a process
+  // PID that is gone: a .tmp-PID still there means it died before publishing, and its .old-PID
+  // checkpoints are the directory's real state (renamed back); without one it had published, and
+  // its .old-PID checkpoints were already superseded (removed). A live PID's files are its own.
+  struct Leftover {
+    fs::path path;
+    std::string base;  // step-N
+    std::string kind;  // "tmp" or "old"
+  };
+  std::vector<Leftover> found;
+  std::set<long> pids_with_tmp;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    long long step = 0;
+    int consumed = 0;
+    if (n.rfind("step-", 0) != 0 || std::sscanf(n.c_str(), "step-%lld%n", &step, &consumed) != 1) continue;
+    const std::string rest = n.substr(static_cast<std::size_t>(consumed));
+    for (const char* kind : {"tmp", "old"}) {
+      const std::string tag = std::string(".") + kind + "-";
+      if (rest.rfind(tag, 0) != 0) continue;
+      const std::string digits = rest.substr(tag.size());
+      if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      const long pid = std::stol(digits);
+      if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // a live run's
+      found.push_back({e.path(), n.substr(0, static_cast<std::size_t>(consumed)), kind});
+      if (std::string(kind) == "tmp") pids_with_tmp.insert(pid);
+    }
+  }
+  for (const auto& f : found) {
+    if (f.kind == "tmp") {
+      fs::remove_all(f.path, ec);
+      continue;
+    }
+    const std::string name = f.path.filename().string();
+    const long pid = std::stol(name.substr(name.rfind('-') + 1));
+    const fs::path back = f.path.parent_path() / f.base;
+    if (pids_with_tmp.count(pid) && !fs::exists(back, ec)) {
+      if (::rename(f.path.c_str(), back.c_str()) == 0) {
+        if (log) log("checkpoint: " + back.string() + " restored (a run that was replacing it stopped before its checkpoint was published)");
+        continue;
+      }
+    }
+    if (!pids_with_tmp.count(pid)) fs::remove_all(f.path, ec);
+  }
+  if (!found.empty()) fsync_dir(dir);
+}
+
+void CheckpointDir::prune() {
+  int kept = 0;
+  std::error_code ec;
+  for (const auto& [step, path] : list_steps(dir_)) {
+    const std::string key = canonical(path);
+    if (foreign_.count(key)) continue;
+    if (!verified_.count(key)) {
+      try {
+        verify_checkpoint(path, shape_);
+        verified_.insert(key);
+      } catch (const CorruptCheckpoint& e) {
+        const std::string to = move_corrupt_aside(path);
+        if (log_) log_("checkpoint: " + std::string(e.what()) + " — moved aside to " + to + ", not counted by keep_last");
+        continue;
+      } catch (const IncompatibleCheckpoint& e) {
+        foreign_.insert(key);
+        if (log_) log_("checkpoint: " + std::string(e.what()) + " — left alone, not counted by keep_last");
+        continue;
+      }
+    }
+    if (++kept > keep_last_) {
+      fs::remove_all(path, ec);
+      verified_.erase(key);
+    }
+  }
+}
+
+ModelShape checkpoint_shape(const std::string& path) { return read_checkpoint_info(path).shape; }
+
+void verify_checkpoint(const std::string& path, const ModelShape& shape) {
+  bool unchecked = false;
+  const json j = read_manifest(path, &unchecked);
+  info_from(path, j, unchecked);
+  check_shape(j, shape, path);
+  (void)state_from_json(j, path);
+  read_states_file(path, j, shape, nullptr);
+}
+
+CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape, const StatesWriter& write, bool verify_first) {
+  bool unchecked = false;
+  const json j = read_manifest(path, &unchecked);
+  const CheckpointInfo info = info_from(path, j, unchecked);
+  check_shape(j, shape, path);
+  if (verify_first) read_states_file(path, j, shape, nullptr);  // every checksum before anything is overwritten
+  read_states_file(path, j, shape, &write);
+  CheckpointState s = state_from_json(j, path);
+  s.step = info.step;
+  s.precision = info.precision;
+  return s;
+}
+
+ResumeChoice choose_checkpoint(const std::string& dir, const std::string& which, const ModelShape& shape) {
+  ResumeChoice r;
+  auto take = [&](const std::string& path) {
+    const CheckpointInfo info = read_checkpoint_info(path);
+    verify_checkpoint(path, shape);
+    r.path = path;
+    r.step = info.step;
+    if (info.unchecked_manifest)
+      r.notes.push_back("checkpoint " + path + " was written before manifests carried a checksum: its tensors are verified, "
+                        "its step, data position and loss-scaler state are taken as they are");
+  };
+  if (which != "latest") {
+    std::error_code ec;
+    if (!fs::is_directory(which, ec))
+      throw ConfigError("checkpoint " + which + ": no such directory",
+                        "name a step-N directory under train.checkpoint_dir, or `latest` for the newest valid one");
+    if (!fs::exists(fs::path(which) / "manifest.json", ec) && !list_steps(which).empty())
+      throw ConfigError("checkpoint " + which + ": a directory of checkpoints, not one checkpoint",
+                        "name one of its step-N directories, or set train.checkpoint_dir to it and ask for `latest`");
+    take(which);
+    return r;
+  }
+  for (const auto& [step, path] : list_steps(dir)) {
+    try {
+      take(path);
+      return r;
+    } catch (const CorruptCheckpoint& e) {  // damage: an older one may be whole
+      r.corrupt.push_back(path);
+      r.notes.push_back(std::string(e.what()) + " — passed over as corrupt, falling back to an earlier checkpoint");
+    }
+    // IncompatibleCheckpoint propagates: the newest sound checkpoint is the run's latest state, and
+    // this config cannot continue it; an older one would silently lose the newer training.
+  }
+  return r;
+}
+
+}  // namespace zinf

@@ -1,0 +1,92 @@
+// report.cpp — see report.h.
+#include "app/train/report.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "zinf/error.h"
+#include "io/files.h"
+#include "app/train/train.h"
+
+namespace zinf {
+
+MetricsFile::MetricsFile(const std::string& path) : path_(path) {
+  if (path.empty()) return;
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
+    const int e = errno;
+    throw ConfigError("train.metrics_file " + path + ": cannot open for writing (" + std::strerror(e) + ")");
+  }
+}
+
+MetricsFile::~MetricsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+// Each line goes out in one write, unbuffered: a full disk or a broken file stops the run at the
+// first line that did not reach the file, not with a silently short file at the end.
+void MetricsFile::write_line(const std::string& line) {
+  if (const int e = write_all(fd_, line.data(), line.size()))
+    throw IoError("train.metrics_file " + path_ + ": write failed (" + std::strerror(e) + ")", e);
+}
+
+void MetricsFile::step(const StepReport& r) {
+  if (fd_ < 0) return;
+  nlohmann::json j = {{"step", r.step},
+                      {"loss", r.loss},
+                      {"lr", r.lr},
+                      {"loss_scale", r.loss_scale},
+                      {"grad_norm", std::isfinite(r.grad_norm) ? r.grad_norm : -1.0},
+                      {"skipped", r.skipped},
+                      {"tokens_per_s", r.tokens_per_s},
+                      {"step_s", r.step_s}};
+  r.busy.each([&](const char* name, double s) { j["busy_s"][name] = s; });
+  write_line(j.dump() + "\n");
+}
+
+void MetricsFile::validation(std::int64_t step, double val_loss) {
+  if (fd_ >= 0) write_line(nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump() + "\n");
+}
+
+std::string progress_line(const Config& c, const StepReport& r, double fwd_ms, double bwd_ms) {
+  char line[512];
+  std::snprintf(line, sizeof line, "step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | scale %g | norm %.3f | %.0f tok/s",
+                r.step, r.steps, r.loss, r.lr, r.loss_scale, r.grad_norm, r.tokens_per_s);
+  std::string s = line;
+  if (c.wall_clock_breakdown) {
+    std::snprintf(line, sizeof line, " | fwd %.1f ms bwd %.1f ms", fwd_ms, bwd_ms);
+    s += line;
+  }
+  if (c.zero.offload_optimizer.device != OffloadDevice::none || c.zero.offload_param.device != OffloadDevice::none) {
+    const BusyTimes& b = r.busy;
+    std::snprintf(line, sizeof line, " | busy ms: compute %.0f h2d %.0f d2h %.0f host %.0f nvme r %.0f w %.0f | overlap %.2f",
+                  1e3 * b.compute, 1e3 * b.h2d, 1e3 * b.d2h, 1e3 * b.host, 1e3 * b.nvme_read, 1e3 * b.nvme_write,
+                  b.busiest() > 0 ? r.step_s / b.busiest() : 0.0);
+    s += line;
+  }
+  return s;
+}
+
+std::string params_digest(offload::Engine& engine, const ModelShape& shape) {
+  std::uint64_t h = fnv1a64(nullptr, 0);
+  std::vector<float> buf;
+  const auto units = layer_units(shape);
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    buf.resize(static_cast<std::size_t>(units[u].params));
+    engine.read_master(u, buf.data());
+    h = fnv1a64(buf.data(), buf.size() * 4, h);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016" PRIx64, h);
+  return hex;
+}
+
+}  // namespace zinf

@@ -1,0 +1,335 @@
+// hf.cpp — Hugging Face model folders of the Llama family (hf.h).
+#include "io/hf.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "zinf/error.h"
+#include "io/files.h"
+
+namespace zinf {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+json parse_json_object(std::string_view text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw ConfigError(source + ": invalid JSON (" + library_message(e) + ")");
+  }
+  if (!j.is_object()) throw ConfigError(source + ": expected a JSON object, got " + std::string(j.type_name()));
+  return j;
+}
+
+// Writes `text` to `path` all-or-nothing.
+void write_file(const std::string& path, const std::string& text) {
+  OutputFile out(path, "--output");
+  out.write(text.data(), text.size());
+  out.commit();
+}
+
+// The file names a folder export owns: a new export replaces them all, so no shard or index of an
+// earlier export survives beside the new weights; anything else in the folder (tokenizer files, a
+// README, generation_config.json) is kept.
+bool export_replaces(const std::string& name) {
+  auto ends = [&](std::string_view sfx) { return name.size() >= sfx.size() && name.compare(name.size() - sfx.size(), sfx.size(), sfx) == 0; };
+  return name == "config.json" || ends(".safetensors") || ends(".safetensors.index.json") || name.find(".tmp-") != std::string::npos;
+}
+
+std::string shard_name(std::size_t k, std::size_t n) {
+  char b[64];
+  std::snprintf(b, sizeof b, "model-%05zu-of-%05zu.safetensors", k, n);
+  return b;
+}
+
+}  // namespace
+
+bool is_hf_folder(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+}
+
+namespace {
+ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
+  auto fail = [&](const std::string& key, const std::string& why) -> ConfigError { return ConfigError(src + ": " + key + ": " + why); };
+  auto get_int = [&](const char* key, std::optional<std::int64_t> def = std::nullopt) -> int {
+    if (!c.contains(key) || c[key].is_null()) {
+      if (def) return static_cast<int>(*def);
+      throw fail(key, "missing");
+    }
+    if (!c[key].is_number_integer() || c[key].get<std::int64_t>() <= 0 || c[key].get<std::int64_t>() > (1 << 30))
+      throw fail(key, "expected a positive integer, got " + c[key].dump());
+    return c[key].get<int>();
+  };
+  // A positive finite number: every real number in config.json (eps, theta, the scaling factors) is one.
+  auto positive = [&](const json& o, const std::string& key, double def, const std::string& prefix = "") {
+    if (!o.contains(key) || o[key].is_null()) return def;
+    if (!o[key].is_number()) throw fail(prefix + key, "expected a number, got " + o[key].dump());
+    const double v = o[key].get<double>();
+    if (!std::isfinite(v) || v <= 0) throw fail(prefix + key, "expected a positive number, got " + o[key].dump());
+    return v;
+  };
+  auto get_num = [&](const char* key, double def) { return positive(c, key, def); };
+  auto get_bool = [&](const char* key, bool def) {
+    if (!c.contains(key) || c[key].is_null()) return def;
+    if (!c[key].is_boolean()) throw fail(key, "expected true or false, got " + c[key].dump());
+    return c[key].get<bool>();
+  };
+  if (c.contains("model_type") && !c["model_type"].is_string()) throw fail("model_type", "expected a string, got " + c["model_type"].dump());
+  const std::string type = c.value("model_type", std::string());
+  if (type != "llama" && type != "mistral" && type != "qwen2")
+    throw fail("model_type", "'" + type + "' is not of the llama family zinf trains (llama, mistral, qwen2)");
+  ModelShape s;
+  s.family = ModelFamily::llama;
+  s.d_model = get_int("hidden_size");
+  s.d_ff = get_int("intermediate_size");
+  s.n_head = get_int("num_attention_heads");
+  s.n_kv_head = get_int("num_key_value_heads", s.n_head);
+  s.n_layer = get_int("num_hidden_layers");
+  s.vocab_size = get_int("vocab_size");
+  s.max_positions = get_int("max_position_embeddings", 2048);
+  s.norm_eps = get_num("rms_norm_eps", 1e-6);
+  if (s.norm_eps >= 1) throw fail("rms_norm_eps", "expected a small positive number (e.g. 1e-5), got " + c["rms_norm_eps"].dump());
+  s.rope_theta = get_num("rope_theta", 10000);
+  s.tie_embeddings = get_bool("tie_word_embeddings", false);
+  s.qkv_bias = type == "qwen2";
+  if (s.d_model % s.n_head != 0) throw fail("hidden_size", "not a multiple of num_attention_heads");
+  if (s.n_head % s.n_kv_head != 0) throw fail("num_key_value_heads", "does not divide num_attention_heads");
+  if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"] != s.d_model / s.n_head)
+    throw fail("head_dim", c["head_dim"].dump() + " differs from hidden_size / num_attention_heads; zinf needs them equal");
+  if (c.contains("hidden_act") && !c["hidden_act"].is_null() && c["hidden_act"] != "silu") throw fail("hidden_act", c["hidden_act"].dump() + " is not silu (SwiGLU)");
+  if (get_bool("mlp_bias", false)) throw fail("mlp_bias", "MLP biases are not supported");
+  if (type == "llama" && get_bool("attention_bias", false)) throw fail("attention_bias", "attention biases (q, k, v and o) are not supported");
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
+    const json& r = c["rope_scaling"];
+    if (!r.is_object()) throw fail("rope_scaling", "expected an object or null, got " + r.dump());
+    const json& kind_v = r.contains("rope_type") ? r["rope_type"] : r.contains("type") ? r["type"] : json("");
+    const std::string kind = kind_v.is_string() ? kind_v.get<std::string>() : kind_v.dump();
+    if (kind != "llama3") throw fail("rope_scaling", "type '" + kind + "' is not supported (llama3 is)");
+    s.rope_factor = positive(r, "factor", 1.0, "rope_scaling.");
+    s.rope_low_freq_factor = positive(r, "low_freq_factor", 1.0, "rope_scaling.");
+    s.rope_high_freq_factor = positive(r, "high_freq_factor", 4.0, "rope_scaling.");
+    s.rope_original_max = positive(r, "original_max_position_embeddings", 8192.0, "rope_scaling.");
+    if (s.rope_factor < 1) throw fail("rope_scaling.factor", "expected at least 1, got " + r["factor"].dump());
+    if (s.rope_factor != 1 && s.rope_high_freq_factor <= s.rope_low_freq_factor)
+      throw fail("rope_scaling.high_freq_factor", "must exceed low_freq_factor");
+  }
+  s.seq_len = seq_len > 0 ? seq_len : std::min(2048, s.max_positions);
+  if (s.seq_len > s.max_positions)
+    throw ConfigError(src + ": max_position_embeddings is " + std::to_string(s.max_positions) + ", below model.seq_len " +
+                      std::to_string(s.seq_len));
+  const bool sliding = type == "mistral" ? true : get_bool("use_sliding_window", false);
+  if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() &&
+      c["sliding_window"].get<std::int64_t>() < s.seq_len)
+    throw fail("sliding_window", std::to_string(c["sliding_window"].get<std::int64_t>()) + " is shorter than model.seq_len " +
+                                     std::to_string(s.seq_len) + " (zinf attends over the whole sequence)");
+  if ((s.head_dim()) % 2 != 0) throw fail("num_attention_heads", "the head width must be even for rotary positions");
+  return s;
+}
+}  // namespace
+
+ModelShape hf_shape(const std::string& dir, int seq_len) {
+  const std::string src = (fs::path(dir) / "config.json").string();
+  return hf_shape_from_json(read_input_file(src, "model.init_from"), src, seq_len);
+}
+
+ModelShape hf_shape_from_json(std::string_view text, const std::string& src, int seq_len) {
+  const json c = parse_json_object(text, src);
+  try {
+    return hf_shape_of(c, src, seq_len);
+  } catch (const json::exception& e) {  // a value of an unexpected type that no check above caught
+    throw ConfigError(src + ": " + library_message(e));
+  }
+}
+
+std::vector<ModelTensor> llama_hf_tensors(const ModelShape& s) {
+  const std::int64_t C = s.d_model, V = s.vocab_size, KVD = std::int64_t{s.kv_heads()} * s.head_dim(), F = s.d_ff;
+  std::vector<ModelTensor> v;
+  v.push_back({"model.embed_tokens.weight", {V, C}, 0, 0, false});
+  for (int l = 0; l < s.n_layer; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::size_t u = static_cast<std::size_t>(l) + 1;
+    std::size_t o = 0;
+    auto add = [&](const std::string& name, std::vector<std::int64_t> shape, bool transposed) {
+      std::int64_t n = 1;
+      for (auto d : shape) n *= d;
+      v.push_back({p + name, std::move(shape), u, o, transposed});
+      o += static_cast<std::size_t>(n);
+    };
+    add("input_layernorm.weight", {C}, false);
+    add("self_attn.q_proj.weight", {C, C}, true);
+    if (s.qkv_bias) add("self_attn.q_proj.bias", {C}, false);
+    add("self_attn.k_proj.weight", {KVD, C}, true);
+    if (s.qkv_bias) add("self_attn.k_proj.bias", {KVD}, false);
+    add("self_attn.v_proj.weight", {KVD, C}, true);
+    if (s.qkv_bias) add("self_attn.v_proj.bias", {KVD}, false);
+    add("self_attn.o_proj.weight", {C, C}, true);
+    add("post_attention_layernorm.weight", {C}, false);
+    add("mlp.gate_proj.weight", {F, C}, true);
+    add("mlp.up_proj.weight", {F, C}, true);
+    add("mlp.down_proj.weight", {C, F}, true);
+  }
+  const std::size_t fin = static_cast<std::size_t>(s.n_layer) + 1;
+  v.push_back({"model.norm.weight", {C}, fin, 0, false});
+  if (!s.tie_embeddings) v.push_back({"lm_head.weight", {V, C}, fin, static_cast<std::size_t>(C), false});
+  return v;
+}
+
+std::vector<std::string> hf_index_files(std::string_view text, const std::string& source) {
+  const json j = parse_json_object(text, source);
+  if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    throw ConfigError(source + ": weight_map: missing or not an object");
+  std::set<std::string> files;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) throw ConfigError(source + ": weight_map." + it.key() + ": expected a file name, got " + it.value().dump());
+    const std::string f = it.value().get<std::string>();
+    // Shards lie beside the index: a path elsewhere is refused, not followed.
+    if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos)
+      throw ConfigError(source + ": weight_map." + it.key() + ": '" + f + "' is not the name of a file in the folder");
+    files.insert(f);
+  }
+  if (files.empty()) throw ConfigError(source + ": weight_map is empty");
+  return {files.begin(), files.end()};
+}
+
+HfModelReader::HfModelReader(const std::string& dir) : dir_(dir) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json", single = fs::path(dir) / "model.safetensors";
+  std::vector<std::string> names;
+  std::error_code ec;
+  const bool has_index = fs::exists(index, ec), has_single = fs::exists(single, ec);
+  // Hugging Face's loaders (transformers' from_pretrained) take model.safetensors when it is
+  // present and read an index only without it; zinf does the same, and says which it read.
+  if (has_single) {
+    names.push_back("model.safetensors");
+    weights_ = has_index ? "model.safetensors (model.safetensors.index.json beside it is ignored, as Hugging Face's loaders do)"
+                         : "model.safetensors";
+  } else if (has_index) {
+    names = hf_index_files(read_input_file(index.string(), "model.init_from"), index.string());
+    weights_ = "model.safetensors.index.json, " + std::to_string(names.size()) + " shard(s)";
+  } else {
+    throw ConfigError(dir + ": holds neither model.safetensors nor model.safetensors.index.json");
+  }
+  files_.reserve(names.size());
+  for (const auto& n : names) files_.emplace_back((fs::path(dir) / n).string(), "model.init_from");
+  for (std::size_t i = 0; i < files_.size(); ++i)
+    for (const auto& t : files_[i].header().tensors) {
+      if (find(t.name)) throw ConfigError(dir + ": tensor " + t.name + " is in more than one file");
+      index_.emplace(t.name, Where{i, &t});
+    }
+}
+
+const HfModelReader::Where* HfModelReader::find(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &it->second;
+}
+
+void HfModelReader::check(const ModelShape& s) const {
+  std::vector<std::string> names;
+  for (const auto& [n, w] : index_) names.push_back(n);
+  std::sort(names.begin(), names.end());
+  auto shape_of = [&](const std::string& name) -> const std::vector<std::int64_t>* {
+    const Where* w = find(name);
+    return w ? &w->tensor->shape : nullptr;
+  };
+  auto ignorable = [&](const std::string& n) {
+    const bool buffer = n.size() > 19 && n.compare(n.size() - 19, 19, "rotary_emb.inv_freq") == 0;
+    return buffer || (s.tie_embeddings && n == "lm_head.weight");  // some tied files store the head anyway
+  };
+  check_tensor_set(dir_, llama_hf_tensors(s), shape_of, names, ignorable,
+                   "the folder must hold the model its config.json describes; zinf trains the llama family without MLP or "
+                   "output-projection biases",
+                   "the folder's tensors must have the shapes its config.json describes");
+}
+
+void HfModelReader::load_unit(const ModelShape& s, std::size_t u, float* dst) const {
+  for (const auto& t : llama_hf_tensors(s)) {
+    if (t.unit != u) continue;
+    const Where* w = find(t.name);
+    if (!w) throw ConfigError(dir_ + ": tensor " + t.name + " is missing");
+    files_[w->file].read(*w->tensor, dst + t.offset, t.transposed);
+    std::size_t n = 1;
+    for (auto d : t.shape) n *= static_cast<std::size_t>(d);
+    check_finite_tensor(dst + t.offset, n, dir_ + "/" + fs::path(files_[w->file].path()).filename().string(), t.name);
+  }
+}
+
+void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vector<std::vector<float>>& units, StDtype dtype,
+                     std::uint64_t shard_bytes) {
+  OutputFolder folder(dir, export_replaces, "--output");
+  const fs::path tmp = folder.temp_path();
+  const std::uint64_t es = dtype == StDtype::f32 ? 4 : 2;
+  const auto layout = llama_hf_tensors(s);
+  // Shards in file order, each up to shard_bytes (a larger tensor gets one of its own).
+  std::vector<std::vector<ModelTensor>> shards(1);
+  std::uint64_t in_shard = 0, total = 0;
+  for (const auto& t : layout) {
+    std::uint64_t n = es;
+    for (auto d : t.shape) n *= static_cast<std::uint64_t>(d);
+    if (in_shard > 0 && in_shard + n > shard_bytes) shards.emplace_back(), in_shard = 0;
+    shards.back().push_back(t);
+    in_shard += n;
+    total += n;
+  }
+  // A failure names the folder the user asked for, not the temporary one it happened in.
+  std::string writing;
+  try {
+    json weight_map = json::object();
+    for (std::size_t k = 0; k < shards.size(); ++k) {
+      const std::string name = shards.size() == 1 ? "model.safetensors" : shard_name(k + 1, shards.size());
+      writing = name;
+      write_model_safetensors((tmp / name).string(), shards[k], units, dtype);
+      for (const auto& t : shards[k]) weight_map[t.name] = name;
+    }
+    writing = "model.safetensors.index.json";
+    if (shards.size() > 1)
+      write_file((tmp / "model.safetensors.index.json").string(),
+                 json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
+    json c = {{"architectures", {s.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+              {"model_type", s.qkv_bias ? "qwen2" : "llama"},
+              {"hidden_size", s.d_model},
+              {"intermediate_size", s.d_ff},
+              {"num_attention_heads", s.n_head},
+              {"num_key_value_heads", s.kv_heads()},
+              {"num_hidden_layers", s.n_layer},
+              {"vocab_size", s.vocab_size},
+              {"max_position_embeddings", s.max_positions > 0 ? s.max_positions : s.seq_len},
+              {"rms_norm_eps", s.norm_eps},
+              {"rope_theta", s.rope_theta},
+              {"tie_word_embeddings", s.tie_embeddings},
+              {"hidden_act", "silu"},
+              {"torch_dtype", dtype == StDtype::f32 ? "float32" : dtype == StDtype::f16 ? "float16" : "bfloat16"}};
+    if (!s.qkv_bias) c["attention_bias"] = false;
+    if (s.rope_factor != 1)
+      c["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", s.rope_factor},
+                           {"low_freq_factor", s.rope_low_freq_factor},
+                           {"high_freq_factor", s.rope_high_freq_factor},
+                           {"original_max_position_embeddings", s.rope_original_max}};
+    else
+      c["rope_scaling"] = nullptr;
+    writing = "config.json";
+    write_file((tmp / "config.json").string(), c.dump(2) + "\n");
+  } catch (const IoError& e) {
+    throw IoError("--output " + dir + ": writing " + writing + " failed (" + std::strerror(e.error_number()) + "); " + dir +
+                      " is as it was",
+                  e.error_number());
+  }
+  folder.commit();
+}
+
+}  // namespace zinf

@@ -1,0 +1,62 @@
+// model/shape.h — the GPT model's shape: presets and exact parameter accounting.
+//
+// Two architectures. GPT-2: token + position embeddings, n_layer pre-LayerNorm blocks (causal
+// self-attention, GELU MLP with 4·C hidden), a final LayerNorm, and an LM head tied to the token
+// embedding. Llama (Llama 2/3, Mistral, Qwen2, …): token embedding, pre-RMSNorm blocks (rotary
+// positions, grouped-query attention with KV key/value heads, SwiGLU MLP with F hidden), a final
+// RMSNorm, and an LM head tied to the embedding or its own. Parameters are stored as one flat buffer
+// per *layer unit* — the embedding unit, each block, the final unit (norm, and an untied head) — and
+// a unit is what the offload scheduler moves.
+//
+// Shapes: V = vocab_size, T = seq_len (positions), C = d_model, L = n_layer, H = n_head,
+// KV = key/value heads, D = C / H, F = d_ff.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zinf/types.h"
+
+namespace zinf {
+
+struct ModelShape {
+  int n_layer = 0, n_head = 0, d_model = 0, vocab_size = 0, seq_len = 0;
+  ModelFamily family = ModelFamily::gpt2;
+  // The llama family (ignored for gpt2): see ModelConfig.
+  int n_kv_head = 0, d_ff = 0;
+  bool tie_embeddings = true, qkv_bias = false;
+  double rope_theta = 10000, norm_eps = 1e-5;
+  double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4, rope_original_max = 8192;
+  int max_positions = 0;  // the positions the model was made for (config.json's max_position_embeddings; 0 = seq_len)
+  bool operator==(const ModelShape&) const = default;
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_dim() const { return d_model / n_head; }
+};
+
+struct ModelPreset {
+  std::string name;
+  ModelShape shape;
+  std::string note;
+};
+
+// GPT-2 (124M…1.5B, vocab 50257, T 1024) and GPT-3-style shapes (2.7B…175B, T 2048; 30b and 66b
+// use OPT's published widths, whose head counts divide them).
+const std::vector<ModelPreset>& model_presets();
+// Throws ConfigError when the name is unknown.
+const ModelPreset& find_model_preset(const std::string& name);
+
+struct LayerUnit {
+  std::string name;     // "embedding", "block.0", …, "ln_f"
+  std::int64_t params;  // elements in this unit's flat buffer
+};
+
+// The layer units in forward order and their exact parameter counts.
+std::vector<LayerUnit> layer_units(const ModelShape& s);
+// Exact parameter count (a tied LM head counted once). GPT-2: V·C + T·C + L·(12C² + 13C) + 2C.
+// Llama: V·C + L·(2C + 2C² + 2·C·KV·D + 3·C·F [+ C + 2·KV·D with q/k/v biases]) + C [+ V·C untied].
+std::int64_t count_params(const ModelShape& s);
+std::int64_t block_params(const ModelShape& s);
+std::int64_t largest_unit_params(const ModelShape& s);
+
+}  // namespace zinf

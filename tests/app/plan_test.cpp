@@ -1,0 +1,112 @@
+// plan_test.cpp — `zinf plan` joined to a machine: activation estimates, capacities, largest fits.
+#include <gtest/gtest.h>
+
+#include "app/config/config.h"
+#include "app/plan/plan.h"
+
+namespace zinf {
+namespace {
+
+MachineInfo fake_machine(std::uint64_t host, std::uint64_t gpu_free) {
+  MachineInfo m;
+  m.mem_total = m.mem_available = host;
+  m.memlock_soft = m.memlock_hard = ~0ull;
+  if (gpu_free) {
+    GpuInfo g;
+    g.free_bytes = g.total_bytes = gpu_free;
+    m.gpus.push_back(g);
+  }
+  return m;
+}
+
+TEST(Plan, ActivationCheckpointingShrinksActivations) {
+  ModelShape s = find_model_preset("gpt2-124m").shape;
+  auto plain = estimate_activation_bytes(s, 8, 2, false);
+  auto ckpt = estimate_activation_bytes(s, 8, 2, true);
+  EXPECT_LT(ckpt, plain);
+  // Korthikanti et al.: 34·T·B·C + 5·H·T²·B per block in 2-byte units.
+  const double per_block = 1024.0 * 8 * 768 * (34 + 5.0 * 12 * 1024 / 768);
+  const double logits = 8.0 * 1024 * 50257 * (2 + 4), embed = 8.0 * 1024 * 768 * 2;
+  EXPECT_EQ(plain, static_cast<std::uint64_t>(12 * per_block + logits + embed));
+  EXPECT_EQ(estimate_activation_bytes(s, 8, 4, false) > plain, true);
+}
+
+TEST(Plan, CpuDeviceBudgetComesOutOfHostMemory) {
+  Config c = parse_config(R"({"train_batch_size": 4, "device": {"type": "cpu", "memory_budget": "1GiB"}})");
+  auto cap = machine_capacity(c, fake_machine(8ull << 30, 0));
+  EXPECT_EQ(cap.device, 1ull << 30);
+  EXPECT_EQ(cap.host, 7ull << 30);
+  auto gpu = machine_capacity(parse_config(R"({"train_batch_size": 4})"), fake_machine(8ull << 30, 80ull << 30));
+  EXPECT_EQ(gpu.device, 80ull << 30);
+  EXPECT_EQ(gpu.host, 8ull << 30);
+}
+
+TEST(Plan, OffloadLetsLargerModelsFitAndTheVerdictIsConsistent) {
+  Config c = parse_config(R"({"train_batch_size": 1, "model": {"preset": "gpt2-350m"},
+                              "zero_optimization": {"stage": 3}, "bf16": {"enabled": true},
+                              "device": {"type": "cuda", "memory_budget": "4GiB"}})");
+  RunPlan r = plan_run(c, fake_machine(64ull << 30, 4ull << 30));
+  ASSERT_EQ(r.largest.size(), 5u);
+  // No offload fits fewer layers than optimizer offload, which fits fewer than optimizer + params.
+  EXPECT_LT(r.largest[0].n_layer, r.largest[1].n_layer);
+  EXPECT_LE(r.largest[1].n_layer, r.largest[2].n_layer);
+  // The verdict agrees with the search: this model fits iff its n_layer is within the no-offload bound.
+  EXPECT_EQ(r.verdict.fits, c.model.n_layer <= r.largest[0].n_layer);
+  for (const auto& f : r.largest) EXPECT_EQ(f.params, f.n_layer ? f.params : 0);
+}
+
+// Per placement, the largest real model (a llama-family preset) that fits: offloading more never
+// shrinks it, and on an 80 GB GPU with 256 GB of host memory, optimizer and parameters in host memory
+// fit an 8B model's fine-tune but not a 70B one's.
+TEST(Plan, TheLargestRealModelThatFitsGrowsWithOffload) {
+  Config c = parse_config(R"({"train_batch_size": 1, "model": {"preset": "llama-3.2-1b", "seq_len": 1024,
+                              "activation_checkpointing": true}, "zero_optimization": {"stage": 3}, "bf16": {"enabled": true},
+                              "device": {"type": "cuda", "memory_budget": "80GiB"}})");
+  RunPlan r = plan_run(c, fake_machine(256ull << 30, 80ull << 30));
+  std::vector<std::int64_t> params;
+  for (const auto& f : r.largest)
+    params.push_back(f.largest_preset.empty() ? 0 : count_params(find_model_preset(f.largest_preset).shape));
+  EXPECT_LE(params[0], params[1]);
+  EXPECT_LE(params[1], params[2]);
+  EXPECT_GE(params[2], count_params(find_model_preset("llama-3.1-8b").shape));
+  EXPECT_LT(params[2], count_params(find_model_preset("llama-3.1-70b").shape));
+}
+
+TEST(Plan, ZeroPaperFormulasPerStage) {
+  // The ZeRO paper's worked example: 7.5B parameters on 64 GPUs — 120 GB, 31.4 GB, 16.6 GB, 1.88 GB.
+  const std::int64_t psi = 7'500'000'000;
+  EXPECT_EQ(zero_paper_bytes(psi, 0, 64), 120'000'000'000ull);
+  EXPECT_NEAR(static_cast<double>(zero_paper_bytes(psi, 1, 64)), 31.4e9, 0.05e9);
+  EXPECT_NEAR(static_cast<double>(zero_paper_bytes(psi, 2, 64)), 16.6e9, 0.05e9);
+  EXPECT_NEAR(static_cast<double>(zero_paper_bytes(psi, 3, 64)), 1.875e9, 0.001e9);
+  EXPECT_EQ(zero_paper_bytes(psi, 3, 1), zero_paper_bytes(psi, 0, 1));
+}
+
+TEST(Plan, PerRankBytesFallWithTheStageAndTheWorld) {
+  auto plan_for = [](int world) {
+    Config c = parse_config(R"({"model": {"preset": "gpt2-350m"}, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+                               "zero_optimization": {"stage": 2}})",
+                            {}, "<test>", world);
+    return plan_run(c, fake_machine(64ull << 30, 80ull << 30));
+  };
+  const RunPlan one = plan_for(1), four = plan_for(4);
+  ASSERT_EQ(four.stages.size(), 4u);
+  EXPECT_EQ(four.world, 4);
+  auto states = [](const StagePlan& s) { return s.model_states[0] + s.model_states[1] + s.model_states[2] + s.model_states[3]; };
+  for (int st = 1; st <= 3; ++st) {
+    EXPECT_LT(states(four.stages[st]), states(four.stages[st - 1])) << "stage " << st;
+    EXPECT_LT(four.stages[st].zero_paper, four.stages[st - 1].zero_paper);
+    EXPECT_LT(states(four.stages[st]), states(one.stages[st])) << "stage " << st << ": 4 ranks hold less each than 1";
+  }
+  // With one rank the stages partition nothing.
+  EXPECT_EQ(states(one.stages[1]), states(one.stages[3]));
+  for (const auto& st : four.stages) EXPECT_TRUE(st.valid) << "no offload: every stage allows it";
+  Config off = parse_config(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})", {},
+                            "<test>", 4);
+  const RunPlan r = plan_run(off, fake_machine(64ull << 30, 80ull << 30));
+  EXPECT_FALSE(r.stages[0].valid);  // offloading the optimizer needs stage 1 or more
+  EXPECT_TRUE(r.stages[1].valid);
+}
+
+}  // namespace
+}  // namespace zinf

@@ -1,0 +1,190 @@
+// hf_test.cpp — Hugging Face folders of the llama family, without downloads: tiny Llama-shaped models
+// written here (one file and sharded, in each dtype), read back tensor by tensor with Hugging Face's
+// [out, in] layout transposed, the shape taken from config.json, training started from them, and
+// `zinf export --format hf` writing the same bytes back.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <functional>
+#include <sstream>
+
+#include "io/hf.h"
+#include "../model/random_floats.h"
+#include "app/train/checkpoint.h"
+#include "app/config/config.h"
+#include "zinf/cpu_adam/convert.h"
+#include "zinf/error.h"
+#include "app/train/train.h"
+
+namespace zinf {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Tmp {
+  fs::path dir = fs::temp_directory_path() / ("zinf-hf-test-" + std::to_string(::getpid()));
+  Tmp() { fs::create_directories(dir); }
+  ~Tmp() { fs::remove_all(dir); }
+  std::string operator/(const std::string& n) const { return (dir / n).string(); }
+};
+
+ModelShape tiny(bool tied, bool bias) {
+  ModelShape s{2, 4, 32, 256, 16};
+  s.family = ModelFamily::llama;
+  s.n_kv_head = 2, s.d_ff = 40, s.tie_embeddings = tied, s.qkv_bias = bias, s.norm_eps = 1e-5, s.rope_theta = 10000;
+  s.max_positions = 64;
+  return s;
+}
+
+std::vector<std::vector<float>> random_units(const ModelShape& s, StDtype dt) {
+  std::vector<std::vector<float>> u;
+  std::uint32_t seed = 7;
+  for (const auto& lu : layer_units(s)) {
+    auto v = randf(static_cast<std::size_t>(lu.params), seed++, 0.05f);
+    if (dt != StDtype::f32) {  // values the dtype holds exactly, so the round trip is exact
+      std::vector<std::uint16_t> h(v.size());
+      if (dt == StDtype::bf16) cpu_adam::fp32_to_bf16(v.data(), h.data(), v.size()), cpu_adam::bf16_to_fp32(h.data(), v.data(), v.size());
+      else cpu_adam::fp32_to_fp16(v.data(), h.data(), v.size()), cpu_adam::fp16_to_fp32(h.data(), v.data(), v.size());
+    }
+    u.push_back(std::move(v));
+  }
+  return u;
+}
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST(HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding) {
+  Tmp t;
+  for (StDtype dt : {StDtype::f32, StDtype::f16, StDtype::bf16})
+    for (bool tied : {true, false})
+      for (std::uint64_t shard : {std::uint64_t{1} << 30, std::uint64_t{8000}}) {  // one file; many shards
+        SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dt) << " tied " << tied << " shard " << shard);
+        const ModelShape s = tiny(tied, !tied);
+        const auto units = random_units(s, dt);
+        const std::string a = t / "a", b = t / "b";
+        fs::remove_all(a), fs::remove_all(b);
+        write_hf_folder(a, s, units, dt, shard);
+        EXPECT_EQ(fs::exists(fs::path(a) / "model.safetensors.index.json"), shard < (1u << 20));
+        // The shape comes back from config.json.
+        const ModelShape h = hf_shape(a, 16);
+        EXPECT_EQ(h, s);
+        HfModelReader r(a);
+        r.check(s);
+        std::vector<std::vector<float>> back;
+        for (std::size_t u = 0; u < units.size(); ++u) {
+          back.emplace_back(units[u].size(), -1.0f);
+          r.load_unit(s, u, back.back().data());
+          ASSERT_EQ(back.back(), units[u]) << "unit " << u;  // every value in its place, transposes undone
+        }
+        write_hf_folder(b, s, back, dt, shard);
+        for (const auto& e : fs::directory_iterator(a))
+          EXPECT_EQ(slurp((fs::path(b) / e.path().filename()).string()), slurp(e.path().string())) << e.path().filename();
+      }
+}
+
+TEST(HfFolders, TheLayoutIsHuggingFacesOutByIn) {
+  Tmp t;
+  const ModelShape s = tiny(false, true);
+  auto units = random_units(s, StDtype::f32);
+  write_hf_folder(t / "m", s, units, StDtype::f32);
+  const StFile f = read_safetensors(t / "m/model.safetensors");
+  const StTensor* q = f.find("model.layers.1.self_attn.q_proj.weight");
+  const StTensor* k = f.find("model.layers.0.self_attn.k_proj.weight");
+  const StTensor* down = f.find("model.layers.0.mlp.down_proj.weight");
+  ASSERT_TRUE(q && k && down && f.find("lm_head.weight") && f.find("model.layers.0.self_attn.v_proj.bias"));
+  EXPECT_EQ(k->shape, (std::vector<std::int64_t>{16, 32}));     // [KV·D out, C in]
+  EXPECT_EQ(down->shape, (std::vector<std::int64_t>{32, 40}));  // [C out, F in]
+  // q_proj.weight[o][i] is the unit's wq[i][o] (wq after attn_norm, at offset C in block 1).
+  const float* file = reinterpret_cast<const float*>(f.bytes.data() + f.data_start + q->begin);
+  const float* wq = units[2].data() + 32;
+  for (int o = 0; o < 32; o += 7)
+    for (int i = 0; i < 32; i += 5) ASSERT_EQ(file[o * 32 + i], wq[i * 32 + o]) << o << "," << i;
+}
+
+TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
+  Tmp t;
+  const ModelShape s = tiny(false, false);
+  const auto units = random_units(s, StDtype::bf16);
+  write_hf_folder(t / "m", s, units, StDtype::bf16, 8000);
+  const std::string cfg = R"({"model": {"init_from": ")" + (t / "m") + R"(", "seq_len": 16},
+      "train": {"steps": 0, "eval_batches": 2, "checkpoint_dir": ")" + (t / "ck") + R"("},
+      "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1}, "train_micro_batch_size_per_gpu": 2,
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})";
+  const Config c = parse_config(cfg);
+  EXPECT_EQ(model_shape(c.model), [&] {
+    ModelShape w = s;
+    w.seq_len = 16;
+    return w;
+  }());
+  // train.steps 0: the parameters are exactly the folder's (the digest hashes every unit in order).
+  std::uint64_t h = fnv1a64(nullptr, 0);
+  for (const auto& u : units) h = fnv1a64(u.data(), u.size() * 4, h);
+  char want[17];
+  std::snprintf(want, sizeof want, "%016llx", static_cast<unsigned long long>(h));
+  EXPECT_EQ(train(c, TrainHooks{}).params_digest, want);
+  // And it trains: two steps with a checkpoint, which `zinf export --format hf` writes back as a folder.
+  const TrainResult r = train(parse_config(cfg, {"train.steps=2"}), TrainHooks{});
+  EXPECT_EQ(r.steps, 2);
+  const std::string cmd = std::string(ZINF_BIN) + " export --format hf --dtype fp32 --shard-size 8000 --checkpoint " +
+                          (t / "ck/step-00000002") + " -o " + (t / "out") + " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  ASSERT_TRUE(fs::exists(t / "out/model.safetensors.index.json"));
+  HfModelReader back(t / "out");
+  const ModelShape bs = hf_shape(t / "out", 16);
+  back.check(bs);
+  std::vector<std::vector<float>> masters(units.size());
+  load_checkpoint(t / "ck/step-00000002", bs, [&](std::size_t u, const float* m, const float*, const float*) {
+    masters[u].assign(m, m + units[u].size());
+  });
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    std::vector<float> got(units[u].size());
+    back.load_unit(bs, u, got.data());
+    EXPECT_EQ(got, masters[u]) << "unit " << u;
+  }
+}
+
+TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
+  Tmp t;
+  const ModelShape s = tiny(true, false);
+  write_hf_folder(t / "m", s, random_units(s, StDtype::f32), StDtype::f32);
+  auto patch = [&](const std::function<void(nlohmann::json&)>& f) {
+    nlohmann::json c = nlohmann::json::parse(slurp(t / "m/config.json"));
+    f(c);
+    std::ofstream(t / "m/config.json") << c.dump();
+  };
+  auto error = [&](const std::string& extra = "") {
+    try {
+      parse_config(R"({"train_batch_size": 2, "model": {"init_from": ")" + (t / "m") + "\"" + extra + "}}");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(error(), "accepted");
+  EXPECT_NE(error(R"(, "n_layer": 3)").find("model.n_layer: the shape comes from"), std::string::npos);
+  EXPECT_NE(error(R"(, "preset": "llama-3.2-1b")").find("model.preset: 'llama-3.2-1b' does not match"), std::string::npos);
+  patch([](nlohmann::json& c) { c["hidden_act"] = "gelu"; });
+  EXPECT_NE(error().find("config.json: hidden_act: \"gelu\" is not silu"), std::string::npos) << error();
+  patch([](nlohmann::json& c) { c["hidden_act"] = "silu", c["model_type"] = "gpt_neox"; });
+  EXPECT_NE(error().find("config.json: model_type: 'gpt_neox' is not of the llama family"), std::string::npos) << error();
+  patch([](nlohmann::json& c) { c["model_type"] = "llama", c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; });
+  EXPECT_NE(error().find("config.json: rope_scaling: type 'yarn' is not supported"), std::string::npos) << error();
+  patch([](nlohmann::json& c) { c["rope_scaling"] = nullptr, c["num_hidden_layers"] = 3; });  // the files hold 2 layers
+  try {
+    HfModelReader(t / "m").check(hf_shape(t / "m", 16));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor(s) the model needs are missing: model.layers.2."), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zinf

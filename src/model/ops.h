@@ -75,4 +75,8 @@ double mean_loss(const float* losses, int R);
 void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
                       const float* wte, const int* targets, float dscale, int R, int C, int V);
 
+// dst = src and p = 0 over n elements (plain memory copies: nothing to split).
+void copy(Par& p, float* dst, const float* src, std::size_t n);
+void zero(Par& p, float* x, std::size_t n);
+
 }  // namespace zinf::ops

@@ -449,17 +449,17 @@ void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const floa
   });
 }
 
+void copy(Par&, float* dst, const float* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+void zero(Par&, float* x, std::size_t n) { std::memset(x, 0, n * sizeof(float)); }
+
 }  // namespace zinf::ops
 
 #include "model/backend.h"
 
 namespace zinf {
 
-void CpuOps::copy(float* dst, const float* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-
 void OpsBackend::no_llama() {
   throw ConfigError("model.family llama: this device's backend has no llama kernels yet; train it on the CPU device (device.type cpu)");
 }
-void CpuOps::zero(float* p, std::size_t n) { std::memset(p, 0, n * sizeof(float)); }
 
 }  // namespace zinf

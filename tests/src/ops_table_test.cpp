@@ -58,11 +58,6 @@ struct Case {
     f.push_back(randf(n, static_cast<std::uint32_t>(101 + f.size() * 7919 + i.size()), scale));
     return static_cast<int>(f.size() - 1);
   }
-  int positive(std::size_t n) {  // |x| + 0.5: a standard deviation's reciprocal, say
-    const int k = rand(n);
-    for (float& x : f.back()) x = std::fabs(x) + 0.5f;
-    return k;
-  }
   int tokens(std::size_t n, int vocab) {
     std::mt19937 rng(static_cast<std::uint32_t>(7 + i.size()));
     VI v(n);
@@ -74,9 +69,9 @@ struct Case {
   void elementwise() { rel = 1e-6, abs = 1e-7; }
 };
 
-// (Declared before the cases' sizes, which its parameters would shadow.)
 // Records the name of every op called through it (generated from the list, like the wrappers), so
-// a case is known to call its own op.
+// a case is known to call its own op. Declared before the cases' sizes, which its parameters would
+// shadow.
 class Recorder final : public OpsBackend {
  public:
   Recorder(OpsBackend& in, std::vector<std::string>& log) : in_(in), log_(log) {}

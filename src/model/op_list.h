@@ -21,7 +21,7 @@
 //      ops.h / ops_llama.h), taking float pointers where the entry has views;
 //   3. write the CUDA kernel and CudaOps::fp32_name (model/cuda/), with the same float-pointer
 //      parameters;
-//   4. give it a case in tests/src/ops_table_test.cpp (the test does not link without one);
+//   4. give it a case in tests/src/ops_table_test.cpp (the test does not compile without one);
 //   5. call it from the model.
 // Nothing else changes: the wrappers forward every op of the list.
 #pragma once

@@ -9,7 +9,7 @@
 //     tolerances of cuda_ops_test.cpp: elementwise ops 1e-6 relative, GEMMs and reductions 1e-4
 //     relative + 1e-5 absolute.
 // The cases are declared and tabled from the list: an op added to the list without a case here does
-// not link, and a case that calls another op than its own fails.
+// not compile, and a case that calls another op than its own fails.
 #include <gtest/gtest.h>
 
 #include <cmath>

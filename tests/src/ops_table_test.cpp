@@ -352,12 +352,12 @@ std::vector<VF> run_on_gpu(const Case& c, Gpu& g) {
   std::vector<DeviceBuffer> keep;
   Bufs t;
   for (const VF& v : c.f) {
-    keep.emplace_back(*g.dev, v.size() * sizeof(float) + 1, "ops table test");
+    keep.emplace_back(*g.dev, v.size() * sizeof(float), "ops table test");
     g.dev->copy_to_device(keep.back().as<void>(), v.data(), v.size() * sizeof(float), StreamRole::compute);
     t.f.push_back(keep.back().as<float>()), t.n.push_back(v.size());
   }
   for (const VI& v : c.i) {
-    keep.emplace_back(*g.dev, v.size() * sizeof(int) + 1, "ops table test");
+    keep.emplace_back(*g.dev, v.size() * sizeof(int), "ops table test");
     g.dev->copy_to_device(keep.back().as<void>(), v.data(), v.size() * sizeof(int), StreamRole::compute);
     t.i.push_back(keep.back().as<int>());
   }

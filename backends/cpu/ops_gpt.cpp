@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "model/fixed_math.h"
-#include "model/ops.h"
+#include "cpu/ops_gpt.h"
 #include "zinf/error.h"
 
 namespace zinf::ops {
@@ -421,12 +421,6 @@ void lm_head_forward(Par& p, float* probs, float* losses, const float* x, const 
   });
 }
 
-double mean_loss(const float* losses, int R) {
-  double total = 0;
-  for (int r = 0; r < R; ++r) total += losses[r];
-  return total / R;
-}
-
 void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
                       const float* wte, const int* targets, float dscale, int R, int C, int V) {
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
@@ -449,17 +443,8 @@ void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const floa
   });
 }
 
+void copy(Par&, float* dst, const float* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+void zero(Par&, float* x, std::size_t n) { std::memset(x, 0, n * sizeof(float)); }
+
 }  // namespace zinf::ops
 
-#include "model/backend.h"
-
-namespace zinf {
-
-void CpuOps::copy(float* dst, const float* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-
-void OpsBackend::no_llama() {
-  throw ConfigError("model.family llama: this device's backend has no llama kernels yet; train it on the CPU device (device.type cpu)");
-}
-void CpuOps::zero(float* p, std::size_t n) { std::memset(p, 0, n * sizeof(float)); }
-
-}  // namespace zinf

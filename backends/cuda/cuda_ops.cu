@@ -50,8 +50,9 @@ struct LtPlan {
   }
 };
 
-class CudaOps final : public OpsBackend {
+class CudaOps final : public Fp32Ops<CudaOps> {
  public:
+  static constexpr const char* kName = "CUDA";  // for the error a non-fp32 view raises
   // cuBLASLt's workspace (split-K and stream-K need one); taken from the device budget.
   static constexpr std::size_t kWorkspaceBytes = 8u << 20;
 
@@ -134,77 +135,78 @@ class CudaOps final : public OpsBackend {
     return *plans_.emplace(key, std::move(plan)).first->second;
   }
 
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC) override {
+  // The ops of model/op_list.h on fp32 data: Fp32Ops checks the views and calls these.
+  void fp32_matmul_forward(float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC) {
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, OC, R, IC, w, OC, inp, IC, 0.0f, out, OC);
     if (bias) ops::launch_add_bias(out, bias, R, OC, s_);
   }
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int R, int IC,
-                       int OC) override {
+  void fp32_matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int R, int IC,
+                       int OC) {
     if (dinp) gemm(CUBLAS_OP_T, CUBLAS_OP_N, IC, R, OC, w, OC, dout, OC, 1.0f, dinp, IC);
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, OC, IC, R, dout, OC, inp, IC, 1.0f, dw, OC);
     if (dbias) ops::launch_column_sum(dbias, dout, R, OC, s_);
   }
-  void layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, int R, int C) override {
+  void fp32_layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, int R, int C) {
     ops::launch_layernorm_forward(o, m, r, i, w, b, R, C, s_);
   }
-  void layernorm_backward(float* di, float* dw, float* db, const float* dout, const float* i, const float* w, const float* m,
-                          const float* r, int R, int C) override {
+  void fp32_layernorm_backward(float* di, float* dw, float* db, const float* dout, const float* i, const float* w, const float* m,
+                          const float* r, int R, int C) {
     ops::launch_layernorm_backward(di, dw, db, dout, i, w, m, r, R, C, s_);
   }
-  void gelu_forward(float* o, const float* i, std::size_t n) override { ops::launch_gelu_forward(o, i, n, s_); }
-  void gelu_backward(float* di, const float* i, const float* dout, std::size_t n) override {
+  void fp32_gelu_forward(float* o, const float* i, std::size_t n) { ops::launch_gelu_forward(o, i, n, s_); }
+  void fp32_gelu_backward(float* di, const float* i, const float* dout, std::size_t n) {
     ops::launch_gelu_backward(di, i, dout, n, s_);
   }
-  void add_inplace(float* acc, const float* x, std::size_t n) override { ops::launch_add_inplace(acc, x, n, s_); }
-  void attention_forward(float* o, float* att, const float* qkv, int B, int T, int C, int H) override {
+  void fp32_add_inplace(float* acc, const float* x, std::size_t n) { ops::launch_add_inplace(acc, x, n, s_); }
+  void fp32_attention_forward(float* o, float* att, const float* qkv, int B, int T, int C, int H) {
     ops::launch_attention_forward(o, att, qkv, B, T, C, H, s_);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int H) override {
+  void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int H) {
     const std::size_t need = static_cast<std::size_t>(B) * H * T * T * sizeof(float);
     if (scratch_.size() < need) scratch_ = DeviceBuffer(dev_, need, "attention backward scratch");
     ops::launch_attention_backward(dqkv, scratch_.as<float>(), dout, qkv, att, B, T, C, H, s_);
   }
-  void encoder_forward(float* o, const int* t, const float* wte, const float* wpe, int B, int T, int C) override {
+  void fp32_encoder_forward(float* o, const int* t, const float* wte, const float* wpe, int B, int T, int C) {
     ops::launch_encoder_forward(o, t, wte, wpe, B, T, C, s_);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* t, int B, int T, int C) override {
+  void fp32_encoder_backward(float* dwte, float* dwpe, const float* dout, const int* t, int B, int T, int C) {
     ops::launch_encoder_backward(dwte, dwpe, dout, t, B, T, C, s_);
   }
-  void lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C, int V) override {
+  void fp32_lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C, int V) {
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, V, R, C, wte, C, x, C, 0.0f, probs, V);
     ops::launch_softmax_crossentropy(probs, losses, tg, R, V, s_);  // the host reads the rows at the step's end
   }
-  void lm_head_backward(float* dx, float* dwte, float* dl, const float* probs, const float* x, const float* wte, const int* tg,
-                        float dscale, int R, int C, int V) override {
+  void fp32_lm_head_backward(float* dx, float* dwte, float* dl, const float* probs, const float* x, const float* wte, const int* tg,
+                        float dscale, int R, int C, int V) {
     ops::launch_crossentropy_backward(dl, probs, tg, dscale, R, V, s_);
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, R, V, wte, C, dl, V, 0.0f, dx, C);
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, V, R, x, C, dl, V, 1.0f, dwte, C);
   }
-  void copy(float* dst, const float* src, std::size_t n) override {
+  void fp32_copy(float* dst, const float* src, std::size_t n) {
     ZINF_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s_));
   }
-  void zero(float* p, std::size_t n) override { ZINF_CUDA(cudaMemsetAsync(p, 0, n * sizeof(float), s_)); }
+  void fp32_zero(float* p, std::size_t n) { ZINF_CUDA(cudaMemsetAsync(p, 0, n * sizeof(float), s_)); }
 
   bool has_llama_ops() const override { return true; }
-  void rmsnorm_forward(float* o, float* rstd, const float* i, const float* w, int R, int C, float eps) override {
+  void fp32_rmsnorm_forward(float* o, float* rstd, const float* i, const float* w, int R, int C, float eps) {
     ops::launch_rmsnorm_forward(o, rstd, i, w, R, C, eps, s_);
   }
-  void rmsnorm_backward(float* di, float* dw, const float* dout, const float* i, const float* w, const float* rstd, int R, int C) override {
+  void fp32_rmsnorm_backward(float* di, float* dw, const float* dout, const float* i, const float* w, const float* rstd, int R, int C) {
     ops::launch_rmsnorm_backward(di, dw, dout, i, w, rstd, R, C, s_);
   }
-  void rope_apply(float* x, const float* co, const float* si, int R, int T, int heads, int D, bool backward) override {
+  void fp32_rope_apply(float* x, const float* co, const float* si, int R, int T, int heads, int D, bool backward) {
     ops::launch_rope_apply(x, co, si, R, T, heads, D, backward, s_);
   }
-  void swiglu_forward(float* o, const float* g, const float* u, std::size_t n) override { ops::launch_swiglu_forward(o, g, u, n, s_); }
-  void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, std::size_t n) override {
+  void fp32_swiglu_forward(float* o, const float* g, const float* u, std::size_t n) { ops::launch_swiglu_forward(o, g, u, n, s_); }
+  void fp32_swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, std::size_t n) {
     ops::launch_swiglu_backward(dg, du, dout, g, u, n, s_);
   }
-  void gqa_attention_forward(float* o, float* att, const float* q, const float* k, const float* v, int B, int T, int H, int KV,
-                             int D) override {
+  void fp32_gqa_attention_forward(float* o, float* att, const float* q, const float* k, const float* v, int B, int T, int H, int KV,
+                             int D) {
     ops::launch_gqa_attention_forward(o, att, q, k, v, B, T, H, KV, D, s_);
   }
-  void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
-                              const float* att, int B, int T, int H, int KV, int D) override {
+  void fp32_gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                              const float* att, int B, int T, int H, int KV, int D) {
     const std::size_t need = static_cast<std::size_t>(B) * H * T * sizeof(float);
     if (weighted_.size() < need) {  // per-row scratch, kept for the next call (in stream order)
       ZINF_CUDA(cudaStreamSynchronize(s_));
@@ -212,10 +214,10 @@ class CudaOps final : public OpsBackend {
     }
     ops::launch_gqa_attention_backward(dq, dk, dv, weighted_.as<float>(), dout, q, k, v, att, B, T, H, KV, D, s_);
   }
-  void embedding_forward(float* o, const int* t, const float* wte, int R, int C) override {
+  void fp32_embedding_forward(float* o, const int* t, const float* wte, int R, int C) {
     ops::launch_embedding_forward(o, t, wte, R, C, s_);
   }
-  void embedding_backward(float* dwte, const float* dout, const int* t, int R, int C) override {
+  void fp32_embedding_backward(float* dwte, const float* dout, const int* t, int R, int C) {
     ops::launch_embedding_backward(dwte, dout, t, R, C, s_);
   }
 

@@ -5,7 +5,7 @@
 #include <random>
 
 #include "model/init.h"
-#include "model/ops_llama.h"
+#include "model/host_math.h"
 #include "zinf/error.h"
 
 namespace zinf {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "model/gpt.h"
+#include "model/host_math.h"
 #include "model/init.h"
 #include "model/llama.h"
 

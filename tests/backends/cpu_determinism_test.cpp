@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "model/fixed_math.h"
-#include "model/ops.h"
+#include "cpu/ops_gpt.h"
 #include "app/config/config.h"
 #include "zinf/cpu_adam/simd.h"
 #include "app/train/train.h"

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "model/host_math.h"
+#include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
 #include "zinf/backends/gpu.h"
 #include "model/backend.h"

@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include "model/host_math.h"
 #include "model/lm.h"
 #include "random_floats.h"
 

@@ -9,8 +9,10 @@
 #include <random>
 #include <vector>
 
+#include "model/host_math.h"
+#include "cpu/cpu_ops.h"
 #include "model/gpt.h"
-#include "model/ops.h"
+#include "cpu/ops_gpt.h"
 #include "grad_check.h"
 #include "random_floats.h"
 #include "zinf/device.h"

@@ -10,9 +10,11 @@
 #include <functional>
 #include <vector>
 
+#include "model/host_math.h"
+#include "cpu/cpu_ops.h"
 #include "grad_check.h"
 #include "model/llama.h"
-#include "model/ops_llama.h"
+#include "cpu/ops_llama.h"
 #include "random_floats.h"
 #include "zinf/device.h"
 #include "zinf/backends/cpu.h"

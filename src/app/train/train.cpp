@@ -28,6 +28,7 @@
 #include "app/config/engine_config.h"
 #include "io/hf.h"
 #include "model/lm.h"
+#include "model/host_math.h"
 #include "model/ops_profile.h"
 #include "app/train/batches.h"
 #include "app/train/report.h"

@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "model/ops.h"
+#include "cpu/ops_gpt.h"
 
 namespace zinf::ops {
 
@@ -22,15 +22,6 @@ void rmsnorm_forward(Par& p, float* out, float* rstd, const float* inp, const fl
 void rmsnorm_backward(Par& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int R,
                       int C);
 
-// Llama 3's rope_scaling ("rope_type": "llama3"); factor 1 (the default) leaves the frequencies alone.
-struct RopeScaling {
-  double factor = 1, low_freq_factor = 1, high_freq_factor = 4;
-  double original_max_position_embeddings = 8192;
-};
-// The D/2 inverse frequencies theta^(-2i/D), rescaled as Llama 3 does when scaling.factor != 1.
-std::vector<double> rope_inv_freq(int D, double theta, const RopeScaling& scaling = {});
-// cos and sin of position t × inv_freq[i], as [T, D/2] tables (computed in double, stored as float).
-void rope_tables(const std::vector<double>& inv_freq, int T, std::vector<float>& cos_t, std::vector<float>& sin_t);
 // Rotates each head of x [R, heads·D] in place by its row's position (r mod T), in Hugging Face's
 // convention: the pairs are (i, i + D/2). backward = true rotates by the opposite angle, which is the
 // gradient of the rotation (applied to dx in place).

@@ -69,10 +69,12 @@ void encoder_backward(Par& p, float* dwte, float* dwpe, const float* dout, const
 // row's loss (read by the host at the step's end, not here: no round trip inside the forward).
 void lm_head_forward(Par& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
                      int C, int V);
-// The mean of R row losses, summed in row order in double (host memory).
-double mean_loss(const float* losses, int R);
 // dlogits = (probs − onehot)·dscale;  dx = dlogits·wte (overwritten);  dwte += dlogitsᵀ·x
 void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
                       const float* wte, const int* targets, float dscale, int R, int C, int V);
+
+// dst = src and p = 0 over n elements (plain memory copies: nothing to split).
+void copy(Par& p, float* dst, const float* src, std::size_t n);
+void zero(Par& p, float* x, std::size_t n);
 
 }  // namespace zinf::ops

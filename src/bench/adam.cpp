@@ -1,5 +1,5 @@
-// bench_adam.cpp — `zinf bench adam`: the fused Update against the memory limit of its own access
-// pattern and against an ordinary Adam loop, measured in one run (zinf/bench.h).
+// adam.cpp — `zinf bench adam`: the fused Update against the memory limit of its own access
+// pattern and against an ordinary Adam loop, measured in one run (bench/adam.h).
 #include <chrono>
 #include <cstring>
 #include <memory>

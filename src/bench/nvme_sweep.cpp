@@ -1,4 +1,4 @@
-// sweep.cpp — `zinf bench nvme` (zinf/nvme/sweep.h).
+// nvme_sweep.cpp — `zinf bench nvme` (bench/nvme_sweep.h).
 #include "bench/nvme_sweep.h"
 
 #include <fcntl.h>
@@ -110,28 +110,28 @@ void measure_swap(const SweepOptions& o, PinnedPool& pool, std::uint64_t file_by
                   const std::function<void(const std::string&)>& progress) {
   progress("swap mode: read g+1 | touch g | write g-1 through " + std::to_string(o.swap_buffers) + " pinned buffers of " +
            fmt_size(o.swap_item));
-  StoreOptions ss;
-  ss.parent = o.dir;
-  ss.engine = o.engine;
-  ss.io.block_size = r.best_combined_read.block;
-  ss.io.queue_depth = r.best_combined_read.depth;
-  ss.io.threads = r.best_combined_read.threads;
-  ss.io.fixed_buffers = {pool.slab()};
-  TensorStore swap_store(ss);
+  StoreOptions swap_options;
+  swap_options.parent = o.dir;
+  swap_options.engine = o.engine;
+  swap_options.io.block_size = r.best_combined_read.block;
+  swap_options.io.queue_depth = r.best_combined_read.depth;
+  swap_options.io.threads = r.best_combined_read.threads;
+  swap_options.io.fixed_buffers = {pool.slab()};
+  TensorStore swap_store(swap_options);
   const std::size_t item = static_cast<std::size_t>(std::min<std::uint64_t>(o.swap_item, file_bytes));
   const std::size_t nitems = static_cast<std::size_t>(std::max<std::uint64_t>(2, file_bytes / item));
   const auto sid = swap_store.add("optimizer", static_cast<std::uint64_t>(nitems) * item);
-  Swapper sw(swap_store, pool, o.swap_buffers, item);
+  Swapper swapper(swap_store, pool, o.swap_buffers, item);
   std::vector<SwapItem> items;
   for (std::size_t i = 0; i < nitems; ++i) items.push_back({sid, i * item, item, false, true});
   auto touch = [](std::size_t, void* b, std::size_t len) {
     auto* p = static_cast<unsigned char*>(b);
     for (std::size_t k = 0; k < len; k += 4096) p[k] = static_cast<unsigned char>(p[k] + 1);
   };
-  sw.run(items, touch);  // lay the data down once
+  swapper.run(items, touch);  // lay the data down once
   for (auto& it : items) it.read = true;
   const auto t0 = Clock::now();
-  sw.run(items, touch);
+  swapper.run(items, touch);
   const double t = seconds_since(t0);
   r.swap_bytes = 2 * static_cast<std::uint64_t>(nitems) * item;
   r.swap_gbps = static_cast<double>(r.swap_bytes) / t / 1e9;
@@ -150,10 +150,10 @@ SweepResult run_sweep(const SweepOptions& o, const std::function<void(const std:
   const std::size_t buf_bytes = static_cast<std::size_t>(std::min<std::uint64_t>(cell, 256 << 20));
 
   // The store gives us the private directory, an O_DIRECT file and its cleanup on every exit path.
-  StoreOptions so;
-  so.parent = o.dir;
-  so.engine = EngineKind::posix;  // only for the store's own bookkeeping; cells build their own engines
-  TensorStore store(so);
+  StoreOptions store_options;
+  store_options.parent = o.dir;
+  store_options.engine = EngineKind::posix;  // only for the store's own bookkeeping; cells build their own engines
+  TensorStore store(store_options);
   if (store.description().find("O_DIRECT") == std::string::npos || store.description().find("refuses") != std::string::npos)
     progress("note: " + store.description() + " — figures include the page cache");
   const auto id = store.add("bench", file_bytes);

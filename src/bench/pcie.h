@@ -1,6 +1,6 @@
-// bench_pcie.h — `zinf bench pcie`: pinned host ⇄ device copy bandwidth on the GPU's own streams,
+// pcie.h — `zinf bench pcie`: pinned host ⇄ device copy bandwidth on the GPU's own streams,
 // against the link's nominal rate read from the device's PCIe generation and width. Implemented in
-// bench_pcie.cu with CUDA, and by bench_pcie_none.cpp (a clear error) in a build without it.
+// pcie.cu with CUDA, and by pcie_none.cpp (a clear error) in a build without it.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// pcie_nominal.cpp — nominal PCIe bandwidth per direction (bench_pcie.h); plain C++, always built.
+// pcie_nominal.cpp — nominal PCIe bandwidth per direction (bench/pcie.h); plain C++, always built.
 #include "bench/pcie.h"
 
 namespace zinf::cuda {

@@ -1,4 +1,4 @@
-// bench_pcie_none.cpp — `zinf bench pcie` in a build without CUDA.
+// pcie_none.cpp — `zinf bench pcie` in a build without CUDA.
 #include "bench/pcie.h"
 #include "zinf/error.h"
 

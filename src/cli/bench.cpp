@@ -1,6 +1,6 @@
-// bench.cpp — `zinf bench <what>`: the command line of the measurements in src/bench/ (adam, nvme,
-// pcie) and of `bench step` (training runs through train()), each as a ratio against a limit
-// measured in the same run.
+// bench.cpp — `zinf bench <what>`: the command line of the measurements (adam, nvme, pcie, comm)
+// and of `bench step` (training runs through train()), each as a ratio against a limit measured in
+// the same run.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 

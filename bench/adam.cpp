@@ -1,5 +1,5 @@
 // adam.cpp — `zinf bench adam`: the fused Update against the memory limit of its own access
-// pattern and against an ordinary Adam loop, measured in one run (adam.h).
+// pattern and against an ordinary Adam loop, measured in one run (bench/adam.h).
 #include <chrono>
 #include <cstring>
 #include <memory>

@@ -1,5 +1,5 @@
-// bench/adam.h — user-facing measurements (`zinf bench …`). Each reports ratios against a limit
-// measured in the same run, because absolute numbers drift on a shared machine.
+// adam.h — `zinf bench adam`. Like every user-facing measurement (`zinf bench …`) it reports ratios
+// against a limit measured in the same run, because absolute numbers drift on a shared machine.
 #pragma once
 
 #include <cstdint>

@@ -29,29 +29,29 @@ std::vector<std::size_t> parts(std::size_t n, int world) {
 
 }  // namespace
 
-std::vector<CommBenchRow> bench_comm(Comm& comm, Device& dev, offload::EngineKernels& kern, const std::vector<std::uint64_t>& sizes,
+std::vector<CommBenchRow> bench_comm(Comm& comm, Device& device, offload::EngineKernels& kernels, const std::vector<std::uint64_t>& sizes,
                                      int iters) {
   const int W = comm.size(), R = comm.rank();
   const double share = W > 1 ? static_cast<double>(W - 1) / W : 0.0;
   const StreamRole s = StreamRole::d2h;
-  auto run = [&](const std::function<void(void*)>& f) { offload::on_stream(comm, dev, s, f); };
+  auto run = [&](const std::function<void(void*)>& f) { offload::on_stream(comm, device, s, f); };
   std::vector<CommBenchRow> rows;
   for (std::uint64_t bytes : sizes) {
     const std::size_t n = std::max<std::size_t>(static_cast<std::size_t>(bytes / 4), static_cast<std::size_t>(W));
     const auto counts = parts(n, W);
     const std::size_t mine = counts[static_cast<std::size_t>(R)];
-    DeviceBuffer buf(dev, n * 4, "bench comm buffer"), recv(dev, std::max<std::size_t>(1, mine * static_cast<std::size_t>(W)) * 4,
+    DeviceBuffer buf(device, n * 4, "bench comm buffer"), recv(device, std::max<std::size_t>(1, mine * static_cast<std::size_t>(W)) * 4,
                                                               "bench comm receive"),
-        copy(dev, n * 4, "bench comm copy");
+        copy(device, n * 4, "bench comm copy");
     std::vector<float> init(n);
     for (std::size_t i = 0; i < n; ++i) init[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(R)) % 1000) * 1e-3f;
-    dev.copy_to_device(buf.as<void>(), init.data(), n * 4, s);
-    dev.synchronize(s);
+    device.copy_to_device(buf.as<void>(), init.data(), n * 4, s);
+    device.synchronize(s);
     const std::vector<std::size_t> recv_counts(counts.size(), mine);
     float* b = buf.as<float>();
     float* rv = recv.as<float>();
 
-    auto reduce_scatter = [&] { offload::reduce_scatter_ordered(comm, dev, kern, s, b, counts, rv); };  // the engine's
+    auto reduce_scatter = [&] { offload::reduce_scatter_ordered(comm, device, kernels, s, b, counts, rv); };  // the engine's
     auto all_gather = [&] { run([&](void* st) { comm.allgatherv(b, counts, 4, st); }); };
     struct Op {
       const char* name;
@@ -72,17 +72,17 @@ std::vector<CommBenchRow> bench_comm(Comm& comm, Device& dev, offload::EngineKer
     double t_copy = 1e30;
     for (int i = 0; i < 3; ++i) {
       const auto t0 = Clock::now();
-      kern.copy(copy.as<void>(), b, n * 4, s);
-      dev.synchronize(s);
+      kernels.copy(copy.as<void>(), b, n * 4, s);
+      device.synchronize(s);
       t_copy = std::min(t_copy, seconds_since(t0));
     }
     for (const Op& op : ops) {
       op.run();  // warm-up
-      dev.synchronize(s);
+      device.synchronize(s);
       comm.barrier();
       const auto t0 = Clock::now();
       for (int i = 0; i < iters; ++i) op.run();
-      dev.synchronize(s);
+      device.synchronize(s);
       const double mean = seconds_since(t0) / iters;
       const auto all = comm.allgather(&mean, 1);
       CommBenchRow row;

@@ -24,10 +24,10 @@ struct CommBenchRow {
   double copy_gbps = 0;        // one copy of the same bytes in the device's memory, GB/s
 };
 
-// `comm` moves `dev`'s memory (MPI for the CPU device, NCCL for CUDA); `kern` does the sums. The
+// `comm` moves `device`'s memory (MPI for the CPU device, NCCL for CUDA); `kernels` do the sums. The
 // reduce-scatter is the engine's: each rank's part goes to its owner (all-to-all), which sums the
 // contributions in rank order on the device; all-reduce is that followed by an all-gather.
-std::vector<CommBenchRow> bench_comm(Comm& comm, Device& dev, offload::EngineKernels& kern, const std::vector<std::uint64_t>& sizes,
+std::vector<CommBenchRow> bench_comm(Comm& comm, Device& device, offload::EngineKernels& kernels, const std::vector<std::uint64_t>& sizes,
                                      int iters);
 
 }  // namespace zinf

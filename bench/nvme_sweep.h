@@ -1,4 +1,4 @@
-// bench/nvme_sweep.h — the bandwidth sweep behind `zinf bench nvme` (DeepSpeed's ds_nvme_tune, in
+// nvme_sweep.h — the bandwidth sweep behind `zinf bench nvme` (DeepSpeed's ds_nvme_tune, in
 // one binary): request size × queue depth × I/O threads, for read and for write, on an O_DIRECT file
 // in a private swap directory; a plain sequential O_DIRECT pread/pwrite pass measured in the same run
 // as the reference; and a swap mode that streams the optimizer pattern (read sub-group g+1 ‖ touch g

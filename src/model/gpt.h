@@ -31,7 +31,7 @@ class GptModel final : public LanguageModel {
   // B: micro batch. Activations for B×T tokens are allocated on `dev` now.
   GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
 
-  // Forward pass; returns the mean cross-entropy over the B×T targets. Keeps what backward needs.
+  // Forward pass: each of the B×T rows' cross-entropy into row_losses(); keeps what backward needs.
   void forward(UnitSource& src, const int* tokens, const int* targets) override;
   const float* row_losses() const override { return losses_; }
   int rows() const override { return R_; }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error_of.h"
 #include "app/train/checkpoint.h"
 #include "app/config/config.h"
 #include "zinf/error.h"
@@ -60,20 +61,9 @@ class Manifest : public ::testing::Test {
   }
 };
 
-// Runs f, which must throw zinf::Error naming the manifest; returns the message.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no zinf::Error";
-  return "";
-}
-
 TEST_F(Manifest, AManifestWithoutItsModelIsOneErrorAndResumePassesItOver) {
   write(edited([](json& j) { j.erase("model"); }));
-  const std::string why = error_of([&] { verify_checkpoint(path, kShape); });
+  const std::string why = test::error_of<Error>([&] { verify_checkpoint(path, kShape); });
   EXPECT_NE(why.find(path + "/manifest.json: corrupt manifest (key 'model' not found)"), std::string::npos) << why;
   EXPECT_EQ(why.find("json.exception"), std::string::npos) << why;  // zinf's words, not the library's tag
   const ResumeChoice r = choose_checkpoint(root.string(), "latest", kShape);
@@ -104,7 +94,7 @@ TEST_F(Manifest, MistypedOrImpossibleValuesAreOneErrorNamingTheManifest) {
   for (const auto& [name, edit] : cases) {
     SCOPED_TRACE(name);
     write(edited(edit));
-    const std::string why = error_of([&] {
+    const std::string why = test::error_of<Error>([&] {
       (void)checkpoint_shape(path);
       (void)load_checkpoint(path, kShape, [](std::size_t, const float*, const float*, const float*) {});
     });

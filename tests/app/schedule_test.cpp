@@ -89,16 +89,14 @@ TEST(LossScaler, StaticAndDisabled) {
 }
 
 SchedulerConfig sched(SchedulerType t, WarmupType w) {
-  SchedulerConfig s;
-  s.type = t;
-  s.warmup_type = w;
-  s.warmup_min_lr = 0.1;
-  s.warmup_max_lr = 1.1;
-  s.warmup_num_steps = 10;
-  s.total_num_steps = 30;
-  s.warmup_min_ratio = 0.2;
-  s.cos_min_ratio = 0.05;
-  return s;
+  return SchedulerConfig{.type = t,
+                         .warmup_min_lr = 0.1,
+                         .warmup_max_lr = 1.1,
+                         .warmup_num_steps = 10,
+                         .warmup_type = w,
+                         .total_num_steps = 30,
+                         .warmup_min_ratio = 0.2,
+                         .cos_min_ratio = 0.05};
 }
 
 TEST(LrSchedule, WarmupLRLogAndLinear) {

@@ -16,14 +16,6 @@
 namespace zinf::cpu_adam {
 namespace {
 
-std::vector<SimdLevel> paths() { return supported_paths(); }
-
-std::uint32_t bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-
 // llm.c-style check: counts mismatches, prints the first few, max abs/rel difference. NaN == NaN.
 template <class T>
 int count_mismatches(const char* what, const T* a, const T* b, std::size_t n) {
@@ -113,7 +105,7 @@ std::vector<HyperCase> hyper_cases() {
 
 TEST(AdamUpdate, EveryPathMatchesTheReferenceBitForBit) {
   const std::size_t sizes[] = {0, 1, 15, 16, 17, 31, 1023, 4099};
-  for (SimdLevel path : paths()) {
+  for (SimdLevel path : supported_paths()) {
     for (std::size_t n : sizes) {
       for (GradType gt : {GradType::fp32, GradType::fp16, GradType::bf16}) {
         for (int out = 0; out < 3; ++out) {
@@ -147,7 +139,7 @@ TEST(AdamUpdate, LargeOddSizeMatchesOnEveryPath) {
   State ref = make_state(n, GradType::fp16, 99, false);
   State base = ref;
   adam_update_reference(st, chunk_of(ref, n, GradType::fp16, true, HalfType::bf16, 0));
-  for (SimdLevel path : paths()) {
+  for (SimdLevel path : supported_paths()) {
     SCOPED_TRACE(to_string(path));
     State s = base;
     adam_update(st, chunk_of(s, n, GradType::fp16, true, HalfType::bf16, 0), path);
@@ -164,7 +156,7 @@ TEST(AdamUpdate, NonFiniteGradientsAgreeAcrossPaths) {
   State ref = make_state(n, GradType::fp32, 5, true);
   State base = ref;
   adam_update_reference(st, chunk_of(ref, n, GradType::fp32, true, HalfType::fp16, 0));
-  for (SimdLevel path : paths()) {
+  for (SimdLevel path : supported_paths()) {
     State s = base;
     adam_update(st, chunk_of(s, n, GradType::fp32, true, HalfType::fp16, 0), path);
     EXPECT_EQ(count_mismatches("master", s.master.data(), ref.master.data(), n), 0) << to_string(path);

@@ -36,8 +36,6 @@ __attribute__((target("f16c"))) std::uint16_t hw_fp32_to_fp16(float x) {
       _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0));
 }
 
-std::vector<SimdLevel> paths() { return supported_paths(); }
-
 // fp32 values that stress every rounding branch of both conversions.
 std::vector<float> edge_cases() {
   std::vector<std::uint32_t> mants = {0,        1,        2,        0x0FFF,   0x1000,   0x1001,   0x1FFF,  0x2000,
@@ -84,7 +82,7 @@ TEST(Convert, AllFp16PatternsRoundTrip) {
   for (std::uint32_t i = 0; i < 65536; ++i) h[i] = static_cast<std::uint16_t>(i);
   std::vector<float> ref(65536);
   for (std::uint32_t i = 0; i < 65536; ++i) ref[i] = fp16_to_fp32_reference(h[i]);
-  for (SimdLevel p : paths()) {
+  for (SimdLevel p : supported_paths()) {
     SCOPED_TRACE(to_string(p));
     std::vector<float> f(65536);
     fp16_to_fp32(h.data(), f.data(), 65536, p);
@@ -101,7 +99,7 @@ TEST(Convert, AllFp16PatternsRoundTrip) {
 }
 
 TEST(Convert, AllBf16PatternsRoundTrip) {
-  for (SimdLevel p : paths()) {
+  for (SimdLevel p : supported_paths()) {
     std::vector<std::uint16_t> h(65536), back(65536);
     for (std::uint32_t i = 0; i < 65536; ++i) h[i] = static_cast<std::uint16_t>(i);
     std::vector<float> f(65536);
@@ -122,7 +120,7 @@ TEST(Convert, EdgeSweepEveryPathMatchesReference) {
   const std::size_t n = v.size();
   std::vector<std::uint16_t> ref16(n), refb(n);
   for (std::size_t i = 0; i < n; ++i) ref16[i] = fp32_to_fp16_reference(v[i]), refb[i] = fp32_to_bf16_reference(v[i]);
-  for (SimdLevel p : paths()) {
+  for (SimdLevel p : supported_paths()) {
     SCOPED_TRACE(to_string(p));
     std::vector<std::uint16_t> o16(n), ob(n);
     fp32_to_fp16(v.data(), o16.data(), n, p);

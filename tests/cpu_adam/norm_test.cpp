@@ -16,14 +16,6 @@
 namespace zinf::cpu_adam {
 namespace {
 
-std::vector<SimdLevel> paths() { return supported_paths(); }
-
-std::uint64_t bits(double d) {
-  std::uint64_t u;
-  std::memcpy(&u, &d, 8);
-  return u;
-}
-
 struct Grads {
   std::vector<float> f32;
   std::vector<std::uint16_t> f16, b16;
@@ -50,7 +42,7 @@ TEST(SumSquares, EveryPathMatchesTheReferenceBitForBit) {
     for (GradType t : {GradType::fp32, GradType::fp16, GradType::bf16}) {
       const SumSquares ref = sum_squares_reference(ptr(g, t), t, n);
       EXPECT_TRUE(ref.finite);
-      for (SimdLevel p : paths()) {
+      for (SimdLevel p : supported_paths()) {
         const SumSquares s = sum_squares(ptr(g, t), t, n, p);
         EXPECT_EQ(bits(s.sum), bits(ref.sum)) << to_string(p) << " n=" << n << " t=" << static_cast<int>(t);
       }
@@ -74,7 +66,7 @@ TEST(SumSquares, NonFiniteIsReportedAnywhere) {
       Grads g = grads(n, 1);
       g.f32[pos] = bad;
       fp32_to_fp16(g.f32.data(), g.f16.data(), n);
-      for (SimdLevel p : paths()) {
+      for (SimdLevel p : supported_paths()) {
         EXPECT_FALSE(sum_squares(g.f32.data(), GradType::fp32, n, p).finite) << pos;
         EXPECT_FALSE(sum_squares(g.f16.data(), GradType::fp16, n, p).finite) << pos;
       }

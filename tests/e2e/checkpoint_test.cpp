@@ -91,6 +91,17 @@ TEST_F(Checkpoints, KeepLastPrunesOlderCheckpoints) {
   EXPECT_EQ(m["tensors"].size(), 12u);  // 4 units × (master, m, v)
 }
 
+// Flips one bit of the byte at `off` in `file`, as a bad disk or cable would.
+void flip_byte(const fs::path& file, std::uint64_t off) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(off));
+  char ch;
+  f.read(&ch, 1);
+  ch = static_cast<char>(ch ^ 0x40);
+  f.seekp(static_cast<std::streamoff>(off));
+  f.write(&ch, 1);
+}
+
 TEST_F(Checkpoints, CorruptionIsNamedAndLatestFallsBack) {
   run(6);
   // Corrupt the newest checkpoint's states: one flipped byte inside block.1's Adam v.
@@ -99,15 +110,7 @@ TEST_F(Checkpoints, CorruptionIsNamedAndLatestFallsBack) {
   std::uint64_t off = 0;
   for (const auto& t : m["tensors"])
     if (t["name"] == "block.1/adam.v") off = t["offset"].get<std::uint64_t>() + 17;
-  {
-    std::fstream f(bad / "states.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(off));
-    char ch;
-    f.read(&ch, 1);
-    ch = static_cast<char>(ch ^ 0x40);
-    f.seekp(static_cast<std::streamoff>(off));
-    f.write(&ch, 1);
-  }
+  flip_byte(bad / "states.bin", off);
   try {
     verify_checkpoint(bad.string(), shape());
     FAIL();
@@ -160,16 +163,6 @@ std::vector<std::string> entries(const fs::path& d) {
   for (const auto& e : fs::directory_iterator(d)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
-}
-
-void flip_byte(const fs::path& file, std::uint64_t off) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(off));
-  char ch;
-  f.read(&ch, 1);
-  ch = static_cast<char>(ch ^ 0x40);
-  f.seekp(static_cast<std::streamoff>(off));
-  f.write(&ch, 1);
 }
 
 // Rewrites a manifest through `edit` (as a user with an editor would; its checksum is left as it was).

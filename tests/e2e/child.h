@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
@@ -149,5 +150,19 @@ class Child {
   std::string text_;
   std::string err_path_;
 };
+
+// The step named by a stopped run's "interrupted: stopping after step K" (−1 when absent).
+inline long stopped_after(const std::string& out) {
+  const std::string key = "interrupted: stopping after step ";
+  const auto p = out.find(key);
+  return p == std::string::npos ? -1 : std::stol(out.substr(p + key.size()));
+}
+
+// The folder name of the checkpoint of `step` in train.checkpoint_dir.
+inline std::string checkpoint_name(long step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08ld", step);
+  return name;
+}
 
 }  // namespace zinf::test

@@ -16,17 +16,14 @@
 #include <thread>
 #include <vector>
 
+#include "mpirun.h"
 #include "shell.h"
 
+namespace zinf::test {
 namespace {
 
 namespace fs = std::filesystem;
 
-using zinf::test::Result;
-using zinf::test::sh;
-using zinf::test::slurp;
-
-const std::string kTiny = std::string(ZINF_SOURCE_DIR) + "/configs/tiny.json";
 const std::string kMpi = std::string(ZINF_MPIEXEC) + " --oversubscribe --bind-to none";
 
 std::string digest_of(const std::string& out) {
@@ -34,22 +31,10 @@ std::string digest_of(const std::string& out) {
   return p == std::string::npos ? "" : out.substr(p + 14, 16);
 }
 
-std::size_t count(const std::string& s, const std::string& what) {
-  std::size_t n = 0;
-  for (auto p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
-  return n;
-}
-
-class CliDp : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);  // CI runs as root
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  }
-};
+class CliDp : public MpirunTest {};
 
 TEST_F(CliDp, MpirunRanksTrainAsOneRankWithTheirAccumulation) {
-  const std::string args = " train --config " + kTiny + " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0";
+  const std::string args = " train --config " + kTinyConfig + " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0";
   const Result one = sh(std::string(ZINF_BIN) + args + " --set gradient_accumulation_steps=2");
   ASSERT_EQ(one.rc, 0) << one.err;
   for (const std::string stage : {"--set zero_optimization.stage=2",
@@ -68,7 +53,7 @@ TEST_F(CliDp, KillingOneRankEndsTheJobWithoutAHang) {
   ASSERT_GE(job, 0);
   if (job == 0) {
     ::setpgid(0, 0);
-    const std::string cmd = "exec " + kMpi + " -np 2 " + ZINF_BIN + " train --config " + kTiny +
+    const std::string cmd = "exec " + kMpi + " -np 2 " + ZINF_BIN + " train --config " + kTinyConfig +
                             " --set train.steps=100000 --set steps_per_print=1 >" + base + ".out 2>" + base + ".err";
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
@@ -120,9 +105,9 @@ TEST_F(CliDp, EnvironmentLaunchMeetsAtTheMasterPort) {
   // Below Linux's ephemeral range (32768–60999), where other processes' connections take their ports.
   const std::string port = std::to_string(20000 + ::getpid() % 12000);
   const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " WORLD_SIZE=2 ";
-  const std::string train = std::string(ZINF_BIN) + " train --config " + kTiny +
+  const std::string train = std::string(ZINF_BIN) + " train --config " + kTinyConfig +
                             " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0";
-  const Result one = sh(std::string(ZINF_BIN) + " train --config " + kTiny +
+  const Result one = sh(std::string(ZINF_BIN) + " train --config " + kTinyConfig +
                         " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0 --set gradient_accumulation_steps=2");
   ASSERT_EQ(one.rc, 0) << one.err;
   // Rank 1 first, in the background: it waits for rank 0.
@@ -139,7 +124,7 @@ TEST_F(CliDp, EnvironmentLaunchMeetsAtTheMasterPort) {
   // No mpirun to end the job when a rank dies: the ranks watch each other. Kill rank 1 mid-run; rank 0
   // must end within a minute with a line naming it.
   const std::string base = fs::temp_directory_path() / ("zinf-cli-dp-env-" + std::to_string(::getpid()));
-  const std::string forever = std::string(ZINF_BIN) + " train --config " + kTiny + " --set train.steps=100000 --set steps_per_print=1";
+  const std::string forever = std::string(ZINF_BIN) + " train --config " + kTinyConfig + " --set train.steps=100000 --set steps_per_print=1";
   const std::string script =
       env + "RANK=1 " + forever + " >/dev/null 2>&1 & r1=$!; " + env + "RANK=0 " + forever + " >" + base + ".out 2>" + base +
       ".err & r0=$!; for i in $(seq 600); do grep -q 'step     2/' " + base + ".out 2>/dev/null && break; sleep 0.1; done; kill -9 $r1; " +
@@ -159,7 +144,7 @@ TEST_F(CliDp, EnvironmentLaunchMeetsAtTheMasterPort) {
 }
 
 TEST_F(CliDp, BadLaunchesAreRefusedAtStart) {
-  const std::string train = std::string(ZINF_BIN) + " train --config " + kTiny + " --set train.steps=1";
+  const std::string train = std::string(ZINF_BIN) + " train --config " + kTinyConfig + " --set train.steps=1";
   // Ranks given different configs (MPMD: one launch, two command lines).
   Result r = sh(kMpi + " -np 1 " + train + " : -np 1 " + train + " --set optimizer.params.lr=0.001");
   EXPECT_NE(r.rc, 0);
@@ -183,7 +168,7 @@ TEST_F(CliDp, BadLaunchesAreRefusedAtStart) {
 // checkpoint directory is left exactly as it was.
 TEST_F(CliDp, ARefusedResumeEndsEveryRankAndTouchesNoCheckpoint) {
   const std::string ck = fs::temp_directory_path() / ("zinf-cli-dp-ck-" + std::to_string(::getpid()));
-  const std::string train = kMpi + " -np 2 " + ZINF_BIN + " train --config " + kTiny +
+  const std::string train = kMpi + " -np 2 " + ZINF_BIN + " train --config " + kTinyConfig +
                             " --set train.steps=2 --set train.eval_batches=2 --set train.eval_interval=0 --set model.n_layer=1"
                             " --set train.checkpoint_dir=\"" + ck + "\"";
   const Result first = sh(train);
@@ -223,15 +208,16 @@ TEST_F(CliDp, BenchCommAndPlanReportPerRankFigures) {
     EXPECT_GT(row["copy_gb_per_s"].get<double>(), 0.0) << row.dump();
   }
   // The plan for the ranks mpirun starts (and for a world given by hand): the per-rank share falls.
-  r = sh(std::string(ZINF_BIN) + " plan --config " + kTiny + " --world 4 --json");
+  r = sh(std::string(ZINF_BIN) + " plan --config " + kTinyConfig + " --world 4 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto p = nlohmann::json::parse(r.out);
   EXPECT_EQ(p["world_size"], 4);
   ASSERT_EQ(p["per_rank_stages"].size(), 4u);
   EXPECT_LT(p["per_rank_stages"][3]["zero_paper_model_states"].get<double>(), p["per_rank_stages"][0]["zero_paper_model_states"].get<double>());
-  r = sh(kMpi + " -np 2 " + ZINF_BIN + " plan --config " + kTiny + " --json");
+  r = sh(kMpi + " -np 2 " + ZINF_BIN + " plan --config " + kTinyConfig + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["world_size"], 2);  // one plan, from rank 0
 }
 
 }  // namespace
+}  // namespace zinf::test

@@ -14,17 +14,20 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/temp_dir.h"
 #include "shell.h"
 
+namespace zinf::test {
 namespace {
 
-using zinf::test::Result;
-using zinf::test::slurp;
-using zinf::test::snapshot;
+Result run(const std::string& args) { return sh(std::string(ZINF_BIN) + " " + args); }
 
-Result run(const std::string& args) { return zinf::test::sh(std::string(ZINF_BIN) + " " + args); }
-
-std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
+// The JSON object `zinf <args>` prints; the test fails (and the object is empty) when it exits non-zero.
+nlohmann::json run_json(const std::string& args) {
+  const Result r = run(args);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  return r.rc == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+}
 
 // The lines of stderr that are zinf's error lines (notes and progress may share stderr).
 std::size_t error_lines(const std::string& s) {
@@ -34,6 +37,14 @@ std::size_t error_lines(const std::string& s) {
 }
 
 const std::string kConfigs = std::string(ZINF_SOURCE_DIR) + "/configs";
+
+// --set options for a model small enough that a step takes milliseconds, evaluated over
+// `eval_batches` batches.
+std::string small_model(int eval_batches = 1) {
+  return " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
+         " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=" +
+         std::to_string(eval_batches) + " --set device.threads=1";
+}
 
 TEST(Cli, HelpAndVersion) {
   Result r = run("--help");
@@ -109,18 +120,14 @@ TEST(Cli, PlanWithOverride) {
 }
 
 TEST(Cli, BenchAdamReportsTheRatio) {
-  Result r = run("bench adam --params 2M --threads 1 --reps 1 --json");
-  ASSERT_EQ(r.rc, 0) << r.err;
-  auto j = nlohmann::json::parse(r.out);
+  auto j = run_json("bench adam --params 2M --threads 1 --reps 1 --json");
   EXPECT_GT(j["ratio"].get<double>(), 0.0);
   EXPECT_GT(j["fused"]["params_per_s"].get<double>(), 0.0);
   EXPECT_GT(j["memory_limit"]["gb_per_s"].get<double>(), 0.0);
   EXPECT_EQ(j["bytes_per_param"].get<double>(), 28.0);
-  r = run("bench adam --params 2M --threads 1 --reps 1 --simd scalar --json");
-  ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(nlohmann::json::parse(r.out)["simd"], "scalar");
+  EXPECT_EQ(run_json("bench adam --params 2M --threads 1 --reps 1 --simd scalar --json")["simd"], "scalar");
   EXPECT_EQ(run("bench adam --params zero").rc, 2);
-  r = run("bench adam --help");
+  const Result r = run("bench adam --help");
   EXPECT_NE(r.out.find("memory"), std::string::npos);
 }
 
@@ -146,8 +153,7 @@ TEST(Cli, BenchNvmeSweepsAndCleansUp) {
 }
 
 TEST(Cli, TrainPrintsConfigProgressAndTheFinalLine) {
-  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
-                            " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=2 --set device.threads=1";
+  const std::string small = small_model(2);
   const std::string metrics = std::filesystem::temp_directory_path() / ("zinf-metrics-" + std::to_string(::getpid()) + ".jsonl");
   Result r = run("train --config " + kConfigs + "/tiny.json --set train.steps=4 --set steps_per_print=2"
                  " --set wall_clock_breakdown=true --set train.metrics_file=\"" + metrics + "\"" + small);
@@ -173,12 +179,11 @@ TEST(Cli, TrainPrintsConfigProgressAndTheFinalLine) {
 TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
   const std::string swap = std::filesystem::temp_directory_path() / ("zinf-bench-step-" + std::to_string(::getpid()));
   std::filesystem::create_directories(swap);
-  Result r = run("bench step --json --profile --steps 3 --config " + kConfigs + "/tiny.json --set model.n_layer=2 --set model.d_model=32"
-                 " --set model.n_head=2 --set model.seq_len=32 --set train_micro_batch_size_per_gpu=2 --set device.threads=1"
-                 " --set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme"
-                 " --set zero_optimization.offload_param.device=cpu --set zero_optimization.offload_optimizer.nvme_path=" + swap);
-  ASSERT_EQ(r.rc, 0) << r.err;
-  auto j = nlohmann::json::parse(r.out);
+  auto j = run_json("bench step --json --profile --steps 3 --config " + kConfigs + "/tiny.json --set model.n_layer=2"
+                    " --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32 --set train_micro_batch_size_per_gpu=2"
+                    " --set device.threads=1 --set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme"
+                    " --set zero_optimization.offload_param.device=cpu --set zero_optimization.offload_optimizer.nvme_path=" +
+                    swap);
   EXPECT_GE(j["overlap_ratio"].get<double>(), 0.5);
   EXPECT_GT(j["busy_s"]["compute"].get<double>(), 0.0);
   EXPECT_GT(j["busy_s"]["nvme_read"].get<double>(), 0.0);
@@ -200,9 +205,7 @@ TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
 
 TEST(Cli, CheckpointResumeAndExport) {
   const std::string dir = std::filesystem::temp_directory_path() / ("zinf-cli-ck-" + std::to_string(::getpid()));
-  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
-                            " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=1 --set device.threads=1"
-                            " --set train.checkpoint_interval=2 --set train.checkpoint_dir=\"" + dir + "\"";
+  const std::string small = small_model() + " --set train.checkpoint_interval=2 --set train.checkpoint_dir=\"" + dir + "\"";
   Result full = run("train --json --config " + kConfigs + "/tiny.json --set train.steps=6" + small);
   ASSERT_EQ(full.rc, 0) << full.err;
   std::filesystem::remove_all(dir);
@@ -255,8 +258,7 @@ TEST(Cli, BrokenConfigIsRefusedWithOneLine) {
 
 // What a user gets wrong is found before any training, with one line and exit code 2.
 TEST(Cli, FailuresAreFoundBeforeTraining) {
-  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
-                            " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=1 --set device.threads=1";
+  const std::string small = small_model();
   Result r = run("train --config " + kConfigs + "/tiny.json --set train.steps=40 --set train.checkpoint_dir=/proc/zinf-ck" + small);
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("train.checkpoint_dir /proc/zinf-ck: cannot"), std::string::npos) << r.err;
@@ -273,9 +275,7 @@ TEST(Cli, FailuresAreFoundBeforeTraining) {
 
 TEST(Cli, ResumePastTheLastStepIsAnErrorAndEvalReportsTheCheckpointsLoss) {
   const std::string dir = std::filesystem::temp_directory_path() / ("zinf-cli-eval-" + std::to_string(::getpid()));
-  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
-                            " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=3 --set device.threads=1"
-                            " --set train.checkpoint_dir=\"" + dir + "\"";
+  const std::string small = small_model(3) + " --set train.checkpoint_dir=\"" + dir + "\"";
   Result t = run("train --json --config " + kConfigs + "/tiny.json --set train.steps=4" + small);
   ASSERT_EQ(t.rc, 0) << t.err;
   const auto jt = nlohmann::json::parse(t.out);
@@ -315,27 +315,16 @@ TEST(Cli, PlanMeasuresAMissingNvmePathWhereItWillBeCreatedAndRefusesAnUnwritable
 
 namespace fs = std::filesystem;
 
-const std::string kSmall = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
-                           " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=1 --set device.threads=1";
+const std::string kSmall = small_model();
 
 // The command under a file size limit of `kib` KiB, SIGXFSZ ignored: a write past it fails with
 // EFBIG part way through, as a full disk fails with ENOSPC.
 Result run_limited(int kib, const std::string& args) {
-  return zinf::test::sh("(ulimit -f " + std::to_string(kib * 2) + "; trap '' XFSZ; exec " + std::string(ZINF_BIN) + " " + args + ")");
+  return sh("(ulimit -f " + std::to_string(kib * 2) + "; trap '' XFSZ; exec " + std::string(ZINF_BIN) + " " + args + ")");
 }
 
-struct TmpDir {
-  fs::path dir;
-  explicit TmpDir(const std::string& tag) : dir(fs::temp_directory_path() / ("zinf-cli-" + tag + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TmpDir() { fs::remove_all(dir); }
-  std::string operator/(const std::string& n) const { return (dir / n).string(); }
-};
-
 TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
-  TmpDir t("hfexport");
+  TempDir t("cli-hfexport");
   // d_ff 512: the MLP's matrices (64 KiB each in fp32) outgrow the embedding, so with 40 KB shards
   // the first shards are small and a later one large — the case where a full disk strikes part way.
   Result tr = run("train --config " + kConfigs + "/tiny.json --set model.family=llama --set model.d_ff=512 --set train.steps=4"
@@ -405,7 +394,7 @@ TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
 }
 
 TEST(Cli, FileExportIsWholeOrNotAtAllAndBadWeightsExitTwo) {
-  TmpDir t("stexport");
+  TempDir t("cli-stexport");
   ASSERT_EQ(run("train --config " + kConfigs + "/tiny.json --set train.steps=2 --set train.checkpoint_interval=2"
                 " --set train.checkpoint_dir=\"" + t / "ck" + "\"" + kSmall).rc, 0);
   const std::string ck = t / "ck/step-00000002", out = t / "out/model.safetensors";
@@ -447,22 +436,22 @@ TEST(Cli, FileExportIsWholeOrNotAtAllAndBadWeightsExitTwo) {
 }
 
 TEST(Cli, TokenizeNeverReplacesItsInputAndLeavesNothingPartial) {
-  TmpDir t("tokenize");
+  TempDir t("cli-tokenize");
   std::ofstream(t / "a.txt") << std::string(5000, 'a');
   const std::string text = slurp(t / "a.txt");
   Result same = run("tokenize " + t / "a.txt" + " -o " + t / "a.txt");
   EXPECT_EQ(same.rc, 2);
   EXPECT_NE(same.err.find("--output " + t / "a.txt" + ": is the input"), std::string::npos) << same.err;
   EXPECT_EQ(slurp(t / "a.txt"), text);
-  Result other = run("tokenize " + t / "a.txt" + " -o " + (t.dir / "." / "a.txt").string());  // another spelling
+  Result other = run("tokenize " + t / "a.txt" + " -o " + (t.path / "." / "a.txt").string());  // another spelling
   EXPECT_EQ(other.rc, 2);
   EXPECT_EQ(slurp(t / "a.txt"), text);
   ASSERT_EQ(run("tokenize " + t / "a.txt" + " -o " + t / "t.bin").rc, 0);
   std::ofstream(t / "b.txt") << std::string(20000, 'b');
-  const auto before = snapshot(t.dir);
+  const auto before = snapshot(t.path);
   Result full = run_limited(8, "tokenize " + t / "b.txt" + " -o " + t / "t.bin");
   EXPECT_EQ(full.rc, 1) << full.err;
-  EXPECT_EQ(snapshot(t.dir), before);  // no .tmp file, the old token file as it was
+  EXPECT_EQ(snapshot(t.path), before);  // no .tmp file, the old token file as it was
   std::ofstream(t / "junk.model") << "not a model";
   Result junk = run("tokenize " + t / "a.txt" + " --tokenizer " + t / "junk.model" + " -o " + t / "u.bin");
   EXPECT_EQ(junk.rc, 2);
@@ -473,7 +462,7 @@ TEST(Cli, TokenizeNeverReplacesItsInputAndLeavesNothingPartial) {
 
 // A FIFO is refused, not waited on (the timeout only turns a regression into a failure, rc 124).
 TEST(Cli, FifosAndDirectoriesAreRefusedWhereverAFileIsRead) {
-  TmpDir t("fifo");
+  TempDir t("cli-fifo");
   ASSERT_EQ(::mkfifo((t / "fifo").c_str(), 0600), 0);
   const std::string bin = "timeout 60 " + std::string(ZINF_BIN) + " ";
   const std::string train = "train --config " + kConfigs + "/tiny.json --set train.steps=1" + kSmall;
@@ -481,16 +470,16 @@ TEST(Cli, FifosAndDirectoriesAreRefusedWhereverAFileIsRead) {
                                   train + " --set data.path=\"" + t / "fifo" + "\"",
                                   train + " --set model.init_from=\"" + t / "fifo" + "\"",
                                   "plan --config " + t / "fifo"}) {
-    Result r = zinf::test::sh(bin + args);
+    Result r = sh(bin + args);
     EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
     EXPECT_EQ(error_lines(r.err), 1u) << r.err;
     EXPECT_NE(r.err.find(t / "fifo" + ": is a FIFO"), std::string::npos) << r.err;
   }
   std::ofstream(t / "text.txt") << std::string(4000, 'x');
-  Result dir = run(train + " --set data.path=\"" + t / "text.txt" + "\" --set data.tokenizer=\"" + t.dir.string() + "\"");
+  Result dir = run(train + " --set data.path=\"" + t / "text.txt" + "\" --set data.tokenizer=\"" + t.path.string() + "\"");
   EXPECT_EQ(dir.rc, 2);
   EXPECT_EQ(error_lines(dir.err), 1u) << dir.err;
-  EXPECT_NE(dir.err.find("data.tokenizer " + t.dir.string() + ": is a directory"), std::string::npos) << dir.err;
+  EXPECT_NE(dir.err.find("data.tokenizer " + t.path.string() + ": is a directory"), std::string::npos) << dir.err;
 }
 
 TEST(Cli, AMetricsFileOrLogThatCannotBeWrittenIsAnError) {
@@ -498,9 +487,10 @@ TEST(Cli, AMetricsFileOrLogThatCannotBeWrittenIsAnError) {
   Result m = run(train + " --set train.metrics_file=/dev/full");
   EXPECT_EQ(m.rc, 1);
   EXPECT_NE(m.err.find("train.metrics_file /dev/full: write failed (No space left on device)"), std::string::npos) << m.err;
-  Result log = zinf::test::sh("(" + std::string(ZINF_BIN) + " " + train + " >/dev/full)");
+  Result log = sh("(" + std::string(ZINF_BIN) + " " + train + " >/dev/full)");
   EXPECT_EQ(log.rc, 1);
   EXPECT_NE(log.err.find("stdout: cannot write the progress log (No space left on device)"), std::string::npos) << log.err;
 }
 
 }  // namespace
+}  // namespace zinf::test

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,19 @@ struct Result {
   int rc = -1;
   std::string out, err;
 };
+
+// The repository's tiny GPT config, which the command-line tests shrink further with --set.
+inline const std::string kTinyConfig = std::string(ZINF_SOURCE_DIR) + "/configs/tiny.json";
+
+// How often `what` occurs in `s`.
+inline std::size_t count(const std::string& s, const std::string& what) {
+  std::size_t n = 0;
+  for (auto p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+// The lines of `s` (its newlines).
+inline std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
 
 inline std::string slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);

@@ -12,49 +12,17 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
 #include "child.h"
+#include "mpirun.h"
 #include "shell.h"
 
+namespace zinf::test {
 namespace {
 
 namespace fs = std::filesystem;
-using zinf::test::Child;
-using zinf::test::Result;
-using zinf::test::sh;
-using zinf::test::slurp;
 
-const std::string kTiny = std::string(ZINF_SOURCE_DIR) + "/configs/tiny.json";
-
-std::size_t count(const std::string& s, const std::string& what) {
-  std::size_t n = 0;
-  for (auto p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
-  return n;
-}
-
-std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) : path(fs::temp_directory_path() / ("zinf-sigdp-" + tag + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::vector<std::string> entries(const std::string& prefix = "") const {
-    std::vector<std::string> v;
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.path().filename().string().rfind(prefix, 0) == 0) v.push_back(e.path().filename().string());
-    return v;
-  }
-};
-
-class SignalsDp : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);  // CI runs as root
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  }
-};
+class SignalsDp : public MpirunTest {};
 
 // mpirun (Open MPI 4) passes SIGINT and SIGTERM on as SIGTERM, odls_base_sigkill_timeout seconds
 // later, and SIGKILLs as long after that; SIGUSR1 it forwards at once. The timeout is kept short here
@@ -63,9 +31,9 @@ TEST_F(SignalsDp, SigtermOrSigusr1ToMpirunStopsEveryRankAfterTheSameStepWithOneC
   for (const int sig : {SIGTERM, SIGUSR1}) {
     const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
     SCOPED_TRACE(name);
-    TempDir ck("ck-" + name);
+    TempDir ck("sigdp-ck-" + name);
     std::vector<std::string> args = {ZINF_MPIEXEC, "--oversubscribe", "--bind-to", "none", "--mca", "odls_base_sigkill_timeout",
-                                     sig == SIGTERM ? "2" : "1", "-np", "2", ZINF_BIN, "train", "--config", kTiny};
+                                     sig == SIGTERM ? "2" : "1", "-np", "2", ZINF_BIN, "train", "--config", kTinyConfig};
     for (const std::string s : {"train.steps=100000", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=32",
                                 "train_micro_batch_size_per_gpu=2", "train.eval_batches=1", "train.eval_interval=0", "device.threads=1",
                                 "steps_per_print=20"})
@@ -80,14 +48,12 @@ TEST_F(SignalsDp, SigtermOrSigusr1ToMpirunStopsEveryRankAfterTheSameStepWithOneC
     EXPECT_EQ(WEXITSTATUS(status), sig == SIGTERM ? 1 : 128 + SIGUSR1) << job.err();
     EXPECT_NE(job.err().find(name + ": stopping after the current step"), std::string::npos) << job.err();
     EXPECT_EQ(job.err().find("stopping now, without a checkpoint"), std::string::npos) << job.err();
-    const std::string key = "interrupted: stopping after step ";
-    ASSERT_EQ(count(job.out(), key), 1u) << job.out();
-    const long k = std::stol(job.out().substr(job.out().find(key) + key.size()));
-    char step_dir[32];
-    std::snprintf(step_dir, sizeof step_dir, "step-%08ld", k);
+    ASSERT_EQ(count(job.out(), "interrupted: stopping after step "), 1u) << job.out();
+    const long k = stopped_after(job.out());
+    const std::string step_dir = checkpoint_name(k);
     EXPECT_EQ(ck.entries(), std::vector<std::string>{step_dir});
     // Complete and valid: it loads, verified, and evaluates.
-    const Result ev = sh(std::string(ZINF_BIN) + " eval --json --config " + kTiny + " --checkpoint " + (ck.path / step_dir).string() +
+    const Result ev = sh(std::string(ZINF_BIN) + " eval --json --config " + kTinyConfig + " --checkpoint " + (ck.path / step_dir).string() +
                          " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
                          " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=1 --set device.threads=1");
     ASSERT_EQ(ev.rc, 0) << ev.err;
@@ -98,9 +64,9 @@ TEST_F(SignalsDp, SigtermOrSigusr1ToMpirunStopsEveryRankAfterTheSameStepWithOneC
 // Launched by environment variables, a scheduler may signal one rank only: the ranks agree at the
 // step's end, all stop after the same step, and all exit with the signal's code.
 TEST_F(SignalsDp, SigtermToOneRankOfAnEnvironmentLaunchStopsEveryRank) {
-  TempDir ck("ck-env");
+  TempDir ck("sigdp-ck-env");
   const std::string port = std::to_string(20000 + (::getpid() + 3) % 12000);
-  std::vector<std::string> args = {ZINF_BIN, "train", "--config", kTiny};
+  std::vector<std::string> args = {ZINF_BIN, "train", "--config", kTinyConfig};
   for (const std::string s : {"train.steps=100000", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=32",
                               "train_micro_batch_size_per_gpu=2", "train.eval_batches=1", "train.eval_interval=0", "device.threads=1",
                               "steps_per_print=1"})
@@ -120,11 +86,9 @@ TEST_F(SignalsDp, SigtermToOneRankOfAnEnvironmentLaunchStopsEveryRank) {
   ASSERT_TRUE(WIFEXITED(s0) && WIFEXITED(s1)) << rank0.err() << rank1.err();
   EXPECT_EQ(WEXITSTATUS(s0), 128 + SIGTERM) << rank0.err();  // rank 0 learnt the signal from rank 1
   EXPECT_EQ(WEXITSTATUS(s1), 128 + SIGTERM) << rank1.err();
-  const std::string key = "interrupted: stopping after step ";
-  ASSERT_EQ(count(rank0.out(), key), 1u) << rank0.out();
-  const long k = std::stol(rank0.out().substr(rank0.out().find(key) + key.size()));
-  char step_dir[32];
-  std::snprintf(step_dir, sizeof step_dir, "step-%08ld", k);
+  ASSERT_EQ(count(rank0.out(), "interrupted: stopping after step "), 1u) << rank0.out();
+  const long k = stopped_after(rank0.out());
+  const std::string step_dir = checkpoint_name(k);
   EXPECT_EQ(ck.entries(), std::vector<std::string>{step_dir});
   EXPECT_EQ(rank0.err().find("left the job"), std::string::npos) << rank0.err();
   EXPECT_EQ(rank1.err().find("left the job"), std::string::npos) << rank1.err();
@@ -133,13 +97,13 @@ TEST_F(SignalsDp, SigtermToOneRankOfAnEnvironmentLaunchStopsEveryRank) {
 // Without mpirun there is no launcher to print a banner or clean up: a failing rank prints its one
 // line, tells the others on the rendezvous connections, removes its rendezvous folder and exits.
 TEST_F(SignalsDp, AFailedEnvironmentLaunchPrintsOneLineAndLeavesNoRendezvousFolder) {
-  TempDir tmp("tmp");
+  TempDir tmp("sigdp-tmp");
   const std::string port = std::to_string(20000 + (::getpid() + 7) % 12000);
   // zinf's rendezvous folders go to the private TMPDIR; Open MPI's own session folders where they go
   // for any launch (its daemons remove those in their own time).
   const std::string env = "TMPDIR=" + tmp.path.string() + " OMPI_MCA_orte_tmpdir_base=" + fs::temp_directory_path().string() +
                           " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " WORLD_SIZE=2 ";
-  const std::string train = std::string(ZINF_BIN) + " train --config " + kTiny + " --set train.steps=40 --set model.n_layer=1";
+  const std::string train = std::string(ZINF_BIN) + " train --config " + kTinyConfig + " --set train.steps=40 --set model.n_layer=1";
   // Rank 1 never comes.
   Result r = sh("ZINF_RENDEZVOUS_TIMEOUT=1 " + env + "RANK=0 " + train);
   EXPECT_EQ(r.rc, 2);
@@ -152,12 +116,13 @@ TEST_F(SignalsDp, AFailedEnvironmentLaunchPrintsOneLineAndLeavesNoRendezvousFold
          ") & " + env + "RANK=0 " + train + "; rc=$?; wait; (exit $rc); }");
   EXPECT_EQ(r.rc, 2);
   EXPECT_EQ(lines(r.err), 1u) << r.err;
-  EXPECT_NE(r.err.find("zinf: rank 0: " + kTiny + ": the ranks of this job were given different configs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zinf: rank 0: " + kTinyConfig + ": the ranks of this job were given different configs"), std::string::npos) << r.err;
   const std::string e1 = slurp(err1);
   EXPECT_EQ(lines(e1), 2u) << e1;  // its own line, and the shell's "exit status"
-  EXPECT_NE(e1.find("zinf: rank 1: " + kTiny + ": the ranks of this job were given different configs"), std::string::npos) << e1;
+  EXPECT_NE(e1.find("zinf: rank 1: " + kTinyConfig + ": the ranks of this job were given different configs"), std::string::npos) << e1;
   EXPECT_NE(e1.find("exit status 2"), std::string::npos) << e1;
   EXPECT_TRUE(tmp.entries("zinf-rendezvous-").empty());
 }
 
 }  // namespace
+}  // namespace zinf::test

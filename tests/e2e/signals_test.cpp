@@ -12,17 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
 #include "child.h"
 #include "shell.h"
 
+namespace zinf::test {
 namespace {
 
 namespace fs = std::filesystem;
-using zinf::test::Child;
-using zinf::test::Result;
-using zinf::test::sh;
-
-const std::string kTiny = std::string(ZINF_SOURCE_DIR) + "/configs/tiny.json";
 
 // A model small enough for a step of a few milliseconds; progress on every step.
 const std::vector<std::string> kSmall = {"model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=32",
@@ -30,7 +27,7 @@ const std::vector<std::string> kSmall = {"model.n_layer=1", "model.d_model=32", 
                                          "device.threads=1", "steps_per_print=1"};
 
 std::vector<std::string> train_args(int steps, const std::vector<std::string>& sets) {
-  std::vector<std::string> a = {ZINF_BIN, "train", "--config", kTiny, "--set", "train.steps=" + std::to_string(steps)};
+  std::vector<std::string> a = {ZINF_BIN, "train", "--config", kTinyConfig, "--set", "train.steps=" + std::to_string(steps)};
   for (const auto& list : {kSmall, sets})
     for (const auto& s : list) a.insert(a.end(), {"--set", s});
   return a;
@@ -42,35 +39,6 @@ std::string shell_line(const std::vector<std::string>& args) {
   return s;
 }
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) : path(fs::temp_directory_path() / ("zinf-sig-" + tag + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> v;
-    for (const auto& e : fs::directory_iterator(path)) v.push_back(e.path().filename().string());
-    return v;
-  }
-};
-
-// The step named by "interrupted: stopping after step K" (−1 when absent).
-long stopped_after(const std::string& out) {
-  const std::string key = "interrupted: stopping after step ";
-  const auto p = out.find(key);
-  return p == std::string::npos ? -1 : std::stol(out.substr(p + key.size()));
-}
-
-std::string checkpoint_name(long step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08ld", step);
-  return name;
-}
 
 TEST(Signals, SigtermAndSigusr1StopAfterTheStepWithACheckpointThatResumesToTheUninterruptedRun) {
   constexpr int kSteps = 60;
@@ -79,7 +47,7 @@ TEST(Signals, SigtermAndSigusr1StopAfterTheStepWithACheckpointThatResumesToTheUn
   const std::string digest = nlohmann::json::parse(full.out)["params_digest"];
   for (const int sig : {SIGTERM, SIGUSR1}) {
     SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGUSR1");
-    TempDir ck("ck");
+    TempDir ck("sig-ck");
     const std::string dir_set = "train.checkpoint_dir=\"" + ck.path.string() + "\"";
     Child run(train_args(kSteps, {dir_set}));
     // Once a step is done (the child cannot run more than a pipe's page of lines ahead of this).
@@ -110,7 +78,7 @@ std::vector<std::string> nvme_sets(const TempDir& swap) {
 }
 
 TEST(Signals, ASecondSigtermStopsAtOnceAndRemovesTheSwapFolder) {
-  TempDir swap("swap"), ck("ck2");
+  TempDir swap("sig-swap"), ck("sig-ck2");
   auto sets = nvme_sets(swap);
   sets.push_back("train.checkpoint_dir=\"" + ck.path.string() + "\"");
   Child run(train_args(100000, sets));
@@ -134,7 +102,7 @@ TEST(Signals, ASecondSigtermStopsAtOnceAndRemovesTheSwapFolder) {
 TEST(Signals, SighupAndSigquitEndAtOnceAndRemoveTheSwapFolder) {
   for (const int sig : {SIGHUP, SIGQUIT}) {
     SCOPED_TRACE(sig == SIGHUP ? "SIGHUP" : "SIGQUIT");
-    TempDir swap("swap-" + std::to_string(sig));
+    TempDir swap("sig-swap-" + std::to_string(sig));
     Child run(train_args(100000, nvme_sets(swap)));
     ASSERT_TRUE(run.read_until("step     1/")) << run.out() << run.err();
     EXPECT_EQ(swap.entries().size(), 1u);
@@ -151,7 +119,7 @@ TEST(Signals, SighupAndSigquitEndAtOnceAndRemoveTheSwapFolder) {
 // removes it and ends itself. Here the test is the launcher (the rank's parent, mpirun's variables
 // set), and the run is held in its progress line so that it cannot stop in time.
 TEST(Signals, UnderMpirunARankThatCannotStopBeforeTheSigkillRemovesTheSwapFolderAndEnds) {
-  TempDir swap("swap-mpirun"), ck("ck-mpirun");
+  TempDir swap("sig-swap-mpirun"), ck("sig-ck-mpirun");
   auto sets = nvme_sets(swap);
   sets.push_back("train.checkpoint_dir=\"" + ck.path.string() + "\"");
   Child run(train_args(100000, sets), {"OMPI_COMM_WORLD_SIZE=1", "OMPI_COMM_WORLD_RANK=0", "OMPI_MCA_odls_base_sigkill_timeout=1"});
@@ -169,3 +137,4 @@ TEST(Signals, UnderMpirunARankThatCannotStopBeforeTheSigkillRemovesTheSwapFolder
 }
 
 }  // namespace
+}  // namespace zinf::test

@@ -39,6 +39,19 @@ void expect_async_equal(std::vector<std::string> overrides, const std::string& r
   }
 }
 
+// expect_async_equal for `overrides` with the parameters offloaded to the CPU and the optimizer
+// states on the device, then on `optimizer`; the seeds start at `seed`, which moves on by 10 a run.
+void expect_async_equal_params_on_cpu(const std::vector<std::string>& overrides, const char* optimizer, const std::string& ref,
+                                      std::uint64_t& seed) {
+  for (const char* place : {"none", optimizer}) {
+    auto o = overrides;
+    o.push_back(std::string("zero_optimization.offload_optimizer.device=") + place);
+    o.push_back("zero_optimization.offload_param.device=cpu");
+    expect_async_equal(o, ref, seed);
+    seed += 10;
+  }
+}
+
 class TrainAsync : public ::testing::Test {
  protected:
   void SetUp() override { fs::create_directories(kSwap); }
@@ -82,13 +95,7 @@ TEST_F(TrainAsync, PrecisionsAndGradientAccumulationEqualTheSynchronousRun) {
       SCOPED_TRACE(std::string(prec) + " " + ga);
       std::vector<std::string> base = {"fp16.enabled=false", prec, ga};
       const std::string ref = digest(base);
-      for (const char* place : {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_optimizer.device=cpu"}) {
-        auto o = base;
-        o.push_back(place);
-        o.push_back("zero_optimization.offload_param.device=cpu");
-        expect_async_equal(o, ref, seed);
-        seed += 10;
-      }
+      expect_async_equal_params_on_cpu(base, "cpu", ref, seed);
     }
 }
 
@@ -96,13 +103,7 @@ TEST_F(TrainAsync, LlamaEqualsTheSynchronousRun) {
   const std::vector<std::string> llama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=48", "model.tie_embeddings=false"};
   const std::string ref = digest(llama);
   std::uint64_t seed = 401;
-  for (const char* place : {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_optimizer.device=nvme"}) {
-    auto o = llama;
-    o.push_back(place);
-    o.push_back("zero_optimization.offload_param.device=cpu");
-    expect_async_equal(o, ref, seed);
-    seed += 10;
-  }
+  expect_async_equal_params_on_cpu(llama, "nvme", ref, seed);
 }
 
 }  // namespace

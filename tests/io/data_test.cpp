@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/temp_dir.h"
 #include "app/config/config.h"
 #include "io/data.h"
 #include "zinf/error.h"
@@ -21,12 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Tmp {
-  fs::path dir = fs::temp_directory_path() / ("zinf-data-test-" + std::to_string(::getpid()));
-  Tmp() { fs::create_directories(dir); }
-  ~Tmp() { fs::remove_all(dir); }
-  std::string operator/(const std::string& name) const { return (dir / name).string(); }
-};
+using test::TempDir;
 
 std::string error_of(const DataConfig& cfg, int vocab, int T) {
   try {
@@ -38,7 +34,7 @@ std::string error_of(const DataConfig& cfg, int vocab, int T) {
 }
 
 TEST(TokenFiles, Uint32AndUint16FilesLoadTheTokensTheyHold) {
-  Tmp t;
+  TempDir t("data-test");
   std::vector<std::uint32_t> wide(5000), narrow(5000);
   for (std::size_t i = 0; i < wide.size(); ++i) {
     wide[i] = static_cast<std::uint32_t>((i * 7919) % 128256);  // Llama 3's vocabulary
@@ -65,7 +61,7 @@ TEST(TokenFiles, Uint32AndUint16FilesLoadTheTokensTheyHold) {
 }
 
 TEST(TokenFiles, SentencePieceTokenizesAtLoadAndZinfTokenizeWritesTheSameTokens) {
-  Tmp t;
+  TempDir t("data-test");
   std::string text;
   for (const char* f : {"/usr/share/common-licenses/Apache-2.0", "/usr/share/common-licenses/GPL-3"}) {
     std::ifstream in(f);

@@ -21,6 +21,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/error_of.h"
+#include "common/temp_dir.h"
 #include "../e2e/shell.h"
 #include "io/hf.h"
 #include "app/train/report.h"
@@ -35,15 +37,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Tmp {
-  fs::path dir = fs::temp_directory_path() / ("zinf-files-test-" + std::to_string(::getpid()));
-  Tmp() {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~Tmp() { fs::remove_all(dir); }
-  std::string operator/(const std::string& n) const { return (dir / n).string(); }
-};
+using test::TempDir;
 
 // A FIFO nobody writes to: a reader that opened it would wait forever. Should a regression make
 // zinf open one, the alarm ends the test binary instead of hanging the suite.
@@ -69,16 +63,7 @@ struct FileSizeLimit {
 using test::slurp;
 using test::snapshot;
 
-template <class E, class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception of the expected type";
-  return "";
-}
+using test::error_of;
 
 ModelShape tiny_llama() {
   ModelShape s{2, 4, 32, 64, 16};
@@ -99,14 +84,14 @@ std::vector<std::vector<float>> units_of(const ModelShape& s, float base) {
 // ---------------------------------------------------------------------------------------------- reading
 
 TEST(InputFiles, OnlyRegularFilesAreReadAndTheRefusalNamesTheRoleAndPath) {
-  Tmp t;
+  TempDir t("files-test");
   HangGuard guard;
   ASSERT_EQ(::mkfifo((t / "fifo").c_str(), 0600), 0);
   std::ofstream(t / "ok") << "text";
   EXPECT_EQ(read_input_file(t / "ok", "data.path"), "text");
   EXPECT_NE(error_of<ConfigError>([&] { InputFile f(t / "fifo", "data.path"); }).find("data.path " + t / "fifo" + ": is a FIFO"),
             std::string::npos);
-  EXPECT_NE(error_of<ConfigError>([&] { InputFile f(t.dir.string(), "model.init_from"); }).find(": is a directory"), std::string::npos);
+  EXPECT_NE(error_of<ConfigError>([&] { InputFile f(t.path.string(), "model.init_from"); }).find(": is a directory"), std::string::npos);
   EXPECT_NE(error_of<ConfigError>([&] { InputFile f("/dev/zero", "--tokenizer"); }).find("--tokenizer /dev/zero: is a device"),
             std::string::npos);
   EXPECT_NE(error_of<ConfigError>([&] { InputFile f(t / "missing", "config file"); }).find("config file " + t / "missing" + ": does not exist"),
@@ -114,7 +99,7 @@ TEST(InputFiles, OnlyRegularFilesAreReadAndTheRefusalNamesTheRoleAndPath) {
 }
 
 TEST(InputFiles, AFifoAsDataPathTokenizerOrInitFromIsRefusedNotWaitedOn) {
-  Tmp t;
+  TempDir t("files-test");
   HangGuard guard;
   ASSERT_EQ(::mkfifo((t / "fifo").c_str(), 0600), 0);
   DataConfig d;
@@ -133,13 +118,13 @@ TEST(InputFiles, AFifoAsDataPathTokenizerOrInitFromIsRefusedNotWaitedOn) {
 }
 
 TEST(InputFiles, ATokenizerThatIsADirectoryOrNotAModelIsOneLineOfZinfsOwn) {
-  Tmp t;
+  TempDir t("files-test");
   std::ofstream(t / "junk.model") << "this is not a protobuf";
   DataConfig d;
   d.path = t / "text.txt";
   std::ofstream(d.path) << std::string(4000, 'a');
-  d.tokenizer = t.dir.string();
-  EXPECT_NE(error_of<ConfigError>([&] { TokenData::load(d, 256, 8); }).find("data.tokenizer " + t.dir.string() + ": is a directory"),
+  d.tokenizer = t.path.string();
+  EXPECT_NE(error_of<ConfigError>([&] { TokenData::load(d, 256, 8); }).find("data.tokenizer " + t.path.string() + ": is a directory"),
             std::string::npos);
   d.tokenizer = t / "junk.model";
   const std::string e = error_of<ConfigError>([&] { TokenData::load(d, 256, 8); });
@@ -148,12 +133,12 @@ TEST(InputFiles, ATokenizerThatIsADirectoryOrNotAModelIsOneLineOfZinfsOwn) {
 }
 
 TEST(InputFiles, SameFileComparesDeviceAndInode) {
-  Tmp t;
+  TempDir t("files-test");
   std::ofstream(t / "a") << "x";
   std::ofstream(t / "b") << "x";
   fs::create_hard_link(t / "a", t / "link");
   EXPECT_TRUE(same_file(t / "a", t / "link"));
-  EXPECT_TRUE(same_file(t / "a", (t.dir / "." / "a").string()));
+  EXPECT_TRUE(same_file(t / "a", (t.path / "." / "a").string()));
   EXPECT_FALSE(same_file(t / "a", t / "b"));
   EXPECT_FALSE(same_file(t / "a", t / "missing"));
 }
@@ -161,7 +146,7 @@ TEST(InputFiles, SameFileComparesDeviceAndInode) {
 // ------------------------------------------------------------------------------------ bad model files
 
 TEST(BadModelFiles, MalformedOrMissingSafetensorsAreBadInput) {
-  Tmp t;
+  TempDir t("files-test");
   std::ofstream(t / "short.safetensors") << "abc";
   EXPECT_THROW(read_safetensors(t / "short.safetensors"), ConfigError);
   EXPECT_THROW(read_safetensors(t / "missing.safetensors"), ConfigError);
@@ -219,7 +204,7 @@ TEST(BadModelFiles, AnIndexNamingAFileOutsideTheFolderIsRefused) {
 }
 
 TEST(BadModelFiles, NonFiniteWeightsAreRefusedNamingTheFileAndTensor) {
-  Tmp t;
+  TempDir t("files-test");
   const ModelShape s = tiny_llama();
   auto units = units_of(s, 0.01f);
   units[1][5] = std::numeric_limits<float>::quiet_NaN();  // unit 1 is layer 0: its input_layernorm.weight first
@@ -242,14 +227,14 @@ TEST(BadModelFiles, NonFiniteWeightsAreRefusedNamingTheFileAndTensor) {
 // ------------------------------------------------------------------------------------------- writing
 
 TEST(Outputs, AFileIsReplacedOnlyWhenCompleteAndAFailureLeavesNoTemporary) {
-  Tmp t;
+  TempDir t("files-test");
   std::ofstream(t / "out") << "old";
   {
     OutputFile f(t / "out");
     f.write("new", 3);
   }  // abandoned: no commit
   EXPECT_EQ(slurp(t / "out"), "old");
-  EXPECT_EQ(std::distance(fs::directory_iterator(t.dir), fs::directory_iterator()), 1);
+  EXPECT_EQ(std::distance(fs::directory_iterator(t.path), fs::directory_iterator()), 1);
   {
     FileSizeLimit limit(100000);
     const std::string big(300000, 'x');
@@ -262,7 +247,7 @@ TEST(Outputs, AFileIsReplacedOnlyWhenCompleteAndAFailureLeavesNoTemporary) {
         IoError);
   }
   EXPECT_EQ(slurp(t / "out"), "old");
-  EXPECT_EQ(std::distance(fs::directory_iterator(t.dir), fs::directory_iterator()), 1);
+  EXPECT_EQ(std::distance(fs::directory_iterator(t.path), fs::directory_iterator()), 1);
   OutputFile f(t / "out");
   f.write("new", 3);
   f.commit();
@@ -270,23 +255,23 @@ TEST(Outputs, AFileIsReplacedOnlyWhenCompleteAndAFailureLeavesNoTemporary) {
 }
 
 TEST(Outputs, TokenFileAndSafetensorsOnAFullDiskLeaveTheOldFileAndNoTemporary) {
-  Tmp t;
+  TempDir t("files-test");
   const std::vector<std::uint32_t> few(10, 7), many(200000, 9);
   write_token_file(t / "tokens.bin", few);
   const ModelShape g{1, 2, 8, 16, 4};
   write_gpt2_safetensors(t / "m.safetensors", g, units_of(g, 0.1f), StDtype::f32);
-  const auto before = snapshot(t.dir);
+  const auto before = snapshot(t.path);
   {
     FileSizeLimit limit(20000);
     EXPECT_THROW(write_token_file(t / "tokens.bin", many), IoError);
     const ModelShape big{2, 2, 64, 256, 16};
     EXPECT_THROW(write_gpt2_safetensors(t / "m.safetensors", big, units_of(big, 0.1f), StDtype::f32), IoError);
   }
-  EXPECT_EQ(snapshot(t.dir), before);
+  EXPECT_EQ(snapshot(t.path), before);
 }
 
 TEST(Outputs, AFolderExportReplacesAnEarlierExportsShardsAndKeepsOtherFiles) {
-  Tmp t;
+  TempDir t("files-test");
   const ModelShape s = tiny_llama();
   const auto old_units = units_of(s, 0.5f), new_units = units_of(s, -0.25f);
   write_hf_folder(t / "m", s, old_units, StDtype::f32, 8000);  // sharded, with an index
@@ -305,32 +290,32 @@ TEST(Outputs, AFolderExportReplacesAnEarlierExportsShardsAndKeepsOtherFiles) {
   r.load_unit(s, 0, u0.data());
   EXPECT_EQ(u0, new_units[0]);  // the new weights, not the old shards'
   std::set<std::string> beside;
-  for (const auto& e : fs::directory_iterator(t.dir)) beside.insert(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(t.path)) beside.insert(e.path().filename().string());
   EXPECT_EQ(beside, std::set<std::string>{"m"});  // no temporary or old folder left behind
 }
 
 TEST(Outputs, AFolderExportThatFailsLeavesThePreviousFolderUntouched) {
-  Tmp t;
+  TempDir t("files-test");
   const ModelShape s = tiny_llama();
   write_hf_folder(t / "m", s, units_of(s, 0.5f), StDtype::bf16, 8000);
   std::ofstream(t / "m/tokenizer.json") << "{}";
-  const auto before = snapshot(t.dir);
+  const auto before = snapshot(t.path);
   {
     FileSizeLimit limit(30000);  // the new single file (about 72 KB) stops part way: the disk is "full"
     EXPECT_THROW(write_hf_folder(t / "m", s, units_of(s, -0.5f), StDtype::f32), IoError);
     EXPECT_THROW(write_hf_folder(t / "new/deeper/m", s, units_of(s, -0.5f), StDtype::f32), IoError);
   }
-  EXPECT_EQ(snapshot(t.dir), before);  // nor the folders made for a new output
+  EXPECT_EQ(snapshot(t.path), before);  // nor the folders made for a new output
 }
 
 TEST(Outputs, ModelSafetensorsIsReadBeforeAnIndexAsHuggingFaceDoes) {
-  Tmp t;
+  TempDir t("files-test");
   const ModelShape s = tiny_llama();
   const auto single = units_of(s, 0.5f), sharded = units_of(s, -0.5f);
   write_hf_folder(t / "sharded", s, sharded, StDtype::f32, 8000);
   write_hf_folder(t / "m", s, single, StDtype::f32);
   for (const auto& e : fs::directory_iterator(t / "sharded"))
-    if (e.path().filename() != "config.json") fs::copy_file(e.path(), t.dir / "m" / e.path().filename());
+    if (e.path().filename() != "config.json") fs::copy_file(e.path(), t.path / "m" / e.path().filename());
   HfModelReader r(t / "m");
   EXPECT_NE(r.weights().find("model.safetensors (model.safetensors.index.json beside it is ignored"), std::string::npos) << r.weights();
   std::vector<float> u0(single[0].size());

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/temp_dir.h"
 #include "io/hf.h"
 #include "zinf/error.h"
 #include "io/safetensors.h"
@@ -18,19 +19,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Folder {
-  fs::path dir = fs::temp_directory_path() / ("zinf-fuzz-findings-" + std::to_string(::getpid()));
-  Folder() { fs::create_directories(dir); }
-  ~Folder() { fs::remove_all(dir); }
-  void write(const std::string& name, const std::string& text) const { std::ofstream(dir / name, std::ios::binary) << text; }
-};
+using test::TempDir;
 
 // hf_shape's message for `config_json`, or "accepted"; fails the test on any other exception.
 std::string hf_shape_error(const std::string& config_json) {
-  Folder f;
+  TempDir f("fuzz-findings");
   f.write("config.json", config_json);
   try {
-    (void)hf_shape(f.dir.string(), 16);
+    (void)hf_shape(f.path.string(), 16);
   } catch (const ConfigError& e) {
     return e.what();
   }

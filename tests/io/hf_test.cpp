@@ -11,6 +11,7 @@
 #include <functional>
 #include <sstream>
 
+#include "common/temp_dir.h"
 #include "io/hf.h"
 #include "../model/random_floats.h"
 #include "app/train/checkpoint.h"
@@ -24,12 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Tmp {
-  fs::path dir = fs::temp_directory_path() / ("zinf-hf-test-" + std::to_string(::getpid()));
-  Tmp() { fs::create_directories(dir); }
-  ~Tmp() { fs::remove_all(dir); }
-  std::string operator/(const std::string& n) const { return (dir / n).string(); }
-};
+using test::TempDir;
 
 ModelShape tiny(bool tied, bool bias) {
   ModelShape s{2, 4, 32, 256, 16};
@@ -62,7 +58,7 @@ std::string slurp(const std::string& p) {
 }
 
 TEST(HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding) {
-  Tmp t;
+  TempDir t("hf-test");
   for (StDtype dt : {StDtype::f32, StDtype::f16, StDtype::bf16})
     for (bool tied : {true, false})
       for (std::uint64_t shard : {std::uint64_t{1} << 30, std::uint64_t{8000}}) {  // one file; many shards
@@ -91,7 +87,7 @@ TEST(HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding) {
 }
 
 TEST(HfFolders, TheLayoutIsHuggingFacesOutByIn) {
-  Tmp t;
+  TempDir t("hf-test");
   const ModelShape s = tiny(false, true);
   auto units = random_units(s, StDtype::f32);
   write_hf_folder(t / "m", s, units, StDtype::f32);
@@ -110,7 +106,7 @@ TEST(HfFolders, TheLayoutIsHuggingFacesOutByIn) {
 }
 
 TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
-  Tmp t;
+  TempDir t("hf-test");
   const ModelShape s = tiny(false, false);
   const auto units = random_units(s, StDtype::bf16);
   write_hf_folder(t / "m", s, units, StDtype::bf16, 8000);
@@ -152,7 +148,7 @@ TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
 }
 
 TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
-  Tmp t;
+  TempDir t("hf-test");
   const ModelShape s = tiny(true, false);
   write_hf_folder(t / "m", s, random_units(s, StDtype::f32), StDtype::f32);
   auto patch = [&](const std::function<void(nlohmann::json&)>& f) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "common/temp_dir.h"
 #include "app/train/checkpoint.h"
 #include "app/config/config.h"
 #include "zinf/cpu_adam/convert.h"
@@ -24,11 +25,7 @@ namespace fs = std::filesystem;
 
 const ModelShape kShape{2, 2, 8, 16, 4};
 
-struct Tmp {
-  fs::path dir = fs::temp_directory_path() / ("zinf-st-" + std::to_string(::getpid()));
-  Tmp() { fs::create_directories(dir); }
-  ~Tmp() { fs::remove_all(dir); }
-};
+using test::TempDir;
 
 std::vector<std::vector<float>> random_units(const ModelShape& s, std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -54,9 +51,9 @@ std::string make_file(const nlohmann::json& header, std::size_t data_bytes) {
 }
 
 TEST(Safetensors, WriterFollowsTheFormatByAnIndependentReading) {
-  Tmp t;
+  TempDir t("st");
   const auto units = random_units(kShape, 1);
-  const fs::path p = t.dir / "m.safetensors";
+  const fs::path p = t.path / "m.safetensors";
   write_gpt2_safetensors(p.string(), kShape, units, StDtype::f32);
   const std::string b = slurp(p);
   std::uint64_t n = 0;
@@ -78,10 +75,10 @@ TEST(Safetensors, WriterFollowsTheFormatByAnIndependentReading) {
 }
 
 TEST(Safetensors, RoundTripsInEveryDtype) {
-  Tmp t;
+  TempDir t("st");
   const auto units = random_units(kShape, 2);
   for (StDtype d : {StDtype::f32, StDtype::f16, StDtype::bf16}) {
-    const fs::path p = t.dir / "r.safetensors";
+    const fs::path p = t.path / "r.safetensors";
     write_gpt2_safetensors(p.string(), kShape, units, d);
     const StFile f = read_safetensors(p.string());
     for (std::size_t u = 0; u < units.size(); ++u) {
@@ -138,9 +135,9 @@ TEST(Safetensors, BadHeadersAreRefusedWithTheReason) {
 }
 
 TEST(Safetensors, MissingOrMisshapenTensorsAreNamed) {
-  Tmp t;
+  TempDir t("st");
   const auto units = random_units(kShape, 3);
-  const fs::path p = t.dir / "m.safetensors";
+  const fs::path p = t.path / "m.safetensors";
   write_gpt2_safetensors(p.string(), kShape, units, StDtype::f32);
   const StFile f = read_safetensors(p.string());
   std::vector<float> buf(units[1].size());
@@ -162,8 +159,8 @@ TEST(Safetensors, MissingOrMisshapenTensorsAreNamed) {
 }
 
 TEST(Safetensors, FuzzedHeadersNeverCrash) {
-  Tmp t;
-  const fs::path p = t.dir / "f.safetensors";
+  TempDir t("st");
+  const fs::path p = t.path / "f.safetensors";
   write_gpt2_safetensors(p.string(), kShape, random_units(kShape, 4), StDtype::f16);
   const std::string good = slurp(p);
   std::uint64_t n = 0;
@@ -196,19 +193,19 @@ TEST(Safetensors, FuzzedHeadersNeverCrash) {
 }
 
 TEST(Safetensors, ExportThenInitFromContinuesFromTheSameWeights) {
-  Tmp t;
+  TempDir t("st");
   const std::string cfg = R"({"model": {"n_layer": 2, "n_head": 2, "d_model": 32, "vocab_size": 256, "seq_len": 16},
       "train": {"steps": 4, "eval_interval": 0, "eval_batches": 2, "checkpoint_dir": ")" +
-                          (t.dir / "ck").string() + R"("},
+                          (t.path / "ck").string() + R"("},
       "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1}, "train_micro_batch_size_per_gpu": 2})";
   const TrainResult first = train(parse_config(cfg), TrainHooks{});
   // Export the final checkpoint's masters (what `zinf export` does) and start a new run from them.
   const ModelShape s{2, 2, 32, 256, 16};
   std::vector<std::vector<float>> units;
   for (const auto& u : layer_units(s)) units.emplace_back(static_cast<std::size_t>(u.params));
-  const std::string file = (t.dir / "m.safetensors").string();
+  const std::string file = (t.path / "m.safetensors").string();
   TrainHooks h;
-  const std::string ck = (t.dir / "ck" / "step-00000004").string();
+  const std::string ck = (t.path / "ck" / "step-00000004").string();
   ASSERT_TRUE(fs::exists(ck));
   load_checkpoint(ck, s, [&](std::size_t u, const float* master, const float*, const float*) {
     std::copy(master, master + units[u].size(), units[u].begin());
@@ -221,11 +218,11 @@ TEST(Safetensors, ExportThenInitFromContinuesFromTheSameWeights) {
 // model.init_from must hold exactly the model's tensors: a file of another depth or width is refused
 // before anything is loaded, naming the tensors and the likely fix; a directory is one clear line.
 TEST(Safetensors, InitFromChecksTheTensorSetBeforeLoading) {
-  Tmp t;
+  TempDir t("st");
   auto write = [&](const ModelShape& s, const std::string& name) {
     std::vector<std::vector<float>> units;
     for (const auto& u : layer_units(s)) units.emplace_back(static_cast<std::size_t>(u.params), 0.01f);
-    const std::string file = (t.dir / name).string();
+    const std::string file = (t.path / name).string();
     write_gpt2_safetensors(file, s, units, StDtype::f32);
     return file;
   };
@@ -248,7 +245,7 @@ TEST(Safetensors, InitFromChecksTheTensorSetBeforeLoading) {
   m = message(write({3, 2, 64, 256, 16}, "wider.safetensors"));
   EXPECT_NE(m.find("tensor wte.weight has shape [256, 64], the model needs [256, 32]"), std::string::npos) << m;
   try {
-    read_safetensors(t.dir.string());
+    read_safetensors(t.path.string());
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(": is a directory"), std::string::npos) << e.what();

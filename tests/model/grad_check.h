@@ -21,6 +21,21 @@ using VF = std::vector<float>;
 
 inline VD to_d(const VF& v) { return VD(v.begin(), v.end()); }
 
+// A layer unit's parameters read in their order: each take(n) is the next n of them.
+class UnitReader {
+ public:
+  explicit UnitReader(const VD& unit) : unit_(unit) {}
+  VD take(std::size_t n) {
+    VD v(unit_.begin() + static_cast<std::ptrdiff_t>(offset_), unit_.begin() + static_cast<std::ptrdiff_t>(offset_ + n));
+    offset_ += n;
+    return v;
+  }
+
+ private:
+  const VD& unit_;
+  std::size_t offset_ = 0;
+};
+
 inline VD ref_matmul(const VD& x, const VD& w, const VD& b, int R, int IC, int OC) {
   VD o(static_cast<std::size_t>(R) * OC);
   for (int r = 0; r < R; ++r)

@@ -77,15 +77,9 @@ double ref_model_loss(const std::vector<VD>& u, const ModelShape& s, int B, cons
       x[static_cast<std::size_t>(r) * C + i] =
           u[0][static_cast<std::size_t>(tok[static_cast<std::size_t>(r)]) * C + i] + u[0][static_cast<std::size_t>(V) * C + static_cast<std::size_t>(r % T) * C + i];
   for (int l = 0; l < L; ++l) {
-    const VD& p = u[static_cast<std::size_t>(l) + 1];
-    std::size_t o = 0;
-    auto take = [&](std::size_t n) {
-      VD v(p.begin() + static_cast<std::ptrdiff_t>(o), p.begin() + static_cast<std::ptrdiff_t>(o + n));
-      o += n;
-      return v;
-    };
-    VD ln1w = take(c), ln1b = take(c), qkvw = take(c * 3 * c), qkvb = take(3 * c), projw = take(c * c), projb = take(c),
-       ln2w = take(c), ln2b = take(c), fcw = take(c * 4 * c), fcb = take(4 * c), fpw = take(4 * c * c), fpb = take(c);
+    UnitReader unit(u[static_cast<std::size_t>(l) + 1]);
+    VD ln1w = unit.take(c), ln1b = unit.take(c), qkvw = unit.take(c * 3 * c), qkvb = unit.take(3 * c), projw = unit.take(c * c), projb = unit.take(c),
+       ln2w = unit.take(c), ln2b = unit.take(c), fcw = unit.take(c * 4 * c), fcb = unit.take(4 * c), fpw = unit.take(4 * c * c), fpb = unit.take(c);
     VD a = ref_matmul(ref_attention(ref_matmul(ref_layernorm(x, ln1w, ln1b, R, C), qkvw, qkvb, R, C, 3 * C), B, T, C, s.n_head),
                       projw, projb, R, C, C);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += a[i];

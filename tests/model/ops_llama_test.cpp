@@ -203,17 +203,11 @@ double ref_llama_loss(const std::vector<VD>& u, const ModelShape& s, int B, cons
     for (int i = 0; i < C; ++i)
       x[static_cast<std::size_t>(r) * C + i] = u[0][static_cast<std::size_t>(tok[static_cast<std::size_t>(r)]) * C + i];
   for (int l = 0; l < L; ++l) {
-    const VD& p = u[static_cast<std::size_t>(l) + 1];
-    std::size_t o = 0;
-    auto take = [&](std::size_t n) {
-      VD v(p.begin() + static_cast<std::ptrdiff_t>(o), p.begin() + static_cast<std::ptrdiff_t>(o + n));
-      o += n;
-      return v;
-    };
+    UnitReader unit(u[static_cast<std::size_t>(l) + 1]);
     const std::size_t c = static_cast<std::size_t>(C), kvd = static_cast<std::size_t>(KVD), ff = static_cast<std::size_t>(F);
-    VD an_w = take(c), wq = take(c * c), bq = s.qkv_bias ? take(c) : VD{}, wk = take(c * kvd), bk = s.qkv_bias ? take(kvd) : VD{},
-       wv = take(c * kvd), bv = s.qkv_bias ? take(kvd) : VD{}, wo = take(c * c), fn_w = take(c), wg = take(c * ff), wu = take(c * ff),
-       wd = take(ff * c);
+    VD an_w = unit.take(c), wq = unit.take(c * c), bq = s.qkv_bias ? unit.take(c) : VD{}, wk = unit.take(c * kvd), bk = s.qkv_bias ? unit.take(kvd) : VD{},
+       wv = unit.take(c * kvd), bv = s.qkv_bias ? unit.take(kvd) : VD{}, wo = unit.take(c * c), fn_w = unit.take(c), wg = unit.take(c * ff), wu = unit.take(c * ff),
+       wd = unit.take(ff * c);
     const VD an = ref_rmsnorm(x, an_w, R, C, s.norm_eps);
     const VD q = ref_rope(ref_matmul(an, wq, bq, R, C, C), R, T, H, D, f);
     const VD k = ref_rope(ref_matmul(an, wk, bk, R, C, KVD), R, T, KV, D, f);

@@ -14,19 +14,17 @@ constexpr int D = 0, P = 1, H = 2, NV = 3;
 
 // Units are multiples of 2048 elements so 16-bit copies need no 4 KiB padding: N = 22528, largest 8192.
 PlanInput input(OffloadDevice opt, OffloadDevice param, std::int64_t ga, int cb = 2) {
-  PlanInput in;
-  in.unit_params = {4096, 8192, 8192, 2048};
-  in.persistent = {true, false, false, true};
-  in.compute_bytes = cb;
-  in.optimizer = opt;
-  in.param = param;
-  in.grad_accum = ga;
-  in.sub_group_size = 4096;
-  in.reduce_bucket_size = 4096;
-  in.optimizer_buffer_count = 3;
-  in.prefetch_depth = 1;
-  in.fp32_work = false;  // a 16-bit device, for the DeepSpeed comparison
-  return in;
+  return PlanInput{.unit_params = {4096, 8192, 8192, 2048},
+                   .persistent = {true, false, false, true},
+                   .compute_bytes = cb,
+                   .optimizer = opt,
+                   .param = param,
+                   .grad_accum = ga,
+                   .sub_group_size = 4096,
+                   .reduce_bucket_size = 4096,
+                   .optimizer_buffer_count = 3,
+                   .prefetch_depth = 1,
+                   .fp32_work = false};  // a 16-bit device, for the DeepSpeed comparison
 }
 constexpr std::uint64_t N = 22528;
 

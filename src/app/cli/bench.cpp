@@ -1,6 +1,6 @@
-// bench.cpp — `zinf bench <what>`: the command line of the measurements in bench/ (adam, nvme,
-// pcie) and of `bench step` (training runs through train()), each as a ratio against a limit
-// measured in the same run.
+// bench.cpp — `zinf bench <what>`: the command line of the measurements (adam, nvme, pcie, comm)
+// and of `bench step` (training runs through train()), each as a ratio against a limit measured in
+// the same run.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -27,7 +27,12 @@
 namespace zinf::cli {
 namespace {
 
-Command bench_nvme_, bench_step_, bench_pcie_, bench_comm_;
+// `zinf bench adam --help`.
+constexpr const char* kBenchAdamAbout =
+    "The fused host Update (Adam/AdamW, fp16 gradients in, fp16 parameter copy out, 28 bytes per parameter) "
+    "against (b) a kernel with the same loads and stores but trivial math — the memory-movement limit of the "
+    "pass — and (c) Adam written as a plain C++ loop. Reports params/s, GB/s and the ratio (a)/(b); the fused "
+    "path is checked against the scalar reference before timing";
 
 struct AdamArgs {
   std::string params = "256M";
@@ -71,7 +76,7 @@ int run_adam(const AdamArgs& a) {
     j["fused"] = row(r.fused);
     j["memory_limit"] = row(r.traffic);
     j["naive"] = row(r.naive);
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
     return 0;
   }
   std::printf("zinf bench adam — %lld params, %d threads, %s path, %.0f B/param, best of %d\n",
@@ -86,6 +91,14 @@ int run_adam(const AdamArgs& a) {
   std::printf("  ratio (a)/(b) = %.3f   speedup (a)/(c) = %.2fx\n", r.ratio, r.speedup_vs_naive);
   return 0;
 }
+
+// `zinf bench nvme --help`.
+constexpr const char* kBenchNvmeAbout =
+    "Sweep request size x queue depth x I/O threads, for read and for write, on an O_DIRECT file in a private "
+    "directory under --path (removed afterwards); measure a plain sequential O_DIRECT pread/pwrite pass in the "
+    "same run as the reference; then stream the optimizer pattern (read sub-group g+1 | touch g | write g-1) "
+    "through the pipelined swapper and report it against the best raw cells. Prints a table per direction, the "
+    "best cells and a paste-ready \"aio\" block";
 
 struct NvmeArgs {
   std::string path;
@@ -133,7 +146,7 @@ int run_nvme(const NvmeArgs& a) {
       x["direction"] = c.write ? "write" : "read";
       j["cells"].push_back(x);
     }
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
     return 0;
   }
   std::printf("zinf bench nvme — %s (%s)\n", a.path.c_str(), r.engine.c_str());
@@ -168,6 +181,13 @@ const char* dev_timing(const Config& c) {
   return c.device.async ? "the CPU device's compute stream" : "host clock: the CPU device runs ops inline";
 }
 
+// `zinf bench step --help`.
+constexpr const char* kBenchStepAbout =
+    "Run a few training steps with the config's placement and report each resource's busy time (compute, h2d, "
+    "d2h, host update, NVMe read, NVMe write), the step time, the step time divided by the busiest resource "
+    "(overlap_ratio; 1.0 is perfect overlap), and the step time relative to the same model with no offload. "
+    "The first step is a warm-up and is not measured";
+
 struct StepArgs {
   ConfigArgs config;
   int steps = 6;
@@ -176,99 +196,144 @@ struct StepArgs {
   bool baseline = true;  // also run the same model with no offload
 };
 
-int run_step(const StepArgs& a) {
-  std::vector<std::string> common = a.config.overrides;
-  for (const char* o : {"train.eval_interval=0", "train.eval_batches=1", "train.metrics_file=\"\"", "steps_per_print=1000000"})
-    common.push_back(o);
+// The two runs of `bench step`: the config's placement, and the same model with no offload.
+struct StepRuns {
+  Config config;
+  TrainResult offload, baseline;
+  bool baseline_fits = false;  // the baseline ran (asked for, and the model fit the device without offload)
+};
+
+// The per-step figures `bench step` reports, from the runs' sums over their measured steps.
+struct StepFigures {
+  double steps = 1;  // measured steps (at least 1, to divide by)
+  BusyTimes busy;    // per step
+  double overlap_ratio = 0, relative_to_no_offload = 0, tflops = 0, device_busy = 0;
+};
+
+StepRuns run_step_pair(const StepArgs& a, const World& world) {
+  std::vector<std::string> common = {"train.eval_interval=0", "train.eval_batches=1", "train.metrics_file=\"\"",
+                                     "steps_per_print=1000000"};
   common.push_back("train.steps=" + std::to_string(std::max(2, a.steps)));
-  const World w = detect_world();  // under mpirun: every rank trains, rank 0 reports (its own busy times)
-  Config c = load_config(a.config.path, common, w.size);
-  if (w.rank == 0)
-    for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
-  auto progress = [&w](const std::string& s) {
-    if (w.rank == 0) std::fprintf(stderr, "bench step: %s\n", s.c_str());
+  StepRuns runs{load_run_config(a.config, world.size, common), {}, {}, a.baseline};
+  const Config& c = runs.config;
+  if (world.rank == 0) print_notes(c);
+  auto progress = [&world](const std::string& s) {
+    if (world.rank == 0) std::fprintf(stderr, "bench step: %s\n", s.c_str());
   };
   TrainHooks hooks;
   hooks.log = progress;
   progress("with the configured placement (" + std::string(to_string(c.zero.offload_optimizer.device)) + " optimizer, " +
            std::string(to_string(c.zero.offload_param.device)) + " params)" + (a.profile ? ", ops profiled" : ""));
   hooks.profile = a.profile;
-  const TrainResult r = train(c, hooks);
+  runs.offload = train(c, hooks);
   hooks.profile = false;
   std::vector<std::string> none = common;
   for (const char* o : {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"})
     none.push_back(o);
-  Config cn = load_config(a.config.path, none, w.size);
-  if (a.baseline) progress("the same model with no offload");
-  TrainResult base;
-  bool base_fits = a.baseline;
-  if (a.baseline) try {
-      base = train(cn, hooks);
-    } catch (const DeviceMemoryError& e) {  // the reason to offload: it does not fit without
-      base_fits = false;
-      progress(std::string("no offload does not fit: ") + e.what());
-    }
-  const double n = static_cast<double>(std::max<std::int64_t>(1, r.measured_steps));
-  const BusyTimes busy = r.busy.per(n);
-  const double overlap_ratio = busy.busiest() > 0 ? r.step_seconds / busy.busiest() : 0;
-  const double vs_none = base_fits && base.step_seconds > 0 ? r.step_seconds / base.step_seconds : 0;
-  const ModelShape shape = model_shape(c.model);
-  const double tokens = static_cast<double>(c.train_batch_size) * c.model.seq_len;
-  const double tflops = r.step_seconds > 0 ? 6.0 * static_cast<double>(count_params(shape)) * tokens / r.step_seconds / 1e12 : 0;
-  const double device_busy = r.step_seconds > 0 ? busy.compute / r.step_seconds : 0;
-  if (w.rank != 0) return 0;
-  if (a.json) {
-    nlohmann::json j = {{"config", c.source}, {"steps_measured", r.measured_steps}, {"step_s", r.step_seconds},
-                        {"busiest", busy.busiest_name()}, {"overlap_ratio", overlap_ratio}, {"tflops", tflops},
-                        {"device_busy_fraction", device_busy}, {"no_offload_fits", a.baseline ? nlohmann::json(base_fits) : nlohmann::json(nullptr)},
-                        {"no_offload_step_s", base.step_seconds}, {"relative_to_no_offload", vs_none},
-                        {"params_digest", r.params_digest}, {"no_offload_params_digest", base.params_digest},
-                        {"peak_device_bytes", r.peak_device_bytes}, {"device_budget", r.device_budget}};
-    busy.each([&](const char* name, double sec) { j["busy_s"][name] = sec; });
-    if (a.profile) {
-      j["profile"] = nlohmann::json::array();
-      for (const auto& o : r.profile)
-        j["profile"].push_back({{"op", o.name}, {"calls_per_step", static_cast<double>(o.calls) / n}, {"seconds_per_step", o.seconds / n},
-                                {"share_of_step", r.step_seconds > 0 ? o.seconds / n / r.step_seconds : 0.0},
-                                {"tflops", o.seconds > 0 ? o.flops / o.seconds / 1e12 : 0.0}});
-    }
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
+  const Config no_offload = load_run_config(a.config, world.size, none);
+  if (!a.baseline) return runs;
+  progress("the same model with no offload");
+  try {
+    runs.baseline = train(no_offload, hooks);
+  } catch (const DeviceMemoryError& e) {  // the reason to offload: it does not fit without
+    runs.baseline_fits = false;
+    progress(std::string("no offload does not fit: ") + e.what());
   }
-  std::printf("zinf bench step — %s, %lld measured steps (after one warm-up)\n", c.source.c_str(),
+  return runs;
+}
+
+StepFigures step_figures(const StepRuns& runs) {
+  const TrainResult& r = runs.offload;
+  StepFigures f;
+  f.steps = static_cast<double>(std::max<std::int64_t>(1, r.measured_steps));
+  f.busy = r.busy.per(f.steps);
+  f.overlap_ratio = f.busy.busiest() > 0 ? r.step_seconds / f.busy.busiest() : 0;
+  f.relative_to_no_offload = runs.baseline_fits && runs.baseline.step_seconds > 0 ? r.step_seconds / runs.baseline.step_seconds : 0;
+  const ModelShape shape = model_shape(runs.config.model);
+  const double tokens = static_cast<double>(runs.config.train_batch_size) * runs.config.model.seq_len;
+  f.tflops = r.step_seconds > 0 ? 6.0 * static_cast<double>(count_params(shape)) * tokens / r.step_seconds / 1e12 : 0;
+  f.device_busy = r.step_seconds > 0 ? f.busy.compute / r.step_seconds : 0;
+  return f;
+}
+
+void print_step_json(const StepArgs& a, const StepRuns& runs, const StepFigures& f) {
+  const TrainResult& r = runs.offload;
+  const TrainResult& base = runs.baseline;
+  nlohmann::json j = {{"config", runs.config.source}, {"steps_measured", r.measured_steps}, {"step_s", r.step_seconds},
+                      {"busiest", f.busy.busiest_name()}, {"overlap_ratio", f.overlap_ratio}, {"tflops", f.tflops},
+                      {"device_busy_fraction", f.device_busy}, {"no_offload_fits", a.baseline ? nlohmann::json(runs.baseline_fits) : nlohmann::json(nullptr)},
+                      {"no_offload_step_s", base.step_seconds}, {"relative_to_no_offload", f.relative_to_no_offload},
+                      {"params_digest", r.params_digest}, {"no_offload_params_digest", base.params_digest},
+                      {"peak_device_bytes", r.peak_device_bytes}, {"device_budget", r.device_budget}};
+  f.busy.each([&](const char* name, double sec) { j["busy_s"][name] = sec; });
+  if (a.profile) {
+    j["profile"] = nlohmann::json::array();
+    for (const auto& o : r.profile)
+      j["profile"].push_back({{"op", o.name}, {"calls_per_step", static_cast<double>(o.calls) / f.steps}, {"seconds_per_step", o.seconds / f.steps},
+                              {"share_of_step", r.step_seconds > 0 ? o.seconds / f.steps / r.step_seconds : 0.0},
+                              {"tflops", o.seconds > 0 ? o.flops / o.seconds / 1e12 : 0.0}});
+  }
+  print_json(j);
+}
+
+// --profile: the model's ops by kind, then the engine's own busy times beside them.
+void print_step_profile(const StepRuns& runs, const StepFigures& f) {
+  const TrainResult& r = runs.offload;
+  const double n = f.steps;
+  double total = 0;
+  for (const auto& o : r.profile) total += o.seconds;
+  std::printf("\n  the model's ops by kind, per step (%s; %.1f ms in ops, %.0f%% of the step)\n",
+              dev_timing(runs.config), 1e3 * total / n, r.step_seconds > 0 ? 100 * total / n / r.step_seconds : 0.0);
+  std::printf("  %-16s %10s %8s %8s %9s\n", "op", "ms", "share", "calls", "TFLOPS");
+  for (const auto& o : r.profile)
+    std::printf("  %-16s %10.2f %7.1f%% %8.0f %9s\n", o.name.c_str(), 1e3 * o.seconds / n,
+                r.step_seconds > 0 ? 100 * o.seconds / n / r.step_seconds : 0.0, static_cast<double>(o.calls) / n,
+                o.flops > 0 && o.seconds > 0 ? std::to_string(o.flops / o.seconds / 1e12).substr(0, 6).c_str() : "-");
+  // The engine's side of the step, on its own streams and workers (overlapped with the above).
+  std::printf("  engine, beside the ops (busy per step):");
+  f.busy.each([&](const char* name, double sec) {
+    if (std::string(name) != "compute") std::printf(" %s %.2f ms (%.1f%%)", name, 1e3 * sec, r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
+  });
+  std::printf("\n");
+}
+
+void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures& f) {
+  const TrainResult& r = runs.offload;
+  const TrainResult& base = runs.baseline;
+  std::printf("zinf bench step — %s, %lld measured steps (after one warm-up)\n", runs.config.source.c_str(),
               static_cast<long long>(r.measured_steps));
   std::printf("  busy per step (ms):");
-  busy.each([](const char* name, double sec) { std::printf(" %s %.1f", name, 1e3 * sec); });
-  std::printf("\n  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds, busy.busiest_name(), 1e3 * busy.busiest());
-  std::printf("  overlap ratio (step time / busiest resource): %.3f   (1.0 = perfect overlap)\n", overlap_ratio);
+  f.busy.each([](const char* name, double sec) { std::printf(" %s %.1f", name, 1e3 * sec); });
+  std::printf("\n  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds, f.busy.busiest_name(), 1e3 * f.busy.busiest());
+  std::printf("  overlap ratio (step time / busiest resource): %.3f   (1.0 = perfect overlap)\n", f.overlap_ratio);
   std::printf("  %.2f TFLOPS (6 x params x tokens / step time), device busy %.0f%% of the step, peak device memory %s of %s\n",
-              tflops, 100 * device_busy, format_bytes(r.peak_device_bytes).c_str(), format_bytes(r.device_budget).c_str());
-  if (base_fits) {
-    std::printf("  relative to no offload (%.1f ms per step): %.3f\n", 1e3 * base.step_seconds, vs_none);
+              f.tflops, 100 * f.device_busy, format_bytes(r.peak_device_bytes).c_str(), format_bytes(r.device_budget).c_str());
+  if (runs.baseline_fits) {
+    std::printf("  relative to no offload (%.1f ms per step): %.3f\n", 1e3 * base.step_seconds, f.relative_to_no_offload);
     std::printf("  params digests: offload %s, no offload %s (%s)\n", r.params_digest.c_str(), base.params_digest.c_str(),
                 r.params_digest == base.params_digest ? "bit-identical" : "DIFFERENT");
   } else if (a.baseline) {
     std::printf("  without offload the model does not fit the device budget\n");
   }
-  if (a.profile) {
-    double total = 0;
-    for (const auto& o : r.profile) total += o.seconds;
-    std::printf("\n  the model's ops by kind, per step (%s; %.1f ms in ops, %.0f%% of the step)\n",
-                dev_timing(c), 1e3 * total / n, r.step_seconds > 0 ? 100 * total / n / r.step_seconds : 0.0);
-    std::printf("  %-16s %10s %8s %8s %9s\n", "op", "ms", "share", "calls", "TFLOPS");
-    for (const auto& o : r.profile)
-      std::printf("  %-16s %10.2f %7.1f%% %8.0f %9s\n", o.name.c_str(), 1e3 * o.seconds / n,
-                  r.step_seconds > 0 ? 100 * o.seconds / n / r.step_seconds : 0.0, static_cast<double>(o.calls) / n,
-                  o.flops > 0 && o.seconds > 0 ? std::to_string(o.flops / o.seconds / 1e12).substr(0, 6).c_str() : "-");
-    // The engine's side of the step, on its own streams and workers (overlapped with the above).
-    std::printf("  engine, beside the ops (busy per step):");
-    busy.each([&](const char* name, double sec) {
-      if (std::string(name) != "compute") std::printf(" %s %.2f ms (%.1f%%)", name, 1e3 * sec, r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
-    });
-    std::printf("\n");
-  }
+  if (a.profile) print_step_profile(runs, f);
+}
+
+int run_step(const StepArgs& a) {
+  const World world = detect_world();  // under mpirun: every rank trains, rank 0 reports (its own busy times)
+  const StepRuns runs = run_step_pair(a, world);
+  const StepFigures figures = step_figures(runs);
+  if (world.rank != 0) return 0;
+  if (a.json)
+    print_step_json(a, runs, figures);
+  else
+    print_step_text(a, runs, figures);
   return 0;
 }
+
+// `zinf bench pcie --help`.
+constexpr const char* kBenchPcieAbout =
+    "Pinned host-to-device, device-to-host, and both at once, on dedicated CUDA streams timed with events, "
+    "against the nominal per-direction rate of the GPU's PCIe link (generation x width, read from the device)";
 
 struct PcieArgs {
   int device = 0;
@@ -289,7 +354,7 @@ int run_pcie(const PcieArgs& a) {
                         {"bytes", r.bytes}, {"h2d_gb_per_s", r.h2d_gbps}, {"d2h_gb_per_s", r.d2h_gbps},
                         {"both_gb_per_s", r.both_gbps}, {"h2d_ratio", ratio(r.h2d_gbps)}, {"d2h_ratio", ratio(r.d2h_gbps)},
                         {"both_ratio", r.nominal_gbps > 0 ? r.both_gbps / (2 * r.nominal_gbps) : 0.0}};
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
     return 0;
   }
   std::printf("zinf bench pcie — %s, PCIe gen%d x%d (nominal %.1f GB/s per direction), %s per copy, best of %d\n",
@@ -300,6 +365,13 @@ int run_pcie(const PcieArgs& a) {
               r.nominal_gbps > 0 ? r.both_gbps / (2 * r.nominal_gbps) : 0.0);
   return 0;
 }
+
+// `zinf bench comm --help`.
+constexpr const char* kBenchCommAbout =
+    "The data-parallel collectives as zinf's engine uses them — all-gather, all-to-all, reduce-scatter (all-to-all, "
+    "then a rank-ordered sum), all-reduce, broadcast — on the device's memory through its transport (MPI on the CPU "
+    "device, NCCL on CUDA), per size, with algorithm and bus bandwidth the way nccl-tests reports them, against the "
+    "device's own copy rate at the same size. Launch it with mpirun -np N; every rank takes part, rank 0 prints";
 
 struct CommArgs {
   std::vector<std::string> sizes = {"64K", "1M", "16M", "64M"};
@@ -316,35 +388,35 @@ int run_comm(const CommArgs& a) {
   std::uint64_t largest = 0;
   for (auto s : sizes) largest = std::max(largest, s);
   const std::size_t budget = static_cast<std::size_t>(largest) * 3 + (64 << 20);
-  std::unique_ptr<Device> dev;
+  std::unique_ptr<Device> device;
   std::unique_ptr<cpu_adam::HostThreads> threads;
-  std::unique_ptr<offload::EngineKernels> kern;
+  std::unique_ptr<offload::EngineKernels> kernels;
   std::unique_ptr<Comm> device_comm;
   // CUDA: NCCL on GPU memory, one GPU per rank; CPU: MPI on the CPU device's memory.
   const backends::Backend& be = backends::backend_for(a.device == "cuda" ? DeviceType::cuda : DeviceType::cpu);
   backends::DeviceSpec spec;
   spec.local_rank = w.local_rank;
   spec.budget_bytes = budget;
-  dev = be.make_device(spec);
+  device = be.make_device(spec);
   threads = std::make_unique<cpu_adam::HostThreads>(0, false);
-  kern = be.make_engine_kernels(*dev, *threads);
+  kernels = be.make_engine_kernels(*device, *threads);
   device_comm = be.make_device_comm(*host, w.local_rank);
   Comm& comm = device_comm ? *device_comm : *host;
-  const auto rows = bench_comm(comm, *dev, *kern, sizes, a.iters);
+  const auto rows = bench_comm(comm, *device, *kernels, sizes, a.iters);
   if (comm.rank() != 0) return 0;
   const char* ref = a.device == "cuda" ? "device copy" : "memcpy";
   if (a.json) {
-    nlohmann::json j = {{"backend", comm.backend()}, {"device", dev->name()}, {"ranks", comm.size()}, {"reference", ref},
+    nlohmann::json j = {{"backend", comm.backend()}, {"device", device->name()}, {"ranks", comm.size()}, {"reference", ref},
                         {"rows", nlohmann::json::array()}};
     for (const auto& r : rows)
       j["rows"].push_back({{"op", r.op}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"algbw_gb_per_s", r.algbw},
                            {"busbw_gb_per_s", r.busbw}, {"copy_gb_per_s", r.copy_gbps},
                            {"busbw_to_copy", r.copy_gbps > 0 ? r.busbw / r.copy_gbps : 0.0}});
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
     return 0;
   }
   std::printf("zinf bench comm — %s on %s, %d rank(s), mean of %d calls, the slowest rank's time\n", comm.backend().c_str(),
-              dev->name().c_str(), comm.size(), a.iters);
+              device->name().c_str(), comm.size(), a.iters);
   if (comm.size() == 1) std::printf("note: one rank moves nothing; launch with mpirun -np N\n");
   std::printf("  %-10s %-15s %12s %12s %12s %12s %8s\n", "bytes", "op", "time us", "algbw GB/s", "busbw GB/s",
               a.device == "cuda" ? "d2d GB/s" : "memcpy GB/s", "bus/copy");
@@ -354,86 +426,68 @@ int run_comm(const CommArgs& a) {
   return 0;
 }
 
-}  // namespace
-
-Command add_bench(CLI::App& app) {
-  CLI::App* sub = app.add_subcommand("bench", "Measure what this machine can do, as ratios against limits measured in the same run");
-  sub->require_subcommand(1);
-  auto args = std::make_shared<AdamArgs>();
-  CLI::App* adam = sub->add_subcommand(
-      "adam",
-      "The fused host Update (Adam/AdamW, fp16 gradients in, fp16 parameter copy out, 28 bytes per parameter) "
-      "against (b) a kernel with the same loads and stores but trivial math — the memory-movement limit of the "
-      "pass — and (c) Adam written as a plain C++ loop. Reports params/s, GB/s and the ratio (a)/(b); the fused "
-      "path is checked against the scalar reference before timing");
-  adam->add_option("--params", args->params, "Parameters to update, e.g. 64M, 256M (K/M/G = 10^3/10^6/10^9)")->capture_default_str();
-  adam->add_option("--threads", args->threads, "Host threads (0 = physical cores)")->capture_default_str();
-  adam->add_option("--reps", args->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
-  adam->add_option("--simd", args->simd, "Cap the SIMD path: auto, avx512, avx2, scalar")->capture_default_str();
-  adam->add_flag("--json", args->json, "Print one JSON object (the ratio as `ratio`)");
-  auto nargs = std::make_shared<NvmeArgs>();
-  CLI::App* nv = sub->add_subcommand(
-      "nvme",
-      "Sweep request size x queue depth x I/O threads, for read and for write, on an O_DIRECT file in a private "
-      "directory under --path (removed afterwards); measure a plain sequential O_DIRECT pread/pwrite pass in the "
-      "same run as the reference; then stream the optimizer pattern (read sub-group g+1 | touch g | write g-1) "
-      "through the pipelined swapper and report it against the best raw cells. Prints a table per direction, the "
-      "best cells and a paste-ready \"aio\" block");
-  nv->add_option("--path", nargs->path, "Directory on the drive to measure")->required()->type_name("DIR");
-  nv->add_option("--size", nargs->size, "File size")->capture_default_str();
-  nv->add_option("--cell", nargs->cell, "Bytes moved per sweep cell")->capture_default_str();
-  nv->add_option("--blocks", nargs->blocks, "Request sizes")->delimiter(',')->capture_default_str();
-  nv->add_option("--depths", nargs->depths, "Queue depths per thread")->delimiter(',')->capture_default_str();
-  nv->add_option("--threads", nargs->threads, "I/O thread counts (rings)")->delimiter(',')->capture_default_str();
-  nv->add_option("--swap-item", nargs->swap_item, "Sub-group size in swap mode")->capture_default_str();
-  nv->add_option("--engine", nargs->engine, "auto, uring or posix")->check(CLI::IsMember({"auto", "uring", "posix"}))->capture_default_str();
-  nv->add_flag("--json", nargs->json, "Print one JSON object (best_read/best_write GB/s, swap_ratio)");
-  bench_nvme_ = {nv, [nargs] { return run_nvme(*nargs); }};
-  auto sargs = std::make_shared<StepArgs>();
-  CLI::App* st = sub->add_subcommand(
-      "step",
-      "Run a few training steps with the config's placement and report each resource's busy time (compute, h2d, "
-      "d2h, host update, NVMe read, NVMe write), the step time, the step time divided by the busiest resource "
-      "(overlap_ratio; 1.0 is perfect overlap), and the step time relative to the same model with no offload. "
-      "The first step is a warm-up and is not measured");
-  add_config_options(*st, sargs->config, true);
-  st->add_option("--steps", sargs->steps, "Steps to run (the first is not measured)")->capture_default_str();
-  st->add_flag("--json", sargs->json, "Print one JSON object (overlap_ratio, busy_s, relative_to_no_offload)");
-  st->add_flag("!--no-baseline", sargs->baseline, "Skip the run with no offload (relative_to_no_offload is then 0)");
-  st->add_flag("--profile", sargs->profile,
-               "Also time the model's ops by kind on the compute stream (GEMM classes, attention, norms, elementwise, embeddings, "
-               "LM head, copies): time per step, share of the step, calls, achieved TFLOPS");
-  bench_step_ = {st, [sargs] { return run_step(*sargs); }};
-  auto pargs = std::make_shared<PcieArgs>();
-  CLI::App* pc = sub->add_subcommand(
-      "pcie",
-      "Pinned host-to-device, device-to-host, and both at once, on dedicated CUDA streams timed with events, "
-      "against the nominal per-direction rate of the GPU's PCIe link (generation x width, read from the device)");
-  pc->add_option("--device", pargs->device, "CUDA device index")->capture_default_str();
-  pc->add_option("--size", pargs->size, "Bytes per copy")->capture_default_str();
-  pc->add_option("--reps", pargs->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
-  pc->add_flag("--json", pargs->json, "Print one JSON object");
-  bench_pcie_ = {pc, [pargs] { return run_pcie(*pargs); }};
-  auto cargs = std::make_shared<CommArgs>();
-  CLI::App* cm = sub->add_subcommand(
-      "comm",
-      "The data-parallel collectives as zinf's engine uses them — all-gather, all-to-all, reduce-scatter (all-to-all, "
-      "then a rank-ordered sum), all-reduce, broadcast — on the device's memory through its transport (MPI on the CPU "
-      "device, NCCL on CUDA), per size, with algorithm and bus bandwidth the way nccl-tests reports them, against the "
-      "device's own copy rate at the same size. Launch it with mpirun -np N; every rank takes part, rank 0 prints");
-  cm->add_option("--sizes", cargs->sizes, "Buffer sizes (every rank's parts together)")->delimiter(',')->capture_default_str();
-  cm->add_option("--iters", cargs->iters, "Calls per size and collective")->check(CLI::Range(1, 100000))->capture_default_str();
-  cm->add_option("--device", cargs->device, "cpu (MPI) or cuda (NCCL, one GPU per rank: the local rank's)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
-  cm->add_flag("--json", cargs->json, "Print one JSON object");
-  bench_comm_ = {cm, [cargs] { return run_comm(*cargs); }};
-  return {adam, [args] { return run_adam(*args); }};
+Command add_bench_adam(CLI::App& bench) {
+  auto [sub, args] = add_subcommand<AdamArgs>(bench, "adam", kBenchAdamAbout);
+  sub->add_option("--params", args->params, "Parameters to update, e.g. 64M, 256M (K/M/G = 10^3/10^6/10^9)")->capture_default_str();
+  sub->add_option("--threads", args->threads, "Host threads (0 = physical cores)")->capture_default_str();
+  sub->add_option("--reps", args->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
+  sub->add_option("--simd", args->simd, "Cap the SIMD path: auto, avx512, avx2, scalar")->capture_default_str();
+  sub->add_flag("--json", args->json, "Print one JSON object (the ratio as `ratio`)");
+  return command(sub, args, run_adam);
 }
 
-Command bench_nvme_command() { return bench_nvme_; }
-Command bench_step_command() { return bench_step_; }
-Command bench_pcie_command() { return bench_pcie_; }
-Command bench_comm_command() { return bench_comm_; }
+Command add_bench_nvme(CLI::App& bench) {
+  auto [sub, args] = add_subcommand<NvmeArgs>(bench, "nvme", kBenchNvmeAbout);
+  sub->add_option("--path", args->path, "Directory on the drive to measure")->required()->type_name("DIR");
+  sub->add_option("--size", args->size, "File size")->capture_default_str();
+  sub->add_option("--cell", args->cell, "Bytes moved per sweep cell")->capture_default_str();
+  sub->add_option("--blocks", args->blocks, "Request sizes")->delimiter(',')->capture_default_str();
+  sub->add_option("--depths", args->depths, "Queue depths per thread")->delimiter(',')->capture_default_str();
+  sub->add_option("--threads", args->threads, "I/O thread counts (rings)")->delimiter(',')->capture_default_str();
+  sub->add_option("--swap-item", args->swap_item, "Sub-group size in swap mode")->capture_default_str();
+  sub->add_option("--engine", args->engine, "auto, uring or posix")->check(CLI::IsMember({"auto", "uring", "posix"}))->capture_default_str();
+  sub->add_flag("--json", args->json, "Print one JSON object (best_read/best_write GB/s, swap_ratio)");
+  return command(sub, args, run_nvme);
+}
+
+Command add_bench_step(CLI::App& bench) {
+  auto [sub, args] = add_subcommand<StepArgs>(bench, "step", kBenchStepAbout);
+  add_config_options(*sub, args->config);
+  sub->add_option("--steps", args->steps, "Steps to run (the first is not measured)")->capture_default_str();
+  sub->add_flag("--json", args->json, "Print one JSON object (overlap_ratio, busy_s, relative_to_no_offload)");
+  sub->add_flag("!--no-baseline", args->baseline, "Skip the run with no offload (relative_to_no_offload is then 0)");
+  sub->add_flag("--profile", args->profile,
+               "Also time the model's ops by kind on the compute stream (GEMM classes, attention, norms, elementwise, embeddings, "
+               "LM head, copies): time per step, share of the step, calls, achieved TFLOPS");
+  return command(sub, args, run_step);
+}
+
+Command add_bench_pcie(CLI::App& bench) {
+  auto [sub, args] = add_subcommand<PcieArgs>(bench, "pcie", kBenchPcieAbout);
+  sub->add_option("--device", args->device, "CUDA device index")->capture_default_str();
+  sub->add_option("--size", args->size, "Bytes per copy")->capture_default_str();
+  sub->add_option("--reps", args->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
+  sub->add_flag("--json", args->json, "Print one JSON object");
+  return command(sub, args, run_pcie);
+}
+
+Command add_bench_comm(CLI::App& bench) {
+  auto [sub, args] = add_subcommand<CommArgs>(bench, "comm", kBenchCommAbout);
+  sub->add_option("--sizes", args->sizes, "Buffer sizes (every rank's parts together)")->delimiter(',')->capture_default_str();
+  sub->add_option("--iters", args->iters, "Calls per size and collective")->check(CLI::Range(1, 100000))->capture_default_str();
+  sub->add_option("--device", args->device, "cpu (MPI) or cuda (NCCL, one GPU per rank: the local rank's)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  sub->add_flag("--json", args->json, "Print one JSON object");
+  return command(sub, args, run_comm);
+}
+
+}  // namespace
+
+std::vector<Command> add_bench(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Measure what this machine can do, as ratios against limits measured in the same run");
+  bench->require_subcommand(1);
+  return {add_bench_adam(*bench), add_bench_nvme(*bench), add_bench_step(*bench), add_bench_pcie(*bench), add_bench_comm(*bench)};
+}
 
 }  // namespace zinf::cli

@@ -2,12 +2,16 @@
 // returns the function that runs it; only main() turns results and exceptions into exit codes.
 #pragma once
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json_fwd.hpp>
+
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
-namespace CLI {
-class App;
+namespace zinf {
+struct Config;
 }
 
 namespace zinf::cli {
@@ -23,17 +27,43 @@ Command add_train(CLI::App& app);
 Command add_eval(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 Command add_export(CLI::App& app);
-Command add_bench(CLI::App& app);  // registers `bench adam` (returned) and `bench nvme`
-Command bench_nvme_command();      // valid after add_bench
-Command bench_step_command();
-Command bench_pcie_command();
-Command bench_comm_command();
+std::vector<Command> add_bench(CLI::App& app);  // `bench adam|nvme|step|pcie|comm`, one Command each
 
-// Shared: --config / --set handling and the "note:" lines a config produced.
+// ---- shared by the subcommands (commands.cpp) ----
+
+// A subcommand and the arguments its options write into; the arguments are shared with the function
+// that runs it, which reads them after parsing.
+template <class Args>
+struct Subcommand {
+  CLI::App* sub;
+  std::shared_ptr<Args> args;
+};
+
+template <class Args>
+Subcommand<Args> add_subcommand(CLI::App& parent, const std::string& name, const std::string& description) {
+  return {parent.add_subcommand(name, description), std::make_shared<Args>()};
+}
+
+// The Command that runs `run` on `sub`'s parsed arguments.
+template <class Args>
+Command command(CLI::App* sub, std::shared_ptr<Args> args, int (*run)(const Args&)) {
+  return {sub, [args, run] { return run(*args); }};
+}
+
+// --config (required) and --set: the run config and its overrides.
 struct ConfigArgs {
   std::string path;
   std::vector<std::string> overrides;
 };
-void add_config_options(CLI::App& sub, ConfigArgs& args, bool required);
+void add_config_options(CLI::App& sub, ConfigArgs& args);
+
+// The config of `args` with `extra` overrides after the user's, for a job of `world_size` ranks.
+Config load_run_config(const ConfigArgs& args, int world_size, const std::vector<std::string>& extra = {});
+
+// The "note:" lines a config produced, on stderr.
+void print_notes(const Config& config);
+
+// `j` on stdout, indented, as the commands' --json output.
+void print_json(const nlohmann::json& j);
 
 }  // namespace zinf::cli

@@ -38,6 +38,15 @@ void check_output(const std::string& output, const std::string& checkpoint, bool
       if (same_file(output, p.string())) throw refuse("a folder holding the checkpoint (" + p.string() + ")");
 }
 
+// `zinf export --help`.
+constexpr const char* kExportAbout =
+    "Write a checkpoint's model for the usual tools, in fp32, fp16 or bf16; the checkpoint is verified first. "
+    "--format safetensors (GPT-2): one file with the tensor names Hugging Face uses for GPT-2 (wte.weight, "
+    "h.0.attn.c_attn.weight, …). --format hf (the llama family): a folder with config.json and safetensors shards "
+    "with their index, in Hugging Face's names and layouts. model.init_from loads either to fine-tune from it. All or nothing: "
+    "the output is built beside its place and moved in at the end; a folder's earlier config.json, *.safetensors and index "
+    "are replaced, its other files (tokenizer, README) kept";
+
 struct ExportArgs {
   std::string checkpoint, format = "safetensors", dtype = "fp32", output, shard_size = "5GB";
 };
@@ -72,21 +81,13 @@ int run_export(const ExportArgs& a) {
 }  // namespace
 
 Command add_export(CLI::App& app) {
-  auto args = std::make_shared<ExportArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "export",
-      "Write a checkpoint's model for the usual tools, in fp32, fp16 or bf16; the checkpoint is verified first. "
-      "--format safetensors (GPT-2): one file with the tensor names Hugging Face uses for GPT-2 (wte.weight, "
-      "h.0.attn.c_attn.weight, …). --format hf (the llama family): a folder with config.json and safetensors shards "
-      "with their index, in Hugging Face's names and layouts. model.init_from loads either to fine-tune from it. All or nothing: "
-      "the output is built beside its place and moved in at the end; a folder's earlier config.json, *.safetensors and index "
-      "are replaced, its other files (tokenizer, README) kept");
+  auto [sub, args] = add_subcommand<ExportArgs>(app, "export", kExportAbout);
   sub->add_option("--checkpoint", args->checkpoint, "A checkpoint directory (train.checkpoint_dir/step-N)")->required()->type_name("DIR");
   sub->add_option("--format", args->format, "safetensors (GPT-2) or hf (the llama family)")->capture_default_str();
   sub->add_option("--shard-size", args->shard_size, "--format hf: the largest shard (e.g. 5GB, 500MB)")->capture_default_str();
   sub->add_option("--dtype", args->dtype, "fp32, fp16 or bf16")->capture_default_str();
   sub->add_option("-o,--output", args->output, "The file (safetensors) or folder (hf) to write")->required()->type_name("PATH");
-  return {sub, [args] { return run_export(*args); }};
+  return command(sub, args, run_export);
 }
 
 }  // namespace zinf::cli

@@ -27,41 +27,36 @@ std::string memlock_meaning(const MachineInfo& m) {
          "; raise it with `ulimit -l` or /etc/security/limits.conf (memlock) for larger pools";
 }
 
-int run_info(const InfoArgs& a) {
-  MachineInfo m = query_machine();
-  std::vector<nvme::PathProbe> probes;
-  for (const auto& p : a.paths) probes.push_back(nvme::probe_path(p));
+nlohmann::json machine_json(const MachineInfo& m, const std::vector<nvme::PathProbe>& probes) {
+  nlohmann::json j;
+  j["cpu"] = {{"model", m.cpu_model}, {"physical_cores", m.physical_cores}, {"logical_cpus", m.logical_cpus},
+              {"simd_detected", m.simd_detected}, {"simd_active", m.simd_active}, {"avx512_bf16", m.avx512_bf16}};
+  j["numa"] = nlohmann::json::array();
+  for (const auto& n : m.numa) j["numa"].push_back({{"node", n.index}, {"memory_bytes", n.memory_bytes}, {"cpus", n.cpus}});
+  j["memory"] = {{"total_bytes", m.mem_total}, {"available_bytes", m.mem_available}};
+  auto lim = [](std::uint64_t v) -> nlohmann::json {
+    if (v == std::numeric_limits<std::uint64_t>::max()) return "unlimited";
+    return v;
+  };
+  j["memlock"] = {{"soft", lim(m.memlock_soft)}, {"hard", lim(m.memlock_hard)}, {"meaning", memlock_meaning(m)}};
+  j["cuda"] = {{"built", m.cuda_built}, {"status", m.gpu_status}, {"runtime", m.cuda_runtime},
+               {"driver", m.cuda_driver}, {"nccl", m.nccl}};
+  j["gpus"] = nlohmann::json::array();
+  for (const auto& g : m.gpus)
+    j["gpus"].push_back({{"index", g.index}, {"name", g.name}, {"total_bytes", g.total_bytes},
+                         {"free_bytes", g.free_bytes}, {"compute_capability", std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor)},
+                         {"pci_bus_id", g.pci_bus_id}, {"pcie_gen", g.pcie_gen}, {"pcie_width", g.pcie_width},
+                         {"pcie_gen_max", g.pcie_gen_max}, {"pcie_width_max", g.pcie_width_max}, {"numa_node", g.numa_node}});
+  j["paths"] = nlohmann::json::array();
+  for (const auto& p : probes)
+    j["paths"].push_back({{"path", p.path}, {"exists", p.exists}, {"filesystem", p.filesystem},
+                          {"free_bytes", p.free_bytes}, {"total_bytes", p.total_bytes}, {"dio_align", p.dio_align},
+                          {"o_direct", p.odirect}, {"o_direct_reason", p.odirect_reason},
+                          {"io_uring", p.io_uring}, {"io_uring_reason", p.io_uring_reason}});
+  return j;
+}
 
-  if (a.json) {
-    nlohmann::json j;
-    j["cpu"] = {{"model", m.cpu_model}, {"physical_cores", m.physical_cores}, {"logical_cpus", m.logical_cpus},
-                {"simd_detected", m.simd_detected}, {"simd_active", m.simd_active}, {"avx512_bf16", m.avx512_bf16}};
-    j["numa"] = nlohmann::json::array();
-    for (const auto& n : m.numa) j["numa"].push_back({{"node", n.index}, {"memory_bytes", n.memory_bytes}, {"cpus", n.cpus}});
-    j["memory"] = {{"total_bytes", m.mem_total}, {"available_bytes", m.mem_available}};
-    auto lim = [](std::uint64_t v) -> nlohmann::json {
-      if (v == std::numeric_limits<std::uint64_t>::max()) return "unlimited";
-      return v;
-    };
-    j["memlock"] = {{"soft", lim(m.memlock_soft)}, {"hard", lim(m.memlock_hard)}, {"meaning", memlock_meaning(m)}};
-    j["cuda"] = {{"built", m.cuda_built}, {"status", m.gpu_status}, {"runtime", m.cuda_runtime},
-                 {"driver", m.cuda_driver}, {"nccl", m.nccl}};
-    j["gpus"] = nlohmann::json::array();
-    for (const auto& g : m.gpus)
-      j["gpus"].push_back({{"index", g.index}, {"name", g.name}, {"total_bytes", g.total_bytes},
-                           {"free_bytes", g.free_bytes}, {"compute_capability", std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor)},
-                           {"pci_bus_id", g.pci_bus_id}, {"pcie_gen", g.pcie_gen}, {"pcie_width", g.pcie_width},
-                           {"pcie_gen_max", g.pcie_gen_max}, {"pcie_width_max", g.pcie_width_max}, {"numa_node", g.numa_node}});
-    j["paths"] = nlohmann::json::array();
-    for (const auto& p : probes)
-      j["paths"].push_back({{"path", p.path}, {"exists", p.exists}, {"filesystem", p.filesystem},
-                            {"free_bytes", p.free_bytes}, {"total_bytes", p.total_bytes}, {"dio_align", p.dio_align},
-                            {"o_direct", p.odirect}, {"o_direct_reason", p.odirect_reason},
-                            {"io_uring", p.io_uring}, {"io_uring_reason", p.io_uring_reason}});
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
-  }
-
+void print_machine(const MachineInfo& m, const std::vector<nvme::PathProbe>& probes) {
   std::printf("zinf %s\n", ZINF_VERSION);
   std::printf("cpu        %s — %d physical cores, %d logical CPUs\n", m.cpu_model.c_str(), m.physical_cores,
               m.logical_cpus);
@@ -95,19 +90,28 @@ int run_info(const InfoArgs& a) {
                                                         : ("no: " + p.odirect_reason).c_str());
     std::printf("             io_uring  %s\n", p.io_uring ? "yes" : ("no: " + p.io_uring_reason).c_str());
   }
+}
+
+int run_info(const InfoArgs& a) {
+  const MachineInfo machine = query_machine();
+  std::vector<nvme::PathProbe> probes;
+  for (const auto& p : a.paths) probes.push_back(nvme::probe_path(p));
+  if (a.json)
+    print_json(machine_json(machine, probes));
+  else
+    print_machine(machine, probes);
   return 0;
 }
 
 }  // namespace
 
 Command add_info(CLI::App& app) {
-  auto args = std::make_shared<InfoArgs>();
-  CLI::App* sub = app.add_subcommand("info", "Show the machine as an offload engine sees it: CPU, NUMA, SIMD path, "
+  auto [sub, args] = add_subcommand<InfoArgs>(app, "info", "Show the machine as an offload engine sees it: CPU, NUMA, SIMD path, "
                                              "host and locked memory, GPUs and their PCIe links, swap paths");
   sub->add_option("--path", args->paths, "Also probe DIR as a swap location: filesystem, free space, O_DIRECT, io_uring")
       ->type_name("DIR");
   sub->add_flag("--json", args->json, "Print one JSON object instead of text");
-  return {sub, [args] { return run_info(*args); }};
+  return command(sub, args, run_info);
 }
 
 }  // namespace zinf::cli

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "commands.h"
 #include "signals.h"
@@ -53,10 +55,10 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("zinf ") + ZINF_VERSION);
   app.require_subcommand(1);
   app.fallthrough(false);
-  const zinf::cli::Command commands[] = {zinf::cli::add_info(app), zinf::cli::add_plan(app), zinf::cli::add_train(app), zinf::cli::add_eval(app), zinf::cli::add_tokenize(app), zinf::cli::add_export(app),
-                                         zinf::cli::add_bench(app),
-                                         zinf::cli::bench_nvme_command(), zinf::cli::bench_step_command(),
-                                         zinf::cli::bench_pcie_command(), zinf::cli::bench_comm_command()};
+  namespace cli = zinf::cli;
+  std::vector<cli::Command> commands = {cli::add_info(app), cli::add_plan(app),     cli::add_train(app),
+                                        cli::add_eval(app), cli::add_tokenize(app), cli::add_export(app)};
+  for (auto& bench : cli::add_bench(app)) commands.push_back(std::move(bench));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -70,9 +72,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    for (const auto& c : commands)
-      if (c.sub->parsed()) {
-        const int rc = c.run();
+    for (const auto& command : commands)
+      if (command.sub->parsed()) {
+        const int rc = command.run();
         if (rc != 0 && rc < 128) return fail(rc);
         zinf::leave_world();  // several ranks: wait for the others, then close the launch's lines cleanly
         return rc;            // 0, or 128 + N: stopped by signal N after a step, as every rank was

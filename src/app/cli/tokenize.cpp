@@ -13,6 +13,12 @@
 namespace zinf::cli {
 namespace {
 
+// `zinf tokenize --help`.
+constexpr const char* kTokenizeAbout =
+    "Tokenize text files (concatenated in the order given) into an llm.c token file for data.path: with a SentencePiece "
+    "model (--tokenizer), or byte by byte (vocabulary 256) without one. Tokens are stored as uint16 when they fit, "
+    "else uint32";
+
 struct TokenizeArgs {
   std::vector<std::string> inputs;
   std::string tokenizer, output;
@@ -40,7 +46,7 @@ int run_tokenize(const TokenizeArgs& a) {
   if (a.json) {
     nlohmann::json j = {{"output", a.output}, {"tokens", tokens.size()}, {"bytes_per_token", width}, {"vocab", vocab},
                         {"input_bytes", text.size()}};
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
   } else {
     std::printf("tokenize: %zu tokens (uint%d, vocabulary %d) from %zu bytes of text -> %s\n", tokens.size(), 8 * width, vocab,
                 text.size(), a.output.c_str());
@@ -51,19 +57,14 @@ int run_tokenize(const TokenizeArgs& a) {
 }  // namespace
 
 Command add_tokenize(CLI::App& app) {
-  auto args = std::make_shared<TokenizeArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "tokenize",
-      "Tokenize text files (concatenated in the order given) into an llm.c token file for data.path: with a SentencePiece "
-      "model (--tokenizer), or byte by byte (vocabulary 256) without one. Tokens are stored as uint16 when they fit, "
-      "else uint32");
+  auto [sub, args] = add_subcommand<TokenizeArgs>(app, "tokenize", kTokenizeAbout);
   sub->add_option("inputs", args->inputs, "Text files")->required()->check(CLI::ExistingFile);
   sub->add_option("--tokenizer", args->tokenizer, "A SentencePiece tokenizer.model")->check(CLI::ExistingFile);
   sub->add_option("-o,--output", args->output,
                   "The token file to write (all or nothing: written beside, then renamed into place; never an input)")
       ->required();
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout");
-  return {sub, [args] { return run_tokenize(*args); }};
+  return command(sub, args, run_tokenize);
 }
 
 }  // namespace zinf::cli

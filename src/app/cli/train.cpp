@@ -31,6 +31,16 @@ TrainResult train_until_stopped(const Config& c, TrainHooks hooks) {
   return r;
 }
 
+// `zinf train --help`.
+constexpr const char* kTrainAbout =
+    "Train the configured GPT model: prints the resolved config, a progress line every steps_per_print steps "
+    "(loss, lr, loss scale, grad norm, tokens/s; fwd/bwd/update times with wall_clock_breakdown), validation loss "
+    "every train.eval_interval steps, and a final line `final step=N loss=X val_loss=Y params_digest=HEX` (a hash "
+    "of every fp32 master parameter: equal digests mean bit-identical runs). Checkpoints go to train.checkpoint_dir "
+    "every train.checkpoint_interval steps, at the end, and on a stop: SIGINT (Ctrl-C), SIGTERM or SIGUSR1 stop after "
+    "the current step or evaluation batch (every rank of a job after the same step) and exit with 128 + the "
+    "signal's number; a second signal, SIGHUP and SIGQUIT stop at once (swap directories are still removed)";
+
 struct TrainArgs {
   ConfigArgs config;
   bool json = false;
@@ -53,31 +63,31 @@ int run_other_rank(const Config& c, const std::string& resume) {
   return r.interrupted ? stopped_exit_code(r.stop_signal) : 0;
 }
 
+// The progress log could not be written: a log redirected to a full disk stops the run at its first
+// lost line rather than at the end.
+[[noreturn]] void throw_log_error(FILE* out) {
+  const int e = errno;
+  throw IoError(std::string(out == stdout ? "stdout" : "stderr") + ": cannot write the progress log (" + std::strerror(e) + ")", e);
+}
+
 int run_train(const TrainArgs& a) {
   const World world = detect_world();
-  Config c = load_config(a.config.path, a.config.overrides, world.size);
-  if (world.rank != 0) return run_other_rank(c, a.resume);
+  const Config config = load_run_config(a.config, world.size);
+  if (world.rank != 0) return run_other_rank(config, a.resume);
   FILE* out = a.json ? stderr : stdout;  // with --json, stdout carries only the summary object
-  for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  print_notes(config);
   std::vector<std::pair<std::string, std::string>> rows;
-  flatten(nlohmann::json::parse(c.resolved_json), "", rows);
-  std::fprintf(out, "zinf train — %s (resolved config)\n", c.source.c_str());
+  flatten(nlohmann::json::parse(config.resolved_json), "", rows);
+  std::fprintf(out, "zinf train — %s (resolved config)\n", config.source.c_str());
   for (const auto& [k, v] : rows) std::fprintf(out, "  %-58s %s\n", k.c_str(), v.c_str());
-  if (std::fflush(out) != 0 || std::ferror(out)) {
-    const int e = errno;
-    throw IoError(std::string(out == stdout ? "stdout" : "stderr") + ": cannot write the progress log (" + std::strerror(e) + ")", e);
-  }
+  if (std::fflush(out) != 0 || std::ferror(out)) throw_log_error(out);
 
   TrainHooks hooks;
   hooks.resume = a.resume;
   hooks.log = [out](const std::string& s) {
-    // A log redirected to a full disk stops the run at its first lost line rather than at the end.
-    if (std::fprintf(out, "%s\n", s.c_str()) < 0 || std::fflush(out) != 0) {
-      const int e = errno;
-      throw IoError(std::string(out == stdout ? "stdout" : "stderr") + ": cannot write the progress log (" + std::strerror(e) + ")", e);
-    }
+    if (std::fprintf(out, "%s\n", s.c_str()) < 0 || std::fflush(out) != 0) throw_log_error(out);
   };
-  const TrainResult r = train_until_stopped(c, hooks);
+  const TrainResult r = train_until_stopped(config, hooks);
   std::fprintf(out, "final step=%lld loss=%.6f val_loss=%.6f params_digest=%s\n", static_cast<long long>(r.steps), r.loss,
                r.val_loss, r.params_digest.c_str());
   if (a.json) {
@@ -86,10 +96,16 @@ int run_train(const TrainArgs& a) {
                         {"val_loss", r.val_loss},  {"first_val_loss", r.first_val_loss},
                         {"params_digest", r.params_digest}, {"tokens_per_s", r.tokens_per_s},
                         {"peak_device_bytes", r.peak_device_bytes}, {"interrupted", r.interrupted}};
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
   }
   return r.interrupted ? stopped_exit_code(r.stop_signal) : 0;
 }
+
+// `zinf eval --help`.
+constexpr const char* kEvalAbout =
+    "Evaluate a model without training: the mean loss over train.eval_batches windows of the validation split "
+    "(data.path, data.val_fraction), for a checkpoint (--checkpoint), a GPT-2 safetensors file (--weights), or the "
+    "config's initial parameters. The same as `zinf train` with train.steps=0";
 
 struct EvalArgs {
   ConfigArgs config;
@@ -98,13 +114,13 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& a) {
-  std::vector<std::string> overrides = a.config.overrides;
-  overrides.push_back("train.steps=0");
+  if (!a.checkpoint.empty() && !a.weights.empty()) throw ConfigError("zinf eval: give --checkpoint or --weights, not both");
+  std::vector<std::string> overrides = {"train.steps=0"};
   if (!a.weights.empty()) overrides.push_back("model.init_from=" + nlohmann::json(a.weights).dump());
   const World world = detect_world();
-  const Config c = load_config(a.config.path, overrides, world.size);
+  const Config c = load_run_config(a.config, world.size, overrides);
   if (world.rank != 0) return run_other_rank(c, a.checkpoint);
-  for (const auto& n : c.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  print_notes(c);
   TrainHooks hooks;
   hooks.resume = a.checkpoint;
   hooks.log = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
@@ -117,7 +133,7 @@ int run_eval(const EvalArgs& a) {
     nlohmann::json j = {{"val_loss", r.val_loss}, {"of", of}, {"eval_batches", c.train.eval_batches},
                         {"micro_batch", c.micro_batch_size}, {"seq_len", c.model.seq_len}, {"params_digest", r.params_digest},
                         {"interrupted", r.interrupted}};
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
   } else {
     std::printf("eval: val_loss=%.6f over %d batches of %lld x %d tokens (%s) params_digest=%s\n", r.val_loss, c.train.eval_batches,
                 static_cast<long long>(c.micro_batch_size), c.model.seq_len, of.c_str(), r.params_digest.c_str());
@@ -128,38 +144,20 @@ int run_eval(const EvalArgs& a) {
 }  // namespace
 
 Command add_eval(CLI::App& app) {
-  auto args = std::make_shared<EvalArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "eval",
-      "Evaluate a model without training: the mean loss over train.eval_batches windows of the validation split "
-      "(data.path, data.val_fraction), for a checkpoint (--checkpoint), a GPT-2 safetensors file (--weights), or the "
-      "config's initial parameters. The same as `zinf train` with train.steps=0");
-  add_config_options(*sub, args->config, true);
+  auto [sub, args] = add_subcommand<EvalArgs>(app, "eval", kEvalAbout);
+  add_config_options(*sub, args->config);
   sub->add_option("--checkpoint", args->checkpoint,
                   "A checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir (corrupt newer ones are "
                   "passed over with a note; with none, or one of another model, nothing is evaluated: exit code 2)")
       ->type_name("DIR|latest");
   sub->add_option("--weights", args->weights, "A GPT-2 safetensors file (as model.init_from)")->type_name("FILE");
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout");
-  return {sub, [args] {
-            if (!args->checkpoint.empty() && !args->weights.empty())
-              throw ConfigError("zinf eval: give --checkpoint or --weights, not both");
-            return run_eval(*args);
-          }};
+  return command(sub, args, run_eval);
 }
 
 Command add_train(CLI::App& app) {
-  auto args = std::make_shared<TrainArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "train",
-      "Train the configured GPT model: prints the resolved config, a progress line every steps_per_print steps "
-      "(loss, lr, loss scale, grad norm, tokens/s; fwd/bwd/update times with wall_clock_breakdown), validation loss "
-      "every train.eval_interval steps, and a final line `final step=N loss=X val_loss=Y params_digest=HEX` (a hash "
-      "of every fp32 master parameter: equal digests mean bit-identical runs). Checkpoints go to train.checkpoint_dir "
-      "every train.checkpoint_interval steps, at the end, and on a stop: SIGINT (Ctrl-C), SIGTERM or SIGUSR1 stop after "
-      "the current step or evaluation batch (every rank of a job after the same step) and exit with 128 + the "
-      "signal's number; a second signal, SIGHUP and SIGQUIT stop at once (swap directories are still removed)");
-  add_config_options(*sub, args->config, true);
+  auto [sub, args] = add_subcommand<TrainArgs>(app, "train", kTrainAbout);
+  add_config_options(*sub, args->config);
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout (progress goes to stderr)");
   sub->add_option("--resume", args->resume,
                   "Resume from a checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir "
@@ -169,7 +167,7 @@ Command add_train(CLI::App& app) {
       ->type_name("DIR|latest")
       ->expected(0, 1)
       ->default_str("latest");
-  return {sub, [args] { return run_train(*args); }};
+  return command(sub, args, run_train);
 }
 
 }  // namespace zinf::cli

@@ -582,6 +582,90 @@ void read_bf16(Section s, Bf16Config& b) {
 const std::vector<std::pair<std::string, OffloadDevice>> kOffloadDevices = {
     {"none", OffloadDevice::none}, {"cpu", OffloadDevice::cpu}, {"nvme", OffloadDevice::nvme}};
 
+// What the deprecated offload spellings said (cpu_offload, cpu_offload_param,
+// cpu_offload_use_pin_memory), mapped as DeepSpeed maps them.
+struct DeprecatedOffload {
+  bool optimizer_cpu = false, param_cpu = false;
+  std::optional<bool> pin_memory;
+};
+
+DeprecatedOffload read_deprecated_offload(Section& s) {
+  DeprecatedOffload dep;
+  for (auto [old_key, new_key] : {std::pair{"cpu_offload", "offload_optimizer"},
+                                  std::pair{"cpu_offload_param", "offload_param"}}) {
+    if (s.present(old_key)) {
+      if (s.present(new_key))
+        s.fail(old_key, std::string("Cannot provide deprecated parameter '") + old_key +
+                            "' and replacing parameter '" + new_key + "' together");
+      const json* v = s.raw(old_key);
+      if (!v->is_boolean()) s.fail(old_key, "expected true or false, got " + show(*v));
+      (std::string(old_key) == "cpu_offload" ? dep.optimizer_cpu : dep.param_cpu) = v->get<bool>();
+      s.notes()->push_back(s.join(old_key) + ": deprecated, read as " + new_key + ".device=cpu");
+    }
+  }
+  if (const json* v = s.raw("cpu_offload_use_pin_memory")) {
+    if (!v->is_boolean()) s.fail("cpu_offload_use_pin_memory", "expected true or false");
+    dep.pin_memory = v->get<bool>();
+    s.notes()->push_back(s.join("cpu_offload_use_pin_memory") + ": deprecated, read as pin_memory");
+  }
+  return dep;
+}
+
+void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const DeprecatedOffload& dep, int stage) {
+  oo.device = o.get_enum<OffloadDevice>("device", dep.optimizer_cpu ? OffloadDevice::cpu : OffloadDevice::none,
+                                        kOffloadDevices);
+  oo.nvme_path = o.get_str("nvme_path", "");
+  oo.buffer_count = static_cast<int>(o.get_int("buffer_count", 4, 1, 1024));
+  oo.pin_memory = o.get_bool("pin_memory", dep.pin_memory.value_or(true));
+  oo.pipeline_read = o.get_bool("pipeline_read", false);
+  oo.pipeline_write = o.get_bool("pipeline_write", false);
+  oo.fast_init = o.get_bool("fast_init", false);
+  o.only_default("ratio", 1.0, "partial offload (Twin-Flow ratio < 1) is not supported; zinf "
+                               "updates every sub-group on the host");
+  o.only_default("super_offload", false, "SuperOffload is not supported");
+  o.note_if_present("cpuadam_cores_perc", "ignored: use device.threads for the host update");
+  if (oo.device == OffloadDevice::nvme && oo.nvme_path.empty())
+    o.fail("nvme_path", "device is nvme but nvme_path is not set");
+  if (oo.device != OffloadDevice::none && stage == 0)
+    o.fail("device", "offloading the optimizer needs ZeRO stage 1, 2 or 3 (stage is 0)");
+  o.finish();
+}
+
+void read_offload_param(Section o, OffloadParamConfig& op, const DeprecatedOffload& dep, int stage) {
+  op.device = o.get_enum<OffloadDevice>(
+      "device", dep.param_cpu ? OffloadDevice::cpu : OffloadDevice::none, kOffloadDevices);
+  op.nvme_path = o.get_str("nvme_path", "");
+  op.buffer_count = static_cast<int>(o.get_int("buffer_count", 5, 1, 1024));
+  op.buffer_size = o.get_int("buffer_size", 100'000'000, 1, kMaxI64);
+  op.max_in_cpu = o.get_int("max_in_cpu", 1'000'000'000, 0, kMaxI64);
+  op.pin_memory = o.get_bool("pin_memory", dep.pin_memory.value_or(true));
+  if (op.device == OffloadDevice::nvme && op.nvme_path.empty())
+    o.fail("nvme_path", "device is nvme but nvme_path is not set");
+  if (op.device != OffloadDevice::none && stage != 3)
+    o.fail("device", "offloading parameters needs ZeRO stage 3 (stage is " +
+                         std::to_string(stage) + ")");
+  o.finish();
+}
+
+// DeepSpeed's zero_optimization keys that mean nothing to zinf: accepted, with a note.
+void note_ineffective_zero_keys(Section& s) {
+  for (const char* key :
+       {"use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "round_robin_gradients",
+        "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+        "gather_16bit_weights_on_model_save", "ignore_unused_parameters", "zero_hpz_partition_size",
+        "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
+        "zeropp_loco_param", "mics_shard_size", "mics_hierarchical_params_gather",
+        "memory_efficient_linear", "override_module_apply", "stage3_model_persistence_threshold",
+        "model_persistence_threshold", "stage3_module_granularity_threshold",
+        "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
+        "elastic_checkpoint", "legacy_stage1", "log_trace_cache_warnings", "enable_sanity_checks",
+        "pipeline_loading_checkpoint", "leaf_module"})
+    s.note_if_present(key, "accepted, no effect on one box (multi-GPU or PyTorch-module setting)");
+  for (const char* key : {"reduce_scatter", "allgather_partitions", "allgather_bucket_size"})
+    s.note_if_present(key, "accepted, no effect: across ranks zinf always reduce-scatters gradients bucket by bucket "
+                           "(reduce_bucket_size) and gathers updated parameters unit by unit");
+}
+
 void read_zero(Section s, ZeroConfig& z, const ModelConfig& model) {
   const std::int64_t d = model.d_model;
   z.stage = static_cast<int>(s.get_int("stage", 0, 0, 3));
@@ -598,81 +682,10 @@ void read_zero(Section s, ZeroConfig& z, const ModelConfig& model) {
   z.max_reuse_distance = s.get_int(k, 1'000'000'000, 0, kMaxI64);
   k = s.pick({"stage3_param_persistence_threshold", "param_persistence_threshold"});
   z.param_persistence_threshold = s.get_int(k, 100'000, 0, kMaxI64, AutoRule::to(10 * d));
-
-  // Deprecated spellings, mapped as DeepSpeed maps them.
-  bool dep_cpu_offload = false, dep_cpu_offload_param = false;
-  std::optional<bool> dep_pin;
-  for (auto [old_key, new_key] : {std::pair{"cpu_offload", "offload_optimizer"},
-                                  std::pair{"cpu_offload_param", "offload_param"}}) {
-    if (s.present(old_key)) {
-      if (s.present(new_key))
-        s.fail(old_key, std::string("Cannot provide deprecated parameter '") + old_key +
-                            "' and replacing parameter '" + new_key + "' together");
-      const json* v = s.raw(old_key);
-      if (!v->is_boolean()) s.fail(old_key, "expected true or false, got " + show(*v));
-      (std::string(old_key) == "cpu_offload" ? dep_cpu_offload : dep_cpu_offload_param) = v->get<bool>();
-      s.notes()->push_back(s.join(old_key) + ": deprecated, read as " + new_key + ".device=cpu");
-    }
-  }
-  if (const json* v = s.raw("cpu_offload_use_pin_memory")) {
-    if (!v->is_boolean()) s.fail("cpu_offload_use_pin_memory", "expected true or false");
-    dep_pin = v->get<bool>();
-    s.notes()->push_back(s.join("cpu_offload_use_pin_memory") + ": deprecated, read as pin_memory");
-  }
-
-  {
-    Section o = s.child("offload_optimizer");
-    auto& oo = z.offload_optimizer;
-    oo.device = o.get_enum<OffloadDevice>("device", dep_cpu_offload ? OffloadDevice::cpu : OffloadDevice::none,
-                                          kOffloadDevices);
-    oo.nvme_path = o.get_str("nvme_path", "");
-    oo.buffer_count = static_cast<int>(o.get_int("buffer_count", 4, 1, 1024));
-    oo.pin_memory = o.get_bool("pin_memory", dep_pin.value_or(true));
-    oo.pipeline_read = o.get_bool("pipeline_read", false);
-    oo.pipeline_write = o.get_bool("pipeline_write", false);
-    oo.fast_init = o.get_bool("fast_init", false);
-    o.only_default("ratio", 1.0, "partial offload (Twin-Flow ratio < 1) is not supported; zinf "
-                                 "updates every sub-group on the host");
-    o.only_default("super_offload", false, "SuperOffload is not supported");
-    o.note_if_present("cpuadam_cores_perc", "ignored: use device.threads for the host update");
-    if (oo.device == OffloadDevice::nvme && oo.nvme_path.empty())
-      o.fail("nvme_path", "device is nvme but nvme_path is not set");
-    if (oo.device != OffloadDevice::none && z.stage == 0)
-      o.fail("device", "offloading the optimizer needs ZeRO stage 1, 2 or 3 (stage is 0)");
-    o.finish();
-  }
-  {
-    Section o = s.child("offload_param");
-    auto& op = z.offload_param;
-    op.device = o.get_enum<OffloadDevice>(
-        "device", dep_cpu_offload_param ? OffloadDevice::cpu : OffloadDevice::none, kOffloadDevices);
-    op.nvme_path = o.get_str("nvme_path", "");
-    op.buffer_count = static_cast<int>(o.get_int("buffer_count", 5, 1, 1024));
-    op.buffer_size = o.get_int("buffer_size", 100'000'000, 1, kMaxI64);
-    op.max_in_cpu = o.get_int("max_in_cpu", 1'000'000'000, 0, kMaxI64);
-    op.pin_memory = o.get_bool("pin_memory", dep_pin.value_or(true));
-    if (op.device == OffloadDevice::nvme && op.nvme_path.empty())
-      o.fail("nvme_path", "device is nvme but nvme_path is not set");
-    if (op.device != OffloadDevice::none && z.stage != 3)
-      o.fail("device", "offloading parameters needs ZeRO stage 3 (stage is " +
-                           std::to_string(z.stage) + ")");
-    o.finish();
-  }
-  for (const char* key :
-       {"use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "round_robin_gradients",
-        "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-        "gather_16bit_weights_on_model_save", "ignore_unused_parameters", "zero_hpz_partition_size",
-        "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
-        "zeropp_loco_param", "mics_shard_size", "mics_hierarchical_params_gather",
-        "memory_efficient_linear", "override_module_apply", "stage3_model_persistence_threshold",
-        "model_persistence_threshold", "stage3_module_granularity_threshold",
-        "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
-        "elastic_checkpoint", "legacy_stage1", "log_trace_cache_warnings", "enable_sanity_checks",
-        "pipeline_loading_checkpoint", "leaf_module"})
-    s.note_if_present(key, "accepted, no effect on one box (multi-GPU or PyTorch-module setting)");
-  for (const char* key : {"reduce_scatter", "allgather_partitions", "allgather_bucket_size"})
-    s.note_if_present(key, "accepted, no effect: across ranks zinf always reduce-scatters gradients bucket by bucket "
-                           "(reduce_bucket_size) and gathers updated parameters unit by unit");
+  const DeprecatedOffload dep = read_deprecated_offload(s);
+  read_offload_optimizer(s.child("offload_optimizer"), z.offload_optimizer, dep, z.stage);
+  read_offload_param(s.child("offload_param"), z.offload_param, dep, z.stage);
+  note_ineffective_zero_keys(s);
   s.only_default("zenflow", nullptr, "ZenFlow is not supported; zinf's default overlap is exact");
   s.finish();
 }

@@ -75,11 +75,11 @@ std::uint64_t zero_paper_bytes(std::int64_t params, int stage, int world) {
   return static_cast<std::uint64_t>(b);
 }
 
-RunPlan plan_run(const Config& c, const MachineInfo& m) {
-  RunPlan r;
-  r.shape = model_shape(c.model);
-  r.world = c.world_size;
-  offload::PlanInput in = make_plan_input(c, r.shape);
+namespace {
+
+// This run's placement at each ZeRO stage, per rank.
+std::vector<StagePlan> stage_plans(const Config& c, const offload::PlanInput& in) {
+  std::vector<StagePlan> stages;
   for (int st = 0; st <= 3; ++st) {
     StagePlan sp;
     sp.stage = st;
@@ -90,34 +90,46 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
     sp.model_states = sp_plan.model_states;
     sp.totals = sp_plan.totals;
     sp.zero_paper = zero_paper_bytes(sp_plan.n_params, st, c.world_size);
-    r.stages.push_back(sp);
+    stages.push_back(sp);
   }
-  r.plan = offload::make_plan(in);
-  r.capacity = machine_capacity(c, m);
-  r.activations_plain = estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, false);
-  r.activations_checkpointed = estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true);
+  return stages;
+}
 
-  // NVMe capacity: the free space under the configured swap path(s), probed.
-  std::string nvme_path = c.zero.offload_optimizer.device == OffloadDevice::nvme ? c.zero.offload_optimizer.nvme_path
-                          : c.zero.offload_param.device == OffloadDevice::nvme  ? c.zero.offload_param.nvme_path
-                                                                                 : "";
-  std::string probe_dir = nvme_path.empty() ? "." : nvme_path;
-  if (!nvme_path.empty() && !std::filesystem::exists(probe_dir)) {
+// Where the NVMe capacity was measured: the configured swap path ("" when nothing swaps to NVMe),
+// the folder probed, and what the probe found.
+struct NvmeProbe {
+  std::string nvme_path, probe_dir;
+  nvme::PathProbe probe;
+};
+
+// NVMe capacity: the free space under the configured swap path(s), probed, into r.capacity.
+NvmeProbe probe_nvme_capacity(const Config& c, RunPlan& r) {
+  NvmeProbe n;
+  n.nvme_path = c.zero.offload_optimizer.device == OffloadDevice::nvme ? c.zero.offload_optimizer.nvme_path
+                : c.zero.offload_param.device == OffloadDevice::nvme  ? c.zero.offload_param.nvme_path
+                                                                       : "";
+  n.probe_dir = n.nvme_path.empty() ? "." : n.nvme_path;
+  if (!n.nvme_path.empty() && !std::filesystem::exists(n.probe_dir)) {
     // zinf train creates nvme_path (as DeepSpeed does): measure where it will be created.
-    std::filesystem::path p = std::filesystem::absolute(probe_dir);
+    std::filesystem::path p = std::filesystem::absolute(n.probe_dir);
     while (p.has_parent_path() && p != p.parent_path() && !std::filesystem::exists(p)) p = p.parent_path();
-    probe_dir = p.string();
-    r.notes.push_back("nvme_path " + nvme_path + " does not exist yet: zinf train creates it (free space measured at " +
-                      probe_dir + ")");
+    n.probe_dir = p.string();
+    r.notes.push_back("nvme_path " + n.nvme_path + " does not exist yet: zinf train creates it (free space measured at " +
+                      n.probe_dir + ")");
   }
-  nvme::PathProbe probe = nvme::probe_path(probe_dir);
-  if (probe.exists) {
-    r.capacity.nvme = probe.free_bytes;
+  n.probe = nvme::probe_path(n.probe_dir);
+  if (n.probe.exists) {
+    r.capacity.nvme = n.probe.free_bytes;
     r.capacity.nvme_known = true;
   }
-  if (nvme_path.empty() && probe.exists)
+  if (n.nvme_path.empty() && n.probe.exists)
     r.notes.push_back("largest-model NVMe rows assume the free space of the current directory (" +
-                      format_bytes(probe.free_bytes) + ")");
+                      format_bytes(n.probe.free_bytes) + ")");
+  return n;
+}
+
+// A note when the optimizer's pinned swap buffers take more than a quarter of host memory.
+void note_large_swap_buffers(const Config& c, RunPlan& r) {
   for (const auto& b : r.plan.buffers) {
     const std::uint64_t pinned = b.bytes[static_cast<int>(offload::Tier::pinned)];
     if (b.name == "optimizer swap" && pinned > r.capacity.host / 4) {
@@ -128,76 +140,95 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
                         std::to_string(sg) + " keeps them under a quarter of host memory");
     }
   }
+}
+
+struct OffloadSetting {
+  OffloadDevice optimizer, param;
+};
+
+// Whether a model of `shape` fits `capacity` (its NVMe space taken as known) with this offload setting.
+bool fits_under(const Config& c, const ModelShape& shape, OffloadSetting setting, offload::Capacity capacity) {
+  offload::PlanInput in = make_plan_input(c, shape);
+  in.optimizer = setting.optimizer;
+  in.param = setting.param;
+  capacity.nvme_known = true;
+  return offload::judge(offload::make_plan(in), capacity).fits;
+}
+
+// The largest model of this width (a search over n_layer), and the largest real model (a llama-family
+// preset, at this run's sequence length), that fit under `setting`.
+LargestFit largest_fit(const Config& c, const ModelShape& shape, OffloadSetting setting, const offload::Capacity& capacity) {
+  LargestFit f;
+  f.optimizer = setting.optimizer;
+  f.param = setting.param;
+  f.setting = "optimizer=" + std::string(to_string(setting.optimizer)) + " param=" + std::string(to_string(setting.param));
+  auto fits = [&](int layers) {
+    ModelShape sh = shape;
+    sh.n_layer = layers;
+    try {
+      return fits_under(c, sh, setting, capacity);
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  int lo = 0, hi = 1;
+  while (hi <= (1 << 20) && fits(hi)) lo = hi, hi *= 2;
+  while (hi - lo > 1) {
+    int mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  f.n_layer = lo;
+  if (lo > 0) {
+    ModelShape sh = shape;
+    sh.n_layer = lo;
+    f.params = count_params(sh);
+  }
+  std::int64_t best = 0;
+  for (const auto& p : model_presets()) {
+    if (p.shape.family != ModelFamily::llama || count_params(p.shape) <= best) continue;
+    ModelShape sh = p.shape;
+    sh.seq_len = shape.seq_len;
+    if (fits_under(c, sh, setting, capacity)) {
+      best = count_params(p.shape);
+      f.largest_preset = p.name;
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
+RunPlan plan_run(const Config& c, const MachineInfo& m) {
+  RunPlan r;
+  r.shape = model_shape(c.model);
+  r.world = c.world_size;
+  offload::PlanInput in = make_plan_input(c, r.shape);
+  r.stages = stage_plans(c, in);
+  r.plan = offload::make_plan(in);
+  r.capacity = machine_capacity(c, m);
+  r.activations_plain = estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, false);
+  r.activations_checkpointed = estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true);
+  const NvmeProbe swap_probe = probe_nvme_capacity(c, r);
+  note_large_swap_buffers(c, r);
   r.verdict = offload::judge(r.plan, r.capacity);
-  if (!nvme_path.empty() && !probe.writable) {
+  if (!swap_probe.nvme_path.empty() && !swap_probe.probe.writable) {
     r.verdict.fits = false;
     r.verdict.limiting = "nvme";
-    r.verdict.problems.insert(r.verdict.problems.begin(), "nvme: " + probe_dir + " is not a directory this user can write to");
+    r.verdict.problems.insert(r.verdict.problems.begin(), "nvme: " + swap_probe.probe_dir + " is not a directory this user can write to");
   }
   r.deepspeed = offload::deepspeed_zero3_estimate(
       r.plan.n_params, r.plan.largest_unit, c.zero.offload_optimizer.device != OffloadDevice::none,
       c.zero.offload_param.device != OffloadDevice::none, /*zero_init=*/true);
 
-  // Largest model of the same width that fits under each offload setting: search over n_layer.
-  struct Setting {
-    OffloadDevice opt, param;
-  };
-  const Setting settings[] = {{OffloadDevice::none, OffloadDevice::none},
-                              {OffloadDevice::cpu, OffloadDevice::none},
-                              {OffloadDevice::cpu, OffloadDevice::cpu},
-                              {OffloadDevice::nvme, OffloadDevice::cpu},
-                              {OffloadDevice::nvme, OffloadDevice::nvme}};
-  offload::Capacity cap = r.capacity;
-  if (!cap.nvme_known) cap.nvme = 0;
-  for (const auto& s : settings) {
-    LargestFit f;
-    f.optimizer = s.opt;
-    f.param = s.param;
-    f.setting = "optimizer=" + std::string(to_string(s.opt)) + " param=" + std::string(to_string(s.param));
-    auto fits = [&](int layers) {
-      ModelShape sh = r.shape;
-      sh.n_layer = layers;
-      offload::PlanInput pi = make_plan_input(c, sh);
-      pi.optimizer = s.opt;
-      pi.param = s.param;
-      try {
-        offload::Capacity cc = cap;
-        cc.nvme_known = true;
-        return offload::judge(offload::make_plan(pi), cc).fits;
-      } catch (const Error&) {
-        return false;
-      }
-    };
-    int lo = 0, hi = 1;
-    while (hi <= (1 << 20) && fits(hi)) lo = hi, hi *= 2;
-    while (hi - lo > 1) {
-      int mid = lo + (hi - lo) / 2;
-      (fits(mid) ? lo : hi) = mid;
-    }
-    f.n_layer = lo;
-    if (lo > 0) {
-      ModelShape sh = r.shape;
-      sh.n_layer = lo;
-      f.params = count_params(sh);
-    }
-    // The largest real model (a llama-family preset, at this run's sequence length) that fits.
-    std::int64_t best = 0;
-    for (const auto& p : model_presets()) {
-      if (p.shape.family != ModelFamily::llama || count_params(p.shape) <= best) continue;
-      ModelShape sh = p.shape;
-      sh.seq_len = r.shape.seq_len;
-      offload::PlanInput pi = make_plan_input(c, sh);
-      pi.optimizer = s.opt;
-      pi.param = s.param;
-      offload::Capacity cc = cap;
-      cc.nvme_known = true;
-      if (offload::judge(offload::make_plan(pi), cc).fits) {
-        best = count_params(p.shape);
-        f.largest_preset = p.name;
-      }
-    }
-    r.largest.push_back(f);
-  }
+  // Largest model that fits under each offload setting.
+  const OffloadSetting settings[] = {{OffloadDevice::none, OffloadDevice::none},
+                                     {OffloadDevice::cpu, OffloadDevice::none},
+                                     {OffloadDevice::cpu, OffloadDevice::cpu},
+                                     {OffloadDevice::nvme, OffloadDevice::cpu},
+                                     {OffloadDevice::nvme, OffloadDevice::nvme}};
+  offload::Capacity capacity = r.capacity;
+  if (!capacity.nvme_known) capacity.nvme = 0;
+  for (const auto& setting : settings) r.largest.push_back(largest_fit(c, r.shape, setting, capacity));
   return r;
 }
 

@@ -15,44 +15,45 @@ namespace zinf {
 // overwrites a slot's device buffers only after the model's last op that reads them (event `used`,
 // recorded on compute by done_with); the model reads them after the copies (model_waits_for).
 struct Batch {
-  DeviceBuffer tok, tgt;
-  std::vector<int> tok_h, tgt_h;
+  DeviceBuffer tokens_device, targets_device;
+  std::vector<int> tokens_host, targets_host;  // staging
   EventHandle copied, used;
-  int* tokens() const { return tok.as<int>(); }
-  int* targets() const { return tgt.as<int>(); }
+  int* tokens() const { return tokens_device.as<int>(); }
+  int* targets() const { return targets_device.as<int>(); }
 };
 class BatchSlots {
  public:
-  BatchSlots(Device& d, std::size_t n) : dev_(d), n_(n) {
+  // `tokens`: tokens (and targets) per batch.
+  BatchSlots(Device& device, std::size_t tokens) : device_(device), tokens_(tokens) {
     for (int i = 0; i < 2; ++i) {
-      s_[i].tok = DeviceBuffer(d, n * 4, "tokens " + std::to_string(i));
-      s_[i].tgt = DeviceBuffer(d, n * 4, "targets " + std::to_string(i));
-      s_[i].tok_h.resize(n);
-      s_[i].tgt_h.resize(n);
+      slots_[i].tokens_device = DeviceBuffer(device, tokens * 4, "tokens " + std::to_string(i));
+      slots_[i].targets_device = DeviceBuffer(device, tokens * 4, "targets " + std::to_string(i));
+      slots_[i].tokens_host.resize(tokens);
+      slots_[i].targets_host.resize(tokens);
     }
   }
   // Fills the next slot on the host (fill(tokens, targets)) and uploads it.
   template <class Fill>
   Batch& next(Fill fill) {
-    Batch& b = s_[k_];
-    k_ ^= 1;
+    Batch& b = slots_[next_];
+    next_ ^= 1;
     if (b.copied) b.copied->wait();
-    fill(b.tok_h.data(), b.tgt_h.data());
-    if (b.used) dev_.wait_event(StreamRole::h2d, b.used);
-    dev_.copy_to_device(b.tokens(), b.tok_h.data(), n_ * 4, StreamRole::h2d);
-    dev_.copy_to_device(b.targets(), b.tgt_h.data(), n_ * 4, StreamRole::h2d);
-    b.copied = dev_.record(StreamRole::h2d);
-    model_waits_for(dev_, b.copied);
+    fill(b.tokens_host.data(), b.targets_host.data());
+    if (b.used) device_.wait_event(StreamRole::h2d, b.used);
+    device_.copy_to_device(b.tokens(), b.tokens_host.data(), tokens_ * 4, StreamRole::h2d);
+    device_.copy_to_device(b.targets(), b.targets_host.data(), tokens_ * 4, StreamRole::h2d);
+    b.copied = device_.record(StreamRole::h2d);
+    model_waits_for(device_, b.copied);
     return b;
   }
   // The model has enqueued every op that reads the slot.
-  void done_with(Batch& b) { b.used = dev_.record(StreamRole::compute); }
+  void done_with(Batch& b) { b.used = device_.record(StreamRole::compute); }
 
  private:
-  Device& dev_;
-  std::size_t n_;
-  Batch s_[2];
-  int k_ = 0;
+  Device& device_;
+  std::size_t tokens_;
+  Batch slots_[2];
+  int next_ = 0;  // the slot next() fills
 };
 
 }  // namespace zinf

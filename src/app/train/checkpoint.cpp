@@ -401,6 +401,90 @@ void CheckpointDir::replace_on_first_save(const std::vector<std::string>& paths)
   for (const auto& p : paths) replace_.push_back(canonical(p));
 }
 
+namespace {
+
+// The manifest's fields before the tensors: the run's state and what it was trained as.
+json manifest_head(const Config& c, const CheckpointState& s, const ModelShape& shape) {
+  json j;
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["step"] = s.step;
+  j["opt_steps"] = s.opt_steps;
+  j["rows_drawn"] = s.rows_drawn;
+  j["skipped"] = s.skipped;
+  j["scaler"] = {{"scale", s.loss_scale}, {"iter", s.scaler_iter}, {"last_overflow_iter", s.scaler_last_overflow},
+                 {"hysteresis", s.scaler_hysteresis}};
+  j["model"] = shape_json(shape);
+  j["precision"] = std::string(to_string(c.precision()));
+  j["config"] = json::parse(c.resolved_json);
+  j["tensors"] = json::array();
+  return j;
+}
+
+// Every unit's master, Adam m and Adam v, as `read` hands them over, into folder/states.bin, each
+// listed in j["tensors"] with its offset and checksum. `nth`: this process's save count (the fault hook).
+void write_states(const std::string& folder, const ModelShape& shape, const StatesReader& read, int nth, json& j) {
+  SyncedFile states(folder + "/states.bin");
+  const auto units = layer_units(shape);
+  std::uint64_t total = 0;
+  for (const auto& u : units) total += static_cast<std::uint64_t>(u.params) * 12;
+  if (fault_at() == nth) states.fail_after(static_cast<std::int64_t>(total / 2));
+  std::uint64_t off = 0;
+  std::vector<float> buf[3];
+  const char* kinds[3] = {"master", "adam.m", "adam.v"};
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const std::size_t n = static_cast<std::size_t>(units[u].params);
+    for (auto& b : buf) b.resize(n);
+    read(u, buf[0].data(), buf[1].data(), buf[2].data());
+    for (int k = 0; k < 3; ++k) {
+      states.write(buf[k].data(), n * 4);
+      j["tensors"].push_back({{"name", units[u].name + "/" + kinds[k]}, {"offset", off}, {"bytes", n * 4},
+                              {"xxh64", hex(XXH64(buf[k].data(), n * 4, 0))}});
+      off += n * 4;
+    }
+  }
+  states.finish();
+  j["states_bytes"] = off;
+}
+
+// The manifest, sealed with its checksum, into folder/manifest.json.
+void write_manifest(const std::string& folder, json& j) {
+  j[kChecksumKey] = manifest_checksum(j);
+  SyncedFile manifest(folder + "/manifest.json");
+  const std::string text = j.dump(1);
+  manifest.write(text.data(), text.size());
+  manifest.finish();
+}
+
+// The checkpoints to rename aside (checkpoint, its temporary name) before `final_path` is published:
+// those the run replaces (`replace`), and a checkpoint of the same step already there — an earlier
+// run's (in `replace`), one this run can vouch for (in `verified`, or sound: a rerun after resume), or
+// one that turns out corrupt (moved aside here, for good).
+std::vector<std::pair<std::string, std::string>> checkpoints_to_move_aside(const std::vector<std::string>& replace,
+                                                                           const std::set<std::string>& verified,
+                                                                           const std::string& final_path, const ModelShape& shape,
+                                                                           const CheckpointDir::Log& log) {
+  std::vector<std::pair<std::string, std::string>> aside;
+  for (const auto& p : replace)
+    if (fs::exists(p)) aside.emplace_back(p, p + ".old-" + pid_tag());
+  if (fs::exists(final_path) && std::find(replace.begin(), replace.end(), canonical(final_path)) == replace.end()) {
+    bool sound = verified.count(canonical(final_path)) > 0;
+    if (!sound) try {
+        verify_checkpoint(final_path, shape);
+        sound = true;
+      } catch (const CorruptCheckpoint& e) {
+        const std::string to = move_corrupt_aside(final_path);
+        if (log) log("checkpoint: " + std::string(e.what()) + " — moved aside to " + to);
+      } catch (const IncompatibleCheckpoint&) {
+        sound = true;  // a step this run has reached: its own checkpoint takes the name
+      }
+    if (sound) aside.emplace_back(final_path, final_path + ".old-" + pid_tag());
+  }
+  return aside;
+}
+
+}  // namespace
+
 std::string CheckpointDir::save(const Config& c, const CheckpointState& s, const StatesReader& read) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
@@ -412,65 +496,13 @@ std::string CheckpointDir::save(const Config& c, const CheckpointState& s, const
   if (::mkdir(tmp.c_str(), 0755) != 0) io_fail("create directory", tmp, errno);
   std::vector<std::pair<std::string, std::string>> aside;  // (checkpoint, its temporary name) until published
   try {
-    json j;
-    j["format"] = kFormat;
-    j["version"] = kVersion;
-    j["step"] = s.step;
-    j["opt_steps"] = s.opt_steps;
-    j["rows_drawn"] = s.rows_drawn;
-    j["skipped"] = s.skipped;
-    j["scaler"] = {{"scale", s.loss_scale}, {"iter", s.scaler_iter}, {"last_overflow_iter", s.scaler_last_overflow},
-                   {"hysteresis", s.scaler_hysteresis}};
-    j["model"] = shape_json(shape_);
-    j["precision"] = std::string(to_string(c.precision()));
-    j["config"] = json::parse(c.resolved_json);
-    j["tensors"] = json::array();
-    SyncedFile states(tmp + "/states.bin");
-    const auto units = layer_units(shape_);
-    std::uint64_t total = 0;
-    for (const auto& u : units) total += static_cast<std::uint64_t>(u.params) * 12;
-    if (fault_at() == nth) states.fail_after(static_cast<std::int64_t>(total / 2));
-    std::uint64_t off = 0;
-    std::vector<float> buf[3];
-    const char* kinds[3] = {"master", "adam.m", "adam.v"};
-    for (std::size_t u = 0; u < units.size(); ++u) {
-      const std::size_t n = static_cast<std::size_t>(units[u].params);
-      for (auto& b : buf) b.resize(n);
-      read(u, buf[0].data(), buf[1].data(), buf[2].data());
-      for (int k = 0; k < 3; ++k) {
-        states.write(buf[k].data(), n * 4);
-        j["tensors"].push_back({{"name", units[u].name + "/" + kinds[k]}, {"offset", off}, {"bytes", n * 4},
-                                {"xxh64", hex(XXH64(buf[k].data(), n * 4, 0))}});
-        off += n * 4;
-      }
-    }
-    states.finish();
-    j["states_bytes"] = off;
-    j[kChecksumKey] = manifest_checksum(j);
-    SyncedFile manifest(tmp + "/manifest.json");
-    const std::string text = j.dump(1);
-    manifest.write(text.data(), text.size());
-    manifest.finish();
+    json j = manifest_head(c, s, shape_);
+    write_states(tmp, shape_, read, nth, j);
+    write_manifest(tmp, j);
     fsync_dir(tmp);
     // Checkpoints this run replaces go only once their successor has been read back whole.
     if (!replace_.empty()) verify_checkpoint(tmp, shape_);
-    for (const auto& p : replace_)
-      if (fs::exists(p)) aside.emplace_back(p, p + ".old-" + pid_tag());
-    // A checkpoint of the same step already there: an earlier run's (replaced above), one this run
-    // can vouch for (a rerun after resume: replaced), or one that turns out corrupt (moved aside).
-    if (fs::exists(final_path) && std::find(replace_.begin(), replace_.end(), canonical(final_path)) == replace_.end()) {
-      bool sound = verified_.count(canonical(final_path)) > 0;
-      if (!sound) try {
-          verify_checkpoint(final_path, shape_);
-          sound = true;
-        } catch (const CorruptCheckpoint& e) {
-          const std::string to = move_corrupt_aside(final_path);
-          if (log_) log_("checkpoint: " + std::string(e.what()) + " — moved aside to " + to);
-        } catch (const IncompatibleCheckpoint&) {
-          sound = true;  // a step this run has reached: its own checkpoint takes the name
-        }
-      if (sound) aside.emplace_back(final_path, final_path + ".old-" + pid_tag());
-    }
+    aside = checkpoints_to_move_aside(replace_, verified_, final_path, shape_, log_);
     for (std::size_t i = 0; i < aside.size(); ++i)
       if (::rename(aside[i].first.c_str(), aside[i].second.c_str()) != 0) {
         const int e = errno;

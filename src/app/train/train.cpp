@@ -191,40 +191,40 @@ std::unique_ptr<OpsBackend> make_ops(const Config& c, const backends::Backend& b
 // are copied at once.
 class LossRows {
  public:
-  LossRows(Device& dev, int rows, int slots)
-      : dev_(dev),
+  LossRows(Device& device, int rows, int slots)
+      : device_(device),
         rows_(static_cast<std::size_t>(rows)),
         slots_(static_cast<std::size_t>(slots)),
         pool_(std::max<std::size_t>(PinnedPool::kAlign, (rows_ * slots_ * 4 + PinnedPool::kAlign - 1) / PinnedPool::kAlign * PinnedPool::kAlign),
               /*lock=*/false),
         buf_(pool_.acquire(rows_ * slots_ * 4)) {
-    dev_.register_host(buf_.data(), pool_.capacity());
+    device_.register_host(buf_.data(), pool_.capacity());
   }
   ~LossRows() {
     try {
-      dev_.synchronize(StreamRole::compute);  // no copy may still target the buffer
+      device_.synchronize(StreamRole::compute);  // no copy may still target the buffer
     } catch (...) {
     }
-    dev_.unregister_host(buf_.data());
+    device_.unregister_host(buf_.data());
   }
   std::size_t slots() const { return slots_; }
   // Slot k receives the rows of the forward just issued.
   void take(std::size_t k, const float* device_rows) {
     float* dst = at(k);
-    if (dev_.ops_stream_ordered())
-      dev_.copy_to_host(dst, device_rows, rows_ * 4, StreamRole::compute);
+    if (device_.ops_stream_ordered())
+      device_.copy_to_host(dst, device_rows, rows_ * 4, StreamRole::compute);
     else
       std::memcpy(dst, device_rows, rows_ * 4);
   }
   // The mean loss of slot k's rows (waits for the compute stream the first time after a take).
   double mean(std::size_t k) {
-    if (dev_.ops_stream_ordered()) dev_.synchronize(StreamRole::compute);
+    if (device_.ops_stream_ordered()) device_.synchronize(StreamRole::compute);
     return ops::mean_loss(at(k), static_cast<int>(rows_));
   }
 
  private:
   float* at(std::size_t k) { return static_cast<float*>(buf_.data()) + k * rows_; }
-  Device& dev_;
+  Device& device_;
   std::size_t rows_, slots_;
   PinnedPool pool_;
   PinnedBuffer buf_;
@@ -242,11 +242,11 @@ class EngineUnits final : public UnitSource {
   }
 
  public:
-  explicit EngineUnits(offload::Engine& e) : e_(e) {}
-  const float* weights(std::size_t u) override { return timed([&] { return e_.weights(u); }); }
-  void done_with(std::size_t u) override { e_.done_with(u); }
-  float* grads(std::size_t u) override { return timed([&] { return e_.grads(u); }); }
-  void grads_done(std::size_t u) override { timed([&] { e_.grads_done(u); return 0; }); }
+  explicit EngineUnits(offload::Engine& engine) : engine_(engine) {}
+  const float* weights(std::size_t u) override { return timed([&] { return engine_.weights(u); }); }
+  void done_with(std::size_t u) override { engine_.done_with(u); }
+  float* grads(std::size_t u) override { return timed([&] { return engine_.grads(u); }); }
+  void grads_done(std::size_t u) override { timed([&] { engine_.grads_done(u); return 0; }); }
   double take_wait() {
     const double w = wait_;
     wait_ = 0;
@@ -254,7 +254,7 @@ class EngineUnits final : public UnitSource {
   }
 
  private:
-  offload::Engine& e_;
+  offload::Engine& engine_;
   double wait_ = 0;
 };
 
@@ -267,20 +267,20 @@ class Run {
         hooks(h),
         comm(cm),
         W(cm.size()),
-        R(cm.rank()),
+        rank(cm.rank()),
         shape(model_shape(cfg.model)),
-        B(static_cast<int>(cfg.micro_batch_size)),
-        T(shape.seq_len),
-        GA(cfg.gradient_accumulation_steps),
-        data(TokenData::load(cfg.data, shape.vocab_size, T)),
+        micro_batch(static_cast<int>(cfg.micro_batch_size)),
+        seq_len(shape.seq_len),
+        grad_accum(cfg.gradient_accumulation_steps),
+        data(TokenData::load(cfg.data, shape.vocab_size, seq_len)),
         threads(cfg.device.threads > 0 ? cfg.device.threads : cpu_adam::physical_cores()),
         device_backend_(device_backend(cfg)),
         dev(make_device(cfg, device_backend_, local_rank)),
         device_comm(make_device_comm(local_rank)),
         backend(make_ops(cfg, device_backend_, *dev, threads, h.profile ? &profile : nullptr, shape)),
-        model(make_model(shape, B, cfg.model.activation_checkpointing, *dev, *backend)),
-        batches(*dev, static_cast<std::size_t>(B) * T),
-        losses(*dev, model->rows(), static_cast<int>(std::max<std::int64_t>(GA, 8))),
+        model(make_model(shape, micro_batch, cfg.model.activation_checkpointing, *dev, *backend)),
+        batches(*dev, static_cast<std::size_t>(micro_batch) * seq_len),
+        losses(*dev, model->rows(), static_cast<int>(std::max<std::int64_t>(grad_accum, 8))),
         engine(make_engine()),
         units(*engine),
         scaler(cfg.fp16),
@@ -296,7 +296,7 @@ class Run {
   }
 
   void log(const std::string& s) const {
-    if (hooks.log && R == 0) hooks.log(s);
+    if (hooks.log && rank == 0) hooks.log(s);
   }
 
   // A stop asked for on any rank: signals reach the ranks at different moments (mpirun sends them
@@ -338,9 +338,9 @@ class Run {
     // parameters (stage 3), a collective every rank must join.
     const int rounds = (K + W - 1) / W;
     for (int j = 0; j < rounds; ++j) {
-      const bool real = j * W + R < K;
-      const int window = real ? j * W + R : (j > 0 ? (j - 1) * W + R : 0);
-      Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(window, K, B, T, tok, tgt); });
+      const bool real = j * W + rank < K;
+      const int window = real ? j * W + rank : (j > 0 ? (j - 1) * W + rank : 0);
+      Batch& b = batches.next([&](int* tok, int* tgt) { data.val_batch(window, K, micro_batch, seq_len, tok, tgt); });
       engine->begin_forward();
       model->forward(units, b.tokens(), b.targets());
       if (real) {
@@ -365,14 +365,14 @@ class Run {
 
   // Forward and backward of every micro batch of one step (their losses are read by step_loss()).
   void forward_backward(double scale) {
-    const float dscale = static_cast<float>(scale / (static_cast<double>(B) * T * static_cast<double>(GA) * W));
-    for (std::int64_t micro = 0; micro < GA; ++micro) {
+    const float dscale = static_cast<float>(scale / (static_cast<double>(micro_batch) * seq_len * static_cast<double>(grad_accum) * W));
+    for (std::int64_t micro = 0; micro < grad_accum; ++micro) {
       Batch& b = batches.next([&](int* tok, int* tgt) {
-        rng.discard(static_cast<unsigned long long>(B) * static_cast<unsigned long long>(R));  // the rows of lower ranks
-        data.sample_train(rng, B, T, tok, tgt);
-        rng.discard(static_cast<unsigned long long>(B) * static_cast<unsigned long long>(W - 1 - R));
+        rng.discard(static_cast<unsigned long long>(micro_batch) * static_cast<unsigned long long>(rank));  // the rows of lower ranks
+        data.sample_train(rng, micro_batch, seq_len, tok, tgt);
+        rng.discard(static_cast<unsigned long long>(micro_batch) * static_cast<unsigned long long>(W - 1 - rank));
       });
-      rows_drawn += static_cast<std::int64_t>(B) * W;
+      rows_drawn += static_cast<std::int64_t>(micro_batch) * W;
       engine->begin_micro_batch(micro);
       engine->begin_forward();
       t_fwd += model_time([&] {
@@ -388,13 +388,13 @@ class Run {
   // The step's mean loss over every rank's micro batches, summed in their global order (waits for
   // the compute stream: called once the Update is under way).
   double step_loss() {
-    std::vector<double> mine(static_cast<std::size_t>(GA));
-    for (std::int64_t micro = 0; micro < GA; ++micro) mine[static_cast<std::size_t>(micro)] = losses.mean(static_cast<std::size_t>(micro));
+    std::vector<double> mine(static_cast<std::size_t>(grad_accum));
+    for (std::int64_t micro = 0; micro < grad_accum; ++micro) mine[static_cast<std::size_t>(micro)] = losses.mean(static_cast<std::size_t>(micro));
     const std::vector<double> all = W > 1 ? comm.allgather(mine.data(), mine.size()) : mine;
     double loss_sum = 0;
-    for (std::int64_t micro = 0; micro < GA; ++micro)
-      for (int r = 0; r < W; ++r) loss_sum += all[static_cast<std::size_t>(r * GA + micro)];
-    return loss_sum / (static_cast<double>(GA) * W);
+    for (std::int64_t micro = 0; micro < grad_accum; ++micro)
+      for (int r = 0; r < W; ++r) loss_sum += all[static_cast<std::size_t>(r * grad_accum + micro)];
+    return loss_sum / (static_cast<double>(grad_accum) * W);
   }
 
   offload::StepOutcome update(double scale, double lr) {
@@ -445,7 +445,7 @@ class Run {
     st.scaler_iter = scaler.cur_iter;
     st.scaler_last_overflow = scaler.last_overflow_iter;
     st.scaler_hysteresis = scaler.cur_hysteresis;
-    if (R != 0) {  // rank 0 writes; the others hand over their shards, unit by unit in the same order
+    if (rank != 0) {  // rank 0 writes; the others hand over their shards, unit by unit in the same order
       if (!engine->states_partitioned()) return;  // rank 0 holds every state itself
       std::vector<float> ma, mm, vv;
       for (std::size_t u = 0; u < engine_units.size(); ++u) {
@@ -490,10 +490,11 @@ class Run {
   const Config& c;
   const TrainHooks& hooks;
   Comm& comm;
-  const int W, R;  // ranks, and this one
+  const int W;     // ranks in the job (W in the formulas above)
+  const int rank;  // this one
   const ModelShape shape;
-  const int B, T;
-  const std::int64_t GA;
+  const int micro_batch, seq_len;  // sequences per micro batch, and their length
+  const std::int64_t grad_accum;
   TokenData data;
   const int threads;
   const backends::Backend& device_backend_;  // everything device-specific comes from here
@@ -575,41 +576,41 @@ class Run {
   }
 };
 
-}  // namespace
+// The communicator of the job's ranks: hooks.comm, or one for the launcher's world, kept in *owned.
+Comm& join_world(const TrainHooks& hooks, std::unique_ptr<Comm>& owned, int& local_rank) {
+  local_rank = 0;
+  if (hooks.comm) return *hooks.comm;
+  const World w = detect_world();
+  owned = make_world_comm(w);
+  local_rank = w.local_rank;
+  return *owned;
+}
 
-TrainResult train(const Config& c, const TrainHooks& hooks) {
-  if (c.device.simd != "auto") cpu_adam::set_simd_cap(cpu_adam::parse_simd_level(c.device.simd));
-  std::unique_ptr<Comm> world_comm;
-  Comm* comm = hooks.comm;
-  int local_rank = 0;
-  if (!comm) {
-    const World w = detect_world();
-    world_comm = make_world_comm(w);
-    comm = world_comm.get();
-    local_rank = w.local_rank;
-  }
-  if (c.world_size != comm->size())
+// Every rank must train the same thing: the batch sizes resolved for this job's size, and one config.
+void check_world(const Config& c, Comm& comm) {
+  if (c.world_size != comm.size())
     throw ConfigError(c.source + ": the batch sizes were resolved for " + std::to_string(c.world_size) + " rank(s), this job has " +
-                      std::to_string(comm->size()));
-  if (comm->size() > 1) {  // every rank must train the same thing: compare the resolved configs
-    const std::uint64_t h = fnv1a64(c.resolved_json.data(), c.resolved_json.size());
-    const double parts[2] = {static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffu)};
-    const auto all = comm->allgather(parts, 2);
-    std::string differ;
-    for (std::size_t r = 1; r < all.size() / 2; ++r)
-      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    if (!differ.empty())
-      throw ConfigError(c.source + ": the ranks of this job were given different configs: the resolved config of rank(s) " + differ +
-                            " differs from rank 0's",
-                        "start every rank with the same config file and --set overrides");
-  }
-  // Rank 0 settles the checkpoint to start from and prepares the directories the run writes; the
-  // others learn whether that worked (a refusal ends every rank the same way) and which checkpoint
-  // to load. Nothing is written before every check has passed.
-  const ModelShape shape = model_shape(c.model);
+                      std::to_string(comm.size()));
+  if (comm.size() == 1) return;
+  const std::uint64_t h = fnv1a64(c.resolved_json.data(), c.resolved_json.size());
+  const double parts[2] = {static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffu)};
+  const auto all = comm.allgather(parts, 2);
+  std::string differ;
+  for (std::size_t r = 1; r < all.size() / 2; ++r)
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  if (!differ.empty())
+    throw ConfigError(c.source + ": the ranks of this job were given different configs: the resolved config of rank(s) " + differ +
+                          " differs from rank 0's",
+                      "start every rank with the same config file and --set overrides");
+}
+
+// Rank 0 settles the checkpoint to start from and prepares the directories the run writes; the
+// others learn whether that worked (a refusal ends every rank the same way) and which checkpoint
+// to load. Nothing is written before every check has passed.
+CheckpointPlan prepare_outputs(const Config& c, const TrainHooks& hooks, const ModelShape& shape, Comm& comm) {
   CheckpointPlan plan;
   std::exception_ptr prepared;
-  if (comm->rank() == 0) try {
+  if (comm.rank() == 0) try {
       plan = plan_checkpoints(c, hooks.resume, shape, hooks);
       check_output_paths(c, hooks);
       for (const auto& p : plan.corrupt) {  // kept for inspection, out of latest's and keep_last's way
@@ -619,16 +620,101 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
     } catch (...) {
       prepared = std::current_exception();
     }
-  if (comm->size() > 1 && comm->any(prepared != nullptr) && !prepared)
+  if (comm.size() > 1 && comm.any(prepared != nullptr) && !prepared)
     throw ConfigError("rank 0 refused to start the run (its error says why)");
   if (prepared) std::rethrow_exception(prepared);
-  if (comm->size() > 1) plan.load = broadcast_string(*comm, plan.load);
-  Run run(c, hooks, *comm, local_rank);
-  if (comm->rank() == 0 && !c.train.checkpoint_dir.empty() && c.train.steps > 0) {
-    run.checkpoints = std::make_unique<CheckpointDir>(c.train.checkpoint_dir, c.train.keep_last, shape, [&run](const std::string& s) { run.log(s); });
-    if (!plan.load.empty()) run.checkpoints->mark_verified(plan.load);
-    run.checkpoints->replace_on_first_save(plan.replace);
+  if (comm.size() > 1) plan.load = broadcast_string(comm, plan.load);
+  return plan;
+}
+
+// Rank 0's checkpoint folder, when the run writes checkpoints.
+void open_checkpoints(Run& run, const CheckpointPlan& plan) {
+  const Config& c = run.c;
+  if (run.comm.rank() != 0 || c.train.checkpoint_dir.empty() || c.train.steps == 0) return;
+  run.checkpoints = std::make_unique<CheckpointDir>(c.train.checkpoint_dir, c.train.keep_last, run.shape,
+                                                    [&run](const std::string& s) { run.log(s); });
+  if (!plan.load.empty()) run.checkpoints->mark_verified(plan.load);
+  run.checkpoints->replace_on_first_save(plan.replace);
+}
+
+// One optimizer step: forward and backward of every micro batch, the Update, and what happened.
+StepReport train_step(Run& run, std::int64_t step) {
+  const Config& c = run.c;
+  const auto t0 = Clock::now();
+  StepReport r;
+  r.step = step, r.steps = c.train.steps;
+  r.loss_scale = run.scaler.scale();
+  r.lr = lr_at(c.scheduler, c.optimizer.lr, run.opt_steps);
+  run.forward_backward(r.loss_scale);
+  const offload::StepOutcome out = run.update(r.loss_scale, r.lr);
+  r.loss = run.step_loss();
+  r.grad_norm = out.norm;
+  r.skipped = run.account(out, step, r.loss);
+  r.step_s = since(t0);
+  r.tokens_per_s = static_cast<double>(c.train_batch_size) * run.seq_len / r.step_s;
+  r.busy = run.engine->take_times();
+  return r;
+}
+
+// A measured step's busy times and op times, added to the run's sums.
+void add_measured(TrainResult& res, const StepReport& r, const std::vector<OpTime>& ops_times) {
+  res.busy += r.busy;
+  res.measured_steps++;
+  for (const auto& o : ops_times) {
+    auto it = std::find_if(res.profile.begin(), res.profile.end(), [&](const OpTime& x) { return x.name == o.name; });
+    if (it == res.profile.end()) {
+      res.profile.push_back(o);
+    } else {
+      it->calls += o.calls, it->seconds += o.seconds, it->flops += o.flops;
+    }
   }
+}
+
+// After a step: the progress line, an evaluation, a checkpoint, as their intervals (or a stop) ask.
+// Returns whether the run stops here.
+bool after_step(Run& run, std::int64_t step, const StepReport& r, TrainResult& res) {
+  const Config& c = run.c;
+  run.metrics.step(r);
+  if (step % c.steps_per_print == 0 || step == c.train.steps) {
+    run.log(progress_line(c, r, 1e3 * run.t_fwd / c.steps_per_print, 1e3 * run.t_bwd / c.steps_per_print));
+    run.t_fwd = run.t_bwd = 0;
+  }
+  const bool stop = run.stop_asked();
+  if (((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || step == c.train.steps) && !stop) {
+    res.val_loss = run.evaluate();
+    run.metrics.validation(step, res.val_loss);
+    run.log("step " + std::to_string(step) + ": val_loss " + std::to_string(res.val_loss).substr(0, 6));
+  }
+  if (!c.train.checkpoint_dir.empty() &&
+      ((c.train.checkpoint_interval > 0 && step % c.train.checkpoint_interval == 0) || step == c.train.steps || stop))
+    run.checkpoint(step, res);
+  return stop;
+}
+
+// The result's figures once the last step has landed.
+void finish_result(Run& run, double t_measured, TrainResult& res) {
+  run.engine->synchronize();
+  res.skipped = run.skipped;
+  res.params_digest = params_digest(*run.engine, run.shape);
+  res.peak_device_bytes = run.dev->peak();
+  res.device_budget = run.dev->budget();
+  res.pinned_capacity = run.engine->pinned_capacity();
+  res.pinned_peak = run.engine->pinned_peak();
+  res.step_seconds = res.measured_steps ? t_measured / static_cast<double>(res.measured_steps) : 0;
+  std::sort(res.profile.begin(), res.profile.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+}
+
+}  // namespace
+
+TrainResult train(const Config& c, const TrainHooks& hooks) {
+  if (c.device.simd != "auto") cpu_adam::set_simd_cap(cpu_adam::parse_simd_level(c.device.simd));
+  std::unique_ptr<Comm> world_comm;
+  int local_rank = 0;
+  Comm& comm = join_world(hooks, world_comm, local_rank);
+  check_world(c, comm);
+  const CheckpointPlan plan = prepare_outputs(c, hooks, model_shape(c.model), comm);
+  Run run(c, hooks, comm, local_rank);
+  open_checkpoints(run, plan);
   TrainResult res;
   res.resumed_from = run.resume(plan.load);
   const std::int64_t first_step = res.resumed_from + 1;
@@ -644,19 +730,7 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
 
   res.steps = first_step - 1;
   for (std::int64_t step = first_step; step <= c.train.steps && !res.interrupted; ++step) {
-    const auto t0 = Clock::now();
-    StepReport r;
-    r.step = step, r.steps = c.train.steps;
-    r.loss_scale = run.scaler.scale();
-    r.lr = lr_at(c.scheduler, c.optimizer.lr, run.opt_steps);
-    run.forward_backward(r.loss_scale);
-    const offload::StepOutcome out = run.update(r.loss_scale, r.lr);
-    r.loss = run.step_loss();
-    r.grad_norm = out.norm;
-    r.skipped = run.account(out, step, r.loss);
-    r.step_s = since(t0);
-    r.tokens_per_s = static_cast<double>(c.train_batch_size) * run.T / r.step_s;
-    r.busy = run.engine->take_times();
+    const StepReport r = train_step(run, step);
     std::vector<OpTime> ops_times;
     if (run.profile) ops_times = run.profile->take();
     res.steps = step;
@@ -664,47 +738,16 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
     res.tokens_per_s = r.tokens_per_s;
     if (step >= measure_from) {
       t_measured += r.step_s;
-      res.busy += r.busy;
-      res.measured_steps++;
-      for (const auto& o : ops_times) {
-        auto it = std::find_if(res.profile.begin(), res.profile.end(), [&](const OpTime& x) { return x.name == o.name; });
-        if (it == res.profile.end()) {
-          res.profile.push_back(o);
-        } else {
-          it->calls += o.calls, it->seconds += o.seconds, it->flops += o.flops;
-        }
-      }
+      add_measured(res, r, ops_times);
     }
-    run.metrics.step(r);
-    if (step % c.steps_per_print == 0 || step == c.train.steps) {
-      run.log(progress_line(c, r, 1e3 * run.t_fwd / c.steps_per_print, 1e3 * run.t_bwd / c.steps_per_print));
-      run.t_fwd = run.t_bwd = 0;
-    }
-    const bool stop = run.stop_asked();
-    if (((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || step == c.train.steps) && !stop) {
-      res.val_loss = run.evaluate();
-      run.metrics.validation(step, res.val_loss);
-      run.log("step " + std::to_string(step) + ": val_loss " + std::to_string(res.val_loss).substr(0, 6));
-    }
-    if (!c.train.checkpoint_dir.empty() &&
-        ((c.train.checkpoint_interval > 0 && step % c.train.checkpoint_interval == 0) || step == c.train.steps || stop))
-      run.checkpoint(step, res);
-    if (stop) {
+    if (after_step(run, step, r, res)) {
       res.interrupted = true;
       res.stop_signal = run.stop_signal;
       run.log("interrupted: stopping after step " + std::to_string(step));
       break;
     }
   }
-  run.engine->synchronize();
-  res.skipped = run.skipped;
-  res.params_digest = params_digest(*run.engine, run.shape);
-  res.peak_device_bytes = run.dev->peak();
-  res.device_budget = run.dev->budget();
-  res.pinned_capacity = run.engine->pinned_capacity();
-  res.pinned_peak = run.engine->pinned_peak();
-  res.step_seconds = res.measured_steps ? t_measured / static_cast<double>(res.measured_steps) : 0;
-  std::sort(res.profile.begin(), res.profile.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+  finish_result(run, t_measured, res);
   return res;
 }
 

@@ -1,0 +1,32 @@
+// commands.cpp — what the subcommands share: the config options and their notes, --json.
+#include "commands.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
+#include "app/config/config.h"
+
+namespace zinf::cli {
+
+void add_config_options(CLI::App& sub, ConfigArgs& args) {
+  sub.add_option("-c,--config", args.path, "Run config: a DeepSpeed ds_config.json with zinf's sections")
+      ->type_name("FILE")
+      ->required();
+  sub.add_option("--set", args.overrides, "Override a config key in dotted form, e.g. --set zero_optimization.stage=3")
+      ->type_name("KEY=VALUE");
+}
+
+Config load_run_config(const ConfigArgs& args, int world_size, const std::vector<std::string>& extra) {
+  std::vector<std::string> overrides = args.overrides;
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return zinf::load_config(args.path, overrides, world_size);
+}
+
+void print_notes(const Config& config) {
+  for (const auto& n : config.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+}
+
+void print_json(const nlohmann::json& j) { std::printf("%s\n", j.dump(2).c_str()); }
+
+}  // namespace zinf::cli

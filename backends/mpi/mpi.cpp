@@ -353,85 +353,101 @@ int tcp_socket(const World& w, bool listen_side, Clock::time_point deadline) {
   }
 }
 
+// Rank 0's side of the meeting: every other rank calls in once on the TCP port with its RANK and
+// WORLD_SIZE and is answered with where to meet (the name server's address and the MPI port);
+// its connection stays open as the lifeline that tells each side when the other has gone.
+void admit_ranks(const World& w, Clock::time_point deadline, const std::string& reply) {
+  const int lfd = tcp_socket(w, true, deadline);
+  std::vector<bool> seen(static_cast<std::size_t>(w.size), false);
+  seen[0] = true;
+  for (int k = 1; k < w.size; ++k) {
+    pollfd p{lfd, POLLIN, 0};
+    if (::poll(&p, 1, poll_ms(deadline)) <= 0) {
+      std::string missing;
+      for (std::size_t r = 1; r < seen.size(); ++r)
+        if (!seen[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      ::close(lfd);
+      rdv_fail(w, "rank(s) " + missing + " did not arrive");
+    }
+    const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      --k;
+      continue;
+    }
+    std::istringstream in(read_line(fd, deadline, w));
+    int r = -1, n = -1;
+    in >> r >> n;
+    std::string err;
+    if (n != w.size) err = "a rank says WORLD_SIZE=" + std::to_string(n) + ", rank 0 has " + std::to_string(w.size);
+    else if (r < 1 || r >= w.size || seen[static_cast<std::size_t>(r)]) err = "RANK=" + std::to_string(r) + " arrived twice or is out of range";
+    send_all(fd, err.empty() ? reply : "ERR " + err + "\n");
+    if (!err.empty()) {
+      ::close(fd);
+      ::close(lfd);
+      rdv_fail(w, err);
+    }
+    seen[static_cast<std::size_t>(r)] = true;
+    std::lock_guard<std::mutex> lk(g_lines_mu);
+    g_lifelines.push_back({fd, r});
+  }
+  ::close(lfd);
+}
+
+// Rank 0: starts the name server and MPI, opens the port the others connect to, admits them.
+// Returns a group of rank 0 alone; the others join it in rendezvous().
+MPI_Comm host_meeting(const World& w, Clock::time_point deadline, std::string& port_name) {
+  const std::string uri = start_name_server(w, deadline);
+  ::setenv("OMPI_MCA_pmix_server_uri", ("file:" + uri).c_str(), 1);
+  init_mpi();
+  char port[MPI_MAX_PORT_NAME];
+  check(MPI_Open_port(MPI_INFO_NULL, port), "Open_port", 0);
+  port_name = port;
+  std::string uri_text;
+  std::getline(std::ifstream(uri), uri_text);
+  admit_ranks(w, deadline, "OK\n" + uri_text + "\n" + port_name + "\n");
+  watch_lifelines();  // from here on a rank that goes away ends the others, even while they connect
+  g_mpi_connected = true;
+  MPI_Comm group = MPI_COMM_NULL;
+  check(MPI_Comm_dup(MPI_COMM_SELF, &group), "Comm_dup", 0);
+  return group;
+}
+
+// Every other rank: calls rank 0, learns where to meet, starts MPI against rank 0's name server and
+// connects to the port. Returns the group of the ranks that have met so far.
+MPI_Comm join_meeting(const World& w, Clock::time_point deadline, std::string& port_name) {
+  const int fd = tcp_socket(w, false, deadline);
+  send_all(fd, std::to_string(w.rank) + " " + std::to_string(w.size) + "\n");
+  const std::string status = read_line(fd, deadline, w);
+  if (status.rfind("ERR ", 0) == 0) {
+    ::close(fd);
+    rdv_fail(w, status.substr(4));
+  }
+  const std::string uri_text = read_line(fd, deadline, w);
+  port_name = read_line(fd, deadline, w);
+  {
+    std::lock_guard<std::mutex> lk(g_lines_mu);
+    g_lifelines.push_back({fd, 0});
+  }
+  watch_lifelines();
+  const std::string uri = rendezvous_file();
+  std::ofstream(uri) << uri_text << "\n";
+  ::setenv("OMPI_MCA_pmix_server_uri", ("file:" + uri).c_str(), 1);
+  init_mpi();
+  g_mpi_connected = true;
+  MPI_Comm inter, group;
+  check(MPI_Comm_connect(port_name.c_str(), MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter), "Comm_connect", w.rank);
+  check(MPI_Intercomm_merge(inter, 1, &group), "Intercomm_merge", w.rank);
+  MPI_Comm_free(&inter);
+  return group;
+}
+
 // Every rank: the job's communicator, ordered by RANK.
 MPI_Comm rendezvous(const World& w) {
   const char* t = std::getenv("ZINF_RENDEZVOUS_TIMEOUT");
   const auto deadline = Clock::now() + std::chrono::seconds(t && std::atoi(t) > 0 ? std::atoi(t) : 120);
   std::string port_name;
-  MPI_Comm group = MPI_COMM_NULL;
   g_my_rank = w.rank;
-  if (w.rank == 0) {
-    const std::string uri = start_name_server(w, deadline);
-    ::setenv("OMPI_MCA_pmix_server_uri", ("file:" + uri).c_str(), 1);
-    init_mpi();
-    char port[MPI_MAX_PORT_NAME];
-    check(MPI_Open_port(MPI_INFO_NULL, port), "Open_port", 0);
-    port_name = port;
-    std::string uri_text;
-    std::getline(std::ifstream(uri), uri_text);
-    // Every other rank calls in once: its RANK and WORLD_SIZE, answered with where to meet.
-    const int lfd = tcp_socket(w, true, deadline);
-    std::vector<bool> seen(static_cast<std::size_t>(w.size), false);
-    seen[0] = true;
-    for (int k = 1; k < w.size; ++k) {
-      pollfd p{lfd, POLLIN, 0};
-      if (::poll(&p, 1, poll_ms(deadline)) <= 0) {
-        std::string missing;
-        for (std::size_t r = 1; r < seen.size(); ++r)
-          if (!seen[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        ::close(lfd);
-        rdv_fail(w, "rank(s) " + missing + " did not arrive");
-      }
-      const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) {
-        --k;
-        continue;
-      }
-      std::istringstream in(read_line(fd, deadline, w));
-      int r = -1, n = -1;
-      in >> r >> n;
-      std::string err;
-      if (n != w.size) err = "a rank says WORLD_SIZE=" + std::to_string(n) + ", rank 0 has " + std::to_string(w.size);
-      else if (r < 1 || r >= w.size || seen[static_cast<std::size_t>(r)]) err = "RANK=" + std::to_string(r) + " arrived twice or is out of range";
-      send_all(fd, err.empty() ? "OK\n" + uri_text + "\n" + port_name + "\n" : "ERR " + err + "\n");
-      if (!err.empty()) {
-        ::close(fd);
-        ::close(lfd);
-        rdv_fail(w, err);
-      }
-      seen[static_cast<std::size_t>(r)] = true;
-      std::lock_guard<std::mutex> lk(g_lines_mu);
-      g_lifelines.push_back({fd, r});
-    }
-    ::close(lfd);
-    watch_lifelines();  // from here on a rank that goes away ends the others, even while they connect
-    g_mpi_connected = true;
-    check(MPI_Comm_dup(MPI_COMM_SELF, &group), "Comm_dup", 0);
-  } else {
-    const int fd = tcp_socket(w, false, deadline);
-    send_all(fd, std::to_string(w.rank) + " " + std::to_string(w.size) + "\n");
-    const std::string status = read_line(fd, deadline, w);
-    if (status.rfind("ERR ", 0) == 0) {
-      ::close(fd);
-      rdv_fail(w, status.substr(4));
-    }
-    const std::string uri_text = read_line(fd, deadline, w);
-    port_name = read_line(fd, deadline, w);
-    {
-      std::lock_guard<std::mutex> lk(g_lines_mu);
-      g_lifelines.push_back({fd, 0});
-    }
-    watch_lifelines();
-    const std::string uri = rendezvous_file();
-    std::ofstream(uri) << uri_text << "\n";
-    ::setenv("OMPI_MCA_pmix_server_uri", ("file:" + uri).c_str(), 1);
-    init_mpi();
-    g_mpi_connected = true;
-    MPI_Comm inter;
-    check(MPI_Comm_connect(port_name.c_str(), MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter), "Comm_connect", w.rank);
-    check(MPI_Intercomm_merge(inter, 1, &group), "Intercomm_merge", w.rank);
-    MPI_Comm_free(&inter);
-  }
+  MPI_Comm group = w.rank == 0 ? host_meeting(w, deadline, port_name) : join_meeting(w, deadline, port_name);
   // The group grows by one rank at a time, in arrival order; everyone already in takes part.
   for (int size = 0; MPI_Comm_size(group, &size), size < w.size;) {
     MPI_Comm inter, bigger;

@@ -142,6 +142,8 @@ def main() -> int:
         ap.error("shapes, --mb, --ga and --steps must be at least 1, --warmup at least 0")
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no GPU visible to PyTorch (use --device cpu for a check without one)")
+    if a.mode == "fsdp-offload" and a.device != "cuda":
+        ap.error("fsdp-offload needs --device cuda: PyTorch's FSDP runs on an accelerator only")
 
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # zinf beside PyTorch on the same GPU, in one go: `zinf bench step` (with --profile) and the PyTorch
-# peer (torch_gpt2.py: eager bf16 autocast with flash attention and fused AdamW, or FSDP with
+# peer (bench/torch_gpt2.py: eager bf16 autocast with flash attention and fused AdamW, or FSDP with
 # CPUOffload) train the same GPT-2 shapes, and one table compares them:
 #   a          24 layers, 1024 wide, 16 heads, vocab 256, seq 512, micro-batch 8, GA 1, resident
 #   b          GPT-2 XL's shape (48 / 1600 / 25), vocab 50304, seq 1024, micro-batch 4, GA 1, resident
@@ -8,17 +8,22 @@
 #   b-ga4-opt  b at GA 4, optimizer states on the CPU (ZeRO-Offload; zinf only, against b-ga4)
 #   b-ga4-all  b at GA 4, optimizer and parameters on the CPU, device budget under a third of the
 #              training state; beside PyTorch FSDP with CPUOffload(offload_params=True) on the same work
-# Usage: scripts/compare-torch.sh [PEER]   (PEER: a PyTorch GPT-2 script, default ./torch_gpt2.py;
-# the repository does not ship one yet, see docs/gpu.md). ZINF_COMPARE_CASES picks cases (default all, in the order above);
+# Usage: scripts/compare-torch.sh [PEER]   (PEER: a PyTorch GPT-2 script taking the same arguments,
+# default bench/torch_gpt2.py; PyTorch must be installed for the python3 that runs it, or only zinf's
+# side is measured). ZINF_COMPARE_CASES picks cases (default all, in the order above);
 # ZINF_BIN the zinf binary (default build-gpu/src/zinf, built by scripts/gpu-check.sh's build part).
 # Writes compare.jsonl (every raw result) and compare.md (the table) under $OUT, or the repository.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out_dir="${OUT:-$root}"
 peer="${1:-}"
-for p in "$peer" "$root/torch_gpt2.py"; do
+for p in "$peer" "$root/bench/torch_gpt2.py"; do
   [ -n "$p" ] && [ -f "$p" ] && peer="$p" && break
 done
+if [ -n "$peer" ] && ! python3 -c 'import torch' 2>/dev/null; then
+  echo "== PyTorch is not installed for $(command -v python3): measuring zinf's side only (pip install torch)" >&2
+  peer=""
+fi
 zinf="${ZINF_BIN:-$root/build-gpu/src/zinf}"
 cases=" ${ZINF_COMPARE_CASES:-a b b-ga4 b-ga4-opt b-ga4-all} "
 raw="$out_dir/compare.jsonl"
@@ -41,7 +46,8 @@ has() { [[ "$cases" == *" $1 "* ]]; }
 step=(bench step --json --profile --no-baseline --steps 4 ${ZINF_COMPARE_SET:-})
 a_shape=(--layers 24 --embd 1024 --heads 16 --vocab 256 --seq 512)
 b_shape=(--layers 48 --embd 1600 --heads 25 --vocab 50304 --seq 1024)
-peer_steps=(--steps 3 --warmup 1)
+# configs/compare-a.json and compare-b.json recompute activations; the peer does the same work.
+peer_steps=(--steps 3 --warmup 1 --activation-checkpointing)
 if has a; then
   record a zinf "$zinf" "${step[@]}" --config "$root/configs/compare-a.json"
   [ -n "$peer" ] && record a torch python3 "$peer" resident "${a_shape[@]}" --mb 8 --ga 1 "${peer_steps[@]}"

@@ -22,7 +22,7 @@
 # ZINF_GPU_CHECK_PARTS picks parts (default all but compare): build tests bench digests losses
 # compare — e.g. one call with "build tests bench" and a second with "digests losses" (the build is
 # reused), so that each fits a 10-minute call on a lent machine. `compare` runs
-# scripts/compare-torch.sh (zinf beside the PyTorch peer, torch_gpt2.py copied into the tree first).
+# scripts/compare-torch.sh (zinf beside the PyTorch peer, bench/torch_gpt2.py; it needs torch importable).
 set -uo pipefail
 parts=" ${ZINF_GPU_CHECK_PARTS:-build tests bench digests losses} "
 want() { [[ "$parts" == *" $1 "* ]]; }

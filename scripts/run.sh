@@ -6,6 +6,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/install-deps.sh"
 echo "== building zinf into $root/build (the first build takes a few minutes; later ones only what changed)"
-"$root/scripts/build.sh" "$root/build"
+# Only the binary the run needs: the test binaries are left to scripts/test.sh, which builds them in
+# the same directory with the same configuration and so reuses every object compiled here.
+ZINF_BUILD_TARGETS=zinf "$root/scripts/build.sh" "$root/build"
 echo "== training: $root/build/src/zinf train --config configs/tiny.json $*"
 exec "$root/build/src/zinf" train --config "$root/configs/tiny.json" "$@"

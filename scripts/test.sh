@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): install dependencies, build, run the whole suite; then build
-# the unit tests with AddressSanitizer + UBSan and run them again; then build the `async` tests (the
-# ordering contract on the asynchronous, jittered CPU device) with ThreadSanitizer and run them; last,
-# build the parsers' libFuzzer targets with clang and run each briefly (scripts/fuzz.sh).
+# the unit and nvme tests (only those, CUDA off) with AddressSanitizer + UBSan and run them again;
+# then build the `async` tests (the ordering contract on the asynchronous, jittered CPU device) with
+# ThreadSanitizer and run them; last, build the parsers' libFuzzer targets with clang and run each
+# briefly (scripts/fuzz.sh).
 # ZINF_SKIP_SANITIZE=1 skips both sanitizer passes, ZINF_SKIP_TSAN=1 the last one, ZINF_SKIP_FUZZ=1
 # the fuzzing.
 set -euo pipefail
@@ -12,7 +13,13 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 ctest --test-dir "$root/build" --output-on-failure -j "$(nproc)"
 if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "== sanitizer pass (address,undefined): unit and nvme tests"
-  "$root/scripts/build.sh" "$root/build-asan" -DZINF_SANITIZE=address,undefined -DZINF_BUILD_BENCH=OFF
+  # Build only what this pass runs: the test binaries labelled unit or nvme (read from their
+  # registrations, so a new test is picked up), on the CPU device, without benches.
+  asan_targets=$(awk 'match($0, /zinf_test\(([A-Za-z0-9_]+) +LABEL +(unit|nvme)[ )]/) {
+                        split(substr($0, RSTART + 10), a, " "); print a[1] }' "$root/tests/CMakeLists.txt")
+  [ -n "$asan_targets" ] || { echo "test.sh: no unit or nvme test found in tests/CMakeLists.txt" >&2; exit 1; }
+  ZINF_BUILD_TARGETS="$asan_targets" "$root/scripts/build.sh" "$root/build-asan" \
+    -DZINF_SANITIZE=address,undefined -DZINF_BUILD_BENCH=OFF -DZINF_CUDA=OFF
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -L 'unit|nvme'
 fi

@@ -84,6 +84,9 @@ void adam_avx2(const AdamStep& s, const UpdateChunk& c) {
   }
 }
 
+// The same loops as kernels_avx512.cpp at half the vector width: each file compiles with its own
+// target flags and names its instructions, so the order of operations that the bit-identity tests
+// pin down stays visible in each.
 template <GradType G, int Out>
 void traffic_loop(const UpdateChunk& c) {
   const std::size_t n8 = c.n & ~std::size_t{7};

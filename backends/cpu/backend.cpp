@@ -12,10 +12,10 @@ namespace {
 // The reference ops with the thread pool they run on.
 class PooledCpuOps final : public CpuOps {
  public:
-  explicit PooledCpuOps(std::unique_ptr<ops::Par> pool) : CpuOps(*pool), pool_(std::move(pool)) {}
+  explicit PooledCpuOps(std::unique_ptr<ops::ChunkPool> pool) : CpuOps(*pool), owned_pool_(std::move(pool)) {}
 
  private:
-  std::unique_ptr<ops::Par> pool_;
+  std::unique_ptr<ops::ChunkPool> owned_pool_;
 };
 
 class CpuBackend final : public backends::Backend {
@@ -26,7 +26,7 @@ class CpuBackend final : public backends::Backend {
     return make_cpu_device(budget, spec.cpu);
   }
   std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision, int threads) const override {
-    std::unique_ptr<OpsBackend> ops = std::make_unique<PooledCpuOps>(std::make_unique<ops::Par>(threads));
+    std::unique_ptr<OpsBackend> ops = std::make_unique<PooledCpuOps>(std::make_unique<ops::ChunkPool>(threads));
     return dev.ops_stream_ordered() ? make_stream_ops(dev, std::move(ops)) : std::move(ops);
   }
   std::unique_ptr<offload::EngineKernels> make_engine_kernels(Device& dev, cpu_adam::HostThreads& pool) const override {

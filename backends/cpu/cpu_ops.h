@@ -12,18 +12,18 @@ namespace zinf {
 // fixed chunks. It computes in fp32; a view of another type is refused with a zinf::Error.
 class CpuOps : public OpsBackend {
  public:
-  explicit CpuOps(ops::Par& par) : p_(par) {}
+  explicit CpuOps(ops::ChunkPool& par) : pool_(par) {}
 
 #define ZINF_CPU_OP(name, info, params, args)                                                       \
   void name params override {                                                                       \
-    call_fp32("CPU", #name, #args, [this](auto... a) { ops::name(p_, a...); }, ZINF_OP_UNPAREN args); \
+    call_fp32("CPU", #name, #args, [this](auto... a) { ops::name(pool_, a...); }, ZINF_OP_UNPAREN args); \
   }
   ZINF_OPS(ZINF_CPU_OP)
 #undef ZINF_CPU_OP
   bool has_llama_ops() const override { return true; }
 
  private:
-  ops::Par& p_;
+  ops::ChunkPool& pool_;
 };
 
 }  // namespace zinf

@@ -14,15 +14,15 @@
 
 namespace zinf::ops {
 
-struct Par::Impl {
+struct ChunkPool::Impl {
   tbb::task_arena arena;
   explicit Impl(int t) : arena(t) {}
 };
 
-Par::Par(int threads) : threads_(threads), impl_(std::make_unique<Impl>(threads)) { ZINF_CHECK(threads >= 1); }
-Par::~Par() = default;
+ChunkPool::ChunkPool(int threads) : threads_(threads), impl_(std::make_unique<Impl>(threads)) { ZINF_CHECK(threads >= 1); }
+ChunkPool::~ChunkPool() = default;
 
-void Par::chunks(std::size_t n, const std::function<void(std::size_t)>& fn) {
+void ChunkPool::chunks(std::size_t n, const std::function<void(std::size_t)>& fn) {
   if (n == 0) return;
   if (n == 1 || threads_ == 1) {
     for (std::size_t i = 0; i < n; ++i) fn(i);
@@ -158,7 +158,7 @@ void gemm(const PackedA& a, const PackedB& b, float* c, std::ptrdiff_t ldc, bool
 }
 }  // namespace
 
-void matmul_forward(Par& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC) {
+void matmul_forward(ChunkPool& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC) {
   const PackedB W({w, OC, 1}, IC, OC);
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
@@ -170,7 +170,7 @@ void matmul_forward(Par& p, float* out, const float* inp, const float* w, const 
   });
 }
 
-void matmul_backward(Par& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+void matmul_backward(ChunkPool& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                      int R, int IC, int OC) {
   if (dinp) {
     const PackedB Wt({w, 1, OC}, OC, IC);  // B(o, i) = W[i, o]
@@ -190,7 +190,7 @@ void matmul_backward(Par& p, float* dinp, float* dw, float* dbias, const float* 
   });
 }
 
-void layernorm_forward(Par& p, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+void layernorm_forward(ChunkPool& p, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                        int R, int C) {
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
@@ -211,7 +211,7 @@ void layernorm_forward(Par& p, float* out, float* mean, float* rstd, const float
   });
 }
 
-void layernorm_backward(Par& p, float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+void layernorm_backward(ChunkPool& p, float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd, int R, int C) {
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
@@ -253,7 +253,7 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr std::size_t kElemChunk = 1 << 14;
 }  // namespace
 
-void gelu_forward(Par& p, float* out, const float* inp, std::size_t n) {
+void gelu_forward(ChunkPool& p, float* out, const float* inp, std::size_t n) {
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i1 = std::min(n, (c + 1) * kElemChunk);
     for (std::size_t i = c * kElemChunk; i < i1; ++i) {
@@ -263,7 +263,7 @@ void gelu_forward(Par& p, float* out, const float* inp, std::size_t n) {
   });
 }
 
-void gelu_backward(Par& p, float* dinp, const float* inp, const float* dout, std::size_t n) {
+void gelu_backward(ChunkPool& p, float* dinp, const float* inp, const float* dout, std::size_t n) {
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i1 = std::min(n, (c + 1) * kElemChunk);
     for (std::size_t i = c * kElemChunk; i < i1; ++i) {
@@ -277,21 +277,21 @@ void gelu_backward(Par& p, float* dinp, const float* inp, const float* dout, std
   });
 }
 
-void residual_forward(Par& p, float* out, const float* a, const float* b, std::size_t n) {
+void residual_forward(ChunkPool& p, float* out, const float* a, const float* b, std::size_t n) {
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i1 = std::min(n, (c + 1) * kElemChunk);
     for (std::size_t i = c * kElemChunk; i < i1; ++i) out[i] = a[i] + b[i];
   });
 }
 
-void add_inplace(Par& p, float* acc, const float* x, std::size_t n) {
+void add_inplace(ChunkPool& p, float* acc, const float* x, std::size_t n) {
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i1 = std::min(n, (c + 1) * kElemChunk);
     for (std::size_t i = c * kElemChunk; i < i1; ++i) acc[i] += x[i];
   });
 }
 
-void attention_forward(Par& p, float* out, float* att, const float* qkv, int B, int T, int C, int H) {
+void attention_forward(ChunkPool& p, float* out, float* att, const float* qkv, int B, int T, int C, int H) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   p.chunks(static_cast<std::size_t>(B) * H, [&](std::size_t bh) {
@@ -325,7 +325,7 @@ void attention_forward(Par& p, float* out, float* att, const float* qkv, int B, 
   });
 }
 
-void attention_backward(Par& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int H) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -369,7 +369,7 @@ void attention_backward(Par& p, float* dqkv, const float* dout, const float* qkv
   });
 }
 
-void encoder_forward(Par& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+void encoder_forward(ChunkPool& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
   p.chunks(nchunks(static_cast<std::size_t>(B) * T, kRowChunk), [&](std::size_t c) {
     const std::size_t r1 = std::min(static_cast<std::size_t>(B) * T, (c + 1) * kRowChunk);
     for (std::size_t r = c * kRowChunk; r < r1; ++r) {
@@ -382,7 +382,7 @@ void encoder_forward(Par& p, float* out, const int* tokens, const float* wte, co
   });
 }
 
-void encoder_backward(Par& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+void encoder_backward(ChunkPool& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
   // Tokens repeat, so rows scatter into shared wte rows: split by columns, rows in order.
   p.chunks(nchunks(C, kColChunk), [&](std::size_t c) {
     const int i0 = static_cast<int>(c) * kColChunk, i1 = std::min(C, i0 + kColChunk);
@@ -399,7 +399,7 @@ void encoder_backward(Par& p, float* dwte, float* dwpe, const float* dout, const
   });
 }
 
-void lm_head_forward(Par& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
+void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
                      int C, int V) {
   const PackedB Et({wte, 1, C}, C, V);  // B(c, v) = wte[v, c]
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
@@ -421,7 +421,7 @@ void lm_head_forward(Par& p, float* probs, float* losses, const float* x, const 
   });
 }
 
-void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
+void lm_head_backward(ChunkPool& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
                       const float* wte, const int* targets, float dscale, int R, int C, int V) {
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
@@ -443,8 +443,8 @@ void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const floa
   });
 }
 
-void copy(Par&, float* dst, const float* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-void zero(Par&, float* x, std::size_t n) { std::memset(x, 0, n * sizeof(float)); }
+void copy(ChunkPool&, float* dst, const float* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+void zero(ChunkPool&, float* x, std::size_t n) { std::memset(x, 0, n * sizeof(float)); }
 
 }  // namespace zinf::ops
 

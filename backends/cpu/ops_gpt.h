@@ -21,10 +21,10 @@
 namespace zinf::ops {
 
 // Fixed-chunk parallelism in a oneTBB arena of `threads` threads.
-class Par {
+class ChunkPool {
  public:
-  explicit Par(int threads);
-  ~Par();
+  explicit ChunkPool(int threads);
+  ~ChunkPool();
   int threads() const { return threads_; }
   // Runs fn(i) for i in [0, n); any thread may run any i.
   void chunks(std::size_t n, const std::function<void(std::size_t)>& fn);
@@ -38,43 +38,43 @@ class Par {
 constexpr int kRowChunk = 64;  // rows per chunk (GEMM, LayerNorm, GELU)
 constexpr int kColChunk = 64;  // columns per chunk (weight/bias gradients)
 
-void matmul_forward(Par& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC);
+void matmul_forward(ChunkPool& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC);
 // dinp += dout·Wᵀ (skipped when null); dw += inpᵀ·dout; dbias += Σ_rows dout (skipped when null)
-void matmul_backward(Par& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+void matmul_backward(ChunkPool& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                      int R, int IC, int OC);
 
-void layernorm_forward(Par& p, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+void layernorm_forward(ChunkPool& p, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                        int R, int C);
 // dinp += …; dw += …; db += …
-void layernorm_backward(Par& p, float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+void layernorm_backward(ChunkPool& p, float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd, int R, int C);
 
-void gelu_forward(Par& p, float* out, const float* inp, std::size_t n);
-void gelu_backward(Par& p, float* dinp, const float* inp, const float* dout, std::size_t n);  // dinp = …
+void gelu_forward(ChunkPool& p, float* out, const float* inp, std::size_t n);
+void gelu_backward(ChunkPool& p, float* dinp, const float* inp, const float* dout, std::size_t n);  // dinp = …
 
-void residual_forward(Par& p, float* out, const float* a, const float* b, std::size_t n);
-void add_inplace(Par& p, float* acc, const float* x, std::size_t n);  // acc += x
+void residual_forward(ChunkPool& p, float* out, const float* a, const float* b, std::size_t n);
+void add_inplace(ChunkPool& p, float* acc, const float* x, std::size_t n);  // acc += x
 
 // qkv [B,T,3C] → out [B,T,C]; att [B,H,T,T] keeps the softmax for backward (causal, scale 1/√(C/H)).
-void attention_forward(Par& p, float* out, float* att, const float* qkv, int B, int T, int C, int H);
+void attention_forward(ChunkPool& p, float* out, float* att, const float* qkv, int B, int T, int C, int H);
 // dqkv = … (overwritten)
-void attention_backward(Par& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int H);
 
-void encoder_forward(Par& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
+void encoder_forward(ChunkPool& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
 // dwte += …; dwpe += …
-void encoder_backward(Par& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
+void encoder_backward(ChunkPool& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
 
 // LM head tied to wte with softmax cross-entropy. probs [R,V] is kept for backward; losses [R], each
 // row's loss (read by the host at the step's end, not here: no round trip inside the forward).
-void lm_head_forward(Par& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
+void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
                      int C, int V);
 // dlogits = (probs − onehot)·dscale;  dx = dlogits·wte (overwritten);  dwte += dlogitsᵀ·x
-void lm_head_backward(Par& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
+void lm_head_backward(ChunkPool& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
                       const float* wte, const int* targets, float dscale, int R, int C, int V);
 
 // dst = src and p = 0 over n elements (plain memory copies: nothing to split).
-void copy(Par& p, float* dst, const float* src, std::size_t n);
-void zero(Par& p, float* x, std::size_t n);
+void copy(ChunkPool& p, float* dst, const float* src, std::size_t n);
+void zero(ChunkPool& p, float* x, std::size_t n);
 
 }  // namespace zinf::ops

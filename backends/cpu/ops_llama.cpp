@@ -13,7 +13,9 @@ std::size_t nchunks(std::size_t n, std::size_t c) { return (n + c - 1) / c; }
 constexpr std::size_t kElemChunk = 1 << 14;
 }  // namespace
 
-void rmsnorm_forward(Par& p, float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps) {
+// Each reference op below and its kernel in backends/cuda/ops/llama.cu share their per-row loop on
+// purpose: the kernel follows the reference's order of operations so that the two agree to rounding.
+void rmsnorm_forward(ChunkPool& p, float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps) {
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r) {
@@ -28,7 +30,7 @@ void rmsnorm_forward(Par& p, float* out, float* rstd, const float* inp, const fl
   });
 }
 
-void rmsnorm_backward(Par& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int R,
+void rmsnorm_backward(ChunkPool& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int R,
                       int C) {
   // y_i = x_i·s·w_i with s = (mean x² + eps)^-1/2:  dx_i = s·w_i·dy_i − s³/C · x_i · Σ_j w_j·dy_j·x_j
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
@@ -54,7 +56,7 @@ void rmsnorm_backward(Par& p, float* dinp, float* dw, const float* dout, const f
   });
 }
 
-void rope_apply(Par& p, float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D, bool backward) {
+void rope_apply(ChunkPool& p, float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D, bool backward) {
   const int half = D / 2;
   const float sign = backward ? -1.0f : 1.0f;
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
@@ -74,7 +76,7 @@ void rope_apply(Par& p, float* x, const float* cos_t, const float* sin_t, int R,
   });
 }
 
-void swiglu_forward(Par& p, float* out, const float* gate, const float* up, std::size_t n) {
+void swiglu_forward(ChunkPool& p, float* out, const float* gate, const float* up, std::size_t n) {
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i0 = c * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
     for (std::size_t i = i0; i < i1; ++i) {
@@ -84,7 +86,7 @@ void swiglu_forward(Par& p, float* out, const float* gate, const float* up, std:
   });
 }
 
-void swiglu_backward(Par& p, float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::size_t n) {
+void swiglu_backward(ChunkPool& p, float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::size_t n) {
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i0 = c * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
     for (std::size_t i = i0; i < i1; ++i) {
@@ -95,7 +97,7 @@ void swiglu_backward(Par& p, float* dgate, float* dup, const float* dout, const 
   });
 }
 
-void gqa_attention_forward(Par& p, float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
+void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
                            int KV, int D) {
   ZINF_CHECK(KV > 0 && H % KV == 0);
   const int group = H / KV;
@@ -129,7 +131,7 @@ void gqa_attention_forward(Par& p, float* out, float* att, const float* q, const
   });
 }
 
-void gqa_attention_backward(Par& p, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                             const float* v, const float* att, int B, int T, int H, int KV, int D) {
   ZINF_CHECK(KV > 0 && H % KV == 0);
   const int group = H / KV;
@@ -180,7 +182,7 @@ void gqa_attention_backward(Par& p, float* dq, float* dk, float* dv, const float
   });
 }
 
-void embedding_forward(Par& p, float* out, const int* tokens, const float* wte, int R, int C) {
+void embedding_forward(ChunkPool& p, float* out, const int* tokens, const float* wte, int R, int C) {
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r)
@@ -188,7 +190,7 @@ void embedding_forward(Par& p, float* out, const int* tokens, const float* wte, 
   });
 }
 
-void embedding_backward(Par& p, float* dwte, const float* dout, const int* tokens, int R, int C) {
+void embedding_backward(ChunkPool& p, float* dwte, const float* dout, const int* tokens, int R, int C) {
   p.chunks(nchunks(static_cast<std::size_t>(C), kColChunk), [&](std::size_t c) {
     const int i0 = static_cast<int>(c) * kColChunk, i1 = std::min(C, i0 + kColChunk);
     for (int r = 0; r < R; ++r) {

@@ -85,6 +85,7 @@ class CachingAllocator {
     release_cache_locked();
   }
 
+// The counters below are read under the allocator's lock, one accessor each.
   std::size_t budget() const { return budget_; }
   std::size_t in_use() const {
     std::lock_guard<std::mutex> lk(mu_);

@@ -52,6 +52,8 @@ __global__ void sum_squares_kernel(const void* g, GradType t, std::size_t n, dou
   partial[idx] = acc;
 }
 __global__ void adam_kernel(cpu_adam::AdamStep st, cpu_adam::UpdateChunk c) {
+// Element i of cpu_adam/reference.cpp's adam_scalar_range, one thread per element: both call the
+// spec's adam_element, so the GPU's Update equals the host's bit for bit.
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= c.n) return;
   float p = c.master[i], m = c.m[i], v = c.v[i];

@@ -99,6 +99,8 @@ inline std::size_t lockable_bytes() {
   return static_cast<std::size_t>(rl.rlim_cur);
 }
 
+// The move of an owning buffer, as DeviceBuffer's (device.h): the two own different kinds of memory
+// and are released by different calls.
 inline PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
   if (this != &o) {
     reset();

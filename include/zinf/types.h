@@ -13,6 +13,7 @@ enum class Precision { fp32, fp16, bf16 };
 enum class DeviceType { automatic, cpu, cuda };
 enum class ModelFamily { gpt2, llama };
 
+// One name table per enum (the names are the config's words); the switches look alike by nature.
 constexpr std::string_view to_string(OffloadDevice d) {
   switch (d) {
     case OffloadDevice::none: return "none";

@@ -165,6 +165,9 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
   }
   src.done_with(0);
   const float* last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
+// The backward's last unit (the final norm) and the handoff of its gradients are written as in
+// llama.cpp: each family names its own norm op and buffers, which a shared helper would have to take
+// as a dozen parameters.
   const float* lnf = src.weights(L + 1);
   float* dlnf = src.grads(L + 1);
   {

@@ -9,7 +9,7 @@
 // Weights are [in, out] as in GPT-2's Conv1D, so the tensors map 1:1 onto GPT-2 checkpoints.
 // Activations live in device memory (charged to the device budget) and are allocated once.
 // Each unit's ops are marked as compute busy time (BusyScope) after the unit's weights are ready.
-// Not thread-safe: one forward/backward at a time; the ops inside use the Par's threads.
+// Not thread-safe: one forward/backward at a time; the ops inside use the ChunkPool's threads.
 #pragma once
 
 #include <vector>
@@ -26,6 +26,7 @@ struct BlockView {
 };
 BlockView block_view(float* base, int C);
 
+// Declares the LanguageModel interface (lm.h) for GPT-2, as llama.h does for the Llama family.
 class GptModel final : public LanguageModel {
  public:
   // B: micro batch. Activations for B×T tokens are allocated on `dev` now.

@@ -6,7 +6,7 @@
 // (model/ops_forward.h) and the table-driven op test (tests/backends/ops_table_test.cpp).
 //
 // One entry:  X(name, info, (parameters), (arguments))
-//   name        the op; the CPU reference is ops::name(Par&, arguments...) with views as fp32 pointers
+//   name        the op; the CPU reference is ops::name(ChunkPool&, arguments...) with views as fp32 pointers
 //   info        an OpInfo expression over the parameters: what the profiler files the op under and
 //               its floating-point work (see the *_info helpers below)
 //   parameters  the virtual's parameter list: activations and weights as TensorView (written) or

@@ -21,6 +21,7 @@ namespace zinf {
 
 enum class DType : std::uint8_t { fp32, fp16, bf16 };
 
+// The dtype's name in error messages (the config's words for precision live in zinf/types.h).
 constexpr std::string_view to_string(DType t) {
   switch (t) {
     case DType::fp32: return "fp32";

@@ -73,7 +73,7 @@ TEST(CpuDeterminism, GemmsSumInKOrderWhateverTheCacheSizes) {
     for (int threads : {1, 2}) {
       SCOPED_TRACE("l1 " + std::to_string(c.l1) + " threads " + std::to_string(threads));
       Eigen::setCpuCacheSizes(c.l1, c.l2, c.l3);
-      ops::Par par(threads);
+      ops::ChunkPool par(threads);
       std::vector<float> out(static_cast<std::size_t>(R) * OC), dx = dx0, dw = dw0, db(OC, 0.0f);
       ops::matmul_forward(par, out.data(), x.data(), w.data(), bias.data(), R, IC, OC);
       ops::matmul_backward(par, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), R, IC, OC);
@@ -112,7 +112,7 @@ TEST(CpuDeterminism, LmHeadSumsInKOrderWhateverTheCacheSizes) {
   for (const Caches& c : cache_variants()) {
     SCOPED_TRACE("l1 " + std::to_string(c.l1));
     Eigen::setCpuCacheSizes(c.l1, c.l2, c.l3);
-    ops::Par par(2);
+    ops::ChunkPool par(2);
     std::vector<float> probs(static_cast<std::size_t>(R) * V), losses(R), dx(static_cast<std::size_t>(R) * C), dwte = dwte0,
         dlogits(probs.size());
     ops::lm_head_forward(par, probs.data(), losses.data(), x.data(), wte.data(), targets.data(), R, C, V);

@@ -74,7 +74,7 @@ TEST(CudaOps, EveryOpMatchesTheCpuReference) {
   Gpu g;
   std::string why;
   if (!gpu(g, &why)) GTEST_SKIP() << "no GPU: " << why;
-  ops::Par par(2);
+  ops::ChunkPool par(2);
   CpuOps cpu(par);
   const int B = 2, T = 9, C = 24, H = 3, V = 37, R = B * T;
   // matmul
@@ -193,7 +193,7 @@ TEST(CudaOps, WholeModelLossAndGradientsMatchTheCpuDevice) {
   if (!gpu(g, &why)) GTEST_SKIP() << "no GPU: " << why;
   const ModelShape s{2, 4, 64, 256, 32};
   auto cpu_dev = make_cpu_device(256 << 20);
-  ops::Par par(2);
+  ops::ChunkPool par(2);
   CpuOps cpu(par);
   GptModel cm(s, 3, false, *cpu_dev, cpu);
   GptModel gm(s, 3, true, *g.dev, *g.ops);  // the GPU side also recomputes: activation checkpointing
@@ -210,7 +210,7 @@ TEST(CudaOps, WholeLlamaModelLossAndGradientsMatchTheCpuDevice) {
   s.family = ModelFamily::llama;
   s.n_kv_head = 2, s.d_ff = 96, s.tie_embeddings = false, s.qkv_bias = true, s.rope_factor = 4, s.rope_original_max = 16;
   auto cpu_dev = make_cpu_device(256 << 20);
-  ops::Par par(2);
+  ops::ChunkPool par(2);
   CpuOps cpu(par);
   LlamaModel cm(s, 3, false, *cpu_dev, cpu);
   LlamaModel gm(s, 3, true, *g.dev, *g.ops);

@@ -92,8 +92,8 @@ class Recorder final : public OpsBackend {
 };
 
 // The reference's threads, for the inputs a backward case makes with its forward op.
-ops::Par& ref_par() {
-  static ops::Par par(1);
+ops::ChunkPool& ref_par() {
+  static ops::ChunkPool par(1);
   return par;
 }
 
@@ -283,7 +283,7 @@ Case make_case(const OpEntry& e) {
 }
 
 TEST(OpsTable, EveryOpHasACaseThatCallsIt) {
-  ops::Par par(1);
+  ops::ChunkPool par(1);
   CpuOps cpu(par);
   for (const OpEntry& e : kOps) {
     const Case c = make_case(e);
@@ -295,7 +295,7 @@ TEST(OpsTable, EveryOpHasACaseThatCallsIt) {
 }
 
 TEST(OpsTable, CpuBackendWithTwoThreadsIsBitwiseTheReference) {
-  ops::Par ref_par(1), par(2);
+  ops::ChunkPool ref_par(1), par(2);
   CpuOps ref(ref_par), cpu(par);
   for (const OpEntry& e : kOps) {
     const Case c = make_case(e);
@@ -309,7 +309,7 @@ TEST(OpsTable, CpuBackendWithTwoThreadsIsBitwiseTheReference) {
 }
 
 TEST(OpsTable, StreamAndProfileWrappersOnTheJitteredAsyncDeviceAreBitwiseTheReference) {
-  ops::Par ref_par(1), par(2);
+  ops::ChunkPool ref_par(1), par(2);
   CpuOps ref(ref_par);
   CpuDeviceOptions o;
   o.async = true;
@@ -331,7 +331,7 @@ TEST(OpsTable, StreamAndProfileWrappersOnTheJitteredAsyncDeviceAreBitwiseTheRefe
 }
 
 TEST(OpsTable, CpuBackendRefusesViewsThatAreNotFp32) {
-  ops::Par par(1);
+  ops::ChunkPool par(1);
   CpuOps cpu(par);
   std::vector<std::uint16_t> half(RC);
   VF x(RC);
@@ -382,7 +382,7 @@ TEST(OpsTable, CudaBackendMatchesTheReferenceWithinTolerance) {
   spec.budget_bytes = std::size_t{1} << 30;
   g.dev = cuda_backend.make_device(spec);
   g.ops = cuda_backend.make_ops(*g.dev, Precision::fp32, 1);
-  ops::Par par(2);
+  ops::ChunkPool par(2);
   CpuOps ref(par);
   for (const OpEntry& e : kOps) {
     const Case c = make_case(e);

@@ -91,8 +91,8 @@ double ref_model_loss(const std::vector<VD>& u, const ModelShape& s, int B, cons
   return ref_lm_loss(lnf, u[0], tg, R, C, V);
 }
 
-ops::Par& par() {
-  static ops::Par p(2);
+ops::ChunkPool& par() {
+  static ops::ChunkPool p(2);
   return p;
 }
 

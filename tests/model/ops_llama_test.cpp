@@ -78,8 +78,8 @@ VD ref_gqa(const VD& q, const VD& k, const VD& v, int B, int T, int H, int KV, i
   return o;
 }
 
-ops::Par& par(int threads = 2) {
-  static ops::Par one(1), two(2);
+ops::ChunkPool& par(int threads = 2) {
+  static ops::ChunkPool one(1), two(2);
   return threads == 1 ? one : two;
 }
 

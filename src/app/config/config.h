@@ -62,6 +62,8 @@ struct Bf16Config {
   bool check_grad_overflow = true;
 };
 
+// DeepSpeed's offload_optimizer and offload_param sections share most of their keys; the two structs
+// mirror the two sections as ds_config.json spells them.
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::none;
   std::string nvme_path;

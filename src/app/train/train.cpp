@@ -263,7 +263,7 @@ class EngineUnits final : public UnitSource {
 class Run {
  public:
   Run(const Config& cfg, const TrainHooks& h, Comm& cm, int local_rank)
-      : c(cfg),
+      : config(cfg),
         hooks(h),
         comm(cm),
         W(cm.size()),
@@ -325,7 +325,7 @@ class Run {
   // summed in window order (one rank: over the batches done, when a stop is asked for in the middle —
   // the run stops after the current batch).
   double evaluate() {
-    const int K = c.train.eval_batches;
+    const int K = config.train.eval_batches;
     std::vector<double> mine(static_cast<std::size_t>(K), 0.0);
     std::vector<int> pending;  // batches whose row losses sit in `losses`, read a slot-full at a time
     auto read = [&] {
@@ -400,11 +400,11 @@ class Run {
   offload::StepOutcome update(double scale, double lr) {
     offload::StepOptions so;
     so.loss_scale = scale;
-    so.gradient_clipping = c.gradient_clipping;
-    so.hyper = cpu_adam::AdamHyper{static_cast<float>(lr), static_cast<float>(c.optimizer.beta1),
-                                   static_cast<float>(c.optimizer.beta2), static_cast<float>(c.optimizer.eps),
-                                   static_cast<float>(c.optimizer.weight_decay), c.optimizer.decoupled_weight_decay,
-                                   c.optimizer.bias_correction};
+    so.gradient_clipping = config.gradient_clipping;
+    so.hyper = cpu_adam::AdamHyper{static_cast<float>(lr), static_cast<float>(config.optimizer.beta1),
+                                   static_cast<float>(config.optimizer.beta2), static_cast<float>(config.optimizer.eps),
+                                   static_cast<float>(config.optimizer.weight_decay), config.optimizer.decoupled_weight_decay,
+                                   config.optimizer.bias_correction};
     so.step = opt_steps + 1;
     return engine->step(so);
   }
@@ -420,7 +420,7 @@ class Run {
       return false;
     }
     ++skipped;
-    if (c.precision() == Precision::fp16 && scaler.dynamic()) {
+    if (config.precision() == Precision::fp16 && scaler.dynamic()) {
       const double before = scaler.scale();
       scaler.update(true);
       log("step " + std::to_string(step) + ": OVERFLOW, skipping step; loss scale " + std::to_string(before) + " -> " +
@@ -455,7 +455,7 @@ class Run {
       return;
     }
     if (!checkpoints) return;  // (train.steps 0 writes none)
-    const std::string path = checkpoints->save(c, st, [&](std::size_t u, float* ma, float* mm, float* vv) { engine->read_states(u, ma, mm, vv); });
+    const std::string path = checkpoints->save(config, st, [&](std::size_t u, float* ma, float* mm, float* vv) { engine->read_states(u, ma, mm, vv); });
     const double dt = since(t0);
     res.checkpoint_seconds += dt;
     log("checkpoint: " + path + " written in " + std::to_string(dt).substr(0, 5) + " s");
@@ -472,11 +472,11 @@ class Run {
     // The fp32 masters and Adam moments carry over to any precision; the loss scaler's state belongs
     // to the precision it was kept for (an fp16 scale means nothing to bf16, and a bf16 run's static
     // scale of 1 would start fp16 far below its configured scale).
-    if (st.precision == c.precision())
+    if (st.precision == config.precision())
       scaler.restore(st.loss_scale, st.scaler_iter, st.scaler_last_overflow, st.scaler_hysteresis);
     else
       log("resume: the checkpoint was trained in " + std::string(to_string(st.precision)) + ", this run is " +
-          std::string(to_string(c.precision())) + ": its fp32 master parameters and Adam states carry over, the loss scaler starts "
+          std::string(to_string(config.precision())) + ": its fp32 master parameters and Adam states carry over, the loss scaler starts "
           "from this config");
     opt_steps = st.opt_steps;
     rows_drawn = st.rows_drawn;
@@ -487,7 +487,7 @@ class Run {
     return st.step;
   }
 
-  const Config& c;
+  const Config& config;
   const TrainHooks& hooks;
   Comm& comm;
   const int W;     // ranks in the job (W in the formulas above)
@@ -530,8 +530,8 @@ class Run {
 
   std::unique_ptr<Comm> make_device_comm(int local_rank) {
     if (W == 1) return nullptr;
-    if (c.device.comm == "mpi" && c.device.type == DeviceType::cuda)
-      throw ConfigError(c.source + ": device.comm: mpi cannot move CUDA device memory (Debian's Open MPI is not CUDA-aware)",
+    if (config.device.comm == "mpi" && config.device.type == DeviceType::cuda)
+      throw ConfigError(config.source + ": device.comm: mpi cannot move CUDA device memory (Debian's Open MPI is not CUDA-aware)",
                         "use device.comm nccl (the default for the CUDA device)");
     return device_backend_.make_device_comm(comm, local_rank);
   }
@@ -540,38 +540,38 @@ class Run {
     log("data: " + data.description() + "; train " + std::to_string(data.train_tokens()) + " / val " +
         std::to_string(data.val_tokens()) + " tokens");
     log("device: " + dev->name() + ", " + std::to_string(threads) + " threads, cpu_adam " +
-        std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(c.precision())));
+        std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(config.precision())));
     std::unique_ptr<StFile> init_file;
     std::unique_ptr<HfModelReader> hf;
-    if (is_hf_folder(c.model.init_from)) {  // tensor by tensor, as each unit is placed in its tier
-      hf = std::make_unique<HfModelReader>(c.model.init_from);
+    if (is_hf_folder(config.model.init_from)) {  // tensor by tensor, as each unit is placed in its tier
+      hf = std::make_unique<HfModelReader>(config.model.init_from);
       hf->check(shape);
-      log("init: parameters from the Hugging Face folder " + c.model.init_from + " (" + hf->weights() + ")");
-    } else if (!c.model.init_from.empty()) {
+      log("init: parameters from the Hugging Face folder " + config.model.init_from + " (" + hf->weights() + ")");
+    } else if (!config.model.init_from.empty()) {
       if (shape.family != ModelFamily::gpt2)
         throw ConfigError("model.init_from: a llama-family model loads from a Hugging Face folder (config.json and safetensors), "
-                          "not from " + c.model.init_from);
-      init_file = std::make_unique<StFile>(read_safetensors(c.model.init_from, "model.init_from"));
-      check_gpt2_tensor_set(*init_file, c.model.init_from, shape);
-      log("init: parameters from " + c.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
+                          "not from " + config.model.init_from);
+      init_file = std::make_unique<StFile>(read_safetensors(config.model.init_from, "model.init_from"));
+      check_gpt2_tensor_set(*init_file, config.model.init_from, shape);
+      log("init: parameters from " + config.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
     }
-    offload::EngineConfig ec = engine_config(c, threads);
+    offload::EngineConfig ec = engine_config(config, threads);
     engine_units = ec.units;
     if (W > 1) {
       ec.comm = &comm;
       ec.device_comm = device_comm ? device_comm.get() : &comm;
       log("data parallel: " + std::to_string(W) + " ranks over " + comm.backend() +
           (device_comm ? " (device memory: " + device_comm->backend() + ")" : std::string()) + ", ZeRO stage " +
-          std::to_string(c.zero.stage));
+          std::to_string(config.zero.stage));
     }
     ec.kernels = [&be = device_backend_](Device& d, cpu_adam::HostThreads& pool) { return be.make_engine_kernels(d, pool); };
     return std::make_unique<offload::Engine>(ec, *dev, [&](std::size_t u, float* master) {
       if (hf)
         hf->load_unit(shape, u, master);
       else if (init_file)
-        load_gpt2_unit(*init_file, c.model.init_from, shape, u, master);
+        load_gpt2_unit(*init_file, config.model.init_from, shape, u, master);
       else
-        init_model_unit(master, u, shape, c.train.seed);
+        init_model_unit(master, u, shape, config.train.seed);
     });
   }
 };
@@ -629,7 +629,7 @@ CheckpointPlan prepare_outputs(const Config& c, const TrainHooks& hooks, const M
 
 // Rank 0's checkpoint folder, when the run writes checkpoints.
 void open_checkpoints(Run& run, const CheckpointPlan& plan) {
-  const Config& c = run.c;
+  const Config& c = run.config;
   if (run.comm.rank() != 0 || c.train.checkpoint_dir.empty() || c.train.steps == 0) return;
   run.checkpoints = std::make_unique<CheckpointDir>(c.train.checkpoint_dir, c.train.keep_last, run.shape,
                                                     [&run](const std::string& s) { run.log(s); });
@@ -639,7 +639,7 @@ void open_checkpoints(Run& run, const CheckpointPlan& plan) {
 
 // One optimizer step: forward and backward of every micro batch, the Update, and what happened.
 StepReport train_step(Run& run, std::int64_t step) {
-  const Config& c = run.c;
+  const Config& c = run.config;
   const auto t0 = Clock::now();
   StepReport r;
   r.step = step, r.steps = c.train.steps;
@@ -673,7 +673,7 @@ void add_measured(TrainResult& res, const StepReport& r, const std::vector<OpTim
 // After a step: the progress line, an evaluation, a checkpoint, as their intervals (or a stop) ask.
 // Returns whether the run stops here.
 bool after_step(Run& run, std::int64_t step, const StepReport& r, TrainResult& res) {
-  const Config& c = run.c;
+  const Config& c = run.config;
   run.metrics.step(r);
   if (step % c.steps_per_print == 0 || step == c.train.steps) {
     run.log(progress_line(c, r, 1e3 * run.t_fwd / c.steps_per_print, 1e3 * run.t_bwd / c.steps_per_print));

@@ -53,6 +53,12 @@ TensorStore::~TensorStore() {
   for (auto& f : files_) ::close(f.fd);
 }
 
+std::uint64_t TensorStore::reserved() const {
+  std::uint64_t total = 0;
+  for (const auto& f : files_) total += f.end;
+  return total;
+}
+
 TensorStore::Id TensorStore::add(const std::string& name, std::uint64_t bytes) {
   const std::size_t fi = tensors_.size() % files_.size();
   File& f = files_[fi];

@@ -89,6 +89,8 @@ class TensorStore {
   std::uint64_t padded(std::uint64_t len) const { return (len + align_ - 1) / align_ * align_; }
   std::size_t alignment() const { return align_; }
   std::size_t count() const { return tensors_.size(); }
+  // Bytes of every extent reserved so far (tensors padded to alignment()), over all files.
+  std::uint64_t reserved() const;
 
   // Async whole-tensor or sub-range transfers; offset must be aligned; len is clamped to the tensor
   // and the transfer covers padded(len) bytes of the buffer.

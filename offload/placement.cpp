@@ -46,21 +46,21 @@ struct RowSums {
   std::array<bool, kPlanRows> used{};  // a spec counts toward it (buffers are listed even when empty)
 };
 
-RowSums empty_rows(const Layout& l) {
-  const bool master_is_param = !l.mixed && !l.optimizer_offloaded && !l.param_offloaded;
+RowSums empty_rows(const Layout& layout) {
+  const bool master_is_param = !layout.mixed && !layout.optimizer_offloaded && !layout.param_offloaded;
   return {{{
-      {"param16", l.mixed ? "16-bit" : "fp32", {}, l.param_offloaded ? "persistent units on the device, the rest in their home" : ""},
+      {"param16", layout.mixed ? "16-bit" : "fp32", {}, layout.param_offloaded ? "persistent units on the device, the rest in their home" : ""},
       {"fp32 work", "fp32", {}, "CPU device: fp32 copy of the resident 16-bit weights"},
-      {"grad", "fp32", {}, l.optimizer_offloaded ? "device: persistent units; host: the Update's input" : ""},
+      {"grad", "fp32", {}, layout.optimizer_offloaded ? "device: persistent units; host: the Update's input" : ""},
       {"grad16", "16-bit", {}, ""},
       {"grad32", "fp32", {}, "gradient accumulation buffer"},
       {"master", "fp32", {}, master_is_param ? "fp32 training: param16 is the master" : ""},
       {"adam.m", "fp32", {}, ""},
       {"adam.v", "fp32", {}, ""},
       {"activations", "", {}, "estimate for one micro batch"},
-      {"param window", "", {}, std::to_string(l.window_slots) + " slots x largest block"},
-      {"param staging", "", {}, l.param == OffloadDevice::nvme ? "NVMe reads, one per slot" : "gathered shards, one per slot"},
-      {"grad window", "", {}, l.optimizer_offloaded ? "2 slots x largest block" : "2 slots x largest block (+ its 16-bit rounding)"},
+      {"param window", "", {}, std::to_string(layout.window_slots) + " slots x largest block"},
+      {"param staging", "", {}, layout.param == OffloadDevice::nvme ? "NVMe reads, one per slot" : "gathered shards, one per slot"},
+      {"grad window", "", {}, layout.optimizer_offloaded ? "2 slots x largest block" : "2 slots x largest block (+ its 16-bit rounding)"},
       {"grad landing", "", {}, "2 x reduce bucket"},
       {"grad out staging", "", {}, "one bucket, rounded on the device"},
       {"param upload", "", {}, "2 x sub-group: the Update's output"},
@@ -80,14 +80,14 @@ void add_spec(RowSums& sums, const BufferSpec& b) {
   }
 }
 
-Plan finish_plan(const Layout& l, const RowSums& sums) {
+Plan finish_plan(const Layout& layout, const RowSums& sums) {
   Plan p;
-  p.n_params = static_cast<std::int64_t>(l.n_params);
-  p.largest_unit = static_cast<std::int64_t>(l.max_unit);
-  p.largest_windowed = static_cast<std::int64_t>(l.max_windowed);
-  p.sub_group = static_cast<std::int64_t>(l.sub_group);
-  p.bucket = static_cast<std::int64_t>(l.bucket);
-  p.window_slots = l.window_slots;
+  p.n_params = static_cast<std::int64_t>(layout.n_params);
+  p.largest_unit = static_cast<std::int64_t>(layout.max_unit);
+  p.largest_windowed = static_cast<std::int64_t>(layout.max_windowed);
+  p.sub_group = static_cast<std::int64_t>(layout.sub_group);
+  p.bucket = static_cast<std::int64_t>(layout.bucket);
+  p.window_slots = layout.window_slots;
   for (int r = 0; r < kPlanRows; ++r) {
     const Row& row = sums.rows[static_cast<std::size_t>(r)];
     if (is_state_row(static_cast<PlanRow>(r))) {
@@ -110,10 +110,10 @@ Plan finish_plan(const Layout& l, const RowSums& sums) {
 }  // namespace
 
 Plan make_plan(const PlanInput& in) {
-  const Layout l = make_layout(in);
-  RowSums sums = empty_rows(l);
-  for_each_buffer(l, in.activation_bytes, [&](const BufferSpec& b) { add_spec(sums, b); });
-  return finish_plan(l, sums);
+  const Layout layout = make_layout(in);
+  RowSums sums = empty_rows(layout);
+  for_each_buffer(layout, in.activation_bytes, [&](const BufferSpec& b) { add_spec(sums, b); });
+  return finish_plan(layout, sums);
 }
 
 Plan make_plan(const BufferSpecs& specs) {

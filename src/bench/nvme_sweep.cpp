@@ -54,7 +54,7 @@ SweepResult run_sweep(const SweepOptions& o, const std::function<void(const std:
   // The store gives us the private directory, an O_DIRECT file and its cleanup on every exit path.
   StoreOptions so;
   so.parent = o.dir;
-  so.engine = EngineKind::posix;  // only for the store's own bookkeeping; cells build their own engines
+  so.io_kind = AsyncIoKind::posix;  // only for the store's own bookkeeping; cells build their own AsyncIo back ends
   TensorStore store(so);
   if (store.description().find("O_DIRECT") == std::string::npos || store.description().find("refuses") != std::string::npos)
     progress("note: " + store.description() + " — figures include the page cache");
@@ -84,18 +84,18 @@ SweepResult run_sweep(const SweepOptions& o, const std::function<void(const std:
     for (int th : o.threads) {
       for (int qd : o.depths) {
         for (std::size_t bs : o.block_sizes) {
-          EngineOptions eo;
+          AsyncIoOptions eo;
           eo.block_size = bs;
           eo.queue_depth = qd;
           eo.threads = th;
           eo.fixed_buffers = {pool.slab()};
           std::string why;
-          auto engine = make_engine(o.engine, eo, &why);
+          auto io = make_async_io(o.engine, eo, &why);
           if (r.engine.empty()) r.engine = why;
           const auto t0 = Clock::now();
           std::vector<IoHandle> hs;
           for (std::uint64_t off = 0; off < cell; off += buf_bytes)
-            hs.push_back(engine->submit(write, fd, buf.data(), std::min<std::uint64_t>(buf_bytes, cell - off), off, path));
+            hs.push_back(io->submit(write, fd, buf.data(), std::min<std::uint64_t>(buf_bytes, cell - off), off, path));
           for (auto& h : hs) h->wait();
           if (write) ::fdatasync(fd);
           SweepCell c{write, bs, qd, th, static_cast<double>(cell) / seconds_since(t0) / 1e9};
@@ -125,7 +125,7 @@ SweepResult run_sweep(const SweepOptions& o, const std::function<void(const std:
            fmt_size(o.swap_item));
   StoreOptions ss;
   ss.parent = o.dir;
-  ss.engine = o.engine;
+  ss.io_kind = o.engine;
   ss.io.block_size = r.best_combined_read.block;
   ss.io.queue_depth = r.best_combined_read.depth;
   ss.io.threads = r.best_combined_read.threads;

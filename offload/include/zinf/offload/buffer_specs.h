@@ -115,7 +115,7 @@ std::uint64_t footprint(Tier t, std::uint64_t bytes);
 // sub-group tensors of a unit come as one spec for its whole sub-groups and one for its last,
 // shorter one (in that order); everything else is one spec per buffer kind and unit.
 // `activation_bytes`: the caller's estimate (a spec of its own, allocated by no one here).
-void for_each_buffer(const Layout& l, std::uint64_t activation_bytes, const std::function<void(const BufferSpec&)>& fn);
+void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes, const std::function<void(const BufferSpec&)>& fn);
 
 // The list, with its layout and a per-unit index: what the engine allocates from.
 class BufferSpecs {

@@ -53,12 +53,12 @@ struct RawFile {
 // depth and thread count. Sets *engine to the engine's description.
 SweepCell measure_cell(const RawFile& file, const SweepOptions& o, std::uint64_t cell_bytes, bool write, int threads, int depth,
                        std::size_t block, std::string* engine) {
-  EngineOptions eo;
+  AsyncIoOptions eo;
   eo.block_size = block;
   eo.queue_depth = depth;
   eo.threads = threads;
   eo.fixed_buffers = {file.slab};
-  auto io = make_engine(o.engine, eo, engine);
+  auto io = make_async_io(o.engine, eo, engine);
   const auto t0 = Clock::now();
   std::vector<IoHandle> hs;
   for (std::uint64_t off = 0; off < cell_bytes; off += file.buffer.iov_len)
@@ -112,7 +112,7 @@ void measure_swap(const SweepOptions& o, PinnedPool& pool, std::uint64_t file_by
            fmt_size(o.swap_item));
   StoreOptions swap_options;
   swap_options.parent = o.dir;
-  swap_options.engine = o.engine;
+  swap_options.io_kind = o.engine;
   swap_options.io.block_size = r.best_combined_read.block;
   swap_options.io.queue_depth = r.best_combined_read.depth;
   swap_options.io.threads = r.best_combined_read.threads;
@@ -152,7 +152,7 @@ SweepResult run_sweep(const SweepOptions& o, const std::function<void(const std:
   // The store gives us the private directory, an O_DIRECT file and its cleanup on every exit path.
   StoreOptions store_options;
   store_options.parent = o.dir;
-  store_options.engine = EngineKind::posix;  // only for the store's own bookkeeping; cells build their own engines
+  store_options.io_kind = AsyncIoKind::posix;  // only for the store's own bookkeeping; cells build their own AsyncIo back ends
   TensorStore store(store_options);
   if (store.description().find("O_DIRECT") == std::string::npos || store.description().find("refuses") != std::string::npos)
     progress("note: " + store.description() + " — figures include the page cache");

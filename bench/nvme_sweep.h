@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "zinf/nvme/io_engine.h"
+#include "zinf/nvme/async_io.h"
 
 namespace zinf::nvme {
 
@@ -21,7 +21,7 @@ struct SweepOptions {
   std::vector<std::size_t> block_sizes = {128 << 10, 512 << 10, 1 << 20, 4 << 20, 8 << 20};
   std::vector<int> depths = {1, 4, 16, 64};
   std::vector<int> threads = {1, 2};
-  EngineKind engine = EngineKind::automatic;
+  AsyncIoKind engine = AsyncIoKind::automatic;
   std::size_t swap_item = 64 << 20;  // one "sub-group"
   int swap_buffers = 4;
 };
@@ -34,7 +34,7 @@ struct SweepCell {
 };
 
 struct SweepResult {
-  std::string engine;                   // which engine ran and why
+  std::string engine;                   // which I/O back end ran and why
   std::vector<SweepCell> cells;
   SweepCell best_read, best_write;
   SweepCell best_combined_read, best_combined_write;  // the one setting with the highest read + write

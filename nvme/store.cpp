@@ -1,4 +1,4 @@
-// store.cpp — tensors in preallocated files, moved by an IoEngine (zinf/nvme/store.h).
+// store.cpp — tensors in preallocated files, moved by an AsyncIo back end (zinf/nvme/store.h).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -40,17 +40,23 @@ TensorStore::TensorStore(const StoreOptions& o, FaultPlan* faults) {
   if (direct && ::statx(files_[0].fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN))
     align_ = std::max<std::size_t>(4096, std::max(sx.stx_dio_mem_align, sx.stx_dio_offset_align));
   std::string why;
-  EngineOptions io = o.io;
-  io.block_size = std::max(align_, io.block_size / align_ * align_);
-  for (const auto& f : files_) io.fixed_files.push_back(f.fd);  // opened once: register them with the rings
-  engine_ = make_engine(o.engine, io, &why, faults);
+  AsyncIoOptions io_options = o.io;
+  io_options.block_size = std::max(align_, io_options.block_size / align_ * align_);
+  for (const auto& f : files_) io_options.fixed_files.push_back(f.fd);  // opened once: register them with the rings
+  io_ = make_async_io(o.io_kind, io_options, &why, faults);
   description_ = why + ", " + direct_note + ", " + std::to_string(files_.size()) + " file(s) in " + dir_->path();
   if (dir_->created_parent()) description_ += " (created " + o.parent + ", which did not exist)";
 }
 
 TensorStore::~TensorStore() {
-  engine_.reset();  // drains and joins the I/O threads before the files go
+  io_.reset();  // drains and joins the I/O threads before the files go
   for (auto& f : files_) ::close(f.fd);
+}
+
+std::uint64_t TensorStore::reserved() const {
+  std::uint64_t total = 0;
+  for (const auto& f : files_) total += f.end;
+  return total;
 }
 
 TensorStore::Id TensorStore::add(const std::string& name, std::uint64_t bytes) {
@@ -84,7 +90,7 @@ IoHandle TensorStore::transfer(bool write, Id id, void* buf, std::uint64_t offse
   const File& f = files_[t.file];
   const auto start = std::chrono::steady_clock::now();
   Busy* b = &busy_[write ? 1 : 0];
-  return engine_->submit(write, f.fd, buf, padded(len), t.offset + offset, f.path, [b, start] {
+  return io_->submit(write, f.fd, buf, padded(len), t.offset + offset, f.path, [b, start] {
     const auto end = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lk(b->mu);
     const auto from = std::max(start, b->until);

@@ -13,6 +13,7 @@
 // a unit lands, a gradient buffer is released or the Update fails.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -33,6 +34,7 @@
 #include "zinf/comm.h"
 #include "zinf/error.h"
 #include "zinf/nvme/store.h"
+#include "zinf/offload/buffer_specs.h"
 #include "zinf/offload/collectives.h"
 #include "zinf/offload/engine_kernels.h"
 #include "zinf/offload/engine.h"
@@ -45,8 +47,6 @@ using Clock = std::chrono::steady_clock;
 inline double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 inline std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 
-constexpr std::size_t kChunkAlign = 4096;  // elements: sub-group and bucket boundaries (16 KiB of fp32)
-
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
@@ -57,20 +57,19 @@ inline HostMem host_alloc(std::size_t bytes) {
   return HostMem(static_cast<char*>(p));
 }
 
-// A layer unit: a flat range of `n` parameters, split into sub-groups for the Update.
+// A layer unit: a flat range of `n` parameters, split into sub-groups for the Update. Its place in
+// the layout (which buffers it has, the ranges this rank keeps) is the UnitLayout the buffer specs
+// were made from.
 //
-// Data parallelism: this rank keeps the optimizer states of [s_lo, s_hi), the reduced gradient of
-// [g_lo, g_hi) and, in its home, the compute copy of [p_lo, p_hi) — each either its shard (by the
+// Data parallelism: this rank keeps the optimizer states of state_range, the reduced gradient of
+// grad_range and, in its home, the compute copy of param_range — each either its shard (by the
 // ZeRO stage, see shard_of) or the whole unit. Offsets stay global everywhere (sub-group starts,
 // bucket offsets); a buffer holding a range is indexed from its start.
-struct Unit {
-  std::size_t n = 0;
-  bool windowed = false;       // its compute copy lives off the device and visits a window slot
-  bool grad_windowed = false;  // its gradient passes through a device gradient slot (optimizer off the device, or partitioned gradients)
-  std::size_t s_lo = 0, s_hi = 0, g_lo = 0, g_hi = 0, p_lo = 0, p_hi = 0;
+struct Unit : UnitLayout {
+  std::size_t index = 0;            // its position in forward order (the specs' unit number)
   std::vector<std::size_t> bounds;  // shard boundaries of every rank: rank r owns [bounds[r], bounds[r+1])
-  std::vector<std::size_t> chunks;  // sub-group starts (elements, within [s_lo, s_hi))
-  std::size_t chunk_len(std::size_t ci) const { return (ci + 1 < chunks.size() ? chunks[ci + 1] : s_hi) - chunks[ci]; }
+  std::vector<std::size_t> chunks;  // sub-group starts (elements, within state_range)
+  std::size_t chunk_len(std::size_t ci) const { return (ci + 1 < chunks.size() ? chunks[ci + 1] : state_range.hi) - chunks[ci]; }
   // Elements of [o, o+len) in each rank's shard.
   std::vector<std::size_t> counts_in(std::size_t o, std::size_t len) const {
     std::vector<std::size_t> c(bounds.size() - 1);
@@ -110,6 +109,9 @@ struct Unit {
 struct EngineState {
   EngineConfig c;
   Device& dev;
+  // Every buffer the engine allocates, and the layout they come from (buffer_specs.h): the stages
+  // allocate what these say, and `zinf plan` sums the same list.
+  const BufferSpecs buffers;
   const bool mixed;                // fp16/bf16: the compute copy is 16-bit
   const std::size_t compute_bytes;  // bytes per element of the compute copy
   const cpu_adam::HalfType half;
@@ -117,7 +119,7 @@ struct EngineState {
   const int world, rank;
   // With more than one rank, by the ZeRO stage: which states this rank keeps only its shard of.
   const bool shard_states, shard_grads, shard_params;
-  std::size_t bucket = 0, sub_group = 0;  // effective sizes, elements
+  const std::size_t bucket, sub_group;  // effective sizes, elements
   // Communicators (null with one rank), one per thread that runs collectives, made in this order on
   // every rank: the trainer's thread (norm parts, checkpoints), the Reduce worker, the Update worker,
   // and the trainer's Fetch; the `d` ones for device memory (all issued by the trainer's thread when
@@ -128,7 +130,6 @@ struct EngineState {
   // landing) and runs through `order`, so every rank runs them in one order.
   const bool ordered_collectives;
   CollectiveOrder order;
-  std::size_t comm_scratch = 0;  // elements of one rank's receive scratch (world × a bucket's shard part)
   cpu_adam::HostThreads threads;
   std::unique_ptr<EngineKernels> kern;  // the engine's own work on device memory
   std::unique_ptr<PinnedPool> pinned;   // declared before every holder of a PinnedBuffer
@@ -142,24 +143,43 @@ struct EngineState {
   std::mutex times_mu;
   BusyTimes times;  // host and (synchronous device) compute time; streams are measured by the device
 
+  std::atomic<std::uint64_t> host_bytes{0};  // host memory held (alloc_host), for Engine::held_bytes
+
   EngineState(const EngineConfig& cfg, Device& d)
       : c(cfg),
         dev(d),
-        mixed(cfg.precision != Precision::fp32),
-        compute_bytes(cfg.precision == Precision::fp32 ? 4 : 2),
+        buffers(Engine::plan_input(cfg)),
+        mixed(buffers.layout().mixed),
+        compute_bytes(buffers.layout().compute_bytes),
         half(cfg.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
-        optimizer_offloaded(cfg.optimizer != OffloadDevice::none),
-        param_offloaded(cfg.param != OffloadDevice::none),
-        world(cfg.comm ? cfg.comm->size() : 1),
-        rank(cfg.comm ? cfg.comm->rank() : 0),
-        shard_states(world > 1 && cfg.stage >= 1),
-        shard_grads(world > 1 && cfg.stage >= 2),
-        shard_params(world > 1 && cfg.stage >= 3),
+        optimizer_offloaded(buffers.layout().optimizer_offloaded),
+        param_offloaded(buffers.layout().param_offloaded),
+        world(buffers.layout().world),
+        rank(buffers.layout().rank),
+        shard_states(buffers.layout().shard_states),
+        shard_grads(buffers.layout().shard_grads),
+        shard_params(buffers.layout().shard_params),
+        bucket(buffers.layout().bucket),
+        sub_group(buffers.layout().sub_group),
         ordered_collectives(world > 1 && cfg.device_comm && cfg.device_comm->stream_ordered()),
         threads(cfg.host_threads, cfg.pin_threads) {}
 
   bool exact() const { return c.overlap == Overlap::exact; }
   bool parallel() const { return world > 1; }
+
+  // The spec of `what` for unit `u` (kShared: a shared buffer); null when the engine has none.
+  const BufferSpec* find(Buffer what, std::size_t u = kShared) const { return buffers.find(what, u); }
+  // The spec of a buffer the caller must have, on the tier it allocates it on.
+  const BufferSpec& spec(Buffer what, std::size_t u, Tier where) const {
+    const BufferSpec* b = buffers.find(what, u);
+    ZINF_CHECK(b && b->tier == where);
+    return *b;
+  }
+  // Host memory for the engine's own buffers, counted.
+  HostMem alloc_host(std::size_t bytes) {
+    host_bytes += bytes;
+    return host_alloc(bytes);
+  }
 
   void add_time(double BusyTimes::*field, double s) {
     std::lock_guard<std::mutex> lk(times_mu);

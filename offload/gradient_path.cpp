@@ -8,40 +8,38 @@ GradientPath::GradientPath(EngineState& s) : s_(s), jitter_(s.dev.jitter(), 11) 
 }
 
 void GradientPath::add(Unit& u, const std::string& name) {
-  const std::size_t kept = u.g_hi - u.g_lo;  // the reduced gradient this rank keeps for its Update
-  if (!s_.optimizer_offloaded) {
-    if (!u.grad_windowed) {  // (partitioned gradients: the block's pass through the gradient slots)
-      u.grad = DeviceBuffer(s_.dev, u.n * 4, name + " grad");
-      if (s_.mixed) u.grad16 = DeviceBuffer(s_.dev, u.n * 2, name + " grad16");
-    }
-    if (fp32_sum()) u.grad_sum = DeviceBuffer(s_.dev, kept * 4, name + " grad32");
-  } else {
-    if (!u.grad_windowed) u.grad = DeviceBuffer(s_.dev, u.n * 4, name + " grad");
-    u.host_grad = host_alloc(kept * host_grad_bytes());
-  }
+  // Partitioned gradients, or the optimizer off the device: a block's gradient has no buffer of its
+  // own (it passes through the gradient slots).
+  if (const BufferSpec* b = s_.find(Buffer::grad, u.index)) u.grad = DeviceBuffer(s_.dev, b->bytes, name + " grad");
+  if (const BufferSpec* b = s_.find(Buffer::grad16, u.index)) u.grad16 = DeviceBuffer(s_.dev, b->bytes, name + " grad16");
+  if (const BufferSpec* b = s_.find(Buffer::grad_sum, u.index)) u.grad_sum = DeviceBuffer(s_.dev, b->bytes, name + " grad32");
+  if (const BufferSpec* b = s_.find(Buffer::host_grad, u.index)) u.host_grad = s_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
 }
 
-void GradientPath::allocate_shared(std::size_t max_unit) {
+void GradientPath::allocate_shared() {
   zeroed_.assign(s_.units.size(), false);
-  const bool slots = s_.optimizer_offloaded || s_.shard_grads;  // see Unit::grad_windowed
-  for (int i = 0; i < 2 && max_unit > 0 && slots; ++i) {
-    GradSlot g;
-    g.grad = DeviceBuffer(s_.dev, max_unit * 4, "grad window slot " + std::to_string(i));
-    if (!s_.optimizer_offloaded && s_.mixed) g.grad16 = DeviceBuffer(s_.dev, max_unit * 2, "grad16 window slot " + std::to_string(i));
-    slots_.push_back(std::move(g));
+  if (const BufferSpec* b = s_.find(Buffer::grad_slot)) {  // see Unit::grad_windowed
+    const BufferSpec* half = s_.find(Buffer::grad16_slot);
+    for (std::uint64_t i = 0; i < b->count; ++i) {
+      GradSlot g;
+      g.grad = DeviceBuffer(s_.dev, b->bytes, "grad window slot " + std::to_string(i));
+      if (half) g.grad16 = DeviceBuffer(s_.dev, half->bytes, "grad16 window slot " + std::to_string(i));
+      slots_.push_back(std::move(g));
+    }
   }
-  if (!s_.optimizer_offloaded) return;
-  for (int i = 0; i < 2; ++i) landing_.push_back(s_.pinned->acquire(s_.bucket * s_.compute_bytes));
-  gradout_stage_ = DeviceBuffer(s_.dev, s_.bucket * s_.compute_bytes, "grad out staging");
-  if (fp32_sum()) reduce_scratch_ = host_alloc(s_.bucket * 4);
+  if (const BufferSpec* b = s_.find(Buffer::grad_landing))
+    for (std::uint64_t i = 0; i < b->count; ++i) landing_.push_back(s_.pinned->acquire(b->bytes));
+  if (const BufferSpec* b = s_.find(Buffer::grad_out_staging)) gradout_stage_ = DeviceBuffer(s_.dev, b->bytes, "grad out staging");
+  if (const BufferSpec* b = s_.find(Buffer::reduce_scratch)) reduce_scratch_ = s_.alloc_host(b->bytes);
 }
 
 void GradientPath::allocate_comm_scratch() {
-  if (!s_.parallel()) return;
-  if (s_.optimizer_offloaded)
-    host_recv_ = host_alloc(s_.comm_scratch * 4);
+  const BufferSpec* b = s_.find(Buffer::comm_receive);
+  if (!b) return;
+  if (b->tier == Tier::host)
+    host_recv_ = s_.alloc_host(b->bytes);
   else
-    device_recv_ = DeviceBuffer(s_.dev, s_.comm_scratch * 4, "gradient receive scratch");
+    device_recv_ = DeviceBuffer(s_.dev, b->bytes, "gradient receive scratch");
 }
 
 // The reduction of one bucket [o, o+len) of unit u across ranks, in place in `g` (the bucket's fp32
@@ -188,9 +186,9 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
     for (std::size_t o = 0; o < u.n; o += s_.bucket) reduce_bucket(u, o, std::min(s_.bucket, u.n - o), grad + o, true);
   if (fp32_sum()) {
     BusyScope busy(s_.dev, r);
-    const float* kept = grad + u.g_lo;
-    if (mb == 0) s_.kern->copy(u.grad_sum.as<float>(), kept, (u.g_hi - u.g_lo) * 4, r);
-    else s_.kern->add(u.grad_sum.as<float>(), kept, u.g_hi - u.g_lo, r);
+    const float* kept = grad + u.grad_range.lo;
+    if (mb == 0) s_.kern->copy(u.grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
+    else s_.kern->add(u.grad_sum.as<float>(), kept, u.grad_range.len(), r);
   }
 }
 
@@ -231,9 +229,9 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
       if (s_.mixed) s_.from_half(land.data(), g, len); else std::memcpy(g, land.data(), len * 4);
       if (s_.parallel()) reduce_bucket(u, o, len, g, false);
       // The part of the bucket this rank keeps, summed over micro batches in fp32.
-      const std::size_t a = std::max(o, u.g_lo), b = std::min(o + len, u.g_hi);
+      const std::size_t a = std::max(o, u.grad_range.lo), b = std::min(o + len, u.grad_range.hi);
       if (b > a) {
-        float* acc = reinterpret_cast<float*>(u.host_grad.get()) + (a - u.g_lo);
+        float* acc = reinterpret_cast<float*>(u.host_grad.get()) + (a - u.grad_range.lo);
         if (mb == 0) std::memcpy(acc, g + (a - o), (b - a) * 4); else s_.add_into(acc, g + (a - o), b - a);
       }
     }
@@ -257,7 +255,7 @@ std::vector<std::vector<double>> GradientPath::block_sums() {
   std::vector<EngineKernels::NormInput> in;
   for (auto& u : s_.units) {
     auto [g, type] = update_input(u);
-    in.push_back({g, type, u.g_hi - u.g_lo});
+    in.push_back({g, type, u.grad_range.len()});
   }
   if (!s_.optimizer_offloaded) return s_.kern->block_sums(in, StreamRole::d2h);  // one wait for every unit
   std::vector<std::vector<double>> out;

@@ -29,7 +29,7 @@ class GradientPath {
  public:
   explicit GradientPath(EngineState& s);
   void add(Unit& u, const std::string& name);  // unit u's gradient buffers (at construction)
-  void allocate_shared(std::size_t max_unit);   // slots, landing buffers, staging (after every add)
+  void allocate_shared();                       // slots, landing buffers, staging (after every add)
   void allocate_comm_scratch();                 // the receive scratch of the cross-rank reduction
 
   void begin_micro_batch(std::int64_t micro);

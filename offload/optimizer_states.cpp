@@ -3,7 +3,7 @@
 //   HostStates    host memory (cpu); the Update is cpu_adam on the host threads
 //   NvmeStates    one store tensor per sub-group, laid out by SubGroupLayout (nvme); the Update
 //                 streams them through the pipelined swapper: SwapIn ahead, SwapOut behind
-// Each holds the states of [s_lo, s_hi) of every unit (this rank's shard under ZeRO stage ≥ 1 with
+// Each holds the states of state_range of every unit (this rank's shard under ZeRO stage ≥ 1 with
 // several ranks, else the whole unit); add/read/write take whole-unit arrays indexed globally.
 #include <cstring>
 #include <tuple>
@@ -26,7 +26,7 @@ void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision,
     const auto [master, m, v] = bases(u);
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
       const std::size_t o = u.chunks[ci];
-      const std::size_t i = o - u.s_lo;
+      const std::size_t i = o - u.state_range.lo;
       fn(ui, o, u.chunk_len(ci), master + i, m + i, v + i, *d);
     }
   }
@@ -36,34 +36,34 @@ class DeviceStates final : public OptimizerStates {
  public:
   explicit DeviceStates(EngineState& s) : s_(s) {}
   void add(Unit& u, const std::string& name, const float* master) override {
-    const std::size_t n = u.s_hi - u.s_lo;
+    const std::size_t n = u.state_range.len();
     // fp32 with whole resident parameters: the compute copy is the master (no second fp32 copy).
-    if (s_.mixed || s_.param_offloaded || s_.shard_params) u.dev_master = DeviceBuffer(s_.dev, n * 4, name + " master");
-    u.dev_m = DeviceBuffer(s_.dev, n * 4, name + " adam.m");
-    u.dev_v = DeviceBuffer(s_.dev, n * 4, name + " adam.v");
+    if (const BufferSpec* b = s_.find(Buffer::master, u.index)) u.dev_master = DeviceBuffer(s_.dev, b->bytes, name + " master");
+    u.dev_m = DeviceBuffer(s_.dev, s_.spec(Buffer::adam_m, u.index, Tier::device).bytes, name + " adam.m");
+    u.dev_v = DeviceBuffer(s_.dev, s_.spec(Buffer::adam_v, u.index, Tier::device).bytes, name + " adam.v");
     s_.kern->zero(u.dev_m.as<void>(), n * 4, StreamRole::h2d);
     s_.kern->zero(u.dev_v.as<void>(), n * 4, StreamRole::h2d);
-    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master + u.s_lo, n * 4);
+    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo, n * 4);
     s_.dev.synchronize(StreamRole::h2d);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
     walk_in_place(s_, decision, fn, [this](Unit& u) { return std::tuple(master_of(u), u.dev_m.as<float>(), u.dev_v.as<float>()); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
-    const std::size_t n = u.s_hi - u.s_lo;
-    s_.d2h_sync(master + u.s_lo, master_of(u), n * 4);
-    if (m) s_.d2h_sync(m + u.s_lo, u.dev_m.as<void>(), n * 4);
-    if (v) s_.d2h_sync(v + u.s_lo, u.dev_v.as<void>(), n * 4);
+    const std::size_t n = u.state_range.len();
+    s_.d2h_sync(master + u.state_range.lo, master_of(u), n * 4);
+    if (m) s_.d2h_sync(m + u.state_range.lo, u.dev_m.as<void>(), n * 4);
+    if (v) s_.d2h_sync(v + u.state_range.lo, u.dev_v.as<void>(), n * 4);
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
-    const std::size_t n = u.s_hi - u.s_lo;
-    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master + u.s_lo, n * 4);  // else: the compute copy, rebuilt by its home
-    s_.h2d_sync(u.dev_m.as<void>(), m + u.s_lo, n * 4);
-    s_.h2d_sync(u.dev_v.as<void>(), v + u.s_lo, n * 4);
+    const std::size_t n = u.state_range.len();
+    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo, n * 4);  // else: the compute copy, rebuilt by its home
+    s_.h2d_sync(u.dev_m.as<void>(), m + u.state_range.lo, n * 4);
+    s_.h2d_sync(u.dev_v.as<void>(), v + u.state_range.lo, n * 4);
   }
 
  private:
-  float* master_of(Unit& u) { return u.dev_master.size() ? u.dev_master.as<float>() : u.param.as<float>() + u.s_lo; }
+  float* master_of(Unit& u) { return u.dev_master.size() ? u.dev_master.as<float>() : u.param.as<float>() + u.state_range.lo; }
   EngineState& s_;
 };
 
@@ -71,11 +71,11 @@ class HostStates final : public OptimizerStates {
  public:
   explicit HostStates(EngineState& s) : s_(s) {}
   void add(Unit& u, const std::string&, const float* master) override {
-    const std::size_t n = u.s_hi - u.s_lo;
-    u.host_master = host_alloc(n * 4);
-    u.host_m = host_alloc(n * 4);
-    u.host_v = host_alloc(n * 4);
-    std::memcpy(u.host_master.get(), master + u.s_lo, n * 4);
+    const std::size_t n = u.state_range.len();
+    u.host_master = s_.alloc_host(s_.spec(Buffer::master, u.index, Tier::host).bytes);
+    u.host_m = s_.alloc_host(s_.spec(Buffer::adam_m, u.index, Tier::host).bytes);
+    u.host_v = s_.alloc_host(s_.spec(Buffer::adam_v, u.index, Tier::host).bytes);
+    std::memcpy(u.host_master.get(), master + u.state_range.lo, n * 4);
     std::memset(u.host_m.get(), 0, n * 4);
     std::memset(u.host_v.get(), 0, n * 4);
   }
@@ -83,16 +83,16 @@ class HostStates final : public OptimizerStates {
     walk_in_place(s_, decision, fn, [](Unit& u) { return std::tuple(f(u.host_master), f(u.host_m), f(u.host_v)); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
-    const std::size_t n = u.s_hi - u.s_lo;
-    std::memcpy(master + u.s_lo, u.host_master.get(), n * 4);
-    if (m) std::memcpy(m + u.s_lo, u.host_m.get(), n * 4);
-    if (v) std::memcpy(v + u.s_lo, u.host_v.get(), n * 4);
+    const std::size_t n = u.state_range.len();
+    std::memcpy(master + u.state_range.lo, u.host_master.get(), n * 4);
+    if (m) std::memcpy(m + u.state_range.lo, u.host_m.get(), n * 4);
+    if (v) std::memcpy(v + u.state_range.lo, u.host_v.get(), n * 4);
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
-    const std::size_t n = u.s_hi - u.s_lo;
-    std::memcpy(u.host_master.get(), master + u.s_lo, n * 4);
-    std::memcpy(u.host_m.get(), m + u.s_lo, n * 4);
-    std::memcpy(u.host_v.get(), v + u.s_lo, n * 4);
+    const std::size_t n = u.state_range.len();
+    std::memcpy(u.host_master.get(), master + u.state_range.lo, n * 4);
+    std::memcpy(u.host_m.get(), m + u.state_range.lo, n * 4);
+    std::memcpy(u.host_v.get(), v + u.state_range.lo, n * 4);
   }
 
  private:
@@ -105,10 +105,13 @@ class NvmeStates final : public OptimizerStates {
   explicit NvmeStates(EngineState& s)
       : s_(s),
         store_(s.c.optimizer_store, s.c.optimizer_faults),
-        swapper_(store_, *s.pinned, s.exact() ? s.c.optimizer_buffer_count : 1, SubGroupLayout::bytes_for(s.sub_group)) {}
+        swapper_(store_, *s.pinned, static_cast<int>(swap_spec(s).count), swap_spec(s).bytes) {}
   void add(Unit& u, const std::string& name, const float* master) override {
-    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci)
-      u.nvme_subgroups.push_back(store_.add(name + ".sg" + std::to_string(ci), SubGroupLayout::bytes_for(u.chunk_len(ci))));
+    for (const BufferSpec& b : s_.buffers.of_unit(u.index))  // one tensor per sub-group, in order
+      if (b.what == Buffer::optimizer_subgroup)
+        for (std::uint64_t k = 0; k < b.count; ++k)
+          u.nvme_subgroups.push_back(store_.add(name + ".sg" + std::to_string(u.nvme_subgroups.size()), b.bytes));
+    ZINF_CHECK(u.nvme_subgroups.size() == u.chunks.size());
     for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {  // initial contents
       std::memset(buf, 0, l.bytes());
       std::memcpy(l.master(buf), master + o, l.len * 4);
@@ -163,11 +166,12 @@ class NvmeStates final : public OptimizerStates {
   // fn(ci, o, layout, buf) for each of u's sub-groups in order, with one pageable staging buffer.
   template <class F>
   void for_each_subgroup(Unit& u, F fn) {
-    const std::size_t cap = SubGroupLayout::bytes_for(std::max<std::size_t>(1, std::min(s_.sub_group, u.s_hi - u.s_lo)));
+    const std::size_t cap = SubGroupLayout::bytes_for(std::max<std::size_t>(1, std::min(s_.sub_group, u.state_range.len())));
     PinnedPool pool(round_up(cap, PinnedPool::kAlign), /*lock=*/false);
     PinnedBuffer b = pool.acquire(cap);
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) fn(ci, u.chunks[ci], SubGroupLayout(u.chunk_len(ci)), b.data());
   }
+  static const BufferSpec& swap_spec(EngineState& s) { return s.spec(Buffer::optimizer_swap, kShared, Tier::pinned); }
   EngineState& s_;
   nvme::TensorStore store_;
   nvme::Swapper swapper_;

@@ -7,7 +7,7 @@
 //               an upload slot, Fetch reads them into a window slot's pinned staging first
 // Upload — the new compute copy going home after the Update — is land_chunk() of each.
 //
-// Several ranks: a home holds [p_lo, p_hi) of its unit — the whole unit, or this rank's shard under
+// Several ranks: a home holds param_range of its unit — the whole unit, or this rank's shard under
 // ZeRO stage 3 (windowed units; a stage-3 run without offload_param keeps the shards in a DeviceHome
 // of its own). A whole resident unit whose optimizer states are partitioned gathers every rank's
 // updated part when it lands; a sharded home gathers the shards at Fetch, on the trainer's thread.
@@ -22,14 +22,14 @@ class DeviceHome final : public ParamHome {
  public:
   DeviceHome(EngineState& s, UploadSlots& up) : s_(s), up_(up) {}
   void place(Unit& u, const std::string& name, const float* master) override {
-    u.param = DeviceBuffer(s_.dev, (u.p_hi - u.p_lo) * s_.compute_bytes, name + (s_.mixed ? " param16" : " param"));
-    if (s_.mixed && !u.windowed) u.work = DeviceBuffer(s_.dev, u.n * 4, name + " fp32 working weights");
+    u.param = DeviceBuffer(s_.dev, s_.spec(Buffer::param, u.index, Tier::device).bytes, name + (s_.mixed ? " param16" : " param"));
+    if (const BufferSpec* work = s_.find(Buffer::work, u.index)) u.work = DeviceBuffer(s_.dev, work->bytes, name + " fp32 working weights");
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
-    const std::size_t n = u.p_hi - u.p_lo;
+    const std::size_t n = u.param_range.len();
     std::vector<char> copy(n * s_.compute_bytes);
-    s_.to_compute(master + u.p_lo, copy.data(), n);  // on the host, then up
+    s_.to_compute(master + u.param_range.lo, copy.data(), n);  // on the host, then up
     s_.h2d_sync(u.param.as<void>(), copy.data(), copy.size());
     if (s_.mixed && !u.windowed) s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
     s_.dev.synchronize(StreamRole::h2d);
@@ -38,7 +38,7 @@ class DeviceHome final : public ParamHome {
     // The device's own Update (on d2h) rewrites the home in place. A Fetch gather that read it (on h2d
     // with NCCL) is behind it already: the model's stream waited for that gather (slot.ready) before
     // its reads, and d2h waited for the model's event at every grads_done before this Update.
-    if (!s_.optimizer_offloaded) return static_cast<char*>(u.param.as<void>()) + (o - u.p_lo) * s_.compute_bytes;
+    if (!s_.optimizer_offloaded) return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * s_.compute_bytes;
     auto k = static_cast<std::size_t>(slot);
     if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
     return up_.buffer[k].data();
@@ -46,7 +46,7 @@ class DeviceHome final : public ParamHome {
   void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
     if (!s_.optimizer_offloaded) return;
     auto k = static_cast<std::size_t>(slot);
-    char* dst = static_cast<char*>(u.param.as<void>()) + (o - u.p_lo) * s_.compute_bytes;  // Upload: pinned → device
+    char* dst = static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * s_.compute_bytes;  // Upload: pinned → device
     {
       BusyScope busy(s_.dev, StreamRole::h2d);
       s_.dev.copy_to_device(dst, up_.buffer[k].data(), len * s_.compute_bytes, StreamRole::h2d);
@@ -106,13 +106,13 @@ class PinnedHome final : public ParamHome {
  public:
   explicit PinnedHome(EngineState& s) : s_(s) {}
   void place(Unit& u, const std::string&, const float* master) override {
-    u.pinned_home = s_.pinned->acquire((u.p_hi - u.p_lo) * s_.compute_bytes);
+    u.pinned_home = s_.pinned->acquire(s_.spec(Buffer::param, u.index, Tier::pinned).bytes);
     rebuild(u, master);
   }
-  void rebuild(Unit& u, const float* master) override { s_.to_compute(master + u.p_lo, u.pinned_home.data(), u.p_hi - u.p_lo); }
+  void rebuild(Unit& u, const float* master) override { s_.to_compute(master + u.param_range.lo, u.pinned_home.data(), u.param_range.len()); }
   void* update_target(Unit& u, std::size_t o, int) override {
     if (u.fetched) u.fetched->wait();  // no Fetch may still be reading the home we overwrite
-    return static_cast<char*>(u.pinned_home.data()) + (o - u.p_lo) * s_.compute_bytes;
+    return static_cast<char*>(u.pinned_home.data()) + (o - u.param_range.lo) * s_.compute_bytes;
   }
   void land_chunk(Unit&, std::size_t, std::size_t, int) override {}  // written in place
   void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
@@ -132,16 +132,17 @@ class NvmeHome final : public ParamHome {
  public:
   NvmeHome(EngineState& s, UploadSlots& up) : s_(s), up_(up), store_(s.c.param_store) {}
   void place(Unit& u, const std::string& name, const float* master) override {
-    if (u.p_hi == u.p_lo) return;  // an empty shard: nothing on disk
-    u.nvme_param = store_.add(name + ".param", (u.p_hi - u.p_lo) * s_.compute_bytes);
+    const std::uint64_t bytes = s_.spec(Buffer::param, u.index, Tier::nvme).bytes;
+    if (!bytes) return;  // an empty shard: nothing on disk
+    u.nvme_param = store_.add(name + ".param", bytes);
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
-    const std::size_t n = u.p_hi - u.p_lo, bytes = n * s_.compute_bytes;
+    const std::size_t n = u.param_range.len(), bytes = n * s_.compute_bytes;
     if (!n) return;
     PinnedPool pool(round_up(bytes, PinnedPool::kAlign), /*lock=*/false);  // pageable: used once
     PinnedBuffer b = pool.acquire(bytes);
-    s_.to_compute(master + u.p_lo, b.data(), n);
+    s_.to_compute(master + u.param_range.lo, b.data(), n);
     store_.write(u.nvme_param, b.data())->wait();
   }
   void* update_target(Unit& u, std::size_t, int slot) override {
@@ -153,7 +154,7 @@ class NvmeHome final : public ParamHome {
   void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
     // The slot is reused next: wait for the write (the swapper's sub-group reads keep the disk busy).
     const auto k = static_cast<std::size_t>(slot);
-    store_.write(u.nvme_param, up_.buffer[k].data(), (o - u.p_lo) * s_.compute_bytes, len * s_.compute_bytes)->wait();
+    store_.write(u.nvme_param, up_.buffer[k].data(), (o - u.param_range.lo) * s_.compute_bytes, len * s_.compute_bytes)->wait();
     up_.copied[k] = nullptr;
   }
   void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
@@ -164,7 +165,7 @@ class NvmeHome final : public ParamHome {
       // NVMe → pinned in h2d stream order, before the copy (its time is the store's, not the link's).
       s_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
     } else {  // this rank's shard from disk into its place, then every other rank's
-      if (u.p_hi > u.p_lo) store_.read(id, buf + u.p_lo * cb, 0, (u.p_hi - u.p_lo) * cb)->wait();
+      if (u.param_range.hi > u.param_range.lo) store_.read(id, buf + u.param_range.lo * cb, 0, u.param_range.len() * cb)->wait();
       s_.fetch_comm->allgatherv(buf, u.counts_in(0, u.n), cb);
     }
     s_.dev.copy_to_device(slot, buf, bytes, StreamRole::h2d);

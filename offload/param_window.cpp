@@ -3,13 +3,15 @@
 
 namespace zinf::offload::detail {
 
-ParamWindow::ParamWindow(EngineState& s, ParamHome& home, std::size_t max_unit) : s_(s), home_(home) {
-  const int n = std::max(2, 1 + s.c.prefetch_depth);
-  for (int i = 0; i < n; ++i) {
+ParamWindow::ParamWindow(EngineState& s, ParamHome& home) : s_(s), home_(home) {
+  const BufferSpec& param = s.spec(Buffer::param_slot, kShared, Tier::device);
+  const BufferSpec* work = s.find(Buffer::work_slot);
+  const BufferSpec* staging = s.find(Buffer::param_staging);
+  for (std::uint64_t i = 0; i < param.count; ++i) {
     Slot slot;
-    slot.param = DeviceBuffer(s.dev, max_unit * s.compute_bytes, "param window slot " + std::to_string(i));
-    if (s.mixed) slot.work = DeviceBuffer(s.dev, max_unit * 4, "fp32 working weights slot " + std::to_string(i));
-    if (s.c.param == OffloadDevice::nvme || (s.shard_params && s.param_offloaded)) slot.staging = s.pinned->acquire(max_unit * s.compute_bytes);
+    slot.param = DeviceBuffer(s.dev, param.bytes, "param window slot " + std::to_string(i));
+    if (work) slot.work = DeviceBuffer(s.dev, work->bytes, "fp32 working weights slot " + std::to_string(i));
+    if (staging) slot.staging = s.pinned->acquire(staging->bytes);
     slots_.push_back(std::move(slot));
   }
 }

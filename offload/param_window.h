@@ -15,8 +15,8 @@ namespace zinf::offload::detail {
 
 class ParamWindow {
  public:
-  // Allocates max(2, 1 + prefetch_depth) slots for units of up to `max_unit` elements.
-  ParamWindow(EngineState& s, ParamHome& home, std::size_t max_unit);
+  // Allocates the slots of the buffer specs: max(2, 1 + prefetch_depth), each the largest windowed unit.
+  ParamWindow(EngineState& s, ParamHome& home);
   // The weights of windowed unit u for the model, fetched if needed; the model's stream waits for
   // the Fetch. `backward`: the pass runs from the last unit to the first (prefetch direction).
   const float* acquire(std::size_t u, bool backward);

@@ -75,7 +75,7 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
     update_chunk(u, o, len, master, m, v, st, out);
     s_.add_time(&BusyTimes::host, since(t0));
     home.land_chunk(u, o, len, slot);  // Upload
-    if (o + len == u.s_hi) land_through(ui);
+    if (o + len == u.state_range.hi) land_through(ui);
   });
   if (d.get() && !s_.units.empty()) land_through(s_.units.size() - 1);
 }
@@ -85,7 +85,7 @@ void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, float
   auto [g, type] = grads_.update_input(u);
   cpu_adam::UpdateChunk ch;
   ch.n = len;
-  ch.grad = static_cast<const char*>(g) + (o - u.g_lo) * (type == cpu_adam::GradType::fp32 ? 4 : 2);
+  ch.grad = static_cast<const char*>(g) + (o - u.grad_range.lo) * (type == cpu_adam::GradType::fp32 ? 4 : 2);
   ch.grad_type = type;
   ch.master = master;
   ch.m = m;

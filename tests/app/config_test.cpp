@@ -458,7 +458,7 @@ TEST(Config, AioThreadCountIsTheDocumentedAlias) {
 TEST(Config, AioBlockSizeMustSuitODirect) {
   std::string e = error_of(R"({"train_batch_size": 8, "aio": {"block_size": 5000}})");
   EXPECT_NE(e.find("aio.block_size: must be a multiple of 4096"), std::string::npos) << e;
-  EXPECT_EQ(ok(R"({"train_batch_size": 8, "aio": {"engine": "posix"}})").aio.engine, IoEngineKind::posix);
+  EXPECT_EQ(ok(R"({"train_batch_size": 8, "aio": {"engine": "posix"}})").aio.engine, AsyncIoKind::posix);
 }
 
 // ---- zinf sections --------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ TEST(IoOptions, AioSectionMapsOntoTheEngine) {
   EXPECT_EQ(o.io.queue_depth, 32);
   EXPECT_EQ(o.io.threads, 4);
   EXPECT_TRUE(o.io.single_submit);
-  EXPECT_EQ(o.engine, nvme::EngineKind::posix);
-  EXPECT_EQ(store_options(parse_config(R"({"train_batch_size": 8})").aio, "/x").engine, nvme::EngineKind::automatic);
+  EXPECT_EQ(o.io_kind, nvme::AsyncIoKind::posix);
+  EXPECT_EQ(store_options(parse_config(R"({"train_batch_size": 8})").aio, "/x").io_kind, nvme::AsyncIoKind::automatic);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // store_test.cpp — the tensor store end to end on the machine's real disk (a temporary directory):
-// integrity over many sizes and offsets with both engines, concurrency, fault injection (ENOSPC,
+// integrity over many sizes and offsets with both back ends, concurrency, fault injection (ENOSPC,
 // EIO, short transfers), the pinned bound of the swapper, and scratch cleanup after an exception and
 // after SIGTERM.
 #include <gtest/gtest.h>
@@ -49,18 +49,18 @@ void fill_random(void* p, std::size_t n, std::uint32_t seed) {
   for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(rng());
 }
 
-std::vector<EngineKind> engines() {
-  std::vector<EngineKind> e = {EngineKind::posix};
+std::vector<AsyncIoKind> back_ends() {
+  std::vector<AsyncIoKind> e = {AsyncIoKind::posix};
   std::string why;
-  if (io_uring_available(&why)) e.push_back(EngineKind::uring);
+  if (io_uring_available(&why)) e.push_back(AsyncIoKind::uring);
   return e;
 }
-const char* name(EngineKind k) { return k == EngineKind::uring ? "uring" : "posix"; }
+const char* name(AsyncIoKind k) { return k == AsyncIoKind::uring ? "uring" : "posix"; }
 
-StoreOptions options(const std::string& dir, EngineKind k, std::size_t block = 64 << 10, int qd = 8, int threads = 2) {
+StoreOptions options(const std::string& dir, AsyncIoKind k, std::size_t block = 64 << 10, int qd = 8, int threads = 2) {
   StoreOptions o;
   o.parent = dir;
-  o.engine = k;
+  o.io_kind = k;
   o.io.block_size = block;
   o.io.queue_depth = qd;
   o.io.threads = threads;
@@ -68,15 +68,15 @@ StoreOptions options(const std::string& dir, EngineKind k, std::size_t block = 6
   return o;
 }
 
-TEST(TensorStore, IntegrityOverSizesAndOffsetsOnEveryEngine) {
+TEST(TensorStore, IntegrityOverSizesAndOffsetsOnEveryBackEnd) {
   const std::uint64_t sizes[] = {1, 100, 4095, 4096, 4097, 65539, (1 << 20) + 17, 3 << 20};
   std::vector<std::uint64_t> checks;
-  for (EngineKind k : engines()) {
+  for (AsyncIoKind k : back_ends()) {
     SCOPED_TRACE(name(k));
     TempDir dir;
     PinnedPool pool(32 << 20);
     TensorStore store(options(dir.str(), k));
-    EXPECT_NE(store.description().find(k == EngineKind::uring ? "io_uring" : "posix"), std::string::npos);
+    EXPECT_NE(store.description().find(k == AsyncIoKind::uring ? "io_uring" : "posix"), std::string::npos);
     std::vector<TensorStore::Id> ids;
     std::vector<PinnedBuffer> src, dst;
     for (std::size_t i = 0; i < std::size(sizes); ++i) {
@@ -106,12 +106,12 @@ TEST(TensorStore, IntegrityOverSizesAndOffsetsOnEveryEngine) {
     }
   }
   if (checks.size() == 2) {
-    EXPECT_EQ(checks[0], checks[1]);  // both engines give the same bytes
+    EXPECT_EQ(checks[0], checks[1]);  // both back ends give the same bytes
   }
 }
 
 TEST(TensorStore, ConcurrentReadersAndWriters) {
-  for (EngineKind k : engines()) {
+  for (AsyncIoKind k : back_ends()) {
     SCOPED_TRACE(name(k));
     TempDir dir;
     PinnedPool pool(64 << 20);
@@ -143,7 +143,7 @@ TEST(TensorStore, SqpollRingsWithRegisteredFilesAndBuffersMoveTheSameBytes) {
   if (!io_uring_available(&why)) GTEST_SKIP() << "io_uring unavailable: " << why;
   TempDir dir;
   PinnedPool pool(8 << 20);
-  StoreOptions o = options(dir.str(), EngineKind::uring);
+  StoreOptions o = options(dir.str(), AsyncIoKind::uring);
   o.io.sqpoll = true;
   o.io.fixed_buffers = {pool.slab()};
   std::unique_ptr<TensorStore> store;
@@ -162,7 +162,7 @@ TEST(TensorStore, SqpollRingsWithRegisteredFilesAndBuffersMoveTheSameBytes) {
 }
 
 TEST(TensorStore, ShortTransfersAreResubmitted) {
-  for (EngineKind k : engines()) {
+  for (AsyncIoKind k : back_ends()) {
     SCOPED_TRACE(name(k));
     TempDir dir;
     PinnedPool pool(8 << 20);
@@ -182,7 +182,7 @@ TEST(TensorStore, ShortTransfersAreResubmitted) {
 }
 
 TEST(TensorStore, InjectedErrorsSurfaceWithContextAndNothingPartialSucceeds) {
-  for (EngineKind k : engines()) {
+  for (AsyncIoKind k : back_ends()) {
     for (int err : {ENOSPC, EIO}) {
       SCOPED_TRACE(std::string(name(k)) + " " + std::strerror(err));
       TempDir dir;
@@ -219,7 +219,7 @@ TEST(TensorStore, InjectedErrorsSurfaceWithContextAndNothingPartialSucceeds) {
 
 TEST(TensorStore, FullDiskWhenReservingIsAClearError) {
   TempDir dir;
-  TensorStore store(options(dir.str(), EngineKind::posix));
+  TensorStore store(options(dir.str(), AsyncIoKind::posix));
   try {
     store.add("huge", std::uint64_t{1} << 60);
     FAIL() << "reserving 2^60 bytes should fail";
@@ -232,7 +232,7 @@ TEST(TensorStore, FullDiskWhenReservingIsAClearError) {
 
 TEST(TensorStore, MissingSwapPathIsAClearError) {
   try {
-    TensorStore store(options("/nonexistent/zinf-swap", EngineKind::posix));
+    TensorStore store(options("/nonexistent/zinf-swap", AsyncIoKind::posix));
     FAIL();
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/zinf-swap"), std::string::npos);
@@ -242,7 +242,7 @@ TEST(TensorStore, MissingSwapPathIsAClearError) {
 TEST(TensorStore, CreatesAMissingSwapPathWhenAsked) {
   TempDir dir;
   const std::string parent = dir.str() + "/a/b";
-  StoreOptions o = options(parent, EngineKind::posix);
+  StoreOptions o = options(parent, AsyncIoKind::posix);
   o.create_parent = true;
   {
     TensorStore store(o);
@@ -256,7 +256,7 @@ TEST(TensorStore, FilesystemWithoutODirectFallsBackToBuffered) {
   if (!fs::exists("/dev/shm")) GTEST_SKIP() << "no /dev/shm (tmpfs) to test a filesystem that refuses O_DIRECT";
   PathProbe p = probe_path("/dev/shm");
   if (p.odirect) GTEST_SKIP() << "/dev/shm accepts O_DIRECT here; nothing to fall back from";
-  TensorStore store(options("/dev/shm", EngineKind::automatic));
+  TensorStore store(options("/dev/shm", AsyncIoKind::automatic));
   EXPECT_NE(store.description().find("refuses O_DIRECT"), std::string::npos) << store.description();
   PinnedPool pool(1 << 20);
   auto id = store.add("t", 5000);
@@ -271,7 +271,7 @@ TEST(TensorStore, SwapDirectoryIsPrivateAndRemovedAfterAnException) {
   TempDir dir;
   std::string inside;
   try {
-    TensorStore store(options(dir.str(), EngineKind::automatic));
+    TensorStore store(options(dir.str(), AsyncIoKind::automatic));
     inside = store.directory();
     EXPECT_EQ(fs::status(inside).permissions() & fs::perms::all, fs::perms::owner_all);
     EXPECT_EQ(fs::status(inside + "/store.0").permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
@@ -290,7 +290,7 @@ TEST(TensorStore, SwapDirectoryIsRemovedOnSigterm) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {  // child: make a store, report its directory, then get killed
     ::close(pipefd[0]);
-    TensorStore store(options(dir.str(), EngineKind::posix));
+    TensorStore store(options(dir.str(), AsyncIoKind::posix));
     store.add("t", 1 << 20);
     const std::string& d = store.directory();
     [[maybe_unused]] auto w = ::write(pipefd[1], d.c_str(), d.size());
@@ -323,7 +323,7 @@ TEST(TensorStore, AProgramsOwnSigintHandlerKeepsTheSignal) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, nullptr);
     {
-      TensorStore store(options(dir.str(), EngineKind::posix));
+      TensorStore store(options(dir.str(), AsyncIoKind::posix));
       ::raise(SIGINT);
       if (!g_graceful || !fs::exists(store.directory())) ::_exit(4);  // the run goes on; its directory too
     }
@@ -356,7 +356,7 @@ TEST(TensorStore, StaleDirectoriesAreRemovedOnlyWhenProvablyZinfs) {
   char tag[16];
   std::snprintf(tag, sizeof tag, "%d", static_cast<int>(dead));
   // A live one first: a real store of this process (its start-up sweep finds nothing yet).
-  TensorStore live(options(dir.str(), EngineKind::posix));
+  TensorStore live(options(dir.str(), AsyncIoKind::posix));
   EXPECT_TRUE(live.stale_report().empty());
   const std::string ours = make(std::string("zinf-") + tag + "-0000abcd", true, false);
   const std::string foreign = make(std::string("zinf-") + tag + "-0000abce", true, true);
@@ -375,7 +375,7 @@ TEST(TensorStore, StaleDirectoriesAreRemovedOnlyWhenProvablyZinfs) {
   for (const auto& l : report) EXPECT_EQ(l.find(live.directory()), std::string::npos) << l;
   // A new store sweeps on its own and reports what it removed.
   const std::string again = make(std::string("zinf-") + tag + "-0000abd0", true, false);
-  TensorStore next(options(dir.str(), EngineKind::posix));
+  TensorStore next(options(dir.str(), AsyncIoKind::posix));
   EXPECT_FALSE(fs::exists(again));
   bool said = false;
   for (const auto& l : next.stale_report()) said = said || l.find("removed") != std::string::npos;
@@ -383,7 +383,7 @@ TEST(TensorStore, StaleDirectoriesAreRemovedOnlyWhenProvablyZinfs) {
 }
 
 TEST(Swapper, PinnedBoundHoldsUnderThousandsOfItems) {
-  for (EngineKind k : engines()) {
+  for (AsyncIoKind k : back_ends()) {
     SCOPED_TRACE(name(k));
     TempDir dir;
     const std::size_t item = 16 << 10;
@@ -423,7 +423,7 @@ TEST(Swapper, ReadFailureDuringTheUpdateFailsCleanly) {
   FaultPlan faults;
   faults.fail_errno = EIO;
   {
-    TensorStore store(options(dir.str(), EngineKind::automatic, 64 << 10), &faults);
+    TensorStore store(options(dir.str(), AsyncIoKind::automatic, 64 << 10), &faults);
     auto id = store.add("flat", 50 * item);
     std::vector<SwapItem> items;
     for (int i = 0; i < 50; ++i) items.push_back({id, static_cast<std::uint64_t>(i) * item, item, true, true});

@@ -7,9 +7,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <random>
 
+#include "zinf/comm.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/device.h"
 #include "zinf/backends/cpu.h"
@@ -64,6 +66,81 @@ TEST(OffloadEngine, AllocatesExactlyWhatThePlanSays) {
         EXPECT_EQ(dev->in_use(), Engine::device_bytes(c));
         EXPECT_EQ(e.pinned_capacity(), Engine::pinned_bytes(c));
       }
+}
+
+// One rank of `world` that never communicates: enough to build an engine as that rank (construction
+// runs no collectives), so that one process can check what every rank of a world allocates.
+class RankOnly final : public Comm {
+ public:
+  RankOnly(int rank, int world) : rank_(rank), world_(world) {}
+  int rank() const override { return rank_; }
+  int size() const override { return world_; }
+  std::string backend() const override { return "test"; }
+  void alltoallv(const void*, const std::vector<std::size_t>&, void*, const std::vector<std::size_t>&, std::size_t, void*) override { fail(); }
+  void allgatherv(void*, const std::vector<std::size_t>&, std::size_t, void*) override { fail(); }
+  void allgatherv(const void*, void*, const std::vector<std::size_t>&, std::size_t, void*) override { fail(); }
+  void broadcast(void*, std::size_t, int, void*) override { fail(); }
+  void barrier() override { fail(); }
+  std::unique_ptr<Comm> dup() override { return std::make_unique<RankOnly>(rank_, world_); }
+  [[noreturn]] void abort(int) override { std::abort(); }
+
+ private:
+  [[noreturn]] static void fail() { throw Error("this test's communicator runs no collectives"); }
+  int rank_, world_;
+};
+
+// Bytes of the swap files under `dir`, as the filesystem reports them.
+std::uint64_t swap_file_bytes(const fs::path& dir) {
+  std::uint64_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && e.path().filename().string().rfind("store.", 0) == 0) total += e.file_size();
+  return total;
+}
+
+// For every ZeRO stage, optimizer and parameter tier, precision, accumulation and world size (every
+// rank of it), the engine holds on each tier exactly the plan's bytes — as the tiers count them: the
+// device's bytes in use, the pinned pool's blocks (the pool is exactly full), the host memory the
+// engine allocated, the swap files on disk.
+TEST(OffloadEngine, HoldsThePlansBytesOnEveryTier) {
+  Dir dir;
+  const OffloadDevice tiers[] = {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme};
+  int engines = 0;
+  for (int world : {1, 2, 3})
+    for (int stage = 0; stage <= 3; ++stage) {
+      if (world == 1 && stage > 0) continue;  // one rank partitions nothing
+      for (auto opt : tiers)
+        for (auto param : tiers)
+          for (Precision prec : {Precision::fp32, Precision::bf16})
+            for (std::int64_t ga : {1, 2}) {
+              if (world > 1 && ga > 1) continue;  // several ranks always sum in fp32, as GA > 1 does
+              for (int rank = 0; rank < world; ++rank) {
+                const std::string what = "world " + std::to_string(world) + " rank " + std::to_string(rank) + " stage " +
+                                         std::to_string(stage) + " optimizer " + std::string(to_string(opt)) + " param " + std::string(to_string(param)) + " " +
+                                         std::string(to_string(prec)) + " GA " + std::to_string(ga);
+                SCOPED_TRACE(what);
+                EngineConfig c = config(opt, param, prec, ga, Overlap::exact, dir.p);
+                // Units that split unevenly over 2 and 3 ranks (shards are 64 Ki-aligned) and one at the
+                // persistence threshold (kept whole at stage 3).
+                c.units = {5000, 140000, 70000, 131073, 300};
+                c.sub_group_size = 32768;
+                c.reduce_bucket_size = 40960;
+                c.persistence_threshold = 70000;
+                c.stage = stage;
+                RankOnly comm(rank, world);
+                if (world > 1) c.comm = &comm;
+                const Plan plan = make_plan(Engine::plan_input(c));
+                auto dev = make_cpu_device(64 << 20);
+                Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.units[u], 0.01f); });
+                const TierBytes held = e.held_bytes();
+                for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
+                EXPECT_EQ(dev->in_use(), held[static_cast<int>(Tier::device)]);
+                EXPECT_EQ(e.pinned_capacity(), held[static_cast<int>(Tier::pinned)]);
+                EXPECT_EQ(swap_file_bytes(dir.p), held[static_cast<int>(Tier::nvme)]);
+                ++engines;
+              }
+            }
+    }
+  EXPECT_EQ(engines, 36 + 2 * 72 + 3 * 72);
 }
 
 TEST(OffloadEngine, RefusesAPlanOverTheBudgetBeforeAllocating) {

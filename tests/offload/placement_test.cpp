@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "zinf/error.h"
+#include "zinf/offload/buffer_specs.h"
 #include "zinf/offload/placement.h"
 
 namespace zinf::offload {
@@ -105,6 +106,32 @@ TEST(Placement, NvmeOffloadBoundsPinnedSwapBuffers) {
   EXPECT_EQ(row(p.buffers, "param window", D), 2 * 8192 * 2u);
   EXPECT_EQ(row(p.buffers, "param staging", P), 2 * 8192 * 2u);
   EXPECT_EQ(row(p.states, "param16", D), 2 * (4096 + 2048u));  // the persistent units
+}
+
+// The list the engine allocates from is the plan: every spec, as its tier takes it, summed per tier,
+// gives the plan's totals; each unit's specs are found under its number.
+TEST(BufferSpecs, SumToThePlanAndAreFoundPerUnit) {
+  for (auto opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+    for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+      for (int world : {1, 3}) {
+        PlanInput in = input(opt, param, 2);
+        in.world = world, in.rank = world - 1, in.stage = 3;
+        in.activation_bytes = 1000;
+        const BufferSpecs specs(in);
+        TierBytes sum{};
+        for (const auto& b : specs.all()) sum[static_cast<int>(b.tier)] += footprint(b.tier, b.bytes) * b.count;
+        const Plan p = make_plan(in);
+        EXPECT_EQ(sum, p.totals);
+        EXPECT_EQ(make_plan(specs).totals, p.totals);
+        for (std::size_t u = 0; u < in.unit_params.size(); ++u) {
+          const BufferSpec* param16 = specs.find(Buffer::param, u);
+          ASSERT_NE(param16, nullptr);
+          EXPECT_EQ(param16->unit, u);
+          for (const auto& b : specs.of_unit(u)) EXPECT_EQ(b.unit, u);
+        }
+        EXPECT_EQ(specs.find(Buffer::activations)->bytes, 1000u);
+        EXPECT_EQ(specs.find(Buffer::param, kShared), nullptr);
+      }
 }
 
 TEST(Verdict, NamesTheFirstResourceToRunOut) {

@@ -126,7 +126,7 @@ int run_nvme(const NvmeArgs& a) {
   }
   o.depths = a.depths;
   o.threads = a.threads;
-  o.engine = a.engine == "uring" ? nvme::EngineKind::uring : a.engine == "posix" ? nvme::EngineKind::posix : nvme::EngineKind::automatic;
+  o.engine = a.engine == "uring" ? nvme::AsyncIoKind::uring : a.engine == "posix" ? nvme::AsyncIoKind::posix : nvme::AsyncIoKind::automatic;
   nvme::SweepResult r = nvme::run_sweep(o, [](const std::string& line) { std::fprintf(stderr, "bench nvme: %s\n", line.c_str()); });
   auto cell = [](const nvme::SweepCell& c) {
     return nlohmann::json{{"block_size", c.block}, {"queue_depth", c.depth}, {"threads", c.threads}, {"gb_per_s", c.gbps}};

@@ -707,9 +707,9 @@ void read_aio(Section s, AioConfig& a) {
   if (a.use_gds)
     s.notes()->push_back(s.join("use_gds") +
                          ": GPUDirect Storage is not used; zinf reads through its pinned pool");
-  a.engine = s.get_enum<IoEngineKind>(
-      "engine", IoEngineKind::automatic,
-      {{"auto", IoEngineKind::automatic}, {"uring", IoEngineKind::uring}, {"posix", IoEngineKind::posix}});
+  a.engine = s.get_enum<AsyncIoKind>(
+      "engine", AsyncIoKind::automatic,
+      {{"auto", AsyncIoKind::automatic}, {"uring", AsyncIoKind::uring}, {"posix", AsyncIoKind::posix}});
   a.sqpoll = s.get_bool("sqpoll", false);
   s.finish();
 }

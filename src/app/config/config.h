@@ -23,7 +23,7 @@ namespace zinf {
 enum class OptimizerType { adam, adamw };
 enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr };
 enum class WarmupType { log, linear };
-enum class IoEngineKind { automatic, uring, posix };
+enum class AsyncIoKind { automatic, uring, posix };
 
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::adamw;
@@ -104,7 +104,7 @@ struct AioConfig {
   bool single_submit = false;
   bool overlap_events = true;
   bool use_gds = false;
-  IoEngineKind engine = IoEngineKind::automatic;  // zinf extension
+  AsyncIoKind engine = AsyncIoKind::automatic;  // zinf extension
   bool sqpoll = false;                            // zinf extension: kernel-side submission polling
 };
 

@@ -1,5 +1,5 @@
 // zinf/nvme/store.h — the tensor store: named tensors in preallocated files under a private swap
-// directory, read and written asynchronously through an IoEngine.
+// directory, read and written asynchronously through an AsyncIo back end.
 //
 // Layout: `<nvme_path>/zinf-<pid>-<random>/` (mode 0700, with a `.zinf-swap` marker naming the
 // owning process) holds `store.0 … store.<files-1>` (mode 0600). Each tensor gets an extent aligned
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "zinf/nvme/io_engine.h"
+#include "zinf/nvme/async_io.h"
 
 namespace zinf::nvme {
 
@@ -68,8 +68,8 @@ std::vector<std::string> clean_stale_swap_dirs(const std::string& parent);
 
 struct StoreOptions {
   std::string parent;                 // nvme_path
-  EngineKind engine = EngineKind::automatic;
-  EngineOptions io;
+  AsyncIoKind io_kind = AsyncIoKind::automatic;
+  AsyncIoOptions io;
   int files = 1;                      // tensors are spread round-robin over this many files
   bool odirect = true;                // false, or refused by the filesystem: buffered I/O
   bool create_parent = false;         // create `parent` when missing (training's nvme_path, as DeepSpeed)
@@ -89,6 +89,8 @@ class TensorStore {
   std::uint64_t padded(std::uint64_t len) const { return (len + align_ - 1) / align_ * align_; }
   std::size_t alignment() const { return align_; }
   std::size_t count() const { return tensors_.size(); }
+  // Bytes of every extent reserved so far (tensors padded to alignment()), over all files.
+  std::uint64_t reserved() const;
 
   // Async whole-tensor or sub-range transfers; offset must be aligned; len is clamped to the tensor
   // and the transfer covers padded(len) bytes of the buffer.
@@ -104,7 +106,7 @@ class TensorStore {
   const std::string& directory() const { return dir_->path(); }
   // What clean_stale_swap_dirs found under the parent when the store was created.
   const std::vector<std::string>& stale_report() const { return stale_; }
-  IoEngine& engine() { return *engine_; }
+  AsyncIo& io() { return *io_; }
 
  private:
   struct File {
@@ -125,7 +127,7 @@ class TensorStore {
   std::vector<Tensor> tensors_;
   std::size_t align_ = 4096;
   bool odirect_ = false;
-  std::unique_ptr<IoEngine> engine_;
+  std::unique_ptr<AsyncIo> io_;
   std::string description_;
   struct Busy {
     std::mutex mu;

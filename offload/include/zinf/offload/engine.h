@@ -194,6 +194,12 @@ class Engine {
   void add_compute_time(double s);
   std::size_t pinned_capacity() const;
   std::size_t pinned_peak() const;
+  // What this engine holds on each tier, as the tiers count it: device memory the device handed out,
+  // the pinned pool's blocks in use, host memory, NVMe extents reserved in its stores. Every buffer is
+  // allocated at construction, so this is what it holds for its whole life — the totals of
+  // make_plan(plan_input(c)), which sums the same buffer specs (on a device that hands out what is
+  // asked, and NVMe paths with the 4 KiB alignment the plan assumes).
+  TierBytes held_bytes() const;
   std::string describe() const;                    // one line: placement, pinned pool, NVMe engine
 
  private:

@@ -3,8 +3,8 @@
 // The tier placement of docs/design.md ("States and tiers") as arithmetic: given the layer units' sizes, the
 // precision and the two offload devices, it gives each state's bytes per tier (device, pinned host,
 // pageable host, NVMe), the fixed-count buffers the dataflow needs, and a verdict against the
-// capacities of a machine. The offload engine allocates exactly what this plan says, so
-// `zinf plan` and a real run agree. Pure functions; thread-safe.
+// capacities of a machine. The offload engine allocates from the same buffer list the plan sums
+// (zinf/offload/buffer_specs.h), so `zinf plan` and a real run agree. Pure functions; thread-safe.
 #pragma once
 
 #include <array>
@@ -71,8 +71,9 @@ struct Plan {
   std::uint64_t pinned_pool = 0;  // staging buffers through the one bounded pool (excludes a pinned param16 home)
 };
 
-// The byte model of the offload engine: Engine allocates exactly these device and pinned bytes
-// (`totals[device] − activation_bytes` and `pinned_pool`), so the plan and a run agree.
+// The byte model of the offload engine: the buffer list it allocates from (buffer_specs.h), summed
+// into rows, so the plan and a run agree: Engine holds exactly `totals` less `activation_bytes` on
+// each tier, and its pinned pool is `pinned_pool`.
 Plan make_plan(const PlanInput& in);
 
 struct Capacity {

@@ -1,6 +1,6 @@
-// io_engine.cpp — the engine-independent parts (IoOp, splitting, faults, the factory) and the plain
-// pread/pwrite engine used where io_uring cannot be set up.
-#include "zinf/nvme/io_engine.h"
+// async_io.cpp — the parts common to every back end (IoOp, splitting, faults, the factory) and the
+// plain pread/pwrite back end (PosixIo) used where io_uring cannot be set up.
+#include "zinf/nvme/async_io.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <thread>
 
-#include "io_engine_internal.h"
+#include "async_io_internal.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
 
@@ -78,13 +78,13 @@ Split split(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offs
 namespace {
 
 // pread/pwrite on threads × queue_depth workers sharing one queue.
-class PosixEngine final : public IoEngine {
+class PosixIo final : public AsyncIo {
  public:
-  PosixEngine(const EngineOptions& o, FaultPlan* faults) : o_(o), faults_(faults) {
+  PosixIo(const AsyncIoOptions& o, FaultPlan* faults) : o_(o), faults_(faults) {
     const int workers = std::max(1, std::min(64, o.threads * o.queue_depth));
     for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
   }
-  ~PosixEngine() override {
+  ~PosixIo() override {
     {
       std::lock_guard<std::mutex> lk(mu_);
       stop_ = true;
@@ -103,7 +103,7 @@ class PosixEngine final : public IoEngine {
     return s.op;
   }
   std::string name() const override { return "posix"; }
-  const EngineOptions& options() const override { return o_; }
+  const AsyncIoOptions& options() const override { return o_; }
 
  private:
   void loop() {
@@ -135,7 +135,7 @@ class PosixEngine final : public IoEngine {
     r.op->request_done();
   }
 
-  EngineOptions o_;
+  AsyncIoOptions o_;
   FaultPlan* faults_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -146,26 +146,26 @@ class PosixEngine final : public IoEngine {
 
 }  // namespace
 
-std::unique_ptr<IoEngine> make_posix_engine(const EngineOptions& o, FaultPlan* faults) {
-  return std::make_unique<PosixEngine>(o, faults);
+std::unique_ptr<AsyncIo> make_posix_io(const AsyncIoOptions& o, FaultPlan* faults) {
+  return std::make_unique<PosixIo>(o, faults);
 }
 
 }  // namespace detail
 
-std::unique_ptr<IoEngine> make_engine(EngineKind kind, const EngineOptions& o, std::string* why, FaultPlan* faults) {
+std::unique_ptr<AsyncIo> make_async_io(AsyncIoKind kind, const AsyncIoOptions& o, std::string* why, FaultPlan* faults) {
   ZINF_CHECK(o.block_size >= 512 && o.queue_depth >= 1 && o.threads >= 1);
-  if (kind == EngineKind::posix) {
+  if (kind == AsyncIoKind::posix) {
     if (why) *why = "posix engine (pread/pwrite threads), as configured";
-    return detail::make_posix_engine(o, faults);
+    return detail::make_posix_io(o, faults);
   }
-  if (kind == EngineKind::uring) {
+  if (kind == AsyncIoKind::uring) {
     if (why) *why = "io_uring engine, as configured";
-    return detail::make_uring_engine(o, faults);
+    return detail::make_uring_io(o, faults);
   }
   std::string reason;
   if (io_uring_available(&reason)) {
     try {
-      auto e = detail::make_uring_engine(o, faults);
+      auto e = detail::make_uring_io(o, faults);
       if (why) *why = "io_uring engine (auto: io_uring works here)";
       return e;
     } catch (const Error& e) {
@@ -173,7 +173,7 @@ std::unique_ptr<IoEngine> make_engine(EngineKind kind, const EngineOptions& o, s
     }
   }
   if (why) *why = "posix engine (auto: io_uring unavailable: " + reason + ")";
-  return detail::make_posix_engine(o, faults);
+  return detail::make_posix_io(o, faults);
 }
 
 }  // namespace zinf::nvme

@@ -1,6 +1,6 @@
-// io_engine_uring.cpp — the io_uring engine: one ring per I/O thread, each keeping up to queue_depth
+// async_io_uring.cpp — the io_uring back end (UringIo): one ring per I/O thread, each keeping up to queue_depth
 // requests in flight. A worker blocks in io_uring_submit_and_wait for completions; new work wakes it
-// through an eventfd that is itself polled by the ring, so an idle engine burns no CPU and a busy one
+// through an eventfd that is itself polled by the ring, so an idle back end burns no CPU and a busy one
 // never waits for a timer. Pinned-pool slabs, when given, are registered as fixed buffers.
 #include <liburing.h>
 #include <poll.h>
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "io_engine_internal.h"
+#include "async_io_internal.h"
 #include "zinf/error.h"
 
 namespace zinf::nvme::detail {
@@ -21,7 +21,7 @@ constexpr std::uint64_t kWakeTag = 1;  // user_data of the eventfd poll; request
 
 class Worker {
  public:
-  Worker(const EngineOptions& o, FaultPlan* faults) : o_(o), faults_(faults) {
+  Worker(const AsyncIoOptions& o, FaultPlan* faults) : o_(o), faults_(faults) {
     io_uring_params p{};
     if (o.sqpoll) {
       p.flags |= IORING_SETUP_SQPOLL;
@@ -177,7 +177,7 @@ class Worker {
     }
   }
 
-  EngineOptions o_;
+  AsyncIoOptions o_;
   FaultPlan* faults_;
   io_uring ring_{};
   int efd_ = -1;
@@ -189,9 +189,9 @@ class Worker {
   std::thread thread_;
 };
 
-class UringEngine final : public IoEngine {
+class UringIo final : public AsyncIo {
  public:
-  UringEngine(const EngineOptions& o, FaultPlan* faults) : o_(o) {
+  UringIo(const AsyncIoOptions& o, FaultPlan* faults) : o_(o) {
     for (int i = 0; i < o.threads; ++i) workers_.push_back(std::make_unique<Worker>(o, faults));
   }
   IoHandle submit(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset, const std::string& path,
@@ -204,18 +204,18 @@ class UringEngine final : public IoEngine {
     return s.op;
   }
   std::string name() const override { return "io_uring"; }
-  const EngineOptions& options() const override { return o_; }
+  const AsyncIoOptions& options() const override { return o_; }
 
  private:
-  EngineOptions o_;
+  AsyncIoOptions o_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<std::size_t> next_{0};
 };
 
 }  // namespace
 
-std::unique_ptr<IoEngine> make_uring_engine(const EngineOptions& o, FaultPlan* faults) {
-  return std::make_unique<UringEngine>(o, faults);
+std::unique_ptr<AsyncIo> make_uring_io(const AsyncIoOptions& o, FaultPlan* faults) {
+  return std::make_unique<UringIo>(o, faults);
 }
 
 }  // namespace zinf::nvme::detail

@@ -1,6 +1,7 @@
-// zinf/nvme/io_engine.h — the I/O seam: an engine moves bytes between host buffers and files.
+// zinf/nvme/async_io.h — the NVMe I/O back end (AsyncIo): asynchronous transfers between host
+// buffers and files.
 //
-// Implementations: io_uring (liburing; one ring per I/O thread, batched submission, completions
+// Back ends: io_uring (liburing; one ring per I/O thread, batched submission, completions
 // reaped by blocking in the ring — no core burnt —, optional SQPOLL, registered buffers), a plain
 // pread/pwrite thread pool for filesystems or kernels that refuse io_uring or O_DIRECT, and fault
 // injection on either (tests). `auto` picks and says in one line which and why.
@@ -27,9 +28,9 @@
 
 namespace zinf::nvme {
 
-enum class EngineKind { automatic, uring, posix };
+enum class AsyncIoKind { automatic, uring, posix };
 
-struct EngineOptions {
+struct AsyncIoOptions {
   std::size_t block_size = 1 << 20;  // bytes per request
   int queue_depth = 8;               // requests in flight per I/O thread
   int threads = 1;                   // I/O threads (rings)
@@ -39,7 +40,7 @@ struct EngineOptions {
   std::vector<int> fixed_files;      // registered with every ring; requests on them use the fixed index
 };
 
-// Fault injection for tests: the Nth request (1-based, counted across the engine) fails with
+// Fault injection for tests: the Nth request (1-based, counted across the back end) fails with
 // `fail_errno`; every `short_every`-th request completes with half its bytes (exercising the
 // resubmission of the remainder).
 struct FaultPlan {
@@ -58,7 +59,7 @@ class IoOp {
   explicit IoOp(std::size_t requests) : pending_(requests) {}
   void wait();
   bool done() const { return pending_.load(std::memory_order_acquire) == 0; }
-  // Called by engines.
+  // Called by the back ends.
   void request_done();
   void request_failed(int err, const std::string& message);
   // Runs once, on the completing I/O thread, when the last request finishes (set before submitting
@@ -74,21 +75,21 @@ class IoOp {
 };
 using IoHandle = std::shared_ptr<IoOp>;
 
-class IoEngine {
+class AsyncIo {
  public:
-  virtual ~IoEngine() = default;
+  virtual ~AsyncIo() = default;
   // Queues a transfer of `len` bytes between `buf` and `fd` at `offset`. `path` names the file in
   // errors. With O_DIRECT files, buf, len and offset must honour the file's alignment. `on_done`
   // (optional) runs on the I/O thread when the transfer completes, before waiters are woken.
   virtual IoHandle submit(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset,
                           const std::string& path, std::function<void()> on_done = {}) = 0;
   virtual std::string name() const = 0;
-  virtual const EngineOptions& options() const = 0;
+  virtual const AsyncIoOptions& options() const = 0;
 };
 
-// Builds an engine. `automatic` tries io_uring and falls back to posix; `why` (if given) receives the
-// one-line reason for the choice. `faults` (tests) may be null; it must outlive the engine.
-std::unique_ptr<IoEngine> make_engine(EngineKind kind, const EngineOptions& o, std::string* why = nullptr,
+// Builds a back end. `automatic` tries io_uring and falls back to posix; `why` (if given) receives the
+// one-line reason for the choice. `faults` (tests) may be null; it must outlive the back end.
+std::unique_ptr<AsyncIo> make_async_io(AsyncIoKind kind, const AsyncIoOptions& o, std::string* why = nullptr,
                                       FaultPlan* faults = nullptr);
 
 }  // namespace zinf::nvme

@@ -1,4 +1,4 @@
-// io_engine_internal.h — pieces shared by the engine implementations (internal to zinf_nvme).
+// async_io_internal.h — pieces shared by the AsyncIo back ends (internal to zinf_nvme).
 #pragma once
 
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "zinf/nvme/io_engine.h"
+#include "zinf/nvme/async_io.h"
 
 namespace zinf::nvme::detail {
 
@@ -33,7 +33,7 @@ struct Split {
 Split split(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset, std::size_t block_size,
             const std::string& path, std::function<void()> on_done);
 
-std::unique_ptr<IoEngine> make_uring_engine(const EngineOptions& o, FaultPlan* faults);  // throws IoError
-std::unique_ptr<IoEngine> make_posix_engine(const EngineOptions& o, FaultPlan* faults);
+std::unique_ptr<AsyncIo> make_uring_io(const AsyncIoOptions& o, FaultPlan* faults);  // throws IoError
+std::unique_ptr<AsyncIo> make_posix_io(const AsyncIoOptions& o, FaultPlan* faults);
 
 }  // namespace zinf::nvme::detail

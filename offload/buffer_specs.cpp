@@ -1,0 +1,221 @@
+// buffer_specs.cpp — the layout and the buffer list of the offload engine (zinf/offload/buffer_specs.h).
+//
+// N = a unit's parameters, cb = bytes of the compute dtype, S/G/P = this rank's ranges of the
+// optimizer states, the reduced gradient and the compute copy's home (docs/design.md, "States and
+// tiers"):
+//   param    cb·P   device (resident units: the whole unit) | pinned host (offload_param=cpu) |
+//                   NVMe (offload_param=nvme) | device (a stage-3 shard without offload_param)
+//   work     4·N    16-bit runs: fp32 working weights of a resident unit
+//   grad     4·N    the model's gradient on the device, for units whose gradient has no slot
+//   grad16   2·N    16-bit runs with the optimizer on the device: the Update's input
+//   grad_sum 4·G    the fp32 sum of micro batches (and ranks), beside the optimizer on the device
+//   host_grad       the optimizer off the device: 4·G (an fp32 sum, or fp32 training), else 2·G,
+//                   kept until the global-norm barrier
+//   master   4·S    with the optimizer; aliased to the compute copy in fp32 on the device
+//   m, v     4·S    each, with the optimizer (NVMe: master|m|v in one padded tensor per sub-group)
+#include "zinf/offload/buffer_specs.h"
+
+#include <algorithm>
+
+#include "subgroup_layout.h"
+#include "zinf/error.h"
+
+namespace zinf::offload {
+namespace {
+
+constexpr std::uint64_t kChunkAlign = 4096;  // elements: sub-group and bucket boundaries (16 KiB of fp32)
+constexpr std::uint64_t kBlock = 4096;       // bytes: a pinned block, an NVMe extent's padding
+constexpr std::uint64_t kTwo = 2;            // gradient slots, landing buffers and upload slots: two, alternating
+
+std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+
+void check_input(const PlanInput& in) {
+  ZINF_CHECK(!in.unit_params.empty());
+  ZINF_CHECK(in.compute_bytes == 2 || in.compute_bytes == 4);
+  ZINF_CHECK(in.persistent.empty() || in.persistent.size() == in.unit_params.size());
+  ZINF_CHECK(in.world >= 1 && in.rank >= 0 && in.rank < in.world && in.stage >= 0 && in.stage <= 3);
+}
+
+// Which units stay resident, which visit a window, and the ranges this rank keeps of each.
+void lay_out_units(const PlanInput& in, Layout& layout) {
+  std::uint64_t comm_part = 0;  // this rank's largest part of a reduce bucket
+  for (std::size_t i = 0; i < in.unit_params.size(); ++i) {
+    UnitLayout u;
+    u.n = static_cast<std::uint64_t>(in.unit_params[i]);
+    u.persistent = !in.persistent.empty() && in.persistent[i];
+    u.kept = u.persistent || (layout.shard_params && in.unit_params[i] <= in.persistence_threshold);
+    u.windowed = layout.windows && !u.kept;
+    // Off the device (or partitioned), a block's gradient only passes through a gradient slot.
+    u.grad_windowed = (layout.optimizer_offloaded || layout.shard_grads) && !u.persistent;
+    const Shard mine = shard_of(u.n, layout.world, layout.rank), whole{0, u.n};
+    u.state_range = layout.shard_states ? mine : whole;
+    u.grad_range = layout.shard_grads ? mine : whole;
+    u.param_range = layout.shard_params && u.windowed ? mine : whole;
+    layout.n_params += u.n;
+    layout.max_unit = std::max(layout.max_unit, u.n);
+    if (u.windowed) layout.max_windowed = std::max(layout.max_windowed, u.n);
+    if (!u.persistent) layout.max_grad_windowed = std::max(layout.max_grad_windowed, u.n);
+    layout.units.push_back(u);
+  }
+  layout.bucket = std::min(round_up(static_cast<std::uint64_t>(std::max<std::int64_t>(in.reduce_bucket_size, 1)), kChunkAlign),
+                      round_up(layout.max_unit, kChunkAlign));
+  layout.sub_group = std::min(round_up(static_cast<std::uint64_t>(std::max<std::int64_t>(in.sub_group_size, 1)), kChunkAlign),
+                         round_up(layout.max_unit, kChunkAlign));
+  for (const auto& u : layout.units)  // the receive scratch: every rank's contribution to this rank's part of a bucket
+    comm_part = std::max(comm_part, std::min(layout.bucket, shard_of(u.n, layout.world, layout.rank).len()));
+  layout.comm_scratch = static_cast<std::uint64_t>(layout.world) * comm_part;
+}
+
+BufferSpec spec(Buffer what, Tier tier, std::uint64_t bytes, PlanRow row, std::size_t unit = kShared, std::uint64_t count = 1) {
+  BufferSpec b;
+  b.what = what;
+  b.tier = tier;
+  b.bytes = bytes;
+  b.count = count;
+  b.unit = unit;
+  b.row = row;
+  return b;
+}
+
+// Unit i's compute copy and gradient buffers.
+void unit_param_and_grads(const Layout& layout, std::size_t i, const std::function<void(const BufferSpec&)>& fn) {
+  const UnitLayout& u = layout.units[i];
+  const std::uint64_t cb = layout.compute_bytes;
+  const Tier home = !u.windowed                     ? Tier::device
+                    : layout.param == OffloadDevice::cpu  ? Tier::pinned
+                    : layout.param == OffloadDevice::nvme ? Tier::nvme
+                                                     : Tier::device;  // a stage-3 shard on the device
+  fn(spec(Buffer::param, home, u.param_range.len() * cb, PlanRow::param16, i));
+  if (layout.fp32_work && !u.windowed) fn(spec(Buffer::work, Tier::device, u.n * 4, PlanRow::fp32_work, i));
+  if (!u.grad_windowed) fn(spec(Buffer::grad, Tier::device, u.n * 4, PlanRow::grad, i));
+  const std::uint64_t kept = u.grad_range.len();
+  if (!layout.optimizer_offloaded) {
+    if (!u.grad_windowed && layout.mixed) fn(spec(Buffer::grad16, Tier::device, u.n * 2, PlanRow::grad16, i));
+    if (layout.fp32_sum) fn(spec(Buffer::grad_sum, Tier::device, kept * 4, PlanRow::grad32, i));
+  } else if (layout.fp32_sum || !layout.mixed) {
+    fn(spec(Buffer::host_grad, Tier::host, kept * 4, PlanRow::grad32, i));
+  } else {
+    fn(spec(Buffer::host_grad, Tier::host, kept * 2, PlanRow::grad16, i));
+  }
+}
+
+// Unit i's optimizer states.
+void unit_states(const Layout& layout, std::size_t i, const std::function<void(const BufferSpec&)>& fn) {
+  const std::uint64_t n = layout.units[i].state_range.len();
+  if (layout.optimizer == OffloadDevice::nvme) {  // one tensor per sub-group: master|m|v, padded
+    const std::uint64_t whole = n / layout.sub_group, last = n % layout.sub_group;
+    BufferSpec b = spec(Buffer::optimizer_subgroup, Tier::nvme, detail::SubGroupLayout::bytes_for(layout.sub_group), PlanRow::master, i, whole);
+    b.rows = 3;
+    if (whole) fn(b);
+    b.bytes = detail::SubGroupLayout::bytes_for(last), b.count = 1;
+    if (last) fn(b);
+    return;
+  }
+  const Tier t = layout.optimizer == OffloadDevice::cpu ? Tier::host : Tier::device;
+  // fp32 with whole resident parameters on the device: the compute copy is the master (no second copy).
+  if (layout.optimizer_offloaded || layout.mixed || layout.param_offloaded || layout.shard_params) fn(spec(Buffer::master, t, n * 4, PlanRow::master, i));
+  fn(spec(Buffer::adam_m, t, n * 4, PlanRow::adam_m, i));
+  fn(spec(Buffer::adam_v, t, n * 4, PlanRow::adam_v, i));
+}
+
+// The parameter window and the gradient slots.
+void windows_and_slots(const Layout& layout, const std::function<void(const BufferSpec&)>& fn) {
+  const std::uint64_t cb = layout.compute_bytes, slots = static_cast<std::uint64_t>(layout.window_slots);
+  if (layout.windows) {
+    fn(spec(Buffer::param_slot, Tier::device, layout.max_windowed * cb, PlanRow::param_window, kShared, slots));
+    if (layout.fp32_work) fn(spec(Buffer::work_slot, Tier::device, layout.max_windowed * 4, PlanRow::param_window, kShared, slots));
+    if (layout.param == OffloadDevice::nvme || (layout.shard_params && layout.param_offloaded))
+      fn(spec(Buffer::param_staging, Tier::pinned, layout.max_windowed * cb, PlanRow::param_staging, kShared, slots));
+  }
+  if ((layout.optimizer_offloaded || layout.shard_grads) && layout.max_grad_windowed > 0) {
+    fn(spec(Buffer::grad_slot, Tier::device, layout.max_grad_windowed * 4, PlanRow::grad_window, kShared, kTwo));
+    if (!layout.optimizer_offloaded && layout.mixed)
+      fn(spec(Buffer::grad16_slot, Tier::device, layout.max_grad_windowed * 2, PlanRow::grad_window, kShared, kTwo));
+  }
+}
+
+// The staging of the gradient path and the update pipeline.
+void staging(const Layout& layout, const std::function<void(const BufferSpec&)>& fn) {
+  const std::uint64_t cb = layout.compute_bytes;
+  if (layout.optimizer_offloaded) {
+    fn(spec(Buffer::grad_landing, Tier::pinned, layout.bucket * cb, PlanRow::grad_landing, kShared, kTwo));
+    fn(spec(Buffer::grad_out_staging, Tier::device, layout.bucket * cb, PlanRow::grad_out_staging));
+  }
+  if (layout.optimizer_offloaded || layout.param == OffloadDevice::nvme)
+    fn(spec(Buffer::param_upload, Tier::pinned, layout.sub_group * cb, PlanRow::param_upload, kShared, kTwo));
+  if (layout.optimizer == OffloadDevice::nvme)
+    fn(spec(Buffer::optimizer_swap, Tier::pinned, detail::SubGroupLayout::bytes_for(layout.sub_group), PlanRow::optimizer_swap, kShared,
+            static_cast<std::uint64_t>(layout.optimizer_buffers)));
+  if (layout.fp32_sum && layout.optimizer_offloaded) fn(spec(Buffer::reduce_scratch, Tier::host, layout.bucket * 4, PlanRow::reduce_scratch));
+  if (layout.parallel)
+    fn(spec(Buffer::comm_receive, layout.optimizer_offloaded ? Tier::host : Tier::device, layout.comm_scratch * 4, PlanRow::comm_receive));
+}
+
+}  // namespace
+
+Layout make_layout(const PlanInput& in) {
+  check_input(in);
+  Layout layout;
+  layout.mixed = in.compute_bytes == 2;
+  layout.compute_bytes = static_cast<std::uint64_t>(in.compute_bytes);
+  layout.fp32_work = layout.mixed && in.fp32_work;
+  layout.optimizer = in.optimizer;
+  layout.param = in.param;
+  layout.optimizer_offloaded = in.optimizer != OffloadDevice::none;
+  layout.param_offloaded = in.param != OffloadDevice::none;
+  layout.optimizer_buffers = in.optimizer_buffer_count;
+  layout.world = in.world;
+  layout.rank = in.rank;
+  layout.parallel = in.world > 1;
+  layout.shard_states = layout.parallel && in.stage >= 1;
+  layout.shard_grads = layout.parallel && in.stage >= 2;
+  layout.shard_params = layout.parallel && in.stage >= 3;
+  layout.fp32_sum = in.grad_accum > 1 || layout.parallel;
+  layout.windows = layout.param_offloaded || layout.shard_params;
+  layout.window_slots = layout.windows ? std::max(2, 1 + in.prefetch_depth) : 0;
+  lay_out_units(in, layout);
+  return layout;
+}
+
+std::uint64_t footprint(Tier t, std::uint64_t bytes) {
+  switch (t) {
+    case Tier::pinned: return std::max(kBlock, round_up(bytes, kBlock));
+    case Tier::nvme: return round_up(bytes, kBlock);
+    case Tier::device:
+    case Tier::host: return bytes;
+  }
+  return bytes;
+}
+
+void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes, const std::function<void(const BufferSpec&)>& fn) {
+  for (std::size_t i = 0; i < layout.units.size(); ++i) {
+    unit_param_and_grads(layout, i, fn);
+    unit_states(layout, i, fn);
+  }
+  fn(spec(Buffer::activations, Tier::device, activation_bytes, PlanRow::activations));
+  windows_and_slots(layout, fn);
+  staging(layout, fn);
+}
+
+BufferSpecs::BufferSpecs(const PlanInput& in) : layout_(make_layout(in)) {
+  unit_begin_.assign(layout_.units.size() + 1, 0);
+  for_each_buffer(layout_, in.activation_bytes, [&](const BufferSpec& b) {
+    specs_.push_back(b);
+    if (b.unit != kShared) unit_begin_[b.unit + 1] = specs_.size();
+  });
+  for (std::size_t i = 1; i < unit_begin_.size(); ++i) unit_begin_[i] = std::max(unit_begin_[i], unit_begin_[i - 1]);
+}
+
+std::span<const BufferSpec> BufferSpecs::of_unit(std::size_t unit) const {
+  ZINF_CHECK(unit + 1 < unit_begin_.size());
+  return std::span<const BufferSpec>(specs_).subspan(unit_begin_[unit], unit_begin_[unit + 1] - unit_begin_[unit]);
+}
+
+const BufferSpec* BufferSpecs::find(Buffer what, std::size_t unit) const {
+  std::span<const BufferSpec> range = unit == kShared ? std::span<const BufferSpec>(specs_).subspan(unit_begin_.back()) : of_unit(unit);
+  for (const BufferSpec& b : range)
+    if (b.what == what) return &b;
+  return nullptr;
+}
+
+}  // namespace zinf::offload

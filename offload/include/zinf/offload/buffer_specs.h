@@ -1,0 +1,139 @@
+// zinf/offload/buffer_specs.h — every buffer the offload engine allocates, as one list: the byte
+// model that `zinf plan` sums into its rows (make_plan, placement.h) and that the engine allocates
+// from (each stage asks for its buffers' specs instead of sizing them itself), so the plan and a
+// run cannot drift apart.
+//
+// From the placement inputs (PlanInput) come first the layout — which units stay resident and which
+// visit a window slot, the range of each unit this rank keeps of each state, the effective
+// sub-group and bucket sizes, the window's slot count — and then one BufferSpec per buffer, or per
+// set of equal buffers: what it holds, the tier it lives on, its size as the engine asks for it,
+// how many there are, the unit it belongs to, and the plan row it is counted in.
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "zinf/offload/placement.h"
+
+namespace zinf::offload {
+
+// One unit's place in the layout. Ranges are this rank's (global element offsets): its shard under
+// the ZeRO stage (see shard_of), or the whole unit.
+struct UnitLayout {
+  std::uint64_t n = 0;
+  bool persistent = false;     // the model keeps it on the device under param offload (embedding, final norm)
+  bool kept = false;           // resident and whole: persistent, or partitioned parameters at or under the threshold
+  bool windowed = false;       // its compute copy lives off the device (or sharded) and visits a window slot
+  bool grad_windowed = false;  // its gradient passes through a device gradient slot instead of a buffer of its own
+  Shard state_range;           // the optimizer states this rank keeps (master, m, v)
+  Shard grad_range;            // the reduced gradient this rank keeps for its Update
+  Shard param_range;           // the compute copy in this unit's home
+};
+
+struct Layout {
+  bool mixed = false;                    // fp16/bf16: the compute copy is 16-bit
+  std::uint64_t compute_bytes = 4;       // bytes per element of the compute copy
+  bool fp32_work = false;                // 16-bit runs keep fp32 working weights beside the resident copy
+  bool optimizer_offloaded = false, param_offloaded = false;
+  OffloadDevice optimizer = OffloadDevice::none, param = OffloadDevice::none;
+  int optimizer_buffers = 0;             // the swapper's buffers (optimizer on NVMe)
+  int world = 1, rank = 0;
+  bool parallel = false;                 // more than one rank
+  bool shard_states = false, shard_grads = false, shard_params = false;  // by the ZeRO stage, with several ranks
+  bool fp32_sum = false;                 // the Update reads an fp32 sum of micro batches (and ranks)
+  bool windows = false;                  // some units visit a parameter window slot
+  std::uint64_t bucket = 0, sub_group = 0;  // effective reduce-bucket and sub-group sizes, elements
+  int window_slots = 0;                  // parameter window slots (0 without windows)
+  std::uint64_t max_unit = 0;            // the largest unit
+  std::uint64_t max_windowed = 0;        // the largest unit that visits the parameter window
+  std::uint64_t max_grad_windowed = 0;   // the largest non-persistent unit (the gradient slots' size)
+  std::uint64_t comm_scratch = 0;        // elements: every rank's contribution to this rank's part of a bucket
+  std::uint64_t n_params = 0;
+  std::vector<UnitLayout> units;
+};
+
+// Throws (ZINF_CHECK) on inputs no engine could run: no units, a compute size other than 2 or 4, a
+// rank outside the world, a stage outside 0–3, a persistence list of the wrong length.
+Layout make_layout(const PlanInput& in);
+
+// What a buffer holds.
+enum class Buffer {
+  // one per unit
+  param,               // the compute copy in its home: device (resident, or a stage-3 shard), pinned host or NVMe
+  work,                // fp32 working weights of a resident 16-bit unit
+  grad,                // the model's fp32 gradient on the device (units whose gradient has no slot)
+  grad16,              // its 16-bit rounding on the device: the device Update's input
+  grad_sum,            // the fp32 sum of micro batches (and ranks) on the device
+  host_grad,           // the Update's input in host memory: the fp32 sum, or the landed 16-bit gradient
+  master, adam_m, adam_v,  // optimizer states on the device or in host memory
+  optimizer_subgroup,  // NVMe: one tensor per sub-group holding master | m | v (SubGroupLayout)
+  // shared
+  activations,         // one micro batch's activations (the caller's estimate; the model allocates them)
+  param_slot,          // a parameter window slot: one unit's compute copy
+  work_slot,           // its fp32 working weights (16-bit runs)
+  param_staging,       // a slot's pinned staging: NVMe reads, or the gathered shards
+  grad_slot,           // a device gradient slot: one unit's fp32 gradient
+  grad16_slot,         // its 16-bit rounding (the optimizer on the device, gradients partitioned)
+  grad_landing,        // pinned landing buffers of the GradOut copies, one bucket each
+  grad_out_staging,    // one bucket rounded on the device before it leaves
+  param_upload,        // pinned slots of the Update's new compute copy, one sub-group each
+  optimizer_swap,      // the swapper's pinned buffers, one sub-group's master | m | v each
+  reduce_scratch,      // the fp32 of one landed bucket (host)
+  comm_receive,        // every rank's part of a bucket, received for the cross-rank reduction
+};
+
+// The rows of `zinf plan`, in its order: model states first, then buffers.
+enum class PlanRow {
+  param16, fp32_work, grad, grad16, grad32, master, adam_m, adam_v,  // states
+  activations, param_window, param_staging, grad_window, grad_landing, grad_out_staging, param_upload, optimizer_swap,
+  reduce_scratch, comm_receive,
+};
+constexpr int kPlanRows = static_cast<int>(PlanRow::comm_receive) + 1;
+constexpr bool is_state_row(PlanRow r) { return r <= PlanRow::adam_v; }
+
+constexpr std::size_t kShared = static_cast<std::size_t>(-1);
+
+struct BufferSpec {
+  Buffer what = Buffer::param;
+  Tier tier = Tier::device;
+  std::uint64_t bytes = 0;     // each buffer, as the engine asks its tier for it
+  std::uint64_t count = 1;     // equal buffers
+  std::size_t unit = kShared;  // the unit it belongs to; kShared for shared buffers
+  PlanRow row = PlanRow::param16;
+  int rows = 1;                // the buffer holds rows `row`, `row`+1, … in equal parts (master | m | v)
+};
+
+// What a buffer of `bytes` takes on its tier: the pinned pool hands out 4 KiB blocks (at least one),
+// an NVMe extent is padded to 4 KiB; device and host memory as asked.
+std::uint64_t footprint(Tier t, std::uint64_t bytes);
+
+// Every buffer of the layout, unit by unit in forward order, then the shared ones. The NVMe
+// sub-group tensors of a unit come as one spec for its whole sub-groups and one for its last,
+// shorter one (in that order); everything else is one spec per buffer kind and unit.
+// `activation_bytes`: the caller's estimate (a spec of its own, allocated by no one here).
+void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes, const std::function<void(const BufferSpec&)>& fn);
+
+// The list, with its layout and a per-unit index: what the engine allocates from.
+class BufferSpecs {
+ public:
+  explicit BufferSpecs(const PlanInput& in);
+  const Layout& layout() const { return layout_; }
+  const std::vector<BufferSpec>& all() const { return specs_; }
+  std::span<const BufferSpec> of_unit(std::size_t unit) const;
+  // The spec of `what` for `unit` (kShared: a shared buffer); null when the engine has no such buffer.
+  const BufferSpec* find(Buffer what, std::size_t unit = kShared) const;
+
+ private:
+  Layout layout_;
+  std::vector<BufferSpec> specs_;
+  std::vector<std::size_t> unit_begin_;  // specs_ index of each unit's first spec; the last: the shared ones
+};
+
+// The plan of a list: its specs summed into the plan's rows, as make_plan(PlanInput) sums them.
+Plan make_plan(const BufferSpecs& specs);
+
+}  // namespace zinf::offload

@@ -20,12 +20,11 @@ const backends::Backend& backends::backend_for(DeviceType type) {
 #if ZINF_HAVE_CUDA
       return cuda::cuda_backend();
 #else
-      throw Error("CUDA device: this zinf was built without CUDA", "configure with -DZINF_CUDA=ON on a machine with nvcc");
+      throw Error("CUDA device: this zinf was built without CUDA",
+                  "configure with -DZINF_CUDA=ON on a machine with nvcc");
 #endif
-    case DeviceType::cpu:
-      return cpu::cpu_backend();
-    case DeviceType::automatic:
-      break;
+    case DeviceType::cpu: return cpu::cpu_backend();
+    case DeviceType::automatic: break;
   }
   throw Error("device.type auto must be resolved to cpu or cuda before a backend is chosen");
 }
@@ -46,7 +45,8 @@ cuda::PcieResult cuda::bench_pcie(int, std::uint64_t, int, const std::function<v
 // Without MPI a job has one rank.
 std::unique_ptr<Comm> make_world_comm(const World& w) {
   if (w.size <= 1) return make_solo_comm();
-  throw ConfigError("launched as rank " + std::to_string(w.rank) + " of " + std::to_string(w.size) + ", but this build of zinf has no MPI",
+  throw ConfigError("launched as rank " + std::to_string(w.rank) + " of " + std::to_string(w.size) +
+                        ", but this build of zinf has no MPI",
                     "install libopenmpi-dev (scripts/install-deps.sh) and rebuild");
 }
 void mark_world_failing() {}

@@ -73,17 +73,20 @@ std::unique_ptr<Comm> make_solo_comm() { return std::make_unique<SoloComm>(); }
 World detect_world() {
   World w;
   // mpirun: Open MPI's variables, or the PMI ones of MPICH's hydra.
-  int size = env_int("OMPI_COMM_WORLD_SIZE"), rank = env_int("OMPI_COMM_WORLD_RANK"), local = env_int("OMPI_COMM_WORLD_LOCAL_RANK");
+  int size = env_int("OMPI_COMM_WORLD_SIZE"), rank = env_int("OMPI_COMM_WORLD_RANK"),
+      local = env_int("OMPI_COMM_WORLD_LOCAL_RANK");
   if (size < 0) size = env_int("PMI_SIZE"), rank = env_int("PMI_RANK"), local = env_int("MPI_LOCALRANKID");
   // DeepSpeed's (and torchrun's) variables.
   const int ds_size = env_int("WORLD_SIZE"), ds_rank = env_int("RANK"), ds_local = env_int("LOCAL_RANK");
   if (size > 0) {
-    if (rank < 0 || rank >= size) throw ConfigError("the MPI launcher set a world of " + std::to_string(size) + " but no valid rank");
+    if (rank < 0 || rank >= size)
+      throw ConfigError("the MPI launcher set a world of " + std::to_string(size) + " but no valid rank");
     w.size = size, w.rank = rank, w.local_rank = local >= 0 ? local : rank;
     w.launcher = "mpirun";
     if ((ds_size >= 0 && ds_size != size) || (ds_rank >= 0 && ds_rank != rank))
-      throw ConfigError("WORLD_SIZE=" + std::to_string(ds_size) + " RANK=" + std::to_string(ds_rank) + " disagree with mpirun's world (" +
-                            std::to_string(size) + " ranks, this is rank " + std::to_string(rank) + ")",
+      throw ConfigError("WORLD_SIZE=" + std::to_string(ds_size) + " RANK=" + std::to_string(ds_rank) +
+                            " disagree with mpirun's world (" + std::to_string(size) + " ranks, this is rank " +
+                            std::to_string(rank) + ")",
                         "unset WORLD_SIZE and RANK, or launch so that both describe the same job");
     if (ds_local >= 0) w.local_rank = ds_local;
     return w;
@@ -92,10 +95,13 @@ World detect_world() {
     const char* addr = std::getenv("MASTER_ADDR");
     const int port = env_int("MASTER_PORT");
     if (ds_rank < 0 || ds_rank >= ds_size)
-      throw ConfigError("WORLD_SIZE=" + std::to_string(ds_size) + " is set without a RANK below it", "set RANK=0…" + std::to_string(ds_size - 1));
+      throw ConfigError("WORLD_SIZE=" + std::to_string(ds_size) + " is set without a RANK below it",
+                        "set RANK=0…" + std::to_string(ds_size - 1));
     if (!addr || !*addr || port <= 0 || port > 65535)
-      throw ConfigError("WORLD_SIZE=" + std::to_string(ds_size) + " and RANK are set, but MASTER_ADDR / MASTER_PORT are not",
-                        "set both (rank 0's host and a free TCP port), or launch with `mpirun -np " + std::to_string(ds_size) + " zinf …`");
+      throw ConfigError(
+          "WORLD_SIZE=" + std::to_string(ds_size) + " and RANK are set, but MASTER_ADDR / MASTER_PORT are not",
+          "set both (rank 0's host and a free TCP port), or launch with `mpirun -np " + std::to_string(ds_size) +
+              " zinf …`");
     w.size = ds_size, w.rank = ds_rank, w.local_rank = ds_local >= 0 ? ds_local : ds_rank;
     w.launcher = "env";
     w.master_addr = addr;

@@ -22,8 +22,12 @@ struct Arrays {
   std::unique_ptr<std::uint16_t[]> grad, out;
   std::unique_ptr<float[]> master, m, v;
   explicit Arrays(std::size_t count)
-      : n(count), grad(new std::uint16_t[count]), out(new std::uint16_t[count]), master(new float[count]),
-        m(new float[count]), v(new float[count]) {}
+      : n(count),
+        grad(new std::uint16_t[count]),
+        out(new std::uint16_t[count]),
+        master(new float[count]),
+        m(new float[count]),
+        v(new float[count]) {}
   UpdateChunk chunk(std::size_t b, std::size_t e) const {
     UpdateChunk c;
     c.n = e - b;
@@ -62,7 +66,8 @@ AdamBenchResult run_adam_bench(const AdamBenchOptions& o, const std::function<vo
   r.params = o.params;
   r.threads = pool.threads();
   r.simd = std::string(to_string(active_simd()));
-  const AdamHyper h{.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f, .decoupled = true};
+  const AdamHyper h{
+      .lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f, .decoupled = true};
   const AdamStep step = make_adam_step(h, 10, 1.0f / 1024);
 
   // Validate the fused path on a slice before timing anything.
@@ -92,7 +97,8 @@ AdamBenchResult run_adam_bench(const AdamBenchOptions& o, const std::function<vo
     progress("rep " + std::to_string(rep + 1) + "/" + std::to_string(o.reps));
     best[0] = std::min(best[0], time([&](std::size_t b, std::size_t e) { adam_update(step, a.chunk(b, e), level); }));
     best[1] = std::min(best[1], time([&](std::size_t b, std::size_t e) { adam_memory_traffic(a.chunk(b, e), level); }));
-    best[2] = std::min(best[2], time([&](std::size_t b, std::size_t e) { adam_update_naive(h, 10, 1.0f / 1024, a.chunk(b, e)); }));
+    best[2] = std::min(
+        best[2], time([&](std::size_t b, std::size_t e) { adam_update_naive(h, 10, 1.0f / 1024, a.chunk(b, e)); }));
   }
   AdamBenchRow* rows[3] = {&r.fused, &r.traffic, &r.naive};
   for (int k = 0; k < 3; ++k) {

@@ -10,14 +10,14 @@ namespace zinf {
 
 struct AdamBenchOptions {
   std::int64_t params = 256'000'000;
-  int threads = 0;       // 0: physical cores
-  int reps = 5;          // best of
+  int threads = 0;  // 0: physical cores
+  int reps = 5;     // best of
 };
 
 struct AdamBenchRow {
-  double seconds = 0;    // best of reps
+  double seconds = 0;  // best of reps
   double params_per_s = 0;
-  double gb_per_s = 0;   // at 28 B/param
+  double gb_per_s = 0;  // at 28 B/param
 };
 
 struct AdamBenchResult {
@@ -25,10 +25,10 @@ struct AdamBenchResult {
   int threads = 0;
   std::string simd;
   double bytes_per_param = 28;  // read grad16 2 + master, m, v 12; write master, m, v 12 + param16 2
-  AdamBenchRow fused;    // (a) the fused Update: fp16 grads in, fp16 param copy out
-  AdamBenchRow traffic;  // (b) the same loads and stores with trivial math: the memory limit
-  AdamBenchRow naive;    // (c) Adam written the ordinary way
-  double ratio = 0;      // (a)/(b) in throughput: 1.0 = at the memory limit
+  AdamBenchRow fused;           // (a) the fused Update: fp16 grads in, fp16 param copy out
+  AdamBenchRow traffic;         // (b) the same loads and stores with trivial math: the memory limit
+  AdamBenchRow naive;           // (c) Adam written the ordinary way
+  double ratio = 0;             // (a)/(b) in throughput: 1.0 = at the memory limit
   double speedup_vs_naive = 0;  // (a)/(c)
 };
 

@@ -29,8 +29,8 @@ std::vector<std::size_t> parts(std::size_t n, int world) {
 
 }  // namespace
 
-std::vector<CommBenchRow> bench_comm(Comm& comm, Device& device, offload::EngineKernels& kernels, const std::vector<std::uint64_t>& sizes,
-                                     int iters) {
+std::vector<CommBenchRow> bench_comm(Comm& comm, Device& device, offload::EngineKernels& kernels,
+                                     const std::vector<std::uint64_t>& sizes, int iters) {
   const int W = comm.size(), R = comm.rank();
   const double share = W > 1 ? static_cast<double>(W - 1) / W : 0.0;
   const StreamRole s = StreamRole::d2h;
@@ -40,18 +40,21 @@ std::vector<CommBenchRow> bench_comm(Comm& comm, Device& device, offload::Engine
     const std::size_t n = std::max<std::size_t>(static_cast<std::size_t>(bytes / 4), static_cast<std::size_t>(W));
     const auto counts = parts(n, W);
     const std::size_t mine = counts[static_cast<std::size_t>(R)];
-    DeviceBuffer buf(device, n * 4, "bench comm buffer"), recv(device, std::max<std::size_t>(1, mine * static_cast<std::size_t>(W)) * 4,
-                                                              "bench comm receive"),
+    DeviceBuffer buf(device, n * 4, "bench comm buffer"),
+        recv(device, std::max<std::size_t>(1, mine * static_cast<std::size_t>(W)) * 4, "bench comm receive"),
         copy(device, n * 4, "bench comm copy");
     std::vector<float> init(n);
-    for (std::size_t i = 0; i < n; ++i) init[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(R)) % 1000) * 1e-3f;
+    for (std::size_t i = 0; i < n; ++i)
+      init[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(R)) % 1000) * 1e-3f;
     device.copy_to_device(buf.as<void>(), init.data(), n * 4, s);
     device.synchronize(s);
     const std::vector<std::size_t> recv_counts(counts.size(), mine);
     float* b = buf.as<float>();
     float* rv = recv.as<float>();
 
-    auto reduce_scatter = [&] { offload::reduce_scatter_ordered(comm, device, kernels, s, b, counts, rv); };  // the engine's
+    auto reduce_scatter = [&] {
+      offload::reduce_scatter_ordered(comm, device, kernels, s, b, counts, rv);
+    };  // the engine's
     auto all_gather = [&] { run([&](void* st) { comm.allgatherv(b, counts, 4, st); }); };
     struct Op {
       const char* name;
@@ -62,7 +65,8 @@ std::vector<CommBenchRow> bench_comm(Comm& comm, Device& device, offload::Engine
         {"all_gather", share, all_gather},
         {"all_to_all", share, [&] { run([&](void* st) { comm.alltoallv(b, counts, rv, recv_counts, 4, st); }); }},
         {"reduce_scatter", share, reduce_scatter},
-        {"all_reduce", 2 * share, [&] {
+        {"all_reduce", 2 * share,
+         [&] {
            reduce_scatter();
            all_gather();
          }},

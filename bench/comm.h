@@ -17,17 +17,17 @@
 namespace zinf {
 
 struct CommBenchRow {
-  std::string op;              // all_gather, all_to_all, reduce_scatter, all_reduce, broadcast
-  std::uint64_t bytes = 0;     // the whole buffer (every rank's parts together), as nccl-tests counts it
-  double seconds = 0;          // per call, the slowest rank's mean
-  double algbw = 0, busbw = 0; // GB/s
-  double copy_gbps = 0;        // one copy of the same bytes in the device's memory, GB/s
+  std::string op;               // all_gather, all_to_all, reduce_scatter, all_reduce, broadcast
+  std::uint64_t bytes = 0;      // the whole buffer (every rank's parts together), as nccl-tests counts it
+  double seconds = 0;           // per call, the slowest rank's mean
+  double algbw = 0, busbw = 0;  // GB/s
+  double copy_gbps = 0;         // one copy of the same bytes in the device's memory, GB/s
 };
 
 // `comm` moves `device`'s memory (MPI for the CPU device, NCCL for CUDA); `kernels` do the sums. The
 // reduce-scatter is the engine's: each rank's part goes to its owner (all-to-all), which sums the
 // contributions in rank order on the device; all-reduce is that followed by an all-gather.
-std::vector<CommBenchRow> bench_comm(Comm& comm, Device& device, offload::EngineKernels& kernels, const std::vector<std::uint64_t>& sizes,
-                                     int iters);
+std::vector<CommBenchRow> bench_comm(Comm& comm, Device& device, offload::EngineKernels& kernels,
+                                     const std::vector<std::uint64_t>& sizes, int iters);
 
 }  // namespace zinf

@@ -8,9 +8,9 @@
 #include <cstring>
 
 #include "zinf/error.h"
-#include "zinf/pinned.h"
 #include "zinf/nvme/store.h"
 #include "zinf/nvme/swapper.h"
+#include "zinf/pinned.h"
 
 namespace zinf::nvme {
 namespace {
@@ -51,8 +51,8 @@ struct RawFile {
 
 // One sweep cell: `cell_bytes` written or read through a fresh engine with this block size, queue
 // depth and thread count. Sets *engine to the engine's description.
-SweepCell measure_cell(const RawFile& file, const SweepOptions& o, std::uint64_t cell_bytes, bool write, int threads, int depth,
-                       std::size_t block, std::string* engine) {
+SweepCell measure_cell(const RawFile& file, const SweepOptions& o, std::uint64_t cell_bytes, bool write, int threads,
+                       int depth, std::size_t block, std::string* engine) {
   AsyncIoOptions eo;
   eo.block_size = block;
   eo.queue_depth = depth;
@@ -62,8 +62,8 @@ SweepCell measure_cell(const RawFile& file, const SweepOptions& o, std::uint64_t
   const auto t0 = Clock::now();
   std::vector<IoHandle> hs;
   for (std::uint64_t off = 0; off < cell_bytes; off += file.buffer.iov_len)
-    hs.push_back(io->submit(write, file.fd, file.buffer.iov_base, std::min<std::uint64_t>(file.buffer.iov_len, cell_bytes - off), off,
-                            file.path));
+    hs.push_back(io->submit(write, file.fd, file.buffer.iov_base,
+                            std::min<std::uint64_t>(file.buffer.iov_len, cell_bytes - off), off, file.path));
   for (auto& h : hs) h->wait();
   if (write) ::fdatasync(file.fd);
   return SweepCell{write, block, depth, threads, static_cast<double>(cell_bytes) / seconds_since(t0) / 1e9};
@@ -96,7 +96,8 @@ void choose_best_combined(SweepResult& r) {
   for (const auto& rc : r.cells) {
     if (rc.write) continue;
     for (const auto& wc : r.cells)
-      if (wc.write && wc.block == rc.block && wc.depth == rc.depth && wc.threads == rc.threads && rc.gbps + wc.gbps > best_sum) {
+      if (wc.write && wc.block == rc.block && wc.depth == rc.depth && wc.threads == rc.threads &&
+          rc.gbps + wc.gbps > best_sum) {
         best_sum = rc.gbps + wc.gbps;
         r.best_combined_read = rc;
         r.best_combined_write = wc;
@@ -108,8 +109,8 @@ void choose_best_combined(SweepResult& r) {
 // `pool`'s room (the sweep's buffer given back) as its buffers.
 void measure_swap(const SweepOptions& o, PinnedPool& pool, std::uint64_t file_bytes, SweepResult& r,
                   const std::function<void(const std::string&)>& progress) {
-  progress("swap mode: read g+1 | touch g | write g-1 through " + std::to_string(o.swap_buffers) + " pinned buffers of " +
-           fmt_size(o.swap_item));
+  progress("swap mode: read g+1 | touch g | write g-1 through " + std::to_string(o.swap_buffers) +
+           " pinned buffers of " + fmt_size(o.swap_item));
   StoreOptions swap_options;
   swap_options.parent = o.dir;
   swap_options.io_kind = o.engine;
@@ -152,9 +153,11 @@ SweepResult run_sweep(const SweepOptions& o, const std::function<void(const std:
   // The store gives us the private directory, an O_DIRECT file and its cleanup on every exit path.
   StoreOptions store_options;
   store_options.parent = o.dir;
-  store_options.io_kind = AsyncIoKind::posix;  // only for the store's own bookkeeping; cells build their own AsyncIo back ends
+  store_options.io_kind =
+      AsyncIoKind::posix;  // only for the store's own bookkeeping; cells build their own AsyncIo back ends
   TensorStore store(store_options);
-  if (store.description().find("O_DIRECT") == std::string::npos || store.description().find("refuses") != std::string::npos)
+  if (store.description().find("O_DIRECT") == std::string::npos ||
+      store.description().find("refuses") != std::string::npos)
     progress("note: " + store.description() + " — figures include the page cache");
   const auto id = store.add("bench", file_bytes);
   (void)id;
@@ -168,7 +171,8 @@ SweepResult run_sweep(const SweepOptions& o, const std::function<void(const std:
     ~FdCloser() { ::close(fd); }
   } closer{fd};
 
-  PinnedPool pool(buf_bytes + static_cast<std::size_t>(o.swap_buffers) * store.padded(o.swap_item), /*lock=*/lockable_bytes() == SIZE_MAX);
+  PinnedPool pool(buf_bytes + static_cast<std::size_t>(o.swap_buffers) * store.padded(o.swap_item),
+                  /*lock=*/lockable_bytes() == SIZE_MAX);
   PinnedBuffer buf = pool.acquire(buf_bytes);
   std::memset(buf.data(), 0x5A, buf_bytes);
 

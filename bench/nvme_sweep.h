@@ -34,13 +34,13 @@ struct SweepCell {
 };
 
 struct SweepResult {
-  std::string engine;                   // which I/O back end ran and why
+  std::string engine;  // which I/O back end ran and why
   std::vector<SweepCell> cells;
   SweepCell best_read, best_write;
   SweepCell best_combined_read, best_combined_write;  // the one setting with the highest read + write
   double plain_read_gbps = 0, plain_write_gbps = 0;   // sequential O_DIRECT pread/pwrite, 1 MiB, QD 1
-  double swap_gbps = 0;                 // (bytes read + written) / time in swap mode
-  double swap_ratio = 0;                // time at the best raw cells (reads then writes) / swap time
+  double swap_gbps = 0;                               // (bytes read + written) / time in swap mode
+  double swap_ratio = 0;                              // time at the best raw cells (reads then writes) / swap time
   std::uint64_t swap_bytes = 0;
 };
 

@@ -25,7 +25,9 @@ void adam_update_naive(const AdamHyper& h, std::int64_t step, float grad_scale, 
     const float mhat = c.m[i] / bc1, vhat = c.v[i] / bc2;
     if (h.decoupled) c.master[i] -= h.lr * h.weight_decay * c.master[i];
     c.master[i] -= h.lr * mhat / (std::sqrt(vhat) + h.eps);
-    if (out) out[i] = c.param16_type == HalfType::fp16 ? fp32_to_fp16_reference(c.master[i]) : fp32_to_bf16_reference(c.master[i]);
+    if (out)
+      out[i] =
+          c.param16_type == HalfType::fp16 ? fp32_to_fp16_reference(c.master[i]) : fp32_to_bf16_reference(c.master[i]);
   }
 }
 

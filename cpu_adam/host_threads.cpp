@@ -88,7 +88,8 @@ HostThreads::HostThreads(int threads, bool pin) {
 HostThreads::~HostThreads() = default;
 int HostThreads::threads() const { return impl_->threads; }
 
-void HostThreads::parallel_for(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& fn) {
+void HostThreads::parallel_for(std::size_t n, std::size_t grain,
+                               const std::function<void(std::size_t, std::size_t)>& fn) {
   if (n == 0) return;
   grain = std::max<std::size_t>(kAlign, (grain + kAlign - 1) / kAlign * kAlign);
   const std::size_t chunks = (n + grain - 1) / grain;
@@ -97,11 +98,10 @@ void HostThreads::parallel_for(std::size_t n, std::size_t grain, const std::func
     return;
   }
   impl_->arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, chunks, 1),
-                      [&](const tbb::blocked_range<std::size_t>& r) {
-                        fn(r.begin() * grain, std::min(n, r.end() * grain));
-                      },
-                      tbb::simple_partitioner());
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, chunks, 1),
+        [&](const tbb::blocked_range<std::size_t>& r) { fn(r.begin() * grain, std::min(n, r.end() * grain)); },
+        tbb::simple_partitioner());
   });
 }
 
@@ -125,7 +125,8 @@ const void* grad_at(const void* g, GradType t, std::size_t i) {
 void adam_update(HostThreads& pool, const AdamStep& s, const UpdateChunk& c) {
   // Elementwise: any split gives the same bits. Chunks of ≥ 64 Ki elements amortise scheduling.
   const SimdLevel level = active_simd();
-  const std::size_t grain = std::max<std::size_t>(std::size_t{1} << 16, c.n / (4 * static_cast<std::size_t>(pool.threads())));
+  const std::size_t grain =
+      std::max<std::size_t>(std::size_t{1} << 16, c.n / (4 * static_cast<std::size_t>(pool.threads())));
   pool.parallel_for(c.n, grain, [&](std::size_t b, std::size_t e) { adam_update(s, sub_chunk(c, b, e), level); });
 }
 

@@ -43,8 +43,8 @@ template <GradType G, int Out>  // Out: 0 none, 1 fp16, 2 bf16
 void adam_loop(const AdamStep& s, const UpdateChunk& c) {
   const __m256 scale = _mm256_set1_ps(s.grad_scale), b1 = _mm256_set1_ps(s.beta1),
                omb1 = _mm256_set1_ps(s.one_minus_beta1), b2 = _mm256_set1_ps(s.beta2),
-               omb2 = _mm256_set1_ps(s.one_minus_beta2), eps = _mm256_set1_ps(s.eps),
-               bc2 = _mm256_set1_ps(s.bc2_rsqrt), step = _mm256_set1_ps(s.step_size), decay = _mm256_set1_ps(s.decay);
+               omb2 = _mm256_set1_ps(s.one_minus_beta2), eps = _mm256_set1_ps(s.eps), bc2 = _mm256_set1_ps(s.bc2_rsqrt),
+               step = _mm256_set1_ps(s.step_size), decay = _mm256_set1_ps(s.decay);
   const bool l2 = s.apply_decay && !s.decoupled, wdec = s.apply_decay && s.decoupled;
   const std::size_t n8 = c.n & ~std::size_t{7};
   auto* out = static_cast<std::uint16_t*>(c.param16);
@@ -62,7 +62,8 @@ void adam_loop(const AdamStep& s, const UpdateChunk& c) {
     _mm256_storeu_ps(c.m + i, m);
     _mm256_storeu_ps(c.v + i, v);
     if constexpr (Out == 1)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                       _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     else if constexpr (Out == 2)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), to_bf16(p));
   }
@@ -98,7 +99,8 @@ void traffic_loop(const UpdateChunk& c) {
     _mm256_storeu_ps(c.m + i, _mm256_add_ps(_mm256_loadu_ps(c.m + i), g));
     _mm256_storeu_ps(c.v + i, _mm256_add_ps(_mm256_loadu_ps(c.v + i), g));
     if constexpr (Out == 1)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                       _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     else if constexpr (Out == 2)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), to_bf16(p));
   }
@@ -162,7 +164,8 @@ void f16_f32(const std::uint16_t* s, float* d, std::size_t n) {
 }
 void f32_bf16(const float* s, std::uint16_t* d, std::size_t n) {
   const std::size_t n8 = n & ~std::size_t{7};
-  for (std::size_t i = 0; i < n8; i += 8) _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), to_bf16(_mm256_loadu_ps(s + i)));
+  for (std::size_t i = 0; i < n8; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), to_bf16(_mm256_loadu_ps(s + i)));
   for (std::size_t i = n8; i < n; ++i) d[i] = fp32_to_bf16_reference(s[i]);
 }
 void bf16_f32(const std::uint16_t* s, float* d, std::size_t n) {

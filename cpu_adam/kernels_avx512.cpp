@@ -17,7 +17,8 @@ inline __m512 load_grad16(const void* g, std::size_t i) {
   if constexpr (G == GradType::fp32) {
     return _mm512_loadu_ps(static_cast<const float*>(g) + i);
   } else if constexpr (G == GradType::fp16) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(g) + i)));
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(g) + i)));
   } else {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(g) + i));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -49,8 +50,8 @@ __attribute__((target("avx512bf16")))
 void adam_loop(const AdamStep& s, const UpdateChunk& c) {
   const __m512 scale = _mm512_set1_ps(s.grad_scale), b1 = _mm512_set1_ps(s.beta1),
                omb1 = _mm512_set1_ps(s.one_minus_beta1), b2 = _mm512_set1_ps(s.beta2),
-               omb2 = _mm512_set1_ps(s.one_minus_beta2), eps = _mm512_set1_ps(s.eps),
-               bc2 = _mm512_set1_ps(s.bc2_rsqrt), step = _mm512_set1_ps(s.step_size), decay = _mm512_set1_ps(s.decay);
+               omb2 = _mm512_set1_ps(s.one_minus_beta2), eps = _mm512_set1_ps(s.eps), bc2 = _mm512_set1_ps(s.bc2_rsqrt),
+               step = _mm512_set1_ps(s.step_size), decay = _mm512_set1_ps(s.decay);
   const bool l2 = s.apply_decay && !s.decoupled, wdec = s.apply_decay && s.decoupled;
   const std::size_t n16 = c.n & ~std::size_t{15};
   auto* out = static_cast<std::uint16_t*>(c.param16);
@@ -68,7 +69,8 @@ void adam_loop(const AdamStep& s, const UpdateChunk& c) {
     _mm512_storeu_ps(c.m + i, m);
     _mm512_storeu_ps(c.v + i, v);
     if constexpr (Out == 1)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     else if constexpr (Out == 2)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_emulated(p));
     else if constexpr (Out == 3)
@@ -110,7 +112,8 @@ void traffic_loop(const UpdateChunk& c) {
     _mm512_storeu_ps(c.m + i, _mm512_add_ps(_mm512_loadu_ps(c.m + i), g));
     _mm512_storeu_ps(c.v + i, _mm512_add_ps(_mm512_loadu_ps(c.v + i), g));
     if constexpr (Out == 1)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     else if constexpr (Out == 2)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_emulated(p));
   }

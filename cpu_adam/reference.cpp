@@ -10,7 +10,6 @@
 
 namespace zinf::cpu_adam {
 
-
 std::uint16_t fp32_to_fp16_reference(float x) { return spec::fp32_to_fp16(x); }
 float fp16_to_fp32_reference(std::uint16_t h) { return spec::fp16_to_fp32(h); }
 std::uint16_t fp32_to_bf16_reference(float x) { return spec::fp32_to_bf16(x); }

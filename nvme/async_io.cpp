@@ -51,8 +51,8 @@ namespace detail {
 
 std::string describe(const Request& r, int err) {
   return std::string(r.write ? "write " : "read ") + (r.path ? *r.path : std::string("?")) + " offset " +
-         std::to_string(r.offset + r.done) + " length " + std::to_string(r.len - r.done) + ": " +
-         std::strerror(err) + " (errno " + std::to_string(err) + ")";
+         std::to_string(r.offset + r.done) + " length " + std::to_string(r.len - r.done) + ": " + std::strerror(err) +
+         " (errno " + std::to_string(err) + ")";
 }
 
 Split split(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset, std::size_t block_size,

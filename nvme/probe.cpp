@@ -95,8 +95,8 @@ PathProbe probe_path(const std::string& dir) {
   } else {
     ssize_t w = ::pwrite(fd, buf.get(), n, 0);
     if (w != static_cast<ssize_t>(n)) {
-      p.odirect_reason = w < 0 ? std::string("pwrite(O_DIRECT): ") + std::strerror(errno)
-                               : "pwrite(O_DIRECT): short write";
+      p.odirect_reason =
+          w < 0 ? std::string("pwrite(O_DIRECT): ") + std::strerror(errno) : "pwrite(O_DIRECT): short write";
     } else {
       p.odirect = true;
     }

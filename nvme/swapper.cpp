@@ -14,14 +14,14 @@ Swapper::Swapper(TensorStore& store, PinnedPool& pool, int buffer_count, std::si
   for (int i = 0; i < buffer_count; ++i) buffers_.push_back(pool.acquire(buffer_bytes_));
 }
 
-void Swapper::run(const std::vector<SwapItem>& items, const std::function<void(std::size_t, void*, std::size_t)>& process,
-                  int read_ahead) {
+void Swapper::run(const std::vector<SwapItem>& items,
+                  const std::function<void(std::size_t, void*, std::size_t)>& process, int read_ahead) {
   const int nbuf = buffer_count();
   if (read_ahead < 0) read_ahead = std::max(1, nbuf - 2);
   for (const auto& it : items) {
     if (store_.padded(it.len) > buffer_bytes_)
-      throw Error("swapper: item of " + std::to_string(it.len) + " bytes does not fit a " + std::to_string(buffer_bytes_) +
-                  "-byte buffer");
+      throw Error("swapper: item of " + std::to_string(it.len) + " bytes does not fit a " +
+                  std::to_string(buffer_bytes_) + "-byte buffer");
   }
   std::vector<int> free_bufs;
   for (int b = nbuf - 1; b >= 0; --b) free_bufs.push_back(b);
@@ -45,8 +45,7 @@ void Swapper::run(const std::vector<SwapItem>& items, const std::function<void(s
     --in_use;
   };
   auto drain = [&] {  // wait for everything in flight; buffers are ours again afterwards
-    for (auto& p : reads)
-      try {
+    for (auto& p : reads) try {
         if (p.io) p.io->wait();
       } catch (...) {
       }
@@ -74,7 +73,8 @@ void Swapper::run(const std::vector<SwapItem>& items, const std::function<void(s
         free_bufs.pop_back();
         peak_ = std::max(peak_, ++in_use);
         const SwapItem& it = items[next_read];
-        IoHandle io = it.read ? store_.read(it.id, buffers_[static_cast<std::size_t>(b)].data(), it.offset, it.len) : nullptr;
+        IoHandle io =
+            it.read ? store_.read(it.id, buffers_[static_cast<std::size_t>(b)].data(), it.offset, it.len) : nullptr;
         reads.push_back({next_read, b, io});
         ++next_read;
       }
@@ -84,7 +84,8 @@ void Swapper::run(const std::vector<SwapItem>& items, const std::function<void(s
       const SwapItem& it = items[i];
       process(i, buffers_[static_cast<std::size_t>(p.buf)].data(), static_cast<std::size_t>(it.len));
       if (it.write) {
-        writes.push_back({i, p.buf, store_.write(it.id, buffers_[static_cast<std::size_t>(p.buf)].data(), it.offset, it.len)});
+        writes.push_back(
+            {i, p.buf, store_.write(it.id, buffers_[static_cast<std::size_t>(p.buf)].data(), it.offset, it.len)});
       } else {
         free_bufs.push_back(p.buf);
         --in_use;

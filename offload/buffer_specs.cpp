@@ -57,16 +57,19 @@ void lay_out_units(const PlanInput& in, Layout& layout) {
     if (!u.persistent) layout.max_grad_windowed = std::max(layout.max_grad_windowed, u.n);
     layout.units.push_back(u);
   }
-  layout.bucket = std::min(round_up(static_cast<std::uint64_t>(std::max<std::int64_t>(in.reduce_bucket_size, 1)), kChunkAlign),
-                      round_up(layout.max_unit, kChunkAlign));
-  layout.sub_group = std::min(round_up(static_cast<std::uint64_t>(std::max<std::int64_t>(in.sub_group_size, 1)), kChunkAlign),
-                         round_up(layout.max_unit, kChunkAlign));
+  layout.bucket =
+      std::min(round_up(static_cast<std::uint64_t>(std::max<std::int64_t>(in.reduce_bucket_size, 1)), kChunkAlign),
+               round_up(layout.max_unit, kChunkAlign));
+  layout.sub_group =
+      std::min(round_up(static_cast<std::uint64_t>(std::max<std::int64_t>(in.sub_group_size, 1)), kChunkAlign),
+               round_up(layout.max_unit, kChunkAlign));
   for (const auto& u : layout.units)  // the receive scratch: every rank's contribution to this rank's part of a bucket
     comm_part = std::max(comm_part, std::min(layout.bucket, shard_of(u.n, layout.world, layout.rank).len()));
   layout.comm_scratch = static_cast<std::uint64_t>(layout.world) * comm_part;
 }
 
-BufferSpec spec(Buffer what, Tier tier, std::uint64_t bytes, PlanRow row, std::size_t unit = kShared, std::uint64_t count = 1) {
+BufferSpec spec(Buffer what, Tier tier, std::uint64_t bytes, PlanRow row, std::size_t unit = kShared,
+                std::uint64_t count = 1) {
   BufferSpec b;
   b.what = what;
   b.tier = tier;
@@ -81,10 +84,10 @@ BufferSpec spec(Buffer what, Tier tier, std::uint64_t bytes, PlanRow row, std::s
 void unit_param_and_grads(const Layout& layout, std::size_t i, const std::function<void(const BufferSpec&)>& fn) {
   const UnitLayout& u = layout.units[i];
   const std::uint64_t cb = layout.compute_bytes;
-  const Tier home = !u.windowed                     ? Tier::device
+  const Tier home = !u.windowed                           ? Tier::device
                     : layout.param == OffloadDevice::cpu  ? Tier::pinned
                     : layout.param == OffloadDevice::nvme ? Tier::nvme
-                                                     : Tier::device;  // a stage-3 shard on the device
+                                                          : Tier::device;  // a stage-3 shard on the device
   fn(spec(Buffer::param, home, u.param_range.len() * cb, PlanRow::param16, i));
   if (layout.fp32_work && !u.windowed) fn(spec(Buffer::work, Tier::device, u.n * 4, PlanRow::fp32_work, i));
   if (!u.grad_windowed) fn(spec(Buffer::grad, Tier::device, u.n * 4, PlanRow::grad, i));
@@ -104,7 +107,8 @@ void unit_states(const Layout& layout, std::size_t i, const std::function<void(c
   const std::uint64_t n = layout.units[i].state_range.len();
   if (layout.optimizer == OffloadDevice::nvme) {  // one tensor per sub-group: master|m|v, padded
     const std::uint64_t whole = n / layout.sub_group, last = n % layout.sub_group;
-    BufferSpec b = spec(Buffer::optimizer_subgroup, Tier::nvme, detail::SubGroupLayout::bytes_for(layout.sub_group), PlanRow::master, i, whole);
+    BufferSpec b = spec(Buffer::optimizer_subgroup, Tier::nvme, detail::SubGroupLayout::bytes_for(layout.sub_group),
+                        PlanRow::master, i, whole);
     b.rows = 3;
     if (whole) fn(b);
     b.bytes = detail::SubGroupLayout::bytes_for(last), b.count = 1;
@@ -113,7 +117,8 @@ void unit_states(const Layout& layout, std::size_t i, const std::function<void(c
   }
   const Tier t = layout.optimizer == OffloadDevice::cpu ? Tier::host : Tier::device;
   // fp32 with whole resident parameters on the device: the compute copy is the master (no second copy).
-  if (layout.optimizer_offloaded || layout.mixed || layout.param_offloaded || layout.shard_params) fn(spec(Buffer::master, t, n * 4, PlanRow::master, i));
+  if (layout.optimizer_offloaded || layout.mixed || layout.param_offloaded || layout.shard_params)
+    fn(spec(Buffer::master, t, n * 4, PlanRow::master, i));
   fn(spec(Buffer::adam_m, t, n * 4, PlanRow::adam_m, i));
   fn(spec(Buffer::adam_v, t, n * 4, PlanRow::adam_v, i));
 }
@@ -123,7 +128,8 @@ void windows_and_slots(const Layout& layout, const std::function<void(const Buff
   const std::uint64_t cb = layout.compute_bytes, slots = static_cast<std::uint64_t>(layout.window_slots);
   if (layout.windows) {
     fn(spec(Buffer::param_slot, Tier::device, layout.max_windowed * cb, PlanRow::param_window, kShared, slots));
-    if (layout.fp32_work) fn(spec(Buffer::work_slot, Tier::device, layout.max_windowed * 4, PlanRow::param_window, kShared, slots));
+    if (layout.fp32_work)
+      fn(spec(Buffer::work_slot, Tier::device, layout.max_windowed * 4, PlanRow::param_window, kShared, slots));
     if (layout.param == OffloadDevice::nvme || (layout.shard_params && layout.param_offloaded))
       fn(spec(Buffer::param_staging, Tier::pinned, layout.max_windowed * cb, PlanRow::param_staging, kShared, slots));
   }
@@ -144,11 +150,13 @@ void staging(const Layout& layout, const std::function<void(const BufferSpec&)>&
   if (layout.optimizer_offloaded || layout.param == OffloadDevice::nvme)
     fn(spec(Buffer::param_upload, Tier::pinned, layout.sub_group * cb, PlanRow::param_upload, kShared, kTwo));
   if (layout.optimizer == OffloadDevice::nvme)
-    fn(spec(Buffer::optimizer_swap, Tier::pinned, detail::SubGroupLayout::bytes_for(layout.sub_group), PlanRow::optimizer_swap, kShared,
-            static_cast<std::uint64_t>(layout.optimizer_buffers)));
-  if (layout.fp32_sum && layout.optimizer_offloaded) fn(spec(Buffer::reduce_scratch, Tier::host, layout.bucket * 4, PlanRow::reduce_scratch));
+    fn(spec(Buffer::optimizer_swap, Tier::pinned, detail::SubGroupLayout::bytes_for(layout.sub_group),
+            PlanRow::optimizer_swap, kShared, static_cast<std::uint64_t>(layout.optimizer_buffers)));
+  if (layout.fp32_sum && layout.optimizer_offloaded)
+    fn(spec(Buffer::reduce_scratch, Tier::host, layout.bucket * 4, PlanRow::reduce_scratch));
   if (layout.parallel)
-    fn(spec(Buffer::comm_receive, layout.optimizer_offloaded ? Tier::host : Tier::device, layout.comm_scratch * 4, PlanRow::comm_receive));
+    fn(spec(Buffer::comm_receive, layout.optimizer_offloaded ? Tier::host : Tier::device, layout.comm_scratch * 4,
+            PlanRow::comm_receive));
 }
 
 }  // namespace
@@ -187,7 +195,8 @@ std::uint64_t footprint(Tier t, std::uint64_t bytes) {
   return bytes;
 }
 
-void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes, const std::function<void(const BufferSpec&)>& fn) {
+void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes,
+                     const std::function<void(const BufferSpec&)>& fn) {
   for (std::size_t i = 0; i < layout.units.size(); ++i) {
     unit_param_and_grads(layout, i, fn);
     unit_states(layout, i, fn);
@@ -212,7 +221,8 @@ std::span<const BufferSpec> BufferSpecs::of_unit(std::size_t unit) const {
 }
 
 const BufferSpec* BufferSpecs::find(Buffer what, std::size_t unit) const {
-  std::span<const BufferSpec> range = unit == kShared ? std::span<const BufferSpec>(specs_).subspan(unit_begin_.back()) : of_unit(unit);
+  std::span<const BufferSpec> range =
+      unit == kShared ? std::span<const BufferSpec>(specs_).subspan(unit_begin_.back()) : of_unit(unit);
   for (const BufferSpec& b : range)
     if (b.what == what) return &b;
   return nullptr;

@@ -19,9 +19,9 @@
 
 #include "engine_state.h"
 #include "gradient_path.h"
+#include "param_window.h"
 #include "tiers.h"
 #include "update_pipeline.h"
-#include "param_window.h"
 #include "zinf/offload/placement.h"
 
 namespace zinf::offload {
@@ -96,11 +96,13 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   const Plan plan = make_plan(s.buffers);
   const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];
   if (need_device > dev.budget() - dev.in_use())
-    throw DeviceMemoryError("the offload plan needs " + std::to_string(need_device) + " bytes of device memory for states and windows, " +
-                                std::to_string(dev.budget() - dev.in_use()) + " are left in the budget of " + std::to_string(dev.budget()),
-                            "offload more (offload_optimizer / offload_param), raise device.memory_budget, or see `zinf plan`");
+    throw DeviceMemoryError(
+        "the offload plan needs " + std::to_string(need_device) + " bytes of device memory for states and windows, " +
+            std::to_string(dev.budget() - dev.in_use()) + " are left in the budget of " + std::to_string(dev.budget()),
+        "offload more (offload_optimizer / offload_param), raise device.memory_budget, or see `zinf plan`");
   s.pinned = std::make_unique<PinnedPool>(plan.pinned_pool, c.pin_memory);
-  if (s.pinned->capacity()) dev.register_host(s.pinned->slab().iov_base, s.pinned->capacity());  // CUDA: one copy, no bounce
+  if (s.pinned->capacity())
+    dev.register_host(s.pinned->slab().iov_base, s.pinned->capacity());  // CUDA: one copy, no bounce
 
   const std::size_t device_before = dev.in_use();
   impl.states = make_optimizer_states(s);
@@ -170,7 +172,8 @@ void Engine::begin_forward() { impl_->backward = false; }
 void Engine::begin_backward() {
   Impl& impl = *impl_;
   impl.backward = true;
-  if (impl.s.exact() && impl.s.c.optimizer == OffloadDevice::nvme && impl.grads->micro() == impl.s.c.grad_accum - 1 && !impl.update->started_early())
+  if (impl.s.exact() && impl.s.c.optimizer == OffloadDevice::nvme && impl.grads->micro() == impl.s.c.grad_accum - 1 &&
+      !impl.update->started_early())
     impl.update->start_early();
 }
 
@@ -224,7 +227,9 @@ StepOutcome Engine::step(const StepOptions& o) {
     // is the one-rank sum exactly.
     std::vector<double> mine;
     std::vector<std::size_t> counts(static_cast<std::size_t>(impl.s.world), 0);
-    auto blocks = [](std::size_t a, std::size_t b) { return (b - a + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock; };
+    auto blocks = [](std::size_t a, std::size_t b) {
+      return (b - a + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock;
+    };
     for (std::size_t ui = 0; ui < impl.s.units.size(); ++ui) {
       mine.insert(mine.end(), parts[ui].begin(), parts[ui].end());
       const Unit& u = impl.s.units[ui];
@@ -333,15 +338,17 @@ TierBytes Engine::held_bytes() const { return impl_->held; }
 
 std::string Engine::describe() const {
   Impl& impl = *impl_;
-  std::string d = "offload_optimizer=" + std::string(to_string(impl.s.c.optimizer)) + " offload_param=" +
-                  std::string(to_string(impl.s.c.param)) + ", overlap " + (impl.s.exact() ? "exact" : "none") + ", pinned pool " +
-                  std::to_string(impl.s.pinned->capacity()) + " bytes";
+  std::string d = "offload_optimizer=" + std::string(to_string(impl.s.c.optimizer)) +
+                  " offload_param=" + std::string(to_string(impl.s.c.param)) + ", overlap " +
+                  (impl.s.exact() ? "exact" : "none") + ", pinned pool " + std::to_string(impl.s.pinned->capacity()) +
+                  " bytes";
   if (impl.s.parallel()) {
-    d += "; rank " + std::to_string(impl.s.rank) + " of " + std::to_string(impl.s.world) + ", ZeRO stage " + std::to_string(impl.s.c.stage);
-    d += impl.s.shard_params ? " (optimizer states, gradients and parameters partitioned)"
-         : impl.s.shard_grads ? " (optimizer states and gradients partitioned)"
+    d += "; rank " + std::to_string(impl.s.rank) + " of " + std::to_string(impl.s.world) + ", ZeRO stage " +
+         std::to_string(impl.s.c.stage);
+    d += impl.s.shard_params   ? " (optimizer states, gradients and parameters partitioned)"
+         : impl.s.shard_grads  ? " (optimizer states and gradients partitioned)"
          : impl.s.shard_states ? " (optimizer states partitioned)"
-                            : " (every state on every rank)";
+                               : " (every state on every rank)";
   }
   nvme::TensorStore* stores[] = {impl.states->store(), impl.offloaded ? impl.offloaded->store() : nullptr};
   if (stores[0]) d += "; optimizer store: " + stores[0]->description();

@@ -27,19 +27,19 @@
 #include <utility>
 #include <vector>
 
+#include "subgroup_layout.h"
+#include "zinf/comm.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/cpu_adam/host_threads.h"
 #include "zinf/device.h"
-#include "zinf/comm.h"
 #include "zinf/error.h"
 #include "zinf/nvme/store.h"
 #include "zinf/offload/buffer_specs.h"
 #include "zinf/offload/collectives.h"
-#include "zinf/offload/engine_kernels.h"
 #include "zinf/offload/engine.h"
+#include "zinf/offload/engine_kernels.h"
 #include "zinf/pinned.h"
-#include "subgroup_layout.h"
 
 namespace zinf::offload::detail {
 
@@ -69,7 +69,9 @@ struct Unit : UnitLayout {
   std::size_t index = 0;            // its position in forward order (the specs' unit number)
   std::vector<std::size_t> bounds;  // shard boundaries of every rank: rank r owns [bounds[r], bounds[r+1])
   std::vector<std::size_t> chunks;  // sub-group starts (elements, within state_range)
-  std::size_t chunk_len(std::size_t ci) const { return (ci + 1 < chunks.size() ? chunks[ci + 1] : state_range.hi) - chunks[ci]; }
+  std::size_t chunk_len(std::size_t ci) const {
+    return (ci + 1 < chunks.size() ? chunks[ci + 1] : state_range.hi) - chunks[ci];
+  }
   // Elements of [o, o+len) in each rank's shard.
   std::vector<std::size_t> counts_in(std::size_t o, std::size_t len) const {
     std::vector<std::size_t> c(bounds.size() - 1);
@@ -112,7 +114,7 @@ struct EngineState {
   // Every buffer the engine allocates, and the layout they come from (buffer_specs.h): the stages
   // allocate what these say, and `zinf plan` sums the same list.
   const BufferSpecs buffers;
-  const bool mixed;                // fp16/bf16: the compute copy is 16-bit
+  const bool mixed;                 // fp16/bf16: the compute copy is 16-bit
   const std::size_t compute_bytes;  // bytes per element of the compute copy
   const cpu_adam::HalfType half;
   const bool optimizer_offloaded, param_offloaded;
@@ -197,19 +199,28 @@ struct EngineState {
   }
   // The compute copy of a device fp32 range, on the device, in stream order.
   void device_to_compute(const float* s, void* d, std::size_t n, StreamRole r) {
-    if (mixed) kern->to_half(s, d, n, half, r); else kern->copy(d, s, n * 4, r);
+    if (mixed)
+      kern->to_half(s, d, n, half, r);
+    else
+      kern->copy(d, s, n * 4, r);
   }
   // Host conversions on the host threads (chunked, so the result does not depend on the count).
   void to_half(const float* s, void* d, std::size_t n) {
     auto* o = static_cast<std::uint16_t*>(d);
     threads.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
-      if (half == cpu_adam::HalfType::fp16) cpu_adam::fp32_to_fp16(s + b, o + b, e - b); else cpu_adam::fp32_to_bf16(s + b, o + b, e - b);
+      if (half == cpu_adam::HalfType::fp16)
+        cpu_adam::fp32_to_fp16(s + b, o + b, e - b);
+      else
+        cpu_adam::fp32_to_bf16(s + b, o + b, e - b);
     });
   }
   void from_half(const void* s, float* d, std::size_t n) {
     const auto* i = static_cast<const std::uint16_t*>(s);
     threads.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
-      if (half == cpu_adam::HalfType::fp16) cpu_adam::fp16_to_fp32(i + b, d + b, e - b); else cpu_adam::bf16_to_fp32(i + b, d + b, e - b);
+      if (half == cpu_adam::HalfType::fp16)
+        cpu_adam::fp16_to_fp32(i + b, d + b, e - b);
+      else
+        cpu_adam::bf16_to_fp32(i + b, d + b, e - b);
     });
   }
   void add_into(float* acc, const float* x, std::size_t n) {
@@ -219,7 +230,10 @@ struct EngineState {
   }
   // The compute copy (compute_bytes per element) of an fp32 range, on the host.
   void to_compute(const float* s, void* d, std::size_t n) {
-    if (mixed) to_half(s, d, n); else std::memcpy(d, s, n * 4);
+    if (mixed)
+      to_half(s, d, n);
+    else
+      std::memcpy(d, s, n * 4);
   }
 
   // Blocks until unit u's latest update has landed; rethrows when the Update failed (`rethrow` drains

@@ -11,9 +11,12 @@ void GradientPath::add(Unit& u, const std::string& name) {
   // Partitioned gradients, or the optimizer off the device: a block's gradient has no buffer of its
   // own (it passes through the gradient slots).
   if (const BufferSpec* b = s_.find(Buffer::grad, u.index)) u.grad = DeviceBuffer(s_.dev, b->bytes, name + " grad");
-  if (const BufferSpec* b = s_.find(Buffer::grad16, u.index)) u.grad16 = DeviceBuffer(s_.dev, b->bytes, name + " grad16");
-  if (const BufferSpec* b = s_.find(Buffer::grad_sum, u.index)) u.grad_sum = DeviceBuffer(s_.dev, b->bytes, name + " grad32");
-  if (const BufferSpec* b = s_.find(Buffer::host_grad, u.index)) u.host_grad = s_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
+  if (const BufferSpec* b = s_.find(Buffer::grad16, u.index))
+    u.grad16 = DeviceBuffer(s_.dev, b->bytes, name + " grad16");
+  if (const BufferSpec* b = s_.find(Buffer::grad_sum, u.index))
+    u.grad_sum = DeviceBuffer(s_.dev, b->bytes, name + " grad32");
+  if (const BufferSpec* b = s_.find(Buffer::host_grad, u.index))
+    u.host_grad = s_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
 }
 
 void GradientPath::allocate_shared() {
@@ -29,7 +32,8 @@ void GradientPath::allocate_shared() {
   }
   if (const BufferSpec* b = s_.find(Buffer::grad_landing))
     for (std::uint64_t i = 0; i < b->count; ++i) landing_.push_back(s_.pinned->acquire(b->bytes));
-  if (const BufferSpec* b = s_.find(Buffer::grad_out_staging)) gradout_stage_ = DeviceBuffer(s_.dev, b->bytes, "grad out staging");
+  if (const BufferSpec* b = s_.find(Buffer::grad_out_staging))
+    gradout_stage_ = DeviceBuffer(s_.dev, b->bytes, "grad out staging");
   if (const BufferSpec* b = s_.find(Buffer::reduce_scratch)) reduce_scratch_ = s_.alloc_host(b->bytes);
 }
 
@@ -147,9 +151,15 @@ void GradientPath::grads_done(std::size_t u) {
       std::size_t u;
       ~Release() { p.release(u); }
     } release{*this, u};
-    if (issue_here) s_.dev.synchronize(StreamRole::d2h); else grad_out_and_reduce(u, g, mb);
+    if (issue_here)
+      s_.dev.synchronize(StreamRole::d2h);
+    else
+      grad_out_and_reduce(u, g, mb);
   };
-  if (s_.exact()) worker_->push(job); else job();
+  if (s_.exact())
+    worker_->push(job);
+  else
+    job();
 }
 
 void GradientPath::release(std::size_t u) {
@@ -187,8 +197,10 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
   if (fp32_sum()) {
     BusyScope busy(s_.dev, r);
     const float* kept = grad + u.grad_range.lo;
-    if (mb == 0) s_.kern->copy(u.grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
-    else s_.kern->add(u.grad_sum.as<float>(), kept, u.grad_range.len(), r);
+    if (mb == 0)
+      s_.kern->copy(u.grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
+    else
+      s_.kern->add(u.grad_sum.as<float>(), kept, u.grad_range.len(), r);
   }
 }
 
@@ -226,13 +238,19 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
       std::memcpy(u.host_grad.get() + o * host_grad_bytes(), land.data(), len * cb);
     } else {
       float* g = reinterpret_cast<float*>(reduce_scratch_.get());
-      if (s_.mixed) s_.from_half(land.data(), g, len); else std::memcpy(g, land.data(), len * 4);
+      if (s_.mixed)
+        s_.from_half(land.data(), g, len);
+      else
+        std::memcpy(g, land.data(), len * 4);
       if (s_.parallel()) reduce_bucket(u, o, len, g, false);
       // The part of the bucket this rank keeps, summed over micro batches in fp32.
       const std::size_t a = std::max(o, u.grad_range.lo), b = std::min(o + len, u.grad_range.hi);
       if (b > a) {
         float* acc = reinterpret_cast<float*>(u.host_grad.get()) + (a - u.grad_range.lo);
-        if (mb == 0) std::memcpy(acc, g + (a - o), (b - a) * 4); else s_.add_into(acc, g + (a - o), b - a);
+        if (mb == 0)
+          std::memcpy(acc, g + (a - o), (b - a) * 4);
+        else
+          s_.add_into(acc, g + (a - o), b - a);
       }
     }
     s_.add_time(&BusyTimes::host, since(t0));
@@ -241,7 +259,8 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
 }
 
 std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) const {
-  const cpu_adam::GradType g16 = s_.half == cpu_adam::HalfType::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
+  const cpu_adam::GradType g16 =
+      s_.half == cpu_adam::HalfType::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
   if (!s_.optimizer_offloaded) {
     if (fp32_sum()) return {u.grad_sum.as<float>(), cpu_adam::GradType::fp32};
     if (s_.mixed) return {u.grad16.as<void>(), g16};

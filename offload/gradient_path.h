@@ -29,15 +29,15 @@ class GradientPath {
  public:
   explicit GradientPath(EngineState& s);
   void add(Unit& u, const std::string& name);  // unit u's gradient buffers (at construction)
-  void allocate_shared();                       // slots, landing buffers, staging (after every add)
-  void allocate_comm_scratch();                 // the receive scratch of the cross-rank reduction
+  void allocate_shared();                      // slots, landing buffers, staging (after every add)
+  void allocate_comm_scratch();                // the receive scratch of the cross-rank reduction
 
   void begin_micro_batch(std::int64_t micro);
   std::int64_t micro() const { return micro_; }
-  float* grads(std::size_t u);       // zeroed at the first request of a micro batch
-  void grads_done(std::size_t u);    // starts GradOut + Reduce of u
-  void drain();                      // the barrier: every Reduce has finished; rethrows its error
-  void check();                      // rethrows a Reduce error without waiting
+  float* grads(std::size_t u);     // zeroed at the first request of a micro batch
+  void grads_done(std::size_t u);  // starts GradOut + Reduce of u
+  void drain();                    // the barrier: every Reduce has finished; rethrows its error
+  void check();                    // rethrows a Reduce error without waiting
 
   // The Update's input for unit u.
   std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const;
@@ -59,7 +59,7 @@ class GradientPath {
 
   struct GradSlot {
     DeviceBuffer grad, grad16;  // grad16: the optimizer on the device with partitioned gradients
-    bool busy = false;  // under mu
+    bool busy = false;          // under mu
   };
   EngineState& s_;
   std::vector<GradSlot> slots_;

@@ -38,7 +38,8 @@ class DeviceStates final : public OptimizerStates {
   void add(Unit& u, const std::string& name, const float* master) override {
     const std::size_t n = u.state_range.len();
     // fp32 with whole resident parameters: the compute copy is the master (no second fp32 copy).
-    if (const BufferSpec* b = s_.find(Buffer::master, u.index)) u.dev_master = DeviceBuffer(s_.dev, b->bytes, name + " master");
+    if (const BufferSpec* b = s_.find(Buffer::master, u.index))
+      u.dev_master = DeviceBuffer(s_.dev, b->bytes, name + " master");
     u.dev_m = DeviceBuffer(s_.dev, s_.spec(Buffer::adam_m, u.index, Tier::device).bytes, name + " adam.m");
     u.dev_v = DeviceBuffer(s_.dev, s_.spec(Buffer::adam_v, u.index, Tier::device).bytes, name + " adam.v");
     s_.kern->zero(u.dev_m.as<void>(), n * 4, StreamRole::h2d);
@@ -47,7 +48,8 @@ class DeviceStates final : public OptimizerStates {
     s_.dev.synchronize(StreamRole::h2d);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
-    walk_in_place(s_, decision, fn, [this](Unit& u) { return std::tuple(master_of(u), u.dev_m.as<float>(), u.dev_v.as<float>()); });
+    walk_in_place(s_, decision, fn,
+                  [this](Unit& u) { return std::tuple(master_of(u), u.dev_m.as<float>(), u.dev_v.as<float>()); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     const std::size_t n = u.state_range.len();
@@ -57,13 +59,17 @@ class DeviceStates final : public OptimizerStates {
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
     const std::size_t n = u.state_range.len();
-    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo, n * 4);  // else: the compute copy, rebuilt by its home
+    if (u.dev_master.size())
+      s_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo,
+                  n * 4);  // else: the compute copy, rebuilt by its home
     s_.h2d_sync(u.dev_m.as<void>(), m + u.state_range.lo, n * 4);
     s_.h2d_sync(u.dev_v.as<void>(), v + u.state_range.lo, n * 4);
   }
 
  private:
-  float* master_of(Unit& u) { return u.dev_master.size() ? u.dev_master.as<float>() : u.param.as<float>() + u.state_range.lo; }
+  float* master_of(Unit& u) {
+    return u.dev_master.size() ? u.dev_master.as<float>() : u.param.as<float>() + u.state_range.lo;
+  }
   EngineState& s_;
 };
 
@@ -132,13 +138,16 @@ class NvmeStates final : public OptimizerStates {
       }
     }
     // SwapIn reads ahead (during the backward, when started early) and SwapOut writes behind.
-    swapper_.run(items, [&](std::size_t i, void* buf, std::size_t) {
-      const Decision& d = decision.get();  // blocks only until the barrier decides
-      if (!d) return;                       // skipped step: the states go back unchanged
-      const Item& it = meta[i];
-      const SubGroupLayout l(it.len);
-      fn(it.unit, it.o, it.len, l.master(buf), l.m(buf), l.v(buf), *d);
-    }, s_.exact() ? -1 : 0);
+    swapper_.run(
+        items,
+        [&](std::size_t i, void* buf, std::size_t) {
+          const Decision& d = decision.get();  // blocks only until the barrier decides
+          if (!d) return;                      // skipped step: the states go back unchanged
+          const Item& it = meta[i];
+          const SubGroupLayout l(it.len);
+          fn(it.unit, it.o, it.len, l.master(buf), l.m(buf), l.v(buf), *d);
+        },
+        s_.exact() ? -1 : 0);
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {
@@ -166,10 +175,12 @@ class NvmeStates final : public OptimizerStates {
   // fn(ci, o, layout, buf) for each of u's sub-groups in order, with one pageable staging buffer.
   template <class F>
   void for_each_subgroup(Unit& u, F fn) {
-    const std::size_t cap = SubGroupLayout::bytes_for(std::max<std::size_t>(1, std::min(s_.sub_group, u.state_range.len())));
+    const std::size_t cap =
+        SubGroupLayout::bytes_for(std::max<std::size_t>(1, std::min(s_.sub_group, u.state_range.len())));
     PinnedPool pool(round_up(cap, PinnedPool::kAlign), /*lock=*/false);
     PinnedBuffer b = pool.acquire(cap);
-    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) fn(ci, u.chunks[ci], SubGroupLayout(u.chunk_len(ci)), b.data());
+    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci)
+      fn(ci, u.chunks[ci], SubGroupLayout(u.chunk_len(ci)), b.data());
   }
   static const BufferSpec& swap_spec(EngineState& s) { return s.spec(Buffer::optimizer_swap, kShared, Tier::pinned); }
   EngineState& s_;

@@ -22,8 +22,10 @@ class DeviceHome final : public ParamHome {
  public:
   DeviceHome(EngineState& s, UploadSlots& up) : s_(s), up_(up) {}
   void place(Unit& u, const std::string& name, const float* master) override {
-    u.param = DeviceBuffer(s_.dev, s_.spec(Buffer::param, u.index, Tier::device).bytes, name + (s_.mixed ? " param16" : " param"));
-    if (const BufferSpec* work = s_.find(Buffer::work, u.index)) u.work = DeviceBuffer(s_.dev, work->bytes, name + " fp32 working weights");
+    u.param = DeviceBuffer(s_.dev, s_.spec(Buffer::param, u.index, Tier::device).bytes,
+                           name + (s_.mixed ? " param16" : " param"));
+    if (const BufferSpec* work = s_.find(Buffer::work, u.index))
+      u.work = DeviceBuffer(s_.dev, work->bytes, name + " fp32 working weights");
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
@@ -31,14 +33,16 @@ class DeviceHome final : public ParamHome {
     std::vector<char> copy(n * s_.compute_bytes);
     s_.to_compute(master + u.param_range.lo, copy.data(), n);  // on the host, then up
     s_.h2d_sync(u.param.as<void>(), copy.data(), copy.size());
-    if (s_.mixed && !u.windowed) s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
+    if (s_.mixed && !u.windowed)
+      s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
     s_.dev.synchronize(StreamRole::h2d);
   }
   void* update_target(Unit& u, std::size_t o, int slot) override {
     // The device's own Update (on d2h) rewrites the home in place. A Fetch gather that read it (on h2d
     // with NCCL) is behind it already: the model's stream waited for that gather (slot.ready) before
     // its reads, and d2h waited for the model's event at every grads_done before this Update.
-    if (!s_.optimizer_offloaded) return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * s_.compute_bytes;
+    if (!s_.optimizer_offloaded)
+      return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * s_.compute_bytes;
     auto k = static_cast<std::size_t>(slot);
     if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
     return up_.buffer[k].data();
@@ -46,7 +50,8 @@ class DeviceHome final : public ParamHome {
   void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
     if (!s_.optimizer_offloaded) return;
     auto k = static_cast<std::size_t>(slot);
-    char* dst = static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * s_.compute_bytes;  // Upload: pinned → device
+    char* dst =
+        static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * s_.compute_bytes;  // Upload: pinned → device
     {
       BusyScope busy(s_.dev, StreamRole::h2d);
       s_.dev.copy_to_device(dst, up_.buffer[k].data(), len * s_.compute_bytes, StreamRole::h2d);
@@ -67,10 +72,11 @@ class DeviceHome final : public ParamHome {
       s_.dev.synchronize(StreamRole::h2d);
       return;
     }
-    if (s_.shard_states) {  // every rank updated its part: gather the new compute copy
+    if (s_.shard_states) {         // every rank updated its part: gather the new compute copy
       Comm& c = *s_.update_dcomm;  // a host transport: on this (the Update worker's) thread
       BusyScope busy(s_.dev, StreamRole::h2d);
-      on_stream(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
+      on_stream(c, s_.dev, StreamRole::h2d,
+                [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
     }
     follow_half(u);
     s_.dev.synchronize(StreamRole::h2d);
@@ -81,14 +87,16 @@ class DeviceHome final : public ParamHome {
     Comm& c = *s_.fetch_dcomm;  // the trainer's, beside its Fetch gathers
     {
       BusyScope busy(s_.dev, StreamRole::h2d);
-      s_.order.run(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
+      s_.order.run(c, s_.dev, StreamRole::h2d,
+                   [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
     }
     follow_half(u);
   }
   void fetch_into(Unit& u, void* slot, PinnedBuffer&) override {
     if (!u.windowed) throw Error("offload: a resident unit is never fetched");
     Comm& c = *s_.fetch_dcomm;  // the shards of every rank, straight into the slot
-    s_.order.run(c, s_.dev, StreamRole::h2d, [&](void* st) { c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), s_.compute_bytes, st); });
+    s_.order.run(c, s_.dev, StreamRole::h2d,
+                 [&](void* st) { c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), s_.compute_bytes, st); });
   }
 
  private:
@@ -109,7 +117,9 @@ class PinnedHome final : public ParamHome {
     u.pinned_home = s_.pinned->acquire(s_.spec(Buffer::param, u.index, Tier::pinned).bytes);
     rebuild(u, master);
   }
-  void rebuild(Unit& u, const float* master) override { s_.to_compute(master + u.param_range.lo, u.pinned_home.data(), u.param_range.len()); }
+  void rebuild(Unit& u, const float* master) override {
+    s_.to_compute(master + u.param_range.lo, u.pinned_home.data(), u.param_range.len());
+  }
   void* update_target(Unit& u, std::size_t o, int) override {
     if (u.fetched) u.fetched->wait();  // no Fetch may still be reading the home we overwrite
     return static_cast<char*>(u.pinned_home.data()) + (o - u.param_range.lo) * s_.compute_bytes;
@@ -154,7 +164,8 @@ class NvmeHome final : public ParamHome {
   void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
     // The slot is reused next: wait for the write (the swapper's sub-group reads keep the disk busy).
     const auto k = static_cast<std::size_t>(slot);
-    store_.write(u.nvme_param, up_.buffer[k].data(), (o - u.param_range.lo) * s_.compute_bytes, len * s_.compute_bytes)->wait();
+    store_.write(u.nvme_param, up_.buffer[k].data(), (o - u.param_range.lo) * s_.compute_bytes, len * s_.compute_bytes)
+        ->wait();
     up_.copied[k] = nullptr;
   }
   void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
@@ -165,7 +176,8 @@ class NvmeHome final : public ParamHome {
       // NVMe → pinned in h2d stream order, before the copy (its time is the store's, not the link's).
       s_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
     } else {  // this rank's shard from disk into its place, then every other rank's
-      if (u.param_range.hi > u.param_range.lo) store_.read(id, buf + u.param_range.lo * cb, 0, u.param_range.len() * cb)->wait();
+      if (u.param_range.hi > u.param_range.lo)
+        store_.read(id, buf + u.param_range.lo * cb, 0, u.param_range.len() * cb)->wait();
       s_.fetch_comm->allgatherv(buf, u.counts_in(0, u.n), cb);
     }
     s_.dev.copy_to_device(slot, buf, bytes, StreamRole::h2d);
@@ -180,7 +192,9 @@ class NvmeHome final : public ParamHome {
 
 }  // namespace
 
-std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up) { return std::make_unique<DeviceHome>(s, up); }
+std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up) {
+  return std::make_unique<DeviceHome>(s, up);
+}
 
 std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up) {
   switch (s.c.param) {

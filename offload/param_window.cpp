@@ -97,7 +97,8 @@ void ParamWindow::release(std::size_t u) {
   const int i = find(u);
   if (i < 0) return;
   Slot& slot = slots_[static_cast<std::size_t>(i)];
-  if (slot.users > 0 && --slot.users == 0) slot.released = s_.dev.record(StreamRole::compute);  // behind the model's last read
+  if (slot.users > 0 && --slot.users == 0)
+    slot.released = s_.dev.record(StreamRole::compute);  // behind the model's last read
 }
 
 }  // namespace zinf::offload::detail

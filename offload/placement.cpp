@@ -49,7 +49,10 @@ struct RowSums {
 RowSums empty_rows(const Layout& layout) {
   const bool master_is_param = !layout.mixed && !layout.optimizer_offloaded && !layout.param_offloaded;
   return {{{
-      {"param16", layout.mixed ? "16-bit" : "fp32", {}, layout.param_offloaded ? "persistent units on the device, the rest in their home" : ""},
+      {"param16",
+       layout.mixed ? "16-bit" : "fp32",
+       {},
+       layout.param_offloaded ? "persistent units on the device, the rest in their home" : ""},
       {"fp32 work", "fp32", {}, "CPU device: fp32 copy of the resident 16-bit weights"},
       {"grad", "fp32", {}, layout.optimizer_offloaded ? "device: persistent units; host: the Update's input" : ""},
       {"grad16", "16-bit", {}, ""},
@@ -59,8 +62,14 @@ RowSums empty_rows(const Layout& layout) {
       {"adam.v", "fp32", {}, ""},
       {"activations", "", {}, "estimate for one micro batch"},
       {"param window", "", {}, std::to_string(layout.window_slots) + " slots x largest block"},
-      {"param staging", "", {}, layout.param == OffloadDevice::nvme ? "NVMe reads, one per slot" : "gathered shards, one per slot"},
-      {"grad window", "", {}, layout.optimizer_offloaded ? "2 slots x largest block" : "2 slots x largest block (+ its 16-bit rounding)"},
+      {"param staging",
+       "",
+       {},
+       layout.param == OffloadDevice::nvme ? "NVMe reads, one per slot" : "gathered shards, one per slot"},
+      {"grad window",
+       "",
+       {},
+       layout.optimizer_offloaded ? "2 slots x largest block" : "2 slots x largest block (+ its 16-bit rounding)"},
       {"grad landing", "", {}, "2 x reduce bucket"},
       {"grad out staging", "", {}, "one bucket, rounded on the device"},
       {"param upload", "", {}, "2 x sub-group: the Update's output"},
@@ -133,7 +142,8 @@ Verdict judge(const Plan& plan, const Capacity& cap) {
     }
     if (need > have) {
       v.fits = false;
-      v.problems.push_back(std::string(name) + ": needs " + std::to_string(need) + " B, has " + std::to_string(have) + " B");
+      v.problems.push_back(std::string(name) + ": needs " + std::to_string(need) + " B, has " + std::to_string(have) +
+                           " B");
     }
   };
   const auto& t = plan.totals;
@@ -145,8 +155,7 @@ Verdict judge(const Plan& plan, const Capacity& cap) {
 }
 
 DeepSpeedEstimate deepspeed_zero3_estimate(std::int64_t total_params, std::int64_t largest_layer_params,
-                                           bool offload_optimizer, bool offload_param, bool zero_init,
-                                           double f) {
+                                           bool offload_optimizer, bool offload_param, bool zero_init, double f) {
   // One node, one GPU per node: gpus_factor = 1, total_gpus = 1, num_gpus_per_node = 1.
   const double n = static_cast<double>(total_params);
   const double largest_layer_memory = 4.0 * static_cast<double>(largest_layer_params);

@@ -26,8 +26,8 @@ class OptimizerStates {
   // m, v, step) with pointers where this tier keeps them (device memory for DeviceStates). The
   // decision is awaited before the first call; a skipped step calls nothing (NVMe: its sub-groups
   // still pass through, unchanged). Runs on the update worker.
-  using SubGroupFn = std::function<void(std::size_t unit, std::size_t o, std::size_t len, float* master, float* m, float* v,
-                                        const cpu_adam::AdamStep& step)>;
+  using SubGroupFn = std::function<void(std::size_t unit, std::size_t o, std::size_t len, float* master, float* m,
+                                        float* v, const cpu_adam::AdamStep& step)>;
   virtual void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) = 0;
   // Checkpoints (nothing else may run): unit u's states, n floats each; m and v may be null.
   virtual void read(Unit& u, float* master, float* m, float* v) = 0;

@@ -21,7 +21,8 @@ namespace zinf::offload::detail {
 
 class UpdatePipeline {
  public:
-  UpdatePipeline(EngineState& s, OptimizerStates& states, ParamHome& resident, ParamHome* offloaded, GradientPath& grads);
+  UpdatePipeline(EngineState& s, OptimizerStates& states, ParamHome& resident, ParamHome* offloaded,
+                 GradientPath& grads);
   ~UpdatePipeline();
 
   // NVMe optimizer, overlap exact: starts the walk at the last micro batch's backward so that the

@@ -1,8 +1,8 @@
 // backend.cpp — the CPU backend's factory: the CPU device, the reference ops (run as compute-stream
 // work in the device's async mode, so the host runs ahead of the math as it does on a GPU), the
 // engine's cpu_adam kernels, and no device collectives (the host communicator moves host memory).
-#include "cpu/cpu_ops.h"
 #include "cpu/cpu.h"
+#include "cpu/cpu_ops.h"
 #include "cpu/ops_stream.h"
 #include "zinf/sysinfo.h"
 

@@ -14,9 +14,10 @@ class CpuOps : public OpsBackend {
  public:
   explicit CpuOps(ops::ChunkPool& par) : pool_(par) {}
 
-#define ZINF_CPU_OP(name, info, params, args)                                                       \
-  void name params override {                                                                       \
-    call_fp32("CPU", #name, #args, [this](auto... a) { ops::name(pool_, a...); }, ZINF_OP_UNPAREN args); \
+#define ZINF_CPU_OP(name, info, params, args)                                                      \
+  void name params override {                                                                      \
+    call_fp32(                                                                                     \
+        "CPU", #name, #args, [this](auto... a) { ops::name(pool_, a...); }, ZINF_OP_UNPAREN args); \
   }
   ZINF_OPS(ZINF_CPU_OP)
 #undef ZINF_CPU_OP

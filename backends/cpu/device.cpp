@@ -3,9 +3,9 @@
 // ops are stream work (the StreamOps backend enqueues them here); with a jitter seed every job on
 // every stream waits a seeded random time first.
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -14,8 +14,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include "zinf/device.h"
 #include "zinf/backends/cpu.h"
+#include "zinf/device.h"
 #include "zinf/serial_worker.h"
 #include "zinf/sysinfo.h"
 
@@ -74,7 +74,10 @@ struct Stream {
       struct Count {  // also when fn throws
         Stream& s;
         std::chrono::steady_clock::time_point t0;
-        ~Count() { s.busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count(); }
+        ~Count() {
+          s.busy_ns +=
+              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+        }
       } count{*this, t0};
       fn();
     });
@@ -88,7 +91,8 @@ struct Stream {
 class CpuDevice final : public Device {
  public:
   CpuDevice(std::size_t budget, const CpuDeviceOptions& o) : budget_(budget), opts_(o) {
-    for (int i = 0; i < kStreamRoles; ++i) streams_[i] = std::make_unique<Stream>(o.jitter, static_cast<std::uint64_t>(i) + 1);
+    for (int i = 0; i < kStreamRoles; ++i)
+      streams_[i] = std::make_unique<Stream>(o.jitter, static_cast<std::uint64_t>(i) + 1);
   }
   ~CpuDevice() override {
     for (auto& s : streams_) s.reset();
@@ -97,17 +101,19 @@ class CpuDevice final : public Device {
     std::string n = "cpu (budget " + format_bytes(budget_);
     if (opts_.async) n += ", async";
     if (opts_.jitter.enabled())
-      n += ", jitter seed " + std::to_string(opts_.jitter.seed) + " up to " + std::to_string(opts_.jitter.max_us) + " us";
+      n += ", jitter seed " + std::to_string(opts_.jitter.seed) + " up to " + std::to_string(opts_.jitter.max_us) +
+           " us";
     return n + ")";
   }
 
   void* allocate(std::size_t bytes, const std::string& what) override {
     std::lock_guard<std::mutex> lk(mu_);
     if (in_use_ + bytes > budget_)
-      throw DeviceMemoryError("device memory budget exceeded allocating " + what + " (" + format_bytes(bytes) +
-                                  "): " + format_bytes(in_use_) + " of " + format_bytes(budget_) + " already in use",
-                              "raise device.memory_budget, lower the micro batch, enable model.activation_checkpointing, "
-                              "or offload (see `zinf plan`)");
+      throw DeviceMemoryError(
+          "device memory budget exceeded allocating " + what + " (" + format_bytes(bytes) +
+              "): " + format_bytes(in_use_) + " of " + format_bytes(budget_) + " already in use",
+          "raise device.memory_budget, lower the micro batch, enable model.activation_checkpointing, "
+          "or offload (see `zinf plan`)");
     void* p = std::aligned_alloc(64, (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64);
     if (!p) throw DeviceMemoryError("host allocation of " + format_bytes(bytes) + " for " + what + " failed");
     sizes_[p] = bytes;
@@ -215,7 +221,8 @@ CpuDeviceOptions cpu_device_options_from_env(CpuDeviceOptions o) {
   if (const char* v = std::getenv("ZINF_JITTER_SEED"); v && *v) o.jitter.seed = number("ZINF_JITTER_SEED", v);
   if (const char* v = std::getenv("ZINF_JITTER_US"); v && *v) {
     const std::uint64_t us = number("ZINF_JITTER_US", v);
-    if (us < 1 || us > 1'000'000) throw Error(std::string("environment variable ZINF_JITTER_US=") + v + " must be in 1..1000000");
+    if (us < 1 || us > 1'000'000)
+      throw Error(std::string("environment variable ZINF_JITTER_US=") + v + " must be in 1..1000000");
     o.jitter.max_us = static_cast<int>(us);
   }
   return o;

@@ -2,8 +2,8 @@
 // cpu_adam on the host pool, run in stream order on the device's workers.
 #include <cstring>
 
-#include "zinf/cpu_adam/convert.h"
 #include "zinf/backends/cpu.h"
+#include "zinf/cpu_adam/convert.h"
 
 namespace zinf {
 namespace {
@@ -20,7 +20,10 @@ class CpuEngineKernels final : public EngineKernels {
     dev_.launch(s, [=, this] {
       auto* o = static_cast<std::uint16_t*>(dst);
       pool_.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
-        if (t == cpu_adam::HalfType::fp16) cpu_adam::fp32_to_fp16(src + b, o + b, e - b); else cpu_adam::fp32_to_bf16(src + b, o + b, e - b);
+        if (t == cpu_adam::HalfType::fp16)
+          cpu_adam::fp32_to_fp16(src + b, o + b, e - b);
+        else
+          cpu_adam::fp32_to_bf16(src + b, o + b, e - b);
       });
     });
   }
@@ -28,7 +31,10 @@ class CpuEngineKernels final : public EngineKernels {
     dev_.launch(s, [=, this] {
       const auto* i = static_cast<const std::uint16_t*>(src);
       pool_.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
-        if (t == cpu_adam::HalfType::fp16) cpu_adam::fp16_to_fp32(i + b, dst + b, e - b); else cpu_adam::bf16_to_fp32(i + b, dst + b, e - b);
+        if (t == cpu_adam::HalfType::fp16)
+          cpu_adam::fp16_to_fp32(i + b, dst + b, e - b);
+        else
+          cpu_adam::bf16_to_fp32(i + b, dst + b, e - b);
       });
     });
   }
@@ -63,4 +69,4 @@ std::unique_ptr<EngineKernels> make_cpu_engine_kernels(Device& dev, cpu_adam::Ho
   return std::make_unique<CpuEngineKernels>(dev, pool);
 }
 
-}  // namespace zinf::offload
+}  // namespace zinf

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "model/fixed_math.h"
 #include "cpu/ops_gpt.h"
+#include "model/fixed_math.h"
 #include "zinf/error.h"
 
 namespace zinf::ops {
@@ -19,7 +19,9 @@ struct ChunkPool::Impl {
   explicit Impl(int t) : arena(t) {}
 };
 
-ChunkPool::ChunkPool(int threads) : threads_(threads), impl_(std::make_unique<Impl>(threads)) { ZINF_CHECK(threads >= 1); }
+ChunkPool::ChunkPool(int threads) : threads_(threads), impl_(std::make_unique<Impl>(threads)) {
+  ZINF_CHECK(threads >= 1);
+}
 ChunkPool::~ChunkPool() = default;
 
 void ChunkPool::chunks(std::size_t n, const std::function<void(std::size_t)>& fn) {
@@ -29,11 +31,12 @@ void ChunkPool::chunks(std::size_t n, const std::function<void(std::size_t)>& fn
     return;
   }
   impl_->arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1),
-                      [&](const tbb::blocked_range<std::size_t>& r) {
-                        for (std::size_t i = r.begin(); i != r.end(); ++i) fn(i);
-                      },
-                      tbb::simple_partitioner());
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, n, 1),
+        [&](const tbb::blocked_range<std::size_t>& r) {
+          for (std::size_t i = r.begin(); i != r.end(); ++i) fn(i);
+        },
+        tbb::simple_partitioner());
   });
 }
 
@@ -109,8 +112,7 @@ class PackedA {
   PackedA(Operand a, int M, int K) : M_(M), K_(K), panels_(static_cast<int>(nchunks(M, kMr))) {
     data_.assign(static_cast<std::size_t>(panels_) * K * kMr, 0.0f);
     for (int k = 0; k < K; ++k)  // k outer: a transposed A (X[r, i] read as A(i, r)) is read row by row
-      for (int i = 0; i < M; ++i)
-        data_[(static_cast<std::size_t>(i / kMr) * K + k) * kMr + i % kMr] = a.at(i, k);
+      for (int i = 0; i < M; ++i) data_[(static_cast<std::size_t>(i / kMr) * K + k) * kMr + i % kMr] = a.at(i, k);
   }
   int M() const { return M_; }
   int K() const { return K_; }
@@ -147,18 +149,21 @@ void gemm(Operand a, const PackedB& b, int M, float* c, std::ptrdiff_t ldc, bool
   for (int i0 = 0; i0 < M; i0 += kMr) {
     const int mi = std::min(kMr, M - i0);
     for (int k = 0; k < K; ++k)
-      for (int ii = 0; ii < kMr; ++ii) apack[static_cast<std::size_t>(k) * kMr + ii] = ii < mi ? a.at(i0 + ii, k) : 0.0f;
+      for (int ii = 0; ii < kMr; ++ii)
+        apack[static_cast<std::size_t>(k) * kMr + ii] = ii < mi ? a.at(i0 + ii, k) : 0.0f;
     gemm_panel(apack.data(), i0, mi, b, c, ldc, accumulate);
   }
 }
 
 // The same with A packed beforehand.
 void gemm(const PackedA& a, const PackedB& b, float* c, std::ptrdiff_t ldc, bool accumulate) {
-  for (int i0 = 0; i0 < a.M(); i0 += kMr) gemm_panel(a.panel(i0 / kMr), i0, std::min(kMr, a.M() - i0), b, c, ldc, accumulate);
+  for (int i0 = 0; i0 < a.M(); i0 += kMr)
+    gemm_panel(a.panel(i0 / kMr), i0, std::min(kMr, a.M() - i0), b, c, ldc, accumulate);
 }
 }  // namespace
 
-void matmul_forward(ChunkPool& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC) {
+void matmul_forward(ChunkPool& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC,
+                    int OC) {
   const PackedB W({w, OC, 1}, IC, OC);
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
@@ -170,13 +175,14 @@ void matmul_forward(ChunkPool& p, float* out, const float* inp, const float* w, 
   });
 }
 
-void matmul_backward(ChunkPool& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                     int R, int IC, int OC) {
+void matmul_backward(ChunkPool& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, int R, int IC, int OC) {
   if (dinp) {
     const PackedB Wt({w, 1, OC}, OC, IC);  // B(o, i) = W[i, o]
     p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
       const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
-      gemm({dout + static_cast<std::size_t>(r0) * OC, OC, 1}, Wt, rows, dinp + static_cast<std::size_t>(r0) * IC, IC, true);
+      gemm({dout + static_cast<std::size_t>(r0) * OC, OC, 1}, Wt, rows, dinp + static_cast<std::size_t>(r0) * IC, IC,
+           true);
     });
   }
   const PackedA Xt({inp, 1, IC}, IC, R);  // A(i, r) = X[r, i]
@@ -190,8 +196,8 @@ void matmul_backward(ChunkPool& p, float* dinp, float* dw, float* dbias, const f
   });
 }
 
-void layernorm_forward(ChunkPool& p, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                       int R, int C) {
+void layernorm_forward(ChunkPool& p, float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int R, int C) {
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r) {
@@ -211,8 +217,8 @@ void layernorm_forward(ChunkPool& p, float* out, float* mean, float* rstd, const
   });
 }
 
-void layernorm_backward(ChunkPool& p, float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                        const float* mean, const float* rstd, int R, int C) {
+void layernorm_backward(ChunkPool& p, float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int R, int C) {
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r) {
@@ -325,8 +331,8 @@ void attention_forward(ChunkPool& p, float* out, float* att, const float* qkv, i
   });
 }
 
-void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int H) {
+void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                        int C, int H) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   p.chunks(static_cast<std::size_t>(B) * H, [&](std::size_t bh) {
@@ -369,7 +375,8 @@ void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const floa
   });
 }
 
-void encoder_forward(ChunkPool& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+void encoder_forward(ChunkPool& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T,
+                     int C) {
   p.chunks(nchunks(static_cast<std::size_t>(B) * T, kRowChunk), [&](std::size_t c) {
     const std::size_t r1 = std::min(static_cast<std::size_t>(B) * T, (c + 1) * kRowChunk);
     for (std::size_t r = c * kRowChunk; r < r1; ++r) {
@@ -382,7 +389,8 @@ void encoder_forward(ChunkPool& p, float* out, const int* tokens, const float* w
   });
 }
 
-void encoder_backward(ChunkPool& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+void encoder_backward(ChunkPool& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T,
+                      int C) {
   // Tokens repeat, so rows scatter into shared wte rows: split by columns, rows in order.
   p.chunks(nchunks(C, kColChunk), [&](std::size_t c) {
     const int i0 = static_cast<int>(c) * kColChunk, i1 = std::min(C, i0 + kColChunk);
@@ -399,8 +407,8 @@ void encoder_backward(ChunkPool& p, float* dwte, float* dwpe, const float* dout,
   });
 }
 
-void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
-                     int C, int V) {
+void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, const float* wte, const int* targets,
+                     int R, int C, int V) {
   const PackedB Et({wte, 1, C}, C, V);  // B(c, v) = wte[v, c]
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
@@ -447,4 +455,3 @@ void copy(ChunkPool&, float* dst, const float* src, std::size_t n) { std::memcpy
 void zero(ChunkPool&, float* x, std::size_t n) { std::memset(x, 0, n * sizeof(float)); }
 
 }  // namespace zinf::ops
-

@@ -38,16 +38,17 @@ class ChunkPool {
 constexpr int kRowChunk = 64;  // rows per chunk (GEMM, LayerNorm, GELU)
 constexpr int kColChunk = 64;  // columns per chunk (weight/bias gradients)
 
-void matmul_forward(ChunkPool& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC, int OC);
+void matmul_forward(ChunkPool& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC,
+                    int OC);
 // dinp += dout·Wᵀ (skipped when null); dw += inpᵀ·dout; dbias += Σ_rows dout (skipped when null)
-void matmul_backward(ChunkPool& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                     int R, int IC, int OC);
+void matmul_backward(ChunkPool& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, int R, int IC, int OC);
 
-void layernorm_forward(ChunkPool& p, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                       int R, int C);
+void layernorm_forward(ChunkPool& p, float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int R, int C);
 // dinp += …; dw += …; db += …
-void layernorm_backward(ChunkPool& p, float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                        const float* mean, const float* rstd, int R, int C);
+void layernorm_backward(ChunkPool& p, float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int R, int C);
 
 void gelu_forward(ChunkPool& p, float* out, const float* inp, std::size_t n);
 void gelu_backward(ChunkPool& p, float* dinp, const float* inp, const float* dout, std::size_t n);  // dinp = …
@@ -58,17 +59,19 @@ void add_inplace(ChunkPool& p, float* acc, const float* x, std::size_t n);  // a
 // qkv [B,T,3C] → out [B,T,C]; att [B,H,T,T] keeps the softmax for backward (causal, scale 1/√(C/H)).
 void attention_forward(ChunkPool& p, float* out, float* att, const float* qkv, int B, int T, int C, int H);
 // dqkv = … (overwritten)
-void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int H);
+void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                        int C, int H);
 
-void encoder_forward(ChunkPool& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
+void encoder_forward(ChunkPool& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T,
+                     int C);
 // dwte += …; dwpe += …
-void encoder_backward(ChunkPool& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
+void encoder_backward(ChunkPool& p, float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T,
+                      int C);
 
 // LM head tied to wte with softmax cross-entropy. probs [R,V] is kept for backward; losses [R], each
 // row's loss (read by the host at the step's end, not here: no round trip inside the forward).
-void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, const float* wte, const int* targets, int R,
-                     int C, int V);
+void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, const float* wte, const int* targets,
+                     int R, int C, int V);
 // dlogits = (probs − onehot)·dscale;  dx = dlogits·wte (overwritten);  dwte += dlogitsᵀ·x
 void lm_head_backward(ChunkPool& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
                       const float* wte, const int* targets, float dscale, int R, int C, int V);

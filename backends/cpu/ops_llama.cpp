@@ -30,8 +30,8 @@ void rmsnorm_forward(ChunkPool& p, float* out, float* rstd, const float* inp, co
   });
 }
 
-void rmsnorm_backward(ChunkPool& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int R,
-                      int C) {
+void rmsnorm_backward(ChunkPool& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, int R, int C) {
   // y_i = x_i·s·w_i with s = (mean x² + eps)^-1/2:  dx_i = s·w_i·dy_i − s³/C · x_i · Σ_j w_j·dy_j·x_j
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
@@ -56,7 +56,8 @@ void rmsnorm_backward(ChunkPool& p, float* dinp, float* dw, const float* dout, c
   });
 }
 
-void rope_apply(ChunkPool& p, float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D, bool backward) {
+void rope_apply(ChunkPool& p, float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D,
+                bool backward) {
   const int half = D / 2;
   const float sign = backward ? -1.0f : 1.0f;
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
@@ -86,7 +87,8 @@ void swiglu_forward(ChunkPool& p, float* out, const float* gate, const float* up
   });
 }
 
-void swiglu_backward(ChunkPool& p, float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::size_t n) {
+void swiglu_backward(ChunkPool& p, float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                     std::size_t n) {
   p.chunks(nchunks(n, kElemChunk), [&](std::size_t c) {
     const std::size_t i0 = c * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
     for (std::size_t i = i0; i < i1; ++i) {
@@ -97,8 +99,8 @@ void swiglu_backward(ChunkPool& p, float* dgate, float* dup, const float* dout, 
   });
 }
 
-void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
-                           int KV, int D) {
+void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q, const float* k, const float* v, int B,
+                           int T, int H, int KV, int D) {
   ZINF_CHECK(KV > 0 && H % KV == 0);
   const int group = H / KV;
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;
@@ -131,8 +133,8 @@ void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q,
   });
 }
 
-void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                            const float* v, const float* att, int B, int T, int H, int KV, int D) {
+void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                            const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D) {
   ZINF_CHECK(KV > 0 && H % KV == 0);
   const int group = H / KV;
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;

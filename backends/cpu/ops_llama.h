@@ -19,25 +19,27 @@ namespace zinf::ops {
 // out[r] = inp[r] / sqrt(mean(inp[r]²) + eps) · w; rstd[r] keeps the reciprocal root for backward.
 void rmsnorm_forward(ChunkPool& p, float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps);
 // dinp += ∂/∂inp, dw += ∂/∂w of Σ dout·out.
-void rmsnorm_backward(ChunkPool& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int R,
-                      int C);
+void rmsnorm_backward(ChunkPool& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, int R, int C);
 
 // Rotates each head of x [R, heads·D] in place by its row's position (r mod T), in Hugging Face's
 // convention: the pairs are (i, i + D/2). backward = true rotates by the opposite angle, which is the
 // gradient of the rotation (applied to dx in place).
-void rope_apply(ChunkPool& p, float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D, bool backward);
+void rope_apply(ChunkPool& p, float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D,
+                bool backward);
 
 // SwiGLU: out = silu(gate) · up, elementwise over n. Backward writes (=) dgate and dup.
 void swiglu_forward(ChunkPool& p, float* out, const float* gate, const float* up, std::size_t n);
-void swiglu_backward(ChunkPool& p, float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::size_t n);
+void swiglu_backward(ChunkPool& p, float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                     std::size_t n);
 
 // Causal attention with grouped-query heads: q [R, H·D], k and v [R, KV·D], out [R, H·D]; query head
 // h reads key/value head h / (H / KV). att [B, H, T, T] keeps the probabilities for backward.
-void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
-                           int KV, int D);
+void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q, const float* k, const float* v, int B,
+                           int T, int H, int KV, int D);
 // Writes (=) dq, dk, dv; each key/value head's gradient sums its query heads in head order.
-void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                            const float* v, const float* att, int B, int T, int H, int KV, int D);
+void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                            const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D);
 
 // Token embedding without positions (R rows): out[r] = wte[tokens[r]]; backward dwte[tokens[r]] +=
 // dout[r], summed over rows in order (each column chunk by one thread).

@@ -51,10 +51,11 @@ class CachingAllocator {
     } else {
       if (reserved_ + size > budget_) release_cache_locked();
       if (reserved_ + size > budget_)
-        throw DeviceMemoryError("device memory budget exceeded allocating " + what + " (" + format_bytes(bytes) + "): " +
-                                    format_bytes(in_use_) + " of " + format_bytes(budget_) + " already in use",
-                                "raise device.memory_budget, lower the micro batch, enable model.activation_checkpointing, "
-                                "or offload (see `zinf plan`)");
+        throw DeviceMemoryError(
+            "device memory budget exceeded allocating " + what + " (" + format_bytes(bytes) +
+                "): " + format_bytes(in_use_) + " of " + format_bytes(budget_) + " already in use",
+            "raise device.memory_budget, lower the micro batch, enable model.activation_checkpointing, "
+            "or offload (see `zinf plan`)");
       p = alloc_(size);
       if (!p) {
         release_cache_locked();
@@ -85,7 +86,7 @@ class CachingAllocator {
     release_cache_locked();
   }
 
-// The counters below are read under the allocator's lock, one accessor each.
+  // The counters below are read under the allocator's lock, one accessor each.
   std::size_t budget() const { return budget_; }
   std::size_t in_use() const {
     std::lock_guard<std::mutex> lk(mu_);

@@ -17,12 +17,14 @@ inline void check_call(cudaError_t e, const char* call) {
 }  // namespace zinf::cuda
 #define ZINF_CUDA(x) ::zinf::cuda::check_call((x), #x)
 
-#define ZINF_CUDA_LAUNCH_CHECK(name)                                                                     \
-  do {                                                                                                   \
-    const cudaError_t e_ = cudaGetLastError();                                                           \
+#define ZINF_CUDA_LAUNCH_CHECK(name)                                                                             \
+  do {                                                                                                           \
+    const cudaError_t e_ = cudaGetLastError();                                                                   \
     if (e_ != cudaSuccess) throw ::zinf::Error(std::string(name) + " launch failed: " + cudaGetErrorString(e_)); \
   } while (0)
 
 namespace zinf::cuda::ops {
-inline unsigned blocks_for(std::size_t n, unsigned threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+inline unsigned blocks_for(std::size_t n, unsigned threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
 }  // namespace zinf::cuda::ops

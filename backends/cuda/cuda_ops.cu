@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/cuda_check.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm_plan.h"
 #include "cuda/ops/attention.cuh"
@@ -21,14 +22,14 @@
 #include "cuda/ops/gelu.cuh"
 #include "cuda/ops/layernorm.cuh"
 #include "cuda/ops/llama.cuh"
-#include "cuda/cuda_check.cuh"
 #include "zinf/error.h"
 
 namespace zinf::cuda {
 namespace {
 
 void blas_check(cublasStatus_t st, const char* call) {
-  if (st != CUBLAS_STATUS_SUCCESS) throw Error(std::string(call) + " failed (cuBLAS status " + std::to_string(static_cast<int>(st)) + ")");
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string(call) + " failed (cuBLAS status " + std::to_string(static_cast<int>(st)) + ")");
 }
 #define ZINF_CUBLAS(x) blas_check((x), #x)
 
@@ -62,7 +63,7 @@ class CudaOps final : public Fp32Ops<CudaOps> {
         // fp32 runs: plain fp32, as the CPU reference computes (cublasGemmEx's PEDANTIC; cuBLASLt
         // uses TF32 only when asked with FAST_TF32, so plain 32F there); 16-bit runs: tensor cores,
         // inputs rounded to fp16/bf16, fp32 accumulation.
-        compute_(p == Precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+        compute_(p == Precision::bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF
                  : p == Precision::fp16 ? CUBLAS_COMPUTE_32F_FAST_16F
                                         : CUBLAS_COMPUTE_32F_PEDANTIC),
         lt_compute_(compute_ == CUBLAS_COMPUTE_32F_PEDANTIC ? CUBLAS_COMPUTE_32F : compute_) {
@@ -81,8 +82,8 @@ class CudaOps final : public Fp32Ops<CudaOps> {
 
   // Column-major C = op(A)·op(B) (+ beta·C), fp32 storage, the precision's compute type; through
   // cuBLASLt with the algorithm chosen once per call shape, cublasGemmEx where it offers none.
-  void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
-            float beta, float* c, int ldc) {
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* a, int lda, const float* b,
+            int ldb, float beta, float* c, int ldc) {
     const float one = 1;
     const GemmKey key = make_gemm_key(ta != CUBLAS_OP_N, tb != CUBLAS_OP_N, m, n, k, a, lda, b, ldb, beta, c, ldc);
     LtPlan& plan = plan_for(key, ta, tb);
@@ -91,8 +92,8 @@ class CudaOps final : public Fp32Ops<CudaOps> {
                                  workspace_.as<void>(), workspace_.size(), s_));
       return;
     }
-    ZINF_CUBLAS(cublasGemmEx(h_, ta, tb, m, n, k, &one, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, &beta, c, CUDA_R_32F, ldc,
-                             compute_, CUBLAS_GEMM_DEFAULT));
+    ZINF_CUBLAS(cublasGemmEx(h_, ta, tb, m, n, k, &one, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, &beta, c, CUDA_R_32F,
+                             ldc, compute_, CUBLAS_GEMM_DEFAULT));
   }
 
   LtPlan& plan_for(const GemmKey& key, cublasOperation_t ta, cublasOperation_t tb) {
@@ -112,7 +113,8 @@ class CudaOps final : public Fp32Ops<CudaOps> {
     cublasLtMatmulPreference_t pref = nullptr;
     ZINF_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
     const std::uint64_t ws = workspace_.size();
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     const std::uint32_t al[4] = {key.align_a, key.align_b, key.align_c, key.align_c};
     const cublasLtMatmulPreferenceAttributes_t which[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -129,8 +131,10 @@ class CudaOps final : public Fp32Ops<CudaOps> {
       plan->have_algo = true;
     } else if (!warned_fallback_) {
       warned_fallback_ = true;
-      std::fprintf(stderr, "zinf: cuBLASLt offers no algorithm for a %dx%dx%d GEMM (status %d); using cublasGemmEx for such shapes\n",
-                   key.m, key.n, key.k, static_cast<int>(st));
+      std::fprintf(
+          stderr,
+          "zinf: cuBLASLt offers no algorithm for a %dx%dx%d GEMM (status %d); using cublasGemmEx for such shapes\n",
+          key.m, key.n, key.k, static_cast<int>(st));
     }
     return *plans_.emplace(key, std::move(plan)).first->second;
   }
@@ -140,17 +144,18 @@ class CudaOps final : public Fp32Ops<CudaOps> {
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, OC, R, IC, w, OC, inp, IC, 0.0f, out, OC);
     if (bias) ops::launch_add_bias(out, bias, R, OC, s_);
   }
-  void fp32_matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int R, int IC,
-                       int OC) {
+  void fp32_matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                            int R, int IC, int OC) {
     if (dinp) gemm(CUBLAS_OP_T, CUBLAS_OP_N, IC, R, OC, w, OC, dout, OC, 1.0f, dinp, IC);
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, OC, IC, R, dout, OC, inp, IC, 1.0f, dw, OC);
     if (dbias) ops::launch_column_sum(dbias, dout, R, OC, s_);
   }
-  void fp32_layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, int R, int C) {
+  void fp32_layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, int R,
+                              int C) {
     ops::launch_layernorm_forward(o, m, r, i, w, b, R, C, s_);
   }
-  void fp32_layernorm_backward(float* di, float* dw, float* db, const float* dout, const float* i, const float* w, const float* m,
-                          const float* r, int R, int C) {
+  void fp32_layernorm_backward(float* di, float* dw, float* db, const float* dout, const float* i, const float* w,
+                               const float* m, const float* r, int R, int C) {
     ops::launch_layernorm_backward(di, dw, db, dout, i, w, m, r, R, C, s_);
   }
   void fp32_gelu_forward(float* o, const float* i, std::size_t n) { ops::launch_gelu_forward(o, i, n, s_); }
@@ -161,7 +166,8 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   void fp32_attention_forward(float* o, float* att, const float* qkv, int B, int T, int C, int H) {
     ops::launch_attention_forward(o, att, qkv, B, T, C, H, s_);
   }
-  void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int H) {
+  void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                               int H) {
     const std::size_t need = static_cast<std::size_t>(B) * H * T * T * sizeof(float);
     if (scratch_.size() < need) scratch_ = DeviceBuffer(dev_, need, "attention backward scratch");
     ops::launch_attention_backward(dqkv, scratch_.as<float>(), dout, qkv, att, B, T, C, H, s_);
@@ -172,12 +178,13 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   void fp32_encoder_backward(float* dwte, float* dwpe, const float* dout, const int* t, int B, int T, int C) {
     ops::launch_encoder_backward(dwte, dwpe, dout, t, B, T, C, s_);
   }
-  void fp32_lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C, int V) {
+  void fp32_lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C,
+                            int V) {
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, V, R, C, wte, C, x, C, 0.0f, probs, V);
     ops::launch_softmax_crossentropy(probs, losses, tg, R, V, s_);  // the host reads the rows at the step's end
   }
-  void fp32_lm_head_backward(float* dx, float* dwte, float* dl, const float* probs, const float* x, const float* wte, const int* tg,
-                        float dscale, int R, int C, int V) {
+  void fp32_lm_head_backward(float* dx, float* dwte, float* dl, const float* probs, const float* x, const float* wte,
+                             const int* tg, float dscale, int R, int C, int V) {
     ops::launch_crossentropy_backward(dl, probs, tg, dscale, R, V, s_);
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, R, V, wte, C, dl, V, 0.0f, dx, C);
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, V, R, x, C, dl, V, 1.0f, dwte, C);
@@ -191,22 +198,25 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   void fp32_rmsnorm_forward(float* o, float* rstd, const float* i, const float* w, int R, int C, float eps) {
     ops::launch_rmsnorm_forward(o, rstd, i, w, R, C, eps, s_);
   }
-  void fp32_rmsnorm_backward(float* di, float* dw, const float* dout, const float* i, const float* w, const float* rstd, int R, int C) {
+  void fp32_rmsnorm_backward(float* di, float* dw, const float* dout, const float* i, const float* w, const float* rstd,
+                             int R, int C) {
     ops::launch_rmsnorm_backward(di, dw, dout, i, w, rstd, R, C, s_);
   }
   void fp32_rope_apply(float* x, const float* co, const float* si, int R, int T, int heads, int D, bool backward) {
     ops::launch_rope_apply(x, co, si, R, T, heads, D, backward, s_);
   }
-  void fp32_swiglu_forward(float* o, const float* g, const float* u, std::size_t n) { ops::launch_swiglu_forward(o, g, u, n, s_); }
+  void fp32_swiglu_forward(float* o, const float* g, const float* u, std::size_t n) {
+    ops::launch_swiglu_forward(o, g, u, n, s_);
+  }
   void fp32_swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, std::size_t n) {
     ops::launch_swiglu_backward(dg, du, dout, g, u, n, s_);
   }
-  void fp32_gqa_attention_forward(float* o, float* att, const float* q, const float* k, const float* v, int B, int T, int H, int KV,
-                             int D) {
+  void fp32_gqa_attention_forward(float* o, float* att, const float* q, const float* k, const float* v, int B, int T,
+                                  int H, int KV, int D) {
     ops::launch_gqa_attention_forward(o, att, q, k, v, B, T, H, KV, D, s_);
   }
-  void fp32_gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
-                              const float* att, int B, int T, int H, int KV, int D) {
+  void fp32_gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                                   const float* v, const float* att, int B, int T, int H, int KV, int D) {
     const std::size_t need = static_cast<std::size_t>(B) * H * T * sizeof(float);
     if (weighted_.size() < need) {  // per-row scratch, kept for the next call (in stream order)
       ZINF_CUDA(cudaStreamSynchronize(s_));

@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "model/backend.h"
-#include "zinf/types.h"
 #include "zinf/device.h"
+#include "zinf/types.h"
 
 namespace zinf::cuda {
 

@@ -8,15 +8,14 @@
 #include <vector>
 
 #include "cuda/caching_allocator.h"
-#include "zinf/backends/gpu.h"
 #include "cuda/cuda.h"
-#include "zinf/device.h"
 #include "cuda/cuda_check.cuh"
+#include "zinf/backends/gpu.h"
+#include "zinf/device.h"
 #include "zinf/error.h"
 
 namespace zinf {
 namespace {
-
 
 class CudaEvent final : public DeviceEvent {
  public:
@@ -78,7 +77,9 @@ class CudaDevice final : public Device {
     auto* job = new Job{this, std::move(fn)};
     ZINF_CUDA(cudaLaunchHostFunc(stream(s), &CudaDevice::run_job, job));
   }
-  void register_host(void* p, std::size_t bytes) override { ZINF_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault)); }
+  void register_host(void* p, std::size_t bytes) override {
+    ZINF_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+  }
   void unregister_host(void* p) override { cudaHostUnregister(p); }
   void* native_stream(StreamRole s) override { return stream(s); }
   EventHandle record(StreamRole s) override { return std::make_shared<CudaEvent>(stream(s)); }
@@ -208,7 +209,8 @@ class CudaDevice final : public Device {
 
 std::unique_ptr<Device> cuda::make_cuda_device(int index, std::size_t budget_bytes) {
   const cuda::GpuQuery q = cuda::query_gpus();
-  if (q.gpus.empty()) throw Error("CUDA device: " + q.status, "run on a machine with an NVIDIA GPU and driver, or use device.type cpu");
+  if (q.gpus.empty())
+    throw Error("CUDA device: " + q.status, "run on a machine with an NVIDIA GPU and driver, or use device.type cpu");
   if (index < 0 || index >= static_cast<int>(q.gpus.size()))
     throw ConfigError("CUDA device " + std::to_string(index) + " does not exist (" + q.status + ")");
   return std::make_unique<CudaDevice>(index, budget_bytes);

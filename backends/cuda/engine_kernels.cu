@@ -52,8 +52,8 @@ __global__ void sum_squares_kernel(const void* g, GradType t, std::size_t n, dou
   partial[idx] = acc;
 }
 __global__ void adam_kernel(cpu_adam::AdamStep st, cpu_adam::UpdateChunk c) {
-// Element i of cpu_adam/reference.cpp's adam_scalar_range, one thread per element: both call the
-// spec's adam_element, so the GPU's Update equals the host's bit for bit.
+  // Element i of cpu_adam/reference.cpp's adam_scalar_range, one thread per element: both call the
+  // spec's adam_element, so the GPU's Update equals the host's bit for bit.
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= c.n) return;
   float p = c.master[i], m = c.m[i], v = c.v[i];
@@ -88,18 +88,22 @@ class CudaEngineKernels final : public offload::EngineKernels {
   }
   std::vector<std::vector<double>> block_sums(const std::vector<NormInput>& in, StreamRole s) override {
     std::vector<std::size_t> first(in.size() + 1, 0);  // each input's first 16-lane slot in `partial_`
-    for (std::size_t i = 0; i < in.size(); ++i) first[i + 1] = first[i] + (in[i].n + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock * 16;
+    for (std::size_t i = 0; i < in.size(); ++i)
+      first[i + 1] = first[i] + (in[i].n + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock * 16;
     std::vector<std::vector<double>> out(in.size());
     if (first.back() == 0) return out;
-    if (partial_.size() < first.back() * sizeof(double)) partial_ = DeviceBuffer(dev_, first.back() * sizeof(double), "norm partials");
+    if (partial_.size() < first.back() * sizeof(double))
+      partial_ = DeviceBuffer(dev_, first.back() * sizeof(double), "norm partials");
     for (std::size_t i = 0; i < in.size(); ++i) {  // every unit's kernel, then one copy and one wait
       const std::size_t threads = first[i + 1] - first[i];
       if (!threads) continue;
-      sum_squares_kernel<<<ops::blocks_for(threads, 128), 128, 0, st(s)>>>(in[i].g, in[i].t, in[i].n, partial_.as<double>() + first[i]);
+      sum_squares_kernel<<<ops::blocks_for(threads, 128), 128, 0, st(s)>>>(in[i].g, in[i].t, in[i].n,
+                                                                           partial_.as<double>() + first[i]);
       ZINF_CUDA_LAUNCH_CHECK("sum_squares");
     }
     host_.resize(first.back());
-    ZINF_CUDA(cudaMemcpyAsync(host_.data(), partial_.as<double>(), first.back() * sizeof(double), cudaMemcpyDeviceToHost, st(s)));
+    ZINF_CUDA(cudaMemcpyAsync(host_.data(), partial_.as<double>(), first.back() * sizeof(double),
+                              cudaMemcpyDeviceToHost, st(s)));
     ZINF_CUDA(cudaStreamSynchronize(st(s)));
     for (std::size_t i = 0; i < in.size(); ++i)
       for (std::size_t b = first[i]; b < first[i + 1]; b += 16) out[i].push_back(spec::fold16(host_.data() + b));
@@ -120,7 +124,8 @@ class CudaEngineKernels final : public offload::EngineKernels {
 }  // namespace
 
 std::unique_ptr<offload::EngineKernels> make_cuda_engine_kernels(Device& dev) {
-  if (!dev.native_stream(StreamRole::compute) || dev.name().rfind("cpu", 0) == 0) throw Error("CUDA engine kernels need the CUDA device");
+  if (!dev.native_stream(StreamRole::compute) || dev.name().rfind("cpu", 0) == 0)
+    throw Error("CUDA engine kernels need the CUDA device");
   return std::make_unique<CudaEngineKernels>(dev);
 }
 

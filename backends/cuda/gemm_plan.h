@@ -26,7 +26,8 @@ struct StoredMatrix {
 // op(X) is op_rows × op_cols; the matrix in memory is that, or its transpose when `trans`.
 inline StoredMatrix stored_matrix(bool trans, int op_rows, int op_cols, int ld, const char* name) {
   if (op_rows <= 0 || op_cols <= 0)
-    throw Error(std::string("GEMM operand ") + name + ": empty shape " + std::to_string(op_rows) + "x" + std::to_string(op_cols));
+    throw Error(std::string("GEMM operand ") + name + ": empty shape " + std::to_string(op_rows) + "x" +
+                std::to_string(op_cols));
   StoredMatrix s;
   s.rows = static_cast<std::uint64_t>(trans ? op_cols : op_rows);
   s.cols = static_cast<std::uint64_t>(trans ? op_rows : op_cols);
@@ -57,20 +58,22 @@ struct GemmKey {
   }
 };
 
-inline GemmKey make_gemm_key(bool ta, bool tb, int m, int n, int k, const void* a, int lda, const void* b, int ldb, float beta,
-                             const void* c, int ldc) {
+inline GemmKey make_gemm_key(bool ta, bool tb, int m, int n, int k, const void* a, int lda, const void* b, int ldb,
+                             float beta, const void* c, int ldc) {
   // Validate every operand's layout up front: an inconsistent call is a bug, named here.
   (void)stored_matrix(ta, m, k, lda, "A");
   (void)stored_matrix(tb, k, n, ldb, "B");
   (void)stored_matrix(false, m, n, ldc, "C");
-  return GemmKey{ta, tb, beta != 0.0f, m, n, k, lda, ldb, ldc, pointer_alignment(a), pointer_alignment(b), pointer_alignment(c)};
+  return GemmKey{
+      ta, tb, beta != 0.0f, m, n, k, lda, ldb, ldc, pointer_alignment(a), pointer_alignment(b), pointer_alignment(c)};
 }
 
 struct GemmKeyHash {
   std::size_t operator()(const GemmKey& k) const {
     std::size_t h = 1469598103934665603ull;
     auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    mix(static_cast<std::uint64_t>(k.ta) | static_cast<std::uint64_t>(k.tb) << 1 | static_cast<std::uint64_t>(k.accumulate) << 2);
+    mix(static_cast<std::uint64_t>(k.ta) | static_cast<std::uint64_t>(k.tb) << 1 |
+        static_cast<std::uint64_t>(k.accumulate) << 2);
     for (int v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc}) mix(static_cast<std::uint32_t>(v));
     mix(static_cast<std::uint64_t>(k.align_a) << 32 | static_cast<std::uint64_t>(k.align_b) << 16 | k.align_c);
     return h;

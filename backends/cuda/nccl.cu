@@ -10,8 +10,8 @@
 #include <string>
 
 #include "cuda/cuda.h"
-#include "zinf/comm.h"
 #include "cuda/cuda_check.cuh"
+#include "zinf/comm.h"
 #include "zinf/error.h"
 
 namespace zinf {
@@ -46,8 +46,11 @@ class NcclComm final : public Comm {
     nccl_check(ncclGroupStart(), "GroupStart", rank());
     for (int r = 0; r < size(); ++r) {
       const auto k = static_cast<std::size_t>(r);
-      if (sc[k]) nccl_check(ncclSend(static_cast<const char*>(send) + so * elem, sc[k] * elem, ncclUint8, r, c_, st), "Send", rank());
-      if (rc[k]) nccl_check(ncclRecv(static_cast<char*>(recv) + ro * elem, rc[k] * elem, ncclUint8, r, c_, st), "Recv", rank());
+      if (sc[k])
+        nccl_check(ncclSend(static_cast<const char*>(send) + so * elem, sc[k] * elem, ncclUint8, r, c_, st), "Send",
+                   rank());
+      if (rc[k])
+        nccl_check(ncclRecv(static_cast<char*>(recv) + ro * elem, rc[k] * elem, ncclUint8, r, c_, st), "Recv", rank());
       so += sc[k];
       ro += rc[k];
     }
@@ -56,11 +59,13 @@ class NcclComm final : public Comm {
   void allgatherv(void* buf, const std::vector<std::size_t>& counts, std::size_t elem, void* stream) override {
     gather(nullptr, buf, counts, elem, stream);
   }
-  void allgatherv(const void* part, void* buf, const std::vector<std::size_t>& counts, std::size_t elem, void* stream) override {
+  void allgatherv(const void* part, void* buf, const std::vector<std::size_t>& counts, std::size_t elem,
+                  void* stream) override {
     gather(part, buf, counts, elem, stream);
   }
   void broadcast(void* buf, std::size_t bytes, int root, void* stream) override {
-    nccl_check(ncclBroadcast(buf, buf, bytes, ncclUint8, root, c_, static_cast<cudaStream_t>(stream)), "Broadcast", rank());
+    nccl_check(ncclBroadcast(buf, buf, bytes, ncclUint8, root, c_, static_cast<cudaStream_t>(stream)), "Broadcast",
+               rank());
   }
   void barrier() override { host_->barrier(); }
   std::unique_ptr<Comm> dup() override { return std::make_unique<NcclComm>(host_->dup(), device_); }

@@ -8,13 +8,13 @@
 #include <fstream>
 #include <string>
 
-#include "zinf/backends/gpu.h"
-#include "zinf/backends/gpu.h"
 #include "cuda/cuda_check.cuh"
+#include "zinf/backends/gpu.h"
 #include "zinf/error.h"
 
 namespace zinf::cuda {
-PcieResult bench_pcie(int device, std::uint64_t bytes, int reps, const std::function<void(const std::string&)>& progress) {
+PcieResult bench_pcie(int device, std::uint64_t bytes, int reps,
+                      const std::function<void(const std::string&)>& progress) {
   const GpuQuery q = query_gpus();
   if (q.gpus.empty()) throw Error("bench pcie: " + q.status, "run it on a machine with an NVIDIA GPU and driver");
   if (device < 0 || device >= static_cast<int>(q.gpus.size()))

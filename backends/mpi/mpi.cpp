@@ -12,10 +12,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <chrono>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
@@ -42,7 +42,8 @@ void check(int rc, const char* what, int rank) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw Error(std::string("MPI ") + what + " failed on rank " + std::to_string(rank) + ": " + std::string(msg, static_cast<std::size_t>(len)));
+  throw Error(std::string("MPI ") + what + " failed on rank " + std::to_string(rank) + ": " +
+              std::string(msg, static_cast<std::size_t>(len)));
 }
 
 MPI_Datatype type_of(std::size_t elem) {
@@ -93,19 +94,23 @@ class MpiComm final : public Comm {
     ZINF_CHECK(sc.size() == static_cast<std::size_t>(size_) && rc.size() == sc.size());
     std::vector<int> sd, rd;
     const auto s = ints(sc, &sd), r = ints(rc, &rd);
-    check(MPI_Alltoallv(send, s.data(), sd.data(), type_of(elem), recv, r.data(), rd.data(), type_of(elem), c_), "Alltoallv", rank_);
+    check(MPI_Alltoallv(send, s.data(), sd.data(), type_of(elem), recv, r.data(), rd.data(), type_of(elem), c_),
+          "Alltoallv", rank_);
   }
   void allgatherv(void* buf, const std::vector<std::size_t>& counts, std::size_t elem, void*) override {
     ZINF_CHECK(counts.size() == static_cast<std::size_t>(size_));
     std::vector<int> d;
     const auto c = ints(counts, &d);
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(), type_of(elem), c_), "Allgatherv", rank_);
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(), type_of(elem), c_), "Allgatherv",
+          rank_);
   }
-  void allgatherv(const void* part, void* buf, const std::vector<std::size_t>& counts, std::size_t elem, void*) override {
+  void allgatherv(const void* part, void* buf, const std::vector<std::size_t>& counts, std::size_t elem,
+                  void*) override {
     ZINF_CHECK(counts.size() == static_cast<std::size_t>(size_));
     std::vector<int> d;
     const auto c = ints(counts, &d);
-    check(MPI_Allgatherv(part, c[static_cast<std::size_t>(rank_)], type_of(elem), buf, c.data(), d.data(), type_of(elem), c_),
+    check(MPI_Allgatherv(part, c[static_cast<std::size_t>(rank_)], type_of(elem), buf, c.data(), d.data(),
+                         type_of(elem), c_),
           "Allgatherv", rank_);
   }
   void broadcast(void* buf, std::size_t bytes, int root, void*) override {
@@ -131,15 +136,15 @@ class MpiComm final : public Comm {
   int rank_ = 0, size_ = 1;
 };
 
-MPI_Comm g_job = MPI_COMM_NULL;  // the job's communicator: MPI_COMM_WORLD, or the ranks joined by rendezvous
+MPI_Comm g_job = MPI_COMM_NULL;       // the job's communicator: MPI_COMM_WORLD, or the ranks joined by rendezvous
 std::atomic<pid_t> g_name_server{0};  // rank 0 of an environment launch: the ompi-server it started
 std::string g_rendezvous_dir;         // an environment launch: where this process keeps the server's address
 // The same folder and its one file as plain characters, for remove_world_files() in a signal handler.
 constexpr std::size_t kPathMax = 512;
 char g_rdv_dir_c[kPathMax], g_rdv_file_c[kPathMax];
-bool g_mpi_connected = false;           // an environment launch has begun to connect through MPI
-std::atomic<bool> g_failing{false};     // mark_world_failing(): this rank reports its own error
-bool g_watching = false;                // the lifelines' watcher runs
+bool g_mpi_connected = false;        // an environment launch has begun to connect through MPI
+std::atomic<bool> g_failing{false};  // mark_world_failing(): this rank reports its own error
+bool g_watching = false;             // the lifelines' watcher runs
 // An environment launch has no mpirun to end the job when a rank dies, so the rendezvous connections
 // stay open as lifelines (rank 0 ⇄ every other rank). Until the ranks have all finished (a barrier in
 // leave_world), a line that closes means its rank died, and the watcher ends this rank too — each in
@@ -156,8 +161,8 @@ struct Lifeline {
   bool failed = false;  // it said it failed, and printed why
 };
 std::vector<Lifeline> g_lifelines;
-bool g_leaving = false;                        // every rank has finished: closing lines are goodbyes
-bool g_left = false;                           // leave_world ran
+bool g_leaving = false;  // every rank has finished: closing lines are goodbyes
+bool g_left = false;     // leave_world ran
 int g_my_rank = 0;
 
 void send_all(int fd, const std::string& s) {
@@ -214,10 +219,13 @@ void watch_lifelines() {
           // fails every rank), its own line is the one to print: give it a moment to get there.
           g_lines_cv.wait_for(lk, std::chrono::seconds(5), [] { return g_failing.load(); });
           if (g_failing.load()) continue;  // the main thread reports and ends this rank
-          std::fprintf(stderr, "zinf: rank %d: rank %d failed (its own error says why); ending this rank\n", g_my_rank, who);
+          std::fprintf(stderr, "zinf: rank %d: rank %d failed (its own error says why); ending this rank\n", g_my_rank,
+                       who);
         } else {
-          std::fprintf(stderr, "zinf: rank %d: rank %d left the job without finishing (it died or was killed); ending this rank\n",
-                       g_my_rank, who);
+          std::fprintf(
+              stderr,
+              "zinf: rank %d: rank %d left the job without finishing (it died or was killed); ending this rank\n",
+              g_my_rank, who);
         }
         end_this_rank();
       }
@@ -244,7 +252,8 @@ void finalize_at_exit() {
 
 void init_mpi() {
   int provided = 0;
-  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) throw Error("MPI_Init_thread failed");
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+    throw Error("MPI_Init_thread failed");
   if (provided < MPI_THREAD_MULTIPLE)
     throw Error("this MPI library does not provide MPI_THREAD_MULTIPLE, which zinf's workers need",
                 "use Debian's Open MPI (openmpi-bin, libopenmpi-dev)");
@@ -256,14 +265,16 @@ void init_mpi() {
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void rdv_fail(const World& w, const std::string& what) {
-  throw ConfigError("rendezvous at " + w.master_addr + ":" + std::to_string(w.master_port) + " (rank " + std::to_string(w.rank) + " of " +
-                        std::to_string(w.size) + "): " + what,
-                    "start every rank with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT (rank 0's host and a free port), or "
-                    "launch with mpirun");
+  throw ConfigError(
+      "rendezvous at " + w.master_addr + ":" + std::to_string(w.master_port) + " (rank " + std::to_string(w.rank) +
+          " of " + std::to_string(w.size) + "): " + what,
+      "start every rank with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT (rank 0's host and a free port), or "
+      "launch with mpirun");
 }
 
 int poll_ms(Clock::time_point deadline) {
-  return static_cast<int>(std::max<long long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+  return static_cast<int>(
+      std::max<long long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
 }
 
 std::string read_line(int fd, Clock::time_point deadline, const World& w) {
@@ -285,7 +296,8 @@ std::string read_line(int fd, Clock::time_point deadline, const World& w) {
 std::string rendezvous_file() {
   const auto dir = std::filesystem::temp_directory_path() / ("zinf-rendezvous-" + std::to_string(::getpid()));
   const std::string file = (dir / "ompi-server.uri").string();
-  if (file.size() >= kPathMax) throw ConfigError("the temporary folder's path is too long: " + dir.string(), "set TMPDIR to a shorter path");
+  if (file.size() >= kPathMax)
+    throw ConfigError("the temporary folder's path is too long: " + dir.string(), "set TMPDIR to a shorter path");
   std::filesystem::create_directories(dir);
   g_rendezvous_dir = dir.string();
   std::memcpy(g_rdv_file_c, file.c_str(), file.size() + 1);
@@ -378,8 +390,10 @@ void admit_ranks(const World& w, Clock::time_point deadline, const std::string& 
     int r = -1, n = -1;
     in >> r >> n;
     std::string err;
-    if (n != w.size) err = "a rank says WORLD_SIZE=" + std::to_string(n) + ", rank 0 has " + std::to_string(w.size);
-    else if (r < 1 || r >= w.size || seen[static_cast<std::size_t>(r)]) err = "RANK=" + std::to_string(r) + " arrived twice or is out of range";
+    if (n != w.size)
+      err = "a rank says WORLD_SIZE=" + std::to_string(n) + ", rank 0 has " + std::to_string(w.size);
+    else if (r < 1 || r >= w.size || seen[static_cast<std::size_t>(r)])
+      err = "RANK=" + std::to_string(r) + " arrived twice or is out of range";
     send_all(fd, err.empty() ? reply : "ERR " + err + "\n");
     if (!err.empty()) {
       ::close(fd);
@@ -553,8 +567,8 @@ std::unique_ptr<Comm> make_world_comm(const World& w) {
   check(MPI_Comm_dup(g_job, &mine), "Comm_dup", w.rank);
   auto c = std::make_unique<MpiComm>(mine);
   if (c->size() != w.size || c->rank() != w.rank)
-    throw Error("MPI reports rank " + std::to_string(c->rank()) + " of " + std::to_string(c->size()) + ", the launcher said " +
-                std::to_string(w.rank) + " of " + std::to_string(w.size));
+    throw Error("MPI reports rank " + std::to_string(c->rank()) + " of " + std::to_string(c->size()) +
+                ", the launcher said " + std::to_string(w.rank) + " of " + std::to_string(w.size));
   return c;
 }
 

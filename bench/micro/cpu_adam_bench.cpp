@@ -77,7 +77,8 @@ void BM_update(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n) * 28);
-  state.counters["params_per_s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["params_per_s"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(to_string(level)));
 }
 void BM_cpu_adam_fused(benchmark::State& s) { BM_update<0>(s); }
@@ -88,7 +89,8 @@ void BM_cpu_adam_sum_squares(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   HostThreads pool(static_cast<int>(state.range(1)));
   Arrays a(n);
-  if (sum_squares(pool, a.grad.data(), GradType::fp16, n).sum != sum_squares_blocked(a.grad.data(), GradType::fp16, n).sum)
+  if (sum_squares(pool, a.grad.data(), GradType::fp16, n).sum !=
+      sum_squares_blocked(a.grad.data(), GradType::fp16, n).sum)
     std::abort();
   for (auto _ : state) benchmark::DoNotOptimize(sum_squares(pool, a.grad.data(), GradType::fp16, n));
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n) * 2);
@@ -116,6 +118,10 @@ const std::vector<std::vector<std::int64_t>> kUpdateArgs = {{16 << 20, 64 << 20}
 BENCHMARK(BM_cpu_adam_fused)->ArgsProduct(kUpdateArgs)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_cpu_adam_traffic)->ArgsProduct(kUpdateArgs)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_cpu_adam_naive)->Args({16 << 20, 1})->Args({16 << 20, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_cpu_adam_sum_squares)->Args({64 << 20, 1})->Args({64 << 20, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_cpu_adam_sum_squares)
+    ->Args({64 << 20, 1})
+    ->Args({64 << 20, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_cpu_adam_fp32_to_bf16)->Arg(64 << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_MAIN();

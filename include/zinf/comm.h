@@ -43,7 +43,8 @@ class Comm {
                          const std::vector<std::size_t>& recv_counts, std::size_t elem, void* stream = nullptr) = 0;
   // In place: rank r's counts[r] elements lie at offset Σ counts[<r] of `buf` on rank r; afterwards
   // every rank holds every part.
-  virtual void allgatherv(void* buf, const std::vector<std::size_t>& counts, std::size_t elem, void* stream = nullptr) = 0;
+  virtual void allgatherv(void* buf, const std::vector<std::size_t>& counts, std::size_t elem,
+                          void* stream = nullptr) = 0;
   // From a separate source: rank r contributes counts[r] elements from `part`; `buf` receives all.
   virtual void allgatherv(const void* part, void* buf, const std::vector<std::size_t>& counts, std::size_t elem,
                           void* stream = nullptr) = 0;

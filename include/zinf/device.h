@@ -139,7 +139,8 @@ class BusyScope {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Device& d, std::size_t bytes, const std::string& what) : dev_(&d), p_(d.allocate(bytes, what)), n_(bytes) {}
+  DeviceBuffer(Device& d, std::size_t bytes, const std::string& what)
+      : dev_(&d), p_(d.allocate(bytes, what)), n_(bytes) {}
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {

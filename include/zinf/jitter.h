@@ -22,7 +22,8 @@ struct JitterSpec {
 class Jitter {
  public:
   Jitter() = default;
-  Jitter(const JitterSpec& s, std::uint64_t lane) : spec_(s), state_(s.seed * 0x9E3779B97F4A7C15ull + lane * 0xD1B54A32D192ED03ull + 1) {}
+  Jitter(const JitterSpec& s, std::uint64_t lane)
+      : spec_(s), state_(s.seed * 0x9E3779B97F4A7C15ull + lane * 0xD1B54A32D192ED03ull + 1) {}
   // Sleeps before a job: half of the jobs run at once, most others after 1..max_us microseconds, and
   // one in 32 stalls for up to 20 × max_us — a stream that falls far behind, as a GPU stream does
   // behind a long kernel, so that a buffer reused a whole pass later is caught too.

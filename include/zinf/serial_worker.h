@@ -16,7 +16,8 @@ namespace zinf {
 
 class SerialWorker {
  public:
-  explicit SerialWorker(std::function<void()> before_job = {}) : before_(std::move(before_job)), thread_([this] { loop(); }) {}
+  explicit SerialWorker(std::function<void()> before_job = {})
+      : before_(std::move(before_job)), thread_([this] { loop(); }) {}
   ~SerialWorker() {
     {
       std::lock_guard<std::mutex> lk(mu_);

@@ -22,7 +22,7 @@ struct GpuInfo {
   std::string name;
   std::uint64_t total_bytes = 0, free_bytes = 0;
   int cc_major = 0, cc_minor = 0;
-  std::string pci_bus_id;  // "0000:3b:00.0"
+  std::string pci_bus_id;                                                  // "0000:3b:00.0"
   int pcie_gen = 0, pcie_width = 0, pcie_gen_max = 0, pcie_width_max = 0;  // 0 when unknown
   int numa_node = -1;
 };

@@ -57,12 +57,14 @@ struct BusyTimes {
     return "d2h";
   }
   BusyTimes& operator+=(const BusyTimes& o) {
-    compute += o.compute, h2d += o.h2d, d2h += o.d2h, host += o.host, nvme_read += o.nvme_read, nvme_write += o.nvme_write;
+    compute += o.compute, h2d += o.h2d, d2h += o.d2h, host += o.host, nvme_read += o.nvme_read,
+        nvme_write += o.nvme_write;
     return *this;
   }
   template <class F>
   void each(F f) const {  // f(name, seconds) for every resource, in a fixed order
-    f("compute", compute), f("h2d", h2d), f("d2h", d2h), f("host", host), f("nvme_read", nvme_read), f("nvme_write", nvme_write);
+    f("compute", compute), f("h2d", h2d), f("d2h", d2h), f("host", host), f("nvme_read", nvme_read),
+        f("nvme_write", nvme_write);
   }
   BusyTimes per(double n) const {  // a sum over n steps as a per-step mean
     return {compute / n, h2d / n, d2h / n, host / n, nvme_read / n, nvme_write / n};

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "zinf/error.h"
 #include "io/files.h"
+#include "zinf/error.h"
 
 namespace zinf {
 namespace {
@@ -46,7 +46,8 @@ TokenFileHeader parse_token_header(const void* data, std::size_t size, const std
   TokenFileHeader h;
   if (header[0] == kTokensMagicU16) {
     if (header[1] != kTokensVersionU16)
-      throw ConfigError(source + ": unsupported token file version " + std::to_string(header[1]) + " (expected 1: uint16 tokens)");
+      throw ConfigError(source + ": unsupported token file version " + std::to_string(header[1]) +
+                        " (expected 1: uint16 tokens)");
     h.width = 2;
   } else if (header[0] == kTokensMagicU32) {
     h.width = 4;  // llm.c writes version 7 for these; the magic alone says uint32
@@ -95,7 +96,8 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
       const std::int64_t count = h.count;
       d.base_ += kHeaderBytes;
       d.n_ = static_cast<std::size_t>(count);
-      d.description_ = source + " (llm.c tokens, uint" + std::to_string(8 * d.width_) + ", " + std::to_string(count) + " tokens)";
+      d.description_ =
+          source + " (llm.c tokens, uint" + std::to_string(8 * d.width_) + ", " + std::to_string(count) + " tokens)";
     }
   }
   // Text through a SentencePiece model: the tokens replace the bytes.
@@ -104,20 +106,22 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
     int vocab = 0;  // the text is read where it lies (the mapping, or the default text's buffer)
     *ids = sentencepiece_encode(cfg.tokenizer, std::string_view(reinterpret_cast<const char*>(d.base_), d.n_), &vocab);
     if (vocab > vocab_size)
-      throw ConfigError(cfg.tokenizer + ": the tokenizer has " + std::to_string(vocab) + " pieces, more than model.vocab_size " +
-                            std::to_string(vocab_size),
+      throw ConfigError(cfg.tokenizer + ": the tokenizer has " + std::to_string(vocab) +
+                            " pieces, more than model.vocab_size " + std::to_string(vocab_size),
                         "set model.vocab_size to at least " + std::to_string(vocab));
     d.storage_ = ids;
     d.base_ = reinterpret_cast<const unsigned char*>(ids->data());
     d.width_ = 4;
     d.n_ = ids->size();
     source += " tokenized by " + cfg.tokenizer;
-    d.description_ = source + " (SentencePiece, " + std::to_string(vocab) + " pieces, " + std::to_string(d.n_) + " tokens)";
+    d.description_ =
+        source + " (SentencePiece, " + std::to_string(vocab) + " pieces, " + std::to_string(d.n_) + " tokens)";
   }
   if (d.n_ == 0) throw ConfigError(source + ": data file is empty");
   if (d.width_ == 1) {
     if (vocab_size < 256)
-      throw ConfigError(source + ": byte-level text needs model.vocab_size >= 256 (it is " + std::to_string(vocab_size) + ")");
+      throw ConfigError(source + ": byte-level text needs model.vocab_size >= 256 (it is " +
+                        std::to_string(vocab_size) + ")");
     d.description_ = source + " (bytes, " + std::to_string(d.n_) + " tokens)";
   } else {
     for (std::size_t i = 0; i < d.n_; ++i)
@@ -129,8 +133,8 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
   d.split_ = d.n_ - val;
   const std::size_t need = static_cast<std::size_t>(seq_len) + 1;
   if (d.split_ < need || val < need)
-    throw ConfigError(source + ": " + std::to_string(d.n_) + " tokens are too few for seq_len " + std::to_string(seq_len) +
-                          " (each split needs at least " + std::to_string(need) + ")",
+    throw ConfigError(source + ": " + std::to_string(d.n_) + " tokens are too few for seq_len " +
+                          std::to_string(seq_len) + " (each split needs at least " + std::to_string(need) + ")",
                       "use more data, a smaller model.seq_len, or another data.val_fraction");
   return d;
 }

@@ -57,7 +57,7 @@ class TokenData {
  private:
   std::shared_ptr<const void> storage_;  // a mapping or an owned buffer; base_ points into it
   const unsigned char* base_ = nullptr;
-  int width_ = 1;                         // bytes per token: 1 (bytes), 2 (uint16), 4 (uint32)
+  int width_ = 1;  // bytes per token: 1 (bytes), 2 (uint16), 4 (uint32)
   std::size_t n_ = 0, split_ = 0;
   std::string description_;
 };
@@ -81,7 +81,7 @@ int write_token_file(const std::string& path, const std::vector<std::uint32_t>& 
 
 // SentencePiece: the model at `model_path` tokenizes `text` (no BOS/EOS added). Throws ConfigError
 // naming `what` (the key or flag) and the file when it is not a regular file or not a model.
-std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, std::string_view text, int* vocab = nullptr,
-                                                const std::string& what = "data.tokenizer");
+std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, std::string_view text,
+                                                int* vocab = nullptr, const std::string& what = "data.tokenizer");
 
 }  // namespace zinf

@@ -85,7 +85,8 @@ std::string InputFile::read_all() const {
     if (r < 0) {
       if (errno == EINTR) continue;
       const int e = errno;
-      throw IoError(what_ + " " + path_ + ": read failed at offset " + std::to_string(got) + " (" + errno_text(e) + ")", e);
+      throw IoError(what_ + " " + path_ + ": read failed at offset " + std::to_string(got) + " (" + errno_text(e) + ")",
+                    e);
     }
     if (r == 0) break;
     got += static_cast<std::size_t>(r);
@@ -94,10 +95,13 @@ std::string InputFile::read_all() const {
   return s;
 }
 
-std::string read_input_file(const std::string& path, const std::string& what) { return InputFile(path, what).read_all(); }
+std::string read_input_file(const std::string& path, const std::string& what) {
+  return InputFile(path, what).read_all();
+}
 
 bool same_file(const std::string& a, const std::string& b) {
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return false;
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
@@ -206,7 +210,9 @@ OutputFolder::OutputFolder(std::string path, std::function<bool(const std::strin
       if (a == a.parent_path()) break;
     }
     fs::create_directories(parent, ec);
-    if (ec) throw ConfigError(what_ + " " + path_ + ": cannot create the folder " + parent.string() + " (" + ec.message() + ")");
+    if (ec)
+      throw ConfigError(what_ + " " + path_ + ": cannot create the folder " + parent.string() + " (" + ec.message() +
+                        ")");
   }
   tmp_ = (parent / ("." + p.filename().string() + ".tmp-" + std::to_string(::getpid()))).string();
   fs::remove_all(tmp_, ec);
@@ -231,14 +237,16 @@ void OutputFolder::commit() {
       if (replaced_(name)) continue;
       const fs::path to = fs::path(tmp_) / name;
       std::error_code lec;
-      fs::copy(e.path(), to, fs::copy_options::recursive | fs::copy_options::copy_symlinks | fs::copy_options::create_hard_links, lec);
+      fs::copy(e.path(), to,
+               fs::copy_options::recursive | fs::copy_options::copy_symlinks | fs::copy_options::create_hard_links,
+               lec);
       if (lec) {  // links refused (another owner, a filesystem without them): copy instead
         fs::remove_all(to, lec);
         fs::copy(e.path(), to, fs::copy_options::recursive | fs::copy_options::copy_symlinks, lec);
       }
       if (lec)
-        throw IoError(what_ + " " + path_ + ": cannot keep " + e.path().string() + " in the new folder (" + lec.message() +
-                          "); the folder is untouched",
+        throw IoError(what_ + " " + path_ + ": cannot keep " + e.path().string() + " in the new folder (" +
+                          lec.message() + "); the folder is untouched",
                       lec.value());
     }
     if (ec) throw IoError(what_ + " " + path_ + ": cannot list the folder (" + ec.message() + ")", ec.value());
@@ -263,7 +271,8 @@ void OutputFolder::commit() {
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
       const int e2 = errno;
       std::rename(old.c_str(), path_.c_str());
-      throw IoError(what_ + " " + path_ + ": cannot rename the finished folder into place (" + errno_text(e2) + ")", e2);
+      throw IoError(what_ + " " + path_ + ": cannot rename the finished folder into place (" + errno_text(e2) + ")",
+                    e2);
     }
     fs::remove_all(tmp_, ec);
     tmp_ = old;

@@ -12,12 +12,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
-#include "zinf/error.h"
 #include "io/files.h"
+#include "zinf/error.h"
 
 namespace zinf {
 namespace {
@@ -47,8 +47,11 @@ void write_file(const std::string& path, const std::string& text) {
 // earlier export survives beside the new weights; anything else in the folder (tokenizer files, a
 // README, generation_config.json) is kept.
 bool export_replaces(const std::string& name) {
-  auto ends = [&](std::string_view sfx) { return name.size() >= sfx.size() && name.compare(name.size() - sfx.size(), sfx.size(), sfx) == 0; };
-  return name == "config.json" || ends(".safetensors") || ends(".safetensors.index.json") || name.find(".tmp-") != std::string::npos;
+  auto ends = [&](std::string_view sfx) {
+    return name.size() >= sfx.size() && name.compare(name.size() - sfx.size(), sfx.size(), sfx) == 0;
+  };
+  return name == "config.json" || ends(".safetensors") || ends(".safetensors.index.json") ||
+         name.find(".tmp-") != std::string::npos;
 }
 
 std::string shard_name(std::size_t k, std::size_t n) {
@@ -66,7 +69,9 @@ bool is_hf_folder(const std::string& path) {
 
 namespace {
 ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
-  auto fail = [&](const std::string& key, const std::string& why) -> ConfigError { return ConfigError(src + ": " + key + ": " + why); };
+  auto fail = [&](const std::string& key, const std::string& why) -> ConfigError {
+    return ConfigError(src + ": " + key + ": " + why);
+  };
   auto get_int = [&](const char* key, std::optional<std::int64_t> def = std::nullopt) -> int {
     if (!c.contains(key) || c[key].is_null()) {
       if (def) return static_cast<int>(*def);
@@ -90,7 +95,8 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
     if (!c[key].is_boolean()) throw fail(key, "expected true or false, got " + c[key].dump());
     return c[key].get<bool>();
   };
-  if (c.contains("model_type") && !c["model_type"].is_string()) throw fail("model_type", "expected a string, got " + c["model_type"].dump());
+  if (c.contains("model_type") && !c["model_type"].is_string())
+    throw fail("model_type", "expected a string, got " + c["model_type"].dump());
   const std::string type = c.value("model_type", std::string());
   if (type != "llama" && type != "mistral" && type != "qwen2")
     throw fail("model_type", "'" + type + "' is not of the llama family zinf trains (llama, mistral, qwen2)");
@@ -104,17 +110,21 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
   s.vocab_size = get_int("vocab_size");
   s.max_positions = get_int("max_position_embeddings", 2048);
   s.norm_eps = get_num("rms_norm_eps", 1e-6);
-  if (s.norm_eps >= 1) throw fail("rms_norm_eps", "expected a small positive number (e.g. 1e-5), got " + c["rms_norm_eps"].dump());
+  if (s.norm_eps >= 1)
+    throw fail("rms_norm_eps", "expected a small positive number (e.g. 1e-5), got " + c["rms_norm_eps"].dump());
   s.rope_theta = get_num("rope_theta", 10000);
   s.tie_embeddings = get_bool("tie_word_embeddings", false);
   s.qkv_bias = type == "qwen2";
   if (s.d_model % s.n_head != 0) throw fail("hidden_size", "not a multiple of num_attention_heads");
   if (s.n_head % s.n_kv_head != 0) throw fail("num_key_value_heads", "does not divide num_attention_heads");
   if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"] != s.d_model / s.n_head)
-    throw fail("head_dim", c["head_dim"].dump() + " differs from hidden_size / num_attention_heads; zinf needs them equal");
-  if (c.contains("hidden_act") && !c["hidden_act"].is_null() && c["hidden_act"] != "silu") throw fail("hidden_act", c["hidden_act"].dump() + " is not silu (SwiGLU)");
+    throw fail("head_dim",
+               c["head_dim"].dump() + " differs from hidden_size / num_attention_heads; zinf needs them equal");
+  if (c.contains("hidden_act") && !c["hidden_act"].is_null() && c["hidden_act"] != "silu")
+    throw fail("hidden_act", c["hidden_act"].dump() + " is not silu (SwiGLU)");
   if (get_bool("mlp_bias", false)) throw fail("mlp_bias", "MLP biases are not supported");
-  if (type == "llama" && get_bool("attention_bias", false)) throw fail("attention_bias", "attention biases (q, k, v and o) are not supported");
+  if (type == "llama" && get_bool("attention_bias", false))
+    throw fail("attention_bias", "attention biases (q, k, v and o) are not supported");
   if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
     const json& r = c["rope_scaling"];
     if (!r.is_object()) throw fail("rope_scaling", "expected an object or null, got " + r.dump());
@@ -131,13 +141,14 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
   }
   s.seq_len = seq_len > 0 ? seq_len : std::min(2048, s.max_positions);
   if (s.seq_len > s.max_positions)
-    throw ConfigError(src + ": max_position_embeddings is " + std::to_string(s.max_positions) + ", below model.seq_len " +
-                      std::to_string(s.seq_len));
+    throw ConfigError(src + ": max_position_embeddings is " + std::to_string(s.max_positions) +
+                      ", below model.seq_len " + std::to_string(s.seq_len));
   const bool sliding = type == "mistral" ? true : get_bool("use_sliding_window", false);
   if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() &&
       c["sliding_window"].get<std::int64_t>() < s.seq_len)
-    throw fail("sliding_window", std::to_string(c["sliding_window"].get<std::int64_t>()) + " is shorter than model.seq_len " +
-                                     std::to_string(s.seq_len) + " (zinf attends over the whole sequence)");
+    throw fail("sliding_window", std::to_string(c["sliding_window"].get<std::int64_t>()) +
+                                     " is shorter than model.seq_len " + std::to_string(s.seq_len) +
+                                     " (zinf attends over the whole sequence)");
   if ((s.head_dim()) % 2 != 0) throw fail("num_attention_heads", "the head width must be even for rotary positions");
   return s;
 }
@@ -196,7 +207,8 @@ std::vector<std::string> hf_index_files(std::string_view text, const std::string
     throw ConfigError(source + ": weight_map: missing or not an object");
   std::set<std::string> files;
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it.value().is_string()) throw ConfigError(source + ": weight_map." + it.key() + ": expected a file name, got " + it.value().dump());
+    if (!it.value().is_string())
+      throw ConfigError(source + ": weight_map." + it.key() + ": expected a file name, got " + it.value().dump());
     const std::string f = it.value().get<std::string>();
     // Shards lie beside the index: a path elsewhere is refused, not followed.
     if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos)
@@ -216,8 +228,10 @@ HfModelReader::HfModelReader(const std::string& dir) : dir_(dir) {
   // present and read an index only without it; zinf does the same, and says which it read.
   if (has_single) {
     names.push_back("model.safetensors");
-    weights_ = has_index ? "model.safetensors (model.safetensors.index.json beside it is ignored, as Hugging Face's loaders do)"
-                         : "model.safetensors";
+    weights_ =
+        has_index
+            ? "model.safetensors (model.safetensors.index.json beside it is ignored, as Hugging Face's loaders do)"
+            : "model.safetensors";
   } else if (has_index) {
     names = hf_index_files(read_input_file(index.string(), "model.init_from"), index.string());
     weights_ = "model.safetensors.index.json, " + std::to_string(names.size()) + " shard(s)";
@@ -250,10 +264,11 @@ void HfModelReader::check(const ModelShape& s) const {
     const bool buffer = n.size() > 19 && n.compare(n.size() - 19, 19, "rotary_emb.inv_freq") == 0;
     return buffer || (s.tie_embeddings && n == "lm_head.weight");  // some tied files store the head anyway
   };
-  check_tensor_set(dir_, llama_hf_tensors(s), shape_of, names, ignorable,
-                   "the folder must hold the model its config.json describes; zinf trains the llama family without MLP or "
-                   "output-projection biases",
-                   "the folder's tensors must have the shapes its config.json describes");
+  check_tensor_set(
+      dir_, llama_hf_tensors(s), shape_of, names, ignorable,
+      "the folder must hold the model its config.json describes; zinf trains the llama family without MLP or "
+      "output-projection biases",
+      "the folder's tensors must have the shapes its config.json describes");
 }
 
 void HfModelReader::load_unit(const ModelShape& s, std::size_t u, float* dst) const {
@@ -268,8 +283,8 @@ void HfModelReader::load_unit(const ModelShape& s, std::size_t u, float* dst) co
   }
 }
 
-void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vector<std::vector<float>>& units, StDtype dtype,
-                     std::uint64_t shard_bytes) {
+void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vector<std::vector<float>>& units,
+                     StDtype dtype, std::uint64_t shard_bytes) {
   OutputFolder folder(dir, export_replaces, "--output");
   const fs::path tmp = folder.temp_path();
   const std::uint64_t es = dtype == StDtype::f32 ? 4 : 2;
@@ -312,7 +327,9 @@ void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vec
               {"rope_theta", s.rope_theta},
               {"tie_word_embeddings", s.tie_embeddings},
               {"hidden_act", "silu"},
-              {"torch_dtype", dtype == StDtype::f32 ? "float32" : dtype == StDtype::f16 ? "float16" : "bfloat16"}};
+              {"torch_dtype", dtype == StDtype::f32   ? "float32"
+                              : dtype == StDtype::f16 ? "float16"
+                                                      : "bfloat16"}};
     if (!s.qkv_bias) c["attention_bias"] = false;
     if (s.rope_factor != 1)
       c["rope_scaling"] = {{"rope_type", "llama3"},
@@ -325,8 +342,8 @@ void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vec
     writing = "config.json";
     write_file((tmp / "config.json").string(), c.dump(2) + "\n");
   } catch (const IoError& e) {
-    throw IoError("--output " + dir + ": writing " + writing + " failed (" + std::strerror(e.error_number()) + "); " + dir +
-                      " is as it was",
+    throw IoError("--output " + dir + ": writing " + writing + " failed (" + std::strerror(e.error_number()) + "); " +
+                      dir + " is as it was",
                   e.error_number());
   }
   folder.commit();

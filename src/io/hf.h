@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "model/shape.h"
 #include "io/safetensors.h"
+#include "model/shape.h"
 
 namespace zinf {
 
@@ -66,7 +66,7 @@ class HfModelReader {
 // whole when complete (see OutputFolder); an existing folder's config.json, *.safetensors and
 // *.safetensors.index.json are replaced (no shard or index of an earlier export survives) and its
 // other files (tokenizer, README) are kept. On any failure `dir` is left as it was.
-void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vector<std::vector<float>>& units, StDtype dtype,
-                     std::uint64_t shard_bytes = std::uint64_t{5} << 30);
+void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vector<std::vector<float>>& units,
+                     StDtype dtype, std::uint64_t shard_bytes = std::uint64_t{5} << 30);
 
 }  // namespace zinf

@@ -5,19 +5,19 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <set>
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
+#include "io/files.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/error.h"
-#include "io/files.h"
 
 namespace zinf {
 namespace {
@@ -58,7 +58,9 @@ std::uint64_t header_length(const char* p8) {
 StFile parse_safetensors(std::string bytes, const std::string& source) {
   if (bytes.size() < 8) bad(source, "shorter than the 8-byte header length");
   const std::uint64_t n = header_length(bytes.data());
-  if (n > bytes.size() - 8) bad(source, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(bytes.size()) + " bytes)");
+  if (n > bytes.size() - 8)
+    bad(source,
+        "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(bytes.size()) + " bytes)");
   if (n > (100u << 20)) bad(source, "header length " + std::to_string(n) + " is unreasonably large");
   StFile f = parse_safetensors_header(bytes.substr(8, n), bytes.size() - 8 - n, source);
   f.bytes = std::move(bytes);
@@ -88,10 +90,14 @@ StFile parse_safetensors_header(const std::string& header_json, std::uint64_t da
     x.name = name;
     if (!t["dtype"].is_string()) bad(source, "tensor " + name + ": dtype is not a string");
     const std::string dt = t["dtype"].get<std::string>();
-    if (dt == "F32") x.dtype = StDtype::f32;
-    else if (dt == "F16") x.dtype = StDtype::f16;
-    else if (dt == "BF16") x.dtype = StDtype::bf16;
-    else bad(source, "tensor " + name + ": unsupported dtype " + dt + " (zinf reads F32, F16, BF16)");
+    if (dt == "F32")
+      x.dtype = StDtype::f32;
+    else if (dt == "F16")
+      x.dtype = StDtype::f16;
+    else if (dt == "BF16")
+      x.dtype = StDtype::bf16;
+    else
+      bad(source, "tensor " + name + ": unsupported dtype " + dt + " (zinf reads F32, F16, BF16)");
     if (!t["shape"].is_array()) bad(source, "tensor " + name + ": shape is not an array");
     std::uint64_t count = 1;
     for (const auto& d : t["shape"]) {
@@ -111,8 +117,8 @@ StFile parse_safetensors_header(const std::string& header_json, std::uint64_t da
       bad(source, "tensor " + name + ": data_offsets [" + std::to_string(x.begin) + ", " + std::to_string(x.end) +
                       "] are outside the data (" + std::to_string(data_len) + " bytes)");
     if (x.end - x.begin != count * dtype_size(x.dtype))
-      bad(source, "tensor " + name + ": shape needs " + std::to_string(count * dtype_size(x.dtype)) + " bytes, data_offsets give " +
-                      std::to_string(x.end - x.begin));
+      bad(source, "tensor " + name + ": shape needs " + std::to_string(count * dtype_size(x.dtype)) +
+                      " bytes, data_offsets give " + std::to_string(x.end - x.begin));
     f.tensors.push_back(std::move(x));
   }
   // Tensors must tile the data buffer: no overlaps, no holes.
@@ -136,8 +142,8 @@ StFile read_safetensors(const std::string& path, const std::string& what) {
 void check_finite_tensor(const float* p, std::size_t n, const std::string& source, const std::string& tensor) {
   for (std::size_t i = 0; i < n; ++i)
     if (!std::isfinite(p[i]))
-      throw ConfigError(source + ": tensor " + tensor + " holds " + (std::isnan(p[i]) ? "NaN" : "Inf") + " at element " +
-                            std::to_string(i) + "; zinf starts only from finite weights",
+      throw ConfigError(source + ": tensor " + tensor + " holds " + (std::isnan(p[i]) ? "NaN" : "Inf") +
+                            " at element " + std::to_string(i) + "; zinf starts only from finite weights",
                         "the file is corrupt or comes from a run that diverged; export an earlier checkpoint");
 }
 
@@ -183,7 +189,8 @@ void write_model_safetensors(const std::string& path, const std::vector<ModelTen
   for (const auto& t : layout) {
     std::uint64_t count = 1;
     for (auto d : t.shape) count *= static_cast<std::uint64_t>(d);
-    h[t.name] = {{"dtype", dtype_name(dtype)}, {"shape", t.shape}, {"data_offsets", {pos, pos + count * dtype_size(dtype)}}};
+    h[t.name] = {
+        {"dtype", dtype_name(dtype)}, {"shape", t.shape}, {"data_offsets", {pos, pos + count * dtype_size(dtype)}}};
     pos += count * dtype_size(dtype);
   }
   std::string header = h.dump();
@@ -211,7 +218,10 @@ void write_model_safetensors(const std::string& path, const std::vector<ModelTen
       out.write(src, count * 4);
     } else {
       half.resize(count);
-      if (dtype == StDtype::f16) cpu_adam::fp32_to_fp16(src, half.data(), count); else cpu_adam::fp32_to_bf16(src, half.data(), count);
+      if (dtype == StDtype::f16)
+        cpu_adam::fp32_to_fp16(src, half.data(), count);
+      else
+        cpu_adam::fp32_to_bf16(src, half.data(), count);
       out.write(half.data(), count * 2);
     }
   }
@@ -230,7 +240,8 @@ StReader::StReader(const std::string& path, const std::string& what)
   char len[8];
   pread_all(len, 8, 0, "the header length");
   const std::uint64_t n = header_length(len);
-  if (n > size - 8) bad(path, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size) + " bytes)");
+  if (n > size - 8)
+    bad(path, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size) + " bytes)");
   if (n > (100u << 20)) bad(path, "header length " + std::to_string(n) + " is unreasonably large");
   std::string header(n, '\0');
   pread_all(header.data(), n, 8, "the header");
@@ -265,7 +276,10 @@ void StReader::read(const StTensor& t, float* dst, bool transposed) const {
   } else {
     std::vector<std::uint16_t> half(count);
     pread_all(half.data(), bytes, at, "tensor " + t.name);
-    if (t.dtype == StDtype::f16) cpu_adam::fp16_to_fp32(half.data(), out, count); else cpu_adam::bf16_to_fp32(half.data(), out, count);
+    if (t.dtype == StDtype::f16)
+      cpu_adam::fp16_to_fp32(half.data(), out, count);
+    else
+      cpu_adam::bf16_to_fp32(half.data(), out, count);
   }
   if (transposed) {  // the file's [rows, cols] as the unit's [cols, rows]
     const std::size_t rows = static_cast<std::size_t>(t.shape[0]), cols = static_cast<std::size_t>(t.shape[1]);
@@ -306,7 +320,10 @@ void load_gpt2_unit(const StFile& f, const std::string& source, const ModelShape
     } else {
       std::vector<std::uint16_t> half(count);
       std::memcpy(half.data(), p, count * 2);
-      if (x->dtype == StDtype::f16) cpu_adam::fp16_to_fp32(half.data(), out, count); else cpu_adam::bf16_to_fp32(half.data(), out, count);
+      if (x->dtype == StDtype::f16)
+        cpu_adam::fp16_to_fp32(half.data(), out, count);
+      else
+        cpu_adam::bf16_to_fp32(half.data(), out, count);
     }
     check_finite_tensor(out, count, source, x->name);
   }
@@ -335,9 +352,12 @@ void check_tensor_set(const std::string& source, const std::vector<ModelTensor>&
     return r;
   };
   if (!extra.empty())
-    throw ConfigError(source + ": " + std::to_string(extra.size()) + " tensor(s) the model has no place for: " + list(extra), hint);
+    throw ConfigError(
+        source + ": " + std::to_string(extra.size()) + " tensor(s) the model has no place for: " + list(extra), hint);
   if (!missing.empty())
-    throw ConfigError(source + ": " + std::to_string(missing.size()) + " tensor(s) the model needs are missing: " + list(missing), hint);
+    throw ConfigError(
+        source + ": " + std::to_string(missing.size()) + " tensor(s) the model needs are missing: " + list(missing),
+        hint);
 }
 
 void check_gpt2_tensor_set(const StFile& f, const std::string& source, const ModelShape& s) {
@@ -355,12 +375,14 @@ void check_gpt2_tensor_set(const StFile& f, const std::string& source, const Mod
     return x ? &x->shape : nullptr;
   };
   auto ignorable = [](const std::string& n) {  // buffers, and the LM head GPT-2 ties to wte
-    auto ends = [&](const char* sfx) { return n.size() >= std::strlen(sfx) && n.compare(n.size() - std::strlen(sfx), std::string::npos, sfx) == 0; };
+    auto ends = [&](const char* sfx) {
+      return n.size() >= std::strlen(sfx) && n.compare(n.size() - std::strlen(sfx), std::string::npos, sfx) == 0;
+    };
     return ends(".attn.bias") || ends(".attn.masked_bias") || n == "lm_head.weight";
   };
   const std::string hint = layers && layers != s.n_layer
-                               ? "the file holds " + std::to_string(layers) + " blocks and the model has " + std::to_string(s.n_layer) +
-                                     ": set model.n_layer to " + std::to_string(layers)
+                               ? "the file holds " + std::to_string(layers) + " blocks and the model has " +
+                                     std::to_string(s.n_layer) + ": set model.n_layer to " + std::to_string(layers)
                                : "model.init_from must hold a GPT-2 model of the configured shape";
   check_tensor_set(source, gpt2_tensors(s), shape_of, names, ignorable, hint,
                    "model.init_from must hold a model of the configured shape (model.d_model, vocab_size, seq_len)");

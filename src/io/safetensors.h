@@ -31,8 +31,8 @@ struct StTensor {
 
 struct StFile {
   std::vector<StTensor> tensors;
-  std::string bytes;            // the whole file
-  std::uint64_t data_start = 0; // 8 + header length
+  std::string bytes;             // the whole file
+  std::uint64_t data_start = 0;  // 8 + header length
   const StTensor* find(const std::string& name) const;
 };
 

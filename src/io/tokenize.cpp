@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "io/data.h"
-#include "zinf/error.h"
 #include "io/files.h"
+#include "zinf/error.h"
 
 namespace zinf {
 
@@ -43,7 +43,8 @@ std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, s
   const auto st = sp.LoadFromSerializedProto(bytes);
   if (!st.ok()) {
     const std::string why = status_text(st);
-    throw ConfigError(what + " " + model_path + ": not a SentencePiece model (" + (why.empty() ? "it does not parse as one" : why) + ")",
+    throw ConfigError(what + " " + model_path + ": not a SentencePiece model (" +
+                          (why.empty() ? "it does not parse as one" : why) + ")",
                       "give the tokenizer.model file that came with the model");
   }
   std::vector<int> ids;
@@ -54,7 +55,8 @@ std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, s
 }
 
 int write_token_file(const std::string& path, const std::vector<std::uint32_t>& tokens) {
-  if (tokens.size() > static_cast<std::size_t>(INT32_MAX)) throw Error(path + ": too many tokens for one llm.c token file");
+  if (tokens.size() > static_cast<std::size_t>(INT32_MAX))
+    throw Error(path + ": too many tokens for one llm.c token file");
   bool narrow = true;
   for (std::uint32_t t : tokens) narrow = narrow && t <= 0xFFFF;
   std::int32_t header[256] = {};

@@ -25,9 +25,9 @@ class OpsBackend {
   ZINF_GPT_OPS(ZINF_DECLARE_OP)
 #undef ZINF_DECLARE_OP
 #define ZINF_DECLARE_LLAMA_OP(name, info, params, args) \
-  virtual void name params {                              \
-    ignore_args args;                                    \
-    no_llama();                                          \
+  virtual void name params {                            \
+    ignore_args args;                                   \
+    no_llama();                                         \
   }
   ZINF_LLAMA_OPS(ZINF_DECLARE_LLAMA_OP)
 #undef ZINF_DECLARE_LLAMA_OP
@@ -47,10 +47,11 @@ class OpsBackend {
 template <class Impl>
 class Fp32Ops : public OpsBackend {
  public:
-#define ZINF_FP32_OP(name, info, params, args)                                                                  \
-  void name params override {                                                                                   \
-    call_fp32(Impl::kName, #name, #args, [this](auto... a) { static_cast<Impl*>(this)->fp32_##name(a...); }, \
-              ZINF_OP_UNPAREN args);                                                                            \
+#define ZINF_FP32_OP(name, info, params, args)                                                         \
+  void name params override {                                                                          \
+    call_fp32(                                                                                         \
+        Impl::kName, #name, #args, [this](auto... a) { static_cast<Impl*>(this)->fp32_##name(a...); }, \
+        ZINF_OP_UNPAREN args);                                                                         \
   }
   ZINF_OPS(ZINF_FP32_OP)
 #undef ZINF_FP32_OP

@@ -18,20 +18,9 @@ namespace zinf::fixed {
 
 namespace detail {
 // 1/n! for n = 0…13: the Taylor series of e^r, enough for |r| ≤ ln2/2 to about 1e-17 relative.
-constexpr double kInvFact[] = {1.0,
-                               1.0,
-                               1.0 / 2,
-                               1.0 / 6,
-                               1.0 / 24,
-                               1.0 / 120,
-                               1.0 / 720,
-                               1.0 / 5040,
-                               1.0 / 40320,
-                               1.0 / 362880,
-                               1.0 / 3628800,
-                               1.0 / 39916800,
-                               1.0 / 479001600,
-                               1.0 / 6227020800};
+constexpr double kInvFact[] = {
+    1.0,        1.0,         1.0 / 2,      1.0 / 6,       1.0 / 24,       1.0 / 120,       1.0 / 720,
+    1.0 / 5040, 1.0 / 40320, 1.0 / 362880, 1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600, 1.0 / 6227020800};
 // 1/(2n+1)! and 1/(2n)! for n = 0…9: the Taylor series of sin and cos.
 constexpr double kInvOddFact[] = {1.0,
                                   1.0 / 6,

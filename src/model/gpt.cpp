@@ -8,17 +8,28 @@ namespace zinf {
 BlockView block_view(float* p, int C) {
   const std::size_t c = static_cast<std::size_t>(C);
   BlockView v{};
-  v.ln1w = p; p += c;
-  v.ln1b = p; p += c;
-  v.qkvw = p; p += c * 3 * c;
-  v.qkvb = p; p += 3 * c;
-  v.projw = p; p += c * c;
-  v.projb = p; p += c;
-  v.ln2w = p; p += c;
-  v.ln2b = p; p += c;
-  v.fcw = p; p += c * 4 * c;
-  v.fcb = p; p += 4 * c;
-  v.fcprojw = p; p += 4 * c * c;
+  v.ln1w = p;
+  p += c;
+  v.ln1b = p;
+  p += c;
+  v.qkvw = p;
+  p += c * 3 * c;
+  v.qkvb = p;
+  p += 3 * c;
+  v.projw = p;
+  p += c * c;
+  v.projb = p;
+  p += c;
+  v.ln2w = p;
+  p += c;
+  v.ln2b = p;
+  p += c;
+  v.fcw = p;
+  p += c * 4 * c;
+  v.fcb = p;
+  p += 4 * c;
+  v.fcprojw = p;
+  p += 4 * c * c;
   v.fcprojb = p;
   return v;
 }
@@ -26,7 +37,8 @@ BlockView block_view(float* p, int C) {
 std::size_t GptModel::block_acts_floats() const {
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s_.d_model);
   const std::size_t att = static_cast<std::size_t>(B_) * s_.n_head * s_.seq_len * s_.seq_len;
-  return R * C * 6 + R * 4 + R * 3 * C + att + R * 4 * C * 2;  // ln1 atty res2 ln2 out(+1 spare) | stats | qkv | att | fch fchg
+  return R * C * 6 + R * 4 + R * 3 * C + att +
+         R * 4 * C * 2;  // ln1 atty res2 ln2 out(+1 spare) | stats | qkv | att | fch fchg
 }
 
 GptModel::BlockActs GptModel::carve(float*& p) const {
@@ -165,9 +177,9 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
   }
   src.done_with(0);
   const float* last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
-// The backward's last unit (the final norm) and the handoff of its gradients are written as in
-// llama.cpp: each family names its own norm op and buffers, which a shared helper would have to take
-// as a dozen parameters.
+  // The backward's last unit (the final norm) and the handoff of its gradients are written as in
+  // llama.cpp: each family names its own norm op and buffers, which a shared helper would have to take
+  // as a dozen parameters.
   const float* lnf = src.weights(L + 1);
   float* dlnf = src.grads(L + 1);
   {

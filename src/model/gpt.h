@@ -16,8 +16,8 @@
 
 #include "model/backend.h"
 #include "model/lm.h"
-#include "zinf/device.h"
 #include "model/shape.h"
+#include "zinf/device.h"
 
 namespace zinf {
 

@@ -4,15 +4,15 @@
 #include <cmath>
 #include <random>
 
-#include "model/init.h"
 #include "model/host_math.h"
+#include "model/init.h"
 #include "zinf/error.h"
 
 namespace zinf {
 
 LlamaBlockView llama_block_view(float* p, const ModelShape& s) {
-  const std::size_t C = static_cast<std::size_t>(s.d_model), KVD = static_cast<std::size_t>(s.kv_heads()) * s.head_dim(),
-                    F = static_cast<std::size_t>(s.d_ff);
+  const std::size_t C = static_cast<std::size_t>(s.d_model),
+                    KVD = static_cast<std::size_t>(s.kv_heads()) * s.head_dim(), F = static_cast<std::size_t>(s.d_ff);
   LlamaBlockView v{};
   auto take = [&](std::size_t n) {
     float* r = p;
@@ -35,14 +35,16 @@ LlamaBlockView llama_block_view(float* p, const ModelShape& s) {
 }
 
 std::size_t LlamaModel::acts_floats() const {
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_), KVD = static_cast<std::size_t>(KV_) * D_,
-                    F = static_cast<std::size_t>(F_), att = static_cast<std::size_t>(B_) * H_ * T_ * T_;
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
+                    KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_),
+                    att = static_cast<std::size_t>(B_) * H_ * T_ * T_;
   return R * C * 6 + R * 2 + R * KVD * 2 + att + R * F * 3;  // an q atty res2 fn out | rstd ×2 | k v | att | gate up h
 }
 
 LlamaModel::Acts LlamaModel::carve(float*& p) const {
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_), KVD = static_cast<std::size_t>(KV_) * D_,
-                    F = static_cast<std::size_t>(F_), att = static_cast<std::size_t>(B_) * H_ * T_ * T_;
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
+                    KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_),
+                    att = static_cast<std::size_t>(B_) * H_ * T_ * T_;
   Acts a{};
   auto take = [&](std::size_t n) {
     float* r = p;
@@ -81,8 +83,9 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
       ops_(ops) {
   ZINF_CHECK(s.family == ModelFamily::llama && H_ % KV_ == 0 && D_ % 2 == 0 && F_ > 0);
   if (!ops.has_llama_ops()) OpsBackend::no_llama();
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_), V = static_cast<std::size_t>(s.vocab_size),
-                    L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_);
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
+                    V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer),
+                    KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_);
   acts_.allocate(dev, R * C, L, acts_floats(), ckpt_, [this](float*& p) { return carve(p); });
   head_buf_ = DeviceBuffer(dev, (R * C + 2 * R + R * V) * sizeof(float), "final norm and logits");
   float* p = head_buf_.as<float>();
@@ -139,8 +142,8 @@ void LlamaModel::block_forward(const LlamaBlockView& w, const float* x, const Ac
   ops_.add_inplace(a.out, a.res2, RC);
 }
 
-void LlamaModel::block_backward(const LlamaBlockView& w, const LlamaBlockView& g, const float* x, const Acts& a, const float* dout,
-                                float* dx) {
+void LlamaModel::block_backward(const LlamaBlockView& w, const LlamaBlockView& g, const float* x, const Acts& a,
+                                const float* dout, float* dx) {
   const int R = R_, C = C_, KVD = KV_ * D_, F = F_;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   ops_.copy(dres2_, dout, RC);  // the residual path: d(res2) starts as d(out)
@@ -268,8 +271,8 @@ void llama_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint6
   std::mt19937_64 rng(seed * 1000003ull + unit * 7919ull + 29);
   auto normal = [&](float* dst, std::size_t n, double stdv) { normal_fill(rng, dst, n, stdv); };
   const std::size_t C = static_cast<std::size_t>(s.d_model), V = static_cast<std::size_t>(s.vocab_size),
-                    L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(s.kv_heads()) * s.head_dim(),
-                    F = static_cast<std::size_t>(s.d_ff);
+                    L = static_cast<std::size_t>(s.n_layer),
+                    KVD = static_cast<std::size_t>(s.kv_heads()) * s.head_dim(), F = static_cast<std::size_t>(s.d_ff);
   if (unit == 0) {
     normal(p, V * C, 0.02);
   } else if (unit == L + 1) {

@@ -39,7 +39,8 @@ class LlamaModel final : public LanguageModel {
   std::size_t acts_floats() const;
   Acts carve(float*& p) const;
   void block_forward(const LlamaBlockView& w, const float* x, const Acts& a);
-  void block_backward(const LlamaBlockView& w, const LlamaBlockView& g, const float* x, const Acts& a, const float* dout, float* dx);
+  void block_backward(const LlamaBlockView& w, const LlamaBlockView& g, const float* x, const Acts& a,
+                      const float* dout, float* dx);
 
   ModelShape s_;
   int B_, T_, R_, C_, H_, KV_, D_, F_;

@@ -23,7 +23,8 @@ double forward_mean_loss(LanguageModel& m, Device& dev, UnitSource& src, const i
   return ops::mean_loss(rows.data(), m.rows());
 }
 
-std::unique_ptr<LanguageModel> make_model(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops) {
+std::unique_ptr<LanguageModel> make_model(const ModelShape& s, int B, bool checkpointing, Device& dev,
+                                          OpsBackend& ops) {
   if (s.family == ModelFamily::llama) return std::make_unique<LlamaModel>(s, B, checkpointing, dev, ops);
   return std::make_unique<GptModel>(s, B, checkpointing, dev, ops);
 }

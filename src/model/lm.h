@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "model/backend.h"
-#include "zinf/device.h"
 #include "model/shape.h"
+#include "zinf/device.h"
 
 namespace zinf {
 
@@ -23,8 +23,8 @@ class UnitSource {
   virtual ~UnitSource() = default;
   virtual const float* weights(std::size_t unit) = 0;  // fp32 device weights; valid until done_with
   virtual void done_with(std::size_t unit) = 0;
-  virtual float* grads(std::size_t unit) = 0;          // fp32 device buffer, zero at first request per micro batch
-  virtual void grads_done(std::size_t unit) = 0;       // this micro batch's gradient of the unit is complete
+  virtual float* grads(std::size_t unit) = 0;     // fp32 device buffer, zero at first request per micro batch
+  virtual void grads_done(std::size_t unit) = 0;  // this micro batch's gradient of the unit is complete
 };
 
 // Every unit resident: plain arrays (tests, and the simplest engine).
@@ -71,7 +71,8 @@ struct BlockActivations {
   Acts recompute{};
 
   template <class Carve>
-  void allocate(Device& dev, std::size_t row_floats, std::size_t n_blocks, std::size_t per_block, bool checkpointing, Carve carve) {
+  void allocate(Device& dev, std::size_t row_floats, std::size_t n_blocks, std::size_t per_block, bool checkpointing,
+                Carve carve) {
     const std::size_t n = row_floats + (checkpointing ? n_blocks * row_floats : n_blocks * per_block);
     kept = DeviceBuffer(dev, n * sizeof(float), "activations (" + std::to_string(n_blocks) + " blocks)");
     float* p = kept.as<float>();

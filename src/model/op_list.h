@@ -60,80 +60,81 @@ constexpr OpInfo lm_head_info(int R, int C, int V, bool bwd) {
 constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
 
 // Shapes and semantics are those of model/ops.h (GPT-2) and model/ops_llama.h (Llama).
-#define ZINF_GPT_OPS(X)                                                                                                      \
-  X(matmul_forward, gemm_info(R, IC, OC, false),                                                                              \
-    (TensorView out, ConstTensorView inp, ConstTensorView w, ConstTensorView bias, int R, int IC, int OC),                   \
-    (out, inp, w, bias, R, IC, OC))                                                                                          \
-  X(matmul_backward, gemm_info(R, IC, OC, true),                                                                              \
-    (TensorView dinp, TensorView dw, TensorView dbias, ConstTensorView dout, ConstTensorView inp, ConstTensorView w, int R,  \
-     int IC, int OC),                                                                                                        \
-    (dinp, dw, dbias, dout, inp, w, R, IC, OC))                                                                              \
-  X(layernorm_forward, kind_info(OpKind::norm, false),                                                                        \
-    (TensorView out, TensorView mean, TensorView rstd, ConstTensorView inp, ConstTensorView w, ConstTensorView b, int R,     \
-     int C),                                                                                                                 \
-    (out, mean, rstd, inp, w, b, R, C))                                                                                      \
-  X(layernorm_backward, kind_info(OpKind::norm, true),                                                                        \
-    (TensorView dinp, TensorView dw, TensorView db, ConstTensorView dout, ConstTensorView inp, ConstTensorView w,            \
-     ConstTensorView mean, ConstTensorView rstd, int R, int C),                                                              \
-    (dinp, dw, db, dout, inp, w, mean, rstd, R, C))                                                                          \
-  X(gelu_forward, kind_info(OpKind::elementwise, false), (TensorView out, ConstTensorView inp, std::size_t n),               \
-    (out, inp, n))                                                                                                           \
-  X(gelu_backward, kind_info(OpKind::elementwise, true),                                                                      \
-    (TensorView dinp, ConstTensorView inp, ConstTensorView dout, std::size_t n), (dinp, inp, dout, n))                       \
-  X(add_inplace, kind_info(OpKind::elementwise, false), (TensorView acc, ConstTensorView x, std::size_t n), (acc, x, n))     \
-  X(attention_forward, attention_info(B, T, C, false),                                                                        \
-    (TensorView out, TensorView att, ConstTensorView qkv, int B, int T, int C, int H), (out, att, qkv, B, T, C, H))          \
-  X(attention_backward, attention_info(B, T, C, true),                                                                        \
-    (TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att, int B, int T, int C, int H),           \
-    (dqkv, dout, qkv, att, B, T, C, H))                                                                                      \
-  X(encoder_forward, kind_info(OpKind::embedding, false),                                                                     \
-    (TensorView out, const int* tokens, ConstTensorView wte, ConstTensorView wpe, int B, int T, int C),                      \
-    (out, tokens, wte, wpe, B, T, C))                                                                                        \
-  X(encoder_backward, kind_info(OpKind::embedding, true),                                                                     \
-    (TensorView dwte, TensorView dwpe, ConstTensorView dout, const int* tokens, int B, int T, int C),                        \
-    (dwte, dwpe, dout, tokens, B, T, C))                                                                                     \
-  /* losses: each row's loss, in device memory; the host reads it at the step's end */                                       \
-  X(lm_head_forward, lm_head_info(R, C, V, false),                                                                            \
-    (TensorView probs, TensorView losses, ConstTensorView x, ConstTensorView wte, const int* targets, int R, int C, int V),  \
-    (probs, losses, x, wte, targets, R, C, V))                                                                               \
-  X(lm_head_backward, lm_head_info(R, C, V, true),                                                                            \
-    (TensorView dx, TensorView dwte, TensorView dlogits, ConstTensorView probs, ConstTensorView x, ConstTensorView wte,      \
-     const int* targets, float dscale, int R, int C, int V),                                                                 \
-    (dx, dwte, dlogits, probs, x, wte, targets, dscale, R, C, V))                                                            \
-  /* dst = src and p = 0 over n elements of device memory */                                                                 \
-  X(copy, kind_info(OpKind::copy, false), (TensorView dst, ConstTensorView src, std::size_t n), (dst, src, n))              \
+#define ZINF_GPT_OPS(X)                                                                                              \
+  X(matmul_forward, gemm_info(R, IC, OC, false),                                                                     \
+    (TensorView out, ConstTensorView inp, ConstTensorView w, ConstTensorView bias, int R, int IC, int OC),           \
+    (out, inp, w, bias, R, IC, OC))                                                                                  \
+  X(matmul_backward, gemm_info(R, IC, OC, true),                                                                     \
+    (TensorView dinp, TensorView dw, TensorView dbias, ConstTensorView dout, ConstTensorView inp, ConstTensorView w, \
+     int R, int IC, int OC),                                                                                         \
+    (dinp, dw, dbias, dout, inp, w, R, IC, OC))                                                                      \
+  X(layernorm_forward, kind_info(OpKind::norm, false),                                                               \
+    (TensorView out, TensorView mean, TensorView rstd, ConstTensorView inp, ConstTensorView w, ConstTensorView b,    \
+     int R, int C),                                                                                                  \
+    (out, mean, rstd, inp, w, b, R, C))                                                                              \
+  X(layernorm_backward, kind_info(OpKind::norm, true),                                                               \
+    (TensorView dinp, TensorView dw, TensorView db, ConstTensorView dout, ConstTensorView inp, ConstTensorView w,    \
+     ConstTensorView mean, ConstTensorView rstd, int R, int C),                                                      \
+    (dinp, dw, db, dout, inp, w, mean, rstd, R, C))                                                                  \
+  X(gelu_forward, kind_info(OpKind::elementwise, false), (TensorView out, ConstTensorView inp, std::size_t n),       \
+    (out, inp, n))                                                                                                   \
+  X(gelu_backward, kind_info(OpKind::elementwise, true),                                                             \
+    (TensorView dinp, ConstTensorView inp, ConstTensorView dout, std::size_t n), (dinp, inp, dout, n))               \
+  X(add_inplace, kind_info(OpKind::elementwise, false), (TensorView acc, ConstTensorView x, std::size_t n),          \
+    (acc, x, n))                                                                                                     \
+  X(attention_forward, attention_info(B, T, C, false),                                                               \
+    (TensorView out, TensorView att, ConstTensorView qkv, int B, int T, int C, int H), (out, att, qkv, B, T, C, H))  \
+  X(attention_backward, attention_info(B, T, C, true),                                                               \
+    (TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att, int B, int T, int C, int H),   \
+    (dqkv, dout, qkv, att, B, T, C, H))                                                                              \
+  X(encoder_forward, kind_info(OpKind::embedding, false),                                                            \
+    (TensorView out, const int* tokens, ConstTensorView wte, ConstTensorView wpe, int B, int T, int C),              \
+    (out, tokens, wte, wpe, B, T, C))                                                                                \
+  X(encoder_backward, kind_info(OpKind::embedding, true),                                                            \
+    (TensorView dwte, TensorView dwpe, ConstTensorView dout, const int* tokens, int B, int T, int C),                \
+    (dwte, dwpe, dout, tokens, B, T, C))                                                                             \
+  /* losses: each row's loss, in device memory; the host reads it at the step's end */                               \
+  X(lm_head_forward, lm_head_info(R, C, V, false),                                                                   \
+    (TensorView probs, TensorView losses, ConstTensorView x, ConstTensorView wte, const int* targets, int R, int C,  \
+     int V),                                                                                                         \
+    (probs, losses, x, wte, targets, R, C, V))                                                                       \
+  X(lm_head_backward, lm_head_info(R, C, V, true),                                                                   \
+    (TensorView dx, TensorView dwte, TensorView dlogits, ConstTensorView probs, ConstTensorView x,                   \
+     ConstTensorView wte, const int* targets, float dscale, int R, int C, int V),                                    \
+    (dx, dwte, dlogits, probs, x, wte, targets, dscale, R, C, V))                                                    \
+  /* dst = src and p = 0 over n elements of device memory */                                                         \
+  X(copy, kind_info(OpKind::copy, false), (TensorView dst, ConstTensorView src, std::size_t n), (dst, src, n))       \
   X(zero, kind_info(OpKind::copy, false), (TensorView p, std::size_t n), (p, n))
 
-#define ZINF_LLAMA_OPS(X)                                                                                                    \
-  X(rmsnorm_forward, kind_info(OpKind::norm, false),                                                                          \
-    (TensorView out, TensorView rstd, ConstTensorView inp, ConstTensorView w, int R, int C, float eps),                      \
-    (out, rstd, inp, w, R, C, eps))                                                                                          \
-  X(rmsnorm_backward, kind_info(OpKind::norm, true),                                                                          \
-    (TensorView dinp, TensorView dw, ConstTensorView dout, ConstTensorView inp, ConstTensorView w, ConstTensorView rstd,     \
-     int R, int C),                                                                                                          \
-    (dinp, dw, dout, inp, w, rstd, R, C))                                                                                    \
-  /* cos_t/sin_t: [T, D/2] tables in device memory */                                                                        \
-  X(rope_apply, kind_info(OpKind::elementwise, backward),                                                                     \
-    (TensorView x, ConstTensorView cos_t, ConstTensorView sin_t, int R, int T, int heads, int D, bool backward),             \
-    (x, cos_t, sin_t, R, T, heads, D, backward))                                                                             \
-  X(swiglu_forward, kind_info(OpKind::elementwise, false),                                                                    \
-    (TensorView out, ConstTensorView gate, ConstTensorView up, std::size_t n), (out, gate, up, n))                           \
-  X(swiglu_backward, kind_info(OpKind::elementwise, true),                                                                    \
-    (TensorView dgate, TensorView dup, ConstTensorView dout, ConstTensorView gate, ConstTensorView up, std::size_t n),       \
-    (dgate, dup, dout, gate, up, n))                                                                                         \
-  X(gqa_attention_forward, attention_info(B, T, H * D, false),                                                                \
-    (TensorView out, TensorView att, ConstTensorView q, ConstTensorView k, ConstTensorView v, int B, int T, int H, int KV,   \
-     int D),                                                                                                                 \
-    (out, att, q, k, v, B, T, H, KV, D))                                                                                     \
-  X(gqa_attention_backward, attention_info(B, T, H * D, true),                                                                \
-    (TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q, ConstTensorView k,                \
-     ConstTensorView v, ConstTensorView att, int B, int T, int H, int KV, int D),                                            \
-    (dq, dk, dv, dout, q, k, v, att, B, T, H, KV, D))                                                                        \
-  /* token embedding without positions: out[r] = wte[tokens[r]]; backward dwte[tokens[r]] += dout[r] */                     \
-  X(embedding_forward, kind_info(OpKind::embedding, false), (TensorView out, const int* tokens, ConstTensorView wte, int R,  \
-                                                             int C),                                                         \
-    (out, tokens, wte, R, C))                                                                                                \
-  X(embedding_backward, kind_info(OpKind::embedding, true),                                                                   \
+#define ZINF_LLAMA_OPS(X)                                                                                              \
+  X(rmsnorm_forward, kind_info(OpKind::norm, false),                                                                   \
+    (TensorView out, TensorView rstd, ConstTensorView inp, ConstTensorView w, int R, int C, float eps),                \
+    (out, rstd, inp, w, R, C, eps))                                                                                    \
+  X(rmsnorm_backward, kind_info(OpKind::norm, true),                                                                   \
+    (TensorView dinp, TensorView dw, ConstTensorView dout, ConstTensorView inp, ConstTensorView w,                     \
+     ConstTensorView rstd, int R, int C),                                                                              \
+    (dinp, dw, dout, inp, w, rstd, R, C))                                                                              \
+  /* cos_t/sin_t: [T, D/2] tables in device memory */                                                                  \
+  X(rope_apply, kind_info(OpKind::elementwise, backward),                                                              \
+    (TensorView x, ConstTensorView cos_t, ConstTensorView sin_t, int R, int T, int heads, int D, bool backward),       \
+    (x, cos_t, sin_t, R, T, heads, D, backward))                                                                       \
+  X(swiglu_forward, kind_info(OpKind::elementwise, false),                                                             \
+    (TensorView out, ConstTensorView gate, ConstTensorView up, std::size_t n), (out, gate, up, n))                     \
+  X(swiglu_backward, kind_info(OpKind::elementwise, true),                                                             \
+    (TensorView dgate, TensorView dup, ConstTensorView dout, ConstTensorView gate, ConstTensorView up, std::size_t n), \
+    (dgate, dup, dout, gate, up, n))                                                                                   \
+  X(gqa_attention_forward, attention_info(B, T, H* D, false),                                                          \
+    (TensorView out, TensorView att, ConstTensorView q, ConstTensorView k, ConstTensorView v, int B, int T, int H,     \
+     int KV, int D),                                                                                                   \
+    (out, att, q, k, v, B, T, H, KV, D))                                                                               \
+  X(gqa_attention_backward, attention_info(B, T, H* D, true),                                                          \
+    (TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q, ConstTensorView k,          \
+     ConstTensorView v, ConstTensorView att, int B, int T, int H, int KV, int D),                                      \
+    (dq, dk, dv, dout, q, k, v, att, B, T, H, KV, D))                                                                  \
+  /* token embedding without positions: out[r] = wte[tokens[r]]; backward dwte[tokens[r]] += dout[r] */                \
+  X(embedding_forward, kind_info(OpKind::embedding, false),                                                            \
+    (TensorView out, const int* tokens, ConstTensorView wte, int R, int C), (out, tokens, wte, R, C))                  \
+  X(embedding_backward, kind_info(OpKind::embedding, true),                                                            \
     (TensorView dwte, ConstTensorView dout, const int* tokens, int R, int C), (dwte, dout, tokens, R, C))
 
 #define ZINF_OPS(X) ZINF_GPT_OPS(X) ZINF_LLAMA_OPS(X)
@@ -145,7 +146,8 @@ constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
 // naming `backend`, the op and the argument) and the rest as they are. `names` is the entry's
 // argument list as text, "(a, b, c)", for the error.
 template <class F, class... A, std::size_t... I>
-void call_fp32_at(const char* backend, const char* op, const char* names, F&& f, std::index_sequence<I...>, const A&... a) {
+void call_fp32_at(const char* backend, const char* op, const char* names, F&& f, std::index_sequence<I...>,
+                  const A&... a) {
   f(fp32_data(a, OpArgSite{backend, op, names, I})...);
 }
 template <class F, class... A>

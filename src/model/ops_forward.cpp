@@ -11,12 +11,14 @@
 namespace zinf {
 
 void OpsBackend::no_llama() {
-  throw ConfigError("model.family llama: this device's backend has no llama kernels yet; train it on the CPU device (device.type cpu)");
+  throw ConfigError(
+      "model.family llama: this device's backend has no llama kernels yet; train it on the CPU device (device.type "
+      "cpu)");
 }
 
 #define ZINF_FORWARD_OP(name, info, params, args) \
-  void ForwardingOps::name params {                \
-    run(info, [=, this] { in_->name args; });      \
+  void ForwardingOps::name params {               \
+    run(info, [=, this] { in_->name args; });     \
   }
 ZINF_OPS(ZINF_FORWARD_OP)
 #undef ZINF_FORWARD_OP

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "model/backend.h"
-#include "zinf/device.h"
 #include "model/shape.h"
+#include "zinf/device.h"
 
 namespace zinf {
 

@@ -1,14 +1,15 @@
 // shape.cpp — presets and exact parameter counts for the GPT-2 architecture (model/shape.h).
 #include <algorithm>
 
-#include "zinf/error.h"
 #include "model/shape.h"
+#include "zinf/error.h"
 
 namespace zinf {
 
 namespace {
 // A Llama-family shape; rope_factor != 1 selects Llama 3's scaling (low 1, high 4, original 8192).
-ModelShape llama(int L, int H, int KV, int C, int F, int V, double theta, bool tied, bool qkv_bias, double eps, double rope_factor) {
+ModelShape llama(int L, int H, int KV, int C, int F, int V, double theta, bool tied, bool qkv_bias, double eps,
+                 double rope_factor) {
   ModelShape s{L, H, C, V, 2048};
   s.family = ModelFamily::llama;
   s.n_kv_head = KV, s.d_ff = F, s.tie_embeddings = tied, s.qkv_bias = qkv_bias;
@@ -79,7 +80,9 @@ std::vector<LayerUnit> layer_units(const ModelShape& s) {
   return u;
 }
 
-std::int64_t count_params(const ModelShape& s) { return embedding_params(s) + s.n_layer * block_params(s) + final_params(s); }
+std::int64_t count_params(const ModelShape& s) {
+  return embedding_params(s) + s.n_layer * block_params(s) + final_params(s);
+}
 
 std::int64_t largest_unit_params(const ModelShape& s) {
   return std::max({embedding_params(s), block_params(s), final_params(s)});

@@ -38,7 +38,8 @@ class TensorView {
  public:
   TensorView() = default;
   TensorView(std::nullptr_t) {}  // NOLINT(google-explicit-constructor): an absent optional tensor
-  TensorView(float* p, std::size_t n = kUnsized) : data_(p), numel_(p ? n : 0) {}  // NOLINT: fp32 buffers pass as they are
+  TensorView(float* p, std::size_t n = kUnsized)
+      : data_(p), numel_(p ? n : 0) {}  // NOLINT: fp32 buffers pass as they are
   TensorView(void* p, DType t, std::size_t n) : data_(p), dtype_(t), numel_(p ? n : 0) {}
 
   void* data() const { return data_; }
@@ -55,10 +56,10 @@ class TensorView {
 class ConstTensorView {
  public:
   ConstTensorView() = default;
-  ConstTensorView(std::nullptr_t) {}                                                          // NOLINT
-  ConstTensorView(const float* p, std::size_t n = kUnsized) : data_(p), numel_(p ? n : 0) {}  // NOLINT
+  ConstTensorView(std::nullptr_t) {}                                                                         // NOLINT
+  ConstTensorView(const float* p, std::size_t n = kUnsized) : data_(p), numel_(p ? n : 0) {}                 // NOLINT
   ConstTensorView(float* p, std::size_t n = kUnsized) : ConstTensorView(static_cast<const float*>(p), n) {}  // NOLINT
-  ConstTensorView(const TensorView& v) : data_(v.data()), dtype_(v.dtype()), numel_(v.numel()) {}        // NOLINT
+  ConstTensorView(const TensorView& v) : data_(v.data()), dtype_(v.dtype()), numel_(v.numel()) {}            // NOLINT
   ConstTensorView(const void* p, DType t, std::size_t n) : data_(p), dtype_(t), numel_(p ? n : 0) {}
 
   const void* data() const { return data_; }
@@ -93,9 +94,10 @@ struct OpArgSite {
 };
 
 [[noreturn]] inline void wrong_dtype(const OpArgSite& at, DType got) {
-  throw Error(std::string(at.backend) + " op " + at.op + ": argument '" + std::string(at.arg()) + "' is " +
-                  std::string(to_string(got)) + ", but this backend computes in fp32 only",
-              "hold this tensor in fp32 on this device, or run on a backend with " + std::string(to_string(got)) + " kernels");
+  throw Error(
+      std::string(at.backend) + " op " + at.op + ": argument '" + std::string(at.arg()) + "' is " +
+          std::string(to_string(got)) + ", but this backend computes in fp32 only",
+      "hold this tensor in fp32 on this device, or run on a backend with " + std::string(to_string(got)) + " kernels");
 }
 
 // The fp32 pointer behind a view (null for an empty one); any other type is refused.

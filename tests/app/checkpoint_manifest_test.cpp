@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "common/error_of.h"
-#include "app/train/checkpoint.h"
 #include "app/config/config.h"
-#include "zinf/error.h"
+#include "app/train/checkpoint.h"
+#include "common/error_of.h"
 #include "model/shape.h"
+#include "zinf/error.h"
 
 namespace zinf {
 namespace {
@@ -80,7 +80,10 @@ TEST_F(Manifest, MistypedOrImpossibleValuesAreOneErrorNamingTheManifest) {
       {"model.d_model 1e300", [](json& j) { j["model"]["d_model"] = 1e300; }},
       {"model.n_head not dividing d_model", [](json& j) { j["model"]["n_head"] = 3; }},
       {"llama family without n_kv_head", [](json& j) { j["model"]["family"] = "llama"; }},
-      {"tensors an object", [](json& j) { j["tensors"] = json::object({{"a", 1}, {"b", 2}, {"c", 3}}); }},
+      {"tensors an object",
+       [](json& j) {
+         j["tensors"] = json::object({{"a", 1}, {"b", 2}, {"c", 3}});
+       }},
       {"states_bytes 1e300", [](json& j) { j["states_bytes"] = 1e300; }},
       {"a tensor's offset 1e300", [](json& j) { j["tensors"][0]["offset"] = 1e300; }},
       {"a tensor's offset past the file", [](json& j) { j["tensors"][0]["offset"] = std::uint64_t{1} << 62; }},
@@ -89,7 +92,10 @@ TEST_F(Manifest, MistypedOrImpossibleValuesAreOneErrorNamingTheManifest) {
       {"scaler.hysteresis beyond an int", [](json& j) { j["scaler"]["hysteresis"] = std::int64_t{1} << 40; }},
       {"scaler not an object", [](json& j) { j["scaler"] = 5; }},
       {"version 1e300", [](json& j) { j["version"] = 1e300; }},
-      {"a manifest that is an array", [](json& j) { j = json::array({1, 2}); }},
+      {"a manifest that is an array",
+       [](json& j) {
+         j = json::array({1, 2});
+       }},
   };
   for (const auto& [name, edit] : cases) {
     SCOPED_TRACE(name);
@@ -98,7 +104,8 @@ TEST_F(Manifest, MistypedOrImpossibleValuesAreOneErrorNamingTheManifest) {
       (void)checkpoint_shape(path);
       (void)load_checkpoint(path, kShape, [](std::size_t, const float*, const float*, const float*) {});
     });
-    EXPECT_NE(why.find("checkpoint " + path + "/"), std::string::npos) << why;  // manifest.json, or states.bin for the offset
+    EXPECT_NE(why.find("checkpoint " + path + "/"), std::string::npos)
+        << why;  // manifest.json, or states.bin for the offset
     EXPECT_EQ(why.find("json.exception"), std::string::npos) << why;
     EXPECT_EQ(choose_checkpoint(root.string(), "latest", kShape).path, "");
   }

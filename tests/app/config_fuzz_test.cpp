@@ -83,10 +83,21 @@ TEST(ConfigFuzz, RandomBytesAndValuesAreHandled) {
   }
   // Well-formed JSON with hostile values in every key zinf reads.
   const char* values[] = {"null", "true", "-1", "1e400", "1e18", "\"auto\"", "\"\"", "[]", "{}", "0", "0.5", "\"x\""};
-  const char* keys[] = {"train_batch_size", "fp16.enabled", "fp16.loss_scale", "zero_optimization.stage",
-                        "zero_optimization.offload_optimizer.device", "zero_optimization.sub_group_size",
-                        "optimizer.params.betas", "optimizer.type", "scheduler.type", "aio.block_size",
-                        "model.n_head", "model.d_model", "device.memory_budget", "train.steps", "bf16"};
+  const char* keys[] = {"train_batch_size",
+                        "fp16.enabled",
+                        "fp16.loss_scale",
+                        "zero_optimization.stage",
+                        "zero_optimization.offload_optimizer.device",
+                        "zero_optimization.sub_group_size",
+                        "optimizer.params.betas",
+                        "optimizer.type",
+                        "scheduler.type",
+                        "aio.block_size",
+                        "model.n_head",
+                        "model.d_model",
+                        "device.memory_budget",
+                        "train.steps",
+                        "bf16"};
   for (const char* k : keys)
     for (const char* v : values) try_parse(R"({"train_batch_size": 8})", {std::string(k) + "=" + v});
 }

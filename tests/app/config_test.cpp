@@ -75,7 +75,8 @@ TEST(Config, MinimalConfigTakesDeepSpeedDefaults) {
   EXPECT_EQ(c.model.preset, "gpt2-124m");
   EXPECT_EQ(c.model.n_layer, 12);
   ASSERT_EQ(c.notes.size(), 1u);  // no model section: the default model is named
-  EXPECT_NE(c.notes[0].find("no model section; training zinf's default model, gpt2-124m"), std::string::npos) << c.notes[0];
+  EXPECT_NE(c.notes[0].find("no model section; training zinf's default model, gpt2-124m"), std::string::npos)
+      << c.notes[0];
   EXPECT_TRUE(ok(R"({"train_batch_size": 8, "model": {"preset": "gpt2-124m"}})").notes.empty());
 }
 
@@ -171,9 +172,10 @@ TEST(Config, EveryUnresolvedAutoIsReportedAtOnceWithLinesToPaste) {
     "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}, "model": {"preset": "gpt2-124m"}})";
   const std::string e = error_of(hf);
   EXPECT_EQ(e.find("Either train_batch_size"), std::string::npos) << e;  // not the misleading batch message
-  for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                          "gradient_clipping", "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps",
-                          "optimizer.params.weight_decay", "scheduler.params.warmup_num_steps", "fp16.enabled", "bf16.enabled"})
+  for (const char* key :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+        "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay",
+        "scheduler.params.warmup_num_steps", "fp16.enabled", "bf16.enabled"})
     EXPECT_NE(e.find(std::string("--set ") + key + "="), std::string::npos) << key << ": " << e;
   EXPECT_EQ(e.find("warmup_min_lr="), std::string::npos) << e;  // resolved: 0
   std::vector<std::string> sets;
@@ -189,7 +191,8 @@ TEST(Config, EveryUnresolvedAutoIsReportedAtOnceWithLinesToPaste) {
 TEST(Config, DuplicateKeysAreRejectedWithTheirPath) {
   std::string e = error_of(R"({"train_batch_size": 8, "train_batch_size": 16})");
   EXPECT_NE(e.find("cfg.json: train_batch_size: the key appears twice"), std::string::npos) << e;
-  e = error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "device": "nvme"}}})");
+  e = error_of(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "device": "nvme"}}})");
   EXPECT_NE(e.find("zero_optimization.offload_optimizer.device: the key appears twice"), std::string::npos) << e;
   // The same key in two different objects is fine.
   ok(R"({"train_batch_size": 8, "fp16": {"enabled": false}, "bf16": {"enabled": false}})");
@@ -198,7 +201,9 @@ TEST(Config, DuplicateKeysAreRejectedWithTheirPath) {
 TEST(Config, NonPositiveBatchValuesGetTheirOwnError) {
   for (const char* v : {"0", "-4"}) {
     std::string e = error_of(std::string(R"({"train_micro_batch_size_per_gpu": )") + v + "}");
-    EXPECT_NE(e.find(std::string("train_micro_batch_size_per_gpu: must be a positive integer, got ") + v), std::string::npos) << e;
+    EXPECT_NE(e.find(std::string("train_micro_batch_size_per_gpu: must be a positive integer, got ") + v),
+              std::string::npos)
+        << e;
   }
   std::string e = error_of(R"({"train_batch_size": 8, "gradient_accumulation_steps": 0})");
   EXPECT_NE(e.find("gradient_accumulation_steps: must be a positive integer, got 0"), std::string::npos) << e;
@@ -242,7 +247,8 @@ INSTANTIATE_TEST_SUITE_P(
         BatchCase{R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 4})",
                   32, 8, 4},
         BatchCase{R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 8,
-                      "gradient_accumulation_steps": "auto"})", 8, 8, 1}));
+                      "gradient_accumulation_steps": "auto"})",
+                  8, 8, 1}));
 
 TEST(Config, BatchRuleErrorsUseDeepSpeedsWording) {
   EXPECT_NE(error_of(R"({})").find("Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"),
@@ -276,7 +282,8 @@ TEST(Config, UnknownKeyFarFromAnyGivesNoSuggestion) {
 }
 
 TEST(Config, UnknownKeyInsideOptimizerParams) {
-  std::string e = error_of(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"weight_dacay": 0.1}}})");
+  std::string e =
+      error_of(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"weight_dacay": 0.1}}})");
   EXPECT_NE(e.find("optimizer.params.weight_dacay: unknown key (did you mean weight_decay?)"), std::string::npos) << e;
 }
 
@@ -342,13 +349,15 @@ TEST(Config, OtherDeepSpeedOptimizersAreNamedAsUnsupported) {
 }
 
 TEST(Config, MaxGradNormInOptimizerParamsIsRefusedLikeDeepSpeed) {
-  std::string e = error_of(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}})");
+  std::string e =
+      error_of(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}})");
   EXPECT_NE(e.find("gradient_clipping"), std::string::npos) << e;
 }
 
 TEST(Config, BetasMustBeAPairInRange) {
-  EXPECT_NE(error_of(R"({"train_batch_size": 8, "optimizer": {"params": {"betas": [0.9]}}})").find("optimizer.params.betas"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(R"({"train_batch_size": 8, "optimizer": {"params": {"betas": [0.9]}}})").find("optimizer.params.betas"),
+      std::string::npos);
   EXPECT_NE(error_of(R"({"train_batch_size": 8, "optimizer": {"params": {"betas": [0.9, 1.0]}}})").find("[0, 1)"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"train_batch_size": 8, "optimizer": {"params": {"amsgrad": true}}})").find("AMSGrad"),
@@ -375,7 +384,8 @@ TEST(Config, WarmupDecayAndCosineNeedTotalSteps) {
                     "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "warmup_num_steps": 7}}})");
   EXPECT_EQ(c.scheduler.total_num_steps, 77);
   EXPECT_DOUBLE_EQ(c.scheduler.cos_min_ratio, 1e-4);
-  e = error_of(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_max_lr": 1}}})");
+  e = error_of(
+      R"({"train_batch_size": 8, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_max_lr": 1}}})");
   EXPECT_NE(e.find("scheduler.params.warmup_max_lr: unknown key"), std::string::npos) << e;
 }
 
@@ -406,16 +416,19 @@ TEST(Config, LossScaleRejectsBool) {
 // ---- zero_optimization cross-checks -----------------------------------------------------------------
 
 TEST(Config, NvmeOffloadNeedsAPath) {
-  std::string e = error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})");
+  std::string e = error_of(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})");
   EXPECT_EQ(e, "cfg.json: zero_optimization.offload_optimizer.nvme_path: device is nvme but nvme_path is not set");
 }
 
 TEST(Config, OffloadNeedsTheRightStage) {
-  std::string e = error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})");
+  std::string e =
+      error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})");
   EXPECT_NE(e.find("offloading parameters needs ZeRO stage 3 (stage is 2)"), std::string::npos) << e;
   e = error_of(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})");
   EXPECT_NE(e.find("needs ZeRO stage 1, 2 or 3"), std::string::npos) << e;
-  e = error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}})");
+  e = error_of(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}})");
   EXPECT_NE(e.find("'disk' is not one of none, cpu, nvme"), std::string::npos) << e;
 }
 
@@ -426,14 +439,16 @@ TEST(Config, DeprecatedCpuOffloadMapsWithNote) {
   EXPECT_NE(c.notes[0].find("deprecated"), std::string::npos);
   std::string e = error_of(
       R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": true, "offload_optimizer": {"device": "cpu"}}})");
-  EXPECT_NE(e.find("Cannot provide deprecated parameter 'cpu_offload' and replacing parameter 'offload_optimizer' together"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("Cannot provide deprecated parameter 'cpu_offload' and replacing parameter 'offload_optimizer' together"),
+      std::string::npos)
       << e;
 }
 
 TEST(Config, Stage3AliasesAreAcceptedButNotTwice) {
-  EXPECT_EQ(ok(R"({"train_batch_size": 8, "zero_optimization": {"prefetch_bucket_size": 123}})").zero.prefetch_bucket_size,
-            123);
+  EXPECT_EQ(
+      ok(R"({"train_batch_size": 8, "zero_optimization": {"prefetch_bucket_size": 123}})").zero.prefetch_bucket_size,
+      123);
   std::string e = error_of(
       R"({"train_batch_size": 8, "zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}})");
   EXPECT_NE(e.find("name the same setting"), std::string::npos) << e;
@@ -481,7 +496,8 @@ TEST(Config, ModelShapeIsValidated) {
 
 TEST(Config, DeviceMemoryBudgetTakesUnits) {
   EXPECT_EQ(ok(R"({"train_batch_size": 8, "device": {"memory_budget": "8GiB"}})").device.memory_budget, 8ull << 30);
-  EXPECT_EQ(ok(R"({"train_batch_size": 8, "device": {"memory_budget": "8GB"}})").device.memory_budget, 8'000'000'000ull);
+  EXPECT_EQ(ok(R"({"train_batch_size": 8, "device": {"memory_budget": "8GB"}})").device.memory_budget,
+            8'000'000'000ull);
   EXPECT_EQ(ok(R"({"train_batch_size": 8, "device": {"memory_budget": "auto"}})").device.memory_budget, 0u);
   EXPECT_EQ(ok(R"({"train_batch_size": 8, "device": {"memory_budget": 4096}})").device.memory_budget, 4096u);
   std::string e = error_of(R"({"train_batch_size": 8, "device": {"memory_budget": "8 parsecs"}})");
@@ -493,7 +509,8 @@ TEST(Config, DeviceAsyncModeAndJitter) {
   EXPECT_FALSE(d.device.async);
   EXPECT_EQ(d.device.jitter_seed, 0u);
   EXPECT_EQ(d.device.jitter_us, 200);
-  const Config c = ok(R"({"train_batch_size": 8, "device": {"type": "cpu", "async": true, "jitter_seed": 9, "jitter_us": 50}})");
+  const Config c =
+      ok(R"({"train_batch_size": 8, "device": {"type": "cpu", "async": true, "jitter_seed": 9, "jitter_us": 50}})");
   EXPECT_TRUE(c.device.async);
   EXPECT_EQ(c.device.jitter_seed, 9u);
   EXPECT_EQ(c.device.jitter_us, 50);
@@ -506,7 +523,8 @@ TEST(Config, DeviceAsyncModeAndJitter) {
 }
 
 TEST(Config, DataTokenizerAppliesToText) {
-  EXPECT_EQ(ok(R"({"train_batch_size": 8, "data": {"path": "a.txt", "tokenizer": "t.model"}})").data.tokenizer, "t.model");
+  EXPECT_EQ(ok(R"({"train_batch_size": 8, "data": {"path": "a.txt", "tokenizer": "t.model"}})").data.tokenizer,
+            "t.model");
   std::string e = error_of(R"({"train_batch_size": 8, "data": {"format": "tokens", "tokenizer": "t.model"}})");
   EXPECT_NE(e.find("data.tokenizer: a tokenizer applies to text"), std::string::npos) << e;
 }
@@ -548,8 +566,8 @@ TEST(Overrides, SetDottedKeysWithJsonOrBareStrings) {
 }
 
 TEST(Overrides, ReplaceValuesFromTheFile) {
-  Config c = ok(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8})",
-                {"train_micro_batch_size_per_gpu=4"});
+  Config c =
+      ok(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8})", {"train_micro_batch_size_per_gpu=4"});
   EXPECT_EQ(c.gradient_accumulation_steps, 8);
 }
 

@@ -84,15 +84,18 @@ TEST(Plan, ZeroPaperFormulasPerStage) {
 
 TEST(Plan, PerRankBytesFallWithTheStageAndTheWorld) {
   auto plan_for = [](int world) {
-    Config c = parse_config(R"({"model": {"preset": "gpt2-350m"}, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+    Config c = parse_config(
+        R"({"model": {"preset": "gpt2-350m"}, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
                                "zero_optimization": {"stage": 2}})",
-                            {}, "<test>", world);
+        {}, "<test>", world);
     return plan_run(c, fake_machine(64ull << 30, 80ull << 30));
   };
   const RunPlan one = plan_for(1), four = plan_for(4);
   ASSERT_EQ(four.stages.size(), 4u);
   EXPECT_EQ(four.world, 4);
-  auto states = [](const StagePlan& s) { return s.model_states[0] + s.model_states[1] + s.model_states[2] + s.model_states[3]; };
+  auto states = [](const StagePlan& s) {
+    return s.model_states[0] + s.model_states[1] + s.model_states[2] + s.model_states[3];
+  };
   for (int st = 1; st <= 3; ++st) {
     EXPECT_LT(states(four.stages[st]), states(four.stages[st - 1])) << "stage " << st;
     EXPECT_LT(four.stages[st].zero_paper, four.stages[st - 1].zero_paper);
@@ -101,8 +104,9 @@ TEST(Plan, PerRankBytesFallWithTheStageAndTheWorld) {
   // With one rank the stages partition nothing.
   EXPECT_EQ(states(one.stages[1]), states(one.stages[3]));
   for (const auto& st : four.stages) EXPECT_TRUE(st.valid) << "no offload: every stage allows it";
-  Config off = parse_config(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})", {},
-                            "<test>", 4);
+  Config off = parse_config(
+      R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})", {},
+      "<test>", 4);
   const RunPlan r = plan_run(off, fake_machine(64ull << 30, 80ull << 30));
   EXPECT_FALSE(r.stages[0].valid);  // offloading the optimizer needs stage 1 or more
   EXPECT_TRUE(r.stages[1].valid);

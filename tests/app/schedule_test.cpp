@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "app/config/config.h"
-#include "zinf/error.h"
 #include "app/train/train.h"
+#include "zinf/error.h"
 
 namespace zinf {
 namespace {

@@ -58,7 +58,7 @@ TEST(CachingAllocator, BudgetBoundsReservedBytesAndReleasesTheCacheFirst) {
   FakeRaw raw;
   CachingAllocator a = raw.make(8 << 20);
   void* big = a.allocate(6 << 20, "activations");
-  a.free(big);  // 6 MiB cached
+  a.free(big);                                   // 6 MiB cached
   void* other = a.allocate(4 << 20, "weights");  // 6 + 4 > 8: the cache is released, then it fits
   EXPECT_EQ(raw.frees, 1u);
   EXPECT_EQ(a.reserved(), 4u << 20);

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "model/fixed_math.h"
-#include "cpu/ops_gpt.h"
 #include "app/config/config.h"
-#include "zinf/cpu_adam/simd.h"
 #include "app/train/train.h"
+#include "cpu/ops_gpt.h"
+#include "model/fixed_math.h"
+#include "zinf/cpu_adam/simd.h"
 
 namespace zinf {
 namespace {
@@ -68,7 +68,8 @@ TEST(CpuDeterminism, GemmsSumInKOrderWhateverTheCacheSizes) {
   const int R = 300, IC = 72, OC = 520;
   const auto x = random_vec(static_cast<std::size_t>(R) * IC, 1), w = random_vec(static_cast<std::size_t>(IC) * OC, 2),
              bias = random_vec(OC, 3), dy = random_vec(static_cast<std::size_t>(R) * OC, 4),
-             dx0 = random_vec(static_cast<std::size_t>(R) * IC, 5), dw0 = random_vec(static_cast<std::size_t>(IC) * OC, 6);
+             dx0 = random_vec(static_cast<std::size_t>(R) * IC, 5),
+             dw0 = random_vec(static_cast<std::size_t>(IC) * OC, 6);
   for (const Caches& c : cache_variants())
     for (int threads : {1, 2}) {
       SCOPED_TRACE("l1 " + std::to_string(c.l1) + " threads " + std::to_string(threads));
@@ -80,20 +81,23 @@ TEST(CpuDeterminism, GemmsSumInKOrderWhateverTheCacheSizes) {
       int bad_out = 0, bad_dx = 0, bad_dw = 0;
       for (int r = 0; r < R; ++r)
         for (int o = 0; o < OC; ++o) {
-          const float s = dot_in_order(IC, [&](int k) { return x[static_cast<std::size_t>(r) * IC + k]; },
-                                       [&](int k) { return w[static_cast<std::size_t>(k) * OC + o]; });
+          const float s = dot_in_order(
+              IC, [&](int k) { return x[static_cast<std::size_t>(r) * IC + k]; },
+              [&](int k) { return w[static_cast<std::size_t>(k) * OC + o]; });
           bad_out += out[static_cast<std::size_t>(r) * OC + o] != s + bias[o];
         }
       for (int r = 0; r < R; ++r)
         for (int i = 0; i < IC; ++i) {
-          const float s = dot_in_order(OC, [&](int k) { return dy[static_cast<std::size_t>(r) * OC + k]; },
-                                       [&](int k) { return w[static_cast<std::size_t>(i) * OC + k]; });
+          const float s = dot_in_order(
+              OC, [&](int k) { return dy[static_cast<std::size_t>(r) * OC + k]; },
+              [&](int k) { return w[static_cast<std::size_t>(i) * OC + k]; });
           bad_dx += dx[static_cast<std::size_t>(r) * IC + i] != dx0[static_cast<std::size_t>(r) * IC + i] + s;
         }
       for (int i = 0; i < IC; ++i)
         for (int o = 0; o < OC; ++o) {
-          const float s = dot_in_order(R, [&](int k) { return x[static_cast<std::size_t>(k) * IC + i]; },
-                                       [&](int k) { return dy[static_cast<std::size_t>(k) * OC + o]; });
+          const float s = dot_in_order(
+              R, [&](int k) { return x[static_cast<std::size_t>(k) * IC + i]; },
+              [&](int k) { return dy[static_cast<std::size_t>(k) * OC + o]; });
           bad_dw += dw[static_cast<std::size_t>(i) * OC + o] != dw0[static_cast<std::size_t>(i) * OC + o] + s;
         }
       EXPECT_EQ(bad_out, 0) << "of " << R * OC << " forward outputs differ from the in-order sum";
@@ -113,33 +117,37 @@ TEST(CpuDeterminism, LmHeadSumsInKOrderWhateverTheCacheSizes) {
     SCOPED_TRACE("l1 " + std::to_string(c.l1));
     Eigen::setCpuCacheSizes(c.l1, c.l2, c.l3);
     ops::ChunkPool par(2);
-    std::vector<float> probs(static_cast<std::size_t>(R) * V), losses(R), dx(static_cast<std::size_t>(R) * C), dwte = dwte0,
-        dlogits(probs.size());
+    std::vector<float> probs(static_cast<std::size_t>(R) * V), losses(R), dx(static_cast<std::size_t>(R) * C),
+        dwte = dwte0, dlogits(probs.size());
     ops::lm_head_forward(par, probs.data(), losses.data(), x.data(), wte.data(), targets.data(), R, C, V);
-    ops::lm_head_backward(par, dx.data(), dwte.data(), dlogits.data(), probs.data(), x.data(), wte.data(), targets.data(),
-                          1.0f / R, R, C, V);
+    ops::lm_head_backward(par, dx.data(), dwte.data(), dlogits.data(), probs.data(), x.data(), wte.data(),
+                          targets.data(), 1.0f / R, R, C, V);
     int bad_logit = 0, bad_dx = 0, bad_dwte = 0;
     for (int r = 0; r < R; ++r) {  // the logits, through the softmax (fixed::expf) they feed
       std::vector<float> l(static_cast<std::size_t>(V));
       float maxv = -INFINITY, sum = 0;
       for (int v = 0; v < V; ++v) {
-        l[static_cast<std::size_t>(v)] = dot_in_order(C, [&](int k) { return x[static_cast<std::size_t>(r) * C + k]; },
-                                                      [&](int k) { return wte[static_cast<std::size_t>(v) * C + k]; });
+        l[static_cast<std::size_t>(v)] = dot_in_order(
+            C, [&](int k) { return x[static_cast<std::size_t>(r) * C + k]; },
+            [&](int k) { return wte[static_cast<std::size_t>(v) * C + k]; });
         maxv = std::max(maxv, l[static_cast<std::size_t>(v)]);
       }
       for (auto& e : l) sum += (e = fixed::expf(e - maxv));
-      for (int v = 0; v < V; ++v) bad_logit += probs[static_cast<std::size_t>(r) * V + v] != l[static_cast<std::size_t>(v)] * (1.0f / sum);
+      for (int v = 0; v < V; ++v)
+        bad_logit += probs[static_cast<std::size_t>(r) * V + v] != l[static_cast<std::size_t>(v)] * (1.0f / sum);
     }
     for (int r = 0; r < R; ++r)
       for (int i = 0; i < C; ++i) {
-        const float s = dot_in_order(V, [&](int k) { return dlogits[static_cast<std::size_t>(r) * V + k]; },
-                                     [&](int k) { return wte[static_cast<std::size_t>(k) * C + i]; });
+        const float s = dot_in_order(
+            V, [&](int k) { return dlogits[static_cast<std::size_t>(r) * V + k]; },
+            [&](int k) { return wte[static_cast<std::size_t>(k) * C + i]; });
         bad_dx += dx[static_cast<std::size_t>(r) * C + i] != s;
       }
     for (int v = 0; v < V; ++v)
       for (int i = 0; i < C; ++i) {
-        const float s = dot_in_order(R, [&](int k) { return dlogits[static_cast<std::size_t>(k) * V + v]; },
-                                     [&](int k) { return x[static_cast<std::size_t>(k) * C + i]; });
+        const float s = dot_in_order(
+            R, [&](int k) { return dlogits[static_cast<std::size_t>(k) * V + v]; },
+            [&](int k) { return x[static_cast<std::size_t>(k) * C + i]; });
         bad_dwte += dwte[static_cast<std::size_t>(v) * C + i] != dwte0[static_cast<std::size_t>(v) * C + i] + s;
       }
     EXPECT_EQ(bad_logit, 0);
@@ -166,9 +174,11 @@ TEST(FixedMath, WithinOneUlpOfLibm) {
   for (int i = 0; i < 400000; ++i) {
     const float e = std::uniform_real_distribution<float>(-103.0f, 88.7f)(rng);
     worst_exp = std::max(worst_exp, ulps(fixed::expf(e), static_cast<float>(std::exp(static_cast<double>(e)))));
-    const float l = std::ldexp(std::uniform_real_distribution<float>(0.5f, 1.0f)(rng), static_cast<int>(rng() % 250) - 140);
+    const float l =
+        std::ldexp(std::uniform_real_distribution<float>(0.5f, 1.0f)(rng), static_cast<int>(rng() % 250) - 140);
     worst_log = std::max(worst_log, ulps(fixed::logf(l), static_cast<float>(std::log(static_cast<double>(l)))));
-    const float t = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng), static_cast<int>(rng() % 24) - 20);
+    const float t =
+        std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng), static_cast<int>(rng() % 24) - 20);
     worst_tanh = std::max(worst_tanh, ulps(fixed::tanhf(t), static_cast<float>(std::tanh(static_cast<double>(t)))));
   }
   EXPECT_LE(worst_exp, 1);
@@ -188,7 +198,8 @@ TEST(FixedMath, WithinOneUlpOfLibm) {
   EXPECT_TRUE(std::isnan(fixed::tanhf(NAN)));
   for (double d : {1e-300, 1e-310, 0.3, 1.0, 2.5, 1e300})
     EXPECT_NEAR(fixed::log(d), std::log(d), 1e-15 * std::fabs(std::log(d)) + 1e-300) << d;
-  for (double d : {-700.0, -20.0, -1e-3, 0.0, 0.5, 30.0, 700.0, 709.5, 709.78}) EXPECT_NEAR(fixed::exp(d) / std::exp(d), 1.0, 1e-15) << d;
+  for (double d : {-700.0, -20.0, -1e-3, 0.0, 0.5, 30.0, 700.0, 709.5, 709.78})
+    EXPECT_NEAR(fixed::exp(d) / std::exp(d), 1.0, 1e-15) << d;
   {  // beyond 2^20·π/2 … up to the rotary tables' longest sequence (2^20 positions) the reduction stays exact
     double s = 0, c = 0;
     for (double x : {1048575.0, 1.5e6}) {
@@ -200,7 +211,8 @@ TEST(FixedMath, WithinOneUlpOfLibm) {
   // the double functions behind the init, the LR schedule and the rotary tables
   double worst_sincos = 0, worst_pow = 0, worst_dlog = 0;
   for (int i = 0; i < 200000; ++i) {
-    const double x = std::ldexp(std::uniform_real_distribution<double>(-1.0, 1.0)(rng), static_cast<int>(rng() % 40) - 22);
+    const double x =
+        std::ldexp(std::uniform_real_distribution<double>(-1.0, 1.0)(rng), static_cast<int>(rng() % 40) - 22);
     double s = 0, c = 0;
     fixed::sincos(x, s, c);
     worst_sincos = std::max({worst_sincos, std::fabs(s - std::sin(x)), std::fabs(c - std::cos(x))});
@@ -235,7 +247,8 @@ TEST(CpuDeterminism, OneDigestWhateverTheCachesThreadsAndSimdPath) {
   for (const Caches& c : cache_variants()) {
     Eigen::setCpuCacheSizes(c.l1, c.l2, c.l3);
     for (const char* threads : {"1", "2"})
-      EXPECT_EQ(digest({std::string("device.threads=") + threads}), expected) << "L1 " << c.l1 << " threads " << threads;
+      EXPECT_EQ(digest({std::string("device.threads=") + threads}), expected)
+          << "L1 " << c.l1 << " threads " << threads;
   }
   std::vector<std::string> paths = {"scalar"};
   if (cpu_adam::detect_simd() >= cpu_adam::SimdLevel::avx2) paths.push_back("avx2");

@@ -8,23 +8,22 @@
 #include <random>
 #include <vector>
 
-#include "model/host_math.h"
+#include "../model/random_floats.h"
 #include "cpu/cpu_ops.h"
+#include "cuda/cuda.h"
 #include "cuda/cuda_ops.h"
-#include "zinf/backends/gpu.h"
 #include "model/backend.h"
 #include "model/gpt.h"
+#include "model/host_math.h"
 #include "model/llama.h"
-#include "../model/random_floats.h"
-#include "zinf/device.h"
-#include "cuda/cuda.h"
 #include "zinf/backends/cpu.h"
+#include "zinf/backends/gpu.h"
+#include "zinf/device.h"
 
 namespace zinf {
 namespace {
 
 using VF = std::vector<float>;
-
 
 struct Gpu {
   std::unique_ptr<Device> dev;
@@ -65,7 +64,8 @@ void expect_close(const char* what, const VF& got, const VF& want, double rel, d
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double d = std::fabs(got[i] - want[i]);
     worst = std::max(worst, d / (std::fabs(want[i]) + 1e-12));
-    if (d > rel * std::fabs(want[i]) + abs && bad++ < 5) ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs " << want[i];
+    if (d > rel * std::fabs(want[i]) + abs && bad++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs " << want[i];
   }
   EXPECT_EQ(bad, 0) << what << ": max rel diff " << worst;
 }
@@ -78,7 +78,8 @@ TEST(CudaOps, EveryOpMatchesTheCpuReference) {
   CpuOps cpu(par);
   const int B = 2, T = 9, C = 24, H = 3, V = 37, R = B * T;
   // matmul
-  VF x = randf(static_cast<std::size_t>(R) * C, 1), w = randf(static_cast<std::size_t>(C) * 3 * C, 2), b = randf(3 * C, 3);
+  VF x = randf(static_cast<std::size_t>(R) * C, 1), w = randf(static_cast<std::size_t>(C) * 3 * C, 2),
+     b = randf(3 * C, 3);
   VF o(static_cast<std::size_t>(R) * 3 * C);
   cpu.matmul_forward(o.data(), x.data(), w.data(), b.data(), R, C, 3 * C);
   float* go = g.up(VF(o.size()));
@@ -98,7 +99,8 @@ TEST(CudaOps, EveryOpMatchesTheCpuReference) {
   g.ops->layernorm_forward(glo, glm, glr, g.up(x), g.up(lw), g.up(lb), R, C);
   expect_close("layernorm_forward", g.down(glo, lo.size()), lo, 1e-4, 1e-5);
   VF ldy = randf(x.size(), 7), ldx(x.size(), 0), ldw(C, 0), ldb(C, 0);
-  cpu.layernorm_backward(ldx.data(), ldw.data(), ldb.data(), ldy.data(), x.data(), lw.data(), lm.data(), lr.data(), R, C);
+  cpu.layernorm_backward(ldx.data(), ldw.data(), ldb.data(), ldy.data(), x.data(), lw.data(), lm.data(), lr.data(), R,
+                         C);
   float *gldx = g.up(VF(x.size())), *gldw = g.up(VF(C)), *gldb = g.up(VF(C));
   g.ops->layernorm_backward(gldx, gldw, gldb, g.up(ldy), g.up(x), g.up(lw), glm, glr, R, C);
   expect_close("layernorm dinp", g.down(gldx, x.size()), ldx, 1e-4, 1e-5);
@@ -126,8 +128,10 @@ TEST(CudaOps, EveryOpMatchesTheCpuReference) {
   expect_close("attention_backward", g.down(gadq, adq.size()), adq, 1e-4, 1e-5);
   // encoder and LM head
   std::vector<int> tok(static_cast<std::size_t>(R)), tg(static_cast<std::size_t>(R));
-  for (int i = 0; i < R; ++i) tok[static_cast<std::size_t>(i)] = (i * 7) % V, tg[static_cast<std::size_t>(i)] = (i * 5 + 3) % V;
-  VF wte = randf(static_cast<std::size_t>(V) * C, 10, 0.3f), wpe = randf(static_cast<std::size_t>(T) * C, 11, 0.3f), eo(x.size());
+  for (int i = 0; i < R; ++i)
+    tok[static_cast<std::size_t>(i)] = (i * 7) % V, tg[static_cast<std::size_t>(i)] = (i * 5 + 3) % V;
+  VF wte = randf(static_cast<std::size_t>(V) * C, 10, 0.3f), wpe = randf(static_cast<std::size_t>(T) * C, 11, 0.3f),
+     eo(x.size());
   cpu.encoder_forward(eo.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
   int *gtok = g.up(tok), *gtg = g.up(tg);
   float *gwte = g.up(wte), *geo = g.up(VF(eo.size()));
@@ -140,7 +144,8 @@ TEST(CudaOps, EveryOpMatchesTheCpuReference) {
   g.ops->lm_head_forward(gprobs, glosses, gx, gwte, gtg, R, C, V);
   const double gloss = ops::mean_loss(g.down(glosses, static_cast<std::size_t>(R)).data(), R);
   EXPECT_NEAR(gloss, loss, 1e-5 * loss);
-  cpu.lm_head_backward(hdx.data(), dwte.data(), dl.data(), probs.data(), x.data(), wte.data(), tg.data(), 1.0f / R, R, C, V);
+  cpu.lm_head_backward(hdx.data(), dwte.data(), dl.data(), probs.data(), x.data(), wte.data(), tg.data(), 1.0f / R, R,
+                       C, V);
   float *ghdx = g.up(VF(hdx.size())), *gdwte = g.up(VF(dwte.size())), *gdl = g.up(VF(dl.size()));
   g.ops->lm_head_backward(ghdx, gdwte, gdl, gprobs, gx, gwte, gtg, 1.0f / R, R, C, V);
   expect_close("lm_head dx", g.down(ghdx, hdx.size()), hdx, 1e-4, 1e-6);
@@ -154,7 +159,8 @@ TEST(CudaOps, EveryOpMatchesTheCpuReference) {
 
 // Runs one forward and backward of the same model on the CPU device and on the GPU with the same
 // random weights and tokens; expects the loss within 1e-5 relative, gradients 1e-3 relative + 1e-5.
-void expect_model_matches(Gpu& g, LanguageModel& cm, LanguageModel& gm, const ModelShape& s, int B, std::uint32_t seed) {
+void expect_model_matches(Gpu& g, LanguageModel& cm, LanguageModel& gm, const ModelShape& s, int B,
+                          std::uint32_t seed) {
   const int R = B * s.seq_len;
   std::vector<VF> w, gr;
   std::vector<const float*> cw, gw;
@@ -208,7 +214,8 @@ TEST(CudaOps, WholeLlamaModelLossAndGradientsMatchTheCpuDevice) {
   if (!gpu(g, &why)) GTEST_SKIP() << "no GPU: " << why;
   ModelShape s{2, 4, 64, 256, 32};
   s.family = ModelFamily::llama;
-  s.n_kv_head = 2, s.d_ff = 96, s.tie_embeddings = false, s.qkv_bias = true, s.rope_factor = 4, s.rope_original_max = 16;
+  s.n_kv_head = 2, s.d_ff = 96, s.tie_embeddings = false, s.qkv_bias = true, s.rope_factor = 4,
+  s.rope_original_max = 16;
   auto cpu_dev = make_cpu_device(256 << 20);
   ops::ChunkPool par(2);
   CpuOps cpu(par);

@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "zinf/device.h"
 #include "zinf/backends/cpu.h"
+#include "zinf/device.h"
 #include "zinf/error.h"
 
 namespace zinf {

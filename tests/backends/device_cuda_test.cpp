@@ -6,10 +6,10 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/cuda.h"
 #include "zinf/backends/gpu.h"
 #include "zinf/comm.h"
 #include "zinf/device.h"
-#include "cuda/cuda.h"
 
 namespace zinf {
 namespace {
@@ -75,9 +75,9 @@ TEST(Nccl, OneRankCollectivesOnDeviceMemory) {
   DeviceBuffer a(*dev, n * 4, "nccl a"), b(*dev, n * 4, "nccl b");
   void* st = dev->native_stream(StreamRole::d2h);
   dev->copy_to_device(a.as<void>(), src.data(), n * 4, StreamRole::d2h);
-  nccl->alltoallv(a.as<void>(), {n}, b.as<void>(), {n}, 4, st);      // to itself
-  nccl->allgatherv(b.as<void>(), a.as<void>(), {n}, 4, st);          // from a separate part
-  nccl->allgatherv(a.as<void>(), {n}, 4, st);                        // in place
+  nccl->alltoallv(a.as<void>(), {n}, b.as<void>(), {n}, 4, st);  // to itself
+  nccl->allgatherv(b.as<void>(), a.as<void>(), {n}, 4, st);      // from a separate part
+  nccl->allgatherv(a.as<void>(), {n}, 4, st);                    // in place
   nccl->broadcast(a.as<void>(), n * 4, 0, st);
   dev->copy_to_host(back.data(), a.as<void>(), n * 4, StreamRole::d2h);
   dev->synchronize(StreamRole::d2h);

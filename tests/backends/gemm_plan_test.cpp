@@ -27,7 +27,8 @@ TEST(GemmPlan, ModelCallsMapToConsistentLayouts) {
   // matmul_backward's dW: dW^T[OC,IC] += dout^T[OC,R] · inp[R,IC] (B transposed, stored IC x R).
   const GemmKey dw = make_gemm_key(false, true, OC, IC, R, nullptr, OC, nullptr, IC, 1.0f, nullptr, OC);
   EXPECT_TRUE(dw.accumulate);
-  EXPECT_EQ(stored_matrix(true, R, IC, IC, "B"), (StoredMatrix{static_cast<std::uint64_t>(IC), static_cast<std::uint64_t>(R), IC}));
+  EXPECT_EQ(stored_matrix(true, R, IC, IC, "B"),
+            (StoredMatrix{static_cast<std::uint64_t>(IC), static_cast<std::uint64_t>(R), IC}));
   // dinp: dinp^T[IC,R] += W[IC,OC] · dout^T[OC,R] (A transposed, stored OC x IC).
   EXPECT_NO_THROW(make_gemm_key(true, false, IC, R, OC, nullptr, OC, nullptr, OC, 1.0f, nullptr, IC));
 }
@@ -70,11 +71,11 @@ TEST(GemmPlan, KeyDistinguishesWhatTheAlgorithmDependsOn) {
   EXPECT_EQ(seen.count(make_gemm_key(false, false, 64, 32, 16, buf + 64, 64, buf, 16, 0.0f, buf, 64)), 1u)
       << "same shape, same alignment: same key";
   const GemmKey variants[] = {
-      make_gemm_key(true, false, 64, 32, 16, buf, 16, buf, 16, 0.0f, buf, 64),     // transpose
-      make_gemm_key(false, false, 64, 32, 16, buf, 64, buf, 16, 1.0f, buf, 64),    // accumulate
-      make_gemm_key(false, false, 64, 32, 8, buf, 64, buf, 16, 0.0f, buf, 64),     // k
+      make_gemm_key(true, false, 64, 32, 16, buf, 16, buf, 16, 0.0f, buf, 64),       // transpose
+      make_gemm_key(false, false, 64, 32, 16, buf, 64, buf, 16, 1.0f, buf, 64),      // accumulate
+      make_gemm_key(false, false, 64, 32, 8, buf, 64, buf, 16, 0.0f, buf, 64),       // k
       make_gemm_key(false, false, 64, 32, 16, buf + 1, 64, buf, 16, 0.0f, buf, 64),  // alignment of A
-      make_gemm_key(false, false, 64, 32, 16, buf, 64, buf, 16, 0.0f, buf, 80),    // ldc
+      make_gemm_key(false, false, 64, 32, 16, buf, 64, buf, 16, 0.0f, buf, 80),      // ldc
   };
   for (const GemmKey& v : variants) {
     EXPECT_FALSE(v == k);

@@ -21,13 +21,13 @@
 #include <string>
 #include <vector>
 
-#include "model/host_math.h"
+#include "../model/random_floats.h"
 #include "cpu/cpu_ops.h"
+#include "cpu/ops_stream.h"
 #include "model/backend.h"
+#include "model/host_math.h"
 #include "model/op_list.h"
 #include "model/ops_profile.h"
-#include "cpu/ops_stream.h"
-#include "../model/random_floats.h"
 #include "zinf/backends/backend.h"
 #include "zinf/backends/gpu.h"
 #include "zinf/device.h"
@@ -78,9 +78,9 @@ class Recorder final : public OpsBackend {
  public:
   Recorder(OpsBackend& in, std::vector<std::string>& log) : in_(in), log_(log) {}
 #define ZINF_RECORD_OP(name, info, params, args) \
-  void name params override {                     \
-    log_.push_back(#name);                        \
-    in_.name args;                                \
+  void name params override {                    \
+    log_.push_back(#name);                       \
+    in_.name args;                               \
   }
   ZINF_OPS(ZINF_RECORD_OP)
 #undef ZINF_RECORD_OP
@@ -120,7 +120,9 @@ void case_matmul_backward(Case& c) {
 }
 void case_layernorm_forward(Case& c) {
   const int out = c.rand(RC), mean = c.rand(R), rstd = c.rand(R), inp = c.rand(RC), w = c.rand(C), b = c.rand(C);
-  c.call = [=](OpsBackend& o, const Bufs& t) { o.layernorm_forward(t.w(out), t.w(mean), t.w(rstd), t.r(inp), t.r(w), t.r(b), R, C); };
+  c.call = [=](OpsBackend& o, const Bufs& t) {
+    o.layernorm_forward(t.w(out), t.w(mean), t.w(rstd), t.r(inp), t.r(w), t.r(b), R, C);
+  };
 }
 void case_layernorm_backward(Case& c) {
   const int dinp = c.rand(RC), dw = c.rand(C), db = c.rand(C), dout = c.rand(RC), inp = c.rand(RC), w = c.rand(C),
@@ -151,9 +153,12 @@ void case_attention_forward(Case& c) {
   c.call = [=](OpsBackend& o, const Bufs& t) { o.attention_forward(t.w(out), t.w(att), t.r(qkv), B, T, C, H); };
 }
 void case_attention_backward(Case& c) {
-  const int dqkv = c.rand(3 * RC), dout = c.rand(RC), qkv = c.rand(3 * RC), att = c.rand(sz(B) * H * T * T), out = c.rand(RC);
+  const int dqkv = c.rand(3 * RC), dout = c.rand(RC), qkv = c.rand(3 * RC), att = c.rand(sz(B) * H * T * T),
+            out = c.rand(RC);
   ops::attention_forward(ref_par(), c.host(out), c.host(att), c.host(qkv), B, T, C, H);  // a causal softmax
-  c.call = [=](OpsBackend& o, const Bufs& t) { o.attention_backward(t.w(dqkv), t.r(dout), t.r(qkv), t.r(att), B, T, C, H); };
+  c.call = [=](OpsBackend& o, const Bufs& t) {
+    o.attention_backward(t.w(dqkv), t.r(dout), t.r(qkv), t.r(att), B, T, C, H);
+  };
 }
 void case_encoder_forward(Case& c) {
   const int out = c.rand(RC), wte = c.rand(sz(V) * C, 0.3f), wpe = c.rand(sz(T) * C, 0.3f), tok = c.tokens(R, V);
@@ -163,18 +168,23 @@ void case_encoder_forward(Case& c) {
 void case_encoder_backward(Case& c) {
   const int dwte = c.rand(sz(V) * C), dwpe = c.rand(sz(T) * C), dout = c.rand(RC), tok = c.tokens(R, V);
   c.rel = 1e-5, c.abs = 1e-6;
-  c.call = [=](OpsBackend& o, const Bufs& t) { o.encoder_backward(t.w(dwte), t.w(dwpe), t.r(dout), t.ids(tok), B, T, C); };
+  c.call = [=](OpsBackend& o, const Bufs& t) {
+    o.encoder_backward(t.w(dwte), t.w(dwpe), t.r(dout), t.ids(tok), B, T, C);
+  };
 }
 void case_lm_head_forward(Case& c) {
-  const int probs = c.rand(sz(R) * V), losses = c.rand(R), x = c.rand(RC), wte = c.rand(sz(V) * C, 0.3f), tg = c.tokens(R, V);
+  const int probs = c.rand(sz(R) * V), losses = c.rand(R), x = c.rand(RC), wte = c.rand(sz(V) * C, 0.3f),
+            tg = c.tokens(R, V);
   c.rel = 1e-4, c.abs = 1e-6;
-  c.call = [=](OpsBackend& o, const Bufs& t) { o.lm_head_forward(t.w(probs), t.w(losses), t.r(x), t.r(wte), t.ids(tg), R, C, V); };
+  c.call = [=](OpsBackend& o, const Bufs& t) {
+    o.lm_head_forward(t.w(probs), t.w(losses), t.r(x), t.r(wte), t.ids(tg), R, C, V);
+  };
 }
 void case_lm_head_backward(Case& c) {
-  const int dx = c.rand(RC), dwte = c.rand(sz(V) * C), dl = c.rand(sz(R) * V), probs = c.rand(sz(R) * V), x = c.rand(RC),
-            wte = c.rand(sz(V) * C, 0.3f), losses = c.rand(R), tg = c.tokens(R, V);
-  ops::lm_head_forward(ref_par(), c.host(probs), c.host(losses), c.host(x), c.host(wte), c.i[static_cast<std::size_t>(tg)].data(), R, C,
-                       V);
+  const int dx = c.rand(RC), dwte = c.rand(sz(V) * C), dl = c.rand(sz(R) * V), probs = c.rand(sz(R) * V),
+            x = c.rand(RC), wte = c.rand(sz(V) * C, 0.3f), losses = c.rand(R), tg = c.tokens(R, V);
+  ops::lm_head_forward(ref_par(), c.host(probs), c.host(losses), c.host(x), c.host(wte),
+                       c.i[static_cast<std::size_t>(tg)].data(), R, C, V);
   c.rel = 1e-4, c.abs = 1e-6;
   c.call = [=](OpsBackend& o, const Bufs& t) {
     o.lm_head_backward(t.w(dx), t.w(dwte), t.w(dl), t.r(probs), t.r(x), t.r(wte), t.ids(tg), 1.0f / R, R, C, V);
@@ -195,9 +205,12 @@ void case_rmsnorm_forward(Case& c) {
   c.call = [=](OpsBackend& o, const Bufs& t) { o.rmsnorm_forward(t.w(out), t.w(rstd), t.r(inp), t.r(w), R, C, 1e-5f); };
 }
 void case_rmsnorm_backward(Case& c) {
-  const int dinp = c.rand(RC), dw = c.rand(C), dout = c.rand(RC), inp = c.rand(RC), w = c.rand(C), rstd = c.rand(R), out = c.rand(RC);
+  const int dinp = c.rand(RC), dw = c.rand(C), dout = c.rand(RC), inp = c.rand(RC), w = c.rand(C), rstd = c.rand(R),
+            out = c.rand(RC);
   ops::rmsnorm_forward(ref_par(), c.host(out), c.host(rstd), c.host(inp), c.host(w), R, C, 1e-5f);
-  c.call = [=](OpsBackend& o, const Bufs& t) { o.rmsnorm_backward(t.w(dinp), t.w(dw), t.r(dout), t.r(inp), t.r(w), t.r(rstd), R, C); };
+  c.call = [=](OpsBackend& o, const Bufs& t) {
+    o.rmsnorm_backward(t.w(dinp), t.w(dw), t.r(dout), t.r(inp), t.r(w), t.r(rstd), R, C);
+  };
 }
 void rope_case(Case& c, bool backward) {  // with real cos/sin tables
   const int x = c.rand(sz(R) * LH * D), co = c.rand(sz(T) * D / 2), si = c.rand(sz(T) * D / 2);
@@ -214,20 +227,25 @@ void case_swiglu_forward(Case& c) {
   c.call = [=](OpsBackend& o, const Bufs& t) { o.swiglu_forward(t.w(out), t.r(gate), t.r(up), sz(R) * F); };
 }
 void case_swiglu_backward(Case& c) {
-  const int dg = c.rand(sz(R) * F), du = c.rand(sz(R) * F), dout = c.rand(sz(R) * F), gate = c.rand(sz(R) * F), up = c.rand(sz(R) * F);
+  const int dg = c.rand(sz(R) * F), du = c.rand(sz(R) * F), dout = c.rand(sz(R) * F), gate = c.rand(sz(R) * F),
+            up = c.rand(sz(R) * F);
   c.rel = 1e-5, c.abs = 1e-6;
-  c.call = [=](OpsBackend& o, const Bufs& t) { o.swiglu_backward(t.w(dg), t.w(du), t.r(dout), t.r(gate), t.r(up), sz(R) * F); };
+  c.call = [=](OpsBackend& o, const Bufs& t) {
+    o.swiglu_backward(t.w(dg), t.w(du), t.r(dout), t.r(gate), t.r(up), sz(R) * F);
+  };
 }
 void case_gqa_attention_forward(Case& c) {
-  const int out = c.rand(sz(R) * LH * D), att = c.rand(sz(B) * LH * T * T), q = c.rand(sz(R) * LH * D), k = c.rand(sz(R) * KV * D),
-            v = c.rand(sz(R) * KV * D);
+  const int out = c.rand(sz(R) * LH * D), att = c.rand(sz(B) * LH * T * T), q = c.rand(sz(R) * LH * D),
+            k = c.rand(sz(R) * KV * D), v = c.rand(sz(R) * KV * D);
   c.rel = 1e-4, c.abs = 1e-6;
-  c.call = [=](OpsBackend& o, const Bufs& t) { o.gqa_attention_forward(t.w(out), t.w(att), t.r(q), t.r(k), t.r(v), B, T, LH, KV, D); };
+  c.call = [=](OpsBackend& o, const Bufs& t) {
+    o.gqa_attention_forward(t.w(out), t.w(att), t.r(q), t.r(k), t.r(v), B, T, LH, KV, D);
+  };
 }
 void case_gqa_attention_backward(Case& c) {
-  const int dq = c.rand(sz(R) * LH * D), dk = c.rand(sz(R) * KV * D), dv = c.rand(sz(R) * KV * D), dout = c.rand(sz(R) * LH * D),
-            q = c.rand(sz(R) * LH * D), k = c.rand(sz(R) * KV * D), v = c.rand(sz(R) * KV * D), att = c.rand(sz(B) * LH * T * T),
-            out = c.rand(sz(R) * LH * D);
+  const int dq = c.rand(sz(R) * LH * D), dk = c.rand(sz(R) * KV * D), dv = c.rand(sz(R) * KV * D),
+            dout = c.rand(sz(R) * LH * D), q = c.rand(sz(R) * LH * D), k = c.rand(sz(R) * KV * D),
+            v = c.rand(sz(R) * KV * D), att = c.rand(sz(B) * LH * T * T), out = c.rand(sz(R) * LH * D);
   ops::gqa_attention_forward(ref_par(), c.host(out), c.host(att), c.host(q), c.host(k), c.host(v), B, T, LH, KV, D);
   c.call = [=](OpsBackend& o, const Bufs& t) {
     o.gqa_attention_backward(t.w(dq), t.w(dk), t.w(dv), t.r(dout), t.r(q), t.r(k), t.r(v), t.r(att), B, T, LH, KV, D);
@@ -273,7 +291,8 @@ bool bitwise_equal(const VF& a, const VF& b) {
 void expect_bitwise(const char* backend, const char* op, const std::vector<VF>& got, const std::vector<VF>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (std::size_t k = 0; k < got.size(); ++k)
-    EXPECT_TRUE(bitwise_equal(got[k], want[k])) << backend << ": " << op << ", tensor " << k << " differs from the CPU reference";
+    EXPECT_TRUE(bitwise_equal(got[k], want[k]))
+        << backend << ": " << op << ", tensor " << k << " differs from the CPU reference";
 }
 
 Case make_case(const OpEntry& e) {

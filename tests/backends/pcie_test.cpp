@@ -3,17 +3,16 @@
 #include <gtest/gtest.h>
 
 #include "zinf/backends/gpu.h"
-#include "zinf/backends/gpu.h"
 #include "zinf/error.h"
 
 namespace zinf::cuda {
 namespace {
 
 TEST(Pcie, NominalRatesPerDirection) {
-  EXPECT_NEAR(pcie_nominal_gbps(3, 16), 15.75, 0.01);   // 8 GT/s × 128/130 × 16 / 8
+  EXPECT_NEAR(pcie_nominal_gbps(3, 16), 15.75, 0.01);  // 8 GT/s × 128/130 × 16 / 8
   EXPECT_NEAR(pcie_nominal_gbps(4, 16), 31.51, 0.01);
-  EXPECT_NEAR(pcie_nominal_gbps(5, 16), 63.02, 0.01);   // H100 / H200 SXM hosts
-  EXPECT_NEAR(pcie_nominal_gbps(2, 8), 4.0, 1e-9);      // 8b/10b
+  EXPECT_NEAR(pcie_nominal_gbps(5, 16), 63.02, 0.01);  // H100 / H200 SXM hosts
+  EXPECT_NEAR(pcie_nominal_gbps(2, 8), 4.0, 1e-9);     // 8b/10b
   EXPECT_EQ(pcie_nominal_gbps(0, 16), 0.0);
 }
 

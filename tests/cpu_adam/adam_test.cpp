@@ -26,7 +26,8 @@ int count_mismatches(const char* what, const T* a, const T* b, std::size_t n) {
     if constexpr (std::is_same_v<T, float>)
       same = bits(a[i]) == bits(b[i]) || (std::isnan(a[i]) && std::isnan(b[i]));
     else
-      same = a[i] == b[i] || (((a[i] & 0x7C00) == 0x7C00 && (a[i] & 0x3FF)) && ((b[i] & 0x7C00) == 0x7C00 && (b[i] & 0x3FF)));
+      same = a[i] == b[i] ||
+             (((a[i] & 0x7C00) == 0x7C00 && (a[i] & 0x3FF)) && ((b[i] & 0x7C00) == 0x7C00 && (b[i] & 0x3FF)));
     if (!same) {
       if (bad < 5) ADD_FAILURE() << what << "[" << i << "]: " << +a[i] << " vs " << +b[i];
       if constexpr (std::is_same_v<T, float>) {
@@ -98,9 +99,12 @@ std::vector<HyperCase> hyper_cases() {
   l2.weight_decay = 0.05f;
   AdamHyper nobc = adamw;
   nobc.bias_correction = false;
-  return {{"adamw_step1", adamw, 1, 1.0f},      {"adamw_step10", adamw, 10, 1.0f / 1024},
-          {"adamw_step1e6", adamw, 1000000, 0.5f}, {"wd0", nowd, 3, 1.0f},
-          {"l2", l2, 5, 1.0f / 65536},          {"no_bias_correction", nobc, 2, 1.0f}};
+  return {{"adamw_step1", adamw, 1, 1.0f},
+          {"adamw_step10", adamw, 10, 1.0f / 1024},
+          {"adamw_step1e6", adamw, 1000000, 0.5f},
+          {"wd0", nowd, 3, 1.0f},
+          {"l2", l2, 5, 1.0f / 65536},
+          {"no_bias_correction", nobc, 2, 1.0f}};
 }
 
 TEST(AdamUpdate, EveryPathMatchesTheReferenceBitForBit) {
@@ -123,7 +127,8 @@ TEST(AdamUpdate, EveryPathMatchesTheReferenceBitForBit) {
               ASSERT_EQ(count_mismatches("v", b.v.data(), a.v.data(), n + 1), 0);
               ASSERT_EQ(count_mismatches("param16", b.out.data(), a.out.data(), n + 1), 0);
               if (n > 0) {  // the update did something
-                EXPECT_NE(b.master[off], make_state(n, gt, static_cast<std::uint32_t>(n * 31 + off), false).master[off]);
+                EXPECT_NE(b.master[off],
+                          make_state(n, gt, static_cast<std::uint32_t>(n * 31 + off), false).master[off]);
               }
             }
           }

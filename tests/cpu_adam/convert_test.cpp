@@ -3,8 +3,8 @@
 // against the CPU's own conversion instructions where it has them.
 #include <gtest/gtest.h>
 
-#include "paths.h"
 #include <immintrin.h>
+#include "paths.h"
 
 #include <cmath>
 #include <cstring>
@@ -38,7 +38,7 @@ __attribute__((target("f16c"))) std::uint16_t hw_fp32_to_fp16(float x) {
 
 // fp32 values that stress every rounding branch of both conversions.
 std::vector<float> edge_cases() {
-  std::vector<std::uint32_t> mants = {0,        1,        2,        0x0FFF,   0x1000,   0x1001,   0x1FFF,  0x2000,
+  std::vector<std::uint32_t> mants = {0,        1,        2,        0x0FFF,   0x1000,   0x1001,   0x1FFF,   0x2000,
                                       0x3000,   0x7FFF,   0x8000,   0x8001,   0x17FFF,  0x18000,  0x400000, 0x7FE000,
                                       0x7FEFFF, 0x7FF000, 0x7FF001, 0x7FFFFF, 0x00FFFF, 0x010000, 0x018000, 0x7F8000};
   std::vector<float> v;
@@ -57,12 +57,12 @@ TEST(Convert, KnownFp16Values) {
   EXPECT_EQ(fp32_to_fp16_reference(65519.99f), 0x7BFF);
   EXPECT_EQ(fp32_to_fp16_reference(65520.0f), 0x7C00);  // ties to even → inf
   EXPECT_EQ(fp32_to_fp16_reference(std::ldexp(1.0f, -24)), 0x0001);
-  EXPECT_EQ(fp32_to_fp16_reference(std::ldexp(1.0f, -25)), 0x0000);       // tie → even (0)
+  EXPECT_EQ(fp32_to_fp16_reference(std::ldexp(1.0f, -25)), 0x0000);  // tie → even (0)
   EXPECT_EQ(fp32_to_fp16_reference(std::ldexp(1.5f, -25)), 0x0001);
-  EXPECT_EQ(fp32_to_fp16_reference(std::ldexp(3.0f, -25)), 0x0002);       // 1.5 units: tie → even (2)
+  EXPECT_EQ(fp32_to_fp16_reference(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 units: tie → even (2)
   EXPECT_EQ(fp32_to_fp16_reference(-0.0f), 0x8000);
   EXPECT_EQ(fp32_to_fp16_reference(INFINITY), 0x7C00);
-  EXPECT_EQ(fp32_to_fp16_reference(f_of(0x7F800001)), 0x7E00);            // sNaN → quiet NaN
+  EXPECT_EQ(fp32_to_fp16_reference(f_of(0x7F800001)), 0x7E00);              // sNaN → quiet NaN
   EXPECT_EQ(fp32_to_fp16_reference(1.0f + std::ldexp(1.0f, -11)), 0x3C00);  // tie → even
   EXPECT_EQ(fp32_to_fp16_reference(1.0f + std::ldexp(3.0f, -11)), 0x3C02);  // tie → even (up)
 }
@@ -108,8 +108,10 @@ TEST(Convert, AllBf16PatternsRoundTrip) {
     for (std::uint32_t i = 0; i < 65536; ++i) {
       ASSERT_EQ(u_of(f[i]), i << 16);
       std::uint32_t expect = i;
-      if ((i & 0x7F80) == 0x7F80 && (i & 0x7F)) expect = i | 0x40;  // NaN made quiet
-      else if ((i & 0x7F80) == 0) expect = i & 0x8000;              // subnormal flushed
+      if ((i & 0x7F80) == 0x7F80 && (i & 0x7F))
+        expect = i | 0x40;  // NaN made quiet
+      else if ((i & 0x7F80) == 0)
+        expect = i & 0x8000;  // subnormal flushed
       ASSERT_EQ(back[i], expect) << to_string(p) << " b=" << i;
     }
   }
@@ -133,8 +135,7 @@ TEST(Convert, EdgeSweepEveryPathMatchesReference) {
   if (detect_simd() >= SimdLevel::avx2) {  // the reference equals the CPU's vcvtps2ph (RNE)
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hw_fp32_to_fp16(v[i]), ref16[i]) << std::hex << "x=0x" << u_of(v[i]);
   }
-  if (cpu_has_avx512_bf16())
-    GTEST_LOG_(INFO) << "avx512 path used the native AVX512-BF16 conversion for bf16";
+  if (cpu_has_avx512_bf16()) GTEST_LOG_(INFO) << "avx512 path used the native AVX512-BF16 conversion for bf16";
 }
 
 TEST(Convert, FloatToHalfIsNearest) {

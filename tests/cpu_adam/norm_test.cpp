@@ -33,7 +33,9 @@ Grads grads(std::size_t n, std::uint32_t seed) {
   return g;
 }
 const void* ptr(const Grads& g, GradType t) {
-  return t == GradType::fp32 ? static_cast<const void*>(g.f32.data()) : t == GradType::fp16 ? g.f16.data() : g.b16.data();
+  return t == GradType::fp32   ? static_cast<const void*>(g.f32.data())
+         : t == GradType::fp16 ? g.f16.data()
+                               : g.b16.data();
 }
 
 TEST(SumSquares, EveryPathMatchesTheReferenceBitForBit) {

@@ -17,7 +17,8 @@ class RankFailures : public ::testing::EmptyTestEventListener {
   explicit RankFailures(int rank) : rank_(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (r.failed())
-      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?", r.line_number(), r.summary());
+      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?", r.line_number(),
+                   r.summary());
   }
 
  private:
@@ -34,8 +35,8 @@ void within(int seconds, const std::string& what, const std::function<void()>& f
   std::thread watchdog([&] {
     std::unique_lock<std::mutex> lk(mu);
     if (cv.wait_for(lk, std::chrono::seconds(seconds), [&] { return done; })) return;
-    std::fprintf(stderr, "rank %d: %s did not finish within %d s: the ranks are waiting for each other\n", world().rank(), what.c_str(),
-                 seconds);
+    std::fprintf(stderr, "rank %d: %s did not finish within %d s: the ranks are waiting for each other\n",
+                 world().rank(), what.c_str(), seconds);
     std::fflush(stderr);
     world().abort(3);
   });

@@ -20,8 +20,8 @@ Comm& world();  // the job's communicator (solo when the binary was started with
 void within(int seconds, const std::string& what, const std::function<void()>& f);
 
 // Skips the calling test when the binary was started as one process.
-#define ZINF_NEED_RANKS()                                                                          \
-  do {                                                                                             \
+#define ZINF_NEED_RANKS()                                                                                \
+  do {                                                                                                   \
     if (::zinf::test::world().size() < 2) GTEST_SKIP() << "needs several ranks: run under mpirun -np 2"; \
   } while (0)
 

@@ -66,14 +66,16 @@ TEST(Comm, CollectivesMoveEveryPartToItsPlace) {
   c.alltoallv(send.data(), sc, recv.data(), rc, 4);
   std::size_t at = 0;
   for (int k = 0; k < W; ++k)
-    for (std::size_t i = 0; i < rc[static_cast<std::size_t>(k)]; ++i) EXPECT_EQ(recv[at++], static_cast<float>(1000 * k + R));
+    for (std::size_t i = 0; i < rc[static_cast<std::size_t>(k)]; ++i)
+      EXPECT_EQ(recv[at++], static_cast<float>(1000 * k + R));
   // allgatherv in place, with an empty part.
   std::vector<std::size_t> counts;
   for (int k = 0; k < W; ++k) counts.push_back(k == 1 ? 0 : static_cast<std::size_t>(3 + k));
   std::vector<std::uint16_t> all(std::accumulate(counts.begin(), counts.end(), std::size_t{0}), 0);
   std::size_t off = 0;
   for (int k = 0; k < R; ++k) off += counts[static_cast<std::size_t>(k)];
-  for (std::size_t i = 0; i < counts[static_cast<std::size_t>(R)]; ++i) all[off + i] = static_cast<std::uint16_t>(100 * R + i);
+  for (std::size_t i = 0; i < counts[static_cast<std::size_t>(R)]; ++i)
+    all[off + i] = static_cast<std::uint16_t>(100 * R + i);
   c.allgatherv(all.data(), counts, 2);
   off = 0;
   for (int k = 0; k < W; ++k)
@@ -117,7 +119,8 @@ struct Case {
 std::vector<Case> cases() {
   std::vector<Case> v{{0, OffloadDevice::none, OffloadDevice::none}};
   for (int st : {1, 2})
-    for (auto o : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) v.push_back({st, o, OffloadDevice::none});
+    for (auto o : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+      v.push_back({st, o, OffloadDevice::none});
   for (auto o : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
     for (auto p : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) v.push_back({3, o, p});
   return v;
@@ -133,7 +136,8 @@ TEST(EngineDp, EveryStagePlacementAndOverlapGivesOneResult) {
   Dir dir("zinf-dp-test");
   for (Precision prec : {Precision::fp32, Precision::bf16, Precision::fp16})
     for (std::int64_t ga : {1, 2}) {
-      const auto ref = run_dp(dp_config(0, OffloadDevice::none, OffloadDevice::none, prec, ga, Overlap::none, dir.p), 3);
+      const auto ref =
+          run_dp(dp_config(0, OffloadDevice::none, OffloadDevice::none, prec, ga, Overlap::none, dir.p), 3);
       EXPECT_TRUE(world().same(digest(ref))) << "ranks disagree";
       for (const Case& k : cases())
         for (Overlap ov : {Overlap::exact, Overlap::none}) {
@@ -155,10 +159,11 @@ TEST(EngineDp, RanksMatchOneRankWithTheirAccumulation) {
       const auto solo = run(one, 3);
       if (ga == 1) {  // contributions summed in rank order = one rank's micro batches in order: exact
         EXPECT_EQ(digest(dp), digest(solo)) << to_string(prec);
-      } else {        // (a+b)+(c+d) against ((a+b)+c)+d: within rounding
+      } else {  // (a+b)+(c+d) against ((a+b)+c)+d: within rounding
         double worst = 0;
         for (std::size_t u = 0; u < dp.size(); ++u)
-          for (std::size_t i = 0; i < dp[u].size(); ++i) worst = std::max(worst, std::fabs(double(dp[u][i]) - double(solo[u][i])));
+          for (std::size_t i = 0; i < dp[u].size(); ++i)
+            worst = std::max(worst, std::fabs(double(dp[u][i]) - double(solo[u][i])));
         EXPECT_LT(worst, prec == Precision::fp32 ? 1e-5 : 1e-2) << to_string(prec) << " GA " << ga;
         EXPECT_GT(worst, 0.0) << "different summation orders should differ somewhere (or the test is not testing)";
       }
@@ -168,9 +173,11 @@ TEST(EngineDp, RanksMatchOneRankWithTheirAccumulation) {
 TEST(EngineDp, AsynchronousJitteredDeviceGivesTheSameResult) {
   ZINF_NEED_RANKS();
   Dir dir("zinf-dp-test");
-  const auto ref = run_dp(dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::bf16, 2, Overlap::none, dir.p), 3);
-  for (const Case& k : {Case{2, OffloadDevice::cpu, OffloadDevice::none}, Case{3, OffloadDevice::none, OffloadDevice::none},
-                        Case{3, OffloadDevice::cpu, OffloadDevice::cpu}, Case{3, OffloadDevice::nvme, OffloadDevice::nvme}})
+  const auto ref =
+      run_dp(dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::bf16, 2, Overlap::none, dir.p), 3);
+  for (const Case& k :
+       {Case{2, OffloadDevice::cpu, OffloadDevice::none}, Case{3, OffloadDevice::none, OffloadDevice::none},
+        Case{3, OffloadDevice::cpu, OffloadDevice::cpu}, Case{3, OffloadDevice::nvme, OffloadDevice::nvme}})
     for (std::uint64_t seed : {1, 2}) {
       CpuDeviceOptions o;
       o.async = true;
@@ -190,7 +197,8 @@ TEST(EngineDp, AsynchronousJitteredDeviceGivesTheSameResult) {
 TEST(EngineDp, StreamOrderedCollectivesReachEveryRanksStreamsInOneOrder) {
   ZINF_NEED_RANKS();
   Dir dir("zinf-dp-test");
-  const auto ref = run_dp(dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::bf16, 2, Overlap::none, dir.p), 3);
+  const auto ref =
+      run_dp(dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::bf16, 2, Overlap::none, dir.p), 3);
   for (const Case& k : cases())
     for (std::uint64_t seed : {3, 4}) {
       CpuDeviceOptions o;
@@ -201,7 +209,8 @@ TEST(EngineDp, StreamOrderedCollectivesReachEveryRanksStreamsInOneOrder) {
       EngineConfig c = dp_config(k.stage, k.opt, k.param, Precision::bf16, 2, Overlap::exact, dir.p);
       c.device_comm = &dc;
       std::vector<std::vector<float>> got;
-      within(120, name(k, Overlap::exact) + " seed " + std::to_string(seed), [&] { got = run_on(*dev, c, 3, world().rank(), world().size()); });
+      within(120, name(k, Overlap::exact) + " seed " + std::to_string(seed),
+             [&] { got = run_on(*dev, c, 3, world().rank(), world().size()); });
       EXPECT_EQ(digest(got), digest(ref)) << name(k, Overlap::exact) << " seed " << seed;
     }
 }
@@ -219,7 +228,8 @@ TEST(EngineDp, EachRankAllocatesWhatItsPlanSays) {
         EXPECT_EQ(e.pinned_capacity(), Engine::pinned_bytes(c)) << name(k, Overlap::exact) << " GA " << ga;
       }
   // And partitioning shrinks a rank's share: stage 3 holds less on the device than stage 0.
-  PlanInput in = Engine::plan_input(dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::fp16, 1, Overlap::exact, dir.p));
+  PlanInput in = Engine::plan_input(
+      dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::fp16, 1, Overlap::exact, dir.p));
   const auto s0 = make_plan(in).totals[0];
   in.stage = 3;
   EXPECT_LT(make_plan(in).totals[0], s0);
@@ -240,10 +250,12 @@ TEST(EngineDp, CheckpointStatesMoveBetweenStagesAndWorldSizes) {
   const auto straight = run_on(*dev, make(2, OffloadDevice::nvme, OffloadDevice::none, false), 3, R, W);
   States half;
   run_on(*dev, make(2, OffloadDevice::nvme, OffloadDevice::none, false), 2, R, W, 1, nullptr, &half);
-  EXPECT_TRUE(world().same(digest(half.m)) && world().same(digest(half.v))) << "every rank reads the same whole tensors";
+  EXPECT_TRUE(world().same(digest(half.m)) && world().same(digest(half.v)))
+      << "every rank reads the same whole tensors";
   EXPECT_NE(digest(half.m), digest(std::vector<std::vector<float>>(half.m.size())));
-  for (const Case& k : {Case{0, OffloadDevice::none, OffloadDevice::none}, Case{1, OffloadDevice::cpu, OffloadDevice::none},
-                        Case{3, OffloadDevice::cpu, OffloadDevice::nvme}, Case{3, OffloadDevice::none, OffloadDevice::none}}) {
+  for (const Case& k :
+       {Case{0, OffloadDevice::none, OffloadDevice::none}, Case{1, OffloadDevice::cpu, OffloadDevice::none},
+        Case{3, OffloadDevice::cpu, OffloadDevice::nvme}, Case{3, OffloadDevice::none, OffloadDevice::none}}) {
     const auto resumed = run_on(*dev, make(k.stage, k.opt, k.param, false), 1, R, W, 3, &half);
     EXPECT_EQ(digest(resumed), digest(straight)) << "resumed into " << name(k, Overlap::exact);
   }
@@ -252,7 +264,8 @@ TEST(EngineDp, CheckpointStatesMoveBetweenStagesAndWorldSizes) {
   EXPECT_EQ(digest(run_on(*dev, one, 1, 0, 1, 3, &half)), digest(straight)) << "resumed on one rank";
   States solo_half;
   run_on(*dev, one, 2, 0, 1, 1, nullptr, &solo_half);
-  EXPECT_EQ(digest(run_on(*dev, make(3, OffloadDevice::nvme, OffloadDevice::cpu, false), 1, R, W, 3, &solo_half)), digest(straight))
+  EXPECT_EQ(digest(run_on(*dev, make(3, OffloadDevice::nvme, OffloadDevice::cpu, false), 1, R, W, 3, &solo_half)),
+            digest(straight))
       << "one rank's states resumed on " << W;
 }
 

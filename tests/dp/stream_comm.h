@@ -29,14 +29,15 @@ class StreamOrderedComm final : public Comm {
   std::string backend() const override { return in_->backend() + " on streams"; }
   bool stream_ordered() const override { return true; }
 
-  void alltoallv(const void* send, const std::vector<std::size_t>& sc, void* recv, const std::vector<std::size_t>& rc, std::size_t elem,
-                 void* stream) override {
+  void alltoallv(const void* send, const std::vector<std::size_t>& sc, void* recv, const std::vector<std::size_t>& rc,
+                 std::size_t elem, void* stream) override {
     run(stream, [=, c = in_.get()] { c->alltoallv(send, sc, recv, rc, elem); });
   }
   void allgatherv(void* buf, const std::vector<std::size_t>& counts, std::size_t elem, void* stream) override {
     run(stream, [=, c = in_.get()] { c->allgatherv(buf, counts, elem); });
   }
-  void allgatherv(const void* part, void* buf, const std::vector<std::size_t>& counts, std::size_t elem, void* stream) override {
+  void allgatherv(const void* part, void* buf, const std::vector<std::size_t>& counts, std::size_t elem,
+                  void* stream) override {
     run(stream, [=, c = in_.get()] { c->allgatherv(part, buf, counts, elem); });
   }
   void broadcast(void* buf, std::size_t bytes, int root, void* stream) override {

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "dp_world.h"
 #include "app/config/config.h"
-#include "zinf/error.h"
 #include "app/train/train.h"
+#include "dp_world.h"
+#include "zinf/error.h"
 
 namespace zinf::test {
 namespace {
@@ -29,7 +29,8 @@ struct SharedDir {
   SharedDir() {
     char name[256] = {};
     if (world().rank() == 0)
-      std::snprintf(name, sizeof name, "%s/zinf-dp-train-%d", fs::temp_directory_path().c_str(), static_cast<int>(::getpid()));
+      std::snprintf(name, sizeof name, "%s/zinf-dp-train-%d", fs::temp_directory_path().c_str(),
+                    static_cast<int>(::getpid()));
     world().broadcast(name, sizeof name, 0);
     p = name;
     if (world().rank() == 0) fs::create_directories(p);
@@ -51,10 +52,12 @@ std::string dp_config(const std::string& dir) {
              "gradient_clipping": 0.5,
              "fp16": {"enabled": true, "initial_scale_power": 12},
              "zero_optimization": {"stage": 0, "sub_group_size": 50000, "reduce_bucket_size": 40000,
-               "offload_optimizer": {"nvme_path": ")" + dir + R"("}, "offload_param": {"nvme_path": ")" + dir + R"("}}})";
+               "offload_optimizer": {"nvme_path": ")" +
+         dir + R"("}, "offload_param": {"nvme_path": ")" + dir + R"("}}})";
 }
 
-TrainResult run(const std::string& dir, std::vector<std::string> over, bool solo = false, const std::string& resume = "") {
+TrainResult run(const std::string& dir, std::vector<std::string> over, bool solo = false,
+                const std::string& resume = "") {
   static auto one = make_solo_comm();
   const int W = solo ? 1 : world().size();
   if (solo) over.push_back("gradient_accumulation_steps=" + std::to_string(world().size()));
@@ -74,9 +77,10 @@ TEST(TrainDp, EveryStagePlacementAndOverlapGivesOneDigestEqualToOneRank) {
       {"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=nvme"},
       {"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu", "train.overlap=none"},
       {"zero_optimization.stage=3"},
-      {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_param.device=cpu"},
-      {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_param.device=nvme",
-       "train.overlap=none"},
+      {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+       "zero_optimization.offload_param.device=cpu"},
+      {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
+       "zero_optimization.offload_param.device=nvme", "train.overlap=none"},
   };
   for (const auto& c : cases) {
     const TrainResult r = run(dir.p, c);
@@ -100,10 +104,11 @@ TEST(TrainDp, EveryStagePlacementAndOverlapGivesOneDigestEqualToOneRank) {
             llama_one.params_digest);
   EXPECT_NE(llama_one.params_digest, one.params_digest);
   const std::string seed = "device.jitter_seed=5";  // (every rank the same config)
-  EXPECT_EQ(run(dir.p, {"zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu",
-                        "zero_optimization.offload_optimizer.device=cpu", "device.async=true", seed, "device.jitter_us=100"})
-                .params_digest,
-            one.params_digest);
+  EXPECT_EQ(
+      run(dir.p, {"zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu",
+                  "zero_optimization.offload_optimizer.device=cpu", "device.async=true", seed, "device.jitter_us=100"})
+          .params_digest,
+      one.params_digest);
 }
 
 // Evaluation batches that do not divide among the ranks, with more layers than parameter window
@@ -114,8 +119,9 @@ TEST(TrainDp, UnevenEvaluationAtStage3MatchesOneRank) {
   ZINF_NEED_RANKS();
   SharedDir dir;
   const int W = world().size();
-  const std::vector<std::string> base = {"model.n_layer=4", "train.eval_interval=1", "train.eval_batches=" + std::to_string(W + 1),
-                                         "zero_optimization.stage3_prefetch_bucket_size=1", "zero_optimization.stage3_param_persistence_threshold=0"};
+  const std::vector<std::string> base = {
+      "model.n_layer=4", "train.eval_interval=1", "train.eval_batches=" + std::to_string(W + 1),
+      "zero_optimization.stage3_prefetch_bucket_size=1", "zero_optimization.stage3_param_persistence_threshold=0"};
   const TrainResult one = run(dir.p, base, /*solo=*/true);
   for (const char* param : {"none", "cpu"}) {
     std::vector<std::string> over = base;
@@ -151,9 +157,14 @@ std::string repeat_on_jittered_device(const std::string& dir, const std::vector<
         over.push_back(s);
       TrainResult r;
       within(120, what + "seed " + std::to_string(seed), [&] { r = run(dir, over); });
-      if (r.params_digest == one.params_digest && r.loss == one.loss) ++agree; else digests += " " + r.params_digest;
+      if (r.params_digest == one.params_digest && r.loss == one.loss)
+        ++agree;
+      else
+        digests += " " + r.params_digest;
     }
-    if (agree < repeats) failed += "\n  " + what + ": " + std::to_string(agree) + "/" + std::to_string(repeats) + " agree (" + digests + " )";
+    if (agree < repeats)
+      failed +=
+          "\n  " + what + ": " + std::to_string(agree) + "/" + std::to_string(repeats) + " agree (" + digests + " )";
     if (std::getenv("ZINF_DP_REPEATS") && world().rank() == 0)
       std::printf("  %d ranks, %s: %d/%d agree\n", world().size(), what.c_str(), agree, repeats);
   }
@@ -169,7 +180,8 @@ TEST(TrainDp, Stage3ExactOverlapGivesOneRanksDigestOnEveryRepeat) {
   SharedDir dir;
   const std::string failed = repeat_on_jittered_device(
       dir.p, {"model.n_layer=6", "train.steps=4", "train.eval_batches=2"},
-      {{"zero_optimization.stage=3"}, {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu"}}, 4);
+      {{"zero_optimization.stage=3"}, {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu"}},
+      4);
   EXPECT_TRUE(failed.empty()) << failed;
 }
 
@@ -179,9 +191,11 @@ TEST(TrainDp, EveryStageAndPlacementGivesOneDigestOnTheJitteredDevice) {
   ZINF_NEED_RANKS();
   SharedDir dir;
   std::vector<std::vector<std::string>> cases = {{"zero_optimization.stage=0"}};
-  const std::string opt = "zero_optimization.offload_optimizer.device=", param = "zero_optimization.offload_param.device=";
+  const std::string opt = "zero_optimization.offload_optimizer.device=",
+                    param = "zero_optimization.offload_param.device=";
   for (const char* st : {"1", "2"})
-    for (const char* o : {"none", "cpu", "nvme"}) cases.push_back({std::string("zero_optimization.stage=") + st, opt + o});
+    for (const char* o : {"none", "cpu", "nvme"})
+      cases.push_back({std::string("zero_optimization.stage=") + st, opt + o});
   for (const char* o : {"none", "cpu", "nvme"})
     for (const char* p : {"none", "cpu", "nvme"}) cases.push_back({"zero_optimization.stage=3", opt + o, param + p});
   const std::string failed = repeat_on_jittered_device(dir.p, {"model.n_layer=4", "train.eval_batches=2"}, cases, 1);
@@ -192,7 +206,8 @@ TEST(TrainDp, CheckpointsResumeOnAnotherWorldSize) {
   ZINF_NEED_RANKS();
   SharedDir dir;
   const std::string ck = dir.p + "/ck", ck1 = dir.p + "/ck1", ck2 = dir.p + "/ck0";
-  const std::vector<std::string> base = {"train.steps=4", "zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"};
+  const std::vector<std::string> base = {"train.steps=4", "zero_optimization.stage=2",
+                                         "zero_optimization.offload_optimizer.device=cpu"};
   const TrainResult straight = run(dir.p, base);
   auto with = [&](std::vector<std::string> v, const std::string& more) {
     v.push_back(more);
@@ -214,9 +229,11 @@ TEST(TrainDp, CheckpointsResumeOnAnotherWorldSize) {
   // One rank trains two steps and checkpoints; the ranks resume from it, with stage 3.
   if (world().rank() == 0) run(dir.p, with(with(base, "train.steps=2"), "train.checkpoint_dir=" + ck1), true);
   world().barrier();
-  const TrainResult resumed = run(dir.p, {"train.steps=4", "zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu",
-                                          "zero_optimization.offload_optimizer.device=cpu", "train.checkpoint_dir=" + ck1},
-                                  false, "latest");
+  const TrainResult resumed =
+      run(dir.p,
+          {"train.steps=4", "zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu",
+           "zero_optimization.offload_optimizer.device=cpu", "train.checkpoint_dir=" + ck1},
+          false, "latest");
   EXPECT_EQ(resumed.resumed_from, 2);
   EXPECT_EQ(resumed.params_digest, straight.params_digest);
 }

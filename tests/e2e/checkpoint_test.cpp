@@ -18,11 +18,11 @@
 #include <sstream>
 #include <thread>
 
-#include "app/train/checkpoint.h"
 #include "app/config/config.h"
-#include "zinf/error.h"
+#include "app/train/checkpoint.h"
 #include "app/train/train.h"
 #include "shell.h"
+#include "zinf/error.h"
 
 namespace zinf {
 namespace {
@@ -48,8 +48,8 @@ class Checkpoints : public ::testing::Test {
                "fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 3, "hysteresis": 1},
                "zero_optimization": {"stage": 3, "sub_group_size": 6000,
                  "offload_optimizer": {"nvme_path": ")" +
-           (dir / "swap").string() + R"("}, "offload_param": {"nvme_path": ")" + (dir / "swap").string() + R"("}})" + extra +
-           "}";
+           (dir / "swap").string() + R"("}, "offload_param": {"nvme_path": ")" + (dir / "swap").string() + R"("}})" +
+           extra + "}";
   }
   TrainResult run(int steps, const std::vector<std::string>& overrides = {}, const std::string& resume = "",
                   std::vector<std::string>* log = nullptr) {
@@ -72,10 +72,11 @@ TEST_F(Checkpoints, ResumeIsBitwiseIdenticalAcrossPlacementsAndThreads) {
   EXPECT_EQ(resumed.params_digest, full.params_digest);
   // Written with the states on the device, resumed with them on NVMe and 2 threads (and back).
   // (Steps 6 to 10 of the resumed run are there: going back to step 4 replaces them.)
-  const TrainResult moved = run(10,
-                                {"zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_param.device=cpu",
-                                 "device.threads=2", "train.overwrite_checkpoints=true"},
-                                (dir / "ck" / "step-00000004").string());
+  const TrainResult moved =
+      run(10,
+          {"zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_param.device=cpu",
+           "device.threads=2", "train.overwrite_checkpoints=true"},
+          (dir / "ck" / "step-00000004").string());
   EXPECT_EQ(moved.params_digest, full.params_digest);
   EXPECT_TRUE(fs::is_empty(dir / "swap"));
 }
@@ -206,7 +207,8 @@ TEST_F(Checkpoints, ResumeUnderAnotherShapeOrFamilyIsRefusedAndTouchesNothing) {
         ADD_FAILURE() << over[0] << " resumed " << which;
       } catch (const IncompatibleCheckpoint& e) {
         EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-        EXPECT_NE(std::string(e.what()).find(which == "latest" ? "step-00000006" : "step-00000004"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(which == "latest" ? "step-00000006" : "step-00000004"), std::string::npos)
+            << e.what();
       }
       EXPECT_EQ(snapshot(dir / "ck"), before) << over[0] << " " << which;
     }
@@ -332,8 +334,8 @@ TEST_F(Checkpoints, KeepLastCountsOnlyVerifiedCheckpoints) {
   flip_byte(dir / "ck" / "step-00000002" / "states.bin", m2["tensors"][0]["offset"].get<std::uint64_t>() + 3);
   log.clear();
   run(6, over, "latest", &log);  // from 4, writes 6: keep_last meets step 2
-  EXPECT_EQ(entries(dir / "ck"),
-            (std::vector<std::string>{"step-00000002.corrupt", "step-00000003.corrupt", "step-00000004", "step-00000006"}));
+  EXPECT_EQ(entries(dir / "ck"), (std::vector<std::string>{"step-00000002.corrupt", "step-00000003.corrupt",
+                                                           "step-00000004", "step-00000006"}));
   EXPECT_TRUE(said(log, "not counted by keep_last")) << log.size();
 }
 
@@ -349,7 +351,8 @@ TEST_F(Checkpoints, AnEditedManifestIsCaughtAsCorruption) {
     verify_checkpoint(four.string(), shape());
     ADD_FAILURE() << "an edited manifest passed";
   } catch (const CorruptCheckpoint& e) {
-    EXPECT_NE(std::string(e.what()).find("manifest.json: the manifest fails its checksum"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("manifest.json: the manifest fails its checksum"), std::string::npos)
+        << e.what();
   }
   edit_manifest(four, [](nlohmann::json& m) { m["step"] = 7; });
   EXPECT_THROW(verify_checkpoint(four.string(), shape()), CorruptCheckpoint);
@@ -359,9 +362,9 @@ TEST_F(Checkpoints, AnEditedManifestIsCaughtAsCorruption) {
   ASSERT_TRUE(fs::exists(four / "manifest.json"));  // evaluating moves nothing aside
   // The same manifest as the previous format wrote it: no checksum, no precision, version 1.
   {
-      std::ofstream f(four / "manifest.json");
-      f << original;
-    }
+    std::ofstream f(four / "manifest.json");
+    f << original;
+  }
   edit_manifest(four, [](nlohmann::json& m) {
     m.erase("manifest_xxh64");
     m.erase("precision");
@@ -382,7 +385,8 @@ TEST_F(Checkpoints, EvalWithoutAValidCheckpointIsExitTwoAndCreatesNothing) {
   EXPECT_EQ(count_errors(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("no valid checkpoint under train.checkpoint_dir"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir / "ck"));
-  r = test::sh(std::string(ZINF_BIN) + " eval --config " + conf + " --checkpoint " + (dir / "nowhere" / "step-00000001").string());
+  r = test::sh(std::string(ZINF_BIN) + " eval --config " + conf + " --checkpoint " +
+               (dir / "nowhere" / "step-00000001").string());
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("no such directory"), std::string::npos) << r.err;
   // The directory of checkpoints instead of one of them: said so.
@@ -421,9 +425,10 @@ TEST_F(Checkpoints, CtrlCStopsCleanlyWithACheckpointAndNoSwapLeft) {
   const std::string conf = (dir / "run.json").string();
   std::ofstream(conf) << cfg(100000);
   const std::string out = (dir / "out.json").string();
-  const pid_t pid = spawn({ZINF_BIN, "train", "--json", "--config", conf, "--set", "train.checkpoint_interval=1", "--set",
-                           "zero_optimization.offload_optimizer.device=nvme", "--set", "zero_optimization.offload_param.device=nvme"},
-                          out);
+  const pid_t pid =
+      spawn({ZINF_BIN, "train", "--json", "--config", conf, "--set", "train.checkpoint_interval=1", "--set",
+             "zero_optimization.offload_optimizer.device=nvme", "--set", "zero_optimization.offload_param.device=nvme"},
+            out);
   // Training has started once its first checkpoint exists (bounded wait on that condition).
   for (int i = 0; i < 2000 && !fs::exists(dir / "ck" / "step-00000001"); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -438,7 +443,7 @@ TEST_F(Checkpoints, CtrlCStopsCleanlyWithACheckpointAndNoSwapLeft) {
   char name[32];
   std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(j["steps"].get<std::int64_t>()));
   EXPECT_TRUE(fs::exists(dir / "ck" / name)) << name;  // the step it stopped after was saved
-  EXPECT_TRUE(fs::is_empty(dir / "swap"));               // and the NVMe swap directories are gone
+  EXPECT_TRUE(fs::is_empty(dir / "swap"));             // and the NVMe swap directories are gone
 }
 
 TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {
@@ -447,8 +452,15 @@ TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {
   std::ofstream(conf) << cfg(40, R"(, "data": {"val_fraction": 0.1})");
   const std::string out = (dir / "out.json").string();
   auto args = [&](bool resume) {
-    std::vector<std::string> a = {ZINF_BIN, "train", "--json", "--config", conf, "--set", "train.checkpoint_interval=1",
-                                  "--set", "zero_optimization.offload_optimizer.device=nvme"};
+    std::vector<std::string> a = {ZINF_BIN,
+                                  "train",
+                                  "--json",
+                                  "--config",
+                                  conf,
+                                  "--set",
+                                  "train.checkpoint_interval=1",
+                                  "--set",
+                                  "zero_optimization.offload_optimizer.device=nvme"};
     if (resume) a.push_back("--resume");
     return a;
   };
@@ -498,10 +510,11 @@ TEST_F(Checkpoints, SecondCtrlCStopsAtOnceAndRemovesTheSwapDirectories) {
   // Steps of 400 micro batches: long enough that the second Ctrl-C lands while the first one waits
   // for the step to end.
   const std::string err = (dir / "err.txt").string();
-  const pid_t pid = spawn({ZINF_BIN, "train", "--config", conf, "--set", "train.checkpoint_interval=1", "--set",
-                           "gradient_accumulation_steps=400", "--set", "zero_optimization.offload_optimizer.device=nvme", "--set",
-                           "zero_optimization.offload_param.device=nvme"},
-                          (dir / "out.txt").string(), err);
+  const pid_t pid =
+      spawn({ZINF_BIN, "train", "--config", conf, "--set", "train.checkpoint_interval=1", "--set",
+             "gradient_accumulation_steps=400", "--set", "zero_optimization.offload_optimizer.device=nvme", "--set",
+             "zero_optimization.offload_param.device=nvme"},
+            (dir / "out.txt").string(), err);
   for (int i = 0; i < 6000 && !fs::exists(dir / "ck" / "step-00000001"); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_TRUE(fs::exists(dir / "ck" / "step-00000001"));
@@ -509,7 +522,8 @@ TEST_F(Checkpoints, SecondCtrlCStopsAtOnceAndRemovesTheSwapDirectories) {
   ::kill(pid, SIGINT);
   auto said = [&] {
     std::ifstream f(err);
-    return std::string(std::istreambuf_iterator<char>(f), {}).find("a second signal stops at once") != std::string::npos;
+    return std::string(std::istreambuf_iterator<char>(f), {}).find("a second signal stops at once") !=
+           std::string::npos;
   };
   for (int i = 0; i < 2000 && !said(); ++i)  // the first Ctrl-C was taken (the handler says so)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -529,8 +543,8 @@ TEST_F(Checkpoints, CtrlCDuringTheFirstEvaluationStopsAfterTheCurrentBatch) {
   const std::string conf = (dir / "run.json").string();
   std::ofstream(conf) << cfg(100000);
   const std::string out = (dir / "out.json").string(), err = (dir / "err.txt").string();
-  const pid_t pid = spawn({ZINF_BIN, "train", "--json", "--config", conf, "--set", "train.eval_batches=1000000", "--set",
-                           "zero_optimization.offload_optimizer.device=nvme"},
+  const pid_t pid = spawn({ZINF_BIN, "train", "--json", "--config", conf, "--set", "train.eval_batches=1000000",
+                           "--set", "zero_optimization.offload_optimizer.device=nvme"},
                           out, err);
   auto built = [&] {  // the "model:" line: the model is built and a signal now stops the run gracefully
     std::ifstream f(err);
@@ -563,10 +577,12 @@ TEST_F(Checkpoints, CtrlCDuringTheFirstEvaluationStopsAfterTheCurrentBatch) {
 TEST_F(Checkpoints, NvmePathIsCreatedAndARunsOwnDirectoriesAreNotStale) {
   const fs::path fresh = dir / "new" / "swap";
   std::vector<std::string> log;
-  const TrainResult r = run(2, {"zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_param.device=nvme",
-                                "zero_optimization.offload_optimizer.nvme_path=\"" + fresh.string() + "\"",
-                                "zero_optimization.offload_param.nvme_path=\"" + fresh.string() + "\""},
-                        "", &log);
+  const TrainResult r =
+      run(2,
+          {"zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_param.device=nvme",
+           "zero_optimization.offload_optimizer.nvme_path=\"" + fresh.string() + "\"",
+           "zero_optimization.offload_param.nvme_path=\"" + fresh.string() + "\""},
+          "", &log);
   EXPECT_EQ(r.steps, 2);
   EXPECT_TRUE(fs::is_directory(fresh));
   EXPECT_TRUE(fs::is_empty(fresh));
@@ -575,7 +591,8 @@ TEST_F(Checkpoints, NvmePathIsCreatedAndARunsOwnDirectoriesAreNotStale) {
     if (l.rfind("offload:", 0) == 0) offload = l;
     if (l.find("created " + fresh.string()) != std::string::npos) created = l;
   }
-  EXPECT_EQ(created, "zero_optimization.offload_optimizer.nvme_path: created " + fresh.string() + ", which did not exist");
+  EXPECT_EQ(created,
+            "zero_optimization.offload_optimizer.nvme_path: created " + fresh.string() + ", which did not exist");
   EXPECT_EQ(offload.find("stale"), std::string::npos) << offload;
 }
 
@@ -590,7 +607,8 @@ TEST_F(Checkpoints, StepsZeroEvaluatesACheckpoint) {
 
 // A llama-family run resumes bitwise, and its checkpoint is refused by a GPT-2 config.
 TEST_F(Checkpoints, LlamaResumesExactlyAndOtherFamiliesAreRefused) {
-  const std::vector<std::string> llama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=40", "model.tie_embeddings=false"};
+  const std::vector<std::string> llama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=40",
+                                          "model.tie_embeddings=false"};
   const TrainResult full = run(4, llama);
   fs::remove_all(dir / "ck" / "step-00000004");
   const TrainResult resumed = run(4, llama, "latest");
@@ -600,7 +618,8 @@ TEST_F(Checkpoints, LlamaResumesExactlyAndOtherFamiliesAreRefused) {
     run(4, {}, (dir / "ck" / "step-00000002").string());
     FAIL() << "a GPT-2 config resumed a llama checkpoint";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the model family differs (checkpoint llama, config gpt2)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the model family differs (checkpoint llama, config gpt2)"), std::string::npos)
+        << e.what();
   }
 }
 

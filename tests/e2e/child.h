@@ -29,7 +29,8 @@ class Child {
   // Starts argv[0] (a path) with argv, and `env` ("NAME=value") added to this process's environment.
   Child(const std::vector<std::string>& argv, const std::vector<std::string>& env = {}) {
     static int serial = 0;
-    err_path_ = std::filesystem::temp_directory_path() / ("zinf-child-" + std::to_string(::getpid()) + "-" + std::to_string(serial++) + ".err");
+    err_path_ = std::filesystem::temp_directory_path() /
+                ("zinf-child-" + std::to_string(::getpid()) + "-" + std::to_string(serial++) + ".err");
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return;
     ::fcntl(fds[1], F_SETPIPE_SZ, 4096);

@@ -2,10 +2,10 @@
 // accumulation, rank 0 alone prints, a killed rank ends the job without a hang, and bad launches
 // (ranks given different configs, a world the launcher does not match) are refused at start.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -34,7 +34,8 @@ std::string digest_of(const std::string& out) {
 class CliDp : public MpirunTest {};
 
 TEST_F(CliDp, MpirunRanksTrainAsOneRankWithTheirAccumulation) {
-  const std::string args = " train --config " + kTinyConfig + " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0";
+  const std::string args =
+      " train --config " + kTinyConfig + " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0";
   const Result one = sh(std::string(ZINF_BIN) + args + " --set gradient_accumulation_steps=2");
   ASSERT_EQ(one.rc, 0) << one.err;
   for (const std::string stage : {"--set zero_optimization.stage=2",
@@ -71,7 +72,8 @@ TEST_F(CliDp, KillingOneRankEndsTheJobWithoutAHang) {
     char state;
     pid_t ppid;
     rest >> state >> ppid;
-    if (ppid == job && slurp(e.path().string() + "/comm").rfind("zinf", 0) == 0) ranks.push_back(std::stoi(e.path().filename()));
+    if (ppid == job && slurp(e.path().string() + "/comm").rfind("zinf", 0) == 0)
+      ranks.push_back(std::stoi(e.path().filename()));
   }
   ASSERT_EQ(ranks.size(), 2u) << slurp(base + ".out") << slurp(base + ".err");
   ::kill(ranks.back(), SIGKILL);
@@ -88,12 +90,13 @@ TEST_F(CliDp, KillingOneRankEndsTheJobWithoutAHang) {
   EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   const std::string err = slurp(base + ".err");
   EXPECT_NE(err.find("signal 9"), std::string::npos) << err;  // the launcher names the rank and the signal
-  for (pid_t r : ranks) {  // gone, or a zombie waiting to be reaped
+  for (pid_t r : ranks) {                                     // gone, or a zombie waiting to be reaped
     std::string stat;
     for (int i = 0; i < 50 && !(stat = slurp("/proc/" + std::to_string(r) + "/stat")).empty(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const auto close = stat.rfind(')');
-    EXPECT_TRUE(stat.empty() || (close != std::string::npos && stat.compare(close + 2, 1, "Z") == 0)) << "rank process " << r << " survived";
+    EXPECT_TRUE(stat.empty() || (close != std::string::npos && stat.compare(close + 2, 1, "Z") == 0))
+        << "rank process " << r << " survived";
   }
   fs::remove(base + ".out");
   fs::remove(base + ".err");
@@ -108,11 +111,13 @@ TEST_F(CliDp, EnvironmentLaunchMeetsAtTheMasterPort) {
   const std::string train = std::string(ZINF_BIN) + " train --config " + kTinyConfig +
                             " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0";
   const Result one = sh(std::string(ZINF_BIN) + " train --config " + kTinyConfig +
-                        " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0 --set gradient_accumulation_steps=2");
+                        " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0 --set "
+                        "gradient_accumulation_steps=2");
   ASSERT_EQ(one.rc, 0) << one.err;
   // Rank 1 first, in the background: it waits for rank 0.
   const std::string log1 = fs::temp_directory_path() / ("zinf-cli-dp-env-rank1-" + std::to_string(::getpid()));
-  const Result two = sh("((" + env + "RANK=1 LOCAL_RANK=1 " + train + " >/dev/null 2>" + log1 + "; echo exit status $? >>" + log1 + ") &) ; " + env + "RANK=0 LOCAL_RANK=0 " + train);
+  const Result two = sh("((" + env + "RANK=1 LOCAL_RANK=1 " + train + " >/dev/null 2>" + log1 +
+                        "; echo exit status $? >>" + log1 + ") &) ; " + env + "RANK=0 LOCAL_RANK=0 " + train);
   EXPECT_EQ(two.rc, 0) << two.err << "rank 1 said:\n" << slurp(log1);
   // Rank 1 ends cleanly too, whichever rank finished first (it may still be closing when rank 0 returns).
   for (int i = 0; i < 300 && slurp(log1).find("exit status") == std::string::npos; ++i)
@@ -124,12 +129,14 @@ TEST_F(CliDp, EnvironmentLaunchMeetsAtTheMasterPort) {
   // No mpirun to end the job when a rank dies: the ranks watch each other. Kill rank 1 mid-run; rank 0
   // must end within a minute with a line naming it.
   const std::string base = fs::temp_directory_path() / ("zinf-cli-dp-env-" + std::to_string(::getpid()));
-  const std::string forever = std::string(ZINF_BIN) + " train --config " + kTinyConfig + " --set train.steps=100000 --set steps_per_print=1";
-  const std::string script =
-      env + "RANK=1 " + forever + " >/dev/null 2>&1 & r1=$!; " + env + "RANK=0 " + forever + " >" + base + ".out 2>" + base +
-      ".err & r0=$!; for i in $(seq 600); do grep -q 'step     2/' " + base + ".out 2>/dev/null && break; sleep 0.1; done; kill -9 $r1; " +
-      "for i in $(seq 600); do kill -0 $r0 2>/dev/null || break; sleep 0.1; done; " +
-      "if kill -0 $r0 2>/dev/null; then kill -9 $r0; echo HUNG; fi; wait $r0; echo rank0=$?";
+  const std::string forever =
+      std::string(ZINF_BIN) + " train --config " + kTinyConfig + " --set train.steps=100000 --set steps_per_print=1";
+  const std::string script = env + "RANK=1 " + forever + " >/dev/null 2>&1 & r1=$!; " + env + "RANK=0 " + forever +
+                             " >" + base + ".out 2>" + base +
+                             ".err & r0=$!; for i in $(seq 600); do grep -q 'step     2/' " + base +
+                             ".out 2>/dev/null && break; sleep 0.1; done; kill -9 $r1; " +
+                             "for i in $(seq 600); do kill -0 $r0 2>/dev/null || break; sleep 0.1; done; " +
+                             "if kill -0 $r0 2>/dev/null; then kill -9 $r0; echo HUNG; fi; wait $r0; echo rank0=$?";
   const Result killed = sh(script);
   EXPECT_EQ(killed.out.find("HUNG"), std::string::npos) << "rank 0 still ran a minute after rank 1 was killed";
   EXPECT_EQ(killed.out.find("rank0=0"), std::string::npos) << killed.out;
@@ -138,7 +145,8 @@ TEST_F(CliDp, EnvironmentLaunchMeetsAtTheMasterPort) {
   fs::remove(base + ".out");
   fs::remove(base + ".err");
   // A rank that never comes: rank 0 names it and fails at start.
-  const Result lonely = sh("ZINF_RENDEZVOUS_TIMEOUT=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " WORLD_SIZE=3 RANK=0 " + train);
+  const Result lonely =
+      sh("ZINF_RENDEZVOUS_TIMEOUT=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " WORLD_SIZE=3 RANK=0 " + train);
   EXPECT_NE(lonely.rc, 0);
   EXPECT_NE(lonely.err.find("rank(s) 1, 2 did not arrive"), std::string::npos) << lonely.err;
 }
@@ -168,9 +176,11 @@ TEST_F(CliDp, BadLaunchesAreRefusedAtStart) {
 // checkpoint directory is left exactly as it was.
 TEST_F(CliDp, ARefusedResumeEndsEveryRankAndTouchesNoCheckpoint) {
   const std::string ck = fs::temp_directory_path() / ("zinf-cli-dp-ck-" + std::to_string(::getpid()));
-  const std::string train = kMpi + " -np 2 " + ZINF_BIN + " train --config " + kTinyConfig +
-                            " --set train.steps=2 --set train.eval_batches=2 --set train.eval_interval=0 --set model.n_layer=1"
-                            " --set train.checkpoint_dir=\"" + ck + "\"";
+  const std::string train =
+      kMpi + " -np 2 " + ZINF_BIN + " train --config " + kTinyConfig +
+      " --set train.steps=2 --set train.eval_batches=2 --set train.eval_interval=0 --set model.n_layer=1"
+      " --set train.checkpoint_dir=\"" +
+      ck + "\"";
   const Result first = sh(train);
   ASSERT_EQ(first.rc, 0) << first.err;
   auto listing = [&] {
@@ -213,7 +223,8 @@ TEST_F(CliDp, BenchCommAndPlanReportPerRankFigures) {
   const auto p = nlohmann::json::parse(r.out);
   EXPECT_EQ(p["world_size"], 4);
   ASSERT_EQ(p["per_rank_stages"].size(), 4u);
-  EXPECT_LT(p["per_rank_stages"][3]["zero_paper_model_states"].get<double>(), p["per_rank_stages"][0]["zero_paper_model_states"].get<double>());
+  EXPECT_LT(p["per_rank_stages"][3]["zero_paper_model_states"].get<double>(),
+            p["per_rank_stages"][0]["zero_paper_model_states"].get<double>());
   r = sh(kMpi + " -np 2 " + ZINF_BIN + " plan --config " + kTinyConfig + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["world_size"], 2);  // one plan, from rank 0

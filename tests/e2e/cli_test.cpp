@@ -8,10 +8,10 @@
 
 #include <cstring>
 #include <filesystem>
-#include <map>
-#include <set>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "common/temp_dir.h"
@@ -54,7 +54,8 @@ TEST(Cli, HelpAndVersion) {
   r = run("--version");
   EXPECT_EQ(r.rc, 0);
   EXPECT_EQ(r.out.rfind("zinf ", 0), 0u);
-  for (const char* sub : {"info", "plan", "train", "export", "bench adam", "bench nvme", "bench step", "bench pcie", "bench comm"}) {
+  for (const char* sub :
+       {"info", "plan", "train", "export", "bench adam", "bench nvme", "bench step", "bench pcie", "bench comm"}) {
     r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.rc, 0) << sub;
     EXPECT_NE(r.out.find(std::string(sub) == "export" ? "--output" : "--json"), std::string::npos) << sub;
@@ -132,7 +133,8 @@ TEST(Cli, BenchAdamReportsTheRatio) {
 }
 
 TEST(Cli, BenchNvmeSweepsAndCleansUp) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("zinf-bench-nvme-" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("zinf-bench-nvme-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   Result r = run("bench nvme --path " + dir.string() +
                  " --size 8M --cell 4M --swap-item 1M --blocks 128K,1M --depths 1,4 --threads 1 --json");
@@ -144,7 +146,7 @@ TEST(Cli, BenchNvmeSweepsAndCleansUp) {
   EXPECT_GT(j["swap_ratio"].get<double>(), 0.0);
   EXPECT_TRUE(j["aio"].contains("queue_depth"));
   EXPECT_NE(r.err.find("swap mode"), std::string::npos);  // progress was shown
-  EXPECT_TRUE(std::filesystem::is_empty(dir));             // the private directory is gone
+  EXPECT_TRUE(std::filesystem::is_empty(dir));            // the private directory is gone
   r = run("bench nvme --path /nonexistent-zinf-dir --size 8M --cell 4M");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("/nonexistent-zinf-dir"), std::string::npos) << r.err;
@@ -154,9 +156,12 @@ TEST(Cli, BenchNvmeSweepsAndCleansUp) {
 
 TEST(Cli, TrainPrintsConfigProgressAndTheFinalLine) {
   const std::string small = small_model(2);
-  const std::string metrics = std::filesystem::temp_directory_path() / ("zinf-metrics-" + std::to_string(::getpid()) + ".jsonl");
-  Result r = run("train --config " + kConfigs + "/tiny.json --set train.steps=4 --set steps_per_print=2"
-                 " --set wall_clock_breakdown=true --set train.metrics_file=\"" + metrics + "\"" + small);
+  const std::string metrics =
+      std::filesystem::temp_directory_path() / ("zinf-metrics-" + std::to_string(::getpid()) + ".jsonl");
+  Result r = run("train --config " + kConfigs +
+                 "/tiny.json --set train.steps=4 --set steps_per_print=2"
+                 " --set wall_clock_breakdown=true --set train.metrics_file=\"" +
+                 metrics + "\"" + small);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("optimizer.params.lr"), std::string::npos);  // the resolved config table
   EXPECT_NE(r.out.find("step     2/4 | loss"), std::string::npos) << r.out;
@@ -179,11 +184,13 @@ TEST(Cli, TrainPrintsConfigProgressAndTheFinalLine) {
 TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
   const std::string swap = std::filesystem::temp_directory_path() / ("zinf-bench-step-" + std::to_string(::getpid()));
   std::filesystem::create_directories(swap);
-  auto j = run_json("bench step --json --profile --steps 3 --config " + kConfigs + "/tiny.json --set model.n_layer=2"
-                    " --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32 --set train_micro_batch_size_per_gpu=2"
-                    " --set device.threads=1 --set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme"
-                    " --set zero_optimization.offload_param.device=cpu --set zero_optimization.offload_optimizer.nvme_path=" +
-                    swap);
+  auto j = run_json(
+      "bench step --json --profile --steps 3 --config " + kConfigs +
+      "/tiny.json --set model.n_layer=2"
+      " --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32 --set train_micro_batch_size_per_gpu=2"
+      " --set device.threads=1 --set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme"
+      " --set zero_optimization.offload_param.device=cpu --set zero_optimization.offload_optimizer.nvme_path=" +
+      swap);
   EXPECT_GE(j["overlap_ratio"].get<double>(), 0.5);
   EXPECT_GT(j["busy_s"]["compute"].get<double>(), 0.0);
   EXPECT_GT(j["busy_s"]["nvme_read"].get<double>(), 0.0);
@@ -205,7 +212,8 @@ TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
 
 TEST(Cli, CheckpointResumeAndExport) {
   const std::string dir = std::filesystem::temp_directory_path() / ("zinf-cli-ck-" + std::to_string(::getpid()));
-  const std::string small = small_model() + " --set train.checkpoint_interval=2 --set train.checkpoint_dir=\"" + dir + "\"";
+  const std::string small =
+      small_model() + " --set train.checkpoint_interval=2 --set train.checkpoint_dir=\"" + dir + "\"";
   Result full = run("train --json --config " + kConfigs + "/tiny.json --set train.steps=6" + small);
   ASSERT_EQ(full.rc, 0) << full.err;
   std::filesystem::remove_all(dir);
@@ -259,15 +267,20 @@ TEST(Cli, BrokenConfigIsRefusedWithOneLine) {
 // What a user gets wrong is found before any training, with one line and exit code 2.
 TEST(Cli, FailuresAreFoundBeforeTraining) {
   const std::string small = small_model();
-  Result r = run("train --config " + kConfigs + "/tiny.json --set train.steps=40 --set train.checkpoint_dir=/proc/zinf-ck" + small);
+  Result r = run("train --config " + kConfigs +
+                 "/tiny.json --set train.steps=40 --set train.checkpoint_dir=/proc/zinf-ck" + small);
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("train.checkpoint_dir /proc/zinf-ck: cannot"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;  // not one step ran
   EXPECT_EQ(lines(r.err), 1u) << r.err;
-  r = run("train --config " + kConfigs + "/tiny.json --set zero_optimization.stage=3"
-          " --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=/proc/zinf-swap" + small);
+  r = run("train --config " + kConfigs +
+          "/tiny.json --set zero_optimization.stage=3"
+          " --set zero_optimization.offload_optimizer.device=nvme --set "
+          "zero_optimization.offload_optimizer.nvme_path=/proc/zinf-swap" +
+          small);
   EXPECT_EQ(r.rc, 2);
-  EXPECT_NE(r.err.find("zero_optimization.offload_optimizer.nvme_path /proc/zinf-swap: cannot"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zero_optimization.offload_optimizer.nvme_path /proc/zinf-swap: cannot"), std::string::npos)
+      << r.err;
   r = run("train --config " + std::filesystem::temp_directory_path().string());
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("is a directory, not a config file"), std::string::npos) << r.err;
@@ -295,9 +308,11 @@ TEST(Cli, ResumePastTheLastStepIsAnErrorAndEvalReportsTheCheckpointsLoss) {
 }
 
 TEST(Cli, PlanMeasuresAMissingNvmePathWhereItWillBeCreatedAndRefusesAnUnwritableOne) {
-  const std::string missing = std::filesystem::temp_directory_path() / ("zinf-plan-new-" + std::to_string(::getpid())) / "swap";
+  const std::string missing =
+      std::filesystem::temp_directory_path() / ("zinf-plan-new-" + std::to_string(::getpid())) / "swap";
   auto plan = [&](const std::string& path) {
-    return run("plan --config " + kConfigs + "/6.7b-nvme.json --set zero_optimization.offload_optimizer.nvme_path=\"" + path + "\"");
+    return run("plan --config " + kConfigs + "/6.7b-nvme.json --set zero_optimization.offload_optimizer.nvme_path=\"" +
+               path + "\"");
   };
   Result r = plan(missing);
   EXPECT_NE((r.out + r.err).find("does not exist yet: zinf train creates it"), std::string::npos) << r.out;
@@ -309,7 +324,6 @@ TEST(Cli, PlanMeasuresAMissingNvmePathWhereItWillBeCreatedAndRefusesAnUnwritable
   EXPECT_EQ(r.out.find("inf%"), std::string::npos) << r.out;
 }
 
-
 // ---------------------------------------------------------------------------------------------------
 // Outputs appear whole or not at all; bad input files are refused with one line and exit code 2.
 
@@ -320,16 +334,19 @@ const std::string kSmall = small_model();
 // The command under a file size limit of `kib` KiB, SIGXFSZ ignored: a write past it fails with
 // EFBIG part way through, as a full disk fails with ENOSPC.
 Result run_limited(int kib, const std::string& args) {
-  return sh("(ulimit -f " + std::to_string(kib * 2) + "; trap '' XFSZ; exec " + std::string(ZINF_BIN) + " " + args + ")");
+  return sh("(ulimit -f " + std::to_string(kib * 2) + "; trap '' XFSZ; exec " + std::string(ZINF_BIN) + " " + args +
+            ")");
 }
 
 TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
   TempDir t("cli-hfexport");
   // d_ff 512: the MLP's matrices (64 KiB each in fp32) outgrow the embedding, so with 40 KB shards
   // the first shards are small and a later one large — the case where a full disk strikes part way.
-  Result tr = run("train --config " + kConfigs + "/tiny.json --set model.family=llama --set model.d_ff=512 --set train.steps=4"
+  Result tr = run("train --config " + kConfigs +
+                  "/tiny.json --set model.family=llama --set model.d_ff=512 --set train.steps=4"
                   " --set train.checkpoint_interval=2"
-                  " --set train.checkpoint_dir=\"" + t / "ck" + "\"" + kSmall);
+                  " --set train.checkpoint_dir=\"" +
+                  t / "ck" + "\"" + kSmall);
   ASSERT_EQ(tr.rc, 0) << tr.err;
   const std::string ck = t / "ck/step-00000002", out = t / "out/hf";
   ASSERT_EQ(run("export --format hf --shard-size 10KB --checkpoint " + ck + " -o " + out).rc, 0);
@@ -339,7 +356,8 @@ TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
   ASSERT_EQ(one.rc, 0) << one.err;
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(out)) names.insert(e.path().filename().string());
-  EXPECT_EQ(names, (std::set<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));  // no old shard or index
+  EXPECT_EQ(names,
+            (std::set<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));  // no old shard or index
   // A full disk part way: exit 1, one line, the folder as it was and nothing beside it.
   const auto before = snapshot(t / "out");
   Result full = run_limited(48, "export --format hf --shard-size 40KB --checkpoint " + ck + " -o " + out);
@@ -356,7 +374,8 @@ TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
   // A folder with config.json that is not an object, or impossible numbers in it: one line, exit 2.
   fs::create_directories(t / "bad");
   fs::copy_file(out + "/model.safetensors", t / "bad/model.safetensors");
-  std::ofstream(t / "run.json") << nlohmann::json{{"train_batch_size", 2}, {"model", {{"init_from", t / "bad"}}}}.dump();
+  std::ofstream(t / "run.json")
+      << nlohmann::json{{"train_batch_size", 2}, {"model", {{"init_from", t / "bad"}}}}.dump();
   for (const std::string& text : {std::string("[1,2]"), std::string("null"), std::string("42")}) {
     std::ofstream(t / "bad/config.json") << text;
     Result r = run("plan --config " + t / "run.json");
@@ -370,9 +389,11 @@ TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
   ASSERT_EQ(run("export --format hf --shard-size 40KB --checkpoint " + ck + " -o " + t / "both").rc, 0);
   fs::copy_file(t / "single/model.safetensors", t / "both/model.safetensors");
   auto digest = [&](const std::string& folder) {
-    std::ofstream(t / "eval.json") << nlohmann::json{{"train_batch_size", 2}, {"model", {{"init_from", folder}, {"seq_len", 32}}},
-                                                     {"train", {{"eval_batches", 1}}}, {"device", {{"type", "cpu"}, {"threads", 1}}}}
-                                              .dump();
+    std::ofstream(t / "eval.json") << nlohmann::json{{"train_batch_size", 2},
+                                                     {"model", {{"init_from", folder}, {"seq_len", 32}}},
+                                                     {"train", {{"eval_batches", 1}}},
+                                                     {"device", {{"type", "cpu"}, {"threads", 1}}}}
+                                          .dump();
     Result r = run("eval --json --config " + t / "eval.json");
     EXPECT_EQ(r.rc, 0) << r.err;
     return std::make_pair(nlohmann::json::parse(r.out)["params_digest"].get<std::string>(), r.err);
@@ -380,7 +401,8 @@ TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
   const auto [both, both_log] = digest(t / "both");
   EXPECT_EQ(both, digest(t / "single").first);
   EXPECT_NE(both, digest(out).first);  // step 2's weights differ from step 4's
-  EXPECT_NE(both_log.find("(model.safetensors (model.safetensors.index.json beside it is ignored"), std::string::npos) << both_log;
+  EXPECT_NE(both_log.find("(model.safetensors (model.safetensors.index.json beside it is ignored"), std::string::npos)
+      << both_log;
 
   auto cfg = nlohmann::json::parse(slurp(out + "/config.json"));
   for (const auto& [key, value] : {std::pair<std::string, double>{"rms_norm_eps", -1}, {"rope_theta", -5}}) {
@@ -395,8 +417,12 @@ TEST(Cli, FolderExportReplacesTheOldExportWholeOrNotAtAll) {
 
 TEST(Cli, FileExportIsWholeOrNotAtAllAndBadWeightsExitTwo) {
   TempDir t("cli-stexport");
-  ASSERT_EQ(run("train --config " + kConfigs + "/tiny.json --set train.steps=2 --set train.checkpoint_interval=2"
-                " --set train.checkpoint_dir=\"" + t / "ck" + "\"" + kSmall).rc, 0);
+  ASSERT_EQ(run("train --config " + kConfigs +
+                "/tiny.json --set train.steps=2 --set train.checkpoint_interval=2"
+                " --set train.checkpoint_dir=\"" +
+                t / "ck" + "\"" + kSmall)
+                .rc,
+            0);
   const std::string ck = t / "ck/step-00000002", out = t / "out/model.safetensors";
   fs::create_directories(t / "out");
   ASSERT_EQ(run("export --checkpoint " + ck + " -o " + out).rc, 0);
@@ -412,12 +438,14 @@ TEST(Cli, FileExportIsWholeOrNotAtAllAndBadWeightsExitTwo) {
   EXPECT_EQ(slurp(ck + "/states.bin"), states);
   Result missing = run("export --checkpoint " + t / "ck/step-99999999" + " -o " + t / "x.safetensors");
   EXPECT_EQ(missing.rc, 2);
-  EXPECT_NE(missing.err.find("--checkpoint " + t / "ck/step-99999999" + ": does not exist"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("--checkpoint " + t / "ck/step-99999999" + ": does not exist"), std::string::npos)
+      << missing.err;
 
   const std::string eval = "eval --config " + kConfigs + "/tiny.json" + kSmall + " --weights ";
   Result none = run(eval + t / "nonexistent.safetensors");
   EXPECT_EQ(none.rc, 2);
-  EXPECT_NE(none.err.find("model.init_from " + t / "nonexistent.safetensors" + ": does not exist"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("model.init_from " + t / "nonexistent.safetensors" + ": does not exist"), std::string::npos)
+      << none.err;
   std::ofstream(t / "junk.safetensors") << "not a safetensors file";
   Result junk = run(eval + t / "junk.safetensors");
   EXPECT_EQ(junk.rc, 2);
@@ -456,7 +484,8 @@ TEST(Cli, TokenizeNeverReplacesItsInputAndLeavesNothingPartial) {
   Result junk = run("tokenize " + t / "a.txt" + " --tokenizer " + t / "junk.model" + " -o " + t / "u.bin");
   EXPECT_EQ(junk.rc, 2);
   EXPECT_EQ(error_lines(junk.err), 1u) << junk.err;
-  EXPECT_NE(junk.err.find("--tokenizer " + t / "junk.model" + ": not a SentencePiece model"), std::string::npos) << junk.err;
+  EXPECT_NE(junk.err.find("--tokenizer " + t / "junk.model" + ": not a SentencePiece model"), std::string::npos)
+      << junk.err;
   EXPECT_EQ(junk.err.find(".cc("), std::string::npos) << junk.err;
 }
 
@@ -466,17 +495,17 @@ TEST(Cli, FifosAndDirectoriesAreRefusedWhereverAFileIsRead) {
   ASSERT_EQ(::mkfifo((t / "fifo").c_str(), 0600), 0);
   const std::string bin = "timeout 60 " + std::string(ZINF_BIN) + " ";
   const std::string train = "train --config " + kConfigs + "/tiny.json --set train.steps=1" + kSmall;
-  for (const std::string& args : {"tokenize " + t / "fifo" + " -o " + t / "o.bin",
-                                  train + " --set data.path=\"" + t / "fifo" + "\"",
-                                  train + " --set model.init_from=\"" + t / "fifo" + "\"",
-                                  "plan --config " + t / "fifo"}) {
+  for (const std::string& args :
+       {"tokenize " + t / "fifo" + " -o " + t / "o.bin", train + " --set data.path=\"" + t / "fifo" + "\"",
+        train + " --set model.init_from=\"" + t / "fifo" + "\"", "plan --config " + t / "fifo"}) {
     Result r = sh(bin + args);
     EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
     EXPECT_EQ(error_lines(r.err), 1u) << r.err;
     EXPECT_NE(r.err.find(t / "fifo" + ": is a FIFO"), std::string::npos) << r.err;
   }
   std::ofstream(t / "text.txt") << std::string(4000, 'x');
-  Result dir = run(train + " --set data.path=\"" + t / "text.txt" + "\" --set data.tokenizer=\"" + t.path.string() + "\"");
+  Result dir =
+      run(train + " --set data.path=\"" + t / "text.txt" + "\" --set data.tokenizer=\"" + t.path.string() + "\"");
   EXPECT_EQ(dir.rc, 2);
   EXPECT_EQ(error_lines(dir.err), 1u) << dir.err;
   EXPECT_NE(dir.err.find("data.tokenizer " + t.path.string() + ": is a directory"), std::string::npos) << dir.err;
@@ -486,10 +515,12 @@ TEST(Cli, AMetricsFileOrLogThatCannotBeWrittenIsAnError) {
   const std::string train = "train --config " + kConfigs + "/tiny.json --set train.steps=2" + kSmall;
   Result m = run(train + " --set train.metrics_file=/dev/full");
   EXPECT_EQ(m.rc, 1);
-  EXPECT_NE(m.err.find("train.metrics_file /dev/full: write failed (No space left on device)"), std::string::npos) << m.err;
+  EXPECT_NE(m.err.find("train.metrics_file /dev/full: write failed (No space left on device)"), std::string::npos)
+      << m.err;
   Result log = sh("(" + std::string(ZINF_BIN) + " " + train + " >/dev/full)");
   EXPECT_EQ(log.rc, 1);
-  EXPECT_NE(log.err.find("stdout: cannot write the progress log (No space left on device)"), std::string::npos) << log.err;
+  EXPECT_NE(log.err.find("stdout: cannot write the progress log (No space left on device)"), std::string::npos)
+      << log.err;
 }
 
 }  // namespace

@@ -8,8 +8,8 @@
 #include <filesystem>
 
 #include "app/config/config.h"
-#include "model/shape.h"
 #include "app/train/train.h"
+#include "model/shape.h"
 #include "small_train.h"
 
 namespace zinf {
@@ -99,8 +99,8 @@ TEST_F(OffloadTrain, StateFourTimesTheDeviceBudgetTrainsWithinIt) {
 // The llama family through the same engine: every placement gives one digest (untied head, grouped
 // key/value heads, q/k/v biases), with activation checkpointing too.
 TEST_F(OffloadTrain, LlamaEveryPlacementGivesTheSameDigest) {
-  const std::vector<std::string> llama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=48", "model.tie_embeddings=false",
-                                          "model.qkv_bias=true"};
+  const std::vector<std::string> llama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=48",
+                                          "model.tie_embeddings=false", "model.qkv_bias=true"};
   auto with = [&](std::vector<std::string> extra) {
     auto v = llama;
     v.insert(v.end(), extra.begin(), extra.end());
@@ -115,7 +115,8 @@ TEST_F(OffloadTrain, LlamaEveryPlacementGivesTheSameDigest) {
                              std::string("zero_optimization.offload_param.device=") + param})),
                 ref);
     }
-  EXPECT_EQ(digest(with({"model.activation_checkpointing=true", "zero_optimization.offload_optimizer.device=cpu"})), ref);
+  EXPECT_EQ(digest(with({"model.activation_checkpointing=true", "zero_optimization.offload_optimizer.device=cpu"})),
+            ref);
   EXPECT_EQ(digest(with({"device.threads=2", "train.overlap=none"})), ref);
 }
 

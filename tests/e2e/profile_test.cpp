@@ -33,11 +33,13 @@ TEST(OpProfile, CountsEveryKindWithItsWorkAndLeavesTheMathAlone) {
     ASSERT_EQ(r.measured_steps, 2);
     // Per measured step: 2 layers × GA 2 × (forward + backward) of each block GEMM.
     const double R = 2 * 16, C = 32, L = 2, GA = 2, steps = 2;
-    for (const auto& [name, out] : {std::pair{"gemm qkv", 3 * C}, std::pair{"gemm attn proj", C}, std::pair{"gemm mlp up", 4 * C}}) {
+    for (const auto& [name, out] :
+         {std::pair{"gemm qkv", 3 * C}, std::pair{"gemm attn proj", C}, std::pair{"gemm mlp up", 4 * C}}) {
       const OpTime* o = find(r, name);
       ASSERT_NE(o, nullptr) << name;
       EXPECT_EQ(o->calls, static_cast<std::int64_t>(2 * L * GA * steps)) << name;
-      EXPECT_DOUBLE_EQ(o->flops, (2 + 4) * R * C * out * L * GA * steps) << name;  // 2·R·IC·OC forward, twice that backward
+      EXPECT_DOUBLE_EQ(o->flops, (2 + 4) * R * C * out * L * GA * steps)
+          << name;  // 2·R·IC·OC forward, twice that backward
       EXPECT_GT(o->seconds, 0.0) << name;
     }
     const OpTime* down = find(r, "gemm mlp down");
@@ -47,7 +49,8 @@ TEST(OpProfile, CountsEveryKindWithItsWorkAndLeavesTheMathAlone) {
     ASSERT_NE(head, nullptr);
     EXPECT_EQ(head->calls, static_cast<std::int64_t>(2 * GA * steps));
     for (const char* k : {"attention", "norm", "elementwise", "embedding"}) EXPECT_NE(find(r, k), nullptr) << k;
-    for (std::size_t i = 1; i < r.profile.size(); ++i) EXPECT_GE(r.profile[i - 1].seconds, r.profile[i].seconds) << "slowest first";
+    for (std::size_t i = 1; i < r.profile.size(); ++i)
+      EXPECT_GE(r.profile[i - 1].seconds, r.profile[i].seconds) << "slowest first";
   }
 }
 

@@ -32,7 +32,9 @@ inline std::size_t count(const std::string& s, const std::string& what) {
 }
 
 // The lines of `s` (its newlines).
-inline std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
+inline std::size_t lines(const std::string& s) {
+  return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n'));
+}
 
 inline std::string slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);

@@ -2,9 +2,9 @@
 // every rank after the same step, with one checkpoint; and an environment launch (RANK / WORLD_SIZE /
 // MASTER_ADDR / MASTER_PORT) that fails prints zinf's line only and leaves no rendezvous folder.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "common/temp_dir.h"
 #include "child.h"
+#include "common/temp_dir.h"
 #include "mpirun.h"
 #include "shell.h"
 
@@ -32,11 +32,22 @@ TEST_F(SignalsDp, SigtermOrSigusr1ToMpirunStopsEveryRankAfterTheSameStepWithOneC
     const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
     SCOPED_TRACE(name);
     TempDir ck("sigdp-ck-" + name);
-    std::vector<std::string> args = {ZINF_MPIEXEC, "--oversubscribe", "--bind-to", "none", "--mca", "odls_base_sigkill_timeout",
-                                     sig == SIGTERM ? "2" : "1", "-np", "2", ZINF_BIN, "train", "--config", kTinyConfig};
-    for (const std::string s : {"train.steps=100000", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=32",
-                                "train_micro_batch_size_per_gpu=2", "train.eval_batches=1", "train.eval_interval=0", "device.threads=1",
-                                "steps_per_print=20"})
+    std::vector<std::string> args = {ZINF_MPIEXEC,
+                                     "--oversubscribe",
+                                     "--bind-to",
+                                     "none",
+                                     "--mca",
+                                     "odls_base_sigkill_timeout",
+                                     sig == SIGTERM ? "2" : "1",
+                                     "-np",
+                                     "2",
+                                     ZINF_BIN,
+                                     "train",
+                                     "--config",
+                                     kTinyConfig};
+    for (const std::string s : {"train.steps=100000", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
+                                "model.seq_len=32", "train_micro_batch_size_per_gpu=2", "train.eval_batches=1",
+                                "train.eval_interval=0", "device.threads=1", "steps_per_print=20"})
       args.insert(args.end(), {"--set", s});
     args.insert(args.end(), {"--set", "train.checkpoint_dir=\"" + ck.path.string() + "\""});
     Child job(args);
@@ -53,7 +64,8 @@ TEST_F(SignalsDp, SigtermOrSigusr1ToMpirunStopsEveryRankAfterTheSameStepWithOneC
     const std::string step_dir = checkpoint_name(k);
     EXPECT_EQ(ck.entries(), std::vector<std::string>{step_dir});
     // Complete and valid: it loads, verified, and evaluates.
-    const Result ev = sh(std::string(ZINF_BIN) + " eval --json --config " + kTinyConfig + " --checkpoint " + (ck.path / step_dir).string() +
+    const Result ev = sh(std::string(ZINF_BIN) + " eval --json --config " + kTinyConfig + " --checkpoint " +
+                         (ck.path / step_dir).string() +
                          " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32"
                          " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=1 --set device.threads=1");
     ASSERT_EQ(ev.rc, 0) << ev.err;
@@ -67,9 +79,9 @@ TEST_F(SignalsDp, SigtermToOneRankOfAnEnvironmentLaunchStopsEveryRank) {
   TempDir ck("sigdp-ck-env");
   const std::string port = std::to_string(20000 + (::getpid() + 3) % 12000);
   std::vector<std::string> args = {ZINF_BIN, "train", "--config", kTinyConfig};
-  for (const std::string s : {"train.steps=100000", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=32",
-                              "train_micro_batch_size_per_gpu=2", "train.eval_batches=1", "train.eval_interval=0", "device.threads=1",
-                              "steps_per_print=1"})
+  for (const std::string s : {"train.steps=100000", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
+                              "model.seq_len=32", "train_micro_batch_size_per_gpu=2", "train.eval_batches=1",
+                              "train.eval_interval=0", "device.threads=1", "steps_per_print=1"})
     args.insert(args.end(), {"--set", s});
   args.insert(args.end(), {"--set", "train.checkpoint_dir=\"" + ck.path.string() + "\""});
   const std::vector<std::string> env = {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "WORLD_SIZE=2"};
@@ -101,25 +113,33 @@ TEST_F(SignalsDp, AFailedEnvironmentLaunchPrintsOneLineAndLeavesNoRendezvousFold
   const std::string port = std::to_string(20000 + (::getpid() + 7) % 12000);
   // zinf's rendezvous folders go to the private TMPDIR; Open MPI's own session folders where they go
   // for any launch (its daemons remove those in their own time).
-  const std::string env = "TMPDIR=" + tmp.path.string() + " OMPI_MCA_orte_tmpdir_base=" + fs::temp_directory_path().string() +
+  const std::string env = "TMPDIR=" + tmp.path.string() +
+                          " OMPI_MCA_orte_tmpdir_base=" + fs::temp_directory_path().string() +
                           " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " WORLD_SIZE=2 ";
-  const std::string train = std::string(ZINF_BIN) + " train --config " + kTinyConfig + " --set train.steps=40 --set model.n_layer=1";
+  const std::string train =
+      std::string(ZINF_BIN) + " train --config " + kTinyConfig + " --set train.steps=40 --set model.n_layer=1";
   // Rank 1 never comes.
   Result r = sh("ZINF_RENDEZVOUS_TIMEOUT=1 " + env + "RANK=0 " + train);
   EXPECT_EQ(r.rc, 2);
   EXPECT_EQ(lines(r.err), 1u) << r.err;
-  EXPECT_EQ(r.err.rfind("zinf: rank 0: rendezvous at 127.0.0.1:" + port + " (rank 0 of 2): rank(s) 1 did not arrive", 0), 0u) << r.err;
+  EXPECT_EQ(
+      r.err.rfind("zinf: rank 0: rendezvous at 127.0.0.1:" + port + " (rank 0 of 2): rank(s) 1 did not arrive", 0), 0u)
+      << r.err;
   EXPECT_TRUE(tmp.entries("zinf-rendezvous-").empty());
   // Both arrive, connected through MPI, and fail: their configs differ.
   const std::string err1 = (tmp.path / "rank1.err").string();
-  r = sh("{ (" + env + "RANK=1 " + train + " --set optimizer.params.lr=0.001 >/dev/null 2>" + err1 + "; echo exit status $? >>" + err1 +
-         ") & " + env + "RANK=0 " + train + "; rc=$?; wait; (exit $rc); }");
+  r = sh("{ (" + env + "RANK=1 " + train + " --set optimizer.params.lr=0.001 >/dev/null 2>" + err1 +
+         "; echo exit status $? >>" + err1 + ") & " + env + "RANK=0 " + train + "; rc=$?; wait; (exit $rc); }");
   EXPECT_EQ(r.rc, 2);
   EXPECT_EQ(lines(r.err), 1u) << r.err;
-  EXPECT_NE(r.err.find("zinf: rank 0: " + kTinyConfig + ": the ranks of this job were given different configs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zinf: rank 0: " + kTinyConfig + ": the ranks of this job were given different configs"),
+            std::string::npos)
+      << r.err;
   const std::string e1 = slurp(err1);
   EXPECT_EQ(lines(e1), 2u) << e1;  // its own line, and the shell's "exit status"
-  EXPECT_NE(e1.find("zinf: rank 1: " + kTinyConfig + ": the ranks of this job were given different configs"), std::string::npos) << e1;
+  EXPECT_NE(e1.find("zinf: rank 1: " + kTinyConfig + ": the ranks of this job were given different configs"),
+            std::string::npos)
+      << e1;
   EXPECT_NE(e1.find("exit status 2"), std::string::npos) << e1;
   EXPECT_TRUE(tmp.entries("zinf-rendezvous-").empty());
 }

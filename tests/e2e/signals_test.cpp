@@ -3,17 +3,17 @@
 // and exit with 128 + the signal; a second signal, SIGHUP and SIGQUIT end at once, and every one of
 // these paths removes the NVMe swap folder.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
 
-#include "common/temp_dir.h"
 #include "child.h"
+#include "common/temp_dir.h"
 #include "shell.h"
 
 namespace zinf::test {
@@ -22,12 +22,19 @@ namespace {
 namespace fs = std::filesystem;
 
 // A model small enough for a step of a few milliseconds; progress on every step.
-const std::vector<std::string> kSmall = {"model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=32",
-                                         "train_micro_batch_size_per_gpu=2", "train.eval_batches=1", "train.eval_interval=0",
-                                         "device.threads=1", "steps_per_print=1"};
+const std::vector<std::string> kSmall = {"model.n_layer=1",
+                                         "model.d_model=32",
+                                         "model.n_head=2",
+                                         "model.seq_len=32",
+                                         "train_micro_batch_size_per_gpu=2",
+                                         "train.eval_batches=1",
+                                         "train.eval_interval=0",
+                                         "device.threads=1",
+                                         "steps_per_print=1"};
 
 std::vector<std::string> train_args(int steps, const std::vector<std::string>& sets) {
-  std::vector<std::string> a = {ZINF_BIN, "train", "--config", kTinyConfig, "--set", "train.steps=" + std::to_string(steps)};
+  std::vector<std::string> a = {ZINF_BIN,    "train", "--config",
+                                kTinyConfig, "--set", "train.steps=" + std::to_string(steps)};
   for (const auto& list : {kSmall, sets})
     for (const auto& s : list) a.insert(a.end(), {"--set", s});
   return a;
@@ -38,7 +45,6 @@ std::string shell_line(const std::vector<std::string>& args) {
   for (const auto& a : args) s += (s.empty() ? "" : " ") + ("'" + a + "'");
   return s;
 }
-
 
 TEST(Signals, SigtermAndSigusr1StopAfterTheStepWithACheckpointThatResumesToTheUninterruptedRun) {
   constexpr int kSteps = 60;
@@ -56,7 +62,8 @@ TEST(Signals, SigtermAndSigusr1StopAfterTheStepWithACheckpointThatResumesToTheUn
     const int status = run.finish();
     ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << "\n" << run.err();
     EXPECT_EQ(WEXITSTATUS(status), 128 + sig) << run.err();
-    EXPECT_NE(run.err().find(std::string(sig == SIGTERM ? "SIGTERM" : "SIGUSR1") + ": stopping after the current step"), std::string::npos)
+    EXPECT_NE(run.err().find(std::string(sig == SIGTERM ? "SIGTERM" : "SIGUSR1") + ": stopping after the current step"),
+              std::string::npos)
         << run.err();
     const long k = stopped_after(run.out());
     ASSERT_GE(k, 1) << run.out();
@@ -122,7 +129,8 @@ TEST(Signals, UnderMpirunARankThatCannotStopBeforeTheSigkillRemovesTheSwapFolder
   TempDir swap("sig-swap-mpirun"), ck("sig-ck-mpirun");
   auto sets = nvme_sets(swap);
   sets.push_back("train.checkpoint_dir=\"" + ck.path.string() + "\"");
-  Child run(train_args(100000, sets), {"OMPI_COMM_WORLD_SIZE=1", "OMPI_COMM_WORLD_RANK=0", "OMPI_MCA_odls_base_sigkill_timeout=1"});
+  Child run(train_args(100000, sets),
+            {"OMPI_COMM_WORLD_SIZE=1", "OMPI_COMM_WORLD_RANK=0", "OMPI_MCA_odls_base_sigkill_timeout=1"});
   ASSERT_TRUE(run.read_until("step     1/")) << run.out() << run.err();
   ASSERT_TRUE(run.wait_blocked_on_stdout());
   ::kill(run.pid(), SIGTERM);
@@ -130,7 +138,8 @@ TEST(Signals, UnderMpirunARankThatCannotStopBeforeTheSigkillRemovesTheSwapFolder
   const int status = run.finish();
   ASSERT_TRUE(WIFSIGNALED(status)) << "exited with " << WEXITSTATUS(status) << "\n" << run.err();
   EXPECT_EQ(WTERMSIG(status), SIGTERM);
-  EXPECT_NE(run.err().find("mpirun kills the ranks 1 s after its SIGTERM: stopping now, without a checkpoint"), std::string::npos)
+  EXPECT_NE(run.err().find("mpirun kills the ranks 1 s after its SIGTERM: stopping now, without a checkpoint"),
+            std::string::npos)
       << run.err();
   EXPECT_TRUE(ck.entries().empty());
   EXPECT_TRUE(swap.entries().empty());

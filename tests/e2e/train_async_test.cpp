@@ -9,9 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "small_train.h"
 #include "app/config/config.h"
 #include "app/train/train.h"
+#include "small_train.h"
 
 namespace zinf {
 namespace {
@@ -41,8 +41,8 @@ void expect_async_equal(std::vector<std::string> overrides, const std::string& r
 
 // expect_async_equal for `overrides` with the parameters offloaded to the CPU and the optimizer
 // states on the device, then on `optimizer`; the seeds start at `seed`, which moves on by 10 a run.
-void expect_async_equal_params_on_cpu(const std::vector<std::string>& overrides, const char* optimizer, const std::string& ref,
-                                      std::uint64_t& seed) {
+void expect_async_equal_params_on_cpu(const std::vector<std::string>& overrides, const char* optimizer,
+                                      const std::string& ref, std::uint64_t& seed) {
   for (const char* place : {"none", optimizer}) {
     auto o = overrides;
     o.push_back(std::string("zero_optimization.offload_optimizer.device=") + place);
@@ -100,7 +100,8 @@ TEST_F(TrainAsync, PrecisionsAndGradientAccumulationEqualTheSynchronousRun) {
 }
 
 TEST_F(TrainAsync, LlamaEqualsTheSynchronousRun) {
-  const std::vector<std::string> llama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=48", "model.tie_embeddings=false"};
+  const std::vector<std::string> llama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=48",
+                                          "model.tie_embeddings=false"};
   const std::string ref = digest(llama);
   std::uint64_t seed = 401;
   expect_async_equal_params_on_cpu(llama, "nvme", ref, seed);

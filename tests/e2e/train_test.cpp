@@ -9,11 +9,11 @@
 #include <fstream>
 
 #include "app/config/config.h"
+#include "app/train/train.h"
 #include "io/data.h"
+#include "zinf/backends/gpu.h"
 #include "zinf/device.h"
 #include "zinf/error.h"
-#include "app/train/train.h"
-#include "zinf/backends/gpu.h"
 
 namespace zinf {
 namespace {
@@ -206,9 +206,10 @@ TEST(TrainGpu, PlacementsAreBitIdenticalOnTheGpuAndCloseToTheCpu) {
   if (q.gpus.empty()) GTEST_SKIP() << "no GPU: " << q.status;
   const std::string swap = std::filesystem::temp_directory_path() / ("zinf-gpu-train-" + std::to_string(::getpid()));
   std::filesystem::create_directories(swap);
-  const std::vector<std::string> gpu = {"device.type=cuda", "device.memory_budget=\"1GiB\"", "bf16.enabled=true",
-                                        "gradient_accumulation_steps=2", "zero_optimization.stage=3",
-                                        "zero_optimization.offload_optimizer.nvme_path=\"" + swap + "\""};
+  const std::vector<std::string> gpu = {
+      "device.type=cuda",          "device.memory_budget=\"1GiB\"",
+      "bf16.enabled=true",         "gradient_accumulation_steps=2",
+      "zero_optimization.stage=3", "zero_optimization.offload_optimizer.nvme_path=\"" + swap + "\""};
   auto with = [&](std::vector<std::string> v, const std::string& extra) {
     v.push_back(extra);
     return v;

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "fuzz_common.h"
 #include "app/config/config.h"
+#include "fuzz_common.h"
 #include "model/shape.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -24,13 +24,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     at = next;
   }
   zinf::Config c;
-  if (!zinf::fuzz::expect_clean("parse_config", [&] { c = zinf::parse_config(text, overrides, "fuzz.json"); })) return 0;
+  if (!zinf::fuzz::expect_clean("parse_config", [&] { c = zinf::parse_config(text, overrides, "fuzz.json"); }))
+    return 0;
   zinf::fuzz::expect_clean("model_shape", [&] { (void)zinf::model_shape(c.model); });
   zinf::Config again;
   if (!zinf::fuzz::expect_clean("parse_config of a resolved config",
-                                 [&] { again = zinf::parse_config(c.resolved_json, {}, "resolved"); }))
+                                [&] { again = zinf::parse_config(c.resolved_json, {}, "resolved"); }))
     zinf::fuzz::violated("the resolved config is rejected:\n" + c.resolved_json);
   if (again.resolved_json != c.resolved_json)
-    zinf::fuzz::violated("the resolved config does not resolve to itself:\n" + c.resolved_json + "\n" + again.resolved_json);
+    zinf::fuzz::violated("the resolved config does not resolve to itself:\n" + c.resolved_json + "\n" +
+                         again.resolved_json);
   return 0;
 }

@@ -37,7 +37,8 @@ bool expect_clean(const char* what, F&& f) {
   } catch (const Error&) {
     return false;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nFINDING: %s let a %s escape instead of zinf::Error: %s\n", what, typeid(e).name(), e.what());
+    std::fprintf(stderr, "\nFINDING: %s let a %s escape instead of zinf::Error: %s\n", what, typeid(e).name(),
+                 e.what());
     std::abort();
   } catch (...) {
     std::fprintf(stderr, "\nFINDING: %s threw something that is not a std::exception\n", what);

@@ -36,7 +36,8 @@ const std::string& folder() {
     }
     zinf::write_hf_folder(d, s, units, zinf::StDtype::bf16, 600);  // small shards: several files
     if (const char* seed = std::getenv("ZINF_FUZZ_WRITE_SEED"))
-      std::filesystem::copy_file(d + "/model.safetensors.index.json", seed, std::filesystem::copy_options::overwrite_existing);
+      std::filesystem::copy_file(d + "/model.safetensors.index.json", seed,
+                                 std::filesystem::copy_options::overwrite_existing);
     return d;
   }();
   return dir;

@@ -15,7 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static zinf::fuzz::MemFile file;
   const std::string bytes(reinterpret_cast<const char*>(data), size);
   zinf::StFile whole;
-  const bool parsed = zinf::fuzz::expect_clean("parse_safetensors", [&] { whole = zinf::parse_safetensors(bytes, "fuzz.safetensors"); });
+  const bool parsed = zinf::fuzz::expect_clean("parse_safetensors",
+                                               [&] { whole = zinf::parse_safetensors(bytes, "fuzz.safetensors"); });
   const std::string& path = file.set(data, size);
   std::vector<zinf::StReader> reader;  // zero or one: StReader has no default constructor
   const bool opened = zinf::fuzz::expect_clean("StReader", [&] { reader.emplace_back(path); });
@@ -29,7 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const zinf::StTensor& u = lazy.tensors[i];
     if (t.name != u.name || t.begin != u.begin || t.end != u.end || t.shape != u.shape || t.dtype != u.dtype)
       zinf::fuzz::violated("parse_safetensors and StReader disagree on tensor " + t.name);
-    if (t.begin > t.end || whole.data_start + t.end > size) zinf::fuzz::violated("tensor " + t.name + " lies outside the file");
+    if (t.begin > t.end || whole.data_start + t.end > size)
+      zinf::fuzz::violated("tensor " + t.name + " lies outside the file");
     const std::size_t width = t.dtype == zinf::StDtype::f32 ? 4 : 2;
     std::vector<float> out((t.end - t.begin) / width);
     zinf::fuzz::expect_clean("StReader::read", [&] { reader.front().read(u, out.data(), false); });

@@ -11,11 +11,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/temp_dir.h"
 #include "app/config/config.h"
+#include "app/train/train.h"
+#include "common/temp_dir.h"
 #include "io/data.h"
 #include "zinf/error.h"
-#include "app/train/train.h"
 
 namespace zinf {
 namespace {
@@ -38,7 +38,7 @@ TEST(TokenFiles, Uint32AndUint16FilesLoadTheTokensTheyHold) {
   std::vector<std::uint32_t> wide(5000), narrow(5000);
   for (std::size_t i = 0; i < wide.size(); ++i) {
     wide[i] = static_cast<std::uint32_t>((i * 7919) % 128256);  // Llama 3's vocabulary
-    narrow[i] = static_cast<std::uint32_t>((i * 31) % 50257);    // GPT-2's
+    narrow[i] = static_cast<std::uint32_t>((i * 31) % 50257);   // GPT-2's
   }
   EXPECT_EQ(write_token_file(t / "wide.bin", wide), 4);
   EXPECT_EQ(write_token_file(t / "narrow.bin", narrow), 2);
@@ -50,7 +50,8 @@ TEST(TokenFiles, Uint32AndUint16FilesLoadTheTokensTheyHold) {
     const TokenData d = TokenData::load(cfg, vocab, 16);
     ASSERT_EQ(d.size(), want->size()) << name;
     for (std::size_t i = 0; i < want->size(); ++i) ASSERT_EQ(d.at(i), (*want)[i]) << name << " at " << i;
-    EXPECT_NE(d.description().find(std::string("uint") + (vocab > 65535 ? "32" : "16")), std::string::npos) << d.description();
+    EXPECT_NE(d.description().find(std::string("uint") + (vocab > 65535 ? "32" : "16")), std::string::npos)
+        << d.description();
   }
   DataConfig cfg;
   cfg.path = t / "wide.bin";
@@ -69,9 +70,10 @@ TEST(TokenFiles, SentencePieceTokenizesAtLoadAndZinfTokenizeWritesTheSameTokens)
   }
   if (text.size() < 20000) GTEST_SKIP() << "Debian's licence texts are missing (base-files)";
   std::ofstream(t / "corpus.txt") << text;
-  const auto st = sentencepiece::SentencePieceTrainer::Train("--input=" + (t / "corpus.txt") + " --model_prefix=" + (t / "sp") +
-                                                             " --vocab_size=300 --model_type=bpe --character_coverage=1.0"
-                                                             " --minloglevel=2");
+  const auto st =
+      sentencepiece::SentencePieceTrainer::Train("--input=" + (t / "corpus.txt") + " --model_prefix=" + (t / "sp") +
+                                                 " --vocab_size=300 --model_type=bpe --character_coverage=1.0"
+                                                 " --minloglevel=2");
   ASSERT_TRUE(st.ok()) << st.ToString();
   int vocab = 0;
   const std::vector<std::uint32_t> want = sentencepiece_encode(t / "sp.model", text, &vocab);
@@ -85,11 +87,12 @@ TEST(TokenFiles, SentencePieceTokenizesAtLoadAndZinfTokenizeWritesTheSameTokens)
   const TokenData d = TokenData::load(cfg, 300, 32);
   ASSERT_EQ(d.size(), want.size());
   for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(d.at(i), want[i]) << i;
-  EXPECT_NE(error_of(cfg, 256, 32).find("the tokenizer has 300 pieces, more than model.vocab_size 256"), std::string::npos);
+  EXPECT_NE(error_of(cfg, 256, 32).find("the tokenizer has 300 pieces, more than model.vocab_size 256"),
+            std::string::npos);
 
   // `zinf tokenize` writes the same tokens as a file, which loads as llm.c tokens.
-  const std::string cmd = std::string(ZINF_BIN) + " tokenize --tokenizer " + (t / "sp.model") + " -o " + (t / "corpus.bin") + " " +
-                          (t / "corpus.txt") + " > " + (t / "tokenize.out");
+  const std::string cmd = std::string(ZINF_BIN) + " tokenize --tokenizer " + (t / "sp.model") + " -o " +
+                          (t / "corpus.bin") + " " + (t / "corpus.txt") + " > " + (t / "tokenize.out");
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   DataConfig file;
   file.path = t / "corpus.bin";
@@ -99,8 +102,10 @@ TEST(TokenFiles, SentencePieceTokenizesAtLoadAndZinfTokenizeWritesTheSameTokens)
   for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(f.at(i), want[i]) << i;
 
   // A few training steps on them, through the config keys a user sets.
-  const Config c = parse_config(R"({"model": {"n_layer": 1, "n_head": 2, "d_model": 32, "vocab_size": 300, "seq_len": 32},
-      "data": {"path": ")" + (t / "corpus.txt") + R"(", "tokenizer": ")" + (t / "sp.model") + R"("},
+  const Config c =
+      parse_config(R"({"model": {"n_layer": 1, "n_head": 2, "d_model": 32, "vocab_size": 300, "seq_len": 32},
+      "data": {"path": ")" +
+                   (t / "corpus.txt") + R"(", "tokenizer": ")" + (t / "sp.model") + R"("},
       "train": {"steps": 3, "eval_interval": 0, "eval_batches": 2},
       "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1}, "train_micro_batch_size_per_gpu": 2})");
   const TrainResult r = train(c, TrainHooks{});

@@ -17,20 +17,20 @@
 #include <fstream>
 #include <limits>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
+#include "../e2e/shell.h"
+#include "app/config/config.h"
+#include "app/train/report.h"
 #include "common/error_of.h"
 #include "common/temp_dir.h"
-#include "../e2e/shell.h"
-#include "io/hf.h"
-#include "app/train/report.h"
-#include "app/config/config.h"
 #include "io/data.h"
-#include "zinf/error.h"
 #include "io/files.h"
+#include "io/hf.h"
 #include "io/safetensors.h"
+#include "zinf/error.h"
 
 namespace zinf {
 namespace {
@@ -89,12 +89,19 @@ TEST(InputFiles, OnlyRegularFilesAreReadAndTheRefusalNamesTheRoleAndPath) {
   ASSERT_EQ(::mkfifo((t / "fifo").c_str(), 0600), 0);
   std::ofstream(t / "ok") << "text";
   EXPECT_EQ(read_input_file(t / "ok", "data.path"), "text");
-  EXPECT_NE(error_of<ConfigError>([&] { InputFile f(t / "fifo", "data.path"); }).find("data.path " + t / "fifo" + ": is a FIFO"),
+  EXPECT_NE(error_of<ConfigError>([&] {
+              InputFile f(t / "fifo", "data.path");
+            }).find("data.path " + t / "fifo" + ": is a FIFO"),
             std::string::npos);
-  EXPECT_NE(error_of<ConfigError>([&] { InputFile f(t.path.string(), "model.init_from"); }).find(": is a directory"), std::string::npos);
-  EXPECT_NE(error_of<ConfigError>([&] { InputFile f("/dev/zero", "--tokenizer"); }).find("--tokenizer /dev/zero: is a device"),
+  EXPECT_NE(error_of<ConfigError>([&] { InputFile f(t.path.string(), "model.init_from"); }).find(": is a directory"),
             std::string::npos);
-  EXPECT_NE(error_of<ConfigError>([&] { InputFile f(t / "missing", "config file"); }).find("config file " + t / "missing" + ": does not exist"),
+  EXPECT_NE(error_of<ConfigError>([&] {
+              InputFile f("/dev/zero", "--tokenizer");
+            }).find("--tokenizer /dev/zero: is a device"),
+            std::string::npos);
+  EXPECT_NE(error_of<ConfigError>([&] {
+              InputFile f(t / "missing", "config file");
+            }).find("config file " + t / "missing" + ": does not exist"),
             std::string::npos);
 }
 
@@ -105,14 +112,18 @@ TEST(InputFiles, AFifoAsDataPathTokenizerOrInitFromIsRefusedNotWaitedOn) {
   DataConfig d;
   d.path = t / "fifo";
   EXPECT_NE(error_of<ConfigError>([&] { TokenData::load(d, 256, 8); }).find("is a FIFO"), std::string::npos);
-  EXPECT_NE(error_of<ConfigError>([&] { sentencepiece_encode(t / "fifo", "text"); }).find("data.tokenizer " + t / "fifo" + ": is a FIFO"),
+  EXPECT_NE(error_of<ConfigError>([&] {
+              sentencepiece_encode(t / "fifo", "text");
+            }).find("data.tokenizer " + t / "fifo" + ": is a FIFO"),
             std::string::npos);
   EXPECT_NE(error_of<ConfigError>([&] {
-              parse_config(R"({"train_batch_size": 1, "model": {"init_from": ")" + t / "fifo" + R"("}})", {}, "c.json", 1);
+              parse_config(R"({"train_batch_size": 1, "model": {"init_from": ")" + t / "fifo" + R"("}})", {}, "c.json",
+                           1);
             }).find("model.init_from " + t / "fifo" + ": is a FIFO"),
             std::string::npos);
   EXPECT_NE(error_of<ConfigError>([&] {
-              parse_config(R"({"train_batch_size": 1, "model": {"init_from": "/nonexistent/m.safetensors"}})", {}, "c.json", 1);
+              parse_config(R"({"train_batch_size": 1, "model": {"init_from": "/nonexistent/m.safetensors"}})", {},
+                           "c.json", 1);
             }).find("model.init_from /nonexistent/m.safetensors: does not exist"),
             std::string::npos);
 }
@@ -124,7 +135,9 @@ TEST(InputFiles, ATokenizerThatIsADirectoryOrNotAModelIsOneLineOfZinfsOwn) {
   d.path = t / "text.txt";
   std::ofstream(d.path) << std::string(4000, 'a');
   d.tokenizer = t.path.string();
-  EXPECT_NE(error_of<ConfigError>([&] { TokenData::load(d, 256, 8); }).find("data.tokenizer " + t.path.string() + ": is a directory"),
+  EXPECT_NE(error_of<ConfigError>([&] {
+              TokenData::load(d, 256, 8);
+            }).find("data.tokenizer " + t.path.string() + ": is a directory"),
             std::string::npos);
   d.tokenizer = t / "junk.model";
   const std::string e = error_of<ConfigError>([&] { TokenData::load(d, 256, 8); });
@@ -161,15 +174,20 @@ TEST(BadModelFiles, ConfigJsonThatIsNotAnObjectIsOneLineNamingTheFile) {
     EXPECT_EQ(e.rfind("m/config.json: expected a JSON object", 0), 0u) << e;
     EXPECT_EQ(e.find("json.exception"), std::string::npos) << e;
   }
-  EXPECT_EQ(error_of<ConfigError>([] { parse_config("[1,2]", {}, "run.json", 1); }).rfind("run.json: the config must be a JSON object", 0), 0u);
-  EXPECT_EQ(error_of<ConfigError>([] { parse_config("null", {"train_batch_size=1"}, "run.json", 1); }).rfind("run.json: the config must be a JSON object", 0),
+  EXPECT_EQ(error_of<ConfigError>([] {
+              parse_config("[1,2]", {}, "run.json", 1);
+            }).rfind("run.json: the config must be a JSON object", 0),
+            0u);
+  EXPECT_EQ(error_of<ConfigError>([] {
+              parse_config("null", {"train_batch_size=1"}, "run.json", 1);
+            }).rfind("run.json: the config must be a JSON object", 0),
             0u);
 }
 
 TEST(BadModelFiles, ImpossibleNumbersInConfigJsonAreRefusedNamingTheKey) {
-  const nlohmann::json good = {{"model_type", "llama"},         {"hidden_size", 32},       {"intermediate_size", 40},
-                               {"num_attention_heads", 4},       {"num_key_value_heads", 2}, {"num_hidden_layers", 2},
-                               {"vocab_size", 64},              {"max_position_embeddings", 64}};
+  const nlohmann::json good = {
+      {"model_type", "llama"},    {"hidden_size", 32},      {"intermediate_size", 40}, {"num_attention_heads", 4},
+      {"num_key_value_heads", 2}, {"num_hidden_layers", 2}, {"vocab_size", 64},        {"max_position_embeddings", 64}};
   EXPECT_NO_THROW(hf_shape_from_json(good.dump(), "config.json", 16));
   const std::pair<nlohmann::json, std::string> cases[] = {
       {{{"rms_norm_eps", -1}}, "rms_norm_eps"},
@@ -179,7 +197,8 @@ TEST(BadModelFiles, ImpossibleNumbersInConfigJsonAreRefusedNamingTheKey) {
       {{{"rope_theta", 0}}, "rope_theta"},
       {{{"rope_scaling", 5}}, "rope_scaling"},
       {{{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 0}}}}, "rope_scaling.factor"},
-      {{{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8}, {"low_freq_factor", -1}}}}, "rope_scaling.low_freq_factor"},
+      {{{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8}, {"low_freq_factor", -1}}}},
+       "rope_scaling.low_freq_factor"},
       {{{"rope_scaling", {{"rope_type", 3}}}}, "rope_scaling"},
       {{{"model_type", 3}}, "model_type"},
       {{{"hidden_act", 7}}, "hidden_act"},
@@ -199,8 +218,10 @@ TEST(BadModelFiles, AnIndexNamingAFileOutsideTheFolderIsRefused) {
   EXPECT_THROW(hf_index_files(R"({"weight_map": {"a": "../secret.safetensors"}})", "i.json"), ConfigError);
   EXPECT_THROW(hf_index_files(R"({"weight_map": {"a": "/etc/x.safetensors"}})", "i.json"), ConfigError);
   EXPECT_THROW(hf_index_files(R"([1])", "i.json"), ConfigError);
-  EXPECT_EQ(hf_index_files(R"({"weight_map": {"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-1.safetensors"}})", "i.json"),
-            (std::vector<std::string>{"m-1.safetensors", "m-2.safetensors"}));
+  EXPECT_EQ(
+      hf_index_files(R"({"weight_map": {"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-1.safetensors"}})",
+                     "i.json"),
+      (std::vector<std::string>{"m-1.safetensors", "m-2.safetensors"}));
 }
 
 TEST(BadModelFiles, NonFiniteWeightsAreRefusedNamingTheFileAndTensor) {
@@ -212,7 +233,9 @@ TEST(BadModelFiles, NonFiniteWeightsAreRefusedNamingTheFileAndTensor) {
   HfModelReader r(t / "nan");
   std::vector<float> buf(units[1].size());
   const std::string e = error_of<ConfigError>([&] { r.load_unit(s, 1, buf.data()); });
-  EXPECT_NE(e.find(t / "nan" + "/model.safetensors: tensor model.layers.0.input_layernorm.weight holds NaN"), std::string::npos) << e;
+  EXPECT_NE(e.find(t / "nan" + "/model.safetensors: tensor model.layers.0.input_layernorm.weight holds NaN"),
+            std::string::npos)
+      << e;
 
   const ModelShape g{1, 2, 8, 16, 4};
   auto gu = units_of(g, 0.02f);
@@ -317,7 +340,8 @@ TEST(Outputs, ModelSafetensorsIsReadBeforeAnIndexAsHuggingFaceDoes) {
   for (const auto& e : fs::directory_iterator(t / "sharded"))
     if (e.path().filename() != "config.json") fs::copy_file(e.path(), t.path / "m" / e.path().filename());
   HfModelReader r(t / "m");
-  EXPECT_NE(r.weights().find("model.safetensors (model.safetensors.index.json beside it is ignored"), std::string::npos) << r.weights();
+  EXPECT_NE(r.weights().find("model.safetensors (model.safetensors.index.json beside it is ignored"), std::string::npos)
+      << r.weights();
   std::vector<float> u0(single[0].size());
   r.load_unit(s, 0, u0.data());
   EXPECT_EQ(u0, single[0]);

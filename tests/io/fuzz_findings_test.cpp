@@ -11,8 +11,8 @@
 
 #include "common/temp_dir.h"
 #include "io/hf.h"
-#include "zinf/error.h"
 #include "io/safetensors.h"
+#include "zinf/error.h"
 
 namespace zinf {
 namespace {
@@ -33,7 +33,8 @@ std::string hf_shape_error(const std::string& config_json) {
   return "accepted";
 }
 
-const std::string kLlama = R"("hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+const std::string kLlama =
+    R"("hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
                               "vocab_size": 256, "max_position_embeddings": 64)";
 
 TEST(FuzzFindings, HfConfigOfTheWrongShapeIsOneConfigError) {
@@ -42,7 +43,8 @@ TEST(FuzzFindings, HfConfigOfTheWrongShapeIsOneConfigError) {
   EXPECT_NE(hf_shape_error("0").find("config.json: expected a JSON object, got number"), std::string::npos);
   EXPECT_NE(hf_shape_error(R"(["rope_scaling"])").find("got array"), std::string::npos);
   // model_type not a string: type_error.302.
-  EXPECT_NE(hf_shape_error(R"({"model_type": 7, )" + kLlama + "}").find("model_type: expected a string, got 7"), std::string::npos);
+  EXPECT_NE(hf_shape_error(R"({"model_type": 7, )" + kLlama + "}").find("model_type: expected a string, got 7"),
+            std::string::npos);
   // rope_scaling a string, or its numbers strings: type_error.306 and .302.
   EXPECT_NE(hf_shape_error(R"({"model_type": "llama", "rope_scaling": "llama3", )" + kLlama + "}")
                 .find("config.json: rope_scaling: expected an object or null, got \"llama3\""),
@@ -50,7 +52,8 @@ TEST(FuzzFindings, HfConfigOfTheWrongShapeIsOneConfigError) {
   EXPECT_NE(hf_shape_error(R"({"model_type": "llama", "rope_scaling": {"rope_type": 3}, )" + kLlama + "}")
                 .find("rope_scaling: type '3' is not supported"),
             std::string::npos);
-  EXPECT_NE(hf_shape_error(R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": "8"}, )" + kLlama + "}")
+  EXPECT_NE(hf_shape_error(R"({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": "8"}, )" +
+                           kLlama + "}")
                 .find("config.json: rope_scaling.factor: expected a number, got \"8\""),
             std::string::npos);
 }
@@ -58,7 +61,8 @@ TEST(FuzzFindings, HfConfigOfTheWrongShapeIsOneConfigError) {
 TEST(FuzzFindings, AHugeSlidingWindowIsNotReadAsAShortOne) {
   // 2^32 + 8 read as an int was 8: "8 is shorter than model.seq_len 16" about a window of four billion.
   EXPECT_EQ(hf_shape_error(R"({"model_type": "mistral", "sliding_window": 4294967304, )" + kLlama + "}"), "accepted");
-  EXPECT_NE(hf_shape_error(R"({"model_type": "mistral", "sliding_window": 8, )" + kLlama + "}").find("sliding_window: 8 is shorter"),
+  EXPECT_NE(hf_shape_error(R"({"model_type": "mistral", "sliding_window": 8, )" + kLlama + "}")
+                .find("sliding_window: 8 is shorter"),
             std::string::npos);
 }
 

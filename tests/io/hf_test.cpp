@@ -7,18 +7,18 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../model/random_floats.h"
+#include "app/config/config.h"
+#include "app/train/checkpoint.h"
+#include "app/train/train.h"
 #include "common/temp_dir.h"
 #include "io/hf.h"
-#include "../model/random_floats.h"
-#include "app/train/checkpoint.h"
-#include "app/config/config.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/error.h"
-#include "app/train/train.h"
 
 namespace zinf {
 namespace {
@@ -42,8 +42,10 @@ std::vector<std::vector<float>> random_units(const ModelShape& s, StDtype dt) {
     auto v = randf(static_cast<std::size_t>(lu.params), seed++, 0.05f);
     if (dt != StDtype::f32) {  // values the dtype holds exactly, so the round trip is exact
       std::vector<std::uint16_t> h(v.size());
-      if (dt == StDtype::bf16) cpu_adam::fp32_to_bf16(v.data(), h.data(), v.size()), cpu_adam::bf16_to_fp32(h.data(), v.data(), v.size());
-      else cpu_adam::fp32_to_fp16(v.data(), h.data(), v.size()), cpu_adam::fp16_to_fp32(h.data(), v.data(), v.size());
+      if (dt == StDtype::bf16)
+        cpu_adam::fp32_to_bf16(v.data(), h.data(), v.size()), cpu_adam::bf16_to_fp32(h.data(), v.data(), v.size());
+      else
+        cpu_adam::fp32_to_fp16(v.data(), h.data(), v.size()), cpu_adam::fp16_to_fp32(h.data(), v.data(), v.size());
     }
     u.push_back(std::move(v));
   }
@@ -62,7 +64,8 @@ TEST(HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding) {
   for (StDtype dt : {StDtype::f32, StDtype::f16, StDtype::bf16})
     for (bool tied : {true, false})
       for (std::uint64_t shard : {std::uint64_t{1} << 30, std::uint64_t{8000}}) {  // one file; many shards
-        SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dt) << " tied " << tied << " shard " << shard);
+        SCOPED_TRACE(::testing::Message()
+                     << "dtype " << static_cast<int>(dt) << " tied " << tied << " shard " << shard);
         const ModelShape s = tiny(tied, !tied);
         const auto units = random_units(s, dt);
         const std::string a = t / "a", b = t / "b";
@@ -82,7 +85,8 @@ TEST(HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding) {
         }
         write_hf_folder(b, s, back, dt, shard);
         for (const auto& e : fs::directory_iterator(a))
-          EXPECT_EQ(slurp((fs::path(b) / e.path().filename()).string()), slurp(e.path().string())) << e.path().filename();
+          EXPECT_EQ(slurp((fs::path(b) / e.path().filename()).string()), slurp(e.path().string()))
+              << e.path().filename();
       }
 }
 
@@ -111,7 +115,8 @@ TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
   const auto units = random_units(s, StDtype::bf16);
   write_hf_folder(t / "m", s, units, StDtype::bf16, 8000);
   const std::string cfg = R"({"model": {"init_from": ")" + (t / "m") + R"(", "seq_len": 16},
-      "train": {"steps": 0, "eval_batches": 2, "checkpoint_dir": ")" + (t / "ck") + R"("},
+      "train": {"steps": 0, "eval_batches": 2, "checkpoint_dir": ")" +
+                          (t / "ck") + R"("},
       "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1}, "train_micro_batch_size_per_gpu": 2,
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})";
   const Config c = parse_config(cfg);
@@ -166,19 +171,24 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
   };
   EXPECT_EQ(error(), "accepted");
   EXPECT_NE(error(R"(, "n_layer": 3)").find("model.n_layer: the shape comes from"), std::string::npos);
-  EXPECT_NE(error(R"(, "preset": "llama-3.2-1b")").find("model.preset: 'llama-3.2-1b' does not match"), std::string::npos);
+  EXPECT_NE(error(R"(, "preset": "llama-3.2-1b")").find("model.preset: 'llama-3.2-1b' does not match"),
+            std::string::npos);
   patch([](nlohmann::json& c) { c["hidden_act"] = "gelu"; });
   EXPECT_NE(error().find("config.json: hidden_act: \"gelu\" is not silu"), std::string::npos) << error();
   patch([](nlohmann::json& c) { c["hidden_act"] = "silu", c["model_type"] = "gpt_neox"; });
-  EXPECT_NE(error().find("config.json: model_type: 'gpt_neox' is not of the llama family"), std::string::npos) << error();
-  patch([](nlohmann::json& c) { c["model_type"] = "llama", c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; });
+  EXPECT_NE(error().find("config.json: model_type: 'gpt_neox' is not of the llama family"), std::string::npos)
+      << error();
+  patch([](nlohmann::json& c) {
+    c["model_type"] = "llama", c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}};
+  });
   EXPECT_NE(error().find("config.json: rope_scaling: type 'yarn' is not supported"), std::string::npos) << error();
   patch([](nlohmann::json& c) { c["rope_scaling"] = nullptr, c["num_hidden_layers"] = 3; });  // the files hold 2 layers
   try {
     HfModelReader(t / "m").check(hf_shape(t / "m", 16));
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor(s) the model needs are missing: model.layers.2."), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tensor(s) the model needs are missing: model.layers.2."), std::string::npos)
+        << e.what();
   }
 }
 

@@ -10,13 +10,13 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "common/temp_dir.h"
-#include "app/train/checkpoint.h"
 #include "app/config/config.h"
+#include "app/train/checkpoint.h"
+#include "app/train/train.h"
+#include "common/temp_dir.h"
+#include "io/safetensors.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/error.h"
-#include "io/safetensors.h"
-#include "app/train/train.h"
 
 namespace zinf {
 namespace {
@@ -113,14 +113,17 @@ TEST(Safetensors, BadHeadersAreRefusedWithTheReason) {
   EXPECT_NE(err(notjson).find("not valid JSON"), std::string::npos);
   EXPECT_NE(err(make_file(json::array(), 0)).find("not a JSON object"), std::string::npos);
   EXPECT_NE(err(make_file({{"a", {{"dtype", "F32"}}}}, 0)).find("tensor a needs"), std::string::npos);
-  EXPECT_NE(err(make_file({{"a", {{"dtype", "I8"}, {"shape", {1}}, {"data_offsets", {0, 1}}}}}, 1)).find("unsupported dtype I8"),
+  EXPECT_NE(err(make_file({{"a", {{"dtype", "I8"}, {"shape", {1}}, {"data_offsets", {0, 1}}}}}, 1))
+                .find("unsupported dtype I8"),
             std::string::npos);
-  EXPECT_NE(err(make_file({{"a", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 4}}}}}, 4)).find("shape needs 8 bytes"),
+  EXPECT_NE(err(make_file({{"a", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 4}}}}}, 4))
+                .find("shape needs 8 bytes"),
             std::string::npos);
   EXPECT_NE(err(make_file({{"a", {{"dtype", "F32"}, {"shape", {-1}}, {"data_offsets", {0, 4}}}}}, 4)).find("negative"),
             std::string::npos);
-  EXPECT_NE(err(make_file({{"a", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {4, 8}}}}}, 4)).find("outside the data"),
-            std::string::npos);
+  EXPECT_NE(
+      err(make_file({{"a", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {4, 8}}}}}, 4)).find("outside the data"),
+      std::string::npos);
   EXPECT_NE(err(make_file({{"a", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}},
                            {"b", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {4, 8}}}}},
                           8))
@@ -128,9 +131,12 @@ TEST(Safetensors, BadHeadersAreRefusedWithTheReason) {
             std::string::npos);
   EXPECT_NE(err(make_file({{"a", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {4, 8}}}}}, 8)).find("hole"),
             std::string::npos);
-  EXPECT_NE(err(make_file({{"a", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}}}, 8)).find("after the last"),
-            std::string::npos);
-  EXPECT_EQ(err(make_file({{"a", {{"dtype", "F16"}, {"shape", {2, 1}}, {"data_offsets", {0, 4}}}}, {"__metadata__", json::object()}}, 4)),
+  EXPECT_NE(
+      err(make_file({{"a", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}}}, 8)).find("after the last"),
+      std::string::npos);
+  EXPECT_EQ(err(make_file({{"a", {{"dtype", "F16"}, {"shape", {2, 1}}, {"data_offsets", {0, 4}}}},
+                           {"__metadata__", json::object()}},
+                          4)),
             "(accepted)");
 }
 
@@ -146,7 +152,8 @@ TEST(Safetensors, MissingOrMisshapenTensorsAreNamed) {
     load_gpt2_unit(f, p.string(), wider, 1, buf.data());
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("h.0.ln_1.weight has shape [8], the model needs [16]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("h.0.ln_1.weight has shape [8], the model needs [16]"), std::string::npos)
+        << e.what();
   }
   const ModelShape deeper{3, 2, 8, 16, 4};
   std::vector<float> b3(units[1].size());
@@ -211,7 +218,8 @@ TEST(Safetensors, ExportThenInitFromContinuesFromTheSameWeights) {
     std::copy(master, master + units[u].size(), units[u].begin());
   });
   write_gpt2_safetensors(file, s, units, StDtype::f32);
-  const TrainResult second = train(parse_config(cfg, {"model.init_from=\"" + file + "\"", "train.checkpoint_dir=\"\"", "train.steps=1"}), h);
+  const TrainResult second =
+      train(parse_config(cfg, {"model.init_from=\"" + file + "\"", "train.checkpoint_dir=\"\"", "train.steps=1"}), h);
   EXPECT_EQ(second.first_val_loss, first.val_loss);  // the same weights, the same validation windows
 }
 

@@ -26,7 +26,8 @@ class UnitReader {
  public:
   explicit UnitReader(const VD& unit) : unit_(unit) {}
   VD take(std::size_t n) {
-    VD v(unit_.begin() + static_cast<std::ptrdiff_t>(offset_), unit_.begin() + static_cast<std::ptrdiff_t>(offset_ + n));
+    VD v(unit_.begin() + static_cast<std::ptrdiff_t>(offset_),
+         unit_.begin() + static_cast<std::ptrdiff_t>(offset_ + n));
     offset_ += n;
     return v;
   }
@@ -41,7 +42,8 @@ inline VD ref_matmul(const VD& x, const VD& w, const VD& b, int R, int IC, int O
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < OC; ++j) {
       double s = b.empty() ? 0 : b[static_cast<std::size_t>(j)];
-      for (int k = 0; k < IC; ++k) s += x[static_cast<std::size_t>(r) * IC + k] * w[static_cast<std::size_t>(k) * OC + j];
+      for (int k = 0; k < IC; ++k)
+        s += x[static_cast<std::size_t>(r) * IC + k] * w[static_cast<std::size_t>(k) * OC + j];
       o[static_cast<std::size_t>(r) * OC + j] = s;
     }
   return o;
@@ -53,7 +55,8 @@ inline double ref_lm_loss(const VD& x, const VD& wte, const std::vector<int>& tg
     double mx = -1e300;
     for (int v = 0; v < V; ++v) {
       double s = 0;
-      for (int i = 0; i < C; ++i) s += x[static_cast<std::size_t>(r) * C + i] * wte[static_cast<std::size_t>(v) * C + i];
+      for (int i = 0; i < C; ++i)
+        s += x[static_cast<std::size_t>(r) * C + i] * wte[static_cast<std::size_t>(v) * C + i];
       l[static_cast<std::size_t>(v)] = s;
       mx = std::max(mx, s);
     }
@@ -124,7 +127,8 @@ inline void check_whole_model(LanguageModel& model, const ModelShape& s, int B, 
   for (std::size_t i = 0; i < u.size(); ++i) w.push_back(u[i].data()), g.push_back(gr[i].data());
   ResidentUnits src(w, g, sizes);
   model.forward(src, tok.data(), tg.data());
-  const double loss = ops::mean_loss(model.row_losses(), model.rows());  // (the synchronous CPU device: the ops have run)
+  const double loss =
+      ops::mean_loss(model.row_losses(), model.rows());  // (the synchronous CPU device: the ops have run)
   model.backward(src, tok.data(), tg.data(), 1.0f / R);
   std::vector<VD> ud;
   for (const auto& v : u) ud.push_back(to_d(v));

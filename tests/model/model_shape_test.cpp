@@ -11,12 +11,12 @@ namespace {
 std::int64_t gpt2_tensor_sum(const ModelShape& s) {
   const std::int64_t C = s.d_model;
   std::int64_t block = 0;
-  block += C + C;                  // ln_1
-  block += C * 3 * C + 3 * C;      // c_attn
-  block += C * C + C;              // attn.c_proj
-  block += C + C;                  // ln_2
-  block += C * 4 * C + 4 * C;      // c_fc
-  block += 4 * C * C + C;          // mlp.c_proj
+  block += C + C;              // ln_1
+  block += C * 3 * C + 3 * C;  // c_attn
+  block += C * C + C;          // attn.c_proj
+  block += C + C;              // ln_2
+  block += C * 4 * C + 4 * C;  // c_fc
+  block += 4 * C * C + C;      // mlp.c_proj
   return std::int64_t{s.vocab_size} * C + std::int64_t{s.seq_len} * C + s.n_layer * block + 2 * C;
 }
 
@@ -25,15 +25,17 @@ std::int64_t gpt2_tensor_sum(const ModelShape& s) {
 // lm_head unless tied).
 std::int64_t llama_tensor_sum(const ModelShape& s) {
   const std::int64_t C = s.d_model, D = C / s.n_head, KV = s.kv_heads(), F = s.d_ff, V = s.vocab_size;
-  std::int64_t layer = C;                                  // input_layernorm
-  layer += C * C + KV * D * C + KV * D * C + C * C;        // q, k, v, o
+  std::int64_t layer = C;                            // input_layernorm
+  layer += C * C + KV * D * C + KV * D * C + C * C;  // q, k, v, o
   if (s.qkv_bias) layer += C + KV * D + KV * D;
-  layer += C;                                              // post_attention_layernorm
-  layer += F * C + F * C + C * F;                          // gate, up, down
+  layer += C;                      // post_attention_layernorm
+  layer += F * C + F * C + C * F;  // gate, up, down
   return V * C + s.n_layer * layer + C + (s.tie_embeddings ? 0 : V * C);
 }
 
-std::int64_t tensor_sum(const ModelShape& s) { return s.family == ModelFamily::gpt2 ? gpt2_tensor_sum(s) : llama_tensor_sum(s); }
+std::int64_t tensor_sum(const ModelShape& s) {
+  return s.family == ModelFamily::gpt2 ? gpt2_tensor_sum(s) : llama_tensor_sum(s);
+}
 
 TEST(ModelShape, Gpt2PresetsMatchPublishedCounts) {
   // HF's GPT-2 checkpoints (tied head): 124,439,808 / 354,823,168 / 774,030,080 / 1,557,611,200.

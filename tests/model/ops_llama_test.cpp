@@ -10,14 +10,14 @@
 #include <functional>
 #include <vector>
 
-#include "model/host_math.h"
 #include "cpu/cpu_ops.h"
-#include "grad_check.h"
-#include "model/llama.h"
 #include "cpu/ops_llama.h"
+#include "grad_check.h"
+#include "model/host_math.h"
+#include "model/llama.h"
 #include "random_floats.h"
-#include "zinf/device.h"
 #include "zinf/backends/cpu.h"
+#include "zinf/device.h"
 
 namespace zinf {
 namespace {
@@ -30,7 +30,9 @@ VD ref_rmsnorm(const VD& x, const VD& w, int R, int C, double eps) {
     double ss = 0;
     for (int i = 0; i < C; ++i) ss += x[static_cast<std::size_t>(r) * C + i] * x[static_cast<std::size_t>(r) * C + i];
     const double s = 1 / std::sqrt(ss / C + eps);
-    for (int i = 0; i < C; ++i) o[static_cast<std::size_t>(r) * C + i] = x[static_cast<std::size_t>(r) * C + i] * s * w[static_cast<std::size_t>(i)];
+    for (int i = 0; i < C; ++i)
+      o[static_cast<std::size_t>(r) * C + i] =
+          x[static_cast<std::size_t>(r) * C + i] * s * w[static_cast<std::size_t>(i)];
   }
   return o;
 }
@@ -60,9 +62,15 @@ VD ref_gqa(const VD& q, const VD& k, const VD& v, int B, int T, int H, int KV, i
     for (int h = 0; h < H; ++h)
       for (int t = 0; t < T; ++t) {
         const int j = h / group;
-        auto qa = [&](int i) { return q[(static_cast<std::size_t>(b) * T + t) * H * D + static_cast<std::size_t>(h) * D + i]; };
-        auto ka = [&](int s, int i) { return k[(static_cast<std::size_t>(b) * T + s) * KV * D + static_cast<std::size_t>(j) * D + i]; };
-        auto va = [&](int s, int i) { return v[(static_cast<std::size_t>(b) * T + s) * KV * D + static_cast<std::size_t>(j) * D + i]; };
+        auto qa = [&](int i) {
+          return q[(static_cast<std::size_t>(b) * T + t) * H * D + static_cast<std::size_t>(h) * D + i];
+        };
+        auto ka = [&](int s, int i) {
+          return k[(static_cast<std::size_t>(b) * T + s) * KV * D + static_cast<std::size_t>(j) * D + i];
+        };
+        auto va = [&](int s, int i) {
+          return v[(static_cast<std::size_t>(b) * T + s) * KV * D + static_cast<std::size_t>(j) * D + i];
+        };
         VD a(static_cast<std::size_t>(t) + 1);
         double mx = -1e300, sum = 0;
         for (int s = 0; s <= t; ++s) {
@@ -73,7 +81,8 @@ VD ref_gqa(const VD& q, const VD& k, const VD& v, int B, int T, int H, int KV, i
         for (auto& x : a) sum += (x = std::exp(x - mx));
         for (int s = 0; s <= t; ++s)
           for (int i = 0; i < D; ++i)
-            o[(static_cast<std::size_t>(b) * T + t) * H * D + static_cast<std::size_t>(h) * D + i] += a[static_cast<std::size_t>(s)] / sum * va(s, i);
+            o[(static_cast<std::size_t>(b) * T + t) * H * D + static_cast<std::size_t>(h) * D + i] +=
+                a[static_cast<std::size_t>(s)] / sum * va(s, i);
       }
   return o;
 }
@@ -160,8 +169,8 @@ TEST(OpsLlama, GroupedQueryAttention) {
     VD qd = to_d(q), kd = to_d(k), vd = to_d(v);
     expect_close("gqa out", out, ref_gqa(qd, kd, vd, B, T, H, KV, D));
     VF dq(q.size()), dk(k.size()), dv(v.size());
-    ops::gqa_attention_backward(par(), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), att.data(), B, T, H,
-                                KV, D);
+    ops::gqa_attention_backward(par(), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
+                                att.data(), B, T, H, KV, D);
     auto J = [&] { return dot(ref_gqa(qd, kd, vd, B, T, H, KV, D), g); };
     check_grad("gqa dq", dq, qd, J);
     check_grad("gqa dk", dk, kd, J);
@@ -174,13 +183,13 @@ TEST(OpsLlama, ResultsDoNotDependOnTheThreadCount) {
   VF x = randf(static_cast<std::size_t>(R) * C, 13), w = randf(C, 14), q = randf(static_cast<std::size_t>(R) * C, 15),
      k = randf(static_cast<std::size_t>(R) * KV * D, 16), v = randf(k.size(), 17), g = randf(q.size(), 18);
   auto run = [&](int threads) {
-    VF out(x.size()), rstd(R), dx(x.size(), 0), dw(C, 0), o(q.size()), att(static_cast<std::size_t>(B) * H * T * T), dq(q.size()),
-        dk(k.size()), dv(v.size());
+    VF out(x.size()), rstd(R), dx(x.size(), 0), dw(C, 0), o(q.size()), att(static_cast<std::size_t>(B) * H * T * T),
+        dq(q.size()), dk(k.size()), dv(v.size());
     ops::rmsnorm_forward(par(threads), out.data(), rstd.data(), x.data(), w.data(), R, C, 1e-6f);
     ops::rmsnorm_backward(par(threads), dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), R, C);
     ops::gqa_attention_forward(par(threads), o.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
-    ops::gqa_attention_backward(par(threads), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), att.data(), B, T,
-                                H, KV, D);
+    ops::gqa_attention_backward(par(threads), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
+                                att.data(), B, T, H, KV, D);
     VF all;
     for (const VF* p : {&out, &dx, &dw, &o, &dq, &dk, &dv}) all.insert(all.end(), p->begin(), p->end());
     return all;
@@ -191,7 +200,8 @@ TEST(OpsLlama, ResultsDoNotDependOnTheThreadCount) {
 }
 
 // The whole Llama model in double, on the same unit layout as the model (llama.h).
-double ref_llama_loss(const std::vector<VD>& u, const ModelShape& s, int B, const std::vector<int>& tok, const std::vector<int>& tg) {
+double ref_llama_loss(const std::vector<VD>& u, const ModelShape& s, int B, const std::vector<int>& tok,
+                      const std::vector<int>& tg) {
   const int C = s.d_model, V = s.vocab_size, T = s.seq_len, R = B * T, L = s.n_layer, H = s.n_head, KV = s.kv_heads(),
             D = s.head_dim(), F = s.d_ff, KVD = KV * D;
   ops::RopeScaling sc;
@@ -204,9 +214,11 @@ double ref_llama_loss(const std::vector<VD>& u, const ModelShape& s, int B, cons
       x[static_cast<std::size_t>(r) * C + i] = u[0][static_cast<std::size_t>(tok[static_cast<std::size_t>(r)]) * C + i];
   for (int l = 0; l < L; ++l) {
     UnitReader unit(u[static_cast<std::size_t>(l) + 1]);
-    const std::size_t c = static_cast<std::size_t>(C), kvd = static_cast<std::size_t>(KVD), ff = static_cast<std::size_t>(F);
-    VD an_w = unit.take(c), wq = unit.take(c * c), bq = s.qkv_bias ? unit.take(c) : VD{}, wk = unit.take(c * kvd), bk = s.qkv_bias ? unit.take(kvd) : VD{},
-       wv = unit.take(c * kvd), bv = s.qkv_bias ? unit.take(kvd) : VD{}, wo = unit.take(c * c), fn_w = unit.take(c), wg = unit.take(c * ff), wu = unit.take(c * ff),
+    const std::size_t c = static_cast<std::size_t>(C), kvd = static_cast<std::size_t>(KVD),
+                      ff = static_cast<std::size_t>(F);
+    VD an_w = unit.take(c), wq = unit.take(c * c), bq = s.qkv_bias ? unit.take(c) : VD{}, wk = unit.take(c * kvd),
+       bk = s.qkv_bias ? unit.take(kvd) : VD{}, wv = unit.take(c * kvd), bv = s.qkv_bias ? unit.take(kvd) : VD{},
+       wo = unit.take(c * c), fn_w = unit.take(c), wg = unit.take(c * ff), wu = unit.take(c * ff),
        wd = unit.take(ff * c);
     const VD an = ref_rmsnorm(x, an_w, R, C, s.norm_eps);
     const VD q = ref_rope(ref_matmul(an, wq, bq, R, C, C), R, T, H, D, f);
@@ -215,7 +227,8 @@ double ref_llama_loss(const std::vector<VD>& u, const ModelShape& s, int B, cons
     const VD a = ref_matmul(ref_gqa(q, k, v, B, T, H, KV, D), wo, {}, R, C, C);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += a[i];
     const VD fn = ref_rmsnorm(x, fn_w, R, C, s.norm_eps);
-    const VD m = ref_matmul(ref_swiglu(ref_matmul(fn, wg, {}, R, C, F), ref_matmul(fn, wu, {}, R, C, F)), wd, {}, R, F, C);
+    const VD m =
+        ref_matmul(ref_swiglu(ref_matmul(fn, wg, {}, R, C, F), ref_matmul(fn, wu, {}, R, C, F)), wd, {}, R, F, C);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += m[i];
   }
   const VD& fin = u[static_cast<std::size_t>(L) + 1];
@@ -230,20 +243,24 @@ TEST(OpsLlama, WholeModelAgainstDoubleReference) {
     bool tied, bias, ckpt;
     double rope_factor;
   };
-  for (const Case& k : {Case{"tied", true, false, false, 1}, Case{"untied, q/k/v biases, checkpointing", false, true, true, 1},
-                        Case{"Llama 3 rope scaling", true, false, false, 4}}) {
+  for (const Case& k :
+       {Case{"tied", true, false, false, 1}, Case{"untied, q/k/v biases, checkpointing", false, true, true, 1},
+        Case{"Llama 3 rope scaling", true, false, false, 4}}) {
     SCOPED_TRACE(k.name);
     ModelShape s{2, 4, 16, 11, 5};
     s.family = ModelFamily::llama;
     s.n_kv_head = 2, s.d_ff = 12, s.tie_embeddings = k.tied, s.qkv_bias = k.bias, s.norm_eps = 1e-5;
-    s.rope_factor = k.rope_factor, s.rope_original_max = 4, s.rope_theta = 100;  // short wavelengths, so scaling matters here
+    s.rope_factor = k.rope_factor, s.rope_original_max = 4,
+    s.rope_theta = 100;  // short wavelengths, so scaling matters here
     const int B = 2, R = B * s.seq_len;
     auto dev = make_cpu_device(64 << 20);
     CpuOps backend(par());
     LlamaModel model(s, B, k.ckpt, *dev, backend);
     std::vector<int> tok(static_cast<std::size_t>(R)), tg(static_cast<std::size_t>(R));
-    for (int r = 0; r < R; ++r) tok[static_cast<std::size_t>(r)] = (r * 7 + 3) % 11, tg[static_cast<std::size_t>(r)] = (r * 5 + 1) % 11;
-    check_whole_model(model, s, B, 200, 0.4f, tok, tg, [&](const std::vector<VD>& ud) { return ref_llama_loss(ud, s, B, tok, tg); });
+    for (int r = 0; r < R; ++r)
+      tok[static_cast<std::size_t>(r)] = (r * 7 + 3) % 11, tg[static_cast<std::size_t>(r)] = (r * 5 + 1) % 11;
+    check_whole_model(model, s, B, 200, 0.4f, tok, tg,
+                      [&](const std::vector<VD>& ud) { return ref_llama_loss(ud, s, B, tok, tg); });
   }
 }
 

@@ -16,10 +16,10 @@
 #include <thread>
 
 #include "zinf/error.h"
-#include "zinf/pinned.h"
 #include "zinf/nvme/probe.h"
 #include "zinf/nvme/store.h"
 #include "zinf/nvme/swapper.h"
+#include "zinf/pinned.h"
 
 namespace zinf::nvme {
 namespace {
@@ -29,19 +29,24 @@ namespace fs = std::filesystem;
 class TempDir {
  public:
   TempDir() {
-    path_ = fs::temp_directory_path() / ("zinf-store-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    path_ = fs::temp_directory_path() /
+            ("zinf-store-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
     fs::create_directories(path_);
   }
   ~TempDir() { fs::remove_all(path_); }
   std::string str() const { return path_.string(); }
-  std::size_t entries() const { return static_cast<std::size_t>(std::distance(fs::directory_iterator(path_), fs::directory_iterator())); }
+  std::size_t entries() const {
+    return static_cast<std::size_t>(std::distance(fs::directory_iterator(path_), fs::directory_iterator()));
+  }
 
  private:
   fs::path path_;
   static inline int counter_ = 0;
 };
 
-int open_fds() { return static_cast<int>(std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator())); }
+int open_fds() {
+  return static_cast<int>(std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator()));
+}
 
 void fill_random(void* p, std::size_t n, std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -93,8 +98,10 @@ TEST(TensorStore, IntegrityOverSizesAndOffsetsOnEveryBackEnd) {
     for (auto& h : hs) h->wait();
     std::uint64_t sum = 0;
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      ASSERT_EQ(std::memcmp(src[i].data(), dst[i].data(), sizes[i]), 0) << "tensor " << i << " of " << sizes[i] << " bytes";
-      for (std::size_t j = 0; j < sizes[i]; ++j) sum = sum * 1099511628211ull + static_cast<unsigned char*>(dst[i].data())[j];
+      ASSERT_EQ(std::memcmp(src[i].data(), dst[i].data(), sizes[i]), 0)
+          << "tensor " << i << " of " << sizes[i] << " bytes";
+      for (std::size_t j = 0; j < sizes[i]; ++j)
+        sum = sum * 1099511628211ull + static_cast<unsigned char*>(dst[i].data())[j];
     }
     checks.push_back(sum);
     // Sub-ranges at aligned offsets of the largest tensor.
@@ -247,7 +254,8 @@ TEST(TensorStore, CreatesAMissingSwapPathWhenAsked) {
   {
     TensorStore store(o);
     EXPECT_TRUE(fs::is_directory(parent));
-    EXPECT_NE(store.description().find("(created " + parent + ", which did not exist)"), std::string::npos) << store.description();
+    EXPECT_NE(store.description().find("(created " + parent + ", which did not exist)"), std::string::npos)
+        << store.description();
   }
   EXPECT_TRUE(fs::is_empty(parent));  // its own directory is gone; the created path stays, as DeepSpeed's does
 }
@@ -274,7 +282,8 @@ TEST(TensorStore, SwapDirectoryIsPrivateAndRemovedAfterAnException) {
     TensorStore store(options(dir.str(), AsyncIoKind::automatic));
     inside = store.directory();
     EXPECT_EQ(fs::status(inside).permissions() & fs::perms::all, fs::perms::owner_all);
-    EXPECT_EQ(fs::status(inside + "/store.0").permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+    EXPECT_EQ(fs::status(inside + "/store.0").permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
     throw std::runtime_error("training failed");
   } catch (const std::runtime_error&) {
   }

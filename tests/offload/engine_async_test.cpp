@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "engine_harness.h"
-#include "zinf/device.h"
 #include "zinf/backends/cpu.h"
+#include "zinf/device.h"
 #include "zinf/offload/engine.h"
 
 namespace zinf::offload {

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "zinf/device.h"
 #include "zinf/backends/cpu.h"
+#include "zinf/device.h"
 #include "zinf/offload/engine.h"
 
 namespace zinf::offload::test {
@@ -71,14 +71,16 @@ struct States {
 // ranks (c.comm), micro batch m is the global micro batch m·world + rank — the gradients one rank
 // with world × the accumulation would see. `load`: states written into the engine before step
 // `first`; `save`: receives the states after the last step.
-inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c, int steps, int rank = 0, int world = 1,
-                                              int first = 1, const States* load = nullptr, States* save = nullptr) {
+inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c, int steps, int rank = 0,
+                                              int world = 1, int first = 1, const States* load = nullptr,
+                                              States* save = nullptr) {
   std::vector<std::vector<float>> out;
   const bool on_stream = dev.ops_stream_ordered();
   {
     Engine e(c, dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
     if (load)
-      for (std::size_t u = 0; u < c.units.size(); ++u) e.write_states(u, load->master[u].data(), load->m[u].data(), load->v[u].data());
+      for (std::size_t u = 0; u < c.units.size(); ++u)
+        e.write_states(u, load->master[u].data(), load->m[u].data(), load->v[u].data());
     auto wsum = std::make_shared<std::vector<float>>(c.units.size());
     for (int s = first; s < first + steps; ++s) {
       for (std::int64_t mb = 0; mb < c.grad_accum; ++mb) {
@@ -88,7 +90,10 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
           const float* w = e.weights(u);
           const std::size_t n = c.units[u];
           auto read = [wsum, w, u, n] { (*wsum)[u] = w[7] + w[n - 1]; };
-          if (on_stream) dev.launch(StreamRole::compute, read); else read();
+          if (on_stream)
+            dev.launch(StreamRole::compute, read);
+          else
+            read();
           e.done_with(u);
         }
         e.begin_backward();
@@ -98,9 +103,13 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
           const std::size_t n = c.units[u];
           auto write = [wsum, g, u, n, s, j] {
             for (std::size_t i = 0; i < n; ++i)
-              g[i] += 0.01f * std::sin(static_cast<float>(i * (u + 1) + 31 * static_cast<std::size_t>(s) + 7 * j)) + 0.1f * (*wsum)[u];
+              g[i] += 0.01f * std::sin(static_cast<float>(i * (u + 1) + 31 * static_cast<std::size_t>(s) + 7 * j)) +
+                      0.1f * (*wsum)[u];
           };
-          if (on_stream) dev.launch(StreamRole::compute, write); else write();
+          if (on_stream)
+            dev.launch(StreamRole::compute, write);
+          else
+            write();
           e.grads_done(u);
         }
       }

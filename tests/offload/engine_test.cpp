@@ -4,20 +4,20 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <random>
 
+#include "engine_harness.h"
+#include "zinf/backends/cpu.h"
 #include "zinf/comm.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/device.h"
-#include "zinf/backends/cpu.h"
 #include "zinf/error.h"
 #include "zinf/offload/engine.h"
-#include "engine_harness.h"
 
 namespace zinf::offload {
 namespace {
@@ -32,9 +32,9 @@ TEST(OffloadEngine, EveryPlacementAndOverlapModeIsBitIdentical) {
       for (auto opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
         for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
           for (auto ov : {Overlap::exact, Overlap::none}) {
-            SCOPED_TRACE(::testing::Message() << "prec " << static_cast<int>(prec) << " ga " << ga << " opt "
-                                              << static_cast<int>(opt) << " param " << static_cast<int>(param) << " overlap "
-                                              << static_cast<int>(ov));
+            SCOPED_TRACE(::testing::Message()
+                         << "prec " << static_cast<int>(prec) << " ga " << ga << " opt " << static_cast<int>(opt)
+                         << " param " << static_cast<int>(param) << " overlap " << static_cast<int>(ov));
             const auto got = run(config(opt, param, prec, ga, ov, dir.p), 3);
             for (std::size_t u = 0; u < ref.size(); ++u)
               ASSERT_EQ(std::memcmp(got[u].data(), ref[u].data(), ref[u].size() * 4), 0) << "unit " << u;
@@ -76,7 +76,10 @@ class RankOnly final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return world_; }
   std::string backend() const override { return "test"; }
-  void alltoallv(const void*, const std::vector<std::size_t>&, void*, const std::vector<std::size_t>&, std::size_t, void*) override { fail(); }
+  void alltoallv(const void*, const std::vector<std::size_t>&, void*, const std::vector<std::size_t>&, std::size_t,
+                 void*) override {
+    fail();
+  }
   void allgatherv(void*, const std::vector<std::size_t>&, std::size_t, void*) override { fail(); }
   void allgatherv(const void*, void*, const std::vector<std::size_t>&, std::size_t, void*) override { fail(); }
   void broadcast(void*, std::size_t, int, void*) override { fail(); }
@@ -114,8 +117,9 @@ TEST(OffloadEngine, HoldsThePlansBytesOnEveryTier) {
             for (std::int64_t ga : {1, 2}) {
               if (world > 1 && ga > 1) continue;  // several ranks always sum in fp32, as GA > 1 does
               for (int rank = 0; rank < world; ++rank) {
-                const std::string what = "world " + std::to_string(world) + " rank " + std::to_string(rank) + " stage " +
-                                         std::to_string(stage) + " optimizer " + std::string(to_string(opt)) + " param " + std::string(to_string(param)) + " " +
+                const std::string what = "world " + std::to_string(world) + " rank " + std::to_string(rank) +
+                                         " stage " + std::to_string(stage) + " optimizer " +
+                                         std::string(to_string(opt)) + " param " + std::string(to_string(param)) + " " +
                                          std::string(to_string(prec)) + " GA " + std::to_string(ga);
                 SCOPED_TRACE(what);
                 EngineConfig c = config(opt, param, prec, ga, Overlap::exact, dir.p);

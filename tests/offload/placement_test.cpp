@@ -60,7 +60,8 @@ TEST(DeepSpeedEstimator, Stage3HostTotalsAgreeWithZinfsPlan) {
   // with params offloaded (2 pinned + 16 host), 16 B/param without.
   Plan both = make_plan(input(OffloadDevice::cpu, OffloadDevice::cpu, 4));
   auto ds = deepspeed_zero3_estimate(static_cast<std::int64_t>(N), 8192, true, true, true, 1.0);
-  EXPECT_EQ(row(both.states, "param16", P) + both.model_states[H], ds.cpu - 2 * (4096 + 2048));  // persistent units stay on the device
+  EXPECT_EQ(row(both.states, "param16", P) + both.model_states[H],
+            ds.cpu - 2 * (4096 + 2048));  // persistent units stay on the device
   Plan opt = make_plan(input(OffloadDevice::cpu, OffloadDevice::none, 4));
   ds = deepspeed_zero3_estimate(static_cast<std::int64_t>(N), 8192, true, false, true, 1.0);
   EXPECT_EQ(opt.model_states[H], ds.cpu);
@@ -88,7 +89,7 @@ TEST(Placement, Fp32OnTheDeviceAliasesTheMaster) {
 TEST(Placement, CpuOffloadStreamsGradientsThroughWindows) {
   Plan p = make_plan(input(OffloadDevice::cpu, OffloadDevice::none, 1));
   EXPECT_EQ(row(p.states, "param16", D), 2 * N);
-  EXPECT_EQ(row(p.states, "grad16", H), 2 * N);          // held until the norm barrier
+  EXPECT_EQ(row(p.states, "grad16", H), 2 * N);             // held until the norm barrier
   EXPECT_EQ(row(p.states, "grad", D), 4 * (4096 + 2048u));  // persistent units only
   EXPECT_EQ(row(p.buffers, "grad window", D), 2 * 8192 * 4u);
   EXPECT_EQ(row(p.states, "master", H) + row(p.states, "adam.m", H) + row(p.states, "adam.v", H), 12 * N);

@@ -1,12 +1,13 @@
 // attention.cu — one thread per (batch, head, query row) forward; backward in two passes so every
 // sum has one owner: rows (dq, and the softmax gradient into scratch), then columns (dk, dv).
-#include "cuda/ops/attention.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/ops/attention.cuh"
 
 namespace zinf::cuda::ops {
 namespace {
 __device__ inline std::size_t qkv_at(int b, int t, int part, int h, int T, int C, int hs) {
-  return (static_cast<std::size_t>(b) * T + t) * 3 * C + static_cast<std::size_t>(part) * C + static_cast<std::size_t>(h) * hs;
+  return (static_cast<std::size_t>(b) * T + t) * 3 * C + static_cast<std::size_t>(part) * C +
+         static_cast<std::size_t>(h) * hs;
 }
 __global__ void attn_fwd(float* out, float* att, const float* qkv, int B, int T, int C, int H) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
@@ -40,8 +41,8 @@ __global__ void attn_fwd(float* out, float* att, const float* qkv, int B, int T,
   }
 }
 // Rows: dpre[t][s] = a[t][s]·(dy_t·v_s − Σ_s' a[t][s'] dy_t·v_s')·scale into scratch; dq_t = Σ_s dpre·k_s.
-__global__ void attn_bwd_rows(float* dqkv, float* dpre, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                              int H) {
+__global__ void attn_bwd_rows(float* dqkv, float* dpre, const float* dout, const float* qkv, const float* att, int B,
+                              int T, int C, int H) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H * T) return;
   const int t = idx % T, h = (idx / T) % H, b = idx / (T * H);
@@ -68,8 +69,8 @@ __global__ void attn_bwd_rows(float* dqkv, float* dpre, const float* dout, const
   }
 }
 // Columns: dk_s = Σ_{t≥s} dpre[t][s]·q_t; dv_s = Σ_{t≥s} a[t][s]·dy_t.
-__global__ void attn_bwd_cols(float* dqkv, const float* dpre, const float* dout, const float* qkv, const float* att, int B, int T,
-                              int C, int H) {
+__global__ void attn_bwd_cols(float* dqkv, const float* dpre, const float* dout, const float* qkv, const float* att,
+                              int B, int T, int C, int H) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H * T) return;
   const int s = idx % T, h = (idx / T) % H, b = idx / (T * H);
@@ -81,7 +82,8 @@ __global__ void attn_bwd_cols(float* dqkv, const float* dpre, const float* dout,
     float gk = 0, gv = 0;
     for (int t = s; t < T; ++t) {
       gk += dpre[(base + t) * T + s] * qkv[qkv_at(b, t, 0, h, T, C, hs) + i];
-      gv += att[(base + t) * T + s] * dout[(static_cast<std::size_t>(b) * T + t) * C + static_cast<std::size_t>(h) * hs + i];
+      gv += att[(base + t) * T + s] *
+            dout[(static_cast<std::size_t>(b) * T + t) * C + static_cast<std::size_t>(h) * hs + i];
     }
     dk[i] = gk;
     dv[i] = gv;
@@ -92,8 +94,8 @@ void launch_attention_forward(float* out, float* att, const float* qkv, int B, i
   attn_fwd<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(out, att, qkv, B, T, C, H);
   ZINF_CUDA_LAUNCH_CHECK("attention_forward");
 }
-void launch_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int B, int T,
-                               int C, int H, cudaStream_t s) {
+void launch_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
+                               int B, int T, int C, int H, cudaStream_t s) {
   const unsigned n = blocks_for(static_cast<std::size_t>(B) * H * T, 64);
   attn_bwd_rows<<<n, 64, 0, s>>>(dqkv, scratch, dout, qkv, att, B, T, C, H);
   ZINF_CUDA_LAUNCH_CHECK("attention_backward_rows");

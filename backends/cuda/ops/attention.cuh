@@ -6,6 +6,6 @@
 namespace zinf::cuda::ops {
 void launch_attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int H, cudaStream_t s);
 // dqkv = … (overwritten)
-void launch_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, int B, int T,
-                               int C, int H, cudaStream_t s);
+void launch_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
+                               int B, int T, int C, int H, cudaStream_t s);
 }  // namespace zinf::cuda::ops

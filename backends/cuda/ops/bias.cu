@@ -1,6 +1,6 @@
 // bias.cu — bias add and deterministic column sums (bias and LayerNorm gradients).
-#include "cuda/ops/bias.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/ops/bias.cuh"
 
 namespace zinf::cuda::ops {
 namespace {

@@ -5,8 +5,8 @@
 
 namespace zinf::cuda::ops {
 namespace {
-__global__ void ln_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int R,
-                                  int C) {
+__global__ void ln_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                  const float* b, int R, int C) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
   const float* x = inp + static_cast<std::size_t>(r) * C;
@@ -42,8 +42,8 @@ __global__ void ln_backward_rows(float* dinp, const float* dout, const float* in
   bsum /= C;
   for (int i = 0; i < C; ++i) dx[i] += (w[i] * dy[i] - a - (x[i] - m) * s * bsum) * s;
 }
-__global__ void ln_backward_cols(float* dw, float* db, const float* dout, const float* inp, const float* mean, const float* rstd,
-                                 int R, int C) {
+__global__ void ln_backward_cols(float* dw, float* db, const float* dout, const float* inp, const float* mean,
+                                 const float* rstd, int R, int C) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= C) return;
   float gw = dw[i], gb = db[i];
@@ -56,8 +56,8 @@ __global__ void ln_backward_cols(float* dw, float* db, const float* dout, const 
   db[i] = gb;
 }
 }  // namespace
-void launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int R,
-                              int C, cudaStream_t s) {
+void launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                              int R, int C, cudaStream_t s) {
   ln_forward_kernel<<<blocks_for(R, 128), 128, 0, s>>>(out, mean, rstd, inp, w, b, R, C);
   ZINF_CUDA_LAUNCH_CHECK("layernorm_forward");
 }

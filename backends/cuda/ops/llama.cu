@@ -1,13 +1,14 @@
 // llama.cu — the Llama family's kernels (llama.cuh): one thread per row for RMSNorm and the attention
 // rows, one per column for the weight gradients and the embedding gradient (rows in order), one per
 // key position for the key/value gradients (query heads and positions in order).
-#include "cuda/ops/llama.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/ops/llama.cuh"
 
 namespace zinf::cuda::ops {
 namespace {
 
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps) {
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int R, int C,
+                                       float eps) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
   const float* x = inp + static_cast<std::size_t>(r) * C;
@@ -18,8 +19,8 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
   float* o = out + static_cast<std::size_t>(r) * C;
   for (int i = 0; i < C; ++i) o[i] = x[i] * s * w[i];
 }
-__global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const float* inp, const float* w, const float* rstd, int R,
-                                      int C) {
+__global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const float* inp, const float* w,
+                                      const float* rstd, int R, int C) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
   const float* x = inp + static_cast<std::size_t>(r) * C;
@@ -35,10 +36,12 @@ __global__ void rmsnorm_backward_cols(float* dw, const float* dout, const float*
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= C) return;
   float g = dw[i];
-  for (int r = 0; r < R; ++r) g += inp[static_cast<std::size_t>(r) * C + i] * rstd[r] * dout[static_cast<std::size_t>(r) * C + i];
+  for (int r = 0; r < R; ++r)
+    g += inp[static_cast<std::size_t>(r) * C + i] * rstd[r] * dout[static_cast<std::size_t>(r) * C + i];
   dw[i] = g;
 }
-__global__ void rope_kernel(float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D, float sign) {
+__global__ void rope_kernel(float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D,
+                            float sign) {
   const int half = D / 2;
   const std::size_t n = static_cast<std::size_t>(R) * heads * half;
   const std::size_t idx = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -59,7 +62,8 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate, const float
   const float g = gate[i], sig = 1.0f / (1.0f + expf(-g));
   out[i] = g * sig * up[i];
 }
-__global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::size_t n) {
+__global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                                       std::size_t n) {
   const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float g = gate[i], sig = 1.0f / (1.0f + expf(-g)), silu = g * sig;
@@ -67,8 +71,8 @@ __global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* do
   dgate[i] = dout[i] * up[i] * (sig + silu * (1.0f - sig));
 }
 // One thread per (batch, head, query position).
-__global__ void gqa_forward_kernel(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
-                                   int KV, int D) {
+__global__ void gqa_forward_kernel(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
+                                   int H, int KV, int D) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H * T) return;
   const int t = idx % T, h = (idx / T) % H, b = idx / (T * H), j = h / (H / KV);
@@ -97,12 +101,13 @@ __global__ void gqa_forward_kernel(float* out, float* att, const float* q, const
   }
 }
 // dq and Σ_s a·datt per (batch, head, query position).
-__global__ void gqa_backward_queries(float* dq, float* weighted, const float* dout, const float* q, const float* k, const float* v,
-                                     const float* att, int B, int T, int H, int KV, int D) {
+__global__ void gqa_backward_queries(float* dq, float* weighted, const float* dout, const float* q, const float* k,
+                                     const float* v, const float* att, int B, int T, int H, int KV, int D) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H * T) return;
   const int t = idx % T, h = (idx / T) % H, b = idx / (T * H), j = h / (H / KV);
-  const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D, row = static_cast<std::size_t>(b) * T + t;
+  const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D,
+                    row = static_cast<std::size_t>(b) * T + t;
   const float scale = rsqrtf(static_cast<float>(D));
   const float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
   const float* dy = dout + row * qw + static_cast<std::size_t>(h) * D;
@@ -127,12 +132,13 @@ __global__ void gqa_backward_queries(float* dq, float* weighted, const float* do
   }
 }
 // dk and dv per (batch, key/value head, key position): query heads of the group, then positions, in order.
-__global__ void gqa_backward_keys(float* dk, float* dv, const float* weighted, const float* dout, const float* q, const float* v,
-                                  const float* att, int B, int T, int H, int KV, int D) {
+__global__ void gqa_backward_keys(float* dk, float* dv, const float* weighted, const float* dout, const float* q,
+                                  const float* v, const float* att, int B, int T, int H, int KV, int D) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * KV * T) return;
   const int s = idx % T, j = (idx / T) % KV, b = idx / (T * KV), group = H / KV;
-  const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D, srow = static_cast<std::size_t>(b) * T + s;
+  const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D,
+                    srow = static_cast<std::size_t>(b) * T + s;
   const float scale = rsqrtf(static_cast<float>(D));
   float* dks = dk + srow * kw + static_cast<std::size_t>(j) * D;
   float* dvs = dv + srow * kw + static_cast<std::size_t>(j) * D;
@@ -162,17 +168,19 @@ __global__ void embedding_forward_kernel(float* out, const int* tokens, const fl
 __global__ void embedding_backward_kernel(float* dwte, const float* dout, const int* tokens, int R, int C) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= C) return;
-  for (int r = 0; r < R; ++r) dwte[static_cast<std::size_t>(tokens[r]) * C + i] += dout[static_cast<std::size_t>(r) * C + i];
+  for (int r = 0; r < R; ++r)
+    dwte[static_cast<std::size_t>(tokens[r]) * C + i] += dout[static_cast<std::size_t>(r) * C + i];
 }
 
 }  // namespace
 
-void launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps, cudaStream_t s) {
+void launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps,
+                            cudaStream_t s) {
   rmsnorm_forward_kernel<<<blocks_for(R, 128), 128, 0, s>>>(out, rstd, inp, w, R, C, eps);
   ZINF_CUDA_LAUNCH_CHECK("rmsnorm_forward");
 }
-void launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int R,
-                             int C, cudaStream_t s) {
+void launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                             const float* rstd, int R, int C, cudaStream_t s) {
   rmsnorm_backward_rows<<<blocks_for(R, 128), 128, 0, s>>>(dinp, dout, inp, w, rstd, R, C);
   ZINF_CUDA_LAUNCH_CHECK("rmsnorm_backward_rows");
   rmsnorm_backward_cols<<<blocks_for(C, 128), 128, 0, s>>>(dw, dout, inp, rstd, R, C);
@@ -188,24 +196,25 @@ void launch_swiglu_forward(float* out, const float* gate, const float* up, std::
   swiglu_forward_kernel<<<blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n);
   ZINF_CUDA_LAUNCH_CHECK("swiglu_forward");
 }
-void launch_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::size_t n,
-                            cudaStream_t s) {
+void launch_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                            std::size_t n, cudaStream_t s) {
   swiglu_backward_kernel<<<blocks_for(n, 256), 256, 0, s>>>(dgate, dup, dout, gate, up, n);
   ZINF_CUDA_LAUNCH_CHECK("swiglu_backward");
 }
-void launch_gqa_attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
-                                  int KV, int D, cudaStream_t s) {
-  gqa_forward_kernel<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(out, att, q, k, v, B, T, H, KV, D);
+void launch_gqa_attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
+                                  int H, int KV, int D, cudaStream_t s) {
+  gqa_forward_kernel<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(out, att, q, k, v, B, T, H, KV,
+                                                                                        D);
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_forward");
 }
 void launch_gqa_attention_backward(float* dq, float* dk, float* dv, float* weighted, const float* dout, const float* q,
                                    const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D,
                                    cudaStream_t s) {
-  gqa_backward_queries<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(dq, weighted, dout, q, k, v, att, B, T, H,
-                                                                                         KV, D);
+  gqa_backward_queries<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(dq, weighted, dout, q, k, v,
+                                                                                          att, B, T, H, KV, D);
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_backward_queries");
-  gqa_backward_keys<<<blocks_for(static_cast<std::size_t>(B) * KV * T, 64), 64, 0, s>>>(dk, dv, weighted, dout, q, v, att, B, T, H,
-                                                                                      KV, D);
+  gqa_backward_keys<<<blocks_for(static_cast<std::size_t>(B) * KV * T, 64), 64, 0, s>>>(dk, dv, weighted, dout, q, v,
+                                                                                        att, B, T, H, KV, D);
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_backward_keys");
 }
 void launch_embedding_forward(float* out, const int* tokens, const float* wte, int R, int C, cudaStream_t s) {

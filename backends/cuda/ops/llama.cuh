@@ -7,17 +7,18 @@
 #include <cstddef>
 
 namespace zinf::cuda::ops {
-void launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps, cudaStream_t s);
+void launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps,
+                            cudaStream_t s);
 // dinp += …; dw += …
-void launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd, int R,
-                             int C, cudaStream_t s);
+void launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                             const float* rstd, int R, int C, cudaStream_t s);
 void launch_rope_apply(float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D, bool backward,
                        cudaStream_t s);
 void launch_swiglu_forward(float* out, const float* gate, const float* up, std::size_t n, cudaStream_t s);
-void launch_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::size_t n,
-                            cudaStream_t s);
-void launch_gqa_attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
-                                  int KV, int D, cudaStream_t s);
+void launch_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                            std::size_t n, cudaStream_t s);
+void launch_gqa_attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
+                                  int H, int KV, int D, cudaStream_t s);
 // weighted: scratch of B·H·T floats. Writes (=) dq, dk, dv.
 void launch_gqa_attention_backward(float* dq, float* dk, float* dv, float* weighted, const float* dout, const float* q,
                                    const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D,

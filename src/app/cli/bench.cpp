@@ -6,23 +6,22 @@
 
 #include <cstdio>
 
-#include "commands.h"
-#include "bench/adam.h"
 #include "app/config/config.h"
-#include "zinf/cpu_adam/simd.h"
-#include "zinf/error.h"
-#include "bench/nvme_sweep.h"
 #include "app/train/train.h"
-#include "zinf/device.h"
-#include "zinf/backends/backend.h"
-#include "model/shape.h"
-#include "zinf/sysinfo.h"
+#include "bench/adam.h"
 #include "bench/comm.h"
+#include "bench/nvme_sweep.h"
+#include "commands.h"
+#include "model/shape.h"
+#include "zinf/backends/backend.h"
 #include "zinf/backends/gpu.h"
 #include "zinf/comm.h"
 #include "zinf/cpu_adam/host_threads.h"
+#include "zinf/cpu_adam/simd.h"
 #include "zinf/device.h"
+#include "zinf/error.h"
 #include "zinf/offload/engine_kernels.h"
+#include "zinf/sysinfo.h"
 
 namespace zinf::cli {
 namespace {
@@ -52,7 +51,11 @@ std::int64_t parse_count(const std::string& s) {
     throw zinf::ConfigError("--params: '" + s + "' is not a count (e.g. 64M, 1.5G, 1000000)");
   }
   std::string unit = s.substr(used);
-  double mult = unit.empty() ? 1 : unit == "K" || unit == "k" ? 1e3 : unit == "M" || unit == "m" ? 1e6 : unit == "G" || unit == "g" ? 1e9 : 0;
+  double mult = unit.empty()                 ? 1
+                : unit == "K" || unit == "k" ? 1e3
+                : unit == "M" || unit == "m" ? 1e6
+                : unit == "G" || unit == "g" ? 1e9
+                                             : 0;
   if (mult == 0 || v <= 0) throw zinf::ConfigError("--params: '" + s + "' is not a count (e.g. 64M, 1.5G, 1000000)");
   return static_cast<std::int64_t>(v * mult);
 }
@@ -67,9 +70,9 @@ int run_adam(const AdamArgs& a) {
     if (!a.json) std::fprintf(stderr, "bench adam: %s\n", line.c_str());
   });
   if (a.json) {
-    nlohmann::json j = {{"params", r.params}, {"threads", r.threads}, {"simd", r.simd},
-                        {"bytes_per_param", r.bytes_per_param}, {"ratio", r.ratio},
-                        {"speedup_vs_naive", r.speedup_vs_naive}};
+    nlohmann::json j = {{"params", r.params}, {"threads", r.threads},
+                        {"simd", r.simd},     {"bytes_per_param", r.bytes_per_param},
+                        {"ratio", r.ratio},   {"speedup_vs_naive", r.speedup_vs_naive}};
     auto row = [](const AdamBenchRow& x) {
       return nlohmann::json{{"seconds", x.seconds}, {"params_per_s", x.params_per_s}, {"gb_per_s", x.gb_per_s}};
     };
@@ -126,20 +129,31 @@ int run_nvme(const NvmeArgs& a) {
   }
   o.depths = a.depths;
   o.threads = a.threads;
-  o.engine = a.engine == "uring" ? nvme::AsyncIoKind::uring : a.engine == "posix" ? nvme::AsyncIoKind::posix : nvme::AsyncIoKind::automatic;
-  nvme::SweepResult r = nvme::run_sweep(o, [](const std::string& line) { std::fprintf(stderr, "bench nvme: %s\n", line.c_str()); });
+  o.engine = a.engine == "uring"   ? nvme::AsyncIoKind::uring
+             : a.engine == "posix" ? nvme::AsyncIoKind::posix
+                                   : nvme::AsyncIoKind::automatic;
+  nvme::SweepResult r =
+      nvme::run_sweep(o, [](const std::string& line) { std::fprintf(stderr, "bench nvme: %s\n", line.c_str()); });
   auto cell = [](const nvme::SweepCell& c) {
-    return nlohmann::json{{"block_size", c.block}, {"queue_depth", c.depth}, {"threads", c.threads}, {"gb_per_s", c.gbps}};
+    return nlohmann::json{
+        {"block_size", c.block}, {"queue_depth", c.depth}, {"threads", c.threads}, {"gb_per_s", c.gbps}};
   };
-  nlohmann::json aio = {{"block_size", r.best_combined_read.block}, {"queue_depth", r.best_combined_read.depth},
-                        {"intra_op_parallelism", r.best_combined_read.threads}, {"single_submit", false},
+  nlohmann::json aio = {{"block_size", r.best_combined_read.block},
+                        {"queue_depth", r.best_combined_read.depth},
+                        {"intra_op_parallelism", r.best_combined_read.threads},
+                        {"single_submit", false},
                         {"overlap_events", true}};
   if (a.json) {
-    nlohmann::json j = {{"path", a.path}, {"engine", r.engine}, {"best_read", cell(r.best_read)},
-                        {"best_write", cell(r.best_write)}, {"best_read_gb_per_s", r.best_read.gbps},
+    nlohmann::json j = {{"path", a.path},
+                        {"engine", r.engine},
+                        {"best_read", cell(r.best_read)},
+                        {"best_write", cell(r.best_write)},
+                        {"best_read_gb_per_s", r.best_read.gbps},
                         {"best_write_gb_per_s", r.best_write.gbps},
                         {"plain", {{"read_gb_per_s", r.plain_read_gbps}, {"write_gb_per_s", r.plain_write_gbps}}},
-                        {"swap_gb_per_s", r.swap_gbps}, {"swap_ratio", r.swap_ratio}, {"aio", aio}};
+                        {"swap_gb_per_s", r.swap_gbps},
+                        {"swap_ratio", r.swap_ratio},
+                        {"aio", aio}};
     j["cells"] = nlohmann::json::array();
     for (const auto& c : r.cells) {
       auto x = cell(c);
@@ -169,7 +183,8 @@ int run_nvme(const NvmeArgs& a) {
   std::printf("best read  %.2f GB/s at block %zuK, depth %d, threads %d (%.2fx the plain pass)\n", r.best_read.gbps,
               r.best_read.block >> 10, r.best_read.depth, r.best_read.threads, r.best_read.gbps / r.plain_read_gbps);
   std::printf("best write %.2f GB/s at block %zuK, depth %d, threads %d (%.2fx the plain pass)\n", r.best_write.gbps,
-              r.best_write.block >> 10, r.best_write.depth, r.best_write.threads, r.best_write.gbps / r.plain_write_gbps);
+              r.best_write.block >> 10, r.best_write.depth, r.best_write.threads,
+              r.best_write.gbps / r.plain_write_gbps);
   std::printf("swap mode  %.2f GB/s (read + write) = %.2f of the best raw cells\n", r.swap_gbps, r.swap_ratio);
   std::printf("\npaste into ds_config.json (best read + write):\n\"aio\": %s\n", aio.dump().c_str());
   return 0;
@@ -222,13 +237,15 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
   };
   TrainHooks hooks;
   hooks.log = progress;
-  progress("with the configured placement (" + std::string(to_string(c.zero.offload_optimizer.device)) + " optimizer, " +
-           std::string(to_string(c.zero.offload_param.device)) + " params)" + (a.profile ? ", ops profiled" : ""));
+  progress("with the configured placement (" + std::string(to_string(c.zero.offload_optimizer.device)) +
+           " optimizer, " + std::string(to_string(c.zero.offload_param.device)) + " params)" +
+           (a.profile ? ", ops profiled" : ""));
   hooks.profile = a.profile;
   runs.offload = train(c, hooks);
   hooks.profile = false;
   std::vector<std::string> none = common;
-  for (const char* o : {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"})
+  for (const char* o :
+       {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"})
     none.push_back(o);
   const Config no_offload = load_run_config(a.config, world.size, none);
   if (!a.baseline) return runs;
@@ -248,7 +265,8 @@ StepFigures step_figures(const StepRuns& runs) {
   f.steps = static_cast<double>(std::max<std::int64_t>(1, r.measured_steps));
   f.busy = r.busy.per(f.steps);
   f.overlap_ratio = f.busy.busiest() > 0 ? r.step_seconds / f.busy.busiest() : 0;
-  f.relative_to_no_offload = runs.baseline_fits && runs.baseline.step_seconds > 0 ? r.step_seconds / runs.baseline.step_seconds : 0;
+  f.relative_to_no_offload =
+      runs.baseline_fits && runs.baseline.step_seconds > 0 ? r.step_seconds / runs.baseline.step_seconds : 0;
   const ModelShape shape = model_shape(runs.config.model);
   const double tokens = static_cast<double>(runs.config.train_batch_size) * runs.config.model.seq_len;
   f.tflops = r.step_seconds > 0 ? 6.0 * static_cast<double>(count_params(shape)) * tokens / r.step_seconds / 1e12 : 0;
@@ -259,17 +277,27 @@ StepFigures step_figures(const StepRuns& runs) {
 void print_step_json(const StepArgs& a, const StepRuns& runs, const StepFigures& f) {
   const TrainResult& r = runs.offload;
   const TrainResult& base = runs.baseline;
-  nlohmann::json j = {{"config", runs.config.source}, {"steps_measured", r.measured_steps}, {"step_s", r.step_seconds},
-                      {"busiest", f.busy.busiest_name()}, {"overlap_ratio", f.overlap_ratio}, {"tflops", f.tflops},
-                      {"device_busy_fraction", f.device_busy}, {"no_offload_fits", a.baseline ? nlohmann::json(runs.baseline_fits) : nlohmann::json(nullptr)},
-                      {"no_offload_step_s", base.step_seconds}, {"relative_to_no_offload", f.relative_to_no_offload},
-                      {"params_digest", r.params_digest}, {"no_offload_params_digest", base.params_digest},
-                      {"peak_device_bytes", r.peak_device_bytes}, {"device_budget", r.device_budget}};
+  nlohmann::json j = {{"config", runs.config.source},
+                      {"steps_measured", r.measured_steps},
+                      {"step_s", r.step_seconds},
+                      {"busiest", f.busy.busiest_name()},
+                      {"overlap_ratio", f.overlap_ratio},
+                      {"tflops", f.tflops},
+                      {"device_busy_fraction", f.device_busy},
+                      {"no_offload_fits", a.baseline ? nlohmann::json(runs.baseline_fits) : nlohmann::json(nullptr)},
+                      {"no_offload_step_s", base.step_seconds},
+                      {"relative_to_no_offload", f.relative_to_no_offload},
+                      {"params_digest", r.params_digest},
+                      {"no_offload_params_digest", base.params_digest},
+                      {"peak_device_bytes", r.peak_device_bytes},
+                      {"device_budget", r.device_budget}};
   f.busy.each([&](const char* name, double sec) { j["busy_s"][name] = sec; });
   if (a.profile) {
     j["profile"] = nlohmann::json::array();
     for (const auto& o : r.profile)
-      j["profile"].push_back({{"op", o.name}, {"calls_per_step", static_cast<double>(o.calls) / f.steps}, {"seconds_per_step", o.seconds / f.steps},
+      j["profile"].push_back({{"op", o.name},
+                              {"calls_per_step", static_cast<double>(o.calls) / f.steps},
+                              {"seconds_per_step", o.seconds / f.steps},
                               {"share_of_step", r.step_seconds > 0 ? o.seconds / f.steps / r.step_seconds : 0.0},
                               {"tflops", o.seconds > 0 ? o.flops / o.seconds / 1e12 : 0.0}});
   }
@@ -292,7 +320,8 @@ void print_step_profile(const StepRuns& runs, const StepFigures& f) {
   // The engine's side of the step, on its own streams and workers (overlapped with the above).
   std::printf("  engine, beside the ops (busy per step):");
   f.busy.each([&](const char* name, double sec) {
-    if (std::string(name) != "compute") std::printf(" %s %.2f ms (%.1f%%)", name, 1e3 * sec, r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
+    if (std::string(name) != "compute")
+      std::printf(" %s %.2f ms (%.1f%%)", name, 1e3 * sec, r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
   });
   std::printf("\n");
 }
@@ -304,14 +333,17 @@ void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures&
               static_cast<long long>(r.measured_steps));
   std::printf("  busy per step (ms):");
   f.busy.each([](const char* name, double sec) { std::printf(" %s %.1f", name, 1e3 * sec); });
-  std::printf("\n  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds, f.busy.busiest_name(), 1e3 * f.busy.busiest());
+  std::printf("\n  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds, f.busy.busiest_name(),
+              1e3 * f.busy.busiest());
   std::printf("  overlap ratio (step time / busiest resource): %.3f   (1.0 = perfect overlap)\n", f.overlap_ratio);
-  std::printf("  %.2f TFLOPS (6 x params x tokens / step time), device busy %.0f%% of the step, peak device memory %s of %s\n",
-              f.tflops, 100 * f.device_busy, format_bytes(r.peak_device_bytes).c_str(), format_bytes(r.device_budget).c_str());
+  std::printf(
+      "  %.2f TFLOPS (6 x params x tokens / step time), device busy %.0f%% of the step, peak device memory %s of %s\n",
+      f.tflops, 100 * f.device_busy, format_bytes(r.peak_device_bytes).c_str(), format_bytes(r.device_budget).c_str());
   if (runs.baseline_fits) {
-    std::printf("  relative to no offload (%.1f ms per step): %.3f\n", 1e3 * base.step_seconds, f.relative_to_no_offload);
-    std::printf("  params digests: offload %s, no offload %s (%s)\n", r.params_digest.c_str(), base.params_digest.c_str(),
-                r.params_digest == base.params_digest ? "bit-identical" : "DIFFERENT");
+    std::printf("  relative to no offload (%.1f ms per step): %.3f\n", 1e3 * base.step_seconds,
+                f.relative_to_no_offload);
+    std::printf("  params digests: offload %s, no offload %s (%s)\n", r.params_digest.c_str(),
+                base.params_digest.c_str(), r.params_digest == base.params_digest ? "bit-identical" : "DIFFERENT");
   } else if (a.baseline) {
     std::printf("  without offload the model does not fit the device budget\n");
   }
@@ -350,9 +382,16 @@ int run_pcie(const PcieArgs& a) {
   });
   auto ratio = [&](double g) { return r.nominal_gbps > 0 ? g / r.nominal_gbps : 0.0; };
   if (a.json) {
-    nlohmann::json j = {{"gpu", r.gpu}, {"pcie_gen", r.pcie_gen}, {"pcie_width", r.pcie_width}, {"nominal_gb_per_s", r.nominal_gbps},
-                        {"bytes", r.bytes}, {"h2d_gb_per_s", r.h2d_gbps}, {"d2h_gb_per_s", r.d2h_gbps},
-                        {"both_gb_per_s", r.both_gbps}, {"h2d_ratio", ratio(r.h2d_gbps)}, {"d2h_ratio", ratio(r.d2h_gbps)},
+    nlohmann::json j = {{"gpu", r.gpu},
+                        {"pcie_gen", r.pcie_gen},
+                        {"pcie_width", r.pcie_width},
+                        {"nominal_gb_per_s", r.nominal_gbps},
+                        {"bytes", r.bytes},
+                        {"h2d_gb_per_s", r.h2d_gbps},
+                        {"d2h_gb_per_s", r.d2h_gbps},
+                        {"both_gb_per_s", r.both_gbps},
+                        {"h2d_ratio", ratio(r.h2d_gbps)},
+                        {"d2h_ratio", ratio(r.d2h_gbps)},
                         {"both_ratio", r.nominal_gbps > 0 ? r.both_gbps / (2 * r.nominal_gbps) : 0.0}};
     print_json(j);
     return 0;
@@ -406,31 +445,41 @@ int run_comm(const CommArgs& a) {
   if (comm.rank() != 0) return 0;
   const char* ref = a.device == "cuda" ? "device copy" : "memcpy";
   if (a.json) {
-    nlohmann::json j = {{"backend", comm.backend()}, {"device", device->name()}, {"ranks", comm.size()}, {"reference", ref},
+    nlohmann::json j = {{"backend", comm.backend()},
+                        {"device", device->name()},
+                        {"ranks", comm.size()},
+                        {"reference", ref},
                         {"rows", nlohmann::json::array()}};
     for (const auto& r : rows)
-      j["rows"].push_back({{"op", r.op}, {"bytes", r.bytes}, {"seconds", r.seconds}, {"algbw_gb_per_s", r.algbw},
-                           {"busbw_gb_per_s", r.busbw}, {"copy_gb_per_s", r.copy_gbps},
+      j["rows"].push_back({{"op", r.op},
+                           {"bytes", r.bytes},
+                           {"seconds", r.seconds},
+                           {"algbw_gb_per_s", r.algbw},
+                           {"busbw_gb_per_s", r.busbw},
+                           {"copy_gb_per_s", r.copy_gbps},
                            {"busbw_to_copy", r.copy_gbps > 0 ? r.busbw / r.copy_gbps : 0.0}});
     print_json(j);
     return 0;
   }
-  std::printf("zinf bench comm — %s on %s, %d rank(s), mean of %d calls, the slowest rank's time\n", comm.backend().c_str(),
-              device->name().c_str(), comm.size(), a.iters);
+  std::printf("zinf bench comm — %s on %s, %d rank(s), mean of %d calls, the slowest rank's time\n",
+              comm.backend().c_str(), device->name().c_str(), comm.size(), a.iters);
   if (comm.size() == 1) std::printf("note: one rank moves nothing; launch with mpirun -np N\n");
   std::printf("  %-10s %-15s %12s %12s %12s %12s %8s\n", "bytes", "op", "time us", "algbw GB/s", "busbw GB/s",
               a.device == "cuda" ? "d2d GB/s" : "memcpy GB/s", "bus/copy");
   for (const auto& r : rows)
-    std::printf("  %-10s %-15s %12.1f %12.2f %12.2f %12.2f %8.2f\n", format_bytes(r.bytes).c_str(), r.op.c_str(), r.seconds * 1e6, r.algbw,
-                r.busbw, r.copy_gbps, r.copy_gbps > 0 ? r.busbw / r.copy_gbps : 0.0);
+    std::printf("  %-10s %-15s %12.1f %12.2f %12.2f %12.2f %8.2f\n", format_bytes(r.bytes).c_str(), r.op.c_str(),
+                r.seconds * 1e6, r.algbw, r.busbw, r.copy_gbps, r.copy_gbps > 0 ? r.busbw / r.copy_gbps : 0.0);
   return 0;
 }
 
 Command add_bench_adam(CLI::App& bench) {
   auto [sub, args] = add_subcommand<AdamArgs>(bench, "adam", kBenchAdamAbout);
-  sub->add_option("--params", args->params, "Parameters to update, e.g. 64M, 256M (K/M/G = 10^3/10^6/10^9)")->capture_default_str();
+  sub->add_option("--params", args->params, "Parameters to update, e.g. 64M, 256M (K/M/G = 10^3/10^6/10^9)")
+      ->capture_default_str();
   sub->add_option("--threads", args->threads, "Host threads (0 = physical cores)")->capture_default_str();
-  sub->add_option("--reps", args->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
+  sub->add_option("--reps", args->reps, "Repetitions; the best is reported")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   sub->add_option("--simd", args->simd, "Cap the SIMD path: auto, avx512, avx2, scalar")->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object (the ratio as `ratio`)");
   return command(sub, args, run_adam);
@@ -445,7 +494,9 @@ Command add_bench_nvme(CLI::App& bench) {
   sub->add_option("--depths", args->depths, "Queue depths per thread")->delimiter(',')->capture_default_str();
   sub->add_option("--threads", args->threads, "I/O thread counts (rings)")->delimiter(',')->capture_default_str();
   sub->add_option("--swap-item", args->swap_item, "Sub-group size in swap mode")->capture_default_str();
-  sub->add_option("--engine", args->engine, "auto, uring or posix")->check(CLI::IsMember({"auto", "uring", "posix"}))->capture_default_str();
+  sub->add_option("--engine", args->engine, "auto, uring or posix")
+      ->check(CLI::IsMember({"auto", "uring", "posix"}))
+      ->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object (best_read/best_write GB/s, swap_ratio)");
   return command(sub, args, run_nvme);
 }
@@ -457,8 +508,9 @@ Command add_bench_step(CLI::App& bench) {
   sub->add_flag("--json", args->json, "Print one JSON object (overlap_ratio, busy_s, relative_to_no_offload)");
   sub->add_flag("!--no-baseline", args->baseline, "Skip the run with no offload (relative_to_no_offload is then 0)");
   sub->add_flag("--profile", args->profile,
-               "Also time the model's ops by kind on the compute stream (GEMM classes, attention, norms, elementwise, embeddings, "
-               "LM head, copies): time per step, share of the step, calls, achieved TFLOPS");
+                "Also time the model's ops by kind on the compute stream (GEMM classes, attention, norms, elementwise, "
+                "embeddings, "
+                "LM head, copies): time per step, share of the step, calls, achieved TFLOPS");
   return command(sub, args, run_step);
 }
 
@@ -466,15 +518,21 @@ Command add_bench_pcie(CLI::App& bench) {
   auto [sub, args] = add_subcommand<PcieArgs>(bench, "pcie", kBenchPcieAbout);
   sub->add_option("--device", args->device, "CUDA device index")->capture_default_str();
   sub->add_option("--size", args->size, "Bytes per copy")->capture_default_str();
-  sub->add_option("--reps", args->reps, "Repetitions; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
+  sub->add_option("--reps", args->reps, "Repetitions; the best is reported")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object");
   return command(sub, args, run_pcie);
 }
 
 Command add_bench_comm(CLI::App& bench) {
   auto [sub, args] = add_subcommand<CommArgs>(bench, "comm", kBenchCommAbout);
-  sub->add_option("--sizes", args->sizes, "Buffer sizes (every rank's parts together)")->delimiter(',')->capture_default_str();
-  sub->add_option("--iters", args->iters, "Calls per size and collective")->check(CLI::Range(1, 100000))->capture_default_str();
+  sub->add_option("--sizes", args->sizes, "Buffer sizes (every rank's parts together)")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--iters", args->iters, "Calls per size and collective")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   sub->add_option("--device", args->device, "cpu (MPI) or cuda (NCCL, one GPU per rank: the local rank's)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -485,9 +543,11 @@ Command add_bench_comm(CLI::App& bench) {
 }  // namespace
 
 std::vector<Command> add_bench(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Measure what this machine can do, as ratios against limits measured in the same run");
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Measure what this machine can do, as ratios against limits measured in the same run");
   bench->require_subcommand(1);
-  return {add_bench_adam(*bench), add_bench_nvme(*bench), add_bench_step(*bench), add_bench_pcie(*bench), add_bench_comm(*bench)};
+  return {add_bench_adam(*bench), add_bench_nvme(*bench), add_bench_step(*bench), add_bench_pcie(*bench),
+          add_bench_comm(*bench)};
 }
 
 }  // namespace zinf::cli

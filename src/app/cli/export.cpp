@@ -7,13 +7,13 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "commands.h"
-#include "app/train/checkpoint.h"
-#include "zinf/error.h"
-#include "io/files.h"
-#include "io/safetensors.h"
 #include "app/config/config.h"
+#include "app/train/checkpoint.h"
+#include "commands.h"
+#include "io/files.h"
 #include "io/hf.h"
+#include "io/safetensors.h"
+#include "zinf/error.h"
 
 namespace zinf::cli {
 namespace {
@@ -25,10 +25,12 @@ namespace fs = std::filesystem;
 void check_output(const std::string& output, const std::string& checkpoint, bool folder) {
   std::error_code ec;
   if (!fs::is_directory(checkpoint, ec))
-    throw ConfigError("--checkpoint " + checkpoint + ": " + (fs::exists(checkpoint, ec) ? "is not a folder" : "does not exist"),
-                      "a checkpoint is a folder train.checkpoint_dir/step-N");
+    throw ConfigError(
+        "--checkpoint " + checkpoint + ": " + (fs::exists(checkpoint, ec) ? "is not a folder" : "does not exist"),
+        "a checkpoint is a folder train.checkpoint_dir/step-N");
   auto refuse = [&](const std::string& what) {
-    return ConfigError("--output " + output + ": is " + what + "; export writes its own file or folder and never replaces its input");
+    return ConfigError("--output " + output + ": is " + what +
+                       "; export writes its own file or folder and never replaces its input");
   };
   if (same_file(output, checkpoint)) throw refuse("the checkpoint folder " + checkpoint);
   for (const auto& e : fs::directory_iterator(checkpoint, ec))
@@ -43,8 +45,10 @@ constexpr const char* kExportAbout =
     "Write a checkpoint's model for the usual tools, in fp32, fp16 or bf16; the checkpoint is verified first. "
     "--format safetensors (GPT-2): one file with the tensor names Hugging Face uses for GPT-2 (wte.weight, "
     "h.0.attn.c_attn.weight, …). --format hf (the llama family): a folder with config.json and safetensors shards "
-    "with their index, in Hugging Face's names and layouts. model.init_from loads either to fine-tune from it. All or nothing: "
-    "the output is built beside its place and moved in at the end; a folder's earlier config.json, *.safetensors and index "
+    "with their index, in Hugging Face's names and layouts. model.init_from loads either to fine-tune from it. All or "
+    "nothing: "
+    "the output is built beside its place and moved in at the end; a folder's earlier config.json, *.safetensors and "
+    "index "
     "are replaced, its other files (tokenizer, README) kept";
 
 struct ExportArgs {
@@ -58,9 +62,11 @@ int run_export(const ExportArgs& a) {
   check_output(a.output, a.checkpoint, a.format == "hf");
   const ModelShape shape = checkpoint_shape(a.checkpoint);
   if (a.format == "safetensors" && shape.family != ModelFamily::gpt2)
-    throw ConfigError("--format safetensors writes GPT-2's tensor names; a llama-family checkpoint exports with --format hf");
+    throw ConfigError(
+        "--format safetensors writes GPT-2's tensor names; a llama-family checkpoint exports with --format hf");
   if (a.format == "hf" && shape.family != ModelFamily::llama)
-    throw ConfigError("--format hf writes the llama family's folders; a GPT-2 checkpoint exports with --format safetensors");
+    throw ConfigError(
+        "--format hf writes the llama family's folders; a GPT-2 checkpoint exports with --format safetensors");
   std::vector<std::vector<float>> units;
   for (const auto& u : layer_units(shape)) units.emplace_back(static_cast<std::size_t>(u.params));
   load_checkpoint(a.checkpoint, shape, [&](std::size_t u, const float* master, const float*, const float*) {
@@ -68,13 +74,13 @@ int run_export(const ExportArgs& a) {
   });
   if (a.format == "hf") {
     write_hf_folder(a.output, shape, units, dt, static_cast<std::uint64_t>(parse_bytes(a.shard_size, "--shard-size")));
-    std::printf("exported %s (%d layers, d_model %d) to the folder %s in Hugging Face's layout, %s\n", a.checkpoint.c_str(),
-                shape.n_layer, shape.d_model, a.output.c_str(), a.dtype.c_str());
+    std::printf("exported %s (%d layers, d_model %d) to the folder %s in Hugging Face's layout, %s\n",
+                a.checkpoint.c_str(), shape.n_layer, shape.d_model, a.output.c_str(), a.dtype.c_str());
     return 0;
   }
   write_gpt2_safetensors(a.output, shape, units, dt);
-  std::printf("exported %s (%d layers, d_model %d) to %s as %s safetensors with GPT-2's tensor names\n", a.checkpoint.c_str(),
-              shape.n_layer, shape.d_model, a.output.c_str(), a.dtype.c_str());
+  std::printf("exported %s (%d layers, d_model %d) to %s as %s safetensors with GPT-2's tensor names\n",
+              a.checkpoint.c_str(), shape.n_layer, shape.d_model, a.output.c_str(), a.dtype.c_str());
   return 0;
 }
 
@@ -82,11 +88,16 @@ int run_export(const ExportArgs& a) {
 
 Command add_export(CLI::App& app) {
   auto [sub, args] = add_subcommand<ExportArgs>(app, "export", kExportAbout);
-  sub->add_option("--checkpoint", args->checkpoint, "A checkpoint directory (train.checkpoint_dir/step-N)")->required()->type_name("DIR");
+  sub->add_option("--checkpoint", args->checkpoint, "A checkpoint directory (train.checkpoint_dir/step-N)")
+      ->required()
+      ->type_name("DIR");
   sub->add_option("--format", args->format, "safetensors (GPT-2) or hf (the llama family)")->capture_default_str();
-  sub->add_option("--shard-size", args->shard_size, "--format hf: the largest shard (e.g. 5GB, 500MB)")->capture_default_str();
+  sub->add_option("--shard-size", args->shard_size, "--format hf: the largest shard (e.g. 5GB, 500MB)")
+      ->capture_default_str();
   sub->add_option("--dtype", args->dtype, "fp32, fp16 or bf16")->capture_default_str();
-  sub->add_option("-o,--output", args->output, "The file (safetensors) or folder (hf) to write")->required()->type_name("PATH");
+  sub->add_option("-o,--output", args->output, "The file (safetensors) or folder (hf) to write")
+      ->required()
+      ->type_name("PATH");
   return command(sub, args, run_export);
 }
 

@@ -2,9 +2,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <cstdio>
 #include <limits>
-#include <unistd.h>
 
 #include "commands.h"
 #include "zinf/nvme/probe.h"
@@ -29,30 +29,48 @@ std::string memlock_meaning(const MachineInfo& m) {
 
 nlohmann::json machine_json(const MachineInfo& m, const std::vector<nvme::PathProbe>& probes) {
   nlohmann::json j;
-  j["cpu"] = {{"model", m.cpu_model}, {"physical_cores", m.physical_cores}, {"logical_cpus", m.logical_cpus},
-              {"simd_detected", m.simd_detected}, {"simd_active", m.simd_active}, {"avx512_bf16", m.avx512_bf16}};
+  j["cpu"] = {{"model", m.cpu_model},           {"physical_cores", m.physical_cores},
+              {"logical_cpus", m.logical_cpus}, {"simd_detected", m.simd_detected},
+              {"simd_active", m.simd_active},   {"avx512_bf16", m.avx512_bf16}};
   j["numa"] = nlohmann::json::array();
-  for (const auto& n : m.numa) j["numa"].push_back({{"node", n.index}, {"memory_bytes", n.memory_bytes}, {"cpus", n.cpus}});
+  for (const auto& n : m.numa)
+    j["numa"].push_back({{"node", n.index}, {"memory_bytes", n.memory_bytes}, {"cpus", n.cpus}});
   j["memory"] = {{"total_bytes", m.mem_total}, {"available_bytes", m.mem_available}};
   auto lim = [](std::uint64_t v) -> nlohmann::json {
     if (v == std::numeric_limits<std::uint64_t>::max()) return "unlimited";
     return v;
   };
   j["memlock"] = {{"soft", lim(m.memlock_soft)}, {"hard", lim(m.memlock_hard)}, {"meaning", memlock_meaning(m)}};
-  j["cuda"] = {{"built", m.cuda_built}, {"status", m.gpu_status}, {"runtime", m.cuda_runtime},
-               {"driver", m.cuda_driver}, {"nccl", m.nccl}};
+  j["cuda"] = {{"built", m.cuda_built},
+               {"status", m.gpu_status},
+               {"runtime", m.cuda_runtime},
+               {"driver", m.cuda_driver},
+               {"nccl", m.nccl}};
   j["gpus"] = nlohmann::json::array();
   for (const auto& g : m.gpus)
-    j["gpus"].push_back({{"index", g.index}, {"name", g.name}, {"total_bytes", g.total_bytes},
-                         {"free_bytes", g.free_bytes}, {"compute_capability", std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor)},
-                         {"pci_bus_id", g.pci_bus_id}, {"pcie_gen", g.pcie_gen}, {"pcie_width", g.pcie_width},
-                         {"pcie_gen_max", g.pcie_gen_max}, {"pcie_width_max", g.pcie_width_max}, {"numa_node", g.numa_node}});
+    j["gpus"].push_back({{"index", g.index},
+                         {"name", g.name},
+                         {"total_bytes", g.total_bytes},
+                         {"free_bytes", g.free_bytes},
+                         {"compute_capability", std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor)},
+                         {"pci_bus_id", g.pci_bus_id},
+                         {"pcie_gen", g.pcie_gen},
+                         {"pcie_width", g.pcie_width},
+                         {"pcie_gen_max", g.pcie_gen_max},
+                         {"pcie_width_max", g.pcie_width_max},
+                         {"numa_node", g.numa_node}});
   j["paths"] = nlohmann::json::array();
   for (const auto& p : probes)
-    j["paths"].push_back({{"path", p.path}, {"exists", p.exists}, {"filesystem", p.filesystem},
-                          {"free_bytes", p.free_bytes}, {"total_bytes", p.total_bytes}, {"dio_align", p.dio_align},
-                          {"o_direct", p.odirect}, {"o_direct_reason", p.odirect_reason},
-                          {"io_uring", p.io_uring}, {"io_uring_reason", p.io_uring_reason}});
+    j["paths"].push_back({{"path", p.path},
+                          {"exists", p.exists},
+                          {"filesystem", p.filesystem},
+                          {"free_bytes", p.free_bytes},
+                          {"total_bytes", p.total_bytes},
+                          {"dio_align", p.dio_align},
+                          {"o_direct", p.odirect},
+                          {"o_direct_reason", p.odirect_reason},
+                          {"io_uring", p.io_uring},
+                          {"io_uring_reason", p.io_uring_reason}});
   return j;
 }
 
@@ -76,7 +94,8 @@ void print_machine(const MachineInfo& m, const std::vector<nvme::PathProbe>& pro
   for (const auto& g : m.gpus) {
     std::printf("gpu %d      %s, sm_%d%d, %s (%s free), PCIe %s", g.index, g.name.c_str(), g.cc_major, g.cc_minor,
                 format_bytes(g.total_bytes).c_str(), format_bytes(g.free_bytes).c_str(), g.pci_bus_id.c_str());
-    if (g.pcie_gen) std::printf(" gen%d x%d (max gen%d x%d)", g.pcie_gen, g.pcie_width, g.pcie_gen_max, g.pcie_width_max);
+    if (g.pcie_gen)
+      std::printf(" gen%d x%d (max gen%d x%d)", g.pcie_gen, g.pcie_width, g.pcie_gen_max, g.pcie_width_max);
     std::printf(", NUMA node %d\n", g.numa_node);
   }
   for (const auto& p : probes) {
@@ -86,8 +105,11 @@ void print_machine(const MachineInfo& m, const std::vector<nvme::PathProbe>& pro
     }
     std::printf("path       %s: %s, %s free of %s\n", p.path.c_str(), p.filesystem.c_str(),
                 format_bytes(p.free_bytes).c_str(), format_bytes(p.total_bytes).c_str());
-    std::printf("             O_DIRECT  %s\n", p.odirect ? ("yes" + (p.dio_align ? " (alignment " + std::to_string(p.dio_align) + " B)" : std::string())).c_str()
-                                                        : ("no: " + p.odirect_reason).c_str());
+    std::printf(
+        "             O_DIRECT  %s\n",
+        p.odirect
+            ? ("yes" + (p.dio_align ? " (alignment " + std::to_string(p.dio_align) + " B)" : std::string())).c_str()
+            : ("no: " + p.odirect_reason).c_str());
     std::printf("             io_uring  %s\n", p.io_uring ? "yes" : ("no: " + p.io_uring_reason).c_str());
   }
 }
@@ -106,9 +128,11 @@ int run_info(const InfoArgs& a) {
 }  // namespace
 
 Command add_info(CLI::App& app) {
-  auto [sub, args] = add_subcommand<InfoArgs>(app, "info", "Show the machine as an offload engine sees it: CPU, NUMA, SIMD path, "
-                                             "host and locked memory, GPUs and their PCIe links, swap paths");
-  sub->add_option("--path", args->paths, "Also probe DIR as a swap location: filesystem, free space, O_DIRECT, io_uring")
+  auto [sub, args] = add_subcommand<InfoArgs>(app, "info",
+                                              "Show the machine as an offload engine sees it: CPU, NUMA, SIMD path, "
+                                              "host and locked memory, GPUs and their PCIe links, swap paths");
+  sub->add_option("--path", args->paths,
+                  "Also probe DIR as a swap location: filesystem, free space, O_DIRECT, io_uring")
       ->type_name("DIR");
   sub->add_flag("--json", args->json, "Print one JSON object instead of text");
   return command(sub, args, run_info);

@@ -50,8 +50,7 @@ void report(const char* kind, const zinf::Error& e) {
 
 int main(int argc, char** argv) {
   zinf::cli::install_signal_handlers();
-  CLI::App app{"zinf — a ZeRO-Offload / ZeRO-Infinity training engine for models larger than their GPU",
-               "zinf"};
+  CLI::App app{"zinf — a ZeRO-Offload / ZeRO-Infinity training engine for models larger than their GPU", "zinf"};
   app.set_version_flag("--version", std::string("zinf ") + ZINF_VERSION);
   app.require_subcommand(1);
   app.fallthrough(false);

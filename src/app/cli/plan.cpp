@@ -6,10 +6,10 @@
 #include <cmath>
 #include <cstdio>
 
-#include "commands.h"
-#include "zinf/comm.h"
 #include "app/config/config.h"
 #include "app/plan/plan.h"
+#include "commands.h"
+#include "zinf/comm.h"
 
 namespace zinf::cli {
 namespace {
@@ -52,9 +52,9 @@ nlohmann::json plan_json(const Config& config, const RunPlan& run) {
   const auto& p = run.plan;
   nlohmann::json j;
   j["config"] = config.source;
-  j["model"] = {{"preset", config.model.preset}, {"n_layer", run.shape.n_layer}, {"n_head", run.shape.n_head},
-                {"d_model", run.shape.d_model}, {"vocab_size", run.shape.vocab_size}, {"seq_len", run.shape.seq_len},
-                {"params", p.n_params}, {"largest_unit_params", p.largest_unit}};
+  j["model"] = {{"preset", config.model.preset}, {"n_layer", run.shape.n_layer},         {"n_head", run.shape.n_head},
+                {"d_model", run.shape.d_model},  {"vocab_size", run.shape.vocab_size},   {"seq_len", run.shape.seq_len},
+                {"params", p.n_params},          {"largest_unit_params", p.largest_unit}};
   j["precision"] = to_string(config.precision());
   j["offload_optimizer"] = to_string(config.zero.offload_optimizer.device);
   j["offload_param"] = to_string(config.zero.offload_param.device);
@@ -67,22 +67,33 @@ nlohmann::json plan_json(const Config& config, const RunPlan& run) {
   j["model_states"] = tiers_json(p.model_states);
   j["totals"] = tiers_json(p.totals);
   j["pinned_pool_bytes"] = p.pinned_pool;
-  j["activations"] = {{"plain", run.activations_plain}, {"checkpointed", run.activations_checkpointed},
+  j["activations"] = {{"plain", run.activations_plain},
+                      {"checkpointed", run.activations_checkpointed},
                       {"checkpointing", config.model.activation_checkpointing}};
-  j["capacity"] = {{"device", run.capacity.device}, {"host", run.capacity.host}, {"pinnable", run.capacity.pinnable},
+  j["capacity"] = {{"device", run.capacity.device},
+                   {"host", run.capacity.host},
+                   {"pinnable", run.capacity.pinnable},
                    {"nvme", run.capacity.nvme_known ? nlohmann::json(run.capacity.nvme) : nlohmann::json(nullptr)}};
-  j["verdict"] = {{"fits", run.verdict.fits}, {"limiting", run.verdict.limiting},
-                  {"limiting_fraction", run.verdict.limiting_fraction}, {"problems", run.verdict.problems}};
+  j["verdict"] = {{"fits", run.verdict.fits},
+                  {"limiting", run.verdict.limiting},
+                  {"limiting_fraction", run.verdict.limiting_fraction},
+                  {"problems", run.verdict.problems}};
   j["deepspeed_zero3_estimate"] = {{"cpu", run.deepspeed.cpu}, {"gpu", run.deepspeed.gpu}};
   j["world_size"] = run.world;
   j["per_rank_stages"] = nlohmann::json::array();
   for (const auto& s : run.stages)
-    j["per_rank_stages"].push_back({{"stage", s.stage}, {"valid", s.valid}, {"model_states", tiers_json(s.model_states)},
-                                    {"totals", tiers_json(s.totals)}, {"zero_paper_model_states", s.zero_paper}});
+    j["per_rank_stages"].push_back({{"stage", s.stage},
+                                    {"valid", s.valid},
+                                    {"model_states", tiers_json(s.model_states)},
+                                    {"totals", tiers_json(s.totals)},
+                                    {"zero_paper_model_states", s.zero_paper}});
   j["largest_fit"] = nlohmann::json::array();
   for (const auto& f : run.largest)
-    j["largest_fit"].push_back({{"optimizer", to_string(f.optimizer)}, {"param", to_string(f.param)},
-                                {"n_layer", f.n_layer}, {"params", f.params}, {"largest_preset", f.largest_preset}});
+    j["largest_fit"].push_back({{"optimizer", to_string(f.optimizer)},
+                                {"param", to_string(f.param)},
+                                {"n_layer", f.n_layer},
+                                {"params", f.params},
+                                {"largest_preset", f.largest_preset}});
   j["notes"] = run.notes;
   return j;
 }
@@ -92,18 +103,19 @@ void print_placement(const Config& config, const RunPlan& run) {
   const auto& p = run.plan;
   const ModelShape& shape = run.shape;
   const std::string family = shape.family == ModelFamily::llama
-                                 ? "llama, " + std::to_string(shape.kv_heads()) + " kv heads, d_ff " + std::to_string(shape.d_ff) +
-                                       (shape.tie_embeddings ? ", tied head" : "") + ", "
+                                 ? "llama, " + std::to_string(shape.kv_heads()) + " kv heads, d_ff " +
+                                       std::to_string(shape.d_ff) + (shape.tie_embeddings ? ", tied head" : "") + ", "
                                  : "";
   std::printf("model      %s%s%s%d layers, d_model %d, %d heads, vocab %d, seq %d: %s params (%lld), largest unit %s\n",
-              config.model.preset.c_str(), config.model.preset.empty() ? "" : ": ", family.c_str(), shape.n_layer, shape.d_model,
-              shape.n_head, shape.vocab_size, shape.seq_len, format_count(p.n_params).c_str(),
+              config.model.preset.c_str(), config.model.preset.empty() ? "" : ": ", family.c_str(), shape.n_layer,
+              shape.d_model, shape.n_head, shape.vocab_size, shape.seq_len, format_count(p.n_params).c_str(),
               static_cast<long long>(p.n_params), format_count(p.largest_unit).c_str());
-  std::printf("run        %s, micro batch %lld x GA %lld = %lld, ZeRO stage %d, offload_optimizer=%s, offload_param=%s\n",
-              std::string(to_string(config.precision())).c_str(), static_cast<long long>(config.micro_batch_size),
-              static_cast<long long>(config.gradient_accumulation_steps), static_cast<long long>(config.train_batch_size),
-              config.zero.stage, std::string(to_string(config.zero.offload_optimizer.device)).c_str(),
-              std::string(to_string(config.zero.offload_param.device)).c_str());
+  std::printf(
+      "run        %s, micro batch %lld x GA %lld = %lld, ZeRO stage %d, offload_optimizer=%s, offload_param=%s\n",
+      std::string(to_string(config.precision())).c_str(), static_cast<long long>(config.micro_batch_size),
+      static_cast<long long>(config.gradient_accumulation_steps), static_cast<long long>(config.train_batch_size),
+      config.zero.stage, std::string(to_string(config.zero.offload_optimizer.device)).c_str(),
+      std::string(to_string(config.zero.offload_param.device)).c_str());
   std::printf("\n  %-16s %-7s %12s %12s %12s %12s\n", "state", "dtype", "device", "pinned", "host", "nvme");
   print_rows(p.states);
   print_total("model states", p.model_states);
@@ -121,9 +133,10 @@ void print_verdict(const Config& config, const RunPlan& run) {
               format_bytes(run.capacity.device).c_str(), format_bytes(run.capacity.host).c_str(),
               format_bytes(run.capacity.pinnable).c_str(),
               run.capacity.nvme_known ? format_bytes(run.capacity.nvme).c_str() : "unknown");
-  const std::string share = std::isfinite(run.verdict.limiting_fraction)
-                                ? std::to_string(static_cast<long long>(std::lround(100.0 * run.verdict.limiting_fraction))) + "%"
-                                : "";  // nothing of it is available
+  const std::string share =
+      std::isfinite(run.verdict.limiting_fraction)
+          ? std::to_string(static_cast<long long>(std::lround(100.0 * run.verdict.limiting_fraction))) + "%"
+          : "";  // nothing of it is available
   if (run.verdict.fits)
     std::printf("verdict      FITS — tightest resource: %s at %s\n", run.verdict.limiting.c_str(), share.c_str());
   else
@@ -136,27 +149,33 @@ void print_verdict(const Config& config, const RunPlan& run) {
 
 // Rank 0's bytes at each ZeRO stage beside the ZeRO paper's figure.
 void print_stages(const Config& config, const RunPlan& run) {
-  std::printf("\nper rank     %d rank(s), rank 0 (the largest shards), this placement at each ZeRO stage; the ZeRO paper's\n"
-              "             model states per GPU (mixed-precision Adam, nothing offloaded) beside them\n",
-              run.world);
-  std::printf("  %-6s %12s %12s %12s %12s %12s   %s\n", "stage", "device", "pinned", "host", "nvme", "states", "ZeRO paper");
+  std::printf(
+      "\nper rank     %d rank(s), rank 0 (the largest shards), this placement at each ZeRO stage; the ZeRO paper's\n"
+      "             model states per GPU (mixed-precision Adam, nothing offloaded) beside them\n",
+      run.world);
+  std::printf("  %-6s %12s %12s %12s %12s %12s   %s\n", "stage", "device", "pinned", "host", "nvme", "states",
+              "ZeRO paper");
   for (const auto& s : run.stages) {
     std::uint64_t states = 0;
     for (auto b : s.model_states) states += b;
-    std::printf("  %-6d %12s %12s %12s %12s %12s   %s%s\n", s.stage, cell(s.totals[0]).c_str(), cell(s.totals[1]).c_str(),
-                cell(s.totals[2]).c_str(), cell(s.totals[3]).c_str(), cell(states).c_str(), format_bytes(s.zero_paper).c_str(),
-                s.valid ? (s.stage == config.zero.stage ? "   <- this run" : "") : "   (this offload needs a higher stage)");
+    std::printf(
+        "  %-6d %12s %12s %12s %12s %12s   %s%s\n", s.stage, cell(s.totals[0]).c_str(), cell(s.totals[1]).c_str(),
+        cell(s.totals[2]).c_str(), cell(s.totals[3]).c_str(), cell(states).c_str(), format_bytes(s.zero_paper).c_str(),
+        s.valid ? (s.stage == config.zero.stage ? "   <- this run" : "") : "   (this offload needs a higher stage)");
   }
 }
 
 void print_largest_fits(const RunPlan& run) {
-  std::printf("\nlargest model that fits: of this width (n_layer scaled) | the largest real model (llama-family preset, this seq_len)\n");
+  std::printf(
+      "\nlargest model that fits: of this width (n_layer scaled) | the largest real model (llama-family preset, this "
+      "seq_len)\n");
   for (const auto& f : run.largest) {
     const std::string real = f.largest_preset.empty() ? "none" : f.largest_preset;
     if (f.n_layer == 0)
       std::printf("  %-30s  not even one block              | %s\n", f.setting.c_str(), real.c_str());
     else
-      std::printf("  %-30s  n_layer %-7d %-14s params | %s\n", f.setting.c_str(), f.n_layer, format_count(f.params).c_str(), real.c_str());
+      std::printf("  %-30s  n_layer %-7d %-14s params | %s\n", f.setting.c_str(), f.n_layer,
+                  format_count(f.params).c_str(), real.c_str());
   }
 }
 

@@ -25,8 +25,11 @@ struct Handled {
   const char* name;
   bool stops;  // stops after the current step (the first time, while a run can)
 };
-constexpr Handled kHandled[] = {{SIGINT, "SIGINT", true},   {SIGTERM, "SIGTERM", true}, {SIGUSR1, "SIGUSR1", true},
-                                {SIGHUP, "SIGHUP", false}, {SIGQUIT, "SIGQUIT", false}};
+constexpr Handled kHandled[] = {{SIGINT, "SIGINT", true},
+                                {SIGTERM, "SIGTERM", true},
+                                {SIGUSR1, "SIGUSR1", true},
+                                {SIGHUP, "SIGHUP", false},
+                                {SIGQUIT, "SIGQUIT", false}};
 
 std::atomic<bool> g_stop{false}, g_stoppable{false}, g_finished{false};
 std::atomic<int> g_first{0};  // the signal that asked for the stop

@@ -7,15 +7,16 @@
 
 #include "commands.h"
 #include "io/data.h"
-#include "zinf/error.h"
 #include "io/files.h"
+#include "zinf/error.h"
 
 namespace zinf::cli {
 namespace {
 
 // `zinf tokenize --help`.
 constexpr const char* kTokenizeAbout =
-    "Tokenize text files (concatenated in the order given) into an llm.c token file for data.path: with a SentencePiece "
+    "Tokenize text files (concatenated in the order given) into an llm.c token file for data.path: with a "
+    "SentencePiece "
     "model (--tokenizer), or byte by byte (vocabulary 256) without one. Tokens are stored as uint16 when they fit, "
     "else uint32";
 
@@ -39,17 +40,21 @@ int run_tokenize(const TokenizeArgs& a) {
   int vocab = 256;
   std::vector<std::uint32_t> tokens;
   if (a.tokenizer.empty())
-    tokens.assign(reinterpret_cast<const unsigned char*>(text.data()), reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+    tokens.assign(reinterpret_cast<const unsigned char*>(text.data()),
+                  reinterpret_cast<const unsigned char*>(text.data()) + text.size());
   else
     tokens = sentencepiece_encode(a.tokenizer, text, &vocab, "--tokenizer");
   const int width = write_token_file(a.output, tokens);
   if (a.json) {
-    nlohmann::json j = {{"output", a.output}, {"tokens", tokens.size()}, {"bytes_per_token", width}, {"vocab", vocab},
+    nlohmann::json j = {{"output", a.output},
+                        {"tokens", tokens.size()},
+                        {"bytes_per_token", width},
+                        {"vocab", vocab},
                         {"input_bytes", text.size()}};
     print_json(j);
   } else {
-    std::printf("tokenize: %zu tokens (uint%d, vocabulary %d) from %zu bytes of text -> %s\n", tokens.size(), 8 * width, vocab,
-                text.size(), a.output.c_str());
+    std::printf("tokenize: %zu tokens (uint%d, vocabulary %d) from %zu bytes of text -> %s\n", tokens.size(), 8 * width,
+                vocab, text.size(), a.output.c_str());
   }
   return 0;
 }

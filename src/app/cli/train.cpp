@@ -6,11 +6,11 @@
 #include <cstdio>
 #include <cstring>
 
+#include "app/config/config.h"
+#include "app/train/train.h"
 #include "commands.h"
 #include "signals.h"
-#include "app/config/config.h"
 #include "zinf/error.h"
-#include "app/train/train.h"
 
 namespace zinf::cli {
 namespace {
@@ -47,9 +47,11 @@ struct TrainArgs {
   std::string resume;
 };
 
-void flatten(const nlohmann::json& j, const std::string& prefix, std::vector<std::pair<std::string, std::string>>& out) {
+void flatten(const nlohmann::json& j, const std::string& prefix,
+             std::vector<std::pair<std::string, std::string>>& out) {
   if (j.is_object() && !j.empty()) {
-    for (auto it = j.begin(); it != j.end(); ++it) flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+    for (auto it = j.begin(); it != j.end(); ++it)
+      flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
   } else {
     out.emplace_back(prefix, j.dump());
   }
@@ -67,7 +69,9 @@ int run_other_rank(const Config& c, const std::string& resume) {
 // lost line rather than at the end.
 [[noreturn]] void throw_log_error(FILE* out) {
   const int e = errno;
-  throw IoError(std::string(out == stdout ? "stdout" : "stderr") + ": cannot write the progress log (" + std::strerror(e) + ")", e);
+  throw IoError(
+      std::string(out == stdout ? "stdout" : "stderr") + ": cannot write the progress log (" + std::strerror(e) + ")",
+      e);
 }
 
 int run_train(const TrainArgs& a) {
@@ -88,14 +92,20 @@ int run_train(const TrainArgs& a) {
     if (std::fprintf(out, "%s\n", s.c_str()) < 0 || std::fflush(out) != 0) throw_log_error(out);
   };
   const TrainResult r = train_until_stopped(config, hooks);
-  std::fprintf(out, "final step=%lld loss=%.6f val_loss=%.6f params_digest=%s\n", static_cast<long long>(r.steps), r.loss,
-               r.val_loss, r.params_digest.c_str());
+  std::fprintf(out, "final step=%lld loss=%.6f val_loss=%.6f params_digest=%s\n", static_cast<long long>(r.steps),
+               r.loss, r.val_loss, r.params_digest.c_str());
   if (a.json) {
-    nlohmann::json j = {{"steps", r.steps},        {"skipped", r.skipped},         {"loss", r.loss},
-                        {"resumed_from", r.resumed_from}, {"checkpoint_seconds", r.checkpoint_seconds},
-                        {"val_loss", r.val_loss},  {"first_val_loss", r.first_val_loss},
-                        {"params_digest", r.params_digest}, {"tokens_per_s", r.tokens_per_s},
-                        {"peak_device_bytes", r.peak_device_bytes}, {"interrupted", r.interrupted}};
+    nlohmann::json j = {{"steps", r.steps},
+                        {"skipped", r.skipped},
+                        {"loss", r.loss},
+                        {"resumed_from", r.resumed_from},
+                        {"checkpoint_seconds", r.checkpoint_seconds},
+                        {"val_loss", r.val_loss},
+                        {"first_val_loss", r.first_val_loss},
+                        {"params_digest", r.params_digest},
+                        {"tokens_per_s", r.tokens_per_s},
+                        {"peak_device_bytes", r.peak_device_bytes},
+                        {"interrupted", r.interrupted}};
     print_json(j);
   }
   return r.interrupted ? stopped_exit_code(r.stop_signal) : 0;
@@ -114,7 +124,8 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& a) {
-  if (!a.checkpoint.empty() && !a.weights.empty()) throw ConfigError("zinf eval: give --checkpoint or --weights, not both");
+  if (!a.checkpoint.empty() && !a.weights.empty())
+    throw ConfigError("zinf eval: give --checkpoint or --weights, not both");
   std::vector<std::string> overrides = {"train.steps=0"};
   if (!a.weights.empty()) overrides.push_back("model.init_from=" + nlohmann::json(a.weights).dump());
   const World world = detect_world();
@@ -127,16 +138,21 @@ int run_eval(const EvalArgs& a) {
   const TrainResult r = train_until_stopped(c, hooks);
   // (A --checkpoint with no valid checkpoint behind it was refused before anything ran.)
   const std::string of = !a.checkpoint.empty() ? "checkpoint step " + std::to_string(r.resumed_from)
-                         : !a.weights.empty() ? a.weights
-                                              : "the initial parameters of train.seed " + std::to_string(c.train.seed);
+                         : !a.weights.empty()  ? a.weights
+                                               : "the initial parameters of train.seed " + std::to_string(c.train.seed);
   if (a.json) {
-    nlohmann::json j = {{"val_loss", r.val_loss}, {"of", of}, {"eval_batches", c.train.eval_batches},
-                        {"micro_batch", c.micro_batch_size}, {"seq_len", c.model.seq_len}, {"params_digest", r.params_digest},
+    nlohmann::json j = {{"val_loss", r.val_loss},
+                        {"of", of},
+                        {"eval_batches", c.train.eval_batches},
+                        {"micro_batch", c.micro_batch_size},
+                        {"seq_len", c.model.seq_len},
+                        {"params_digest", r.params_digest},
                         {"interrupted", r.interrupted}};
     print_json(j);
   } else {
-    std::printf("eval: val_loss=%.6f over %d batches of %lld x %d tokens (%s) params_digest=%s\n", r.val_loss, c.train.eval_batches,
-                static_cast<long long>(c.micro_batch_size), c.model.seq_len, of.c_str(), r.params_digest.c_str());
+    std::printf("eval: val_loss=%.6f over %d batches of %lld x %d tokens (%s) params_digest=%s\n", r.val_loss,
+                c.train.eval_batches, static_cast<long long>(c.micro_batch_size), c.model.seq_len, of.c_str(),
+                r.params_digest.c_str());
   }
   return r.interrupted ? stopped_exit_code(r.stop_signal) : 0;
 }
@@ -146,9 +162,10 @@ int run_eval(const EvalArgs& a) {
 Command add_eval(CLI::App& app) {
   auto [sub, args] = add_subcommand<EvalArgs>(app, "eval", kEvalAbout);
   add_config_options(*sub, args->config);
-  sub->add_option("--checkpoint", args->checkpoint,
-                  "A checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir (corrupt newer ones are "
-                  "passed over with a note; with none, or one of another model, nothing is evaluated: exit code 2)")
+  sub->add_option(
+         "--checkpoint", args->checkpoint,
+         "A checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir (corrupt newer ones are "
+         "passed over with a note; with none, or one of another model, nothing is evaluated: exit code 2)")
       ->type_name("DIR|latest");
   sub->add_option("--weights", args->weights, "A GPT-2 safetensors file (as model.init_from)")->type_name("FILE");
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout");
@@ -159,11 +176,12 @@ Command add_train(CLI::App& app) {
   auto [sub, args] = add_subcommand<TrainArgs>(app, "train", kTrainAbout);
   add_config_options(*sub, args->config);
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout (progress goes to stderr)");
-  sub->add_option("--resume", args->resume,
-                  "Resume from a checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir "
-                  "(corrupt newer ones are passed over with a note and moved aside as step-N.corrupt; with none, training "
-                  "starts fresh; one of another model shape or family is refused). Without --resume, a train.checkpoint_dir "
-                  "that holds checkpoints is refused unless train.overwrite_checkpoints is true")
+  sub->add_option(
+         "--resume", args->resume,
+         "Resume from a checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir "
+         "(corrupt newer ones are passed over with a note and moved aside as step-N.corrupt; with none, training "
+         "starts fresh; one of another model shape or family is refused). Without --resume, a train.checkpoint_dir "
+         "that holds checkpoints is refused unless train.overwrite_checkpoints is true")
       ->type_name("DIR|latest")
       ->expected(0, 1)
       ->default_str("latest");

@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -20,10 +20,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "zinf/error.h"
 #include "io/files.h"
-#include "model/shape.h"
 #include "io/hf.h"
+#include "model/shape.h"
+#include "zinf/error.h"
 
 namespace zinf {
 namespace {
@@ -148,14 +148,12 @@ class Section {
     if (v.is_number_integer()) return v.get<std::int64_t>();
     if (v.is_number_float()) {  // DeepSpeed configs write element counts as 5e8
       double d = v.get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18)
-        return static_cast<std::int64_t>(d);
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18) return static_cast<std::int64_t>(d);
     }
     fail(key, "expected an integer, got " + show(v));
   }
 
-  double get_num(std::string_view key, double def, double lo, double hi,
-                 const AutoRule& rule = kNoAuto) {
+  double get_num(std::string_view key, double def, double lo, double hi, const AutoRule& rule = kNoAuto) {
     json scratch;
     const json* v = value(key, rule, scratch, json(def));
     double r = def;
@@ -308,8 +306,7 @@ void apply_override(json& root, const std::string& item) {
                       "a config holds UTF-8 text only");
   }
   auto eq = item.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw ConfigError("--set " + item + ": expected key.path=value");
+  if (eq == std::string::npos || eq == 0) throw ConfigError("--set " + item + ": expected key.path=value");
   std::string path = item.substr(0, eq), text = item.substr(eq + 1);
   json value;
   try {
@@ -324,8 +321,7 @@ void apply_override(json& root, const std::string& item) {
     std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (key.empty()) throw ConfigError("--set " + item + ": empty key in '" + path + "'");
     if (!node->is_object())
-      throw ConfigError("--set " + item + ": '" + path.substr(0, start ? start - 1 : 0) +
-                        "' is not an object");
+      throw ConfigError("--set " + item + ": '" + path.substr(0, start ? start - 1 : 0) + "' is not an object");
     if (dot == std::string::npos) {
       (*node)[key] = value;
       return;
@@ -355,8 +351,9 @@ void read_model(Section s, ModelConfig& m) {
   if (!m.init_from.empty() && !is_hf_folder(m.init_from)) {  // refused now, not after the data is loaded
     std::error_code ec;
     if (std::filesystem::is_directory(m.init_from, ec))
-      s.fail("init_from", m.init_from + ": a folder without config.json; model.init_from takes a safetensors file or a Hugging "
-                                        "Face folder (config.json and model.safetensors or its shards)");
+      s.fail("init_from", m.init_from +
+                              ": a folder without config.json; model.init_from takes a safetensors file or a Hugging "
+                              "Face folder (config.json and model.safetensors or its shards)");
     InputFile check(m.init_from, "model.init_from");  // exists, and is a regular file (not a FIFO that would block)
   }
   if (is_hf_folder(m.init_from)) {  // a Hugging Face folder: its config.json is the shape
@@ -369,25 +366,35 @@ void read_model(Section s, ModelConfig& m) {
       want.seq_len = got.seq_len = 0;
       want.max_positions = got.max_positions = 0;
       if (!(want == got))
-        s.fail("preset", "'" + preset + "' does not match " + m.init_from + "/config.json (" + std::to_string(h.n_layer) +
-                             " layers, hidden_size " + std::to_string(h.d_model) + ", vocab " + std::to_string(h.vocab_size) + ")");
+        s.fail("preset", "'" + preset + "' does not match " + m.init_from + "/config.json (" +
+                             std::to_string(h.n_layer) + " layers, hidden_size " + std::to_string(h.d_model) +
+                             ", vocab " + std::to_string(h.vocab_size) + ")");
     }
     m.family = h.family, m.n_layer = h.n_layer, m.n_head = h.n_head, m.d_model = h.d_model, m.vocab_size = h.vocab_size;
-    m.seq_len = h.seq_len, m.n_kv_head = h.n_kv_head, m.d_ff = h.d_ff, m.tie_embeddings = h.tie_embeddings, m.qkv_bias = h.qkv_bias;
-    m.rope_theta = h.rope_theta, m.norm_eps = h.norm_eps, m.rope_factor = h.rope_factor, m.rope_low_freq_factor = h.rope_low_freq_factor;
-    m.rope_high_freq_factor = h.rope_high_freq_factor, m.rope_original_max = h.rope_original_max, m.max_positions = h.max_positions;
+    m.seq_len = h.seq_len, m.n_kv_head = h.n_kv_head, m.d_ff = h.d_ff, m.tie_embeddings = h.tie_embeddings,
+    m.qkv_bias = h.qkv_bias;
+    m.rope_theta = h.rope_theta, m.norm_eps = h.norm_eps, m.rope_factor = h.rope_factor,
+    m.rope_low_freq_factor = h.rope_low_freq_factor;
+    m.rope_high_freq_factor = h.rope_high_freq_factor, m.rope_original_max = h.rope_original_max,
+    m.max_positions = h.max_positions;
     m.preset = "";
-    for (auto [k, v] : {std::pair{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"d_model", m.d_model}, {"vocab_size", m.vocab_size},
-                        {"seq_len", m.seq_len}, {"n_kv_head", m.n_kv_head}, {"d_ff", m.d_ff}})
+    for (auto [k, v] : {std::pair{"n_layer", m.n_layer},
+                        {"n_head", m.n_head},
+                        {"d_model", m.d_model},
+                        {"vocab_size", m.vocab_size},
+                        {"seq_len", m.seq_len},
+                        {"n_kv_head", m.n_kv_head},
+                        {"d_ff", m.d_ff}})
       s.set_out(k, v);
     s.set_out("family", std::string(to_string(m.family)));
     s.finish();
     return;
   }
-  m.family = s.get_enum<ModelFamily>("family", base.family, {{"gpt2", ModelFamily::gpt2}, {"llama", ModelFamily::llama}});
+  m.family =
+      s.get_enum<ModelFamily>("family", base.family, {{"gpt2", ModelFamily::gpt2}, {"llama", ModelFamily::llama}});
   if (m.d_model % m.n_head != 0)
-    s.fail("d_model", "d_model " + std::to_string(m.d_model) + " is not divisible by n_head " +
-                          std::to_string(m.n_head));
+    s.fail("d_model",
+           "d_model " + std::to_string(m.d_model) + " is not divisible by n_head " + std::to_string(m.n_head));
   if (m.family == ModelFamily::llama) {
     m.n_kv_head = static_cast<int>(s.get_int("n_kv_head", base.n_kv_head ? base.n_kv_head : m.n_head, 1, 4096));
     // Llama's rule for the MLP width when none is given: 2/3 of 4·C, rounded up to a multiple of 256.
@@ -406,7 +413,8 @@ void read_model(Section s, ModelConfig& m) {
     if (m.rope_factor != 1 && m.rope_high_freq_factor <= m.rope_low_freq_factor)
       s.fail("rope_scaling", "high_freq_factor must exceed low_freq_factor");
     if (m.n_head % m.n_kv_head != 0)
-      s.fail("n_kv_head", "n_head " + std::to_string(m.n_head) + " is not a multiple of n_kv_head " + std::to_string(m.n_kv_head));
+      s.fail("n_kv_head",
+             "n_head " + std::to_string(m.n_head) + " is not a multiple of n_kv_head " + std::to_string(m.n_kv_head));
     if ((m.d_model / m.n_head) % 2 != 0)
       s.fail("n_head", "the head width d_model / n_head = " + std::to_string(m.d_model / m.n_head) +
                            " must be even for rotary positions");
@@ -447,33 +455,32 @@ void read_train(Section s, TrainConfig& t) {
 }
 
 void read_device(Section s, DeviceConfig& d) {
-  d.type = s.get_enum<DeviceType>(
-      "type", DeviceType::automatic,
-      {{"auto", DeviceType::automatic}, {"cpu", DeviceType::cpu}, {"cuda", DeviceType::cuda}});
+  d.type =
+      s.get_enum<DeviceType>("type", DeviceType::automatic,
+                             {{"auto", DeviceType::automatic}, {"cpu", DeviceType::cpu}, {"cuda", DeviceType::cuda}});
   d.memory_budget = s.get_bytes("memory_budget", 0, /*allow_auto_zero=*/true);
   d.threads = static_cast<int>(s.get_int("threads", 0, 0, 4096));
   d.pin_threads = s.get_bool("pin_threads", false);
-  d.simd = s.get_enum<std::string>(
-      "simd", "auto",
-      {{"auto", "auto"}, {"avx512", "avx512"}, {"avx2", "avx2"}, {"scalar", "scalar"}});
+  d.simd = s.get_enum<std::string>("simd", "auto",
+                                   {{"auto", "auto"}, {"avx512", "avx512"}, {"avx2", "avx2"}, {"scalar", "scalar"}});
   d.async = s.get_bool("async", false);
   d.jitter_seed = static_cast<std::uint64_t>(s.get_int("jitter_seed", 0, 0, std::numeric_limits<std::int64_t>::max()));
   d.jitter_us = static_cast<int>(s.get_int("jitter_us", 200, 1, 1'000'000));
   d.comm = s.get_enum<std::string>("comm", "auto", {{"auto", "auto"}, {"mpi", "mpi"}, {"nccl", "nccl"}});
-  if (d.type == DeviceType::cpu && d.comm == "nccl") s.fail("comm", "nccl moves CUDA device memory; the CPU device's ranks use mpi");
+  if (d.type == DeviceType::cpu && d.comm == "nccl")
+    s.fail("comm", "nccl moves CUDA device memory; the CPU device's ranks use mpi");
   if (d.type == DeviceType::cuda && (d.async || d.jitter_seed))
-    s.fail(d.async ? "async" : "jitter_seed", "applies to the CPU device only (the CUDA device is asynchronous already)");
+    s.fail(d.async ? "async" : "jitter_seed",
+           "applies to the CPU device only (the CUDA device is asynchronous already)");
   s.finish();
 }
 
 void read_optimizer(Section s, OptimizerConfig& o) {
-  static const std::set<std::string> other_ds = {"lamb",   "onebitadam", "zerooneadam",
-                                                 "onebitlamb", "adagrad", "lion",
-                                                 "muon",   "muadam",     "muadamw",
-                                                 "musgd",  "sgd"};
+  static const std::set<std::string> other_ds = {"lamb", "onebitadam", "zerooneadam", "onebitlamb", "adagrad", "lion",
+                                                 "muon", "muadam",     "muadamw",     "musgd",      "sgd"};
   if (const json* t = s.raw("type"); t && t->is_string() && other_ds.count(lower(t->get<std::string>())))
-    s.fail("type", "'" + t->get<std::string>() +
-                       "' is a DeepSpeed optimizer zinf does not implement (supported: Adam, AdamW)");
+    s.fail("type",
+           "'" + t->get<std::string>() + "' is a DeepSpeed optimizer zinf does not implement (supported: Adam, AdamW)");
   o.type = s.get_enum<OptimizerType>("type", OptimizerType::adamw,
                                      {{"Adam", OptimizerType::adam}, {"AdamW", OptimizerType::adamw}},
                                      /*case_insensitive=*/true);
@@ -517,8 +524,9 @@ void read_scheduler(Section s, SchedulerConfig& c, double opt_lr, std::int64_t t
   if (const json* t = s.raw("type"); t && t->is_string()) {
     std::string n = t->get<std::string>();
     if (n == "OneCycle" || n == "LRRangeTest")
-      s.fail("type", "'" + n + "' is a DeepSpeed scheduler zinf does not implement (supported: "
-                               "WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+      s.fail("type", "'" + n +
+                         "' is a DeepSpeed scheduler zinf does not implement (supported: "
+                         "WarmupLR, WarmupDecayLR, WarmupCosineLR)");
   }
   if (!s.present("type")) s.fail("type", "a scheduler needs a type");
   c.type = s.get_enum<SchedulerType>("type", SchedulerType::none,
@@ -542,7 +550,8 @@ void read_scheduler(Section s, SchedulerConfig& c, double opt_lr, std::int64_t t
   if (c.type != SchedulerType::warmup_lr) {
     if (!p.present("total_num_steps"))
       p.fail("total_num_steps", "required by " + std::string(cosine ? "WarmupCosineLR" : "WarmupDecayLR"));
-    c.total_num_steps = p.get_int("total_num_steps", 0, 1, kMaxI64, AutoRule::to(std::max<std::int64_t>(1, train_steps)));
+    c.total_num_steps =
+        p.get_int("total_num_steps", 0, 1, kMaxI64, AutoRule::to(std::max<std::int64_t>(1, train_steps)));
     if (c.total_num_steps < c.warmup_num_steps)
       s.notes()->push_back(p.join("total_num_steps") + ": " + std::to_string(c.total_num_steps) +
                            " is less than warmup_num_steps " + std::to_string(c.warmup_num_steps));
@@ -574,8 +583,7 @@ void read_bf16(Section s, Bf16Config& b) {
   s.note_if_present("immediate_grad_update", "ignored: zinf streams gradients out per bucket");
   s.only_default("bf16_master_weights_and_grads", false,
                  "bf16 master weights are not supported; zinf keeps fp32 masters");
-  s.only_default("bf16_optimizer_states", false,
-                 "bf16 optimizer states are not supported; zinf keeps fp32 m and v");
+  s.only_default("bf16_optimizer_states", false, "bf16 optimizer states are not supported; zinf keeps fp32 m and v");
   s.finish();
 }
 
@@ -591,12 +599,12 @@ struct DeprecatedOffload {
 
 DeprecatedOffload read_deprecated_offload(Section& s) {
   DeprecatedOffload dep;
-  for (auto [old_key, new_key] : {std::pair{"cpu_offload", "offload_optimizer"},
-                                  std::pair{"cpu_offload_param", "offload_param"}}) {
+  for (auto [old_key, new_key] :
+       {std::pair{"cpu_offload", "offload_optimizer"}, std::pair{"cpu_offload_param", "offload_param"}}) {
     if (s.present(old_key)) {
       if (s.present(new_key))
-        s.fail(old_key, std::string("Cannot provide deprecated parameter '") + old_key +
-                            "' and replacing parameter '" + new_key + "' together");
+        s.fail(old_key, std::string("Cannot provide deprecated parameter '") + old_key + "' and replacing parameter '" +
+                            new_key + "' together");
       const json* v = s.raw(old_key);
       if (!v->is_boolean()) s.fail(old_key, "expected true or false, got " + show(*v));
       (std::string(old_key) == "cpu_offload" ? dep.optimizer_cpu : dep.param_cpu) = v->get<bool>();
@@ -620,8 +628,9 @@ void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const Depreca
   oo.pipeline_read = o.get_bool("pipeline_read", false);
   oo.pipeline_write = o.get_bool("pipeline_write", false);
   oo.fast_init = o.get_bool("fast_init", false);
-  o.only_default("ratio", 1.0, "partial offload (Twin-Flow ratio < 1) is not supported; zinf "
-                               "updates every sub-group on the host");
+  o.only_default("ratio", 1.0,
+                 "partial offload (Twin-Flow ratio < 1) is not supported; zinf "
+                 "updates every sub-group on the host");
   o.only_default("super_offload", false, "SuperOffload is not supported");
   o.note_if_present("cpuadam_cores_perc", "ignored: use device.threads for the host update");
   if (oo.device == OffloadDevice::nvme && oo.nvme_path.empty())
@@ -632,8 +641,8 @@ void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const Depreca
 }
 
 void read_offload_param(Section o, OffloadParamConfig& op, const DeprecatedOffload& dep, int stage) {
-  op.device = o.get_enum<OffloadDevice>(
-      "device", dep.param_cpu ? OffloadDevice::cpu : OffloadDevice::none, kOffloadDevices);
+  op.device =
+      o.get_enum<OffloadDevice>("device", dep.param_cpu ? OffloadDevice::cpu : OffloadDevice::none, kOffloadDevices);
   op.nvme_path = o.get_str("nvme_path", "");
   op.buffer_count = static_cast<int>(o.get_int("buffer_count", 5, 1, 1024));
   op.buffer_size = o.get_int("buffer_size", 100'000'000, 1, kMaxI64);
@@ -642,28 +651,44 @@ void read_offload_param(Section o, OffloadParamConfig& op, const DeprecatedOfflo
   if (op.device == OffloadDevice::nvme && op.nvme_path.empty())
     o.fail("nvme_path", "device is nvme but nvme_path is not set");
   if (op.device != OffloadDevice::none && stage != 3)
-    o.fail("device", "offloading parameters needs ZeRO stage 3 (stage is " +
-                         std::to_string(stage) + ")");
+    o.fail("device", "offloading parameters needs ZeRO stage 3 (stage is " + std::to_string(stage) + ")");
   o.finish();
 }
 
 // DeepSpeed's zero_optimization keys that mean nothing to zinf: accepted, with a note.
 void note_ineffective_zero_keys(Section& s) {
-  for (const char* key :
-       {"use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "round_robin_gradients",
-        "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-        "gather_16bit_weights_on_model_save", "ignore_unused_parameters", "zero_hpz_partition_size",
-        "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
-        "zeropp_loco_param", "mics_shard_size", "mics_hierarchical_params_gather",
-        "memory_efficient_linear", "override_module_apply", "stage3_model_persistence_threshold",
-        "model_persistence_threshold", "stage3_module_granularity_threshold",
-        "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
-        "elastic_checkpoint", "legacy_stage1", "log_trace_cache_warnings", "enable_sanity_checks",
-        "pipeline_loading_checkpoint", "leaf_module"})
+  for (const char* key : {"use_multi_rank_bucket_allreduce",
+                          "load_from_fp32_weights",
+                          "round_robin_gradients",
+                          "stage3_gather_16bit_weights_on_model_save",
+                          "stage3_gather_fp16_weights_on_model_save",
+                          "gather_16bit_weights_on_model_save",
+                          "ignore_unused_parameters",
+                          "zero_hpz_partition_size",
+                          "zero_quantized_weights",
+                          "zero_quantized_nontrainable_weights",
+                          "zero_quantized_gradients",
+                          "zeropp_loco_param",
+                          "mics_shard_size",
+                          "mics_hierarchical_params_gather",
+                          "memory_efficient_linear",
+                          "override_module_apply",
+                          "stage3_model_persistence_threshold",
+                          "model_persistence_threshold",
+                          "stage3_module_granularity_threshold",
+                          "stage3_use_all_reduce_for_fetch_params",
+                          "stage3_allgather_sequential",
+                          "elastic_checkpoint",
+                          "legacy_stage1",
+                          "log_trace_cache_warnings",
+                          "enable_sanity_checks",
+                          "pipeline_loading_checkpoint",
+                          "leaf_module"})
     s.note_if_present(key, "accepted, no effect on one box (multi-GPU or PyTorch-module setting)");
   for (const char* key : {"reduce_scatter", "allgather_partitions", "allgather_bucket_size"})
-    s.note_if_present(key, "accepted, no effect: across ranks zinf always reduce-scatters gradients bucket by bucket "
-                           "(reduce_bucket_size) and gathers updated parameters unit by unit");
+    s.note_if_present(key,
+                      "accepted, no effect: across ranks zinf always reduce-scatters gradients bucket by bucket "
+                      "(reduce_bucket_size) and gathers updated parameters unit by unit");
 }
 
 void read_zero(Section s, ZeroConfig& z, const ModelConfig& model) {
@@ -705,8 +730,7 @@ void read_aio(Section s, AioConfig& a) {
                          ": zinf always refills the ring on each completion; false changes nothing");
   a.use_gds = s.get_bool("use_gds", false);
   if (a.use_gds)
-    s.notes()->push_back(s.join("use_gds") +
-                         ": GPUDirect Storage is not used; zinf reads through its pinned pool");
+    s.notes()->push_back(s.join("use_gds") + ": GPUDirect Storage is not used; zinf reads through its pinned pool");
   a.engine = s.get_enum<AsyncIoKind>(
       "engine", AsyncIoKind::automatic,
       {{"auto", AsyncIoKind::automatic}, {"uring", AsyncIoKind::uring}, {"posix", AsyncIoKind::posix}});
@@ -750,10 +774,10 @@ void resolve_batch(Section& s, Config& c) {
     train = micro * ws;
     ga = 1;
   } else {
-    s.fail("train_batch_size",
-           "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided");
+    s.fail("train_batch_size", "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided");
   }
-  if (train <= 0) s.fail("train_batch_size", "Train batch size: " + std::to_string(train) + " has to be greater than 0");
+  if (train <= 0)
+    s.fail("train_batch_size", "Train batch size: " + std::to_string(train) + " has to be greater than 0");
   if (micro <= 0)
     s.fail("train_micro_batch_size_per_gpu",
            "Micro batch size per gpu: " + std::to_string(micro) + " has to be greater than 0");
@@ -764,8 +788,8 @@ void resolve_batch(Section& s, Config& c) {
     s.fail("train_batch_size",
            "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
            "gradient_acc_step * world_size " +
-               std::to_string(train) + " != " + std::to_string(micro) + " * " + std::to_string(ga) +
-               " * " + std::to_string(ws));
+               std::to_string(train) + " != " + std::to_string(micro) + " * " + std::to_string(ga) + " * " +
+               std::to_string(ws));
   c.train_batch_size = train;
   c.micro_batch_size = micro;
   c.gradient_accumulation_steps = ga;
@@ -806,17 +830,49 @@ Config parse_root(const json& root, std::string source, int world_size) {
   read_zero(top.child("zero_optimization"), c.zero, c.model);
   read_aio(top.child("aio"), c.aio);
 
-  for (const char* key :
-       {"communication_data_type", "prescale_gradients", "gradient_predivide_factor",
-        "sparse_gradients", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-        "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet",
-        "comms_logger", "autotuning", "elasticity", "amp", "data_efficiency", "curriculum_learning",
-        "compression_training", "checkpoint", "pipeline", "sparse_attention", "data_types",
-        "dump_state", "memory_breakdown", "seq_parallel_communication_data_type", "torch_autocast",
-        "compile", "nebula", "timers", "monitor_config", "hybrid_engine", "weight_quantization",
-        "quantize_training", "eigenvalue", "progressive_layer_drop", "dataloader_drop_last",
-        "disable_allgather", "zero_optimization_stage", "gradient_allreduce_op",
-        "graph_harvesting", "use_data_before_expert_parallelism", "managed_gradient_accumulation"}) {
+  for (const char* key : {"communication_data_type",
+                          "prescale_gradients",
+                          "gradient_predivide_factor",
+                          "sparse_gradients",
+                          "zero_allow_untested_optimizer",
+                          "zero_force_ds_cpu_optimizer",
+                          "activation_checkpointing",
+                          "flops_profiler",
+                          "tensorboard",
+                          "wandb",
+                          "csv_monitor",
+                          "comet",
+                          "comms_logger",
+                          "autotuning",
+                          "elasticity",
+                          "amp",
+                          "data_efficiency",
+                          "curriculum_learning",
+                          "compression_training",
+                          "checkpoint",
+                          "pipeline",
+                          "sparse_attention",
+                          "data_types",
+                          "dump_state",
+                          "memory_breakdown",
+                          "seq_parallel_communication_data_type",
+                          "torch_autocast",
+                          "compile",
+                          "nebula",
+                          "timers",
+                          "monitor_config",
+                          "hybrid_engine",
+                          "weight_quantization",
+                          "quantize_training",
+                          "eigenvalue",
+                          "progressive_layer_drop",
+                          "dataloader_drop_last",
+                          "disable_allgather",
+                          "zero_optimization_stage",
+                          "gradient_allreduce_op",
+                          "graph_harvesting",
+                          "use_data_before_expert_parallelism",
+                          "managed_gradient_accumulation"}) {
     std::string why = "accepted, no effect on one box";
     if (std::string(key) == "activation_checkpointing")
       why = "ignored: set model.activation_checkpointing for zinf's per-block recompute";
@@ -829,13 +885,15 @@ Config parse_root(const json& root, std::string source, int world_size) {
       keys += (keys.empty() ? "" : ", ") + path;
       sets += " --set " + path + "=" + value;
     }
-    throw ConfigError(source + ": " + std::to_string(autos.keys.size()) + (autos.keys.size() == 1 ? " key is" : " keys are") +
-                          " \"auto\", which the Hugging Face Trainer fills from its own arguments and zinf cannot: " + keys,
-                      "give them values in the file, or paste (zinf's defaults shown; change as you like):" + sets);
+    throw ConfigError(
+        source + ": " + std::to_string(autos.keys.size()) + (autos.keys.size() == 1 ? " key is" : " keys are") +
+            " \"auto\", which the Hugging Face Trainer fills from its own arguments and zinf cannot: " + keys,
+        "give them values in the file, or paste (zinf's defaults shown; change as you like):" + sets);
   }
   if (!root.contains("model"))
-    c.notes.push_back("model: no model section; training zinf's default model, gpt2-124m (12 layers, d_model 768, vocab 50257, "
-                      "seq_len 1024) — add a \"model\" section to choose the shape (see the README's Config section)");
+    c.notes.push_back(
+        "model: no model section; training zinf's default model, gpt2-124m (12 layers, d_model 768, vocab 50257, "
+        "seq_len 1024) — add a \"model\" section to choose the shape (see the README's Config section)");
   c.resolved_json = out.dump(2);
   return c;
 }
@@ -872,11 +930,20 @@ std::uint64_t parse_bytes(std::string_view text, std::string_view what) {
   std::string unit = lower(text.substr(i));
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   double mult = 0;
-  static const std::pair<const char*, double> units[] = {
-      {"", 1},          {"b", 1},          {"k", 1024.0},     {"kib", 1024.0}, {"kb", 1e3},
-      {"m", 1048576.0}, {"mib", 1048576.0}, {"mb", 1e6},      {"g", 1073741824.0},
-      {"gib", 1073741824.0}, {"gb", 1e9},  {"t", 1099511627776.0}, {"tib", 1099511627776.0},
-      {"tb", 1e12}};
+  static const std::pair<const char*, double> units[] = {{"", 1},
+                                                         {"b", 1},
+                                                         {"k", 1024.0},
+                                                         {"kib", 1024.0},
+                                                         {"kb", 1e3},
+                                                         {"m", 1048576.0},
+                                                         {"mib", 1048576.0},
+                                                         {"mb", 1e6},
+                                                         {"g", 1073741824.0},
+                                                         {"gib", 1073741824.0},
+                                                         {"gb", 1e9},
+                                                         {"t", 1099511627776.0},
+                                                         {"tib", 1099511627776.0},
+                                                         {"tb", 1e12}};
   for (auto& [u, m] : units)
     if (unit == u) mult = m;
   if (mult == 0) throw bad("has an unknown unit (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
@@ -885,8 +952,8 @@ std::uint64_t parse_bytes(std::string_view text, std::string_view what) {
   return static_cast<std::uint64_t>(bytes);
 }
 
-Config parse_config(std::string_view json_text, const std::vector<std::string>& overrides,
-                    std::string_view source_name, int world_size) {
+Config parse_config(std::string_view json_text, const std::vector<std::string>& overrides, std::string_view source_name,
+                    int world_size) {
   std::string source(source_name);
   json root;
   // DeepSpeed rejects a key given twice in one object; nlohmann would keep the last. One frame per
@@ -911,7 +978,8 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
         if (!f.keys.insert(f.key).second) {
           std::string path;
           for (const Frame& g : frames) path += g.object ? (path.empty() ? "" : ".") + g.key : "[]";
-          throw ConfigError(source + ": " + path + ": the key appears twice in one object (DeepSpeed rejects that too); keep one");
+          throw ConfigError(source + ": " + path +
+                            ": the key appears twice in one object (DeepSpeed rejects that too); keep one");
         }
         break;
       }
@@ -940,7 +1008,8 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
-    throw ConfigError(path + ": is a directory, not a config file", "pass the JSON file, e.g. --config configs/tiny.json");
+    throw ConfigError(path + ": is a directory, not a config file",
+                      "pass the JSON file, e.g. --config configs/tiny.json");
   return parse_config(read_input_file(path, "config file"), overrides, path, world_size);
 }
 

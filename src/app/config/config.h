@@ -87,14 +87,14 @@ struct ZeroConfig {
   int stage = 0;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
-  std::int64_t sub_group_size = 0;       // elements
-  std::int64_t reduce_bucket_size = 0;   // elements
+  std::int64_t sub_group_size = 0;      // elements
+  std::int64_t reduce_bucket_size = 0;  // elements
   bool overlap_comm = false;
   bool contiguous_gradients = true;
-  std::int64_t prefetch_bucket_size = 0;        // elements
-  std::int64_t max_live_parameters = 0;         // elements
-  std::int64_t max_reuse_distance = 0;          // elements
-  std::int64_t param_persistence_threshold = 0; // elements
+  std::int64_t prefetch_bucket_size = 0;         // elements
+  std::int64_t max_live_parameters = 0;          // elements
+  std::int64_t max_reuse_distance = 0;           // elements
+  std::int64_t param_persistence_threshold = 0;  // elements
 };
 
 struct AioConfig {
@@ -105,7 +105,7 @@ struct AioConfig {
   bool overlap_events = true;
   bool use_gds = false;
   AsyncIoKind engine = AsyncIoKind::automatic;  // zinf extension
-  bool sqpoll = false;                            // zinf extension: kernel-side submission polling
+  bool sqpoll = false;                          // zinf extension: kernel-side submission polling
 };
 
 struct ModelConfig {
@@ -115,13 +115,13 @@ struct ModelConfig {
   std::string init_from;  // a GPT-2 safetensors file to start from ("" = random init)
   // The architecture: "gpt2", or "llama" (RMSNorm, rotary positions, SwiGLU, grouped-query heads).
   ModelFamily family = ModelFamily::gpt2;
-  int n_kv_head = 0;              // llama: key/value heads (0 = n_head)
-  int d_ff = 0;                   // llama: MLP hidden width (intermediate_size)
-  bool tie_embeddings = true;     // llama: the LM head is the token embedding
-  bool qkv_bias = false;          // llama: biases on the q, k, v projections (Qwen2)
+  int n_kv_head = 0;           // llama: key/value heads (0 = n_head)
+  int d_ff = 0;                // llama: MLP hidden width (intermediate_size)
+  bool tie_embeddings = true;  // llama: the LM head is the token embedding
+  bool qkv_bias = false;       // llama: biases on the q, k, v projections (Qwen2)
   double rope_theta = 10000, norm_eps = 1e-5;
   double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4, rope_original_max = 8192;
-  int max_positions = 0;          // llama: max_position_embeddings (0 = seq_len)
+  int max_positions = 0;  // llama: max_position_embeddings (0 = seq_len)
 };
 
 // The shape a run config's `model` section describes (the one way to get it from a config).
@@ -158,7 +158,7 @@ struct Config {
   std::int64_t train_batch_size = 0;
   std::int64_t micro_batch_size = 0;  // train_micro_batch_size_per_gpu
   std::int64_t gradient_accumulation_steps = 0;
-  int world_size = 1;                 // data-parallel ranks the batch rule was resolved for
+  int world_size = 1;  // data-parallel ranks the batch rule was resolved for
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   Fp16Config fp16;
@@ -173,9 +173,9 @@ struct Config {
   TrainConfig train;
   DeviceConfig device;
 
-  std::string source;               // file name, or "<string>"
-  std::vector<std::string> notes;   // one line each: keys accepted but not applicable, deprecations
-  std::string resolved_json;        // every key zinf reads, defaults filled, "auto" resolved
+  std::string source;              // file name, or "<string>"
+  std::vector<std::string> notes;  // one line each: keys accepted but not applicable, deprecations
+  std::string resolved_json;       // every key zinf reads, defaults filled, "auto" resolved
 
   Precision precision() const {
     return fp16.enabled ? Precision::fp16 : bf16.enabled ? Precision::bf16 : Precision::fp32;

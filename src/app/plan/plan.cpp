@@ -7,17 +7,16 @@
 #include <filesystem>
 #include <limits>
 
+#include "app/config/engine_config.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
-#include "app/config/engine_config.h"
 #include "zinf/offload/engine.h"
 
 namespace zinf {
 
 std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
                                         bool checkpointing) {
-  const double B = static_cast<double>(micro_batch), T = s.seq_len, C = s.d_model, H = s.n_head,
-               V = s.vocab_size;
+  const double B = static_cast<double>(micro_batch), T = s.seq_len, C = s.d_model, H = s.n_head, V = s.vocab_size;
   const double scale = compute_bytes / 2.0;
   const double per_block = T * B * C * (34.0 + 5.0 * H * T / C) * scale;
   const double logits = B * T * V * (compute_bytes + 4.0);
@@ -34,9 +33,12 @@ namespace {
 // The model section that describes `s` (the inverse of model_shape()).
 void set_model(ModelConfig& m, const ModelShape& s) {
   m.n_layer = s.n_layer, m.n_head = s.n_head, m.d_model = s.d_model, m.vocab_size = s.vocab_size, m.seq_len = s.seq_len;
-  m.family = s.family, m.n_kv_head = s.n_kv_head, m.d_ff = s.d_ff, m.tie_embeddings = s.tie_embeddings, m.qkv_bias = s.qkv_bias;
-  m.rope_theta = s.rope_theta, m.norm_eps = s.norm_eps, m.rope_factor = s.rope_factor, m.rope_low_freq_factor = s.rope_low_freq_factor;
-  m.rope_high_freq_factor = s.rope_high_freq_factor, m.rope_original_max = s.rope_original_max, m.max_positions = s.max_positions;
+  m.family = s.family, m.n_kv_head = s.n_kv_head, m.d_ff = s.d_ff, m.tie_embeddings = s.tie_embeddings,
+  m.qkv_bias = s.qkv_bias;
+  m.rope_theta = s.rope_theta, m.norm_eps = s.norm_eps, m.rope_factor = s.rope_factor,
+  m.rope_low_freq_factor = s.rope_low_freq_factor;
+  m.rope_high_freq_factor = s.rope_high_freq_factor, m.rope_original_max = s.rope_original_max,
+  m.max_positions = s.max_positions;
 }
 }  // namespace
 
@@ -61,7 +63,7 @@ offload::Capacity machine_capacity(const Config& c, const MachineInfo& m) {
   else if (use_gpu)
     cap.device = m.gpus[0].free_bytes;
   else
-    cap.device = host / 2;  // the CPU device's default budget
+    cap.device = host / 2;                                         // the CPU device's default budget
   if (!use_gpu) host = host > cap.device ? host - cap.device : 0;  // CPU device memory is host memory
   cap.host = host;
   // Root (CAP_IPC_LOCK) may lock beyond RLIMIT_MEMLOCK; everyone else is bound by the soft limit.
@@ -71,7 +73,10 @@ offload::Capacity machine_capacity(const Config& c, const MachineInfo& m) {
 
 std::uint64_t zero_paper_bytes(std::int64_t params, int stage, int world) {
   const double p = static_cast<double>(params), nd = static_cast<double>(world), k = 12;
-  const double b = stage == 0 ? (2 + 2 + k) * p : stage == 1 ? 4 * p + k * p / nd : stage == 2 ? 2 * p + (2 + k) * p / nd : (2 + 2 + k) * p / nd;
+  const double b = stage == 0   ? (2 + 2 + k) * p
+                   : stage == 1 ? 4 * p + k * p / nd
+                   : stage == 2 ? 2 * p + (2 + k) * p / nd
+                                : (2 + 2 + k) * p / nd;
   return static_cast<std::uint64_t>(b);
 }
 
@@ -106,7 +111,7 @@ struct NvmeProbe {
 NvmeProbe probe_nvme_capacity(const Config& c, RunPlan& r) {
   NvmeProbe n;
   n.nvme_path = c.zero.offload_optimizer.device == OffloadDevice::nvme ? c.zero.offload_optimizer.nvme_path
-                : c.zero.offload_param.device == OffloadDevice::nvme  ? c.zero.offload_param.nvme_path
+                : c.zero.offload_param.device == OffloadDevice::nvme   ? c.zero.offload_param.nvme_path
                                                                        : "";
   n.probe_dir = n.nvme_path.empty() ? "." : n.nvme_path;
   if (!n.nvme_path.empty() && !std::filesystem::exists(n.probe_dir)) {
@@ -114,8 +119,8 @@ NvmeProbe probe_nvme_capacity(const Config& c, RunPlan& r) {
     std::filesystem::path p = std::filesystem::absolute(n.probe_dir);
     while (p.has_parent_path() && p != p.parent_path() && !std::filesystem::exists(p)) p = p.parent_path();
     n.probe_dir = p.string();
-    r.notes.push_back("nvme_path " + n.nvme_path + " does not exist yet: zinf train creates it (free space measured at " +
-                      n.probe_dir + ")");
+    r.notes.push_back("nvme_path " + n.nvme_path +
+                      " does not exist yet: zinf train creates it (free space measured at " + n.probe_dir + ")");
   }
   n.probe = nvme::probe_path(n.probe_dir);
   if (n.probe.exists) {
@@ -133,8 +138,8 @@ void note_large_swap_buffers(const Config& c, RunPlan& r) {
   for (const auto& b : r.plan.buffers) {
     const std::uint64_t pinned = b.bytes[static_cast<int>(offload::Tier::pinned)];
     if (b.name == "optimizer swap" && pinned > r.capacity.host / 4) {
-      const std::int64_t sg = static_cast<std::int64_t>(r.capacity.host / 4 / 4 /
-                                                        static_cast<std::uint64_t>(c.zero.offload_optimizer.buffer_count));
+      const std::int64_t sg = static_cast<std::int64_t>(
+          r.capacity.host / 4 / 4 / static_cast<std::uint64_t>(c.zero.offload_optimizer.buffer_count));
       r.notes.push_back("the optimizer swap buffers take " + format_bytes(pinned) +
                         " pinned (buffer_count x sub_group_size x 4 B); zero_optimization.sub_group_size <= " +
                         std::to_string(sg) + " keeps them under a quarter of host memory");
@@ -157,11 +162,13 @@ bool fits_under(const Config& c, const ModelShape& shape, OffloadSetting setting
 
 // The largest model of this width (a search over n_layer), and the largest real model (a llama-family
 // preset, at this run's sequence length), that fit under `setting`.
-LargestFit largest_fit(const Config& c, const ModelShape& shape, OffloadSetting setting, const offload::Capacity& capacity) {
+LargestFit largest_fit(const Config& c, const ModelShape& shape, OffloadSetting setting,
+                       const offload::Capacity& capacity) {
   LargestFit f;
   f.optimizer = setting.optimizer;
   f.param = setting.param;
-  f.setting = "optimizer=" + std::string(to_string(setting.optimizer)) + " param=" + std::string(to_string(setting.param));
+  f.setting =
+      "optimizer=" + std::string(to_string(setting.optimizer)) + " param=" + std::string(to_string(setting.param));
   auto fits = [&](int layers) {
     ModelShape sh = shape;
     sh.n_layer = layers;
@@ -214,7 +221,8 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
   if (!swap_probe.nvme_path.empty() && !swap_probe.probe.writable) {
     r.verdict.fits = false;
     r.verdict.limiting = "nvme";
-    r.verdict.problems.insert(r.verdict.problems.begin(), "nvme: " + swap_probe.probe_dir + " is not a directory this user can write to");
+    r.verdict.problems.insert(r.verdict.problems.begin(),
+                              "nvme: " + swap_probe.probe_dir + " is not a directory this user can write to");
   }
   r.deepspeed = offload::deepspeed_zero3_estimate(
       r.plan.n_params, r.plan.largest_unit, c.zero.offload_optimizer.device != OffloadDevice::none,

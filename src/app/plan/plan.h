@@ -30,7 +30,7 @@ offload::Capacity machine_capacity(const Config& c, const MachineInfo& m);
 struct LargestFit {
   std::string setting;  // "optimizer=cpu param=none"
   OffloadDevice optimizer = OffloadDevice::none, param = OffloadDevice::none;
-  int n_layer = 0;      // 0: not even one block fits
+  int n_layer = 0;  // 0: not even one block fits
   std::int64_t params = 0;
   std::string largest_preset;  // the largest llama-family preset that fits ("" when none does)
 };
@@ -38,9 +38,9 @@ struct LargestFit {
 // One ZeRO stage of this run's placement, per rank (rank 0, which holds the largest shards).
 struct StagePlan {
   int stage = 0;
-  bool valid = true;               // the config's offload settings are allowed at this stage
+  bool valid = true;  // the config's offload settings are allowed at this stage
   offload::TierBytes model_states{}, totals{};
-  std::uint64_t zero_paper = 0;    // the ZeRO paper's model states per GPU, mixed-precision Adam, no offload
+  std::uint64_t zero_paper = 0;  // the ZeRO paper's model states per GPU, mixed-precision Adam, no offload
 };
 
 // The ZeRO paper's per-GPU model-state bytes for Ψ parameters, mixed-precision Adam (K = 12) over
@@ -49,15 +49,15 @@ std::uint64_t zero_paper_bytes(std::int64_t params, int stage, int world);
 
 struct RunPlan {
   ModelShape shape;
-  int world = 1;                         // data-parallel ranks the plan is for
-  std::vector<StagePlan> stages;         // stages 0–3 with this placement
+  int world = 1;                  // data-parallel ranks the plan is for
+  std::vector<StagePlan> stages;  // stages 0–3 with this placement
   offload::Plan plan;
   offload::Capacity capacity;
   offload::Verdict verdict;
   std::uint64_t activations_plain = 0, activations_checkpointed = 0;
   offload::DeepSpeedEstimate deepspeed;  // estimate_zero3_model_states_mem_needs for this model
   std::vector<LargestFit> largest;
-  std::vector<std::string> notes;        // e.g. "nvme_path does not exist"
+  std::vector<std::string> notes;  // e.g. "nvme_path does not exist"
 };
 
 RunPlan plan_run(const Config& c, const MachineInfo& m);

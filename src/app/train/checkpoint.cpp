@@ -122,7 +122,8 @@ std::vector<std::pair<std::int64_t, std::string>> list_steps(const std::string& 
     const std::string n = e.path().filename().string();
     long long step = 0;
     char tail = 0;
-    if (std::sscanf(n.c_str(), "step-%lld%c", &step, &tail) == 1 && e.is_directory()) out.emplace_back(step, e.path().string());
+    if (std::sscanf(n.c_str(), "step-%lld%c", &step, &tail) == 1 && e.is_directory())
+      out.emplace_back(step, e.path().string());
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
@@ -167,18 +168,21 @@ json read_manifest(const std::string& path, bool* unchecked = nullptr) {
     // A newer format is refused, never treated as damage: an older zinf must not move aside (or
     // prune) what a newer one wrote.
     if (version > kVersion)
-      throw IncompatibleCheckpoint("checkpoint " + mf + ": written by a newer zinf (format version " + std::to_string(version) +
-                                       "; this zinf reads versions 1 to " + std::to_string(kVersion) + ")",
+      throw IncompatibleCheckpoint("checkpoint " + mf + ": written by a newer zinf (format version " +
+                                       std::to_string(version) + "; this zinf reads versions 1 to " +
+                                       std::to_string(kVersion) + ")",
                                    "resume it with the zinf version that wrote it");
     const auto it = j.find(kChecksumKey);
     if (version == 1) {
       // Checkpoints from before manifests were checksummed stay usable: their tensors are still
       // verified, only the step, data position and scaler state cannot be.
-      if (it != j.end()) throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (a version-1 manifest with a checksum)");
+      if (it != j.end())
+        throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (a version-1 manifest with a checksum)");
       if (unchecked) *unchecked = true;
       return j;
     }
-    if (it == j.end() || !it->is_string()) throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (its checksum is missing)");
+    if (it == j.end() || !it->is_string())
+      throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (its checksum is missing)");
     const std::string want = it->get<std::string>();
     j.erase(it);
     if (manifest_checksum(j) != want)
@@ -193,12 +197,24 @@ json read_manifest(const std::string& path, bool* unchecked = nullptr) {
 // The model section of a manifest: GPT-2's five numbers, and the llama family's settings when present
 // (checkpoints from before the llama family have none: they are GPT-2).
 json shape_json(const ModelShape& s) {
-  json m = {{"n_layer", s.n_layer}, {"n_head", s.n_head}, {"d_model", s.d_model}, {"vocab_size", s.vocab_size}, {"seq_len", s.seq_len}};
+  json m = {{"n_layer", s.n_layer},
+            {"n_head", s.n_head},
+            {"d_model", s.d_model},
+            {"vocab_size", s.vocab_size},
+            {"seq_len", s.seq_len}};
   if (s.family == ModelFamily::llama)
-    m.update({{"family", "llama"}, {"n_kv_head", s.n_kv_head}, {"d_ff", s.d_ff}, {"tie_embeddings", s.tie_embeddings},
-              {"qkv_bias", s.qkv_bias}, {"rope_theta", s.rope_theta}, {"norm_eps", s.norm_eps}, {"rope_factor", s.rope_factor},
-              {"rope_low_freq_factor", s.rope_low_freq_factor}, {"rope_high_freq_factor", s.rope_high_freq_factor},
-              {"rope_original_max", s.rope_original_max}, {"max_positions", s.max_positions}});
+    m.update({{"family", "llama"},
+              {"n_kv_head", s.n_kv_head},
+              {"d_ff", s.d_ff},
+              {"tie_embeddings", s.tie_embeddings},
+              {"qkv_bias", s.qkv_bias},
+              {"rope_theta", s.rope_theta},
+              {"norm_eps", s.norm_eps},
+              {"rope_factor", s.rope_factor},
+              {"rope_low_freq_factor", s.rope_low_freq_factor},
+              {"rope_high_freq_factor", s.rope_high_freq_factor},
+              {"rope_original_max", s.rope_original_max},
+              {"max_positions", s.max_positions}});
   return m;
 }
 // Throws json::exception on a missing key or a wrong type, Error (naming `mf`) on a size no config
@@ -207,8 +223,8 @@ ModelShape shape_from_json(const json& m, const std::string& mf) {
   auto size = [&](const char* key, std::int64_t hi, std::int64_t lo = 1) {
     const json& v = m.at(key);
     if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
-      throw CorruptCheckpoint("checkpoint " + mf + ": model." + key + ": " + v.dump() + " is not a size between " + std::to_string(lo) + " and " +
-                  std::to_string(hi));
+      throw CorruptCheckpoint("checkpoint " + mf + ": model." + key + ": " + v.dump() + " is not a size between " +
+                              std::to_string(lo) + " and " + std::to_string(hi));
     return static_cast<int>(v.get<std::int64_t>());
   };
   ModelShape s{size("n_layer", 4096), size("n_head", 4096), size("d_model", 1 << 20), size("vocab_size", 1 << 24),
@@ -218,12 +234,15 @@ ModelShape shape_from_json(const json& m, const std::string& mf) {
     s.n_kv_head = size("n_kv_head", 4096), s.d_ff = size("d_ff", 1 << 22);
     s.tie_embeddings = m.at("tie_embeddings").get<bool>(), s.qkv_bias = m.at("qkv_bias").get<bool>();
     s.rope_theta = m.at("rope_theta").get<double>(), s.norm_eps = m.at("norm_eps").get<double>();
-    s.rope_factor = m.at("rope_factor").get<double>(), s.rope_low_freq_factor = m.at("rope_low_freq_factor").get<double>();
-    s.rope_high_freq_factor = m.at("rope_high_freq_factor").get<double>(), s.rope_original_max = m.at("rope_original_max").get<double>();
+    s.rope_factor = m.at("rope_factor").get<double>(),
+    s.rope_low_freq_factor = m.at("rope_low_freq_factor").get<double>();
+    s.rope_high_freq_factor = m.at("rope_high_freq_factor").get<double>(),
+    s.rope_original_max = m.at("rope_original_max").get<double>();
     s.max_positions = m.contains("max_positions") ? size("max_positions", 1 << 30, 0) : 0;  // 0: seq_len
   }
   if (s.d_model % s.n_head != 0 || s.n_head % s.kv_heads() != 0)
-    throw CorruptCheckpoint("checkpoint " + mf + ": model: n_head does not divide d_model, or n_kv_head does not divide n_head");
+    throw CorruptCheckpoint("checkpoint " + mf +
+                            ": model: n_head does not divide d_model, or n_kv_head does not divide n_head");
   return s;
 }
 
@@ -232,21 +251,25 @@ void check_shape(const json& j, const ModelShape& s, const std::string& path) {
   try {
     got = shape_from_json(j.at("model"), path + "/manifest.json");
   } catch (const json::exception& e) {
-    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt model section (" + library_message(e) + ")");
+    throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: corrupt model section (" + library_message(e) +
+                            ")");
   }
-  const char* hint = "resume it with the config it was written with (its manifest.json holds that config), or train this model "
-                     "in another train.checkpoint_dir";
+  const char* hint =
+      "resume it with the config it was written with (its manifest.json holds that config), or train this model "
+      "in another train.checkpoint_dir";
   if (got.family != s.family)
-    throw IncompatibleCheckpoint("checkpoint " + path + ": the model family differs (checkpoint " + std::string(to_string(got.family)) +
-                                     ", config " + std::string(to_string(s.family)) + ")",
+    throw IncompatibleCheckpoint("checkpoint " + path + ": the model family differs (checkpoint " +
+                                     std::string(to_string(got.family)) + ", config " +
+                                     std::string(to_string(s.family)) + ")",
                                  hint);
   if (!(got == s))
-    throw IncompatibleCheckpoint("checkpoint " + path + ": model shape differs (checkpoint n_layer " + std::to_string(got.n_layer) +
-                                     ", d_model " + std::to_string(got.d_model) + ", n_head " + std::to_string(got.n_head) + ", vocab " +
-                                     std::to_string(got.vocab_size) + ", seq_len " + std::to_string(got.seq_len) + "; config n_layer " +
-                                     std::to_string(s.n_layer) + ", d_model " + std::to_string(s.d_model) + ", n_head " +
-                                     std::to_string(s.n_head) + ", vocab " + std::to_string(s.vocab_size) + ", seq_len " +
-                                     std::to_string(s.seq_len) + ")",
+    throw IncompatibleCheckpoint("checkpoint " + path + ": model shape differs (checkpoint n_layer " +
+                                     std::to_string(got.n_layer) + ", d_model " + std::to_string(got.d_model) +
+                                     ", n_head " + std::to_string(got.n_head) + ", vocab " +
+                                     std::to_string(got.vocab_size) + ", seq_len " + std::to_string(got.seq_len) +
+                                     "; config n_layer " + std::to_string(s.n_layer) + ", d_model " +
+                                     std::to_string(s.d_model) + ", n_head " + std::to_string(s.n_head) + ", vocab " +
+                                     std::to_string(s.vocab_size) + ", seq_len " + std::to_string(s.seq_len) + ")",
                                  hint);
 }
 
@@ -256,7 +279,9 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
   // A byte count or offset: an unsigned integer (a float would not convert to one safely).
   auto bytes_at = [&](const json& o, const char* key) {
     const json& v = o.at(key);
-    if (!v.is_number_unsigned()) throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: " + key + ": " + v.dump() + " is not a byte count");
+    if (!v.is_number_unsigned())
+      throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: " + key + ": " + v.dump() +
+                              " is not a byte count");
     return v.get<std::uint64_t>();
   };
   try {
@@ -267,10 +292,11 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
     f.seekg(0);
     if (size != bytes_at(j, "states_bytes"))
       throw CorruptCheckpoint("checkpoint " + sf + ": " + std::to_string(size) + " bytes, the manifest says " +
-                  std::to_string(bytes_at(j, "states_bytes")) + " (truncated?)");
+                              std::to_string(bytes_at(j, "states_bytes")) + " (truncated?)");
     const auto units = layer_units(shape);
     const json& tensors = j.at("tensors");
-    if (tensors.size() != units.size() * 3) throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: wrong number of tensors");
+    if (tensors.size() != units.size() * 3)
+      throw CorruptCheckpoint("checkpoint " + path + "/manifest.json: wrong number of tensors");
     std::vector<float> buf[3];
     for (std::size_t u = 0; u < units.size(); ++u) {
       const std::size_t n = static_cast<std::size_t>(units[u].params);
@@ -278,11 +304,13 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
         const json& t = tensors[u * 3 + static_cast<std::size_t>(k)];
         const std::string name = t.at("name").get<std::string>();
         if (bytes_at(t, "bytes") != n * 4)
-          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " has " + std::to_string(bytes_at(t, "bytes")) +
-                      " bytes, the model needs " + std::to_string(n * 4));
+          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " has " +
+                                  std::to_string(bytes_at(t, "bytes")) + " bytes, the model needs " +
+                                  std::to_string(n * 4));
         buf[k].resize(n);
         const std::uint64_t at = bytes_at(t, "offset");
-        if (at > size || size - at < n * 4) throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
+        if (at > size || size - at < n * 4)
+          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
         f.seekg(static_cast<std::streamoff>(at));
         f.read(reinterpret_cast<char*>(buf[k].data()), static_cast<std::streamsize>(n * 4));
         if (!f) throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
@@ -304,7 +332,8 @@ CheckpointInfo info_from(const std::string& path, const json& j, bool unchecked)
   in.unchecked_manifest = unchecked;
   try {
     const json& step = j.at("step");
-    if (!step.is_number_integer() || (step.is_number_unsigned() && step.get<std::uint64_t>() > std::uint64_t{1} << 62) ||
+    if (!step.is_number_integer() ||
+        (step.is_number_unsigned() && step.get<std::uint64_t>() > std::uint64_t{1} << 62) ||
         step.get<std::int64_t>() < 0)  // (a float would not convert to an integer safely)
       throw CorruptCheckpoint("checkpoint " + mf + ": step: " + step.dump() + " is not a step number");
     in.step = step.get<std::int64_t>();
@@ -325,8 +354,8 @@ CheckpointInfo info_from(const std::string& path, const json& j, bool unchecked)
   long long named = 0;
   char tail = 0;
   if (std::sscanf(name.c_str(), "step-%lld%c", &named, &tail) == 1 && named != in.step)
-    throw CorruptCheckpoint("checkpoint " + mf + ": the manifest says step " + std::to_string(in.step) + ", the directory's name step " +
-                            std::to_string(named));
+    throw CorruptCheckpoint("checkpoint " + mf + ": the manifest says step " + std::to_string(in.step) +
+                            ", the directory's name step " + std::to_string(named));
   return in;
 }
 
@@ -348,8 +377,8 @@ CheckpointState state_from_json(const json& j, const std::string& path) {
     const json& v = o.at(key);
     if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) ||
         v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
-      throw CorruptCheckpoint("checkpoint " + mf + ": " + key + ": " + v.dump() + " is not an integer between " + std::to_string(lo) + " and " +
-                  std::to_string(hi));
+      throw CorruptCheckpoint("checkpoint " + mf + ": " + key + ": " + v.dump() + " is not an integer between " +
+                              std::to_string(lo) + " and " + std::to_string(hi));
     return v.get<std::int64_t>();
   };
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
@@ -412,7 +441,9 @@ json manifest_head(const Config& c, const CheckpointState& s, const ModelShape& 
   j["opt_steps"] = s.opt_steps;
   j["rows_drawn"] = s.rows_drawn;
   j["skipped"] = s.skipped;
-  j["scaler"] = {{"scale", s.loss_scale}, {"iter", s.scaler_iter}, {"last_overflow_iter", s.scaler_last_overflow},
+  j["scaler"] = {{"scale", s.loss_scale},
+                 {"iter", s.scaler_iter},
+                 {"last_overflow_iter", s.scaler_last_overflow},
                  {"hysteresis", s.scaler_hysteresis}};
   j["model"] = shape_json(shape);
   j["precision"] = std::string(to_string(c.precision()));
@@ -438,7 +469,9 @@ void write_states(const std::string& folder, const ModelShape& shape, const Stat
     read(u, buf[0].data(), buf[1].data(), buf[2].data());
     for (int k = 0; k < 3; ++k) {
       states.write(buf[k].data(), n * 4);
-      j["tensors"].push_back({{"name", units[u].name + "/" + kinds[k]}, {"offset", off}, {"bytes", n * 4},
+      j["tensors"].push_back({{"name", units[u].name + "/" + kinds[k]},
+                              {"offset", off},
+                              {"bytes", n * 4},
                               {"xxh64", hex(XXH64(buf[k].data(), n * 4, 0))}});
       off += n * 4;
     }
@@ -462,7 +495,8 @@ void write_manifest(const std::string& folder, json& j) {
 // one that turns out corrupt (moved aside here, for good).
 std::vector<std::pair<std::string, std::string>> checkpoints_to_move_aside(const std::vector<std::string>& replace,
                                                                            const std::set<std::string>& verified,
-                                                                           const std::string& final_path, const ModelShape& shape,
+                                                                           const std::string& final_path,
+                                                                           const ModelShape& shape,
                                                                            const CheckpointDir::Log& log) {
   std::vector<std::pair<std::string, std::string>> aside;
   for (const auto& p : replace)
@@ -513,7 +547,7 @@ std::string CheckpointDir::save(const Config& c, const CheckpointState& s, const
     if (::rename(tmp.c_str(), final_path.c_str()) != 0) io_fail("rename to " + final_path, tmp, errno);
     fsync_dir(dir_);
   } catch (...) {
-    fs::remove_all(tmp, ec);  // never leave a torn checkpoint behind
+    fs::remove_all(tmp, ec);                                          // never leave a torn checkpoint behind
     for (const auto& [p, t] : aside) ::rename(t.c_str(), p.c_str());  // nor lose the ones it was to replace
     throw;
   }
@@ -522,7 +556,8 @@ std::string CheckpointDir::save(const Config& c, const CheckpointState& s, const
     verified_.erase(canonical(p));
   }
   if (!replace_.empty() && log_)
-    log_("checkpoint: " + std::to_string(replace_.size()) + " earlier checkpoint(s) replaced (train.overwrite_checkpoints)");
+    log_("checkpoint: " + std::to_string(replace_.size()) +
+         " earlier checkpoint(s) replaced (train.overwrite_checkpoints)");
   replace_.clear();
   verified_.insert(canonical(final_path));
   prune();
@@ -571,7 +606,9 @@ void recover_interrupted_saves(const std::string& dir, const std::function<void(
     const fs::path back = f.path.parent_path() / f.base;
     if (pids_with_tmp.count(pid) && !fs::exists(back, ec)) {
       if (::rename(f.path.c_str(), back.c_str()) == 0) {
-        if (log) log("checkpoint: " + back.string() + " restored (a run that was replacing it stopped before its checkpoint was published)");
+        if (log)
+          log("checkpoint: " + back.string() +
+              " restored (a run that was replacing it stopped before its checkpoint was published)");
         continue;
       }
     }
@@ -592,7 +629,8 @@ void CheckpointDir::prune() {
         verified_.insert(key);
       } catch (const CorruptCheckpoint& e) {
         const std::string to = move_corrupt_aside(path);
-        if (log_) log_("checkpoint: " + std::string(e.what()) + " — moved aside to " + to + ", not counted by keep_last");
+        if (log_)
+          log_("checkpoint: " + std::string(e.what()) + " — moved aside to " + to + ", not counted by keep_last");
         continue;
       } catch (const IncompatibleCheckpoint& e) {
         foreign_.insert(key);
@@ -618,7 +656,8 @@ void verify_checkpoint(const std::string& path, const ModelShape& shape) {
   read_states_file(path, j, shape, nullptr);
 }
 
-CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape, const StatesWriter& write, bool verify_first) {
+CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape, const StatesWriter& write,
+                                bool verify_first) {
   bool unchecked = false;
   const json j = read_manifest(path, &unchecked);
   const CheckpointInfo info = info_from(path, j, unchecked);
@@ -639,7 +678,8 @@ ResumeChoice choose_checkpoint(const std::string& dir, const std::string& which,
     r.path = path;
     r.step = info.step;
     if (info.unchecked_manifest)
-      r.notes.push_back("checkpoint " + path + " was written before manifests carried a checksum: its tensors are verified, "
+      r.notes.push_back("checkpoint " + path +
+                        " was written before manifests carried a checksum: its tensors are verified, "
                         "its step, data position and loss-scaler state are taken as they are");
   };
   if (which != "latest") {

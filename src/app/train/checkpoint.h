@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "app/config/config.h"
-#include "zinf/error.h"
 #include "model/shape.h"
+#include "zinf/error.h"
 
 namespace zinf {
 
@@ -72,7 +72,8 @@ using StatesWriter = std::function<void(std::size_t u, const float* master, cons
 // Verifies a checkpoint directory (manifest, sizes, checksums, shape) and loads it; with
 // `verify_first`, every checksum is checked before `write` sees the first unit. Throws
 // CorruptCheckpoint or IncompatibleCheckpoint naming the file and tensor.
-CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape, const StatesWriter& write, bool verify_first = true);
+CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape, const StatesWriter& write,
+                                bool verify_first = true);
 
 // The model shape a checkpoint was written for (from its manifest).
 ModelShape checkpoint_shape(const std::string& path);

@@ -6,15 +6,15 @@
 
 #include <cerrno>
 #include <cinttypes>
-#include <cstring>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "zinf/error.h"
-#include "io/files.h"
 #include "app/train/train.h"
+#include "io/files.h"
+#include "zinf/error.h"
 
 namespace zinf {
 
@@ -58,8 +58,9 @@ void MetricsFile::validation(std::int64_t step, double val_loss) {
 
 std::string progress_line(const Config& c, const StepReport& r, double fwd_ms, double bwd_ms) {
   char line[512];
-  std::snprintf(line, sizeof line, "step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | scale %g | norm %.3f | %.0f tok/s",
-                r.step, r.steps, r.loss, r.lr, r.loss_scale, r.grad_norm, r.tokens_per_s);
+  std::snprintf(line, sizeof line,
+                "step %5" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | scale %g | norm %.3f | %.0f tok/s", r.step,
+                r.steps, r.loss, r.lr, r.loss_scale, r.grad_norm, r.tokens_per_s);
   std::string s = line;
   if (c.wall_clock_breakdown) {
     std::snprintf(line, sizeof line, " | fwd %.1f ms bwd %.1f ms", fwd_ms, bwd_ms);
@@ -67,7 +68,8 @@ std::string progress_line(const Config& c, const StepReport& r, double fwd_ms, d
   }
   if (c.zero.offload_optimizer.device != OffloadDevice::none || c.zero.offload_param.device != OffloadDevice::none) {
     const BusyTimes& b = r.busy;
-    std::snprintf(line, sizeof line, " | busy ms: compute %.0f h2d %.0f d2h %.0f host %.0f nvme r %.0f w %.0f | overlap %.2f",
+    std::snprintf(line, sizeof line,
+                  " | busy ms: compute %.0f h2d %.0f d2h %.0f host %.0f nvme r %.0f w %.0f | overlap %.2f",
                   1e3 * b.compute, 1e3 * b.h2d, 1e3 * b.d2h, 1e3 * b.host, 1e3 * b.nvme_read, 1e3 * b.nvme_write,
                   b.busiest() > 0 ? r.step_s / b.busiest() : 0.0);
     s += line;

@@ -1,9 +1,9 @@
 // schedule.cpp — DeepSpeed's dynamic loss scaler and LR schedules, step for step (train.h).
 #include <cmath>
 
+#include "app/train/train.h"
 #include "model/fixed_math.h"  // not libm: one learning rate on every x86-64 CPU
 #include "zinf/error.h"
-#include "app/train/train.h"
 
 namespace zinf {
 
@@ -74,8 +74,9 @@ double lr_at(const SchedulerConfig& s, double base_lr, std::int64_t t) {
       if (t < s.warmup_num_steps) {
         ratio = s.warmup_min_ratio + warmup_gamma(s, t) * (1.0 - s.warmup_min_ratio);
       } else {
-        const double p = std::min(1.0, static_cast<double>(t - s.warmup_num_steps + 1) /
-                                           std::max<double>(1.0, static_cast<double>(s.total_num_steps - s.warmup_num_steps)));
+        const double p =
+            std::min(1.0, static_cast<double>(t - s.warmup_num_steps + 1) /
+                              std::max<double>(1.0, static_cast<double>(s.total_num_steps - s.warmup_num_steps)));
         ratio = s.cos_min_ratio + (1.0 - s.cos_min_ratio) * (1.0 + fixed::cos(M_PI * p)) / 2.0;
       }
       return base_lr * ratio;

@@ -26,24 +26,24 @@
 #include <random>
 
 #include "app/config/engine_config.h"
-#include "io/hf.h"
-#include "model/lm.h"
-#include "model/host_math.h"
-#include "model/ops_profile.h"
 #include "app/train/batches.h"
-#include "app/train/report.h"
 #include "app/train/checkpoint.h"
+#include "app/train/report.h"
+#include "app/train/train.h"
+#include "io/data.h"
+#include "io/hf.h"
+#include "io/safetensors.h"
+#include "model/host_math.h"
+#include "model/lm.h"
+#include "model/ops_profile.h"
+#include "zinf/backends/backend.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/host_threads.h"
-#include "io/data.h"
 #include "zinf/device.h"
-#include "zinf/backends/backend.h"
 #include "zinf/error.h"
 #include "zinf/offload/engine.h"
 #include "zinf/pinned.h"
-#include "io/safetensors.h"
 #include "zinf/sysinfo.h"
-#include "app/train/train.h"
 
 namespace zinf {
 namespace {
@@ -73,10 +73,12 @@ void check_output_paths(const Config& c, const TrainHooks& hooks) {
   auto check = [&](const std::string& dir, const std::string& what) {
     if (ensure_writable_dir(dir, what) && hooks.log) hooks.log(what + ": created " + dir + ", which did not exist");
   };
-  if (!c.train.checkpoint_dir.empty() && c.train.steps > 0) check(c.train.checkpoint_dir, "train.checkpoint_dir");  // steps 0 writes none
+  if (!c.train.checkpoint_dir.empty() && c.train.steps > 0)
+    check(c.train.checkpoint_dir, "train.checkpoint_dir");  // steps 0 writes none
   if (c.zero.offload_optimizer.device == OffloadDevice::nvme)
     check(c.zero.offload_optimizer.nvme_path, "zero_optimization.offload_optimizer.nvme_path");
-  if (c.zero.offload_param.device == OffloadDevice::nvme && c.zero.offload_param.nvme_path != c.zero.offload_optimizer.nvme_path)
+  if (c.zero.offload_param.device == OffloadDevice::nvme &&
+      c.zero.offload_param.nvme_path != c.zero.offload_optimizer.nvme_path)
     check(c.zero.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path");
 }
 
@@ -98,7 +100,8 @@ std::string names(const std::vector<std::pair<std::int64_t, std::string>>& cks) 
   return s;
 }
 
-CheckpointPlan plan_checkpoints(const Config& c, const std::string& which, const ModelShape& shape, const TrainHooks& hooks) {
+CheckpointPlan plan_checkpoints(const Config& c, const std::string& which, const ModelShape& shape,
+                                const TrainHooks& hooks) {
   auto log = [&](const std::string& s) {
     if (hooks.log) hooks.log(s);
   };
@@ -114,12 +117,14 @@ CheckpointPlan plan_checkpoints(const Config& c, const std::string& which, const
     if (ch.path.empty()) {
       if (c.train.steps == 0)  // only evaluating: the random initial parameters are not what was asked for
         throw ConfigError("no valid checkpoint under train.checkpoint_dir " + dir +
-                              (std::filesystem::exists(dir) ? ch.corrupt.empty() ? "" : " (" + std::to_string(ch.corrupt.size()) + " corrupt)"
-                                                            : " (it does not exist)"),
+                              (std::filesystem::exists(dir)
+                                   ? ch.corrupt.empty() ? "" : " (" + std::to_string(ch.corrupt.size()) + " corrupt)"
+                                   : " (it does not exist)"),
                           "train one first, or name a checkpoint directory");
       log("resume: no valid checkpoint under " + dir + "; starting from step 0");
     }
-    if (!ch.path.empty() && c.train.steps > 0 && ch.step > c.train.steps)  // train.steps 0 evaluates a checkpoint of any step
+    if (!ch.path.empty() && c.train.steps > 0 &&
+        ch.step > c.train.steps)  // train.steps 0 evaluates a checkpoint of any step
       throw ConfigError(ch.path + ": the checkpoint is at step " + std::to_string(ch.step) + ", past train.steps " +
                             std::to_string(c.train.steps),
                         "raise train.steps to continue training from it, or evaluate it with `zinf eval`");
@@ -132,23 +137,26 @@ CheckpointPlan plan_checkpoints(const Config& c, const std::string& which, const
   // every one of them when starting fresh.
   std::vector<std::pair<std::int64_t, std::string>> newer;
   for (const auto& ck : list_checkpoints(dir))
-    if (ck.first > from && std::find(p.corrupt.begin(), p.corrupt.end(), ck.second) == p.corrupt.end()) newer.push_back(ck);
+    if (ck.first > from && std::find(p.corrupt.begin(), p.corrupt.end(), ck.second) == p.corrupt.end())
+      newer.push_back(ck);
   if (newer.empty()) return p;
   if (!c.train.overwrite_checkpoints) {
     if (from == 0)
-      throw ConfigError("train.checkpoint_dir " + dir + " holds checkpoints (" + names(newer) +
-                            ") and this run is not a resume: its checkpoints would overwrite and mix with them",
-                        "continue them with --resume, choose another train.checkpoint_dir, or set train.overwrite_checkpoints "
-                        "true to replace them (they are removed once this run's first checkpoint is written and verified)");
-    throw ConfigError("train.checkpoint_dir " + dir + " holds checkpoints newer than " + p.load + " (" + names(newer) +
-                          "): this run's checkpoints would mix with them",
-                      "resume the newest with --resume latest, choose another train.checkpoint_dir, or set "
-                      "train.overwrite_checkpoints true to replace them (they are removed once this run's first checkpoint is "
-                      "written and verified)");
+      throw ConfigError(
+          "train.checkpoint_dir " + dir + " holds checkpoints (" + names(newer) +
+              ") and this run is not a resume: its checkpoints would overwrite and mix with them",
+          "continue them with --resume, choose another train.checkpoint_dir, or set train.overwrite_checkpoints "
+          "true to replace them (they are removed once this run's first checkpoint is written and verified)");
+    throw ConfigError(
+        "train.checkpoint_dir " + dir + " holds checkpoints newer than " + p.load + " (" + names(newer) +
+            "): this run's checkpoints would mix with them",
+        "resume the newest with --resume latest, choose another train.checkpoint_dir, or set "
+        "train.overwrite_checkpoints true to replace them (they are removed once this run's first checkpoint is "
+        "written and verified)");
   }
   for (const auto& ck : newer) p.replace.push_back(ck.second);
-  log("train.overwrite_checkpoints: " + std::to_string(newer.size()) + " checkpoint(s) in " + dir + " (" + names(newer) +
-      ") will be replaced once this run's first checkpoint is written and verified");
+  log("train.overwrite_checkpoints: " + std::to_string(newer.size()) + " checkpoint(s) in " + dir + " (" +
+      names(newer) + ") will be replaced once this run's first checkpoint is written and verified");
   return p;
 }
 
@@ -195,7 +203,8 @@ class LossRows {
       : device_(device),
         rows_(static_cast<std::size_t>(rows)),
         slots_(static_cast<std::size_t>(slots)),
-        pool_(std::max<std::size_t>(PinnedPool::kAlign, (rows_ * slots_ * 4 + PinnedPool::kAlign - 1) / PinnedPool::kAlign * PinnedPool::kAlign),
+        pool_(std::max<std::size_t>(PinnedPool::kAlign, (rows_ * slots_ * 4 + PinnedPool::kAlign - 1) /
+                                                            PinnedPool::kAlign * PinnedPool::kAlign),
               /*lock=*/false),
         buf_(pool_.acquire(rows_ * slots_ * 4)) {
     device_.register_host(buf_.data(), pool_.capacity());
@@ -243,10 +252,19 @@ class EngineUnits final : public UnitSource {
 
  public:
   explicit EngineUnits(offload::Engine& engine) : engine_(engine) {}
-  const float* weights(std::size_t u) override { return timed([&] { return engine_.weights(u); }); }
+  const float* weights(std::size_t u) override {
+    return timed([&] { return engine_.weights(u); });
+  }
   void done_with(std::size_t u) override { engine_.done_with(u); }
-  float* grads(std::size_t u) override { return timed([&] { return engine_.grads(u); }); }
-  void grads_done(std::size_t u) override { timed([&] { engine_.grads_done(u); return 0; }); }
+  float* grads(std::size_t u) override {
+    return timed([&] { return engine_.grads(u); });
+  }
+  void grads_done(std::size_t u) override {
+    timed([&] {
+      engine_.grads_done(u);
+      return 0;
+    });
+  }
   double take_wait() {
     const double w = wait_;
     wait_ = 0;
@@ -365,10 +383,12 @@ class Run {
 
   // Forward and backward of every micro batch of one step (their losses are read by step_loss()).
   void forward_backward(double scale) {
-    const float dscale = static_cast<float>(scale / (static_cast<double>(micro_batch) * seq_len * static_cast<double>(grad_accum) * W));
+    const float dscale =
+        static_cast<float>(scale / (static_cast<double>(micro_batch) * seq_len * static_cast<double>(grad_accum) * W));
     for (std::int64_t micro = 0; micro < grad_accum; ++micro) {
       Batch& b = batches.next([&](int* tok, int* tgt) {
-        rng.discard(static_cast<unsigned long long>(micro_batch) * static_cast<unsigned long long>(rank));  // the rows of lower ranks
+        rng.discard(static_cast<unsigned long long>(micro_batch) *
+                    static_cast<unsigned long long>(rank));  // the rows of lower ranks
         data.sample_train(rng, micro_batch, seq_len, tok, tgt);
         rng.discard(static_cast<unsigned long long>(micro_batch) * static_cast<unsigned long long>(W - 1 - rank));
       });
@@ -389,7 +409,8 @@ class Run {
   // the compute stream: called once the Update is under way).
   double step_loss() {
     std::vector<double> mine(static_cast<std::size_t>(grad_accum));
-    for (std::int64_t micro = 0; micro < grad_accum; ++micro) mine[static_cast<std::size_t>(micro)] = losses.mean(static_cast<std::size_t>(micro));
+    for (std::int64_t micro = 0; micro < grad_accum; ++micro)
+      mine[static_cast<std::size_t>(micro)] = losses.mean(static_cast<std::size_t>(micro));
     const std::vector<double> all = W > 1 ? comm.allgather(mine.data(), mine.size()) : mine;
     double loss_sum = 0;
     for (std::int64_t micro = 0; micro < grad_accum; ++micro)
@@ -401,9 +422,12 @@ class Run {
     offload::StepOptions so;
     so.loss_scale = scale;
     so.gradient_clipping = config.gradient_clipping;
-    so.hyper = cpu_adam::AdamHyper{static_cast<float>(lr), static_cast<float>(config.optimizer.beta1),
-                                   static_cast<float>(config.optimizer.beta2), static_cast<float>(config.optimizer.eps),
-                                   static_cast<float>(config.optimizer.weight_decay), config.optimizer.decoupled_weight_decay,
+    so.hyper = cpu_adam::AdamHyper{static_cast<float>(lr),
+                                   static_cast<float>(config.optimizer.beta1),
+                                   static_cast<float>(config.optimizer.beta2),
+                                   static_cast<float>(config.optimizer.eps),
+                                   static_cast<float>(config.optimizer.weight_decay),
+                                   config.optimizer.decoupled_weight_decay,
                                    config.optimizer.bias_correction};
     so.step = opt_steps + 1;
     return engine->step(so);
@@ -428,7 +452,8 @@ class Run {
     } else {
       log("step " + std::to_string(step) + ": non-finite gradients, skipping step");
       if (++nonfinite_run >= 50)
-        throw Error("gradients were NaN/Inf for 50 consecutive steps (last loss " + std::to_string(loss) + "): the run has diverged",
+        throw Error("gradients were NaN/Inf for 50 consecutive steps (last loss " + std::to_string(loss) +
+                        "): the run has diverged",
                     "lower optimizer.params.lr or check the data");
     }
     return true;
@@ -455,7 +480,8 @@ class Run {
       return;
     }
     if (!checkpoints) return;  // (train.steps 0 writes none)
-    const std::string path = checkpoints->save(config, st, [&](std::size_t u, float* ma, float* mm, float* vv) { engine->read_states(u, ma, mm, vv); });
+    const std::string path = checkpoints->save(
+        config, st, [&](std::size_t u, float* ma, float* mm, float* vv) { engine->read_states(u, ma, mm, vv); });
     const double dt = since(t0);
     res.checkpoint_seconds += dt;
     log("checkpoint: " + path + " written in " + std::to_string(dt).substr(0, 5) + " s");
@@ -467,7 +493,8 @@ class Run {
     if (path.empty()) return 0;
     const auto t0 = Clock::now();
     const CheckpointState st = load_checkpoint(
-        path, shape, [&](std::size_t u, const float* ma, const float* mm, const float* vv) { engine->write_states(u, ma, mm, vv); },
+        path, shape,
+        [&](std::size_t u, const float* ma, const float* mm, const float* vv) { engine->write_states(u, ma, mm, vv); },
         /*verify_first=*/false);
     // The fp32 masters and Adam moments carry over to any precision; the loss scaler's state belongs
     // to the precision it was kept for (an fp16 scale means nothing to bf16, and a bf16 run's static
@@ -476,7 +503,8 @@ class Run {
       scaler.restore(st.loss_scale, st.scaler_iter, st.scaler_last_overflow, st.scaler_hysteresis);
     else
       log("resume: the checkpoint was trained in " + std::string(to_string(st.precision)) + ", this run is " +
-          std::string(to_string(config.precision())) + ": its fp32 master parameters and Adam states carry over, the loss scaler starts "
+          std::string(to_string(config.precision())) +
+          ": its fp32 master parameters and Adam states carry over, the loss scaler starts "
           "from this config");
     opt_steps = st.opt_steps;
     rows_drawn = st.rows_drawn;
@@ -499,12 +527,12 @@ class Run {
   const int threads;
   const backends::Backend& device_backend_;  // everything device-specific comes from here
   std::unique_ptr<Device> dev;
-  std::unique_ptr<Comm> device_comm;  // NCCL for the CUDA device's memory (several ranks)
+  std::unique_ptr<Comm> device_comm;   // NCCL for the CUDA device's memory (several ranks)
   std::shared_ptr<OpProfile> profile;  // TrainHooks::profile: the op profiler's times
   std::unique_ptr<OpsBackend> backend;
   std::unique_ptr<LanguageModel> model;
   BatchSlots batches;
-  LossRows losses;  // each micro batch's row losses, read at the step's end
+  LossRows losses;                        // each micro batch's row losses, read at the step's end
   std::vector<std::size_t> engine_units;  // parameters per layer unit (filled by make_engine)
   std::unique_ptr<offload::Engine> engine;
   EngineUnits units;
@@ -513,7 +541,7 @@ class Run {
   MetricsFile metrics;
   std::unique_ptr<CheckpointDir> checkpoints;  // rank 0, when the run writes checkpoints
   std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, skipped = 0;
-  int stop_signal = 0;  // set by stop_asked()
+  int stop_signal = 0;          // set by stop_asked()
   double t_fwd = 0, t_bwd = 0;  // the model's own time since the last progress line
 
  private:
@@ -531,8 +559,9 @@ class Run {
   std::unique_ptr<Comm> make_device_comm(int local_rank) {
     if (W == 1) return nullptr;
     if (config.device.comm == "mpi" && config.device.type == DeviceType::cuda)
-      throw ConfigError(config.source + ": device.comm: mpi cannot move CUDA device memory (Debian's Open MPI is not CUDA-aware)",
-                        "use device.comm nccl (the default for the CUDA device)");
+      throw ConfigError(
+          config.source + ": device.comm: mpi cannot move CUDA device memory (Debian's Open MPI is not CUDA-aware)",
+          "use device.comm nccl (the default for the CUDA device)");
     return device_backend_.make_device_comm(comm, local_rank);
   }
 
@@ -549,11 +578,14 @@ class Run {
       log("init: parameters from the Hugging Face folder " + config.model.init_from + " (" + hf->weights() + ")");
     } else if (!config.model.init_from.empty()) {
       if (shape.family != ModelFamily::gpt2)
-        throw ConfigError("model.init_from: a llama-family model loads from a Hugging Face folder (config.json and safetensors), "
-                          "not from " + config.model.init_from);
+        throw ConfigError(
+            "model.init_from: a llama-family model loads from a Hugging Face folder (config.json and safetensors), "
+            "not from " +
+            config.model.init_from);
       init_file = std::make_unique<StFile>(read_safetensors(config.model.init_from, "model.init_from"));
       check_gpt2_tensor_set(*init_file, config.model.init_from, shape);
-      log("init: parameters from " + config.model.init_from + " (" + std::to_string(init_file->tensors.size()) + " tensors)");
+      log("init: parameters from " + config.model.init_from + " (" + std::to_string(init_file->tensors.size()) +
+          " tensors)");
     }
     offload::EngineConfig ec = engine_config(config, threads);
     engine_units = ec.units;
@@ -564,7 +596,9 @@ class Run {
           (device_comm ? " (device memory: " + device_comm->backend() + ")" : std::string()) + ", ZeRO stage " +
           std::to_string(config.zero.stage));
     }
-    ec.kernels = [&be = device_backend_](Device& d, cpu_adam::HostThreads& pool) { return be.make_engine_kernels(d, pool); };
+    ec.kernels = [&be = device_backend_](Device& d, cpu_adam::HostThreads& pool) {
+      return be.make_engine_kernels(d, pool);
+    };
     return std::make_unique<offload::Engine>(ec, *dev, [&](std::size_t u, float* master) {
       if (hf)
         hf->load_unit(shape, u, master);
@@ -589,8 +623,8 @@ Comm& join_world(const TrainHooks& hooks, std::unique_ptr<Comm>& owned, int& loc
 // Every rank must train the same thing: the batch sizes resolved for this job's size, and one config.
 void check_world(const Config& c, Comm& comm) {
   if (c.world_size != comm.size())
-    throw ConfigError(c.source + ": the batch sizes were resolved for " + std::to_string(c.world_size) + " rank(s), this job has " +
-                      std::to_string(comm.size()));
+    throw ConfigError(c.source + ": the batch sizes were resolved for " + std::to_string(c.world_size) +
+                      " rank(s), this job has " + std::to_string(comm.size()));
   if (comm.size() == 1) return;
   const std::uint64_t h = fnv1a64(c.resolved_json.data(), c.resolved_json.size());
   const double parts[2] = {static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffu)};
@@ -599,8 +633,9 @@ void check_world(const Config& c, Comm& comm) {
   for (std::size_t r = 1; r < all.size() / 2; ++r)
     if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
   if (!differ.empty())
-    throw ConfigError(c.source + ": the ranks of this job were given different configs: the resolved config of rank(s) " + differ +
-                          " differs from rank 0's",
+    throw ConfigError(c.source +
+                          ": the ranks of this job were given different configs: the resolved config of rank(s) " +
+                          differ + " differs from rank 0's",
                       "start every rank with the same config file and --set overrides");
 }
 
@@ -701,7 +736,8 @@ void finish_result(Run& run, double t_measured, TrainResult& res) {
   res.pinned_capacity = run.engine->pinned_capacity();
   res.pinned_peak = run.engine->pinned_peak();
   res.step_seconds = res.measured_steps ? t_measured / static_cast<double>(res.measured_steps) : 0;
-  std::sort(res.profile.begin(), res.profile.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+  std::sort(res.profile.begin(), res.profile.end(),
+            [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
 }
 
 }  // namespace

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "zinf/comm.h"
 #include "app/config/config.h"
 #include "model/ops_profile.h"
+#include "zinf/comm.h"
 
 namespace zinf {
 
@@ -50,18 +50,19 @@ class LossScaler {
 double lr_at(const SchedulerConfig& s, double base_lr, std::int64_t t);
 
 struct TrainResult {
-  std::int64_t steps = 0;          // training steps completed (including skipped ones)
-  std::int64_t resumed_from = 0;   // the checkpoint's step, when resumed
-  double checkpoint_seconds = 0;   // time spent writing checkpoints
-  std::int64_t skipped = 0;        // overflowed steps
-  double loss = 0, val_loss = 0;   // last training loss, last validation loss
-  double first_val_loss = 0;       // validation loss before training
-  std::string params_digest;       // FNV-1a 64 over every fp32 master parameter, in unit order
+  std::int64_t steps = 0;         // training steps completed (including skipped ones)
+  std::int64_t resumed_from = 0;  // the checkpoint's step, when resumed
+  double checkpoint_seconds = 0;  // time spent writing checkpoints
+  std::int64_t skipped = 0;       // overflowed steps
+  double loss = 0, val_loss = 0;  // last training loss, last validation loss
+  double first_val_loss = 0;      // validation loss before training
+  std::string params_digest;      // FNV-1a 64 over every fp32 master parameter, in unit order
   double tokens_per_s = 0;
   std::size_t peak_device_bytes = 0, device_budget = 0;
   std::size_t pinned_capacity = 0, pinned_peak = 0;
   bool interrupted = false;
-  int stop_signal = 0;  // interrupted: the signal behind the stop (TrainHooks::stop_signal of the lowest rank that had one)
+  int stop_signal =
+      0;  // interrupted: the signal behind the stop (TrainHooks::stop_signal of the lowest rank that had one)
   // Per-resource busy seconds summed over the measured steps (every step after the first), and the
   // mean step time over them: the inputs of `zinf bench step`.
   std::int64_t measured_steps = 0;

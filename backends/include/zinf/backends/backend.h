@@ -19,9 +19,9 @@
 namespace zinf::backends {
 
 struct DeviceSpec {
-  int local_rank = 0;             // this process's rank on its node: which GPU it drives
-  std::size_t budget_bytes = 0;   // device memory zinf may use; 0: the backend's default
-  CpuDeviceOptions cpu;           // the CPU device's async mode and jitter (others ignore it)
+  int local_rank = 0;            // this process's rank on its node: which GPU it drives
+  std::size_t budget_bytes = 0;  // device memory zinf may use; 0: the backend's default
+  CpuDeviceOptions cpu;          // the CPU device's async mode and jitter (others ignore it)
 };
 
 class Backend {
@@ -33,7 +33,8 @@ class Backend {
   // The model's ops on `dev` (a device of this backend), enqueued on its compute stream. `threads`
   // sizes the CPU reference's pool; `precision` picks the CUDA GEMMs' 16-bit inputs.
   virtual std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int threads) const = 0;
-  virtual std::unique_ptr<offload::EngineKernels> make_engine_kernels(Device& dev, cpu_adam::HostThreads& pool) const = 0;
+  virtual std::unique_ptr<offload::EngineKernels> make_engine_kernels(Device& dev,
+                                                                      cpu_adam::HostThreads& pool) const = 0;
   // The collectives over this device's memory, bootstrapped through the host communicator; nullptr
   // when the host communicator can move device memory itself (the CPU device's memory is host memory).
   virtual std::unique_ptr<Comm> make_device_comm(Comm& host, int local_rank) const = 0;

@@ -13,8 +13,8 @@
 namespace zinf::cuda {
 
 struct GpuQuery {
-  bool built = false;             // this binary has the CUDA device
-  std::string status;             // one line for `zinf info`
+  bool built = false;  // this binary has the CUDA device
+  std::string status;  // one line for `zinf info`
   std::vector<GpuInfo> gpus;
   std::string runtime, driver, nccl;
 };
@@ -26,13 +26,14 @@ GpuQuery query_gpus();
 struct PcieResult {
   std::string gpu;
   int pcie_gen = 0, pcie_width = 0;
-  double nominal_gbps = 0;      // per direction, from gen × width (0 when unknown)
+  double nominal_gbps = 0;                           // per direction, from gen × width (0 when unknown)
   double h2d_gbps = 0, d2h_gbps = 0, both_gbps = 0;  // both: H2D and D2H at once, summed
   std::uint64_t bytes = 0;
 };
 
 // Throws zinf::Error ("no GPU visible (…)", or a CUDA call that failed, by name) when it cannot run.
-PcieResult bench_pcie(int device, std::uint64_t bytes, int reps, const std::function<void(const std::string&)>& progress);
+PcieResult bench_pcie(int device, std::uint64_t bytes, int reps,
+                      const std::function<void(const std::string&)>& progress);
 
 // Nominal per-direction bandwidth of a PCIe link in GB/s (after 128b/130b or 8b/10b encoding).
 double pcie_nominal_gbps(int gen, int width);

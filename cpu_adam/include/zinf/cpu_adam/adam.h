@@ -38,7 +38,7 @@ struct AdamHyper {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
-  bool decoupled = true;        // AdamW (p·(1−lr·wd)); false: Adam with L2 (g += wd·p)
+  bool decoupled = true;  // AdamW (p·(1−lr·wd)); false: Adam with L2 (g += wd·p)
   bool bias_correction = true;
 };
 
@@ -46,12 +46,12 @@ struct AdamHyper {
 // chunk and path — DeepSpeed folds bias correction into scalars the same way.
 struct AdamStep {
   float beta1 = 0, one_minus_beta1 = 0, beta2 = 0, one_minus_beta2 = 0, eps = 0;
-  float step_size = 0;    // −lr / (1 − β1^t)
-  float bc2_rsqrt = 0;    // 1 / sqrt(1 − β2^t)
-  float decay = 0;        // AdamW: 1 − lr·wd (a multiplier); L2: wd (added to g as wd·p)
+  float step_size = 0;  // −lr / (1 − β1^t)
+  float bc2_rsqrt = 0;  // 1 / sqrt(1 − β2^t)
+  float decay = 0;      // AdamW: 1 − lr·wd (a multiplier); L2: wd (added to g as wd·p)
   bool apply_decay = false;
   bool decoupled = true;
-  float grad_scale = 1;   // multiplies every gradient: clip_coef / loss_scale
+  float grad_scale = 1;  // multiplies every gradient: clip_coef / loss_scale
 };
 
 // `step` counts from 1. Throws nothing; an invalid step (< 1) is a programming error (ZINF_CHECK).

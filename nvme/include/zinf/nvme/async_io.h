@@ -90,6 +90,6 @@ class AsyncIo {
 // Builds a back end. `automatic` tries io_uring and falls back to posix; `why` (if given) receives the
 // one-line reason for the choice. `faults` (tests) may be null; it must outlive the back end.
 std::unique_ptr<AsyncIo> make_async_io(AsyncIoKind kind, const AsyncIoOptions& o, std::string* why = nullptr,
-                                      FaultPlan* faults = nullptr);
+                                       FaultPlan* faults = nullptr);
 
 }  // namespace zinf::nvme

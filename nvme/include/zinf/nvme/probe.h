@@ -12,15 +12,15 @@ namespace zinf::nvme {
 struct PathProbe {
   std::string path;
   bool exists = false;
-  std::string filesystem;         // "ext4", "xfs", "tmpfs", … or "0x<magic>"
-  std::uint64_t free_bytes = 0;   // available to this user
+  std::string filesystem;        // "ext4", "xfs", "tmpfs", … or "0x<magic>"
+  std::uint64_t free_bytes = 0;  // available to this user
   std::uint64_t total_bytes = 0;
-  std::uint32_t dio_align = 0;    // O_DIRECT memory/offset alignment from statx (0 if unknown)
-  bool writable = false;          // a scratch file could be created (not access(): root passes it on read-only mounts)
-  bool odirect = false;           // an aligned O_DIRECT write+read round-trip succeeded
-  std::string odirect_reason;     // why not, when false
-  bool io_uring = false;          // a ring was set up and completed a read
-  std::string io_uring_reason;    // why not, when false
+  std::uint32_t dio_align = 0;  // O_DIRECT memory/offset alignment from statx (0 if unknown)
+  bool writable = false;        // a scratch file could be created (not access(): root passes it on read-only mounts)
+  bool odirect = false;         // an aligned O_DIRECT write+read round-trip succeeded
+  std::string odirect_reason;   // why not, when false
+  bool io_uring = false;        // a ring was set up and completed a read
+  std::string io_uring_reason;  // why not, when false
 };
 
 // Probes `dir` by creating (and removing) a small scratch file in it. Never throws for the

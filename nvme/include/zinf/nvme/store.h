@@ -21,8 +21,8 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -67,12 +67,12 @@ void remove_live_swap_dirs();
 std::vector<std::string> clean_stale_swap_dirs(const std::string& parent);
 
 struct StoreOptions {
-  std::string parent;                 // nvme_path
+  std::string parent;  // nvme_path
   AsyncIoKind io_kind = AsyncIoKind::automatic;
   AsyncIoOptions io;
-  int files = 1;                      // tensors are spread round-robin over this many files
-  bool odirect = true;                // false, or refused by the filesystem: buffered I/O
-  bool create_parent = false;         // create `parent` when missing (training's nvme_path, as DeepSpeed)
+  int files = 1;               // tensors are spread round-robin over this many files
+  bool odirect = true;         // false, or refused by the filesystem: buffered I/O
+  bool create_parent = false;  // create `parent` when missing (training's nvme_path, as DeepSpeed)
 };
 
 class TensorStore {

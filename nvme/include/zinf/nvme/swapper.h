@@ -15,17 +15,17 @@
 #include <functional>
 #include <vector>
 
-#include "zinf/pinned.h"
 #include "zinf/nvme/store.h"
+#include "zinf/pinned.h"
 
 namespace zinf::nvme {
 
 struct SwapItem {
   TensorStore::Id id = 0;
-  std::uint64_t offset = 0;   // aligned
-  std::uint64_t len = 0;      // ≤ buffer_bytes
-  bool read = true;           // false: the buffer starts with undefined contents (e.g. first init)
-  bool write = true;          // false: read-only item, the buffer is released after processing
+  std::uint64_t offset = 0;  // aligned
+  std::uint64_t len = 0;     // ≤ buffer_bytes
+  bool read = true;          // false: the buffer starts with undefined contents (e.g. first init)
+  bool write = true;         // false: read-only item, the buffer is released after processing
 };
 
 class Swapper {

@@ -35,23 +35,23 @@ struct UnitLayout {
 };
 
 struct Layout {
-  bool mixed = false;                    // fp16/bf16: the compute copy is 16-bit
-  std::uint64_t compute_bytes = 4;       // bytes per element of the compute copy
-  bool fp32_work = false;                // 16-bit runs keep fp32 working weights beside the resident copy
+  bool mixed = false;               // fp16/bf16: the compute copy is 16-bit
+  std::uint64_t compute_bytes = 4;  // bytes per element of the compute copy
+  bool fp32_work = false;           // 16-bit runs keep fp32 working weights beside the resident copy
   bool optimizer_offloaded = false, param_offloaded = false;
   OffloadDevice optimizer = OffloadDevice::none, param = OffloadDevice::none;
-  int optimizer_buffers = 0;             // the swapper's buffers (optimizer on NVMe)
+  int optimizer_buffers = 0;  // the swapper's buffers (optimizer on NVMe)
   int world = 1, rank = 0;
-  bool parallel = false;                 // more than one rank
+  bool parallel = false;                                                 // more than one rank
   bool shard_states = false, shard_grads = false, shard_params = false;  // by the ZeRO stage, with several ranks
-  bool fp32_sum = false;                 // the Update reads an fp32 sum of micro batches (and ranks)
-  bool windows = false;                  // some units visit a parameter window slot
+  bool fp32_sum = false;                    // the Update reads an fp32 sum of micro batches (and ranks)
+  bool windows = false;                     // some units visit a parameter window slot
   std::uint64_t bucket = 0, sub_group = 0;  // effective reduce-bucket and sub-group sizes, elements
-  int window_slots = 0;                  // parameter window slots (0 without windows)
-  std::uint64_t max_unit = 0;            // the largest unit
-  std::uint64_t max_windowed = 0;        // the largest unit that visits the parameter window
-  std::uint64_t max_grad_windowed = 0;   // the largest non-persistent unit (the gradient slots' size)
-  std::uint64_t comm_scratch = 0;        // elements: every rank's contribution to this rank's part of a bucket
+  int window_slots = 0;                     // parameter window slots (0 without windows)
+  std::uint64_t max_unit = 0;               // the largest unit
+  std::uint64_t max_windowed = 0;           // the largest unit that visits the parameter window
+  std::uint64_t max_grad_windowed = 0;      // the largest non-persistent unit (the gradient slots' size)
+  std::uint64_t comm_scratch = 0;           // elements: every rank's contribution to this rank's part of a bucket
   std::uint64_t n_params = 0;
   std::vector<UnitLayout> units;
 };
@@ -63,34 +63,51 @@ Layout make_layout(const PlanInput& in);
 // What a buffer holds.
 enum class Buffer {
   // one per unit
-  param,               // the compute copy in its home: device (resident, or a stage-3 shard), pinned host or NVMe
-  work,                // fp32 working weights of a resident 16-bit unit
-  grad,                // the model's fp32 gradient on the device (units whose gradient has no slot)
-  grad16,              // its 16-bit rounding on the device: the device Update's input
-  grad_sum,            // the fp32 sum of micro batches (and ranks) on the device
-  host_grad,           // the Update's input in host memory: the fp32 sum, or the landed 16-bit gradient
-  master, adam_m, adam_v,  // optimizer states on the device or in host memory
+  param,      // the compute copy in its home: device (resident, or a stage-3 shard), pinned host or NVMe
+  work,       // fp32 working weights of a resident 16-bit unit
+  grad,       // the model's fp32 gradient on the device (units whose gradient has no slot)
+  grad16,     // its 16-bit rounding on the device: the device Update's input
+  grad_sum,   // the fp32 sum of micro batches (and ranks) on the device
+  host_grad,  // the Update's input in host memory: the fp32 sum, or the landed 16-bit gradient
+  master,
+  adam_m,
+  adam_v,              // optimizer states on the device or in host memory
   optimizer_subgroup,  // NVMe: one tensor per sub-group holding master | m | v (SubGroupLayout)
   // shared
-  activations,         // one micro batch's activations (the caller's estimate; the model allocates them)
-  param_slot,          // a parameter window slot: one unit's compute copy
-  work_slot,           // its fp32 working weights (16-bit runs)
-  param_staging,       // a slot's pinned staging: NVMe reads, or the gathered shards
-  grad_slot,           // a device gradient slot: one unit's fp32 gradient
-  grad16_slot,         // its 16-bit rounding (the optimizer on the device, gradients partitioned)
-  grad_landing,        // pinned landing buffers of the GradOut copies, one bucket each
-  grad_out_staging,    // one bucket rounded on the device before it leaves
-  param_upload,        // pinned slots of the Update's new compute copy, one sub-group each
-  optimizer_swap,      // the swapper's pinned buffers, one sub-group's master | m | v each
-  reduce_scratch,      // the fp32 of one landed bucket (host)
-  comm_receive,        // every rank's part of a bucket, received for the cross-rank reduction
+  activations,       // one micro batch's activations (the caller's estimate; the model allocates them)
+  param_slot,        // a parameter window slot: one unit's compute copy
+  work_slot,         // its fp32 working weights (16-bit runs)
+  param_staging,     // a slot's pinned staging: NVMe reads, or the gathered shards
+  grad_slot,         // a device gradient slot: one unit's fp32 gradient
+  grad16_slot,       // its 16-bit rounding (the optimizer on the device, gradients partitioned)
+  grad_landing,      // pinned landing buffers of the GradOut copies, one bucket each
+  grad_out_staging,  // one bucket rounded on the device before it leaves
+  param_upload,      // pinned slots of the Update's new compute copy, one sub-group each
+  optimizer_swap,    // the swapper's pinned buffers, one sub-group's master | m | v each
+  reduce_scratch,    // the fp32 of one landed bucket (host)
+  comm_receive,      // every rank's part of a bucket, received for the cross-rank reduction
 };
 
 // The rows of `zinf plan`, in its order: model states first, then buffers.
 enum class PlanRow {
-  param16, fp32_work, grad, grad16, grad32, master, adam_m, adam_v,  // states
-  activations, param_window, param_staging, grad_window, grad_landing, grad_out_staging, param_upload, optimizer_swap,
-  reduce_scratch, comm_receive,
+  param16,
+  fp32_work,
+  grad,
+  grad16,
+  grad32,
+  master,
+  adam_m,
+  adam_v,  // states
+  activations,
+  param_window,
+  param_staging,
+  grad_window,
+  grad_landing,
+  grad_out_staging,
+  param_upload,
+  optimizer_swap,
+  reduce_scratch,
+  comm_receive,
 };
 constexpr int kPlanRows = static_cast<int>(PlanRow::comm_receive) + 1;
 constexpr bool is_state_row(PlanRow r) { return r <= PlanRow::adam_v; }
@@ -104,7 +121,7 @@ struct BufferSpec {
   std::uint64_t count = 1;     // equal buffers
   std::size_t unit = kShared;  // the unit it belongs to; kShared for shared buffers
   PlanRow row = PlanRow::param16;
-  int rows = 1;                // the buffer holds rows `row`, `row`+1, … in equal parts (master | m | v)
+  int rows = 1;  // the buffer holds rows `row`, `row`+1, … in equal parts (master | m | v)
 };
 
 // What a buffer of `bytes` takes on its tier: the pinned pool hands out 4 KiB blocks (at least one),
@@ -115,7 +132,8 @@ std::uint64_t footprint(Tier t, std::uint64_t bytes);
 // sub-group tensors of a unit come as one spec for its whole sub-groups and one for its last,
 // shorter one (in that order); everything else is one spec per buffer kind and unit.
 // `activation_bytes`: the caller's estimate (a spec of its own, allocated by no one here).
-void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes, const std::function<void(const BufferSpec&)>& fn);
+void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes,
+                     const std::function<void(const BufferSpec&)>& fn);
 
 // The list, with its layout and a per-unit index: what the engine allocates from.
 class BufferSpecs {

@@ -40,7 +40,7 @@ class CollectiveOrder {
 // ((x₀ + x₁) + x₂) + … over the ranks. `recv`: scratch of ranks × counts[rank] floats in the same
 // memory. The all-to-all goes through `comm`, the sums through `kern` on stream s.
 // With `order`, the all-to-all is issued through it.
-void reduce_scatter_ordered(Comm& comm, Device& dev, EngineKernels& kern, StreamRole s, float* g, const std::vector<std::size_t>& counts,
-                            float* recv, CollectiveOrder* order = nullptr);
+void reduce_scatter_ordered(Comm& comm, Device& dev, EngineKernels& kern, StreamRole s, float* g,
+                            const std::vector<std::size_t>& counts, float* recv, CollectiveOrder* order = nullptr);
 
 }  // namespace zinf::offload

@@ -85,33 +85,33 @@
 #include <string>
 #include <vector>
 
-#include "zinf/types.h"
 #include "zinf/comm.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/device.h"
 #include "zinf/nvme/store.h"
 #include "zinf/offload/engine_kernels.h"
 #include "zinf/offload/placement.h"
+#include "zinf/types.h"
 
 namespace zinf::offload {
 
 enum class Overlap { exact, none };
 
 struct EngineConfig {
-  std::vector<std::size_t> units;   // parameters per layer unit, forward order
-  std::vector<bool> persistent;     // units always resident on the device under param offload
+  std::vector<std::size_t> units;  // parameters per layer unit, forward order
+  std::vector<bool> persistent;    // units always resident on the device under param offload
   Precision precision = Precision::fp32;
   OffloadDevice optimizer = OffloadDevice::none;
   OffloadDevice param = OffloadDevice::none;
   std::int64_t grad_accum = 1;
-  std::size_t sub_group_size = 1'000'000'000;   // elements
-  std::size_t reduce_bucket_size = 500'000'000; // elements
-  int optimizer_buffer_count = 4;   // swapper buffers, each one sub-group's master|m|v
-  int prefetch_depth = 1;           // parameter units fetched ahead
+  std::size_t sub_group_size = 1'000'000'000;    // elements
+  std::size_t reduce_bucket_size = 500'000'000;  // elements
+  int optimizer_buffer_count = 4;                // swapper buffers, each one sub-group's master|m|v
+  int prefetch_depth = 1;                        // parameter units fetched ahead
   nvme::StoreOptions optimizer_store, param_store;
   bool pin_memory = true;
-  int host_threads = 0;             // 0: physical cores
-  bool pin_threads = false;         // bind the host workers to cores (hwloc)
+  int host_threads = 0;      // 0: physical cores
+  bool pin_threads = false;  // bind the host workers to cores (hwloc)
   Overlap overlap = Overlap::exact;
   nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
   // Data parallelism: this rank's communicators (zinf/comm.h), `comm` for host-visible buffers and
@@ -136,14 +136,14 @@ struct EngineConfig {
 
 struct StepOptions {
   double loss_scale = 1;
-  double gradient_clipping = 0;     // 0: off
-  cpu_adam::AdamHyper hyper;        // lr already scheduled
-  std::int64_t step = 1;            // optimizer step number (bias correction), from 1
+  double gradient_clipping = 0;  // 0: off
+  cpu_adam::AdamHyper hyper;     // lr already scheduled
+  std::int64_t step = 1;         // optimizer step number (bias correction), from 1
 };
 
 struct StepOutcome {
   bool finite = true;
-  double norm = 0;                  // the unscaled global gradient norm (NaN/Inf when not finite)
+  double norm = 0;  // the unscaled global gradient norm (NaN/Inf when not finite)
 };
 
 class Engine {
@@ -176,8 +176,8 @@ class Engine {
   // Update (which lands unit by unit; the next forward waits per unit). Returns before the Update
   // finishes under Overlap::exact.
   StepOutcome step(const StepOptions& o);
-  void synchronize();                              // waits for the Update in flight, rethrows its error
-  void read_master(std::size_t u, float* dst);     // synchronizes, then copies unit u's fp32 master
+  void synchronize();                           // waits for the Update in flight, rethrows its error
+  void read_master(std::size_t u, float* dst);  // synchronizes, then copies unit u's fp32 master
   // Checkpoints: unit u's fp32 master, Adam m and v wherever they live (synchronizes first); and the
   // reverse, which also rebuilds the unit's compute copy in its home. Nothing may run meanwhile.
   // With optimizer states partitioned across ranks (ZeRO stage ≥ 1), read_states and read_master are
@@ -200,7 +200,7 @@ class Engine {
   // make_plan(plan_input(c)), which sums the same buffer specs (on a device that hands out what is
   // asked, and NVMe paths with the 4 KiB alignment the plan assumes).
   TierBytes held_bytes() const;
-  std::string describe() const;                    // one line: placement, pinned pool, NVMe engine
+  std::string describe() const;  // one line: placement, pinned pool, NVMe engine
 
  private:
   struct Impl;

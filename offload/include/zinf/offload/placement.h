@@ -43,12 +43,12 @@ struct PlanInput {
   std::int64_t sub_group_size = 1'000'000'000;
   std::int64_t reduce_bucket_size = 500'000'000;
   int optimizer_buffer_count = 4;
-  int prefetch_depth = 1;                 // parameter window: max(2, 1 + prefetch_depth) slots
-  bool fp32_work = true;                  // the CPU device keeps fp32 working weights of 16-bit params
-  std::uint64_t activation_bytes = 0;     // device bytes for one micro batch (the caller's estimate)
-  int world = 1, rank = 0;                // data-parallel ranks, and the rank this plan is for
-  int stage = 0;                          // ZeRO stage (partitioning applies with world > 1)
-  std::int64_t persistence_threshold = 0; // stage 3, world > 1: units this small are not partitioned
+  int prefetch_depth = 1;                  // parameter window: max(2, 1 + prefetch_depth) slots
+  bool fp32_work = true;                   // the CPU device keeps fp32 working weights of 16-bit params
+  std::uint64_t activation_bytes = 0;      // device bytes for one micro batch (the caller's estimate)
+  int world = 1, rank = 0;                 // data-parallel ranks, and the rank this plan is for
+  int stage = 0;                           // ZeRO stage (partitioning applies with world > 1)
+  std::int64_t persistence_threshold = 0;  // stage 3, world > 1: units this small are not partitioned
 };
 
 struct Row {
@@ -61,13 +61,13 @@ struct Row {
 struct Plan {
   std::int64_t n_params = 0;
   std::int64_t largest_unit = 0;
-  std::int64_t largest_windowed = 0;  // the largest unit that moves through the parameter window
+  std::int64_t largest_windowed = 0;       // the largest unit that moves through the parameter window
   std::int64_t sub_group = 0, bucket = 0;  // effective sub-group and reduce-bucket sizes (elements)
-  int window_slots = 0;        // parameter window slots on the device (param offload)
-  std::vector<Row> states;     // param16, grad16, grad32, master, m, v
-  std::vector<Row> buffers;    // activations, device windows, pinned pool parts
-  TierBytes model_states{};    // sum of `states`
-  TierBytes totals{};          // states + buffers
+  int window_slots = 0;                    // parameter window slots on the device (param offload)
+  std::vector<Row> states;                 // param16, grad16, grad32, master, m, v
+  std::vector<Row> buffers;                // activations, device windows, pinned pool parts
+  TierBytes model_states{};                // sum of `states`
+  TierBytes totals{};                      // states + buffers
   std::uint64_t pinned_pool = 0;  // staging buffers through the one bounded pool (excludes a pinned param16 home)
 };
 
@@ -77,17 +77,17 @@ struct Plan {
 Plan make_plan(const PlanInput& in);
 
 struct Capacity {
-  std::uint64_t device = 0;     // device memory budget
-  std::uint64_t host = 0;       // host memory available
-  std::uint64_t pinnable = 0;   // min(RLIMIT_MEMLOCK, host) — what may be page-locked
-  std::uint64_t nvme = 0;       // free space at the swap path(s)
-  bool nvme_known = false;      // false when no NVMe path is configured or it does not exist
+  std::uint64_t device = 0;    // device memory budget
+  std::uint64_t host = 0;      // host memory available
+  std::uint64_t pinnable = 0;  // min(RLIMIT_MEMLOCK, host) — what may be page-locked
+  std::uint64_t nvme = 0;      // free space at the swap path(s)
+  bool nvme_known = false;     // false when no NVMe path is configured or it does not exist
 };
 
 struct Verdict {
   bool fits = true;
-  std::string limiting;         // the resource closest to running out: "device", "pinned", …
-  double limiting_fraction = 0; // its use / capacity
+  std::string limiting;               // the resource closest to running out: "device", "pinned", …
+  double limiting_fraction = 0;       // its use / capacity
   std::vector<std::string> problems;  // one line per resource that runs out
 };
 

@@ -7,7 +7,7 @@
 #   3 offload/              the offload engine
 #   4 src/model/            the model families and the op seam
 #   5 src/io/               model I/O
-#   6 backends/             the device backends (cpu/, cuda/, mpi/) and their factory
+#   6 src/backends/         the device backends (cpu/, cuda/, mpi/) and their factory
 #   7 src/app/, bench/      the application: config, plan, training loop, checkpoints; what `zinf bench` measures
 #   8 src/app/cli/          the command line
 # Prints every include that points up and exits 1 if there is one. Run by ctest (include_layers).
@@ -21,7 +21,7 @@ layer_of_file() {
     offload/*) echo 3 ;;
     src/model/*) echo 4 ;;
     src/io/*) echo 5 ;;
-    backends/*) echo 6 ;;
+    src/backends/*) echo 6 ;;
     src/app/cli/*) echo 8 ;;
     src/app/* | bench/*) echo 7 ;;
     *) echo 0 ;;
@@ -51,6 +51,6 @@ while IFS= read -r f; do
       bad=1
     fi
   done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f")
-done < <(git ls-files -- include cpu_adam nvme offload src backends bench | grep -E '\.(h|hpp|cpp|cu|cuh)$')
+done < <(git ls-files -- include cpu_adam nvme offload src bench | grep -E '\.(h|hpp|cpp|cu|cuh)$')
 if [ "$bad" = 0 ]; then echo "include direction: no include points up the layers"; fi
 exit "$bad"

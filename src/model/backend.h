@@ -1,8 +1,8 @@
 // backend.h — the seam between the model and a device's kernels: every op of the GPT-2 and Llama
 // families, plus the copies and fills the model does on device memory, behind one interface. The ops
 // are listed once, in op_list.h; the declarations below are generated from that list. The CPU
-// backend's reference ops (backends/cpu/, whose headers give each op's shapes and semantics) and the
-// CUDA backend's kernels (backends/cuda/) implement it; activations and weights pass as typed views
+// backend's reference ops (src/backends/cpu/, whose headers give each op's shapes and semantics) and the
+// CUDA backend's kernels (src/backends/cuda/) implement it; activations and weights pass as typed views
 // (tensor.h).
 #pragma once
 

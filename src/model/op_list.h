@@ -1,7 +1,7 @@
 // op_list.h — every op of the seam between the model and a device's kernels, written once.
 //
 // From these lists come the OpsBackend virtuals (model/backend.h), the CPU backend's calls into the
-// reference ops (CpuOps, backends/cpu/cpu_ops.h), the fp32 adapter the CUDA backend derives from
+// reference ops (CpuOps, src/backends/cpu/cpu_ops.h), the fp32 adapter the CUDA backend derives from
 // (Fp32Ops, backend.h), the forwarding wrapper under the stream and profiling wrappers
 // (model/ops_forward.h) and the table-driven op test (tests/backends/ops_table_test.cpp).
 //
@@ -17,9 +17,9 @@
 // To add an op:
 //   1. add its entry here (GPT-2's ops or the Llama family's: a backend without Llama kernels raises
 //      the "no llama kernels" ConfigError for those);
-//   2. write the CPU reference ops::name in backends/cpu/ops_gpt.cpp or ops_llama.cpp (declared in
+//   2. write the CPU reference ops::name in src/backends/cpu/ops_gpt.cpp or ops_llama.cpp (declared in
 //      ops_gpt.h / ops_llama.h), taking float pointers where the entry has views;
-//   3. write the CUDA kernel (backends/cuda/ops/) and CudaOps::fp32_name (backends/cuda/cuda_ops.cu),
+//   3. write the CUDA kernel (src/backends/cuda/ops/) and CudaOps::fp32_name (src/backends/cuda/cuda_ops.cu),
 //      with the same float-pointer parameters;
 //   4. give it a case in tests/backends/ops_table_test.cpp (the test does not compile without one);
 //   5. call it from the model.

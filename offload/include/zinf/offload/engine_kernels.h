@@ -8,8 +8,8 @@
 // block_sums reproduces cpu_adam's fixed order — 16 interleaved double accumulators per 64 Ki-element
 // block, folded pairwise; the caller adds blocks in order —, and adam_update its operation order.
 //
-// Each backend implements them for its device: backends/cpu/engine_kernels.cpp runs cpu_adam on the
-// stream's worker (device memory is host memory), backends/cuda/engine_kernels.cu as kernels.
+// Each backend implements them for its device: src/backends/cpu/engine_kernels.cpp runs cpu_adam on the
+// stream's worker (device memory is host memory), src/backends/cuda/engine_kernels.cu as kernels.
 #pragma once
 
 #include <cstddef>

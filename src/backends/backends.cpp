@@ -1,5 +1,5 @@
-// backends.cpp — which backends this build has. The CUDA backend (backends/cuda/) is compiled only
-// with CUDA and the MPI communicator (backends/mpi/) only with MPI; this file is the one place that
+// backends.cpp — which backends this build has. The CUDA backend (src/backends/cuda/) is compiled only
+// with CUDA and the MPI communicator (src/backends/mpi/) only with MPI; this file is the one place that
 // knows, and answers for a missing one with a clear error (or, for the facts `zinf info` shows, with
 // "built without").
 #include "cpu/cpu.h"

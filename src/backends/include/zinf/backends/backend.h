@@ -1,7 +1,7 @@
 // zinf/backends/backend.h — one factory per kind of device. A backend makes everything a run needs on
 // its device: the device itself (streams, events, memory), the model's ops on it, the offload
 // engine's kernels on its memory, and the collectives over its memory for data-parallel runs. The
-// CPU backend lives in backends/cpu/, the CUDA backend in backends/cuda/ (built only with CUDA);
+// CPU backend lives in src/backends/cpu/, the CUDA backend in src/backends/cuda/ (built only with CUDA);
 // a run asks backend_for() once and never names a device type again.
 #pragma once
 

@@ -22,7 +22,7 @@ __global__ void ln_forward_kernel(float* out, float* mean, float* rstd, const fl
   mean[r] = m;
   rstd[r] = s;
 }
-// One thread per row, the loop of the CPU reference (backends/cpu/ops_gpt.cpp) line for line, so the
+// One thread per row, the loop of the CPU reference (src/backends/cpu/ops_gpt.cpp) line for line, so the
 // two agree to rounding.
 __global__ void ln_backward_rows(float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
                                  const float* rstd, int R, int C) {

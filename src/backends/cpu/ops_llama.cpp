@@ -13,7 +13,7 @@ std::size_t nchunks(std::size_t n, std::size_t c) { return (n + c - 1) / c; }
 constexpr std::size_t kElemChunk = 1 << 14;
 }  // namespace
 
-// Each reference op below and its kernel in backends/cuda/ops/llama.cu share their per-row loop on
+// Each reference op below and its kernel in src/backends/cuda/ops/llama.cu share their per-row loop on
 // purpose: the kernel follows the reference's order of operations so that the two agree to rounding.
 void rmsnorm_forward(ChunkPool& p, float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps) {
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {

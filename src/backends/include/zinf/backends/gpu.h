@@ -1,6 +1,6 @@
 // zinf/backends/gpu.h — what zinf can learn about the machine's GPUs, and `zinf bench pcie`: plain
-// types only, so callers need no CUDA headers. The CUDA backend (backends/cuda/) implements them; a
-// build without CUDA answers "built without CUDA" from backends/backends.cpp.
+// types only, so callers need no CUDA headers. The CUDA backend (src/backends/cuda/) implements them; a
+// build without CUDA answers "built without CUDA" from src/backends/backends.cpp.
 #pragma once
 
 #include <cstdint>

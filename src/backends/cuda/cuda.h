@@ -1,4 +1,4 @@
-// cuda.h — the CUDA backend's pieces (backends/cuda/), for its factory (backend.cpp) and for the
+// cuda.h — the CUDA backend's pieces (src/backends/cuda/), for its factory (backend.cpp) and for the
 // tests that drive one piece on a GPU. Plain C++: no CUDA types.
 #pragma once
 

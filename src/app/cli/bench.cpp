@@ -8,8 +8,8 @@
 
 #include "app/config/config.h"
 #include "app/train/train.h"
-#include "bench/adam.h"
-#include "bench/comm.h"
+#include "bench/adam_bench.h"
+#include "bench/comm_bench.h"
 #include "bench/nvme_sweep.h"
 #include "commands.h"
 #include "model/shape.h"

@@ -1,4 +1,4 @@
-// device.cpp — the CPU device (zinf/device.h): host memory under a budget, one worker thread
+// cpu_device.cpp — the CPU device (zinf/device.h): host memory under a budget, one worker thread
 // per stream role running an in-order queue, events as completion flags. In async mode the model's
 // ops are stream work (the StreamOps backend enqueues them here); with a jitter seed every job on
 // every stream waits a seeded random time first.

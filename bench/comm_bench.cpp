@@ -1,5 +1,5 @@
-// comm.cpp — `zinf bench comm` (bench/comm.h).
-#include "bench/comm.h"
+// comm_bench.cpp — `zinf bench comm` (comm_bench.h).
+#include "bench/comm_bench.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,12 +1,12 @@
-// adam.cpp — `zinf bench adam`: the fused Update against the memory limit of its own access
-// pattern and against an ordinary Adam loop, measured in one run (bench/adam.h).
+// adam_bench.cpp — `zinf bench adam`: the fused Update against the memory limit of its own access
+// pattern and against an ordinary Adam loop, measured in one run (adam_bench.h).
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
-#include "bench/adam.h"
+#include "bench/adam_bench.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/cpu_adam/host_threads.h"

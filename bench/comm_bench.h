@@ -1,4 +1,4 @@
-// comm.h — `zinf bench comm`: the data-parallel collectives of the active transport, on the active
+// comm_bench.h — `zinf bench comm`: the data-parallel collectives of the active transport, on the active
 // device's memory, per size, as nccl-tests reports them — algorithm bandwidth (bytes / time) and bus
 // bandwidth (the algorithm bandwidth times the share of the data each rank must move: 2(n−1)/n for
 // all-reduce, (n−1)/n for all-gather, reduce-scatter and all-to-all) — beside the device's own copy

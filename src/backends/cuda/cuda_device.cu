@@ -1,4 +1,4 @@
-// device.cu — the CUDA device (zinf/device.h): the caching allocator over cudaMalloc within the
+// cuda_device.cu — the CUDA device (zinf/device.h): the caching allocator over cudaMalloc within the
 // budget, one non-blocking stream per role (the default stream is never used), events as the only
 // cross-stream synchronisation, async copies, host registration of the pinned pool.
 #include <cuda_runtime.h>

@@ -1,4 +1,4 @@
-// adam.h — `zinf bench adam`. Like every user-facing measurement (`zinf bench …`) it reports ratios
+// adam_bench.h — `zinf bench adam`. Like every user-facing measurement (`zinf bench …`) it reports ratios
 // against a limit measured in the same run, because absolute numbers drift on a shared machine.
 #pragma once
 

@@ -80,7 +80,7 @@ namespace {
 // pread/pwrite on threads × queue_depth workers sharing one queue.
 class PosixIo final : public AsyncIo {
  public:
-  PosixIo(const AsyncIoOptions& o, FaultPlan* faults) : o_(o), faults_(faults) {
+  PosixIo(const AsyncIoOptions& o, FaultPlan* faults) : options_(o), faults_(faults) {
     const int workers = std::max(1, std::min(64, o.threads * o.queue_depth));
     for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
   }
@@ -94,7 +94,7 @@ class PosixIo final : public AsyncIo {
   }
   IoHandle submit(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset, const std::string& path,
                   std::function<void()> on_done) override {
-    Split s = split(write, fd, buf, len, offset, o_.block_size, path, std::move(on_done));
+    Split s = split(write, fd, buf, len, offset, options_.block_size, path, std::move(on_done));
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (auto& r : s.requests) queue_.push_back(std::move(r));
@@ -103,7 +103,7 @@ class PosixIo final : public AsyncIo {
     return s.op;
   }
   std::string name() const override { return "posix"; }
-  const AsyncIoOptions& options() const override { return o_; }
+  const AsyncIoOptions& options() const override { return options_; }
 
  private:
   void loop() {
@@ -135,7 +135,7 @@ class PosixIo final : public AsyncIo {
     r.op->request_done();
   }
 
-  AsyncIoOptions o_;
+  AsyncIoOptions options_;
   FaultPlan* faults_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -21,7 +21,7 @@ constexpr std::uint64_t kWakeTag = 1;  // user_data of the eventfd poll; request
 
 class Worker {
  public:
-  Worker(const AsyncIoOptions& o, FaultPlan* faults) : o_(o), faults_(faults) {
+  Worker(const AsyncIoOptions& o, FaultPlan* faults) : options_(o), faults_(faults) {
     io_uring_params p{};
     if (o.sqpoll) {
       p.flags |= IORING_SETUP_SQPOLL;
@@ -77,9 +77,9 @@ class Worker {
   }
   int fixed_index(const char* p) const {
     if (!fixed_) return -1;
-    for (std::size_t i = 0; i < o_.fixed_buffers.size(); ++i) {
-      const auto* base = static_cast<const char*>(o_.fixed_buffers[i].iov_base);
-      if (p >= base && p < base + o_.fixed_buffers[i].iov_len) return static_cast<int>(i);
+    for (std::size_t i = 0; i < options_.fixed_buffers.size(); ++i) {
+      const auto* base = static_cast<const char*>(options_.fixed_buffers[i].iov_base);
+      if (p >= base && p < base + options_.fixed_buffers[i].iov_len) return static_cast<int>(i);
     }
     return -1;
   }
@@ -93,8 +93,8 @@ class Worker {
     int fd = r->fd;
     bool fixed_file = false;
     if (files_registered_) {
-      for (std::size_t i = 0; i < o_.fixed_files.size(); ++i)
-        if (o_.fixed_files[i] == fd) {
+      for (std::size_t i = 0; i < options_.fixed_files.size(); ++i)
+        if (options_.fixed_files[i] == fd) {
           fd = static_cast<int>(i);
           fixed_file = true;
           break;
@@ -113,7 +113,7 @@ class Worker {
     }
     if (fixed_file) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
     io_uring_sqe_set_data(sqe, r);
-    if (o_.single_submit) io_uring_submit(&ring_);
+    if (options_.single_submit) io_uring_submit(&ring_);
   }
   void loop() {
     std::size_t inflight = 0;
@@ -124,7 +124,7 @@ class Worker {
       {
         std::lock_guard<std::mutex> lk(mu_);
         stopping = stop_;
-        while (inflight < static_cast<std::size_t>(o_.queue_depth) && (!retry.empty() || !queue_.empty())) {
+        while (inflight < static_cast<std::size_t>(options_.queue_depth) && (!retry.empty() || !queue_.empty())) {
           Request* r;
           if (!retry.empty()) {
             r = retry.front();
@@ -177,7 +177,7 @@ class Worker {
     }
   }
 
-  AsyncIoOptions o_;
+  AsyncIoOptions options_;
   FaultPlan* faults_;
   io_uring ring_{};
   int efd_ = -1;
@@ -191,12 +191,12 @@ class Worker {
 
 class UringIo final : public AsyncIo {
  public:
-  UringIo(const AsyncIoOptions& o, FaultPlan* faults) : o_(o) {
+  UringIo(const AsyncIoOptions& o, FaultPlan* faults) : options_(o) {
     for (int i = 0; i < o.threads; ++i) workers_.push_back(std::make_unique<Worker>(o, faults));
   }
   IoHandle submit(bool write, int fd, void* buf, std::uint64_t len, std::uint64_t offset, const std::string& path,
                   std::function<void()> on_done) override {
-    Split s = split(write, fd, buf, len, offset, o_.block_size, path, std::move(on_done));
+    Split s = split(write, fd, buf, len, offset, options_.block_size, path, std::move(on_done));
     // Round-robin over the rings, continuing where the last transfer stopped.
     std::vector<std::deque<Request>> per(workers_.size());
     for (auto& r : s.requests) per[next_++ % workers_.size()].push_back(std::move(r));
@@ -204,10 +204,10 @@ class UringIo final : public AsyncIo {
     return s.op;
   }
   std::string name() const override { return "io_uring"; }
-  const AsyncIoOptions& options() const override { return o_; }
+  const AsyncIoOptions& options() const override { return options_; }
 
  private:
-  AsyncIoOptions o_;
+  AsyncIoOptions options_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<std::size_t> next_{0};
 };

@@ -79,7 +79,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   impl_ = std::make_unique<Impl>(cfg, dev);
   Impl& impl = *impl_;
   EngineState& s = impl.s;
-  const EngineConfig& c = s.c;
+  const EngineConfig& c = s.config;
   if (s.parallel()) {  // one communicator per thread that runs collectives, in this order on every rank
     Comm& hc = *c.comm;
     Comm& dc = c.device_comm ? *c.device_comm : *c.comm;
@@ -172,8 +172,8 @@ void Engine::begin_forward() { impl_->backward = false; }
 void Engine::begin_backward() {
   Impl& impl = *impl_;
   impl.backward = true;
-  if (impl.s.exact() && impl.s.c.optimizer == OffloadDevice::nvme && impl.grads->micro() == impl.s.c.grad_accum - 1 &&
-      !impl.update->started_early())
+  if (impl.s.exact() && impl.s.config.optimizer == OffloadDevice::nvme &&
+      impl.grads->micro() == impl.s.config.grad_accum - 1 && !impl.update->started_early())
     impl.update->start_early();
 }
 
@@ -338,13 +338,13 @@ TierBytes Engine::held_bytes() const { return impl_->held; }
 
 std::string Engine::describe() const {
   Impl& impl = *impl_;
-  std::string d = "offload_optimizer=" + std::string(to_string(impl.s.c.optimizer)) +
-                  " offload_param=" + std::string(to_string(impl.s.c.param)) + ", overlap " +
+  std::string d = "offload_optimizer=" + std::string(to_string(impl.s.config.optimizer)) +
+                  " offload_param=" + std::string(to_string(impl.s.config.param)) + ", overlap " +
                   (impl.s.exact() ? "exact" : "none") + ", pinned pool " + std::to_string(impl.s.pinned->capacity()) +
                   " bytes";
   if (impl.s.parallel()) {
     d += "; rank " + std::to_string(impl.s.rank) + " of " + std::to_string(impl.s.world) + ", ZeRO stage " +
-         std::to_string(impl.s.c.stage);
+         std::to_string(impl.s.config.stage);
     d += impl.s.shard_params   ? " (optimizer states, gradients and parameters partitioned)"
          : impl.s.shard_grads  ? " (optimizer states and gradients partitioned)"
          : impl.s.shard_states ? " (optimizer states partitioned)"

@@ -109,7 +109,7 @@ struct Unit : UnitLayout {
 
 // What every stage shares.
 struct EngineState {
-  EngineConfig c;
+  EngineConfig config;
   Device& dev;
   // Every buffer the engine allocates, and the layout they come from (buffer_specs.h): the stages
   // allocate what these say, and `zinf plan` sums the same list.
@@ -148,7 +148,7 @@ struct EngineState {
   std::atomic<std::uint64_t> host_bytes{0};  // host memory held (alloc_host), for Engine::held_bytes
 
   EngineState(const EngineConfig& cfg, Device& d)
-      : c(cfg),
+      : config(cfg),
         dev(d),
         buffers(Engine::plan_input(cfg)),
         mixed(buffers.layout().mixed),
@@ -166,7 +166,7 @@ struct EngineState {
         ordered_collectives(world > 1 && cfg.device_comm && cfg.device_comm->stream_ordered()),
         threads(cfg.host_threads, cfg.pin_threads) {}
 
-  bool exact() const { return c.overlap == Overlap::exact; }
+  bool exact() const { return config.overlap == Overlap::exact; }
   bool parallel() const { return world > 1; }
 
   // The spec of `what` for unit `u` (kShared: a shared buffer); null when the engine has none.

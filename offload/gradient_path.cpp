@@ -3,47 +3,48 @@
 
 namespace zinf::offload::detail {
 
-GradientPath::GradientPath(EngineState& s) : s_(s), jitter_(s.dev.jitter(), 11) {
+GradientPath::GradientPath(EngineState& s) : state_(s), jitter_(s.dev.jitter(), 11) {
   worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); });
 }
 
 void GradientPath::add(Unit& u, const std::string& name) {
   // Partitioned gradients, or the optimizer off the device: a block's gradient has no buffer of its
   // own (it passes through the gradient slots).
-  if (const BufferSpec* b = s_.find(Buffer::grad, u.index)) u.grad = DeviceBuffer(s_.dev, b->bytes, name + " grad");
-  if (const BufferSpec* b = s_.find(Buffer::grad16, u.index))
-    u.grad16 = DeviceBuffer(s_.dev, b->bytes, name + " grad16");
-  if (const BufferSpec* b = s_.find(Buffer::grad_sum, u.index))
-    u.grad_sum = DeviceBuffer(s_.dev, b->bytes, name + " grad32");
-  if (const BufferSpec* b = s_.find(Buffer::host_grad, u.index))
-    u.host_grad = s_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
+  if (const BufferSpec* b = state_.find(Buffer::grad, u.index))
+    u.grad = DeviceBuffer(state_.dev, b->bytes, name + " grad");
+  if (const BufferSpec* b = state_.find(Buffer::grad16, u.index))
+    u.grad16 = DeviceBuffer(state_.dev, b->bytes, name + " grad16");
+  if (const BufferSpec* b = state_.find(Buffer::grad_sum, u.index))
+    u.grad_sum = DeviceBuffer(state_.dev, b->bytes, name + " grad32");
+  if (const BufferSpec* b = state_.find(Buffer::host_grad, u.index))
+    u.host_grad = state_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
 }
 
 void GradientPath::allocate_shared() {
-  zeroed_.assign(s_.units.size(), false);
-  if (const BufferSpec* b = s_.find(Buffer::grad_slot)) {  // see Unit::grad_windowed
-    const BufferSpec* half = s_.find(Buffer::grad16_slot);
+  zeroed_.assign(state_.units.size(), false);
+  if (const BufferSpec* b = state_.find(Buffer::grad_slot)) {  // see Unit::grad_windowed
+    const BufferSpec* half = state_.find(Buffer::grad16_slot);
     for (std::uint64_t i = 0; i < b->count; ++i) {
       GradSlot g;
-      g.grad = DeviceBuffer(s_.dev, b->bytes, "grad window slot " + std::to_string(i));
-      if (half) g.grad16 = DeviceBuffer(s_.dev, half->bytes, "grad16 window slot " + std::to_string(i));
+      g.grad = DeviceBuffer(state_.dev, b->bytes, "grad window slot " + std::to_string(i));
+      if (half) g.grad16 = DeviceBuffer(state_.dev, half->bytes, "grad16 window slot " + std::to_string(i));
       slots_.push_back(std::move(g));
     }
   }
-  if (const BufferSpec* b = s_.find(Buffer::grad_landing))
-    for (std::uint64_t i = 0; i < b->count; ++i) landing_.push_back(s_.pinned->acquire(b->bytes));
-  if (const BufferSpec* b = s_.find(Buffer::grad_out_staging))
-    gradout_stage_ = DeviceBuffer(s_.dev, b->bytes, "grad out staging");
-  if (const BufferSpec* b = s_.find(Buffer::reduce_scratch)) reduce_scratch_ = s_.alloc_host(b->bytes);
+  if (const BufferSpec* b = state_.find(Buffer::grad_landing))
+    for (std::uint64_t i = 0; i < b->count; ++i) landing_.push_back(state_.pinned->acquire(b->bytes));
+  if (const BufferSpec* b = state_.find(Buffer::grad_out_staging))
+    gradout_stage_ = DeviceBuffer(state_.dev, b->bytes, "grad out staging");
+  if (const BufferSpec* b = state_.find(Buffer::reduce_scratch)) reduce_scratch_ = state_.alloc_host(b->bytes);
 }
 
 void GradientPath::allocate_comm_scratch() {
-  const BufferSpec* b = s_.find(Buffer::comm_receive);
+  const BufferSpec* b = state_.find(Buffer::comm_receive);
   if (!b) return;
   if (b->tier == Tier::host)
-    host_recv_ = s_.alloc_host(b->bytes);
+    host_recv_ = state_.alloc_host(b->bytes);
   else
-    device_recv_ = DeviceBuffer(s_.dev, b->bytes, "gradient receive scratch");
+    device_recv_ = DeviceBuffer(state_.dev, b->bytes, "gradient receive scratch");
 }
 
 // The reduction of one bucket [o, o+len) of unit u across ranks, in place in `g` (the bucket's fp32
@@ -54,25 +55,26 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
   const auto counts = u.counts_in(o, len);
   const StreamRole r = StreamRole::d2h;
   if (on_device) {
-    Comm& c = *s_.reduce_dcomm;
+    Comm& c = *state_.reduce_dcomm;
     {
-      BusyScope busy(s_.dev, r);
-      reduce_scatter_ordered(c, s_.dev, *s_.kern, r, g, counts, device_recv_.as<float>(), &s_.order);
+      BusyScope busy(state_.dev, r);
+      reduce_scatter_ordered(c, state_.dev, *state_.kern, r, g, counts, device_recv_.as<float>(), &state_.order);
     }
-    if (!s_.shard_grads) s_.order.run(c, s_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
+    if (!state_.shard_grads) state_.order.run(c, state_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
     return;
   }
   // Host memory: the same reduction with the sum spread over the host threads.
-  const std::size_t mine = counts[static_cast<std::size_t>(s_.rank)];
+  const std::size_t mine = counts[static_cast<std::size_t>(state_.rank)];
   const std::vector<std::size_t> recv_counts(counts.size(), mine);
-  const std::size_t first = std::max(o, u.bounds[static_cast<std::size_t>(s_.rank)]) - o;  // my part within the bucket
-  const auto W = static_cast<std::size_t>(s_.world);
-  Comm& c = *s_.reduce_comm;
+  const std::size_t first =
+      std::max(o, u.bounds[static_cast<std::size_t>(state_.rank)]) - o;  // my part within the bucket
+  const auto W = static_cast<std::size_t>(state_.world);
+  Comm& c = *state_.reduce_comm;
   float* recv = reinterpret_cast<float*>(host_recv_.get());
   c.alltoallv(g, counts, recv, recv_counts, 4);
   if (mine) {
     float* dst = g + first;
-    s_.threads.parallel_for(mine, 1 << 16, [&](std::size_t b, std::size_t e) {
+    state_.threads.parallel_for(mine, 1 << 16, [&](std::size_t b, std::size_t e) {
       for (std::size_t i = b; i < e; ++i) {
         float acc = recv[i];
         for (std::size_t k = 1; k < W; ++k) acc += recv[k * mine + i];  // rank order
@@ -80,7 +82,7 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
       }
     });
   }
-  if (!s_.shard_grads) c.allgatherv(g, counts, 4);
+  if (!state_.shard_grads) c.allgatherv(g, counts, 4);
 }
 
 void GradientPath::begin_micro_batch(std::int64_t micro) {
@@ -89,17 +91,17 @@ void GradientPath::begin_micro_batch(std::int64_t micro) {
 }
 
 float* GradientPath::grads(std::size_t u) {
-  Unit& unit = s_.units[u];
+  Unit& unit = state_.units[u];
   float* g;
   {
-    std::unique_lock<std::mutex> lk(s_.mu);
+    std::unique_lock<std::mutex> lk(state_.mu);
     // The previous micro batch's GradOut/Reduce of this unit may still read its buffer (and, for a
     // windowed gradient, still hold its slot): the Reduce worker clears `reducing` when it is done.
-    s_.cv.wait(lk, [&] { return !unit.reducing; });
+    state_.cv.wait(lk, [&] { return !unit.reducing; });
     if (unit.grad_windowed) {
       if (unit.grad_slot < 0) {
         int free_slot = -1;
-        s_.cv.wait(lk, [&] {
+        state_.cv.wait(lk, [&] {
           for (std::size_t i = 0; i < slots_.size(); ++i)
             if (!slots_[i].busy) return (free_slot = static_cast<int>(i)) >= 0;
           return false;
@@ -113,30 +115,30 @@ float* GradientPath::grads(std::size_t u) {
     }
   }
   if (!zeroed_[u]) {
-    s_.kern->zero(g, unit.n * 4, StreamRole::compute);
+    state_.kern->zero(g, unit.n * 4, StreamRole::compute);
     // A model whose ops are compute-stream work is ordered behind the zeros already; one that runs
     // on the host must see them now.
-    if (!s_.dev.ops_stream_ordered()) s_.dev.synchronize(StreamRole::compute);
+    if (!state_.dev.ops_stream_ordered()) state_.dev.synchronize(StreamRole::compute);
     zeroed_[u] = true;
   }
   return g;
 }
 
 void GradientPath::grads_done(std::size_t u) {
-  Unit& unit = s_.units[u];
+  Unit& unit = state_.units[u];
   const std::int64_t mb = micro_;
   float* g;
   {
-    std::lock_guard<std::mutex> lk(s_.mu);
+    std::lock_guard<std::mutex> lk(state_.mu);
     ZINF_CHECK(!unit.grad_windowed || unit.grad_slot >= 0);  // grads(u) came first
     g = unit.grad_windowed ? slots_[static_cast<std::size_t>(unit.grad_slot)].grad.as<float>() : unit.grad.as<float>();
     unit.reducing = true;
   }
-  s_.dev.wait_event(StreamRole::d2h, s_.dev.record(StreamRole::compute));  // the gradient is complete
+  state_.dev.wait_event(StreamRole::d2h, state_.dev.record(StreamRole::compute));  // the gradient is complete
   // The optimizer on the device with a stream-ordered transport: the Reduce's collectives are
   // issued here, on the trainer's thread, in its order (zinf/offload/collectives.h); the worker then
   // only waits for the stream and frees the buffer.
-  const bool issue_here = s_.ordered_collectives && !s_.optimizer_offloaded;
+  const bool issue_here = state_.ordered_collectives && !state_.optimizer_offloaded;
   if (issue_here) {
     try {
       enqueue_on_device(unit, g, mb);
@@ -152,27 +154,27 @@ void GradientPath::grads_done(std::size_t u) {
       ~Release() { p.release(u); }
     } release{*this, u};
     if (issue_here)
-      s_.dev.synchronize(StreamRole::d2h);
+      state_.dev.synchronize(StreamRole::d2h);
     else
       grad_out_and_reduce(u, g, mb);
   };
-  if (s_.exact())
+  if (state_.exact())
     worker_->push(job);
   else
     job();
 }
 
 void GradientPath::release(std::size_t u) {
-  Unit& x = s_.units[u];
+  Unit& x = state_.units[u];
   {
-    std::lock_guard<std::mutex> lk(s_.mu);
+    std::lock_guard<std::mutex> lk(state_.mu);
     if (x.grad_windowed && x.grad_slot >= 0) {
       slots_[static_cast<std::size_t>(x.grad_slot)].busy = false;
       x.grad_slot = -1;
     }
     x.reducing = false;
   }
-  s_.cv.notify_all();
+  state_.cv.notify_all();
 }
 
 void GradientPath::drain() { worker_->drain(); }
@@ -182,55 +184,56 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
   const StreamRole r = StreamRole::d2h;  // the Update reads device buffers: round (and accumulate) in place
   void* g16 = nullptr;
   {
-    std::lock_guard<std::mutex> lk(s_.mu);  // the slot stays this unit's until the job ends
+    std::lock_guard<std::mutex> lk(state_.mu);  // the slot stays this unit's until the job ends
     g16 = u.grad_windowed ? slots_[static_cast<std::size_t>(u.grad_slot)].grad16.as<void>() : u.grad16.as<void>();
   }
   {
-    BusyScope busy(s_.dev, r);
-    if (s_.mixed) {
-      s_.kern->to_half(grad, g16, u.n, s_.half, r);
-      if (fp32_sum()) s_.kern->from_half(g16, grad, u.n, s_.half, r);
+    BusyScope busy(state_.dev, r);
+    if (state_.mixed) {
+      state_.kern->to_half(grad, g16, u.n, state_.half, r);
+      if (fp32_sum()) state_.kern->from_half(g16, grad, u.n, state_.half, r);
     }
   }
-  if (s_.parallel())
-    for (std::size_t o = 0; o < u.n; o += s_.bucket) reduce_bucket(u, o, std::min(s_.bucket, u.n - o), grad + o, true);
+  if (state_.parallel())
+    for (std::size_t o = 0; o < u.n; o += state_.bucket)
+      reduce_bucket(u, o, std::min(state_.bucket, u.n - o), grad + o, true);
   if (fp32_sum()) {
-    BusyScope busy(s_.dev, r);
+    BusyScope busy(state_.dev, r);
     const float* kept = grad + u.grad_range.lo;
     if (mb == 0)
-      s_.kern->copy(u.grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
+      state_.kern->copy(u.grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
     else
-      s_.kern->add(u.grad_sum.as<float>(), kept, u.grad_range.len(), r);
+      state_.kern->add(u.grad_sum.as<float>(), kept, u.grad_range.len(), r);
   }
 }
 
 void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t mb) {
-  Unit& u = s_.units[ui];
+  Unit& u = state_.units[ui];
   const StreamRole r = StreamRole::d2h;
-  if (!s_.optimizer_offloaded) {
+  if (!state_.optimizer_offloaded) {
     enqueue_on_device(u, grad, mb);
-    s_.dev.synchronize(r);
+    state_.dev.synchronize(r);
     return;
   }
   // Bucket by bucket. The GradOut copies run ahead of the Reduce by as many buckets as there are
   // landing buffers: bucket kb+L is enqueued only after the host has finished with bucket kb's
   // buffer, and the host waits for each bucket's event. The one device staging buffer is reused in
   // d2h stream order.
-  const std::size_t L = landing_.size(), nb = (u.n + s_.bucket - 1) / s_.bucket, cb = s_.compute_bytes;
+  const std::size_t L = landing_.size(), nb = (u.n + state_.bucket - 1) / state_.bucket, cb = state_.compute_bytes;
   std::vector<EventHandle> landed(L);
   std::size_t enqueued = 0;
   auto grad_out = [&](std::size_t kb) {  // GradOut: the 16-bit gradient leaves the device
-    const std::size_t o = kb * s_.bucket, len = std::min(s_.bucket, u.n - o);
+    const std::size_t o = kb * state_.bucket, len = std::min(state_.bucket, u.n - o);
     {
-      BusyScope busy(s_.dev, r);
-      s_.device_to_compute(grad + o, gradout_stage_.as<void>(), len, r);
-      s_.dev.copy_to_host(landing_[kb % L].data(), gradout_stage_.as<void>(), len * cb, r);
+      BusyScope busy(state_.dev, r);
+      state_.device_to_compute(grad + o, gradout_stage_.as<void>(), len, r);
+      state_.dev.copy_to_host(landing_[kb % L].data(), gradout_stage_.as<void>(), len * cb, r);
     }
-    landed[kb % L] = s_.dev.record(r);
+    landed[kb % L] = state_.dev.record(r);
   };
   for (std::size_t kb = 0; kb < nb; ++kb) {
     while (enqueued < nb && enqueued < kb + L) grad_out(enqueued++);
-    const std::size_t o = kb * s_.bucket, len = std::min(s_.bucket, u.n - o);
+    const std::size_t o = kb * state_.bucket, len = std::min(state_.bucket, u.n - o);
     PinnedBuffer& land = landing_[kb % L];
     landed[kb % L]->wait();
     const auto t0 = Clock::now();  // Reduce: into the Update's input
@@ -238,11 +241,11 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
       std::memcpy(u.host_grad.get() + o * host_grad_bytes(), land.data(), len * cb);
     } else {
       float* g = reinterpret_cast<float*>(reduce_scratch_.get());
-      if (s_.mixed)
-        s_.from_half(land.data(), g, len);
+      if (state_.mixed)
+        state_.from_half(land.data(), g, len);
       else
         std::memcpy(g, land.data(), len * 4);
-      if (s_.parallel()) reduce_bucket(u, o, len, g, false);
+      if (state_.parallel()) reduce_bucket(u, o, len, g, false);
       // The part of the bucket this rank keeps, summed over micro batches in fp32.
       const std::size_t a = std::max(o, u.grad_range.lo), b = std::min(o + len, u.grad_range.hi);
       if (b > a) {
@@ -250,35 +253,35 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
         if (mb == 0)
           std::memcpy(acc, g + (a - o), (b - a) * 4);
         else
-          s_.add_into(acc, g + (a - o), b - a);
+          state_.add_into(acc, g + (a - o), b - a);
       }
     }
-    s_.add_time(&BusyTimes::host, since(t0));
+    state_.add_time(&BusyTimes::host, since(t0));
   }
-  s_.dev.synchronize(r);  // an error on the d2h stream surfaces here (events carry none)
+  state_.dev.synchronize(r);  // an error on the d2h stream surfaces here (events carry none)
 }
 
 std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) const {
   const cpu_adam::GradType g16 =
-      s_.half == cpu_adam::HalfType::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
-  if (!s_.optimizer_offloaded) {
+      state_.half == cpu_adam::HalfType::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
+  if (!state_.optimizer_offloaded) {
     if (fp32_sum()) return {u.grad_sum.as<float>(), cpu_adam::GradType::fp32};
-    if (s_.mixed) return {u.grad16.as<void>(), g16};
+    if (state_.mixed) return {u.grad16.as<void>(), g16};
     return {u.grad.as<float>(), cpu_adam::GradType::fp32};
   }
-  if (fp32_sum() || !s_.mixed) return {u.host_grad.get(), cpu_adam::GradType::fp32};
+  if (fp32_sum() || !state_.mixed) return {u.host_grad.get(), cpu_adam::GradType::fp32};
   return {u.host_grad.get(), g16};
 }
 
 std::vector<std::vector<double>> GradientPath::block_sums() {
   std::vector<EngineKernels::NormInput> in;
-  for (auto& u : s_.units) {
+  for (auto& u : state_.units) {
     auto [g, type] = update_input(u);
     in.push_back({g, type, u.grad_range.len()});
   }
-  if (!s_.optimizer_offloaded) return s_.kern->block_sums(in, StreamRole::d2h);  // one wait for every unit
+  if (!state_.optimizer_offloaded) return state_.kern->block_sums(in, StreamRole::d2h);  // one wait for every unit
   std::vector<std::vector<double>> out;
-  for (const auto& x : in) out.push_back(cpu_adam::sum_squares_parts(s_.threads, x.g, x.t, x.n));
+  for (const auto& x : in) out.push_back(cpu_adam::sum_squares_parts(state_.threads, x.g, x.t, x.n));
   return out;
 }
 

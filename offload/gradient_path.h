@@ -54,14 +54,14 @@ class GradientPath {
   void release(std::size_t u);  // unit u's gradient buffer (and slot) free for the next micro batch
   void reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device);
   // The Update reads an fp32 sum of the micro batches' (and ranks') rounded gradients.
-  bool fp32_sum() const { return s_.c.grad_accum > 1 || s_.parallel(); }
-  std::size_t host_grad_bytes() const { return (fp32_sum() || !s_.mixed) ? 4 : 2; }
+  bool fp32_sum() const { return state_.config.grad_accum > 1 || state_.parallel(); }
+  std::size_t host_grad_bytes() const { return (fp32_sum() || !state_.mixed) ? 4 : 2; }
 
   struct GradSlot {
     DeviceBuffer grad, grad16;  // grad16: the optimizer on the device with partitioned gradients
     bool busy = false;          // under mu
   };
-  EngineState& s_;
+  EngineState& state_;
   std::vector<GradSlot> slots_;
   std::vector<PinnedBuffer> landing_;  // 2 × bucket × compute_bytes
   DeviceBuffer gradout_stage_;         // one bucket rounded to 16 bits before it leaves the device

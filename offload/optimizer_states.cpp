@@ -34,59 +34,59 @@ void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision,
 
 class DeviceStates final : public OptimizerStates {
  public:
-  explicit DeviceStates(EngineState& s) : s_(s) {}
+  explicit DeviceStates(EngineState& s) : state_(s) {}
   void add(Unit& u, const std::string& name, const float* master) override {
     const std::size_t n = u.state_range.len();
     // fp32 with whole resident parameters: the compute copy is the master (no second fp32 copy).
-    if (const BufferSpec* b = s_.find(Buffer::master, u.index))
-      u.dev_master = DeviceBuffer(s_.dev, b->bytes, name + " master");
-    u.dev_m = DeviceBuffer(s_.dev, s_.spec(Buffer::adam_m, u.index, Tier::device).bytes, name + " adam.m");
-    u.dev_v = DeviceBuffer(s_.dev, s_.spec(Buffer::adam_v, u.index, Tier::device).bytes, name + " adam.v");
-    s_.kern->zero(u.dev_m.as<void>(), n * 4, StreamRole::h2d);
-    s_.kern->zero(u.dev_v.as<void>(), n * 4, StreamRole::h2d);
-    if (u.dev_master.size()) s_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo, n * 4);
-    s_.dev.synchronize(StreamRole::h2d);
+    if (const BufferSpec* b = state_.find(Buffer::master, u.index))
+      u.dev_master = DeviceBuffer(state_.dev, b->bytes, name + " master");
+    u.dev_m = DeviceBuffer(state_.dev, state_.spec(Buffer::adam_m, u.index, Tier::device).bytes, name + " adam.m");
+    u.dev_v = DeviceBuffer(state_.dev, state_.spec(Buffer::adam_v, u.index, Tier::device).bytes, name + " adam.v");
+    state_.kern->zero(u.dev_m.as<void>(), n * 4, StreamRole::h2d);
+    state_.kern->zero(u.dev_v.as<void>(), n * 4, StreamRole::h2d);
+    if (u.dev_master.size()) state_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo, n * 4);
+    state_.dev.synchronize(StreamRole::h2d);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
-    walk_in_place(s_, decision, fn,
+    walk_in_place(state_, decision, fn,
                   [this](Unit& u) { return std::tuple(master_of(u), u.dev_m.as<float>(), u.dev_v.as<float>()); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     const std::size_t n = u.state_range.len();
-    s_.d2h_sync(master + u.state_range.lo, master_of(u), n * 4);
-    if (m) s_.d2h_sync(m + u.state_range.lo, u.dev_m.as<void>(), n * 4);
-    if (v) s_.d2h_sync(v + u.state_range.lo, u.dev_v.as<void>(), n * 4);
+    state_.d2h_sync(master + u.state_range.lo, master_of(u), n * 4);
+    if (m) state_.d2h_sync(m + u.state_range.lo, u.dev_m.as<void>(), n * 4);
+    if (v) state_.d2h_sync(v + u.state_range.lo, u.dev_v.as<void>(), n * 4);
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
     const std::size_t n = u.state_range.len();
     if (u.dev_master.size())
-      s_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo,
-                  n * 4);  // else: the compute copy, rebuilt by its home
-    s_.h2d_sync(u.dev_m.as<void>(), m + u.state_range.lo, n * 4);
-    s_.h2d_sync(u.dev_v.as<void>(), v + u.state_range.lo, n * 4);
+      state_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo,
+                      n * 4);  // else: the compute copy, rebuilt by its home
+    state_.h2d_sync(u.dev_m.as<void>(), m + u.state_range.lo, n * 4);
+    state_.h2d_sync(u.dev_v.as<void>(), v + u.state_range.lo, n * 4);
   }
 
  private:
   float* master_of(Unit& u) {
     return u.dev_master.size() ? u.dev_master.as<float>() : u.param.as<float>() + u.state_range.lo;
   }
-  EngineState& s_;
+  EngineState& state_;
 };
 
 class HostStates final : public OptimizerStates {
  public:
-  explicit HostStates(EngineState& s) : s_(s) {}
+  explicit HostStates(EngineState& s) : state_(s) {}
   void add(Unit& u, const std::string&, const float* master) override {
     const std::size_t n = u.state_range.len();
-    u.host_master = s_.alloc_host(s_.spec(Buffer::master, u.index, Tier::host).bytes);
-    u.host_m = s_.alloc_host(s_.spec(Buffer::adam_m, u.index, Tier::host).bytes);
-    u.host_v = s_.alloc_host(s_.spec(Buffer::adam_v, u.index, Tier::host).bytes);
+    u.host_master = state_.alloc_host(state_.spec(Buffer::master, u.index, Tier::host).bytes);
+    u.host_m = state_.alloc_host(state_.spec(Buffer::adam_m, u.index, Tier::host).bytes);
+    u.host_v = state_.alloc_host(state_.spec(Buffer::adam_v, u.index, Tier::host).bytes);
     std::memcpy(u.host_master.get(), master + u.state_range.lo, n * 4);
     std::memset(u.host_m.get(), 0, n * 4);
     std::memset(u.host_v.get(), 0, n * 4);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
-    walk_in_place(s_, decision, fn, [](Unit& u) { return std::tuple(f(u.host_master), f(u.host_m), f(u.host_v)); });
+    walk_in_place(state_, decision, fn, [](Unit& u) { return std::tuple(f(u.host_master), f(u.host_m), f(u.host_v)); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     const std::size_t n = u.state_range.len();
@@ -103,17 +103,17 @@ class HostStates final : public OptimizerStates {
 
  private:
   static float* f(const HostMem& p) { return reinterpret_cast<float*>(p.get()); }
-  EngineState& s_;
+  EngineState& state_;
 };
 
 class NvmeStates final : public OptimizerStates {
  public:
   explicit NvmeStates(EngineState& s)
-      : s_(s),
-        store_(s.c.optimizer_store, s.c.optimizer_faults),
+      : state_(s),
+        store_(s.config.optimizer_store, s.config.optimizer_faults),
         swapper_(store_, *s.pinned, static_cast<int>(swap_spec(s).count), swap_spec(s).bytes) {}
   void add(Unit& u, const std::string& name, const float* master) override {
-    for (const BufferSpec& b : s_.buffers.of_unit(u.index))  // one tensor per sub-group, in order
+    for (const BufferSpec& b : state_.buffers.of_unit(u.index))  // one tensor per sub-group, in order
       if (b.what == Buffer::optimizer_subgroup)
         for (std::uint64_t k = 0; k < b.count; ++k)
           u.nvme_subgroups.push_back(store_.add(name + ".sg" + std::to_string(u.nvme_subgroups.size()), b.bytes));
@@ -130,8 +130,8 @@ class NvmeStates final : public OptimizerStates {
     };
     std::vector<Item> meta;
     std::vector<nvme::SwapItem> items;
-    for (std::size_t ui = 0; ui < s_.units.size(); ++ui) {
-      Unit& u = s_.units[ui];
+    for (std::size_t ui = 0; ui < state_.units.size(); ++ui) {
+      Unit& u = state_.units[ui];
       for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
         meta.push_back({ui, u.chunks[ci], u.chunk_len(ci)});
         items.push_back({u.nvme_subgroups[ci], 0, SubGroupLayout::bytes_for(u.chunk_len(ci)), true, true});
@@ -147,7 +147,7 @@ class NvmeStates final : public OptimizerStates {
           const SubGroupLayout l(it.len);
           fn(it.unit, it.o, it.len, l.master(buf), l.m(buf), l.v(buf), *d);
         },
-        s_.exact() ? -1 : 0);
+        state_.exact() ? -1 : 0);
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {
@@ -176,14 +176,14 @@ class NvmeStates final : public OptimizerStates {
   template <class F>
   void for_each_subgroup(Unit& u, F fn) {
     const std::size_t cap =
-        SubGroupLayout::bytes_for(std::max<std::size_t>(1, std::min(s_.sub_group, u.state_range.len())));
+        SubGroupLayout::bytes_for(std::max<std::size_t>(1, std::min(state_.sub_group, u.state_range.len())));
     PinnedPool pool(round_up(cap, PinnedPool::kAlign), /*lock=*/false);
     PinnedBuffer b = pool.acquire(cap);
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci)
       fn(ci, u.chunks[ci], SubGroupLayout(u.chunk_len(ci)), b.data());
   }
   static const BufferSpec& swap_spec(EngineState& s) { return s.spec(Buffer::optimizer_swap, kShared, Tier::pinned); }
-  EngineState& s_;
+  EngineState& state_;
   nvme::TensorStore store_;
   nvme::Swapper swapper_;
 };
@@ -191,7 +191,7 @@ class NvmeStates final : public OptimizerStates {
 }  // namespace
 
 std::unique_ptr<OptimizerStates> make_optimizer_states(EngineState& s) {
-  switch (s.c.optimizer) {
+  switch (s.config.optimizer) {
     case OffloadDevice::none: return std::make_unique<DeviceStates>(s);
     case OffloadDevice::cpu: return std::make_unique<HostStates>(s);
     case OffloadDevice::nvme: return std::make_unique<NvmeStates>(s);

@@ -20,139 +20,141 @@ namespace {
 
 class DeviceHome final : public ParamHome {
  public:
-  DeviceHome(EngineState& s, UploadSlots& up) : s_(s), up_(up) {}
+  DeviceHome(EngineState& s, UploadSlots& up) : state_(s), up_(up) {}
   void place(Unit& u, const std::string& name, const float* master) override {
-    u.param = DeviceBuffer(s_.dev, s_.spec(Buffer::param, u.index, Tier::device).bytes,
-                           name + (s_.mixed ? " param16" : " param"));
-    if (const BufferSpec* work = s_.find(Buffer::work, u.index))
-      u.work = DeviceBuffer(s_.dev, work->bytes, name + " fp32 working weights");
+    u.param = DeviceBuffer(state_.dev, state_.spec(Buffer::param, u.index, Tier::device).bytes,
+                           name + (state_.mixed ? " param16" : " param"));
+    if (const BufferSpec* work = state_.find(Buffer::work, u.index))
+      u.work = DeviceBuffer(state_.dev, work->bytes, name + " fp32 working weights");
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
     const std::size_t n = u.param_range.len();
-    std::vector<char> copy(n * s_.compute_bytes);
-    s_.to_compute(master + u.param_range.lo, copy.data(), n);  // on the host, then up
-    s_.h2d_sync(u.param.as<void>(), copy.data(), copy.size());
-    if (s_.mixed && !u.windowed)
-      s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
-    s_.dev.synchronize(StreamRole::h2d);
+    std::vector<char> copy(n * state_.compute_bytes);
+    state_.to_compute(master + u.param_range.lo, copy.data(), n);  // on the host, then up
+    state_.h2d_sync(u.param.as<void>(), copy.data(), copy.size());
+    if (state_.mixed && !u.windowed)
+      state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
+    state_.dev.synchronize(StreamRole::h2d);
   }
   void* update_target(Unit& u, std::size_t o, int slot) override {
     // The device's own Update (on d2h) rewrites the home in place. A Fetch gather that read it (on h2d
     // with NCCL) is behind it already: the model's stream waited for that gather (slot.ready) before
     // its reads, and d2h waited for the model's event at every grads_done before this Update.
-    if (!s_.optimizer_offloaded)
-      return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * s_.compute_bytes;
+    if (!state_.optimizer_offloaded)
+      return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * state_.compute_bytes;
     auto k = static_cast<std::size_t>(slot);
     if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
     return up_.buffer[k].data();
   }
   void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
-    if (!s_.optimizer_offloaded) return;
+    if (!state_.optimizer_offloaded) return;
     auto k = static_cast<std::size_t>(slot);
-    char* dst =
-        static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * s_.compute_bytes;  // Upload: pinned → device
+    char* dst = static_cast<char*>(u.param.as<void>()) +
+                (o - u.param_range.lo) * state_.compute_bytes;  // Upload: pinned → device
     {
-      BusyScope busy(s_.dev, StreamRole::h2d);
-      s_.dev.copy_to_device(dst, up_.buffer[k].data(), len * s_.compute_bytes, StreamRole::h2d);
+      BusyScope busy(state_.dev, StreamRole::h2d);
+      state_.dev.copy_to_device(dst, up_.buffer[k].data(), len * state_.compute_bytes, StreamRole::h2d);
     }
-    up_.copied[k] = s_.dev.record(StreamRole::h2d);
+    up_.copied[k] = state_.dev.record(StreamRole::h2d);
   }
   void land_unit(Unit& u) override {
     for (auto& e : up_.copied)
       if (e) e->wait();
     if (u.windowed) return;  // a shard: gathered at Fetch
-    if (s_.shard_states && (s_.shard_params || s_.ordered_collectives)) {
+    if (state_.shard_states && (state_.shard_params || state_.ordered_collectives)) {
       // Stage 3 (the trainer also gathers windowed units on h2d, at Fetch), or a stream-ordered
       // transport (the trainer issues every device collective): the trainer gathers this unit too, at
       // its first use (finish_landing). Two threads issuing collectives on one stream would issue
       // them in a timing-dependent order — different on each rank, which hangs stream-ordered
       // transports.
       u.gather_pending = true;
-      s_.dev.synchronize(StreamRole::h2d);
+      state_.dev.synchronize(StreamRole::h2d);
       return;
     }
-    if (s_.shard_states) {         // every rank updated its part: gather the new compute copy
-      Comm& c = *s_.update_dcomm;  // a host transport: on this (the Update worker's) thread
-      BusyScope busy(s_.dev, StreamRole::h2d);
-      on_stream(c, s_.dev, StreamRole::h2d,
-                [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
+    if (state_.shard_states) {         // every rank updated its part: gather the new compute copy
+      Comm& c = *state_.update_dcomm;  // a host transport: on this (the Update worker's) thread
+      BusyScope busy(state_.dev, StreamRole::h2d);
+      on_stream(c, state_.dev, StreamRole::h2d,
+                [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), state_.compute_bytes, st); });
     }
     follow_half(u);
-    s_.dev.synchronize(StreamRole::h2d);
+    state_.dev.synchronize(StreamRole::h2d);
   }
   void finish_landing(Unit& u) override {
     if (!u.gather_pending) return;
     u.gather_pending = false;
-    Comm& c = *s_.fetch_dcomm;  // the trainer's, beside its Fetch gathers
+    Comm& c = *state_.fetch_dcomm;  // the trainer's, beside its Fetch gathers
     {
-      BusyScope busy(s_.dev, StreamRole::h2d);
-      s_.order.run(c, s_.dev, StreamRole::h2d,
-                   [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), s_.compute_bytes, st); });
+      BusyScope busy(state_.dev, StreamRole::h2d);
+      state_.order.run(c, state_.dev, StreamRole::h2d, [&](void* st) {
+        c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), state_.compute_bytes, st);
+      });
     }
     follow_half(u);
   }
   void fetch_into(Unit& u, void* slot, PinnedBuffer&) override {
     if (!u.windowed) throw Error("offload: a resident unit is never fetched");
-    Comm& c = *s_.fetch_dcomm;  // the shards of every rank, straight into the slot
-    s_.order.run(c, s_.dev, StreamRole::h2d,
-                 [&](void* st) { c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), s_.compute_bytes, st); });
+    Comm& c = *state_.fetch_dcomm;  // the shards of every rank, straight into the slot
+    state_.order.run(c, state_.dev, StreamRole::h2d, [&](void* st) {
+      c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), state_.compute_bytes, st);
+    });
   }
 
  private:
   void follow_half(Unit& u) {  // 16-bit runs: the fp32 working weights follow the new 16-bit copy (h2d)
-    if (!s_.mixed) return;
-    BusyScope busy(s_.dev, StreamRole::h2d);
-    s_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, s_.half, StreamRole::h2d);
+    if (!state_.mixed) return;
+    BusyScope busy(state_.dev, StreamRole::h2d);
+    state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
   }
 
-  EngineState& s_;
+  EngineState& state_;
   UploadSlots& up_;
 };
 
 class PinnedHome final : public ParamHome {
  public:
-  explicit PinnedHome(EngineState& s) : s_(s) {}
+  explicit PinnedHome(EngineState& s) : state_(s) {}
   void place(Unit& u, const std::string&, const float* master) override {
-    u.pinned_home = s_.pinned->acquire(s_.spec(Buffer::param, u.index, Tier::pinned).bytes);
+    u.pinned_home = state_.pinned->acquire(state_.spec(Buffer::param, u.index, Tier::pinned).bytes);
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
-    s_.to_compute(master + u.param_range.lo, u.pinned_home.data(), u.param_range.len());
+    state_.to_compute(master + u.param_range.lo, u.pinned_home.data(), u.param_range.len());
   }
   void* update_target(Unit& u, std::size_t o, int) override {
     if (u.fetched) u.fetched->wait();  // no Fetch may still be reading the home we overwrite
-    return static_cast<char*>(u.pinned_home.data()) + (o - u.param_range.lo) * s_.compute_bytes;
+    return static_cast<char*>(u.pinned_home.data()) + (o - u.param_range.lo) * state_.compute_bytes;
   }
   void land_chunk(Unit&, std::size_t, std::size_t, int) override {}  // written in place
   void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
     const void* src = u.pinned_home.data();
-    if (s_.shard_params) {  // every rank's shard into the staging buffer first
-      s_.fetch_comm->allgatherv(u.pinned_home.data(), staging.data(), u.counts_in(0, u.n), s_.compute_bytes);
+    if (state_.shard_params) {  // every rank's shard into the staging buffer first
+      state_.fetch_comm->allgatherv(u.pinned_home.data(), staging.data(), u.counts_in(0, u.n), state_.compute_bytes);
       src = staging.data();
     }
-    s_.dev.copy_to_device(slot, src, u.n * s_.compute_bytes, StreamRole::h2d);
+    state_.dev.copy_to_device(slot, src, u.n * state_.compute_bytes, StreamRole::h2d);
   }
 
  private:
-  EngineState& s_;
+  EngineState& state_;
 };
 
 class NvmeHome final : public ParamHome {
  public:
-  NvmeHome(EngineState& s, UploadSlots& up) : s_(s), up_(up), store_(s.c.param_store) {}
+  NvmeHome(EngineState& s, UploadSlots& up) : state_(s), up_(up), store_(s.config.param_store) {}
   void place(Unit& u, const std::string& name, const float* master) override {
-    const std::uint64_t bytes = s_.spec(Buffer::param, u.index, Tier::nvme).bytes;
+    const std::uint64_t bytes = state_.spec(Buffer::param, u.index, Tier::nvme).bytes;
     if (!bytes) return;  // an empty shard: nothing on disk
     u.nvme_param = store_.add(name + ".param", bytes);
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
-    const std::size_t n = u.param_range.len(), bytes = n * s_.compute_bytes;
+    const std::size_t n = u.param_range.len(), bytes = n * state_.compute_bytes;
     if (!n) return;
     PinnedPool pool(round_up(bytes, PinnedPool::kAlign), /*lock=*/false);  // pageable: used once
     PinnedBuffer b = pool.acquire(bytes);
-    s_.to_compute(master + u.param_range.lo, b.data(), n);
+    state_.to_compute(master + u.param_range.lo, b.data(), n);
     store_.write(u.nvme_param, b.data())->wait();
   }
   void* update_target(Unit& u, std::size_t, int slot) override {
@@ -164,28 +166,30 @@ class NvmeHome final : public ParamHome {
   void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
     // The slot is reused next: wait for the write (the swapper's sub-group reads keep the disk busy).
     const auto k = static_cast<std::size_t>(slot);
-    store_.write(u.nvme_param, up_.buffer[k].data(), (o - u.param_range.lo) * s_.compute_bytes, len * s_.compute_bytes)
+    store_
+        .write(u.nvme_param, up_.buffer[k].data(), (o - u.param_range.lo) * state_.compute_bytes,
+               len * state_.compute_bytes)
         ->wait();
     up_.copied[k] = nullptr;
   }
   void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
-    const std::size_t cb = s_.compute_bytes, bytes = u.n * cb;
+    const std::size_t cb = state_.compute_bytes, bytes = u.n * cb;
     char* buf = static_cast<char*>(staging.data());
     const auto id = u.nvme_param;
-    if (!s_.shard_params) {
+    if (!state_.shard_params) {
       // NVMe → pinned in h2d stream order, before the copy (its time is the store's, not the link's).
-      s_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
+      state_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
     } else {  // this rank's shard from disk into its place, then every other rank's
       if (u.param_range.hi > u.param_range.lo)
         store_.read(id, buf + u.param_range.lo * cb, 0, u.param_range.len() * cb)->wait();
-      s_.fetch_comm->allgatherv(buf, u.counts_in(0, u.n), cb);
+      state_.fetch_comm->allgatherv(buf, u.counts_in(0, u.n), cb);
     }
-    s_.dev.copy_to_device(slot, buf, bytes, StreamRole::h2d);
+    state_.dev.copy_to_device(slot, buf, bytes, StreamRole::h2d);
   }
   nvme::TensorStore* store() override { return &store_; }
 
  private:
-  EngineState& s_;
+  EngineState& state_;
   UploadSlots& up_;
   nvme::TensorStore store_;
 };
@@ -197,7 +201,7 @@ std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up) {
 }
 
 std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up) {
-  switch (s.c.param) {
+  switch (s.config.param) {
     case OffloadDevice::none: return s.shard_params ? std::make_unique<DeviceHome>(s, up) : nullptr;
     case OffloadDevice::cpu: return std::make_unique<PinnedHome>(s);
     case OffloadDevice::nvme: return std::make_unique<NvmeHome>(s, up);

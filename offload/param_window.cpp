@@ -3,7 +3,7 @@
 
 namespace zinf::offload::detail {
 
-ParamWindow::ParamWindow(EngineState& s, ParamHome& home) : s_(s), home_(home) {
+ParamWindow::ParamWindow(EngineState& s, ParamHome& home) : state_(s), home_(home) {
   const BufferSpec& param = s.spec(Buffer::param_slot, kShared, Tier::device);
   const BufferSpec* work = s.find(Buffer::work_slot);
   const BufferSpec* staging = s.find(Buffer::param_staging);
@@ -17,9 +17,10 @@ ParamWindow::ParamWindow(EngineState& s, ParamHome& home) : s_(s), home_(home) {
 }
 
 int ParamWindow::find(std::size_t u) {
-  std::lock_guard<std::mutex> lk(s_.mu);
+  std::lock_guard<std::mutex> lk(state_.mu);
   for (std::size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i].unit == static_cast<int>(u) && slots_[i].version == s_.units[u].version) return static_cast<int>(i);
+    if (slots_[i].unit == static_cast<int>(u) && slots_[i].version == state_.units[u].version)
+      return static_cast<int>(i);
   return -1;
 }
 
@@ -36,40 +37,42 @@ int ParamWindow::fetch(std::size_t u) {
   if (slot.ready) slot.ready->wait();  // a previous fetch into this slot must be finished
   // The model may still be reading the slot's previous unit: the h2d stream waits for the compute
   // stream's event recorded at release() before it overwrites the slot.
-  if (slot.released) s_.dev.wait_event(StreamRole::h2d, slot.released);
-  Unit& unit = s_.units[u];
+  if (slot.released) state_.dev.wait_event(StreamRole::h2d, slot.released);
+  Unit& unit = state_.units[u];
   slot.unit = static_cast<int>(u);
   {
-    std::lock_guard<std::mutex> lk(s_.mu);
+    std::lock_guard<std::mutex> lk(state_.mu);
     slot.version = unit.version;
   }
   slot.last_use = ++tick_;
   {
-    BusyScope busy(s_.dev, StreamRole::h2d);  // home → device
+    BusyScope busy(state_.dev, StreamRole::h2d);  // home → device
     home_.fetch_into(unit, slot.param.as<void>(), slot.staging);
-    if (s_.mixed) s_.kern->from_half(slot.param.as<void>(), slot.work.as<float>(), unit.n, s_.half, StreamRole::h2d);
+    if (state_.mixed)
+      state_.kern->from_half(slot.param.as<void>(), slot.work.as<float>(), unit.n, state_.half, StreamRole::h2d);
   }
-  slot.ready = s_.dev.record(StreamRole::h2d);
+  slot.ready = state_.dev.record(StreamRole::h2d);
   unit.fetched = slot.ready;
-  if (!s_.exact()) slot.ready->wait();
+  if (!state_.exact()) slot.ready->wait();
   return best;
 }
 
 void ParamWindow::prefetch_after(std::size_t u, bool backward) {
-  if (!s_.exact()) return;
-  for (int k = 1; k <= s_.c.prefetch_depth; ++k) {
+  if (!state_.exact()) return;
+  for (int k = 1; k <= state_.config.prefetch_depth; ++k) {
     const long next = backward ? static_cast<long>(u) - k : static_cast<long>(u) + k;
-    if (next < 0 || next >= static_cast<long>(s_.units.size())) break;
+    if (next < 0 || next >= static_cast<long>(state_.units.size())) break;
     const auto v = static_cast<std::size_t>(next);
-    if (!s_.units[v].windowed) continue;
+    if (!state_.units[v].windowed) continue;
     {
-      std::unique_lock<std::mutex> lk(s_.mu);
+      std::unique_lock<std::mutex> lk(state_.mu);
       // Partitioned parameters: every rank must gather the same units in the same order, so the
       // prefetch waits for the landing (the Update worker sets version[v] = applied under mu once
       // v's shard is home; that is what hands the shard to this thread's gather) instead of
       // depending on its timing.
-      if (s_.shard_params) s_.cv.wait(lk, [&] { return s_.units[v].version == s_.applied || s_.update_failed; });
-      if (s_.units[v].version != s_.applied) break;  // its update has not landed yet: fetch on demand
+      if (state_.shard_params)
+        state_.cv.wait(lk, [&] { return state_.units[v].version == state_.applied || state_.update_failed; });
+      if (state_.units[v].version != state_.applied) break;  // its update has not landed yet: fetch on demand
     }
     // Only now is the window asked whether it holds v: before v lands, find() compares slots with
     // v's previous version, so a slot with the stale copy would count as current. Asked first, one
@@ -86,11 +89,11 @@ const float* ParamWindow::acquire(std::size_t u, bool backward) {
   if (i < 0) i = fetch(u);
   if (i < 0) throw Error("offload: no free parameter window slot for unit " + std::to_string(u));
   Slot& slot = slots_[static_cast<std::size_t>(i)];
-  model_waits_for(s_.dev, slot.ready);  // the model reads the slot after the Fetch's copies
+  model_waits_for(state_.dev, slot.ready);  // the model reads the slot after the Fetch's copies
   ++slot.users;
   slot.last_use = ++tick_;
   prefetch_after(u, backward);
-  return s_.mixed ? slot.work.as<float>() : slot.param.as<float>();
+  return state_.mixed ? slot.work.as<float>() : slot.param.as<float>();
 }
 
 void ParamWindow::release(std::size_t u) {
@@ -98,7 +101,7 @@ void ParamWindow::release(std::size_t u) {
   if (i < 0) return;
   Slot& slot = slots_[static_cast<std::size_t>(i)];
   if (slot.users > 0 && --slot.users == 0)
-    slot.released = s_.dev.record(StreamRole::compute);  // behind the model's last read
+    slot.released = state_.dev.record(StreamRole::compute);  // behind the model's last read
 }
 
 }  // namespace zinf::offload::detail

@@ -37,7 +37,7 @@ class ParamWindow {
   int fetch(std::size_t u);
   void prefetch_after(std::size_t u, bool backward);
 
-  EngineState& s_;
+  EngineState& state_;
   ParamHome& home_;
   std::vector<Slot> slots_;
   std::uint64_t tick_ = 0;

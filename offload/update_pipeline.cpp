@@ -5,7 +5,12 @@ namespace zinf::offload::detail {
 
 UpdatePipeline::UpdatePipeline(EngineState& s, OptimizerStates& states, ParamHome& resident, ParamHome* offloaded,
                                GradientPath& grads)
-    : s_(s), states_(states), resident_(resident), offloaded_(offloaded), grads_(grads), jitter_(s.dev.jitter(), 12) {
+    : state_(s),
+      states_(states),
+      resident_(resident),
+      offloaded_(offloaded),
+      grads_(grads),
+      jitter_(s.dev.jitter(), 12) {
   worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); });
 }
 
@@ -23,10 +28,10 @@ void UpdatePipeline::push(std::function<void()> job) {
       job();
     } catch (...) {
       {
-        std::lock_guard<std::mutex> lk(s_.mu);
-        s_.update_failed = true;
+        std::lock_guard<std::mutex> lk(state_.mu);
+        state_.update_failed = true;
       }
-      s_.cv.notify_all();
+      state_.cv.notify_all();
       throw;
     }
   });
@@ -50,7 +55,7 @@ void UpdatePipeline::launch(const cpu_adam::AdamStep& st) {
   std::promise<Decision> p;
   p.set_value(st);
   auto fut = p.get_future().share();
-  if (s_.exact())
+  if (state_.exact())
     push([this, fut] { run(fut); });
   else
     run(fut);
@@ -67,17 +72,17 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
   };
   states_.update_walk(d, [&](std::size_t ui, std::size_t o, std::size_t len, float* master, float* m, float* v,
                              const cpu_adam::AdamStep& st) {
-    Unit& u = s_.units[ui];
+    Unit& u = state_.units[ui];
     ParamHome& home = home_of(u);
     const int slot = k++ % 2;
     void* out = home.update_target(u, o, slot);
     const auto t0 = Clock::now();
     update_chunk(u, o, len, master, m, v, st, out);
-    s_.add_time(&BusyTimes::host, since(t0));
+    state_.add_time(&BusyTimes::host, since(t0));
     home.land_chunk(u, o, len, slot);  // Upload
     if (o + len == u.state_range.hi) land_through(ui);
   });
-  if (d.get() && !s_.units.empty()) land_through(s_.units.size() - 1);
+  if (d.get() && !state_.units.empty()) land_through(state_.units.size() - 1);
 }
 
 void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, float* master, float* m, float* v,
@@ -90,26 +95,26 @@ void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, float
   ch.master = master;
   ch.m = m;
   ch.v = v;
-  ch.param16 = s_.mixed ? param_out : nullptr;
-  ch.param16_type = s_.half;
-  if (!s_.optimizer_offloaded) {  // the states live on the device: the device's fused Update
-    s_.kern->adam_update(st, ch, StreamRole::d2h);
-    if (!s_.mixed && param_out != master) s_.kern->copy(param_out, master, len * 4, StreamRole::d2h);
-    s_.dev.synchronize(StreamRole::d2h);
+  ch.param16 = state_.mixed ? param_out : nullptr;
+  ch.param16_type = state_.half;
+  if (!state_.optimizer_offloaded) {  // the states live on the device: the device's fused Update
+    state_.kern->adam_update(st, ch, StreamRole::d2h);
+    if (!state_.mixed && param_out != master) state_.kern->copy(param_out, master, len * 4, StreamRole::d2h);
+    state_.dev.synchronize(StreamRole::d2h);
     return;
   }
-  cpu_adam::adam_update(s_.threads, st, ch);
-  if (!s_.mixed && param_out != master) std::memcpy(param_out, master, len * 4);
+  cpu_adam::adam_update(state_.threads, st, ch);
+  if (!state_.mixed && param_out != master) std::memcpy(param_out, master, len * 4);
 }
 
 void UpdatePipeline::land(std::size_t ui) {
-  Unit& u = s_.units[ui];
+  Unit& u = state_.units[ui];
   home_of(u).land_unit(u);
   {
-    std::lock_guard<std::mutex> lk(s_.mu);
-    u.version = s_.applied;
+    std::lock_guard<std::mutex> lk(state_.mu);
+    u.version = state_.applied;
   }
-  s_.cv.notify_all();
+  state_.cv.notify_all();
 }
 
 }  // namespace zinf::offload::detail

@@ -44,7 +44,7 @@ class UpdatePipeline {
   ParamHome& home_of(const Unit& u) { return u.windowed ? *offloaded_ : resident_; }
   void land(std::size_t u);
 
-  EngineState& s_;
+  EngineState& state_;
   OptimizerStates& states_;
   ParamHome& resident_;
   ParamHome* offloaded_;

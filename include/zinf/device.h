@@ -125,14 +125,14 @@ inline void model_waits_for(Device& d, const EventHandle& e) {
 // Marks the work enqueued on a stream during a scope as busy time.
 class BusyScope {
  public:
-  BusyScope(Device& d, StreamRole s) : d_(d), s_(s) { d_.busy_begin(s_); }
-  ~BusyScope() { d_.busy_end(s_); }
+  BusyScope(Device& d, StreamRole s) : device_(d), role_(s) { device_.busy_begin(role_); }
+  ~BusyScope() { device_.busy_end(role_); }
   BusyScope(const BusyScope&) = delete;
   BusyScope& operator=(const BusyScope&) = delete;
 
  private:
-  Device& d_;
-  StreamRole s_;
+  Device& device_;
+  StreamRole role_;
 };
 
 // RAII device allocation.
@@ -140,17 +140,17 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(Device& d, std::size_t bytes, const std::string& what)
-      : dev_(&d), p_(d.allocate(bytes, what)), n_(bytes) {}
+      : dev_(&d), ptr_(d.allocate(bytes, what)), bytes_(bytes) {}
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       reset();
       dev_ = o.dev_;
-      p_ = o.p_;
-      n_ = o.n_;
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
       o.dev_ = nullptr;
-      o.p_ = nullptr;
-      o.n_ = 0;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
     }
     return *this;
   }
@@ -158,21 +158,21 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer() { reset(); }
   void reset() {
-    if (dev_ && p_) dev_->free(p_);
+    if (dev_ && ptr_) dev_->free(ptr_);
     dev_ = nullptr;
-    p_ = nullptr;
-    n_ = 0;
+    ptr_ = nullptr;
+    bytes_ = 0;
   }
   template <class T = void>
   T* as() const {
-    return static_cast<T*>(p_);
+    return static_cast<T*>(ptr_);
   }
-  std::size_t size() const { return n_; }
+  std::size_t size() const { return bytes_; }
 
  private:
   Device* dev_ = nullptr;
-  void* p_ = nullptr;
-  std::size_t n_ = 0;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 }  // namespace zinf

@@ -32,7 +32,7 @@ class SerialWorker {
   void push(std::function<void()> fn) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      q_.push_back(std::move(fn));
+      queue_.push_back(std::move(fn));
       ++pending_;
     }
     cv_.notify_all();
@@ -62,10 +62,10 @@ class SerialWorker {
       std::function<void()> fn;
       {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
-        if (q_.empty()) return;
-        fn = std::move(q_.front());
-        q_.pop_front();
+        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        fn = std::move(queue_.front());
+        queue_.pop_front();
       }
       try {
         if (before_) before_();
@@ -83,7 +83,7 @@ class SerialWorker {
   }
   std::mutex mu_;
   std::condition_variable cv_, idle_;
-  std::deque<std::function<void()>> q_;
+  std::deque<std::function<void()>> queue_;
   std::size_t pending_ = 0;
   bool stop_ = false;
   std::exception_ptr err_;

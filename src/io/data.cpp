@@ -80,13 +80,13 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
     source = "default text: " + std::to_string(files.size()) + " files in " + kDefaultDir;
     d.storage_ = text;
     d.base_ = reinterpret_cast<const unsigned char*>(text->data());
-    d.n_ = text->size();
+    d.count_ = text->size();
   } else {
     source = cfg.path;
     std::size_t size = 0;
     d.storage_ = map_file(cfg.path, &size);
     d.base_ = static_cast<const unsigned char*>(d.storage_.get());
-    d.n_ = size;
+    d.count_ = size;
     const std::int32_t magic = magic_of(d.base_, size);
     const bool tokens = cfg.format == DataFormat::tokens ||
                         (cfg.format == DataFormat::automatic && (magic == kTokensMagicU16 || magic == kTokensMagicU32));
@@ -95,7 +95,7 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
       d.width_ = h.width;
       const std::int64_t count = h.count;
       d.base_ += kHeaderBytes;
-      d.n_ = static_cast<std::size_t>(count);
+      d.count_ = static_cast<std::size_t>(count);
       d.description_ =
           source + " (llm.c tokens, uint" + std::to_string(8 * d.width_) + ", " + std::to_string(count) + " tokens)";
     }
@@ -104,7 +104,8 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
   if (!cfg.tokenizer.empty() && d.width_ == 1) {
     auto ids = std::make_shared<std::vector<std::uint32_t>>();
     int vocab = 0;  // the text is read where it lies (the mapping, or the default text's buffer)
-    *ids = sentencepiece_encode(cfg.tokenizer, std::string_view(reinterpret_cast<const char*>(d.base_), d.n_), &vocab);
+    *ids =
+        sentencepiece_encode(cfg.tokenizer, std::string_view(reinterpret_cast<const char*>(d.base_), d.count_), &vocab);
     if (vocab > vocab_size)
       throw ConfigError(cfg.tokenizer + ": the tokenizer has " + std::to_string(vocab) +
                             " pieces, more than model.vocab_size " + std::to_string(vocab_size),
@@ -112,28 +113,28 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
     d.storage_ = ids;
     d.base_ = reinterpret_cast<const unsigned char*>(ids->data());
     d.width_ = 4;
-    d.n_ = ids->size();
+    d.count_ = ids->size();
     source += " tokenized by " + cfg.tokenizer;
     d.description_ =
-        source + " (SentencePiece, " + std::to_string(vocab) + " pieces, " + std::to_string(d.n_) + " tokens)";
+        source + " (SentencePiece, " + std::to_string(vocab) + " pieces, " + std::to_string(d.count_) + " tokens)";
   }
-  if (d.n_ == 0) throw ConfigError(source + ": data file is empty");
+  if (d.count_ == 0) throw ConfigError(source + ": data file is empty");
   if (d.width_ == 1) {
     if (vocab_size < 256)
       throw ConfigError(source + ": byte-level text needs model.vocab_size >= 256 (it is " +
                         std::to_string(vocab_size) + ")");
-    d.description_ = source + " (bytes, " + std::to_string(d.n_) + " tokens)";
+    d.description_ = source + " (bytes, " + std::to_string(d.count_) + " tokens)";
   } else {
-    for (std::size_t i = 0; i < d.n_; ++i)
+    for (std::size_t i = 0; i < d.count_; ++i)
       if (d.at(i) >= static_cast<std::uint32_t>(vocab_size))
         throw ConfigError(source + ": token " + std::to_string(d.at(i)) + " at position " + std::to_string(i) +
                           " is outside the model's vocabulary (" + std::to_string(vocab_size) + ")");
   }
-  std::size_t val = static_cast<std::size_t>(static_cast<double>(d.n_) * cfg.val_fraction);
-  d.split_ = d.n_ - val;
+  std::size_t val = static_cast<std::size_t>(static_cast<double>(d.count_) * cfg.val_fraction);
+  d.split_ = d.count_ - val;
   const std::size_t need = static_cast<std::size_t>(seq_len) + 1;
   if (d.split_ < need || val < need)
-    throw ConfigError(source + ": " + std::to_string(d.n_) + " tokens are too few for seq_len " +
+    throw ConfigError(source + ": " + std::to_string(d.count_) + " tokens are too few for seq_len " +
                           std::to_string(seq_len) + " (each split needs at least " + std::to_string(need) + ")",
                       "use more data, a smaller model.seq_len, or another data.val_fraction");
   return d;

@@ -38,8 +38,8 @@ class TokenData {
   static TokenData load(const DataConfig& cfg, int vocab_size, int seq_len);
 
   std::size_t train_tokens() const { return split_; }
-  std::size_t val_tokens() const { return n_ - split_; }
-  std::size_t size() const { return n_; }
+  std::size_t val_tokens() const { return count_ - split_; }
+  std::size_t size() const { return count_; }
   const std::string& description() const { return description_; }
   std::uint32_t at(std::size_t i) const {
     switch (width_) {
@@ -58,7 +58,7 @@ class TokenData {
   std::shared_ptr<const void> storage_;  // a mapping or an owned buffer; base_ points into it
   const unsigned char* base_ = nullptr;
   int width_ = 1;  // bytes per token: 1 (bytes), 2 (uint16), 4 (uint32)
-  std::size_t n_ = 0, split_ = 0;
+  std::size_t count_ = 0, split_ = 0;
   std::string description_;
 };
 

@@ -245,7 +245,7 @@ StReader::StReader(const std::string& path, const std::string& what)
   if (n > (100u << 20)) bad(path, "header length " + std::to_string(n) + " is unreasonably large");
   std::string header(n, '\0');
   pread_all(header.data(), n, 8, "the header");
-  f_ = parse_safetensors_header(header, size - 8 - n, path);
+  header_ = parse_safetensors_header(header, size - 8 - n, path);
 }
 
 void StReader::pread_all(void* dst, std::size_t n, std::uint64_t at, const std::string& what) const {
@@ -264,7 +264,7 @@ void StReader::pread_all(void* dst, std::size_t n, std::uint64_t at, const std::
 
 void StReader::read(const StTensor& t, float* dst, bool transposed) const {
   const std::size_t bytes = static_cast<std::size_t>(t.end - t.begin), count = bytes / dtype_size(t.dtype);
-  const std::uint64_t at = f_.data_start + t.begin;
+  const std::uint64_t at = header_.data_start + t.begin;
   std::vector<float> flat;
   float* out = dst;
   if (transposed) {

@@ -67,7 +67,7 @@ void write_model_safetensors(const std::string& path, const std::vector<ModelTen
 class StReader {
  public:
   explicit StReader(const std::string& path, const std::string& what = "safetensors file");
-  const StFile& header() const { return f_; }
+  const StFile& header() const { return header_; }
   const std::string& path() const { return path_; }
   // Reads tensor t as fp32 into dst; with `transposed`, the file's [rows, cols] lands as [cols, rows].
   void read(const StTensor& t, float* dst, bool transposed) const;
@@ -77,7 +77,7 @@ class StReader {
   void pread_all(void* dst, std::size_t n, std::uint64_t at, const std::string& what) const;
   std::string path_;
   std::shared_ptr<const InputFile> file_;
-  StFile f_;  // bytes stay empty
+  StFile header_;  // bytes stay empty
 };
 
 // Writes unit masters (fp32, unit order) as a GPT-2 safetensors file in `dtype`, atomically.

@@ -35,15 +35,15 @@ BlockView block_view(float* p, int C) {
 }
 
 std::size_t GptModel::block_acts_floats() const {
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s_.d_model);
-  const std::size_t att = static_cast<std::size_t>(B_) * s_.n_head * s_.seq_len * s_.seq_len;
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(shape_.d_model);
+  const std::size_t att = static_cast<std::size_t>(B_) * shape_.n_head * shape_.seq_len * shape_.seq_len;
   return R * C * 6 + R * 4 + R * 3 * C + att +
          R * 4 * C * 2;  // ln1 atty res2 ln2 out(+1 spare) | stats | qkv | att | fch fchg
 }
 
 GptModel::BlockActs GptModel::carve(float*& p) const {
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s_.d_model);
-  const std::size_t att = static_cast<std::size_t>(B_) * s_.n_head * s_.seq_len * s_.seq_len;
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(shape_.d_model);
+  const std::size_t att = static_cast<std::size_t>(B_) * shape_.n_head * shape_.seq_len * shape_.seq_len;
   BlockActs a{};
   auto take = [&](std::size_t n) {
     float* r = p;
@@ -68,7 +68,7 @@ GptModel::BlockActs GptModel::carve(float*& p) const {
 }
 
 GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops)
-    : s_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), dev_(dev), ops_(ops) {
+    : shape_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), dev_(dev), ops_(ops) {
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer);
   acts_.allocate(dev, R * C, L, block_acts_floats(), ckpt_, [this](float*& p) { return carve(p); });
@@ -93,11 +93,11 @@ GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, 
 }
 
 void GptModel::block_forward(const BlockView& w, const float* x, const BlockActs& a) {
-  const int R = R_, C = s_.d_model;
+  const int R = R_, C = shape_.d_model;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, R, C);
   ops_.matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, R, C, 3 * C);
-  ops_.attention_forward(a.atty, a.att, a.qkv, B_, s_.seq_len, C, s_.n_head);
+  ops_.attention_forward(a.atty, a.att, a.qkv, B_, shape_.seq_len, C, shape_.n_head);
   ops_.matmul_forward(a.res2, a.atty, w.projw, w.projb, R, C, C);
   ops_.add_inplace(a.res2, x, RC);
   ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, R, C);
@@ -109,7 +109,7 @@ void GptModel::block_forward(const BlockView& w, const float* x, const BlockActs
 
 void GptModel::block_backward(const BlockView& w, const BlockView& g, const float* x, const BlockActs& a,
                               const float* dout, float* dx) {
-  const int R = R_, C = s_.d_model;
+  const int R = R_, C = shape_.d_model;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   ops_.copy(dres2_, dout, RC);  // the residual path: d(res2) starts as d(out)
   ops_.zero(dfchg_, RC * 4);
@@ -120,7 +120,7 @@ void GptModel::block_backward(const BlockView& w, const BlockView& g, const floa
   ops_.layernorm_backward(dres2_, g.ln2w, g.ln2b, dln_, a.res2, w.ln2w, a.ln2_mean, a.ln2_rstd, R, C);
   ops_.zero(datty_, RC);
   ops_.matmul_backward(datty_, g.projw, g.projb, dres2_, a.atty, w.projw, R, C, C);
-  ops_.attention_backward(dqkv_, datty_, a.qkv, a.att, B_, s_.seq_len, C, s_.n_head);
+  ops_.attention_backward(dqkv_, datty_, a.qkv, a.att, B_, shape_.seq_len, C, shape_.n_head);
   ops_.zero(dln_, RC);
   ops_.matmul_backward(dln_, g.qkvw, g.qkvb, dqkv_, a.ln1, w.qkvw, R, C, 3 * C);
   ops_.copy(dx, dres2_, RC);
@@ -128,8 +128,8 @@ void GptModel::block_backward(const BlockView& w, const BlockView& g, const floa
 }
 
 void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
-  const std::size_t L = static_cast<std::size_t>(s_.n_layer);
-  const int C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
+  const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
+  const int C = shape_.d_model, V = shape_.vocab_size, T = shape_.seq_len;
   const float* wte = src.weights(0);
   {
     BusyScope busy(dev_, StreamRole::compute);
@@ -166,8 +166,8 @@ void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
 }
 
 void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {
-  const std::size_t L = static_cast<std::size_t>(s_.n_layer);
-  const int C = s_.d_model, V = s_.vocab_size, T = s_.seq_len;
+  const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
+  const int C = shape_.d_model, V = shape_.vocab_size, T = shape_.seq_len;
   const std::size_t RC = static_cast<std::size_t>(R_) * C;
   const float* wte = src.weights(0);
   float* dwte = src.grads(0);

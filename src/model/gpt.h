@@ -40,7 +40,7 @@ class GptModel final : public LanguageModel {
   // for a mean loss); the units' gradient buffers are accumulated (+=).
   void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override;
 
-  const ModelShape& shape() const { return s_; }
+  const ModelShape& shape() const { return shape_; }
   int batch() const { return B_; }
 
  private:
@@ -53,7 +53,7 @@ class GptModel final : public LanguageModel {
   void block_backward(const BlockView& w, const BlockView& g, const float* x, const BlockActs& a, const float* dout,
                       float* dx);
 
-  ModelShape s_;
+  ModelShape shape_;
   int B_, R_;
   bool ckpt_;
   Device& dev_;

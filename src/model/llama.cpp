@@ -69,7 +69,7 @@ LlamaModel::Acts LlamaModel::carve(float*& p) const {
 }
 
 LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops)
-    : s_(s),
+    : shape_(s),
       B_(B),
       T_(s.seq_len),
       R_(B * s.seq_len),
@@ -124,7 +124,7 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
 void LlamaModel::block_forward(const LlamaBlockView& w, const float* x, const Acts& a) {
   const int R = R_, C = C_, KVD = KV_ * D_, F = F_;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
-  const float eps = static_cast<float>(s_.norm_eps);
+  const float eps = static_cast<float>(shape_.norm_eps);
   ops_.rmsnorm_forward(a.an, a.an_rstd, x, w.attn_norm, R, C, eps);
   ops_.matmul_forward(a.q, a.an, w.wq, w.bq, R, C, C);
   ops_.matmul_forward(a.k, a.an, w.wk, w.bk, R, C, KVD);
@@ -168,8 +168,8 @@ void LlamaModel::block_backward(const LlamaBlockView& w, const LlamaBlockView& g
 }
 
 void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets) {
-  const std::size_t L = static_cast<std::size_t>(s_.n_layer);
-  const int C = C_, V = s_.vocab_size;
+  const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
+  const int C = C_, V = shape_.vocab_size;
   const float* wte = src.weights(0);
   {
     BusyScope busy(dev_, StreamRole::compute);
@@ -178,7 +178,7 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
   src.done_with(0);
   const float* x = acts_.x0;
   for (std::size_t l = 0; l < L; ++l) {
-    const LlamaBlockView bw = llama_block_view(const_cast<float*>(src.weights(l + 1)), s_);
+    const LlamaBlockView bw = llama_block_view(const_cast<float*>(src.weights(l + 1)), shape_);
     {
       BusyScope busy(dev_, StreamRole::compute);
       if (ckpt_) {
@@ -192,10 +192,10 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
     x = acts_.blocks[l].out;
   }
   const float* fin = src.weights(L + 1);
-  if (s_.tie_embeddings) {
+  if (shape_.tie_embeddings) {
     {
       BusyScope busy(dev_, StreamRole::compute);
-      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, fin, R_, C, static_cast<float>(s_.norm_eps));
+      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, fin, R_, C, static_cast<float>(shape_.norm_eps));
     }
     src.done_with(L + 1);
     wte = src.weights(0);
@@ -207,7 +207,7 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
   } else {
     {
       BusyScope busy(dev_, StreamRole::compute);
-      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, fin, R_, C, static_cast<float>(s_.norm_eps));
+      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, fin, R_, C, static_cast<float>(shape_.norm_eps));
       ops_.lm_head_forward(probs_, losses_, lnf_, fin + C, targets, R_, C, V);
     }
     src.done_with(L + 1);
@@ -215,13 +215,13 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
 }
 
 void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {
-  const std::size_t L = static_cast<std::size_t>(s_.n_layer);
-  const int C = C_, V = s_.vocab_size;
+  const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
+  const int C = C_, V = shape_.vocab_size;
   const std::size_t RC = static_cast<std::size_t>(R_) * C;
   const float* last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
   const float* fin = src.weights(L + 1);
   float* dfin = src.grads(L + 1);
-  if (s_.tie_embeddings) {
+  if (shape_.tie_embeddings) {
     const float* wte = src.weights(0);
     float* dwte = src.grads(0);
     {
@@ -244,8 +244,8 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
   float* dx = dres_b_;
   for (std::size_t l = L; l-- > 0;) {
     const float* x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
-    const LlamaBlockView bw = llama_block_view(const_cast<float*>(src.weights(l + 1)), s_);
-    const LlamaBlockView bg = llama_block_view(src.grads(l + 1), s_);
+    const LlamaBlockView bw = llama_block_view(const_cast<float*>(src.weights(l + 1)), shape_);
+    const LlamaBlockView bg = llama_block_view(src.grads(l + 1), shape_);
     {
       BusyScope busy(dev_, StreamRole::compute);
       const Acts* a = &acts_.blocks[l];

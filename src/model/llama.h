@@ -42,7 +42,7 @@ class LlamaModel final : public LanguageModel {
   void block_backward(const LlamaBlockView& w, const LlamaBlockView& g, const float* x, const Acts& a,
                       const float* dout, float* dx);
 
-  ModelShape s_;
+  ModelShape shape_;
   int B_, T_, R_, C_, H_, KV_, D_, F_;
   bool ckpt_;
   Device& dev_;

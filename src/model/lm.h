@@ -31,16 +31,16 @@ class UnitSource {
 class ResidentUnits final : public UnitSource {
  public:
   ResidentUnits(std::vector<const float*> w, std::vector<float*> g, std::vector<std::size_t> n)
-      : w_(std::move(w)), g_(std::move(g)), n_(std::move(n)) {}
-  const float* weights(std::size_t u) override { return w_[u]; }
+      : weights_(std::move(w)), grads_(std::move(g)), sizes_(std::move(n)) {}
+  const float* weights(std::size_t u) override { return weights_[u]; }
   void done_with(std::size_t) override {}
-  float* grads(std::size_t u) override { return g_[u]; }
+  float* grads(std::size_t u) override { return grads_[u]; }
   void grads_done(std::size_t) override {}
 
  private:
-  std::vector<const float*> w_;
-  std::vector<float*> g_;
-  std::vector<std::size_t> n_;
+  std::vector<const float*> weights_;
+  std::vector<float*> grads_;
+  std::vector<std::size_t> sizes_;
 };
 
 class LanguageModel {

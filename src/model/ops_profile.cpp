@@ -59,7 +59,7 @@ class Profile final : public OpProfile {
 class ProfileOps final : public ForwardingOps {
  public:
   ProfileOps(Device& dev, const ModelShape& shape, std::unique_ptr<OpsBackend> inner, std::shared_ptr<Profile> p)
-      : ForwardingOps(std::move(inner)), dev_(dev), shape_(shape), p_(std::move(p)) {}
+      : ForwardingOps(std::move(inner)), dev_(dev), shape_(shape), profile_(std::move(p)) {}
 
  protected:
   void run(const OpInfo& op, std::function<void()> f) override {
@@ -67,12 +67,12 @@ class ProfileOps final : public ForwardingOps {
     if (!dev_.ops_stream_ordered()) {  // the op runs inside the call
       const auto t0 = std::chrono::steady_clock::now();
       f();
-      p_->add_host(name, op.flops, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      profile_->add_host(name, op.flops, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       return;
     }
     EventHandle a = dev_.record_timed(StreamRole::compute);
     f();  // enqueues on the compute stream
-    p_->add_pending(name, op.flops, std::move(a), dev_.record_timed(StreamRole::compute));
+    profile_->add_pending(name, op.flops, std::move(a), dev_.record_timed(StreamRole::compute));
   }
 
  private:
@@ -97,7 +97,7 @@ class ProfileOps final : public ForwardingOps {
   }
   Device& dev_;
   ModelShape shape_;
-  std::shared_ptr<Profile> p_;
+  std::shared_ptr<Profile> profile_;
 };
 
 }  // namespace

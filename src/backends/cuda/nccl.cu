@@ -29,10 +29,10 @@ class NcclComm final : public Comm {
     ncclUniqueId id{};
     if (host_->rank() == 0) nccl_check(ncclGetUniqueId(&id), "GetUniqueId", 0);
     host_->broadcast(&id, sizeof id, 0);
-    nccl_check(ncclCommInitRank(&c_, host_->size(), id, host_->rank()), "CommInitRank", host_->rank());
+    nccl_check(ncclCommInitRank(&comm_, host_->size(), id, host_->rank()), "CommInitRank", host_->rank());
   }
   ~NcclComm() override {
-    if (c_) ncclCommDestroy(c_);
+    if (comm_) ncclCommDestroy(comm_);
   }
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
@@ -47,10 +47,11 @@ class NcclComm final : public Comm {
     for (int r = 0; r < size(); ++r) {
       const auto k = static_cast<std::size_t>(r);
       if (sc[k])
-        nccl_check(ncclSend(static_cast<const char*>(send) + so * elem, sc[k] * elem, ncclUint8, r, c_, st), "Send",
+        nccl_check(ncclSend(static_cast<const char*>(send) + so * elem, sc[k] * elem, ncclUint8, r, comm_, st), "Send",
                    rank());
       if (rc[k])
-        nccl_check(ncclRecv(static_cast<char*>(recv) + ro * elem, rc[k] * elem, ncclUint8, r, c_, st), "Recv", rank());
+        nccl_check(ncclRecv(static_cast<char*>(recv) + ro * elem, rc[k] * elem, ncclUint8, r, comm_, st), "Recv",
+                   rank());
       so += sc[k];
       ro += rc[k];
     }
@@ -64,7 +65,7 @@ class NcclComm final : public Comm {
     gather(part, buf, counts, elem, stream);
   }
   void broadcast(void* buf, std::size_t bytes, int root, void* stream) override {
-    nccl_check(ncclBroadcast(buf, buf, bytes, ncclUint8, root, c_, static_cast<cudaStream_t>(stream)), "Broadcast",
+    nccl_check(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, static_cast<cudaStream_t>(stream)), "Broadcast",
                rank());
   }
   void barrier() override { host_->barrier(); }
@@ -87,15 +88,16 @@ class NcclComm final : public Comm {
     for (int r = 0; r < size(); ++r) {
       const auto k = static_cast<std::size_t>(r);
       if (k == me) continue;
-      if (counts[me]) nccl_check(ncclSend(b + off[me] * elem, counts[me] * elem, ncclUint8, r, c_, st), "Send", rank());
-      if (counts[k]) nccl_check(ncclRecv(b + off[k] * elem, counts[k] * elem, ncclUint8, r, c_, st), "Recv", rank());
+      if (counts[me])
+        nccl_check(ncclSend(b + off[me] * elem, counts[me] * elem, ncclUint8, r, comm_, st), "Send", rank());
+      if (counts[k]) nccl_check(ncclRecv(b + off[k] * elem, counts[k] * elem, ncclUint8, r, comm_, st), "Recv", rank());
     }
     nccl_check(ncclGroupEnd(), "GroupEnd", rank());
   }
 
   std::unique_ptr<Comm> host_;
   int device_;
-  ncclComm_t c_ = nullptr;
+  ncclComm_t comm_ = nullptr;
 };
 
 }  // namespace

@@ -75,15 +75,15 @@ std::vector<int> ints(const std::vector<std::size_t>& v, std::vector<int>* displ
 
 class MpiComm final : public Comm {
  public:
-  explicit MpiComm(MPI_Comm c) : c_(c) {
-    MPI_Comm_rank(c_, &rank_);
-    MPI_Comm_size(c_, &size_);
-    MPI_Comm_set_errhandler(c_, MPI_ERRORS_RETURN);
+  explicit MpiComm(MPI_Comm c) : comm_(c) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   }
   ~MpiComm() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && c_ != MPI_COMM_WORLD) MPI_Comm_free(&c_);
+    if (!finalized && comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -94,15 +94,15 @@ class MpiComm final : public Comm {
     ZINF_CHECK(sc.size() == static_cast<std::size_t>(size_) && rc.size() == sc.size());
     std::vector<int> sd, rd;
     const auto s = ints(sc, &sd), r = ints(rc, &rd);
-    check(MPI_Alltoallv(send, s.data(), sd.data(), type_of(elem), recv, r.data(), rd.data(), type_of(elem), c_),
+    check(MPI_Alltoallv(send, s.data(), sd.data(), type_of(elem), recv, r.data(), rd.data(), type_of(elem), comm_),
           "Alltoallv", rank_);
   }
   void allgatherv(void* buf, const std::vector<std::size_t>& counts, std::size_t elem, void*) override {
     ZINF_CHECK(counts.size() == static_cast<std::size_t>(size_));
     std::vector<int> d;
     const auto c = ints(counts, &d);
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(), type_of(elem), c_), "Allgatherv",
-          rank_);
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(), type_of(elem), comm_),
+          "Allgatherv", rank_);
   }
   void allgatherv(const void* part, void* buf, const std::vector<std::size_t>& counts, std::size_t elem,
                   void*) override {
@@ -110,20 +110,20 @@ class MpiComm final : public Comm {
     std::vector<int> d;
     const auto c = ints(counts, &d);
     check(MPI_Allgatherv(part, c[static_cast<std::size_t>(rank_)], type_of(elem), buf, c.data(), d.data(),
-                         type_of(elem), c_),
+                         type_of(elem), comm_),
           "Allgatherv", rank_);
   }
   void broadcast(void* buf, std::size_t bytes, int root, void*) override {
     auto* p = static_cast<char*>(buf);
     for (std::size_t o = 0; o < bytes; o += INT_MAX / 2) {
       const std::size_t len = std::min<std::size_t>(INT_MAX / 2, bytes - o);
-      check(MPI_Bcast(p + o, static_cast<int>(len), MPI_BYTE, root, c_), "Bcast", rank_);
+      check(MPI_Bcast(p + o, static_cast<int>(len), MPI_BYTE, root, comm_), "Bcast", rank_);
     }
   }
-  void barrier() override { check(MPI_Barrier(c_), "Barrier", rank_); }
+  void barrier() override { check(MPI_Barrier(comm_), "Barrier", rank_); }
   std::unique_ptr<Comm> dup() override {
     MPI_Comm d;
-    check(MPI_Comm_dup(c_, &d), "Comm_dup", rank_);
+    check(MPI_Comm_dup(comm_, &d), "Comm_dup", rank_);
     return std::make_unique<MpiComm>(d);
   }
   [[noreturn]] void abort(int code) override {
@@ -132,7 +132,7 @@ class MpiComm final : public Comm {
   }
 
  private:
-  MPI_Comm c_;
+  MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
 };
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "zinf/cpu_adam/convert.h"
 #include "zinf/error.h"
 
 namespace zinf::cpu_adam {
@@ -154,6 +155,24 @@ SumSquares sum_squares(HostThreads& pool, const void* grad, GradType t, std::siz
   double sum = 0;
   for (double p : sum_squares_parts(pool, grad, t, n)) sum += p;  // fixed block order: independent of the thread count
   return {sum, std::isfinite(sum)};
+}
+
+void to_half(HostThreads& pool, const float* src, std::uint16_t* dst, std::size_t n, HalfType t) {
+  pool.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+    if (t == HalfType::fp16)
+      fp32_to_fp16(src + b, dst + b, e - b);
+    else
+      fp32_to_bf16(src + b, dst + b, e - b);
+  });
+}
+
+void from_half(HostThreads& pool, const std::uint16_t* src, float* dst, std::size_t n, HalfType t) {
+  pool.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+    if (t == HalfType::fp16)
+      fp16_to_fp32(src + b, dst + b, e - b);
+    else
+      bf16_to_fp32(src + b, dst + b, e - b);
+  });
 }
 
 }  // namespace zinf::cpu_adam

@@ -70,14 +70,7 @@ void lay_out_units(const PlanInput& in, Layout& layout) {
 
 BufferSpec spec(Buffer what, Tier tier, std::uint64_t bytes, PlanRow row, std::size_t unit = kShared,
                 std::uint64_t count = 1) {
-  BufferSpec b;
-  b.what = what;
-  b.tier = tier;
-  b.bytes = bytes;
-  b.count = count;
-  b.unit = unit;
-  b.row = row;
-  return b;
+  return BufferSpec{.what = what, .tier = tier, .bytes = bytes, .count = count, .unit = unit, .row = row};
 }
 
 // Unit i's compute copy and gradient buffers.

@@ -206,22 +206,10 @@ struct EngineState {
   }
   // Host conversions on the host threads (chunked, so the result does not depend on the count).
   void to_half(const float* s, void* d, std::size_t n) {
-    auto* o = static_cast<std::uint16_t*>(d);
-    threads.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
-      if (half == cpu_adam::HalfType::fp16)
-        cpu_adam::fp32_to_fp16(s + b, o + b, e - b);
-      else
-        cpu_adam::fp32_to_bf16(s + b, o + b, e - b);
-    });
+    cpu_adam::to_half(threads, s, static_cast<std::uint16_t*>(d), n, half);
   }
   void from_half(const void* s, float* d, std::size_t n) {
-    const auto* i = static_cast<const std::uint16_t*>(s);
-    threads.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
-      if (half == cpu_adam::HalfType::fp16)
-        cpu_adam::fp16_to_fp32(i + b, d + b, e - b);
-      else
-        cpu_adam::bf16_to_fp32(i + b, d + b, e - b);
-    });
+    cpu_adam::from_half(threads, static_cast<const std::uint16_t*>(s), d, n, half);
   }
   void add_into(float* acc, const float* x, std::size_t n) {
     threads.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {

@@ -50,6 +50,8 @@ class DeviceMemoryError : public Error {
  public:
   using Error::Error;
 };
+// What every device says when an allocation of `bytes` for `what` would pass its budget.
+DeviceMemoryError over_budget_error(const std::string& what, std::size_t bytes, std::size_t in_use, std::size_t budget);
 
 // An event recorded on a stream; completes when the work enqueued before it has run.
 class DeviceEvent {

@@ -7,29 +7,23 @@ namespace zinf {
 
 BlockView block_view(float* p, int C) {
   const std::size_t c = static_cast<std::size_t>(C);
+  auto take = [&p](std::size_t n) {  // the next n floats of the block
+    float* start = p;
+    p += n;
+    return start;
+  };
   BlockView v{};
-  v.ln1w = p;
-  p += c;
-  v.ln1b = p;
-  p += c;
-  v.qkvw = p;
-  p += c * 3 * c;
-  v.qkvb = p;
-  p += 3 * c;
-  v.projw = p;
-  p += c * c;
-  v.projb = p;
-  p += c;
-  v.ln2w = p;
-  p += c;
-  v.ln2b = p;
-  p += c;
-  v.fcw = p;
-  p += c * 4 * c;
-  v.fcb = p;
-  p += 4 * c;
-  v.fcprojw = p;
-  p += 4 * c * c;
+  v.ln1w = take(c);
+  v.ln1b = take(c);
+  v.qkvw = take(c * 3 * c);
+  v.qkvb = take(3 * c);
+  v.projw = take(c * c);
+  v.projb = take(c);
+  v.ln2w = take(c);
+  v.ln2b = take(c);
+  v.fcw = take(c * 4 * c);
+  v.fcb = take(4 * c);
+  v.fcprojw = take(4 * c * c);
   v.fcprojb = p;
   return v;
 }

@@ -47,30 +47,20 @@ nlohmann::json machine_json(const MachineInfo& m, const std::vector<nvme::PathPr
                {"driver", m.cuda_driver},
                {"nccl", m.nccl}};
   j["gpus"] = nlohmann::json::array();
+  // The JSON objects read as tables, a few keys a line.
+  // clang-format off
   for (const auto& g : m.gpus)
-    j["gpus"].push_back({{"index", g.index},
-                         {"name", g.name},
-                         {"total_bytes", g.total_bytes},
-                         {"free_bytes", g.free_bytes},
+    j["gpus"].push_back({{"index", g.index}, {"name", g.name}, {"total_bytes", g.total_bytes}, {"free_bytes", g.free_bytes},
                          {"compute_capability", std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor)},
-                         {"pci_bus_id", g.pci_bus_id},
-                         {"pcie_gen", g.pcie_gen},
-                         {"pcie_width", g.pcie_width},
-                         {"pcie_gen_max", g.pcie_gen_max},
-                         {"pcie_width_max", g.pcie_width_max},
-                         {"numa_node", g.numa_node}});
+                         {"pci_bus_id", g.pci_bus_id}, {"pcie_gen", g.pcie_gen}, {"pcie_width", g.pcie_width},
+                         {"pcie_gen_max", g.pcie_gen_max}, {"pcie_width_max", g.pcie_width_max}, {"numa_node", g.numa_node}});
   j["paths"] = nlohmann::json::array();
   for (const auto& p : probes)
-    j["paths"].push_back({{"path", p.path},
-                          {"exists", p.exists},
-                          {"filesystem", p.filesystem},
-                          {"free_bytes", p.free_bytes},
-                          {"total_bytes", p.total_bytes},
-                          {"dio_align", p.dio_align},
-                          {"o_direct", p.odirect},
-                          {"o_direct_reason", p.odirect_reason},
-                          {"io_uring", p.io_uring},
+    j["paths"].push_back({{"path", p.path}, {"exists", p.exists}, {"filesystem", p.filesystem}, {"free_bytes", p.free_bytes},
+                          {"total_bytes", p.total_bytes}, {"dio_align", p.dio_align}, {"o_direct", p.odirect},
+                          {"o_direct_reason", p.odirect_reason}, {"io_uring", p.io_uring},
                           {"io_uring_reason", p.io_uring_reason}});
+  // clang-format on
   return j;
 }
 

@@ -370,13 +370,7 @@ void read_model(Section s, ModelConfig& m) {
                              std::to_string(h.n_layer) + " layers, hidden_size " + std::to_string(h.d_model) +
                              ", vocab " + std::to_string(h.vocab_size) + ")");
     }
-    m.family = h.family, m.n_layer = h.n_layer, m.n_head = h.n_head, m.d_model = h.d_model, m.vocab_size = h.vocab_size;
-    m.seq_len = h.seq_len, m.n_kv_head = h.n_kv_head, m.d_ff = h.d_ff, m.tie_embeddings = h.tie_embeddings,
-    m.qkv_bias = h.qkv_bias;
-    m.rope_theta = h.rope_theta, m.norm_eps = h.norm_eps, m.rope_factor = h.rope_factor,
-    m.rope_low_freq_factor = h.rope_low_freq_factor;
-    m.rope_high_freq_factor = h.rope_high_freq_factor, m.rope_original_max = h.rope_original_max,
-    m.max_positions = h.max_positions;
+    set_model_shape(m, h);
     m.preset = "";
     for (auto [k, v] : {std::pair{"n_layer", m.n_layer},
                         {"n_head", m.n_head},
@@ -1011,6 +1005,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     throw ConfigError(path + ": is a directory, not a config file",
                       "pass the JSON file, e.g. --config configs/tiny.json");
   return parse_config(read_input_file(path, "config file"), overrides, path, world_size);
+}
+
+void set_model_shape(ModelConfig& m, const ModelShape& s) {
+  m.n_layer = s.n_layer, m.n_head = s.n_head, m.d_model = s.d_model, m.vocab_size = s.vocab_size, m.seq_len = s.seq_len;
+  m.family = s.family, m.n_kv_head = s.n_kv_head, m.d_ff = s.d_ff, m.tie_embeddings = s.tie_embeddings,
+  m.qkv_bias = s.qkv_bias;
+  m.rope_theta = s.rope_theta, m.norm_eps = s.norm_eps, m.rope_factor = s.rope_factor,
+  m.rope_low_freq_factor = s.rope_low_freq_factor;
+  m.rope_high_freq_factor = s.rope_high_freq_factor, m.rope_original_max = s.rope_original_max,
+  m.max_positions = s.max_positions;
 }
 
 // The shape a run config's `model` section describes.

@@ -126,6 +126,8 @@ struct ModelConfig {
 
 // The shape a run config's `model` section describes (the one way to get it from a config).
 ModelShape model_shape(const ModelConfig& m);
+// Writes shape `s` into the model section (the inverse of model_shape(); the preset is left alone).
+void set_model_shape(ModelConfig& m, const ModelShape& s);
 
 struct TrainConfig {
   std::int64_t steps = 0;

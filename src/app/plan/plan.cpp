@@ -29,22 +29,11 @@ std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_
   return static_cast<std::uint64_t>(total);
 }
 
-namespace {
-// The model section that describes `s` (the inverse of model_shape()).
-void set_model(ModelConfig& m, const ModelShape& s) {
-  m.n_layer = s.n_layer, m.n_head = s.n_head, m.d_model = s.d_model, m.vocab_size = s.vocab_size, m.seq_len = s.seq_len;
-  m.family = s.family, m.n_kv_head = s.n_kv_head, m.d_ff = s.d_ff, m.tie_embeddings = s.tie_embeddings,
-  m.qkv_bias = s.qkv_bias;
-  m.rope_theta = s.rope_theta, m.norm_eps = s.norm_eps, m.rope_factor = s.rope_factor,
-  m.rope_low_freq_factor = s.rope_low_freq_factor;
-  m.rope_high_freq_factor = s.rope_high_freq_factor, m.rope_original_max = s.rope_original_max,
-  m.max_positions = s.max_positions;
-}
-}  // namespace
+namespace {}  // namespace
 
 offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
   Config sized = c;
-  set_model(sized.model, shape);
+  set_model_shape(sized.model, shape);
   offload::PlanInput in = offload::Engine::plan_input(engine_config(sized, 1));
   in.world = c.world_size;  // rank 0: the largest shards
   in.rank = 0;

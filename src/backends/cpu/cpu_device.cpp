@@ -108,12 +108,7 @@ class CpuDevice final : public Device {
 
   void* allocate(std::size_t bytes, const std::string& what) override {
     std::lock_guard<std::mutex> lk(mu_);
-    if (in_use_ + bytes > budget_)
-      throw DeviceMemoryError(
-          "device memory budget exceeded allocating " + what + " (" + format_bytes(bytes) +
-              "): " + format_bytes(in_use_) + " of " + format_bytes(budget_) + " already in use",
-          "raise device.memory_budget, lower the micro batch, enable model.activation_checkpointing, "
-          "or offload (see `zinf plan`)");
+    if (in_use_ + bytes > budget_) throw over_budget_error(what, bytes, in_use_, budget_);
     void* p = std::aligned_alloc(64, (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64);
     if (!p) throw DeviceMemoryError("host allocation of " + format_bytes(bytes) + " for " + what + " failed");
     sizes_[p] = bytes;

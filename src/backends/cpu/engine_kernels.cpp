@@ -17,26 +17,10 @@ class CpuEngineKernels final : public EngineKernels {
     dev_.launch(s, [=] { std::memset(p, 0, bytes); });
   }
   void to_half(const float* src, void* dst, std::size_t n, cpu_adam::HalfType t, StreamRole s) override {
-    dev_.launch(s, [=, this] {
-      auto* o = static_cast<std::uint16_t*>(dst);
-      pool_.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
-        if (t == cpu_adam::HalfType::fp16)
-          cpu_adam::fp32_to_fp16(src + b, o + b, e - b);
-        else
-          cpu_adam::fp32_to_bf16(src + b, o + b, e - b);
-      });
-    });
+    dev_.launch(s, [=, this] { cpu_adam::to_half(pool_, src, static_cast<std::uint16_t*>(dst), n, t); });
   }
   void from_half(const void* src, float* dst, std::size_t n, cpu_adam::HalfType t, StreamRole s) override {
-    dev_.launch(s, [=, this] {
-      const auto* i = static_cast<const std::uint16_t*>(src);
-      pool_.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
-        if (t == cpu_adam::HalfType::fp16)
-          cpu_adam::fp16_to_fp32(i + b, dst + b, e - b);
-        else
-          cpu_adam::bf16_to_fp32(i + b, dst + b, e - b);
-      });
-    });
+    dev_.launch(s, [=, this] { cpu_adam::from_half(pool_, static_cast<const std::uint16_t*>(src), dst, n, t); });
   }
   void copy(void* dst, const void* src, std::size_t bytes, StreamRole s) override {
     dev_.launch(s, [=] { std::memcpy(dst, src, bytes); });

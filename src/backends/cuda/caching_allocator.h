@@ -50,12 +50,7 @@ class CachingAllocator {
       cached_ -= size;
     } else {
       if (reserved_ + size > budget_) release_cache_locked();
-      if (reserved_ + size > budget_)
-        throw DeviceMemoryError(
-            "device memory budget exceeded allocating " + what + " (" + format_bytes(bytes) +
-                "): " + format_bytes(in_use_) + " of " + format_bytes(budget_) + " already in use",
-            "raise device.memory_budget, lower the micro batch, enable model.activation_checkpointing, "
-            "or offload (see `zinf plan`)");
+      if (reserved_ + size > budget_) throw over_budget_error(what, bytes, in_use_, budget_);
       p = alloc_(size);
       if (!p) {
         release_cache_locked();
@@ -86,26 +81,17 @@ class CachingAllocator {
     release_cache_locked();
   }
 
-  // The counters below are read under the allocator's lock, one accessor each.
   std::size_t budget() const { return budget_; }
-  std::size_t in_use() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return in_use_;
-  }
-  std::size_t peak() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return peak_;
-  }
-  std::size_t reserved() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return reserved_;
-  }
-  std::size_t cached() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return cached_;
-  }
+  std::size_t in_use() const { return read_locked(in_use_); }
+  std::size_t peak() const { return read_locked(peak_); }
+  std::size_t reserved() const { return read_locked(reserved_); }
+  std::size_t cached() const { return read_locked(cached_); }
 
  private:
+  std::size_t read_locked(const std::size_t& counter) const {  // the counters change under the lock
+    std::lock_guard<std::mutex> lk(mu_);
+    return counter;
+  }
   void release_cache_locked() {
     for (auto& [size, blocks] : cache_) {
       for (void* b : blocks) free_(b);

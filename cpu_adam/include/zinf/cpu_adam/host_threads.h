@@ -46,5 +46,8 @@ std::vector<double> sum_squares_parts(HostThreads& pool, const void* grad, GradT
 // The serial definition of the blocked sum (the reference for the pooled one).
 SumSquares sum_squares_blocked(const void* grad, GradType t, std::size_t n);
 constexpr std::size_t kNormBlock = std::size_t{1} << 16;
+// fp32 ⇄ the 16-bit type `t` over n elements, split across the pool (results identical to one call).
+void to_half(HostThreads& pool, const float* src, std::uint16_t* dst, std::size_t n, HalfType t);
+void from_half(HostThreads& pool, const std::uint16_t* src, float* dst, std::size_t n, HalfType t);
 
 }  // namespace zinf::cpu_adam

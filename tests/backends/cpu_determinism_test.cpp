@@ -78,6 +78,8 @@ TEST(CpuDeterminism, GemmsSumInKOrderWhateverTheCacheSizes) {
       std::vector<float> out(static_cast<std::size_t>(R) * OC), dx = dx0, dw = dw0, db(OC, 0.0f);
       ops::matmul_forward(par, out.data(), x.data(), w.data(), bias.data(), R, IC, OC);
       ops::matmul_backward(par, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), R, IC, OC);
+      // The three products of a GEMM and its backward, each summed in the reference's order: three loops
+      // of the same shape over different operands.
       int bad_out = 0, bad_dx = 0, bad_dw = 0;
       for (int r = 0; r < R; ++r)
         for (int o = 0; o < OC; ++o) {

@@ -381,6 +381,7 @@ int run_pcie(const PcieArgs& a) {
     if (!a.json) std::fprintf(stderr, "bench pcie: %s\n", l.c_str());
   });
   auto ratio = [&](double g) { return r.nominal_gbps > 0 ? g / r.nominal_gbps : 0.0; };
+  // One JSON object of named fields per command, as `zinf train --json` prints its result.
   if (a.json) {
     nlohmann::json j = {{"gpu", r.gpu},
                         {"pcie_gen", r.pcie_gen},

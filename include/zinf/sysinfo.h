@@ -42,6 +42,9 @@ struct MachineInfo {
 };
 
 MachineInfo query_machine();
+// MemAvailable of /proc/meminfo in bytes (0 when unknown): query_machine()'s mem_available alone,
+// without the topology and GPU queries.
+std::uint64_t available_host_memory();
 
 // "1.50 GiB" style; exact bytes below 1 KiB.
 std::string format_bytes(std::uint64_t bytes);

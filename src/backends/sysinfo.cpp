@@ -100,7 +100,7 @@ MachineInfo query_machine() {
   m.simd_active = std::string(cpu_adam::to_string(cpu_adam::active_simd()));
   m.avx512_bf16 = cpu_adam::cpu_has_avx512_bf16();
   m.mem_total = meminfo_kib("MemTotal") * 1024;
-  m.mem_available = meminfo_kib("MemAvailable") * 1024;
+  m.mem_available = available_host_memory();
   rlimit rl{};
   if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
     auto conv = [](rlim_t v) {
@@ -118,5 +118,7 @@ MachineInfo query_machine() {
   m.nccl = g.nccl;
   return m;
 }
+
+std::uint64_t available_host_memory() { return meminfo_kib("MemAvailable") * 1024; }
 
 }  // namespace zinf

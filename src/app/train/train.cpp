@@ -179,9 +179,11 @@ std::unique_ptr<Device> make_device(const Config& c, const backends::Backend& be
   backends::DeviceSpec spec;
   spec.local_rank = local_rank;
   spec.budget_bytes = c.device.memory_budget;  // 0: the GPU's free memory, or half the available host memory
-  spec.cpu.async = c.device.async;
-  spec.cpu.jitter = JitterSpec{c.device.jitter_seed, c.device.jitter_us};
-  spec.cpu = cpu_device_options_from_env(spec.cpu);
+  if (be.type() == DeviceType::cpu) {  // the CPU device's async mode and jitter, from the config or the environment
+    spec.cpu.async = c.device.async;
+    spec.cpu.jitter = JitterSpec{c.device.jitter_seed, c.device.jitter_us};
+    spec.cpu = cpu_device_options_from_env(spec.cpu);
+  }
   return be.make_device(spec);
 }
 

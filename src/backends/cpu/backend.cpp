@@ -22,7 +22,7 @@ class CpuBackend final : public backends::Backend {
  public:
   DeviceType type() const override { return DeviceType::cpu; }
   std::unique_ptr<Device> make_device(const backends::DeviceSpec& spec) const override {
-    const std::size_t budget = spec.budget_bytes ? spec.budget_bytes : query_machine().mem_available / 2;
+    const std::size_t budget = spec.budget_bytes ? spec.budget_bytes : available_host_memory() / 2;
     return make_cpu_device(budget, spec.cpu);
   }
   std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision, int threads) const override {

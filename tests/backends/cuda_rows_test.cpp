@@ -8,7 +8,8 @@
 // - per-element arithmetic done by the same float operations on both sides (RoPE, bias, residual,
 //   cross-entropy gradient, embedding lookups, conversions): exact for fp32 outputs;
 // - exp-based elementwise ops (SwiGLU): 2e-6 relative (CUDA's expf is within 2 ulp, the reference's
-//   within 1); GELU: the tanh bound stated in gelu_slack;
+//   within 1), 4e-6 for dgate (σ's error is amplified by up to |1 + g(1 − 2σ)| ≈ 7 at |g| = 8, against a
+//   factor near 1 in the result); GELU: the tanh bound stated in gelu_slack;
 // - row and column reductions (norms, column sums, the softmax's log-sum-exp), whose summation order
 //   differs from the reference's: 1e-4 relative + 1e-5 absolute (1e-4 absolute for sums over hundreds
 //   of rows);
@@ -260,7 +261,7 @@ TEST(CudaRows, ElementwiseOpsMatchTheCpuReference) {
       fast::swiglu_forward(gso, gx, gy, n, t, nullptr);
       fast::swiglu_backward(gsdg, gsdu, gd, gx, gy, n, t, nullptr);
       expect_close(tag + "swiglu out", Mem::down(gso, n, t), so, sr + 2e-6, 1e-7);
-      expect_close(tag + "swiglu dgate", Mem::down(gsdg, n, t), sdg, sr + 2e-6, 1e-6);
+      expect_close(tag + "swiglu dgate", Mem::down(gsdg, n, t), sdg, sr + 4e-6, 1e-6);
       expect_close(tag + "swiglu dup", Mem::down(gsdu, n, t), sdu, sr + 2e-6, 1e-7);
       // conversions: to every dtype and back (each rounding as the host's round to nearest even)
       for (DType to : {DType::fp32, DType::bf16, DType::fp16}) {

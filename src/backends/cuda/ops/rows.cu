@@ -612,10 +612,18 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-// The sort's scratch (token_sort_ints): order [R] (rows sorted by token, stable), tmp [R], starts
-// [R + 1] (where each token's run begins in order; starts[runs] = R), runs [1].
+// The sort's scratch (token_sort_ints): order [R] (rows sorted by token, stable), keys [R] (their
+// tokens), two more [R] for the passes, starts [R + 1] (where each token's run begins in sorted
+// order; starts[runs] = R), runs [1].
 constexpr int kSortThreads = 512;
 constexpr int kRadixBits = 4, kBins = 1 << kRadixBits;
+struct SortScratch {
+  int *order, *keys, *tmp_order, *tmp_keys, *starts, *runs;
+  __host__ __device__ SortScratch(int* p, int R) {
+    const std::size_t r = static_cast<std::size_t>(R);
+    order = p, keys = p + r, tmp_order = p + 2 * r, tmp_keys = p + 3 * r, starts = p + 4 * r, runs = p + 5 * r + 1;
+  }
+};
 
 // Exclusive prefix sum over the block (kSortThreads threads); *total gets the sum of all.
 __device__ int block_exclusive_scan(int v, int* total, int* sm) {
@@ -651,13 +659,12 @@ __global__ void __launch_bounds__(kSortThreads) sort_rows_by_token(int* scratch,
   __shared__ int counts[kBins * kSortThreads];  // [bin][thread]
   __shared__ int sm[32];
   __shared__ unsigned maxkey_sm[kSortThreads / 32];
-  int* order = scratch;
-  int* tmp = scratch + R;
-  int* starts = scratch + 2 * static_cast<std::size_t>(R);
+  const SortScratch sc(scratch, R);
   const int tid = static_cast<int>(threadIdx.x);
   unsigned mk = 0;
   for (int j = tid; j < R; j += kSortThreads) {
-    order[j] = j;
+    sc.order[j] = j;
+    sc.keys[j] = tokens[j];
     mk = max(mk, static_cast<unsigned>(tokens[j]));
   }
 #pragma unroll
@@ -668,16 +675,19 @@ __global__ void __launch_bounds__(kSortThreads) sort_rows_by_token(int* scratch,
   for (int w = 0; w < kSortThreads / 32; ++w) mk = max(mk, maxkey_sm[w]);
   const int bits = mk == 0 ? 0 : 32 - __clz(static_cast<int>(mk));
   int passes = (bits + kRadixBits - 1) / kRadixBits;
-  passes += passes & 1;  // an even count leaves the result in `order`
+  passes += passes & 1;  // an even count leaves the result in order/keys
   const int seg = (R + kSortThreads - 1) / kSortThreads;
   const int j0 = min(R, tid * seg), j1 = min(R, j0 + seg);
   for (int pass = 0; pass < passes; ++pass) {
-    const int* src = pass % 2 == 0 ? order : tmp;
-    int* dst = pass % 2 == 0 ? tmp : order;
+    const bool even = pass % 2 == 0;
+    const int* src = even ? sc.order : sc.tmp_order;
+    const int* ksrc = even ? sc.keys : sc.tmp_keys;
+    int* dst = even ? sc.tmp_order : sc.order;
+    int* kdst = even ? sc.tmp_keys : sc.keys;
     const int shift = pass * kRadixBits;
     for (int d = 0; d < kBins; ++d) counts[d * kSortThreads + tid] = 0;
     for (int j = j0; j < j1; ++j)
-      ++counts[((static_cast<unsigned>(tokens[src[j]]) >> shift) & (kBins - 1)) * kSortThreads + tid];
+      ++counts[((static_cast<unsigned>(ksrc[j]) >> shift) & (kBins - 1)) * kSortThreads + tid];
     __syncthreads();
     // Exclusive scan over counts in (bin, thread) order: thread t scans entries [t·kBins, +kBins).
     int local = 0;
@@ -691,39 +701,40 @@ __global__ void __launch_bounds__(kSortThreads) sort_rows_by_token(int* scratch,
     }
     __syncthreads();
     for (int j = j0; j < j1; ++j) {
-      const int row = src[j];
-      const int d = static_cast<int>((static_cast<unsigned>(tokens[row]) >> shift) & (kBins - 1));
-      dst[counts[d * kSortThreads + tid]++] = row;
+      const int key = ksrc[j];
+      const int d = static_cast<int>((static_cast<unsigned>(key) >> shift) & (kBins - 1));
+      const int at = counts[d * kSortThreads + tid]++;
+      dst[at] = src[j];
+      kdst[at] = key;
     }
     __syncthreads();
   }
   // Runs: position j starts one when its token differs from position j − 1's.
   int mine = 0;
-  for (int j = j0; j < j1; ++j) mine += j == 0 || tokens[order[j]] != tokens[order[j - 1]];
+  for (int j = j0; j < j1; ++j) mine += j == 0 || sc.keys[j] != sc.keys[j - 1];
   int runs;
   int at = block_exclusive_scan(mine, &runs, sm);
   for (int j = j0; j < j1; ++j)
-    if (j == 0 || tokens[order[j]] != tokens[order[j - 1]]) starts[at++] = j;
+    if (j == 0 || sc.keys[j] != sc.keys[j - 1]) sc.starts[at++] = j;
   if (tid == 0) {
-    starts[runs] = R;
-    scratch[3 * static_cast<std::size_t>(R) + 1] = runs;
+    sc.starts[runs] = R;
+    *sc.runs = runs;
   }
 }
 
 // dwte[token, c…c+N) += its rows' dout, in row order, starting from dwte's value: one thread per
 // (run, column pack); runs blockIdx.y, blockIdx.y + gridDim.y, …
 template <class S, int N>
-__global__ void __launch_bounds__(kBlock)
-    embedding_accumulate(float* dwte, const S* dout, const int* tokens, const int* scratch, int R, int C) {
+__global__ void __launch_bounds__(kBlock) embedding_accumulate(float* dwte, const S* dout, int* scratch, int R, int C) {
   const int pack = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (pack >= C / N) return;
   const int c = pack * N;
-  const int* order = scratch;
-  const int* starts = scratch + 2 * static_cast<std::size_t>(R);
-  const int runs = scratch[3 * static_cast<std::size_t>(R) + 1];
+  const SortScratch sc(scratch, R);
+  const int* order = sc.order;
+  const int runs = *sc.runs;
   for (int run = static_cast<int>(blockIdx.y); run < runs; run += static_cast<int>(gridDim.y)) {
-    const int k0 = starts[run], k1 = starts[run + 1];
-    float* d = dwte + static_cast<std::size_t>(tokens[order[k0]]) * C + c;
+    const int k0 = sc.starts[run], k1 = sc.starts[run + 1];
+    float* d = dwte + static_cast<std::size_t>(sc.keys[k0]) * C + c;
     float acc[N];
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[j] = d[j];
@@ -749,9 +760,9 @@ void embedding_backward_impl(float* dwte, const S* dout, const int* tokens, int 
   const unsigned threads = static_cast<unsigned>(std::min(kBlock, (packs + 31) / 32 * 32));
   const dim3 grid(blocks_for(static_cast<std::size_t>(packs), threads), static_cast<unsigned>(std::min(R, 16384)));
   if (vec)
-    embedding_accumulate<S, kVec<S>><<<grid, threads, 0, s>>>(dwte, dout, tokens, scratch, R, C);
+    embedding_accumulate<S, kVec<S>><<<grid, threads, 0, s>>>(dwte, dout, scratch, R, C);
   else
-    embedding_accumulate<S, 1><<<grid, threads, 0, s>>>(dwte, dout, tokens, scratch, R, C);
+    embedding_accumulate<S, 1><<<grid, threads, 0, s>>>(dwte, dout, scratch, R, C);
   ZINF_CUDA_LAUNCH_CHECK("embedding_backward_accumulate");
 }
 
@@ -1044,7 +1055,7 @@ void embedding_backward(float* dwte, const void* dout, const int* tokens, int R,
   });
 }
 
-std::size_t token_sort_ints(int R) { return R <= 0 ? 0 : 3 * static_cast<std::size_t>(R) + 2; }
+std::size_t token_sort_ints(int R) { return R <= 0 ? 0 : 5 * static_cast<std::size_t>(R) + 2; }
 
 void softmax_crossentropy(void* probs, float* losses, const int* targets, int R, int V, DType dt, cudaStream_t s) {
   if (R <= 0 || V <= 0) return;

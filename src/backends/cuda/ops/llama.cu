@@ -1,6 +1,8 @@
 // llama.cu — the Llama family's kernels (llama.cuh): one thread per row for RMSNorm and the attention
 // rows, one per column for the weight gradients and the embedding gradient (rows in order), one per
 // key position for the key/value gradients (query heads and positions in order).
+#include <cmath>
+
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops/llama.cuh"
 
@@ -73,12 +75,11 @@ __global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* do
 }
 // One thread per (batch, head, query position).
 __global__ void gqa_forward_kernel(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                                   int H, int KV, int D) {
+                                   int H, int KV, int D, float scale) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H * T) return;
   const int t = idx % T, h = (idx / T) % H, b = idx / (T * H), j = h / (H / KV);
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;
-  const float scale = rsqrtf(static_cast<float>(D));
   const float* qt = q + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
   float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
   float maxv = -INFINITY;
@@ -103,13 +104,13 @@ __global__ void gqa_forward_kernel(float* out, float* att, const float* q, const
 }
 // dq and Σ_s a·datt per (batch, head, query position).
 __global__ void gqa_backward_queries(float* dq, float* weighted, const float* dout, const float* q, const float* k,
-                                     const float* v, const float* att, int B, int T, int H, int KV, int D) {
+                                     const float* v, const float* att, int B, int T, int H, int KV, int D,
+                                     float scale) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H * T) return;
   const int t = idx % T, h = (idx / T) % H, b = idx / (T * H), j = h / (H / KV);
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D,
                     row = static_cast<std::size_t>(b) * T + t;
-  const float scale = rsqrtf(static_cast<float>(D));
   const float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
   const float* dy = dout + row * qw + static_cast<std::size_t>(h) * D;
   float w = 0;
@@ -134,13 +135,12 @@ __global__ void gqa_backward_queries(float* dq, float* weighted, const float* do
 }
 // dk and dv per (batch, key/value head, key position): query heads of the group, then positions, in order.
 __global__ void gqa_backward_keys(float* dk, float* dv, const float* weighted, const float* dout, const float* q,
-                                  const float* v, const float* att, int B, int T, int H, int KV, int D) {
+                                  const float* v, const float* att, int B, int T, int H, int KV, int D, float scale) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * KV * T) return;
   const int s = idx % T, j = (idx / T) % KV, b = idx / (T * KV), group = H / KV;
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D,
                     srow = static_cast<std::size_t>(b) * T + s;
-  const float scale = rsqrtf(static_cast<float>(D));
   float* dks = dk + srow * kw + static_cast<std::size_t>(j) * D;
   float* dvs = dv + srow * kw + static_cast<std::size_t>(j) * D;
   const float* vs = v + srow * kw + static_cast<std::size_t>(j) * D;
@@ -172,6 +172,10 @@ __global__ void embedding_backward_kernel(float* dwte, const float* dout, const 
   for (int r = 0; r < R; ++r)
     dwte[static_cast<std::size_t>(tokens[r]) * C + i] += dout[static_cast<std::size_t>(r) * C + i];
 }
+
+// The attention scale as the CPU reference computes it: rsqrtf is an approximation (up to 2 ulp off
+// the correctly rounded 1/√D), and the scale multiplies every score, so it is computed once here.
+float attention_scale(int D) { return 1.0f / std::sqrt(static_cast<float>(D)); }
 
 }  // namespace
 
@@ -205,17 +209,17 @@ void launch_swiglu_backward(float* dgate, float* dup, const float* dout, const f
 void launch_gqa_attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
                                   int H, int KV, int D, cudaStream_t s) {
   gqa_forward_kernel<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(out, att, q, k, v, B, T, H, KV,
-                                                                                        D);
+                                                                                        D, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_forward");
 }
 void launch_gqa_attention_backward(float* dq, float* dk, float* dv, float* weighted, const float* dout, const float* q,
                                    const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D,
                                    cudaStream_t s) {
-  gqa_backward_queries<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(dq, weighted, dout, q, k, v,
-                                                                                          att, B, T, H, KV, D);
+  gqa_backward_queries<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(
+      dq, weighted, dout, q, k, v, att, B, T, H, KV, D, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_backward_queries");
-  gqa_backward_keys<<<blocks_for(static_cast<std::size_t>(B) * KV * T, 64), 64, 0, s>>>(dk, dv, weighted, dout, q, v,
-                                                                                        att, B, T, H, KV, D);
+  gqa_backward_keys<<<blocks_for(static_cast<std::size_t>(B) * KV * T, 64), 64, 0, s>>>(
+      dk, dv, weighted, dout, q, v, att, B, T, H, KV, D, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_backward_keys");
 }
 void launch_embedding_forward(float* out, const int* tokens, const float* wte, int R, int C, cudaStream_t s) {

@@ -144,6 +144,11 @@ class CudaOps final : public Fp32Ops<CudaOps> {
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, OC, R, IC, w, OC, inp, IC, 0.0f, out, OC);
     if (bias) ops::launch_add_bias(out, bias, R, OC, stream_);
   }
+  void fp32_matmul_gelu_forward(float* pre, float* out, const float* inp, const float* w, const float* bias, int R,
+                                int IC, int OC) {
+    fp32_matmul_forward(pre, inp, w, bias, R, IC, OC);
+    ops::launch_gelu_forward(out, pre, static_cast<std::size_t>(R) * OC, stream_);
+  }
   void fp32_matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                             int R, int IC, int OC) {
     if (dinp) gemm(CUBLAS_OP_T, CUBLAS_OP_N, IC, R, OC, w, OC, dout, OC, 1.0f, dinp, IC);

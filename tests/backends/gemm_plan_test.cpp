@@ -15,6 +15,7 @@
 #include "../model/random_floats.h"
 #include "cpu/ops_gpt.h"
 #include "cuda/gemm_plan.h"
+#include "gemm_reference.h"
 
 namespace zinf::cuda {
 namespace {
@@ -93,53 +94,21 @@ TEST(GemmPlan, KeyDistinguishesWhatTheAlgorithmDependsOn) {
 
 // ---- the plans of the model's ops, run by a column-major reference ----------------------------------
 
-// What cuBLASLt computes for a plan (see Epilogue in gemm_plan.h), on fp32 data: column-major,
-// element (i, j) of a stored matrix X with leading dimension ld at X[i + j·ld].
-void run_column_major(const GemmCall& g) {
-  const GemmPlan& p = g.plan;
-  validate(p, g.ops);
-  ASSERT_EQ(p.a_type, DType::fp32);
-  ASSERT_EQ(p.b_type, DType::fp32);
-  ASSERT_EQ(p.c_type, DType::fp32);
-  ops::ChunkPool one(1);
-  for (int t = 0; t < p.batch; ++t) {
-    const float* A = static_cast<const float*>(g.ops.a) + t * p.stride_a;
-    const float* Bm = static_cast<const float*>(g.ops.b) + t * p.stride_b;
-    float* Cm = static_cast<float*>(g.ops.c) + t * p.stride_c;
-    auto a = [&](int i, int kk) {
-      return p.ta ? A[kk + static_cast<long>(i) * p.lda] : A[i + static_cast<long>(kk) * p.lda];
-    };
-    auto b = [&](int kk, int j) {
-      return p.tb ? Bm[j + static_cast<long>(kk) * p.ldb] : Bm[kk + static_cast<long>(j) * p.ldb];
-    };
-    const float* bias = static_cast<const float*>(g.ops.bias);
-    for (int j = 0; j < p.n; ++j)
-      for (int i = 0; i < p.m; ++i) {
-        float acc = 0;
-        for (int kk = 0; kk < p.k; ++kk) acc += a(i, kk) * b(kk, j);
-        float& c = Cm[i + static_cast<long>(j) * p.ldc];
-        float d = p.beta != 0.0f ? acc + p.beta * c : acc;
-        if ((p.epilogue == Epilogue::bias || p.epilogue == Epilogue::gelu_aux_bias) && bias) d += bias[i];
-        if (p.epilogue == Epilogue::gelu_aux_bias) {
-          static_cast<float*>(g.ops.aux)[i + static_cast<long>(j) * p.aux_ld] = d;
-          ops::gelu_forward(one, &c, &d, 1);
-        } else {
-          c = d;
-        }
-      }
-    if (p.epilogue == Epilogue::bgrad)
-      for (int i = 0; i < p.m; ++i) {
-        float s = 0;
-        for (int kk = 0; kk < p.k; ++kk) s += a(i, kk);
-        static_cast<float*>(g.ops.bias_grad)[i] = s;
-      }
-  }
-}
+using gemm_ref::run_column_major;
 
 void expect_near_all(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], 1e-5 + 1e-5 * std::fabs(want[i])) << what << " element " << i;
+}
+
+// x [rows, cols] row-major → its transpose [cols, rows].
+std::vector<float> transposed(const std::vector<float>& x, int rows, int cols) {
+  std::vector<float> t(x.size());
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      t[static_cast<std::size_t>(c) * rows + r] = x[static_cast<std::size_t>(r) * cols + c];
+  return t;
 }
 
 struct Shape {
@@ -272,6 +241,82 @@ TEST(GemmPlanRun, LmHeadMatchesTheRowMajorReference) {
     expect_near_all(dx, rdx, "dx");
     expect_near_all(dwte, rdwte, "dwte");
   }
+}
+
+// 16-bit plans on 16-bit data: each plan's operand types must match the buffers the op hands it
+// (activations and weights in S, weight gradients fp32), and each output is the fp32 reference on the
+// widened inputs, rounded once to its type.
+struct Half {
+  DType t;
+  std::vector<std::uint16_t> v;
+  Half(DType type, const std::vector<float>& x) : t(type), v(x.size()) {
+    for (std::size_t i = 0; i < x.size(); ++i) gemm_ref::store(t, v.data(), i, x[i]);
+  }
+  std::vector<float> widened() const {
+    std::vector<float> x(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) x[i] = gemm_ref::load(t, v.data(), i);
+    return x;
+  }
+};
+// The reference's fp32 results rounded once to t, then widened again, against the plan's.
+void expect_rounded(const Half& got, std::vector<float> want, const char* what) {
+  const Half w(got.t, want);
+  const std::vector<float> g = got.widened(), r = w.widened();
+  for (std::size_t i = 0; i < g.size(); ++i)  // one unit in the last place: k-order sums may differ by fma-free ulps
+    ASSERT_NEAR(g[i], r[i], 1e-6 + std::fabs(r[i]) / (got.t == DType::bf16 ? 128.0 : 1024.0))
+        << what << " element " << i;
+}
+
+TEST(GemmPlanRun, SixteenBitPlansMatchTheReferenceRoundedOnce) {
+  for (DType S : {DType::bf16, DType::fp16})
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(testing::Message() << to_string(S) << " R=" << s.R << " IC=" << s.IC << " OC=" << s.OC);
+      const std::size_t nin = static_cast<std::size_t>(s.R) * s.IC, nw = static_cast<std::size_t>(s.IC) * s.OC,
+                        nout = static_cast<std::size_t>(s.R) * s.OC;
+      const Half inp(S, randf(nin, 21)), w(S, randf(nw, 22, 0.5f)), b(S, randf(static_cast<std::size_t>(s.OC), 23));
+      const auto inpf = inp.widened(), wf = w.widened(), bf = b.widened();
+      // matmul_gelu_forward: pre and out in S.
+      Half pre(S, std::vector<float>(nout)), out(S, std::vector<float>(nout));
+      run_column_major(matmul_gelu_forward_gemm(pre.v.data(), out.v.data(), inp.v.data(), w.v.data(), b.v.data(), s.R,
+                                                s.IC, s.OC, S));
+      std::vector<float> rpre(nout), rout(nout);
+      ops::matmul_gelu_forward(pool(), rpre.data(), rout.data(), inpf.data(), wf.data(), bf.data(), s.R, s.IC, s.OC);
+      expect_rounded(pre, rpre, "pre");
+      // out is GELU of the fp32 pre-activation, not of its rounded copy: within one rounding of it.
+      expect_rounded(out, rout, "out");
+      // matmul_backward: dinp in S (+=), dw and the bias gradient fp32.
+      const Half dout(S, randf(nout, 24));
+      const auto doutf = dout.widened();
+      Half dinp(S, randf(nin, 25));
+      std::vector<float> dinpf = dinp.widened(), dw = randf(nw, 26), rdw = dw, partial(static_cast<std::size_t>(s.OC)),
+                         rdb(static_cast<std::size_t>(s.OC), 0.0f);
+      const MatmulBackwardGemms g = matmul_backward_gemms(dinp.v.data(), dw.data(), partial.data(), dout.v.data(),
+                                                          inp.v.data(), w.v.data(), s.R, s.IC, s.OC, S);
+      run_column_major(g.dinp);
+      run_column_major(g.dw);
+      ops::matmul_backward(pool(), dinpf.data(), rdw.data(), rdb.data(), doutf.data(), inpf.data(), wf.data(), s.R,
+                           s.IC, s.OC);
+      expect_rounded(dinp, dinpf, "dinp");
+      expect_near_all(dw, rdw, "dw");
+      expect_near_all(partial, rdb, "bias gradient");
+      // lm_head: logits and dx in S, dwte fp32.
+      const int V = s.OC;
+      Half logits(S, std::vector<float>(static_cast<std::size_t>(s.R) * V)), dx(S, std::vector<float>(nin));
+      run_column_major(lm_head_forward_gemm(logits.v.data(), inp.v.data(), w.v.data(), s.R, s.IC, V, S));
+      std::vector<float> rlogits(static_cast<std::size_t>(s.R) * V);
+      ops::matmul_forward(pool(), rlogits.data(), inpf.data(), transposed(wf, V, s.IC).data(), nullptr, s.R, s.IC, V);
+      expect_rounded(logits, rlogits, "logits");
+      std::vector<float> dwte = randf(nw, 27), rdwte = transposed(dwte, V, s.IC), rdx(nin, 0.0f);
+      const LmHeadBackwardGemms lm =
+          lm_head_backward_gemms(dx.v.data(), dwte.data(), dout.v.data(), inp.v.data(), w.v.data(), s.R, s.IC, V, S);
+      run_column_major(lm.dx);
+      run_column_major(lm.dwte);
+      // dx = dlogits·wte and dwte += dlogitsᵀ·x, with dout as dlogits [R, V] and w as wte [V, IC].
+      ops::matmul_backward(pool(), rdx.data(), rdwte.data(), nullptr, doutf.data(), inpf.data(),
+                           transposed(wf, V, s.IC).data(), s.R, s.IC, V);
+      expect_rounded(dx, rdx, "dx");
+      expect_near_all(transposed(dwte, V, s.IC), rdwte, "dwte");
+    }
 }
 
 TEST(GemmPlanRun, BatchesStepThroughTheirStrides) {

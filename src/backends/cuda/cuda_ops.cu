@@ -29,10 +29,10 @@ class CudaOps final : public Fp32Ops<CudaOps> {
 
   CudaOps(Device& dev, Precision p)
       : dev_(dev),
-        stream_(static_cast<cudaStream_t>(dev.native_stream(StreamRole::compute))),
+        stream_(checked(static_cast<cudaStream_t>(dev.native_stream(StreamRole::compute)))),
         // fp32 runs: plain fp32, as the CPU reference computes; 16-bit runs: tensor cores, inputs
         // rounded to fp16/bf16, fp32 accumulation.
-        gemm_(dev, checked(stream_),
+        gemm_(dev,
               p == Precision::bf16   ? GemmMath::fast_16bf
               : p == Precision::fp16 ? GemmMath::fast_16f
                                      : GemmMath::fp32_pedantic,

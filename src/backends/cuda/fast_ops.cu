@@ -65,7 +65,7 @@ class CudaFastOps final : public OpsBackend {
         S_(storage_of(p)),
         // 32F compute: 16-bit operands multiply exactly on the tensor cores, sums in fp32; fp32 runs
         // stay plain fp32 (no TF32).
-        gemm_(dev, stream_, GemmMath::fp32, kWorkspaceBytes) {}
+        gemm_(dev, GemmMath::fp32, kWorkspaceBytes) {}
 
   // The storage rule, for the model: S for weights, activations and their gradients.
   virtual DType storage_dtype() const { return S_; }

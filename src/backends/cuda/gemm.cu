@@ -213,8 +213,11 @@ struct GemmExecutor::Impl {
   }
 };
 
-GemmExecutor::GemmExecutor(Device& dev, cudaStream_t stream, GemmMath math, std::size_t workspace_bytes)
-    : impl_(std::make_unique<Impl>(dev, stream, math, workspace_bytes)) {}
+GemmExecutor::GemmExecutor(Device& dev, GemmMath math, std::size_t workspace_bytes) {
+  const auto stream = static_cast<cudaStream_t>(dev.native_stream(StreamRole::compute));
+  if (!stream) throw Error("the GEMM executor needs the CUDA device (this device has no native stream)");
+  impl_ = std::make_unique<Impl>(dev, stream, math, workspace_bytes);
+}
 GemmExecutor::~GemmExecutor() = default;
 
 bool GemmExecutor::run(const GemmCall& call) { return impl_->run(call); }

@@ -4,11 +4,9 @@
 // (fp32, no epilogue) and the fast path (16-bit operands, fused epilogues).
 //
 // Arithmetic: fp32 accumulation always; `GemmMath` says how the products are formed (see below).
-// Everything runs on the stream given at construction; cuBLASLt's results are deterministic for a
+// Everything runs on the device's compute stream; cuBLASLt's results are deterministic for a
 // given algorithm, and the algorithm is fixed per key for the executor's life.
 #pragma once
-
-#include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <memory>
@@ -27,8 +25,9 @@ enum class GemmMath {
 
 class GemmExecutor {
  public:
-  // workspace_bytes: cuBLASLt's workspace (split-K and stream-K need one), taken once from `dev`.
-  GemmExecutor(Device& dev, cudaStream_t stream, GemmMath math, std::size_t workspace_bytes);
+  // `dev` must be the CUDA device. workspace_bytes: cuBLASLt's workspace (split-K and stream-K need
+  // one), taken once from `dev`.
+  GemmExecutor(Device& dev, GemmMath math, std::size_t workspace_bytes);
   ~GemmExecutor();
   GemmExecutor(const GemmExecutor&) = delete;
   GemmExecutor& operator=(const GemmExecutor&) = delete;

@@ -63,7 +63,10 @@ inline std::uint32_t pointer_alignment(const void* p) {
 //                  not from its rounded copy.
 //   bgrad          D as for none; `bias_grad` written (=, not +=) with Σ_k op(A)[i,k], m fp32
 //                  elements: the bias gradient when A is the output gradient.
-// Batches: `batch` independent calls, operand b of call t at base + t·stride (elements).
+// Batches: `batch` independent calls; call t reads and writes each operand X at X + t·stride_x
+// (elements), the aux matrix at aux + t·aux_ld·n; bias vectors are shared.
+// cuBLASLt fuses gelu_aux_bias only when aux_ld is a multiple of 8; where it offers no fused algorithm
+// the executor says so and the caller runs without_epilogue() and the epilogue's own kernels.
 enum class Epilogue : std::uint8_t { none, bias, gelu_aux_bias, bgrad };
 
 constexpr const char* to_string(Epilogue e) {

@@ -64,6 +64,11 @@ constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
   X(matmul_forward, gemm_info(R, IC, OC, false),                                                                     \
     (TensorView out, ConstTensorView inp, ConstTensorView w, ConstTensorView bias, int R, int IC, int OC),           \
     (out, inp, w, bias, R, IC, OC))                                                                                  \
+  /* pre = inp·W + bias (what GELU's backward reads), out = gelu(pre): the MLP's first GEMM, fused */               \
+  X(matmul_gelu_forward, gemm_info(R, IC, OC, false),                                                                \
+    (TensorView pre, TensorView out, ConstTensorView inp, ConstTensorView w, ConstTensorView bias, int R, int IC,    \
+     int OC),                                                                                                        \
+    (pre, out, inp, w, bias, R, IC, OC))                                                                             \
   X(matmul_backward, gemm_info(R, IC, OC, true),                                                                     \
     (TensorView dinp, TensorView dw, TensorView dbias, ConstTensorView dout, ConstTensorView inp, ConstTensorView w, \
      int R, int IC, int OC),                                                                                         \

@@ -111,6 +111,13 @@ void case_matmul_forward(Case& c) {
   const int out = c.rand(sz(R) * 3 * C), inp = c.rand(RC), w = c.rand(sz(C) * 3 * C), b = c.rand(3 * C);
   c.call = [=](OpsBackend& o, const Bufs& t) { o.matmul_forward(t.w(out), t.r(inp), t.r(w), t.r(b), R, C, 3 * C); };
 }
+void case_matmul_gelu_forward(Case& c) {
+  const int pre = c.rand(sz(R) * 4 * C), out = c.rand(sz(R) * 4 * C), inp = c.rand(RC), w = c.rand(sz(C) * 4 * C),
+            b = c.rand(4 * C);
+  c.call = [=](OpsBackend& o, const Bufs& t) {
+    o.matmul_gelu_forward(t.w(pre), t.w(out), t.r(inp), t.r(w), t.r(b), R, C, 4 * C);
+  };
+}
 void case_matmul_backward(Case& c) {
   const int dinp = c.rand(RC), dw = c.rand(sz(C) * 4 * C), db = c.rand(4 * C), dout = c.rand(sz(R) * 4 * C),
             inp = c.rand(RC), w = c.rand(sz(C) * 4 * C);

@@ -175,6 +175,12 @@ void matmul_forward(ChunkPool& p, float* out, const float* inp, const float* w, 
   });
 }
 
+void matmul_gelu_forward(ChunkPool& p, float* pre, float* out, const float* inp, const float* w, const float* bias,
+                         int R, int IC, int OC) {
+  matmul_forward(p, pre, inp, w, bias, R, IC, OC);
+  gelu_forward(p, out, pre, static_cast<std::size_t>(R) * OC);
+}
+
 void matmul_backward(ChunkPool& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int R, int IC, int OC) {
   if (dinp) {

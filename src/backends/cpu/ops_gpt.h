@@ -40,6 +40,9 @@ constexpr int kColChunk = 64;  // columns per chunk (weight/bias gradients)
 
 void matmul_forward(ChunkPool& p, float* out, const float* inp, const float* w, const float* bias, int R, int IC,
                     int OC);
+// pre = inp·W + bias, out = gelu(pre): matmul_forward then gelu_forward (the fused op's reference)
+void matmul_gelu_forward(ChunkPool& p, float* pre, float* out, const float* inp, const float* w, const float* bias,
+                         int R, int IC, int OC);
 // dinp += dout·Wᵀ (skipped when null); dw += inpᵀ·dout; dbias += Σ_rows dout (skipped when null)
 void matmul_backward(ChunkPool& p, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int R, int IC, int OC);

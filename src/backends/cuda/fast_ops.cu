@@ -1,0 +1,394 @@
+// fast_ops.cu — CudaFastOps (fast_ops.h): every op of model/op_list.h on storage of the run's dtype S,
+// composed from the GEMM executor (gemm.h: cuBLASLt with fused epilogues), the flash attention
+// (ops/flash_attention.cuh) and the row kernels (ops/rows.cuh). Each view's dtype is checked against
+// the storage rule before anything is enqueued.
+//
+// Scratch (cuBLASLt's workspace, the two-pass column sums' partials, the token sort of the embedding
+// gradients, the flash backward's blocks, the recomputed attention output) is kept between calls and
+// grown only after the stream has drained: queued kernels may still read the old block.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "cuda/cuda_check.cuh"
+#include "cuda/fast_ops.h"
+#include "cuda/gemm.h"
+#include "cuda/gemm_plan.h"
+#include "cuda/ops/flash_attention.cuh"
+#include "cuda/ops/rows.cuh"
+#include "zinf/error.h"
+
+namespace zinf::cuda {
+namespace {
+
+namespace fast = ::zinf::cuda::fast;
+
+DType storage_of(Precision p) {
+  switch (p) {
+    case Precision::bf16: return DType::bf16;
+    case Precision::fp16: return DType::fp16;
+    case Precision::fp32: return DType::fp32;
+  }
+  return DType::fp32;
+}
+
+constexpr std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+// One scratch block, grown on demand and kept.
+class Scratch {
+ public:
+  explicit Scratch(const char* what) : what_(what) {}
+  void* get(Device& dev, cudaStream_t s, std::size_t bytes) {
+    if (bytes > buf_.size()) {
+      ZINF_CUDA(cudaStreamSynchronize(s));  // kernels queued on the old block may still read it
+      buf_.reset();                         // back to the cache before the larger block is taken
+      buf_ = DeviceBuffer(dev, bytes, what_);
+    }
+    return buf_.as<void>();
+  }
+
+ private:
+  const char* what_;
+  DeviceBuffer buf_;
+};
+
+class CudaFastOps final : public OpsBackend {
+ public:
+  // cuBLASLt's workspace: Hopper's kernels ask for up to 32 MiB; taken once from the device budget.
+  static constexpr std::size_t kWorkspaceBytes = 32u << 20;
+
+  CudaFastOps(Device& dev, Precision p)
+      : dev_(dev),
+        stream_(checked(static_cast<cudaStream_t>(dev.native_stream(StreamRole::compute)))),
+        S_(storage_of(p)),
+        // 32F compute: 16-bit operands multiply exactly on the tensor cores, sums in fp32; fp32 runs
+        // stay plain fp32 (no TF32).
+        gemm_(dev, GemmMath::fp32, kWorkspaceBytes) {}
+
+  // The storage rule, for the model: S for weights, activations and their gradients.
+  virtual DType storage_dtype() const { return S_; }
+  // The attention state is the per-row log-sum-exp [B, H, T], not the probabilities.
+  virtual std::size_t attention_state_elems(int B, int H, int T) const {
+    return static_cast<std::size_t>(B) * static_cast<std::size_t>(H) * static_cast<std::size_t>(T);
+  }
+  bool has_llama_ops() const override { return true; }
+
+  // ---- GPT-2 ---------------------------------------------------------------------------------------
+  void matmul_forward(TensorView out, ConstTensorView inp, ConstTensorView w, ConstTensorView bias, int R, int IC,
+                      int OC) override {
+    const char* op = "matmul_forward";
+    void* o = act(op, "out", out);
+    const void *i = act(op, "inp", inp), *wt = act(op, "w", w), *b = act_opt(op, "bias", bias);
+    if (R <= 0) return;
+    const GemmCall g = matmul_forward_gemm(o, i, wt, b, R, IC, OC, S_);
+    if (gemm_.run(g)) return;
+    gemm_.run(without_epilogue(g));  // no fused algorithm for this shape: the bias separately
+    if (b) fast::add_bias(o, b, R, OC, S_, stream_);
+  }
+  void matmul_gelu_forward(TensorView pre, TensorView out, ConstTensorView inp, ConstTensorView w, ConstTensorView bias,
+                           int R, int IC, int OC) override {
+    const char* op = "matmul_gelu_forward";
+    void *p = act(op, "pre", pre), *o = act(op, "out", out);
+    const void *i = act(op, "inp", inp), *wt = act(op, "w", w), *b = act_opt(op, "bias", bias);
+    if (R <= 0) return;
+    const GemmCall g = matmul_gelu_forward_gemm(p, o, i, wt, b, R, IC, OC, S_);
+    if (gemm_.run(g)) return;
+    // No fused algorithm (GELU_AUX wants OC a multiple of 8): pre by the GEMM, then bias and GELU.
+    GemmCall plain = without_epilogue(g);
+    plain.ops.c = p;
+    gemm_.run(plain);
+    if (b) fast::add_bias(p, b, R, OC, S_, stream_);
+    fast::gelu_forward(o, p, static_cast<std::size_t>(R) * OC, S_, stream_);
+  }
+  void matmul_backward(TensorView dinp, TensorView dw, TensorView dbias, ConstTensorView dout, ConstTensorView inp,
+                       ConstTensorView w, int R, int IC, int OC) override {
+    const char* op = "matmul_backward";
+    void* di = act_opt(op, "dinp", dinp);
+    float* dwt = grad(op, "dw", dw);
+    float* db = grad_opt(op, "dbias", dbias);
+    const void *d = act(op, "dout", dout), *i = act(op, "inp", inp), *wt = act(op, "w", w);
+    if (R <= 0) return;
+    // The dW GEMM's bgrad epilogue writes Σ_r dout into a scratch vector; the op adds it to dbias.
+    float* partial =
+        db ? static_cast<float*>(bias_grad_.get(dev_, stream_, static_cast<std::size_t>(OC) * 4)) : nullptr;
+    const MatmulBackwardGemms g = matmul_backward_gemms(di, dwt, partial, d, i, wt, R, IC, OC, S_);
+    if (g.has_dinp) gemm_.run(g.dinp);
+    const bool fused = gemm_.run(g.dw);
+    if (!fused) gemm_.run(without_epilogue(g.dw));
+    if (!db) return;
+    if (fused && g.dbias_by_epilogue)
+      fast::add_inplace(db, partial, static_cast<std::size_t>(OC), DType::fp32, stream_);
+    else
+      fast::column_sum(db, d, R, OC, S_, partials(R, OC), stream_);
+  }
+  void layernorm_forward(TensorView out, TensorView mean, TensorView rstd, ConstTensorView inp, ConstTensorView w,
+                         ConstTensorView b, int R, int C) override {
+    const char* op = "layernorm_forward";
+    fast::layernorm_forward(act(op, "out", out), f32(op, "mean", mean), f32(op, "rstd", rstd), act(op, "inp", inp),
+                            act(op, "w", w), act(op, "b", b), R, C, S_, stream_);
+  }
+  void layernorm_backward(TensorView dinp, TensorView dw, TensorView db, ConstTensorView dout, ConstTensorView inp,
+                          ConstTensorView w, ConstTensorView mean, ConstTensorView rstd, int R, int C) override {
+    const char* op = "layernorm_backward";
+    fast::layernorm_backward(act(op, "dinp", dinp), grad(op, "dw", dw), grad(op, "db", db), act(op, "dout", dout),
+                             act(op, "inp", inp), act(op, "w", w), f32(op, "mean", mean), f32(op, "rstd", rstd), R, C,
+                             S_, partials(R, C), stream_);
+  }
+  void gelu_forward(TensorView out, ConstTensorView inp, std::size_t n) override {
+    fast::gelu_forward(act("gelu_forward", "out", out), act("gelu_forward", "inp", inp), n, S_, stream_);
+  }
+  void gelu_backward(TensorView dinp, ConstTensorView inp, ConstTensorView dout, std::size_t n) override {
+    const char* op = "gelu_backward";
+    fast::gelu_backward(act(op, "dinp", dinp), act(op, "inp", inp), act(op, "dout", dout), n, S_, stream_);
+  }
+  void add_inplace(TensorView acc, ConstTensorView x, std::size_t n) override {
+    fast::add_inplace(act("add_inplace", "acc", acc), act("add_inplace", "x", x), n, S_, stream_);
+  }
+  void attention_forward(TensorView out, TensorView att, ConstTensorView qkv, int B, int T, int C, int H) override {
+    const char* op = "attention_forward";
+    void* o = act(op, "out", out);
+    float* lse = f32(op, "att", att);
+    const void* x = act(op, "qkv", qkv);
+    if (B <= 0 || T <= 0) return;
+    const fast::AttnShape a = packed_shape(B, T, C, H);
+    fast::flash_attention_forward(o, lse, x, at(x, C), at(x, 2L * C), a, S_, stream_);
+  }
+  void attention_backward(TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att, int B, int T,
+                          int C, int H) override {
+    const char* op = "attention_backward";
+    void* dx = act(op, "dqkv", dqkv);
+    const void *d = act(op, "dout", dout), *x = act(op, "qkv", qkv);
+    const float* lse = f32(op, "att", att);
+    if (B <= 0 || T <= 0) return;
+    const fast::AttnShape a = packed_shape(B, T, C, H);
+    attention_backward_of(dx, at(dx, C), at(dx, 2L * C), d, x, at(x, C), at(x, 2L * C), lse, a);
+  }
+  void encoder_forward(TensorView out, const int* tokens, ConstTensorView wte, ConstTensorView wpe, int B, int T,
+                       int C) override {
+    const char* op = "encoder_forward";
+    fast::encoder_forward(act(op, "out", out), tokens, act(op, "wte", wte), act(op, "wpe", wpe), B, T, C, S_, stream_);
+  }
+  void encoder_backward(TensorView dwte, TensorView dwpe, ConstTensorView dout, const int* tokens, int B, int T,
+                        int C) override {
+    const char* op = "encoder_backward";
+    fast::encoder_backward(grad(op, "dwte", dwte), grad(op, "dwpe", dwpe), act(op, "dout", dout), tokens, B, T, C, S_,
+                           token_sort(B * T), stream_);
+  }
+  void lm_head_forward(TensorView probs, TensorView losses, ConstTensorView x, ConstTensorView wte, const int* targets,
+                       int R, int C, int V) override {
+    const char* op = "lm_head_forward";
+    void* p = act(op, "probs", probs);
+    float* l = f32(op, "losses", losses);
+    const void *xi = act(op, "x", x), *e = act(op, "wte", wte);
+    if (R <= 0) return;
+    gemm_.run(lm_head_forward_gemm(p, xi, e, R, C, V, S_));  // the logits, in the probs buffer
+    fast::softmax_crossentropy(p, l, targets, R, V, S_, stream_);
+  }
+  void lm_head_backward(TensorView dx, TensorView dwte, TensorView dlogits, ConstTensorView probs, ConstTensorView x,
+                        ConstTensorView wte, const int* targets, float dscale, int R, int C, int V) override {
+    const char* op = "lm_head_backward";
+    void *d = act(op, "dx", dx), *dl = act(op, "dlogits", dlogits);
+    float* de = grad(op, "dwte", dwte);
+    const void *p = act(op, "probs", probs), *xi = act(op, "x", x), *e = act(op, "wte", wte);
+    if (R <= 0) return;
+    fast::crossentropy_backward(dl, p, targets, dscale, R, V, S_, stream_);
+    const LmHeadBackwardGemms g = lm_head_backward_gemms(d, de, dl, xi, e, R, C, V, S_);
+    gemm_.run(g.dx);
+    gemm_.run(g.dwte);
+  }
+  // Plain memory: any dtype, the same on both sides.
+  void copy(TensorView dst, ConstTensorView src, std::size_t n) override {
+    if (n == 0) return;
+    if (dst.empty() || src.empty()) missing("copy", dst.empty() ? "dst" : "src");
+    if (dst.dtype() != src.dtype())
+      throw Error(std::string("CUDA fast op copy: argument 'src' is ") + std::string(to_string(src.dtype())) +
+                  " but 'dst' is " + std::string(to_string(dst.dtype())) + "; copy does not convert");
+    ZINF_CUDA(cudaMemcpyAsync(dst.data(), src.data(), n * dtype_bytes(dst.dtype()), cudaMemcpyDeviceToDevice, stream_));
+  }
+  void zero(TensorView p, std::size_t n) override {
+    if (n == 0) return;
+    if (p.empty()) missing("zero", "p");
+    ZINF_CUDA(cudaMemsetAsync(p.data(), 0, n * dtype_bytes(p.dtype()), stream_));
+  }
+
+  // ---- Llama ---------------------------------------------------------------------------------------
+  void rmsnorm_forward(TensorView out, TensorView rstd, ConstTensorView inp, ConstTensorView w, int R, int C,
+                       float eps) override {
+    const char* op = "rmsnorm_forward";
+    fast::rmsnorm_forward(act(op, "out", out), f32(op, "rstd", rstd), act(op, "inp", inp), act(op, "w", w), R, C, eps,
+                          S_, stream_);
+  }
+  void rmsnorm_backward(TensorView dinp, TensorView dw, ConstTensorView dout, ConstTensorView inp, ConstTensorView w,
+                        ConstTensorView rstd, int R, int C) override {
+    const char* op = "rmsnorm_backward";
+    fast::rmsnorm_backward(act(op, "dinp", dinp), grad(op, "dw", dw), act(op, "dout", dout), act(op, "inp", inp),
+                           act(op, "w", w), f32(op, "rstd", rstd), R, C, S_, partials(R, C), stream_);
+  }
+  void rope_apply(TensorView x, ConstTensorView cos_t, ConstTensorView sin_t, int R, int T, int heads, int D,
+                  bool backward) override {
+    const char* op = "rope_apply";
+    fast::rope_apply(act(op, "x", x), f32(op, "cos_t", cos_t), f32(op, "sin_t", sin_t), R, T, heads, D, backward, S_,
+                     stream_);
+  }
+  void swiglu_forward(TensorView out, ConstTensorView gate, ConstTensorView up, std::size_t n) override {
+    const char* op = "swiglu_forward";
+    fast::swiglu_forward(act(op, "out", out), act(op, "gate", gate), act(op, "up", up), n, S_, stream_);
+  }
+  void swiglu_backward(TensorView dgate, TensorView dup, ConstTensorView dout, ConstTensorView gate, ConstTensorView up,
+                       std::size_t n) override {
+    const char* op = "swiglu_backward";
+    fast::swiglu_backward(act(op, "dgate", dgate), act(op, "dup", dup), act(op, "dout", dout), act(op, "gate", gate),
+                          act(op, "up", up), n, S_, stream_);
+  }
+  void gqa_attention_forward(TensorView out, TensorView att, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                             int B, int T, int H, int KV, int D) override {
+    const char* op = "gqa_attention_forward";
+    void* o = act(op, "out", out);
+    float* lse = f32(op, "att", att);
+    const void *qp = act(op, "q", q), *kp = act(op, "k", k), *vp = act(op, "v", v);
+    if (B <= 0 || T <= 0) return;
+    fast::flash_attention_forward(o, lse, qp, kp, vp, gqa_shape(B, T, H, KV, D), S_, stream_);
+  }
+  void gqa_attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q,
+                              ConstTensorView k, ConstTensorView v, ConstTensorView att, int B, int T, int H, int KV,
+                              int D) override {
+    const char* op = "gqa_attention_backward";
+    void *dqp = act(op, "dq", dq), *dkp = act(op, "dk", dk), *dvp = act(op, "dv", dv);
+    const void *d = act(op, "dout", dout), *qp = act(op, "q", q), *kp = act(op, "k", k), *vp = act(op, "v", v);
+    const float* lse = f32(op, "att", att);
+    if (B <= 0 || T <= 0) return;
+    attention_backward_of(dqp, dkp, dvp, d, qp, kp, vp, lse, gqa_shape(B, T, H, KV, D));
+  }
+  void embedding_forward(TensorView out, const int* tokens, ConstTensorView wte, int R, int C) override {
+    fast::embedding_forward(act("embedding_forward", "out", out), tokens, act("embedding_forward", "wte", wte), R, C,
+                            S_, stream_);
+  }
+  void embedding_backward(TensorView dwte, ConstTensorView dout, const int* tokens, int R, int C) override {
+    const char* op = "embedding_backward";
+    fast::embedding_backward(grad(op, "dwte", dwte), act(op, "dout", dout), tokens, R, C, S_, token_sort(R), stream_);
+  }
+
+ private:
+  static cudaStream_t checked(cudaStream_t s) {
+    if (!s) throw Error("CUDA fast ops need the CUDA device (this device has no native stream)");
+    return s;
+  }
+
+  // ---- the storage rule, checked per argument ------------------------------------------------------
+  [[noreturn]] static void missing(const char* op, const char* name) {
+    throw Error(std::string("CUDA fast op ") + op + ": argument '" + name + "' is missing (a null view)");
+  }
+  template <class View>
+  void check(const char* op, const char* name, const View& v, DType want, bool required) const {
+    if (v.empty()) {
+      if (required) missing(op, name);
+      return;
+    }
+    if (v.dtype() == want) return;
+    throw Error(std::string("CUDA fast op ") + op + ": argument '" + name + "' is " +
+                    std::string(to_string(v.dtype())) + ", but the fast kernels of a " + std::string(to_string(S_)) +
+                    " run take it in " + std::string(to_string(want)),
+                "under device.kernels = \"fast\" weights, activations and their gradients are held in the run's "
+                "precision; weight gradients, norm statistics, the attention state and row losses in fp32");
+  }
+  // Activations, weights and their gradients: S.
+  void* act(const char* op, const char* name, const TensorView& v) const {
+    check(op, name, v, S_, true);
+    return v.data();
+  }
+  const void* act(const char* op, const char* name, const ConstTensorView& v) const {
+    check(op, name, v, S_, true);
+    return v.data();
+  }
+  void* act_opt(const char* op, const char* name, const TensorView& v) const {
+    check(op, name, v, S_, false);
+    return v.data();
+  }
+  const void* act_opt(const char* op, const char* name, const ConstTensorView& v) const {
+    check(op, name, v, S_, false);
+    return v.data();
+  }
+  // Weight gradients: fp32, accumulated.
+  float* grad(const char* op, const char* name, const TensorView& v) const {
+    check(op, name, v, DType::fp32, true);
+    return static_cast<float*>(v.data());
+  }
+  float* grad_opt(const char* op, const char* name, const TensorView& v) const {
+    check(op, name, v, DType::fp32, false);
+    return static_cast<float*>(v.data());
+  }
+  // Statistics, the attention state, losses, RoPE tables: fp32.
+  float* f32(const char* op, const char* name, const TensorView& v) const {
+    check(op, name, v, DType::fp32, true);
+    return static_cast<float*>(v.data());
+  }
+  const float* f32(const char* op, const char* name, const ConstTensorView& v) const {
+    check(op, name, v, DType::fp32, true);
+    return static_cast<const float*>(v.data());
+  }
+
+  // ---- helpers ---------------------------------------------------------------------------------------
+  // p advanced by `elems` elements of S.
+  const void* at(const void* p, long elems) const {
+    return static_cast<const char*>(p) + elems * static_cast<long>(dtype_bytes(S_));
+  }
+  void* at(void* p, long elems) const { return static_cast<char*>(p) + elems * static_cast<long>(dtype_bytes(S_)); }
+
+  // GPT's packed qkv [B, T, 3C]: q, k, v at offsets 0, C, 2C of each row; out [B, T, C].
+  static fast::AttnShape packed_shape(int B, int T, int C, int H) {
+    fast::AttnShape a{};
+    a.B = B, a.T = T, a.H = H, a.KV = H, a.D = C / H;
+    a.q_stride = a.k_stride = a.v_stride = 3L * C;
+    a.o_stride = C;
+    return a;
+  }
+  // Llama's q [R, H·D], k and v [R, KV·D], out [R, H·D].
+  static fast::AttnShape gqa_shape(int B, int T, int H, int KV, int D) {
+    fast::AttnShape a{};
+    a.B = B, a.T = T, a.H = H, a.KV = KV, a.D = D;
+    a.q_stride = static_cast<long>(H) * D;
+    a.k_stride = a.v_stride = static_cast<long>(KV) * D;
+    a.o_stride = static_cast<long>(H) * D;
+    return a;
+  }
+
+  // The flash backward reads the forward's output, which the op seam does not pass: it is computed
+  // again here (the same kernel, so the same bits) into scratch, with a throw-away lse; the backward
+  // then uses the lse the forward kept.
+  void attention_backward_of(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                             const void* v, const float* lse, const fast::AttnShape& a) {
+    const std::size_t rows = static_cast<std::size_t>(a.B) * static_cast<std::size_t>(a.T);
+    const std::size_t out_bytes = round_up(rows * static_cast<std::size_t>(a.o_stride) * dtype_bytes(S_), 256);
+    const std::size_t lse_bytes = round_up(rows * static_cast<std::size_t>(a.H) * sizeof(float), 256);
+    char* rec = static_cast<char*>(recompute_.get(dev_, stream_, out_bytes + lse_bytes));
+    fast::flash_attention_forward(rec, reinterpret_cast<float*>(rec + out_bytes), q, k, v, a, S_, stream_);
+    void* scratch = flash_.get(dev_, stream_, fast::flash_backward_scratch_bytes(a));
+    fast::flash_attention_backward(dq, dk, dv, dout, q, k, v, rec, lse, a, S_, scratch, stream_);
+  }
+  float* partials(int R, int C) {
+    return static_cast<float*>(partials_.get(dev_, stream_, fast::column_partials_floats(R, C) * sizeof(float)));
+  }
+  int* token_sort(int R) {
+    return static_cast<int*>(token_sort_.get(dev_, stream_, fast::token_sort_ints(R) * sizeof(int)));
+  }
+
+  Device& dev_;
+  cudaStream_t stream_;
+  DType S_;
+  GemmExecutor gemm_;
+  Scratch partials_{"fast ops: column-sum partials"};
+  Scratch token_sort_{"fast ops: embedding-gradient token sort"};
+  Scratch flash_{"fast ops: flash attention backward scratch"};
+  Scratch recompute_{"fast ops: recomputed attention output"};
+  Scratch bias_grad_{"fast ops: bias-gradient vector"};
+};
+
+}  // namespace
+
+std::unique_ptr<OpsBackend> make_cuda_fast_ops(Device& dev, Precision p) {
+  return std::make_unique<CudaFastOps>(dev, p);
+}
+
+}  // namespace zinf::cuda

@@ -23,7 +23,7 @@ std::unique_ptr<Device> make_cuda_device(int index, std::size_t budget_bytes);
 std::unique_ptr<offload::EngineKernels> make_cuda_engine_kernels(Device& dev);
 
 // The communicator for CUDA device memory: NCCL over the ranks of `host` (bootstrapped through it);
-// throws when no GPU is visible.
+// throws when no GPU is visible, and (ConfigError) in a build without NCCL (backends.cpp).
 std::unique_ptr<Comm> make_nccl_comm(Comm& host, int cuda_device);
 
 const backends::Backend& cuda_backend();

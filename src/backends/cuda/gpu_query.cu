@@ -1,9 +1,12 @@
 // gpu_query.cu — ask the CUDA runtime which GPUs it sees (never the default stream: no work is
 // launched here). A machine without a driver or GPU is a normal answer, not an error.
 #include <cuda_runtime.h>
+#if ZINF_HAVE_NCCL
 #include <nccl.h>
+#endif
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -45,12 +48,16 @@ GpuQuery query_gpus() {
   if (cudaRuntimeGetVersion(&rt) == cudaSuccess) q.runtime = version_string(rt);
   int drv = 0;
   if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0) q.driver = version_string(drv);
+#if ZINF_HAVE_NCCL
   int nccl = 0;
   if (ncclGetVersion(&nccl) == ncclSuccess) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%d.%d.%d", nccl / 10000, (nccl / 100) % 100, nccl % 100);
     q.nccl = buf;
   }
+#else
+  q.nccl = "built without";
+#endif
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {

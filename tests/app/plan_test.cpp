@@ -124,6 +124,23 @@ TEST(Plan, TheCudaDevicePlansAllocatorBlocksAndOpsScratch) {
   for (int t = 1; t < offload::kTiers; ++t) EXPECT_EQ(g.plan.totals[t], c.plan.totals[t]);
 }
 
+// The fast kernels' scratch: the workspace, 4·B·H·T floats for the flash backward (not B·H·T·T),
+// 2·C·min(B·T, 1024) floats of column partials and (2·B·T + 65536) ints for the token sort.
+TEST(Plan, OpsScratchOfBothKernelSets) {
+  OpsScratchShape s{.llama = false, .batch = 4, .seq = 1024, .heads = 25, .width = 1600, .fast = false};
+  EXPECT_EQ(ops_scratch_blocks(s), (std::vector<std::uint64_t>{kGemmWorkspaceBytes, 4ull * 25 * 1024 * 1024 * 4}));
+  s.llama = true;
+  EXPECT_EQ(ops_scratch_blocks(s), (std::vector<std::uint64_t>{kGemmWorkspaceBytes, 4ull * 25 * 1024 * 4}));
+  s.fast = true;
+  const std::vector<std::uint64_t> fast{kGemmWorkspaceBytes, 4ull * 4 * 25 * 1024 * 4, 2ull * 1600 * 1024 * 4,
+                                        (2ull * 4 * 1024 + 65536) * 4};
+  EXPECT_EQ(ops_scratch_blocks(s), fast);
+  s.llama = false;
+  EXPECT_EQ(ops_scratch_blocks(s), fast);  // one flash kernel for both families
+  s.batch = 1, s.seq = 64;                 // fewer rows than the partials' cap
+  EXPECT_EQ(ops_scratch_blocks(s)[2], 2ull * 1600 * 64 * 4);
+}
+
 TEST(Plan, ZeroPaperFormulasPerStage) {
   // The ZeRO paper's worked example: 7.5B parameters on 64 GPUs — 120 GB, 31.4 GB, 16.6 GB, 1.88 GB.
   const std::int64_t psi = 7'500'000'000;

@@ -15,7 +15,7 @@
 #   digests      70 s  configs/gpu-check.json at 12 layers, 3 steps, under every placement (optimizer
 #                      none/cpu/nvme × params none/cpu × overlap exact/none): one params_digest, no
 #                      failed run (scripts/digest-check.sh); more rounds while the cap allows
-#   fast         45 s  the same model (8 layers, 3 steps, bf16) with device.kernels fast on the GPU,
+#   fast         45 s  the same model (4 layers, 3 steps, bf16) with device.kernels fast on the GPU,
 #                      against the reference kernels on the GPU (per-step losses within a relative
 #                      2e-2: the fast path stores activations in bf16) and against the CPU twin
 #                      (device.type cpu, kernels fast: the same storage and rounding points, other
@@ -90,7 +90,7 @@ part_fast() {
   for run in "cuda reference" "cuda fast" "cpu fast"; do
     read -r dev kernels <<< "$run"
     name="$dev-$kernels"
-    "$zinf" train --config "$config" --set model.n_layer=8 --set train.steps=3 --set device.type="$dev" \
+    "$zinf" train --config "$config" --set model.n_layer=4 --set train.steps=3 --set device.type="$dev" \
       --set device.kernels="$kernels" --set device.memory_budget=16GiB \
       --set "train.metrics_file=\"$raw/losses-$name.jsonl\"" || { echo "fast: $name FAILED"; rc=1; }
   done

@@ -12,9 +12,9 @@
 
 namespace zinf::cuda {
 
-// The CUDA device `index` with a memory budget (0: the GPU's free memory). Throws zinf::Error when no
-// GPU is visible. `launch` enqueues host code in stream order (cudaLaunchHostFunc: it must not call
-// CUDA); kernels go on the streams through the op backends.
+// The CUDA device `index` with a memory budget (0: the GPU's free memory less cuda_budget_reserve). Throws zinf::Error
+// when no GPU is visible. `launch` enqueues host code in stream order (cudaLaunchHostFunc: it must not call CUDA);
+// kernels go on the streams through the op backends.
 std::unique_ptr<Device> make_cuda_device(int index, std::size_t budget_bytes);
 
 // The engine's kernels on the GPU: zero, 16-bit conversions, accumulation, the norm's sum of squares

@@ -18,6 +18,7 @@
 #include <algorithm>
 
 #include "subgroup_layout.h"
+#include "zinf/device_memory.h"
 #include "zinf/error.h"
 
 namespace zinf::offload {
@@ -160,6 +161,7 @@ Layout make_layout(const PlanInput& in) {
   layout.mixed = in.compute_bytes == 2;
   layout.compute_bytes = static_cast<std::uint64_t>(in.compute_bytes);
   layout.fp32_work = layout.mixed && in.fp32_work;
+  layout.device_blocks = in.device_blocks;
   layout.optimizer = in.optimizer;
   layout.param = in.param;
   layout.optimizer_offloaded = in.optimizer != OffloadDevice::none;
@@ -178,33 +180,37 @@ Layout make_layout(const PlanInput& in) {
   return layout;
 }
 
-std::uint64_t footprint(Tier t, std::uint64_t bytes) {
+std::uint64_t footprint(Tier t, std::uint64_t bytes, bool device_blocks) {
   switch (t) {
     case Tier::pinned: return std::max(kBlock, round_up(bytes, kBlock));
     case Tier::nvme: return round_up(bytes, kBlock);
-    case Tier::device:
+    case Tier::device: return device_blocks ? cuda_block_bytes(bytes) : bytes;
     case Tier::host: return bytes;
   }
   return bytes;
 }
 
 void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes,
-                     const std::function<void(const BufferSpec&)>& fn) {
+                     const std::function<void(const BufferSpec&)>& fn, const std::vector<std::uint64_t>& ops_scratch) {
   for (std::size_t i = 0; i < layout.units.size(); ++i) {
     unit_param_and_grads(layout, i, fn);
     unit_states(layout, i, fn);
   }
   fn(spec(Buffer::activations, Tier::device, activation_bytes, PlanRow::activations));
+  for (std::uint64_t b : ops_scratch) fn(spec(Buffer::ops_scratch, Tier::device, b, PlanRow::ops_scratch));
   windows_and_slots(layout, fn);
   staging(layout, fn);
 }
 
 BufferSpecs::BufferSpecs(const PlanInput& in) : layout_(make_layout(in)) {
   unit_begin_.assign(layout_.units.size() + 1, 0);
-  for_each_buffer(layout_, in.activation_bytes, [&](const BufferSpec& b) {
-    specs_.push_back(b);
-    if (b.unit != kShared) unit_begin_[b.unit + 1] = specs_.size();
-  });
+  for_each_buffer(
+      layout_, in.activation_bytes,
+      [&](const BufferSpec& b) {
+        specs_.push_back(b);
+        if (b.unit != kShared) unit_begin_[b.unit + 1] = specs_.size();
+      },
+      in.ops_scratch);
   for (std::size_t i = 1; i < unit_begin_.size(); ++i) unit_begin_[i] = std::max(unit_begin_[i], unit_begin_[i - 1]);
 }
 

@@ -59,6 +59,7 @@ PlanInput Engine::plan_input(const EngineConfig& c) {
   in.optimizer_buffer_count = c.overlap == Overlap::exact ? c.optimizer_buffer_count : 1;
   in.prefetch_depth = c.prefetch_depth;
   in.fp32_work = true;  // the CPU device
+  in.device_blocks = c.device_blocks;
   in.world = c.comm ? c.comm->size() : 1;
   in.rank = c.comm ? c.comm->rank() : 0;
   in.stage = c.stage;

@@ -61,6 +61,7 @@ RowSums empty_rows(const Layout& layout) {
       {"adam.m", "fp32", {}, ""},
       {"adam.v", "fp32", {}, ""},
       {"activations", "", {}, "estimate for one micro batch"},
+      {"ops scratch", "", {}, "the ops' own blocks: GEMM workspace, attention backward, partials"},
       {"param window", "", {}, std::to_string(layout.window_slots) + " slots x largest block"},
       {"param staging",
        "",
@@ -80,8 +81,10 @@ RowSums empty_rows(const Layout& layout) {
 }
 
 // One spec into its row(s): what it takes on its tier, split evenly over the rows it holds.
-void add_spec(RowSums& sums, const BufferSpec& b) {
-  const std::uint64_t total = footprint(b.tier, b.bytes) * b.count;
+// An empty estimate (no activations given) is no allocation, and takes no block.
+void add_spec(RowSums& sums, const BufferSpec& b, bool device_blocks) {
+  const bool none = b.bytes == 0 && (b.what == Buffer::activations || b.what == Buffer::ops_scratch);
+  const std::uint64_t total = none ? 0 : footprint(b.tier, b.bytes, device_blocks) * b.count;
   for (int k = 0; k < b.rows; ++k) {
     const auto r = static_cast<std::size_t>(static_cast<int>(b.row) + k);
     sums.rows[r].bytes[static_cast<int>(b.tier)] += total / static_cast<std::uint64_t>(b.rows);
@@ -121,13 +124,15 @@ Plan finish_plan(const Layout& layout, const RowSums& sums) {
 Plan make_plan(const PlanInput& in) {
   const Layout layout = make_layout(in);
   RowSums sums = empty_rows(layout);
-  for_each_buffer(layout, in.activation_bytes, [&](const BufferSpec& b) { add_spec(sums, b); });
+  for_each_buffer(
+      layout, in.activation_bytes, [&](const BufferSpec& b) { add_spec(sums, b, layout.device_blocks); },
+      in.ops_scratch);
   return finish_plan(layout, sums);
 }
 
 Plan make_plan(const BufferSpecs& specs) {
   RowSums sums = empty_rows(specs.layout());
-  for (const BufferSpec& b : specs.all()) add_spec(sums, b);
+  for (const BufferSpec& b : specs.all()) add_spec(sums, b, specs.layout().device_blocks);
   return finish_plan(specs.layout(), sums);
 }
 

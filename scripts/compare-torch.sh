@@ -12,6 +12,10 @@
 # default bench/torch_gpt2.py; PyTorch must be installed for the python3 that runs it, or only zinf's
 # side is measured). ZINF_COMPARE_CASES picks cases (default all, in the order above);
 # ZINF_BIN the zinf binary (default build-gpu/src/zinf, built by scripts/gpu-check.sh's build part).
+# ZINF_COMPARE_STEPS: zinf's `bench step --steps` (default 4, the first a warm-up);
+# ZINF_COMPARE_PEER_STEPS: the peer's measured steps (default 3, after one warm-up);
+# ZINF_COMPARE_APPEND=1 adds to compare.jsonl instead of starting it afresh (one call per case, each
+# under its own time cap, then a call with ZINF_COMPARE_CASES=none writes the table of them all).
 # Writes compare.jsonl (every raw result) and compare.md (the table) under $OUT, or the repository.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -27,7 +31,8 @@ fi
 zinf="${ZINF_BIN:-$root/build-gpu/src/zinf}"
 cases=" ${ZINF_COMPARE_CASES:-a b b-ga4 b-ga4-opt b-ga4-all} "
 raw="$out_dir/compare.jsonl"
-: > "$raw"
+[ "${ZINF_COMPARE_APPEND:-0}" = 1 ] || : > "$raw"
+touch "$raw"
 record() {  # case, side, then the command; its JSON (all it prints on stdout) goes into compare.jsonl
   local name="$1" side="$2"; shift 2
   echo "== $name $side: $*" >&2
@@ -43,11 +48,12 @@ record() {  # case, side, then the command; its JSON (all it prints on stdout) g
 }
 has() { [[ "$cases" == *" $1 "* ]]; }
 # ZINF_COMPARE_SET: extra `--set k=v` words for every zinf run (e.g. a dry run on the CPU device).
-step=(bench step --json --profile --no-baseline --steps 4 ${ZINF_COMPARE_SET:-})
+# shellcheck disable=SC2206  # ZINF_COMPARE_SET is words
+step=(bench step --json --profile --no-baseline --steps "${ZINF_COMPARE_STEPS:-4}" ${ZINF_COMPARE_SET:-})
 a_shape=(--layers 24 --embd 1024 --heads 16 --vocab 256 --seq 512)
 b_shape=(--layers 48 --embd 1600 --heads 25 --vocab 50304 --seq 1024)
 # configs/compare-a.json and compare-b.json recompute activations; the peer does the same work.
-peer_steps=(--steps 3 --warmup 1 --activation-checkpointing)
+peer_steps=(--steps "${ZINF_COMPARE_PEER_STEPS:-3}" --warmup 1 --activation-checkpointing)
 if has a; then
   record a zinf "$zinf" "${step[@]}" --config "$root/configs/compare-a.json"
   [ -n "$peer" ] && record a torch python3 "$peer" resident "${a_shape[@]}" --mb 8 --ga 1 "${peer_steps[@]}"

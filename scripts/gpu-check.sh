@@ -1,137 +1,279 @@
 #!/usr/bin/env bash
-# The GPU checks, as one script for a machine with an NVIDIA GPU (finishes in a few minutes on one
-# H200; on a bare machine it installs the Debian dependencies first, or — where no package registry
-# is reachable, as on the lent GPU machine — unpacks the .debs/ folder that scripts/fetch-debs.sh
-# filled on a machine with apt and the caller carried along). Everything goes to one results file
-# (default gpu-check-results.txt, or $1; under $OUT when that is set).
+# The GPU checks, as ONE run of at most 9 minutes on a machine with one H200 and 16 cores (the lent
+# GPU machine). On a bare machine it uses the Debian packages if installed, else the .debs/ folder
+# that scripts/fetch-debs.sh filled on a machine with apt (carry it along), else apt.
 #
-# It builds for sm_90/sm_80, runs the `gpu` ctest label (the CUDA device, every GPT op of the CUDA
-# backend against the CPU reference, the whole model against the CPU device) and the GPU training
-# test (every placement bit-identical on the GPU, close to the CPU), `zinf info`, `zinf bench pcie`,
-# and trains configs/gpu-check.json — GPT-2 medium's shape at vocab 256, ~302M parameters, whose
-# training state (~4.8 GB) is over 3× its 1.5 GiB GPU budget — with the optimizer states on cpu and
-# then on nvme, reporting TFLOPS, the GPU busy fraction and the overlap ratio (`zinf bench step`).
-#
-# Ordering (results must not change run to run): TrainGpu.* repeated $ZINF_GPU_REPEAT times (default
-# 20); configs/gpu-check.json trained for 3 steps $ZINF_GPU_RUNS times (default 3) under every
-# placement (optimizer none/cpu/nvme × params none/cpu) and both overlap modes — one params_digest
-# for all of them is the pass condition ("digests: one digest" in the results); and the same model's
-# per-step losses on the CPU device against the GPU's, within a relative 2e-2 (bf16 on both; the
-# devices round differently, so close, not bitwise).
-#
-# ZINF_GPU_CHECK_PARTS picks parts (default all but compare): build tests bench digests losses
-# compare — e.g. one call with "build tests bench" and a second with "digests losses" (the build is
-# reused), so that each fits a 10-minute call on a lent machine. `compare` runs
-# scripts/compare-torch.sh (zinf beside the PyTorch peer, bench/torch_gpt2.py; it needs torch importable).
+# Sections, each under its own time cap (`timeout`) so that a slow one cannot eat the others' time;
+# the caps sum to the whole check's 540 s (ZINF_GPU_CHECK_SECONDS), and a section that would start
+# past that is skipped and reported:
+#   setup        10 s  dependencies, NCCL, nvidia-smi (not capped: a few seconds)
+#   build       130 s  sm_90 only; only the targets run below: zinf, train_test, the `gpu` label's tests
+#   tests        40 s  `zinf info`; ctest -L gpu (the CUDA device, every op against the CPU reference,
+#                      the whole model against the CPU device)
+#   repeat       20 s  TrainGpu.* (every placement bit-identical on the GPU, close to the CPU), repeated
+#                      while the cap allows (at least once)
+#   digests      70 s  configs/gpu-check.json at 12 layers, 3 steps, under every placement (optimizer
+#                      none/cpu/nvme × params none/cpu × overlap exact/none): one params_digest, no
+#                      failed run (scripts/digest-check.sh); more rounds while the cap allows
+#   fast         45 s  the same model (4 layers, 3 steps, bf16) with device.kernels fast on the GPU,
+#                      against the reference kernels on the GPU (per-step losses within a relative
+#                      2e-2: the fast path stores activations in bf16) and against the CPU twin
+#                      (device.type cpu, kernels fast: the same storage and rounding points, other
+#                      summation orders; within 5e-3)
+#   memcheck     25 s  compute-sanitizer --tool memcheck on the op tests at small shapes
+#   racecheck    25 s  compute-sanitizer --tool racecheck on the same
+#   pcie         10 s  zinf bench pcie (256 MiB, 3 repetitions)
+#   compare-a    35 s  zinf beside PyTorch (bench/torch_gpt2.py, scripts/compare-torch.sh): 303M,
+#                      24 layers x 1024, micro batch 8, seq 512, resident
+#   compare-b    40 s  GPT-2 XL's shape (48 x 1600, 25 heads), vocab 50304, seq 1024, micro batch 4,
+#                      resident
+#   compare-ga4  40 s  b at GA 4 resident (zinf), and with the optimizer states on the CPU
+#   compare-off  45 s  b at GA 4, optimizer and parameters on the CPU, beside PyTorch FSDP CPU offload
+#   summary       5 s  results.json and results.md
+#                                                                                   total 540 s
+# Results under $OUT (or ./gpu-check-out): results.json (every section: status, seconds, cap, its
+# verdict line; the digests, losses, PCIe and comparison figures), results.md (one table), and
+# gpu-check.log (everything the sections printed). Exits 1 when any section failed, timed out or was
+# skipped. ZINF_GPU_CHECK_PARTS picks sections (default all; setup and summary always run).
+# shellcheck disable=SC2317  # the part_* functions are called by name ("part_$p")
 set -uo pipefail
-parts=" ${ZINF_GPU_CHECK_PARTS:-build tests bench digests losses} "
-want() { [[ "$parts" == *" $1 "* ]]; }
 root="$(cd "$(dirname "$0")/.." && pwd)"
-out_dir="${OUT:-$root}"
-results="${1:-$out_dir/gpu-check-results.txt}"
-: > "$results"
-log() { echo "$*" | tee -a "$results"; }
-run() {  # a named step: its output goes to the results file; failures are recorded, not fatal
-  local name="$1"; shift
-  log "== $name: $*"
-  local t0=$SECONDS
-  if "$@" >> "$results" 2>&1; then log "== $name: ok ($((SECONDS - t0)) s)"; else log "== $name: FAILED ($((SECONDS - t0)) s)"; fi
+self="$root/scripts/gpu-check.sh"
+out_dir="${OUT:-$root/gpu-check-out}"
+raw="$out_dir/raw"
+bld="${ZINF_GPU_BUILD:-$root/build-gpu}"
+zinf="$bld/src/zinf"
+config="$root/configs/gpu-check.json"
+
+# ---- the sections that are more than one command (run as `gpu-check.sh --part NAME CAP`) ---------
+gpu_test_targets() { sed -n 's/^ *zinf_test(\([A-Za-z0-9_]*\) LABEL gpu .*/\1/p' "$root/tests/CMakeLists.txt"; }
+
+part_build() {
+  local gen=() extra=()
+  command -v ninja >/dev/null 2>&1 && [ ! -f "$bld/CMakeCache.txt" ] && gen=(-G Ninja)
+  # shellcheck disable=SC2206  # the NCCL paths found by setup, as words
+  extra=(${ZINF_GPU_CMAKE_EXTRA:-})
+  # Warnings stay warnings here: the lent machine's compiler may not be Debian 12's GCC.
+  cmake -S "$root" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZINF_CUDA=ON -DZINF_CUDA_ARCHS=90 \
+    -DZINF_BUILD_BENCH=OFF -DZINF_WERROR=OFF "${extra[@]}" || return 1
+  local targets=(--target zinf --target train_test)
+  for t in $(gpu_test_targets); do targets+=(--target "$t"); done
+  cmake --build "$bld" -j "$(nproc)" "${targets[@]}" || return 1
+  echo "build: zinf, train_test and $(gpu_test_targets | wc -l) gpu test binaries for sm_90"
 }
-# Dependencies: the Debian packages if installed; else, on a machine that reaches no package registry
-# (the lent GPU machine), the .deb files scripts/fetch-debs.sh downloaded elsewhere and the caller
-# carried in as .debs/ (or $ZINF_DEBS), unpacked into a private prefix; else apt (install-deps.sh).
+
+part_tests() {
+  "$zinf" info || return 1
+  ctest --test-dir "$bld" -L gpu --output-on-failure || return 1
+  echo "tests: ctest -L gpu passed"
+}
+
+part_repeat() {  # TrainGpu.* as often as the cap allows, at least once
+  local cap="$1" t0=$SECONDS n=0 last=0 s
+  while :; do
+    s=$SECONDS
+    "$bld/tests/train_test" --gtest_filter='TrainGpu.*' || { echo "repeat: FAILED on run $((n + 1))"; return 1; }
+    n=$((n + 1)) last=$((SECONDS - s))
+    [ $((SECONDS - t0 + last + 2)) -gt "$cap" ] && break
+  done
+  echo "repeat: TrainGpu.* passed $n times ($last s each)"
+}
+
+part_digests() {
+  local cap="$1"
+  ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_SECONDS=$((cap - 5)) ZINF_DIGEST_STEPS=3 \
+    "$root/scripts/digest-check.sh" "$zinf" "$config" "${TMPDIR:-/tmp}/zinf-gpu-check-swap" --set model.n_layer=12
+}
+
+part_fast() {
+  local rc=0 name dev kernels
+  for run in "cuda reference" "cuda fast" "cpu fast"; do
+    read -r dev kernels <<< "$run"
+    name="$dev-$kernels"
+    "$zinf" train --config "$config" --set model.n_layer=4 --set train.steps=3 --set device.type="$dev" \
+      --set device.kernels="$kernels" --set device.memory_budget=16GiB \
+      --set "train.metrics_file=\"$raw/losses-$name.jsonl\"" || { echo "fast: $name FAILED"; rc=1; }
+  done
+  [ "$rc" = 0 ] || return 1
+  python3 - "$raw" <<'PY'
+import json, sys
+d = sys.argv[1]
+def losses(name):
+    return [r["loss"] for r in map(json.loads, open(f"{d}/losses-{name}.jsonl")) if "loss" in r]
+fast, ref, twin = losses("cuda-fast"), losses("cuda-reference"), losses("cpu-fast")
+def worst(a, b):
+    assert len(a) == len(b) > 0, (a, b)
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+w_ref, w_twin = worst(fast, ref), worst(fast, twin)
+json.dump({"fast": fast, "reference": ref, "twin": twin, "vs_reference": w_ref, "vs_twin": w_twin,
+           "tolerance_reference": 2e-2, "tolerance_twin": 5e-3}, open(f"{d}/fast.json", "w"))
+ok = w_ref <= 2e-2 and w_twin <= 5e-3
+print("fast: %s, per-step losses fast %s; max rel diff vs reference %.3g (<= 2e-2), vs CPU twin %.3g (<= 5e-3)"
+      % ("ok" if ok else "FAILED", ["%.5f" % x for x in fast], w_ref, w_twin))
+sys.exit(0 if ok else 1)
+PY
+}
+
+part_sanitize() {  # memcheck | racecheck on the op tests' small shapes
+  local tool="$1" san rc=0 ran=0 bin filter
+  san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  [ -x "$san" ] || { echo "$tool: FAILED, compute-sanitizer not found"; return 1; }
+  # binary:filter pairs; a binary this tree does not build is passed over.
+  for pair in ${ZINF_SANITIZE_TESTS:-cuda_ops_test:CudaOps.EveryOpMatchesTheCpuReference fast_ops_test:* flash_attention_test:* rows_test:*}; do
+    bin="$bld/tests/${pair%%:*}" filter="${pair#*:}"
+    [ -x "$bin" ] || continue
+    ran=$((ran + 1))
+    "$san" --tool "$tool" --error-exitcode 1 "$bin" --gtest_filter="$filter" || { echo "$tool: ${pair%%:*} FAILED"; rc=1; }
+  done
+  [ "$ran" -gt 0 ] || { echo "$tool: FAILED, no op test binary built"; return 1; }
+  [ "$rc" = 0 ] && echo "$tool: clean on $ran op test binaries"
+  return "$rc"
+}
+
+part_pcie() {
+  "$zinf" bench pcie --size 256M --reps 3 --json > "$raw/pcie.json" || return 1
+  cat "$raw/pcie.json"
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+print("pcie: h2d %.1f, d2h %.1f, both %.1f GB/s; nominal %.1f per direction (gen%d x%d)" % (r["h2d_gb_per_s"],
+      r["d2h_gb_per_s"], r["both_gb_per_s"], r["nominal_gb_per_s"], r["pcie_gen"], r["pcie_width"]))' "$raw/pcie.json"
+}
+
+part_compare() {  # CASES: one call of compare-torch.sh, adding to $raw/compare.jsonl; fails on a failed run
+  local before
+  before="$(wc -l < "$raw/compare.jsonl")"
+  OUT="$raw" ZINF_BIN="$zinf" ZINF_COMPARE_APPEND=1 ZINF_COMPARE_STEPS=3 ZINF_COMPARE_PEER_STEPS=2 \
+    ZINF_COMPARE_CASES="$1" "$root/scripts/compare-torch.sh" || return 1
+  ! tail -n +"$((before + 1))" "$raw/compare.jsonl" | grep -q '"failed": true'
+}
+
+if [ "${1:-}" = --part ]; then
+  p="$2"
+  shift 2
+  case "$p" in
+    build | tests | fast | pcie) "part_$p" ;;
+    repeat | digests) "part_$p" "$1" ;;
+    memcheck | racecheck) part_sanitize "$p" ;;
+    compare) part_compare "$1" ;;
+    *) echo "gpu-check: no part $p" >&2; exit 2 ;;
+  esac
+  exit $?
+fi
+
+# ---- the run ------------------------------------------------------------------------------------
+total="${ZINF_GPU_CHECK_SECONDS:-540}"
+parts=" ${ZINF_GPU_CHECK_PARTS:-build tests repeat digests fast memcheck racecheck pcie compare-a compare-b compare-ga4 compare-off} "
+start=$SECONDS
+mkdir -p "$raw"
+log_file="$out_dir/gpu-check.log"
+sections="$raw/sections.tsv"
+: > "$log_file"
+: > "$sections"
+: > "$raw/compare.jsonl"
+log() { echo "$*" | tee -a "$log_file"; }
+# section NAME CAP COMMAND...: runs it under `timeout` (the cap, or what is left of the whole check),
+# its output into raw/NAME.log and the log; records status, seconds, cap and its last line.
+section() {
+  local name="$1" cap="$2" left status rc t0 detail
+  shift 2
+  [[ "$parts" == *" $name "* ]] || return 0
+  left=$((total - 5 - (SECONDS - start)))  # 5 s for the summary
+  if [ "$left" -lt 5 ]; then
+    log "== $name: skipped, the check's $total s are used up"
+    printf '%s\tskipped\t0\t%s\tno time left in the %s s of the whole check\n' "$name" "$cap" "$total" >> "$sections"
+    return 0
+  fi
+  [ "$cap" -gt "$left" ] && cap=$left
+  log "== $name (cap $cap s): $*"
+  t0=$SECONDS
+  timeout --kill-after=5 "$cap" "$@" > "$raw/$name.log" 2>&1
+  rc=$?
+  cat "$raw/$name.log" >> "$log_file"
+  case "$rc" in
+    0) status=ok ;;
+    124 | 137) status=TIMEOUT ;;
+    *) status=FAILED ;;
+  esac
+  detail="$(grep -v '^[[:space:]]*$' "$raw/$name.log" | tail -1 | tr '\t' ' ' | cut -c1-300)"
+  log "== $name: $status ($((SECONDS - t0)) s) $detail"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - t0))" "$cap" "$detail" >> "$sections"
+}
+
+# setup: dependencies, NCCL (optional: without it the CUDA device builds and runs one rank)
 debs="${ZINF_DEBS:-$root/.debs}"
-if "$root/scripts/install-deps.sh" --check >> "$results" 2>&1; then
+if "$root/scripts/install-deps.sh" --check >> "$log_file" 2>&1; then
   log "== deps: Debian packages installed"
-elif ls "$debs"/*.deb >/dev/null 2>&1; then
-  if env_lines="$("$root/scripts/use-debs.sh" "$debs" "$root/.deps-root" 2>>"$results")"; then
+elif ls "$debs"/*.deb > /dev/null 2>&1; then
+  if env_lines="$("$root/scripts/use-debs.sh" "$debs" "$root/.deps-root" 2>> "$log_file")"; then
     eval "$env_lines"
-    log "== deps: unpacked $(ls "$debs"/*.deb | wc -l) packages from $debs into $root/.deps-root"
+    log "== deps: unpacked the packages of $debs into $root/.deps-root"
   else
     log "== deps: FAILED to unpack $debs"
   fi
 else
-  run deps "$root/scripts/install-deps.sh"
+  log "== deps: installing (scripts/install-deps.sh)"
+  "$root/scripts/install-deps.sh" >> "$log_file" 2>&1 || log "== deps: FAILED"
 fi
-# NCCL: in the CUDA toolkit here; on an image whose NCCL came with a Python wheel, point CMake at it.
-cmake_extra=()
 nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 cuda_root="$(dirname "$(dirname "$nvcc_bin")")"
-have_nccl=""
-for pat in "$cuda_root/lib64/libnccl.so*" "$cuda_root/lib/libnccl.so*" "/usr/lib/x86_64-linux-gnu/libnccl.so*"; do
-  compgen -G "$pat" >/dev/null && have_nccl=1
-done
-if [ -z "$have_nccl" ]; then
-  nccl_dir="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)"
-  nccl_lib="$(ls "$nccl_dir"/lib/libnccl.so* 2>/dev/null | head -1)"
-  if [ -n "$nccl_lib" ] && [ -f "$nccl_dir/include/nccl.h" ]; then
-    cmake_extra+=(-DZINF_NCCL_LIBRARY="$nccl_lib" -DZINF_NCCL_INCLUDE="$nccl_dir/include")
+export ZINF_GPU_CMAKE_EXTRA=""
+if ! compgen -G "$cuda_root/lib64/libnccl.so*" > /dev/null && ! compgen -G "/usr/lib/x86_64-linux-gnu/libnccl.so*" > /dev/null; then
+  nccl_dir="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null || true)"
+  nccl_lib="$(compgen -G "$nccl_dir/lib/libnccl.so*" | head -1)"
+  if [ -n "$nccl_dir" ] && [ -n "$nccl_lib" ] && [ -f "$nccl_dir/include/nccl.h" ]; then
+    ZINF_GPU_CMAKE_EXTRA="-DZINF_NCCL_LIBRARY=$nccl_lib -DZINF_NCCL_INCLUDE=$nccl_dir/include"
     export LD_LIBRARY_PATH="$nccl_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     log "== nccl: $nccl_lib (Python wheel)"
   else
-    log "== nccl: not found beside nvcc ($cuda_root) nor as a Python wheel; the build will say so"
+    log "== nccl: none found; the CUDA device builds without it (one rank per machine)"
   fi
 fi
-# Warnings stay warnings here: the lent machine's compiler may not be Debian 12's GCC.
-want build && run build "$root/scripts/build.sh" "$root/build-gpu" -DZINF_CUDA=ON -DZINF_BUILD_BENCH=OFF -DZINF_WERROR=OFF "${cmake_extra[@]}"
-run nvidia-smi nvidia-smi
-if want tests; then
-run info "$root/build-gpu/src/zinf" info
-run gpu-tests ctest --test-dir "$root/build-gpu" -L gpu --output-on-failure
-run gpu-train-tests "$root/build-gpu/tests/train_test" --gtest_filter='TrainGpu.*'
-run gpu-train-tests-repeat "$root/build-gpu/tests/train_test" --gtest_filter='TrainGpu.*' --gtest_repeat="${ZINF_GPU_REPEAT:-20}"
-fi
-swap="${TMPDIR:-/tmp}/zinf-gpu-check"
-mkdir -p "$swap"
-if want bench; then
-run bench-pcie "$root/build-gpu/src/zinf" bench pcie --size 1G --reps 5 --json
-run train-optimizer-cpu "$root/build-gpu/src/zinf" bench step --json --steps 6 --config "$root/configs/gpu-check.json"
-run train-optimizer-nvme "$root/build-gpu/src/zinf" bench step --json --steps 6 --config "$root/configs/gpu-check.json" \
-  --set zero_optimization.offload_optimizer.device=nvme --set "zero_optimization.offload_optimizer.nvme_path=\"$swap\""
-fi
-# One digest across placements, overlap modes and repeated runs. Nothing offloaded needs a larger budget.
-if want digests; then
-digests="$out_dir/gpu-digests.txt"
-: > "$digests"
-for opt in none cpu nvme; do
-  for param in none cpu; do
-    budget=1536MiB
-    [ "$opt" = none ] && budget=16GiB
-    for ov in exact none; do
-      for k in $(seq 1 "${ZINF_GPU_RUNS:-3}"); do
-        line="$("$root/build-gpu/src/zinf" train --config "$root/configs/gpu-check.json" --set train.steps=3 \
-          --set zero_optimization.offload_optimizer.device=$opt --set zero_optimization.offload_param.device=$param \
-          --set train.overlap=$ov --set device.memory_budget=$budget \
-          --set "zero_optimization.offload_optimizer.nvme_path=\"$swap\"" 2>>"$results" | grep '^final ')"
-        log "digest opt=$opt param=$param overlap=$ov run=$k: $line"
-        echo "${line##*params_digest=}" >> "$digests"
-      done
-    done
-  done
-done
-n="$(sort -u "$digests" | grep -c .)"
-if [ "$n" = 1 ]; then log "== digests: one digest over $(wc -l < "$digests") runs: $(head -1 "$digests")"
-else log "== digests: FAILED, $n different digests over $(wc -l < "$digests") runs"; fi
-fi
-rm -rf "$swap"
-# The GPU against the CPU device at this scale: per-step losses from the metrics files.
-if want losses; then
-for dev in cuda cpu; do
-  run "losses-$dev" "$root/build-gpu/src/zinf" train --config "$root/configs/gpu-check.json" --set train.steps=3 \
-    --set device.type=$dev --set device.memory_budget=16GiB --set "train.metrics_file=\"$out_dir/gpu-check-losses-$dev.jsonl\""
-done
-run losses-compare python3 - "$out_dir/gpu-check-losses-cuda.jsonl" "$out_dir/gpu-check-losses-cpu.jsonl" <<'PY'
-import json, sys
-def losses(p):
-    return [r["loss"] for r in map(json.loads, open(p)) if "loss" in r]
-g, c = losses(sys.argv[1]), losses(sys.argv[2])
-assert len(g) == len(c) > 0, (g, c)
-worst = max(abs(a - b) / abs(b) for a, b in zip(g, c))
-print("per-step loss gpu", g, "cpu", c, "max rel diff %.3g (tolerance 2e-2)" % worst)
-sys.exit(0 if worst <= 2e-2 else 1)
+nvidia-smi >> "$log_file" 2>&1 || log "== nvidia-smi: FAILED"
+log "== setup: $((SECONDS - start)) s"
+
+section build 130 "$self" --part build
+section tests 40 "$self" --part tests
+section repeat 20 "$self" --part repeat 20
+section digests 70 "$self" --part digests 70
+section fast 45 "$self" --part fast
+section memcheck 25 "$self" --part memcheck
+section racecheck 25 "$self" --part racecheck
+section pcie 10 "$self" --part pcie
+section compare-a 35 "$self" --part compare "a"
+section compare-b 40 "$self" --part compare "b"
+section compare-ga4 40 "$self" --part compare "b-ga4 b-ga4-opt"
+section compare-off 45 "$self" --part compare "b-ga4-all"
+# The comparison's table over every case that ran.
+OUT="$raw" ZINF_BIN="$zinf" ZINF_COMPARE_APPEND=1 ZINF_COMPARE_CASES=none "$root/scripts/compare-torch.sh" \
+  > /dev/null 2>> "$log_file"
+
+# ---- summary: results.json and results.md -------------------------------------------------------
+python3 - "$raw" "$out_dir" "$total" "$((SECONDS - start))" <<'PY'
+import json, os, sys
+raw, out, total, wall = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def load(name):
+    p = os.path.join(raw, name)
+    try:
+        return json.load(open(p))
+    except (OSError, ValueError):
+        return None
+sections = []
+for line in open(os.path.join(raw, "sections.tsv")):
+    name, status, secs, cap, detail = (line.rstrip("\n").split("\t") + [""] * 5)[:5]
+    sections.append({"name": name, "status": status, "seconds": int(secs), "cap_s": int(cap), "detail": detail})
+compare = [json.loads(l) for l in open(os.path.join(raw, "compare.jsonl")) if l.strip()]
+results = {"ok": all(s["status"] == "ok" for s in sections), "wall_s": wall, "budget_s": total,
+           "sections": sections, "fast": load("fast.json"), "pcie": load("pcie.json"), "compare": compare}
+json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1)
+with open(os.path.join(out, "results.md"), "w") as md:
+    md.write(f"GPU check: {'ok' if results['ok'] else 'FAILED'}, {wall} s of {total} s\n\n")
+    md.write("| section | status | s | cap s | result |\n|---|---|---|---|---|\n")
+    for s in sections:
+        md.write(f"| {s['name']} | {s['status']} | {s['seconds']} | {s['cap_s']} | {s['detail'].replace('|', '/')} |\n")
+    table = os.path.join(raw, "compare.md")
+    if compare and os.path.exists(table):
+        md.write("\n" + open(table).read())
+print(open(os.path.join(out, "results.md")).read())
 PY
-fi
-if want compare; then
-  ZINF_BIN="$root/build-gpu/src/zinf" run compare "$root/scripts/compare-torch.sh"
-fi
-log "== done; results in $results"
+log "== done in $((SECONDS - start)) s; results in $out_dir/results.json and results.md"
+grep -q -v -P '\tok\t' "$sections" && exit 1
+exit 0

@@ -50,6 +50,16 @@ cuda::PcieResult cuda::bench_pcie(int, std::uint64_t, int, const std::function<v
 }
 #endif
 
+#if ZINF_HAVE_CUDA && !ZINF_HAVE_NCCL
+// The CUDA backend without NCCL: one rank per machine; data-parallel ranks need NCCL to move device memory.
+std::unique_ptr<Comm> cuda::make_nccl_comm(Comm& host, int) {
+  throw ConfigError("device.comm nccl: this zinf was built without NCCL, so the CUDA device's " +
+                        std::to_string(host.size()) + " ranks cannot exchange device memory",
+                    "install NCCL (the CUDA toolkit's copy or libnccl-dev) and rebuild (ZINF_NCCL=AUTO finds it; "
+                    "-DZINF_NCCL_LIBRARY and -DZINF_NCCL_INCLUDE name one elsewhere), or run one rank");
+}
+#endif
+
 #if !ZINF_HAVE_MPI
 // Without MPI a job has one rank.
 std::unique_ptr<Comm> make_world_comm(const World& w) {

@@ -3,6 +3,8 @@
 
 #include "app/config/config.h"
 #include "app/plan/plan.h"
+#include "zinf/device_memory.h"
+#include "zinf/offload/buffer_specs.h"
 
 namespace zinf {
 namespace {
@@ -36,8 +38,10 @@ TEST(Plan, CpuDeviceBudgetComesOutOfHostMemory) {
   auto cap = machine_capacity(c, fake_machine(8ull << 30, 0));
   EXPECT_EQ(cap.device, 1ull << 30);
   EXPECT_EQ(cap.host, 7ull << 30);
+  // A GPU's automatic budget: its free memory less the reserve for cuBLAS, NCCL and module images
+  // (3% of 80 GiB: more than the 1 GiB floor).
   auto gpu = machine_capacity(parse_config(R"({"train_batch_size": 4})"), fake_machine(8ull << 30, 80ull << 30));
-  EXPECT_EQ(gpu.device, 80ull << 30);
+  EXPECT_EQ(gpu.device, (80ull << 30) - (80ull << 30) / 100 * 3);
   EXPECT_EQ(gpu.host, 8ull << 30);
 }
 
@@ -70,6 +74,71 @@ TEST(Plan, TheLargestRealModelThatFitsGrowsWithOffload) {
   EXPECT_LE(params[1], params[2]);
   EXPECT_GE(params[2], count_params(find_model_preset("llama-3.1-8b").shape));
   EXPECT_LT(params[2], count_params(find_model_preset("llama-3.1-70b").shape));
+}
+
+// The automatic budget's reserve: max(1 GiB, 3% of the GPU's memory), nothing when the reserve is not free.
+TEST(Plan, AutoBudgetKeepsAReserveOnTheGpu) {
+  EXPECT_EQ(cuda_budget_reserve(8ull << 30), 1ull << 30);
+  EXPECT_EQ(cuda_budget_reserve(141ull << 30), (141ull << 30) / 100 * 3);
+  EXPECT_EQ(cuda_auto_budget(6ull << 30, 8ull << 30), 5ull << 30);
+  EXPECT_EQ(cuda_auto_budget(1ull << 29, 8ull << 30), 0u);
+  const Config set = parse_config(R"({"train_batch_size": 4, "device": {"type": "cuda", "memory_budget": "10GiB"}})");
+  EXPECT_EQ(machine_capacity(set, fake_machine(8ull << 30, 80ull << 30)).device, 10ull << 30);  // as given
+}
+
+// On the CUDA device the plan counts what the caching allocator takes: every device buffer as its
+// block, plus the blocks the reference ops allocate for themselves (cuBLASLt's workspace and GPT's
+// attention backward scratch, B·H·T·T floats). The same config on the CPU device plans exact bytes
+// and no ops scratch; pinned and host bytes are the same on both.
+TEST(Plan, TheCudaDevicePlansAllocatorBlocksAndOpsScratch) {
+  const std::string body = R"("train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "model": {"n_layer": 2, "n_head": 4, "d_model": 96, "vocab_size": 1000, "seq_len": 64},
+      "bf16": {"enabled": true}, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  const Config cuda = parse_config(R"({"device": {"type": "cuda", "memory_budget": "1GiB"}, )" + body + "}");
+  const Config cpu = parse_config(R"({"device": {"type": "cpu", "memory_budget": "1GiB"}, )" + body + "}");
+  const MachineInfo m = fake_machine(8ull << 30, 0);
+  const RunPlan g = plan_run(cuda, m), c = plan_run(cpu, m);
+  auto row = [](const offload::Plan& p, const std::string& name) {
+    for (const auto& r : p.buffers)
+      if (r.name == name) return r.bytes[0];
+    for (const auto& r : p.states)
+      if (r.name == name) return r.bytes[0];
+    return std::uint64_t{0};
+  };
+  EXPECT_EQ(row(c.plan, "ops scratch"), 0u);
+  const std::uint64_t att = 2ull * 4 * 64 * 64 * 4;  // B·H·T·T floats
+  EXPECT_EQ(estimate_ops_scratch(cuda, g.shape), (std::vector<std::uint64_t>{kGemmWorkspaceBytes, att}));
+  EXPECT_EQ(row(g.plan, "ops scratch"), cuda_block_bytes(kGemmWorkspaceBytes) + cuda_block_bytes(att));
+  // Every device row is the CPU plan's, each buffer rounded to its block: the same rows, none smaller.
+  std::uint64_t rounded_states = 0;
+  const offload::PlanInput in = make_plan_input(cuda, g.shape);
+  EXPECT_TRUE(in.device_blocks);
+  EXPECT_FALSE(make_plan_input(cpu, c.shape).device_blocks);
+  const offload::BufferSpecs specs(in);
+  for (const auto& b : specs.all())
+    if (b.tier == offload::Tier::device && offload::is_state_row(b.row))
+      rounded_states += cuda_block_bytes(b.bytes) * b.count;
+  EXPECT_EQ(g.plan.model_states[0], rounded_states);
+  EXPECT_GT(g.plan.model_states[0], c.plan.model_states[0]);  // the blocks are larger than the exact bytes
+  EXPECT_GT(g.plan.totals[0], c.plan.totals[0] + kGemmWorkspaceBytes + att);
+  for (int t = 1; t < offload::kTiers; ++t) EXPECT_EQ(g.plan.totals[t], c.plan.totals[t]);
+}
+
+// The fast kernels' scratch: the workspace, 4·B·H·T floats for the flash backward (not B·H·T·T),
+// 2·C·min(B·T, 1024) floats of column partials and (2·B·T + 65536) ints for the token sort.
+TEST(Plan, OpsScratchOfBothKernelSets) {
+  OpsScratchShape s{.llama = false, .batch = 4, .seq = 1024, .heads = 25, .width = 1600, .fast = false};
+  EXPECT_EQ(ops_scratch_blocks(s), (std::vector<std::uint64_t>{kGemmWorkspaceBytes, 4ull * 25 * 1024 * 1024 * 4}));
+  s.llama = true;
+  EXPECT_EQ(ops_scratch_blocks(s), (std::vector<std::uint64_t>{kGemmWorkspaceBytes, 4ull * 25 * 1024 * 4}));
+  s.fast = true;
+  const std::vector<std::uint64_t> fast{kGemmWorkspaceBytes, 4ull * 4 * 25 * 1024 * 4, 2ull * 1600 * 1024 * 4,
+                                        (2ull * 4 * 1024 + 65536) * 4};
+  EXPECT_EQ(ops_scratch_blocks(s), fast);
+  s.llama = false;
+  EXPECT_EQ(ops_scratch_blocks(s), fast);  // one flash kernel for both families
+  s.batch = 1, s.seq = 64;                 // fewer rows than the partials' cap
+  EXPECT_EQ(ops_scratch_blocks(s)[2], 2ull * 1600 * 64 * 4);
 }
 
 TEST(Plan, ZeroPaperFormulasPerStage) {

@@ -54,6 +54,26 @@ TEST(CachingAllocator, RoundsAndReusesFreedBlocks) {
   EXPECT_TRUE(raw.blocks.empty());  // the destructor returns everything
 }
 
+// The allocator rounds by the plain rule the plan counts with (zinf/device_memory.h), at and around
+// every boundary.
+TEST(CachingAllocator, RoundsByThePlansRule) {
+  EXPECT_EQ(cuda_block_bytes(0), 512u);
+  EXPECT_EQ(cuda_block_bytes(512), 512u);
+  EXPECT_EQ(cuda_block_bytes((1u << 20) - 1), 1u << 20);
+  EXPECT_EQ(cuda_block_bytes(1u << 20), 2u << 20);
+  EXPECT_EQ(cuda_block_bytes((2u << 20) + 1), 4u << 20);
+  EXPECT_EQ(cuda_block_bytes(8u << 20), 8u << 20);
+  for (std::size_t b :
+       {std::size_t{0}, std::size_t{1}, std::size_t{511}, std::size_t{513}, std::size_t{(1u << 20) - 1},
+        std::size_t{1u << 20}, std::size_t{(1u << 20) + 1}, std::size_t{3u << 20}, std::size_t{5000000}})
+    EXPECT_EQ(CachingAllocator::round(b), cuda_block_bytes(b)) << b;
+  FakeRaw raw;
+  CachingAllocator a = raw.make(64 << 20);
+  void* p = a.allocate(3'000'000, "x");
+  EXPECT_EQ(a.in_use(), cuda_block_bytes(3'000'000));  // what the plan's device line counts
+  a.free(p);
+}
+
 TEST(CachingAllocator, BudgetBoundsReservedBytesAndReleasesTheCacheFirst) {
   FakeRaw raw;
   CachingAllocator a = raw.make(8 << 20);

@@ -16,6 +16,7 @@
 #include "zinf/comm.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/device.h"
+#include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/offload/engine.h"
 
@@ -145,6 +146,76 @@ TEST(OffloadEngine, HoldsThePlansBytesOnEveryTier) {
             }
     }
   EXPECT_EQ(engines, 36 + 2 * 72 + 3 * 72);
+}
+
+// The CPU device with the CUDA caching allocator's accounting: each request takes its block
+// (cuda_block_bytes), so in_use counts what a GPU's allocator would.
+class BlockDevice final : public Device {
+ public:
+  explicit BlockDevice(std::size_t budget) : d_(make_cpu_device(budget)) {}
+  std::string name() const override { return d_->name(); }
+  void* allocate(std::size_t bytes, const std::string& what) override {
+    return d_->allocate(static_cast<std::size_t>(cuda_block_bytes(bytes)), what);
+  }
+  void free(void* p) override { d_->free(p); }
+  std::size_t budget() const override { return d_->budget(); }
+  std::size_t in_use() const override { return d_->in_use(); }
+  std::size_t peak() const override { return d_->peak(); }
+  void copy_to_device(void* dst, const void* src, std::size_t n, StreamRole s) override {
+    d_->copy_to_device(dst, src, n, s);
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t n, StreamRole s) override {
+    d_->copy_to_host(dst, src, n, s);
+  }
+  void launch(StreamRole s, std::function<void()> fn) override { d_->launch(s, std::move(fn)); }
+  EventHandle record(StreamRole s) override { return d_->record(s); }
+  void wait_event(StreamRole s, EventHandle e) override { d_->wait_event(s, std::move(e)); }
+  EventHandle record_timed(StreamRole s) override { return d_->record_timed(s); }
+  double elapsed_seconds(const EventHandle& a, const EventHandle& b) override { return d_->elapsed_seconds(a, b); }
+  void synchronize(StreamRole s) override { d_->synchronize(s); }
+  void synchronize() override { d_->synchronize(); }
+  bool ops_stream_ordered() const override { return d_->ops_stream_ordered(); }
+  void busy_begin(StreamRole s) override { d_->busy_begin(s); }
+  void busy_end(StreamRole s) override { d_->busy_end(s); }
+  double take_busy(StreamRole s) override { return d_->take_busy(s); }
+
+ private:
+  std::unique_ptr<Device> d_;
+};
+
+// On a device that allocates whole blocks (CUDA), an engine told so holds exactly its plan's device
+// bytes as the allocator counts them (every buffer rounded to its block), and refuses a budget that
+// only the exact bytes would fit, before allocating anything.
+TEST(OffloadEngine, HoldsThePlansBlocksOnABlockDevice) {
+  Dir dir;
+  for (int world : {1, 3})
+    for (auto opt : {OffloadDevice::none, OffloadDevice::cpu})
+      for (auto param : {OffloadDevice::none, OffloadDevice::cpu}) {
+        SCOPED_TRACE(std::string(to_string(opt)) + " " + std::string(to_string(param)) + " world " +
+                     std::to_string(world));
+        EngineConfig c = config(opt, param, Precision::bf16, world > 1 ? 1 : 2, Overlap::exact, dir.p);
+        c.units = {5000, 140000, 70000, 300};  // none a multiple of 512 bytes in bf16 or fp32
+        c.persistent = {true, false, false, true};
+        RankOnly comm(world - 1, world);  // the last rank: the shortest (here empty) shards
+        if (world > 1) c.comm = &comm, c.stage = 3;
+        c.device_blocks = true;
+        const Plan plan = make_plan(Engine::plan_input(c));
+        EngineConfig exact_cfg = c;
+        exact_cfg.device_blocks = false;
+        const std::uint64_t exact = make_plan(Engine::plan_input(exact_cfg)).totals[static_cast<int>(Tier::device)];
+        const std::uint64_t blocks = plan.totals[static_cast<int>(Tier::device)];
+        EXPECT_GT(blocks, exact);
+        {
+          BlockDevice dev(64 << 20);
+          Engine e(c, dev, [&](std::size_t u, float* p) { std::fill(p, p + c.units[u], 0.01f); });
+          EXPECT_EQ(e.held_bytes()[static_cast<int>(Tier::device)], blocks);
+          EXPECT_EQ(dev.in_use(), blocks);
+        }
+        BlockDevice tight(static_cast<std::size_t>(exact));  // the exact bytes fit, the blocks do not
+        EXPECT_THROW(Engine(c, tight, [&](std::size_t u, float* p) { std::fill(p, p + c.units[u], 0.01f); }),
+                     DeviceMemoryError);
+        EXPECT_EQ(tight.peak(), 0u);
+      }
 }
 
 TEST(OffloadEngine, RefusesAPlanOverTheBudgetBeforeAllocating) {

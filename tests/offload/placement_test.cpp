@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/offload/buffer_specs.h"
 #include "zinf/offload/placement.h"
@@ -133,6 +134,45 @@ TEST(BufferSpecs, SumToThePlanAndAreFoundPerUnit) {
         EXPECT_EQ(specs.find(Buffer::activations)->bytes, 1000u);
         EXPECT_EQ(specs.find(Buffer::param, kShared), nullptr);
       }
+}
+
+// On a device whose allocator takes whole blocks (CUDA), every device buffer counts as its block and
+// each ops scratch block as its own; pinned, host and NVMe bytes are those of the exact plan.
+TEST(BufferSpecs, DeviceBlocksCountEachDeviceBufferAsItsBlock) {
+  for (auto opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+    for (auto param : {OffloadDevice::none, OffloadDevice::cpu}) {
+      PlanInput in = input(opt, param, 2);
+      in.activation_bytes = 3'000'000;
+      const Plan exact = make_plan(in);
+      in.device_blocks = true;
+      in.ops_scratch = {8u << 20, 1000, (3u << 20) + 1};
+      const BufferSpecs specs(in);
+      std::uint64_t device = 0, scratch_specs = 0;
+      for (const auto& b : specs.all()) {
+        if (b.tier == Tier::device) device += cuda_block_bytes(b.bytes) * b.count;
+        if (b.what == Buffer::ops_scratch) ++scratch_specs;
+      }
+      const Plan p = make_plan(in);
+      EXPECT_EQ(scratch_specs, 3u);
+      EXPECT_EQ(p.totals[D], device);
+      EXPECT_EQ(make_plan(specs).totals, p.totals);
+      // Units of 2048..8192 elements: every device buffer is under 1 MiB and rounds to 512 bytes, which
+      // these sizes already are; the activations (3 MB -> 4 MiB) and the scratch add their blocks.
+      EXPECT_EQ(row(p.buffers, "ops scratch", D), (8u << 20) + 1024 + (4u << 20));
+      EXPECT_EQ(row(p.buffers, "activations", D), 4u << 20);
+      EXPECT_EQ(p.totals[D], exact.totals[D] - 3'000'000 + (4u << 20) + (8u << 20) + 1024 + (4u << 20));
+      for (int t : {P, H, NV}) EXPECT_EQ(p.totals[t], exact.totals[t]);
+    }
+  // A device buffer of an odd size rounds up: 1000 fp32 elements per unit.
+  PlanInput odd = input(OffloadDevice::none, OffloadDevice::none, 1, 4);
+  odd.unit_params = {1000, 300000};
+  odd.persistent = {true, true};
+  const Plan exact = make_plan(odd);
+  odd.device_blocks = true;
+  const Plan blocks = make_plan(odd);
+  EXPECT_EQ(row(blocks.states, "param16", D), 4096u + (2u << 20));  // 4000 B -> 4096; 1.2 MB -> 2 MiB
+  EXPECT_EQ(row(exact.states, "param16", D), 4000u + 1'200'000u);
+  EXPECT_EQ(row(exact.buffers, "ops scratch", D), 0u);  // listed only when the caller estimates some
 }
 
 TEST(Verdict, NamesTheFirstResourceToRunOut) {

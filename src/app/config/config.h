@@ -146,7 +146,7 @@ struct TrainConfig {
 
 struct DeviceConfig {
   DeviceType type = DeviceType::automatic;
-  std::uint64_t memory_budget = 0;  // bytes; 0 = automatic (free GPU memory, or half of host RAM)
+  std::uint64_t memory_budget = 0;  // bytes; 0 = automatic (free GPU memory less a reserve, or half of host RAM)
   int threads = 0;                  // 0 = physical cores
   bool pin_threads = false;         // bind host workers to cores (hwloc)
   std::string simd;                 // auto|avx512|avx2|scalar: caps cpu_adam's runtime dispatch

@@ -52,6 +52,7 @@ offload::EngineConfig engine_config(const Config& c, int host_threads) {
   e.host_threads = host_threads;
   e.pin_threads = c.device.pin_threads;
   e.overlap = c.train.overlap_none ? offload::Overlap::none : offload::Overlap::exact;
+  e.device_blocks = c.device.type == DeviceType::cuda;  // the device train makes (auto: the CPU device)
   return e;
 }
 

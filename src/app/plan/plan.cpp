@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "app/config/engine_config.h"
+#include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
 #include "zinf/offload/engine.h"
@@ -29,7 +30,17 @@ std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_
   return static_cast<std::uint64_t>(total);
 }
 
-namespace {}  // namespace
+std::vector<std::uint64_t> estimate_ops_scratch(const Config& c, const ModelShape& shape) {
+  if (c.device.type != DeviceType::cuda) return {};  // the CPU device's ops keep their scratch in host memory
+  OpsScratchShape s;
+  s.llama = shape.family == ModelFamily::llama;
+  s.batch = static_cast<std::uint64_t>(c.micro_batch_size);
+  s.seq = static_cast<std::uint64_t>(shape.seq_len);
+  s.heads = static_cast<std::uint64_t>(shape.n_head);
+  s.width = static_cast<std::uint64_t>(shape.d_model);
+  s.fast = false;  // the reference kernels (device.kernels: reference)
+  return ops_scratch_blocks(s);
+}
 
 offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
   Config sized = c;
@@ -40,6 +51,7 @@ offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
   in.stage = c.zero.stage;
   in.activation_bytes =
       estimate_activation_bytes(shape, c.micro_batch_size, in.compute_bytes, c.model.activation_checkpointing);
+  in.ops_scratch = estimate_ops_scratch(c, shape);
   return in;
 }
 
@@ -50,7 +62,7 @@ offload::Capacity machine_capacity(const Config& c, const MachineInfo& m) {
   if (c.device.memory_budget > 0)
     cap.device = c.device.memory_budget;
   else if (use_gpu)
-    cap.device = m.gpus[0].free_bytes;
+    cap.device = cuda_auto_budget(m.gpus[0].free_bytes, m.gpus[0].total_bytes);
   else
     cap.device = host / 2;                                         // the CPU device's default budget
   if (!use_gpu) host = host > cap.device ? host - cap.device : 0;  // CPU device memory is host memory

@@ -24,7 +24,15 @@ namespace zinf {
 std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
                                         bool checkpointing);
 
+// The device blocks the model's ops allocate for themselves on the CUDA device (zinf/device_memory.h,
+// ops_scratch_blocks) for one micro batch of this shape; none on the CPU device.
+std::vector<std::uint64_t> estimate_ops_scratch(const Config& c, const ModelShape& shape);
+
+// The engine's plan input for this config and shape, with the activation and ops scratch estimates;
+// on the CUDA device (device.type cuda) every device buffer counts as its allocator block.
 offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape);
+// The machine's capacities; device.memory_budget auto on a GPU is its free memory less the reserve
+// of cuda_auto_budget (cuBLAS, NCCL, module images), as the CUDA device takes it.
 offload::Capacity machine_capacity(const Config& c, const MachineInfo& m);
 
 struct LargestFit {

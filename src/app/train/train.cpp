@@ -178,7 +178,7 @@ const backends::Backend& device_backend(const Config& c) {
 std::unique_ptr<Device> make_device(const Config& c, const backends::Backend& be, int local_rank) {
   backends::DeviceSpec spec;
   spec.local_rank = local_rank;
-  spec.budget_bytes = c.device.memory_budget;  // 0: the GPU's free memory, or half the available host memory
+  spec.budget_bytes = c.device.memory_budget;  // 0: the GPU's free memory less a reserve, or half the host's
   if (be.type() == DeviceType::cpu) {  // the CPU device's async mode and jitter, from the config or the environment
     spec.cpu.async = c.device.async;
     spec.cpu.jitter = JitterSpec{c.device.jitter_seed, c.device.jitter_us};

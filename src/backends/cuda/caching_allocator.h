@@ -1,9 +1,9 @@
 // caching_allocator.h — the device memory allocator of the CUDA device, in plain C++ so its logic is
 // tested on the CPU (tests/src/caching_allocator_test.cpp) with a fake raw allocator.
 //
-// Requests are rounded (512 B granules below 1 MiB, 2 MiB granules above) and served from a cache of
-// freed blocks of the same rounded size; a miss takes a new block from the raw allocator
-// (cudaMalloc). The budget bounds what is *reserved* (cached + in use): when a new block would cross
+// Requests are rounded (cuda_block_bytes: 512 B granules below 1 MiB, 2 MiB granules from 1 MiB)
+// and served from a cache of freed blocks of the same rounded size; a miss takes a new block from
+// the raw allocator (cudaMalloc). The budget bounds what is *reserved* (cached + in use): when a new block would cross
 // it, the cache is released first, and if it still would, the request fails with an error naming
 // the allocation and the budget — never an out-of-memory abort. Peak in-use bytes are tracked.
 // Thread-safe.
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "zinf/device.h"
+#include "zinf/device_memory.h"
 #include "zinf/sysinfo.h"
 
 namespace zinf::cuda {
@@ -33,11 +34,8 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  static std::size_t round(std::size_t bytes) {
-    const std::size_t small = 512, large = 2u << 20;
-    if (bytes == 0) bytes = 1;
-    return bytes < (1u << 20) ? (bytes + small - 1) / small * small : (bytes + large - 1) / large * large;
-  }
+  // The block a request takes (zinf/device_memory.h: the plan counts device memory by the same rule).
+  static std::size_t round(std::size_t bytes) { return static_cast<std::size_t>(cuda_block_bytes(bytes)); }
 
   void* allocate(std::size_t bytes, const std::string& what) {
     const std::size_t size = round(bytes);

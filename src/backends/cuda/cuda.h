@@ -12,9 +12,9 @@
 
 namespace zinf::cuda {
 
-// The CUDA device `index` with a memory budget (0: the GPU's free memory). Throws zinf::Error when no
-// GPU is visible. `launch` enqueues host code in stream order (cudaLaunchHostFunc: it must not call
-// CUDA); kernels go on the streams through the op backends.
+// The CUDA device `index` with a memory budget (0: the GPU's free memory less cuda_budget_reserve). Throws zinf::Error
+// when no GPU is visible. `launch` enqueues host code in stream order (cudaLaunchHostFunc: it must not call CUDA);
+// kernels go on the streams through the op backends.
 std::unique_ptr<Device> make_cuda_device(int index, std::size_t budget_bytes);
 
 // The engine's kernels on the GPU: zero, 16-bit conversions, accumulation, the norm's sum of squares
@@ -23,7 +23,7 @@ std::unique_ptr<Device> make_cuda_device(int index, std::size_t budget_bytes);
 std::unique_ptr<offload::EngineKernels> make_cuda_engine_kernels(Device& dev);
 
 // The communicator for CUDA device memory: NCCL over the ranks of `host` (bootstrapped through it);
-// throws when no GPU is visible.
+// throws when no GPU is visible, and (ConfigError) in a build without NCCL (backends.cpp).
 std::unique_ptr<Comm> make_nccl_comm(Comm& host, int cuda_device);
 
 const backends::Backend& cuda_backend();

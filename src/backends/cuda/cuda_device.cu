@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.cuh"
 #include "zinf/backends/gpu.h"
 #include "zinf/device.h"
+#include "zinf/device_memory.h"
 #include "zinf/error.h"
 
 namespace zinf {
@@ -36,10 +37,10 @@ class CudaDevice final : public Device {
  public:
   CudaDevice(int index, std::size_t budget) : index_(index) {
     ZINF_CUDA(cudaSetDevice(index));
-    if (budget == 0) {
+    if (budget == 0) {  // auto: the free memory less a reserve for cuBLAS, NCCL and module images
       std::size_t free_b = 0, total_b = 0;
       ZINF_CUDA(cudaMemGetInfo(&free_b, &total_b));
-      budget = free_b;
+      budget = static_cast<std::size_t>(cuda_auto_budget(free_b, total_b));
     }
     alloc_ = std::make_unique<cuda::CachingAllocator>(
         budget,

@@ -1,9 +1,12 @@
 // gpu_query.cu — ask the CUDA runtime which GPUs it sees (never the default stream: no work is
 // launched here). A machine without a driver or GPU is a normal answer, not an error.
 #include <cuda_runtime.h>
+#if ZINF_HAVE_NCCL
 #include <nccl.h>
+#endif
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -25,17 +28,6 @@ std::string read_line(const std::string& path) {
   return s;
 }
 
-int pcie_gen_from_speed(const std::string& s) {  // "16.0 GT/s PCIe"
-  double gts = std::atof(s.c_str());
-  if (gts >= 63) return 6;
-  if (gts >= 31) return 5;
-  if (gts >= 15) return 4;
-  if (gts >= 7.9) return 3;
-  if (gts >= 4.9) return 2;
-  if (gts >= 2.4) return 1;
-  return 0;
-}
-
 }  // namespace
 
 GpuQuery query_gpus() {
@@ -45,12 +37,16 @@ GpuQuery query_gpus() {
   if (cudaRuntimeGetVersion(&rt) == cudaSuccess) q.runtime = version_string(rt);
   int drv = 0;
   if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0) q.driver = version_string(drv);
+#if ZINF_HAVE_NCCL
   int nccl = 0;
   if (ncclGetVersion(&nccl) == ncclSuccess) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%d.%d.%d", nccl / 10000, (nccl / 100) % 100, nccl % 100);
     q.nccl = buf;
   }
+#else
+  q.nccl = "built without";
+#endif
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
@@ -75,10 +71,11 @@ GpuQuery query_gpus() {
       if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_bytes = free_b;
     }
     const std::string sys = "/sys/bus/pci/devices/" + g.pci_bus_id + "/";
-    g.pcie_gen = pcie_gen_from_speed(read_line(sys + "current_link_speed"));
-    g.pcie_gen_max = pcie_gen_from_speed(read_line(sys + "max_link_speed"));
-    g.pcie_width = std::atoi(read_line(sys + "current_link_width").c_str());
-    g.pcie_width_max = std::atoi(read_line(sys + "max_link_width").c_str());
+    // current_*: the link now (it steps down while the GPU idles); max_*: what it trains to under load.
+    g.pcie_gen = pcie_gen_from_sysfs_speed(read_line(sys + "current_link_speed"));
+    g.pcie_gen_max = pcie_gen_from_sysfs_speed(read_line(sys + "max_link_speed"));
+    g.pcie_width = pcie_width_from_sysfs(read_line(sys + "current_link_width"));
+    g.pcie_width_max = pcie_width_from_sysfs(read_line(sys + "max_link_width"));
     std::string numa = read_line(sys + "numa_node");
     g.numa_node = numa.empty() ? -1 : std::atoi(numa.c_str());
     q.gpus.push_back(g);

@@ -38,6 +38,7 @@ struct Layout {
   bool mixed = false;               // fp16/bf16: the compute copy is 16-bit
   std::uint64_t compute_bytes = 4;  // bytes per element of the compute copy
   bool fp32_work = false;           // 16-bit runs keep fp32 working weights beside the resident copy
+  bool device_blocks = false;       // device buffers take whole allocator blocks (footprint)
   bool optimizer_offloaded = false, param_offloaded = false;
   OffloadDevice optimizer = OffloadDevice::none, param = OffloadDevice::none;
   int optimizer_buffers = 0;  // the swapper's buffers (optimizer on NVMe)
@@ -75,6 +76,7 @@ enum class Buffer {
   optimizer_subgroup,  // NVMe: one tensor per sub-group holding master | m | v (SubGroupLayout)
   // shared
   activations,       // one micro batch's activations (the caller's estimate; the model allocates them)
+  ops_scratch,       // one block the model's ops allocate for themselves (the caller's estimate)
   param_slot,        // a parameter window slot: one unit's compute copy
   work_slot,         // its fp32 working weights (16-bit runs)
   param_staging,     // a slot's pinned staging: NVMe reads, or the gathered shards
@@ -99,6 +101,7 @@ enum class PlanRow {
   adam_m,
   adam_v,  // states
   activations,
+  ops_scratch,
   param_window,
   param_staging,
   grad_window,
@@ -125,15 +128,18 @@ struct BufferSpec {
 };
 
 // What a buffer of `bytes` takes on its tier: the pinned pool hands out 4 KiB blocks (at least one),
-// an NVMe extent is padded to 4 KiB; device and host memory as asked.
-std::uint64_t footprint(Tier t, std::uint64_t bytes);
+// an NVMe extent is padded to 4 KiB; host memory as asked; device memory as asked, or the allocator's
+// block for it with `device_blocks` (the CUDA device, cuda_block_bytes).
+std::uint64_t footprint(Tier t, std::uint64_t bytes, bool device_blocks = false);
 
 // Every buffer of the layout, unit by unit in forward order, then the shared ones. The NVMe
 // sub-group tensors of a unit come as one spec for its whole sub-groups and one for its last,
 // shorter one (in that order); everything else is one spec per buffer kind and unit.
-// `activation_bytes`: the caller's estimate (a spec of its own, allocated by no one here).
+// `activation_bytes`: the caller's estimate (a spec of its own, allocated by no one here); so is each
+// of `ops_scratch`'s blocks (one spec each, after the activations).
 void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes,
-                     const std::function<void(const BufferSpec&)>& fn);
+                     const std::function<void(const BufferSpec&)>& fn,
+                     const std::vector<std::uint64_t>& ops_scratch = {});
 
 // The list, with its layout and a per-unit index: what the engine allocates from.
 class BufferSpecs {

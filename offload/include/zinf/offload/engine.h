@@ -113,6 +113,9 @@ struct EngineConfig {
   int host_threads = 0;      // 0: physical cores
   bool pin_threads = false;  // bind the host workers to cores (hwloc)
   Overlap overlap = Overlap::exact;
+  // The device's allocator takes whole blocks (the CUDA device): the plan and the fit check count each
+  // device buffer as its block (PlanInput::device_blocks). False for the CPU device.
+  bool device_blocks = false;
   nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
   // Data parallelism: this rank's communicators (zinf/comm.h), `comm` for host-visible buffers and
   // `device_comm` for device memory (the CPU device: the same one; CUDA: NCCL). Null, or one rank:

@@ -43,9 +43,15 @@ struct PlanInput {
   std::int64_t sub_group_size = 1'000'000'000;
   std::int64_t reduce_bucket_size = 500'000'000;
   int optimizer_buffer_count = 4;
-  int prefetch_depth = 1;                  // parameter window: max(2, 1 + prefetch_depth) slots
-  bool fp32_work = true;                   // the CPU device keeps fp32 working weights of 16-bit params
-  std::uint64_t activation_bytes = 0;      // device bytes for one micro batch (the caller's estimate)
+  int prefetch_depth = 1;              // parameter window: max(2, 1 + prefetch_depth) slots
+  bool fp32_work = true;               // the CPU device keeps fp32 working weights of 16-bit params
+  std::uint64_t activation_bytes = 0;  // device bytes for one micro batch (the caller's estimate)
+  // The device's allocator takes whole blocks (the CUDA device: cuda_block_bytes, zinf/device_memory.h):
+  // every device buffer is counted as the block it takes. False: exact bytes (the CPU device).
+  bool device_blocks = false;
+  // Device blocks the model's ops allocate for themselves on first use (ops_scratch_blocks): the
+  // caller's estimate, each as the ops ask for it; allocated by no one in the engine.
+  std::vector<std::uint64_t> ops_scratch{};
   int world = 1, rank = 0;                 // data-parallel ranks, and the rank this plan is for
   int stage = 0;                           // ZeRO stage (partitioning applies with world > 1)
   std::int64_t persistence_threshold = 0;  // stage 3, world > 1: units this small are not partitioned

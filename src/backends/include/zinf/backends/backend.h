@@ -28,7 +28,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual DeviceType type() const = 0;
-  // Budget 0: the GPU's free memory (CUDA), half of the available host memory (CPU).
+  // Budget 0: the GPU's free memory less a reserve for cuBLAS/NCCL (CUDA, zinf/device_memory.h), half of the available
+  // host memory (CPU).
   virtual std::unique_ptr<Device> make_device(const DeviceSpec& spec) const = 0;
   // The model's ops on `dev` (a device of this backend), enqueued on its compute stream. `threads`
   // sizes the CPU reference's pool; `precision` picks the CUDA GEMMs' 16-bit inputs.

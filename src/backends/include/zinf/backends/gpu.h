@@ -38,4 +38,17 @@ PcieResult bench_pcie(int device, std::uint64_t bytes, int reps,
 // Nominal per-direction bandwidth of a PCIe link in GB/s (after 128b/130b or 8b/10b encoding).
 double pcie_nominal_gbps(int gen, int width);
 
+// sysfs link attributes (/sys/bus/pci/devices/<bdf>/{current,max}_link_{speed,width}): the generation
+// of a speed line ("16.0 GT/s PCIe", "8 GT/s", "Unknown" → 4, 3, 0) and a width ("16" → 16, else 0).
+int pcie_gen_from_sysfs_speed(const std::string& line);
+int pcie_width_from_sysfs(const std::string& line);
+
+// The link a bandwidth is compared with: the maximum the GPU and its slot negotiate (links step down
+// to a lower generation and width while the GPU idles, so the current one, read before a copy
+// starts, understates the rate); the current one where the maximum is unknown.
+struct PcieLink {
+  int gen = 0, width = 0;
+};
+PcieLink pcie_nominal_link(const GpuInfo& g);
+
 }  // namespace zinf::cuda

@@ -78,7 +78,7 @@ TEST_F(FastTrain, Bf16TwinTracksTheFp32ReferenceWithinHalfAPercent) {
   ASSERT_EQ(bf16_ref.size(), ref.size());
   bool differs = false;  // the twin really stores bf16: its losses are not the reference's bf16 run's
   for (std::size_t i = 0; i < ref.size(); ++i) {
-    // Measured: at most 2.5e-4 relative over these five steps (bf16 activations and weights, the
+    // Measured: at most 3.0e-4 relative over these five steps (bf16 activations and weights, the
     // fp32 optimizer); the bound leaves room for the attention's flash-order rounding.
     EXPECT_NEAR(bf16[i], ref[i], 0.005 * ref[i]) << "step " << i + 1;
     differs = differs || bf16[i] != bf16_ref[i];

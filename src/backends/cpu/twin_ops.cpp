@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cpu/ops_llama.h"
-#if __has_include("cpu/ops_attention_tiled.h")
+#ifdef ZINF_TILED_ATTENTION
 #include "cpu/ops_attention_tiled.h"
 #endif
 #include "zinf/cpu_adam/spec.h"
@@ -86,8 +86,8 @@ void staged(const char* op, const char* names, F&& f, const A&... a) {
 // CUDA kernels' tiling. Their backward recomputes the forward's output (rounded to S, as the
 // forward stores it) and keeps the lse the forward stored; so does the twin. A build without the
 // tiled reference runs the plain reference here and keeps the [B,H,T,T] probabilities
-// (attention_state_elems says which).
-#if __has_include("cpu/ops_attention_tiled.h")
+// (attention_state_elems says which); the build defines ZINF_TILED_ATTENTION when it has the tiled one.
+#ifdef ZINF_TILED_ATTENTION
 constexpr bool kTiledAttention = true;
 
 void round_through(float* x, std::size_t n, DType S) {  // x as an S buffer would hold it

@@ -58,7 +58,8 @@ PlanInput Engine::plan_input(const EngineConfig& c) {
   in.reduce_bucket_size = static_cast<std::int64_t>(c.reduce_bucket_size);
   in.optimizer_buffer_count = c.overlap == Overlap::exact ? c.optimizer_buffer_count : 1;
   in.prefetch_depth = c.prefetch_depth;
-  in.fp32_work = true;  // the CPU device
+  // The reference kernels compute on fp32 working weights; the fast kernels read the 16-bit copy.
+  in.fp32_work = c.model_kernels == Kernels::reference;
   in.device_blocks = c.device_blocks;
   in.world = c.comm ? c.comm->size() : 1;
   in.rank = c.comm ? c.comm->rank() : 0;
@@ -178,7 +179,7 @@ void Engine::begin_backward() {
     impl.update->start_early();
 }
 
-const float* Engine::weights(std::size_t u) {
+const void* Engine::weights(std::size_t u) {
   Impl& impl = *impl_;
   impl.grads->check();
   impl.update->check();
@@ -189,10 +190,12 @@ const float* Engine::weights(std::size_t u) {
       impl.resident->finish_landing(unit);
       model_waits_for(impl.s.dev, impl.s.dev.record(StreamRole::h2d));
     }
-    return impl.s.mixed ? unit.work.as<float>() : unit.param.as<float>();
+    return impl.s.fp32_work ? unit.work.as<void>() : unit.param.as<void>();
   }
   return impl.window->acquire(u, impl.backward);
 }
+
+Precision Engine::weights_precision() const { return impl_->s.fp32_work ? Precision::fp32 : impl_->s.config.precision; }
 
 void Engine::done_with(std::size_t u) {
   if (impl_->s.units[u].windowed) impl_->window->release(u);

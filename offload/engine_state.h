@@ -115,6 +115,7 @@ struct EngineState {
   // allocate what these say, and `zinf plan` sums the same list.
   const BufferSpecs buffers;
   const bool mixed;                 // fp16/bf16: the compute copy is 16-bit
+  const bool fp32_work;             // 16-bit runs under the reference kernels: fp32 working weights beside it
   const std::size_t compute_bytes;  // bytes per element of the compute copy
   const cpu_adam::HalfType half;
   const bool optimizer_offloaded, param_offloaded;
@@ -152,6 +153,7 @@ struct EngineState {
         dev(d),
         buffers(Engine::plan_input(cfg)),
         mixed(buffers.layout().mixed),
+        fp32_work(buffers.layout().fp32_work),
         compute_bytes(buffers.layout().compute_bytes),
         half(cfg.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
         optimizer_offloaded(buffers.layout().optimizer_offloaded),

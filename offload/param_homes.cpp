@@ -33,7 +33,7 @@ class DeviceHome final : public ParamHome {
     std::vector<char> copy(n * state_.compute_bytes);
     state_.to_compute(master + u.param_range.lo, copy.data(), n);  // on the host, then up
     state_.h2d_sync(u.param.as<void>(), copy.data(), copy.size());
-    if (state_.mixed && !u.windowed)
+    if (state_.fp32_work && !u.windowed)
       state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
     state_.dev.synchronize(StreamRole::h2d);
   }
@@ -103,7 +103,7 @@ class DeviceHome final : public ParamHome {
 
  private:
   void follow_half(Unit& u) {  // 16-bit runs: the fp32 working weights follow the new 16-bit copy (h2d)
-    if (!state_.mixed) return;
+    if (!state_.fp32_work) return;
     BusyScope busy(state_.dev, StreamRole::h2d);
     state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
   }

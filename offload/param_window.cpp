@@ -48,7 +48,7 @@ int ParamWindow::fetch(std::size_t u) {
   {
     BusyScope busy(state_.dev, StreamRole::h2d);  // home → device
     home_.fetch_into(unit, slot.param.as<void>(), slot.staging);
-    if (state_.mixed)
+    if (state_.fp32_work)
       state_.kern->from_half(slot.param.as<void>(), slot.work.as<float>(), unit.n, state_.half, StreamRole::h2d);
   }
   slot.ready = state_.dev.record(StreamRole::h2d);
@@ -84,7 +84,7 @@ void ParamWindow::prefetch_after(std::size_t u, bool backward) {
   }
 }
 
-const float* ParamWindow::acquire(std::size_t u, bool backward) {
+const void* ParamWindow::acquire(std::size_t u, bool backward) {
   int i = find(u);
   if (i < 0) i = fetch(u);
   if (i < 0) throw Error("offload: no free parameter window slot for unit " + std::to_string(u));
@@ -93,7 +93,7 @@ const float* ParamWindow::acquire(std::size_t u, bool backward) {
   ++slot.users;
   slot.last_use = ++tick_;
   prefetch_after(u, backward);
-  return state_.mixed ? slot.work.as<float>() : slot.param.as<float>();
+  return state_.fp32_work ? slot.work.as<void>() : slot.param.as<void>();
 }
 
 void ParamWindow::release(std::size_t u) {

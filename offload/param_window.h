@@ -1,5 +1,6 @@
 // param_window.h — Fetch and the parameter window (internal to zinf_offload): under offload_param the
-// device holds a few slots, each one unit's compute copy (and fp32 working weights in 16-bit runs);
+// device holds a few slots, each one unit's compute copy (and fp32 working weights in 16-bit runs
+// under the reference kernels);
 // a unit is fetched from its home into a slot on the h2d stream when the model asks for it, or
 // ahead of that (prefetch, c.prefetch_depth units) in the pass's direction. A slot is reused least
 // recently used first, once nobody holds it and the compute stream has passed the model's last read.
@@ -17,9 +18,10 @@ class ParamWindow {
  public:
   // Allocates the slots of the buffer specs: max(2, 1 + prefetch_depth), each the largest windowed unit.
   ParamWindow(EngineState& s, ParamHome& home);
-  // The weights of windowed unit u for the model, fetched if needed; the model's stream waits for
-  // the Fetch. `backward`: the pass runs from the last unit to the first (prefetch direction).
-  const float* acquire(std::size_t u, bool backward);
+  // The weights of windowed unit u for the model (of Engine::weights_precision()), fetched if
+  // needed; the model's stream waits for the Fetch. `backward`: the pass runs from the last unit to
+  // the first (prefetch direction).
+  const void* acquire(std::size_t u, bool backward);
   void release(std::size_t u);  // the model is done with u (its reads are enqueued)
 
  private:

@@ -12,6 +12,10 @@ enum class OffloadDevice { none, cpu, nvme };
 enum class Precision { fp32, fp16, bf16 };
 enum class DeviceType { automatic, cpu, cuda };
 enum class ModelFamily { gpt2, llama };
+// The device's kernels: `reference` (fp32 storage, the oracle kernels) or `fast` (activations and
+// weights stored in the run's precision; on CUDA the tensor-core kernels, on the CPU device the twin
+// that stores and rounds exactly as they do).
+enum class Kernels { reference, fast };
 
 // One name table per enum (the names are the config's words); the switches look alike by nature.
 constexpr std::string_view to_string(OffloadDevice d) {
@@ -37,6 +41,14 @@ constexpr std::string_view to_string(DeviceType d) {
     case DeviceType::cuda: return "cuda";
   }
   return "?";
+}
+
+constexpr std::string_view to_string(Kernels k) { return k == Kernels::fast ? "fast" : "reference"; }
+// The Kernels of a config word; false when `name` is neither.
+constexpr bool parse_kernels(std::string_view name, Kernels& out) {
+  if (name == "reference") return out = Kernels::reference, true;
+  if (name == "fast") return out = Kernels::fast, true;
+  return false;
 }
 
 constexpr std::string_view to_string(ModelFamily f) { return f == ModelFamily::gpt2 ? "gpt2" : "llama"; }

@@ -33,6 +33,17 @@ class OpsBackend {
 #undef ZINF_DECLARE_LLAMA_OP
   virtual bool has_llama_ops() const { return false; }
 
+  // The dtype the model stores its activations (and activation gradients, the LM head's probs and
+  // dlogits) in for this backend. LayerNorm mean/rstd, RMSNorm rstd, the attention state, row
+  // losses and the rotary tables are fp32 whatever it is; weight gradients are fp32.
+  virtual DType storage_dtype() const { return DType::fp32; }
+  // Elements of the attention state `att` one attention op keeps for its backward: the [B,H,T,T]
+  // probabilities of the reference kernels, or less (a backend that keeps each row's log-sum-exp).
+  virtual std::size_t attention_state_elems(int B, int H, int T) const {
+    return static_cast<std::size_t>(B) * static_cast<std::size_t>(H) * static_cast<std::size_t>(T) *
+           static_cast<std::size_t>(T);
+  }
+
   [[noreturn]] static void no_llama();  // the ConfigError a backend without llama kernels raises
 
  private:

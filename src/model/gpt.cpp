@@ -5,14 +5,13 @@
 
 namespace zinf {
 
-BlockView block_view(float* p, int C) {
+namespace {
+
+// The block's tensors in order, each from take(elements).
+template <class V, class Take>
+GptBlock<V> gpt_block(int C, Take take) {
   const std::size_t c = static_cast<std::size_t>(C);
-  auto take = [&p](std::size_t n) {  // the next n floats of the block
-    float* start = p;
-    p += n;
-    return start;
-  };
-  BlockView v{};
+  GptBlock<V> v{};
   v.ln1w = take(c);
   v.ln1b = take(c);
   v.qkvw = take(c * 3 * c);
@@ -24,40 +23,50 @@ BlockView block_view(float* p, int C) {
   v.fcw = take(c * 4 * c);
   v.fcb = take(4 * c);
   v.fcprojw = take(4 * c * c);
-  v.fcprojb = p;
+  v.fcprojb = take(c);
   return v;
 }
 
-std::size_t GptModel::block_acts_floats() const {
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(shape_.d_model);
-  const std::size_t att = static_cast<std::size_t>(B_) * shape_.n_head * shape_.seq_len * shape_.seq_len;
-  return R * C * 6 + R * 4 + R * 3 * C + att +
-         R * 4 * C * 2;  // ln1 atty res2 ln2 out(+1 spare) | stats | qkv | att | fch fchg
+template <class View>
+GptBlock<View> typed_block_view(const View& base, int C) {
+  std::size_t at = 0;
+  return gpt_block<View>(C, [&](std::size_t n) {
+    const View v = slice(base, at, n);
+    at += n;
+    return v;
+  });
 }
 
-GptModel::BlockActs GptModel::carve(float*& p) const {
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(shape_.d_model);
-  const std::size_t att = static_cast<std::size_t>(B_) * shape_.n_head * shape_.seq_len * shape_.seq_len;
-  BlockActs a{};
-  auto take = [&](std::size_t n) {
-    float* r = p;
+}  // namespace
+
+BlockView block_view(float* p, int C) {
+  return gpt_block<float*>(C, [&p](std::size_t n) {  // the next n floats of the block
+    float* start = p;
     p += n;
-    return r;
-  };
-  a.ln1 = take(R * C);
-  a.ln1_mean = take(R);
-  a.ln1_rstd = take(R);
-  a.qkv = take(R * 3 * C);
-  a.att = take(att);
-  a.atty = take(R * C);
-  a.res2 = take(R * C);
-  a.ln2 = take(R * C);
-  a.ln2_mean = take(R);
-  a.ln2_rstd = take(R);
-  a.fch = take(R * 4 * C);
-  a.fchg = take(R * 4 * C);
-  a.out = take(R * C);
-  take(R * C);  // keeps carve() within block_acts_floats()
+    return start;
+  });
+}
+GptBlock<ConstTensorView> block_view(const ConstTensorView& base, int C) { return typed_block_view(base, C); }
+GptBlock<TensorView> block_view(const TensorView& base, int C) { return typed_block_view(base, C); }
+
+GptModel::BlockActs GptModel::carve(ViewCursor& c) const {
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(shape_.d_model);
+  const std::size_t att = ops_.attention_state_elems(B_, shape_.n_head, shape_.seq_len);
+  BlockActs a{};
+  a.ln1 = c.take(R * C);
+  a.ln1_mean = c.take_fp32(R);
+  a.ln1_rstd = c.take_fp32(R);
+  a.qkv = c.take(R * 3 * C);
+  a.att = c.take_fp32(att);
+  a.atty = c.take(R * C);
+  a.res2 = c.take(R * C);
+  a.ln2 = c.take(R * C);
+  a.ln2_mean = c.take_fp32(R);
+  a.ln2_rstd = c.take_fp32(R);
+  a.fch = c.take(R * 4 * C);
+  a.fchg = c.take(R * 4 * C);
+  a.out = c.take(R * C);
+  c.take(R * C);  // one spare row, as the buffer has always been sized
   return a;
 }
 
@@ -65,28 +74,37 @@ GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, 
     : shape_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), dev_(dev), ops_(ops) {
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer);
-  acts_.allocate(dev, R * C, L, block_acts_floats(), ckpt_, [this](float*& p) { return carve(p); });
-  head_buf_ = DeviceBuffer(dev, (R * C + 3 * R + R * V) * sizeof(float), "final LayerNorm and logits");
-  float* p = head_buf_.as<float>();
-  lnf_ = p, p += R * C;
-  lnf_mean_ = p, p += R;
-  lnf_rstd_ = p, p += R;
-  losses_ = p, p += R;
-  probs_ = p;
-  grad_buf_ = DeviceBuffer(dev, (R * C * 5 + R * 3 * C + R * 4 * C * 2 + R * V) * sizeof(float), "backward scratch");
-  p = grad_buf_.as<float>();
-  dres_a_ = p, p += R * C;
-  dres_b_ = p, p += R * C;
-  dres2_ = p, p += R * C;
-  dln_ = p, p += R * C;
-  datty_ = p, p += R * C;
-  dqkv_ = p, p += R * 3 * C;
-  dfch_ = p, p += R * 4 * C;
-  dfchg_ = p, p += R * 4 * C;
-  dlogits_ = p;
+  const DType S = ops.storage_dtype();
+  acts_.allocate(dev, S, R * C, L, ckpt_, [this](ViewCursor& c) { return carve(c); });
+  auto head = [&](ViewCursor& c) {
+    lnf_ = c.take(R * C);
+    lnf_mean_ = c.take_fp32(R);
+    lnf_rstd_ = c.take_fp32(R);
+    losses_ = c.take_fp32(R);
+    probs_ = c.take(R * V);
+  };
+  auto grads = [&](ViewCursor& c) {
+    dres_a_ = c.take(R * C);
+    dres_b_ = c.take(R * C);
+    dres2_ = c.take(R * C);
+    dln_ = c.take(R * C);
+    datty_ = c.take(R * C);
+    dqkv_ = c.take(R * 3 * C);
+    dfch_ = c.take(R * 4 * C);
+    dfchg_ = c.take(R * 4 * C);
+    dlogits_ = c.take(R * V);
+  };
+  ViewCursor head_size(nullptr, S), grad_size(nullptr, S);
+  head(head_size);
+  grads(grad_size);
+  head_buf_ = DeviceBuffer(dev, head_size.bytes(), "final LayerNorm and logits");
+  grad_buf_ = DeviceBuffer(dev, grad_size.bytes(), "backward scratch");
+  ViewCursor hc(head_buf_.as<void>(), S), gc(grad_buf_.as<void>(), S);
+  head(hc);
+  grads(gc);
 }
 
-void GptModel::block_forward(const BlockView& w, const float* x, const BlockActs& a) {
+void GptModel::block_forward(const Weights& w, ConstTensorView x, const BlockActs& a) {
   const int R = R_, C = shape_.d_model;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, R, C);
@@ -101,8 +119,8 @@ void GptModel::block_forward(const BlockView& w, const float* x, const BlockActs
   ops_.add_inplace(a.out, a.res2, RC);
 }
 
-void GptModel::block_backward(const BlockView& w, const BlockView& g, const float* x, const BlockActs& a,
-                              const float* dout, float* dx) {
+void GptModel::block_backward(const Weights& w, const Grads& g, ConstTensorView x, const BlockActs& a,
+                              ConstTensorView dout, TensorView dx) {
   const int R = R_, C = shape_.d_model;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   ops_.copy(dres2_, dout, RC);  // the residual path: d(res2) starts as d(out)
@@ -124,15 +142,16 @@ void GptModel::block_backward(const BlockView& w, const BlockView& g, const floa
 void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
   const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
   const int C = shape_.d_model, V = shape_.vocab_size, T = shape_.seq_len;
-  const float* wte = src.weights(0);
+  const std::size_t VC = static_cast<std::size_t>(V) * C, TC = static_cast<std::size_t>(T) * C;
+  ConstTensorView emb = src.weights(0);
   {
     BusyScope busy(dev_, StreamRole::compute);
-    ops_.encoder_forward(acts_.x0, tokens, wte, wte + static_cast<std::size_t>(V) * C, B_, T, C);
+    ops_.encoder_forward(acts_.x0, tokens, slice(emb, 0, VC), slice(emb, VC, TC), B_, T, C);
   }
   src.done_with(0);
-  const float* x = acts_.x0;
+  ConstTensorView x = acts_.x0;
   for (std::size_t l = 0; l < L; ++l) {
-    const BlockView bw = block_view(const_cast<float*>(src.weights(l + 1)), C);
+    const Weights bw = block_view(src.weights(l + 1), C);
     {
       BusyScope busy(dev_, StreamRole::compute);
       if (ckpt_) {
@@ -145,16 +164,16 @@ void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
     src.done_with(l + 1);
     x = acts_.blocks[l].out;
   }
-  const float* lnf = src.weights(L + 1);
+  const ConstTensorView lnf = src.weights(L + 1);
   {
     BusyScope busy(dev_, StreamRole::compute);
-    ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, lnf, lnf + C, R_, C);
+    ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, slice(lnf, 0, C), slice(lnf, C, C), R_, C);
   }
   src.done_with(L + 1);
-  wte = src.weights(0);
+  emb = src.weights(0);
   {
     BusyScope busy(dev_, StreamRole::compute);
-    ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
+    ops_.lm_head_forward(probs_, losses_, lnf_, slice(emb, 0, VC), targets, R_, C, V);
   }
   src.done_with(0);
 }
@@ -163,32 +182,35 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
   const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
   const int C = shape_.d_model, V = shape_.vocab_size, T = shape_.seq_len;
   const std::size_t RC = static_cast<std::size_t>(R_) * C;
-  const float* wte = src.weights(0);
-  float* dwte = src.grads(0);
+  const std::size_t VC = static_cast<std::size_t>(V) * C, TC = static_cast<std::size_t>(T) * C;
+  const ConstTensorView emb = src.weights(0);
+  TensorView demb(src.grads(0), VC + TC);
   {
     BusyScope busy(dev_, StreamRole::compute);
-    ops_.lm_head_backward(dln_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
+    ops_.lm_head_backward(dln_, slice(demb, 0, VC), dlogits_, probs_, lnf_, slice(emb, 0, VC), targets, dscale, R_, C,
+                          V);
   }
   src.done_with(0);
-  const float* last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
+  ConstTensorView last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
   // The backward's last unit (the final norm) and the handoff of its gradients are written as in
   // llama.cpp: each family names its own norm op and buffers, which a shared helper would have to take
   // as a dozen parameters.
-  const float* lnf = src.weights(L + 1);
-  float* dlnf = src.grads(L + 1);
+  const ConstTensorView lnf = src.weights(L + 1);
+  const TensorView dlnf(src.grads(L + 1), 2 * static_cast<std::size_t>(C));
   {
     BusyScope busy(dev_, StreamRole::compute);
     ops_.zero(dres_a_, RC);
-    ops_.layernorm_backward(dres_a_, dlnf, dlnf + C, dln_, last, lnf, lnf_mean_, lnf_rstd_, R_, C);
+    ops_.layernorm_backward(dres_a_, slice(dlnf, 0, C), slice(dlnf, C, C), dln_, last, slice(lnf, 0, C), lnf_mean_,
+                            lnf_rstd_, R_, C);
   }
   src.grads_done(L + 1);
   src.done_with(L + 1);
-  float* dout = dres_a_;
-  float* dx = dres_b_;
+  TensorView dout = dres_a_;
+  TensorView dx = dres_b_;
   for (std::size_t l = L; l-- > 0;) {
-    const float* x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
-    const BlockView bw = block_view(const_cast<float*>(src.weights(l + 1)), C);
-    const BlockView bg = block_view(src.grads(l + 1), C);
+    ConstTensorView x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
+    const Weights bw = block_view(src.weights(l + 1), C);
+    const Grads bg = block_view(TensorView(src.grads(l + 1)), C);
     {
       BusyScope busy(dev_, StreamRole::compute);
       const BlockActs* a = &acts_.blocks[l];
@@ -202,10 +224,10 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
     src.done_with(l + 1);
     std::swap(dout, dx);
   }
-  dwte = src.grads(0);
+  demb = TensorView(src.grads(0), VC + TC);
   {
     BusyScope busy(dev_, StreamRole::compute);
-    ops_.encoder_backward(dwte, dwte + static_cast<std::size_t>(V) * C, dout, tokens, B_, T, C);
+    ops_.encoder_backward(slice(demb, 0, VC), slice(demb, VC, TC), dout, tokens, B_, T, C);
   }
   src.grads_done(0);
 }

@@ -21,10 +21,16 @@
 
 namespace zinf {
 
-struct BlockView {
-  float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+// One block's tensors inside its unit: float pointers (initialisation on the host), typed sized
+// views of the device weights (any dtype), or sized fp32 views of its gradient.
+template <class V>
+struct GptBlock {
+  V ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
 };
+using BlockView = GptBlock<float*>;
 BlockView block_view(float* base, int C);
+GptBlock<ConstTensorView> block_view(const ConstTensorView& base, int C);
+GptBlock<TensorView> block_view(const TensorView& base, int C);
 
 // Declares the LanguageModel interface (lm.h) for GPT-2, as llama.h does for the Llama family.
 class GptModel final : public LanguageModel {
@@ -34,7 +40,7 @@ class GptModel final : public LanguageModel {
 
   // Forward pass: each of the B×T rows' cross-entropy into row_losses(); keeps what backward needs.
   void forward(UnitSource& src, const int* tokens, const int* targets) override;
-  const float* row_losses() const override { return losses_; }
+  const float* row_losses() const override { return static_cast<const float*>(losses_.data()); }
   int rows() const override { return R_; }
   // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
   // for a mean loss); the units' gradient buffers are accumulated (+=).
@@ -44,14 +50,16 @@ class GptModel final : public LanguageModel {
   int batch() const { return B_; }
 
  private:
+  // Activations in the backend's storage dtype; the LayerNorm statistics and att in fp32.
   struct BlockActs {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg, *out;
+    TensorView ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fchg, out;
   };
-  BlockActs carve(float*& p) const;
-  std::size_t block_acts_floats() const;
-  void block_forward(const BlockView& w, const float* x, const BlockActs& a);
-  void block_backward(const BlockView& w, const BlockView& g, const float* x, const BlockActs& a, const float* dout,
-                      float* dx);
+  BlockActs carve(ViewCursor& c) const;
+  using Weights = GptBlock<ConstTensorView>;
+  using Grads = GptBlock<TensorView>;
+  void block_forward(const Weights& w, ConstTensorView x, const BlockActs& a);
+  void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const BlockActs& a, ConstTensorView dout,
+                      TensorView dx);
 
   ModelShape shape_;
   int B_, R_;
@@ -60,8 +68,8 @@ class GptModel final : public LanguageModel {
   OpsBackend& ops_;
   BlockActivations<BlockActs> acts_;  // x0: the embedding output
   DeviceBuffer head_buf_, grad_buf_;
-  float *lnf_, *lnf_mean_, *lnf_rstd_, *probs_, *losses_;
-  float *dres_a_, *dres_b_, *dres2_, *dln_, *datty_, *dqkv_, *dfch_, *dfchg_, *dlogits_;
+  TensorView lnf_, lnf_mean_, lnf_rstd_, probs_, losses_;
+  TensorView dres_a_, dres_b_, dres2_, dln_, datty_, dqkv_, dfch_, dfchg_, dlogits_;
 };
 
 }  // namespace zinf

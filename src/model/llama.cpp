@@ -10,22 +10,21 @@
 
 namespace zinf {
 
-LlamaBlockView llama_block_view(float* p, const ModelShape& s) {
+namespace {
+
+// The block's tensors in order, each from take(elements); the biases only with qkv_bias.
+template <class V, class Take>
+LlamaBlock<V> llama_block(const ModelShape& s, Take take) {
   const std::size_t C = static_cast<std::size_t>(s.d_model),
                     KVD = static_cast<std::size_t>(s.kv_heads()) * s.head_dim(), F = static_cast<std::size_t>(s.d_ff);
-  LlamaBlockView v{};
-  auto take = [&](std::size_t n) {
-    float* r = p;
-    p += n;
-    return r;
-  };
+  LlamaBlock<V> v{};
   v.attn_norm = take(C);
   v.wq = take(C * C);
-  v.bq = s.qkv_bias ? take(C) : nullptr;
+  if (s.qkv_bias) v.bq = take(C);
   v.wk = take(C * KVD);
-  v.bk = s.qkv_bias ? take(KVD) : nullptr;
+  if (s.qkv_bias) v.bk = take(KVD);
   v.wv = take(C * KVD);
-  v.bv = s.qkv_bias ? take(KVD) : nullptr;
+  if (s.qkv_bias) v.bv = take(KVD);
   v.wo = take(C * C);
   v.ffn_norm = take(C);
   v.w_gate = take(C * F);
@@ -34,37 +33,51 @@ LlamaBlockView llama_block_view(float* p, const ModelShape& s) {
   return v;
 }
 
-std::size_t LlamaModel::acts_floats() const {
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
-                    KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_),
-                    att = static_cast<std::size_t>(B_) * H_ * T_ * T_;
-  return R * C * 6 + R * 2 + R * KVD * 2 + att + R * F * 3;  // an q atty res2 fn out | rstd ×2 | k v | att | gate up h
+template <class View>
+LlamaBlock<View> typed_llama_block(const View& base, const ModelShape& s) {
+  std::size_t at = 0;
+  return llama_block<View>(s, [&](std::size_t n) {
+    const View v = slice(base, at, n);
+    at += n;
+    return v;
+  });
 }
 
-LlamaModel::Acts LlamaModel::carve(float*& p) const {
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
-                    KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_),
-                    att = static_cast<std::size_t>(B_) * H_ * T_ * T_;
-  Acts a{};
-  auto take = [&](std::size_t n) {
+}  // namespace
+
+LlamaBlockView llama_block_view(float* p, const ModelShape& s) {
+  return llama_block<float*>(s, [&p](std::size_t n) {
     float* r = p;
     p += n;
     return r;
-  };
-  a.an = take(R * C);
-  a.an_rstd = take(R);
-  a.q = take(R * C);
-  a.k = take(R * KVD);
-  a.v = take(R * KVD);
-  a.att = take(att);
-  a.atty = take(R * C);
-  a.res2 = take(R * C);
-  a.fn = take(R * C);
-  a.fn_rstd = take(R);
-  a.gate = take(R * F);
-  a.up = take(R * F);
-  a.h = take(R * F);
-  a.out = take(R * C);
+  });
+}
+LlamaBlock<ConstTensorView> llama_block_view(const ConstTensorView& base, const ModelShape& s) {
+  return typed_llama_block(base, s);
+}
+LlamaBlock<TensorView> llama_block_view(const TensorView& base, const ModelShape& s) {
+  return typed_llama_block(base, s);
+}
+
+LlamaModel::Acts LlamaModel::carve(ViewCursor& c) const {
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
+                    KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_),
+                    att = ops_.attention_state_elems(B_, H_, T_);
+  Acts a{};
+  a.an = c.take(R * C);
+  a.an_rstd = c.take_fp32(R);
+  a.q = c.take(R * C);
+  a.k = c.take(R * KVD);
+  a.v = c.take(R * KVD);
+  a.att = c.take_fp32(att);
+  a.atty = c.take(R * C);
+  a.res2 = c.take(R * C);
+  a.fn = c.take(R * C);
+  a.fn_rstd = c.take_fp32(R);
+  a.gate = c.take(R * F);
+  a.up = c.take(R * F);
+  a.h = c.take(R * F);
+  a.out = c.take(R * C);
   return a;
 }
 
@@ -86,27 +99,36 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer),
                     KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_);
-  acts_.allocate(dev, R * C, L, acts_floats(), ckpt_, [this](float*& p) { return carve(p); });
-  head_buf_ = DeviceBuffer(dev, (R * C + 2 * R + R * V) * sizeof(float), "final norm and logits");
-  float* p = head_buf_.as<float>();
-  lnf_ = p, p += R * C;
-  lnf_rstd_ = p, p += R;
-  losses_ = p, p += R;
-  probs_ = p;
-  grad_buf_ = DeviceBuffer(dev, (R * C * 6 + R * KVD * 2 + R * F * 3 + R * V) * sizeof(float), "backward scratch");
-  p = grad_buf_.as<float>();
-  dres_a_ = p, p += R * C;
-  dres_b_ = p, p += R * C;
-  dres2_ = p, p += R * C;
-  dn_ = p, p += R * C;
-  datty_ = p, p += R * C;
-  dq_ = p, p += R * C;
-  dk_ = p, p += R * KVD;
-  dv_ = p, p += R * KVD;
-  dh_ = p, p += R * F;
-  dgate_ = p, p += R * F;
-  dup_ = p, p += R * F;
-  dlogits_ = p;
+  const DType S = ops.storage_dtype();
+  acts_.allocate(dev, S, R * C, L, ckpt_, [this](ViewCursor& c) { return carve(c); });
+  auto head = [&](ViewCursor& c) {
+    lnf_ = c.take(R * C);
+    lnf_rstd_ = c.take_fp32(R);
+    losses_ = c.take_fp32(R);
+    probs_ = c.take(R * V);
+  };
+  auto grads = [&](ViewCursor& c) {
+    dres_a_ = c.take(R * C);
+    dres_b_ = c.take(R * C);
+    dres2_ = c.take(R * C);
+    dn_ = c.take(R * C);
+    datty_ = c.take(R * C);
+    dq_ = c.take(R * C);
+    dk_ = c.take(R * KVD);
+    dv_ = c.take(R * KVD);
+    dh_ = c.take(R * F);
+    dgate_ = c.take(R * F);
+    dup_ = c.take(R * F);
+    dlogits_ = c.take(R * V);
+  };
+  ViewCursor head_size(nullptr, S), grad_size(nullptr, S);
+  head(head_size);
+  grads(grad_size);
+  head_buf_ = DeviceBuffer(dev, head_size.bytes(), "final norm and logits");
+  grad_buf_ = DeviceBuffer(dev, grad_size.bytes(), "backward scratch");
+  ViewCursor hc(head_buf_.as<void>(), S), gc(grad_buf_.as<void>(), S);
+  head(hc);
+  grads(gc);
   // Rotary tables, computed once on the host and copied to the device.
   ops::RopeScaling sc;
   sc.factor = s.rope_factor, sc.low_freq_factor = s.rope_low_freq_factor, sc.high_freq_factor = s.rope_high_freq_factor;
@@ -114,14 +136,14 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
   std::vector<float> co, si;
   ops::rope_tables(ops::rope_inv_freq(D_, s.rope_theta, sc), T_, co, si);
   rope_buf_ = DeviceBuffer(dev, 2 * co.size() * sizeof(float), "rotary tables");
-  cos_ = rope_buf_.as<float>();
-  sin_ = cos_ + co.size();
-  dev.copy_to_device(cos_, co.data(), co.size() * sizeof(float), StreamRole::h2d);
-  dev.copy_to_device(sin_, si.data(), si.size() * sizeof(float), StreamRole::h2d);
+  cos_ = TensorView(rope_buf_.as<float>(), co.size());
+  sin_ = TensorView(rope_buf_.as<float>() + co.size(), si.size());
+  dev.copy_to_device(cos_.data(), co.data(), co.size() * sizeof(float), StreamRole::h2d);
+  dev.copy_to_device(sin_.data(), si.data(), si.size() * sizeof(float), StreamRole::h2d);
   dev.synchronize(StreamRole::h2d);
 }
 
-void LlamaModel::block_forward(const LlamaBlockView& w, const float* x, const Acts& a) {
+void LlamaModel::block_forward(const Weights& w, ConstTensorView x, const Acts& a) {
   const int R = R_, C = C_, KVD = KV_ * D_, F = F_;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   const float eps = static_cast<float>(shape_.norm_eps);
@@ -142,8 +164,8 @@ void LlamaModel::block_forward(const LlamaBlockView& w, const float* x, const Ac
   ops_.add_inplace(a.out, a.res2, RC);
 }
 
-void LlamaModel::block_backward(const LlamaBlockView& w, const LlamaBlockView& g, const float* x, const Acts& a,
-                                const float* dout, float* dx) {
+void LlamaModel::block_backward(const Weights& w, const Grads& g, ConstTensorView x, const Acts& a,
+                                ConstTensorView dout, TensorView dx) {
   const int R = R_, C = C_, KVD = KV_ * D_, F = F_;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   ops_.copy(dres2_, dout, RC);  // the residual path: d(res2) starts as d(out)
@@ -170,15 +192,16 @@ void LlamaModel::block_backward(const LlamaBlockView& w, const LlamaBlockView& g
 void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets) {
   const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
   const int C = C_, V = shape_.vocab_size;
-  const float* wte = src.weights(0);
+  const std::size_t VC = static_cast<std::size_t>(V) * C;
+  ConstTensorView wte = slice(src.weights(0), 0, VC);
   {
     BusyScope busy(dev_, StreamRole::compute);
     ops_.embedding_forward(acts_.x0, tokens, wte, R_, C);
   }
   src.done_with(0);
-  const float* x = acts_.x0;
+  ConstTensorView x = acts_.x0;
   for (std::size_t l = 0; l < L; ++l) {
-    const LlamaBlockView bw = llama_block_view(const_cast<float*>(src.weights(l + 1)), shape_);
+    const Weights bw = llama_block_view(src.weights(l + 1), shape_);
     {
       BusyScope busy(dev_, StreamRole::compute);
       if (ckpt_) {
@@ -191,14 +214,15 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
     src.done_with(l + 1);
     x = acts_.blocks[l].out;
   }
-  const float* fin = src.weights(L + 1);
+  const ConstTensorView fin = src.weights(L + 1);
+  const float eps = static_cast<float>(shape_.norm_eps);
   if (shape_.tie_embeddings) {
     {
       BusyScope busy(dev_, StreamRole::compute);
-      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, fin, R_, C, static_cast<float>(shape_.norm_eps));
+      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, slice(fin, 0, C), R_, C, eps);
     }
     src.done_with(L + 1);
-    wte = src.weights(0);
+    wte = slice(src.weights(0), 0, VC);
     {
       BusyScope busy(dev_, StreamRole::compute);
       ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
@@ -207,8 +231,8 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
   } else {
     {
       BusyScope busy(dev_, StreamRole::compute);
-      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, fin, R_, C, static_cast<float>(shape_.norm_eps));
-      ops_.lm_head_forward(probs_, losses_, lnf_, fin + C, targets, R_, C, V);
+      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, slice(fin, 0, C), R_, C, eps);
+      ops_.lm_head_forward(probs_, losses_, lnf_, slice(fin, C, VC), targets, R_, C, V);
     }
     src.done_with(L + 1);
   }
@@ -217,13 +241,13 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
 void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {
   const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
   const int C = C_, V = shape_.vocab_size;
-  const std::size_t RC = static_cast<std::size_t>(R_) * C;
-  const float* last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
-  const float* fin = src.weights(L + 1);
-  float* dfin = src.grads(L + 1);
+  const std::size_t RC = static_cast<std::size_t>(R_) * C, VC = static_cast<std::size_t>(V) * C;
+  ConstTensorView last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
+  const ConstTensorView fin = src.weights(L + 1);
+  const TensorView dfin(src.grads(L + 1), shape_.tie_embeddings ? static_cast<std::size_t>(C) : C + VC);
   if (shape_.tie_embeddings) {
-    const float* wte = src.weights(0);
-    float* dwte = src.grads(0);
+    const ConstTensorView wte = slice(src.weights(0), 0, VC);
+    const TensorView dwte(src.grads(0), VC);
     {
       BusyScope busy(dev_, StreamRole::compute);
       ops_.lm_head_backward(dn_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
@@ -231,21 +255,22 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
     src.done_with(0);
   } else {
     BusyScope busy(dev_, StreamRole::compute);
-    ops_.lm_head_backward(dn_, dfin + C, dlogits_, probs_, lnf_, fin + C, targets, dscale, R_, C, V);
+    ops_.lm_head_backward(dn_, slice(dfin, C, VC), dlogits_, probs_, lnf_, slice(fin, C, VC), targets, dscale, R_, C,
+                          V);
   }
   {
     BusyScope busy(dev_, StreamRole::compute);
     ops_.zero(dres_a_, RC);
-    ops_.rmsnorm_backward(dres_a_, dfin, dn_, last, fin, lnf_rstd_, R_, C);
+    ops_.rmsnorm_backward(dres_a_, slice(dfin, 0, C), dn_, last, slice(fin, 0, C), lnf_rstd_, R_, C);
   }
   src.grads_done(L + 1);
   src.done_with(L + 1);
-  float* dout = dres_a_;
-  float* dx = dres_b_;
+  TensorView dout = dres_a_;
+  TensorView dx = dres_b_;
   for (std::size_t l = L; l-- > 0;) {
-    const float* x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
-    const LlamaBlockView bw = llama_block_view(const_cast<float*>(src.weights(l + 1)), shape_);
-    const LlamaBlockView bg = llama_block_view(src.grads(l + 1), shape_);
+    ConstTensorView x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
+    const Weights bw = llama_block_view(src.weights(l + 1), shape_);
+    const Grads bg = llama_block_view(TensorView(src.grads(l + 1)), shape_);
     {
       BusyScope busy(dev_, StreamRole::compute);
       const Acts* a = &acts_.blocks[l];
@@ -259,7 +284,7 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
     src.done_with(l + 1);
     std::swap(dout, dx);
   }
-  float* dwte = src.grads(0);
+  const TensorView dwte(src.grads(0), VC);
   {
     BusyScope busy(dev_, StreamRole::compute);
     ops_.embedding_backward(dwte, dout, tokens, R_, C);

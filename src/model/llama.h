@@ -19,28 +19,36 @@
 
 namespace zinf {
 
-struct LlamaBlockView {
-  float *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+// One block's tensors inside its unit (biases empty without qkv_bias): float pointers
+// (initialisation on the host), typed sized views of the device weights, or fp32 views of its gradient.
+template <class V>
+struct LlamaBlock {
+  V attn_norm, wq, bq, wk, bk, wv, bv, wo, ffn_norm, w_gate, w_up, w_down;
 };
+using LlamaBlockView = LlamaBlock<float*>;
 LlamaBlockView llama_block_view(float* base, const ModelShape& s);
+LlamaBlock<ConstTensorView> llama_block_view(const ConstTensorView& base, const ModelShape& s);
+LlamaBlock<TensorView> llama_block_view(const TensorView& base, const ModelShape& s);
 
 class LlamaModel final : public LanguageModel {
  public:
   LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
   void forward(UnitSource& src, const int* tokens, const int* targets) override;
-  const float* row_losses() const override { return losses_; }
+  const float* row_losses() const override { return static_cast<const float*>(losses_.data()); }
   int rows() const override { return R_; }
   void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override;
 
  private:
+  // Activations in the backend's storage dtype; the RMSNorm rstd and att in fp32.
   struct Acts {
-    float *an, *an_rstd, *q, *k, *v, *att, *atty, *res2, *fn, *fn_rstd, *gate, *up, *h, *out;
+    TensorView an, an_rstd, q, k, v, att, atty, res2, fn, fn_rstd, gate, up, h, out;
   };
-  std::size_t acts_floats() const;
-  Acts carve(float*& p) const;
-  void block_forward(const LlamaBlockView& w, const float* x, const Acts& a);
-  void block_backward(const LlamaBlockView& w, const LlamaBlockView& g, const float* x, const Acts& a,
-                      const float* dout, float* dx);
+  Acts carve(ViewCursor& c) const;
+  using Weights = LlamaBlock<ConstTensorView>;
+  using Grads = LlamaBlock<TensorView>;
+  void block_forward(const Weights& w, ConstTensorView x, const Acts& a);
+  void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const Acts& a, ConstTensorView dout,
+                      TensorView dx);
 
   ModelShape shape_;
   int B_, T_, R_, C_, H_, KV_, D_, F_;
@@ -49,9 +57,9 @@ class LlamaModel final : public LanguageModel {
   OpsBackend& ops_;
   BlockActivations<Acts> acts_;  // x0: the embedding output
   DeviceBuffer head_buf_, grad_buf_, rope_buf_;
-  float *cos_ = nullptr, *sin_ = nullptr;
-  float *lnf_, *lnf_rstd_, *probs_, *losses_;
-  float *dres_a_, *dres_b_, *dres2_, *dn_, *datty_, *dq_, *dk_, *dv_, *dh_, *dgate_, *dup_, *dlogits_;
+  TensorView cos_, sin_;  // fp32 rotary tables [T, D/2]
+  TensorView lnf_, lnf_rstd_, probs_, losses_;
+  TensorView dres_a_, dres_b_, dres2_, dn_, datty_, dq_, dk_, dv_, dh_, dgate_, dup_, dlogits_;
 };
 
 // Llama-style initialisation: N(0, 0.02) matrices, N(0, 0.02/√(2L)) for wo and w_down, zero biases,

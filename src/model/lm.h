@@ -21,7 +21,9 @@ namespace zinf {
 class UnitSource {
  public:
   virtual ~UnitSource() = default;
-  virtual const float* weights(std::size_t unit) = 0;  // fp32 device weights; valid until done_with
+  // The unit's device weights, in the dtype the source holds them in on the device (fp32 working
+  // weights, or the 16-bit parameters themselves under the fast kernels); valid until done_with.
+  virtual ConstTensorView weights(std::size_t unit) = 0;
   virtual void done_with(std::size_t unit) = 0;
   virtual float* grads(std::size_t unit) = 0;     // fp32 device buffer, zero at first request per micro batch
   virtual void grads_done(std::size_t unit) = 0;  // this micro batch's gradient of the unit is complete
@@ -31,14 +33,19 @@ class UnitSource {
 class ResidentUnits final : public UnitSource {
  public:
   ResidentUnits(std::vector<const float*> w, std::vector<float*> g, std::vector<std::size_t> n)
+      : grads_(std::move(g)), sizes_(std::move(n)) {
+    for (std::size_t u = 0; u < w.size(); ++u) weights_.emplace_back(w[u], u < sizes_.size() ? sizes_[u] : kUnsized);
+  }
+  // Weights of any dtype (a 16-bit copy for the fast kernels); gradients fp32.
+  ResidentUnits(std::vector<ConstTensorView> w, std::vector<float*> g, std::vector<std::size_t> n)
       : weights_(std::move(w)), grads_(std::move(g)), sizes_(std::move(n)) {}
-  const float* weights(std::size_t u) override { return weights_[u]; }
+  ConstTensorView weights(std::size_t u) override { return weights_[u]; }
   void done_with(std::size_t) override {}
   float* grads(std::size_t u) override { return grads_[u]; }
   void grads_done(std::size_t) override {}
 
  private:
-  std::vector<const float*> weights_;
+  std::vector<ConstTensorView> weights_;
   std::vector<float*> grads_;
   std::vector<std::size_t> sizes_;
 };
@@ -60,38 +67,68 @@ class LanguageModel {
 // device. The trainer instead collects the row losses of a whole step and reads them at its end.
 double forward_mean_loss(LanguageModel& m, Device& dev, UnitSource& src, const int* tokens, const int* targets);
 
+// Lays typed, sized views out one after another in one device buffer (a byte cursor): activations in
+// the backend's storage dtype, the fp32 statistics beside them. With fp32 storage every view follows
+// the previous one directly (the layout of an all-fp32 buffer); with 16-bit storage each view starts
+// on a 16-byte boundary, so no fp32 view is misaligned and vector loads stay aligned. A cursor over
+// a null base measures: bytes() after the same takes is the buffer's size.
+class ViewCursor {
+ public:
+  ViewCursor(void* base, DType storage)
+      : base_(static_cast<char*>(base)), storage_(storage), align_(storage == DType::fp32 ? 4 : 16) {}
+  TensorView take(std::size_t n) { return take_as(storage_, n); }          // n elements of the storage dtype
+  TensorView take_fp32(std::size_t n) { return take_as(DType::fp32, n); }  // n fp32 elements
+  std::size_t bytes() const { return round(at_); }
+  DType storage() const { return storage_; }
+
+ private:
+  std::size_t round(std::size_t b) const { return (b + align_ - 1) / align_ * align_; }
+  TensorView take_as(DType t, std::size_t n) {
+    const std::size_t start = round(at_);
+    at_ = start + n * dtype_bytes(t);
+    if (!base_) return TensorView();
+    return TensorView(base_ + start, t, n);
+  }
+  char* base_;
+  DType storage_;
+  std::size_t align_, at_ = 0;
+};
+
 // The activations a model keeps for backward, allocated once on the device: the embedding output
-// (x0), then per block either everything (`carve` lays one block's Acts out from a float cursor) or,
+// (x0), then per block either everything (`carve` lays one block's Acts out from a ViewCursor) or,
 // with checkpointing, only its output (= the next block's input) plus one block's recompute scratch.
 template <class Acts>
 struct BlockActivations {
   DeviceBuffer kept, scratch;
-  float* x0 = nullptr;
+  TensorView x0;
   std::vector<Acts> blocks;  // .out always valid; the rest only without checkpointing
   Acts recompute{};
 
+  // row_elems: one [R, C] activation (x0, a block's output), in `storage`.
   template <class Carve>
-  void allocate(Device& dev, std::size_t row_floats, std::size_t n_blocks, std::size_t per_block, bool checkpointing,
+  void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t n_blocks, bool checkpointing,
                 Carve carve) {
-    const std::size_t n = row_floats + (checkpointing ? n_blocks * row_floats : n_blocks * per_block);
-    kept = DeviceBuffer(dev, n * sizeof(float), "activations (" + std::to_string(n_blocks) + " blocks)");
-    float* p = kept.as<float>();
-    x0 = p;
-    p += row_floats;
+    ViewCursor measure_row(nullptr, storage), measure_block(nullptr, storage);
+    measure_row.take(row_elems);
+    carve(measure_block);
+    const std::size_t row = measure_row.bytes(), per_block = measure_block.bytes();
+    const std::size_t n = row + (checkpointing ? n_blocks * row : n_blocks * per_block);
+    kept = DeviceBuffer(dev, n, "activations (" + std::to_string(n_blocks) + " blocks)");
+    ViewCursor c(kept.as<void>(), storage);
+    x0 = c.take(row_elems);
     for (std::size_t l = 0; l < n_blocks; ++l) {
       if (checkpointing) {
         Acts a{};
-        a.out = p;
-        p += row_floats;
+        a.out = c.take(row_elems);
         blocks.push_back(a);
       } else {
-        blocks.push_back(carve(p));
+        blocks.push_back(carve(c));
       }
     }
     if (checkpointing) {
-      scratch = DeviceBuffer(dev, per_block * sizeof(float), "activation recompute scratch");
-      float* q = scratch.as<float>();
-      recompute = carve(q);
+      scratch = DeviceBuffer(dev, per_block, "activation recompute scratch");
+      ViewCursor r(scratch.as<void>(), storage);
+      recompute = carve(r);
     }
   }
 };

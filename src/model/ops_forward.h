@@ -22,6 +22,8 @@ class ForwardingOps : public OpsBackend {
   ZINF_OPS(ZINF_FORWARD_OP)
 #undef ZINF_FORWARD_OP
   bool has_llama_ops() const override { return in_->has_llama_ops(); }
+  DType storage_dtype() const override { return in_->storage_dtype(); }
+  std::size_t attention_state_elems(int B, int H, int T) const override { return in_->attention_state_elems(B, H, T); }
 
  protected:
   // Runs (or enqueues) one op of the wrapped backend.

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "zinf/error.h"
+#include "zinf/types.h"
 
 namespace zinf {
 
@@ -31,6 +32,10 @@ constexpr std::string_view to_string(DType t) {
   return "?";
 }
 constexpr std::size_t dtype_bytes(DType t) { return t == DType::fp32 ? 4 : 2; }
+// The dtype a run of precision p computes its 16-bit (or fp32) copies in.
+constexpr DType dtype_of(Precision p) {
+  return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::fp16 : DType::fp32;
+}
 
 inline constexpr std::size_t kUnsized = static_cast<std::size_t>(-1);
 
@@ -72,6 +77,19 @@ class ConstTensorView {
   DType dtype_ = DType::fp32;
   std::size_t numel_ = 0;
 };
+
+// Elements [offset, offset + n) of a view, in its dtype (a weight inside a layer unit, an activation
+// inside a buffer). An empty view stays empty; a sized view must hold the range.
+inline TensorView slice(const TensorView& v, std::size_t offset, std::size_t n) {
+  if (v.empty()) return {};
+  ZINF_CHECK(v.numel() == kUnsized || offset + n <= v.numel());
+  return TensorView(static_cast<char*>(v.data()) + offset * dtype_bytes(v.dtype()), v.dtype(), n);
+}
+inline ConstTensorView slice(const ConstTensorView& v, std::size_t offset, std::size_t n) {
+  if (v.empty()) return {};
+  ZINF_CHECK(v.numel() == kUnsized || offset + n <= v.numel());
+  return ConstTensorView(static_cast<const char*>(v.data()) + offset * dtype_bytes(v.dtype()), v.dtype(), n);
+}
 
 // Where a view is checked: the backend, the op and the argument, for the error a wrong type raises.
 struct OpArgSite {

@@ -209,6 +209,14 @@ TEST(Config, NonPositiveBatchValuesGetTheirOwnError) {
   EXPECT_NE(e.find("gradient_accumulation_steps: must be a positive integer, got 0"), std::string::npos) << e;
 }
 
+TEST(Config, DeviceKernelsDefaultsToTheReferenceAndRefusesOtherWords) {
+  EXPECT_EQ(ok(kMinimal).device.kernels, Kernels::reference);
+  EXPECT_EQ(ok(kMinimal, {"device.kernels=fast"}).device.kernels, Kernels::fast);
+  const std::string e = error_of(R"({"train_batch_size": 8, "device": {"kernels": "wrong"}})");
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;  // one line
+  EXPECT_NE(e.find("cfg.json: device.kernels: 'wrong' is not one of reference, fast"), std::string::npos) << e;
+}
+
 TEST(Config, RangesPrintIntegersAsWritten) {
   std::string e = error_of(R"({"train_batch_size": 8, "device": {"jitter_us": 2000000}})");
   EXPECT_NE(e.find("value 2000000 is out of range; expected a value in [1, 1000000]"), std::string::npos) << e;

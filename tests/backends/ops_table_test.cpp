@@ -407,7 +407,7 @@ TEST(OpsTable, CudaBackendMatchesTheReferenceWithinTolerance) {
   backends::DeviceSpec spec;
   spec.budget_bytes = std::size_t{1} << 30;
   g.dev = cuda_backend.make_device(spec);
-  g.ops = cuda_backend.make_ops(*g.dev, Precision::fp32, 1);
+  g.ops = cuda_backend.make_ops(*g.dev, Precision::fp32, 1, Kernels::reference);
   ops::ChunkPool par(2);
   CpuOps ref(par);
   for (const OpEntry& e : kOps) {

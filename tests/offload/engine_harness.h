@@ -87,7 +87,7 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
         e.begin_micro_batch(mb);
         e.begin_forward();
         for (std::size_t u = 0; u < c.units.size(); ++u) {
-          const float* w = e.weights(u);
+          const float* w = static_cast<const float*>(e.weights(u));
           const std::size_t n = c.units[u];
           auto read = [wsum, w, u, n] { (*wsum)[u] = w[7] + w[n - 1]; };
           if (on_stream)

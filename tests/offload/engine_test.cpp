@@ -15,9 +15,11 @@
 #include "zinf/backends/cpu.h"
 #include "zinf/comm.h"
 #include "zinf/cpu_adam/convert.h"
+#include "zinf/cpu_adam/spec.h"
 #include "zinf/device.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
+#include "zinf/offload/buffer_specs.h"
 #include "zinf/offload/engine.h"
 
 namespace zinf::offload {
@@ -216,6 +218,45 @@ TEST(OffloadEngine, HoldsThePlansBlocksOnABlockDevice) {
                      DeviceMemoryError);
         EXPECT_EQ(tight.peak(), 0u);
       }
+// Under the fast kernels a 16-bit run keeps no fp32 working weights on the device: the plan has no
+// `work` buffers, the engine holds exactly the plan's bytes (4 bytes per parameter of a resident unit
+// and per element of a window slot fewer than under the reference kernels), and weights(u) is the
+// 16-bit compute copy itself, for resident and windowed units alike.
+TEST(OffloadEngine, FastKernelsHoldNoFp32WorkingWeights) {
+  Dir dir;
+  for (auto param : {OffloadDevice::none, OffloadDevice::cpu}) {
+    SCOPED_TRACE(std::string("param ") + std::string(to_string(param)));
+    EngineConfig ref = config(OffloadDevice::cpu, param, Precision::bf16, 1, Overlap::exact, dir.p);
+    EngineConfig fast = ref;
+    fast.model_kernels = Kernels::fast;
+    const BufferSpecs ref_specs(Engine::plan_input(ref)), fast_specs(Engine::plan_input(fast));
+    std::uint64_t work_bytes = 0;
+    for (const BufferSpec& b : ref_specs.all())
+      if (b.what == Buffer::work || b.what == Buffer::work_slot) work_bytes += b.bytes * b.count;
+    ASSERT_GT(work_bytes, 0u);
+    for (const BufferSpec& b : fast_specs.all()) EXPECT_TRUE(b.what != Buffer::work && b.what != Buffer::work_slot);
+    const Plan plan = make_plan(Engine::plan_input(fast));
+    const int device = static_cast<int>(Tier::device);
+    EXPECT_EQ(plan.totals[device] + work_bytes, make_plan(Engine::plan_input(ref)).totals[device]);
+
+    auto dev = make_cpu_device(64 << 20);
+    Engine e(fast, *dev, [&](std::size_t u, float* p) { init(u, p, fast.units[u]); });
+    EXPECT_EQ(e.held_bytes()[device], plan.totals[device]);
+    EXPECT_EQ(dev->in_use(), plan.totals[device]);
+    EXPECT_EQ(e.weights_precision(), Precision::bf16);
+    e.begin_micro_batch(0);
+    e.begin_forward();
+    for (std::size_t u = 0; u < fast.units.size(); ++u) {
+      const std::size_t n = fast.units[u];
+      std::vector<float> master(n);
+      init(u, master.data(), n);
+      const auto* w = static_cast<const std::uint16_t*>(e.weights(u));
+      EXPECT_EQ(w[0], cpu_adam::spec::fp32_to_bf16(master[0])) << "unit " << u;
+      EXPECT_EQ(w[n - 1], cpu_adam::spec::fp32_to_bf16(master[n - 1])) << "unit " << u;
+      e.done_with(u);
+    }
+    e.synchronize();
+  }
 }
 
 TEST(OffloadEngine, RefusesAPlanOverTheBudgetBeforeAllocating) {

@@ -461,6 +461,9 @@ void read_device(Section s, DeviceConfig& d) {
   d.jitter_seed = static_cast<std::uint64_t>(s.get_int("jitter_seed", 0, 0, std::numeric_limits<std::int64_t>::max()));
   d.jitter_us = static_cast<int>(s.get_int("jitter_us", 200, 1, 1'000'000));
   d.comm = s.get_enum<std::string>("comm", "auto", {{"auto", "auto"}, {"mpi", "mpi"}, {"nccl", "nccl"}});
+  d.kernels = s.get_enum<Kernels>("kernels", Kernels::reference,
+                                  {{std::string(to_string(Kernels::reference)), Kernels::reference},
+                                   {std::string(to_string(Kernels::fast)), Kernels::fast}});
   if (d.type == DeviceType::cpu && d.comm == "nccl")
     s.fail("comm", "nccl moves CUDA device memory; the CPU device's ranks use mpi");
   if (d.type == DeviceType::cuda && (d.async || d.jitter_seed))

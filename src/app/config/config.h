@@ -146,14 +146,15 @@ struct TrainConfig {
 
 struct DeviceConfig {
   DeviceType type = DeviceType::automatic;
-  std::uint64_t memory_budget = 0;  // bytes; 0 = automatic (free GPU memory less a reserve, or half of host RAM)
-  int threads = 0;                  // 0 = physical cores
-  bool pin_threads = false;         // bind host workers to cores (hwloc)
-  std::string simd;                 // auto|avx512|avx2|scalar: caps cpu_adam's runtime dispatch
-  bool async = false;               // CPU device: the model's ops run as compute-stream work
-  std::uint64_t jitter_seed = 0;    // CPU device: seeded delays before every stream/worker job; 0 = off
-  int jitter_us = 200;              // the longest such delay, microseconds
-  std::string comm = "auto";        // data-parallel transport: auto (nccl on CUDA, mpi on the CPU device) | mpi | nccl
+  std::uint64_t memory_budget = 0;       // bytes; 0 = automatic (free GPU memory less a reserve, or half of host RAM)
+  int threads = 0;                       // 0 = physical cores
+  bool pin_threads = false;              // bind host workers to cores (hwloc)
+  std::string simd;                      // auto|avx512|avx2|scalar: caps cpu_adam's runtime dispatch
+  bool async = false;                    // CPU device: the model's ops run as compute-stream work
+  std::uint64_t jitter_seed = 0;         // CPU device: seeded delays before every stream/worker job; 0 = off
+  int jitter_us = 200;                   // the longest such delay, microseconds
+  Kernels kernels = Kernels::reference;  // reference (fp32 oracle kernels) | fast (storage in the run's precision)
+  std::string comm = "auto";  // data-parallel transport: auto (nccl on CUDA, mpi on the CPU device) | mpi | nccl
 };
 
 struct Config {

@@ -37,6 +37,7 @@ offload::EngineConfig engine_config(const Config& c, int host_threads) {
     e.persistent.push_back(u == 0 || u + 1 == units.size());  // the embedding and the final LayerNorm
   }
   e.precision = c.precision();
+  e.model_kernels = c.device.kernels;
   e.optimizer = c.zero.offload_optimizer.device;
   e.param = c.zero.offload_param.device;
   e.grad_accum = c.gradient_accumulation_steps;

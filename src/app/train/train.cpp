@@ -191,7 +191,7 @@ std::unique_ptr<Device> make_device(const Config& c, const backends::Backend& be
 // *profile.
 std::unique_ptr<OpsBackend> make_ops(const Config& c, const backends::Backend& be, Device& dev, int threads,
                                      std::shared_ptr<OpProfile>* profile, const ModelShape& shape) {
-  std::unique_ptr<OpsBackend> ops = be.make_ops(dev, c.precision(), threads);
+  std::unique_ptr<OpsBackend> ops = be.make_ops(dev, c.precision(), threads, c.device.kernels);
   return profile ? make_profile_ops(dev, shape, std::move(ops), profile) : std::move(ops);
 }
 
@@ -253,9 +253,11 @@ class EngineUnits final : public UnitSource {
   }
 
  public:
-  explicit EngineUnits(offload::Engine& engine) : engine_(engine) {}
-  const float* weights(std::size_t u) override {
-    return timed([&] { return engine_.weights(u); });
+  EngineUnits(offload::Engine& engine, std::vector<std::size_t> unit_params)
+      : engine_(engine), unit_params_(std::move(unit_params)) {}
+  ConstTensorView weights(std::size_t u) override {
+    const void* w = timed([&] { return engine_.weights(u); });
+    return ConstTensorView(w, dtype_of(engine_.weights_precision()), unit_params_[u]);
   }
   void done_with(std::size_t u) override { engine_.done_with(u); }
   float* grads(std::size_t u) override {
@@ -275,6 +277,7 @@ class EngineUnits final : public UnitSource {
 
  private:
   offload::Engine& engine_;
+  std::vector<std::size_t> unit_params_;
   double wait_ = 0;
 };
 
@@ -302,7 +305,7 @@ class Run {
         batches(*dev, static_cast<std::size_t>(micro_batch) * seq_len),
         losses(*dev, model->rows(), static_cast<int>(std::max<std::int64_t>(grad_accum, 8))),
         engine(make_engine()),
-        units(*engine),
+        units(*engine, engine_units),
         scaler(cfg.fp16),
         rng(cfg.train.seed),
         metrics(cm.rank() == 0 ? cfg.train.metrics_file : std::string()) {

@@ -4,6 +4,7 @@
 #include "cpu/cpu.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/ops_stream.h"
+#include "cpu/twin_ops.h"
 #include "zinf/sysinfo.h"
 
 namespace zinf::cpu {
@@ -25,8 +26,11 @@ class CpuBackend final : public backends::Backend {
     const std::size_t budget = spec.budget_bytes ? spec.budget_bytes : available_host_memory() / 2;
     return make_cpu_device(budget, spec.cpu);
   }
-  std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision, int threads) const override {
-    std::unique_ptr<OpsBackend> ops = std::make_unique<PooledCpuOps>(std::make_unique<ops::ChunkPool>(threads));
+  std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int threads, Kernels kernels) const override {
+    std::unique_ptr<OpsBackend> ops =
+        kernels == Kernels::fast
+            ? make_twin_ops(precision, threads)
+            : std::unique_ptr<OpsBackend>(std::make_unique<PooledCpuOps>(std::make_unique<ops::ChunkPool>(threads)));
     return dev.ops_stream_ordered() ? make_stream_ops(dev, std::move(ops)) : std::move(ops);
   }
   std::unique_ptr<offload::EngineKernels> make_engine_kernels(Device& dev, cpu_adam::HostThreads& pool) const override {

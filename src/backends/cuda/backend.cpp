@@ -2,6 +2,7 @@
 // kernels of engine_kernels.cu and NCCL for device memory.
 #include "cuda/cuda.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/fast_ops.h"
 
 namespace zinf::cuda {
 namespace {
@@ -12,7 +13,8 @@ class CudaBackend final : public backends::Backend {
   std::unique_ptr<Device> make_device(const backends::DeviceSpec& spec) const override {
     return make_cuda_device(spec.local_rank, spec.budget_bytes);
   }
-  std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int) const override {
+  std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int, Kernels kernels) const override {
+    if (kernels == Kernels::fast) return make_cuda_fast_ops(dev, precision);
     return make_cuda_ops(dev, precision);
   }
   std::unique_ptr<offload::EngineKernels> make_engine_kernels(Device& dev, cpu_adam::HostThreads&) const override {

@@ -101,6 +101,9 @@ struct EngineConfig {
   std::vector<std::size_t> units;  // parameters per layer unit, forward order
   std::vector<bool> persistent;    // units always resident on the device under param offload
   Precision precision = Precision::fp32;
+  // The model's kernels: reference (16-bit runs keep fp32 working weights on the device for them) or
+  // fast (the model reads the 16-bit compute copy itself: no working weights).
+  Kernels model_kernels = Kernels::reference;
   OffloadDevice optimizer = OffloadDevice::none;
   OffloadDevice param = OffloadDevice::none;
   std::int64_t grad_accum = 1;
@@ -169,7 +172,10 @@ class Engine {
   void begin_micro_batch(std::int64_t micro);  // 0 … grad_accum−1
   void begin_forward();
   void begin_backward();
-  const float* weights(std::size_t u);
+  // Unit u's weights on the device, valid until done_with(u): weights_precision() elements (fp32
+  // working weights, or the fp32/16-bit compute copy itself), u's parameter count of them.
+  const void* weights(std::size_t u);
+  Precision weights_precision() const;
   void done_with(std::size_t u);
   float* grads(std::size_t u);
   void grads_done(std::size_t u);

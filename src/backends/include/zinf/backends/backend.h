@@ -32,8 +32,11 @@ class Backend {
   // host memory (CPU).
   virtual std::unique_ptr<Device> make_device(const DeviceSpec& spec) const = 0;
   // The model's ops on `dev` (a device of this backend), enqueued on its compute stream. `threads`
-  // sizes the CPU reference's pool; `precision` picks the CUDA GEMMs' 16-bit inputs.
-  virtual std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int threads) const = 0;
+  // sizes the CPU reference's pool; `precision` picks the CUDA GEMMs' 16-bit inputs and, with
+  // `kernels` fast, the dtype the model stores its activations and weights in (the CPU device's twin
+  // of the CUDA fast path stores and rounds as the GPU does).
+  virtual std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int threads,
+                                               Kernels kernels) const = 0;
   virtual std::unique_ptr<offload::EngineKernels> make_engine_kernels(Device& dev,
                                                                       cpu_adam::HostThreads& pool) const = 0;
   // The collectives over this device's memory, bootstrapped through the host communicator; nullptr

@@ -1,0 +1,221 @@
+// twin_ops.cpp — see twin_ops.h.
+#include "cpu/twin_ops.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cpu/ops_llama.h"
+#ifdef ZINF_TILED_ATTENTION
+#include "cpu/ops_attention_tiled.h"
+#endif
+#include "zinf/cpu_adam/spec.h"
+
+namespace zinf::cpu {
+namespace {
+
+float widen_one(std::uint16_t h, DType t) {
+  return t == DType::bf16 ? cpu_adam::spec::bf16_to_fp32(h) : cpu_adam::spec::fp16_to_fp32(h);
+}
+std::uint16_t narrow_one(float x, DType t) {
+  return t == DType::bf16 ? cpu_adam::spec::fp32_to_bf16(x) : cpu_adam::spec::fp32_to_fp16(x);
+}
+
+[[noreturn]] void unsized(const OpArgSite& at, DType t) {
+  throw Error(std::string("CPU twin op ") + at.op + ": argument '" + std::string(at.arg()) + "' is an unsized " +
+                  std::string(to_string(t)) + " view, so it cannot be widened to fp32",
+              "pass the view with its element count (TensorView(p, dtype, n))");
+}
+
+// One op's arguments as the fp32 reference takes them: 16-bit views widened into scratch, fp32
+// views as they are; finish() rounds each written 16-bit view back, once.
+class Staging {
+ public:
+  float* arg(const TensorView& v, const OpArgSite& at) {
+    if (v.empty()) return nullptr;
+    if (v.dtype() == DType::fp32) return static_cast<float*>(v.data());
+    float* f = widen(v.data(), v.dtype(), v.numel(), at);
+    written_.emplace_back(v, f);
+    return f;
+  }
+  const float* arg(const ConstTensorView& v, const OpArgSite& at) {
+    if (v.empty()) return nullptr;
+    if (v.dtype() == DType::fp32) return static_cast<const float*>(v.data());
+    return widen(v.data(), v.dtype(), v.numel(), at);
+  }
+  template <class T>
+  T arg(T x, const OpArgSite&) {  // sizes, flags, scales, token ids
+    return x;
+  }
+  void finish() {
+    for (const auto& [v, f] : written_) {
+      auto* h = static_cast<std::uint16_t*>(v.data());
+      for (std::size_t i = 0; i < v.numel(); ++i) h[i] = narrow_one(f[i], v.dtype());
+    }
+  }
+
+ private:
+  float* widen(const void* data, DType t, std::size_t n, const OpArgSite& at) {
+    if (n == kUnsized) unsized(at, t);
+    scratch_.emplace_back(n);
+    float* f = scratch_.back().data();
+    const auto* h = static_cast<const std::uint16_t*>(data);
+    for (std::size_t i = 0; i < n; ++i) f[i] = widen_one(h[i], t);
+    return f;
+  }
+  std::vector<std::vector<float>> scratch_;
+  std::vector<std::pair<TensorView, float*>> written_;
+};
+
+template <class F, class... A, std::size_t... I>
+void staged_at(const char* op, const char* names, F&& f, std::index_sequence<I...>, const A&... a) {
+  Staging st;
+  f(st.arg(a, OpArgSite{"CPU twin", op, names, I})...);
+  st.finish();
+}
+// Runs f (the fp32 reference) on op's arguments, staged as the twin stores them.
+template <class F, class... A>
+void staged(const char* op, const char* names, F&& f, const A&... a) {
+  staged_at(op, names, std::forward<F>(f), std::index_sequence_for<A...>{}, a...);
+}
+
+// The attention the twin computes: the fast kernels keep each row's log-sum-exp [B,H,T] as the
+// attention state, walk the keys in tiles with an online softmax and round the P and dS tiles to S
+// before their products; cpu/ops_attention_tiled.h mirrors them, and the twin calls it with the
+// CUDA kernels' tiling. Their backward recomputes the forward's output (rounded to S, as the
+// forward stores it) and keeps the lse the forward stored; so does the twin. A build without the
+// tiled reference runs the plain reference here and keeps the [B,H,T,T] probabilities
+// (attention_state_elems says which); the build defines ZINF_TILED_ATTENTION when it has the tiled one.
+#ifdef ZINF_TILED_ATTENTION
+constexpr bool kTiledAttention = true;
+
+void round_through(float* x, std::size_t n, DType S) {  // x as an S buffer would hold it
+  if (S == DType::fp32) return;
+  for (std::size_t i = 0; i < n; ++i) x[i] = widen_one(narrow_one(x[i], S), S);
+}
+
+void tiled_forward(ops::ChunkPool& p, float* out, float* lse, const float* q, const float* k, const float* v,
+                   const ops::AttnShapeCpu& a, DType S) {
+  ops::tiled_attention_forward(p, out, lse, q, k, v, a, ops::cuda_tiling(a.D, S));
+}
+void tiled_backward(ops::ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                    const float* k, const float* v, const float* lse, const ops::AttnShapeCpu& a, DType S) {
+  const std::size_t rows = static_cast<std::size_t>(a.B) * static_cast<std::size_t>(a.T);
+  std::vector<float> out(rows * static_cast<std::size_t>(a.o_stride));
+  std::vector<float> lse_again(rows * static_cast<std::size_t>(a.H));
+  tiled_forward(p, out.data(), lse_again.data(), q, k, v, a, S);
+  round_through(out.data(), out.size(), S);
+  ops::tiled_attention_backward(p, dq, dk, dv, dout, q, k, v, out.data(), lse, a, ops::cuda_tiling(a.D, S));
+}
+ops::AttnShapeCpu packed_shape(int B, int T, int C, int H) {  // GPT's qkv [B,T,3C]
+  const long c3 = 3L * C;
+  return ops::AttnShapeCpu{B, T, H, H, C / H, c3, c3, c3, static_cast<long>(C)};
+}
+ops::AttnShapeCpu gqa_shape(int B, int T, int H, int KV, int D) {  // Llama's q [R,H·D], k and v [R,KV·D]
+  const long kvd = static_cast<long>(KV) * D;
+  return ops::AttnShapeCpu{B, T, H, KV, D, static_cast<long>(H) * D, kvd, kvd, static_cast<long>(H) * D};
+}
+
+void twin_attention_forward(ops::ChunkPool& p, DType S, float* out, float* att, const float* qkv, int B, int T, int C,
+                            int H) {
+  tiled_forward(p, out, att, qkv, qkv + C, qkv + 2L * C, packed_shape(B, T, C, H), S);
+}
+void twin_attention_backward(ops::ChunkPool& p, DType S, float* dqkv, const float* dout, const float* qkv,
+                             const float* att, int B, int T, int C, int H) {
+  tiled_backward(p, dqkv, dqkv + C, dqkv + 2L * C, dout, qkv, qkv + C, qkv + 2L * C, att, packed_shape(B, T, C, H), S);
+}
+void twin_gqa_attention_forward(ops::ChunkPool& p, DType S, float* out, float* att, const float* q, const float* k,
+                                const float* v, int B, int T, int H, int KV, int D) {
+  tiled_forward(p, out, att, q, k, v, gqa_shape(B, T, H, KV, D), S);
+}
+void twin_gqa_attention_backward(ops::ChunkPool& p, DType S, float* dq, float* dk, float* dv, const float* dout,
+                                 const float* q, const float* k, const float* v, const float* att, int B, int T, int H,
+                                 int KV, int D) {
+  tiled_backward(p, dq, dk, dv, dout, q, k, v, att, gqa_shape(B, T, H, KV, D), S);
+}
+#else
+constexpr bool kTiledAttention = false;
+
+void twin_attention_forward(ops::ChunkPool& p, DType, float* out, float* att, const float* qkv, int B, int T, int C,
+                            int H) {
+  ops::attention_forward(p, out, att, qkv, B, T, C, H);
+}
+void twin_attention_backward(ops::ChunkPool& p, DType, float* dqkv, const float* dout, const float* qkv,
+                             const float* att, int B, int T, int C, int H) {
+  ops::attention_backward(p, dqkv, dout, qkv, att, B, T, C, H);
+}
+void twin_gqa_attention_forward(ops::ChunkPool& p, DType, float* out, float* att, const float* q, const float* k,
+                                const float* v, int B, int T, int H, int KV, int D) {
+  ops::gqa_attention_forward(p, out, att, q, k, v, B, T, H, KV, D);
+}
+void twin_gqa_attention_backward(ops::ChunkPool& p, DType, float* dq, float* dk, float* dv, const float* dout,
+                                 const float* q, const float* k, const float* v, const float* att, int B, int T, int H,
+                                 int KV, int D) {
+  ops::gqa_attention_backward(p, dq, dk, dv, dout, q, k, v, att, B, T, H, KV, D);
+}
+#endif
+
+// Every op of the list through the staging, on the fp32 reference.
+class TwinOpsBase : public OpsBackend {
+ public:
+  TwinOpsBase(DType storage, int threads) : storage_(storage), pool_(threads) {}
+
+#define ZINF_TWIN_OP(name, info, params, args)                                              \
+  void name params override {                                                               \
+    staged(                                                                                 \
+        #name, #args, [this](auto... a) { ops::name(pool_, a...); }, ZINF_OP_UNPAREN args); \
+  }
+  ZINF_OPS(ZINF_TWIN_OP)
+#undef ZINF_TWIN_OP
+  bool has_llama_ops() const override { return true; }
+  DType storage_dtype() const override { return storage_; }
+
+ protected:
+  DType storage_;
+  ops::ChunkPool pool_;
+};
+
+// The twin: the attention ops through the twin's attention above.
+class TwinOps final : public TwinOpsBase {
+ public:
+  using TwinOpsBase::TwinOpsBase;
+
+  void attention_forward(TensorView out, TensorView att, ConstTensorView qkv, int B, int T, int C, int H) override {
+    staged(
+        "attention_forward", "(out, att, qkv, B, T, C, H)",
+        [this](auto... a) { twin_attention_forward(pool_, storage_, a...); }, out, att, qkv, B, T, C, H);
+  }
+  void attention_backward(TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att, int B, int T,
+                          int C, int H) override {
+    staged(
+        "attention_backward", "(dqkv, dout, qkv, att, B, T, C, H)",
+        [this](auto... a) { twin_attention_backward(pool_, storage_, a...); }, dqkv, dout, qkv, att, B, T, C, H);
+  }
+  void gqa_attention_forward(TensorView out, TensorView att, ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                             int B, int T, int H, int KV, int D) override {
+    staged(
+        "gqa_attention_forward", "(out, att, q, k, v, B, T, H, KV, D)",
+        [this](auto... a) { twin_gqa_attention_forward(pool_, storage_, a...); }, out, att, q, k, v, B, T, H, KV, D);
+  }
+  void gqa_attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q,
+                              ConstTensorView k, ConstTensorView v, ConstTensorView att, int B, int T, int H, int KV,
+                              int D) override {
+    staged(
+        "gqa_attention_backward", "(dq, dk, dv, dout, q, k, v, att, B, T, H, KV, D)",
+        [this](auto... a) { twin_gqa_attention_backward(pool_, storage_, a...); }, dq, dk, dv, dout, q, k, v, att, B, T,
+        H, KV, D);
+  }
+  std::size_t attention_state_elems(int B, int H, int T) const override {
+    const std::size_t rows = static_cast<std::size_t>(B) * static_cast<std::size_t>(H) * static_cast<std::size_t>(T);
+    return kTiledAttention ? rows : rows * static_cast<std::size_t>(T);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<OpsBackend> make_twin_ops(Precision precision, int threads) {
+  return std::make_unique<TwinOps>(dtype_of(precision), threads);
+}
+
+}  // namespace zinf::cpu

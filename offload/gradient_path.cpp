@@ -197,7 +197,8 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
   if (state_.parallel())
     for (std::size_t o = 0; o < u.n; o += state_.bucket)
       reduce_bucket(u, o, std::min(state_.bucket, u.n - o), grad + o, true);
-  if (fp32_sum()) {
+  // A small unit's shard may be empty on this rank (ZeRO stage ≥ 2): nothing of it to keep.
+  if (fp32_sum() && u.grad_range.len()) {
     BusyScope busy(state_.dev, r);
     const float* kept = grad + u.grad_range.lo;
     if (mb == 0)
@@ -279,7 +280,16 @@ std::vector<std::vector<double>> GradientPath::block_sums() {
     auto [g, type] = update_input(u);
     in.push_back({g, type, u.grad_range.len()});
   }
-  if (!state_.optimizer_offloaded) return state_.kern->block_sums(in, StreamRole::d2h);  // one wait for every unit
+  if (!state_.optimizer_offloaded) {  // one wait for every unit; a rank's empty shards have no blocks
+    std::vector<EngineKernels::NormInput> kept;
+    for (const auto& x : in)
+      if (x.n) kept.push_back(x);
+    auto sums = state_.kern->block_sums(kept, StreamRole::d2h);
+    std::vector<std::vector<double>> out(in.size());
+    for (std::size_t i = 0, k = 0; i < in.size(); ++i)
+      if (in[i].n) out[i] = std::move(sums[k++]);
+    return out;
+  }
   std::vector<std::vector<double>> out;
   for (const auto& x : in) out.push_back(cpu_adam::sum_squares_parts(state_.threads, x.g, x.t, x.n));
   return out;

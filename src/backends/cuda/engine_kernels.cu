@@ -70,19 +70,27 @@ __global__ void adam_kernel(cpu_adam::AdamStep st, cpu_adam::UpdateChunk c) {
 class CudaEngineKernels final : public offload::EngineKernels {
  public:
   explicit CudaEngineKernels(Device& d) : dev_(d) {}
-  void zero(void* p, std::size_t bytes, StreamRole s) override { ZINF_CUDA(cudaMemsetAsync(p, 0, bytes, st(s))); }
+  // n = 0 (bytes = 0) is a no-op (engine_kernels.h): a launch of zero blocks is an invalid
+  // configuration, so every launcher returns before it.
+  void zero(void* p, std::size_t bytes, StreamRole s) override {
+    if (bytes) ZINF_CUDA(cudaMemsetAsync(p, 0, bytes, st(s)));
+  }
   void to_half(const float* src, void* dst, std::size_t n, HalfType t, StreamRole s) override {
+    if (!n) return;
     to_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(src, static_cast<std::uint16_t*>(dst), n, t);
     ZINF_CUDA_LAUNCH_CHECK("to_half");
   }
   void from_half(const void* src, float* dst, std::size_t n, HalfType t, StreamRole s) override {
+    if (!n) return;
     from_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(static_cast<const std::uint16_t*>(src), dst, n, t);
     ZINF_CUDA_LAUNCH_CHECK("from_half");
   }
   void copy(void* dst, const void* src, std::size_t bytes, StreamRole s) override {
+    if (!bytes) return;
     ZINF_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st(s)));
   }
   void add(float* acc, const float* x, std::size_t n, StreamRole s) override {
+    if (!n) return;
     add_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(acc, x, n);
     ZINF_CUDA_LAUNCH_CHECK("add");
   }
@@ -110,6 +118,7 @@ class CudaEngineKernels final : public offload::EngineKernels {
     return out;
   }
   void adam_update(const cpu_adam::AdamStep& s, const cpu_adam::UpdateChunk& c, StreamRole r) override {
+    if (!c.n) return;
     adam_kernel<<<ops::blocks_for(c.n, 256), 256, 0, st(r)>>>(s, c);
     ZINF_CUDA_LAUNCH_CHECK("adam_update");
   }

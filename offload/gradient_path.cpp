@@ -4,7 +4,7 @@
 namespace zinf::offload::detail {
 
 GradientPath::GradientPath(EngineState& s) : state_(s), jitter_(s.dev.jitter(), 11) {
-  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); });
+  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); }, [this] { state_.dev.bind_thread(); });
 }
 
 void GradientPath::add(Unit& u, const std::string& name) {

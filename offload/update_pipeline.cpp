@@ -11,7 +11,7 @@ UpdatePipeline::UpdatePipeline(EngineState& s, OptimizerStates& states, ParamHom
       offloaded_(offloaded),
       grads_(grads),
       jitter_(s.dev.jitter(), 12) {
-  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); });
+  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); }, [this] { state_.dev.bind_thread(); });
 }
 
 UpdatePipeline::~UpdatePipeline() {

@@ -81,6 +81,7 @@ class CudaDevice final : public Device {
     ZINF_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
   }
   void unregister_host(void* p) override { cudaHostUnregister(p); }
+  void bind_thread() override { ZINF_CUDA(cudaSetDevice(index_)); }
   void* native_stream(StreamRole s) override { return stream(s); }
   EventHandle record(StreamRole s) override { return std::make_shared<CudaEvent>(stream(s)); }
   EventHandle record_timed(StreamRole s) override { return std::make_shared<CudaEvent>(stream(s), true); }

@@ -78,7 +78,9 @@ class CudaDevice final : public Device {
     ZINF_CUDA(cudaLaunchHostFunc(stream(s), &CudaDevice::run_job, job));
   }
   void register_host(void* p, std::size_t bytes) override {
-    ZINF_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+    // Mapped: the device's own Update writes parameter homes in pinned memory through the device
+    // address (cudaHostGetDevicePointer); portable: any GPU of the process may copy from it.
+    ZINF_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
   }
   void unregister_host(void* p) override { cudaHostUnregister(p); }
   void bind_thread() override { ZINF_CUDA(cudaSetDevice(index_)); }

@@ -85,9 +85,12 @@ class CudaEngineKernels final : public offload::EngineKernels {
     from_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(static_cast<const std::uint16_t*>(src), dst, n, t);
     ZINF_CUDA_LAUNCH_CHECK("from_half");
   }
+  // Device memory, or the pinned pool (the fp32 compute copy of a parameter home in host memory,
+  // written by the device's Update): cudaMemcpyDefault lets the runtime tell which by the unified
+  // address, where a fixed DeviceToDevice kind would be undefined for a host pointer.
   void copy(void* dst, const void* src, std::size_t bytes, StreamRole s) override {
     if (!bytes) return;
-    ZINF_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st(s)));
+    ZINF_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st(s)));
   }
   void add(float* acc, const float* x, std::size_t n, StreamRole s) override {
     if (!n) return;
@@ -119,12 +122,28 @@ class CudaEngineKernels final : public offload::EngineKernels {
   }
   void adam_update(const cpu_adam::AdamStep& s, const cpu_adam::UpdateChunk& c, StreamRole r) override {
     if (!c.n) return;
-    adam_kernel<<<ops::blocks_for(c.n, 256), 256, 0, st(r)>>>(s, c);
+    cpu_adam::UpdateChunk k = c;
+    // The new 16-bit compute copy may go to a parameter home in pinned host memory (parameters
+    // offloaded, optimizer on the device): the kernel writes it through the page-locked memory's
+    // device address, never through the host pointer.
+    if (k.param16) k.param16 = device_address(k.param16, "the Update's 16-bit parameter output");
+    adam_kernel<<<ops::blocks_for(k.n, 256), 256, 0, st(r)>>>(s, k);
     ZINF_CUDA_LAUNCH_CHECK("adam_update");
   }
 
  private:
   cudaStream_t st(StreamRole s) const { return static_cast<cudaStream_t>(dev_.native_stream(s)); }
+  // The address a kernel may use for `p`: itself for device memory; the mapped device address of
+  // registered (page-locked) host memory; an error for host memory the device cannot reach.
+  static void* device_address(void* p, const char* what) {
+    cudaPointerAttributes a{};
+    ZINF_CUDA(cudaPointerGetAttributes(&a, p));
+    if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return p;
+    if (a.type == cudaMemoryTypeHost && a.devicePointer) return a.devicePointer;
+    throw Error(std::string("CUDA engine kernels: ") + what + " is host memory that is not registered with the device",
+                "a kernel can only write page-locked memory registered with cudaHostRegister (the engine's pinned "
+                "pool); this is a bug in the engine, please report it");
+  }
   Device& dev_;
   DeviceBuffer partial_;
   std::vector<double> host_;

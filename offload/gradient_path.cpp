@@ -223,13 +223,20 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
   const std::size_t L = landing_.size(), nb = (u.n + state_.bucket - 1) / state_.bucket, cb = state_.compute_bytes;
   std::vector<EventHandle> landed(L);
   std::size_t enqueued = 0;
-  auto grad_out = [&](std::size_t kb) {  // GradOut: the 16-bit gradient leaves the device
+  auto grad_out = [&](std::size_t kb) {  // GradOut: the gradient leaves the device (16 bits in mixed runs)
     const std::size_t o = kb * state_.bucket, len = std::min(state_.bucket, u.n - o);
     {
       BusyScope busy(state_.dev, r);
-      state_.device_to_compute(grad + o, gradout_stage_.as<void>(), len, r);
-      state_.dev.copy_to_host(landing_[kb % L].data(), gradout_stage_.as<void>(), len * cb, r);
+      if (state_.mixed) {  // rounded into the staging buffer (d2h writes, d2h reads: stream order)
+        state_.kern->to_half(grad + o, gradout_stage_.as<void>(), len, state_.half, r);
+        state_.dev.copy_to_host(landing_[kb % L].data(), gradout_stage_.as<void>(), len * cb, r);
+      } else {  // fp32: straight from the gradient buffer, no device copy first
+        state_.dev.copy_to_host(landing_[kb % L].data(), grad + o, len * cb, r);
+      }
     }
+    // landing buffer kb % L: written by d2h, read by this (the Reduce) thread — handed over by this
+    // event, which the host waits for below. It also says d2h has read the bucket of the gradient
+    // buffer; the buffer itself is handed back to compute by release() after the d2h sync at the end.
     landed[kb % L] = state_.dev.record(r);
   };
   for (std::size_t kb = 0; kb < nb; ++kb) {

@@ -17,10 +17,15 @@
 namespace zinf {
 namespace {
 
+// An event the host may wait on. Untimed events (every handoff) block the waiting thread in the
+// driver (cudaEventBlockingSync) instead of spinning on a core: the host threads that wait beside
+// cpu_adam's Update (the Reduce worker on a landing buffer, the trainer on a batch slot) would
+// otherwise take a core from it. Timed events (profiling) keep the default.
 class CudaEvent final : public DeviceEvent {
  public:
   explicit CudaEvent(cudaStream_t s, bool timed = false) {
-    ZINF_CUDA(cudaEventCreateWithFlags(&ev_, timed ? cudaEventDefault : cudaEventDisableTiming));
+    ZINF_CUDA(
+        cudaEventCreateWithFlags(&ev_, timed ? cudaEventDefault : cudaEventBlockingSync | cudaEventDisableTiming));
     ZINF_CUDA(cudaEventRecord(ev_, s));
   }
   ~CudaEvent() override { cudaEventDestroy(ev_); }

@@ -4,6 +4,7 @@
 // GPU, a copy from memory that is not page-locked) is checked here instead.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -86,6 +87,7 @@ class ForwardingDevice : public Device {
   double elapsed_seconds(const EventHandle& a, const EventHandle& b) override { return in_->elapsed_seconds(a, b); }
   void synchronize(StreamRole s) override {
     seen("synchronize");
+    syncs_[static_cast<int>(s)]++;
     in_->synchronize(s);
   }
   void synchronize() override {
@@ -109,6 +111,8 @@ class ForwardingDevice : public Device {
     std::lock_guard<std::mutex> lk(mu_);
     return unregistered_;
   }
+  // synchronize(s) calls so far (the whole-device synchronize() not counted).
+  int syncs(StreamRole s) const { return syncs_[static_cast<int>(s)].load(); }
   // Threads that called bind_thread().
   std::size_t bound_threads() const {
     std::lock_guard<std::mutex> lk(mu_);
@@ -138,6 +142,7 @@ class ForwardingDevice : public Device {
   std::set<std::thread::id> bound_;
   std::map<const char*, std::size_t> registered_;
   std::map<std::string, int> unbound_, unregistered_;
+  std::atomic<int> syncs_[kStreamRoles] = {};
 };
 
 }  // namespace zinf::test

@@ -1,7 +1,8 @@
-// engine_threads_test.cpp — every engine worker thread binds itself to the device (Device::bind_thread)
-// before its first device call. On a node with several GPUs the CUDA runtime's current device is per
-// thread: a worker that never selects its rank's GPU enqueues on GPU 0. The forwarding device counts
-// the calls made by threads that have not bound.
+// engine_threads_test.cpp — how the engine's threads use the device, seen through a forwarding device:
+// every engine worker thread binds itself to the device (Device::bind_thread) before its first device
+// call — on a node with several GPUs the CUDA runtime's current device is per thread, and a worker
+// that never selects its rank's GPU enqueues on GPU 0 —; and the device's own Update does not wait
+// for the device after every sub-group.
 #include <gtest/gtest.h>
 
 #include "common/forwarding_device.h"
@@ -30,6 +31,28 @@ TEST(OffloadEngineThreads, EveryWorkerBindsBeforeItsFirstDeviceCall) {
         EXPECT_TRUE(dev.unbound_calls().empty()) << listed(dev.unbound_calls());
         EXPECT_GE(dev.bound_threads(), 2u);  // the Reduce and the Update workers
       }
+}
+
+// With the optimizer states on the device, the Update is d2h stream work: splitting the units into
+// eight times as many sub-groups must not add a single host wait for the stream (the units land on
+// events), and gives the same masters.
+TEST(OffloadEngineThreads, TheDevicesUpdateDoesNotWaitForEverySubGroup) {
+  Dir dir("zinf-engine-threads-test");
+  for (OffloadDevice param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+    for (Precision prec : {Precision::fp32, Precision::bf16}) {
+      SCOPED_TRACE(std::string("param ") + std::string(to_string(param)) + " " + std::string(to_string(prec)));
+      int syncs[2] = {};
+      std::vector<std::vector<float>> masters[2];
+      for (int i = 0; i < 2; ++i) {
+        EngineConfig c = config(OffloadDevice::none, param, prec, 1, Overlap::exact, dir.p);
+        c.sub_group_size = i == 0 ? 8192 : 1024;
+        zinf::test::ForwardingDevice dev(make_cpu_device(64 << 20));
+        masters[i] = run_on(dev, c, 2);
+        syncs[i] = dev.syncs(StreamRole::d2h);
+      }
+      EXPECT_EQ(syncs[1], syncs[0]) << "host waits for d2h with 8× the sub-groups";
+      EXPECT_EQ(masters[1], masters[0]);
+    }
 }
 
 }  // namespace

@@ -1,14 +1,15 @@
-// checked_kernels.h — EngineKernels that forward to the CPU device's kernels and fail the running test
-// on every call with nothing to do (n = 0, bytes = 0, a norm input of 0 elements). A GPU refuses a
-// launch of zero blocks, so the engine must skip empty work itself (the empty shards of small units
-// under ZeRO stage ≥ 2, a rank's empty part of a bucket): on the CPU device such a call would pass
-// unnoticed.
+// checked_kernels.h — EngineKernels that forward to the CPU device's kernels, count the calls by name,
+// and fail the running test on every call with nothing to do (n = 0, bytes = 0, a norm input of 0 elements). A GPU
+// refuses a launch of zero blocks, so the engine must skip empty work itself (the empty shards of small units under
+// ZeRO stage ≥ 2, a rank's empty part of a bucket): on the CPU device such a call would pass unnoticed.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,10 +18,20 @@
 
 namespace zinf::offload::test {
 
+struct KernelCalls {
+  std::mutex mu;
+  std::map<std::string, int> by_name;  // under mu
+  int of(const std::string& what) {
+    std::lock_guard<std::mutex> lk(mu);
+    return by_name[what];
+  }
+};
+
 class NonEmptyKernels final : public EngineKernels {
  public:
-  NonEmptyKernels(std::unique_ptr<EngineKernels> inner, std::shared_ptr<std::atomic<int>> empty_calls)
-      : in_(std::move(inner)), empty_(std::move(empty_calls)) {}
+  NonEmptyKernels(std::unique_ptr<EngineKernels> inner, std::shared_ptr<std::atomic<int>> empty_calls,
+                  std::shared_ptr<KernelCalls> calls = nullptr)
+      : in_(std::move(inner)), empty_(std::move(empty_calls)), calls_(std::move(calls)) {}
   void zero(void* p, std::size_t bytes, StreamRole s) override {
     check(bytes, "zero");
     in_->zero(p, bytes, s);
@@ -52,18 +63,25 @@ class NonEmptyKernels final : public EngineKernels {
 
  private:
   void check(std::size_t n, const char* what) {
+    if (calls_) {
+      std::lock_guard<std::mutex> lk(calls_->mu);
+      ++calls_->by_name[what];
+    }
     if (n) return;
     // The first few by name; the count tells the rest.
     if (empty_->fetch_add(1) < 5) ADD_FAILURE() << "EngineKernels::" << what << " called with nothing to do";
   }
   std::unique_ptr<EngineKernels> in_;
   std::shared_ptr<std::atomic<int>> empty_;
+  std::shared_ptr<KernelCalls> calls_;
 };
 
 // EngineConfig::kernels that wraps the CPU device's kernels; `empty_calls` counts the empty calls.
-inline auto non_empty_kernels(std::shared_ptr<std::atomic<int>> empty_calls) {
-  return [empty_calls](Device& d, cpu_adam::HostThreads& t) -> std::unique_ptr<EngineKernels> {
-    return std::make_unique<NonEmptyKernels>(make_cpu_engine_kernels(d, t), empty_calls);
+// `calls` (optional) counts every call by name.
+inline auto non_empty_kernels(std::shared_ptr<std::atomic<int>> empty_calls,
+                              std::shared_ptr<KernelCalls> calls = nullptr) {
+  return [empty_calls, calls](Device& d, cpu_adam::HostThreads& t) -> std::unique_ptr<EngineKernels> {
+    return std::make_unique<NonEmptyKernels>(make_cpu_engine_kernels(d, t), empty_calls, calls);
   };
 }
 

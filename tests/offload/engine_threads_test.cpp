@@ -1,10 +1,11 @@
 // engine_threads_test.cpp — how the engine's threads use the device, seen through a forwarding device:
 // every engine worker thread binds itself to the device (Device::bind_thread) before its first device
 // call — on a node with several GPUs the CUDA runtime's current device is per thread, and a worker
-// that never selects its rank's GPU enqueues on GPU 0 —; and the device's own Update does not wait
-// for the device after every sub-group.
+// that never selects its rank's GPU enqueues on GPU 0 —; the device's own Update does not wait for the
+// device after every sub-group; and fp32 gradients leave the device without a device copy first.
 #include <gtest/gtest.h>
 
+#include "checked_kernels.h"
 #include "common/forwarding_device.h"
 #include "engine_harness.h"
 
@@ -52,6 +53,28 @@ TEST(OffloadEngineThreads, TheDevicesUpdateDoesNotWaitForEverySubGroup) {
       }
       EXPECT_EQ(syncs[1], syncs[0]) << "host waits for d2h with 8× the sub-groups";
       EXPECT_EQ(masters[1], masters[0]);
+    }
+}
+
+// The optimizer off the device in an fp32 run: GradOut copies each bucket from the gradient buffer
+// straight to its pinned landing buffer — no device-to-device copy into a staging buffer on the way
+// (a 16-bit run rounds into the staging buffer instead, one to_half per bucket).
+TEST(OffloadEngineThreads, Fp32GradientsLeaveTheDeviceWithoutADeviceCopy) {
+  Dir dir("zinf-engine-threads-test");
+  for (OffloadDevice opt : {OffloadDevice::cpu, OffloadDevice::nvme})
+    for (bool async : {false, true}) {
+      SCOPED_TRACE(std::string("optimizer ") + std::string(to_string(opt)) + (async ? " async" : ""));
+      auto empty = std::make_shared<std::atomic<int>>(0);
+      auto calls = std::make_shared<KernelCalls>();
+      EngineConfig c = config(opt, OffloadDevice::none, Precision::fp32, 2, Overlap::exact, dir.p);
+      const auto ref = run(c, 2);
+      c.kernels = non_empty_kernels(empty, calls);
+      CpuDeviceOptions o;
+      o.async = async;
+      o.jitter = async ? JitterSpec{9, 100} : JitterSpec{};
+      EXPECT_EQ(run(c, 2, nullptr, 64 << 20, o), ref);
+      EXPECT_EQ(calls->of("copy"), 0);
+      EXPECT_EQ(empty->load(), 0);
     }
 }
 

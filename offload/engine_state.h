@@ -199,13 +199,6 @@ struct EngineState {
     dev.copy_to_host(dst, src, bytes, StreamRole::d2h);
     dev.synchronize(StreamRole::d2h);
   }
-  // The compute copy of a device fp32 range, on the device, in stream order.
-  void device_to_compute(const float* s, void* d, std::size_t n, StreamRole r) {
-    if (mixed)
-      kern->to_half(s, d, n, half, r);
-    else
-      kern->copy(d, s, n * 4, r);
-  }
   // Host conversions on the host threads (chunked, so the result does not depend on the count).
   void to_half(const float* s, void* d, std::size_t n) {
     cpu_adam::to_half(threads, s, static_cast<std::uint16_t*>(d), n, half);

@@ -4,7 +4,7 @@
 namespace zinf::offload::detail {
 
 GradientPath::GradientPath(EngineState& s) : state_(s), jitter_(s.dev.jitter(), 11) {
-  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); });
+  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); }, [this] { state_.dev.bind_thread(); });
 }
 
 void GradientPath::add(Unit& u, const std::string& name) {
@@ -197,7 +197,8 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
   if (state_.parallel())
     for (std::size_t o = 0; o < u.n; o += state_.bucket)
       reduce_bucket(u, o, std::min(state_.bucket, u.n - o), grad + o, true);
-  if (fp32_sum()) {
+  // A small unit's shard may be empty on this rank (ZeRO stage ≥ 2): nothing of it to keep.
+  if (fp32_sum() && u.grad_range.len()) {
     BusyScope busy(state_.dev, r);
     const float* kept = grad + u.grad_range.lo;
     if (mb == 0)
@@ -222,13 +223,20 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
   const std::size_t L = landing_.size(), nb = (u.n + state_.bucket - 1) / state_.bucket, cb = state_.compute_bytes;
   std::vector<EventHandle> landed(L);
   std::size_t enqueued = 0;
-  auto grad_out = [&](std::size_t kb) {  // GradOut: the 16-bit gradient leaves the device
+  auto grad_out = [&](std::size_t kb) {  // GradOut: the gradient leaves the device (16 bits in mixed runs)
     const std::size_t o = kb * state_.bucket, len = std::min(state_.bucket, u.n - o);
     {
       BusyScope busy(state_.dev, r);
-      state_.device_to_compute(grad + o, gradout_stage_.as<void>(), len, r);
-      state_.dev.copy_to_host(landing_[kb % L].data(), gradout_stage_.as<void>(), len * cb, r);
+      if (state_.mixed) {  // rounded into the staging buffer (d2h writes, d2h reads: stream order)
+        state_.kern->to_half(grad + o, gradout_stage_.as<void>(), len, state_.half, r);
+        state_.dev.copy_to_host(landing_[kb % L].data(), gradout_stage_.as<void>(), len * cb, r);
+      } else {  // fp32: straight from the gradient buffer, no device copy first
+        state_.dev.copy_to_host(landing_[kb % L].data(), grad + o, len * cb, r);
+      }
     }
+    // landing buffer kb % L: written by d2h, read by this (the Reduce) thread — handed over by this
+    // event, which the host waits for below. It also says d2h has read the bucket of the gradient
+    // buffer; the buffer itself is handed back to compute by release() after the d2h sync at the end.
     landed[kb % L] = state_.dev.record(r);
   };
   for (std::size_t kb = 0; kb < nb; ++kb) {
@@ -279,7 +287,16 @@ std::vector<std::vector<double>> GradientPath::block_sums() {
     auto [g, type] = update_input(u);
     in.push_back({g, type, u.grad_range.len()});
   }
-  if (!state_.optimizer_offloaded) return state_.kern->block_sums(in, StreamRole::d2h);  // one wait for every unit
+  if (!state_.optimizer_offloaded) {  // one wait for every unit; a rank's empty shards have no blocks
+    std::vector<EngineKernels::NormInput> kept;
+    for (const auto& x : in)
+      if (x.n) kept.push_back(x);
+    auto sums = state_.kern->block_sums(kept, StreamRole::d2h);
+    std::vector<std::vector<double>> out(in.size());
+    for (std::size_t i = 0, k = 0; i < in.size(); ++i)
+      if (in[i].n) out[i] = std::move(sums[k++]);
+    return out;
+  }
   std::vector<std::vector<double>> out;
   for (const auto& x : in) out.push_back(cpu_adam::sum_squares_parts(state_.threads, x.g, x.t, x.n));
   return out;

@@ -42,8 +42,10 @@ class DeviceStates final : public OptimizerStates {
       u.dev_master = DeviceBuffer(state_.dev, b->bytes, name + " master");
     u.dev_m = DeviceBuffer(state_.dev, state_.spec(Buffer::adam_m, u.index, Tier::device).bytes, name + " adam.m");
     u.dev_v = DeviceBuffer(state_.dev, state_.spec(Buffer::adam_v, u.index, Tier::device).bytes, name + " adam.v");
-    state_.kern->zero(u.dev_m.as<void>(), n * 4, StreamRole::h2d);
-    state_.kern->zero(u.dev_v.as<void>(), n * 4, StreamRole::h2d);
+    if (n) {  // a small unit's shard may be empty on this rank
+      state_.kern->zero(u.dev_m.as<void>(), n * 4, StreamRole::h2d);
+      state_.kern->zero(u.dev_v.as<void>(), n * 4, StreamRole::h2d);
+    }
     if (u.dev_master.size()) state_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo, n * 4);
     state_.dev.synchronize(StreamRole::h2d);
   }

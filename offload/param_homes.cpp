@@ -47,8 +47,8 @@ class DeviceHome final : public ParamHome {
     if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
     return up_.buffer[k].data();
   }
-  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
-    if (!state_.optimizer_offloaded) return;
+  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot, const EventHandle&) override {
+    if (!state_.optimizer_offloaded) return;  // the device's Update wrote the home in place
     auto k = static_cast<std::size_t>(slot);
     char* dst = static_cast<char*>(u.param.as<void>()) +
                 (o - u.param_range.lo) * state_.compute_bytes;  // Upload: pinned → device
@@ -126,7 +126,8 @@ class PinnedHome final : public ParamHome {
     if (u.fetched) u.fetched->wait();  // no Fetch may still be reading the home we overwrite
     return static_cast<char*>(u.pinned_home.data()) + (o - u.param_range.lo) * state_.compute_bytes;
   }
-  void land_chunk(Unit&, std::size_t, std::size_t, int) override {}  // written in place
+  // Written in place; the device's Update, if it wrote it, is waited for before the unit lands.
+  void land_chunk(Unit&, std::size_t, std::size_t, int, const EventHandle&) override {}
   void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
     const void* src = u.pinned_home.data();
     if (state_.shard_params) {  // every rank's shard into the staging buffer first
@@ -163,7 +164,9 @@ class NvmeHome final : public ParamHome {
     if (up_.copied[k]) up_.copied[k]->wait();
     return up_.buffer[k].data();
   }
-  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) override {
+  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot, const EventHandle& written) override {
+    // upload slot: written by the device's Update (d2h), read by the host's write to disk below.
+    if (written) written->wait();
     // The slot is reused next: wait for the write (the swapper's sub-group reads keep the disk busy).
     const auto k = static_cast<std::size_t>(slot);
     store_

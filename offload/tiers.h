@@ -53,8 +53,11 @@ class ParamHome {
   virtual void rebuild(Unit& u, const float* master) = 0;
   // The Update writes the new compute copy of [o, o+len) to update_target(), then land_chunk()
   // moves it home (Upload); land_unit() runs once u's last chunk is home, before u lands.
+  // `written`: the device's own Update is d2h stream work, and this event (recorded on d2h after the
+  // chunk) says the target is written; a home that reads the target on the host waits for it first.
+  // Null when the host's Update wrote it (done before land_chunk is called).
   virtual void* update_target(Unit& u, std::size_t o, int slot) = 0;
-  virtual void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot) = 0;
+  virtual void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot, const EventHandle& written) = 0;
   virtual void land_unit(Unit&) {}
   // Partitioned optimizer states at stage 3, or with a stream-ordered transport at any stage: a
   // resident unit's new compute copy is whole only once the trainer has gathered the other ranks'

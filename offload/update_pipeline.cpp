@@ -1,6 +1,9 @@
 // update_pipeline.cpp — the update pipeline: SwapIn, Update, Upload, SwapOut (update_pipeline.h).
 #include "update_pipeline.h"
 
+#include <deque>
+#include <utility>
+
 namespace zinf::offload::detail {
 
 UpdatePipeline::UpdatePipeline(EngineState& s, OptimizerStates& states, ParamHome& resident, ParamHome* offloaded,
@@ -11,7 +14,7 @@ UpdatePipeline::UpdatePipeline(EngineState& s, OptimizerStates& states, ParamHom
       offloaded_(offloaded),
       grads_(grads),
       jitter_(s.dev.jitter(), 12) {
-  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); });
+  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); }, [this] { state_.dev.bind_thread(); });
 }
 
 UpdatePipeline::~UpdatePipeline() {
@@ -70,6 +73,23 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
   auto land_through = [&](std::size_t ui) {
     while (next <= ui) land(next++);
   };
+  // The device's own Update is d2h stream work: its sub-groups are enqueued back to back, with no
+  // wait between them. What the Update writes on the device (the unit's master, m, v and compute
+  // copy, or its home in pinned memory) is read next by other streams and by other threads once the
+  // unit has landed (the gather and the fp32 working weights on h2d, the model on compute, a Fetch
+  // from the pinned home); so the unit's last sub-group records an event on d2h, and the unit
+  // lands — in order — only when the host has seen that event complete: polled between sub-groups,
+  // waited for at the end of the walk. Every sub-group records one (land_chunk: a home that reads
+  // the target on the host, as the NVMe home's write to disk, waits for it there).
+  const bool on_device = !state_.optimizer_offloaded;
+  std::deque<std::pair<std::size_t, EventHandle>> updated;  // units whose last sub-group is enqueued
+  auto land_updated = [&](bool wait) {
+    while (!updated.empty() && (wait || updated.front().second->done())) {
+      updated.front().second->wait();
+      land_through(updated.front().first);
+      updated.pop_front();
+    }
+  };
   states_.update_walk(d, [&](std::size_t ui, std::size_t o, std::size_t len, float* master, float* m, float* v,
                              const cpu_adam::AdamStep& st) {
     Unit& u = state_.units[ui];
@@ -79,9 +99,22 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
     const auto t0 = Clock::now();
     update_chunk(u, o, len, master, m, v, st, out);
     state_.add_time(&BusyTimes::host, since(t0));
-    home.land_chunk(u, o, len, slot);  // Upload
-    if (o + len == u.state_range.hi) land_through(ui);
+    // The device's Update: one event per sub-group, for a home that reads the target on the host.
+    EventHandle written = on_device ? state_.dev.record(StreamRole::d2h) : nullptr;
+    home.land_chunk(u, o, len, slot, written);  // Upload
+    const bool last = o + len == u.state_range.hi;
+    if (!on_device) {
+      if (last) land_through(ui);
+      return;
+    }
+    if (last) updated.emplace_back(ui, std::move(written));
+    land_updated(false);
   });
+  if (on_device) {
+    // An error of the stream's work surfaces here (events carry none), before the last units land.
+    state_.dev.synchronize(StreamRole::d2h);
+    land_updated(true);
+  }
   if (d.get() && !state_.units.empty()) land_through(state_.units.size() - 1);
 }
 
@@ -97,10 +130,9 @@ void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, float
   ch.v = v;
   ch.param16 = state_.mixed ? param_out : nullptr;
   ch.param16_type = state_.half;
-  if (!state_.optimizer_offloaded) {  // the states live on the device: the device's fused Update
+  if (!state_.optimizer_offloaded) {  // the states live on the device: the device's fused Update (run() waits)
     state_.kern->adam_update(st, ch, StreamRole::d2h);
     if (!state_.mixed && param_out != master) state_.kern->copy(param_out, master, len * 4, StreamRole::d2h);
-    state_.dev.synchronize(StreamRole::d2h);
     return;
   }
   cpu_adam::adam_update(state_.threads, st, ch);

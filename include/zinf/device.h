@@ -86,6 +86,13 @@ class Device {
   virtual void register_host(void* /*p*/, std::size_t /*bytes*/) {}
   virtual void unregister_host(void* /*p*/) {}
 
+  // Makes the calling thread's device calls reach this device: every thread other than the one that
+  // made the device calls it before its first device call (the offload engine's workers do, when
+  // they start). The CUDA device selects its GPU for the thread (cudaSetDevice: the CUDA runtime's
+  // current device is per thread, and a thread that never sets it talks to GPU 0 — another rank's
+  // GPU when a node has several). Nothing to do on the CPU device.
+  virtual void bind_thread() {}
+
   // The native stream handle (cudaStream_t on the CUDA device; an opaque handle per stream on the CPU
   // device, for communicators that enqueue on streams). Only a stream-ordered Comm passes it on.
   virtual void* native_stream(StreamRole /*s*/) { return nullptr; }

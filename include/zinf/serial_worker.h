@@ -1,7 +1,9 @@
 // zinf/serial_worker.h — one thread running submitted jobs in order (a CPU device stream, the offload
 // engine's reduce and update workers). The first exception a job throws is kept and rethrown by the
 // next drain() or check(); later jobs still run, so events recorded after a failure still fire.
-// An optional hook runs on the worker before each job (the jitter of zinf/jitter.h).
+// An optional hook runs on the worker before each job (the jitter of zinf/jitter.h), and another once
+// when its thread starts, before any job (a device binding the thread: Device::bind_thread); an
+// exception from that one is kept like a job's.
 // Thread-safe: push/drain/check from any thread.
 #pragma once
 
@@ -16,8 +18,8 @@ namespace zinf {
 
 class SerialWorker {
  public:
-  explicit SerialWorker(std::function<void()> before_job = {})
-      : before_(std::move(before_job)), thread_([this] { loop(); }) {}
+  explicit SerialWorker(std::function<void()> before_job = {}, std::function<void()> on_start = {})
+      : before_(std::move(before_job)), start_(std::move(on_start)), thread_([this] { loop(); }) {}
   ~SerialWorker() {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -58,6 +60,14 @@ class SerialWorker {
     }
   }
   void loop() {
+    if (start_) {
+      try {
+        start_();
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!err_) err_ = std::current_exception();
+      }
+    }
     while (true) {
       std::function<void()> fn;
       {
@@ -87,7 +97,7 @@ class SerialWorker {
   std::size_t pending_ = 0;
   bool stop_ = false;
   std::exception_ptr err_;
-  std::function<void()> before_;
+  std::function<void()> before_, start_;
   std::thread thread_;  // last: starts after every other member exists
 };
 

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 #include <vector>
+
+#include "zinf/cpu_adam/adam.h"
+#include "zinf/offload/engine_kernels.h"
 
 #include "cuda/cuda.h"
 #include "zinf/backends/gpu.h"
@@ -51,6 +55,65 @@ TEST(CudaDevice, BudgetAndHostJobErrors) {
   EXPECT_THROW(DeviceBuffer(*dev, 6 << 20, "b"), DeviceMemoryError);
   dev->launch(StreamRole::compute, [] { throw Error("host job failed"); });
   EXPECT_THROW(dev->synchronize(StreamRole::compute), Error);
+}
+
+// The engine's kernels: zero-sized calls are no-ops (small units' empty shards), the device's Update
+// writes a 16-bit compute copy into registered pinned memory through its device address and an fp32
+// one by a copy (both equal to cpu_adam's), unregistered host memory is a clear error, and a worker
+// thread that binds itself reaches the same GPU.
+TEST(CudaEngineKernels, EmptyCallsPinnedOutputsAndWorkerThreads) {
+  std::string why;
+  auto dev = gpu_or_skip(64 << 20, &why);
+  if (!dev) GTEST_SKIP() << "no GPU: " << why;
+  auto k = cuda::make_cuda_engine_kernels(*dev);
+  const std::size_t n = 100000;
+  DeviceBuffer g(*dev, n * 4, "g"), p(*dev, n * 4, "p"), m(*dev, n * 4, "m"), v(*dev, n * 4, "v");
+  const StreamRole r = StreamRole::d2h;
+  k->zero(g.as<void>(), 0, r);  // nothing to do: no launch, no error
+  k->to_half(g.as<float>(), g.as<void>(), 0, cpu_adam::HalfType::bf16, r);
+  k->from_half(g.as<void>(), g.as<float>(), 0, cpu_adam::HalfType::bf16, r);
+  k->add(g.as<float>(), g.as<float>(), 0, r);
+  k->copy(g.as<void>(), p.as<void>(), 0, r);
+  EXPECT_TRUE(k->block_sums({{g.as<void>(), cpu_adam::GradType::fp32, 0}}, r)[0].empty());
+  dev->synchronize();
+
+  std::vector<float> grad(n), master(n), zeros(n, 0.0f);
+  for (std::size_t i = 0; i < n; ++i) grad[i] = 0.001f * static_cast<float>(i % 97) - 0.04f, master[i] = 0.5f;
+  const cpu_adam::AdamStep st = cpu_adam::make_adam_step(cpu_adam::AdamHyper{}, 1);
+  // The host's answer.
+  std::vector<float> hm = master, hmm(n, 0.0f), hv(n, 0.0f);
+  std::vector<std::uint16_t> want16(n);
+  cpu_adam::UpdateChunk hc;
+  hc.n = n, hc.grad = grad.data(), hc.grad_type = cpu_adam::GradType::fp32;
+  hc.master = hm.data(), hc.m = hmm.data(), hc.v = hv.data();
+  hc.param16 = want16.data(), hc.param16_type = cpu_adam::HalfType::bf16;
+  cpu_adam::adam_update_reference(st, hc);
+
+  std::vector<std::uint16_t> out16(n, 0), unregistered(n);
+  std::vector<float> out32(n, 0.0f);
+  dev->register_host(out16.data(), n * 2);
+  dev->register_host(out32.data(), n * 4);
+  std::thread worker([&] {  // as the engine's Update worker does
+    dev->bind_thread();
+    dev->copy_to_device(g.as<void>(), grad.data(), n * 4, StreamRole::h2d);
+    dev->copy_to_device(p.as<void>(), master.data(), n * 4, StreamRole::h2d);
+    dev->copy_to_device(m.as<void>(), zeros.data(), n * 4, StreamRole::h2d);
+    dev->copy_to_device(v.as<void>(), zeros.data(), n * 4, StreamRole::h2d);
+    dev->wait_event(r, dev->record(StreamRole::h2d));
+    cpu_adam::UpdateChunk c = hc;
+    c.grad = g.as<void>(), c.master = p.as<float>(), c.m = m.as<float>(), c.v = v.as<float>();
+    c.param16 = out16.data();
+    k->adam_update(st, c, r);
+    k->copy(out32.data(), p.as<void>(), n * 4, r);  // the fp32 compute copy's home in pinned memory
+    dev->synchronize(r);
+    c.param16 = unregistered.data();
+    EXPECT_THROW(k->adam_update(st, c, r), Error);
+  });
+  worker.join();
+  EXPECT_EQ(std::memcmp(out16.data(), want16.data(), n * 2), 0);
+  EXPECT_EQ(std::memcmp(out32.data(), hm.data(), n * 4), 0);
+  dev->unregister_host(out16.data());
+  dev->unregister_host(out32.data());
 }
 
 TEST(CudaDevice, WithoutAGpuMakingOneIsAClearError) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "../offload/checked_kernels.h"
 #include "../offload/engine_harness.h"
 #include "dp_world.h"
 #include "stream_comm.h"
@@ -213,6 +214,36 @@ TEST(EngineDp, StreamOrderedCollectivesReachEveryRanksStreamsInOneOrder) {
              [&] { got = run_on(*dev, c, 3, world().rank(), world().size()); });
       EXPECT_EQ(digest(got), digest(ref)) << name(k, Overlap::exact) << " seed " << seed;
     }
+}
+
+// Small units leave some ranks empty shards, and most ranks own nothing of some buckets: with the
+// optimizer on the device, partitioned gradients and accumulation, none of that may reach the
+// device's kernels as a zero-sized call (a GPU refuses a launch of zero blocks). Every stage, on
+// both devices, with the one result.
+TEST(EngineDp, EmptyShardsMakeNoEmptyKernelCalls) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  auto small = [&](int stage, Precision prec, Overlap ov) {
+    EngineConfig c = dp_config(stage, OffloadDevice::none, OffloadDevice::none, prec, 2, ov, dir.p);
+    c.units = {5000, 8, 200000, 9, 90000, 300};
+    c.persistent = {true, false, false, false, false, true};
+    return c;
+  };
+  for (Precision prec : {Precision::fp32, Precision::bf16}) {
+    const auto ref = run_dp(small(0, prec, Overlap::none), 2);
+    for (int stage : {0, 1, 2, 3})
+      for (bool async : {false, true}) {
+        auto empty = std::make_shared<std::atomic<int>>(0);
+        EngineConfig c = small(stage, prec, Overlap::exact);
+        c.kernels = non_empty_kernels(empty);
+        CpuDeviceOptions o;
+        o.async = async;
+        o.jitter = async ? JitterSpec{5 + static_cast<std::uint64_t>(world().rank()), 100} : JitterSpec{};
+        const auto got = run_dp(c, 2, o);
+        EXPECT_EQ(empty->load(), 0) << "stage " << stage << " " << to_string(prec) << (async ? " async" : "");
+        EXPECT_EQ(digest(got), digest(ref)) << "stage " << stage << " " << to_string(prec) << (async ? " async" : "");
+      }
+  }
 }
 
 TEST(EngineDp, EachRankAllocatesWhatItsPlanSays) {

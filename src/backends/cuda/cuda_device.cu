@@ -18,10 +18,15 @@
 namespace zinf {
 namespace {
 
+// An event the host may wait on. Untimed events (every handoff) block the waiting thread in the
+// driver (cudaEventBlockingSync) instead of spinning on a core: the host threads that wait beside
+// cpu_adam's Update (the Reduce worker on a landing buffer, the trainer on a batch slot) would
+// otherwise take a core from it. Timed events (profiling) keep the default.
 class CudaEvent final : public DeviceEvent {
  public:
   explicit CudaEvent(cudaStream_t s, bool timed = false) {
-    ZINF_CUDA(cudaEventCreateWithFlags(&ev_, timed ? cudaEventDefault : cudaEventDisableTiming));
+    ZINF_CUDA(
+        cudaEventCreateWithFlags(&ev_, timed ? cudaEventDefault : cudaEventBlockingSync | cudaEventDisableTiming));
     ZINF_CUDA(cudaEventRecord(ev_, s));
   }
   ~CudaEvent() override { cudaEventDestroy(ev_); }
@@ -79,9 +84,12 @@ class CudaDevice final : public Device {
     ZINF_CUDA(cudaLaunchHostFunc(stream(s), &CudaDevice::run_job, job));
   }
   void register_host(void* p, std::size_t bytes) override {
-    ZINF_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+    // Mapped: the device's own Update writes parameter homes in pinned memory through the device
+    // address (cudaHostGetDevicePointer); portable: any GPU of the process may copy from it.
+    ZINF_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
   }
   void unregister_host(void* p) override { cudaHostUnregister(p); }
+  void bind_thread() override { ZINF_CUDA(cudaSetDevice(index_)); }
   void* native_stream(StreamRole s) override { return stream(s); }
   EventHandle record(StreamRole s) override { return std::make_shared<CudaEvent>(stream(s)); }
   EventHandle record_timed(StreamRole s) override { return std::make_shared<CudaEvent>(stream(s), true); }

@@ -70,19 +70,30 @@ __global__ void adam_kernel(cpu_adam::AdamStep st, cpu_adam::UpdateChunk c) {
 class CudaEngineKernels final : public offload::EngineKernels {
  public:
   explicit CudaEngineKernels(Device& d) : dev_(d) {}
-  void zero(void* p, std::size_t bytes, StreamRole s) override { ZINF_CUDA(cudaMemsetAsync(p, 0, bytes, st(s))); }
+  // n = 0 (bytes = 0) is a no-op (engine_kernels.h): a launch of zero blocks is an invalid
+  // configuration, so every launcher returns before it.
+  void zero(void* p, std::size_t bytes, StreamRole s) override {
+    if (bytes) ZINF_CUDA(cudaMemsetAsync(p, 0, bytes, st(s)));
+  }
   void to_half(const float* src, void* dst, std::size_t n, HalfType t, StreamRole s) override {
+    if (!n) return;
     to_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(src, static_cast<std::uint16_t*>(dst), n, t);
     ZINF_CUDA_LAUNCH_CHECK("to_half");
   }
   void from_half(const void* src, float* dst, std::size_t n, HalfType t, StreamRole s) override {
+    if (!n) return;
     from_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(static_cast<const std::uint16_t*>(src), dst, n, t);
     ZINF_CUDA_LAUNCH_CHECK("from_half");
   }
+  // Device memory, or the pinned pool (the fp32 compute copy of a parameter home in host memory,
+  // written by the device's Update): cudaMemcpyDefault lets the runtime tell which by the unified
+  // address, where a fixed DeviceToDevice kind would be undefined for a host pointer.
   void copy(void* dst, const void* src, std::size_t bytes, StreamRole s) override {
-    ZINF_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st(s)));
+    if (!bytes) return;
+    ZINF_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st(s)));
   }
   void add(float* acc, const float* x, std::size_t n, StreamRole s) override {
+    if (!n) return;
     add_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(acc, x, n);
     ZINF_CUDA_LAUNCH_CHECK("add");
   }
@@ -110,12 +121,29 @@ class CudaEngineKernels final : public offload::EngineKernels {
     return out;
   }
   void adam_update(const cpu_adam::AdamStep& s, const cpu_adam::UpdateChunk& c, StreamRole r) override {
-    adam_kernel<<<ops::blocks_for(c.n, 256), 256, 0, st(r)>>>(s, c);
+    if (!c.n) return;
+    cpu_adam::UpdateChunk k = c;
+    // The new 16-bit compute copy may go to a parameter home in pinned host memory (parameters
+    // offloaded, optimizer on the device): the kernel writes it through the page-locked memory's
+    // device address, never through the host pointer.
+    if (k.param16) k.param16 = device_address(k.param16, "the Update's 16-bit parameter output");
+    adam_kernel<<<ops::blocks_for(k.n, 256), 256, 0, st(r)>>>(s, k);
     ZINF_CUDA_LAUNCH_CHECK("adam_update");
   }
 
  private:
   cudaStream_t st(StreamRole s) const { return static_cast<cudaStream_t>(dev_.native_stream(s)); }
+  // The address a kernel may use for `p`: itself for device memory; the mapped device address of
+  // registered (page-locked) host memory; an error for host memory the device cannot reach.
+  static void* device_address(void* p, const char* what) {
+    cudaPointerAttributes a{};
+    ZINF_CUDA(cudaPointerGetAttributes(&a, p));
+    if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return p;
+    if (a.type == cudaMemoryTypeHost && a.devicePointer) return a.devicePointer;
+    throw Error(std::string("CUDA engine kernels: ") + what + " is host memory that is not registered with the device",
+                "a kernel can only write page-locked memory registered with cudaHostRegister (the engine's pinned "
+                "pool); this is a bug in the engine, please report it");
+  }
   Device& dev_;
   DeviceBuffer partial_;
   std::vector<double> host_;

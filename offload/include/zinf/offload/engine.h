@@ -53,13 +53,18 @@
 //   resident param (+fp32)   Update / h2d (Upload)   compute                 landing: the Update's copies are waited
 //                                                                            (⇐ upload events, h2d sync) before
 //                                                                            version[u] is set; weights(u) waits it
+//   what the device's Update d2h (the device's       h2d, compute, the       one event per sub-group on d2h, no sync
+//   writes (states, compute  own Update)             NVMe home's write       between them: the unit's last one ⇐
+//   copy or its home)                                                        before it lands; the NVMe home's write
+//                                                                            ⇐ the sub-group's (land_chunk)
 //   device gradient          compute (backward)      d2h (GradOut)           event recorded on compute at grads_done;
 //                                                                            d2h waits
 //   device gradient, reuse   compute (next zeroing)  d2h (GradOut)           unit.reducing ⇐ grads(u): the Reduce
 //                                                                            clears it after d2h is drained
 //   grad window slot         compute                 d2h                     as the device gradient; the slot is
 //                                                                            freed by the Reduce (under the lock)
-//   GradOut staging (device) d2h                     d2h                     stream order
+//   GradOut staging (device) d2h                     d2h                     stream order (16-bit runs; fp32
+//                                                                            buckets go straight to the landing)
 //   landing buffer (pinned)  d2h (GradOut)           Reduce                  one event per bucket ⇐ Reduce; the
 //                                                                            next copy into it is enqueued after
 //   host grad16/grad32       Reduce                  Update, norm            Reduce worker drained at step()
@@ -68,6 +73,8 @@
 //   token/target batch       h2d (trainer's upload)  compute (forward and    the trainer: h2d waits for an event
 //                                                    backward)               recorded on compute after the last
 //                                                                            micro batch's ops (train.cpp)
+//   token/target staging     the trainer             h2d                     per slot of the pinned ring: ⇐ the
+//   (pinned)                                                                 slot's `copied` event (batches.h)
 //
 // Memory: all device buffers are allocated up front (a plan that does not fit the device budget is
 // refused before anything is allocated, with the numbers); host staging comes from one PinnedPool

@@ -3,7 +3,10 @@
 // sum of squares, and the fused Update when the optimizer states live on the device).
 //
 // Every call is asynchronous on the given stream role, ordered after earlier work on that stream;
-// the engine synchronises with events or synchronize(). The results must be bit-identical to
+// the engine synchronises with events or synchronize(). A call with n = 0 (bytes = 0; a NormInput with
+// n = 0) is a no-op that enqueues nothing: the empty shards of small units under ZeRO stage ≥ 2 (and
+// a rank's empty part of a bucket) are legal, and a GPU refuses a launch with zero blocks. The engine
+// itself does not make such calls; backends still accept them. The results must be bit-identical to
 // cpu_adam's reference (the numerics contract holds across placements on any one device):
 // block_sums reproduces cpu_adam's fixed order — 16 interleaved double accumulators per 64 Ki-element
 // block, folded pairwise; the caller adds blocks in order —, and adam_update its operation order.

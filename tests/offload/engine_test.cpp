@@ -218,6 +218,8 @@ TEST(OffloadEngine, HoldsThePlansBlocksOnABlockDevice) {
                      DeviceMemoryError);
         EXPECT_EQ(tight.peak(), 0u);
       }
+}
+
 // Under the fast kernels a 16-bit run keeps no fp32 working weights on the device: the plan has no
 // `work` buffers, the engine holds exactly the plan's bytes (4 bytes per parameter of a resident unit
 // and per element of a window slot fewer than under the reference kernels), and weights(u) is the

@@ -327,8 +327,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(T* dk, T* dv, const T* d
   float* lse_s = reinterpret_cast<float*>(smem + L.lse);
   float* delta_s = reinterpret_cast<float*>(smem + L.delta);
 
-  const int nk = static_cast<int>(gridDim.x);
-  const int kb = nk - 1 - static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y),
+  // Key block 0 meets every query block and the last one the fewest: the heaviest blocks start first.
+  const int kb = static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y),
             b = static_cast<int>(blockIdx.z);
   const int BQ = g.BQ, BK = g.BK, D = g.D, seq = g.T, group = g.H / g.KV;
   const int s0 = kb * BK, s1 = min(seq, s0 + BK), nq = (seq + BQ - 1) / BQ;
@@ -423,8 +423,8 @@ Geometry geometry(const AttnShape& a, DType S) {
   g.B = a.B, g.T = a.T, g.H = a.H, g.KV = a.KV, g.D = a.D, g.BQ = tl.block_q, g.BK = tl.block_k;
   g.qs = a.q_stride, g.ks = a.k_stride, g.vs = a.v_stride, g.os = a.o_stride;
   g.scale = 1.0f / std::sqrt(static_cast<float>(a.D));  // the float the CPU uses
-  // The tensor-core branch of cuda_tiling: 16-bit S, D a multiple of 16 (and so BQ, BK are too).
-  g.tc = S != DType::fp32 && a.D % 16 == 0;
+  // The tensor-core branch of cuda_tiling: 16-bit S, D and both tiles multiples of 16 (wmma's shape).
+  g.tc = S != DType::fp32 && a.D % 16 == 0 && tl.block_q % 16 == 0 && tl.block_k % 16 == 0;
   return g;
 }
 

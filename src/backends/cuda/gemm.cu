@@ -93,6 +93,7 @@ struct GemmExecutor::Impl {
         cublasSetMathMode(handle, math == GemmMath::fp32_pedantic ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
   }
   ~Impl() {
+    cudaStreamSynchronize(stream);  // queued GEMMs may still use the workspace the allocator gets back
     plans.clear();
     cublasDestroy(handle);
     cublasLtDestroy(lt);
@@ -162,6 +163,14 @@ struct GemmExecutor::Impl {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; ++i)
       st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof(al[i]));
+    // Split-K may add its parts in the output's type (INPLACE, OUTPUT_TYPE): for a 16-bit output that
+    // rounds partial sums, and an output is to be rounded once. Allow only fp32 reductions there.
+    const std::uint32_t schemes = key.c_type == DType::fp32
+                                      ? CUBLASLT_REDUCTION_SCHEME_MASK
+                                      : (CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                sizeof(schemes));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -193,8 +202,15 @@ struct GemmExecutor::Impl {
       }
       if (p.epilogue == Epilogue::gelu_aux_bias)
         ZINF_CUBLAS(set_desc(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, o.aux));
-      ZINF_CUBLAS(cublasLtMatmul(lt, plan.op, &one, o.a, plan.a, o.b, plan.b, &beta, o.c, plan.c, o.c, plan.c,
-                                 &plan.algo, workspace.as<void>(), workspace.size(), stream));
+      const cublasStatus_t st = cublasLtMatmul(lt, plan.op, &one, o.a, plan.a, o.b, plan.b, &beta, o.c, plan.c, o.c,
+                                               plan.c, &plan.algo, workspace.as<void>(), workspace.size(), stream);
+      // Some epilogue type combinations are refused only here, not by the heuristic: a refused call
+      // enqueued nothing, so the caller's unfused path takes this shape from now on.
+      if (p.epilogue != Epilogue::none && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
+        plan.have_algo = false;
+        return false;
+      }
+      blas_check(st, "cublasLtMatmul");
       return true;
     }
     if (p.epilogue != Epilogue::none) return false;

@@ -523,6 +523,29 @@ struct SwigluBackward {
     store<S, M>(dgate + i, dg);
   }
 };
+// The unfused end of a GEMM whose epilogue cuBLASLt could not fuse: v = acc + bias from the GEMM's fp32
+// result, then pre = v and out = gelu(v) (gelu) or out = v, each rounded once — as the fused epilogue
+// rounds. One element per thread (a fallback path).
+template <class S>
+struct BiasActFromFp32 {
+  S* pre;
+  S* out;
+  const float* acc;
+  const S* bias;  // may be null
+  int C;
+  bool gelu;
+  template <int M>
+  __device__ void run(std::size_t i) const {
+    float v = acc[i];
+    if (bias) v += widen<S>(bias[i % static_cast<std::size_t>(C)]);
+    if (!gelu) {
+      out[i] = narrow<S>(v);
+      return;
+    }
+    pre[i] = narrow<S>(v);
+    out[i] = narrow<S>(0.5f * v * (1.0f + tanhf(kGeluScale * (v + 0.044715f * v * v * v))));
+  }
+};
 template <class D, class Src>
 struct Convert {
   D* dst;
@@ -948,6 +971,16 @@ void add_bias(void* out, const void* bias, int R, int C, DType dt, cudaStream_t 
     using S = typename decltype(tag)::type;
     const AddBias<S> op{static_cast<S*>(out), static_cast<const S*>(bias), C};
     elementwise_launch<kVec<S>>(op, static_cast<std::size_t>(R) * C, rows_vec<S>(C, {out, bias}), "add_bias", s);
+  });
+}
+
+void bias_act_from_fp32(void* pre, void* out, const float* acc, const void* bias, int R, int C, bool gelu, DType dt,
+                        cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  dispatch(dt, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    const BiasActFromFp32<S> op{static_cast<S*>(pre), static_cast<S*>(out), acc, static_cast<const S*>(bias), C, gelu};
+    elementwise_launch<1>(op, static_cast<std::size_t>(R) * C, false, "bias_act_from_fp32", s);
   });
 }
 

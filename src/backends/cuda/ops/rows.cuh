@@ -39,6 +39,10 @@ std::size_t column_partials_floats(int R, int C);
 void column_sum(float* acc, const void* x, int R, int C, DType S, float* partials, cudaStream_t s);
 // out[r, c] += bias[c]
 void add_bias(void* out, const void* bias, int R, int C, DType S, cudaStream_t s);
+// The unfused end of a GEMM with a bias (and GELU) epilogue, from its fp32 result acc [R, C]:
+// v = acc + bias (bias may be null); gelu: pre = v, out = gelu(v); else out = v — each rounded once.
+void bias_act_from_fp32(void* pre, void* out, const float* acc, const void* bias, int R, int C, bool gelu, DType S,
+                        cudaStream_t s);
 void gelu_forward(void* out, const void* inp, std::size_t n, DType S, cudaStream_t s);
 // dinp = gelu'(inp)·dout
 void gelu_backward(void* dinp, const void* inp, const void* dout, std::size_t n, DType S, cudaStream_t s);

@@ -120,7 +120,7 @@ def without_parameters(d):
 
 
 for r, d in zip(rows, demangled):
-    d = without_parameters(d).replace("(anonymous namespace)::", "")
+    d = without_parameters(d).replace("(anonymous namespace)::", "").removeprefix("void ")
     r["kernel"] = (d if len(d) <= 110 else d[:107] + "...") + ("" if r["entry"] else " [device fn]")
 rows.sort(key=lambda r: (r["file"], r["kernel"], r["arch"]))
 w = max([len("kernel")] + [len(r["kernel"]) for r in rows])

@@ -151,6 +151,11 @@ void staging(const Layout& layout, const std::function<void(const BufferSpec&)>&
   if (layout.parallel)
     fn(spec(Buffer::comm_receive, layout.optimizer_offloaded ? Tier::host : Tier::device, layout.comm_scratch * 4,
             PlanRow::comm_receive));
+  if (layout.batch_tokens) {  // tokens and targets (int32) of two slots: four arrays on each side
+    const std::uint64_t bytes = layout.batch_tokens * 4, arrays = 2 * kTwo;
+    fn(spec(Buffer::token_staging, Tier::pinned, bytes, PlanRow::token_batches, kShared, arrays));
+    fn(spec(Buffer::token_slot, Tier::device, bytes, PlanRow::token_batches, kShared, arrays));
+  }
 }
 
 }  // namespace
@@ -176,6 +181,7 @@ Layout make_layout(const PlanInput& in) {
   layout.fp32_sum = in.grad_accum > 1 || layout.parallel;
   layout.windows = layout.param_offloaded || layout.shard_params;
   layout.window_slots = layout.windows ? std::max(2, 1 + in.prefetch_depth) : 0;
+  layout.batch_tokens = in.batch_tokens;
   lay_out_units(in, layout);
   return layout;
 }

@@ -77,6 +77,7 @@ RowSums empty_rows(const Layout& layout) {
       {"optimizer swap", "", {}, "buffer_count x sub-group master|m|v"},
       {"reduce scratch", "", {}, "fp32 of one bucket"},
       {"comm receive", "", {}, "ranks x this rank's part of a bucket"},
+      {"token batches", "", {}, "2 slots x tokens and targets (int32), pinned staging and device copies"},
   }}};
 }
 
@@ -115,7 +116,9 @@ Plan finish_plan(const Layout& layout, const RowSums& sums) {
   p.totals = p.model_states;
   for (const auto& r : p.buffers)
     for (int t = 0; t < kTiers; ++t) p.totals[t] += r.bytes[t];
-  p.pinned_pool = p.totals[static_cast<int>(Tier::pinned)];  // everything pinned comes from the one pool
+  // Everything pinned comes from the one pool, but for the token batches' staging (a pool of its own).
+  constexpr int kPinned = static_cast<int>(Tier::pinned);
+  p.pinned_pool = p.totals[kPinned] - sums.rows[static_cast<std::size_t>(PlanRow::token_batches)].bytes[kPinned];
   return p;
 }
 

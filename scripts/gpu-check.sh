@@ -20,7 +20,9 @@
 #                      2e-2: the fast path stores activations in bf16) and against the CPU twin
 #                      (device.type cpu, kernels fast: the same storage and rounding points, other
 #                      summation orders; within 5e-3)
-#   memcheck     25 s  compute-sanitizer --tool memcheck on the op tests at small shapes
+#   memcheck     25 s  compute-sanitizer --tool memcheck on the GPU test binaries at small shapes
+#                      (cuda_ops, cuda_rows, flash_attention, cuda_gemm, cuda_scratch, device_cuda;
+#                      ZINF_SANITIZE_TESTS="binary:filter ..." overrides)
 #   racecheck    25 s  compute-sanitizer --tool racecheck on the same
 #   pcie         10 s  zinf bench pcie (256 MiB, 3 repetitions)
 #   compare-a    35 s  zinf beside PyTorch (bench/torch_gpt2.py, scripts/compare-torch.sh): 303M,
@@ -85,13 +87,13 @@ part_digests() {
     "$root/scripts/digest-check.sh" "$zinf" "$config" "${TMPDIR:-/tmp}/zinf-gpu-check-swap" --set model.n_layer=12
 }
 
-part_fast() {
+part_fast() {  # the config's bf16 model under device.kernels "reference" and "fast" on the GPU, and the twin
   local rc=0 name dev kernels
   for run in "cuda reference" "cuda fast" "cpu fast"; do
     read -r dev kernels <<< "$run"
     name="$dev-$kernels"
     "$zinf" train --config "$config" --set model.n_layer=4 --set train.steps=3 --set device.type="$dev" \
-      --set device.kernels="$kernels" --set device.memory_budget=16GiB \
+      --set device.kernels="\"$kernels\"" --set bf16.enabled=true --set device.memory_budget=16GiB \
       --set "train.metrics_file=\"$raw/losses-$name.jsonl\"" || { echo "fast: $name FAILED"; rc=1; }
   done
   [ "$rc" = 0 ] || return 1
@@ -114,19 +116,26 @@ sys.exit(0 if ok else 1)
 PY
 }
 
-part_sanitize() {  # memcheck | racecheck on the op tests' small shapes
+# The GPU test binaries (every `LABEL gpu` test of tests/CMakeLists.txt but the PCIe benchmark) and
+# the tests of each that run at small shapes, as binary:filter pairs.
+sanitize_tests_default="cuda_ops_test:CudaOps.EveryOpMatchesTheCpuReference cuda_rows_test:* flash_attention_test:*
+  cuda_gemm_test:* cuda_scratch_test:* device_cuda_test:CudaDevice.*:CudaEngineKernels.*"
+
+part_sanitize() {  # memcheck | racecheck on the GPU tests' small shapes
   local tool="$1" san rc=0 ran=0 bin filter
   san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   [ -x "$san" ] || { echo "$tool: FAILED, compute-sanitizer not found"; return 1; }
-  # binary:filter pairs; a binary this tree does not build is passed over.
-  for pair in ${ZINF_SANITIZE_TESTS:-cuda_ops_test:CudaOps.EveryOpMatchesTheCpuReference fast_ops_test:* flash_attention_test:* rows_test:*}; do
+  set -f  # the filters' `*` are gtest's, not the shell's
+  # A binary named here that the build did not make fails the check: a renamed test must not drop
+  # out of the sanitizer runs unnoticed.
+  for pair in ${ZINF_SANITIZE_TESTS:-$sanitize_tests_default}; do
     bin="$bld/tests/${pair%%:*}" filter="${pair#*:}"
-    [ -x "$bin" ] || continue
+    [ -x "$bin" ] || { echo "$tool: ${pair%%:*} FAILED, not built (no such gpu test?)"; rc=1; continue; }
     ran=$((ran + 1))
     "$san" --tool "$tool" --error-exitcode 1 "$bin" --gtest_filter="$filter" || { echo "$tool: ${pair%%:*} FAILED"; rc=1; }
   done
-  [ "$ran" -gt 0 ] || { echo "$tool: FAILED, no op test binary built"; return 1; }
-  [ "$rc" = 0 ] && echo "$tool: clean on $ran op test binaries"
+  [ "$ran" -gt 0 ] || { echo "$tool: FAILED, no gpu test binary built"; return 1; }
+  [ "$rc" = 0 ] && echo "$tool: clean on $ran gpu test binaries"
   return "$rc"
 }
 

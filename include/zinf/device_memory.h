@@ -41,9 +41,15 @@ constexpr std::uint64_t cuda_auto_budget(std::uint64_t free_bytes, std::uint64_t
   return free_bytes > reserve ? free_bytes - reserve : 0;
 }
 
-// cuBLASLt's workspace: one per ops backend, allocated with it. Every GEMM of both kernel sets runs
-// within it.
-constexpr std::uint64_t kGemmWorkspaceBytes = std::uint64_t{8} << 20;
+// cuBLASLt's workspace: one per ops backend, allocated with it; every GEMM of that kernel set runs
+// within it. The reference kernels' fp32 and split-K GEMMs fit 8 MiB; the fast kernels' Hopper
+// tensor-core GEMMs (stream-K, fused epilogues) ask for up to 32 MiB. The ops backends allocate
+// exactly these, so the plan counts what a run takes.
+constexpr std::uint64_t kGemmWorkspaceBytesReference = std::uint64_t{8} << 20;
+constexpr std::uint64_t kGemmWorkspaceBytesFast = std::uint64_t{32} << 20;
+constexpr std::uint64_t gemm_workspace_bytes(bool fast) {
+  return fast ? kGemmWorkspaceBytesFast : kGemmWorkspaceBytesReference;
+}
 
 // What the ops' own scratch depends on: the model family and shape, the micro batch and the kernels.
 struct OpsScratchShape {
@@ -62,16 +68,16 @@ constexpr std::uint64_t kTokenSortSlackInts = std::uint64_t{1} << 16;
 
 // The device blocks the ops allocate for themselves, each as the ops ask for it (before the
 // allocator's rounding), for one micro batch of `batch` sequences:
-//   reference, both families: the cuBLASLt workspace;
+//   reference, both families: the cuBLASLt workspace (kGemmWorkspaceBytesReference);
 //   reference GPT:   the attention backward's scores gradient, B*H*T*T floats;
 //   reference llama: the attention backward's per-row sums, B*H*T floats;
-//   fast:            the workspace; the flash backward's scratch, 4*B*H*T floats; the column
+//   fast:            the workspace (kGemmWorkspaceBytesFast); the flash backward's scratch, 4*B*H*T floats; the column
 //                    partials of the norms' and biases' backward, 2*C*min(B*T, 1024) floats; the
 //                    embedding backward's token sort, (2*B*T + 65536) ints.
 // The reference kernels' norms and column sums use no scratch.
 inline std::vector<std::uint64_t> ops_scratch_blocks(const OpsScratchShape& s) {
   const std::uint64_t rows = s.batch * s.seq, bht = s.batch * s.heads * s.seq;
-  std::vector<std::uint64_t> blocks{kGemmWorkspaceBytes};
+  std::vector<std::uint64_t> blocks{gemm_workspace_bytes(s.fast)};
   if (!s.fast) {
     blocks.push_back((s.llama ? bht : bht * s.seq) * 4);
     return blocks;

@@ -107,8 +107,8 @@ TEST(Plan, TheCudaDevicePlansAllocatorBlocksAndOpsScratch) {
   };
   EXPECT_EQ(row(c.plan, "ops scratch"), 0u);
   const std::uint64_t att = 2ull * 4 * 64 * 64 * 4;  // B·H·T·T floats
-  EXPECT_EQ(estimate_ops_scratch(cuda, g.shape), (std::vector<std::uint64_t>{kGemmWorkspaceBytes, att}));
-  EXPECT_EQ(row(g.plan, "ops scratch"), cuda_block_bytes(kGemmWorkspaceBytes) + cuda_block_bytes(att));
+  EXPECT_EQ(estimate_ops_scratch(cuda, g.shape), (std::vector<std::uint64_t>{kGemmWorkspaceBytesReference, att}));
+  EXPECT_EQ(row(g.plan, "ops scratch"), cuda_block_bytes(kGemmWorkspaceBytesReference) + cuda_block_bytes(att));
   // Every device row is the CPU plan's, each buffer rounded to its block: the same rows, none smaller.
   std::uint64_t rounded_states = 0;
   const offload::PlanInput in = make_plan_input(cuda, g.shape);
@@ -120,7 +120,7 @@ TEST(Plan, TheCudaDevicePlansAllocatorBlocksAndOpsScratch) {
       rounded_states += cuda_block_bytes(b.bytes) * b.count;
   EXPECT_EQ(g.plan.model_states[0], rounded_states);
   EXPECT_GT(g.plan.model_states[0], c.plan.model_states[0]);  // the blocks are larger than the exact bytes
-  EXPECT_GT(g.plan.totals[0], c.plan.totals[0] + kGemmWorkspaceBytes + att);
+  EXPECT_GT(g.plan.totals[0], c.plan.totals[0] + kGemmWorkspaceBytesReference + att);
   for (int t = 1; t < offload::kTiers; ++t) EXPECT_EQ(g.plan.totals[t], c.plan.totals[t]);
 }
 
@@ -128,17 +128,112 @@ TEST(Plan, TheCudaDevicePlansAllocatorBlocksAndOpsScratch) {
 // 2·C·min(B·T, 1024) floats of column partials and (2·B·T + 65536) ints for the token sort.
 TEST(Plan, OpsScratchOfBothKernelSets) {
   OpsScratchShape s{.llama = false, .batch = 4, .seq = 1024, .heads = 25, .width = 1600, .fast = false};
-  EXPECT_EQ(ops_scratch_blocks(s), (std::vector<std::uint64_t>{kGemmWorkspaceBytes, 4ull * 25 * 1024 * 1024 * 4}));
+  EXPECT_EQ(ops_scratch_blocks(s),
+            (std::vector<std::uint64_t>{kGemmWorkspaceBytesReference, 4ull * 25 * 1024 * 1024 * 4}));
   s.llama = true;
-  EXPECT_EQ(ops_scratch_blocks(s), (std::vector<std::uint64_t>{kGemmWorkspaceBytes, 4ull * 25 * 1024 * 4}));
+  EXPECT_EQ(ops_scratch_blocks(s), (std::vector<std::uint64_t>{kGemmWorkspaceBytesReference, 4ull * 25 * 1024 * 4}));
   s.fast = true;
-  const std::vector<std::uint64_t> fast{kGemmWorkspaceBytes, 4ull * 4 * 25 * 1024 * 4, 2ull * 1600 * 1024 * 4,
+  const std::vector<std::uint64_t> fast{kGemmWorkspaceBytesFast, 4ull * 4 * 25 * 1024 * 4, 2ull * 1600 * 1024 * 4,
                                         (2ull * 4 * 1024 + 65536) * 4};
   EXPECT_EQ(ops_scratch_blocks(s), fast);
   s.llama = false;
   EXPECT_EQ(ops_scratch_blocks(s), fast);  // one flash kernel for both families
   s.batch = 1, s.seq = 64;                 // fewer rows than the partials' cap
   EXPECT_EQ(ops_scratch_blocks(s)[2], 2ull * 1600 * 64 * 4);
+}
+
+// device.kernels: fast in a bf16 run on the CUDA device: the plan is the reference plan less, row by
+// row, what the fast kernels do not keep — the fp32 working weights, the attention probabilities
+// (B·H·T·T floats become one fp32 log-sum-exp per row, B·H·T), the 4-byte activations of the
+// Korthikanti estimate's fp32 terms — and with the fast kernels' own scratch (a 32 MiB cuBLASLt
+// workspace, the flash backward's 4·B·H·T floats, the column partials, the token sort) instead of
+// the reference's (an 8 MiB workspace and GPT's B·H·T·T floats of score gradients).
+TEST(Plan, FastKernelsPlanTheirOwnStorageAndScratch) {
+  const std::string body = R"("train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "model": {"n_layer": 2, "n_head": 4, "d_model": 96, "vocab_size": 1000, "seq_len": 2048},
+      "bf16": {"enabled": true}, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  const Config ref =
+      parse_config(R"({"device": {"type": "cuda", "memory_budget": "1GiB", "kernels": "reference"}, )" + body + "}");
+  const Config fast =
+      parse_config(R"({"device": {"type": "cuda", "memory_budget": "1GiB", "kernels": "fast"}, )" + body + "}");
+  const MachineInfo m = fake_machine(8ull << 30, 0);
+  const RunPlan r = plan_run(ref, m), f = plan_run(fast, m);
+  auto row = [](const offload::Plan& p, const std::string& name) {
+    for (const auto& x : p.buffers)
+      if (x.name == name) return x.bytes[0];
+    for (const auto& x : p.states)
+      if (x.name == name) return x.bytes[0];
+    return std::uint64_t{0};
+  };
+  const std::uint64_t B = 2, T = 2048, C = 96, H = 4, V = 1000, L = 2;
+  // Activations: 17 stored bf16 elements per row and channel, fp32 statistics (4 per row) and
+  // log-sum-exp (one per row and head) per block; probs and dlogits in bf16, fp32 losses; the
+  // embedding's output in bf16.
+  const std::uint64_t fast_acts =
+      L * (B * T * C * 17 * 2 + 4 * (4 * B * T + B * H * T)) + (B * T * V * 2 * 2 + 4 * B * T) + B * T * C * 2;
+  EXPECT_EQ(estimate_activation_bytes(f.shape, 2, 2, false, Kernels::fast), fast_acts);
+  EXPECT_EQ(row(f.plan, "activations"), cuda_block_bytes(fast_acts));
+  const std::uint64_t ref_acts = estimate_activation_bytes(r.shape, 2, 2, false);
+  EXPECT_EQ(row(r.plan, "activations"), cuda_block_bytes(ref_acts));
+  EXPECT_EQ(f.activations_plain, fast_acts);
+  EXPECT_LT(f.activations_checkpointed, r.activations_checkpointed);
+  // The attention state alone: B·H·T·T floats under the reference estimate (5 two-byte units),
+  // B·H·T floats under fast.
+  EXPECT_GT(ref_acts - fast_acts, L * (5 * B * H * T * T - 4 * B * H * T) - L * 16 * B * T);
+  // Ops scratch: each kernel set's own blocks.
+  const std::vector<std::uint64_t> ref_scratch{kGemmWorkspaceBytesReference, B * H * T * T * 4};
+  const std::vector<std::uint64_t> fast_scratch{kGemmWorkspaceBytesFast, 4 * B * H * T * 4,
+                                                2 * C * std::min<std::uint64_t>(B * T, 1024) * 4,
+                                                (2 * B * T + 65536) * 4};
+  EXPECT_EQ(estimate_ops_scratch(ref, r.shape), ref_scratch);
+  EXPECT_EQ(estimate_ops_scratch(fast, f.shape), fast_scratch);
+  std::uint64_t ref_blocks = 0, fast_blocks = 0;
+  for (auto b : ref_scratch) ref_blocks += cuda_block_bytes(b);
+  for (auto b : fast_scratch) fast_blocks += cuda_block_bytes(b);
+  EXPECT_EQ(row(r.plan, "ops scratch"), ref_blocks);
+  EXPECT_EQ(row(f.plan, "ops scratch"), fast_blocks);
+  // fp32 working weights: the reference kernels' only.
+  EXPECT_GT(row(r.plan, "fp32 work"), 0u);
+  EXPECT_EQ(row(f.plan, "fp32 work"), 0u);
+  // Nothing else differs: the device total is the reference's less exactly those rows.
+  EXPECT_EQ(f.plan.totals[0] + row(r.plan, "fp32 work") + cuda_block_bytes(ref_acts) + ref_blocks,
+            r.plan.totals[0] + cuda_block_bytes(fast_acts) + fast_blocks);
+  EXPECT_LT(f.plan.totals[0], r.plan.totals[0]);
+  for (int t = 1; t < offload::kTiers; ++t) EXPECT_EQ(f.plan.totals[t], r.plan.totals[t]);
+}
+
+// The training loop's token batches (two slots of tokens and targets, int32): four pinned arrays,
+// each on pages of its own, and four device buffers. They are planned in a row of their own, outside
+// the engine's bounded pinned pool (they have a pool of their own).
+TEST(Plan, TokenBatchesArePlannedPinnedAndOnTheDevice) {
+  const std::string body = R"("train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1,
+      "model": {"n_layer": 2, "n_head": 4, "d_model": 96, "vocab_size": 1000, "seq_len": 1000},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  const MachineInfo m = fake_machine(8ull << 30, 0);
+  for (const char* type : {"cpu", "cuda"}) {
+    SCOPED_TRACE(type);
+    const Config c =
+        parse_config(R"({"device": {"type": ")" + std::string(type) + R"(", "memory_budget": "1GiB"}, )" + body + "}");
+    const RunPlan r = plan_run(c, m);
+    const std::uint64_t bytes = 3 * 1000 * 4;  // 12000 B: three 4 KiB pages each
+    const bool cuda = std::string(type) == "cuda";
+    const offload::Row* tokens = nullptr;
+    for (const auto& x : r.plan.buffers)
+      if (x.name == "token batches") tokens = &x;
+    ASSERT_NE(tokens, nullptr);
+    constexpr int D = static_cast<int>(offload::Tier::device), P = static_cast<int>(offload::Tier::pinned);
+    EXPECT_EQ(tokens->bytes[P], 4u * 3 * 4096);
+    EXPECT_EQ(tokens->bytes[D], 4u * (cuda ? cuda_block_bytes(bytes) : bytes));
+    EXPECT_EQ(r.plan.pinned_pool, r.plan.totals[P] - tokens->bytes[P]);
+    // The engine's own plan has no token batches: its pinned pool is the run plan's.
+    const offload::PlanInput in = make_plan_input(c, r.shape);
+    EXPECT_EQ(in.batch_tokens, 3000u);
+    offload::PlanInput engine_only = in;
+    engine_only.batch_tokens = 0;
+    const offload::Plan e = offload::make_plan(engine_only);
+    EXPECT_EQ(e.pinned_pool, r.plan.pinned_pool);
+    EXPECT_EQ(e.totals[P] + tokens->bytes[P], r.plan.totals[P]);
+  }
 }
 
 TEST(Plan, ZeroPaperFormulasPerStage) {

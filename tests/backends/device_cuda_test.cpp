@@ -1,6 +1,7 @@
 // device_cuda_test.cpp — the CUDA device through the device interface: budgeted allocation, async
 // copies on the role streams ordered by events, and a host job's error reaching synchronize().
 // Skips with the reason where no GPU is visible.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -45,6 +46,19 @@ TEST(CudaDevice, CopiesRoundTripAcrossStreamsOrderedByEvents) {
   dev->unregister_host(src.data());
   dev->unregister_host(dst.data());
   EXPECT_GE(dev->peak(), src.size() * 4);
+}
+
+// The device's context blocks a host thread that waits on the GPU (a stream or device synchronise)
+// in the driver instead of spinning on a core beside cpu_adam: the GPU query, which creates the
+// context first, and the device both ask for cudaDeviceScheduleBlockingSync.
+TEST(CudaDevice, WaitingHostThreadsBlockInsteadOfSpinning) {
+  std::string why;
+  auto dev = gpu_or_skip(8 << 20, &why);
+  if (!dev) GTEST_SKIP() << "no GPU: " << why;
+  dev->bind_thread();
+  unsigned flags = 0;
+  ASSERT_EQ(cudaGetDeviceFlags(&flags), cudaSuccess);
+  EXPECT_EQ(flags & cudaDeviceScheduleMask, static_cast<unsigned>(cudaDeviceScheduleBlockingSync)) << flags;
 }
 
 TEST(CudaDevice, BudgetAndHostJobErrors) {

@@ -16,11 +16,16 @@
 namespace zinf {
 
 std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
-                                        bool checkpointing) {
+                                        bool checkpointing, Kernels kernels) {
   const double B = static_cast<double>(micro_batch), T = s.seq_len, C = s.d_model, H = s.n_head, V = s.vocab_size;
-  const double scale = compute_bytes / 2.0;
-  const double per_block = T * B * C * (34.0 + 5.0 * H * T / C) * scale;
-  const double logits = B * T * V * (compute_bytes + 4.0);
+  double per_block, logits;
+  if (kernels == Kernels::fast) {  // storage dtype S; fp32 statistics, attention state and losses
+    per_block = T * B * C * 17.0 * compute_bytes + 4.0 * (4.0 * B * T + B * H * T);
+    logits = B * T * V * 2.0 * compute_bytes + 4.0 * B * T;
+  } else {
+    per_block = T * B * C * (34.0 + 5.0 * H * T / C) * (compute_bytes / 2.0);
+    logits = B * T * V * (compute_bytes + 4.0);
+  }
   const double embed = B * T * C * compute_bytes;
   double total;
   if (checkpointing)
@@ -38,7 +43,7 @@ std::vector<std::uint64_t> estimate_ops_scratch(const Config& c, const ModelShap
   s.seq = static_cast<std::uint64_t>(shape.seq_len);
   s.heads = static_cast<std::uint64_t>(shape.n_head);
   s.width = static_cast<std::uint64_t>(shape.d_model);
-  s.fast = false;  // the reference kernels (device.kernels: reference)
+  s.fast = c.device.kernels == Kernels::fast;
   return ops_scratch_blocks(s);
 }
 
@@ -49,9 +54,10 @@ offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
   in.world = c.world_size;  // rank 0: the largest shards
   in.rank = 0;
   in.stage = c.zero.stage;
-  in.activation_bytes =
-      estimate_activation_bytes(shape, c.micro_batch_size, in.compute_bytes, c.model.activation_checkpointing);
+  in.activation_bytes = estimate_activation_bytes(shape, c.micro_batch_size, in.compute_bytes,
+                                                  c.model.activation_checkpointing, c.device.kernels);
   in.ops_scratch = estimate_ops_scratch(c, shape);
+  in.batch_tokens = static_cast<std::uint64_t>(c.micro_batch_size) * static_cast<std::uint64_t>(shape.seq_len);
   return in;
 }
 
@@ -214,8 +220,10 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
   r.stages = stage_plans(c, in);
   r.plan = offload::make_plan(in);
   r.capacity = machine_capacity(c, m);
-  r.activations_plain = estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, false);
-  r.activations_checkpointed = estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true);
+  r.activations_plain =
+      estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, false, c.device.kernels);
+  r.activations_checkpointed =
+      estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true, c.device.kernels);
   const NvmeProbe swap_probe = probe_nvme_capacity(c, r);
   note_large_swap_buffers(c, r);
   r.verdict = offload::judge(r.plan, r.capacity);

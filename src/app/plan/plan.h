@@ -17,12 +17,17 @@
 
 namespace zinf {
 
-// Activation memory for one micro batch of B sequences of length T on the device, in bytes. Without
-// checkpointing each block keeps T·B·C·(34 + 5·H·T/C) two-byte units (Korthikanti et al. 2022),
-// scaled to the compute dtype; with it, each block keeps its input and one block is recomputed at a
-// time. The logits (B·T·V, compute dtype) and their fp32 gradient are added in both cases.
+// Activation memory for one micro batch of B sequences of length T on the device, in bytes.
+// Reference kernels: without checkpointing each block keeps T·B·C·(34 + 5·H·T/C) two-byte units
+// (Korthikanti et al. 2022), scaled to the compute dtype; with it, each block keeps its input and one
+// block is recomputed at a time. The logits (B·T·V, compute dtype) and their fp32 gradient are added
+// in both cases.
+// Fast kernels (device.kernels: fast) store activations in the run's precision (`compute_bytes`):
+// each block keeps 17·T·B·C stored elements (34 two-byte units), its norms' statistics in fp32
+// (4·B·T floats) and the attention state as one fp32 log-sum-exp per row and head (B·H·T floats,
+// not B·H·T·T); the head keeps probs and dlogits in the storage dtype and the row losses in fp32.
 std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
-                                        bool checkpointing);
+                                        bool checkpointing, Kernels kernels = Kernels::reference);
 
 // The device blocks the model's ops allocate for themselves on the CUDA device (zinf/device_memory.h,
 // ops_scratch_blocks) for one micro batch of this shape; none on the CPU device.

@@ -10,6 +10,7 @@
 #include "cuda/caching_allocator.h"
 #include "cuda/cuda.h"
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_flags.cuh"
 #include "zinf/backends/gpu.h"
 #include "zinf/device.h"
 #include "zinf/device_memory.h"
@@ -42,6 +43,7 @@ class CudaDevice final : public Device {
  public:
   CudaDevice(int index, std::size_t budget) : index_(index) {
     ZINF_CUDA(cudaSetDevice(index));
+    ZINF_CUDA(cuda::request_blocking_sync());  // before the context exists: waiting threads sleep
     if (budget == 0) {  // auto: the free memory less a reserve for cuBLAS, NCCL and module images
       std::size_t free_b = 0, total_b = 0;
       ZINF_CUDA(cudaMemGetInfo(&free_b, &total_b));

@@ -16,6 +16,7 @@
 #include "cuda/ops/gelu.cuh"
 #include "cuda/ops/layernorm.cuh"
 #include "cuda/ops/llama.cuh"
+#include "zinf/device_memory.h"
 #include "zinf/error.h"
 
 namespace zinf::cuda {
@@ -25,7 +26,7 @@ class CudaOps final : public Fp32Ops<CudaOps> {
  public:
   static constexpr const char* kName = "CUDA";  // for the error a non-fp32 view raises
   // cuBLASLt's workspace (split-K and stream-K need one); taken from the device budget.
-  static constexpr std::size_t kWorkspaceBytes = 8u << 20;
+  static constexpr std::size_t kWorkspaceBytes = kGemmWorkspaceBytesReference;
 
   CudaOps(Device& dev, Precision p)
       : dev_(dev),

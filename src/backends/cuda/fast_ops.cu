@@ -18,6 +18,7 @@
 #include "cuda/gemm_plan.h"
 #include "cuda/ops/flash_attention.cuh"
 #include "cuda/ops/rows.cuh"
+#include "zinf/device_memory.h"
 #include "zinf/error.h"
 
 namespace zinf::cuda {
@@ -57,7 +58,7 @@ class Scratch {
 class CudaFastOps final : public OpsBackend {
  public:
   // cuBLASLt's workspace: Hopper's kernels ask for up to 32 MiB; taken once from the device budget.
-  static constexpr std::size_t kWorkspaceBytes = 32u << 20;
+  static constexpr std::size_t kWorkspaceBytes = kGemmWorkspaceBytesFast;
 
   CudaFastOps(Device& dev, Precision p)
       : dev_(dev),

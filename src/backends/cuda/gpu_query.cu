@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "cuda/device_flags.cuh"
 #include "zinf/backends/gpu.h"
 
 namespace zinf::cuda {
@@ -67,6 +68,8 @@ GpuQuery query_gpus() {
     std::snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", p.pciDomainID, p.pciBusID, p.pciDeviceID);
     g.pci_bus_id = bus;
     if (cudaSetDevice(i) == cudaSuccess) {
+      // The free memory needs the context: create it as the CUDA device would (device_flags.cuh).
+      (void)cuda::request_blocking_sync();
       size_t free_b = 0, total_b = 0;
       if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_bytes = free_b;
     }

@@ -54,6 +54,7 @@ struct Layout {
   std::uint64_t max_grad_windowed = 0;      // the largest non-persistent unit (the gradient slots' size)
   std::uint64_t comm_scratch = 0;           // elements: every rank's contribution to this rank's part of a bucket
   std::uint64_t n_params = 0;
+  std::uint64_t batch_tokens = 0;  // tokens per micro batch of the training loop's batch slots (0: none)
   std::vector<UnitLayout> units;
 };
 
@@ -88,6 +89,8 @@ enum class Buffer {
   optimizer_swap,    // the swapper's pinned buffers, one sub-group's master | m | v each
   reduce_scratch,    // the fp32 of one landed bucket (host)
   comm_receive,      // every rank's part of a bucket, received for the cross-rank reduction
+  token_staging,     // the training loop's pinned token and target staging, two slots (the caller's)
+  token_slot,        // their device copies, two slots (the caller's)
 };
 
 // The rows of `zinf plan`, in its order: model states first, then buffers.
@@ -111,8 +114,9 @@ enum class PlanRow {
   optimizer_swap,
   reduce_scratch,
   comm_receive,
+  token_batches,
 };
-constexpr int kPlanRows = static_cast<int>(PlanRow::comm_receive) + 1;
+constexpr int kPlanRows = static_cast<int>(PlanRow::token_batches) + 1;
 constexpr bool is_state_row(PlanRow r) { return r <= PlanRow::adam_v; }
 
 constexpr std::size_t kShared = static_cast<std::size_t>(-1);
@@ -136,7 +140,8 @@ std::uint64_t footprint(Tier t, std::uint64_t bytes, bool device_blocks = false)
 // sub-group tensors of a unit come as one spec for its whole sub-groups and one for its last,
 // shorter one (in that order); everything else is one spec per buffer kind and unit.
 // `activation_bytes`: the caller's estimate (a spec of its own, allocated by no one here); so is each
-// of `ops_scratch`'s blocks (one spec each, after the activations).
+// of `ops_scratch`'s blocks (one spec each, after the activations). The token batches (with
+// PlanInput::batch_tokens) come last; the training loop allocates them, not the engine.
 void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes,
                      const std::function<void(const BufferSpec&)>& fn,
                      const std::vector<std::uint64_t>& ops_scratch = {});

@@ -52,6 +52,10 @@ struct PlanInput {
   // Device blocks the model's ops allocate for themselves on first use (ops_scratch_blocks): the
   // caller's estimate, each as the ops ask for it; allocated by no one in the engine.
   std::vector<std::uint64_t> ops_scratch{};
+  // Tokens per micro batch of the training loop's batch slots (app/train/batches.h: two slots of
+  // tokens and targets, int32, each array on pinned pages of its own and in a device buffer of its
+  // own); allocated by no one in the engine. 0: none (the engine's own plan).
+  std::uint64_t batch_tokens = 0;
   int world = 1, rank = 0;                 // data-parallel ranks, and the rank this plan is for
   int stage = 0;                           // ZeRO stage (partitioning applies with world > 1)
   std::int64_t persistence_threshold = 0;  // stage 3, world > 1: units this small are not partitioned
@@ -74,7 +78,8 @@ struct Plan {
   std::vector<Row> buffers;                // activations, device windows, pinned pool parts
   TierBytes model_states{};                // sum of `states`
   TierBytes totals{};                      // states + buffers
-  std::uint64_t pinned_pool = 0;  // staging buffers through the one bounded pool (excludes a pinned param16 home)
+  std::uint64_t pinned_pool = 0;           // staging buffers through the one bounded pool (excludes a pinned param16
+                                           // home and the token batches' staging, which has a pool of its own)
 };
 
 // The byte model of the offload engine: the buffer list it allocates from (buffer_specs.h), summed

@@ -18,18 +18,21 @@ namespace zinf {
 std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
                                         bool checkpointing, Kernels kernels) {
   const double B = static_cast<double>(micro_batch), T = s.seq_len, C = s.d_model, H = s.n_head, V = s.vocab_size;
+  // The bytes of one stored activation: the run's precision under the fast kernels; the reference
+  // kernels store every activation in fp32, whatever the run's precision.
+  const double act = kernels == Kernels::fast ? compute_bytes : 4.0;
   double per_block, logits;
   if (kernels == Kernels::fast) {  // storage dtype S; fp32 statistics, attention state and losses
-    per_block = T * B * C * 17.0 * compute_bytes + 4.0 * (4.0 * B * T + B * H * T);
-    logits = B * T * V * 2.0 * compute_bytes + 4.0 * B * T;
+    per_block = T * B * C * 17.0 * act + 4.0 * (4.0 * B * T + B * H * T);
+    logits = B * T * V * 2.0 * act + 4.0 * B * T;
   } else {
-    per_block = T * B * C * (34.0 + 5.0 * H * T / C) * (compute_bytes / 2.0);
-    logits = B * T * V * (compute_bytes + 4.0);
+    per_block = T * B * C * (34.0 + 5.0 * H * T / C) * (act / 2.0);
+    logits = B * T * V * (act + 4.0);
   }
-  const double embed = B * T * C * compute_bytes;
+  const double embed = B * T * C * act;
   double total;
   if (checkpointing)
-    total = s.n_layer * (T * B * C * compute_bytes) + per_block + logits + embed;
+    total = s.n_layer * (T * B * C * act) + per_block + logits + embed;
   else
     total = s.n_layer * per_block + logits + embed;
   return static_cast<std::uint64_t>(total);

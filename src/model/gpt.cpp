@@ -132,7 +132,7 @@ void GptModel::block_backward(const Weights& w, const Grads& g, ConstTensorView 
   ops_.layernorm_backward(dres2_, g.ln2w, g.ln2b, dln_, a.res2, w.ln2w, a.ln2_mean, a.ln2_rstd, R, C);
   ops_.zero(datty_, RC);
   ops_.matmul_backward(datty_, g.projw, g.projb, dres2_, a.atty, w.projw, R, C, C);
-  ops_.attention_backward(dqkv_, datty_, a.qkv, a.att, B_, shape_.seq_len, C, shape_.n_head);
+  ops_.attention_backward(dqkv_, datty_, a.qkv, a.att, a.atty, B_, shape_.seq_len, C, shape_.n_head);
   ops_.zero(dln_, RC);
   ops_.matmul_backward(dln_, g.qkvw, g.qkvb, dqkv_, a.ln1, w.qkvw, R, C, 3 * C);
   ops_.copy(dx, dres2_, RC);

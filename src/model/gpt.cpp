@@ -113,8 +113,7 @@ void GptModel::block_forward(const Weights& w, ConstTensorView x, const BlockAct
   ops_.matmul_forward(a.res2, a.atty, w.projw, w.projb, R, C, C);
   ops_.add_inplace(a.res2, x, RC);
   ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, R, C);
-  ops_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, R, C, 4 * C);
-  ops_.gelu_forward(a.fchg, a.fch, RC * 4);
+  ops_.matmul_gelu_forward(a.fch, a.fchg, a.ln2, w.fcw, w.fcb, R, C, 4 * C);  // fch = ln2·W + b, fchg = gelu(fch)
   ops_.matmul_forward(a.out, a.fchg, w.fcprojw, w.fcprojb, R, 4 * C, C);
   ops_.add_inplace(a.out, a.res2, RC);
 }

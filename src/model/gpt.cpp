@@ -113,8 +113,7 @@ void GptModel::block_forward(const Weights& w, ConstTensorView x, const BlockAct
   ops_.matmul_forward(a.res2, a.atty, w.projw, w.projb, R, C, C);
   ops_.add_inplace(a.res2, x, RC);
   ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, R, C);
-  ops_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, R, C, 4 * C);
-  ops_.gelu_forward(a.fchg, a.fch, RC * 4);
+  ops_.matmul_gelu_forward(a.fch, a.fchg, a.ln2, w.fcw, w.fcb, R, C, 4 * C);  // fch = ln2·W + b, fchg = gelu(fch)
   ops_.matmul_forward(a.out, a.fchg, w.fcprojw, w.fcprojb, R, 4 * C, C);
   ops_.add_inplace(a.out, a.res2, RC);
 }
@@ -132,7 +131,7 @@ void GptModel::block_backward(const Weights& w, const Grads& g, ConstTensorView 
   ops_.layernorm_backward(dres2_, g.ln2w, g.ln2b, dln_, a.res2, w.ln2w, a.ln2_mean, a.ln2_rstd, R, C);
   ops_.zero(datty_, RC);
   ops_.matmul_backward(datty_, g.projw, g.projb, dres2_, a.atty, w.projw, R, C, C);
-  ops_.attention_backward(dqkv_, datty_, a.qkv, a.att, B_, shape_.seq_len, C, shape_.n_head);
+  ops_.attention_backward(dqkv_, datty_, a.qkv, a.att, a.atty, B_, shape_.seq_len, C, shape_.n_head);
   ops_.zero(dln_, RC);
   ops_.matmul_backward(dln_, g.qkvw, g.qkvb, dqkv_, a.ln1, w.qkvw, R, C, 3 * C);
   ops_.copy(dx, dres2_, RC);

@@ -178,7 +178,7 @@ void LlamaModel::block_backward(const Weights& w, const Grads& g, ConstTensorVie
   ops_.rmsnorm_backward(dres2_, g.ffn_norm, dn_, a.res2, w.ffn_norm, a.fn_rstd, R, C);
   ops_.zero(datty_, RC);
   ops_.matmul_backward(datty_, g.wo, nullptr, dres2_, a.atty, w.wo, R, C, C);
-  ops_.gqa_attention_backward(dq_, dk_, dv_, datty_, a.q, a.k, a.v, a.att, B_, T_, H_, KV_, D_);
+  ops_.gqa_attention_backward(dq_, dk_, dv_, datty_, a.q, a.k, a.v, a.att, a.atty, B_, T_, H_, KV_, D_);
   ops_.rope_apply(dq_, cos_, sin_, R, T_, H_, D_, true);  // the gradient before the rotation
   ops_.rope_apply(dk_, cos_, sin_, R, T_, KV_, D_, true);
   ops_.zero(dn_, RC);

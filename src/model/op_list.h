@@ -89,9 +89,11 @@ constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
     (acc, x, n))                                                                                                     \
   X(attention_forward, attention_info(B, T, C, false),                                                               \
     (TensorView out, TensorView att, ConstTensorView qkv, int B, int T, int C, int H), (out, att, qkv, B, T, C, H))  \
+  /* out: the forward's output as attention_forward wrote it (a flash backward reads it; the reference does not) */  \
   X(attention_backward, attention_info(B, T, C, true),                                                               \
-    (TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att, int B, int T, int C, int H),   \
-    (dqkv, dout, qkv, att, B, T, C, H))                                                                              \
+    (TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att, ConstTensorView out, int B,    \
+     int T, int C, int H),                                                                                           \
+    (dqkv, dout, qkv, att, out, B, T, C, H))                                                                         \
   X(encoder_forward, kind_info(OpKind::embedding, false),                                                            \
     (TensorView out, const int* tokens, ConstTensorView wte, ConstTensorView wpe, int B, int T, int C),              \
     (out, tokens, wte, wpe, B, T, C))                                                                                \
@@ -132,10 +134,11 @@ constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
     (TensorView out, TensorView att, ConstTensorView q, ConstTensorView k, ConstTensorView v, int B, int T, int H,     \
      int KV, int D),                                                                                                   \
     (out, att, q, k, v, B, T, H, KV, D))                                                                               \
+  /* out: the forward's output as gqa_attention_forward wrote it, as for attention_backward */                         \
   X(gqa_attention_backward, attention_info(B, T, H* D, true),                                                          \
     (TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q, ConstTensorView k,          \
-     ConstTensorView v, ConstTensorView att, int B, int T, int H, int KV, int D),                                      \
-    (dq, dk, dv, dout, q, k, v, att, B, T, H, KV, D))                                                                  \
+     ConstTensorView v, ConstTensorView att, ConstTensorView out, int B, int T, int H, int KV, int D),                 \
+    (dq, dk, dv, dout, q, k, v, att, out, B, T, H, KV, D))                                                             \
   /* token embedding without positions: out[r] = wte[tokens[r]]; backward dwte[tokens[r]] += dout[r] */                \
   X(embedding_forward, kind_info(OpKind::embedding, false),                                                            \
     (TensorView out, const int* tokens, ConstTensorView wte, int R, int C), (out, tokens, wte, R, C))                  \

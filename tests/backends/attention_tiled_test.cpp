@@ -80,7 +80,7 @@ Plain run_plain_gpt(const GptCase& g, const std::vector<float>& qkv, const std::
   Plain r{std::vector<float>(R * g.C()), std::vector<float>(static_cast<std::size_t>(g.B) * g.H * g.T * g.T),
           std::vector<float>(R * 3 * g.C())};
   attention_forward(pool, r.out.data(), r.att.data(), qkv.data(), g.B, g.T, g.C(), g.H);
-  attention_backward(pool, r.dqkv.data(), dout.data(), qkv.data(), r.att.data(), g.B, g.T, g.C(), g.H);
+  attention_backward(pool, r.dqkv.data(), dout.data(), qkv.data(), r.att.data(), r.out.data(), g.B, g.T, g.C(), g.H);
   return r;
 }
 
@@ -152,7 +152,7 @@ TEST(AttentionTiled, GqaMatchesPlainReference) {
         rdv(R * KV * D);
     gqa_attention_forward(pool, rout.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
     gqa_attention_backward(pool, rdq.data(), rdk.data(), rdv.data(), dout.data(), q.data(), k.data(), v.data(),
-                           att.data(), B, T, H, KV, D);
+                           att.data(), rout.data(), B, T, H, KV, D);
     expect_close(out, rout, kRel, "out");
     expect_close(dq, rdq, kRel, "dq");
     expect_close(dk, rdk, kRel, "dk");

@@ -151,9 +151,9 @@ TEST(CudaOps, EveryOpMatchesTheCpuReference) {
   float *gao = g.up(VF(ao.size())), *gatt = g.up(VF(att.size())), *gqkv = g.up(qkv);
   g.ops->attention_forward(gao, gatt, gqkv, B, T, C, H);
   expect_close("attention_forward", g.down(gao, ao.size()), ao, 1e-4, 1e-6);
-  cpu.attention_backward(adq.data(), ady.data(), qkv.data(), att.data(), B, T, C, H);
+  cpu.attention_backward(adq.data(), ady.data(), qkv.data(), att.data(), ao.data(), B, T, C, H);
   float* gadq = g.up(VF(adq.size()));
-  g.ops->attention_backward(gadq, g.up(ady), gqkv, gatt, B, T, C, H);
+  g.ops->attention_backward(gadq, g.up(ady), gqkv, gatt, gao, B, T, C, H);
   expect_close("attention_backward", g.down(gadq, adq.size()), adq, 1e-4, 1e-5);
   // encoder and LM head
   std::vector<int> tok(static_cast<std::size_t>(R)), tg(static_cast<std::size_t>(R));

@@ -59,7 +59,7 @@ TEST(CudaScratch, GrowingAttentionScratchWaitsForTheStream) {
   const int B = 1, C = 64, H = 4, KV = 2, D = C / H, T_big = 256;
   const std::size_t rows = static_cast<std::size_t>(B) * T_big;
   DeviceBuffer qkv(dev, rows * 3 * C * 4, "qkv"), dqkv(dev, rows * 3 * C * 4, "dqkv"), dout(dev, rows * C * 4, "dout"),
-      att(dev, static_cast<std::size_t>(B) * H * T_big * T_big * 4, "att");
+      out(dev, rows * C * 4, "out"), att(dev, static_cast<std::size_t>(B) * H * T_big * T_big * 4, "att");
   ops->zero(qkv.as<float>(), rows * 3 * C);
   ops->zero(dout.as<float>(), rows * C);
   ops->zero(att.as<float>(), static_cast<std::size_t>(B) * H * T_big * T_big);
@@ -74,7 +74,8 @@ TEST(CudaScratch, GrowingAttentionScratchWaitsForTheStream) {
   for (int T : {32, 64, 128, T_big}) {  // each call needs a larger [B,H,T,T] scratch
     queue_long_work();
     dev.watching = true;
-    ops->attention_backward(dqkv.as<float>(), dout.as<float>(), qkv.as<float>(), att.as<float>(), B, T, C, H);
+    ops->attention_backward(dqkv.as<float>(), dout.as<float>(), qkv.as<float>(), att.as<float>(), out.as<float>(), B, T,
+                            C, H);
     dev.watching = false;
   }
   for (int T : {32, 64, 128, T_big}) {  // the GQA backward's per-row scratch
@@ -83,7 +84,7 @@ TEST(CudaScratch, GrowingAttentionScratchWaitsForTheStream) {
     const float* x = qkv.as<float>();
     float* dx = dqkv.as<float>();
     ops->gqa_attention_backward(dx, dx + rows * C, dx + 2 * rows * C, dout.as<float>(), x, x + rows * C,
-                                x + 2 * rows * C, att.as<float>(), B, T, H, KV, D);
+                                x + 2 * rows * C, att.as<float>(), out.as<float>(), B, T, H, KV, D);
     dev.watching = false;
   }
   dev.synchronize();

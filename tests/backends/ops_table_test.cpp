@@ -164,7 +164,7 @@ void case_attention_backward(Case& c) {
             out = c.rand(RC);
   ops::attention_forward(ref_par(), c.host(out), c.host(att), c.host(qkv), B, T, C, H);  // a causal softmax
   c.call = [=](OpsBackend& o, const Bufs& t) {
-    o.attention_backward(t.w(dqkv), t.r(dout), t.r(qkv), t.r(att), B, T, C, H);
+    o.attention_backward(t.w(dqkv), t.r(dout), t.r(qkv), t.r(att), t.r(out), B, T, C, H);
   };
 }
 void case_encoder_forward(Case& c) {
@@ -255,7 +255,8 @@ void case_gqa_attention_backward(Case& c) {
             v = c.rand(sz(R) * KV * D), att = c.rand(sz(B) * LH * T * T), out = c.rand(sz(R) * LH * D);
   ops::gqa_attention_forward(ref_par(), c.host(out), c.host(att), c.host(q), c.host(k), c.host(v), B, T, LH, KV, D);
   c.call = [=](OpsBackend& o, const Bufs& t) {
-    o.gqa_attention_backward(t.w(dq), t.w(dk), t.w(dv), t.r(dout), t.r(q), t.r(k), t.r(v), t.r(att), B, T, LH, KV, D);
+    o.gqa_attention_backward(t.w(dq), t.w(dk), t.w(dv), t.r(dout), t.r(q), t.r(k), t.r(v), t.r(att), t.r(out), B, T, LH,
+                             KV, D);
   };
 }
 void case_embedding_forward(Case& c) {

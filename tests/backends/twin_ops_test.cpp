@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../common/error_of.h"
+#include "cpu/ops_attention_tiled.h"
 #include "cpu/ops_gpt.h"
 #include "cpu/twin_ops.h"
 #include "zinf/backends/backend.h"
@@ -116,6 +117,97 @@ TEST(TwinOps, AnUnsizedSixteenBitViewIsRefusedNamingTheOpAndArgument) {
   std::vector<float> a(8, 1.0f), b(8, 0.0f);
   twin->gelu_forward(TensorView(b.data()), ConstTensorView(a.data()), a.size());
   EXPECT_GT(b[0], 0.8f);
+}
+
+// The twin's attention is the tiled (flash-order) reference with the CUDA kernels' tiling, and its
+// state is one log-sum-exp per row; its backward reads the forward's output as the forward stored it.
+// That gives the same bits as computing the output again inside the backward (the same tiled forward
+// on the same widened inputs, rounded once to S), which the backward did before the op list passed
+// `out`: checked here against that recomputation, for both model families' layouts.
+struct AttnCase {
+  const char* name;
+  ops::AttnShapeCpu a;
+  std::size_t q_off, k_off, v_off;  // offsets into one input buffer (GPT packs q, k, v in each row)
+  std::size_t in_elems, dq_elems;
+};
+
+TEST(TwinOps, AttentionBackwardWithTheStoredOutputIsTheRecomputedOnesBits) {
+  const int B = 2, T = 37, H = 4, KV = 2, D = 16, C = H * D;
+  const std::size_t R = static_cast<std::size_t>(B) * T;
+  const long c3 = 3L * C, kvd = static_cast<long>(KV) * D;
+  const AttnCase cases[] = {
+      {"gpt", {B, T, H, H, D, c3, c3, c3, C}, 0, static_cast<std::size_t>(C), 2u * C, R * 3 * C, R * 3 * C},
+      {"gqa", {B, T, H, KV, D, C, kvd, kvd, C}, 0, R * C, R * C + R * KV * D, R * C + 2 * R * KV * D, 0}};
+  for (Precision p : {Precision::bf16, Precision::fp16, Precision::fp32}) {
+    const DType S = dtype_of(p);
+    for (const AttnCase& ac : cases) {
+      SCOPED_TRACE(std::string(to_string(S)) + " " + ac.name);
+      const ops::AttnShapeCpu& a = ac.a;
+      auto twin = cpu::make_twin_ops(p, 2);
+      ASSERT_EQ(twin->attention_state_elems(B, H, T), static_cast<std::size_t>(B) * H * T);
+      // Inputs as S holds them (fp32 runs: any floats), widened exactly.
+      std::mt19937 rng(17);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      auto as_s = [&](float x) { return S == DType::fp32 ? x : widen(narrow(x, S), S); };
+      std::vector<float> in(ac.in_elems), dout(R * C);
+      for (float& x : in) x = as_s(nd(rng));
+      for (float& x : dout) x = as_s(nd(rng));
+      auto view_of = [&](std::vector<float>& f, std::vector<std::uint16_t>& h) {
+        if (S == DType::fp32) return TensorView(f.data(), f.size());
+        h = rounded(f, S);
+        return TensorView(h.data(), S, h.size());
+      };
+      std::vector<std::uint16_t> in_h, dout_h, out_h, dq_h, dk_h, dv_h;
+      std::vector<float> out(R * C), lse(static_cast<std::size_t>(B) * H * T);
+      const TensorView in_v = view_of(in, in_h), dout_v = view_of(dout, dout_h), out_v = view_of(out, out_h);
+      auto part = [&](std::size_t off, std::size_t n) {  // a view into the input buffer
+        return S == DType::fp32 ? ConstTensorView(in.data() + off, n) : ConstTensorView(in_h.data() + off, S, n);
+      };
+      // The twin: forward, then backward with the output the forward stored.
+      const std::size_t q_n = R * C, kv_n = R * KV * D;
+      std::vector<float> d1(ac.dq_elems ? ac.dq_elems : q_n), d2(kv_n), d3(kv_n);
+      const TensorView g1 = view_of(d1, dq_h), g2 = view_of(d2, dk_h), g3 = view_of(d3, dv_h);
+      if (ac.dq_elems) {
+        twin->attention_forward(out_v, TensorView(lse.data(), lse.size()), in_v, B, T, C, H);
+        twin->attention_backward(g1, dout_v, in_v, ConstTensorView(lse.data(), lse.size()), out_v, B, T, C, H);
+      } else {
+        twin->gqa_attention_forward(out_v, TensorView(lse.data(), lse.size()), part(0, q_n), part(ac.k_off, kv_n),
+                                    part(ac.v_off, kv_n), B, T, H, KV, D);
+        twin->gqa_attention_backward(g1, g2, g3, dout_v, part(0, q_n), part(ac.k_off, kv_n), part(ac.v_off, kv_n),
+                                     ConstTensorView(lse.data(), lse.size()), out_v, B, T, H, KV, D);
+      }
+      // The recomputation: the tiled forward again (its output rounded to S as stored), then the backward.
+      ops::ChunkPool pool(1);
+      const ops::TiledAttention tl = ops::cuda_tiling(D, S);
+      std::vector<float> rout(R * C), rlse(lse.size());
+      const float *q = in.data() + ac.q_off, *k = in.data() + ac.k_off, *v = in.data() + ac.v_off;
+      ops::tiled_attention_forward(pool, rout.data(), rlse.data(), q, k, v, a, tl);
+      EXPECT_EQ(rlse, lse) << "the stored log-sum-exp";
+      for (float& x : rout) x = as_s(x);
+      std::vector<float> r1(d1.size()), r2(kv_n), r3(kv_n);
+      float* rdq = r1.data();
+      float* rdk = ac.dq_elems ? r1.data() + C : r2.data();
+      float* rdv = ac.dq_elems ? r1.data() + 2L * C : r3.data();
+      ops::tiled_attention_backward(pool, rdq, rdk, rdv, dout.data(), q, k, v, rout.data(), rlse.data(), a, tl);
+      auto bits = [&](const std::vector<float>& f, const std::vector<std::uint16_t>& h) {
+        return S == DType::fp32 ? f : [&] {
+          std::vector<float> w(h.size());
+          for (std::size_t i = 0; i < h.size(); ++i) w[i] = widen(h[i], S);
+          return w;
+        }();
+      };
+      auto as_stored = [&](std::vector<float> f) {
+        for (float& x : f) x = as_s(x);
+        return f;
+      };
+      EXPECT_EQ(bits(out, out_h), rout) << "the stored output";
+      EXPECT_EQ(bits(d1, dq_h), as_stored(r1)) << (ac.dq_elems ? "dqkv" : "dq");
+      if (!ac.dq_elems) {
+        EXPECT_EQ(bits(d2, dk_h), as_stored(r2)) << "dk";
+        EXPECT_EQ(bits(d3, dv_h), as_stored(r3)) << "dv";
+      }
+    }
+  }
 }
 
 }  // namespace

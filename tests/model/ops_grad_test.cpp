@@ -152,7 +152,7 @@ TEST(OpsGrad, Attention) {
   ops::attention_forward(par(), out.data(), att.data(), qkv.data(), B, T, C, H);
   VD qd = to_d(qkv);
   expect_close("attention out", out, ref_attention(qd, B, T, C, H));
-  ops::attention_backward(par(), dqkv.data(), g.data(), qkv.data(), att.data(), B, T, C, H);
+  ops::attention_backward(par(), dqkv.data(), g.data(), qkv.data(), att.data(), out.data(), B, T, C, H);
   check_grad("attention dqkv", dqkv, qd, [&] { return dot(ref_attention(qd, B, T, C, H), g); });
 }
 

@@ -170,7 +170,7 @@ TEST(OpsLlama, GroupedQueryAttention) {
     expect_close("gqa out", out, ref_gqa(qd, kd, vd, B, T, H, KV, D));
     VF dq(q.size()), dk(k.size()), dv(v.size());
     ops::gqa_attention_backward(par(), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
-                                att.data(), B, T, H, KV, D);
+                                att.data(), out.data(), B, T, H, KV, D);
     auto J = [&] { return dot(ref_gqa(qd, kd, vd, B, T, H, KV, D), g); };
     check_grad("gqa dq", dq, qd, J);
     check_grad("gqa dk", dk, kd, J);
@@ -189,7 +189,7 @@ TEST(OpsLlama, ResultsDoNotDependOnTheThreadCount) {
     ops::rmsnorm_backward(par(threads), dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), R, C);
     ops::gqa_attention_forward(par(threads), o.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
     ops::gqa_attention_backward(par(threads), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
-                                att.data(), B, T, H, KV, D);
+                                att.data(), o.data(), B, T, H, KV, D);
     VF all;
     for (const VF* p : {&out, &dx, &dw, &o, &dq, &dk, &dv}) all.insert(all.end(), p->begin(), p->end());
     return all;

@@ -337,8 +337,8 @@ void attention_forward(ChunkPool& p, float* out, float* att, const float* qkv, i
   });
 }
 
-void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                        int C, int H) {
+void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const float* qkv, const float* att,
+                        const float* /*out: not needed, see ops_gpt.h*/, int B, int T, int C, int H) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   p.chunks(static_cast<std::size_t>(B) * H, [&](std::size_t bh) {

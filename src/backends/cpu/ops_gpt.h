@@ -61,9 +61,10 @@ void add_inplace(ChunkPool& p, float* acc, const float* x, std::size_t n);  // a
 
 // qkv [B,T,3C] → out [B,T,C]; att [B,H,T,T] keeps the softmax for backward (causal, scale 1/√(C/H)).
 void attention_forward(ChunkPool& p, float* out, float* att, const float* qkv, int B, int T, int C, int H);
-// dqkv = … (overwritten)
-void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                        int C, int H);
+// dqkv = … (overwritten). `out` (the forward's output) is taken for the op list's sake and not read:
+// the probabilities in att give the gradient without it, so this reference recomputes nothing.
+void attention_backward(ChunkPool& p, float* dqkv, const float* dout, const float* qkv, const float* att,
+                        const float* out, int B, int T, int C, int H);
 
 void encoder_forward(ChunkPool& p, float* out, const int* tokens, const float* wte, const float* wpe, int B, int T,
                      int C);

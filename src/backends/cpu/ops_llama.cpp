@@ -134,7 +134,8 @@ void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q,
 }
 
 void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q,
-                            const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D) {
+                            const float* k, const float* v, const float* att,
+                            const float* /*out: not needed, see ops_llama.h*/, int B, int T, int H, int KV, int D) {
   ZINF_CHECK(KV > 0 && H % KV == 0);
   const int group = H / KV;
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;

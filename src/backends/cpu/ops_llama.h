@@ -37,9 +37,12 @@ void swiglu_backward(ChunkPool& p, float* dgate, float* dup, const float* dout, 
 // h reads key/value head h / (H / KV). att [B, H, T, T] keeps the probabilities for backward.
 void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q, const float* k, const float* v, int B,
                            int T, int H, int KV, int D);
-// Writes (=) dq, dk, dv; each key/value head's gradient sums its query heads in head order.
+// Writes (=) dq, dk, dv; each key/value head's gradient sums its query heads in head order. `out`
+// (the forward's output) is taken for the op list's sake and not read: the probabilities in att give
+// the gradient without it, so this reference recomputes nothing.
 void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q,
-                            const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D);
+                            const float* k, const float* v, const float* att, const float* out, int B, int T, int H,
+                            int KV, int D);
 
 // Token embedding without positions (R rows): out[r] = wte[tokens[r]]; backward dwte[tokens[r]] +=
 // dout[r], summed over rows in order (each column chunk by one thread).

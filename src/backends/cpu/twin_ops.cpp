@@ -6,10 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/ops_llama.h"
-#ifdef ZINF_TILED_ATTENTION
 #include "cpu/ops_attention_tiled.h"
-#endif
+#include "cpu/ops_llama.h"
 #include "zinf/cpu_adam/spec.h"
 
 namespace zinf::cpu {
@@ -83,30 +81,16 @@ void staged(const char* op, const char* names, F&& f, const A&... a) {
 // The attention the twin computes: the fast kernels keep each row's log-sum-exp [B,H,T] as the
 // attention state, walk the keys in tiles with an online softmax and round the P and dS tiles to S
 // before their products; cpu/ops_attention_tiled.h mirrors them, and the twin calls it with the
-// CUDA kernels' tiling. Their backward recomputes the forward's output (rounded to S, as the
-// forward stores it) and keeps the lse the forward stored; so does the twin. A build without the
-// tiled reference runs the plain reference here and keeps the [B,H,T,T] probabilities
-// (attention_state_elems says which); the build defines ZINF_TILED_ATTENTION when it has the tiled one.
-#ifdef ZINF_TILED_ATTENTION
-constexpr bool kTiledAttention = true;
-
-void round_through(float* x, std::size_t n, DType S) {  // x as an S buffer would hold it
-  if (S == DType::fp32) return;
-  for (std::size_t i = 0; i < n; ++i) x[i] = widen_one(narrow_one(x[i], S), S);
-}
-
+// CUDA kernels' tiling. Their backward reads the forward's output as the forward stored it (rounded
+// to S) and the lse it kept; the staging hands both over widened, so the twin does the same.
 void tiled_forward(ops::ChunkPool& p, float* out, float* lse, const float* q, const float* k, const float* v,
                    const ops::AttnShapeCpu& a, DType S) {
   ops::tiled_attention_forward(p, out, lse, q, k, v, a, ops::cuda_tiling(a.D, S));
 }
 void tiled_backward(ops::ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q,
-                    const float* k, const float* v, const float* lse, const ops::AttnShapeCpu& a, DType S) {
-  const std::size_t rows = static_cast<std::size_t>(a.B) * static_cast<std::size_t>(a.T);
-  std::vector<float> out(rows * static_cast<std::size_t>(a.o_stride));
-  std::vector<float> lse_again(rows * static_cast<std::size_t>(a.H));
-  tiled_forward(p, out.data(), lse_again.data(), q, k, v, a, S);
-  round_through(out.data(), out.size(), S);
-  ops::tiled_attention_backward(p, dq, dk, dv, dout, q, k, v, out.data(), lse, a, ops::cuda_tiling(a.D, S));
+                    const float* k, const float* v, const float* out, const float* lse, const ops::AttnShapeCpu& a,
+                    DType S) {
+  ops::tiled_attention_backward(p, dq, dk, dv, dout, q, k, v, out, lse, a, ops::cuda_tiling(a.D, S));
 }
 ops::AttnShapeCpu packed_shape(int B, int T, int C, int H) {  // GPT's qkv [B,T,3C]
   const long c3 = 3L * C;
@@ -122,39 +106,19 @@ void twin_attention_forward(ops::ChunkPool& p, DType S, float* out, float* att, 
   tiled_forward(p, out, att, qkv, qkv + C, qkv + 2L * C, packed_shape(B, T, C, H), S);
 }
 void twin_attention_backward(ops::ChunkPool& p, DType S, float* dqkv, const float* dout, const float* qkv,
-                             const float* att, int B, int T, int C, int H) {
-  tiled_backward(p, dqkv, dqkv + C, dqkv + 2L * C, dout, qkv, qkv + C, qkv + 2L * C, att, packed_shape(B, T, C, H), S);
+                             const float* att, const float* out, int B, int T, int C, int H) {
+  tiled_backward(p, dqkv, dqkv + C, dqkv + 2L * C, dout, qkv, qkv + C, qkv + 2L * C, out, att, packed_shape(B, T, C, H),
+                 S);
 }
 void twin_gqa_attention_forward(ops::ChunkPool& p, DType S, float* out, float* att, const float* q, const float* k,
                                 const float* v, int B, int T, int H, int KV, int D) {
   tiled_forward(p, out, att, q, k, v, gqa_shape(B, T, H, KV, D), S);
 }
 void twin_gqa_attention_backward(ops::ChunkPool& p, DType S, float* dq, float* dk, float* dv, const float* dout,
-                                 const float* q, const float* k, const float* v, const float* att, int B, int T, int H,
-                                 int KV, int D) {
-  tiled_backward(p, dq, dk, dv, dout, q, k, v, att, gqa_shape(B, T, H, KV, D), S);
+                                 const float* q, const float* k, const float* v, const float* att, const float* out,
+                                 int B, int T, int H, int KV, int D) {
+  tiled_backward(p, dq, dk, dv, dout, q, k, v, out, att, gqa_shape(B, T, H, KV, D), S);
 }
-#else
-constexpr bool kTiledAttention = false;
-
-void twin_attention_forward(ops::ChunkPool& p, DType, float* out, float* att, const float* qkv, int B, int T, int C,
-                            int H) {
-  ops::attention_forward(p, out, att, qkv, B, T, C, H);
-}
-void twin_attention_backward(ops::ChunkPool& p, DType, float* dqkv, const float* dout, const float* qkv,
-                             const float* att, int B, int T, int C, int H) {
-  ops::attention_backward(p, dqkv, dout, qkv, att, B, T, C, H);
-}
-void twin_gqa_attention_forward(ops::ChunkPool& p, DType, float* out, float* att, const float* q, const float* k,
-                                const float* v, int B, int T, int H, int KV, int D) {
-  ops::gqa_attention_forward(p, out, att, q, k, v, B, T, H, KV, D);
-}
-void twin_gqa_attention_backward(ops::ChunkPool& p, DType, float* dq, float* dk, float* dv, const float* dout,
-                                 const float* q, const float* k, const float* v, const float* att, int B, int T, int H,
-                                 int KV, int D) {
-  ops::gqa_attention_backward(p, dq, dk, dv, dout, q, k, v, att, B, T, H, KV, D);
-}
-#endif
 
 // Every op of the list through the staging, on the fp32 reference.
 class TwinOpsBase : public OpsBackend {
@@ -186,11 +150,11 @@ class TwinOps final : public TwinOpsBase {
         "attention_forward", "(out, att, qkv, B, T, C, H)",
         [this](auto... a) { twin_attention_forward(pool_, storage_, a...); }, out, att, qkv, B, T, C, H);
   }
-  void attention_backward(TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att, int B, int T,
-                          int C, int H) override {
+  void attention_backward(TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att,
+                          ConstTensorView out, int B, int T, int C, int H) override {
     staged(
-        "attention_backward", "(dqkv, dout, qkv, att, B, T, C, H)",
-        [this](auto... a) { twin_attention_backward(pool_, storage_, a...); }, dqkv, dout, qkv, att, B, T, C, H);
+        "attention_backward", "(dqkv, dout, qkv, att, out, B, T, C, H)",
+        [this](auto... a) { twin_attention_backward(pool_, storage_, a...); }, dqkv, dout, qkv, att, out, B, T, C, H);
   }
   void gqa_attention_forward(TensorView out, TensorView att, ConstTensorView q, ConstTensorView k, ConstTensorView v,
                              int B, int T, int H, int KV, int D) override {
@@ -199,16 +163,16 @@ class TwinOps final : public TwinOpsBase {
         [this](auto... a) { twin_gqa_attention_forward(pool_, storage_, a...); }, out, att, q, k, v, B, T, H, KV, D);
   }
   void gqa_attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q,
-                              ConstTensorView k, ConstTensorView v, ConstTensorView att, int B, int T, int H, int KV,
-                              int D) override {
+                              ConstTensorView k, ConstTensorView v, ConstTensorView att, ConstTensorView out, int B,
+                              int T, int H, int KV, int D) override {
     staged(
-        "gqa_attention_backward", "(dq, dk, dv, dout, q, k, v, att, B, T, H, KV, D)",
-        [this](auto... a) { twin_gqa_attention_backward(pool_, storage_, a...); }, dq, dk, dv, dout, q, k, v, att, B, T,
-        H, KV, D);
+        "gqa_attention_backward", "(dq, dk, dv, dout, q, k, v, att, out, B, T, H, KV, D)",
+        [this](auto... a) { twin_gqa_attention_backward(pool_, storage_, a...); }, dq, dk, dv, dout, q, k, v, att, out,
+        B, T, H, KV, D);
   }
   std::size_t attention_state_elems(int B, int H, int T) const override {
     const std::size_t rows = static_cast<std::size_t>(B) * static_cast<std::size_t>(H) * static_cast<std::size_t>(T);
-    return kTiledAttention ? rows : rows * static_cast<std::size_t>(T);
+    return rows;  // one log-sum-exp per row
   }
 };
 

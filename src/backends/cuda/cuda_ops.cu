@@ -77,8 +77,9 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   void fp32_attention_forward(float* o, float* att, const float* qkv, int B, int T, int C, int H) {
     ops::launch_attention_forward(o, att, qkv, B, T, C, H, stream_);
   }
-  void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                               int H) {
+  // `out` (the forward's output) is not read: these kernels keep the probabilities in att.
+  void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, const float* /*out*/,
+                               int B, int T, int C, int H) {
     const std::size_t need = static_cast<std::size_t>(B) * H * T * T * sizeof(float);
     if (scratch_.size() < need) {  // kept for the next call; the old block may still be read by queued kernels
       ZINF_CUDA(cudaStreamSynchronize(stream_));
@@ -130,8 +131,10 @@ class CudaOps final : public Fp32Ops<CudaOps> {
                                   int H, int KV, int D) {
     ops::launch_gqa_attention_forward(o, att, q, k, v, B, T, H, KV, D, stream_);
   }
+  // `out` is not read, as in fp32_attention_backward.
   void fp32_gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                                   const float* v, const float* att, int B, int T, int H, int KV, int D) {
+                                   const float* v, const float* att, const float* /*out*/, int B, int T, int H, int KV,
+                                   int D) {
     const std::size_t need = static_cast<std::size_t>(B) * H * T * sizeof(float);
     if (weighted_.size() < need) {  // per-row scratch, kept for the next call (in stream order)
       ZINF_CUDA(cudaStreamSynchronize(stream_));

@@ -4,8 +4,8 @@
 // the storage rule before anything is enqueued.
 //
 // Scratch (cuBLASLt's workspace, the two-pass column sums' partials, the token sort of the embedding
-// gradients, the flash backward's blocks, the recomputed attention output) is kept between calls and
-// grown only after the stream has drained: queued kernels may still read the old block.
+// gradients, the flash backward's blocks) is kept between calls and grown only after the stream has
+// drained: queued kernels may still read the old block.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -34,8 +34,6 @@ DType storage_of(Precision p) {
   }
   return DType::fp32;
 }
-
-constexpr std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
 // One scratch block, grown on demand and kept.
 class Scratch {
@@ -156,15 +154,15 @@ class CudaFastOps final : public OpsBackend {
     const fast::AttnShape a = packed_shape(B, T, C, H);
     fast::flash_attention_forward(o, lse, x, at(x, C), at(x, 2L * C), a, S_, stream_);
   }
-  void attention_backward(TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att, int B, int T,
-                          int C, int H) override {
+  void attention_backward(TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att,
+                          ConstTensorView out, int B, int T, int C, int H) override {
     const char* op = "attention_backward";
     void* dx = act(op, "dqkv", dqkv);
-    const void *d = act(op, "dout", dout), *x = act(op, "qkv", qkv);
+    const void *d = act(op, "dout", dout), *x = act(op, "qkv", qkv), *o = act(op, "out", out);
     const float* lse = f32(op, "att", att);
     if (B <= 0 || T <= 0) return;
     const fast::AttnShape a = packed_shape(B, T, C, H);
-    attention_backward_of(dx, at(dx, C), at(dx, 2L * C), d, x, at(x, C), at(x, 2L * C), lse, a);
+    attention_backward_of(dx, at(dx, C), at(dx, 2L * C), d, x, at(x, C), at(x, 2L * C), o, lse, a);
   }
   void encoder_forward(TensorView out, const int* tokens, ConstTensorView wte, ConstTensorView wpe, int B, int T,
                        int C) override {
@@ -253,14 +251,15 @@ class CudaFastOps final : public OpsBackend {
     fast::flash_attention_forward(o, lse, qp, kp, vp, gqa_shape(B, T, H, KV, D), S_, stream_);
   }
   void gqa_attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q,
-                              ConstTensorView k, ConstTensorView v, ConstTensorView att, int B, int T, int H, int KV,
-                              int D) override {
+                              ConstTensorView k, ConstTensorView v, ConstTensorView att, ConstTensorView out, int B,
+                              int T, int H, int KV, int D) override {
     const char* op = "gqa_attention_backward";
     void *dqp = act(op, "dq", dq), *dkp = act(op, "dk", dk), *dvp = act(op, "dv", dv);
     const void *d = act(op, "dout", dout), *qp = act(op, "q", q), *kp = act(op, "k", k), *vp = act(op, "v", v);
+    const void* o = act(op, "out", out);
     const float* lse = f32(op, "att", att);
     if (B <= 0 || T <= 0) return;
-    attention_backward_of(dqp, dkp, dvp, d, qp, kp, vp, lse, gqa_shape(B, T, H, KV, D));
+    attention_backward_of(dqp, dkp, dvp, d, qp, kp, vp, o, lse, gqa_shape(B, T, H, KV, D));
   }
   void embedding_forward(TensorView out, const int* tokens, ConstTensorView wte, int R, int C) override {
     fast::embedding_forward(act("embedding_forward", "out", out), tokens, act("embedding_forward", "wte", wte), R, C,
@@ -355,18 +354,11 @@ class CudaFastOps final : public OpsBackend {
     return a;
   }
 
-  // The flash backward reads the forward's output, which the op seam does not pass: it is computed
-  // again here (the same kernel, so the same bits) into scratch, with a throw-away lse; the backward
-  // then uses the lse the forward kept.
+  // The flash backward: it reads the forward's output `out` and the lse the forward kept.
   void attention_backward_of(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
-                             const void* v, const float* lse, const fast::AttnShape& a) {
-    const std::size_t rows = static_cast<std::size_t>(a.B) * static_cast<std::size_t>(a.T);
-    const std::size_t out_bytes = round_up(rows * static_cast<std::size_t>(a.o_stride) * dtype_bytes(S_), 256);
-    const std::size_t lse_bytes = round_up(rows * static_cast<std::size_t>(a.H) * sizeof(float), 256);
-    char* rec = static_cast<char*>(recompute_.get(dev_, stream_, out_bytes + lse_bytes));
-    fast::flash_attention_forward(rec, reinterpret_cast<float*>(rec + out_bytes), q, k, v, a, S_, stream_);
+                             const void* v, const void* out, const float* lse, const fast::AttnShape& a) {
     void* scratch = flash_.get(dev_, stream_, fast::flash_backward_scratch_bytes(a));
-    fast::flash_attention_backward(dq, dk, dv, dout, q, k, v, rec, lse, a, S_, scratch, stream_);
+    fast::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, a, S_, scratch, stream_);
   }
   float* partials(int R, int C) {
     return static_cast<float*>(partials_.get(dev_, stream_, fast::column_partials_floats(R, C) * sizeof(float)));
@@ -382,7 +374,6 @@ class CudaFastOps final : public OpsBackend {
   Scratch partials_{"fast ops: column-sum partials"};
   Scratch token_sort_{"fast ops: embedding-gradient token sort"};
   Scratch flash_{"fast ops: flash attention backward scratch"};
-  Scratch recompute_{"fast ops: recomputed attention output"};
   Scratch bias_grad_{"fast ops: bias-gradient vector"};
 };
 

@@ -65,11 +65,13 @@ class CudaFastOps final : public OpsBackend {
         // 32F compute: 16-bit operands multiply exactly on the tensor cores, sums in fp32; fp32 runs
         // stay plain fp32 (no TF32).
         gemm_(dev, GemmMath::fp32, kWorkspaceBytes) {}
+  // The caching allocator is not stream-ordered: queued kernels may still use the scratch blocks.
+  ~CudaFastOps() override { cudaStreamSynchronize(stream_); }
 
   // The storage rule, for the model: S for weights, activations and their gradients.
-  virtual DType storage_dtype() const { return S_; }
+  DType storage_dtype() const override { return S_; }
   // The attention state is the per-row log-sum-exp [B, H, T], not the probabilities.
-  virtual std::size_t attention_state_elems(int B, int H, int T) const {
+  std::size_t attention_state_elems(int B, int H, int T) const override {
     return static_cast<std::size_t>(B) * static_cast<std::size_t>(H) * static_cast<std::size_t>(T);
   }
   bool has_llama_ops() const override { return true; }
@@ -83,8 +85,7 @@ class CudaFastOps final : public OpsBackend {
     if (R <= 0) return;
     const GemmCall g = matmul_forward_gemm(o, i, wt, b, R, IC, OC, S_);
     if (gemm_.run(g)) return;
-    gemm_.run(without_epilogue(g));  // no fused algorithm for this shape: the bias separately
-    if (b) fast::add_bias(o, b, R, OC, S_, stream_);
+    unfused_bias_act(g, nullptr, o, b, R, OC, false);
   }
   void matmul_gelu_forward(TensorView pre, TensorView out, ConstTensorView inp, ConstTensorView w, ConstTensorView bias,
                            int R, int IC, int OC) override {
@@ -94,12 +95,7 @@ class CudaFastOps final : public OpsBackend {
     if (R <= 0) return;
     const GemmCall g = matmul_gelu_forward_gemm(p, o, i, wt, b, R, IC, OC, S_);
     if (gemm_.run(g)) return;
-    // No fused algorithm (GELU_AUX wants OC a multiple of 8): pre by the GEMM, then bias and GELU.
-    GemmCall plain = without_epilogue(g);
-    plain.ops.c = p;
-    gemm_.run(plain);
-    if (b) fast::add_bias(p, b, R, OC, S_, stream_);
-    fast::gelu_forward(o, p, static_cast<std::size_t>(R) * OC, S_, stream_);
+    unfused_bias_act(g, p, o, b, R, OC, true);  // GELU_AUX wants OC a multiple of 8
   }
   void matmul_backward(TensorView dinp, TensorView dw, TensorView dbias, ConstTensorView dout, ConstTensorView inp,
                        ConstTensorView w, int R, int IC, int OC) override {
@@ -360,6 +356,18 @@ class CudaFastOps final : public OpsBackend {
     void* scratch = flash_.get(dev_, stream_, fast::flash_backward_scratch_bytes(a));
     fast::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, a, S_, scratch, stream_);
   }
+  // A GEMM cuBLASLt could not fuse with its epilogue: the GEMM into an fp32 block, then bias (and GELU)
+  // from it with one rounding per output, as the fused epilogue rounds (rounding the GEMM's result to
+  // S first would round twice). The block (R·OC floats) is outside the planned ops scratch: shapes
+  // whose widths are multiples of 8, every model's, fuse.
+  void unfused_bias_act(const GemmCall& g, void* pre, void* out, const void* bias, int R, int OC, bool gelu) {
+    GemmCall plain = without_epilogue(g);
+    plain.plan.c_type = DType::fp32;
+    float* acc = static_cast<float*>(unfused_.get(dev_, stream_, static_cast<std::size_t>(R) * OC * sizeof(float)));
+    plain.ops.c = acc;
+    gemm_.run(plain);
+    fast::bias_act_from_fp32(pre, out, acc, bias, R, OC, gelu, S_, stream_);
+  }
   float* partials(int R, int C) {
     return static_cast<float*>(partials_.get(dev_, stream_, fast::column_partials_floats(R, C) * sizeof(float)));
   }
@@ -375,6 +383,7 @@ class CudaFastOps final : public OpsBackend {
   Scratch token_sort_{"fast ops: embedding-gradient token sort"};
   Scratch flash_{"fast ops: flash attention backward scratch"};
   Scratch bias_grad_{"fast ops: bias-gradient vector"};
+  Scratch unfused_{"fast ops: unfused GEMM result"};
 };
 
 }  // namespace

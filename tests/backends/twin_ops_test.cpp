@@ -210,5 +210,51 @@ TEST(TwinOps, AttentionBackwardWithTheStoredOutputIsTheRecomputedOnesBits) {
   }
 }
 
+// The LM head rounds where the GPU's fast kernels store: the logits in the S probs buffer before
+// the softmax reads them, dlogits in the S buffer before the two GEMMs read it (besides each
+// written output, once). Checked against the reference's stages with those roundings, and against
+// the plain staging, which would not round the logits (so the difference is visible).
+TEST(TwinOps, TheLmHeadRoundsTheLogitsAndTheirGradientWhereTheGpuStoresThem) {
+  ops::ChunkPool pool(1);
+  const DType t = DType::bf16;
+  auto twin = cpu::make_twin_ops(Precision::bf16, 2);
+  const int R = 6, C = 32, V = 40;
+  const Half x(R * C, t, 11), wte(V * C, t, 12, 0.3f);
+  std::vector<int> targets(R);
+  for (int r = 0; r < R; ++r) targets[r] = (7 * r + 3) % V;
+  auto through = [t](std::vector<float> v) {
+    for (float& e : v) e = widen(narrow(e, t), t);
+    return v;
+  };
+
+  Half probs(R * V, t, 13);
+  std::vector<float> losses(R);
+  twin->lm_head_forward(probs.view(), TensorView(losses.data(), losses.size()), x.cview(), wte.cview(),
+                        targets.data(), R, C, V);
+  std::vector<float> want(R * V), want_losses(R);
+  ops::lm_head_logits(pool, want.data(), x.f.data(), wte.f.data(), R, C, V);
+  want = through(want);
+  ops::softmax_crossentropy(pool, want.data(), want_losses.data(), targets.data(), R, V);
+  EXPECT_EQ(probs.h, rounded(want, t));
+  EXPECT_EQ(losses, want_losses);
+  std::vector<float> plain(R * V), plain_losses(R);
+  ops::lm_head_forward(pool, plain.data(), plain_losses.data(), x.f.data(), wte.f.data(), targets.data(), R, C, V);
+  EXPECT_NE(losses, plain_losses);  // the rounded logits show in the fp32 losses
+
+  std::vector<float> dwte(V * C, 0.0f), want_dwte(V * C, 0.0f);
+  Half dx(R * C, t, 14), dlogits(R * V, t, 15);
+  const float dscale = 0.25f;
+  twin->lm_head_backward(dx.view(), TensorView(dwte.data(), dwte.size()), dlogits.view(), probs.cview(), x.cview(),
+                         wte.cview(), targets.data(), dscale, R, C, V);
+  std::vector<float> p16(R * V), dl(R * V), want_dx(R * C);
+  for (std::size_t i = 0; i < p16.size(); ++i) p16[i] = widen(probs.h[i], t);
+  ops::crossentropy_backward(pool, dl.data(), p16.data(), targets.data(), dscale, R, V);
+  dl = through(dl);
+  ops::lm_head_backward_gemms(pool, want_dx.data(), want_dwte.data(), dl.data(), x.f.data(), wte.f.data(), R, C, V);
+  EXPECT_EQ(dlogits.h, rounded(dl, t));
+  EXPECT_EQ(dx.h, rounded(want_dx, t));
+  EXPECT_EQ(dwte, want_dwte);
+}
+
 }  // namespace
 }  // namespace zinf

@@ -413,12 +413,17 @@ void encoder_backward(ChunkPool& p, float* dwte, float* dwpe, const float* dout,
   });
 }
 
-void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, const float* wte, const int* targets,
-                     int R, int C, int V) {
+void lm_head_logits(ChunkPool& p, float* logits, const float* x, const float* wte, int R, int C, int V) {
   const PackedB Et({wte, 1, C}, C, V);  // B(c, v) = wte[v, c]
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
-    gemm({x + static_cast<std::size_t>(r0) * C, C, 1}, Et, rows, probs + static_cast<std::size_t>(r0) * V, V, false);
+    gemm({x + static_cast<std::size_t>(r0) * C, C, 1}, Et, rows, logits + static_cast<std::size_t>(r0) * V, V, false);
+  });
+}
+
+void softmax_crossentropy(ChunkPool& p, float* probs, float* losses, const int* targets, int R, int V) {
+  p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
+    const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
     for (int r = 0; r < rows; ++r) {
       float* l = probs + static_cast<std::size_t>(r0 + r) * V;
       float maxv = -INFINITY;
@@ -435,8 +440,14 @@ void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, 
   });
 }
 
-void lm_head_backward(ChunkPool& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
-                      const float* wte, const int* targets, float dscale, int R, int C, int V) {
+void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, const float* wte, const int* targets,
+                     int R, int C, int V) {
+  lm_head_logits(p, probs, x, wte, R, C, V);
+  softmax_crossentropy(p, probs, losses, targets, R, V);
+}
+
+void crossentropy_backward(ChunkPool& p, float* dlogits, const float* probs, const int* targets, float dscale, int R,
+                           int V) {
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r) {
@@ -445,6 +456,10 @@ void lm_head_backward(ChunkPool& p, float* dx, float* dwte, float* dlogits, cons
       for (int v = 0; v < V; ++v) dl[v] = (pr[v] - (v == targets[r] ? 1.0f : 0.0f)) * dscale;
     }
   });
+}
+
+void lm_head_backward_gemms(ChunkPool& p, float* dx, float* dwte, const float* dlogits, const float* x,
+                            const float* wte, int R, int C, int V) {
   const PackedB E({wte, C, 1}, V, C);
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, rows = std::min(kRowChunk, R - r0);
@@ -455,6 +470,12 @@ void lm_head_backward(ChunkPool& p, float* dx, float* dwte, float* dlogits, cons
     const int v0 = static_cast<int>(c) * kColChunk, rows = std::min(kColChunk, V - v0);
     gemm({dlogits + v0, 1, V}, X, rows, dwte + static_cast<std::size_t>(v0) * C, C, true);  // A(v, r) = dlogits[r, v]
   });
+}
+
+void lm_head_backward(ChunkPool& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
+                      const float* wte, const int* targets, float dscale, int R, int C, int V) {
+  crossentropy_backward(p, dlogits, probs, targets, dscale, R, V);
+  lm_head_backward_gemms(p, dx, dwte, dlogits, x, wte, R, C, V);
 }
 
 void copy(ChunkPool&, float* dst, const float* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(float)); }

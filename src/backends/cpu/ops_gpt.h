@@ -79,6 +79,15 @@ void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, 
 // dlogits = (probs − onehot)·dscale;  dx = dlogits·wte (overwritten);  dwte += dlogitsᵀ·x
 void lm_head_backward(ChunkPool& p, float* dx, float* dwte, float* dlogits, const float* probs, const float* x,
                       const float* wte, const int* targets, float dscale, int R, int C, int V);
+// The two stages of each, as the CUDA fast kernels run them (and the CPU twin rounds between them):
+// logits = x·wteᵀ;  probs = softmax(logits) in place, losses[r] = −log probs[r, target]
+void lm_head_logits(ChunkPool& p, float* logits, const float* x, const float* wte, int R, int C, int V);
+void softmax_crossentropy(ChunkPool& p, float* probs, float* losses, const int* targets, int R, int V);
+// dlogits = (probs − onehot)·dscale;  dx = dlogits·wte (overwritten), dwte += dlogitsᵀ·x
+void crossentropy_backward(ChunkPool& p, float* dlogits, const float* probs, const int* targets, float dscale, int R,
+                           int V);
+void lm_head_backward_gemms(ChunkPool& p, float* dx, float* dwte, const float* dlogits, const float* x,
+                            const float* wte, int R, int C, int V);
 
 // dst = src and p = 0 over n elements (plain memory copies: nothing to split).
 void copy(ChunkPool& p, float* dst, const float* src, std::size_t n);

@@ -120,6 +120,26 @@ void twin_gqa_attention_backward(ops::ChunkPool& p, DType S, float* dq, float* d
   tiled_backward(p, dq, dk, dv, dout, q, k, v, out, att, gqa_shape(B, T, H, KV, D), S);
 }
 
+// The LM head as the fast kernels run it: the logits GEMM writes the S probs buffer and the softmax
+// reads it back; the gradient of the logits lands in the S dlogits buffer before the two GEMMs read
+// it. So the twin rounds there too — the two rounding points inside an op besides attention's.
+void round_through(float* x, std::size_t n, DType S) {  // x as an S buffer holds it
+  if (S == DType::fp32) return;
+  for (std::size_t i = 0; i < n; ++i) x[i] = widen_one(narrow_one(x[i], S), S);
+}
+void twin_lm_head_forward(ops::ChunkPool& p, DType S, float* probs, float* losses, const float* x, const float* wte,
+                          const int* targets, int R, int C, int V) {
+  ops::lm_head_logits(p, probs, x, wte, R, C, V);
+  round_through(probs, static_cast<std::size_t>(R) * static_cast<std::size_t>(V), S);
+  ops::softmax_crossentropy(p, probs, losses, targets, R, V);
+}
+void twin_lm_head_backward(ops::ChunkPool& p, DType S, float* dx, float* dwte, float* dlogits, const float* probs,
+                           const float* x, const float* wte, const int* targets, float dscale, int R, int C, int V) {
+  ops::crossentropy_backward(p, dlogits, probs, targets, dscale, R, V);
+  round_through(dlogits, static_cast<std::size_t>(R) * static_cast<std::size_t>(V), S);
+  ops::lm_head_backward_gemms(p, dx, dwte, dlogits, x, wte, R, C, V);
+}
+
 // Every op of the list through the staging, on the fp32 reference.
 class TwinOpsBase : public OpsBackend {
  public:
@@ -169,6 +189,19 @@ class TwinOps final : public TwinOpsBase {
         "gqa_attention_backward", "(dq, dk, dv, dout, q, k, v, att, out, B, T, H, KV, D)",
         [this](auto... a) { twin_gqa_attention_backward(pool_, storage_, a...); }, dq, dk, dv, dout, q, k, v, att, out,
         B, T, H, KV, D);
+  }
+  void lm_head_forward(TensorView probs, TensorView losses, ConstTensorView x, ConstTensorView wte, const int* targets,
+                       int R, int C, int V) override {
+    staged(
+        "lm_head_forward", "(probs, losses, x, wte, targets, R, C, V)",
+        [this](auto... a) { twin_lm_head_forward(pool_, storage_, a...); }, probs, losses, x, wte, targets, R, C, V);
+  }
+  void lm_head_backward(TensorView dx, TensorView dwte, TensorView dlogits, ConstTensorView probs, ConstTensorView x,
+                        ConstTensorView wte, const int* targets, float dscale, int R, int C, int V) override {
+    staged(
+        "lm_head_backward", "(dx, dwte, dlogits, probs, x, wte, targets, dscale, R, C, V)",
+        [this](auto... a) { twin_lm_head_backward(pool_, storage_, a...); }, dx, dwte, dlogits, probs, x, wte, targets,
+        dscale, R, C, V);
   }
   std::size_t attention_state_elems(int B, int H, int T) const override {
     const std::size_t rows = static_cast<std::size_t>(B) * static_cast<std::size_t>(H) * static_cast<std::size_t>(T);

@@ -134,11 +134,17 @@ class CpuDevice final : public Device {
     std::lock_guard<std::mutex> lk(mu_);
     return peak_;
   }
+  // An empty copy is a no-op in stream order (an empty shard's buffers may be null, and memcpy must
+  // not be handed a null pointer even for zero bytes).
   void copy_to_device(void* dst, const void* src, std::size_t n, StreamRole s) override {
-    stream(s).push_work([=] { std::memcpy(dst, src, n); });
+    stream(s).push_work([=] {
+      if (n != 0) std::memcpy(dst, src, n);
+    });
   }
   void copy_to_host(void* dst, const void* src, std::size_t n, StreamRole s) override {
-    stream(s).push_work([=] { std::memcpy(dst, src, n); });
+    stream(s).push_work([=] {
+      if (n != 0) std::memcpy(dst, src, n);
+    });
   }
   void launch(StreamRole s, std::function<void()> fn) override { stream(s).push_work(std::move(fn)); }
   // An opaque handle per stream (its queue), so that a stream-ordered communicator can name the

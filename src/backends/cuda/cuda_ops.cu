@@ -16,6 +16,7 @@
 #include "cuda/ops/gelu.cuh"
 #include "cuda/ops/layernorm.cuh"
 #include "cuda/ops/llama.cuh"
+#include "cuda/scratch.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 
@@ -81,11 +82,8 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, const float* /*out*/,
                                int B, int T, int C, int H) {
     const std::size_t need = static_cast<std::size_t>(B) * H * T * T * sizeof(float);
-    if (scratch_.size() < need) {  // kept for the next call; the old block may still be read by queued kernels
-      ZINF_CUDA(cudaStreamSynchronize(stream_));
-      scratch_ = DeviceBuffer(dev_, need, "attention backward scratch");
-    }
-    ops::launch_attention_backward(dqkv, scratch_.as<float>(), dout, qkv, att, B, T, C, H, stream_);
+    ops::launch_attention_backward(dqkv, static_cast<float*>(scores_.get(dev_, stream_, need)), dout, qkv, att, B, T, C,
+                                   H, stream_);
   }
   void fp32_encoder_forward(float* o, const int* t, const float* wte, const float* wpe, int B, int T, int C) {
     ops::launch_encoder_forward(o, t, wte, wpe, B, T, C, stream_);
@@ -136,11 +134,8 @@ class CudaOps final : public Fp32Ops<CudaOps> {
                                    const float* v, const float* att, const float* /*out*/, int B, int T, int H, int KV,
                                    int D) {
     const std::size_t need = static_cast<std::size_t>(B) * H * T * sizeof(float);
-    if (weighted_.size() < need) {  // per-row scratch, kept for the next call (in stream order)
-      ZINF_CUDA(cudaStreamSynchronize(stream_));
-      weighted_ = DeviceBuffer(dev_, need, "attention backward scratch");
-    }
-    ops::launch_gqa_attention_backward(dq, dk, dv, weighted_.as<float>(), dout, q, k, v, att, B, T, H, KV, D, stream_);
+    ops::launch_gqa_attention_backward(dq, dk, dv, static_cast<float*>(weighted_.get(dev_, stream_, need)), dout, q, k,
+                                       v, att, B, T, H, KV, D, stream_);
   }
   void fp32_embedding_forward(float* o, const int* t, const float* wte, int R, int C) {
     ops::launch_embedding_forward(o, t, wte, R, C, stream_);
@@ -153,8 +148,8 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   Device& dev_;
   cudaStream_t stream_;
   GemmExecutor gemm_;
-  DeviceBuffer weighted_;  // the attention backward's per-row sums
-  DeviceBuffer scratch_;   // the attention backward's [B,H,T,T] gradient of the scores
+  Scratch weighted_{"attention backward scratch"};  // the GQA backward's per-row sums
+  Scratch scores_{"attention backward scratch"};    // the attention backward's [B,H,T,T] gradient of the scores
 };
 
 }  // namespace

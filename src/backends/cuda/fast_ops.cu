@@ -18,6 +18,7 @@
 #include "cuda/gemm_plan.h"
 #include "cuda/ops/flash_attention.cuh"
 #include "cuda/ops/rows.cuh"
+#include "cuda/scratch.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 
@@ -25,33 +26,6 @@ namespace zinf::cuda {
 namespace {
 
 namespace fast = ::zinf::cuda::fast;
-
-DType storage_of(Precision p) {
-  switch (p) {
-    case Precision::bf16: return DType::bf16;
-    case Precision::fp16: return DType::fp16;
-    case Precision::fp32: return DType::fp32;
-  }
-  return DType::fp32;
-}
-
-// One scratch block, grown on demand and kept.
-class Scratch {
- public:
-  explicit Scratch(const char* what) : what_(what) {}
-  void* get(Device& dev, cudaStream_t s, std::size_t bytes) {
-    if (bytes > buf_.size()) {
-      ZINF_CUDA(cudaStreamSynchronize(s));  // kernels queued on the old block may still read it
-      buf_.reset();                         // back to the cache before the larger block is taken
-      buf_ = DeviceBuffer(dev, bytes, what_);
-    }
-    return buf_.as<void>();
-  }
-
- private:
-  const char* what_;
-  DeviceBuffer buf_;
-};
 
 class CudaFastOps final : public OpsBackend {
  public:
@@ -61,7 +35,7 @@ class CudaFastOps final : public OpsBackend {
   CudaFastOps(Device& dev, Precision p)
       : dev_(dev),
         stream_(checked(static_cast<cudaStream_t>(dev.native_stream(StreamRole::compute)))),
-        S_(storage_of(p)),
+        S_(dtype_of(p)),
         // 32F compute: 16-bit operands multiply exactly on the tensor cores, sums in fp32; fp32 runs
         // stay plain fp32 (no TF32).
         gemm_(dev, GemmMath::fp32, kWorkspaceBytes) {}

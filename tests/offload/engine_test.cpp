@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <random>
 
+#include "../common/forwarding_device.h"
 #include "engine_harness.h"
 #include "zinf/backends/cpu.h"
 #include "zinf/comm.h"
@@ -152,37 +153,12 @@ TEST(OffloadEngine, HoldsThePlansBytesOnEveryTier) {
 
 // The CPU device with the CUDA caching allocator's accounting: each request takes its block
 // (cuda_block_bytes), so in_use counts what a GPU's allocator would.
-class BlockDevice final : public Device {
+class BlockDevice final : public ::zinf::test::ForwardingDevice {
  public:
-  explicit BlockDevice(std::size_t budget) : d_(make_cpu_device(budget)) {}
-  std::string name() const override { return d_->name(); }
+  explicit BlockDevice(std::size_t budget) : ForwardingDevice(make_cpu_device(budget)) {}
   void* allocate(std::size_t bytes, const std::string& what) override {
-    return d_->allocate(static_cast<std::size_t>(cuda_block_bytes(bytes)), what);
+    return ForwardingDevice::allocate(static_cast<std::size_t>(cuda_block_bytes(bytes)), what);
   }
-  void free(void* p) override { d_->free(p); }
-  std::size_t budget() const override { return d_->budget(); }
-  std::size_t in_use() const override { return d_->in_use(); }
-  std::size_t peak() const override { return d_->peak(); }
-  void copy_to_device(void* dst, const void* src, std::size_t n, StreamRole s) override {
-    d_->copy_to_device(dst, src, n, s);
-  }
-  void copy_to_host(void* dst, const void* src, std::size_t n, StreamRole s) override {
-    d_->copy_to_host(dst, src, n, s);
-  }
-  void launch(StreamRole s, std::function<void()> fn) override { d_->launch(s, std::move(fn)); }
-  EventHandle record(StreamRole s) override { return d_->record(s); }
-  void wait_event(StreamRole s, EventHandle e) override { d_->wait_event(s, std::move(e)); }
-  EventHandle record_timed(StreamRole s) override { return d_->record_timed(s); }
-  double elapsed_seconds(const EventHandle& a, const EventHandle& b) override { return d_->elapsed_seconds(a, b); }
-  void synchronize(StreamRole s) override { d_->synchronize(s); }
-  void synchronize() override { d_->synchronize(); }
-  bool ops_stream_ordered() const override { return d_->ops_stream_ordered(); }
-  void busy_begin(StreamRole s) override { d_->busy_begin(s); }
-  void busy_end(StreamRole s) override { d_->busy_end(s); }
-  double take_busy(StreamRole s) override { return d_->take_busy(s); }
-
- private:
-  std::unique_ptr<Device> d_;
 };
 
 // On a device that allocates whole blocks (CUDA), an engine told so holds exactly its plan's device

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/forwarding_device.h"
 #include "cuda/cuda.h"
 #include "cuda/cuda_ops.h"
 #include "zinf/backends/gpu.h"
@@ -18,37 +19,16 @@ namespace zinf {
 namespace {
 
 // The CUDA device, with every free() noting whether the compute stream still had work queued.
-class FreeWatch final : public Device {
+class FreeWatch final : public ::zinf::test::ForwardingDevice {
  public:
-  explicit FreeWatch(std::unique_ptr<Device> in) : in_(std::move(in)) {}
+  explicit FreeWatch(std::unique_ptr<Device> in) : ForwardingDevice(std::move(in)) {}
   std::vector<bool> busy_at_free;  // one entry per free, while watching
   bool watching = false;
 
-  std::string name() const override { return in_->name(); }
-  void* allocate(std::size_t bytes, const std::string& what) override { return in_->allocate(bytes, what); }
   void free(void* p) override {
-    if (watching) busy_at_free.push_back(!in_->record(StreamRole::compute)->done());
-    in_->free(p);
+    if (watching) busy_at_free.push_back(!ForwardingDevice::record(StreamRole::compute)->done());
+    ForwardingDevice::free(p);
   }
-  std::size_t budget() const override { return in_->budget(); }
-  std::size_t in_use() const override { return in_->in_use(); }
-  std::size_t peak() const override { return in_->peak(); }
-  void copy_to_device(void* d, const void* s, std::size_t n, StreamRole r) override { in_->copy_to_device(d, s, n, r); }
-  void copy_to_host(void* d, const void* s, std::size_t n, StreamRole r) override { in_->copy_to_host(d, s, n, r); }
-  void launch(StreamRole s, std::function<void()> fn) override { in_->launch(s, std::move(fn)); }
-  void* native_stream(StreamRole s) override { return in_->native_stream(s); }
-  EventHandle record(StreamRole s) override { return in_->record(s); }
-  void wait_event(StreamRole s, EventHandle e) override { in_->wait_event(s, std::move(e)); }
-  double elapsed_seconds(const EventHandle& a, const EventHandle& b) override { return in_->elapsed_seconds(a, b); }
-  void synchronize(StreamRole s) override { in_->synchronize(s); }
-  void synchronize() override { in_->synchronize(); }
-  bool ops_stream_ordered() const override { return in_->ops_stream_ordered(); }
-  void busy_begin(StreamRole s) override { in_->busy_begin(s); }
-  void busy_end(StreamRole s) override { in_->busy_end(s); }
-  double take_busy(StreamRole s) override { return in_->take_busy(s); }
-
- private:
-  std::unique_ptr<Device> in_;
 };
 
 TEST(CudaScratch, GrowingAttentionScratchWaitsForTheStream) {

@@ -48,19 +48,21 @@ void adam_loop(const AdamStep& s, const UpdateChunk& c) {
   const bool l2 = s.apply_decay && !s.decoupled, wdec = s.apply_decay && s.decoupled;
   const std::size_t n8 = c.n & ~std::size_t{7};
   auto* out = static_cast<std::uint16_t*>(c.param16);
+  auto* cm = static_cast<float*>(c.m);
+  auto* cv = static_cast<float*>(c.v);
   for (std::size_t i = 0; i < n8; i += 8) {
     __m256 g = _mm256_mul_ps(load_grad8<G>(c.grad, i), scale);
     __m256 p = _mm256_loadu_ps(c.master + i);
     if (l2) g = _mm256_fmadd_ps(decay, p, g);
-    const __m256 m = _mm256_fmadd_ps(_mm256_loadu_ps(c.m + i), b1, _mm256_mul_ps(g, omb1));
-    const __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(c.v + i), b2, _mm256_mul_ps(_mm256_mul_ps(g, g), omb2));
+    const __m256 m = _mm256_fmadd_ps(_mm256_loadu_ps(cm + i), b1, _mm256_mul_ps(g, omb1));
+    const __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(cv + i), b2, _mm256_mul_ps(_mm256_mul_ps(g, g), omb2));
     const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), bc2, eps);
     const __m256 u = _mm256_div_ps(m, denom);
     if (wdec) p = _mm256_mul_ps(p, decay);
     p = _mm256_fmadd_ps(step, u, p);
     _mm256_storeu_ps(c.master + i, p);
-    _mm256_storeu_ps(c.m + i, m);
-    _mm256_storeu_ps(c.v + i, v);
+    _mm256_storeu_ps(cm + i, m);
+    _mm256_storeu_ps(cv + i, v);
     if constexpr (Out == 1)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
                        _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -78,6 +80,7 @@ void adam_for_grad(const AdamStep& s, const UpdateChunk& c) {
 }
 
 void adam_avx2(const AdamStep& s, const UpdateChunk& c) {
+  if (c.states != StateFormat::fp32) return adam_scalar_range(s, c, 0, c.n);
   switch (c.grad_type) {
     case GradType::fp32: return adam_for_grad<GradType::fp32>(s, c);
     case GradType::fp16: return adam_for_grad<GradType::fp16>(s, c);
@@ -92,12 +95,14 @@ template <GradType G, int Out>
 void traffic_loop(const UpdateChunk& c) {
   const std::size_t n8 = c.n & ~std::size_t{7};
   auto* out = static_cast<std::uint16_t*>(c.param16);
+  auto* cm = static_cast<float*>(c.m);
+  auto* cv = static_cast<float*>(c.v);
   for (std::size_t i = 0; i < n8; i += 8) {
     const __m256 g = load_grad8<G>(c.grad, i);
     const __m256 p = _mm256_add_ps(_mm256_loadu_ps(c.master + i), g);
     _mm256_storeu_ps(c.master + i, p);
-    _mm256_storeu_ps(c.m + i, _mm256_add_ps(_mm256_loadu_ps(c.m + i), g));
-    _mm256_storeu_ps(c.v + i, _mm256_add_ps(_mm256_loadu_ps(c.v + i), g));
+    _mm256_storeu_ps(cm + i, _mm256_add_ps(_mm256_loadu_ps(cm + i), g));
+    _mm256_storeu_ps(cv + i, _mm256_add_ps(_mm256_loadu_ps(cv + i), g));
     if constexpr (Out == 1)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
                        _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -107,7 +112,7 @@ void traffic_loop(const UpdateChunk& c) {
   UpdateChunk tail = c;
   tail.n = c.n - n8;
   tail.grad = static_cast<const char*>(c.grad) + n8 * (G == GradType::fp32 ? 4 : 2);
-  tail.master += n8, tail.m += n8, tail.v += n8;
+  tail.master += n8, tail.m = cm + n8, tail.v = cv + n8;
   if (out) tail.param16 = out + n8;
   scalar_kernels().traffic(tail);
 }
@@ -117,6 +122,7 @@ void traffic_for_grad(const UpdateChunk& c) {
   return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
 }
 void traffic_avx2(const UpdateChunk& c) {
+  if (c.states != StateFormat::fp32) return scalar_kernels().traffic(c);
   switch (c.grad_type) {
     case GradType::fp32: return traffic_for_grad<GradType::fp32>(c);
     case GradType::fp16: return traffic_for_grad<GradType::fp16>(c);

@@ -55,19 +55,21 @@ void adam_loop(const AdamStep& s, const UpdateChunk& c) {
   const bool l2 = s.apply_decay && !s.decoupled, wdec = s.apply_decay && s.decoupled;
   const std::size_t n16 = c.n & ~std::size_t{15};
   auto* out = static_cast<std::uint16_t*>(c.param16);
+  auto* cm = static_cast<float*>(c.m);
+  auto* cv = static_cast<float*>(c.v);
   for (std::size_t i = 0; i < n16; i += 16) {
     __m512 g = _mm512_mul_ps(load_grad16<G>(c.grad, i), scale);
     __m512 p = _mm512_loadu_ps(c.master + i);
     if (l2) g = _mm512_fmadd_ps(decay, p, g);
-    const __m512 m = _mm512_fmadd_ps(_mm512_loadu_ps(c.m + i), b1, _mm512_mul_ps(g, omb1));
-    const __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(c.v + i), b2, _mm512_mul_ps(_mm512_mul_ps(g, g), omb2));
+    const __m512 m = _mm512_fmadd_ps(_mm512_loadu_ps(cm + i), b1, _mm512_mul_ps(g, omb1));
+    const __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(cv + i), b2, _mm512_mul_ps(_mm512_mul_ps(g, g), omb2));
     const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), bc2, eps);
     const __m512 u = _mm512_div_ps(m, denom);
     if (wdec) p = _mm512_mul_ps(p, decay);
     p = _mm512_fmadd_ps(step, u, p);
     _mm512_storeu_ps(c.master + i, p);
-    _mm512_storeu_ps(c.m + i, m);
-    _mm512_storeu_ps(c.v + i, v);
+    _mm512_storeu_ps(cm + i, m);
+    _mm512_storeu_ps(cv + i, v);
     if constexpr (Out == 1)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
                           _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -93,6 +95,7 @@ bool native_bf16() {
 }
 
 void adam_avx512(const AdamStep& s, const UpdateChunk& c) {
+  if (c.states != StateFormat::fp32) return adam_scalar_range(s, c, 0, c.n);
   const bool nb = native_bf16();
   switch (c.grad_type) {
     case GradType::fp32: return adam_for_grad<GradType::fp32>(s, c, nb);
@@ -105,12 +108,14 @@ template <GradType G, int Out>
 void traffic_loop(const UpdateChunk& c) {
   const std::size_t n16 = c.n & ~std::size_t{15};
   auto* out = static_cast<std::uint16_t*>(c.param16);
+  auto* cm = static_cast<float*>(c.m);
+  auto* cv = static_cast<float*>(c.v);
   for (std::size_t i = 0; i < n16; i += 16) {
     const __m512 g = load_grad16<G>(c.grad, i);
     const __m512 p = _mm512_add_ps(_mm512_loadu_ps(c.master + i), g);
     _mm512_storeu_ps(c.master + i, p);
-    _mm512_storeu_ps(c.m + i, _mm512_add_ps(_mm512_loadu_ps(c.m + i), g));
-    _mm512_storeu_ps(c.v + i, _mm512_add_ps(_mm512_loadu_ps(c.v + i), g));
+    _mm512_storeu_ps(cm + i, _mm512_add_ps(_mm512_loadu_ps(cm + i), g));
+    _mm512_storeu_ps(cv + i, _mm512_add_ps(_mm512_loadu_ps(cv + i), g));
     if constexpr (Out == 1)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
                           _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -120,7 +125,7 @@ void traffic_loop(const UpdateChunk& c) {
   UpdateChunk tail = c;
   tail.n = c.n - n16;
   tail.grad = static_cast<const char*>(c.grad) + n16 * (G == GradType::fp32 ? 4 : 2);
-  tail.master += n16, tail.m += n16, tail.v += n16;
+  tail.master += n16, tail.m = cm + n16, tail.v = cv + n16;
   if (out) tail.param16 = out + n16;
   scalar_kernels().traffic(tail);
 }
@@ -130,6 +135,7 @@ void traffic_for_grad(const UpdateChunk& c) {
   return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
 }
 void traffic_avx512(const UpdateChunk& c) {
+  if (c.states != StateFormat::fp32) return scalar_kernels().traffic(c);
   switch (c.grad_type) {
     case GradType::fp32: return traffic_for_grad<GradType::fp32>(c);
     case GradType::fp16: return traffic_for_grad<GradType::fp16>(c);

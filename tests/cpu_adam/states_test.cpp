@@ -297,6 +297,11 @@ Problem make_problem(std::size_t n, std::uint32_t seed, bool specials) {
     p.v[i] = std::fabs(nd(rng)) * 1e-6f;
     if (i % 1000 == 3) p.m[i] = p.v[i] = 0;
     float g = nd(rng) * (i % 7 == 0 ? 100.0f : 0.01f);
+    if (i % 5 == 1) {  // values far below their block's largest: the codes below the normal range
+      p.m[i] *= 1e-5f;
+      p.v[i] *= 1e-9f;
+      g *= 1e-6f;
+    }
     if (specials && i % 397 == 5) g = (i % 2) ? INFINITY : NAN;
     p.grad32[i] = g;
   }

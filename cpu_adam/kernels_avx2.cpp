@@ -196,7 +196,33 @@ inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, _
   }
   const __m256i e = set1(E);
   for (std::size_t j = 0; j < kQ8Block; j += 8)
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), q8_encode8<K>(_mm256_load_ps(t + j), e));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), q8_encode8<K>(_mm256_loadu_ps(t + j), e));
+}
+
+template <StateKind K>
+void q8_enc_loop(const float* src, std::uint8_t* dst, float* scales, std::size_t n) {
+  const std::size_t full = n / kQ8Block * kQ8Block;
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    __m256i e = _mm256_setzero_si256();
+    for (std::size_t j = 0; j < kQ8Block; j += 8) e = _mm256_max_epu32(e, q8_exponent8(_mm256_loadu_ps(src + b + j)));
+    q8_encode_block<K>(src + b, dst + b, scales + b / kQ8Block, e);
+  }
+  q8_encode_scalar_range(K, src, dst, scales, full, n);
+}
+template <StateKind K>
+void q8_dec_loop(const std::uint8_t* src, const float* scales, float* dst, std::size_t n) {
+  const std::size_t full = n / kQ8Block * kQ8Block;
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    const __m256 sc = _mm256_set1_ps(scales[b / kQ8Block]);
+    for (std::size_t j = 0; j < kQ8Block; j += 8) _mm256_storeu_ps(dst + b + j, _mm256_mul_ps(q8_value8<K>(src + b + j), sc));
+  }
+  q8_decode_scalar_range(K, src, scales, dst, full, n);
+}
+void q8_enc(StateKind k, const float* s, std::uint8_t* d, float* scales, std::size_t n) {
+  k == StateKind::m ? q8_enc_loop<StateKind::m>(s, d, scales, n) : q8_enc_loop<StateKind::v>(s, d, scales, n);
+}
+void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, std::size_t n) {
+  k == StateKind::m ? q8_dec_loop<StateKind::m>(s, scales, d, n) : q8_dec_loop<StateKind::v>(s, scales, d, n);
 }
 
 template <GradType G, int Out>
@@ -348,7 +374,7 @@ void bf16_f32(const std::uint16_t* s, float* d, std::size_t n) {
 }  // namespace
 
 const KernelTable& avx2_kernels() {
-  static const KernelTable t{adam_avx2, sum_squares_avx2, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx2};
+  static const KernelTable t{adam_avx2, sum_squares_avx2, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx2, q8_enc, q8_dec};
   return t;
 }
 

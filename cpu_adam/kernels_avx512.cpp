@@ -211,7 +211,33 @@ inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, _
   }
   const __m512i e = _mm512_set1_epi32(static_cast<int>(E));
   for (std::size_t j = 0; j < kQ8Block; j += 16)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j), q8_encode16<K>(_mm512_load_ps(t + j), e));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j), q8_encode16<K>(_mm512_loadu_ps(t + j), e));
+}
+
+template <StateKind K>
+void q8_enc_loop(const float* src, std::uint8_t* dst, float* scales, std::size_t n) {
+  const std::size_t full = n / kQ8Block * kQ8Block;
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    __m512i e = _mm512_setzero_si512();
+    for (std::size_t j = 0; j < kQ8Block; j += 16) e = _mm512_max_epu32(e, q8_exponent16(_mm512_loadu_ps(src + b + j)));
+    q8_encode_block<K>(src + b, dst + b, scales + b / kQ8Block, e);
+  }
+  q8_encode_scalar_range(K, src, dst, scales, full, n);
+}
+template <StateKind K>
+void q8_dec_loop(const std::uint8_t* src, const float* scales, float* dst, std::size_t n) {
+  const std::size_t full = n / kQ8Block * kQ8Block;
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    const __m512 sc = _mm512_set1_ps(scales[b / kQ8Block]);
+    for (std::size_t j = 0; j < kQ8Block; j += 16) _mm512_storeu_ps(dst + b + j, _mm512_mul_ps(q8_value16<K>(src + b + j), sc));
+  }
+  q8_decode_scalar_range(K, src, scales, dst, full, n);
+}
+void q8_enc(StateKind k, const float* s, std::uint8_t* d, float* scales, std::size_t n) {
+  k == StateKind::m ? q8_enc_loop<StateKind::m>(s, d, scales, n) : q8_enc_loop<StateKind::v>(s, d, scales, n);
+}
+void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, std::size_t n) {
+  k == StateKind::m ? q8_dec_loop<StateKind::m>(s, scales, d, n) : q8_dec_loop<StateKind::v>(s, scales, d, n);
 }
 
 template <GradType G, int Out, bool NB>
@@ -385,7 +411,7 @@ void bf16_f32(const std::uint16_t* s, float* d, std::size_t n) {
 }  // namespace
 
 const KernelTable& avx512_kernels() {
-  static const KernelTable t{adam_avx512, sum_squares_avx512, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx512};
+  static const KernelTable t{adam_avx512, sum_squares_avx512, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx512, q8_enc, q8_dec};
   return t;
 }
 

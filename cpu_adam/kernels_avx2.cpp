@@ -146,6 +146,23 @@ inline __m256i q8_exponent8(__m256 x) {
   return _mm256_blendv_epi8(_mm256_srli_epi32(round3(a), 23), set1(255), bad);
 }
 
+// The codes below the normal range (spec::q8_encode's second branch): x rounded to nearest even onto
+// the e = 0 grid, straight from its bits a = |x|.
+template <StateKind K>
+inline __m256i q8_encode8_small(__m256i a, __m256i E) {
+  constexpr int top = kTop<K>;
+  const __m256i ex = _mm256_srli_epi32(a, 23);
+  const __m256i frac = _mm256_and_si256(a, set1(0x7FFFFF));
+  const __m256i no_ex = _mm256_cmpeq_epi32(ex, _mm256_setzero_si256());
+  const __m256i mant = _mm256_blendv_epi8(_mm256_or_si256(frac, set1(0x800000)), frac, no_ex);
+  const __m256i exc = _mm256_max_epu32(ex, set1(1));
+  const __m256i sh = _mm256_sub_epi32(_mm256_add_epi32(E, set1(21 - top)), exc);
+  const __m256i half = _mm256_sub_epi32(_mm256_sllv_epi32(set1(1), _mm256_sub_epi32(sh, set1(1))), set1(1));
+  const __m256i odd = _mm256_and_si256(_mm256_srlv_epi32(mant, sh), set1(1));
+  const __m256i q = _mm256_srlv_epi32(_mm256_add_epi32(_mm256_add_epi32(mant, half), odd), sh);
+  return _mm256_and_si256(q, _mm256_cmpgt_epi32(set1(25), sh));
+}
+
 // spec::q8_encode of 8 values in a block of exponent E (top < E < 255), as 8 bytes.
 template <StateKind K>
 inline __m128i q8_encode8(__m256 x, __m256i E) {
@@ -157,18 +174,9 @@ inline __m128i q8_encode8(__m256 x, __m256i E) {
   const __m256i normal = _mm256_cmpgt_epi32(er_top, E);
   const __m256i code_n = _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(er_top, E), 3),
                                          _mm256_and_si256(_mm256_srli_epi32(r, 20), set1(7)));
-  // below the normal codes: round x itself onto the e = 0 grid
-  const __m256i ex = _mm256_srli_epi32(a, 23);
-  const __m256i frac = _mm256_and_si256(a, set1(0x7FFFFF));
-  const __m256i no_ex = _mm256_cmpeq_epi32(ex, _mm256_setzero_si256());
-  const __m256i mant = _mm256_blendv_epi8(_mm256_or_si256(frac, set1(0x800000)), frac, no_ex);
-  const __m256i exc = _mm256_max_epu32(ex, set1(1));
-  const __m256i sh = _mm256_sub_epi32(_mm256_add_epi32(E, set1(21 - top)), exc);
-  const __m256i half = _mm256_sub_epi32(_mm256_sllv_epi32(set1(1), _mm256_sub_epi32(sh, set1(1))), set1(1));
-  const __m256i odd = _mm256_and_si256(_mm256_srlv_epi32(mant, sh), set1(1));
-  const __m256i q = _mm256_srlv_epi32(_mm256_add_epi32(_mm256_add_epi32(mant, half), odd), sh);
-  const __m256i small = _mm256_cmpgt_epi32(set1(25), sh);
-  __m256i code = _mm256_blendv_epi8(_mm256_and_si256(q, small), code_n, normal);
+  __m256i code = code_n;
+  if (_mm256_movemask_ps(_mm256_castsi256_ps(normal)) != 0xFF)  // rare
+    code = _mm256_blendv_epi8(q8_encode8_small<K>(a, E), code_n, normal);
   if constexpr (K == StateKind::m) code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(u, 24), set1(0x80)));
   // the low byte of each 32-bit lane, in order
   const __m256i bytes = _mm256_shuffle_epi8(
@@ -282,38 +290,61 @@ void adam_avx2(const AdamStep& s, const UpdateChunk& c) {
 // The same loops as kernels_avx512.cpp at half the vector width: each file compiles with its own
 // target flags and names its instructions, so the order of operations that the bit-identity tests
 // pin down stays visible in each.
-template <GradType G, int Out>
+template <GradType G, int Out, StateFormat S>
 void traffic_loop(const UpdateChunk& c) {
   const std::size_t n8 = c.n & ~std::size_t{7};
   auto* out = static_cast<std::uint16_t*>(c.param16);
-  auto* cm = static_cast<float*>(c.m);
-  auto* cv = static_cast<float*>(c.v);
   for (std::size_t i = 0; i < n8; i += 8) {
     const __m256 g = load_grad8<G>(c.grad, i);
     const __m256 p = _mm256_add_ps(_mm256_loadu_ps(c.master + i), g);
     _mm256_storeu_ps(c.master + i, p);
-    _mm256_storeu_ps(cm + i, _mm256_add_ps(_mm256_loadu_ps(cm + i), g));
-    _mm256_storeu_ps(cv + i, _mm256_add_ps(_mm256_loadu_ps(cv + i), g));
+    if constexpr (S == StateFormat::fp32) {
+      auto* cm = static_cast<float*>(c.m) + i;
+      auto* cv = static_cast<float*>(c.v) + i;
+      _mm256_storeu_ps(cm, _mm256_add_ps(_mm256_loadu_ps(cm), g));
+      _mm256_storeu_ps(cv, _mm256_add_ps(_mm256_loadu_ps(cv), g));
+    } else if constexpr (S == StateFormat::bf16) {
+      auto* cm = reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(c.m) + i);
+      auto* cv = reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(c.v) + i);
+      const __m128i gh = _mm256_castsi256_si128(_mm256_permute4x64_epi64(
+          _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(g), 16), _mm256_setzero_si256()), 0xD8));
+      _mm_storeu_si128(cm, _mm_add_epi16(_mm_loadu_si128(cm), gh));
+      _mm_storeu_si128(cv, _mm_add_epi16(_mm_loadu_si128(cv), gh));
+    } else {
+      auto* cm = reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(c.m) + i);
+      auto* cv = reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(c.v) + i);
+      const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(g), 24);
+      const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+      const __m128i gb = _mm_packus_epi16(w, w);
+      _mm_storel_epi64(cm, _mm_add_epi8(_mm_loadl_epi64(cm), gb));
+      _mm_storel_epi64(cv, _mm_add_epi8(_mm_loadl_epi64(cv), gb));
+      if (i % kQ8Block == 0) {
+        c.m_scale[i / kQ8Block] += 1.0f;
+        c.v_scale[i / kQ8Block] += 1.0f;
+      }
+    }
     if constexpr (Out == 1)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
                        _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     else if constexpr (Out == 2)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), to_bf16(p));
   }
-  UpdateChunk tail = c;
-  tail.n = c.n - n8;
-  tail.grad = static_cast<const char*>(c.grad) + n8 * (G == GradType::fp32 ? 4 : 2);
-  tail.master += n8, tail.m = cm + n8, tail.v = cv + n8;
-  if (out) tail.param16 = out + n8;
-  scalar_kernels().traffic(tail);
+  traffic_tail(c, n8);
+}
+template <GradType G, StateFormat S>
+void traffic_for_out(const UpdateChunk& c) {
+  if (!c.param16) return traffic_loop<G, 0, S>(c);
+  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1, S>(c) : traffic_loop<G, 2, S>(c);
 }
 template <GradType G>
 void traffic_for_grad(const UpdateChunk& c) {
-  if (!c.param16) return traffic_loop<G, 0>(c);
-  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
+  switch (c.states) {
+    case StateFormat::fp32: return traffic_for_out<G, StateFormat::fp32>(c);
+    case StateFormat::bf16: return traffic_for_out<G, StateFormat::bf16>(c);
+    case StateFormat::q8: return traffic_for_out<G, StateFormat::q8>(c);
+  }
 }
 void traffic_avx2(const UpdateChunk& c) {
-  if (c.states != StateFormat::fp32) return scalar_kernels().traffic(c);
   switch (c.grad_type) {
     case GradType::fp32: return traffic_for_grad<GradType::fp32>(c);
     case GradType::fp16: return traffic_for_grad<GradType::fp16>(c);

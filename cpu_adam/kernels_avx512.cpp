@@ -172,6 +172,24 @@ inline __m512i q8_exponent16(__m512 x) {
   return _mm512_mask_mov_epi32(_mm512_srli_epi32(round3(a), 23), bad, _mm512_set1_epi32(255));
 }
 
+// The codes below the normal range (spec::q8_encode's second branch): x rounded to nearest even onto
+// the e = 0 grid, straight from its bits a = |x|.
+template <StateKind K>
+inline __m512i q8_encode16_small(__m512i a, __m512i E) {
+  constexpr int top = static_cast<int>(kTop<K>);
+  const __m512i ex = _mm512_srli_epi32(a, 23);
+  const __m512i frac = _mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF));
+  const __mmask16 has_ex = _mm512_test_epi32_mask(ex, ex);
+  const __m512i mant = _mm512_mask_or_epi32(frac, has_ex, frac, _mm512_set1_epi32(0x800000));
+  const __m512i exc = _mm512_max_epu32(ex, _mm512_set1_epi32(1));
+  const __m512i sh = _mm512_sub_epi32(_mm512_add_epi32(E, _mm512_set1_epi32(21 - top)), exc);
+  const __m512i half = _mm512_sub_epi32(_mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_sub_epi32(sh, _mm512_set1_epi32(1))),
+                                        _mm512_set1_epi32(1));
+  const __m512i odd = _mm512_and_si512(_mm512_srlv_epi32(mant, sh), _mm512_set1_epi32(1));
+  const __m512i q = _mm512_srlv_epi32(_mm512_add_epi32(_mm512_add_epi32(mant, half), odd), sh);
+  return _mm512_maskz_mov_epi32(_mm512_cmplt_epi32_mask(sh, _mm512_set1_epi32(25)), q);
+}
+
 // spec::q8_encode of 16 values in a block of exponent E (top < E < 255).
 template <StateKind K>
 inline __m128i q8_encode16(__m512 x, __m512i E) {
@@ -183,19 +201,8 @@ inline __m128i q8_encode16(__m512 x, __m512i E) {
   const __mmask16 normal = _mm512_cmpgt_epi32_mask(er_top, E);
   const __m512i code_n = _mm512_or_si512(_mm512_slli_epi32(_mm512_sub_epi32(er_top, E), 3),
                                          _mm512_and_si512(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(7)));
-  // below the normal codes: round x itself onto the e = 0 grid
-  const __m512i ex = _mm512_srli_epi32(a, 23);
-  const __m512i frac = _mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF));
-  const __mmask16 has_ex = _mm512_test_epi32_mask(ex, ex);
-  const __m512i mant = _mm512_mask_or_epi32(frac, has_ex, frac, _mm512_set1_epi32(0x800000));
-  const __m512i exc = _mm512_max_epu32(ex, _mm512_set1_epi32(1));
-  const __m512i sh = _mm512_sub_epi32(_mm512_add_epi32(E, _mm512_set1_epi32(21 - top)), exc);
-  const __m512i half = _mm512_sub_epi32(_mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_sub_epi32(sh, _mm512_set1_epi32(1))),
-                                        _mm512_set1_epi32(1));
-  const __m512i odd = _mm512_and_si512(_mm512_srlv_epi32(mant, sh), _mm512_set1_epi32(1));
-  const __m512i q = _mm512_srlv_epi32(_mm512_add_epi32(_mm512_add_epi32(mant, half), odd), sh);
-  const __mmask16 small = _mm512_cmplt_epi32_mask(sh, _mm512_set1_epi32(25));
-  __m512i code = _mm512_mask_mov_epi32(_mm512_maskz_mov_epi32(small, q), normal, code_n);
+  __m512i code = code_n;
+  if (normal != 0xFFFF) code = _mm512_mask_mov_epi32(q8_encode16_small<K>(a, E), normal, code_n);  // rare
   if constexpr (K == StateKind::m) code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80)));
   return _mm512_cvtepi32_epi8(code);
 }
@@ -308,38 +315,59 @@ void adam_avx512(const AdamStep& s, const UpdateChunk& c) {
   }
 }
 
-template <GradType G, int Out>
+// The Update's loads and stores for the state format S, with adds for math.
+template <GradType G, int Out, StateFormat S>
 void traffic_loop(const UpdateChunk& c) {
   const std::size_t n16 = c.n & ~std::size_t{15};
   auto* out = static_cast<std::uint16_t*>(c.param16);
-  auto* cm = static_cast<float*>(c.m);
-  auto* cv = static_cast<float*>(c.v);
   for (std::size_t i = 0; i < n16; i += 16) {
     const __m512 g = load_grad16<G>(c.grad, i);
     const __m512 p = _mm512_add_ps(_mm512_loadu_ps(c.master + i), g);
     _mm512_storeu_ps(c.master + i, p);
-    _mm512_storeu_ps(cm + i, _mm512_add_ps(_mm512_loadu_ps(cm + i), g));
-    _mm512_storeu_ps(cv + i, _mm512_add_ps(_mm512_loadu_ps(cv + i), g));
+    if constexpr (S == StateFormat::fp32) {
+      auto* cm = static_cast<float*>(c.m) + i;
+      auto* cv = static_cast<float*>(c.v) + i;
+      _mm512_storeu_ps(cm, _mm512_add_ps(_mm512_loadu_ps(cm), g));
+      _mm512_storeu_ps(cv, _mm512_add_ps(_mm512_loadu_ps(cv), g));
+    } else if constexpr (S == StateFormat::bf16) {
+      auto* cm = reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(c.m) + i);
+      auto* cv = reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(c.v) + i);
+      const __m256i gb = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(g), 16));
+      _mm256_storeu_si256(cm, _mm256_add_epi16(_mm256_loadu_si256(cm), gb));
+      _mm256_storeu_si256(cv, _mm256_add_epi16(_mm256_loadu_si256(cv), gb));
+    } else {
+      auto* cm = reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(c.m) + i);
+      auto* cv = reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(c.v) + i);
+      const __m128i gb = _mm512_cvtepi32_epi8(_mm512_srli_epi32(_mm512_castps_si512(g), 24));
+      _mm_storeu_si128(cm, _mm_add_epi8(_mm_loadu_si128(cm), gb));
+      _mm_storeu_si128(cv, _mm_add_epi8(_mm_loadu_si128(cv), gb));
+      if (i % kQ8Block == 0) {
+        c.m_scale[i / kQ8Block] += 1.0f;
+        c.v_scale[i / kQ8Block] += 1.0f;
+      }
+    }
     if constexpr (Out == 1)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
                           _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     else if constexpr (Out == 2)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_emulated(p));
   }
-  UpdateChunk tail = c;
-  tail.n = c.n - n16;
-  tail.grad = static_cast<const char*>(c.grad) + n16 * (G == GradType::fp32 ? 4 : 2);
-  tail.master += n16, tail.m = cm + n16, tail.v = cv + n16;
-  if (out) tail.param16 = out + n16;
-  scalar_kernels().traffic(tail);
+  traffic_tail(c, n16);
+}
+template <GradType G, StateFormat S>
+void traffic_for_out(const UpdateChunk& c) {
+  if (!c.param16) return traffic_loop<G, 0, S>(c);
+  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1, S>(c) : traffic_loop<G, 2, S>(c);
 }
 template <GradType G>
 void traffic_for_grad(const UpdateChunk& c) {
-  if (!c.param16) return traffic_loop<G, 0>(c);
-  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
+  switch (c.states) {
+    case StateFormat::fp32: return traffic_for_out<G, StateFormat::fp32>(c);
+    case StateFormat::bf16: return traffic_for_out<G, StateFormat::bf16>(c);
+    case StateFormat::q8: return traffic_for_out<G, StateFormat::q8>(c);
+  }
 }
 void traffic_avx512(const UpdateChunk& c) {
-  if (c.states != StateFormat::fp32) return scalar_kernels().traffic(c);
   switch (c.grad_type) {
     case GradType::fp32: return traffic_for_grad<GradType::fp32>(c);
     case GradType::fp16: return traffic_for_grad<GradType::fp16>(c);

@@ -131,6 +131,23 @@ void sum_squares_scalar_range(const void* grad, GradType t, std::size_t begin, s
 
 double fold16(double acc[16]) { return spec::fold16(acc); }
 
+void traffic_tail(const UpdateChunk& c, std::size_t from) {
+  if (from >= c.n) return;
+  UpdateChunk t = c;
+  const std::size_t esz = state_elem_bytes(c.states);
+  t.n = c.n - from;
+  t.grad = static_cast<const char*>(c.grad) + from * (c.grad_type == GradType::fp32 ? 4 : 2);
+  t.master = c.master + from;
+  t.m = static_cast<char*>(c.m) + from * esz;
+  t.v = static_cast<char*>(c.v) + from * esz;
+  if (c.states == StateFormat::q8) {
+    t.m_scale = c.m_scale + from / kQ8Block;
+    t.v_scale = c.v_scale + from / kQ8Block;
+  }
+  if (c.param16) t.param16 = static_cast<std::uint16_t*>(c.param16) + from;
+  scalar_kernels().traffic(t);
+}
+
 void q8_encode_scalar_range(StateKind k, const float* src, std::uint8_t* dst, float* scales, std::size_t begin,
                             std::size_t n) {
   for (std::size_t b = begin; b < n; b += kQ8Block)

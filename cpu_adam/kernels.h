@@ -32,13 +32,15 @@ const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
 
 // Scalar pieces shared by the vector paths' tails (defined in reference.cpp).
+// For q8 states, begin is a multiple of kQ8Block and end one too or c.n (whole blocks only).
 void adam_scalar_range(const AdamStep& s, const UpdateChunk& c, std::size_t begin, std::size_t end);
 // Adds x_i² of [begin, end) into acc[i mod 16] (i counted from the start of the range).
 void sum_squares_scalar_range(const void* grad, GradType t, std::size_t begin, std::size_t end, double acc[16]);
 double fold16(double acc[16]);
 // The memory-traffic kernel's scalar form on elements [from, n) of c (the vector paths' tails).
 void traffic_tail(const UpdateChunk& c, std::size_t from);
-// q8 blocks [first, first + n) of a bulk encode / decode, in the scalar specification.
+// Elements [begin, n) of a q8 bulk encode / decode in the scalar specification; begin is a multiple
+// of kQ8Block (blocks are counted from element 0).
 void q8_encode_scalar_range(StateKind k, const float* src, std::uint8_t* dst, float* scales, std::size_t begin,
                             std::size_t n);
 void q8_decode_scalar_range(StateKind k, const std::uint8_t* src, const float* scales, float* dst, std::size_t begin,

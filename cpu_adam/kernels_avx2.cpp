@@ -119,31 +119,34 @@ constexpr int kTop = K == StateKind::m ? 15 : 31;
 
 inline __m256i set1(std::uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
 
-// spec::q8_value of 8 codes.
+// spec::q8_value of 8 codes. For e ≥ 1 the value's bits are the code's magnitude shifted to the
+// exponent and mantissa fields plus a constant; codes with e = 0 (rare) are m3 · 2^(−2−top).
 template <StateKind K>
 inline __m256 q8_value8(const std::uint8_t* p) {
   const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i m3 = _mm256_and_si256(c, set1(7));
-  const __m256i e = K == StateKind::m ? _mm256_and_si256(_mm256_srli_epi32(c, 3), set1(15)) : _mm256_srli_epi32(c, 3);
-  const __m256i normal =
-      _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(e, set1(127 - kTop<K>)), 23), _mm256_slli_epi32(m3, 20));
-  const __m256i sub = _mm256_castps_si256(
-      _mm256_mul_ps(_mm256_cvtepi32_ps(m3), _mm256_castsi256_ps(set1(static_cast<std::uint32_t>(125 - kTop<K>) << 23))));
-  __m256i r = _mm256_blendv_epi8(normal, sub, _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
-  if constexpr (K == StateKind::m) r = _mm256_or_si256(r, _mm256_slli_epi32(_mm256_and_si256(c, set1(0x80)), 24));
+  const __m256i mag = K == StateKind::m ? _mm256_and_si256(c, set1(0x7F)) : c;
+  __m256i r = _mm256_add_epi32(_mm256_slli_epi32(mag, 20), set1(static_cast<std::uint32_t>(127 - kTop<K>) << 23));
+  const __m256i e0 = _mm256_cmpgt_epi32(set1(8), mag);
+  if (_mm256_movemask_ps(_mm256_castsi256_ps(e0))) {
+    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag),
+                                     _mm256_castsi256_ps(set1(static_cast<std::uint32_t>(125 - kTop<K>) << 23)));
+    r = _mm256_blendv_epi8(r, _mm256_castps_si256(sub), e0);
+  }
+  if constexpr (K == StateKind::m) r = _mm256_or_si256(r, _mm256_and_si256(_mm256_slli_epi32(c, 24), set1(0x80000000u)));
   return _mm256_castsi256_ps(r);
 }
 
-inline __m256i round3(__m256i a) {
+// round3(a) >> 20 for a = |x| bits: the exponent and the 3 rounded mantissa bits (the masking of
+// round3 is implied by the shift).
+inline __m256i round3_top(__m256i a) {
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, 20), set1(1));
-  return _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(a, set1(0x7FFFF)), lsb), set1(0xFFF00000u));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, set1(0x7FFFF)), lsb), 20);
 }
 
-// spec::q8_exponent of 8 values.
+// spec::q8_exponent of 8 values, except that a non-finite x may give 256 instead of 255 (a NaN's
+// mantissa can carry past the exponent); q8_encode_block treats every value ≥ 255 as kQ8Nan.
 inline __m256i q8_exponent8(__m256 x) {
-  const __m256i a = _mm256_and_si256(_mm256_castps_si256(x), set1(0x7FFFFFFF));
-  const __m256i bad = _mm256_cmpgt_epi32(a, set1(0x7F7FFFFF));  // a is non-negative: signed compares work
-  return _mm256_blendv_epi8(_mm256_srli_epi32(round3(a), 23), set1(255), bad);
+  return _mm256_srli_epi32(round3_top(_mm256_and_si256(_mm256_castps_si256(x), set1(0x7FFFFFFF))), 3);
 }
 
 // The codes below the normal range (spec::q8_encode's second branch): x rounded to nearest even onto
@@ -163,20 +166,17 @@ inline __m256i q8_encode8_small(__m256i a, __m256i E) {
   return _mm256_and_si256(q, _mm256_cmpgt_epi32(set1(25), sh));
 }
 
-// spec::q8_encode of 8 values in a block of exponent E (top < E < 255), as 8 bytes.
+// spec::q8_encode of 8 values in a block of exponent E (top < E < 255), as 8 bytes; c = (E − top) << 3.
+// A normal code is round3(x) >> 20 less c: (exp − E + top) << 3 | m3.
 template <StateKind K>
-inline __m128i q8_encode8(__m256 x, __m256i E) {
-  constexpr int top = kTop<K>;
+inline __m128i q8_encode8(__m256 x, __m256i E, __m256i c) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i a = _mm256_and_si256(u, set1(0x7FFFFFFF));
-  const __m256i r = round3(a), er = _mm256_srli_epi32(r, 23);
-  const __m256i er_top = _mm256_add_epi32(er, set1(top));
-  const __m256i normal = _mm256_cmpgt_epi32(er_top, E);
-  const __m256i code_n = _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(er_top, E), 3),
-                                         _mm256_and_si256(_mm256_srli_epi32(r, 20), set1(7)));
-  __m256i code = code_n;
+  const __m256i r = round3_top(a);
+  const __m256i normal = _mm256_cmpgt_epi32(r, _mm256_add_epi32(c, set1(7)));
+  __m256i code = _mm256_sub_epi32(r, c);
   if (_mm256_movemask_ps(_mm256_castsi256_ps(normal)) != 0xFF)  // rare
-    code = _mm256_blendv_epi8(q8_encode8_small<K>(a, E), code_n, normal);
+    code = _mm256_blendv_epi8(q8_encode8_small<K>(a, E), code, normal);
   if constexpr (K == StateKind::m) code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(u, 24), set1(0x80)));
   // the low byte of each 32-bit lane, in order
   const __m256i bytes = _mm256_shuffle_epi8(
@@ -193,18 +193,19 @@ inline std::uint32_t reduce_max(__m256i x) {
   return mx;
 }
 
-// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent.
+// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent8.
 template <StateKind K>
 inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, __m256i emax) {
-  const std::uint32_t E = spec::q8_block_exponent(reduce_max(emax), K);
+  const std::uint32_t mx = reduce_max(emax);
+  const std::uint32_t E = spec::q8_block_exponent(mx < spec::kQ8Nan ? mx : spec::kQ8Nan, K);
   *scale = spec::q8_scale(E);
   if (E == 0 || E == spec::kQ8Nan) {
     std::memset(codes, 0, kQ8Block);
     return;
   }
-  const __m256i e = set1(E);
+  const __m256i e = set1(E), c = set1((E - static_cast<std::uint32_t>(kTop<K>)) << 3);
   for (std::size_t j = 0; j < kQ8Block; j += 8)
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), q8_encode8<K>(_mm256_loadu_ps(t + j), e));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), q8_encode8<K>(_mm256_loadu_ps(t + j), e, c));
 }
 
 template <StateKind K>

@@ -143,33 +143,35 @@ void adam_loop(const AdamStep& s, const UpdateChunk& c) {
 template <StateKind K>
 constexpr std::uint32_t kTop = K == StateKind::m ? 15u : 31u;
 
-// spec::q8_value of 16 codes.
+// spec::q8_value of 16 codes. For e ≥ 1 the value's bits are the code's magnitude shifted to the
+// exponent and mantissa fields plus a constant; codes with e = 0 (rare) are m3 · 2^(−2−top).
 template <StateKind K>
 inline __m512 q8_value16(const std::uint8_t* p) {
   const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i m3 = _mm512_and_si512(c, _mm512_set1_epi32(7));
-  const __m512i e = K == StateKind::m ? _mm512_and_si512(_mm512_srli_epi32(c, 3), _mm512_set1_epi32(15))
-                                      : _mm512_srli_epi32(c, 3);
-  const __m512i normal = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127 - kTop<K>)), 23),
-                                         _mm512_slli_epi32(m3, 20));
-  const __m512i sub = _mm512_castps_si512(
-      _mm512_mul_ps(_mm512_cvtepi32_ps(m3), _mm512_castsi512_ps(_mm512_set1_epi32((125 - kTop<K>) << 23))));
-  __m512i r = _mm512_mask_mov_epi32(sub, _mm512_test_epi32_mask(e, e), normal);
-  if constexpr (K == StateKind::m) r = _mm512_or_si512(r, _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24));
+  const __m512i mag = K == StateKind::m ? _mm512_and_si512(c, _mm512_set1_epi32(0x7F)) : c;
+  __m512i r = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32((127 - kTop<K>) << 23));
+  const __mmask16 e0 = _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8));
+  if (e0) {
+    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_castsi512_ps(_mm512_set1_epi32((125 - kTop<K>) << 23)));
+    r = _mm512_mask_mov_epi32(r, e0, _mm512_castps_si512(sub));
+  }
+  if constexpr (K == StateKind::m)  // r | (c << 24 & sign bit)
+    r = _mm512_ternarylogic_epi32(r, _mm512_slli_epi32(c, 24), _mm512_set1_epi32(static_cast<int>(0x80000000u)), 0xF8);
   return _mm512_castsi512_ps(r);
 }
 
-inline __m512i round3(__m512i a) {
+// round3(a) >> 20 for a = |x| bits: the exponent and the 3 rounded mantissa bits (the masking of
+// round3 is implied by the shift).
+inline __m512i round3_top(__m512i a) {
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-  return _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), lsb),
-                          _mm512_set1_epi32(static_cast<int>(0xFFF00000u)));
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), lsb), 20);
 }
 
-// spec::q8_exponent of 16 values.
+// spec::q8_exponent of 16 values, except that a non-finite x may give 256 instead of 255 (a NaN's
+// mantissa can carry past the exponent); q8_encode_block treats every value ≥ 255 as kQ8Nan.
 inline __m512i q8_exponent16(__m512 x) {
   const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF));
-  const __mmask16 bad = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(0x7F800000));
-  return _mm512_mask_mov_epi32(_mm512_srli_epi32(round3(a), 23), bad, _mm512_set1_epi32(255));
+  return _mm512_srli_epi32(round3_top(a), 3);
 }
 
 // The codes below the normal range (spec::q8_encode's second branch): x rounded to nearest even onto
@@ -190,35 +192,34 @@ inline __m512i q8_encode16_small(__m512i a, __m512i E) {
   return _mm512_maskz_mov_epi32(_mm512_cmplt_epi32_mask(sh, _mm512_set1_epi32(25)), q);
 }
 
-// spec::q8_encode of 16 values in a block of exponent E (top < E < 255).
+// spec::q8_encode of 16 values in a block of exponent E (top < E < 255); c = (E − top) << 3. A normal
+// code is round3(x) >> 20 less c: (exp − E + top) << 3 | m3.
 template <StateKind K>
-inline __m128i q8_encode16(__m512 x, __m512i E) {
-  constexpr int top = static_cast<int>(kTop<K>);
+inline __m128i q8_encode16(__m512 x, __m512i E, __m512i c) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
-  const __m512i r = round3(a), er = _mm512_srli_epi32(r, 23);
-  const __m512i er_top = _mm512_add_epi32(er, _mm512_set1_epi32(top));
-  const __mmask16 normal = _mm512_cmpgt_epi32_mask(er_top, E);
-  const __m512i code_n = _mm512_or_si512(_mm512_slli_epi32(_mm512_sub_epi32(er_top, E), 3),
-                                         _mm512_and_si512(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(7)));
-  __m512i code = code_n;
-  if (normal != 0xFFFF) code = _mm512_mask_mov_epi32(q8_encode16_small<K>(a, E), normal, code_n);  // rare
-  if constexpr (K == StateKind::m) code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80)));
+  const __m512i r = round3_top(a);
+  const __mmask16 normal = _mm512_cmpgt_epi32_mask(r, _mm512_add_epi32(c, _mm512_set1_epi32(7)));
+  __m512i code = _mm512_sub_epi32(r, c);
+  if (normal != 0xFFFF) code = _mm512_mask_mov_epi32(q8_encode16_small<K>(a, E), normal, code);  // rare
+  if constexpr (K == StateKind::m)  // code | (u >> 24 & 0x80)
+    code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80), 0xF8);
   return _mm512_cvtepi32_epi8(code);
 }
 
-// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent.
+// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent16.
 template <StateKind K>
 inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, __m512i emax) {
-  const std::uint32_t E = spec::q8_block_exponent(_mm512_reduce_max_epu32(emax), K);
+  const std::uint32_t mx = _mm512_reduce_max_epu32(emax);
+  const std::uint32_t E = spec::q8_block_exponent(mx < spec::kQ8Nan ? mx : spec::kQ8Nan, K);
   *scale = spec::q8_scale(E);
   if (E == 0 || E == spec::kQ8Nan) {
     std::memset(codes, 0, kQ8Block);
     return;
   }
-  const __m512i e = _mm512_set1_epi32(static_cast<int>(E));
+  const __m512i e = _mm512_set1_epi32(static_cast<int>(E)), c = _mm512_set1_epi32(static_cast<int>((E - kTop<K>) << 3));
   for (std::size_t j = 0; j < kQ8Block; j += 16)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j), q8_encode16<K>(_mm512_loadu_ps(t + j), e));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j), q8_encode16<K>(_mm512_loadu_ps(t + j), e, c));
 }
 
 template <StateKind K>

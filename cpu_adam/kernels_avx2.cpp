@@ -136,17 +136,18 @@ inline __m256 q8_value8(const std::uint8_t* p) {
   return _mm256_castsi256_ps(r);
 }
 
-// round3(a) >> 20 for a = |x| bits: the exponent and the 3 rounded mantissa bits (the masking of
-// round3 is implied by the shift).
+// round3(a) >> Shift for a = |x| bits: by 20, the exponent and the 3 rounded mantissa bits; by 23, the
+// exponent (the masking of round3 is implied by the shift).
+template <int Shift = 20>
 inline __m256i round3_top(__m256i a) {
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, 20), set1(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, set1(0x7FFFF)), lsb), 20);
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, set1(0x7FFFF)), lsb), Shift);
 }
 
 // spec::q8_exponent of 8 values, except that a non-finite x may give 256 instead of 255 (a NaN's
 // mantissa can carry past the exponent); q8_encode_block treats every value ≥ 255 as kQ8Nan.
 inline __m256i q8_exponent8(__m256 x) {
-  return _mm256_srli_epi32(round3_top(_mm256_and_si256(_mm256_castps_si256(x), set1(0x7FFFFFFF))), 3);
+  return round3_top<23>(_mm256_and_si256(_mm256_castps_si256(x), set1(0x7FFFFFFF)));
 }
 
 // The codes below the normal range (spec::q8_encode's second branch): x rounded to nearest even onto

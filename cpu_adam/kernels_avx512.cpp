@@ -160,18 +160,19 @@ inline __m512 q8_value16(const std::uint8_t* p) {
   return _mm512_castsi512_ps(r);
 }
 
-// round3(a) >> 20 for a = |x| bits: the exponent and the 3 rounded mantissa bits (the masking of
-// round3 is implied by the shift).
+// round3(a) >> Shift for a = |x| bits: by 20, the exponent and the 3 rounded mantissa bits; by 23, the
+// exponent (the masking of round3 is implied by the shift).
+template <int Shift = 20>
 inline __m512i round3_top(__m512i a) {
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), lsb), 20);
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), lsb), Shift);
 }
 
 // spec::q8_exponent of 16 values, except that a non-finite x may give 256 instead of 255 (a NaN's
 // mantissa can carry past the exponent); q8_encode_block treats every value ≥ 255 as kQ8Nan.
 inline __m512i q8_exponent16(__m512 x) {
   const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF));
-  return _mm512_srli_epi32(round3_top(a), 3);
+  return round3_top<23>(a);
 }
 
 // The codes below the normal range (spec::q8_encode's second branch): x rounded to nearest even onto

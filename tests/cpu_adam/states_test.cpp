@@ -313,6 +313,9 @@ TEST(StateFormats, Bf16AndFp32Conversions) {
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(b[i], spec::fp32_to_bf16(x[i])) << i;
   decode_states(StateFormat::bf16, StateKind::v, b.data(), nullptr, y.data(), n);
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(bits(y[i]), bits(spec::bf16_to_fp32(b[i]))) << i;
+  std::vector<std::uint16_t> again(n);  // stored values survive decode → encode
+  encode_states(StateFormat::bf16, StateKind::v, y.data(), again.data(), nullptr, n);
+  EXPECT_EQ(again, b);
   std::vector<float> f(n);
   encode_states(StateFormat::fp32, StateKind::m, x.data(), f.data(), nullptr, n);
   decode_states(StateFormat::fp32, StateKind::m, f.data(), nullptr, y.data(), n);

@@ -64,7 +64,8 @@ AdamStep make_adam_step(const AdamHyper& h, std::int64_t step, float grad_scale 
 //          counted from the start of a chunk). The byte is a small float relative to the scale: for
 //          m sign | 4-bit exponent | 3-bit mantissa, for v (never negative) 5-bit exponent | 3-bit
 //          mantissa; spec.h states the exact encoding. A block holding a non-finite value gets a NaN
-//          scale (every element decodes to NaN).
+//          scale (every element decodes to NaN); a block whose values are all below 2^-111 (m) or
+//          2^-95 (v) a zero scale (every element decodes to 0).
 // The Update decodes m and v to fp32, runs the fp32 specification below, and encodes the results;
 // master and the step itself stay fp32 (the step uses the fp32 m and v, not their encoded copies).
 enum class StateFormat { fp32, bf16, q8 };
@@ -95,8 +96,8 @@ struct UpdateChunk {
 
 // Bulk conversions between fp32 states and a stored format (checkpoints, tier set-up). q8 blocks are
 // counted from the start of src (encode) / dst (decode); scales has state_scales(f, n) entries (may be
-// null for fp32 and bf16). decode(encode(x)) is the value the Update would see; for every stored
-// value y = decode(...), encode(y) stores y again (so decoded checkpoints resume bit for bit).
+// null for fp32 and bf16). decode(encode(x)) is what the Update would see; decoding stored states and
+// encoding the result stores the same bytes and scales again (decoded checkpoints resume bit for bit).
 void encode_states(StateFormat f, StateKind k, const float* src, void* dst, float* scales, std::size_t n);
 void decode_states(StateFormat f, StateKind k, const void* src, const float* scales, float* dst, std::size_t n);
 // The same on the given SIMD path (clamped to what the CPU has); the plain forms use active_simd().
@@ -118,6 +119,7 @@ void adam_update(const AdamStep& s, const UpdateChunk& c);
 //    trivial math (adds) — the memory-movement limit of the pass.
 //  * adam_update_naive: Adam written the ordinary way, a plain loop compiled without ISA flags — the
 //    "what you'd write" baseline. Not bit-compatible with the specification (different op order).
+//    fp32 states only.
 void adam_memory_traffic(const UpdateChunk& c, SimdLevel level);
 void adam_update_naive(const AdamHyper& h, std::int64_t step, float grad_scale, const UpdateChunk& c);
 

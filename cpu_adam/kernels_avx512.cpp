@@ -5,9 +5,11 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 
 #include "kernels.h"
 #include "zinf/cpu_adam/convert.h"
+#include "zinf/cpu_adam/spec.h"
 
 namespace zinf::cpu_adam::detail {
 namespace {
@@ -43,48 +45,262 @@ __attribute__((target("avx512bf16"))) inline __m256i to_bf16_native(__m512 p) {
   return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(p));
 }
 
-template <GradType G, int Out>  // Out: 0 none, 1 fp16, 2 bf16 emulated, 3 bf16 native
+// The broadcast step scalars and one vector of the specification's Adam step (adam.h), in its order.
+struct Consts {
+  __m512 scale, b1, omb1, b2, omb2, eps, bc2, step, decay;
+  bool l2, wdec;
+  explicit Consts(const AdamStep& s)
+      : scale(_mm512_set1_ps(s.grad_scale)),
+        b1(_mm512_set1_ps(s.beta1)),
+        omb1(_mm512_set1_ps(s.one_minus_beta1)),
+        b2(_mm512_set1_ps(s.beta2)),
+        omb2(_mm512_set1_ps(s.one_minus_beta2)),
+        eps(_mm512_set1_ps(s.eps)),
+        bc2(_mm512_set1_ps(s.bc2_rsqrt)),
+        step(_mm512_set1_ps(s.step_size)),
+        decay(_mm512_set1_ps(s.decay)),
+        l2(s.apply_decay && !s.decoupled),
+        wdec(s.apply_decay && s.decoupled) {}
+};
+
+// g: the raw gradient; p, m, v: in and out.
+inline void adam16(const Consts& k, __m512 g, __m512& p, __m512& m, __m512& v) {
+  g = _mm512_mul_ps(g, k.scale);
+  if (k.l2) g = _mm512_fmadd_ps(k.decay, p, g);
+  m = _mm512_fmadd_ps(m, k.b1, _mm512_mul_ps(g, k.omb1));
+  v = _mm512_fmadd_ps(v, k.b2, _mm512_mul_ps(_mm512_mul_ps(g, g), k.omb2));
+  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.bc2, k.eps);
+  const __m512 u = _mm512_div_ps(m, denom);
+  if (k.wdec) p = _mm512_mul_ps(p, k.decay);
+  p = _mm512_fmadd_ps(k.step, u, p);
+}
+
+// fp32 → bf16 with AVX512-BF16's instruction (NB: the CPU has it; it follows the specification) or
+// by integer emulation.
+template <bool NB>
+#if defined(__GNUC__)
+__attribute__((target("avx512bf16")))
+#endif
+inline __m256i to_bf16(__m512 x) {
+  if constexpr (NB)
+    return to_bf16_native(x);
+  else
+    return to_bf16_emulated(x);
+}
+
+template <int Out, bool NB>  // Out: 0 none, 1 fp16, 2 bf16
+#if defined(__GNUC__)
+__attribute__((target("avx512bf16")))
+#endif
+inline void store_param16(std::uint16_t* out, std::size_t i, __m512 p) {
+  if constexpr (Out == 1)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  else if constexpr (Out == 2)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16<NB>(p));
+}
+
+// bf16 state bits → fp32 (exact).
+inline __m512 load_bf16(const std::uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// fp32 and bf16 states: element-wise, 16 lanes at a time.
+template <GradType G, int Out, bool NB, StateFormat S>
 #if defined(__GNUC__)
 __attribute__((target("avx512bf16")))
 #endif
 void adam_loop(const AdamStep& s, const UpdateChunk& c) {
-  const __m512 scale = _mm512_set1_ps(s.grad_scale), b1 = _mm512_set1_ps(s.beta1),
-               omb1 = _mm512_set1_ps(s.one_minus_beta1), b2 = _mm512_set1_ps(s.beta2),
-               omb2 = _mm512_set1_ps(s.one_minus_beta2), eps = _mm512_set1_ps(s.eps), bc2 = _mm512_set1_ps(s.bc2_rsqrt),
-               step = _mm512_set1_ps(s.step_size), decay = _mm512_set1_ps(s.decay);
-  const bool l2 = s.apply_decay && !s.decoupled, wdec = s.apply_decay && s.decoupled;
+  const Consts k(s);
   const std::size_t n16 = c.n & ~std::size_t{15};
   auto* out = static_cast<std::uint16_t*>(c.param16);
   for (std::size_t i = 0; i < n16; i += 16) {
-    __m512 g = _mm512_mul_ps(load_grad16<G>(c.grad, i), scale);
-    __m512 p = _mm512_loadu_ps(c.master + i);
-    if (l2) g = _mm512_fmadd_ps(decay, p, g);
-    const __m512 m = _mm512_fmadd_ps(_mm512_loadu_ps(c.m + i), b1, _mm512_mul_ps(g, omb1));
-    const __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(c.v + i), b2, _mm512_mul_ps(_mm512_mul_ps(g, g), omb2));
-    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), bc2, eps);
-    const __m512 u = _mm512_div_ps(m, denom);
-    if (wdec) p = _mm512_mul_ps(p, decay);
-    p = _mm512_fmadd_ps(step, u, p);
+    __m512 p = _mm512_loadu_ps(c.master + i), m, v;
+    if constexpr (S == StateFormat::fp32) {
+      m = _mm512_loadu_ps(static_cast<float*>(c.m) + i);
+      v = _mm512_loadu_ps(static_cast<float*>(c.v) + i);
+    } else {
+      m = load_bf16(static_cast<std::uint16_t*>(c.m) + i);
+      v = load_bf16(static_cast<std::uint16_t*>(c.v) + i);
+    }
+    adam16(k, load_grad16<G>(c.grad, i), p, m, v);
     _mm512_storeu_ps(c.master + i, p);
-    _mm512_storeu_ps(c.m + i, m);
-    _mm512_storeu_ps(c.v + i, v);
-    if constexpr (Out == 1)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                          _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    else if constexpr (Out == 2)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_emulated(p));
-    else if constexpr (Out == 3)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_native(p));
+    if constexpr (S == StateFormat::fp32) {
+      _mm512_storeu_ps(static_cast<float*>(c.m) + i, m);
+      _mm512_storeu_ps(static_cast<float*>(c.v) + i, v);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(c.m) + i), to_bf16<NB>(m));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(c.v) + i), to_bf16<NB>(v));
+    }
+    store_param16<Out, NB>(out, i, p);
   }
   adam_scalar_range(s, c, n16, c.n);
 }
 
+// ---- q8 states (spec.h): decode, Adam and encode of one 256-element block in one pass ----
+
+template <StateKind K>
+constexpr std::uint32_t kTop = K == StateKind::m ? 15u : 31u;
+
+// spec::q8_value of 16 codes. For e ≥ 1 the value's bits are the code's magnitude shifted to the
+// exponent and mantissa fields plus a constant; codes with e = 0 (rare) are m3 · 2^(−2−top).
+template <StateKind K>
+inline __m512 q8_value16(const std::uint8_t* p) {
+  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i mag = K == StateKind::m ? _mm512_and_si512(c, _mm512_set1_epi32(0x7F)) : c;
+  __m512i r = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32((127 - kTop<K>) << 23));
+  const __mmask16 e0 = _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8));
+  if (e0) {
+    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_castsi512_ps(_mm512_set1_epi32((125 - kTop<K>) << 23)));
+    r = _mm512_mask_mov_epi32(r, e0, _mm512_castps_si512(sub));
+  }
+  if constexpr (K == StateKind::m)  // r | (c << 24 & sign bit)
+    r = _mm512_ternarylogic_epi32(r, _mm512_slli_epi32(c, 24), _mm512_set1_epi32(static_cast<int>(0x80000000u)), 0xF8);
+  return _mm512_castsi512_ps(r);
+}
+
+// round3(a) >> Shift for a = |x| bits: by 20, the exponent and the 3 rounded mantissa bits; by 23, the
+// exponent (the masking of round3 is implied by the shift).
+template <int Shift = 20>
+inline __m512i round3_top(__m512i a) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), lsb), Shift);
+}
+
+// spec::q8_exponent of 16 values, except that a non-finite x may give 256 instead of 255 (a NaN's
+// mantissa can carry past the exponent); q8_encode_block treats every value ≥ 255 as kQ8Nan.
+inline __m512i q8_exponent16(__m512 x) {
+  const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF));
+  return round3_top<23>(a);
+}
+
+// The codes below the normal range (spec::q8_encode's second branch): x rounded to nearest even onto
+// the e = 0 grid, straight from its bits a = |x|.
+template <StateKind K>
+inline __m512i q8_encode16_small(__m512i a, __m512i E) {
+  constexpr int top = static_cast<int>(kTop<K>);
+  const __m512i ex = _mm512_srli_epi32(a, 23);
+  const __m512i frac = _mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF));
+  const __mmask16 has_ex = _mm512_test_epi32_mask(ex, ex);
+  const __m512i mant = _mm512_mask_or_epi32(frac, has_ex, frac, _mm512_set1_epi32(0x800000));
+  const __m512i exc = _mm512_max_epu32(ex, _mm512_set1_epi32(1));
+  const __m512i sh = _mm512_sub_epi32(_mm512_add_epi32(E, _mm512_set1_epi32(21 - top)), exc);
+  const __m512i half = _mm512_sub_epi32(_mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_sub_epi32(sh, _mm512_set1_epi32(1))),
+                                        _mm512_set1_epi32(1));
+  const __m512i odd = _mm512_and_si512(_mm512_srlv_epi32(mant, sh), _mm512_set1_epi32(1));
+  const __m512i q = _mm512_srlv_epi32(_mm512_add_epi32(_mm512_add_epi32(mant, half), odd), sh);
+  return _mm512_maskz_mov_epi32(_mm512_cmplt_epi32_mask(sh, _mm512_set1_epi32(25)), q);
+}
+
+// spec::q8_encode of 16 values in a block of exponent E (top < E < 255); c = (E − top) << 3. A normal
+// code is round3(x) >> 20 less c: (exp − E + top) << 3 | m3.
+template <StateKind K>
+inline __m128i q8_encode16(__m512 x, __m512i E, __m512i c) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i r = round3_top(a);
+  const __mmask16 normal = _mm512_cmpgt_epi32_mask(r, _mm512_add_epi32(c, _mm512_set1_epi32(7)));
+  __m512i code = _mm512_sub_epi32(r, c);
+  if (normal != 0xFFFF) code = _mm512_mask_mov_epi32(q8_encode16_small<K>(a, E), normal, code);  // rare
+  if constexpr (K == StateKind::m)  // code | (u >> 24 & 0x80)
+    code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80), 0xF8);
+  return _mm512_cvtepi32_epi8(code);
+}
+
+// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent16.
+template <StateKind K>
+inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, __m512i emax) {
+  const std::uint32_t mx = _mm512_reduce_max_epu32(emax);
+  const std::uint32_t E = spec::q8_block_exponent(mx < spec::kQ8Nan ? mx : spec::kQ8Nan, K);
+  *scale = spec::q8_scale(E);
+  if (E == 0 || E == spec::kQ8Nan) {
+    std::memset(codes, 0, kQ8Block);
+    return;
+  }
+  const __m512i e = _mm512_set1_epi32(static_cast<int>(E)), c = _mm512_set1_epi32(static_cast<int>((E - kTop<K>) << 3));
+  for (std::size_t j = 0; j < kQ8Block; j += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j), q8_encode16<K>(_mm512_loadu_ps(t + j), e, c));
+}
+
+template <StateKind K>
+void q8_enc_loop(const float* src, std::uint8_t* dst, float* scales, std::size_t n) {
+  const std::size_t full = n / kQ8Block * kQ8Block;
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    __m512i e = _mm512_setzero_si512();
+    for (std::size_t j = 0; j < kQ8Block; j += 16) e = _mm512_max_epu32(e, q8_exponent16(_mm512_loadu_ps(src + b + j)));
+    q8_encode_block<K>(src + b, dst + b, scales + b / kQ8Block, e);
+  }
+  q8_encode_scalar_range(K, src, dst, scales, full, n);
+}
+template <StateKind K>
+void q8_dec_loop(const std::uint8_t* src, const float* scales, float* dst, std::size_t n) {
+  const std::size_t full = n / kQ8Block * kQ8Block;
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    const __m512 sc = _mm512_set1_ps(scales[b / kQ8Block]);
+    for (std::size_t j = 0; j < kQ8Block; j += 16) _mm512_storeu_ps(dst + b + j, _mm512_mul_ps(q8_value16<K>(src + b + j), sc));
+  }
+  q8_decode_scalar_range(K, src, scales, dst, full, n);
+}
+void q8_enc(StateKind k, const float* s, std::uint8_t* d, float* scales, std::size_t n) {
+  k == StateKind::m ? q8_enc_loop<StateKind::m>(s, d, scales, n) : q8_enc_loop<StateKind::v>(s, d, scales, n);
+}
+void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, std::size_t n) {
+  k == StateKind::m ? q8_dec_loop<StateKind::m>(s, scales, d, n) : q8_dec_loop<StateKind::v>(s, scales, d, n);
+}
+
+template <GradType G, int Out, bool NB>
+#if defined(__GNUC__)
+__attribute__((target("avx512bf16")))
+#endif
+void adam_q8_loop(const AdamStep& s, const UpdateChunk& c) {
+  const Consts k(s);
+  const std::size_t full = c.n / kQ8Block * kQ8Block;
+  auto* out = static_cast<std::uint16_t*>(c.param16);
+  auto* mc = static_cast<std::uint8_t*>(c.m);
+  auto* vc = static_cast<std::uint8_t*>(c.v);
+  alignas(64) float mt[kQ8Block], vt[kQ8Block];  // the block's new m and v, until their exponent is known
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    const __m512 ms = _mm512_set1_ps(c.m_scale[b / kQ8Block]), vs = _mm512_set1_ps(c.v_scale[b / kQ8Block]);
+    __m512i me = _mm512_setzero_si512(), ve = _mm512_setzero_si512();
+    for (std::size_t j = 0; j < kQ8Block; j += 16) {
+      const std::size_t i = b + j;
+      __m512 p = _mm512_loadu_ps(c.master + i);
+      __m512 m = _mm512_mul_ps(q8_value16<StateKind::m>(mc + i), ms);
+      __m512 v = _mm512_mul_ps(q8_value16<StateKind::v>(vc + i), vs);
+      adam16(k, load_grad16<G>(c.grad, i), p, m, v);
+      _mm512_storeu_ps(c.master + i, p);
+      store_param16<Out, NB>(out, i, p);
+      _mm512_store_ps(mt + j, m);
+      _mm512_store_ps(vt + j, v);
+      me = _mm512_max_epu32(me, q8_exponent16(m));
+      ve = _mm512_max_epu32(ve, q8_exponent16(v));
+    }
+    q8_encode_block<StateKind::m>(mt, mc + b, c.m_scale + b / kQ8Block, me);
+    q8_encode_block<StateKind::v>(vt, vc + b, c.v_scale + b / kQ8Block, ve);
+  }
+  adam_scalar_range(s, c, full, c.n);  // a partial last block
+}
+
+template <GradType G, int Out, bool NB>
+void adam_states(const AdamStep& s, const UpdateChunk& c) {
+  switch (c.states) {
+    case StateFormat::fp32: return adam_loop<G, Out, NB, StateFormat::fp32>(s, c);
+    case StateFormat::bf16: return adam_loop<G, Out, NB, StateFormat::bf16>(s, c);
+    case StateFormat::q8: return adam_q8_loop<G, Out, NB>(s, c);
+  }
+}
+
+template <GradType G, bool NB>
+void adam_for_out(const AdamStep& s, const UpdateChunk& c) {
+  if (!c.param16) return adam_states<G, 0, NB>(s, c);
+  if (c.param16_type == HalfType::fp16) return adam_states<G, 1, NB>(s, c);
+  return adam_states<G, 2, NB>(s, c);
+}
+
 template <GradType G>
 void adam_for_grad(const AdamStep& s, const UpdateChunk& c, bool native_bf16) {
-  if (!c.param16) return adam_loop<G, 0>(s, c);
-  if (c.param16_type == HalfType::fp16) return adam_loop<G, 1>(s, c);
-  if (native_bf16) return adam_loop<G, 3>(s, c);
-  return adam_loop<G, 2>(s, c);
+  return native_bf16 ? adam_for_out<G, true>(s, c) : adam_for_out<G, false>(s, c);
 }
 
 bool native_bf16() {
@@ -101,7 +317,8 @@ void adam_avx512(const AdamStep& s, const UpdateChunk& c) {
   }
 }
 
-template <GradType G, int Out>
+// The Update's loads and stores for the state format S, with adds for math.
+template <GradType G, int Out, StateFormat S>
 void traffic_loop(const UpdateChunk& c) {
   const std::size_t n16 = c.n & ~std::size_t{15};
   auto* out = static_cast<std::uint16_t*>(c.param16);
@@ -109,25 +326,48 @@ void traffic_loop(const UpdateChunk& c) {
     const __m512 g = load_grad16<G>(c.grad, i);
     const __m512 p = _mm512_add_ps(_mm512_loadu_ps(c.master + i), g);
     _mm512_storeu_ps(c.master + i, p);
-    _mm512_storeu_ps(c.m + i, _mm512_add_ps(_mm512_loadu_ps(c.m + i), g));
-    _mm512_storeu_ps(c.v + i, _mm512_add_ps(_mm512_loadu_ps(c.v + i), g));
+    if constexpr (S == StateFormat::fp32) {
+      auto* cm = static_cast<float*>(c.m) + i;
+      auto* cv = static_cast<float*>(c.v) + i;
+      _mm512_storeu_ps(cm, _mm512_add_ps(_mm512_loadu_ps(cm), g));
+      _mm512_storeu_ps(cv, _mm512_add_ps(_mm512_loadu_ps(cv), g));
+    } else if constexpr (S == StateFormat::bf16) {
+      auto* cm = reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(c.m) + i);
+      auto* cv = reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(c.v) + i);
+      const __m256i gb = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(g), 16));
+      _mm256_storeu_si256(cm, _mm256_add_epi16(_mm256_loadu_si256(cm), gb));
+      _mm256_storeu_si256(cv, _mm256_add_epi16(_mm256_loadu_si256(cv), gb));
+    } else {
+      auto* cm = reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(c.m) + i);
+      auto* cv = reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(c.v) + i);
+      const __m128i gb = _mm512_cvtepi32_epi8(_mm512_srli_epi32(_mm512_castps_si512(g), 24));
+      _mm_storeu_si128(cm, _mm_add_epi8(_mm_loadu_si128(cm), gb));
+      _mm_storeu_si128(cv, _mm_add_epi8(_mm_loadu_si128(cv), gb));
+      if (i % kQ8Block == 0) {
+        c.m_scale[i / kQ8Block] += 1.0f;
+        c.v_scale[i / kQ8Block] += 1.0f;
+      }
+    }
     if constexpr (Out == 1)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
                           _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     else if constexpr (Out == 2)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_emulated(p));
   }
-  UpdateChunk tail = c;
-  tail.n = c.n - n16;
-  tail.grad = static_cast<const char*>(c.grad) + n16 * (G == GradType::fp32 ? 4 : 2);
-  tail.master += n16, tail.m += n16, tail.v += n16;
-  if (out) tail.param16 = out + n16;
-  scalar_kernels().traffic(tail);
+  traffic_tail(c, n16);
+}
+template <GradType G, StateFormat S>
+void traffic_for_out(const UpdateChunk& c) {
+  if (!c.param16) return traffic_loop<G, 0, S>(c);
+  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1, S>(c) : traffic_loop<G, 2, S>(c);
 }
 template <GradType G>
 void traffic_for_grad(const UpdateChunk& c) {
-  if (!c.param16) return traffic_loop<G, 0>(c);
-  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
+  switch (c.states) {
+    case StateFormat::fp32: return traffic_for_out<G, StateFormat::fp32>(c);
+    case StateFormat::bf16: return traffic_for_out<G, StateFormat::bf16>(c);
+    case StateFormat::q8: return traffic_for_out<G, StateFormat::q8>(c);
+  }
 }
 void traffic_avx512(const UpdateChunk& c) {
   switch (c.grad_type) {
@@ -201,7 +441,7 @@ void bf16_f32(const std::uint16_t* s, float* d, std::size_t n) {
 }  // namespace
 
 const KernelTable& avx512_kernels() {
-  static const KernelTable t{adam_avx512, sum_squares_avx512, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx512};
+  static const KernelTable t{adam_avx512, sum_squares_avx512, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx512, q8_enc, q8_dec};
   return t;
 }
 

@@ -1,6 +1,7 @@
 // device_cpu_test.cpp — the CPU device's streams: order within a stream and event handoffs between
 // streams hold under jitter, the jitter really changes how streams interleave, busy time counts only
-// a stream's own work inside marks, and the environment switches async mode and jitter.
+// a stream's own work inside marks, and the environment switches async mode and jitter; the device's
+// engine kernels run the Update in every optimizer-state format like cpu_adam's reference.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,6 +12,9 @@
 #include <vector>
 
 #include "zinf/backends/cpu.h"
+#include "zinf/cpu_adam/adam.h"
+#include "zinf/cpu_adam/host_threads.h"
+#include "zinf/offload/engine_kernels.h"
 #include "zinf/device.h"
 #include "zinf/error.h"
 
@@ -130,6 +134,46 @@ TEST(CpuDevice, TheEnvironmentSwitchesAsyncModeAndJitter) {
   o = cpu_device_options_from_env({});
   EXPECT_FALSE(o.async);
   EXPECT_FALSE(o.jitter.enabled());
+}
+
+// The CPU device's Update (split across the host pool, on a stream's worker) in every optimizer-state
+// format equals cpu_adam's reference: the chunk's format, stored m/v and block scales pass through.
+TEST(CpuDevice, EngineKernelsRunTheUpdateInEveryStateFormat) {
+  using cpu_adam::StateFormat;
+  auto dev = make_cpu_device(1 << 20);
+  cpu_adam::HostThreads pool(2);
+  auto k = make_cpu_engine_kernels(*dev, pool);
+  const std::size_t n = (std::size_t{1} << 17) + 37;  // several pool chunks, a partial 8-bit block
+  const cpu_adam::AdamStep st = cpu_adam::make_adam_step(cpu_adam::AdamHyper{.weight_decay = 0.01f}, 3, 0.5f);
+  for (StateFormat f : {StateFormat::fp32, StateFormat::bf16, StateFormat::q8}) {
+    SCOPED_TRACE(cpu_adam::state_format_name(f));
+    std::vector<float> grad(n), m32(n), v32(n), master(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float r = static_cast<float>((i * 2654435761u) % 1000003) / 1000003.0f - 0.5f;
+      grad[i] = r * 0.1f, master[i] = r, m32[i] = r * 1e-3f, v32[i] = r * r * 1e-6f;
+    }
+    const std::size_t eb = cpu_adam::state_elem_bytes(f), ns = cpu_adam::state_scales(f, n);
+    std::vector<std::uint8_t> m(n * eb), v(n * eb);
+    std::vector<float> ms(ns), vs(ns);
+    cpu_adam::encode_states(f, cpu_adam::StateKind::m, m32.data(), m.data(), ms.data(), n);
+    cpu_adam::encode_states(f, cpu_adam::StateKind::v, v32.data(), v.data(), vs.data(), n);
+    std::vector<float> master2 = master, ms2 = ms, vs2 = vs;
+    std::vector<std::uint8_t> m2 = m, v2 = v;
+    cpu_adam::UpdateChunk c;
+    c.n = n, c.grad = grad.data(), c.grad_type = cpu_adam::GradType::fp32, c.master = master.data();
+    c.m = m.data(), c.v = v.data(), c.m_scale = ms.data(), c.v_scale = vs.data(), c.states = f;
+    cpu_adam::UpdateChunk c2 = c;
+    c2.master = master2.data(), c2.m = m2.data(), c2.v = v2.data(), c2.m_scale = ms2.data(), c2.v_scale = vs2.data();
+    k->adam_update(st, c, StreamRole::d2h);
+    dev->synchronize(StreamRole::d2h);
+    cpu_adam::adam_update_reference(st, c2);
+    EXPECT_EQ(master, master2);
+    EXPECT_EQ(m, m2);
+    EXPECT_EQ(v, v2);
+    EXPECT_EQ(ms, ms2);
+    EXPECT_EQ(vs, vs2);
+    EXPECT_NE(m, std::vector<std::uint8_t>(n * eb, 0));
+  }
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision,
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
       const std::size_t o = u.chunks[ci];
       const std::size_t i = o - u.state_range.lo;
-      fn(ui, o, u.chunk_len(ci), master + i, m + i, v + i, *d);
+      fn(ui, o, u.chunk_len(ci), StateSlice{.master = master + i, .m = m + i, .v = v + i}, *d);
     }
   }
 }
@@ -147,7 +147,7 @@ class NvmeStates final : public OptimizerStates {
           if (!d) return;                      // skipped step: the states go back unchanged
           const Item& it = meta[i];
           const SubGroupLayout l(it.len);
-          fn(it.unit, it.o, it.len, l.master(buf), l.m(buf), l.v(buf), *d);
+          fn(it.unit, it.o, it.len, StateSlice{.master = l.master(buf), .m = l.m(buf), .v = l.v(buf)}, *d);
         },
         state_.exact() ? -1 : 0);
   }

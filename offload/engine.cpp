@@ -53,6 +53,7 @@ PlanInput Engine::plan_input(const EngineConfig& c) {
   in.compute_bytes = c.precision == Precision::fp32 ? 4 : 2;
   in.optimizer = c.optimizer;
   in.param = c.param;
+  in.optimizer_states = c.optimizer_states;
   in.grad_accum = c.grad_accum;
   in.sub_group_size = static_cast<std::int64_t>(c.sub_group_size);
   in.reduce_bucket_size = static_cast<std::int64_t>(c.reduce_bucket_size);

@@ -127,7 +127,7 @@ void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, const
   ch.grad = static_cast<const char*>(g) + (o - u.grad_range.lo) * (type == cpu_adam::GradType::fp32 ? 4 : 2);
   ch.grad_type = type;
   ch.master = master;
-  ch.m = static_cast<float*>(states.m);
+  ch.m = static_cast<float*>(states.m);  // INTERIM
   ch.v = static_cast<float*>(states.v);
   ch.param16 = state_.mixed ? param_out : nullptr;
   ch.param16_type = state_.half;

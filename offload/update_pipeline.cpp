@@ -127,8 +127,11 @@ void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, const
   ch.grad = static_cast<const char*>(g) + (o - u.grad_range.lo) * (type == cpu_adam::GradType::fp32 ? 4 : 2);
   ch.grad_type = type;
   ch.master = master;
-  ch.m = static_cast<float*>(states.m);  // INTERIM
-  ch.v = static_cast<float*>(states.v);
+  ch.m = states.m;
+  ch.v = states.v;
+  ch.m_scale = states.m_scale;
+  ch.v_scale = states.v_scale;
+  ch.states = state_.config.optimizer_states;
   ch.param16 = state_.mixed ? param_out : nullptr;
   ch.param16_type = state_.half;
   if (!state_.optimizer_offloaded) {  // the states live on the device: the device's fused Update (run() waits)

@@ -59,6 +59,7 @@ class Checkpoints : public ::testing::Test {
     return train(parse_config(cfg(steps), overrides), h);
   }
   ModelShape shape() const { return ModelShape{2, 2, 32, 256, 16}; }
+  void sigkill_resumes_exactly(const std::vector<std::string>& extra);
 };
 
 TEST_F(Checkpoints, ResumeIsBitwiseIdenticalAcrossPlacementsAndThreads) {
@@ -499,7 +500,9 @@ TEST_F(Checkpoints, CtrlCStopsCleanlyWithACheckpointAndNoSwapLeft) {
   EXPECT_TRUE(fs::is_empty(dir / "swap"));             // and the NVMe swap directories are gone
 }
 
-TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {
+// `zinf train` killed with SIGKILL at random moments, again and again, resuming each time with
+// --resume, ends with the uninterrupted run's digest; `extra`: --set items of both.
+void Checkpoints::sigkill_resumes_exactly(const std::vector<std::string>& extra) {
   const int kills = std::getenv("ZINF_LONG_TESTS") ? 200 : 20;
   const std::string conf = (dir / "run.json").string();
   std::ofstream(conf) << cfg(40, R"(, "data": {"val_fraction": 0.1})");
@@ -514,6 +517,7 @@ TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {
                                   "train.checkpoint_interval=1",
                                   "--set",
                                   "zero_optimization.offload_optimizer.device=nvme"};
+    for (const auto& e : extra) a.insert(a.end(), {"--set", e});
     if (resume) a.push_back("--resume");
     return a;
   };
@@ -553,6 +557,14 @@ TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {
   EXPECT_EQ(swap_dirs, 0u);
   for (const auto& e : fs::directory_iterator(dir / "ck"))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos);
+}
+
+TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) { sigkill_resumes_exactly({}); }
+
+// The same with 8-bit optimizer states: each resume re-encodes the checkpoint's decoded m and v into
+// exactly what the killed run held.
+TEST_F(Checkpoints, SurvivesSigkillWith8BitStatesAndResumesExactly) {
+  sigkill_resumes_exactly({"zero_optimization.optimizer_states=8bit", "fp16.initial_scale_power=8"});
 }
 
 // A second Ctrl-C stops at once — the process ends by the signal — and still removes the NVMe swap

@@ -154,6 +154,15 @@ TEST(Cli, BenchAdamReportsTheRatio) {
   EXPECT_EQ(j["bytes_per_param"].get<double>(), 28.0);
   EXPECT_EQ(run_json("bench adam --params 2M --threads 1 --reps 1 --simd scalar --json")["simd"], "scalar");
   EXPECT_EQ(run("bench adam --params zero").rc, 2);
+  const auto q8 = run_json("bench adam --params 2M --threads 1 --reps 1 --states 8bit --json");
+  EXPECT_EQ(q8["states"], "8bit");
+  EXPECT_EQ(q8["bytes_per_param"].get<double>(), 16.0625);
+  EXPECT_GT(q8["ratio"].get<double>(), 0.0);
+  EXPECT_FALSE(q8.contains("naive"));  // the plain loop knows fp32 states only
+  EXPECT_EQ(run_json("bench adam --params 2M --threads 1 --reps 1 --states bf16 --json")["bytes_per_param"], 20.0);
+  const Result bad = run("bench adam --states bf61");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("did you mean bf16"), std::string::npos) << bad.err;
   const Result r = run("bench adam --help");
   EXPECT_NE(r.out.find("memory"), std::string::npos);
 }

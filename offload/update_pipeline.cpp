@@ -112,7 +112,7 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
       updated.pop_front();
     }
   };
-  states_.update_walk(d, [&](std::size_t ui, std::size_t o, std::size_t len, float* master, float* m, float* v,
+  states_.update_walk(d, [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
                              const cpu_adam::AdamStep& st) {
     Unit& u = state_.units[ui];
     // The units before this one are complete (a speculative Update may have done all of a unit's
@@ -122,7 +122,7 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
     const int slot = k++ % 2;
     void* out = home.update_target(u, o, slot);
     const auto t0 = Clock::now();
-    update_chunk(u, o, len, master, m, v, st, out);
+    update_chunk(u, o, len, states, st, out);
     state_.add_time(&BusyTimes::host, since(t0));
     // The device's Update: one event per sub-group, for a home that reads the target on the host.
     EventHandle written = on_device ? state_.dev.record(StreamRole::d2h) : nullptr;
@@ -178,9 +178,9 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
     return !stop;
   };
   states_.speculate(order, gate, assumed,
-                    [&](std::size_t ui, std::size_t o, std::size_t len, float* master, float* m, float* v,
+                    [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
                         const cpu_adam::AdamStep& st) {
-                      update_and_upload(state_.units[ui], o, len, master, m, v, st, k++ % 2);
+                      update_and_upload(state_.units[ui], o, len, states, st, k++ % 2);
                       touched = true;
                     });
   const Verdict v = verdict.get();
@@ -200,39 +200,43 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
   }
   // Skipped: the compute copies the speculation rewrote are rebuilt from the restored masters, as
   // the Update writes them (the step bumped `applied`, so every unit lands again, in order).
-  OptimizerStates::SubGroupFn rewrite = [&](std::size_t ui, std::size_t o, std::size_t len, float* master, float*,
-                                            float*, const cpu_adam::AdamStep&) {
+  OptimizerStates::SubGroupFn rewrite = [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
+                                            const cpu_adam::AdamStep&) {
     Unit& u = state_.units[ui];
     ParamHome& home = home_of(u);
     const int slot = k++ % 2;
     void* out = home.update_target(u, o, slot);
-    state_.to_compute(master, out, len);
+    state_.to_compute(states.master, out, len);
     home.land_chunk(u, o, len, slot, nullptr);
   };
   states_.rollback(&rewrite);
   for (std::size_t ui = 0; ui < n_units; ++ui) land(ui);
 }
 
-void UpdatePipeline::update_and_upload(Unit& u, std::size_t o, std::size_t len, float* master, float* m, float* v,
+void UpdatePipeline::update_and_upload(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,
                                        const cpu_adam::AdamStep& st, int slot) {
   ParamHome& home = home_of(u);
   void* out = home.update_target(u, o, slot);
   const auto t0 = Clock::now();
-  update_chunk(u, o, len, master, m, v, st, out);
+  update_chunk(u, o, len, states, st, out);
   state_.add_time(&BusyTimes::host, since(t0));
   home.land_chunk(u, o, len, slot, nullptr);  // the host wrote it: nothing to wait for
 }
 
-void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, float* master, float* m, float* v,
+void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,
                                   const cpu_adam::AdamStep& st, void* param_out) {
+  float* master = states.master;
   auto [g, type] = grads_.update_input(u);
   cpu_adam::UpdateChunk ch;
   ch.n = len;
   ch.grad = static_cast<const char*>(g) + (o - u.grad_range.lo) * (type == cpu_adam::GradType::fp32 ? 4 : 2);
   ch.grad_type = type;
   ch.master = master;
-  ch.m = m;
-  ch.v = v;
+  ch.m = states.m;
+  ch.v = states.v;
+  ch.m_scale = states.m_scale;
+  ch.v_scale = states.v_scale;
+  ch.states = state_.config.optimizer_states;
   ch.param16 = state_.mixed ? param_out : nullptr;
   ch.param16_type = state_.half;
   if (!state_.optimizer_offloaded) {  // the states live on the device: the device's fused Update (run() waits)

@@ -15,7 +15,8 @@ Swapper::Swapper(TensorStore& store, PinnedPool& pool, int buffer_count, std::si
 }
 
 void Swapper::run(const std::vector<SwapItem>& items,
-                  const std::function<void(std::size_t, void*, std::size_t)>& process, int read_ahead) {
+                  const std::function<void(std::size_t, void*, std::size_t)>& process, int read_ahead,
+                  const std::function<bool(std::size_t)>& admit) {
   const int nbuf = buffer_count();
   if (read_ahead < 0) read_ahead = std::max(1, nbuf - 2);
   for (const auto& it : items) {
@@ -81,11 +82,26 @@ void Swapper::run(const std::vector<SwapItem>& items,
       Pending p = reads.front();
       reads.pop_front();
       if (p.io) p.io->wait();
+      if (admit && !admit(i)) {  // stop here: drop the reads ahead, finish the writes behind
+        for (auto& r : reads) try {
+            if (r.io) r.io->wait();
+          } catch (...) {
+          }
+        reads.clear();
+        while (!writes.empty()) {
+          finish_write(writes.front());
+          writes.pop_front();
+        }
+        if (failure) std::rethrow_exception(failure);
+        return;
+      }
       const SwapItem& it = items[i];
       process(i, buffers_[static_cast<std::size_t>(p.buf)].data(), static_cast<std::size_t>(it.len));
       if (it.write) {
         writes.push_back(
-            {i, p.buf, store_.write(it.id, buffers_[static_cast<std::size_t>(p.buf)].data(), it.offset, it.len)});
+            {i, p.buf,
+             store_.write(it.id, buffers_[static_cast<std::size_t>(p.buf)].data(),
+                          it.write_offset < 0 ? it.offset : static_cast<std::uint64_t>(it.write_offset), it.len)});
       } else {
         free_bufs.push_back(p.buf);
         --in_use;

@@ -103,11 +103,12 @@ void unit_states(const Layout& layout, std::size_t i, const std::function<void(c
   const std::uint64_t n = layout.units[i].state_range.len();
   if (layout.optimizer == OffloadDevice::nvme) {  // one tensor per sub-group: master|m|v(|scales), padded
     const std::uint64_t whole = n / layout.sub_group, last = n % layout.sub_group;
+    const std::uint64_t slots = layout.speculative ? 2 : 1;  // the speculative Update writes the other slot
     auto subgroups = [&](std::uint64_t len, std::uint64_t count) {
       const detail::SubGroupLayout l(len, layout.states);
-      BufferSpec b = spec(Buffer::optimizer_subgroup, Tier::nvme, l.bytes(), PlanRow::master, i, count);
+      BufferSpec b = spec(Buffer::optimizer_subgroup, Tier::nvme, slots * l.bytes(), PlanRow::master, i, count);
       b.rows = 3;
-      b.parts = {l.master_bytes, l.m_part(), l.m_part()};
+      b.parts = {slots * l.master_bytes, slots * l.m_part(), slots * l.m_part()};
       fn(b);
     };
     if (whole) subgroups(layout.sub_group, whole);
@@ -154,6 +155,9 @@ void staging(const Layout& layout, const std::function<void(const BufferSpec&)>&
             PlanRow::optimizer_swap, kShared, static_cast<std::uint64_t>(layout.optimizer_buffers)));
   if (layout.fp32_sum && layout.optimizer_offloaded)
     fn(spec(Buffer::reduce_scratch, Tier::host, layout.bucket * 4, PlanRow::reduce_scratch));
+  if (layout.backup_subgroups)
+    fn(spec(Buffer::speculation_backup, Tier::host, detail::SubGroupLayout::bytes_for(layout.sub_group, layout.states),
+            PlanRow::speculation_backup, kShared, layout.backup_subgroups));
   if (layout.parallel)
     fn(spec(Buffer::comm_receive, layout.optimizer_offloaded ? Tier::host : Tier::device, layout.comm_scratch * 4,
             PlanRow::comm_receive));
@@ -190,6 +194,16 @@ Layout make_layout(const PlanInput& in) {
   layout.window_slots = layout.windows ? std::max(2, 1 + in.prefetch_depth) : 0;
   layout.batch_tokens = in.batch_tokens;
   lay_out_units(in, layout);
+  layout.speculative = in.speculative && layout.optimizer_offloaded;
+  if (layout.speculative && layout.optimizer == OffloadDevice::cpu) {
+    std::uint64_t all = 0;  // the sub-groups this rank keeps
+    for (const auto& u : layout.units) all += (u.state_range.len() + layout.sub_group - 1) / layout.sub_group;
+    const std::uint64_t want = in.speculative_backup > 0
+                                   ? (static_cast<std::uint64_t>(in.speculative_backup) + layout.sub_group - 1) /
+                                         layout.sub_group
+                                   : (all + 1) / 2;
+    layout.backup_subgroups = std::min(all, want);
+  }
   return layout;
 }
 

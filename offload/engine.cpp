@@ -15,7 +15,9 @@
 // Every buffer is fixed in count and size and allocated in the constructor.
 #include "zinf/offload/engine.h"
 
+#include <bit>
 #include <cmath>
+#include <optional>
 
 #include "engine_state.h"
 #include "gradient_path.h"
@@ -37,6 +39,8 @@ struct Engine::Impl {
   std::unique_ptr<GradientPath> grads;
   std::unique_ptr<UpdatePipeline> update;
   bool backward = false;
+  std::optional<StepOptions> expected;       // expect_step's, until the speculation starts
+  std::optional<cpu_adam::AdamStep> assumed;  // the step the speculation in flight assumes
   TierBytes held{};  // what the tiers handed out at construction
 
   Impl(const EngineConfig& c, Device& d) : s(c, d) {}
@@ -66,6 +70,8 @@ PlanInput Engine::plan_input(const EngineConfig& c) {
   in.rank = c.comm ? c.comm->rank() : 0;
   in.stage = c.stage;
   in.persistence_threshold = static_cast<std::int64_t>(c.persistence_threshold);
+  in.speculative = c.speculative && c.overlap == Overlap::exact;
+  in.speculative_backup = static_cast<std::int64_t>(c.speculative_backup);
   return in;
 }
 
@@ -175,14 +181,25 @@ Engine::~Engine() {
 
 // ---- the model's side -------------------------------------------------------------------------------
 
+void Engine::expect_step(const StepOptions& o) { impl_->expected = o; }
 void Engine::begin_micro_batch(std::int64_t micro) { impl_->grads->begin_micro_batch(micro); }
 void Engine::begin_forward() { impl_->backward = false; }
 void Engine::begin_backward() {
   Impl& impl = *impl_;
   impl.backward = true;
-  if (impl.s.exact() && impl.s.config.optimizer == OffloadDevice::nvme &&
-      impl.grads->micro() == impl.s.config.grad_accum - 1 && !impl.update->started_early())
+  const bool last = impl.grads->micro() == impl.s.config.grad_accum - 1;
+  if (last && impl.expected && impl.s.exact() && impl.s.config.speculative && impl.states->speculative() &&
+      !impl.update->speculating()) {
+    // The step as the trainer expects it, unclipped: the speculative Update assumes it (step()
+    // keeps its results only when the decided step is this one, bit for bit).
+    const StepOptions& e = *impl.expected;
+    impl.assumed = cpu_adam::make_adam_step(e.hyper, e.step, static_cast<float>(1.0 / e.loss_scale));
+    impl.update->speculate(*impl.assumed, e.loss_scale, e.gradient_clipping);
+    impl.expected.reset();
+  } else if (impl.s.exact() && impl.s.config.optimizer == OffloadDevice::nvme && last &&
+             !impl.update->started_early() && !impl.update->speculating()) {
     impl.update->start_early();
+  }
 }
 
 const void* Engine::weights(std::size_t u) {
@@ -211,6 +228,18 @@ float* Engine::grads(std::size_t u) { return impl_->grads->grads(u); }
 void Engine::grads_done(std::size_t u) { impl_->grads->grads_done(u); }
 
 // ---- the step: the norm barrier and the decision ----------------------------------------------------
+
+namespace {
+// Two steps that update every element identically: every scalar equal bit for bit.
+bool same_step(const cpu_adam::AdamStep& a, const cpu_adam::AdamStep& b) {
+  auto bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
+  return bits(a.beta1) == bits(b.beta1) && bits(a.one_minus_beta1) == bits(b.one_minus_beta1) &&
+         bits(a.beta2) == bits(b.beta2) && bits(a.one_minus_beta2) == bits(b.one_minus_beta2) &&
+         bits(a.eps) == bits(b.eps) && bits(a.step_size) == bits(b.step_size) &&
+         bits(a.bc2_rsqrt) == bits(b.bc2_rsqrt) && bits(a.decay) == bits(b.decay) && a.apply_decay == b.apply_decay &&
+         a.decoupled == b.decoupled && bits(a.grad_scale) == bits(b.grad_scale);
+}
+}  // namespace
 
 StepOutcome Engine::step(const StepOptions& o) {
   Impl& impl = *impl_;
@@ -266,6 +295,11 @@ StepOutcome Engine::step(const StepOptions& o) {
   out.norm = std::sqrt(sumsq) / o.loss_scale;
   out.finite = finite && std::isfinite(out.norm);
   if (!out.finite) {
+    if (impl.update->speculating()) {  // the compute copies it rewrote are restored: every unit lands again
+      std::lock_guard<std::mutex> lk(impl.s.mu);
+      ++impl.s.applied;
+    }
+    impl.assumed.reset();
     impl.update->decide(std::nullopt);
     return out;
   }
@@ -275,11 +309,13 @@ StepOutcome Engine::step(const StepOptions& o) {
     if (coef > 1) combined *= coef;
   }
   const cpu_adam::AdamStep st = cpu_adam::make_adam_step(o.hyper, o.step, static_cast<float>(1.0 / combined));
+  const bool as_assumed = impl.assumed && same_step(st, *impl.assumed);
+  impl.assumed.reset();
   {
     std::lock_guard<std::mutex> lk(impl.s.mu);
     ++impl.s.applied;
   }
-  impl.update->launch(st);
+  impl.update->launch(st, as_assumed);
   return out;
 }
 
@@ -345,6 +381,7 @@ void Engine::add_compute_time(double sec) { impl_->s.add_time(&BusyTimes::comput
 std::size_t Engine::pinned_capacity() const { return impl_->s.pinned->capacity(); }
 std::size_t Engine::pinned_peak() const { return impl_->s.pinned->peak(); }
 TierBytes Engine::held_bytes() const { return impl_->held; }
+std::int64_t Engine::rollbacks() const { return impl_->update->rollbacks(); }
 
 std::string Engine::describe() const {
   Impl& impl = *impl_;

@@ -100,6 +100,10 @@ struct Unit : UnitLayout {
   HostMem host_grad;
   int grad_slot = -1;     // under mu: the gradient slot this micro batch's gradient lives in
   bool reducing = false;  // under mu: a GradOut/Reduce of this unit still reads its device gradient
+  // Under mu: the Reduce of the step's last micro batch has finished, so the Update's input is final
+  // (set by the Reduce worker, cleared when the last micro batch begins; the speculative Update waits
+  // for it — the mutex hands the host gradient over from the Reduce worker to the update worker).
+  bool reduced = false;
 
   std::int64_t version = 0;  // under mu: updates landed
   // A resident unit whose landed compute copy still holds only this rank's fresh part, to be

@@ -88,6 +88,10 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
 void GradientPath::begin_micro_batch(std::int64_t micro) {
   micro_ = micro;
   std::fill(zeroed_.begin(), zeroed_.end(), false);
+  if (micro + 1 == state_.config.grad_accum) {  // every Reduce of the previous step is done (the barrier)
+    std::lock_guard<std::mutex> lk(state_.mu);
+    for (auto& u : state_.units) u.reduced = false;
+  }
 }
 
 float* GradientPath::grads(std::size_t u) {
@@ -157,6 +161,13 @@ void GradientPath::grads_done(std::size_t u) {
       state_.dev.synchronize(StreamRole::d2h);
     else
       grad_out_and_reduce(u, g, mb);
+    if (mb + 1 == state_.config.grad_accum) {
+      {
+        std::lock_guard<std::mutex> lk(state_.mu);
+        state_.units[u].reduced = true;
+      }
+      state_.cv.notify_all();
+    }
   };
   if (state_.exact())
     worker_->push(job);

@@ -10,6 +10,10 @@
 // StateArray each (device and host memory), in each sub-group's tensor on NVMe (SubGroupLayout).
 // A zero-filled array is the encoding of m = v = 0 in every format (q8: codes 0 under a +0 scale);
 // checkpoints see fp32 (read decodes, write encodes).
+//
+// The speculative Update (tiers.h) keeps the old version of what it updates: HostStates in a bounded
+// backup of whole sub-groups, NvmeStates in the other of two slots per sub-group (Speculated, below).
+#include <algorithm>
 #include <cstring>
 #include <tuple>
 
@@ -36,11 +40,27 @@ struct InPlace {
   void encode(StateKind k, const float* src, void* a) const { cpu_adam::encode_states(f, k, src, a, scales(a, 0), n); }
 };
 
+// Which sub-groups a speculative Update touched, and which of them the next walk passes by (committed).
+struct Speculated {
+  std::vector<OptimizerStates::SubGroupRef> touched;  // in the order updated
+  std::vector<std::vector<char>> passed;              // [unit][sub-group]: committed, not updated again
+  void commit(EngineState& s) {
+    if (passed.empty())
+      for (const Unit& u : s.units) passed.emplace_back(u.chunks.size(), 0);
+    for (auto [ui, ci] : touched) passed[ui][ci] = 1;
+    touched.clear();
+  }
+  bool pass(std::size_t ui, std::size_t ci) const { return !passed.empty() && passed[ui][ci]; }
+  void walked() {  // after the walk that followed a commit
+    for (auto& p : passed) std::fill(p.begin(), p.end(), 0);
+  }
+};
+
 // The Update's walk over states that are addressable in place: bases(u) gives unit u's master, m
-// and v arrays (StateArray).
+// and v arrays (StateArray); sub-groups `spec` has committed are passed by.
 template <class Bases>
 void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision, const OptimizerStates::SubGroupFn& fn,
-                   Bases bases) {
+                   Bases bases, Speculated* spec = nullptr) {
   const Decision& d = decision.get();
   if (!d) return;
   for (std::size_t ui = 0; ui < s.units.size(); ++ui) {
@@ -48,6 +68,7 @@ void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision,
     const auto [master, m, v] = bases(u);
     const InPlace a{s.config.optimizer_states, u.state_range.len()};
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+      if (spec && spec->pass(ui, ci)) continue;
       const std::size_t o = u.chunks[ci];
       const std::size_t i = o - u.state_range.lo;  // a multiple of the sub-group alignment: a q8 block's start
       fn(ui, o, u.chunk_len(ci),
@@ -123,7 +144,13 @@ class DeviceStates final : public OptimizerStates {
 
 class HostStates final : public OptimizerStates {
  public:
-  explicit HostStates(EngineState& s) : state_(s) {}
+  explicit HostStates(EngineState& s) : state_(s) {
+    if (const BufferSpec* b = s.find(Buffer::speculation_backup)) {
+      backup_ = s.alloc_host(b->bytes * b->count);
+      backup_bytes_ = b->bytes;
+      backup_slots_ = b->count;
+    }
+  }
   void add(Unit& u, const std::string&, const float* master) override {
     const std::size_t n = u.state_range.len();
     u.host_master = state_.alloc_host(state_.spec(Buffer::master, u.index, Tier::host).bytes);
@@ -135,10 +162,38 @@ class HostStates final : public OptimizerStates {
     std::memset(u.host_v.get(), 0, state);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
-    walk_in_place(state_, decision, fn, [](Unit& u) {
-      return std::tuple(reinterpret_cast<float*>(u.host_master.get()), static_cast<void*>(u.host_m.get()),
-                        static_cast<void*>(u.host_v.get()));
-    });
+    walk_in_place(
+        state_, decision, fn,
+        [](Unit& u) {
+          return std::tuple(reinterpret_cast<float*>(u.host_master.get()), static_cast<void*>(u.host_m.get()),
+                            static_cast<void*>(u.host_v.get()));
+        },
+        &spec_);
+    spec_.walked();
+  }
+  bool speculative() const override { return backup_slots_ > 0; }
+  // Slot k of the backup holds the old master | m | v | scales (SubGroupLayout) of spec_.touched[k].
+  void speculate(const std::vector<SubGroupRef>& order, const Gate& gate, const cpu_adam::AdamStep& step,
+                 const SubGroupFn& fn) override {
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      if (spec_.touched.size() == backup_slots_) return;  // the backup is full: the rest waits for the decision
+      if (!gate(k)) return;
+      const auto [ui, ci] = order[k];
+      const StateSlice s = slice(ui, ci);
+      backup(s, ui, ci, spec_.touched.size(), true);
+      spec_.touched.push_back(order[k]);
+      fn(ui, state_.units[ui].chunks[ci], state_.units[ui].chunk_len(ci), s, step);
+    }
+  }
+  void commit() override { spec_.commit(state_); }
+  void rollback(const SubGroupFn* rewrite) override {
+    for (std::size_t k = 0; k < spec_.touched.size(); ++k) {
+      const auto [ui, ci] = spec_.touched[k];
+      const StateSlice s = slice(ui, ci);
+      backup(s, ui, ci, k, false);
+      if (rewrite) (*rewrite)(ui, state_.units[ui].chunks[ci], state_.units[ui].chunk_len(ci), s, {});
+    }
+    spec_.touched.clear();
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     const std::size_t n = u.state_range.len();
@@ -156,7 +211,44 @@ class HostStates final : public OptimizerStates {
   }
 
  private:
+  // Sub-group ci of unit ui where it lives (as walk_in_place hands it).
+  StateSlice slice(std::size_t ui, std::size_t ci) {
+    Unit& u = state_.units[ui];
+    const InPlace a{state_.config.optimizer_states, u.state_range.len()};
+    const std::size_t i = u.chunks[ci] - u.state_range.lo;
+    void *m = u.host_m.get(), *v = u.host_v.get();
+    return StateSlice{.master = reinterpret_cast<float*>(u.host_master.get()) + i,
+                      .m = a.elems(m, i),
+                      .v = a.elems(v, i),
+                      .m_scale = a.scales(m, i),
+                      .v_scale = a.scales(v, i)};
+  }
+  // Copies sub-group ci of unit ui (at `s`) into backup slot k (`save`), or back from it.
+  void backup(const StateSlice& s, std::size_t ui, std::size_t ci, std::size_t k, bool save) {
+    const std::size_t len = state_.units[ui].chunk_len(ci);
+    const SubGroupLayout l(len, state_.config.optimizer_states);
+    void* b = backup_.get() + k * backup_bytes_;
+    const std::size_t elems = cpu_adam::state_elem_bytes(l.format) * len,
+                      scales = 4 * cpu_adam::state_scales(l.format, len);
+    const auto t0 = Clock::now();
+    copy(l.master(b), s.master, 4 * len, save);
+    copy(l.m(b), s.m, elems, save);
+    copy(l.v(b), s.v, elems, save);
+    if (scales) {
+      copy(l.m_scale(b), s.m_scale, scales, save);
+      copy(l.v_scale(b), s.v_scale, scales, save);
+    }
+    state_.add_time(&BusyTimes::host, since(t0));
+  }
+  void copy(void* backup, void* home, std::size_t bytes, bool save) {  // on the host threads
+    char* dst = static_cast<char*>(save ? backup : home);
+    const char* src = static_cast<const char*>(save ? home : backup);
+    state_.threads.parallel_for(bytes, 1 << 18, [&](std::size_t b, std::size_t e) { std::memcpy(dst + b, src + b, e - b); });
+  }
   EngineState& state_;
+  HostMem backup_;  // the speculative Update's: backup_slots_ sub-groups of backup_bytes_
+  std::size_t backup_bytes_ = 0, backup_slots_ = 0;
+  Speculated spec_;
 };
 
 class NvmeStates final : public OptimizerStates {
@@ -171,10 +263,12 @@ class NvmeStates final : public OptimizerStates {
         for (std::uint64_t k = 0; k < b.count; ++k)
           u.nvme_subgroups.push_back(store_.add(name + ".sg" + std::to_string(u.nvme_subgroups.size()), b.bytes));
     ZINF_CHECK(u.nvme_subgroups.size() == u.chunks.size());
+    if (current_.size() <= u.index) current_.resize(u.index + 1);
+    current_[u.index].assign(u.chunks.size(), 0);
     for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {  // initial contents
       std::memset(buf, 0, l.bytes());
       std::memcpy(l.master(buf), master + o, l.len * 4);
-      store_.write(u.nvme_subgroups[ci], buf)->wait();
+      store_.write(u.nvme_subgroups[ci], buf, at(u.index, ci, l), l.bytes())->wait();
     });
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
@@ -186,10 +280,16 @@ class NvmeStates final : public OptimizerStates {
     for (std::size_t ui = 0; ui < state_.units.size(); ++ui) {
       Unit& u = state_.units[ui];
       for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
+        if (spec_.pass(ui, ci)) continue;  // committed by a speculative Update: no I/O
+        const SubGroupLayout l = layout(u.chunk_len(ci));
         meta.push_back({ui, u.chunks[ci], u.chunk_len(ci)});
-        items.push_back({u.nvme_subgroups[ci], 0, layout(u.chunk_len(ci)).bytes(), true, true});
+        items.push_back({u.nvme_subgroups[ci], at(ui, ci, l), l.bytes(), true, true});
       }
     }
+    struct Walked {  // the committed marks are cleared however the walk ends
+      Speculated& s;
+      ~Walked() { s.walked(); }
+    } walked{spec_};
     // SwapIn reads ahead (during the backward, when started early) and SwapOut writes behind.
     swapper_.run(
         items,
@@ -211,9 +311,9 @@ class NvmeStates final : public OptimizerStates {
   void read(Unit& u, float* master, float* m, float* v) override {
     for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {
       if (m || v)
-        store_.read(u.nvme_subgroups[ci], buf)->wait();
+        store_.read(u.nvme_subgroups[ci], buf, at(u.index, ci, l), l.bytes())->wait();
       else
-        store_.read(u.nvme_subgroups[ci], buf, 0, l.master_bytes)->wait();  // the master part only
+        store_.read(u.nvme_subgroups[ci], buf, at(u.index, ci, l), l.master_bytes)->wait();  // the master part only
       std::memcpy(master + o, l.master(buf), l.len * 4);
       if (m) cpu_adam::decode_states(l.format, StateKind::m, l.m(buf), l.m_scale(buf), m + o, l.len);
       if (v) cpu_adam::decode_states(l.format, StateKind::v, l.v(buf), l.v_scale(buf), v + o, l.len);
@@ -225,10 +325,65 @@ class NvmeStates final : public OptimizerStates {
       std::memcpy(l.master(buf), master + o, l.len * 4);
       cpu_adam::encode_states(l.format, StateKind::m, m + o, l.m(buf), l.m_scale(buf), l.len);
       cpu_adam::encode_states(l.format, StateKind::v, v + o, l.v(buf), l.v_scale(buf), l.len);
-      store_.write(u.nvme_subgroups[ci], buf)->wait();
+      store_.write(u.nvme_subgroups[ci], buf, at(u.index, ci, l), l.bytes())->wait();
     });
   }
   nvme::TensorStore* store() override { return &store_; }
+
+  // Speculation: each sub-group's tensor holds two slots; current_ says which one is its state.
+  // The speculative Update reads the current slot and writes the other; commit switches, rollback
+  // moves nothing.
+  bool speculative() const override { return state_.buffers.layout().speculative; }
+  void speculate(const std::vector<SubGroupRef>& order, const Gate& gate, const cpu_adam::AdamStep& step,
+                 const SubGroupFn& fn) override {
+    std::vector<nvme::SwapItem> items;
+    for (auto [ui, ci] : order) {
+      Unit& u = state_.units[ui];
+      const SubGroupLayout l = layout(u.chunk_len(ci));
+      nvme::SwapItem it{u.nvme_subgroups[ci], at(ui, ci, l), l.bytes(), true, true};
+      it.write_offset = static_cast<std::int64_t>(l.bytes() - it.offset);  // the other slot
+      items.push_back(it);
+    }
+    // SwapIn reads ahead from now (the last backward); the gate holds each sub-group until its
+    // gradient is reduced, and a no stops the run (what was written to the other slots is done).
+    swapper_.run(
+        items,
+        [&](std::size_t k, void* buf, std::size_t) {
+          const auto [ui, ci] = order[k];
+          Unit& u = state_.units[ui];
+          const SubGroupLayout l = layout(u.chunk_len(ci));
+          fn(ui, u.chunks[ci], l.len,
+             StateSlice{.master = l.master(buf),
+                        .m = l.m(buf),
+                        .v = l.v(buf),
+                        .m_scale = l.m_scale(buf),
+                        .v_scale = l.v_scale(buf)},
+             step);
+          spec_.touched.push_back(order[k]);
+        },
+        state_.exact() ? -1 : 0, gate);
+  }
+  void commit() override {
+    for (auto [ui, ci] : spec_.touched) current_[ui][ci] ^= 1;
+    spec_.commit(state_);
+  }
+  void rollback(const SubGroupFn* rewrite) override {
+    if (rewrite && !spec_.touched.empty()) {  // the old masters, from the current slots (read only)
+      std::vector<nvme::SwapItem> items;
+      for (auto [ui, ci] : spec_.touched) {
+        Unit& u = state_.units[ui];
+        const SubGroupLayout l = layout(u.chunk_len(ci));
+        items.push_back({u.nvme_subgroups[ci], at(ui, ci, l), l.master_bytes, true, false});
+      }
+      swapper_.run(items, [&](std::size_t k, void* buf, std::size_t) {
+        const auto [ui, ci] = spec_.touched[k];
+        Unit& u = state_.units[ui];
+        const SubGroupLayout l = layout(u.chunk_len(ci));
+        (*rewrite)(ui, u.chunks[ci], l.len, StateSlice{.master = l.master(buf)}, {});
+      });
+    }
+    spec_.touched.clear();
+  }
 
  private:
   // fn(ci, o, layout, buf) for each of u's sub-groups in order, with one pageable staging buffer.
@@ -241,9 +396,15 @@ class NvmeStates final : public OptimizerStates {
   }
   SubGroupLayout layout(std::size_t len) const { return SubGroupLayout(len, state_.config.optimizer_states); }
   static const BufferSpec& swap_spec(EngineState& s) { return s.spec(Buffer::optimizer_swap, kShared, Tier::pinned); }
+  // Where sub-group ci of unit ui's current state starts in its tensor.
+  std::uint64_t at(std::size_t ui, std::size_t ci, const SubGroupLayout& l) const {
+    return current_[ui][ci] ? l.bytes() : 0;
+  }
   EngineState& state_;
   nvme::TensorStore store_;
   nvme::Swapper swapper_;
+  std::vector<std::vector<char>> current_;  // [unit][sub-group]: which slot holds the state (speculation)
+  Speculated spec_;
 };
 
 }  // namespace

@@ -80,6 +80,10 @@ RowSums empty_rows(const Layout& layout) {
       {"optimizer swap", "", {}, "buffer_count x sub-group master|m|v (" + states + ")"},
       {"reduce scratch", "", {}, "fp32 of one bucket"},
       {"comm receive", "", {}, "ranks x this rank's part of a bucket"},
+      {"speculation backup",
+       "",
+       {},
+       std::to_string(layout.backup_subgroups) + " x sub-group master|m|v: the speculative Update's rollback"},
       {"token batches", "", {}, "2 slots x tokens and targets (int32), pinned staging and device copies"},
   }}};
 }

@@ -9,6 +9,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine_state.h"
 
@@ -44,6 +46,28 @@ class OptimizerStates {
   virtual void read(Unit& u, float* master, float* m, float* v) = 0;
   virtual void write(Unit& u, const float* master, const float* m, const float* v) = 0;
   virtual nvme::TensorStore* store() { return nullptr; }
+
+  // ---- the speculative Update (UpdatePipeline::speculate; host memory and NVMe) ----
+  // Sub-groups named by unit and index in Unit::chunks.
+  using SubGroupRef = std::pair<std::size_t, std::size_t>;
+  // Before order[k] is updated, gate(k) says whether it may be now (it may block); false stops the walk.
+  using Gate = std::function<bool(std::size_t k)>;
+  // Whether this tier keeps an old version beside a speculative one (host memory: a bounded backup;
+  // NVMe: two slots per sub-group).
+  virtual bool speculative() const { return false; }
+  // Updates sub-groups of `order` in that order with `step` (fn as update_walk's), each only once its
+  // gate says so, keeping the old version: host memory copies it into the backup first (and stops when
+  // the backup is full); NVMe reads the current slot and writes the other. Runs on the update worker.
+  virtual void speculate(const std::vector<SubGroupRef>& order, const Gate& gate, const cpu_adam::AdamStep& step,
+                         const SubGroupFn& fn) {
+    (void)order, (void)gate, (void)step, (void)fn;
+  }
+  // The decision. commit: the speculative versions are current (NVMe: the slots switch), and the next
+  // update_walk passes those sub-groups by. rollback: the old versions are current again (host: copied
+  // back from the backup; NVMe: nothing moves); `rewrite`, when given, is then called with each
+  // restored sub-group's states (to read only; the step argument is meaningless).
+  virtual void commit() {}
+  virtual void rollback(const SubGroupFn* rewrite) { (void)rewrite; }
 };
 std::unique_ptr<OptimizerStates> make_optimizer_states(EngineState& s);
 

@@ -1,6 +1,7 @@
 // update_pipeline.cpp — the update pipeline: SwapIn, Update, Upload, SwapOut (update_pipeline.h).
 #include "update_pipeline.h"
 
+#include <cmath>
 #include <deque>
 #include <utility>
 
@@ -46,14 +47,35 @@ void UpdatePipeline::start_early() {
   push([this, fut] { run(fut); });  // SwapIn of the first sub-groups starts now
 }
 
+void UpdatePipeline::speculate(const cpu_adam::AdamStep& assumed, double loss_scale, double clip) {
+  verdict_ = std::make_unique<std::promise<Verdict>>();
+  auto fut = verdict_->get_future().share();
+  const std::uint64_t gen = ++generation_;
+  push([this, assumed, loss_scale, clip, gen, fut] { run_speculative(assumed, loss_scale, clip, gen, fut); });
+}
+
+// The verdict goes to the worker through the promise; decided_ (under mu, with a notify) wakes a
+// speculative walk that waits for a gradient, so that it stops.
+void UpdatePipeline::settle(Verdict v) {
+  verdict_->set_value(std::move(v));
+  verdict_.reset();
+  {
+    std::lock_guard<std::mutex> lk(state_.mu);
+    decided_ = generation_;
+  }
+  state_.cv.notify_all();
+}
+
 void UpdatePipeline::decide(Decision d) {
+  if (verdict_) return settle({d, false});
   if (decision_) {
     decision_->set_value(d);
     decision_.reset();
   }
 }
 
-void UpdatePipeline::launch(const cpu_adam::AdamStep& st) {
+void UpdatePipeline::launch(const cpu_adam::AdamStep& st, bool as_assumed) {
+  if (verdict_) return settle({st, as_assumed});
   if (decision_) return decide(st);
   std::promise<Decision> p;
   p.set_value(st);
@@ -93,6 +115,9 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
   states_.update_walk(d, [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
                              const cpu_adam::AdamStep& st) {
     Unit& u = state_.units[ui];
+    // The units before this one are complete (a speculative Update may have done all of a unit's
+    // sub-groups already: the walk passes them by).
+    if (!on_device && ui > 0) land_through(ui - 1);
     ParamHome& home = home_of(u);
     const int slot = k++ % 2;
     void* out = home.update_target(u, o, slot);
@@ -116,6 +141,86 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
     land_updated(true);
   }
   if (d.get() && !state_.units.empty()) land_through(state_.units.size() - 1);
+}
+
+void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double loss_scale, double clip,
+                                     std::uint64_t gen, const std::shared_future<Verdict>& verdict) {
+  const std::size_t n_units = state_.units.size();
+  std::vector<OptimizerStates::SubGroupRef> order;  // the order the backward's Reduces finish in
+  for (std::size_t ui = n_units; ui-- > 0;)
+    for (std::size_t ci = 0; ci < state_.units[ui].chunks.size(); ++ci) order.emplace_back(ui, ci);
+  std::vector<char> summed(n_units, 0);
+  double sumsq = 0;  // this rank's gradient so far, loss-scaled, units in the order reduced
+  bool stop = false, touched = false;
+  int k = 0;  // alternates the two upload slots
+  // Each sub-group waits until its unit's last Reduce has finished (the host gradient is handed over
+  // by mu, see Unit::reduced); nothing of the backward reads the states or the home it rewrites then.
+  auto gate = [&](std::size_t i) {
+    const std::size_t ui = order[i].first;
+    Unit& u = state_.units[ui];
+    if (stop) return false;
+    {
+      std::unique_lock<std::mutex> lk(state_.mu);
+      state_.cv.wait(lk, [&] { return u.reduced || decided_ >= gen; });
+      if (decided_ >= gen) return false;  // the rest waits for the decision's walk
+    }
+    if (!summed[ui]) {
+      summed[ui] = 1;
+      const auto t0 = Clock::now();
+      auto [g, type] = grads_.update_input(u);
+      double part = 0;
+      for (double p : cpu_adam::sum_squares_parts(state_.threads, g, type, u.grad_range.len())) part += p;
+      sumsq += part;
+      state_.add_time(&BusyTimes::host, since(t0));
+      // The norm can only grow: once what is summed already clips (or is not finite), the step will.
+      if (!std::isfinite(part) || (clip > 0 && std::sqrt(sumsq) / loss_scale + 1e-6 > clip)) stop = true;
+    }
+    return !stop;
+  };
+  states_.speculate(order, gate, assumed,
+                    [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
+                        const cpu_adam::AdamStep& st) {
+                      update_and_upload(state_.units[ui], o, len, states, st, k++ % 2);
+                      touched = true;
+                    });
+  const Verdict v = verdict.get();
+  auto walk = [&](const cpu_adam::AdamStep& st) {
+    std::promise<Decision> p;
+    p.set_value(st);
+    run(p.get_future().share());
+  };
+  if (v.keep) {  // the speculative versions are the step's: the walk does the rest and lands every unit
+    states_.commit();
+    return walk(*v.step);
+  }
+  if (touched) ++rollbacks_;
+  if (v.step) {  // another step (clipped): everything again, from the old states
+    states_.rollback(nullptr);
+    return walk(*v.step);
+  }
+  // Skipped: the compute copies the speculation rewrote are rebuilt from the restored masters, as
+  // the Update writes them (the step bumped `applied`, so every unit lands again, in order).
+  OptimizerStates::SubGroupFn rewrite = [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
+                                            const cpu_adam::AdamStep&) {
+    Unit& u = state_.units[ui];
+    ParamHome& home = home_of(u);
+    const int slot = k++ % 2;
+    void* out = home.update_target(u, o, slot);
+    state_.to_compute(states.master, out, len);
+    home.land_chunk(u, o, len, slot, nullptr);
+  };
+  states_.rollback(&rewrite);
+  for (std::size_t ui = 0; ui < n_units; ++ui) land(ui);
+}
+
+void UpdatePipeline::update_and_upload(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,
+                                       const cpu_adam::AdamStep& st, int slot) {
+  ParamHome& home = home_of(u);
+  void* out = home.update_target(u, o, slot);
+  const auto t0 = Clock::now();
+  update_chunk(u, o, len, states, st, out);
+  state_.add_time(&BusyTimes::host, since(t0));
+  home.land_chunk(u, o, len, slot, nullptr);  // the host wrote it: nothing to wait for
 }
 
 void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,

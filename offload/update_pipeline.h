@@ -7,8 +7,22 @@
 //   SwapOut  master|m|v go back (NVMe tier only; written behind)
 // and each unit "lands" when its last sub-group is home: version[u] = applied, which the next
 // forward's weights(u) waits for. Runs on the update worker (overlap exact) or inline.
+//
+// The speculative Update (speculate(); the optimizer off the device, overlap exact): from the last
+// micro batch's backward, each unit's sub-groups are updated as soon as its gradient is reduced —
+// units in the order their Reduce finishes (last to first) — with the step the trainer expects,
+// which assumes no clipping and a finite step. Nothing lands before the decision. Then:
+//   kept       the step is the assumed one: the tier commits the speculative versions, and the
+//              walk updates only the sub-groups left, landing units in order
+//   redone     clipped (or another step): the tier rolls back, and the whole walk runs with the step
+//   skipped    not finite: the tier rolls back, and the compute copies the speculation rewrote are
+//              rebuilt from the restored masters before the units land again
+// Speculation stops early — the rest waits for the decision — once this rank's partial sum of
+// squares already says the step clips or is not finite, or the host backup is full.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <future>
 #include <memory>
 
@@ -30,8 +44,15 @@ class UpdatePipeline {
   void start_early();
   bool started_early() const { return decision_ != nullptr; }
   void decide(Decision d);  // the barrier's decision for a walk started early (no-op otherwise)
-  // Runs (or, overlap exact, starts) the Update of a finite step.
-  void launch(const cpu_adam::AdamStep& st);
+  // Starts the speculative Update of this step (at the last micro batch's backward, on the worker):
+  // `assumed` is the step without clipping; speculation stops once this rank's gradient norm so far
+  // (loss-scaled, with `loss_scale`) is not finite or says `clip` (> 0) applies.
+  void speculate(const cpu_adam::AdamStep& assumed, double loss_scale, double clip);
+  bool speculating() const { return verdict_ != nullptr; }
+  // Runs (or, overlap exact, starts) the Update of a finite step; `as_assumed`: it is the step a
+  // speculation assumed, bit for bit, so its results are kept.
+  void launch(const cpu_adam::AdamStep& st, bool as_assumed = false);
+  std::int64_t rollbacks() const { return rollbacks_.load(); }
 
   void drain();  // waits for the pipeline in flight; rethrows its error
   void check();  // rethrows its error without waiting
@@ -43,6 +64,17 @@ class UpdatePipeline {
                     void* param_out);
   ParamHome& home_of(const Unit& u) { return u.windowed ? *offloaded_ : resident_; }
   void land(std::size_t u);
+  struct Verdict {
+    Decision step;      // nothing: the step is skipped
+    bool keep = false;  // the speculative results are the step's
+  };
+  void settle(Verdict v);
+  void run_speculative(const cpu_adam::AdamStep& assumed, double loss_scale, double clip, std::uint64_t gen,
+                       const std::shared_future<Verdict>& verdict);
+  // Writes unit u's new compute copy of [o, o+len) to its home's target and moves it home (Upload);
+  // the unit lands later.
+  void update_and_upload(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,
+                         const cpu_adam::AdamStep& st, int slot);
 
   EngineState& state_;
   OptimizerStates& states_;
@@ -50,6 +82,13 @@ class UpdatePipeline {
   ParamHome* offloaded_;
   GradientPath& grads_;
   std::unique_ptr<std::promise<Decision>> decision_;
+  // The speculation in flight: its verdict (set by the trainer's thread, read by the worker through
+  // the future), and `decided_` under mu — set with it, so that a speculative walk waiting for a
+  // gradient under the cv stops.
+  std::unique_ptr<std::promise<Verdict>> verdict_;
+  std::uint64_t generation_ = 0;  // speculations started (the trainer's thread)
+  std::uint64_t decided_ = 0;     // under mu: the last speculation whose verdict is set
+  std::atomic<std::int64_t> rollbacks_{0};
   Jitter jitter_;
   std::unique_ptr<SerialWorker> worker_;  // last: its jobs use everything above
 };

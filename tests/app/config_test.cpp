@@ -297,6 +297,27 @@ TEST(Config, OptimizerStatesTakesThreeWordsAndSuggestsTheNearest) {
   EXPECT_EQ(e, "cfg.json: zero_optimization.optimizer_states: '8-bit' is not one of fp32, bf16, 8bit (did you mean 8bit?)");
 }
 
+// zinf's offload_optimizer.speculative: auto (the default) is on with the optimizer off the device and
+// overlap exact, off otherwise; true where it cannot apply is one error naming the key and why.
+TEST(Config, SpeculativeUpdateIsAutoAndRefusedWhereItCannotApply) {
+  const std::string cpu = R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})";
+  EXPECT_TRUE(ok(cpu).zero.offload_optimizer.speculative);
+  EXPECT_FALSE(ok(cpu, {"train.overlap=none"}).zero.offload_optimizer.speculative);
+  EXPECT_FALSE(ok(cpu, {"zero_optimization.offload_optimizer.speculative=false"}).zero.offload_optimizer.speculative);
+  EXPECT_FALSE(ok(kMinimal).zero.offload_optimizer.speculative);
+  EXPECT_EQ(ok(cpu, {"zero_optimization.offload_optimizer.speculative_backup_size=1000"})
+                .zero.offload_optimizer.speculative_backup_size,
+            1000);
+  EXPECT_EQ(error_of(kMinimal, {"zero_optimization.stage=2", "zero_optimization.offload_optimizer.speculative=true"}),
+            "cfg.json: zero_optimization.offload_optimizer.speculative: the speculative Update needs the optimizer "
+            "off the device (device cpu or nvme)");
+  EXPECT_NE(error_of(cpu, {"train.overlap=none", "zero_optimization.offload_optimizer.speculative=true"})
+                .find("needs train.overlap \"exact\""),
+            std::string::npos);
+  EXPECT_NE(error_of(cpu, {"zero_optimization.offload_optimizer.speculative=1"}).find("expected true or false"),
+            std::string::npos);
+}
+
 TEST(Config, UnknownTopLevelKeySuggests) {
   std::string e = error_of(R"({"train_batch_size": 8, "gradient_clippin": 1.0})");
   EXPECT_EQ(e, "cfg.json: gradient_clippin: unknown key (did you mean gradient_clipping?)");

@@ -110,6 +110,30 @@ TEST(Placement, NvmeOffloadBoundsPinnedSwapBuffers) {
   EXPECT_EQ(row(p.states, "param16", D), 2 * (4096 + 2048u));  // the persistent units
 }
 
+// The speculative Update: NVMe keeps two slots per sub-group (the state rows double there); host
+// memory keeps a backup of whole sub-groups (N = 22528 elements in 6 sub-groups of 4096: half is 3,
+// or as many as speculative_backup covers); nothing of it without the optimizer offloaded.
+TEST(Placement, SpeculationDoublesNvmeStatesAndBoundsTheHostBackup) {
+  PlanInput in = input(OffloadDevice::nvme, OffloadDevice::nvme, 2);
+  in.speculative = true;
+  Plan p = make_plan(in);
+  EXPECT_EQ(row(p.states, "master", NV), 2 * 4 * N);
+  EXPECT_EQ(row(p.states, "adam.v", NV), 2 * 4 * N);
+  EXPECT_EQ(row(p.buffers, "speculation backup", H), 0u);
+  in = input(OffloadDevice::cpu, OffloadDevice::none, 2);
+  in.speculative = true;
+  p = make_plan(in);
+  EXPECT_EQ(row(p.states, "master", H), 4 * N);
+  EXPECT_EQ(row(p.buffers, "speculation backup", H), 3 * 12 * 4096u);
+  in.speculative_backup = 4097;  // rounded up to whole sub-groups
+  EXPECT_EQ(row(make_plan(in).buffers, "speculation backup", H), 2 * 12 * 4096u);
+  in.speculative_backup = 1 << 30;  // at most every sub-group
+  EXPECT_EQ(row(make_plan(in).buffers, "speculation backup", H), 6 * 12 * 4096u);
+  in = input(OffloadDevice::none, OffloadDevice::none, 2);
+  in.speculative = true;
+  EXPECT_EQ(make_plan(in).totals, make_plan(input(OffloadDevice::none, OffloadDevice::none, 2)).totals);
+}
+
 // zero_optimization.optimizer_states shrinks m and v on whichever tier holds them, by its element size
 // (q8 adds one fp32 scale per 256 elements), and the plan's state rows say so; the master stays fp32.
 // Sub-groups of 2^18 elements (each NVMe part padded to 4 KiB: the q8 scales take one 4 KiB page each).

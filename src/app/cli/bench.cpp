@@ -226,6 +226,7 @@ constexpr const char* kBenchStepAbout =
     "Run a few training steps with the config's placement and report each resource's busy time (compute, h2d, "
     "d2h, host update, NVMe read, NVMe write), the step time, the step time divided by the busiest resource "
     "(overlap_ratio; 1.0 is perfect overlap), and the step time relative to the same model with no offload. "
+    "Where the placement runs the speculative Update, the same placement without it too, for the two ratios. "
     "The first step is a warm-up and is not measured";
 
 struct StepArgs {
@@ -236,12 +237,19 @@ struct StepArgs {
   bool baseline = true;  // also run the same model with no offload
 };
 
-// The two runs of `bench step`: the config's placement, and the same model with no offload.
+// The runs of `bench step`: the config's placement, and the same model with no offload; with the
+// speculative Update, the placement without it as well.
 struct StepRuns {
   Config config;
-  TrainResult offload, baseline;
+  TrainResult offload, baseline, unspeculated;
   bool baseline_fits = false;  // the baseline ran (asked for, and the model fit the device without offload)
+  bool speculative = false;    // the placement speculates: `unspeculated` ran
 };
+
+double overlap_of(const TrainResult& r) {
+  const BusyTimes b = r.busy.per(static_cast<double>(std::max<std::int64_t>(1, r.measured_steps)));
+  return b.busiest() > 0 ? r.step_seconds / b.busiest() : 0;
+}
 
 // The per-step figures `bench step` reports, from the runs' sums over their measured steps.
 struct StepFigures {
@@ -254,7 +262,7 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
   std::vector<std::string> common = {"train.eval_interval=0", "train.eval_batches=1", "train.metrics_file=\"\"",
                                      "steps_per_print=1000000"};
   common.push_back("train.steps=" + std::to_string(std::max(2, a.steps)));
-  StepRuns runs{load_run_config(a.config, world.size, common), {}, {}, a.baseline};
+  StepRuns runs{load_run_config(a.config, world.size, common), {}, {}, {}, a.baseline, false};
   const Config& c = runs.config;
   if (world.rank == 0) print_notes(c);
   auto progress = [&world](const std::string& s) {
@@ -268,6 +276,13 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
   hooks.profile = a.profile;
   runs.offload = train(c, hooks);
   hooks.profile = false;
+  runs.speculative = c.zero.offload_optimizer.speculative;
+  if (runs.speculative) {
+    progress("the same placement without the speculative Update");
+    std::vector<std::string> plain = common;
+    plain.push_back("zero_optimization.offload_optimizer.speculative=false");
+    runs.unspeculated = train(load_run_config(a.config, world.size, plain), hooks);
+  }
   std::vector<std::string> none = common;
   for (const char* o :
        {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"})
@@ -316,6 +331,12 @@ void print_step_json(const StepArgs& a, const StepRuns& runs, const StepFigures&
                       {"no_offload_params_digest", base.params_digest},
                       {"peak_device_bytes", r.peak_device_bytes},
                       {"device_budget", r.device_budget}};
+  if (runs.speculative) {
+    j["rollbacks"] = r.rollbacks;
+    j["unspeculated_step_s"] = runs.unspeculated.step_seconds;
+    j["unspeculated_overlap_ratio"] = overlap_of(runs.unspeculated);
+    j["unspeculated_params_digest"] = runs.unspeculated.params_digest;
+  }
   f.busy.each([&](const char* name, double sec) { j["busy_s"][name] = sec; });
   if (a.profile) {
     j["profile"] = nlohmann::json::array();
@@ -364,6 +385,14 @@ void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures&
   std::printf(
       "  %.2f TFLOPS (6 x params x tokens / step time), device busy %.0f%% of the step, peak device memory %s of %s\n",
       f.tflops, 100 * f.device_busy, format_bytes(r.peak_device_bytes).c_str(), format_bytes(r.device_budget).c_str());
+  if (runs.speculative) {
+    const TrainResult& u = runs.unspeculated;
+    std::printf(
+        "  speculative Update: overlap ratio %.3f, step %.1f ms, %lld rollbacks; without it: overlap ratio %.3f, "
+        "step %.1f ms (digests %s)\n",
+        f.overlap_ratio, 1e3 * r.step_seconds, static_cast<long long>(r.rollbacks), overlap_of(u), 1e3 * u.step_seconds,
+        r.params_digest == u.params_digest ? "bit-identical" : "DIFFERENT");
+  }
   if (runs.baseline_fits) {
     std::printf("  relative to no offload (%.1f ms per step): %.3f\n", 1e3 * base.step_seconds,
                 f.relative_to_no_offload);

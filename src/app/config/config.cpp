@@ -616,7 +616,8 @@ DeprecatedOffload read_deprecated_offload(Section& s) {
   return dep;
 }
 
-void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const DeprecatedOffload& dep, int stage) {
+void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const DeprecatedOffload& dep, int stage,
+                            bool overlap_none) {
   oo.device = o.get_enum<OffloadDevice>("device", dep.optimizer_cpu ? OffloadDevice::cpu : OffloadDevice::none,
                                         kOffloadDevices);
   oo.nvme_path = o.get_str("nvme_path", "");
@@ -625,6 +626,14 @@ void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const Depreca
   oo.pipeline_read = o.get_bool("pipeline_read", false);
   oo.pipeline_write = o.get_bool("pipeline_write", false);
   oo.fast_init = o.get_bool("fast_init", false);
+  // zinf: the speculative Update; "auto" (the default) is on wherever it applies.
+  const bool applies = oo.device != OffloadDevice::none && !overlap_none;
+  oo.speculative = o.get_bool("speculative", applies, AutoRule::to(applies));
+  if (oo.speculative && oo.device == OffloadDevice::none)
+    o.fail("speculative", "the speculative Update needs the optimizer off the device (device cpu or nvme)");
+  if (oo.speculative && overlap_none)
+    o.fail("speculative", "the speculative Update needs train.overlap \"exact\" (it is \"none\")");
+  oo.speculative_backup_size = o.get_int("speculative_backup_size", 0, 0, kMaxI64, AutoRule::to(0));
   o.only_default("ratio", 1.0,
                  "partial offload (Twin-Flow ratio < 1) is not supported; zinf "
                  "updates every sub-group on the host");
@@ -688,7 +697,7 @@ void note_ineffective_zero_keys(Section& s) {
                       "(reduce_bucket_size) and gathers updated parameters unit by unit");
 }
 
-void read_zero(Section s, ZeroConfig& z, const ModelConfig& model) {
+void read_zero(Section s, ZeroConfig& z, const ModelConfig& model, bool overlap_none) {
   const std::int64_t d = model.d_model;
   z.stage = static_cast<int>(s.get_int("stage", 0, 0, 3));
   z.contiguous_gradients = s.get_bool("contiguous_gradients", true);
@@ -705,7 +714,7 @@ void read_zero(Section s, ZeroConfig& z, const ModelConfig& model) {
   k = s.pick({"stage3_param_persistence_threshold", "param_persistence_threshold"});
   z.param_persistence_threshold = s.get_int(k, 100'000, 0, kMaxI64, AutoRule::to(10 * d));
   const DeprecatedOffload dep = read_deprecated_offload(s);
-  read_offload_optimizer(s.child("offload_optimizer"), z.offload_optimizer, dep, z.stage);
+  read_offload_optimizer(s.child("offload_optimizer"), z.offload_optimizer, dep, z.stage, overlap_none);
   z.optimizer_states = s.get_enum<cpu_adam::StateFormat>("optimizer_states", cpu_adam::StateFormat::fp32,
                                                          {{"fp32", cpu_adam::StateFormat::fp32},
                                                           {"bf16", cpu_adam::StateFormat::bf16},
@@ -828,7 +837,7 @@ Config parse_root(const json& root, std::string source, int world_size) {
   c.steps_per_print = top.get_int("steps_per_print", 10, 1, kMaxI64);
   c.wall_clock_breakdown = top.get_bool("wall_clock_breakdown", false);
 
-  read_zero(top.child("zero_optimization"), c.zero, c.model);
+  read_zero(top.child("zero_optimization"), c.zero, c.model, c.train.overlap_none);
   read_aio(top.child("aio"), c.aio);
 
   for (const char* key : {"communication_data_type",

@@ -73,6 +73,10 @@ struct OffloadOptimizerConfig {
   bool pipeline_read = false;
   bool pipeline_write = false;
   bool fast_init = false;
+  // zinf extensions: the speculative Update (docs/offload-engine.md), and its host backup in
+  // elements (0: half the sub-groups).
+  bool speculative = false;
+  std::int64_t speculative_backup_size = 0;
 };
 
 struct OffloadParamConfig {

@@ -45,6 +45,8 @@ offload::EngineConfig engine_config(const Config& c, int host_threads) {
   e.sub_group_size = static_cast<std::size_t>(c.zero.sub_group_size);
   e.reduce_bucket_size = static_cast<std::size_t>(c.zero.reduce_bucket_size);
   e.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
+  e.speculative = c.zero.offload_optimizer.speculative;
+  e.speculative_backup = static_cast<std::size_t>(c.zero.offload_optimizer.speculative_backup_size);
   e.prefetch_depth = prefetch_depth(c, shape);
   e.stage = c.zero.stage;
   e.persistence_threshold = static_cast<std::size_t>(c.zero.param_persistence_threshold);

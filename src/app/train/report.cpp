@@ -74,6 +74,7 @@ std::string progress_line(const Config& c, const StepReport& r, double fwd_ms, d
                   b.busiest() > 0 ? r.step_s / b.busiest() : 0.0);
     s += line;
   }
+  if (c.zero.offload_optimizer.speculative) s += " | rollbacks " + std::to_string(r.rollbacks);
   return s;
 }
 

@@ -423,7 +423,7 @@ class Run {
     return loss_sum / (static_cast<double>(grad_accum) * W);
   }
 
-  offload::StepOutcome update(double scale, double lr) {
+  offload::StepOptions step_options(double scale, double lr) const {
     offload::StepOptions so;
     so.loss_scale = scale;
     so.gradient_clipping = config.gradient_clipping;
@@ -435,7 +435,7 @@ class Run {
                                    config.optimizer.decoupled_weight_decay,
                                    config.optimizer.bias_correction};
     so.step = opt_steps + 1;
-    return engine->step(so);
+    return so;
   }
 
   // DeepSpeed's policy for the step's outcome: a finite step advances the optimizer and the scaler's
@@ -691,14 +691,17 @@ StepReport train_step(Run& run, std::int64_t step) {
   r.step = step, r.steps = c.train.steps;
   r.loss_scale = run.scaler.scale();
   r.lr = lr_at(c.scheduler, c.optimizer.lr, run.opt_steps);
+  const offload::StepOptions so = run.step_options(r.loss_scale, r.lr);
+  run.engine->expect_step(so);  // what a speculative Update assumes (unclipped, finite)
   run.forward_backward(r.loss_scale);
-  const offload::StepOutcome out = run.update(r.loss_scale, r.lr);
+  const offload::StepOutcome out = run.engine->step(so);
   r.loss = run.step_loss();
   r.grad_norm = out.norm;
   r.skipped = run.account(out, step, r.loss);
   r.step_s = since(t0);
   r.tokens_per_s = static_cast<double>(c.train_batch_size) * run.seq_len / r.step_s;
   r.busy = run.engine->take_times();
+  r.rollbacks = run.engine->rollbacks();
   return r;
 }
 
@@ -742,6 +745,7 @@ void finish_result(Run& run, double t_measured, TrainResult& res) {
   run.engine->synchronize();
   res.skipped = run.skipped;
   res.params_digest = params_digest(*run.engine, run.shape);
+  res.rollbacks = run.engine->rollbacks();  // after the digest's synchronize: every verdict is in
   res.peak_device_bytes = run.dev->peak();
   res.device_budget = run.dev->budget();
   res.pinned_capacity = run.engine->pinned_capacity();

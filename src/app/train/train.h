@@ -54,6 +54,7 @@ struct TrainResult {
   std::int64_t resumed_from = 0;  // the checkpoint's step, when resumed
   double checkpoint_seconds = 0;  // time spent writing checkpoints
   std::int64_t skipped = 0;       // overflowed steps
+  std::int64_t rollbacks = 0;     // speculative Updates discarded (offload_optimizer.speculative)
   double loss = 0, val_loss = 0;  // last training loss, last validation loss
   double first_val_loss = 0;      // validation loss before training
   std::string params_digest;      // FNV-1a 64 over every fp32 master parameter, in unit order

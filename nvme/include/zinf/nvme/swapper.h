@@ -26,15 +26,19 @@ struct SwapItem {
   std::uint64_t len = 0;     // ≤ buffer_bytes
   bool read = true;          // false: the buffer starts with undefined contents (e.g. first init)
   bool write = true;         // false: read-only item, the buffer is released after processing
+  std::int64_t write_offset = -1;  // aligned; where the buffer is written back (-1: `offset`)
 };
 
 class Swapper {
  public:
   Swapper(TensorStore& store, PinnedPool& pool, int buffer_count, std::size_t buffer_bytes);
 
-  // process(i, buffer, len) runs on the caller's thread, in item order.
+  // process(i, buffer, len) runs on the caller's thread, in item order. `admit`, when given, is asked
+  // before each item is processed (its read done): false stops the run there — the reads ahead are
+  // waited for and dropped, the writes behind finished (their errors thrown), nothing more processed.
   void run(const std::vector<SwapItem>& items, const std::function<void(std::size_t, void*, std::size_t)>& process,
-           int read_ahead = -1 /* default: buffer_count - 2, at least 1 */);
+           int read_ahead = -1 /* default: buffer_count - 2, at least 1 */,
+           const std::function<bool(std::size_t)>& admit = {});
 
   int buffer_count() const { return static_cast<int>(buffers_.size()); }
   std::size_t buffer_bytes() const { return buffer_bytes_; }

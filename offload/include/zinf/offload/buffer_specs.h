@@ -57,6 +57,10 @@ struct Layout {
   std::uint64_t comm_scratch = 0;           // elements: every rank's contribution to this rank's part of a bucket
   std::uint64_t n_params = 0;
   std::uint64_t batch_tokens = 0;  // tokens per micro batch of the training loop's batch slots (0: none)
+  // The speculative Update (PlanInput::speculative, with the optimizer off the device): NVMe
+  // sub-group tensors hold two slots; host memory backs up at most `backup_subgroups` sub-groups.
+  bool speculative = false;
+  std::uint64_t backup_subgroups = 0;
   std::vector<UnitLayout> units;
 };
 
@@ -77,7 +81,8 @@ enum class Buffer {
   adam_m,
   adam_v,              // optimizer states on the device or in host memory (m, v: the state format, then
                        // any scales of it)
-  optimizer_subgroup,  // NVMe: one tensor per sub-group holding master | m | v (| scales) (SubGroupLayout)
+  optimizer_subgroup,  // NVMe: one tensor per sub-group holding master | m | v (| scales) (SubGroupLayout);
+                       // two such slots, one after the other, with the speculative Update
   // shared
   activations,       // one micro batch's activations (the caller's estimate; the model allocates them)
   ops_scratch,       // one block the model's ops allocate for themselves (the caller's estimate)
@@ -92,6 +97,7 @@ enum class Buffer {
   optimizer_swap,    // the swapper's pinned buffers, one sub-group's master | m | v each
   reduce_scratch,    // the fp32 of one landed bucket (host)
   comm_receive,      // every rank's part of a bucket, received for the cross-rank reduction
+  speculation_backup,  // host memory: the old master | m | v of speculatively updated sub-groups, one each
   token_staging,     // the training loop's pinned token and target staging, two slots (the caller's)
   token_slot,        // their device copies, two slots (the caller's)
 };
@@ -117,6 +123,7 @@ enum class PlanRow {
   optimizer_swap,
   reduce_scratch,
   comm_receive,
+  speculation_backup,
   token_batches,
 };
 constexpr int kPlanRows = static_cast<int>(PlanRow::token_batches) + 1;

@@ -126,6 +126,13 @@ struct EngineConfig {
   int host_threads = 0;      // 0: physical cores
   bool pin_threads = false;  // bind the host workers to cores (hwloc)
   Overlap overlap = Overlap::exact;
+  // The speculative Update (docs/offload-engine.md): with the optimizer off the device and overlap
+  // exact, each sub-group's Update of the last micro batch starts once its gradient is reduced,
+  // assuming the step is finite and unclipped (the trainer says which step it expects,
+  // Engine::expect_step); a step that turns out otherwise is rolled back and redone. Host memory
+  // keeps the old states of at most `speculative_backup` elements (whole sub-groups; 0: half).
+  bool speculative = false;
+  std::size_t speculative_backup = 0;
   // The device's allocator takes whole blocks (the CUDA device): the plan and the fit check count each
   // device buffer as its block (PlanInput::device_blocks). False for the CPU device.
   bool device_blocks = false;
@@ -179,6 +186,10 @@ class Engine {
   static std::size_t pinned_bytes(const EngineConfig& c);
 
   // ---- the model's side (see GptModel's UnitSource) -----------------------------------------------
+  // The step the next step() is expected to be (its options, before the clip factor and the overflow
+  // are known): what a speculative Update assumes. Called before the step's last backward; without
+  // it (or without EngineConfig::speculative) nothing is speculated.
+  void expect_step(const StepOptions& o);
   void begin_micro_batch(std::int64_t micro);  // 0 … grad_accum−1
   void begin_forward();
   void begin_backward();
@@ -219,6 +230,9 @@ class Engine {
   // make_plan(plan_input(c)), which sums the same buffer specs (on a device that hands out what is
   // asked, and NVMe paths with the 4 KiB alignment the plan assumes).
   TierBytes held_bytes() const;
+  // Speculative Updates discarded so far (steps that clipped or overflowed after something was
+  // updated speculatively); counted by the update worker when it rolls back.
+  std::int64_t rollbacks() const;
   std::string describe() const;  // one line: placement, pinned pool, NVMe engine
 
  private:

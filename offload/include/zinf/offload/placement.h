@@ -62,6 +62,11 @@ struct PlanInput {
   int world = 1, rank = 0;                 // data-parallel ranks, and the rank this plan is for
   int stage = 0;                           // ZeRO stage (partitioning applies with world > 1)
   std::int64_t persistence_threshold = 0;  // stage 3, world > 1: units this small are not partitioned
+  // The speculative Update (optimizer off the device, overlap exact; docs/offload-engine.md): NVMe
+  // keeps two slots per sub-group; host memory keeps a backup of the old states of
+  // `speculative_backup` elements (whole sub-groups; 0: half the sub-groups this rank keeps).
+  bool speculative = false;
+  std::int64_t speculative_backup = 0;
 };
 
 struct Row {

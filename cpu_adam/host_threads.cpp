@@ -19,7 +19,8 @@
 namespace zinf::cpu_adam {
 
 namespace {
-constexpr std::size_t kAlign = 1024;  // elements: 4 KiB of fp32, a multiple of every vector width
+constexpr std::size_t kAlign = 1024;  // elements: 4 KiB of fp32, a multiple of every vector width and q8 block
+static_assert(kAlign % kQ8Block == 0);
 
 // Pins each thread that enters the arena to the next core, round-robin.
 class PinningObserver : public tbb::task_scheduler_observer {
@@ -113,8 +114,13 @@ UpdateChunk sub_chunk(const UpdateChunk& c, std::size_t b, std::size_t e) {
   const std::size_t gsz = c.grad_type == GradType::fp32 ? 4 : 2;
   s.grad = static_cast<const char*>(c.grad) + b * gsz;
   s.master = c.master + b;
-  s.m = c.m + b;
-  s.v = c.v + b;
+  const std::size_t esz = state_elem_bytes(c.states);
+  s.m = static_cast<char*>(c.m) + b * esz;
+  s.v = static_cast<char*>(c.v) + b * esz;
+  if (c.states == StateFormat::q8) {  // b is a multiple of kAlign, itself a multiple of kQ8Block
+    s.m_scale = c.m_scale + b / kQ8Block;
+    s.v_scale = c.v_scale + b / kQ8Block;
+  }
   if (c.param16) s.param16 = static_cast<std::uint16_t*>(c.param16) + b;
   return s;
 }

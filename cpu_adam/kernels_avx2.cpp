@@ -3,9 +3,11 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "kernels.h"
 #include "zinf/cpu_adam/convert.h"
+#include "zinf/cpu_adam/spec.h"
 
 namespace zinf::cpu_adam::detail {
 namespace {
@@ -39,42 +41,208 @@ inline __m128i to_bf16(__m256 p) {
   return _mm256_castsi256_si128(packed);
 }
 
-template <GradType G, int Out>  // Out: 0 none, 1 fp16, 2 bf16
+// The broadcast step scalars and one vector of the specification's Adam step (adam.h), in its order.
+struct Consts {
+  __m256 scale, b1, omb1, b2, omb2, eps, bc2, step, decay;
+  bool l2, wdec;
+  explicit Consts(const AdamStep& s)
+      : scale(_mm256_set1_ps(s.grad_scale)),
+        b1(_mm256_set1_ps(s.beta1)),
+        omb1(_mm256_set1_ps(s.one_minus_beta1)),
+        b2(_mm256_set1_ps(s.beta2)),
+        omb2(_mm256_set1_ps(s.one_minus_beta2)),
+        eps(_mm256_set1_ps(s.eps)),
+        bc2(_mm256_set1_ps(s.bc2_rsqrt)),
+        step(_mm256_set1_ps(s.step_size)),
+        decay(_mm256_set1_ps(s.decay)),
+        l2(s.apply_decay && !s.decoupled),
+        wdec(s.apply_decay && s.decoupled) {}
+};
+
+inline void adam8(const Consts& k, __m256 g, __m256& p, __m256& m, __m256& v) {
+  g = _mm256_mul_ps(g, k.scale);
+  if (k.l2) g = _mm256_fmadd_ps(k.decay, p, g);
+  m = _mm256_fmadd_ps(m, k.b1, _mm256_mul_ps(g, k.omb1));
+  v = _mm256_fmadd_ps(v, k.b2, _mm256_mul_ps(_mm256_mul_ps(g, g), k.omb2));
+  const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), k.bc2, k.eps);
+  const __m256 u = _mm256_div_ps(m, denom);
+  if (k.wdec) p = _mm256_mul_ps(p, k.decay);
+  p = _mm256_fmadd_ps(k.step, u, p);
+}
+
+template <int Out>  // 0 none, 1 fp16, 2 bf16
+inline void store_param16(std::uint16_t* out, std::size_t i, __m256 p) {
+  if constexpr (Out == 1)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  else if constexpr (Out == 2)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), to_bf16(p));
+}
+
+inline __m256 load_bf16(const std::uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+// fp32 and bf16 states: element-wise, 8 lanes at a time.
+template <GradType G, int Out, StateFormat S>
 void adam_loop(const AdamStep& s, const UpdateChunk& c) {
-  const __m256 scale = _mm256_set1_ps(s.grad_scale), b1 = _mm256_set1_ps(s.beta1),
-               omb1 = _mm256_set1_ps(s.one_minus_beta1), b2 = _mm256_set1_ps(s.beta2),
-               omb2 = _mm256_set1_ps(s.one_minus_beta2), eps = _mm256_set1_ps(s.eps), bc2 = _mm256_set1_ps(s.bc2_rsqrt),
-               step = _mm256_set1_ps(s.step_size), decay = _mm256_set1_ps(s.decay);
-  const bool l2 = s.apply_decay && !s.decoupled, wdec = s.apply_decay && s.decoupled;
+  const Consts k(s);
   const std::size_t n8 = c.n & ~std::size_t{7};
   auto* out = static_cast<std::uint16_t*>(c.param16);
   for (std::size_t i = 0; i < n8; i += 8) {
-    __m256 g = _mm256_mul_ps(load_grad8<G>(c.grad, i), scale);
-    __m256 p = _mm256_loadu_ps(c.master + i);
-    if (l2) g = _mm256_fmadd_ps(decay, p, g);
-    const __m256 m = _mm256_fmadd_ps(_mm256_loadu_ps(c.m + i), b1, _mm256_mul_ps(g, omb1));
-    const __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(c.v + i), b2, _mm256_mul_ps(_mm256_mul_ps(g, g), omb2));
-    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), bc2, eps);
-    const __m256 u = _mm256_div_ps(m, denom);
-    if (wdec) p = _mm256_mul_ps(p, decay);
-    p = _mm256_fmadd_ps(step, u, p);
+    __m256 p = _mm256_loadu_ps(c.master + i), m, v;
+    if constexpr (S == StateFormat::fp32) {
+      m = _mm256_loadu_ps(static_cast<float*>(c.m) + i);
+      v = _mm256_loadu_ps(static_cast<float*>(c.v) + i);
+    } else {
+      m = load_bf16(static_cast<std::uint16_t*>(c.m) + i);
+      v = load_bf16(static_cast<std::uint16_t*>(c.v) + i);
+    }
+    adam8(k, load_grad8<G>(c.grad, i), p, m, v);
     _mm256_storeu_ps(c.master + i, p);
-    _mm256_storeu_ps(c.m + i, m);
-    _mm256_storeu_ps(c.v + i, v);
-    if constexpr (Out == 1)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                       _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    else if constexpr (Out == 2)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), to_bf16(p));
+    if constexpr (S == StateFormat::fp32) {
+      _mm256_storeu_ps(static_cast<float*>(c.m) + i, m);
+      _mm256_storeu_ps(static_cast<float*>(c.v) + i, v);
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(c.m) + i), to_bf16(m));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(c.v) + i), to_bf16(v));
+    }
+    store_param16<Out>(out, i, p);
   }
   adam_scalar_range(s, c, n8, c.n);
 }
 
+// ---- q8 states (spec.h): decode, Adam and encode of one 256-element block in one pass ----
+
+template <StateKind K>
+constexpr int kTop = K == StateKind::m ? 15 : 31;
+
+inline __m256i set1(std::uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+
+// spec::q8_value of 8 codes.
+template <StateKind K>
+inline __m256 q8_value8(const std::uint8_t* p) {
+  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i m3 = _mm256_and_si256(c, set1(7));
+  const __m256i e = K == StateKind::m ? _mm256_and_si256(_mm256_srli_epi32(c, 3), set1(15)) : _mm256_srli_epi32(c, 3);
+  const __m256i normal =
+      _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(e, set1(127 - kTop<K>)), 23), _mm256_slli_epi32(m3, 20));
+  const __m256i sub = _mm256_castps_si256(
+      _mm256_mul_ps(_mm256_cvtepi32_ps(m3), _mm256_castsi256_ps(set1(static_cast<std::uint32_t>(125 - kTop<K>) << 23))));
+  __m256i r = _mm256_blendv_epi8(normal, sub, _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+  if constexpr (K == StateKind::m) r = _mm256_or_si256(r, _mm256_slli_epi32(_mm256_and_si256(c, set1(0x80)), 24));
+  return _mm256_castsi256_ps(r);
+}
+
+inline __m256i round3(__m256i a) {
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, 20), set1(1));
+  return _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(a, set1(0x7FFFF)), lsb), set1(0xFFF00000u));
+}
+
+// spec::q8_exponent of 8 values.
+inline __m256i q8_exponent8(__m256 x) {
+  const __m256i a = _mm256_and_si256(_mm256_castps_si256(x), set1(0x7FFFFFFF));
+  const __m256i bad = _mm256_cmpgt_epi32(a, set1(0x7F7FFFFF));  // a is non-negative: signed compares work
+  return _mm256_blendv_epi8(_mm256_srli_epi32(round3(a), 23), set1(255), bad);
+}
+
+// spec::q8_encode of 8 values in a block of exponent E (top < E < 255), as 8 bytes.
+template <StateKind K>
+inline __m128i q8_encode8(__m256 x, __m256i E) {
+  constexpr int top = kTop<K>;
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i a = _mm256_and_si256(u, set1(0x7FFFFFFF));
+  const __m256i r = round3(a), er = _mm256_srli_epi32(r, 23);
+  const __m256i er_top = _mm256_add_epi32(er, set1(top));
+  const __m256i normal = _mm256_cmpgt_epi32(er_top, E);
+  const __m256i code_n = _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(er_top, E), 3),
+                                         _mm256_and_si256(_mm256_srli_epi32(r, 20), set1(7)));
+  // below the normal codes: round x itself onto the e = 0 grid
+  const __m256i ex = _mm256_srli_epi32(a, 23);
+  const __m256i frac = _mm256_and_si256(a, set1(0x7FFFFF));
+  const __m256i no_ex = _mm256_cmpeq_epi32(ex, _mm256_setzero_si256());
+  const __m256i mant = _mm256_blendv_epi8(_mm256_or_si256(frac, set1(0x800000)), frac, no_ex);
+  const __m256i exc = _mm256_max_epu32(ex, set1(1));
+  const __m256i sh = _mm256_sub_epi32(_mm256_add_epi32(E, set1(21 - top)), exc);
+  const __m256i half = _mm256_sub_epi32(_mm256_sllv_epi32(set1(1), _mm256_sub_epi32(sh, set1(1))), set1(1));
+  const __m256i odd = _mm256_and_si256(_mm256_srlv_epi32(mant, sh), set1(1));
+  const __m256i q = _mm256_srlv_epi32(_mm256_add_epi32(_mm256_add_epi32(mant, half), odd), sh);
+  const __m256i small = _mm256_cmpgt_epi32(set1(25), sh);
+  __m256i code = _mm256_blendv_epi8(_mm256_and_si256(q, small), code_n, normal);
+  if constexpr (K == StateKind::m) code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(u, 24), set1(0x80)));
+  // the low byte of each 32-bit lane, in order
+  const __m256i bytes = _mm256_shuffle_epi8(
+      code, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1,
+                             -1, -1, -1, -1, -1, -1, -1, -1));
+  return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1)));
+}
+
+inline std::uint32_t reduce_max(__m256i x) {
+  alignas(32) std::uint32_t lane[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane), x);
+  std::uint32_t mx = 0;
+  for (std::uint32_t e : lane) mx = e > mx ? e : mx;
+  return mx;
+}
+
+// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent.
+template <StateKind K>
+inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, __m256i emax) {
+  const std::uint32_t E = spec::q8_block_exponent(reduce_max(emax), K);
+  *scale = spec::q8_scale(E);
+  if (E == 0 || E == spec::kQ8Nan) {
+    std::memset(codes, 0, kQ8Block);
+    return;
+  }
+  const __m256i e = set1(E);
+  for (std::size_t j = 0; j < kQ8Block; j += 8)
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), q8_encode8<K>(_mm256_load_ps(t + j), e));
+}
+
+template <GradType G, int Out>
+void adam_q8_loop(const AdamStep& s, const UpdateChunk& c) {
+  const Consts k(s);
+  const std::size_t full = c.n / kQ8Block * kQ8Block;
+  auto* out = static_cast<std::uint16_t*>(c.param16);
+  auto* mc = static_cast<std::uint8_t*>(c.m);
+  auto* vc = static_cast<std::uint8_t*>(c.v);
+  alignas(32) float mt[kQ8Block], vt[kQ8Block];  // the block's new m and v, until their exponent is known
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    const __m256 ms = _mm256_set1_ps(c.m_scale[b / kQ8Block]), vs = _mm256_set1_ps(c.v_scale[b / kQ8Block]);
+    __m256i me = _mm256_setzero_si256(), ve = _mm256_setzero_si256();
+    for (std::size_t j = 0; j < kQ8Block; j += 8) {
+      const std::size_t i = b + j;
+      __m256 p = _mm256_loadu_ps(c.master + i);
+      __m256 m = _mm256_mul_ps(q8_value8<StateKind::m>(mc + i), ms);
+      __m256 v = _mm256_mul_ps(q8_value8<StateKind::v>(vc + i), vs);
+      adam8(k, load_grad8<G>(c.grad, i), p, m, v);
+      _mm256_storeu_ps(c.master + i, p);
+      store_param16<Out>(out, i, p);
+      _mm256_store_ps(mt + j, m);
+      _mm256_store_ps(vt + j, v);
+      me = _mm256_max_epu32(me, q8_exponent8(m));
+      ve = _mm256_max_epu32(ve, q8_exponent8(v));
+    }
+    q8_encode_block<StateKind::m>(mt, mc + b, c.m_scale + b / kQ8Block, me);
+    q8_encode_block<StateKind::v>(vt, vc + b, c.v_scale + b / kQ8Block, ve);
+  }
+  adam_scalar_range(s, c, full, c.n);  // a partial last block
+}
+
+template <GradType G, int Out>
+void adam_states(const AdamStep& s, const UpdateChunk& c) {
+  switch (c.states) {
+    case StateFormat::fp32: return adam_loop<G, Out, StateFormat::fp32>(s, c);
+    case StateFormat::bf16: return adam_loop<G, Out, StateFormat::bf16>(s, c);
+    case StateFormat::q8: return adam_q8_loop<G, Out>(s, c);
+  }
+}
+
 template <GradType G>
 void adam_for_grad(const AdamStep& s, const UpdateChunk& c) {
-  if (!c.param16) return adam_loop<G, 0>(s, c);
-  if (c.param16_type == HalfType::fp16) return adam_loop<G, 1>(s, c);
-  return adam_loop<G, 2>(s, c);
+  if (!c.param16) return adam_states<G, 0>(s, c);
+  if (c.param16_type == HalfType::fp16) return adam_states<G, 1>(s, c);
+  return adam_states<G, 2>(s, c);
 }
 
 void adam_avx2(const AdamStep& s, const UpdateChunk& c) {
@@ -92,12 +260,14 @@ template <GradType G, int Out>
 void traffic_loop(const UpdateChunk& c) {
   const std::size_t n8 = c.n & ~std::size_t{7};
   auto* out = static_cast<std::uint16_t*>(c.param16);
+  auto* cm = static_cast<float*>(c.m);
+  auto* cv = static_cast<float*>(c.v);
   for (std::size_t i = 0; i < n8; i += 8) {
     const __m256 g = load_grad8<G>(c.grad, i);
     const __m256 p = _mm256_add_ps(_mm256_loadu_ps(c.master + i), g);
     _mm256_storeu_ps(c.master + i, p);
-    _mm256_storeu_ps(c.m + i, _mm256_add_ps(_mm256_loadu_ps(c.m + i), g));
-    _mm256_storeu_ps(c.v + i, _mm256_add_ps(_mm256_loadu_ps(c.v + i), g));
+    _mm256_storeu_ps(cm + i, _mm256_add_ps(_mm256_loadu_ps(cm + i), g));
+    _mm256_storeu_ps(cv + i, _mm256_add_ps(_mm256_loadu_ps(cv + i), g));
     if constexpr (Out == 1)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
                        _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -107,7 +277,7 @@ void traffic_loop(const UpdateChunk& c) {
   UpdateChunk tail = c;
   tail.n = c.n - n8;
   tail.grad = static_cast<const char*>(c.grad) + n8 * (G == GradType::fp32 ? 4 : 2);
-  tail.master += n8, tail.m += n8, tail.v += n8;
+  tail.master += n8, tail.m = cm + n8, tail.v = cv + n8;
   if (out) tail.param16 = out + n8;
   scalar_kernels().traffic(tail);
 }
@@ -117,6 +287,7 @@ void traffic_for_grad(const UpdateChunk& c) {
   return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
 }
 void traffic_avx2(const UpdateChunk& c) {
+  if (c.states != StateFormat::fp32) return scalar_kernels().traffic(c);
   switch (c.grad_type) {
     case GradType::fp32: return traffic_for_grad<GradType::fp32>(c);
     case GradType::fp16: return traffic_for_grad<GradType::fp16>(c);

@@ -5,9 +5,11 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 
 #include "kernels.h"
 #include "zinf/cpu_adam/convert.h"
+#include "zinf/cpu_adam/spec.h"
 
 namespace zinf::cpu_adam::detail {
 namespace {
@@ -43,48 +45,227 @@ __attribute__((target("avx512bf16"))) inline __m256i to_bf16_native(__m512 p) {
   return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(p));
 }
 
-template <GradType G, int Out>  // Out: 0 none, 1 fp16, 2 bf16 emulated, 3 bf16 native
+// The broadcast step scalars and one vector of the specification's Adam step (adam.h), in its order.
+struct Consts {
+  __m512 scale, b1, omb1, b2, omb2, eps, bc2, step, decay;
+  bool l2, wdec;
+  explicit Consts(const AdamStep& s)
+      : scale(_mm512_set1_ps(s.grad_scale)),
+        b1(_mm512_set1_ps(s.beta1)),
+        omb1(_mm512_set1_ps(s.one_minus_beta1)),
+        b2(_mm512_set1_ps(s.beta2)),
+        omb2(_mm512_set1_ps(s.one_minus_beta2)),
+        eps(_mm512_set1_ps(s.eps)),
+        bc2(_mm512_set1_ps(s.bc2_rsqrt)),
+        step(_mm512_set1_ps(s.step_size)),
+        decay(_mm512_set1_ps(s.decay)),
+        l2(s.apply_decay && !s.decoupled),
+        wdec(s.apply_decay && s.decoupled) {}
+};
+
+// g: the raw gradient; p, m, v: in and out.
+inline void adam16(const Consts& k, __m512 g, __m512& p, __m512& m, __m512& v) {
+  g = _mm512_mul_ps(g, k.scale);
+  if (k.l2) g = _mm512_fmadd_ps(k.decay, p, g);
+  m = _mm512_fmadd_ps(m, k.b1, _mm512_mul_ps(g, k.omb1));
+  v = _mm512_fmadd_ps(v, k.b2, _mm512_mul_ps(_mm512_mul_ps(g, g), k.omb2));
+  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.bc2, k.eps);
+  const __m512 u = _mm512_div_ps(m, denom);
+  if (k.wdec) p = _mm512_mul_ps(p, k.decay);
+  p = _mm512_fmadd_ps(k.step, u, p);
+}
+
+// fp32 → bf16 with AVX512-BF16's instruction (NB: the CPU has it; it follows the specification) or
+// by integer emulation.
+template <bool NB>
+#if defined(__GNUC__)
+__attribute__((target("avx512bf16")))
+#endif
+inline __m256i to_bf16(__m512 x) {
+  if constexpr (NB)
+    return to_bf16_native(x);
+  else
+    return to_bf16_emulated(x);
+}
+
+template <int Out, bool NB>  // Out: 0 none, 1 fp16, 2 bf16
+#if defined(__GNUC__)
+__attribute__((target("avx512bf16")))
+#endif
+inline void store_param16(std::uint16_t* out, std::size_t i, __m512 p) {
+  if constexpr (Out == 1)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  else if constexpr (Out == 2)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16<NB>(p));
+}
+
+// bf16 state bits → fp32 (exact).
+inline __m512 load_bf16(const std::uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// fp32 and bf16 states: element-wise, 16 lanes at a time.
+template <GradType G, int Out, bool NB, StateFormat S>
 #if defined(__GNUC__)
 __attribute__((target("avx512bf16")))
 #endif
 void adam_loop(const AdamStep& s, const UpdateChunk& c) {
-  const __m512 scale = _mm512_set1_ps(s.grad_scale), b1 = _mm512_set1_ps(s.beta1),
-               omb1 = _mm512_set1_ps(s.one_minus_beta1), b2 = _mm512_set1_ps(s.beta2),
-               omb2 = _mm512_set1_ps(s.one_minus_beta2), eps = _mm512_set1_ps(s.eps), bc2 = _mm512_set1_ps(s.bc2_rsqrt),
-               step = _mm512_set1_ps(s.step_size), decay = _mm512_set1_ps(s.decay);
-  const bool l2 = s.apply_decay && !s.decoupled, wdec = s.apply_decay && s.decoupled;
+  const Consts k(s);
   const std::size_t n16 = c.n & ~std::size_t{15};
   auto* out = static_cast<std::uint16_t*>(c.param16);
   for (std::size_t i = 0; i < n16; i += 16) {
-    __m512 g = _mm512_mul_ps(load_grad16<G>(c.grad, i), scale);
-    __m512 p = _mm512_loadu_ps(c.master + i);
-    if (l2) g = _mm512_fmadd_ps(decay, p, g);
-    const __m512 m = _mm512_fmadd_ps(_mm512_loadu_ps(c.m + i), b1, _mm512_mul_ps(g, omb1));
-    const __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(c.v + i), b2, _mm512_mul_ps(_mm512_mul_ps(g, g), omb2));
-    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), bc2, eps);
-    const __m512 u = _mm512_div_ps(m, denom);
-    if (wdec) p = _mm512_mul_ps(p, decay);
-    p = _mm512_fmadd_ps(step, u, p);
+    __m512 p = _mm512_loadu_ps(c.master + i), m, v;
+    if constexpr (S == StateFormat::fp32) {
+      m = _mm512_loadu_ps(static_cast<float*>(c.m) + i);
+      v = _mm512_loadu_ps(static_cast<float*>(c.v) + i);
+    } else {
+      m = load_bf16(static_cast<std::uint16_t*>(c.m) + i);
+      v = load_bf16(static_cast<std::uint16_t*>(c.v) + i);
+    }
+    adam16(k, load_grad16<G>(c.grad, i), p, m, v);
     _mm512_storeu_ps(c.master + i, p);
-    _mm512_storeu_ps(c.m + i, m);
-    _mm512_storeu_ps(c.v + i, v);
-    if constexpr (Out == 1)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                          _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    else if constexpr (Out == 2)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_emulated(p));
-    else if constexpr (Out == 3)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_native(p));
+    if constexpr (S == StateFormat::fp32) {
+      _mm512_storeu_ps(static_cast<float*>(c.m) + i, m);
+      _mm512_storeu_ps(static_cast<float*>(c.v) + i, v);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(c.m) + i), to_bf16<NB>(m));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(c.v) + i), to_bf16<NB>(v));
+    }
+    store_param16<Out, NB>(out, i, p);
   }
   adam_scalar_range(s, c, n16, c.n);
 }
 
+// ---- q8 states (spec.h): decode, Adam and encode of one 256-element block in one pass ----
+
+template <StateKind K>
+constexpr std::uint32_t kTop = K == StateKind::m ? 15u : 31u;
+
+// spec::q8_value of 16 codes.
+template <StateKind K>
+inline __m512 q8_value16(const std::uint8_t* p) {
+  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i m3 = _mm512_and_si512(c, _mm512_set1_epi32(7));
+  const __m512i e = K == StateKind::m ? _mm512_and_si512(_mm512_srli_epi32(c, 3), _mm512_set1_epi32(15))
+                                      : _mm512_srli_epi32(c, 3);
+  const __m512i normal = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127 - kTop<K>)), 23),
+                                         _mm512_slli_epi32(m3, 20));
+  const __m512i sub = _mm512_castps_si512(
+      _mm512_mul_ps(_mm512_cvtepi32_ps(m3), _mm512_castsi512_ps(_mm512_set1_epi32((125 - kTop<K>) << 23))));
+  __m512i r = _mm512_mask_mov_epi32(sub, _mm512_test_epi32_mask(e, e), normal);
+  if constexpr (K == StateKind::m) r = _mm512_or_si512(r, _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24));
+  return _mm512_castsi512_ps(r);
+}
+
+inline __m512i round3(__m512i a) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
+  return _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), lsb),
+                          _mm512_set1_epi32(static_cast<int>(0xFFF00000u)));
+}
+
+// spec::q8_exponent of 16 values.
+inline __m512i q8_exponent16(__m512 x) {
+  const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF));
+  const __mmask16 bad = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(0x7F800000));
+  return _mm512_mask_mov_epi32(_mm512_srli_epi32(round3(a), 23), bad, _mm512_set1_epi32(255));
+}
+
+// spec::q8_encode of 16 values in a block of exponent E (top < E < 255).
+template <StateKind K>
+inline __m128i q8_encode16(__m512 x, __m512i E) {
+  constexpr int top = static_cast<int>(kTop<K>);
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i r = round3(a), er = _mm512_srli_epi32(r, 23);
+  const __m512i er_top = _mm512_add_epi32(er, _mm512_set1_epi32(top));
+  const __mmask16 normal = _mm512_cmpgt_epi32_mask(er_top, E);
+  const __m512i code_n = _mm512_or_si512(_mm512_slli_epi32(_mm512_sub_epi32(er_top, E), 3),
+                                         _mm512_and_si512(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(7)));
+  // below the normal codes: round x itself onto the e = 0 grid
+  const __m512i ex = _mm512_srli_epi32(a, 23);
+  const __m512i frac = _mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF));
+  const __mmask16 has_ex = _mm512_test_epi32_mask(ex, ex);
+  const __m512i mant = _mm512_mask_or_epi32(frac, has_ex, frac, _mm512_set1_epi32(0x800000));
+  const __m512i exc = _mm512_max_epu32(ex, _mm512_set1_epi32(1));
+  const __m512i sh = _mm512_sub_epi32(_mm512_add_epi32(E, _mm512_set1_epi32(21 - top)), exc);
+  const __m512i half = _mm512_sub_epi32(_mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_sub_epi32(sh, _mm512_set1_epi32(1))),
+                                        _mm512_set1_epi32(1));
+  const __m512i odd = _mm512_and_si512(_mm512_srlv_epi32(mant, sh), _mm512_set1_epi32(1));
+  const __m512i q = _mm512_srlv_epi32(_mm512_add_epi32(_mm512_add_epi32(mant, half), odd), sh);
+  const __mmask16 small = _mm512_cmplt_epi32_mask(sh, _mm512_set1_epi32(25));
+  __m512i code = _mm512_mask_mov_epi32(_mm512_maskz_mov_epi32(small, q), normal, code_n);
+  if constexpr (K == StateKind::m) code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80)));
+  return _mm512_cvtepi32_epi8(code);
+}
+
+// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent.
+template <StateKind K>
+inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, __m512i emax) {
+  const std::uint32_t E = spec::q8_block_exponent(_mm512_reduce_max_epu32(emax), K);
+  *scale = spec::q8_scale(E);
+  if (E == 0 || E == spec::kQ8Nan) {
+    std::memset(codes, 0, kQ8Block);
+    return;
+  }
+  const __m512i e = _mm512_set1_epi32(static_cast<int>(E));
+  for (std::size_t j = 0; j < kQ8Block; j += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j), q8_encode16<K>(_mm512_load_ps(t + j), e));
+}
+
+template <GradType G, int Out, bool NB>
+#if defined(__GNUC__)
+__attribute__((target("avx512bf16")))
+#endif
+void adam_q8_loop(const AdamStep& s, const UpdateChunk& c) {
+  const Consts k(s);
+  const std::size_t full = c.n / kQ8Block * kQ8Block;
+  auto* out = static_cast<std::uint16_t*>(c.param16);
+  auto* mc = static_cast<std::uint8_t*>(c.m);
+  auto* vc = static_cast<std::uint8_t*>(c.v);
+  alignas(64) float mt[kQ8Block], vt[kQ8Block];  // the block's new m and v, until their exponent is known
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    const __m512 ms = _mm512_set1_ps(c.m_scale[b / kQ8Block]), vs = _mm512_set1_ps(c.v_scale[b / kQ8Block]);
+    __m512i me = _mm512_setzero_si512(), ve = _mm512_setzero_si512();
+    for (std::size_t j = 0; j < kQ8Block; j += 16) {
+      const std::size_t i = b + j;
+      __m512 p = _mm512_loadu_ps(c.master + i);
+      __m512 m = _mm512_mul_ps(q8_value16<StateKind::m>(mc + i), ms);
+      __m512 v = _mm512_mul_ps(q8_value16<StateKind::v>(vc + i), vs);
+      adam16(k, load_grad16<G>(c.grad, i), p, m, v);
+      _mm512_storeu_ps(c.master + i, p);
+      store_param16<Out, NB>(out, i, p);
+      _mm512_store_ps(mt + j, m);
+      _mm512_store_ps(vt + j, v);
+      me = _mm512_max_epu32(me, q8_exponent16(m));
+      ve = _mm512_max_epu32(ve, q8_exponent16(v));
+    }
+    q8_encode_block<StateKind::m>(mt, mc + b, c.m_scale + b / kQ8Block, me);
+    q8_encode_block<StateKind::v>(vt, vc + b, c.v_scale + b / kQ8Block, ve);
+  }
+  adam_scalar_range(s, c, full, c.n);  // a partial last block
+}
+
+template <GradType G, int Out, bool NB>
+void adam_states(const AdamStep& s, const UpdateChunk& c) {
+  switch (c.states) {
+    case StateFormat::fp32: return adam_loop<G, Out, NB, StateFormat::fp32>(s, c);
+    case StateFormat::bf16: return adam_loop<G, Out, NB, StateFormat::bf16>(s, c);
+    case StateFormat::q8: return adam_q8_loop<G, Out, NB>(s, c);
+  }
+}
+
+template <GradType G, bool NB>
+void adam_for_out(const AdamStep& s, const UpdateChunk& c) {
+  if (!c.param16) return adam_states<G, 0, NB>(s, c);
+  if (c.param16_type == HalfType::fp16) return adam_states<G, 1, NB>(s, c);
+  return adam_states<G, 2, NB>(s, c);
+}
+
 template <GradType G>
 void adam_for_grad(const AdamStep& s, const UpdateChunk& c, bool native_bf16) {
-  if (!c.param16) return adam_loop<G, 0>(s, c);
-  if (c.param16_type == HalfType::fp16) return adam_loop<G, 1>(s, c);
-  if (native_bf16) return adam_loop<G, 3>(s, c);
-  return adam_loop<G, 2>(s, c);
+  return native_bf16 ? adam_for_out<G, true>(s, c) : adam_for_out<G, false>(s, c);
 }
 
 bool native_bf16() {
@@ -105,12 +286,14 @@ template <GradType G, int Out>
 void traffic_loop(const UpdateChunk& c) {
   const std::size_t n16 = c.n & ~std::size_t{15};
   auto* out = static_cast<std::uint16_t*>(c.param16);
+  auto* cm = static_cast<float*>(c.m);
+  auto* cv = static_cast<float*>(c.v);
   for (std::size_t i = 0; i < n16; i += 16) {
     const __m512 g = load_grad16<G>(c.grad, i);
     const __m512 p = _mm512_add_ps(_mm512_loadu_ps(c.master + i), g);
     _mm512_storeu_ps(c.master + i, p);
-    _mm512_storeu_ps(c.m + i, _mm512_add_ps(_mm512_loadu_ps(c.m + i), g));
-    _mm512_storeu_ps(c.v + i, _mm512_add_ps(_mm512_loadu_ps(c.v + i), g));
+    _mm512_storeu_ps(cm + i, _mm512_add_ps(_mm512_loadu_ps(cm + i), g));
+    _mm512_storeu_ps(cv + i, _mm512_add_ps(_mm512_loadu_ps(cv + i), g));
     if constexpr (Out == 1)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
                           _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -120,7 +303,7 @@ void traffic_loop(const UpdateChunk& c) {
   UpdateChunk tail = c;
   tail.n = c.n - n16;
   tail.grad = static_cast<const char*>(c.grad) + n16 * (G == GradType::fp32 ? 4 : 2);
-  tail.master += n16, tail.m += n16, tail.v += n16;
+  tail.master += n16, tail.m = cm + n16, tail.v = cv + n16;
   if (out) tail.param16 = out + n16;
   scalar_kernels().traffic(tail);
 }
@@ -130,6 +313,7 @@ void traffic_for_grad(const UpdateChunk& c) {
   return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
 }
 void traffic_avx512(const UpdateChunk& c) {
+  if (c.states != StateFormat::fp32) return scalar_kernels().traffic(c);
   switch (c.grad_type) {
     case GradType::fp32: return traffic_for_grad<GradType::fp32>(c);
     case GradType::fp16: return traffic_for_grad<GradType::fp16>(c);

@@ -1,5 +1,6 @@
 // reference.cpp — the scalar specification of every cpu_adam kernel (adam.h, convert.h).
 // Compiled with -ffp-contract=off: each operation below is one IEEE rounding, fma only where written.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -59,17 +60,65 @@ inline float load_grad(const void* g, GradType t, std::size_t i) {
   return 0;
 }
 
+inline void store_param16(const UpdateChunk& c, std::size_t i, float p) {
+  if (!c.param16) return;
+  auto* out = static_cast<std::uint16_t*>(c.param16);
+  out[i] = c.param16_type == HalfType::fp16 ? fp32_to_fp16_reference(p) : fp32_to_bf16_reference(p);
+}
+
+// One q8 block [b, b + len): decode m and v, the fp32 step element by element, encode.
+void adam_q8_block(const AdamStep& s, const UpdateChunk& c, std::size_t b, std::size_t len) {
+  float m[kQ8Block], v[kQ8Block];
+  auto* mc = static_cast<std::uint8_t*>(c.m) + b;
+  auto* vc = static_cast<std::uint8_t*>(c.v) + b;
+  float& ms = c.m_scale[b / kQ8Block];
+  float& vs = c.v_scale[b / kQ8Block];
+  for (std::size_t i = 0; i < len; ++i) {
+    m[i] = spec::q8_decode(mc[i], ms, StateKind::m);
+    v[i] = spec::q8_decode(vc[i], vs, StateKind::v);
+  }
+  for (std::size_t i = 0; i < len; ++i) {
+    float p = c.master[b + i];
+    spec::adam_element(s, load_grad(c.grad, c.grad_type, b + i), p, m[i], v[i]);
+    c.master[b + i] = p;
+    store_param16(c, b + i, p);
+  }
+  ms = spec::q8_encode_block(m, mc, len, StateKind::m);
+  vs = spec::q8_encode_block(v, vc, len, StateKind::v);
+}
+
 void adam_scalar_range(const AdamStep& s, const UpdateChunk& c, std::size_t begin, std::size_t end) {
-  for (std::size_t i = begin; i < end; ++i) {
-    float p = c.master[i], m = c.m[i], v = c.v[i];
-    spec::adam_element(s, load_grad(c.grad, c.grad_type, i), p, m, v);
-    c.master[i] = p;
-    c.m[i] = m;
-    c.v[i] = v;
-    if (c.param16) {
-      auto* out = static_cast<std::uint16_t*>(c.param16);
-      out[i] = c.param16_type == HalfType::fp16 ? fp32_to_fp16_reference(p) : fp32_to_bf16_reference(p);
+  switch (c.states) {
+    case StateFormat::fp32: {
+      auto* ms = static_cast<float*>(c.m);
+      auto* vs = static_cast<float*>(c.v);
+      for (std::size_t i = begin; i < end; ++i) {
+        float p = c.master[i], m = ms[i], v = vs[i];
+        spec::adam_element(s, load_grad(c.grad, c.grad_type, i), p, m, v);
+        c.master[i] = p;
+        ms[i] = m;
+        vs[i] = v;
+        store_param16(c, i, p);
+      }
+      return;
     }
+    case StateFormat::bf16: {
+      auto* ms = static_cast<std::uint16_t*>(c.m);
+      auto* vs = static_cast<std::uint16_t*>(c.v);
+      for (std::size_t i = begin; i < end; ++i) {
+        float p = c.master[i], m = spec::bf16_to_fp32(ms[i]), v = spec::bf16_to_fp32(vs[i]);
+        spec::adam_element(s, load_grad(c.grad, c.grad_type, i), p, m, v);
+        c.master[i] = p;
+        ms[i] = spec::fp32_to_bf16(m);
+        vs[i] = spec::fp32_to_bf16(v);
+        store_param16(c, i, p);
+      }
+      return;
+    }
+    case StateFormat::q8:
+      ZINF_CHECK(begin % kQ8Block == 0 && (end % kQ8Block == 0 || end == c.n));
+      for (std::size_t b = begin; b < end; b += kQ8Block) adam_q8_block(s, c, b, std::min(kQ8Block, end - b));
+      return;
   }
 }
 
@@ -96,8 +145,28 @@ void traffic_scalar(const UpdateChunk& c) {
     const float g = load_grad(c.grad, c.grad_type, i);
     const float p = c.master[i] + g;
     c.master[i] = p;
-    c.m[i] = c.m[i] + g;
-    c.v[i] = c.v[i] + g;
+    switch (c.states) {
+      case StateFormat::fp32:
+        static_cast<float*>(c.m)[i] += g;
+        static_cast<float*>(c.v)[i] += g;
+        break;
+      case StateFormat::bf16: {
+        const auto gb = static_cast<std::uint16_t>(spec::bits_of(g) >> 16);
+        static_cast<std::uint16_t*>(c.m)[i] += gb;
+        static_cast<std::uint16_t*>(c.v)[i] += gb;
+        break;
+      }
+      case StateFormat::q8: {
+        const auto gb = static_cast<std::uint8_t>(spec::bits_of(g) >> 24);
+        static_cast<std::uint8_t*>(c.m)[i] += gb;
+        static_cast<std::uint8_t*>(c.v)[i] += gb;
+        if (i % kQ8Block == 0) {
+          c.m_scale[i / kQ8Block] += g;
+          c.v_scale[i / kQ8Block] += g;
+        }
+        break;
+      }
+    }
     if (out) out[i] = c.param16_type == HalfType::fp16 ? fp32_to_fp16_reference(p) : fp32_to_bf16_reference(p);
   }
 }

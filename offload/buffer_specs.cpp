@@ -12,7 +12,9 @@
 //   host_grad       the optimizer off the device: 4·G (an fp32 sum, or fp32 training), else 2·G,
 //                   kept until the global-norm barrier
 //   master   4·S    with the optimizer; aliased to the compute copy in fp32 on the device
-//   m, v     4·S    each, with the optimizer (NVMe: master|m|v in one padded tensor per sub-group)
+//   m, v     e·S    each, with the optimizer, e = 4 | 2 | 1 bytes by the state format (fp32 | bf16 |
+//                   q8, which adds one fp32 scale per 256 elements); NVMe: master|m|v (|scales) in
+//                   one padded tensor per sub-group (SubGroupLayout)
 #include "zinf/offload/buffer_specs.h"
 
 #include <algorithm>
@@ -106,22 +108,26 @@ void unit_param_and_grads(const Layout& layout, std::size_t i, const std::functi
 // Unit i's optimizer states.
 void unit_states(const Layout& layout, std::size_t i, const std::function<void(const BufferSpec&)>& fn) {
   const std::uint64_t n = layout.units[i].state_range.len();
-  if (layout.optimizer == OffloadDevice::nvme) {  // one tensor per sub-group: master|m|v, padded
+  if (layout.optimizer == OffloadDevice::nvme) {  // one tensor per sub-group: master|m|v(|scales), padded
     const std::uint64_t whole = n / layout.sub_group, last = n % layout.sub_group;
-    BufferSpec b = spec(Buffer::optimizer_subgroup, Tier::nvme, detail::SubGroupLayout::bytes_for(layout.sub_group),
-                        PlanRow::master, i, whole);
-    b.rows = 3;
-    if (whole) fn(b);
-    b.bytes = detail::SubGroupLayout::bytes_for(last), b.count = 1;
-    if (last) fn(b);
+    auto subgroups = [&](std::uint64_t len, std::uint64_t count) {
+      const detail::SubGroupLayout l(len, layout.states);
+      BufferSpec b = spec(Buffer::optimizer_subgroup, Tier::nvme, l.bytes(), PlanRow::master, i, count);
+      b.rows = 3;
+      b.parts = {l.master_bytes, l.m_part(), l.m_part()};
+      fn(b);
+    };
+    if (whole) subgroups(layout.sub_group, whole);
+    if (last) subgroups(last, 1);
     return;
   }
   const Tier t = layout.optimizer == OffloadDevice::cpu ? Tier::host : Tier::device;
   // fp32 with whole resident parameters on the device: the compute copy is the master (no second copy).
   if (layout.optimizer_offloaded || layout.mixed || layout.param_offloaded || layout.shard_params)
     fn(spec(Buffer::master, t, n * 4, PlanRow::master, i));
-  fn(spec(Buffer::adam_m, t, n * 4, PlanRow::adam_m, i));
-  fn(spec(Buffer::adam_v, t, n * 4, PlanRow::adam_v, i));
+  const std::uint64_t state = detail::StateArray::bytes(n, layout.states);
+  fn(spec(Buffer::adam_m, t, state, PlanRow::adam_m, i));
+  fn(spec(Buffer::adam_v, t, state, PlanRow::adam_v, i));
 }
 
 // The parameter window and the gradient slots.
@@ -151,7 +157,7 @@ void staging(const Layout& layout, const std::function<void(const BufferSpec&)>&
   if (layout.optimizer_offloaded || layout.param == OffloadDevice::nvme)
     fn(spec(Buffer::param_upload, Tier::pinned, layout.sub_group * cb, PlanRow::param_upload, kShared, kTwo));
   if (layout.optimizer == OffloadDevice::nvme)
-    fn(spec(Buffer::optimizer_swap, Tier::pinned, detail::SubGroupLayout::bytes_for(layout.sub_group),
+    fn(spec(Buffer::optimizer_swap, Tier::pinned, detail::SubGroupLayout::bytes_for(layout.sub_group, layout.states),
             PlanRow::optimizer_swap, kShared, static_cast<std::uint64_t>(layout.optimizer_buffers)));
   if (layout.fp32_sum && layout.optimizer_offloaded)
     fn(spec(Buffer::reduce_scratch, Tier::host, layout.bucket * 4, PlanRow::reduce_scratch));
@@ -175,6 +181,7 @@ Layout make_layout(const PlanInput& in) {
   layout.fp32_work = layout.mixed && in.fp32_work;
   layout.device_blocks = in.device_blocks;
   layout.optimizer = in.optimizer;
+  layout.states = in.optimizer_states;
   layout.param = in.param;
   layout.optimizer_offloaded = in.optimizer != OffloadDevice::none;
   layout.param_offloaded = in.param != OffloadDevice::none;

@@ -53,6 +53,7 @@ PlanInput Engine::plan_input(const EngineConfig& c) {
   in.compute_bytes = c.precision == Precision::fp32 ? 4 : 2;
   in.optimizer = c.optimizer;
   in.param = c.param;
+  in.optimizer_states = c.optimizer_states;
   in.grad_accum = c.grad_accum;
   in.sub_group_size = static_cast<std::int64_t>(c.sub_group_size);
   in.reduce_bucket_size = static_cast<std::int64_t>(c.reduce_bucket_size);
@@ -95,6 +96,11 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   }
   if (!cfg.kernels) throw Error("offload engine: no kernels for the device (EngineConfig::kernels is empty)");
   s.kern = cfg.kernels(dev, s.threads);
+  if (!s.optimizer_offloaded && !s.kern->takes_states(cfg.optimizer_states))
+    throw Error(std::string("zero_optimization.optimizer_states \"") +
+                cpu_adam::state_format_name(cfg.optimizer_states) +
+                "\" with the optimizer on this device: its Update kernel keeps fp32 states only (use fp32, or "
+                "offload_optimizer.device cpu or nvme)");
   const Plan plan = make_plan(s.buffers);
   const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];
   if (need_device > dev.budget() - dev.in_use())

@@ -5,6 +5,11 @@
 //                 streams them through the pipelined swapper: SwapIn ahead, SwapOut behind
 // Each holds the states of state_range of every unit (this rank's shard under ZeRO stage ≥ 1 with
 // several ranks, else the whole unit); add/read/write take whole-unit arrays indexed globally.
+//
+// m and v are kept in the run's state format (EngineConfig::optimizer_states): in place as one
+// StateArray each (device and host memory), in each sub-group's tensor on NVMe (SubGroupLayout).
+// A zero-filled array is the encoding of m = v = 0 in every format (q8: codes 0 under a +0 scale);
+// checkpoints see fp32 (read decodes, write encodes).
 #include <cstring>
 #include <tuple>
 
@@ -14,8 +19,25 @@
 namespace zinf::offload::detail {
 namespace {
 
+using cpu_adam::StateFormat;
+using cpu_adam::StateKind;
+
+// In-place state arrays (StateArray): of a range of n elements, the sub-group at element i.
+struct InPlace {
+  StateFormat f;
+  std::size_t n;
+  void* elems(void* a, std::size_t i) const { return static_cast<char*>(a) + i * cpu_adam::state_elem_bytes(f); }
+  float* scales(void* a, std::size_t i) const {
+    if (!cpu_adam::state_scales(f, n)) return nullptr;
+    return reinterpret_cast<float*>(static_cast<char*>(a) + StateArray::scales_at(n, f)) + i / cpu_adam::kQ8Block;
+  }
+  // The whole array ⇄ n fp32 values.
+  void decode(StateKind k, void* a, float* dst) const { cpu_adam::decode_states(f, k, a, scales(a, 0), dst, n); }
+  void encode(StateKind k, const float* src, void* a) const { cpu_adam::encode_states(f, k, src, a, scales(a, 0), n); }
+};
+
 // The Update's walk over states that are addressable in place: bases(u) gives unit u's master, m
-// and v arrays.
+// and v arrays (StateArray).
 template <class Bases>
 void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision, const OptimizerStates::SubGroupFn& fn,
                    Bases bases) {
@@ -24,10 +46,17 @@ void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision,
   for (std::size_t ui = 0; ui < s.units.size(); ++ui) {
     Unit& u = s.units[ui];
     const auto [master, m, v] = bases(u);
+    const InPlace a{s.config.optimizer_states, u.state_range.len()};
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
       const std::size_t o = u.chunks[ci];
-      const std::size_t i = o - u.state_range.lo;
-      fn(ui, o, u.chunk_len(ci), master + i, m + i, v + i, *d);
+      const std::size_t i = o - u.state_range.lo;  // a multiple of the sub-group alignment: a q8 block's start
+      fn(ui, o, u.chunk_len(ci),
+         StateSlice{.master = master + i,
+                    .m = a.elems(m, i),
+                    .v = a.elems(v, i),
+                    .m_scale = a.scales(m, i),
+                    .v_scale = a.scales(v, i)},
+         *d);
     }
   }
 }
@@ -40,37 +69,54 @@ class DeviceStates final : public OptimizerStates {
     // fp32 with whole resident parameters: the compute copy is the master (no second fp32 copy).
     if (const BufferSpec* b = state_.find(Buffer::master, u.index))
       u.dev_master = DeviceBuffer(state_.dev, b->bytes, name + " master");
-    u.dev_m = DeviceBuffer(state_.dev, state_.spec(Buffer::adam_m, u.index, Tier::device).bytes, name + " adam.m");
+    const std::size_t state = state_.spec(Buffer::adam_m, u.index, Tier::device).bytes;
+    u.dev_m = DeviceBuffer(state_.dev, state, name + " adam.m");
     u.dev_v = DeviceBuffer(state_.dev, state_.spec(Buffer::adam_v, u.index, Tier::device).bytes, name + " adam.v");
     if (n) {  // a small unit's shard may be empty on this rank
-      state_.kern->zero(u.dev_m.as<void>(), n * 4, StreamRole::h2d);
-      state_.kern->zero(u.dev_v.as<void>(), n * 4, StreamRole::h2d);
+      state_.kern->zero(u.dev_m.as<void>(), state, StreamRole::h2d);
+      state_.kern->zero(u.dev_v.as<void>(), state, StreamRole::h2d);
     }
     if (u.dev_master.size()) state_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo, n * 4);
     state_.dev.synchronize(StreamRole::h2d);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
     walk_in_place(state_, decision, fn,
-                  [this](Unit& u) { return std::tuple(master_of(u), u.dev_m.as<float>(), u.dev_v.as<float>()); });
+                  [this](Unit& u) { return std::tuple(master_of(u), u.dev_m.as<void>(), u.dev_v.as<void>()); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     const std::size_t n = u.state_range.len();
     state_.d2h_sync(master + u.state_range.lo, master_of(u), n * 4);
-    if (m) state_.d2h_sync(m + u.state_range.lo, u.dev_m.as<void>(), n * 4);
-    if (v) state_.d2h_sync(v + u.state_range.lo, u.dev_v.as<void>(), n * 4);
+    if (m) read_state(u, StateKind::m, u.dev_m, m + u.state_range.lo);
+    if (v) read_state(u, StateKind::v, u.dev_v, v + u.state_range.lo);
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
     const std::size_t n = u.state_range.len();
     if (u.dev_master.size())
       state_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo,
                       n * 4);  // else: the compute copy, rebuilt by its home
-    state_.h2d_sync(u.dev_m.as<void>(), m + u.state_range.lo, n * 4);
-    state_.h2d_sync(u.dev_v.as<void>(), v + u.state_range.lo, n * 4);
+    write_state(u, StateKind::m, m + u.state_range.lo, u.dev_m);
+    write_state(u, StateKind::v, v + u.state_range.lo, u.dev_v);
   }
 
  private:
   float* master_of(Unit& u) {
     return u.dev_master.size() ? u.dev_master.as<float>() : u.param.as<float>() + u.state_range.lo;
+  }
+  // One of u's m, v: fp32 straight from or to the device; another format through a host copy of the
+  // array, decoded or encoded there.
+  void read_state(Unit& u, StateKind k, DeviceBuffer& a, float* dst) {
+    const InPlace f{state_.config.optimizer_states, u.state_range.len()};
+    if (f.f == StateFormat::fp32) return state_.d2h_sync(dst, a.as<void>(), f.n * 4);
+    HostMem h = host_alloc(a.size());
+    state_.d2h_sync(h.get(), a.as<void>(), a.size());
+    f.decode(k, h.get(), dst);
+  }
+  void write_state(Unit& u, StateKind k, const float* src, DeviceBuffer& a) {
+    const InPlace f{state_.config.optimizer_states, u.state_range.len()};
+    if (f.f == StateFormat::fp32) return state_.h2d_sync(a.as<void>(), src, f.n * 4);
+    HostMem h = host_alloc(a.size());
+    f.encode(k, src, h.get());
+    state_.h2d_sync(a.as<void>(), h.get(), a.size());
   }
   EngineState& state_;
 };
@@ -81,30 +127,35 @@ class HostStates final : public OptimizerStates {
   void add(Unit& u, const std::string&, const float* master) override {
     const std::size_t n = u.state_range.len();
     u.host_master = state_.alloc_host(state_.spec(Buffer::master, u.index, Tier::host).bytes);
-    u.host_m = state_.alloc_host(state_.spec(Buffer::adam_m, u.index, Tier::host).bytes);
+    const std::size_t state = state_.spec(Buffer::adam_m, u.index, Tier::host).bytes;
+    u.host_m = state_.alloc_host(state);
     u.host_v = state_.alloc_host(state_.spec(Buffer::adam_v, u.index, Tier::host).bytes);
     std::memcpy(u.host_master.get(), master + u.state_range.lo, n * 4);
-    std::memset(u.host_m.get(), 0, n * 4);
-    std::memset(u.host_v.get(), 0, n * 4);
+    std::memset(u.host_m.get(), 0, state);
+    std::memset(u.host_v.get(), 0, state);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
-    walk_in_place(state_, decision, fn, [](Unit& u) { return std::tuple(f(u.host_master), f(u.host_m), f(u.host_v)); });
+    walk_in_place(state_, decision, fn, [](Unit& u) {
+      return std::tuple(reinterpret_cast<float*>(u.host_master.get()), static_cast<void*>(u.host_m.get()),
+                        static_cast<void*>(u.host_v.get()));
+    });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     const std::size_t n = u.state_range.len();
+    const InPlace a{state_.config.optimizer_states, n};
     std::memcpy(master + u.state_range.lo, u.host_master.get(), n * 4);
-    if (m) std::memcpy(m + u.state_range.lo, u.host_m.get(), n * 4);
-    if (v) std::memcpy(v + u.state_range.lo, u.host_v.get(), n * 4);
+    if (m) a.decode(StateKind::m, u.host_m.get(), m + u.state_range.lo);
+    if (v) a.decode(StateKind::v, u.host_v.get(), v + u.state_range.lo);
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
     const std::size_t n = u.state_range.len();
+    const InPlace a{state_.config.optimizer_states, n};
     std::memcpy(u.host_master.get(), master + u.state_range.lo, n * 4);
-    std::memcpy(u.host_m.get(), m + u.state_range.lo, n * 4);
-    std::memcpy(u.host_v.get(), v + u.state_range.lo, n * 4);
+    a.encode(StateKind::m, m + u.state_range.lo, u.host_m.get());
+    a.encode(StateKind::v, v + u.state_range.lo, u.host_v.get());
   }
 
  private:
-  static float* f(const HostMem& p) { return reinterpret_cast<float*>(p.get()); }
   EngineState& state_;
 };
 
@@ -136,7 +187,7 @@ class NvmeStates final : public OptimizerStates {
       Unit& u = state_.units[ui];
       for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
         meta.push_back({ui, u.chunks[ci], u.chunk_len(ci)});
-        items.push_back({u.nvme_subgroups[ci], 0, SubGroupLayout::bytes_for(u.chunk_len(ci)), true, true});
+        items.push_back({u.nvme_subgroups[ci], 0, layout(u.chunk_len(ci)).bytes(), true, true});
       }
     }
     // SwapIn reads ahead (during the backward, when started early) and SwapOut writes behind.
@@ -146,8 +197,14 @@ class NvmeStates final : public OptimizerStates {
           const Decision& d = decision.get();  // blocks only until the barrier decides
           if (!d) return;                      // skipped step: the states go back unchanged
           const Item& it = meta[i];
-          const SubGroupLayout l(it.len);
-          fn(it.unit, it.o, it.len, l.master(buf), l.m(buf), l.v(buf), *d);
+          const SubGroupLayout l = layout(it.len);
+          fn(it.unit, it.o, it.len,
+             StateSlice{.master = l.master(buf),
+                        .m = l.m(buf),
+                        .v = l.v(buf),
+                        .m_scale = l.m_scale(buf),
+                        .v_scale = l.v_scale(buf)},
+             *d);
         },
         state_.exact() ? -1 : 0);
   }
@@ -156,18 +213,18 @@ class NvmeStates final : public OptimizerStates {
       if (m || v)
         store_.read(u.nvme_subgroups[ci], buf)->wait();
       else
-        store_.read(u.nvme_subgroups[ci], buf, 0, 4 * l.padded)->wait();  // the master part only
+        store_.read(u.nvme_subgroups[ci], buf, 0, l.master_bytes)->wait();  // the master part only
       std::memcpy(master + o, l.master(buf), l.len * 4);
-      if (m) std::memcpy(m + o, l.m(buf), l.len * 4);
-      if (v) std::memcpy(v + o, l.v(buf), l.len * 4);
+      if (m) cpu_adam::decode_states(l.format, StateKind::m, l.m(buf), l.m_scale(buf), m + o, l.len);
+      if (v) cpu_adam::decode_states(l.format, StateKind::v, l.v(buf), l.v_scale(buf), v + o, l.len);
     });
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
     for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {
       std::memset(buf, 0, l.bytes());
       std::memcpy(l.master(buf), master + o, l.len * 4);
-      std::memcpy(l.m(buf), m + o, l.len * 4);
-      std::memcpy(l.v(buf), v + o, l.len * 4);
+      cpu_adam::encode_states(l.format, StateKind::m, m + o, l.m(buf), l.m_scale(buf), l.len);
+      cpu_adam::encode_states(l.format, StateKind::v, v + o, l.v(buf), l.v_scale(buf), l.len);
       store_.write(u.nvme_subgroups[ci], buf)->wait();
     });
   }
@@ -177,13 +234,12 @@ class NvmeStates final : public OptimizerStates {
   // fn(ci, o, layout, buf) for each of u's sub-groups in order, with one pageable staging buffer.
   template <class F>
   void for_each_subgroup(Unit& u, F fn) {
-    const std::size_t cap =
-        SubGroupLayout::bytes_for(std::max<std::size_t>(1, std::min(state_.sub_group, u.state_range.len())));
+    const std::size_t cap = layout(std::max<std::size_t>(1, std::min(state_.sub_group, u.state_range.len()))).bytes();
     PinnedPool pool(round_up(cap, PinnedPool::kAlign), /*lock=*/false);
     PinnedBuffer b = pool.acquire(cap);
-    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci)
-      fn(ci, u.chunks[ci], SubGroupLayout(u.chunk_len(ci)), b.data());
+    for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) fn(ci, u.chunks[ci], layout(u.chunk_len(ci)), b.data());
   }
+  SubGroupLayout layout(std::size_t len) const { return SubGroupLayout(len, state_.config.optimizer_states); }
   static const BufferSpec& swap_spec(EngineState& s) { return s.spec(Buffer::optimizer_swap, kShared, Tier::pinned); }
   EngineState& state_;
   nvme::TensorStore store_;

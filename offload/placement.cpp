@@ -8,7 +8,8 @@
 //                   Reduce accumulates straight into grad32)
 //   grad32   4·N    only with GA > 1, beside the optimizer (device or host)
 //   master   4·N    with the optimizer (device | host | NVMe); aliased to param16 in fp32 on device
-//   m, v     4·N    each, with the optimizer
+//   m, v     e·N    each, with the optimizer: e = 4 | 2 | 1 by zero_optimization.optimizer_states
+//                   (fp32 | bf16 | 8bit, which adds an fp32 scale per 256 elements)
 #include "zinf/offload/placement.h"
 
 #include <algorithm>
@@ -48,6 +49,8 @@ struct RowSums {
 
 RowSums empty_rows(const Layout& layout) {
   const bool master_is_param = !layout.mixed && !layout.optimizer_offloaded && !layout.param_offloaded;
+  const std::string states = cpu_adam::state_format_name(layout.states);
+  const std::string states_note = layout.states == cpu_adam::StateFormat::q8 ? "+ one fp32 scale per 256" : "";
   return {{{
       {"param16",
        layout.mixed ? "16-bit" : "fp32",
@@ -58,8 +61,8 @@ RowSums empty_rows(const Layout& layout) {
       {"grad16", "16-bit", {}, ""},
       {"grad32", "fp32", {}, "gradient accumulation buffer"},
       {"master", "fp32", {}, master_is_param ? "fp32 training: param16 is the master" : ""},
-      {"adam.m", "fp32", {}, ""},
-      {"adam.v", "fp32", {}, ""},
+      {"adam.m", states, {}, states_note},
+      {"adam.v", states, {}, states_note},
       {"activations", "", {}, "estimate for one micro batch"},
       {"ops scratch", "", {}, "the ops' own blocks: GEMM workspace, attention backward, partials"},
       {"param window", "", {}, std::to_string(layout.window_slots) + " slots x largest block"},
@@ -74,21 +77,29 @@ RowSums empty_rows(const Layout& layout) {
       {"grad landing", "", {}, "2 x reduce bucket"},
       {"grad out staging", "", {}, "one bucket, rounded on the device"},
       {"param upload", "", {}, "2 x sub-group: the Update's output"},
-      {"optimizer swap", "", {}, "buffer_count x sub-group master|m|v"},
+      {"optimizer swap", "", {}, "buffer_count x sub-group master|m|v (" + states + ")"},
       {"reduce scratch", "", {}, "fp32 of one bucket"},
       {"comm receive", "", {}, "ranks x this rank's part of a bucket"},
       {"token batches", "", {}, "2 slots x tokens and targets (int32), pinned staging and device copies"},
   }}};
 }
 
-// One spec into its row(s): what it takes on its tier, split evenly over the rows it holds.
+// One spec into its row(s): what it takes on its tier, split over the rows it holds by its parts.
 // An empty estimate (no activations given) is no allocation, and takes no block.
 void add_spec(RowSums& sums, const BufferSpec& b, bool device_blocks) {
   const bool none = b.bytes == 0 && (b.what == Buffer::activations || b.what == Buffer::ops_scratch);
   const std::uint64_t total = none ? 0 : footprint(b.tier, b.bytes, device_blocks) * b.count;
+  if (b.rows == 1) {
+    sums.rows[static_cast<std::size_t>(b.row)].bytes[static_cast<int>(b.tier)] += total;
+    sums.used[static_cast<std::size_t>(b.row)] = true;
+    return;
+  }
+  std::uint64_t parts = 0;  // the parts are padded on the tier already: they sum to its footprint
+  for (int k = 0; k < b.rows; ++k) parts += b.parts[static_cast<std::size_t>(k)];
+  ZINF_CHECK(b.rows <= 3 && parts * b.count == total);
   for (int k = 0; k < b.rows; ++k) {
     const auto r = static_cast<std::size_t>(static_cast<int>(b.row) + k);
-    sums.rows[r].bytes[static_cast<int>(b.tier)] += total / static_cast<std::uint64_t>(b.rows);
+    sums.rows[r].bytes[static_cast<int>(b.tier)] += b.parts[static_cast<std::size_t>(k)] * b.count;
     sums.used[r] = true;
   }
 }

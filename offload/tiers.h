@@ -17,17 +17,28 @@ namespace zinf::offload::detail {
 // The barrier's decision for a step: the AdamStep, or nothing when the step is skipped.
 using Decision = std::optional<cpu_adam::AdamStep>;
 
+// One sub-group's states as the Update sees them: pointers to the sub-group's first element of the
+// fp32 master and of m and v in the run's state format (cpu_adam::UpdateChunk), with their scales
+// (null unless the format has any).
+struct StateSlice {
+  float* master = nullptr;
+  void* m = nullptr;
+  void* v = nullptr;
+  float* m_scale = nullptr;
+  float* v_scale = nullptr;
+};
+
 class OptimizerStates {
  public:
   virtual ~OptimizerStates() = default;
   // Allocates unit u's states: master from `master` (n floats), m and v zero.
   virtual void add(Unit& u, const std::string& name, const float* master) = 0;
-  // The Update's walk over every sub-group of every unit in forward order: fn(unit, o, len, master,
-  // m, v, step) with pointers where this tier keeps them (device memory for DeviceStates). The
-  // decision is awaited before the first call; a skipped step calls nothing (NVMe: its sub-groups
-  // still pass through, unchanged). Runs on the update worker.
-  using SubGroupFn = std::function<void(std::size_t unit, std::size_t o, std::size_t len, float* master, float* m,
-                                        float* v, const cpu_adam::AdamStep& step)>;
+  // The Update's walk over every sub-group of every unit in forward order: fn(unit, o, len, slice,
+  // step) with the slice's pointers where this tier keeps the states (device memory for
+  // DeviceStates). The decision is awaited before the first call; a skipped step calls nothing
+  // (NVMe: its sub-groups still pass through, unchanged). Runs on the update worker.
+  using SubGroupFn = std::function<void(std::size_t unit, std::size_t o, std::size_t len, const StateSlice& slice,
+                                        const cpu_adam::AdamStep& step)>;
   virtual void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) = 0;
   // Checkpoints (nothing else may run): unit u's states, n floats each; m and v may be null.
   virtual void read(Unit& u, float* master, float* m, float* v) = 0;

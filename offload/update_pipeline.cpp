@@ -90,14 +90,14 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
       updated.pop_front();
     }
   };
-  states_.update_walk(d, [&](std::size_t ui, std::size_t o, std::size_t len, float* master, float* m, float* v,
+  states_.update_walk(d, [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
                              const cpu_adam::AdamStep& st) {
     Unit& u = state_.units[ui];
     ParamHome& home = home_of(u);
     const int slot = k++ % 2;
     void* out = home.update_target(u, o, slot);
     const auto t0 = Clock::now();
-    update_chunk(u, o, len, master, m, v, st, out);
+    update_chunk(u, o, len, states, st, out);
     state_.add_time(&BusyTimes::host, since(t0));
     // The device's Update: one event per sub-group, for a home that reads the target on the host.
     EventHandle written = on_device ? state_.dev.record(StreamRole::d2h) : nullptr;
@@ -118,16 +118,20 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
   if (d.get() && !state_.units.empty()) land_through(state_.units.size() - 1);
 }
 
-void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, float* master, float* m, float* v,
+void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,
                                   const cpu_adam::AdamStep& st, void* param_out) {
+  float* master = states.master;
   auto [g, type] = grads_.update_input(u);
   cpu_adam::UpdateChunk ch;
   ch.n = len;
   ch.grad = static_cast<const char*>(g) + (o - u.grad_range.lo) * (type == cpu_adam::GradType::fp32 ? 4 : 2);
   ch.grad_type = type;
   ch.master = master;
-  ch.m = m;
-  ch.v = v;
+  ch.m = states.m;
+  ch.v = states.v;
+  ch.m_scale = states.m_scale;
+  ch.v_scale = states.v_scale;
+  ch.states = state_.config.optimizer_states;
   ch.param16 = state_.mixed ? param_out : nullptr;
   ch.param16_type = state_.half;
   if (!state_.optimizer_offloaded) {  // the states live on the device: the device's fused Update (run() waits)

@@ -39,8 +39,8 @@ class UpdatePipeline {
  private:
   void push(std::function<void()> job);  // a failure wakes everyone waiting for a landing
   void run(const std::shared_future<Decision>& d);
-  void update_chunk(Unit& u, std::size_t o, std::size_t len, float* master, float* m, float* v,
-                    const cpu_adam::AdamStep& st, void* param_out);
+  void update_chunk(Unit& u, std::size_t o, std::size_t len, const StateSlice& states, const cpu_adam::AdamStep& st,
+                    void* param_out);
   ParamHome& home_of(const Unit& u) { return u.windowed ? *offloaded_ : resident_; }
   void land(std::size_t u);
 

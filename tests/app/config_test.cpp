@@ -279,6 +279,24 @@ TEST(Config, UnknownNestedKeyNamesPathAndNearestKey) {
   EXPECT_EQ(e, "cfg.json: zero_optimization.offload_optimzer: unknown key (did you mean offload_optimizer?)");
 }
 
+// zinf's optimizer_states: fp32 by default (and in the resolved config), the three words accepted,
+// another word one error naming the key, the words and the nearest one.
+TEST(Config, OptimizerStatesTakesThreeWordsAndSuggestsTheNearest) {
+  Config c = ok(kMinimal);
+  EXPECT_EQ(c.zero.optimizer_states, cpu_adam::StateFormat::fp32);
+  EXPECT_EQ(nlohmann::json::parse(c.resolved_json)["zero_optimization"]["optimizer_states"], "fp32");
+  for (auto [word, f] : {std::pair{"fp32", cpu_adam::StateFormat::fp32}, std::pair{"bf16", cpu_adam::StateFormat::bf16},
+                         std::pair{"8bit", cpu_adam::StateFormat::q8}}) {
+    c = ok(kMinimal, {std::string("zero_optimization.optimizer_states=") + word});
+    EXPECT_EQ(c.zero.optimizer_states, f) << word;
+    EXPECT_EQ(nlohmann::json::parse(c.resolved_json)["zero_optimization"]["optimizer_states"], word);
+    EXPECT_EQ(ok(c.resolved_json).zero.optimizer_states, f) << word;  // the resolved config reads back
+  }
+  const std::string e =
+      error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "optimizer_states": "8-bit"}})");
+  EXPECT_EQ(e, "cfg.json: zero_optimization.optimizer_states: '8-bit' is not one of fp32, bf16, 8bit (did you mean 8bit?)");
+}
+
 TEST(Config, UnknownTopLevelKeySuggests) {
   std::string e = error_of(R"({"train_batch_size": 8, "gradient_clippin": 1.0})");
   EXPECT_EQ(e, "cfg.json: gradient_clippin: unknown key (did you mean gradient_clipping?)");

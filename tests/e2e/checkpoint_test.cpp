@@ -81,6 +81,59 @@ TEST_F(Checkpoints, ResumeIsBitwiseIdenticalAcrossPlacementsAndThreads) {
   EXPECT_TRUE(fs::is_empty(dir / "swap"));
 }
 
+// In each compressed state format the checkpoint (fp32, decoded exactly) resumes bit for bit — on the
+// tier it was written from and on another; the manifest records the format. (A small initial loss
+// scale, so that the first steps are not all skipped: the states change from step 1.)
+TEST_F(Checkpoints, ResumeIsBitwiseIdenticalInEachStateFormat) {
+  const std::string scale = "fp16.initial_scale_power=8";
+  const std::string fp32 = run(6, {scale}).params_digest;
+  for (const char* states : {"bf16", "8bit"}) {
+    SCOPED_TRACE(states);
+    const std::string mode = std::string("zero_optimization.optimizer_states=") + states;
+    fs::remove_all(dir / "ck");
+    const TrainResult full = run(6, {scale, mode});
+    EXPECT_NE(full.params_digest, fp32);  // the mode applies
+    fs::remove_all(dir / "ck");
+    run(4, {scale, mode, "train.keep_last=10"});
+    std::ifstream mf(dir / "ck" / "step-00000004" / "manifest.json");
+    EXPECT_EQ(nlohmann::json::parse(mf)["optimizer_states"], states);
+    std::vector<std::string> log;
+    const TrainResult resumed = run(6, {scale, mode, "train.keep_last=10"}, "latest", &log);
+    EXPECT_EQ(resumed.resumed_from, 4);
+    EXPECT_EQ(resumed.params_digest, full.params_digest);
+    for (const auto& l : log) EXPECT_EQ(l.find("converted"), std::string::npos) << l;
+    const TrainResult moved = run(6,
+                                  {scale, mode, "zero_optimization.offload_optimizer.device=nvme", "device.threads=2",
+                                   "train.overwrite_checkpoints=true"},
+                                  (dir / "ck" / "step-00000004").string());
+    EXPECT_EQ(moved.params_digest, full.params_digest);
+  }
+  EXPECT_TRUE(fs::is_empty(dir / "swap"));
+}
+
+// Resumed under another state format, the fp32 states convert (encoded in the new format) with one
+// note line; the run then trains in its own format (another digest than either uninterrupted run).
+TEST_F(Checkpoints, ResumeUnderAnotherStateFormatConvertsWithOneNote) {
+  const std::string scale = "fp16.initial_scale_power=8", q8mode = "zero_optimization.optimizer_states=8bit";
+  const TrainResult fp32 = run(6, {scale});
+  const TrainResult q8 = run(6, {scale, q8mode, "train.overwrite_checkpoints=true"});
+  EXPECT_NE(q8.params_digest, fp32.params_digest);
+  fs::remove_all(dir / "ck");
+  run(4, {scale});
+  std::vector<std::string> log;
+  const TrainResult resumed = run(6, {scale, q8mode}, "latest", &log);
+  EXPECT_EQ(resumed.resumed_from, 4);
+  int notes = 0;
+  for (const auto& l : log)
+    if (l.find("converted") != std::string::npos) {
+      ++notes;
+      EXPECT_NE(l.find("kept as fp32, this run keeps them as 8bit"), std::string::npos) << l;
+    }
+  EXPECT_EQ(notes, 1);
+  EXPECT_NE(resumed.params_digest, fp32.params_digest);
+  EXPECT_NE(resumed.params_digest, q8.params_digest);
+}
+
 TEST_F(Checkpoints, KeepLastPrunesOlderCheckpoints) {
   run(10);
   std::vector<std::string> names;

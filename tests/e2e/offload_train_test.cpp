@@ -41,6 +41,27 @@ TEST_F(OffloadTrain, EveryPlacementGivesTheSameDigest) {
     }
 }
 
+// zero_optimization.optimizer_states through train(): in each compressed format every placement (and
+// the other overlap mode) gives one digest, and it is not the fp32 digest, nor the other format's.
+TEST_F(OffloadTrain, EachStateFormatGivesOneDigestOverEveryPlacement) {
+  std::vector<std::string> refs = {digest({})};
+  for (const char* states : {"bf16", "8bit"}) {
+    const std::string mode = std::string("zero_optimization.optimizer_states=") + states;
+    refs.push_back(digest({mode}));
+    for (const char* opt : {"none", "cpu", "nvme"})
+      for (const char* param : {"none", "cpu", "nvme"}) {
+        SCOPED_TRACE(std::string(states) + " optimizer " + opt + " param " + param);
+        EXPECT_EQ(digest({mode, std::string("zero_optimization.offload_optimizer.device=") + opt,
+                          std::string("zero_optimization.offload_param.device=") + param}),
+                  refs.back());
+      }
+    EXPECT_EQ(digest({mode, "zero_optimization.offload_optimizer.device=nvme", "train.overlap=none"}), refs.back());
+  }
+  EXPECT_NE(refs[1], refs[0]);
+  EXPECT_NE(refs[2], refs[0]);
+  EXPECT_NE(refs[2], refs[1]);
+}
+
 TEST_F(OffloadTrain, OverlapModesThreadsAndCheckpointingGiveTheSameDigest) {
   const std::vector<std::string> nvme = {"zero_optimization.offload_optimizer.device=nvme",
                                          "zero_optimization.offload_param.device=cpu"};

@@ -56,6 +56,32 @@ TEST(OffloadEngineAsync, EveryPlacementOverlapPrecisionAndGaEqualsTheSynchronous
   EXPECT_TRUE(fs::is_empty(dir.p));
 }
 
+// The compressed state formats under jitter: every placement and overlap mode equals the synchronous
+// run of the same format (the tiers' encoded m, v and scales are handed over in order too).
+TEST(OffloadEngineAsync, EachStateFormatEqualsTheSynchronousRunUnderJitter) {
+  Dir dir("zinf-engine-async-test");
+  std::uint64_t seed = 1000;
+  for (auto f : {cpu_adam::StateFormat::bf16, cpu_adam::StateFormat::q8}) {
+    auto cfg = [&](OffloadDevice opt, OffloadDevice param, Overlap ov) {
+      EngineConfig c = config(opt, param, Precision::bf16, 2, ov, dir.p);
+      c.optimizer_states = f;
+      return c;
+    };
+    const auto ref = run(cfg(OffloadDevice::none, OffloadDevice::none, Overlap::none), 3);
+    for (auto opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+      for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+        for (auto ov : {Overlap::exact, Overlap::none}) {
+          SCOPED_TRACE(::testing::Message() << cpu_adam::state_format_name(f) << " opt " << static_cast<int>(opt)
+                                            << " param " << static_cast<int>(param) << " overlap "
+                                            << static_cast<int>(ov) << " jitter seed " << seed);
+          const auto got = run(cfg(opt, param, ov), 3, nullptr, 64 << 20, jittered(seed++));
+          for (std::size_t u = 0; u < ref.size(); ++u)
+            ASSERT_EQ(std::memcmp(got[u].data(), ref[u].data(), ref[u].size() * 4), 0) << "unit " << u;
+        }
+  }
+  EXPECT_TRUE(fs::is_empty(dir.p));
+}
+
 // With as many windowed units as gradient slots, the next micro batch asks for a unit's gradient
 // buffer while the previous micro batch's Reduce of that unit may still read it.
 TEST(OffloadEngineAsync, GradientSlotsAreReusedOnlyAfterTheirReduceUnderJitter) {

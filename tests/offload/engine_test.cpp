@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <random>
 
+#include "../common/error_of.h"
 #include "../common/forwarding_device.h"
 #include "engine_harness.h"
 #include "zinf/backends/cpu.h"
@@ -48,6 +49,126 @@ TEST(OffloadEngine, EveryPlacementAndOverlapModeIsBitIdentical) {
   EXPECT_TRUE(fs::is_empty(dir.p));  // every swap directory was removed
 }
 
+// zero_optimization.optimizer_states: in each format, every placement and overlap mode gives one
+// master bit for bit (the tiers hold, walk and hand the Update the same encoded m and v); and the
+// format really applies (bf16 and q8 give other masters than fp32, and than each other).
+TEST(OffloadEngine, EachStateFormatIsBitIdenticalOverEveryPlacement) {
+  using cpu_adam::StateFormat;
+  Dir dir;
+  std::vector<std::vector<std::vector<float>>> refs;
+  for (StateFormat f : {StateFormat::fp32, StateFormat::bf16, StateFormat::q8}) {
+    auto cfg = [&](OffloadDevice opt, OffloadDevice param, Overlap ov) {
+      EngineConfig c = config(opt, param, Precision::bf16, 2, ov, dir.p);
+      c.optimizer_states = f;
+      return c;
+    };
+    refs.push_back(run(cfg(OffloadDevice::none, OffloadDevice::none, Overlap::none), 3));
+    for (auto opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+      for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+        for (auto ov : {Overlap::exact, Overlap::none}) {
+          SCOPED_TRACE(::testing::Message() << cpu_adam::state_format_name(f) << " opt " << to_string(opt) << " param "
+                                            << to_string(param) << " overlap " << static_cast<int>(ov));
+          const auto got = run(cfg(opt, param, ov), 3);
+          for (std::size_t u = 0; u < got.size(); ++u)
+            ASSERT_EQ(std::memcmp(got[u].data(), refs.back()[u].data(), got[u].size() * 4), 0) << "unit " << u;
+        }
+  }
+  for (int a = 0; a < 3; ++a)
+    for (int b = a + 1; b < 3; ++b) EXPECT_NE(refs[a], refs[b]) << "formats " << a << " and " << b;
+  EXPECT_TRUE(fs::is_empty(dir.p));
+}
+
+// Checkpoints see fp32 states in every format: states read after two steps and written into a fresh
+// engine (of any tier) continue exactly as the uninterrupted run — read decodes, write encodes, and
+// decoding what was encoded from a decoded state gives it back. Written into an engine of another
+// format they arrive converted (encoded in that format).
+TEST(OffloadEngine, StatesResumeExactlyInEveryFormatAndTier) {
+  using cpu_adam::StateFormat;
+  Dir dir;
+  const OffloadDevice tiers[] = {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme};
+  for (StateFormat f : {StateFormat::fp32, StateFormat::bf16, StateFormat::q8}) {
+    auto cfg = [&](OffloadDevice opt) {
+      EngineConfig c = config(opt, OffloadDevice::none, Precision::fp16, 1, Overlap::exact, dir.p);
+      c.optimizer_states = f;
+      return c;
+    };
+    const auto straight = run(cfg(OffloadDevice::none), 4);
+    for (auto from : tiers) {
+      States saved;
+      auto dev = make_cpu_device(64 << 20);
+      run_on(*dev, cfg(from), 2, 0, 1, 1, nullptr, &saved);
+      for (auto to : tiers) {
+        SCOPED_TRACE(::testing::Message() << cpu_adam::state_format_name(f) << " from " << to_string(from) << " to "
+                                          << to_string(to));
+        States again;
+        run_on(*dev, cfg(to), 0, 0, 1, 3, &saved, &again);  // written and read back as they are
+        EXPECT_EQ(again.m, saved.m);
+        EXPECT_EQ(again.v, saved.v);
+        const auto resumed = run_on(*dev, cfg(to), 2, 0, 1, 3, &saved);
+        for (std::size_t u = 0; u < resumed.size(); ++u)
+          ASSERT_EQ(std::memcmp(resumed[u].data(), straight[u].data(), resumed[u].size() * 4), 0) << "unit " << u;
+      }
+    }
+  }
+  // fp32 states written into a q8 engine come back as their q8 encoding, decoded.
+  States saved, got;
+  auto dev = make_cpu_device(64 << 20);
+  EngineConfig c = config(OffloadDevice::cpu, OffloadDevice::none, Precision::fp16, 1, Overlap::exact, dir.p);
+  run_on(*dev, c, 2, 0, 1, 1, nullptr, &saved);
+  c.optimizer_states = StateFormat::q8;
+  run_on(*dev, c, 0, 0, 1, 3, &saved, &got);
+  for (std::size_t u = 0; u < saved.m.size(); ++u) {
+    const std::size_t n = saved.m[u].size();
+    std::vector<std::uint8_t> codes(n);
+    std::vector<float> scales(cpu_adam::state_scales(StateFormat::q8, n)), want(n);
+    cpu_adam::encode_states(StateFormat::q8, cpu_adam::StateKind::v, saved.v[u].data(), codes.data(), scales.data(), n);
+    cpu_adam::decode_states(StateFormat::q8, cpu_adam::StateKind::v, codes.data(), scales.data(), want.data(), n);
+    EXPECT_EQ(got.v[u], want) << "unit " << u;
+    EXPECT_NE(got.v[u], saved.v[u]) << "unit " << u;
+  }
+}
+
+// A device whose Update kernel keeps fp32 states only (takes_states) refuses another format with the
+// optimizer on it — one error naming the key — and takes it with the optimizer offloaded.
+TEST(OffloadEngine, ADeviceKernelWithoutTheFormatRefusesItOnTheDevice) {
+  Dir dir;
+  struct Fp32Only final : EngineKernels {
+    std::unique_ptr<EngineKernels> k;
+    void zero(void* p, std::size_t b, StreamRole s) override { k->zero(p, b, s); }
+    void to_half(const float* a, void* b, std::size_t n, cpu_adam::HalfType t, StreamRole s) override {
+      k->to_half(a, b, n, t, s);
+    }
+    void from_half(const void* a, float* b, std::size_t n, cpu_adam::HalfType t, StreamRole s) override {
+      k->from_half(a, b, n, t, s);
+    }
+    void copy(void* d, const void* a, std::size_t b, StreamRole s) override { k->copy(d, a, b, s); }
+    void add(float* a, const float* x, std::size_t n, StreamRole s) override { k->add(a, x, n, s); }
+    std::vector<std::vector<double>> block_sums(const std::vector<NormInput>& in, StreamRole s) override {
+      return k->block_sums(in, s);
+    }
+    void adam_update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& c, StreamRole s) override {
+      k->adam_update(st, c, s);
+    }
+  };
+  for (auto opt : {OffloadDevice::none, OffloadDevice::cpu}) {
+    EngineConfig c = config(opt, OffloadDevice::none, Precision::bf16, 1, Overlap::exact, dir.p);
+    c.optimizer_states = cpu_adam::StateFormat::bf16;
+    c.kernels = [](Device& d, cpu_adam::HostThreads& t) {
+      auto w = std::make_unique<Fp32Only>();
+      w->k = make_cpu_engine_kernels(d, t);
+      return w;
+    };
+    auto dev = make_cpu_device(64 << 20);
+    if (opt == OffloadDevice::cpu) {
+      EXPECT_NO_THROW(Engine(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); }));
+      continue;
+    }
+    const std::string what = ::zinf::test::error_of<Error>([&] { Engine(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); }); });
+    EXPECT_NE(what.find("zero_optimization.optimizer_states \"bf16\""), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
 TEST(OffloadEngine, WindowsKeepDeviceMemoryBounded) {
   Dir dir;
   std::size_t peak_off = 0, peak_none = 0;
@@ -62,9 +183,12 @@ TEST(OffloadEngine, AllocatesExactlyWhatThePlanSays) {
   Dir dir;
   for (auto opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
     for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
-      for (Precision prec : {Precision::fp32, Precision::bf16}) {
-        SCOPED_TRACE(::testing::Message() << "opt " << static_cast<int>(opt) << " param " << static_cast<int>(param));
-        const EngineConfig c = config(opt, param, prec, 2, Overlap::exact, dir.p);
+      for (Precision prec : {Precision::fp32, Precision::bf16})
+        for (auto f : {cpu_adam::StateFormat::fp32, cpu_adam::StateFormat::q8}) {
+        SCOPED_TRACE(::testing::Message() << "opt " << static_cast<int>(opt) << " param " << static_cast<int>(param)
+                                          << " states " << cpu_adam::state_format_name(f));
+        EngineConfig c = config(opt, param, prec, 2, Overlap::exact, dir.p);
+        c.optimizer_states = f;
         auto dev = make_cpu_device(64 << 20);
         Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
         EXPECT_EQ(dev->in_use(), Engine::device_bytes(c));

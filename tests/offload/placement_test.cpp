@@ -110,6 +110,55 @@ TEST(Placement, NvmeOffloadBoundsPinnedSwapBuffers) {
   EXPECT_EQ(row(p.states, "param16", D), 2 * (4096 + 2048u));  // the persistent units
 }
 
+// zero_optimization.optimizer_states shrinks m and v on whichever tier holds them, by its element size
+// (q8 adds one fp32 scale per 256 elements), and the plan's state rows say so; the master stays fp32.
+// Sub-groups of 2^18 elements (each NVMe part padded to 4 KiB: the q8 scales take one 4 KiB page each).
+TEST(Placement, CompressedOptimizerStatesShrinkTheStateRowsOnEveryTier) {
+  using cpu_adam::StateFormat;
+  constexpr std::uint64_t M = 1 << 20, SG = 1 << 18, n = 4 * M;
+  for (auto [opt, t] : {std::pair{OffloadDevice::none, D}, std::pair{OffloadDevice::cpu, H},
+                        std::pair{OffloadDevice::nvme, NV}}) {
+    SCOPED_TRACE(to_string(opt));
+    std::uint64_t states[3] = {}, swap[3] = {};
+    for (auto f : {StateFormat::fp32, StateFormat::bf16, StateFormat::q8}) {
+      PlanInput in = input(opt, OffloadDevice::none, 2);
+      in.unit_params = {M, M, M, M};
+      in.persistent = {true, false, false, true};
+      in.sub_group_size = SG;
+      in.optimizer_states = f;
+      const Plan p = make_plan(in);
+      const int k = static_cast<int>(f);
+      states[k] = row(p.states, "master", t) + row(p.states, "adam.m", t) + row(p.states, "adam.v", t);
+      swap[k] = row(p.buffers, "optimizer swap", P);
+      EXPECT_EQ(row(p.states, "master", t), 4 * n);
+      for (const auto& r : p.states) {
+        if (r.name == "adam.m" || r.name == "adam.v") {
+          EXPECT_EQ(r.dtype, cpu_adam::state_format_name(f));
+        }
+      }
+      // The engine allocates what the plan sums.
+      const BufferSpecs specs(in);
+      TierBytes sum{};
+      for (const auto& b : specs.all()) sum[static_cast<int>(b.tier)] += footprint(b.tier, b.bytes) * b.count;
+      EXPECT_EQ(sum, p.totals);
+    }
+    const double fp32 = static_cast<double>(states[0]);
+    EXPECT_EQ(states[0], 12 * n);
+    EXPECT_EQ(states[1], 8 * n);  // bf16: 2 bytes each
+    EXPECT_LE(states[1], 0.70 * fp32);
+    EXPECT_LE(states[2], 0.55 * fp32);
+    if (opt == OffloadDevice::nvme) {
+      // A sub-group: master | m | v | m scales | v scales, each 4 KiB-padded (1024 scales: 4 KiB).
+      EXPECT_EQ(states[2], n / SG * (4 * SG + 2 * SG + 2 * 4096));
+      EXPECT_EQ(swap[0], 3 * 12 * SG);
+      EXPECT_LE(swap[2], 0.55 * static_cast<double>(swap[0]));
+      EXPECT_LE(swap[1], 0.70 * static_cast<double>(swap[0]));
+    } else {
+      EXPECT_EQ(states[2], 4 * n + 2 * (n + 4 * n / 256));  // q8: a byte each and their scales
+    }
+  }
+}
+
 // The list the engine allocates from is the plan: every spec, as its tier takes it, summed per tier,
 // gives the plan's totals; each unit's specs are found under its number.
 TEST(BufferSpecs, SumToThePlanAndAreFoundPerUnit) {

@@ -706,6 +706,10 @@ void read_zero(Section s, ZeroConfig& z, const ModelConfig& model) {
   z.param_persistence_threshold = s.get_int(k, 100'000, 0, kMaxI64, AutoRule::to(10 * d));
   const DeprecatedOffload dep = read_deprecated_offload(s);
   read_offload_optimizer(s.child("offload_optimizer"), z.offload_optimizer, dep, z.stage);
+  z.optimizer_states = s.get_enum<cpu_adam::StateFormat>("optimizer_states", cpu_adam::StateFormat::fp32,
+                                                         {{"fp32", cpu_adam::StateFormat::fp32},
+                                                          {"bf16", cpu_adam::StateFormat::bf16},
+                                                          {"8bit", cpu_adam::StateFormat::q8}});
   read_offload_param(s.child("offload_param"), z.offload_param, dep, z.stage);
   note_ineffective_zero_keys(s);
   s.only_default("zenflow", nullptr, "ZenFlow is not supported; zinf's default overlap is exact");

@@ -16,6 +16,7 @@
 
 #include "io/data.h"
 #include "model/shape.h"
+#include "zinf/cpu_adam/adam.h"
 #include "zinf/types.h"
 
 namespace zinf {
@@ -86,6 +87,8 @@ struct OffloadParamConfig {
 struct ZeroConfig {
   int stage = 0;
   OffloadOptimizerConfig offload_optimizer;
+  // zinf extension: how Adam's m and v are stored on whichever tier holds them ("fp32", "bf16", "8bit").
+  cpu_adam::StateFormat optimizer_states = cpu_adam::StateFormat::fp32;
   OffloadParamConfig offload_param;
   std::int64_t sub_group_size = 0;      // elements
   std::int64_t reduce_bucket_size = 0;  // elements

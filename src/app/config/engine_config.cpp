@@ -39,6 +39,7 @@ offload::EngineConfig engine_config(const Config& c, int host_threads) {
   e.precision = c.precision();
   e.model_kernels = c.device.kernels;
   e.optimizer = c.zero.offload_optimizer.device;
+  e.optimizer_states = c.zero.optimizer_states;
   e.param = c.zero.offload_param.device;
   e.grad_accum = c.gradient_accumulation_steps;
   e.sub_group_size = static_cast<std::size_t>(c.zero.sub_group_size);

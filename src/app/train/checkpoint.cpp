@@ -136,6 +136,17 @@ Precision precision_from(const std::string& s, const std::string& mf) {
   throw CorruptCheckpoint("checkpoint " + mf + ": unknown precision '" + s + "'");
 }
 
+// The manifest's "optimizer_states" word as a state format; absent (written before the key): fp32.
+// A word this zinf does not know names states it cannot convert: the checkpoint is refused.
+cpu_adam::StateFormat states_from(const json& j, const std::string& mf) {
+  if (!j.contains("optimizer_states")) return cpu_adam::StateFormat::fp32;
+  const std::string s = j["optimizer_states"].get<std::string>();
+  for (auto f : {cpu_adam::StateFormat::fp32, cpu_adam::StateFormat::bf16, cpu_adam::StateFormat::q8})
+    if (s == cpu_adam::state_format_name(f)) return f;
+  throw IncompatibleCheckpoint("checkpoint " + mf + ": its Adam states were kept as '" + s +
+                               "', which this zinf cannot convert (it knows fp32, bf16 and 8bit)");
+}
+
 // The manifest's checksum: XXH64 of its compact form without the checksum itself (nlohmann::json
 // keeps object keys sorted and writes numbers in their shortest round-trip form, so the text read
 // back hashes to what was written whatever whitespace the file has).
@@ -346,6 +357,7 @@ CheckpointInfo info_from(const std::string& path, const json& j, bool unchecked)
       const bool bf16 = c.contains("bf16") && c["bf16"].value("enabled", false);
       in.precision = fp16 ? Precision::fp16 : bf16 ? Precision::bf16 : Precision::fp32;
     }
+    in.optimizer_states = states_from(j, mf);
   } catch (const json::exception& e) {
     throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + library_message(e) + ")");
   }
@@ -447,6 +459,8 @@ json manifest_head(const Config& c, const CheckpointState& s, const ModelShape& 
                  {"hysteresis", s.scaler_hysteresis}};
   j["model"] = shape_json(shape);
   j["precision"] = std::string(to_string(c.precision()));
+  // How the run kept m and v; the tensors themselves are fp32 (decoded exactly) in every mode.
+  j["optimizer_states"] = cpu_adam::state_format_name(c.zero.optimizer_states);
   j["config"] = json::parse(c.resolved_json);
   j["tensors"] = json::array();
   return j;
@@ -667,6 +681,7 @@ CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape
   CheckpointState s = state_from_json(j, path);
   s.step = info.step;
   s.precision = info.precision;
+  s.optimizer_states = info.optimizer_states;
   return s;
 }
 

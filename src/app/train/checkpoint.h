@@ -50,6 +50,8 @@ struct CheckpointState {
   std::int64_t scaler_iter = 0, scaler_last_overflow = -1;
   int scaler_hysteresis = 0;
   Precision precision = Precision::fp32;  // the precision it was trained in (load only)
+  // How that run kept Adam's m and v (load only; the checkpoint holds them in fp32 either way).
+  cpu_adam::StateFormat optimizer_states = cpu_adam::StateFormat::fp32;
 };
 
 // What a checkpoint's manifest says about it, once the manifest has passed its checks.
@@ -58,6 +60,7 @@ struct CheckpointInfo {
   std::int64_t step = 0;
   ModelShape shape;
   Precision precision = Precision::fp32;
+  cpu_adam::StateFormat optimizer_states = cpu_adam::StateFormat::fp32;  // as the manifest records it
   bool unchecked_manifest = false;  // written before manifests carried a checksum (format version 1)
 };
 

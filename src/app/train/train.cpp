@@ -511,6 +511,12 @@ class Run {
           std::string(to_string(config.precision())) +
           ": its fp32 master parameters and Adam states carry over, the loss scaler starts "
           "from this config");
+    // The checkpoint holds m and v in fp32 (decoded exactly): write_states encoded them in this run's
+    // format, so the same format resumes bit for bit and another one converts.
+    if (st.optimizer_states != config.zero.optimizer_states)
+      log("resume: the checkpoint's Adam states were kept as " +
+          std::string(cpu_adam::state_format_name(st.optimizer_states)) + ", this run keeps them as " +
+          cpu_adam::state_format_name(config.zero.optimizer_states) + ": m and v are converted");
     opt_steps = st.opt_steps;
     rows_drawn = st.rows_drawn;
     rng.discard(static_cast<unsigned long long>(rows_drawn));

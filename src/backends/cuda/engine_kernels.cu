@@ -56,11 +56,13 @@ __global__ void adam_kernel(cpu_adam::AdamStep st, cpu_adam::UpdateChunk c) {
   // spec's adam_element, so the GPU's Update equals the host's bit for bit.
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= c.n) return;
-  float p = c.master[i], m = c.m[i], v = c.v[i];
+  auto* ms = static_cast<float*>(c.m);
+  auto* vs = static_cast<float*>(c.v);
+  float p = c.master[i], m = ms[i], v = vs[i];
   spec::adam_element(st, load_grad(c.grad, c.grad_type, i), p, m, v);
   c.master[i] = p;
-  c.m[i] = m;
-  c.v[i] = v;
+  ms[i] = m;
+  vs[i] = v;
   if (c.param16) {
     auto* out = static_cast<std::uint16_t*>(c.param16);
     out[i] = c.param16_type == HalfType::fp16 ? spec::fp32_to_fp16(p) : spec::fp32_to_bf16(p);
@@ -122,6 +124,7 @@ class CudaEngineKernels final : public offload::EngineKernels {
   }
   void adam_update(const cpu_adam::AdamStep& s, const cpu_adam::UpdateChunk& c, StreamRole r) override {
     if (!c.n) return;
+    ZINF_CHECK(c.states == cpu_adam::StateFormat::fp32);
     cpu_adam::UpdateChunk k = c;
     // The new 16-bit compute copy may go to a parameter home in pinned host memory (parameters
     // offloaded, optimizer on the device): the kernel writes it through the page-locked memory's

@@ -57,18 +57,48 @@ struct AdamStep {
 // `step` counts from 1. Throws nothing; an invalid step (< 1) is a programming error (ZINF_CHECK).
 AdamStep make_adam_step(const AdamHyper& h, std::int64_t step, float grad_scale = 1.0f);
 
-// One chunk of the flat parameter space. master, m, v are read and written in place; grad is read;
-// param16 (may be null: no 16-bit copy) is written. No pointer needs any alignment.
+// How m and v are stored (config zero_optimization.optimizer_states: "fp32", "bf16", "8bit").
+//  * fp32: float per element.
+//  * bf16: the upper 16 bits of the fp32 value, rounded to nearest even (spec::fp32_to_bf16).
+//  * q8:   one byte per element plus one fp32 power-of-two scale per kQ8Block elements (blocks are
+//          counted from the start of a chunk). The byte is a small float relative to the scale: for
+//          m sign | 4-bit exponent | 3-bit mantissa, for v (never negative) 5-bit exponent | 3-bit
+//          mantissa; spec.h states the exact encoding. A block holding a non-finite value gets a NaN
+//          scale (every element decodes to NaN).
+// The Update decodes m and v to fp32, runs the fp32 specification below, and encodes the results;
+// master and the step itself stay fp32 (the step uses the fp32 m and v, not their encoded copies).
+enum class StateFormat { fp32, bf16, q8 };
+enum class StateKind { m, v };  // q8 codes m (signed) and v (non-negative) differently
+constexpr std::size_t kQ8Block = 256;
+std::size_t state_elem_bytes(StateFormat f);             // 4, 2, 1
+std::size_t state_scales(StateFormat f, std::size_t n);  // q8: ceil(n / kQ8Block); otherwise 0
+const char* state_format_name(StateFormat f);            // "fp32", "bf16", "8bit" (the config words)
+
+// One chunk of the flat parameter space. master, m, v (and the q8 scales) are read and written in
+// place; grad is read; param16 (may be null: no 16-bit copy) is written. No pointer needs any
+// alignment. m and v point at n elements of the `states` format (fp32: float, bf16: std::uint16_t
+// bits, q8: std::uint8_t codes); m_scale and v_scale (q8 only) at state_scales(q8, n) floats each,
+// the first for the block that starts at element 0 — a q8 chunk starts on a block boundary.
 struct UpdateChunk {
   std::size_t n = 0;
   const void* grad = nullptr;
   GradType grad_type = GradType::fp16;
   float* master = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
+  void* m = nullptr;
+  void* v = nullptr;
+  float* m_scale = nullptr;
+  float* v_scale = nullptr;
+  StateFormat states = StateFormat::fp32;
   void* param16 = nullptr;
   HalfType param16_type = HalfType::fp16;
 };
+
+// Bulk conversions between fp32 states and a stored format (checkpoints, tier set-up). q8 blocks are
+// counted from the start of src (encode) / dst (decode); scales has state_scales(f, n) entries (may be
+// null for fp32 and bf16). decode(encode(x)) is the value the Update would see; for every stored
+// value y = decode(...), encode(y) stores y again (so decoded checkpoints resume bit for bit).
+void encode_states(StateFormat f, StateKind k, const float* src, void* dst, float* scales, std::size_t n);
+void decode_states(StateFormat f, StateKind k, const void* src, const float* scales, float* dst, std::size_t n);
 
 // The specification: plain scalar loop.
 void adam_update_reference(const AdamStep& s, const UpdateChunk& c);
@@ -79,7 +109,8 @@ void adam_update(const AdamStep& s, const UpdateChunk& c);
 
 // Benchmark references (bench/cpu_adam_bench.cpp, `zinf bench adam`):
 //  * adam_memory_traffic: reads and writes exactly the streams adam_update does (grad, master, m, v
-//    in; master, m, v, param16 out) with trivial math (adds) — the memory-movement limit of the pass.
+//    — and the q8 scales — in; master, m, v, scales, param16 out) in the chunk's state format, with
+//    trivial math (adds) — the memory-movement limit of the pass.
 //  * adam_update_naive: Adam written the ordinary way, a plain loop compiled without ISA flags — the
 //    "what you'd write" baseline. Not bit-compatible with the specification (different op order).
 void adam_memory_traffic(const UpdateChunk& c, SimdLevel level);

@@ -11,6 +11,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -42,6 +43,7 @@ struct Layout {
   bool optimizer_offloaded = false, param_offloaded = false;
   OffloadDevice optimizer = OffloadDevice::none, param = OffloadDevice::none;
   int optimizer_buffers = 0;  // the swapper's buffers (optimizer on NVMe)
+  cpu_adam::StateFormat states = cpu_adam::StateFormat::fp32;  // how m and v are stored
   int world = 1, rank = 0;
   bool parallel = false;                                                 // more than one rank
   bool shard_states = false, shard_grads = false, shard_params = false;  // by the ZeRO stage, with several ranks
@@ -76,8 +78,9 @@ enum class Buffer {
   host_grad,  // the Update's input in host memory: the fp32 sum, or the landed 16-bit gradient
   master,
   adam_m,
-  adam_v,              // optimizer states on the device or in host memory
-  optimizer_subgroup,  // NVMe: one tensor per sub-group holding master | m | v (SubGroupLayout)
+  adam_v,              // optimizer states on the device or in host memory (m, v: the state format, then
+                       // any scales of it)
+  optimizer_subgroup,  // NVMe: one tensor per sub-group holding master | m | v (| scales) (SubGroupLayout)
   // shared
   activations,       // one micro batch's activations (the caller's estimate; the model allocates them)
   ops_scratch,       // one block the model's ops allocate for themselves (the caller's estimate)
@@ -131,7 +134,8 @@ struct BufferSpec {
   std::uint64_t count = 1;     // equal buffers
   std::size_t unit = kShared;  // the unit it belongs to; kShared for shared buffers
   PlanRow row = PlanRow::param16;
-  int rows = 1;  // the buffer holds rows `row`, `row`+1, … in equal parts (master | m | v)
+  int rows = 1;  // the buffer holds rows `row`, `row`+1, … (master | m | v)
+  std::array<std::uint64_t, 3> parts{};  // rows > 1: each buffer's bytes in each of its rows
 };
 
 // What a buffer of `bytes` takes on its tier: the pinned pool hands out 4 KiB blocks (at least one),

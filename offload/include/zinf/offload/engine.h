@@ -113,6 +113,9 @@ struct EngineConfig {
   Kernels model_kernels = Kernels::reference;
   OffloadDevice optimizer = OffloadDevice::none;
   OffloadDevice param = OffloadDevice::none;
+  // How Adam's m and v are stored on the optimizer's tier (zero_optimization.optimizer_states): fp32,
+  // bf16 or q8 (8-bit codes with a power-of-two scale per 256 elements). The master stays fp32.
+  cpu_adam::StateFormat optimizer_states = cpu_adam::StateFormat::fp32;
   std::int64_t grad_accum = 1;
   std::size_t sub_group_size = 1'000'000'000;    // elements
   std::size_t reduce_bucket_size = 500'000'000;  // elements

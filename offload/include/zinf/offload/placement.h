@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "zinf/cpu_adam/adam.h"
 #include "zinf/types.h"
 
 namespace zinf::offload {
@@ -39,6 +40,8 @@ struct PlanInput {
   int compute_bytes = 2;                  // 2 for fp16/bf16, 4 for fp32
   OffloadDevice optimizer = OffloadDevice::none;
   OffloadDevice param = OffloadDevice::none;
+  // How Adam's m and v are stored, on whichever tier holds them (the master stays fp32).
+  cpu_adam::StateFormat optimizer_states = cpu_adam::StateFormat::fp32;
   std::int64_t grad_accum = 1;
   std::int64_t sub_group_size = 1'000'000'000;
   std::int64_t reduce_bucket_size = 500'000'000;

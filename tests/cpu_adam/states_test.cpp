@@ -1,0 +1,453 @@
+// states_test.cpp — compressed Adam states (bf16, q8): the encodings against hand-checked values,
+// the round trip decode(encode(decode(c))) == decode(c) over every code and every block exponent an
+// encode can produce, partial and non-finite blocks, the Update in each format against "decode → the
+// fp32 reference → encode" element by element, every SIMD path against the reference bit for bit, and
+// the thread split.
+#include <gtest/gtest.h>
+
+#include "paths.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "zinf/cpu_adam/adam.h"
+#include "zinf/cpu_adam/convert.h"
+#include "zinf/cpu_adam/host_threads.h"
+#include "zinf/cpu_adam/spec.h"
+
+namespace zinf::cpu_adam {
+namespace {
+
+float f_of(std::uint32_t u) { return std::bit_cast<float>(u); }
+
+constexpr StateFormat kFormats[] = {StateFormat::fp32, StateFormat::bf16, StateFormat::q8};
+
+// Bit-for-bit equality of two float arrays (any NaN equals any NaN: payloads are not specified).
+int float_mismatches(const char* what, const float* a, const float* b, std::size_t n) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (bits(a[i]) == bits(b[i]) || (std::isnan(a[i]) && std::isnan(b[i]))) continue;
+    if (bad++ < 5) ADD_FAILURE() << what << "[" << i << "]: " << a[i] << " vs " << b[i];
+  }
+  return bad;
+}
+int byte_mismatches(const char* what, const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (a[i] == b[i]) continue;
+    if (bad++ < 5) ADD_FAILURE() << what << " byte " << i << ": " << +a[i] << " vs " << +b[i];
+  }
+  return bad;
+}
+
+TEST(StateFormats, SizesAndNames) {
+  EXPECT_EQ(state_elem_bytes(StateFormat::fp32), 4u);
+  EXPECT_EQ(state_elem_bytes(StateFormat::bf16), 2u);
+  EXPECT_EQ(state_elem_bytes(StateFormat::q8), 1u);
+  EXPECT_EQ(state_scales(StateFormat::fp32, 1000), 0u);
+  EXPECT_EQ(state_scales(StateFormat::bf16, 1000), 0u);
+  EXPECT_EQ(state_scales(StateFormat::q8, 0), 0u);
+  EXPECT_EQ(state_scales(StateFormat::q8, 1), 1u);
+  EXPECT_EQ(state_scales(StateFormat::q8, 256), 1u);
+  EXPECT_EQ(state_scales(StateFormat::q8, 257), 2u);
+  EXPECT_STREQ(state_format_name(StateFormat::fp32), "fp32");
+  EXPECT_STREQ(state_format_name(StateFormat::bf16), "bf16");
+  EXPECT_STREQ(state_format_name(StateFormat::q8), "8bit");
+}
+
+// Values worked out by hand from the specification (spec.h).
+TEST(Q8, EncodesHandCheckedValues) {
+  // An m block whose largest element is 1.0: E = 127, scale 1, top 15.
+  const std::vector<float> m = {1.0f,
+                                -0.5f,
+                                0.3f,                      // 1.2·2^-2 → 1.25·2^-2: e = 13, m3 = 2
+                                1.0625f,                   // tie between m3 = 0 and 1 → even (0)
+                                1.1875f,                   // tie between m3 = 1 and 2 → even (2)
+                                std::ldexp(1.0f, -14),     // e = 1: the smallest normal code
+                                std::ldexp(1.0f, -15),     // e = 0 grid (2^-17 apart): q = 4
+                                std::ldexp(3.0f, -18),     // 1.5 steps: tie → even, q = 2
+                                std::ldexp(1.0f, -18),     // half a step: tie → even, q = 0
+                                -std::ldexp(5.0f, -19),    // 1.25 steps → q = 1, negative
+                                std::ldexp(15.5f, -18),    // 7.75 steps → q = 8 = the e = 1 code 0x08
+                                0.0f,
+                                -0.0f,
+                                f_of(1)};                  // the smallest subnormal: q = 0
+  const std::uint8_t want_m[] = {0x78, 0xF0, 0x6A, 0x78, 0x7A, 0x08, 0x04, 0x02, 0x00, 0x81, 0x08, 0x00, 0x80, 0x00};
+  std::vector<std::uint8_t> codes(m.size());
+  float scale = -1;
+  encode_states(StateFormat::q8, StateKind::m, m.data(), codes.data(), &scale, m.size());
+  EXPECT_EQ(bits(scale), bits(1.0f));
+  EXPECT_EQ(byte_mismatches("m codes", codes.data(), want_m, m.size()), 0);
+  std::vector<float> back(m.size());
+  decode_states(StateFormat::q8, StateKind::m, codes.data(), &scale, back.data(), m.size());
+  const float want_back[] = {1.0f,
+                             -0.5f,
+                             0.3125f,
+                             1.0f,
+                             1.25f,
+                             std::ldexp(1.0f, -14),
+                             std::ldexp(1.0f, -15),
+                             std::ldexp(1.0f, -16),
+                             0.0f,
+                             -std::ldexp(1.0f, -17),
+                             std::ldexp(1.0f, -14),
+                             0.0f,
+                             -0.0f,
+                             0.0f};
+  EXPECT_EQ(float_mismatches("m decoded", back.data(), want_back, m.size()), 0);
+
+  // A v block whose largest element is 6.0 (1.5·2^2): E = 129, scale 4, top 31; v keeps no sign.
+  const std::vector<float> v = {6.0f, 1.0f, 7.5f / 4, std::ldexp(1.0f, -28), std::ldexp(1.0f, -29),
+                                std::ldexp(3.0f, -31), -1.0f};
+  const std::uint8_t want_v[] = {0xFC, 0xE8, 0xEF, 0x08, 0x04, 0x03, 0xE8};
+  std::vector<std::uint8_t> vc(v.size());
+  encode_states(StateFormat::q8, StateKind::v, v.data(), vc.data(), &scale, v.size());
+  EXPECT_EQ(bits(scale), bits(4.0f));
+  EXPECT_EQ(byte_mismatches("v codes", vc.data(), want_v, v.size()), 0);
+  EXPECT_EQ(bits(spec::q8_decode(0xFC, 4.0f, StateKind::v)), bits(6.0f));
+  EXPECT_EQ(bits(spec::q8_decode(0x03, 4.0f, StateKind::v)), bits(std::ldexp(3.0f, -31)));
+  // 1.5 grid steps of 2^-31: a tie, to the even code 2
+  const float tie = std::ldexp(3.0f, -32);
+  EXPECT_EQ(spec::q8_encode(tie, 129, StateKind::v), 0x02);
+}
+
+TEST(Q8, ZeroNanAndOverflowBlocks) {
+  std::vector<float> x(kQ8Block, 0.0f);
+  std::vector<std::uint8_t> c(kQ8Block, 0xAA);
+  float scale = -1;
+  encode_states(StateFormat::q8, StateKind::m, x.data(), c.data(), &scale, x.size());  // all zero
+  EXPECT_EQ(bits(scale), 0u);
+  EXPECT_EQ(c[0], 0);
+  // Tiny blocks (every |x| below 2^(top−126)) are zero blocks too.
+  x[7] = std::ldexp(1.0f, -112);
+  encode_states(StateFormat::q8, StateKind::m, x.data(), c.data(), &scale, x.size());
+  EXPECT_EQ(bits(scale), 0u);
+  EXPECT_EQ(c[7], 0);
+  x[7] = std::ldexp(1.0f, -111);  // E = 16 = top + 1: the smallest scale
+  encode_states(StateFormat::q8, StateKind::m, x.data(), c.data(), &scale, x.size());
+  EXPECT_EQ(bits(scale), 16u << 23);
+  EXPECT_EQ(c[7], 0x78);
+  // The largest finite block: 1.875·2^127 keeps its exponent; anything that rounds above overflows.
+  x[7] = f_of(0x7F700000);
+  encode_states(StateFormat::q8, StateKind::v, x.data(), c.data(), &scale, x.size());
+  EXPECT_EQ(bits(scale), 254u << 23);
+  EXPECT_EQ(c[7], 0xFF);
+  for (float bad : {f_of(0x7F780000), std::numeric_limits<float>::max(), INFINITY, -INFINITY, NAN}) {
+    x[9] = bad;
+    for (StateKind k : {StateKind::m, StateKind::v}) {
+      encode_states(StateFormat::q8, k, x.data(), c.data(), &scale, x.size());
+      EXPECT_EQ(bits(scale), 0x7FC00000u) << bad;
+      for (std::size_t i = 0; i < kQ8Block; ++i) ASSERT_EQ(c[i], 0) << i;
+      std::vector<float> back(kQ8Block);
+      decode_states(StateFormat::q8, k, c.data(), &scale, back.data(), kQ8Block);
+      EXPECT_TRUE(std::isnan(back[0]) && std::isnan(back[255]));
+    }
+  }
+}
+
+// decode(encode(decode(c))) == decode(c): a block holding all 256 codes, under every block exponent
+// E. The round trip holds for E in (top, 254] — every scale an encode produces (it never produces a
+// scale of 2^(E−127) with E ≤ top: such blocks are stored as zero blocks); the codes and the scale
+// come back unchanged too. Random blocks (with one element at the top code, as every stored block
+// has) check the same with mixed signs and orders.
+TEST(Q8, DecodeEncodeRoundTripIsExactForEveryCodeAndScale) {
+  for (StateKind k : {StateKind::m, StateKind::v}) {
+    const std::uint32_t top = spec::q8_top(k);
+    std::vector<std::uint8_t> codes(kQ8Block), again(kQ8Block);
+    for (std::size_t i = 0; i < kQ8Block; ++i) codes[i] = static_cast<std::uint8_t>(i);
+    std::vector<float> x(kQ8Block), y(kQ8Block);
+    int checked = 0;
+    for (std::uint32_t E = 1; E <= 254; ++E) {
+      const float scale = f_of(E << 23);
+      decode_states(StateFormat::q8, k, codes.data(), &scale, x.data(), kQ8Block);
+      float scale2 = -1;
+      encode_states(StateFormat::q8, k, x.data(), again.data(), &scale2, kQ8Block);
+      if (E <= top) {  // below the smallest scale: stored as a zero block
+        EXPECT_EQ(bits(scale2), 0u) << E;
+        continue;
+      }
+      SCOPED_TRACE(::testing::Message() << "kind " << static_cast<int>(k) << " E=" << E);
+      ASSERT_EQ(bits(scale2), bits(scale));
+      ASSERT_EQ(byte_mismatches("codes", again.data(), codes.data(), kQ8Block), 0);
+      decode_states(StateFormat::q8, k, again.data(), &scale2, y.data(), kQ8Block);
+      ASSERT_EQ(float_mismatches("values", y.data(), x.data(), kQ8Block), 0);
+      ++checked;
+    }
+    EXPECT_EQ(checked, static_cast<int>(254 - top));
+
+    std::mt19937 rng(7);
+    for (int trial = 0; trial < 2000; ++trial) {
+      const std::size_t n = 1 + rng() % kQ8Block;
+      for (std::size_t i = 0; i < n; ++i) codes[i] = static_cast<std::uint8_t>(rng());
+      codes[rng() % n] = static_cast<std::uint8_t>((top << 3) | (rng() & 7) | (k == StateKind::m ? rng() & 0x80 : 0));
+      const float scale = f_of((top + 1 + rng() % (254 - top)) << 23);
+      decode_states(StateFormat::q8, k, codes.data(), &scale, x.data(), n);
+      float scale2 = -1;
+      encode_states(StateFormat::q8, k, x.data(), again.data(), &scale2, n);
+      decode_states(StateFormat::q8, k, again.data(), &scale2, y.data(), n);
+      ASSERT_EQ(float_mismatches("random block", y.data(), x.data(), n), 0) << trial;
+    }
+  }
+}
+
+// Re-encoding a decoded value never moves it, and encoding rounds to the nearest stored value: for a
+// block of fixed scale, every x lies at most half a grid step from decode(encode(x)).
+TEST(Q8, EncodeRoundsToANearestCode) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (StateKind k : {StateKind::m, StateKind::v}) {
+    std::vector<float> x(kQ8Block), y(kQ8Block);
+    std::vector<std::uint8_t> c(kQ8Block);
+    for (int trial = 0; trial < 200; ++trial) {
+      for (auto& e : x) e = k == StateKind::m ? nd(rng) * 1e-3f : std::fabs(nd(rng)) * 1e-7f;
+      x[0] = k == StateKind::m ? 3e-3f : 3e-7f;  // pins the block's exponent
+      float scale;
+      encode_states(StateFormat::q8, k, x.data(), c.data(), &scale, kQ8Block);
+      decode_states(StateFormat::q8, k, c.data(), &scale, y.data(), kQ8Block);
+      for (std::size_t i = 0; i < kQ8Block; ++i) {
+        // the neighbours of y among all codes' values: none is strictly closer to x
+        for (int code = 0; code < 256; ++code) {
+          const float z = spec::q8_decode(static_cast<std::uint8_t>(code), scale, k);
+          ASSERT_LE(std::fabs(y[i] - x[i]), std::fabs(z - x[i])) << "x=" << x[i] << " code " << code;
+        }
+      }
+    }
+  }
+}
+
+TEST(Q8, PartialLastBlockHasItsOwnScale) {
+  const std::size_t n = 300;
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = i < kQ8Block ? 8.0f + static_cast<float>(i) : 1e-3f * static_cast<float>(i);
+  std::vector<std::uint8_t> c(n), c2(n);
+  float scales[2], s2[2];
+  encode_states(StateFormat::q8, StateKind::m, x.data(), c.data(), scales, n);
+  // the same as encoding the two blocks separately
+  encode_states(StateFormat::q8, StateKind::m, x.data(), c2.data(), s2, kQ8Block);
+  encode_states(StateFormat::q8, StateKind::m, x.data() + kQ8Block, c2.data() + kQ8Block, s2 + 1, n - kQ8Block);
+  EXPECT_EQ(byte_mismatches("codes", c.data(), c2.data(), n), 0);
+  EXPECT_EQ(bits(scales[0]), bits(s2[0]));
+  EXPECT_EQ(bits(scales[1]), bits(s2[1]));
+  EXPECT_EQ(bits(scales[0]), bits(256.0f));           // 263 → round3 264 = 1.03·2^8
+  EXPECT_EQ(bits(scales[1]), bits(0.25f));            // 0.299 → 2^-2 · 1.19...
+  std::vector<float> y(n);
+  decode_states(StateFormat::q8, StateKind::m, c.data(), scales, y.data(), n);
+  for (std::size_t i = kQ8Block; i < n; ++i) EXPECT_NEAR(y[i], x[i], x[i] / 16 + 1e-9) << i;
+}
+
+TEST(StateFormats, Bf16AndFp32Conversions) {
+  std::mt19937 rng(11);
+  const std::size_t n = 1000;
+  std::vector<float> x(n), y(n);
+  for (auto& e : x) e = f_of(static_cast<std::uint32_t>(rng()));
+  std::vector<std::uint16_t> b(n);
+  encode_states(StateFormat::bf16, StateKind::m, x.data(), b.data(), nullptr, n);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(b[i], spec::fp32_to_bf16(x[i])) << i;
+  decode_states(StateFormat::bf16, StateKind::v, b.data(), nullptr, y.data(), n);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(bits(y[i]), bits(spec::bf16_to_fp32(b[i]))) << i;
+  std::vector<float> f(n);
+  encode_states(StateFormat::fp32, StateKind::m, x.data(), f.data(), nullptr, n);
+  decode_states(StateFormat::fp32, StateKind::m, f.data(), nullptr, y.data(), n);
+  EXPECT_EQ(std::memcmp(x.data(), y.data(), n * 4), 0);
+}
+
+// ---- the Update in every format ------------------------------------------------------------------
+
+// Stored m, v (+ scales) of one format, with an offset so that no pointer is aligned.
+struct Stored {
+  StateFormat f;
+  std::size_t n, off;
+  std::vector<std::uint8_t> m, v;  // n·elem_bytes + off bytes
+  std::vector<float> ms, vs;
+  void* mp() { return m.data() + off; }
+  void* vp() { return v.data() + off; }
+};
+
+Stored store(StateFormat f, const std::vector<float>& m, const std::vector<float>& v, std::size_t n, std::size_t off) {
+  Stored s{f, n, off, {}, {}, {}, {}};
+  s.m.assign(n * state_elem_bytes(f) + off, 0);
+  s.v.assign(n * state_elem_bytes(f) + off, 0);
+  s.ms.assign(state_scales(f, n) + 1, 0);
+  s.vs.assign(state_scales(f, n) + 1, 0);
+  encode_states(f, StateKind::m, m.data(), s.mp(), s.ms.data(), n);
+  encode_states(f, StateKind::v, v.data(), s.vp(), s.vs.data(), n);
+  return s;
+}
+
+struct Problem {
+  std::vector<float> master, m, v, grad32;
+  std::vector<std::uint16_t> grad16, out;
+};
+
+Problem make_problem(std::size_t n, std::uint32_t seed, bool specials) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  Problem p;
+  p.master.resize(n + 1);
+  p.m.resize(n + 1);
+  p.v.resize(n + 1);
+  p.grad32.resize(n + 1);
+  p.grad16.resize(n + 1);
+  p.out.assign(n + 1, 0xABCD);
+  for (std::size_t i = 0; i < n + 1; ++i) {
+    p.master[i] = nd(rng) * 0.02f;
+    p.m[i] = nd(rng) * (i % 600 < 300 ? 1e-3f : 1e-6f);  // blocks of different scales
+    p.v[i] = std::fabs(nd(rng)) * 1e-6f;
+    if (i % 1000 == 3) p.m[i] = p.v[i] = 0;
+    float g = nd(rng) * (i % 7 == 0 ? 100.0f : 0.01f);
+    if (i % 5 == 1) {  // values far below their block's largest: the codes below the normal range
+      p.m[i] *= 1e-5f;
+      p.v[i] *= 1e-9f;
+      g *= 1e-6f;
+    }
+    if (specials && i % 397 == 5) g = (i % 2) ? INFINITY : NAN;
+    p.grad32[i] = g;
+  }
+  return p;
+}
+
+UpdateChunk chunk(Problem& p, Stored& s, GradType gt, int out, std::size_t off) {
+  UpdateChunk c;
+  c.n = s.n;
+  c.grad_type = gt;
+  if (gt == GradType::fp16) fp32_to_fp16(p.grad32.data(), p.grad16.data(), p.grad16.size(), SimdLevel::scalar);
+  if (gt == GradType::bf16) fp32_to_bf16(p.grad32.data(), p.grad16.data(), p.grad16.size(), SimdLevel::scalar);
+  c.grad = gt == GradType::fp32 ? static_cast<const void*>(p.grad32.data() + off) : p.grad16.data() + off;
+  c.master = p.master.data() + off;
+  c.m = s.mp();
+  c.v = s.vp();
+  c.m_scale = s.ms.data();
+  c.v_scale = s.vs.data();
+  c.states = s.f;
+  c.param16 = out ? p.out.data() + off : nullptr;
+  c.param16_type = out == 2 ? HalfType::bf16 : HalfType::fp16;
+  return c;
+}
+
+void expect_same(Problem& a, Stored& sa, Problem& b, Stored& sb) {
+  EXPECT_EQ(float_mismatches("master", a.master.data(), b.master.data(), a.master.size()), 0);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(byte_mismatches("m", sa.m.data(), sb.m.data(), sa.m.size()), 0);
+  EXPECT_EQ(byte_mismatches("v", sa.v.data(), sb.v.data(), sa.v.size()), 0);
+  EXPECT_EQ(float_mismatches("m_scale", sa.ms.data(), sb.ms.data(), sa.ms.size()), 0);
+  EXPECT_EQ(float_mismatches("v_scale", sa.vs.data(), sb.vs.data(), sa.vs.size()), 0);
+}
+
+// The Update in a compressed format is exactly: decode m and v, the fp32 reference, encode.
+TEST(StatesUpdate, EqualsDecodeThenFp32ReferenceThenEncode) {
+  const AdamStep st = make_adam_step(AdamHyper{.lr = 1e-3f, .weight_decay = 0.1f}, 10, 1.0f / 1024);
+  for (StateFormat f : kFormats) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{255}, std::size_t{256}, std::size_t{1000},
+                          std::size_t{4099}}) {
+      SCOPED_TRACE(::testing::Message() << state_format_name(f) << " n=" << n);
+      Problem p = make_problem(n, static_cast<std::uint32_t>(n + 1), true), q = p;
+      Stored s = store(f, p.m, p.v, n, 1);
+      // what the Update must compute
+      std::vector<float> m(n), v(n);
+      decode_states(f, StateKind::m, s.mp(), s.ms.data(), m.data(), n);
+      decode_states(f, StateKind::v, s.vp(), s.vs.data(), v.data(), n);
+      Stored want = store(StateFormat::fp32, m, v, n, 0);
+      adam_update_reference(st, chunk(q, want, GradType::fp16, 1, 0));
+      std::memcpy(m.data(), want.mp(), n * 4);
+      std::memcpy(v.data(), want.vp(), n * 4);
+      Stored want_f = store(f, m, v, n, 1);
+      // what it computes
+      const Stored before = s;
+      adam_update_reference(st, chunk(p, s, GradType::fp16, 1, 0));
+      expect_same(p, s, q, want_f);
+      if (n > 0) {
+        EXPECT_NE(s.m, before.m);
+      }
+    }
+  }
+}
+
+struct HyperCase {
+  const char* name;
+  AdamHyper h;
+  std::int64_t step;
+  float grad_scale;
+};
+
+std::vector<HyperCase> hyper_cases() {
+  AdamHyper adamw{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f, .decoupled = true};
+  AdamHyper nowd = adamw;
+  nowd.weight_decay = 0;
+  AdamHyper l2 = adamw;
+  l2.decoupled = false;
+  l2.weight_decay = 0.05f;
+  return {{"adamw_step1", adamw, 1, 1.0f},
+          {"adamw_step10", adamw, 10, 1.0f / 1024},
+          {"adamw_step1e6", adamw, 1000000, 0.5f},
+          {"wd0", nowd, 3, 1.0f},
+          {"l2", l2, 5, 1.0f / 65536}};
+}
+
+TEST(StatesUpdate, EveryPathMatchesTheReferenceBitForBit) {
+  const std::size_t sizes[] = {0, 1, 15, 17, 255, 256, 257, 1023, 4099};
+  for (SimdLevel path : supported_paths()) {
+    for (StateFormat f : {StateFormat::bf16, StateFormat::q8}) {
+      for (std::size_t n : sizes) {
+        for (GradType gt : {GradType::fp32, GradType::fp16, GradType::bf16}) {
+          for (const auto& hc : hyper_cases()) {
+            for (std::size_t off : {std::size_t{0}, std::size_t{1}}) {
+              const int out = static_cast<int>((n + off + static_cast<std::size_t>(gt)) % 3);
+              const bool specials = hc.step == 3;
+              SCOPED_TRACE(::testing::Message() << to_string(path) << " " << state_format_name(f) << " n=" << n
+                                                << " grad=" << static_cast<int>(gt) << " out=" << out << " "
+                                                << hc.name << " off=" << off);
+              Problem a = make_problem(n, static_cast<std::uint32_t>(n * 7 + off), specials), b = a;
+              Stored sa = store(f, a.m, a.v, n, off), sb = sa;
+              const AdamStep st = make_adam_step(hc.h, hc.step, hc.grad_scale);
+              adam_update_reference(st, chunk(a, sa, gt, out, off));
+              adam_update(st, chunk(b, sb, gt, out, off), path);
+              expect_same(b, sb, a, sa);
+              if (::testing::Test::HasFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(StatesUpdate, ThreadCountDoesNotChangeResults) {
+  const std::size_t n = (std::size_t{1} << 19) + 37;
+  const AdamStep st = make_adam_step(AdamHyper{.weight_decay = 0.01f}, 4, 0.25f);
+  HostThreads p1(1), p3(3);
+  for (StateFormat f : kFormats) {
+    SCOPED_TRACE(state_format_name(f));
+    Problem a = make_problem(n, 5, false), b = a;
+    Stored sa = store(f, a.m, a.v, n, 0), sb = sa;
+    adam_update(p1, st, chunk(a, sa, GradType::bf16, 2, 0));
+    adam_update(p3, st, chunk(b, sb, GradType::bf16, 2, 0));
+    expect_same(a, sa, b, sb);
+    Problem r = make_problem(n, 5, false);
+    Stored sr = store(f, r.m, r.v, n, 0);
+    adam_update_reference(st, chunk(r, sr, GradType::bf16, 2, 0));
+    expect_same(b, sb, r, sr);
+  }
+}
+
+TEST(StatesUpdate, MemoryTrafficKernelTouchesEveryStream) {
+  const std::size_t n = 1000;
+  for (StateFormat f : kFormats) {
+    for (SimdLevel path : supported_paths()) {
+      SCOPED_TRACE(::testing::Message() << state_format_name(f) << " " << to_string(path));
+      Problem a = make_problem(n, 9, false);
+      for (auto& g : a.grad32) g = 1.0f;
+      Stored s = store(f, a.m, a.v, n, 0), before = s;
+      adam_memory_traffic(chunk(a, s, GradType::fp32, 1, 0), path);
+      EXPECT_NE(s.m, before.m);
+      EXPECT_NE(s.v, before.v);
+      if (f == StateFormat::q8) {
+        EXPECT_NE(s.ms, before.ms);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zinf::cpu_adam

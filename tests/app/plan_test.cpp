@@ -300,26 +300,39 @@ TEST(Plan, HostBytesPerParameterWithTheOptimizerInHostMemory) {
     const ModelShape shape = model_shape(c.model);
     const offload::PlanInput in = make_plan_input(c, shape);
     const offload::Plan fp32 = offload::make_plan(in);
-    const PerParam p = per_param(fp32, "fp32");
+    const PerParam p = per_param(fp32, cpu_adam::StateFormat::fp32);
     const double n = static_cast<double>(fp32.n_params);
     EXPECT_DOUBLE_EQ(p.tier[2], static_cast<double>(fp32.totals[2]) / n);
     EXPECT_DOUBLE_EQ(p.host_pinned, static_cast<double>(fp32.totals[1] + fp32.totals[2]) / n);
     EXPECT_GE(p.host_pinned, 16.0);  // 12 of states and 4 of the fp32 gradient sum, at least
     EXPECT_LE(p.host_pinned, 18.0);
-    const PerParam q8 = per_param(plan_with_states(in, "8bit"), "8bit");
+    const offload::Plan q8_plan = plan_with_states(in, cpu_adam::StateFormat::q8);
+    const PerParam q8 = per_param(q8_plan, cpu_adam::StateFormat::q8);
     EXPECT_LE(q8.host_pinned, 12.0);
     // m and v: 4 + 4 bytes in fp32, 2 + 2 in bf16, 1 + 1 and a scale per 256 in 8-bit; nothing else moves.
-    EXPECT_NEAR(p.host_pinned - per_param(plan_with_states(in, "bf16"), "bf16").host_pinned, 4.0, 1e-3);
+    const PerParam bf16 = per_param(plan_with_states(in, cpu_adam::StateFormat::bf16), cpu_adam::StateFormat::bf16);
+    EXPECT_NEAR(p.host_pinned - bf16.host_pinned, 4.0, 1e-3);
     EXPECT_NEAR(p.host_pinned - q8.host_pinned, 8.0 - 2 * (1 + 4.0 / 256), 1e-3);
     EXPECT_DOUBLE_EQ(q8.tier[0], p.tier[0]);
     // The staging is a few 4M-element pieces, not the largest unit's size.
     EXPECT_LE(fp32.sub_group, std::int64_t{1} << 22);
     EXPECT_LE(fp32.bucket, std::int64_t{1} << 22);
   }
-  EXPECT_THROW(plan_with_states(make_plan_input(parse_config(R"({"train_batch_size": 1})"),
-                                                find_model_preset("gpt2-124m").shape),
-                                "int4"),
-               ConfigError);
+}
+
+// `zinf plan` shows one bytes-per-parameter line for each state format unless the config names one.
+TEST(Plan, BytesPerParameterLinesForEachStateFormatUnlessTheConfigNamesOne) {
+  const std::string base = R"({"train_batch_size": 1, "model": {"preset": "gpt2-124m", "seq_len": 128},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"})";
+  const RunPlan open = plan_run(parse_config(base + "}}"), fake_machine(64ull << 30, 0));
+  ASSERT_EQ(open.per_states.size(), 3u);
+  EXPECT_EQ(open.per_states[0].states, cpu_adam::StateFormat::fp32);
+  EXPECT_DOUBLE_EQ(open.per_states[0].host_pinned, open.per_param.host_pinned);
+  EXPECT_GT(open.per_states[1].host_pinned, open.per_states[2].host_pinned);
+  const RunPlan fixed = plan_run(parse_config(base + R"(, "optimizer_states": "8bit"}})"), fake_machine(64ull << 30, 0));
+  EXPECT_TRUE(fixed.per_states.empty());
+  EXPECT_EQ(fixed.per_param.states, cpu_adam::StateFormat::q8);
+  EXPECT_DOUBLE_EQ(fixed.per_param.host_pinned, open.per_states[2].host_pinned);
 }
 
 // The host memory of a run: the engine's host and pinned buffers, every device byte on the CPU device

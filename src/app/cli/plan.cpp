@@ -99,7 +99,7 @@ nlohmann::json plan_json(const Config& config, const RunPlan& run) {
     for (int t = 0; t < offload::kTiers; ++t)
       x[offload::tier_name(static_cast<offload::Tier>(t))] = q.tier[static_cast<std::size_t>(t)];
     x["host_pinned"] = q.host_pinned;
-    x["optimizer_states"] = q.states;
+    x["optimizer_states"] = cpu_adam::state_format_name(q.states);
     return x;
   };
   j["bytes_per_param"] = per_param_json(run.per_param);
@@ -177,10 +177,12 @@ std::string per_param_cells(const PerParam& q) {
 // Bytes per parameter on each tier, the same with the optimizer states in each format, and the host
 // memory a run of this config is predicted to hold at its peak.
 void print_per_param(const RunPlan& run) {
-  std::printf("\nbytes/param  %s\n", per_param_cells(run.per_param).c_str());
-  std::printf("  optimizer_states (master + m + v: fp32 12, bf16 8, 8bit 6.03 B/param):\n");
+  std::printf("\nbytes/param  %s  (optimizer_states %s)\n", per_param_cells(run.per_param).c_str(),
+              cpu_adam::state_format_name(run.per_param.states));
+  if (!run.per_states.empty())
+    std::printf("  by zero_optimization.optimizer_states (master + m + v: fp32 12, bf16 8, 8bit 6.03 B/param):\n");
   for (const auto& q : run.per_states)
-    std::printf("  %-10s %s%s\n", q.states.c_str(), per_param_cells(q).c_str(),
+    std::printf("  %-10s %s%s\n", cpu_adam::state_format_name(q.states), per_param_cells(q).c_str(),
                 q.states == run.per_param.states ? "   <- this run" : "");
   const HostFootprint& f = run.footprint;
   std::printf("host memory  peak RSS of `zinf train`, predicted: %s = host %s + pinned %s", format_bytes(f.total()).c_str(),

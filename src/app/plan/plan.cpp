@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <limits>
 
@@ -92,7 +91,7 @@ std::uint64_t zero_paper_bytes(std::int64_t params, int stage, int world) {
   return static_cast<std::uint64_t>(b);
 }
 
-PerParam per_param(const offload::Plan& p, const std::string& states) {
+PerParam per_param(const offload::Plan& p, cpu_adam::StateFormat states) {
   PerParam r;
   r.states = states;
   const double n = p.n_params > 0 ? static_cast<double>(p.n_params) : 1.0;
@@ -102,32 +101,9 @@ PerParam per_param(const offload::Plan& p, const std::string& states) {
   return r;
 }
 
-offload::Plan plan_with_states(const offload::PlanInput& in, const std::string& states) {
-  offload::Plan p = offload::make_plan(in);
-  if (states == "fp32") return p;
-  if (states != "bf16" && states != "8bit")
-    throw ConfigError("optimizer states '" + states + "': expected fp32, bf16 or 8bit");
-  // Bytes per element of m (and of v) as a share of fp32's 4: 2 for bf16, 1 + 4/256 (one fp32 scale
-  // per 256 elements) for 8-bit.
-  const double moment = states == "bf16" ? 0.5 : (1.0 + 4.0 / 256.0) / 4.0;
-  auto scale = [](offload::TierBytes& b, double f) {
-    for (auto& x : b) x = static_cast<std::uint64_t>(std::llround(static_cast<double>(x) * f));
-  };
-  for (auto& r : p.states)
-    if (r.name == "adam.m" || r.name == "adam.v") {
-      scale(r.bytes, moment);
-      r.dtype = states;
-    }
-  for (auto& r : p.buffers)  // master | m | v of a sub-group: 4 + 2 x 4 x moment bytes of 12
-    if (r.name == "optimizer swap") scale(r.bytes, (4.0 + 8.0 * moment) / 12.0);
-  p.model_states = {};
-  p.totals = {};
-  for (const auto& r : p.states)
-    for (int t = 0; t < offload::kTiers; ++t) p.model_states[t] += r.bytes[t];
-  p.totals = p.model_states;
-  for (const auto& r : p.buffers)
-    for (int t = 0; t < offload::kTiers; ++t) p.totals[t] += r.bytes[t];
-  return p;
+offload::Plan plan_with_states(offload::PlanInput in, cpu_adam::StateFormat states) {
+  in.optimizer_states = states;
+  return offload::make_plan(in);
 }
 
 HostFootprint host_footprint(const Config& c, const offload::Plan& p, const ModelShape& s) {
@@ -320,8 +296,9 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
   offload::Capacity capacity = r.capacity;
   if (!capacity.nvme_known) capacity.nvme = 0;
   for (const auto& setting : settings) r.largest.push_back(largest_fit(c, r.shape, setting, capacity));
-  r.per_param = per_param(r.plan, "fp32");
-  for (const char* f : kStateFormats) r.per_states.push_back(per_param(plan_with_states(in, f), f));
+  r.per_param = per_param(r.plan, c.zero.optimizer_states);
+  if (!c.zero.optimizer_states_given)
+    for (const auto f : kStateFormats) r.per_states.push_back(per_param(plan_with_states(in, f), f));
   r.footprint = host_footprint(c, r.plan, r.shape);
   return r;
 }

@@ -62,19 +62,19 @@ struct StagePlan {
 std::uint64_t zero_paper_bytes(std::int64_t params, int stage, int world);
 
 // Bytes per parameter of a plan on each tier, and of host memory (host + pinned), with the optimizer
-// states in one format: "fp32" (master, m, v: 12 bytes per parameter), "bf16" (8) or "8bit" (6 + 8/256).
+// states in one format (zero_optimization.optimizer_states): fp32 (master, m, v: 12 bytes per
+// parameter), bf16 (8) or 8bit (6 + 8/256).
 struct PerParam {
-  std::string states;
+  cpu_adam::StateFormat states = cpu_adam::StateFormat::fp32;
   std::array<double, offload::kTiers> tier{};
   double host_pinned = 0;
 };
-PerParam per_param(const offload::Plan& p, const std::string& states);
+PerParam per_param(const offload::Plan& p, cpu_adam::StateFormat states);
 
-// The plan of `in` with its optimizer states in `states` ("fp32", "bf16", "8bit"): master stays fp32,
-// m and v take 4, 2 or 1 byte per element (8-bit adds one fp32 scale per 256 elements of each), and
-// so do the NVMe swap buffers that hold them.
-offload::Plan plan_with_states(const offload::PlanInput& in, const std::string& states);
-constexpr const char* kStateFormats[] = {"fp32", "bf16", "8bit"};
+// The plan of `in` with its optimizer states in `states` (the byte model of buffer_specs.h).
+offload::Plan plan_with_states(offload::PlanInput in, cpu_adam::StateFormat states);
+constexpr cpu_adam::StateFormat kStateFormats[] = {cpu_adam::StateFormat::fp32, cpu_adam::StateFormat::bf16,
+                                                   cpu_adam::StateFormat::q8};
 
 // The host memory of a `zinf train` process: its predicted peak resident set, part by part. The
 // engine's host and pinned buffers; on the CPU device also every device byte (its memory is host
@@ -107,7 +107,7 @@ struct RunPlan {
   std::vector<LargestFit> largest;
   std::vector<std::string> notes;  // e.g. "nvme_path does not exist"
   PerParam per_param;                  // this plan, per parameter
-  std::vector<PerParam> per_states;    // the same line with the optimizer states in each format
+  std::vector<PerParam> per_states;    // the same line in each state format (config without optimizer_states)
   HostFootprint footprint;             // the host memory of `zinf train` with this config
 };
 

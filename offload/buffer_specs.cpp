@@ -29,6 +29,11 @@ namespace {
 constexpr std::uint64_t kChunkAlign = 4096;  // elements: sub-group and bucket boundaries (16 KiB of fp32)
 constexpr std::uint64_t kBlock = 4096;       // bytes: a pinned block, an NVMe extent's padding
 constexpr std::uint64_t kTwo = 2;            // gradient slots, landing buffers and upload slots: two, alternating
+// Elements of one piece of the host staging: with one rank the reduce bucket only paces GradOut, and
+// with the optimizer in host memory the sub-group only paces the Update and its Upload, so neither
+// needs the largest unit's size; 4M elements (8 MiB of 16-bit values) keep each copy long enough to
+// run at the link's rate and the staging a few MiB whatever the model.
+constexpr std::uint64_t kStagingPiece = std::uint64_t{1} << 22;
 
 std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -66,6 +71,8 @@ void lay_out_units(const PlanInput& in, Layout& layout) {
   layout.sub_group =
       std::min(round_up(static_cast<std::uint64_t>(std::max<std::int64_t>(in.sub_group_size, 1)), kChunkAlign),
                round_up(layout.max_unit, kChunkAlign));
+  if (!layout.parallel) layout.bucket = std::min(layout.bucket, kStagingPiece);
+  if (layout.optimizer == OffloadDevice::cpu) layout.sub_group = std::min(layout.sub_group, kStagingPiece);
   for (const auto& u : layout.units)  // the receive scratch: every rank's contribution to this rank's part of a bucket
     comm_part = std::max(comm_part, std::min(layout.bucket, shard_of(u.n, layout.world, layout.rank).len()));
   layout.comm_scratch = static_cast<std::uint64_t>(layout.world) * comm_part;

@@ -142,9 +142,11 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
 // Each unit's buffers and states, in forward order, from its place in the layout.
 void Engine::Impl::add_units(const InitFn& init) {
   const Layout& layout = s.buffers.layout();
-  std::vector<float> master(layout.max_unit);
   s.units.reserve(layout.units.size());
   for (std::size_t ui = 0; ui < layout.units.size(); ++ui) {
+    // This unit's initial parameters, freed once placed: the host holds one unit's fp32 beside the
+    // states placed so far, not the largest unit's beside every state.
+    std::vector<float> master(layout.units[ui].n);
     Unit u;
     static_cast<UnitLayout&>(u) = layout.units[ui];
     u.index = ui;

@@ -11,6 +11,7 @@
 // ZeRO stage 3 (windowed units; a stage-3 run without offload_param keeps the shards in a DeviceHome
 // of its own). A whole resident unit whose optimizer states are partitioned gathers every rank's
 // updated part when it lands; a sharded home gathers the shards at Fetch, on the trainer's thread.
+#include <algorithm>
 #include <cstring>
 
 #include "tiers.h"
@@ -29,10 +30,15 @@ class DeviceHome final : public ParamHome {
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
-    const std::size_t n = u.param_range.len();
-    std::vector<char> copy(n * state_.compute_bytes);
-    state_.to_compute(master + u.param_range.lo, copy.data(), n);  // on the host, then up
-    state_.h2d_sync(u.param.as<void>(), copy.data(), copy.size());
+    // On the host, then up, a piece at a time: the host copy stays a few MiB whatever the unit.
+    const std::size_t n = u.param_range.len(), cb = state_.compute_bytes;
+    const std::size_t piece = std::min<std::size_t>(n, std::size_t{1} << 22);
+    std::vector<char> copy(piece * cb);
+    for (std::size_t o = 0; o < n; o += piece) {
+      const std::size_t len = std::min(piece, n - o);
+      state_.to_compute(master + u.param_range.lo + o, copy.data(), len);
+      state_.h2d_sync(static_cast<char*>(u.param.as<void>()) + o * cb, copy.data(), len * cb);
+    }
     if (state_.fp32_work && !u.windowed)
       state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
     state_.dev.synchronize(StreamRole::h2d);

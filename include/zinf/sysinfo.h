@@ -45,6 +45,11 @@ MachineInfo query_machine();
 // MemAvailable of /proc/meminfo in bytes (0 when unknown): query_machine()'s mem_available alone,
 // without the topology and GPU queries.
 std::uint64_t available_host_memory();
+// This process's resident set now (VmRSS of /proc/self/status) and its peak so far (getrusage's
+// ru_maxrss, which counts every page the process has held at once: heap, mappings, pinned memory,
+// code), in bytes; 0 when unknown.
+std::uint64_t resident_bytes();
+std::uint64_t peak_resident_bytes();
 
 // "1.50 GiB" style; exact bytes below 1 KiB.
 std::string format_bytes(std::uint64_t bytes);

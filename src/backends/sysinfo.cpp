@@ -121,4 +121,23 @@ MachineInfo query_machine() {
 
 std::uint64_t available_host_memory() { return meminfo_kib("MemAvailable") * 1024; }
 
+std::uint64_t resident_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) {
+      std::istringstream is(line.substr(6));
+      std::uint64_t kib = 0;
+      is >> kib;
+      return kib * 1024;
+    }
+  return 0;
+}
+
+std::uint64_t peak_resident_bytes() {
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return static_cast<std::uint64_t>(u.ru_maxrss) * 1024;  // Linux: KiB
+}
+
 }  // namespace zinf

@@ -63,6 +63,18 @@ TokenFileHeader parse_token_header(const void* data, std::size_t size, const std
   return h;
 }
 
+std::uint64_t data_memory_bytes(const DataConfig& cfg) {
+  std::error_code ec;
+  if (!cfg.path.empty()) {
+    const auto n = fs::file_size(cfg.path, ec);
+    return ec ? 0 : static_cast<std::uint64_t>(n);
+  }
+  std::uint64_t total = 0;
+  for (const auto& e : fs::directory_iterator(kDefaultDir, ec))
+    if (e.is_regular_file() && !e.is_symlink()) total += static_cast<std::uint64_t>(e.file_size());
+  return total;
+}
+
 TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
   TokenData d;
   std::string source;

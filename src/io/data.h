@@ -33,6 +33,12 @@ struct DataConfig {
   std::string tokenizer;  // a SentencePiece tokenizer.model: text is tokenized with it at load
 };
 
+// The bytes the data set holds in this process's memory once every page of it has been read: the
+// file (mapped), or the default text (read). Text tokenized at load holds its tokens instead, 4 bytes
+// each: about as many bytes as the text at 4 characters per token. 0 for a path that cannot be read
+// (loading it reports why).
+std::uint64_t data_memory_bytes(const DataConfig& cfg);
+
 class TokenData {
  public:
   static TokenData load(const DataConfig& cfg, int vocab_size, int seq_len);

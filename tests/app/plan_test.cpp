@@ -4,6 +4,7 @@
 #include "app/config/config.h"
 #include "app/plan/plan.h"
 #include "zinf/device_memory.h"
+#include "zinf/error.h"
 #include "zinf/offload/buffer_specs.h"
 
 namespace zinf {
@@ -277,6 +278,85 @@ TEST(Plan, PerRankBytesFallWithTheStageAndTheWorld) {
   const RunPlan r = plan_run(off, fake_machine(64ull << 30, 80ull << 30));
   EXPECT_FALSE(r.stages[0].valid);  // offloading the optimizer needs stage 1 or more
   EXPECT_TRUE(r.stages[1].valid);
+}
+
+// ZeRO-2 and ZeRO-3 with the optimizer in host memory (one rank, a GPU, bf16, gradient accumulation:
+// the host gradient is the fp32 sum): master + m + v, the host gradient, the pinned parameter home
+// with offload_param cpu, and the staging, per parameter.
+TEST(Plan, HostBytesPerParameterWithTheOptimizerInHostMemory) {
+  struct Case {
+    const char* preset;
+    int stage;
+    const char* param;
+  };
+  for (const Case& k : {Case{"gpt2-124m", 2, "none"}, Case{"gpt2-124m", 3, "cpu"}, Case{"llama-3.1-8b", 2, "none"},
+                        Case{"llama-3.1-8b", 3, "cpu"}}) {
+    SCOPED_TRACE(std::string(k.preset) + " stage " + std::to_string(k.stage) + " offload_param " + k.param);
+    const Config c = parse_config(std::string(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+        "bf16": {"enabled": true}, "device": {"type": "cuda"}, "model": {"preset": ")") +
+                                  k.preset + R"("}, "zero_optimization": {"stage": )" + std::to_string(k.stage) +
+                                  R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": ")" +
+                                  k.param + R"("}}})");
+    const ModelShape shape = model_shape(c.model);
+    const offload::PlanInput in = make_plan_input(c, shape);
+    const offload::Plan fp32 = offload::make_plan(in);
+    const PerParam p = per_param(fp32, cpu_adam::StateFormat::fp32);
+    const double n = static_cast<double>(fp32.n_params);
+    EXPECT_DOUBLE_EQ(p.tier[2], static_cast<double>(fp32.totals[2]) / n);
+    EXPECT_DOUBLE_EQ(p.host_pinned, static_cast<double>(fp32.totals[1] + fp32.totals[2]) / n);
+    EXPECT_GE(p.host_pinned, 16.0);  // 12 of states and 4 of the fp32 gradient sum, at least
+    EXPECT_LE(p.host_pinned, 18.0);
+    const offload::Plan q8_plan = plan_with_states(in, cpu_adam::StateFormat::q8);
+    const PerParam q8 = per_param(q8_plan, cpu_adam::StateFormat::q8);
+    EXPECT_LE(q8.host_pinned, 12.0);
+    // m and v: 4 + 4 bytes in fp32, 2 + 2 in bf16, 1 + 1 and a scale per 256 in 8-bit; nothing else moves.
+    const PerParam bf16 = per_param(plan_with_states(in, cpu_adam::StateFormat::bf16), cpu_adam::StateFormat::bf16);
+    EXPECT_NEAR(p.host_pinned - bf16.host_pinned, 4.0, 1e-3);
+    EXPECT_NEAR(p.host_pinned - q8.host_pinned, 8.0 - 2 * (1 + 4.0 / 256), 1e-3);
+    EXPECT_DOUBLE_EQ(q8.tier[0], p.tier[0]);
+    // The staging is a few 4M-element pieces, not the largest unit's size.
+    EXPECT_LE(fp32.sub_group, std::int64_t{1} << 22);
+    EXPECT_LE(fp32.bucket, std::int64_t{1} << 22);
+  }
+}
+
+// `zinf plan` shows one bytes-per-parameter line for each state format unless the config names one.
+TEST(Plan, BytesPerParameterLinesForEachStateFormatUnlessTheConfigNamesOne) {
+  const std::string base = R"({"train_batch_size": 1, "model": {"preset": "gpt2-124m", "seq_len": 128},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"})";
+  const RunPlan open = plan_run(parse_config(base + "}}"), fake_machine(64ull << 30, 0));
+  ASSERT_EQ(open.per_states.size(), 3u);
+  EXPECT_EQ(open.per_states[0].states, cpu_adam::StateFormat::fp32);
+  EXPECT_DOUBLE_EQ(open.per_states[0].host_pinned, open.per_param.host_pinned);
+  EXPECT_GT(open.per_states[1].host_pinned, open.per_states[2].host_pinned);
+  const RunPlan fixed = plan_run(parse_config(base + R"(, "optimizer_states": "8bit"}})"), fake_machine(64ull << 30, 0));
+  EXPECT_TRUE(fixed.per_states.empty());
+  EXPECT_EQ(fixed.per_param.states, cpu_adam::StateFormat::q8);
+  EXPECT_DOUBLE_EQ(fixed.per_param.host_pinned, open.per_states[2].host_pinned);
+}
+
+// The host memory of a run: the engine's host and pinned buffers, every device byte on the CPU device
+// (none on a GPU), the largest short-lived buffer, the data set and the program's constant.
+TEST(Plan, HostFootprintCountsTheCpuDevicesMemoryAndTheTransients) {
+  const std::string base = R"({"train_batch_size": 1, "bf16": {"enabled": true}, "model": {"preset": "gpt2-124m"},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  for (const char* dev : {"cpu", "cuda"}) {
+    const Config c = parse_config(base + R"(, "device": {"type": ")" + dev + R"("}})");
+    const ModelShape shape = model_shape(c.model);
+    const offload::Plan p = offload::make_plan(make_plan_input(c, shape));
+    const HostFootprint f = host_footprint(c, p, shape);
+    EXPECT_EQ(f.host, p.totals[2]);
+    EXPECT_EQ(f.pinned, p.totals[1]);
+    EXPECT_EQ(f.device, std::string(dev) == "cpu" ? p.totals[0] : 0u);
+    EXPECT_EQ(f.runtime, kRuntimeBytes);
+    EXPECT_GT(f.data, 0u);  // the default text
+    // On a GPU one unit's fp32 master (the embedding); the CPU ops pack the LM head's weights (as large).
+    EXPECT_GE(f.transient, 4u * static_cast<std::uint64_t>(p.largest_unit) - 4u * 1024 * 768);
+    EXPECT_EQ(f.total(), f.host + f.pinned + f.device + f.transient + f.data + f.runtime);
+  }
+  Config ck = parse_config(base + R"(, "device": {"type": "cuda"}, "train": {"checkpoint_dir": "/tmp/x"}})");
+  const offload::Plan p = offload::make_plan(make_plan_input(ck, model_shape(ck.model)));
+  EXPECT_EQ(host_footprint(ck, p, model_shape(ck.model)).transient, 12u * static_cast<std::uint64_t>(p.largest_unit));
 }
 
 }  // namespace

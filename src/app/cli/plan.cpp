@@ -94,6 +94,26 @@ nlohmann::json plan_json(const Config& config, const RunPlan& run) {
                                 {"n_layer", f.n_layer},
                                 {"params", f.params},
                                 {"largest_preset", f.largest_preset}});
+  auto per_param_json = [](const PerParam& q) {
+    nlohmann::json x;
+    for (int t = 0; t < offload::kTiers; ++t)
+      x[offload::tier_name(static_cast<offload::Tier>(t))] = q.tier[static_cast<std::size_t>(t)];
+    x["host_pinned"] = q.host_pinned;
+    x["optimizer_states"] = cpu_adam::state_format_name(q.states);
+    return x;
+  };
+  j["bytes_per_param"] = per_param_json(run.per_param);
+  j["bytes_per_param_by_states"] = nlohmann::json::array();
+  for (const auto& q : run.per_states) j["bytes_per_param_by_states"].push_back(per_param_json(q));
+  const HostFootprint& f = run.footprint;
+  j["host_memory"] = {{"predicted_peak_rss", f.total()},
+                      {"host", f.host},
+                      {"pinned", f.pinned},
+                      {"device_in_host_memory", f.device},
+                      {"transient", f.transient},
+                      {"transient_note", f.transient_note},
+                      {"data", f.data},
+                      {"runtime", f.runtime}};
   j["notes"] = run.notes;
   return j;
 }
@@ -147,6 +167,32 @@ void print_verdict(const Config& config, const RunPlan& run) {
               format_bytes(run.deepspeed.cpu).c_str(), format_bytes(run.deepspeed.gpu).c_str());
 }
 
+std::string per_param_cells(const PerParam& q) {
+  char b[160];
+  std::snprintf(b, sizeof b, "device %6.2f  pinned %6.2f  host %6.2f  nvme %6.2f  | host + pinned %6.2f",
+                q.tier[0], q.tier[1], q.tier[2], q.tier[3], q.host_pinned);
+  return b;
+}
+
+// Bytes per parameter on each tier, the same with the optimizer states in each format, and the host
+// memory a run of this config is predicted to hold at its peak.
+void print_per_param(const RunPlan& run) {
+  std::printf("\nbytes/param  %s  (optimizer_states %s)\n", per_param_cells(run.per_param).c_str(),
+              cpu_adam::state_format_name(run.per_param.states));
+  if (!run.per_states.empty())
+    std::printf("  by zero_optimization.optimizer_states (master + m + v: fp32 12, bf16 8, 8bit 6.03 B/param):\n");
+  for (const auto& q : run.per_states)
+    std::printf("  %-10s %s%s\n", cpu_adam::state_format_name(q.states), per_param_cells(q).c_str(),
+                q.states == run.per_param.states ? "   <- this run" : "");
+  const HostFootprint& f = run.footprint;
+  std::printf("host memory  peak RSS of `zinf train`, predicted: %s = host %s + pinned %s", format_bytes(f.total()).c_str(),
+              format_bytes(f.host).c_str(), format_bytes(f.pinned).c_str());
+  if (f.device) std::printf(" + device %s (the CPU device's memory is host memory)", format_bytes(f.device).c_str());
+  std::printf("\n             + transient %s (%s) + data %s + runtime %s (code, libraries, threads)\n",
+              format_bytes(f.transient).c_str(), f.transient_note.c_str(), format_bytes(f.data).c_str(),
+              format_bytes(f.runtime).c_str());
+}
+
 // Rank 0's bytes at each ZeRO stage beside the ZeRO paper's figure.
 void print_stages(const Config& config, const RunPlan& run) {
   std::printf(
@@ -192,6 +238,7 @@ int run_plan(const PlanArgs& a) {
   std::printf("zinf plan — %s\n", config.source.c_str());
   print_placement(config, run);
   print_verdict(config, run);
+  print_per_param(run);
   print_stages(config, run);
   print_largest_fits(run);
   for (const auto& n : run.notes) std::printf("note: %s\n", n.c_str());

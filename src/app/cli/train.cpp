@@ -7,10 +7,13 @@
 #include <cstring>
 
 #include "app/config/config.h"
+#include "app/plan/plan.h"
 #include "app/train/train.h"
 #include "commands.h"
 #include "signals.h"
 #include "zinf/error.h"
+#include "zinf/offload/placement.h"
+#include "zinf/sysinfo.h"
 
 namespace zinf::cli {
 namespace {
@@ -92,6 +95,14 @@ int run_train(const TrainArgs& a) {
     if (std::fprintf(out, "%s\n", s.c_str()) < 0 || std::fflush(out) != 0) throw_log_error(out);
   };
   const TrainResult r = train_until_stopped(config, hooks);
+  // The process's peak resident set beside the host memory `zinf plan` predicts for this config.
+  const ModelShape shape = model_shape(config.model);
+  const std::uint64_t planned_rss =
+      host_footprint(config, offload::make_plan(make_plan_input(config, shape)), shape).total();
+  const std::uint64_t peak_rss = peak_resident_bytes();
+  std::fprintf(out, "host memory: peak RSS %s, %.3f x the %s zinf plan predicts\n", format_bytes(peak_rss).c_str(),
+               planned_rss ? static_cast<double>(peak_rss) / static_cast<double>(planned_rss) : 0.0,
+               format_bytes(planned_rss).c_str());
   std::fprintf(out, "final step=%lld loss=%.6f val_loss=%.6f params_digest=%s\n", static_cast<long long>(r.steps),
                r.loss, r.val_loss, r.params_digest.c_str());
   if (a.json) {
@@ -105,6 +116,8 @@ int run_train(const TrainArgs& a) {
                         {"params_digest", r.params_digest},
                         {"tokens_per_s", r.tokens_per_s},
                         {"peak_device_bytes", r.peak_device_bytes},
+                        {"peak_rss_bytes", peak_rss},
+                        {"planned_rss_bytes", planned_rss},
                         {"interrupted", r.interrupted}};
     print_json(j);
   }

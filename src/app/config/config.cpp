@@ -715,6 +715,7 @@ void read_zero(Section s, ZeroConfig& z, const ModelConfig& model, bool overlap_
   z.param_persistence_threshold = s.get_int(k, 100'000, 0, kMaxI64, AutoRule::to(10 * d));
   const DeprecatedOffload dep = read_deprecated_offload(s);
   read_offload_optimizer(s.child("offload_optimizer"), z.offload_optimizer, dep, z.stage, overlap_none);
+  z.optimizer_states_given = s.present("optimizer_states");
   z.optimizer_states = s.get_enum<cpu_adam::StateFormat>("optimizer_states", cpu_adam::StateFormat::fp32,
                                                          {{"fp32", cpu_adam::StateFormat::fp32},
                                                           {"bf16", cpu_adam::StateFormat::bf16},

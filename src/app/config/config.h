@@ -93,6 +93,7 @@ struct ZeroConfig {
   OffloadOptimizerConfig offload_optimizer;
   // zinf extension: how Adam's m and v are stored on whichever tier holds them ("fp32", "bf16", "8bit").
   cpu_adam::StateFormat optimizer_states = cpu_adam::StateFormat::fp32;
+  bool optimizer_states_given = false;  // the config names it (`zinf plan` then shows that format alone)
   OffloadParamConfig offload_param;
   std::int64_t sub_group_size = 0;      // elements
   std::int64_t reduce_bucket_size = 0;  // elements

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "app/config/engine_config.h"
+#include "io/data.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
@@ -88,6 +89,52 @@ std::uint64_t zero_paper_bytes(std::int64_t params, int stage, int world) {
                    : stage == 2 ? 2 * p + (2 + k) * p / nd
                                 : (2 + 2 + k) * p / nd;
   return static_cast<std::uint64_t>(b);
+}
+
+PerParam per_param(const offload::Plan& p, cpu_adam::StateFormat states) {
+  PerParam r;
+  r.states = states;
+  const double n = p.n_params > 0 ? static_cast<double>(p.n_params) : 1.0;
+  for (int t = 0; t < offload::kTiers; ++t) r.tier[static_cast<std::size_t>(t)] = static_cast<double>(p.totals[t]) / n;
+  r.host_pinned = r.tier[static_cast<std::size_t>(offload::Tier::host)] +
+                  r.tier[static_cast<std::size_t>(offload::Tier::pinned)];
+  return r;
+}
+
+offload::Plan plan_with_states(offload::PlanInput in, cpu_adam::StateFormat states) {
+  in.optimizer_states = states;
+  return offload::make_plan(in);
+}
+
+HostFootprint host_footprint(const Config& c, const offload::Plan& p, const ModelShape& s) {
+  HostFootprint f;
+  f.host = p.totals[static_cast<int>(offload::Tier::host)];
+  f.pinned = p.totals[static_cast<int>(offload::Tier::pinned)];
+  const bool cpu_device = c.device.type != DeviceType::cuda;
+  if (cpu_device) f.device = p.totals[static_cast<int>(offload::Tier::device)];
+  // One unit's fp32 master at a time: placing it at start-up, the parameter digest at the end; with
+  // checkpoints its master, m and v (saved and resumed unit by unit).
+  const bool checkpoints = !c.train.checkpoint_dir.empty();
+  const auto unit = static_cast<std::uint64_t>(p.largest_unit);
+  f.transient = (checkpoints ? 12 : 4) * unit;
+  f.transient_note = checkpoints ? "master, m and v of the largest unit (checkpoints, resume)"
+                                 : "fp32 master of the largest unit (start-up, digest)";
+  if (cpu_device) {
+    // The CPU ops copy a GEMM's weight operand into panels for each call: the LM head's (vocab x d_model,
+    // with the backward's copy of the activations beside it), or the widest weight matrix; the weight
+    // gradient packs the activations (rows x width).
+    const auto C = static_cast<std::uint64_t>(s.d_model), V = static_cast<std::uint64_t>(s.vocab_size);
+    const auto F = static_cast<std::uint64_t>(s.family == ModelFamily::llama ? s.d_ff : 4 * s.d_model);
+    const std::uint64_t rows = static_cast<std::uint64_t>(c.micro_batch_size) * static_cast<std::uint64_t>(s.seq_len);
+    const std::uint64_t ops = 4 * std::max({(V + 7) / 8 * 8 * C + rows * C, (F + 7) / 8 * 8 * C, F * rows});
+    if (ops > f.transient) {
+      f.transient = ops;
+      f.transient_note = "the CPU ops' packed copy of the LM head's weights";
+    }
+  }
+  f.data = data_memory_bytes(c.data);
+  f.runtime = kRuntimeBytes;
+  return f;
 }
 
 namespace {
@@ -249,6 +296,10 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
   offload::Capacity capacity = r.capacity;
   if (!capacity.nvme_known) capacity.nvme = 0;
   for (const auto& setting : settings) r.largest.push_back(largest_fit(c, r.shape, setting, capacity));
+  r.per_param = per_param(r.plan, c.zero.optimizer_states);
+  if (!c.zero.optimizer_states_given)
+    for (const auto f : kStateFormats) r.per_states.push_back(per_param(plan_with_states(in, f), f));
+  r.footprint = host_footprint(c, r.plan, r.shape);
   return r;
 }
 

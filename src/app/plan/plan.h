@@ -6,6 +6,7 @@
 // under each offload setting.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -60,6 +61,40 @@ struct StagePlan {
 // Nd ranks: stage 0 (2+2+K)Ψ, 1 (2+2)Ψ + KΨ/Nd, 2 2Ψ + (2+K)Ψ/Nd, 3 (2+2+K)Ψ/Nd.
 std::uint64_t zero_paper_bytes(std::int64_t params, int stage, int world);
 
+// Bytes per parameter of a plan on each tier, and of host memory (host + pinned), with the optimizer
+// states in one format (zero_optimization.optimizer_states): fp32 (master, m, v: 12 bytes per
+// parameter), bf16 (8) or 8bit (6 + 8/256).
+struct PerParam {
+  cpu_adam::StateFormat states = cpu_adam::StateFormat::fp32;
+  std::array<double, offload::kTiers> tier{};
+  double host_pinned = 0;
+};
+PerParam per_param(const offload::Plan& p, cpu_adam::StateFormat states);
+
+// The plan of `in` with its optimizer states in `states` (the byte model of buffer_specs.h).
+offload::Plan plan_with_states(offload::PlanInput in, cpu_adam::StateFormat states);
+constexpr cpu_adam::StateFormat kStateFormats[] = {cpu_adam::StateFormat::fp32, cpu_adam::StateFormat::bf16,
+                                                   cpu_adam::StateFormat::q8};
+
+// The host memory of a `zinf train` process: its predicted peak resident set, part by part. The
+// engine's host and pinned buffers; on the CPU device also every device byte (its memory is host
+// memory); the largest short-lived buffer; the data set; and the program itself.
+struct HostFootprint {
+  std::uint64_t host = 0, pinned = 0;
+  std::uint64_t device = 0;     // the CPU device: the plan's device total (0 on a GPU)
+  std::uint64_t transient = 0;  // the largest short-lived buffer (see transient_note)
+  std::string transient_note;
+  std::uint64_t data = 0;     // the data set in memory (data_memory_bytes)
+  std::uint64_t runtime = 0;  // code, libraries, thread stacks and allocator arenas: kRuntimeBytes
+  std::uint64_t total() const { return host + pinned + device + transient + data + runtime; }
+};
+// The program's own resident memory beside its buffers (code, libraries, thread stacks, allocator
+// arenas, the model's bookkeeping), measured on the CPU device (docs/offload-engine.md, "Host
+// memory"). The CUDA device adds its libraries' own host memory (CUDA runtime, cuBLAS, NCCL), not
+// counted here.
+constexpr std::uint64_t kRuntimeBytes = std::uint64_t{24} << 20;
+HostFootprint host_footprint(const Config& c, const offload::Plan& p, const ModelShape& shape);
+
 struct RunPlan {
   ModelShape shape;
   int world = 1;                  // data-parallel ranks the plan is for
@@ -71,6 +106,9 @@ struct RunPlan {
   offload::DeepSpeedEstimate deepspeed;  // estimate_zero3_model_states_mem_needs for this model
   std::vector<LargestFit> largest;
   std::vector<std::string> notes;  // e.g. "nvme_path does not exist"
+  PerParam per_param;                  // this plan, per parameter
+  std::vector<PerParam> per_states;    // the same line in each state format (config without optimizer_states)
+  HostFootprint footprint;             // the host memory of `zinf train` with this config
 };
 
 RunPlan plan_run(const Config& c, const MachineInfo& m);

@@ -49,7 +49,10 @@ struct Layout {
   bool shard_states = false, shard_grads = false, shard_params = false;  // by the ZeRO stage, with several ranks
   bool fp32_sum = false;                    // the Update reads an fp32 sum of micro batches (and ranks)
   bool windows = false;                     // some units visit a parameter window slot
-  std::uint64_t bucket = 0, sub_group = 0;  // effective reduce-bucket and sub-group sizes, elements
+  // Effective reduce-bucket and sub-group sizes, elements: the configured ones, at most the largest unit;
+  // with one rank the bucket, and with the optimizer in host memory the sub-group, at most 4M elements
+  // (they only pace the staging then).
+  std::uint64_t bucket = 0, sub_group = 0;
   int window_slots = 0;                     // parameter window slots (0 without windows)
   std::uint64_t max_unit = 0;               // the largest unit
   std::uint64_t max_windowed = 0;           // the largest unit that visits the parameter window

@@ -334,7 +334,8 @@ void print_step_profile(const StepRuns& runs, const StepFigures& f) {
   std::printf("  engine, beside the ops (busy per step):");
   f.busy.each([&](const std::string& name, double sec) {
     if (name != "compute")
-      std::printf(" %s %.2f ms (%.1f%%)", name.c_str(), 1e3 * sec, r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
+      std::printf(" %s %.2f ms (%.1f%%)", name.c_str(), 1e3 * sec,
+                  r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
   });
   std::printf("\n");
 }
@@ -354,8 +355,9 @@ void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures&
                 d.read + d.write > 0 ? d.busy / (d.read + d.write) : 0.0, d.read_bytes / 1e6, d.write_bytes / 1e6);
   std::printf("  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds,
               f.busy.busiest_name().c_str(), 1e3 * f.busy.busiest());
-  std::printf("  overlap ratio (step time / busiest resource): %.3f   (1.0 = perfect overlap; the busiest sets the pace)\n",
-              f.overlap_ratio);
+  std::printf(
+      "  overlap ratio (step time / busiest resource): %.3f   (1.0 = perfect overlap; the busiest sets the pace)\n",
+      f.overlap_ratio);
   std::printf(
       "  %.2f TFLOPS (6 x params x tokens / step time), device busy %.0f%% of the step, peak device memory %s of %s\n",
       f.tflops, 100 * f.device_busy, format_bytes(r.peak_device_bytes).c_str(), format_bytes(r.device_budget).c_str());

@@ -49,6 +49,7 @@ TensorStore::TensorStore(const StoreOptions& o, FaultPlan* faults) {
   meter_ = o.disks ? o.disks->meter(disk) : std::make_shared<DiskMeter>(disk);
   description_ = why + ", " + direct_note + ", " + std::to_string(files_.size()) + " file(s) in " + dir_->path();
   if (dir_->created_parent()) description_ += " (created " + o.parent + ", which did not exist)";
+  description_ += ", on disk " + disk.name;
 }
 
 TensorStore::~TensorStore() {

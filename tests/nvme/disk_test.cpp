@@ -164,6 +164,8 @@ TEST(Disk, TwoStoresInTwoFoldersOfOneDiskCountOnOneMeter) {
   oa.disks = ob.disks = &meters;
   TensorStore sa(oa), sb(ob);
   EXPECT_EQ(&sa.meter(), &sb.meter());
+  EXPECT_NE(sa.description().find(", on disk " + disk_of(a.path.string()).name), std::string::npos)
+      << sa.description();
   PinnedPool pool(1 << 20, false);
   PinnedBuffer buf = pool.acquire(64 << 10);
   const auto ta = sa.add("x", 64 << 10), tb = sb.add("y", 10000);  // y padded to the block size

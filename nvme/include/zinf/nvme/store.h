@@ -104,7 +104,7 @@ class TensorStore {
   // (zinf/nvme/disk.h): take() its busy time and bytes.
   DiskMeter& meter() { return *meter_; }
 
-  // "io_uring engine (auto: io_uring works here), O_DIRECT, 1 file(s) in /tmp/zinf-12-ab34"
+  // "io_uring engine (auto: io_uring works here), O_DIRECT, 1 file(s) in /tmp/zinf-12-ab34, on disk vda"
   const std::string& description() const { return description_; }
   const std::string& directory() const { return dir_->path(); }
   // What clean_stale_swap_dirs found under the parent when the store was created.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "zinf/error.h"
 
@@ -49,26 +50,74 @@ fs::path whole_disk_dir(fs::path dir) {
   return dir;
 }
 
+// A mountinfo field with its octal escapes (`\040` for a space) decoded.
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3') {
+      out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The block device behind the mount that holds `path` (the mount point that is the longest prefix of
+// it; the later of two equal ones), from mountinfo's source field; 0 when the source is no block
+// device (tmpfs, overlay, a ZFS dataset).
+dev_t mount_source(const std::string& path, const std::string& mountinfo) {
+  std::ifstream f(mountinfo);
+  std::string line, source;
+  std::size_t best = 0;
+  while (std::getline(f, line)) {
+    std::istringstream head(line);
+    std::string id, parent, number, root, point;
+    const auto dash = line.find(" - ");
+    if (!(head >> id >> parent >> number >> root >> point) || dash == std::string::npos) continue;
+    std::istringstream tail(line.substr(dash + 3));
+    std::string type, src;
+    if (!(tail >> type >> src)) continue;
+    point = unescape(point);
+    const bool under = path.compare(0, point.size(), point) == 0 &&
+                       (path.size() == point.size() || point == "/" || path[point.size()] == '/');
+    if (under && point.size() >= best) best = point.size(), source = unescape(src);
+  }
+  struct stat st {};
+  if (source.rfind("/dev/", 0) != 0 || ::stat(source.c_str(), &st) != 0 || !S_ISBLK(st.st_mode)) return 0;
+  return st.st_rdev;
+}
+
 }  // namespace
 
 Disk whole_disk(unsigned dev_major, unsigned dev_minor, const std::string& sys) {
   const std::string number = std::to_string(dev_major) + ":" + std::to_string(dev_minor);
   std::error_code ec;
   const fs::path dir = fs::canonical(fs::path(sys) / "dev" / "block" / number, ec);
-  if (ec) return {makedev(dev_major, dev_minor), "dev " + number};  // no block device (tmpfs, overlay, btrfs subvolume)
+  if (ec) return {makedev(dev_major, dev_minor), "dev " + number};  // no block device (tmpfs, overlay)
   const fs::path disk = whole_disk_dir(dir);
   unsigned a = dev_major, b = dev_minor;
   if (std::sscanf(first_line(disk / "dev").c_str(), "%u:%u", &a, &b) != 2) a = dev_major, b = dev_minor;
   return {makedev(a, b), disk.filename().string()};
 }
 
-Disk disk_of(const std::string& path, const std::string& sys) {
+Disk disk_of_device(std::uint64_t st_dev, const std::string& path, const std::string& sys,
+                    const std::string& mountinfo) {
+  if (major(st_dev) == 0)  // an anonymous number: the device the filesystem was mounted from, if any
+    if (const dev_t source = mount_source(path, mountinfo)) return whole_disk(major(source), minor(source), sys);
+  return whole_disk(major(st_dev), minor(st_dev), sys);
+}
+
+Disk disk_of(const std::string& path, const std::string& sys, const std::string& mountinfo) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    const int e = errno;
-    throw IoError(path + ": cannot find its disk (stat: " + std::strerror(e) + ")", e);
+  std::error_code ec;
+  const fs::path real = fs::canonical(path, ec);
+  if (ec || ::stat(real.c_str(), &st) != 0) {
+    const int e = ec ? ec.value() : errno;
+    throw IoError(path + ": cannot find its disk (" + std::strerror(e) + ")", e);
   }
-  return whole_disk(major(st.st_dev), minor(st.st_dev), sys);
+  return disk_of_device(st.st_dev, real.string(), sys, mountinfo);
 }
 
 // ---- busy time ---------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 // any transfer in flight (given times, no clock), and the busiest resource is named with the disks
 // among the others.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -101,6 +102,37 @@ TEST(Disk, AFolderIsOnTheDiskOfItsFilesystem) {
   EXPECT_EQ(da.id, db.id);  // two folders under one temporary directory: one disk
   EXPECT_EQ(da.name, db.name);
   EXPECT_THROW(disk_of((a.path / "missing").string()), IoError);
+}
+
+// The first block device node under /dev, or "" (a container may have none).
+std::string some_block_device() {
+  std::error_code ec;
+  for (fs::directory_iterator it("/dev", ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_block_file(ec)) return it->path().string();
+  return "";
+}
+
+TEST(Disk, AnAnonymousFilesystemCountsAsTheBlockDeviceItIsMountedFrom) {
+  const std::string dev = some_block_device();
+  if (dev.empty()) GTEST_SKIP() << "no block device under /dev";
+  struct stat st {};
+  ASSERT_EQ(::stat(dev.c_str(), &st), 0);
+  const Disk want = whole_disk(major(st.st_rdev), minor(st.st_rdev));
+  Folder f("mountinfo");
+  const std::string mountinfo = (f.path / "mountinfo").string();
+  // btrfs subvolumes mounted from `dev` (one with a space in its mount point), an overlay inside one
+  write_file(mountinfo, "22 1 254:0 / / rw - ext4 /dev/zinf-no-such-device rw\n"
+                        "30 22 0:45 /@data /mnt/my\\040data rw,relatime - btrfs " + dev + " rw\n"
+                        "31 22 0:46 /@scratch /mnt/scratch rw - btrfs " + dev + " rw\n"
+                        "32 31 0:47 / /mnt/scratch/ovl rw - overlay overlay rw,lowerdir=/a");
+  for (auto [num, path] : {std::pair{45u, "/mnt/my data/swap"}, {46u, "/mnt/scratch/zinf"}}) {
+    const Disk d = disk_of_device(makedev(0, num), path, "/sys", mountinfo);
+    EXPECT_EQ(d.id, want.id) << path;  // two subvolumes of one device: one disk
+    EXPECT_EQ(d.name, want.name) << path;
+  }
+  EXPECT_EQ(disk_of_device(makedev(0, 47), "/mnt/scratch/ovl/x", "/sys", mountinfo).name, "dev 0:47");
+  // Not under /mnt/scratch, so under / (whose source is no device).
+  EXPECT_EQ(disk_of_device(makedev(0, 48), "/mnt/scratchy", "/sys", mountinfo).name, "dev 0:48");
 }
 
 TEST(Disk, FoldersOnOneDiskShareAMeterAndOtherDisksDoNot) {

@@ -26,9 +26,15 @@ struct Disk {
   std::string name;
 };
 
-// The disk `path` lives on: the st_dev of the path, looked up in `<sys>/dev/block/MAJ:MIN`. Throws
-// zinf::IoError when the path cannot be stat'ed.
-Disk disk_of(const std::string& path, const std::string& sys = "/sys");
+// The disk `path` lives on: the st_dev of the path, looked up in `<sys>/dev/block/MAJ:MIN`. A
+// filesystem with an anonymous device number (btrfs gives one to every subvolume) counts as the block
+// device its mount names as the source in `mountinfo`, when that is one. Throws zinf::IoError when
+// the path cannot be stat'ed.
+Disk disk_of(const std::string& path, const std::string& sys = "/sys",
+             const std::string& mountinfo = "/proc/self/mountinfo");
+// disk_of for a path whose st_dev is given (`path` absolute, symbolic links resolved).
+Disk disk_of_device(std::uint64_t st_dev, const std::string& path, const std::string& sys = "/sys",
+                    const std::string& mountinfo = "/proc/self/mountinfo");
 // The whole disk of block device major:minor: a partition resolves to the disk that holds it, a
 // device-mapper volume over exactly one device to that device's disk.
 Disk whole_disk(unsigned dev_major, unsigned dev_minor, const std::string& sys = "/sys");

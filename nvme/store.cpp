@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -44,8 +45,11 @@ TensorStore::TensorStore(const StoreOptions& o, FaultPlan* faults) {
   io_options.block_size = std::max(align_, io_options.block_size / align_ * align_);
   for (const auto& f : files_) io_options.fixed_files.push_back(f.fd);  // opened once: register them with the rings
   io_ = make_async_io(o.io_kind, io_options, &why, faults);
+  const Disk disk = o.disk_override.name.empty() ? disk_of(dir_->path()) : o.disk_override;
+  meter_ = o.disks ? o.disks->meter(disk) : std::make_shared<DiskMeter>(disk);
   description_ = why + ", " + direct_note + ", " + std::to_string(files_.size()) + " file(s) in " + dir_->path();
   if (dir_->created_parent()) description_ += " (created " + o.parent + ", which did not exist)";
+  description_ += ", on disk " + disk.name;
 }
 
 TensorStore::~TensorStore() {
@@ -88,23 +92,20 @@ IoHandle TensorStore::transfer(bool write, Id id, void* buf, std::uint64_t offse
   ZINF_CHECK(!odirect_ || reinterpret_cast<std::uintptr_t>(buf) % align_ == 0);
   len = std::min(len, t.bytes - offset);
   const File& f = files_[t.file];
-  const auto start = std::chrono::steady_clock::now();
-  Busy* b = &busy_[write ? 1 : 0];
-  return io_->submit(write, f.fd, buf, padded(len), t.offset + offset, f.path, [b, start] {
-    const auto end = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> lk(b->mu);
-    const auto from = std::max(start, b->until);
-    if (end > from) b->total += std::chrono::duration<double>(end - from).count();
-    b->until = std::max(b->until, end);
-  });
-}
-
-double TensorStore::take_busy(bool write) {
-  Busy& b = busy_[write ? 1 : 0];
-  std::lock_guard<std::mutex> lk(b.mu);
-  const double t = b.total;
-  b.total = 0;
-  return t;
+  const std::uint64_t bytes = padded(len);
+  // Counted on the disk from submit to completion, once: the completion runs on an I/O thread, or
+  // here when the submit throws before the transfer could start.
+  auto once = std::make_shared<std::atomic<bool>>(false);
+  auto done = [meter = meter_, once, write, bytes] {
+    if (!once->exchange(true)) meter->end(write, bytes);
+  };
+  meter_->begin(write);
+  try {
+    return io_->submit(write, f.fd, buf, bytes, t.offset + offset, f.path, done);
+  } catch (...) {
+    done();
+    throw;
+  }
 }
 
 IoHandle TensorStore::write(Id id, const void* src, std::uint64_t offset, std::uint64_t len) {

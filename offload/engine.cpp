@@ -370,11 +370,9 @@ BusyTimes Engine::take_times() {
   t.h2d += impl.s.dev.take_busy(StreamRole::h2d);
   t.d2h += impl.s.dev.take_busy(StreamRole::d2h);
   if (impl.s.dev.ops_stream_ordered()) t.compute += impl.s.dev.take_busy(StreamRole::compute);
-  for (nvme::TensorStore* st : {impl.states->store(), impl.offloaded ? impl.offloaded->store() : nullptr})
-    if (st) {
-      t.nvme_read += st->take_busy(false);
-      t.nvme_write += st->take_busy(true);
-    }
+  for (const nvme::DiskUse& d : impl.s.disks.take())
+    t.disks.push_back({d.name, d.busy, d.read, d.write, static_cast<double>(d.read_bytes),
+                       static_cast<double>(d.write_bytes)});
   impl.s.times = BusyTimes{};
   return t;
 }

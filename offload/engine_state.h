@@ -152,6 +152,10 @@ struct EngineState {
 
   std::atomic<std::uint64_t> host_bytes{0};  // host memory held (alloc_host), for Engine::held_bytes
 
+  // The disks under the NVMe stores, one meter per disk: the optimizer and parameter stores share one
+  // when their folders are on one drive.
+  nvme::DiskMeters disks;
+
   EngineState(const EngineConfig& cfg, Device& d)
       : config(cfg),
         dev(d),
@@ -170,7 +174,10 @@ struct EngineState {
         bucket(buffers.layout().bucket),
         sub_group(buffers.layout().sub_group),
         ordered_collectives(world > 1 && cfg.device_comm && cfg.device_comm->stream_ordered()),
-        threads(cfg.host_threads, cfg.pin_threads) {}
+        threads(cfg.host_threads, cfg.pin_threads) {
+    for (nvme::StoreOptions* o : {&config.optimizer_store, &config.param_store})
+      if (!o->disks) o->disks = &disks;
+  }
 
   bool exact() const { return config.overlap == Overlap::exact; }
   bool parallel() const { return world > 1; }

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace zinf {
 
@@ -53,33 +55,72 @@ constexpr bool parse_kernels(std::string_view name, Kernels& out) {
 
 constexpr std::string_view to_string(ModelFamily f) { return f == ModelFamily::gpt2 ? "gpt2" : "llama"; }
 
-// Seconds each resource of a step was busy, measured where its work ran (see zinf/device.h and the
-// offload engine): the device's compute, h2d and d2h streams, the host workers, NVMe reads and writes.
-struct BusyTimes {
-  double compute = 0, h2d = 0, d2h = 0, host = 0, nvme_read = 0, nvme_write = 0;
+// One disk's part of a step (zinf/nvme/disk.h): busy while any transfer to it was in flight — a read
+// and a write at the same time count once —, reads alone, writes alone, and the bytes moved. Every
+// store on the disk counts here (the optimizer states and the parameters in two folders on one drive
+// are one disk).
+struct DiskBusy {
+  std::string name;  // the kernel's name of the whole disk: "nvme0n1", "vda"
+  double busy = 0, read = 0, write = 0;
+  double read_bytes = 0, write_bytes = 0;
+};
 
-  double busiest() const { return std::max({compute, h2d, d2h, host, nvme_read, nvme_write}); }
-  const char* busiest_name() const {
+// Seconds each resource of a step was busy, measured where its work ran (see zinf/device.h and the
+// offload engine): the device's compute, h2d and d2h streams, the host workers, and each disk the
+// NVMe tiers use. The busiest of them sets the pace of the step.
+struct BusyTimes {
+  double compute = 0, h2d = 0, d2h = 0, host = 0;
+  std::vector<DiskBusy> disks;
+
+  // The busiest resource's seconds and name ("compute", "host", "disk vda", "h2d", "d2h"); on a tie
+  // the first in that order.
+  double busiest() const {
+    double b = std::max({compute, h2d, d2h, host});
+    for (const auto& d : disks) b = std::max(b, d.busy);
+    return b;
+  }
+  std::string busiest_name() const {
     const double b = busiest();
     if (b == compute) return "compute";
     if (b == host) return "host";
-    if (b == nvme_read) return "nvme_read";
-    if (b == nvme_write) return "nvme_write";
+    for (const auto& d : disks)
+      if (b == d.busy) return "disk " + d.name;
     if (b == h2d) return "h2d";
     return "d2h";
   }
+  // Every disk together: reads' and writes' busy seconds, and bytes.
+  double nvme_read() const { return sum(&DiskBusy::read); }
+  double nvme_write() const { return sum(&DiskBusy::write); }
+  double nvme_read_bytes() const { return sum(&DiskBusy::read_bytes); }
+  double nvme_write_bytes() const { return sum(&DiskBusy::write_bytes); }
+
   BusyTimes& operator+=(const BusyTimes& o) {
-    compute += o.compute, h2d += o.h2d, d2h += o.d2h, host += o.host, nvme_read += o.nvme_read,
-        nvme_write += o.nvme_write;
+    compute += o.compute, h2d += o.h2d, d2h += o.d2h, host += o.host;
+    for (const auto& od : o.disks) {
+      auto it = std::find_if(disks.begin(), disks.end(), [&](const DiskBusy& d) { return d.name == od.name; });
+      if (it == disks.end()) it = disks.insert(disks.end(), DiskBusy{od.name});
+      it->busy += od.busy, it->read += od.read, it->write += od.write;
+      it->read_bytes += od.read_bytes, it->write_bytes += od.write_bytes;
+    }
     return *this;
   }
   template <class F>
-  void each(F f) const {  // f(name, seconds) for every resource, in a fixed order
-    f("compute", compute), f("h2d", h2d), f("d2h", d2h), f("host", host), f("nvme_read", nvme_read),
-        f("nvme_write", nvme_write);
+  void each(F f) const {  // f(name, seconds) for every resource, in a fixed order; disks as "disk <name>"
+    f(std::string("compute"), compute), f(std::string("h2d"), h2d), f(std::string("d2h"), d2h),
+        f(std::string("host"), host);
+    for (const auto& d : disks) f("disk " + d.name, d.busy);
   }
   BusyTimes per(double n) const {  // a sum over n steps as a per-step mean
-    return {compute / n, h2d / n, d2h / n, host / n, nvme_read / n, nvme_write / n};
+    BusyTimes r{compute / n, h2d / n, d2h / n, host / n, disks};
+    for (auto& d : r.disks) d.busy /= n, d.read /= n, d.write /= n, d.read_bytes /= n, d.write_bytes /= n;
+    return r;
+  }
+
+ private:
+  double sum(double DiskBusy::*field) const {
+    double s = 0;
+    for (const auto& d : disks) s += d.*field;
+    return s;
   }
 };
 

@@ -242,17 +242,37 @@ TEST(Cli, PeakResidentSetIsWithinFivePercentOfThePlan) {
 
 TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
   const std::string swap = std::filesystem::temp_directory_path() / ("zinf-bench-step-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(swap);
+  std::filesystem::create_directories(swap + "/params");
   auto j = run_json(
       "bench step --json --profile --steps 3 --config " + kConfigs +
       "/tiny.json --set model.n_layer=2"
       " --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32 --set train_micro_batch_size_per_gpu=2"
       " --set device.threads=1 --set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme"
-      " --set zero_optimization.offload_param.device=cpu --set zero_optimization.offload_optimizer.nvme_path=" +
-      swap);
+      " --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_optimizer.nvme_path=" +
+      swap + " --set zero_optimization.offload_param.nvme_path=" + swap + "/params");
   EXPECT_GE(j["overlap_ratio"].get<double>(), 0.5);
   EXPECT_GT(j["busy_s"]["compute"].get<double>(), 0.0);
-  EXPECT_GT(j["busy_s"]["nvme_read"].get<double>(), 0.0);
+  // The optimizer and parameter stores, in two folders on one disk: one resource, busy once.
+  ASSERT_EQ(j["disks"].size(), 1u) << j.dump();
+  const auto& disk = j["disks"][0];
+  const std::string name = "disk " + disk["name"].get<std::string>();
+  EXPECT_EQ(j["busy_s"][name], disk["busy_s"]);
+  EXPECT_GT(disk["busy_s"].get<double>(), 0.0);
+  EXPECT_LE(disk["busy_s"].get<double>(), disk["read_plus_write_s"].get<double>() + 1e-9);
+  EXPECT_GE(disk["busy_s"].get<double>() + 1e-9, std::max(disk["read_s"].get<double>(), disk["write_s"].get<double>()));
+  // Bytes from the transfers: every step reads and writes each sub-group's master|m|v.
+  EXPECT_GT(j["nvme_read_bytes_per_step"].get<double>(), 0.0);
+  EXPECT_GT(j["nvme_write_bytes_per_step"].get<double>(), 0.0);
+  EXPECT_EQ(j["nvme_read_bytes_per_step"], disk["read_bytes"]);
+  EXPECT_EQ(j["nvme_write_bytes_per_step"], disk["write_bytes"]);
+  // The busiest resource is named, and the ratio is taken against it.
+  double most = 0;
+  std::string busiest;
+  for (const auto& [k, v] : j["busy_s"].items())
+    if (v.get<double>() > most) most = v.get<double>(), busiest = k;
+  EXPECT_EQ(j["busiest"], busiest);
+  EXPECT_DOUBLE_EQ(j["busiest_s"].get<double>(), most);
+  EXPECT_NEAR(j["overlap_ratio"].get<double>(), j["step_s"].get<double>() / most, 1e-9);
   EXPECT_GT(j["relative_to_no_offload"].get<double>(), 0.0);
   EXPECT_EQ(j["params_digest"], j["no_offload_params_digest"]);  // the profiled run's math is the plain run's
   // --profile: the model's ops by kind, slowest first, each a share of the step.
@@ -265,6 +285,8 @@ TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
   for (const auto& o : j["profile"])
     if (o["op"] == "gemm mlp up") gemm = o["tflops"].get<double>() > 0 && o["calls_per_step"].get<double>() == 4;
   EXPECT_TRUE(gemm) << j["profile"].dump();
+  EXPECT_TRUE(std::filesystem::is_empty(swap + "/params"));
+  std::filesystem::remove(swap + "/params");
   EXPECT_TRUE(std::filesystem::is_empty(swap));
   std::filesystem::remove_all(swap);
 }

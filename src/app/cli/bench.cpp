@@ -224,10 +224,11 @@ const char* dev_timing(const Config& c) {
 // `zinf bench step --help`.
 constexpr const char* kBenchStepAbout =
     "Run a few training steps with the config's placement and report each resource's busy time (compute, h2d, "
-    "d2h, host update, NVMe read, NVMe write), the step time, the step time divided by the busiest resource "
-    "(overlap_ratio; 1.0 is perfect overlap), and the step time relative to the same model with no offload. "
-    "Where the placement runs the speculative Update, the same placement without it too, for the two ratios. "
-    "The first step is a warm-up and is not measured";
+    "d2h, host update, and each disk under the NVMe tiers, busy while any read or write to it is in flight), the "
+    "busiest resource, the step time divided by its busy time (overlap_ratio; 1.0 is perfect overlap), NVMe bytes "
+    "read and written per step, and the step time relative to the same model with no offload. Where the placement "
+    "runs the speculative Update, the same placement without it too, for the two ratios. The first step is a "
+    "warm-up and is not measured";
 
 struct StepArgs {
   ConfigArgs config;
@@ -337,7 +338,19 @@ void print_step_json(const StepArgs& a, const StepRuns& runs, const StepFigures&
     j["unspeculated_overlap_ratio"] = overlap_of(runs.unspeculated);
     j["unspeculated_params_digest"] = runs.unspeculated.params_digest;
   }
-  f.busy.each([&](const char* name, double sec) { j["busy_s"][name] = sec; });
+  f.busy.each([&](const std::string& name, double sec) { j["busy_s"][name] = sec; });
+  j["busiest_s"] = f.busy.busiest();
+  j["nvme_read_bytes_per_step"] = f.busy.nvme_read_bytes();
+  j["nvme_write_bytes_per_step"] = f.busy.nvme_write_bytes();
+  j["disks"] = nlohmann::json::array();
+  for (const auto& d : f.busy.disks)  // per step; busy counts a read and a write in flight together once
+    j["disks"].push_back({{"name", d.name},
+                          {"busy_s", d.busy},
+                          {"read_s", d.read},
+                          {"write_s", d.write},
+                          {"read_plus_write_s", d.read + d.write},
+                          {"read_bytes", d.read_bytes},
+                          {"write_bytes", d.write_bytes}});
   if (a.profile) {
     j["profile"] = nlohmann::json::array();
     for (const auto& o : r.profile)
@@ -365,9 +378,10 @@ void print_step_profile(const StepRuns& runs, const StepFigures& f) {
                 o.flops > 0 && o.seconds > 0 ? std::to_string(o.flops / o.seconds / 1e12).substr(0, 6).c_str() : "-");
   // The engine's side of the step, on its own streams and workers (overlapped with the above).
   std::printf("  engine, beside the ops (busy per step):");
-  f.busy.each([&](const char* name, double sec) {
-    if (std::string(name) != "compute")
-      std::printf(" %s %.2f ms (%.1f%%)", name, 1e3 * sec, r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
+  f.busy.each([&](const std::string& name, double sec) {
+    if (name != "compute")
+      std::printf(" %s %.2f ms (%.1f%%)", name.c_str(), 1e3 * sec,
+                  r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
   });
   std::printf("\n");
 }
@@ -378,10 +392,18 @@ void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures&
   std::printf("zinf bench step — %s, %lld measured steps (after one warm-up)\n", runs.config.source.c_str(),
               static_cast<long long>(r.measured_steps));
   std::printf("  busy per step (ms):");
-  f.busy.each([](const char* name, double sec) { std::printf(" %s %.1f", name, 1e3 * sec); });
-  std::printf("\n  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds, f.busy.busiest_name(),
-              1e3 * f.busy.busiest());
-  std::printf("  overlap ratio (step time / busiest resource): %.3f   (1.0 = perfect overlap)\n", f.overlap_ratio);
+  f.busy.each([](const std::string& name, double sec) { std::printf(" %s %.1f", name.c_str(), 1e3 * sec); });
+  std::printf("\n");
+  for (const auto& d : f.busy.disks)  // one resource: its reads and writes overlap on it
+    std::printf("  disk %s: busy %.1f ms (reads %.1f + writes %.1f = %.1f summed; busy is %.2f of the sum), "
+                "read %.1f MB, wrote %.1f MB\n",
+                d.name.c_str(), 1e3 * d.busy, 1e3 * d.read, 1e3 * d.write, 1e3 * (d.read + d.write),
+                d.read + d.write > 0 ? d.busy / (d.read + d.write) : 0.0, d.read_bytes / 1e6, d.write_bytes / 1e6);
+  std::printf("  step time %.1f ms; busiest resource: %s (%.1f ms)\n", 1e3 * r.step_seconds,
+              f.busy.busiest_name().c_str(), 1e3 * f.busy.busiest());
+  std::printf(
+      "  overlap ratio (step time / busiest resource): %.3f   (1.0 = perfect overlap; the busiest sets the pace)\n",
+      f.overlap_ratio);
   std::printf(
       "  %.2f TFLOPS (6 x params x tokens / step time), device busy %.0f%% of the step, peak device memory %s of %s\n",
       f.tflops, 100 * f.device_busy, format_bytes(r.peak_device_bytes).c_str(), format_bytes(r.device_budget).c_str());
@@ -561,7 +583,8 @@ Command add_bench_step(CLI::App& bench) {
   auto [sub, args] = add_subcommand<StepArgs>(bench, "step", kBenchStepAbout);
   add_config_options(*sub, args->config);
   sub->add_option("--steps", args->steps, "Steps to run (the first is not measured)")->capture_default_str();
-  sub->add_flag("--json", args->json, "Print one JSON object (overlap_ratio, busy_s, relative_to_no_offload)");
+  sub->add_flag("--json", args->json,
+                "Print one JSON object (busiest, overlap_ratio, busy_s, disks, NVMe bytes, relative_to_no_offload)");
   sub->add_flag("!--no-baseline", args->baseline, "Skip the run with no offload (relative_to_no_offload is then 0)");
   sub->add_flag("--profile", args->profile,
                 "Also time the model's ops by kind on the compute stream (GEMM classes, attention, norms, elementwise, "

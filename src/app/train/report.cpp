@@ -48,7 +48,10 @@ void MetricsFile::step(const StepReport& r) {
                       {"skipped", r.skipped},
                       {"tokens_per_s", r.tokens_per_s},
                       {"step_s", r.step_s}};
-  r.busy.each([&](const char* name, double s) { j["busy_s"][name] = s; });
+  r.busy.each([&](const std::string& name, double s) { j["busy_s"][name] = s; });
+  j["busiest"] = r.busy.busiest_name();
+  if (!r.busy.disks.empty())
+    j["nvme_bytes"] = {{"read", r.busy.nvme_read_bytes()}, {"written", r.busy.nvme_write_bytes()}};
   write_line(j.dump() + "\n");
 }
 
@@ -66,16 +69,29 @@ std::string progress_line(const Config& c, const StepReport& r, double fwd_ms, d
     std::snprintf(line, sizeof line, " | fwd %.1f ms bwd %.1f ms", fwd_ms, bwd_ms);
     s += line;
   }
-  if (c.zero.offload_optimizer.device != OffloadDevice::none || c.zero.offload_param.device != OffloadDevice::none) {
-    const BusyTimes& b = r.busy;
-    std::snprintf(line, sizeof line,
-                  " | busy ms: compute %.0f h2d %.0f d2h %.0f host %.0f nvme r %.0f w %.0f | overlap %.2f",
-                  1e3 * b.compute, 1e3 * b.h2d, 1e3 * b.d2h, 1e3 * b.host, 1e3 * b.nvme_read, 1e3 * b.nvme_write,
-                  b.busiest() > 0 ? r.step_s / b.busiest() : 0.0);
-    s += line;
-  }
+  if (c.zero.offload_optimizer.device != OffloadDevice::none || c.zero.offload_param.device != OffloadDevice::none)
+    s += busy_summary(r.busy, r.step_s);
   if (c.zero.offload_optimizer.speculative) s += " | rollbacks " + std::to_string(r.rollbacks);
   return s;
+}
+
+std::string busy_summary(const BusyTimes& b, double step_s) {
+  char part[256];
+  std::snprintf(part, sizeof part, " | busy ms: compute %.0f h2d %.0f d2h %.0f host %.0f", 1e3 * b.compute,
+                1e3 * b.h2d, 1e3 * b.d2h, 1e3 * b.host);
+  std::string s = part;
+  for (const auto& d : b.disks) {  // a disk once, with its reads and writes (which may overlap) beside it
+    std::snprintf(part, sizeof part, " disk %s %.0f (r %.0f w %.0f)", d.name.c_str(), 1e3 * d.busy, 1e3 * d.read,
+                  1e3 * d.write);
+    s += part;
+  }
+  if (!b.disks.empty()) {
+    std::snprintf(part, sizeof part, " | nvme MB r %.0f w %.0f", b.nvme_read_bytes() / 1e6, b.nvme_write_bytes() / 1e6);
+    s += part;
+  }
+  std::snprintf(part, sizeof part, " | pace: %s, overlap %.2f", b.busiest_name().c_str(),
+                b.busiest() > 0 ? step_s / b.busiest() : 0.0);
+  return s + part;
 }
 
 std::string params_digest(offload::Engine& engine, const ModelShape& shape) {

@@ -40,6 +40,9 @@ class MetricsFile {
 // "step N/M | loss … | lr … | scale … | norm … | tok/s", plus the forward/backward times with
 // wall_clock_breakdown and each resource's busy time and the overlap when anything is offloaded.
 std::string progress_line(const Config& c, const StepReport& r, double fwd_ms, double bwd_ms);
+// The busy part of the progress line: " | busy ms: compute … host … disk vda … (r … w …) | nvme MB r …
+// w … | pace: <busiest resource>, overlap <step time / its busy time>".
+std::string busy_summary(const BusyTimes& b, double step_s);
 
 // FNV-1a 64 over every unit's fp32 master parameters, in unit order, as 16 hex digits.
 std::string params_digest(offload::Engine& engine, const ModelShape& shape);

@@ -19,14 +19,13 @@
 // Thread-safety: add() must not race with other calls; read/write may be called from any thread.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "zinf/nvme/async_io.h"
+#include "zinf/nvme/disk.h"
 
 namespace zinf::nvme {
 
@@ -73,6 +72,10 @@ struct StoreOptions {
   int files = 1;               // tensors are spread round-robin over this many files
   bool odirect = true;         // false, or refused by the filesystem: buffered I/O
   bool create_parent = false;  // create `parent` when missing (training's nvme_path, as DeepSpeed)
+  // Where the store's transfers are counted: the meter of its folder's disk in `disks` (shared with
+  // every other store of those meters on that disk), or a meter of its own when null.
+  DiskMeters* disks = nullptr;
+  Disk disk_override;  // tests: count under this disk instead of the folder's (when its name is set)
 };
 
 class TensorStore {
@@ -97,11 +100,11 @@ class TensorStore {
   IoHandle write(Id id, const void* src, std::uint64_t offset = 0, std::uint64_t len = UINT64_MAX);
   IoHandle read(Id id, void* dst, std::uint64_t offset = 0, std::uint64_t len = UINT64_MAX);
 
-  // Seconds the store had reads (writes) in flight since the last call — the union of the transfers'
-  // [submit, complete] intervals, for per-resource busy times. Resets the counters.
-  double take_busy(bool write);
+  // The disk the store's folder is on, where every transfer is counted from submit to completion
+  // (zinf/nvme/disk.h): take() its busy time and bytes.
+  DiskMeter& meter() { return *meter_; }
 
-  // "io_uring engine (auto: io_uring works here), O_DIRECT, 1 file(s) in /tmp/zinf-12-ab34"
+  // "io_uring engine (auto: io_uring works here), O_DIRECT, 1 file(s) in /tmp/zinf-12-ab34, on disk vda"
   const std::string& description() const { return description_; }
   const std::string& directory() const { return dir_->path(); }
   // What clean_stale_swap_dirs found under the parent when the store was created.
@@ -129,11 +132,7 @@ class TensorStore {
   bool odirect_ = false;
   std::unique_ptr<AsyncIo> io_;
   std::string description_;
-  struct Busy {
-    std::mutex mu;
-    double total = 0;
-    std::chrono::steady_clock::time_point until{};
-  } busy_[2];
+  std::shared_ptr<DiskMeter> meter_;
 };
 
 }  // namespace zinf::nvme

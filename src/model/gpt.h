@@ -36,7 +36,8 @@ GptBlock<TensorView> block_view(const TensorView& base, int C);
 class GptModel final : public LanguageModel {
  public:
   // B: micro batch. Activations for B×T tokens are allocated on `dev` now.
-  GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
+  // offload_checkpoints: the checkpointed block inputs live in pinned host memory (lm.h, Checkpoints).
+  GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops, bool offload_checkpoints = false);
 
   // Forward pass: each of the B×T rows' cross-entropy into row_losses(); keeps what backward needs.
   void forward(UnitSource& src, const int* tokens, const int* targets) override;

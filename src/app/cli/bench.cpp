@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "app/config/config.h"
@@ -216,6 +217,10 @@ struct StepRuns {
   Config config;
   TrainResult offload, baseline;
   bool baseline_fits = false;  // the baseline ran (asked for, and the model fit the device without offload)
+  // With activation_checkpointing.cpu_checkpointing: the same placement with the checkpoints kept on
+  // the device, to show what moving them costs and saves.
+  TrainResult checkpoints_on_device;
+  bool checkpoints_compared = false;
 };
 
 // The per-step figures `bench step` reports, from the runs' sums over their measured steps.
@@ -223,6 +228,11 @@ struct StepFigures {
   double steps = 1;  // measured steps (at least 1, to divide by)
   BusyTimes busy;    // per step
   double overlap_ratio = 0, relative_to_no_offload = 0, tflops = 0, device_busy = 0;
+  // cpu_checkpointing against the checkpoints on the device, per step: the copies' busy time on h2d
+  // and d2h, the step time they add, the share of the copies hidden behind the compute (1 - added
+  // step time / copy time, within [0, 1]), and the device memory saved.
+  double checkpoint_h2d = 0, checkpoint_d2h = 0, checkpoint_step_added = 0, checkpoint_hidden = 0;
+  std::int64_t checkpoint_device_saved = 0;
 };
 
 StepRuns run_step_pair(const StepArgs& a, const World& world) {
@@ -243,9 +253,17 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
   hooks.profile = a.profile;
   runs.offload = train(c, hooks);
   hooks.profile = false;
+  if (c.model.cpu_checkpointing) {
+    std::vector<std::string> on_device = common;
+    on_device.push_back("activation_checkpointing.cpu_checkpointing=false");
+    progress("the same placement with the activation checkpoints on the device");
+    runs.checkpoints_on_device = train(load_run_config(a.config, world.size, on_device), hooks);
+    runs.checkpoints_compared = true;
+  }
   std::vector<std::string> none = common;
   for (const char* o :
-       {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"})
+       {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none",
+        "activation_checkpointing.cpu_checkpointing=false"})
     none.push_back(o);
   const Config no_offload = load_run_config(a.config, world.size, none);
   if (!a.baseline) return runs;
@@ -271,6 +289,17 @@ StepFigures step_figures(const StepRuns& runs) {
   const double tokens = static_cast<double>(runs.config.train_batch_size) * runs.config.model.seq_len;
   f.tflops = r.step_seconds > 0 ? 6.0 * static_cast<double>(count_params(shape)) * tokens / r.step_seconds / 1e12 : 0;
   f.device_busy = r.step_seconds > 0 ? f.busy.compute / r.step_seconds : 0;
+  if (runs.checkpoints_compared) {
+    const TrainResult& k = runs.checkpoints_on_device;
+    const BusyTimes kb = k.busy.per(static_cast<double>(std::max<std::int64_t>(1, k.measured_steps)));
+    f.checkpoint_h2d = std::max(0.0, f.busy.h2d - kb.h2d);
+    f.checkpoint_d2h = std::max(0.0, f.busy.d2h - kb.d2h);
+    f.checkpoint_step_added = r.step_seconds - k.step_seconds;
+    const double copies = f.checkpoint_h2d + f.checkpoint_d2h;
+    f.checkpoint_hidden = copies > 0 ? std::clamp(1.0 - f.checkpoint_step_added / copies, 0.0, 1.0) : 1.0;
+    f.checkpoint_device_saved =
+        static_cast<std::int64_t>(k.peak_device_bytes) - static_cast<std::int64_t>(r.peak_device_bytes);
+  }
   return f;
 }
 
@@ -292,6 +321,14 @@ void print_step_json(const StepArgs& a, const StepRuns& runs, const StepFigures&
                       {"peak_device_bytes", r.peak_device_bytes},
                       {"device_budget", r.device_budget}};
   f.busy.each([&](const char* name, double sec) { j["busy_s"][name] = sec; });
+  if (runs.checkpoints_compared)
+    j["cpu_checkpointing"] = {{"copy_h2d_s", f.checkpoint_h2d},
+                              {"copy_d2h_s", f.checkpoint_d2h},
+                              {"step_s_added", f.checkpoint_step_added},
+                              {"hidden_fraction", f.checkpoint_hidden},
+                              {"device_bytes_saved", f.checkpoint_device_saved},
+                              {"on_device_step_s", runs.checkpoints_on_device.step_seconds},
+                              {"on_device_params_digest", runs.checkpoints_on_device.params_digest}};
   if (a.profile) {
     j["profile"] = nlohmann::json::array();
     for (const auto& o : r.profile)
@@ -339,6 +376,16 @@ void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures&
   std::printf(
       "  %.2f TFLOPS (6 x params x tokens / step time), device busy %.0f%% of the step, peak device memory %s of %s\n",
       f.tflops, 100 * f.device_busy, format_bytes(r.peak_device_bytes).c_str(), format_bytes(r.device_budget).c_str());
+  if (runs.checkpoints_compared) {
+    const TrainResult& k = runs.checkpoints_on_device;
+    std::printf(
+        "  activation checkpoints in host memory: copies %.2f ms per step (d2h %.2f, h2d %.2f), step time %+.2f ms "
+        "against them on the device (%.1f ms): %.0f%% of the copy time hidden; device memory %s less; digest %s\n",
+        1e3 * (f.checkpoint_d2h + f.checkpoint_h2d), 1e3 * f.checkpoint_d2h, 1e3 * f.checkpoint_h2d,
+        1e3 * f.checkpoint_step_added, 1e3 * k.step_seconds, 100 * f.checkpoint_hidden,
+        format_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(0, f.checkpoint_device_saved))).c_str(),
+        k.params_digest == r.params_digest ? "bit-identical" : "DIFFERENT");
+  }
   if (runs.baseline_fits) {
     std::printf("  relative to no offload (%.1f ms per step): %.3f\n", 1e3 * base.step_seconds,
                 f.relative_to_no_offload);

@@ -1,0 +1,122 @@
+// checkpoint_offload_test.cpp — activation_checkpointing.cpu_checkpointing: the checkpointed block
+// inputs go to pinned host memory behind the forward and come back one block ahead of the backward.
+// The parameters must equal those of the run that keeps its checkpoints on the device bit for bit —
+// on the synchronous CPU device, and on the asynchronous, jittered one (where a missing event moves
+// the digest) — for both families, fp32 and bf16, with and without gradient accumulation; and the
+// device memory the run takes must fall by what `zinf plan` says. Seeds per configuration:
+// ZINF_ASYNC_SEEDS (default 3).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "app/config/config.h"
+#include "app/plan/plan.h"
+#include "app/train/train.h"
+#include "model/lm.h"
+#include "small_train.h"
+
+namespace zinf {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kSwap =
+    (fs::temp_directory_path() / ("zinf-checkpoint-offload-" + std::to_string(::getpid()))).string();
+
+int seeds() {
+  const char* v = std::getenv("ZINF_ASYNC_SEEDS");
+  return v && *v ? std::max(1, std::atoi(v)) : 3;
+}
+
+// Five blocks: checkpoints 0–3 of the six leave the device (the last two stay), so every slot is
+// reused and refilled more than once in each direction.
+std::vector<std::string> base(std::vector<std::string> extra) {
+  std::vector<std::string> o = {"model.n_layer=5", "model.activation_checkpointing=true"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return o;
+}
+std::vector<std::string> offloaded(std::vector<std::string> o) {
+  o.push_back("activation_checkpointing.cpu_checkpointing=true");
+  return o;
+}
+std::vector<std::string> jittered(std::vector<std::string> o, std::uint64_t seed) {
+  o.push_back("device.async=true");
+  o.push_back("device.jitter_seed=" + std::to_string(seed));
+  o.push_back("device.jitter_us=100");
+  return o;
+}
+
+TrainResult run(const std::vector<std::string>& overrides) {
+  return train(parse_config(test::small_train_config(kSwap), overrides), TrainHooks{});
+}
+std::string digest(const std::vector<std::string>& overrides) { return run(overrides).params_digest; }
+
+const std::vector<std::string> kLlama = {"model.family=llama", "model.n_kv_head=1", "model.d_ff=48",
+                                         "model.tie_embeddings=false"};
+
+class CheckpointOffload : public ::testing::Test {
+ protected:
+  void SetUp() override { fs::create_directories(kSwap); }
+  void TearDown() override { fs::remove_all(kSwap); }
+};
+
+// Every family × precision × GA: the synchronous device, then the jittered asynchronous one.
+TEST_F(CheckpointOffload, EqualsCheckpointsOnTheDeviceSyncAndJittered) {
+  std::uint64_t seed = 501;
+  for (bool llama : {false, true})
+    for (const char* prec : {"fp16.enabled=false", "bf16.enabled=true"})
+      for (const char* ga : {"gradient_accumulation_steps=1", "gradient_accumulation_steps=2"}) {
+        SCOPED_TRACE(std::string(llama ? "llama " : "gpt ") + prec + " " + ga);
+        std::vector<std::string> extra = {"fp16.enabled=false", prec, ga};
+        if (llama) extra.insert(extra.end(), kLlama.begin(), kLlama.end());
+        const std::vector<std::string> o = base(extra);
+        const std::string ref = digest(o);
+        EXPECT_EQ(digest(offloaded(o)), ref) << "synchronous";
+        for (int k = 0; k < seeds(); ++k, ++seed) EXPECT_EQ(digest(jittered(offloaded(o), seed)), ref) << "seed " << seed;
+      }
+}
+
+// With the parameters and the optimizer offloaded too, every stream carries the engine's traffic
+// beside the checkpoints'.
+TEST_F(CheckpointOffload, EqualsCheckpointsOnTheDeviceWithEverythingOffloaded) {
+  const std::vector<std::string> o = base({"zero_optimization.offload_optimizer.device=cpu",
+                                           "zero_optimization.offload_param.device=cpu"});
+  const std::string ref = digest(o);
+  EXPECT_EQ(digest(offloaded(o)), ref);
+  for (std::uint64_t seed = 601; seed < 601 + static_cast<std::uint64_t>(seeds()); ++seed)
+    EXPECT_EQ(digest(jittered(offloaded(o), seed)), ref) << "seed " << seed;
+}
+
+// The run's peak device memory falls by the checkpoints that live on the host — four of six rows of
+// B·T·C fp32 — and `zinf plan`'s device total falls by the same bytes, which it shows as pinned.
+TEST_F(CheckpointOffload, DeviceBytesFallByThePlannedRows) {
+  const std::vector<std::string> o = base({"fp16.enabled=false"});
+  const std::uint64_t row = 2 * 16 * 32 * 4;  // micro batch 2, seq 16, d_model 32, fp32 storage
+  const std::uint64_t off = 4 * row;          // checkpoints 0–3 of 0–5
+  const TrainResult kept = run(o), moved = run(offloaded(o));
+  EXPECT_EQ(kept.peak_device_bytes - moved.peak_device_bytes, off);
+
+  auto plan_of = [](const std::vector<std::string>& ov) {
+    const Config c = parse_config(test::small_train_config(kSwap), ov);
+    return offload::make_plan(make_plan_input(c, model_shape(c.model)));
+  };
+  const offload::Plan a = plan_of(o), b = plan_of(offloaded(o));
+  EXPECT_EQ(a.totals[0] - b.totals[0], off);
+  EXPECT_EQ(b.totals[1] - a.totals[1], off);
+  EXPECT_EQ(a.pinned_pool, b.pinned_pool);  // the checkpoints' host rows are a pool of the model's
+  const offload::Row* ckpt = nullptr;
+  for (const auto& r : b.buffers)
+    if (r.name == "activation ckpts") ckpt = &r;
+  ASSERT_NE(ckpt, nullptr);
+  EXPECT_EQ(ckpt->bytes[0], 2 * row);
+  EXPECT_EQ(ckpt->bytes[1], off);
+  EXPECT_EQ(Checkpoints::device_rows(6, true), 2u);
+  EXPECT_EQ(Checkpoints::host_rows(6, true), 4u);
+  EXPECT_EQ(Checkpoints::host_rows(2, true), 0u);  // one block: both checkpoints stay on the device
+  EXPECT_EQ(Checkpoints::host_rows(6, false), 0u);
+}
+
+}  // namespace
+}  // namespace zinf

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "model/shape.h"
 #include "zinf/device.h"
 #include "zinf/pinned.h"
+#include "zinf/types.h"
 
 namespace zinf {
 
@@ -63,6 +65,9 @@ class LanguageModel {
   // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
   // for a mean loss); the units' gradient buffers are accumulated (+=).
   virtual void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) = 0;
+  // With activation_checkpointing.cpu_checkpointing, the checkpoint copies' and waits' seconds since
+  // the last call (Checkpoints::take_times); nothing otherwise.
+  virtual CheckpointTimes take_checkpoint_times() { return {}; }
 };
 
 // A forward whose mean loss the caller reads at once (tests, one-off evaluations): waits for the
@@ -122,8 +127,7 @@ class Checkpoints {
 
   // n checkpoints of row_elems elements each, `row_bytes` apart, carved from `kept` (resident: n rows;
   // offloaded: min(n, kSlots) rows, see device_rows) in `storage`.
-  void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t row_bytes, std::size_t n,
-                bool offload);
+  void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t row_bytes, std::size_t n, bool offload);
   ~Checkpoints();
   // Device rows for n checkpoints, and how many of them live in pinned host memory.
   static std::size_t device_rows(std::size_t n, bool offload) { return offload ? std::min(n, kSlots) : n; }
@@ -136,11 +140,23 @@ class Checkpoints {
   void written(std::size_t j);       // forward: compute has been given every op that writes it
   void acquire(std::size_t j);       // backward: the model is about to read checkpoint j
   void release(std::size_t j);       // backward: the model has been given every op that reads it
+  // The copies' and waits' seconds since the last call: waits for the timing events of the copies
+  // and waits enqueued so far (call it where the host has synchronised with the device anyway).
+  CheckpointTimes take_times();
 
   DeviceBuffer kept;
 
  private:
   TensorView host(std::size_t j) const;
+  void wait(const EventHandle& e);  // model_waits_for, timed
+  EventHandle timed(StreamRole s, int kind, const std::function<void()>& work);
+  enum { kD2h, kH2d, kWait };
+  struct Timed {
+    EventHandle a, b;
+    int kind;
+  };
+  std::vector<Timed> pending_;
+  CheckpointTimes times_;
   Device* dev_ = nullptr;
   std::size_t n_ = 0, row_elems_ = 0, row_bytes_ = 0;
   DType storage_ = DType::fp32;
@@ -167,8 +183,8 @@ struct BlockActivations {
 
   // row_elems: one [R, C] activation (x0, a block's output), in `storage`.
   template <class Carve>
-  void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t n_blocks, bool checkpoint,
-                bool offload, Carve carve) {
+  void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t n_blocks, bool checkpoint, bool offload,
+                Carve carve) {
     checkpointing = checkpoint;
     ViewCursor measure_row(nullptr, storage), measure_block(nullptr, storage);
     measure_row.take(row_elems);

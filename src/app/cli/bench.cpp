@@ -228,10 +228,12 @@ struct StepFigures {
   double steps = 1;  // measured steps (at least 1, to divide by)
   BusyTimes busy;    // per step
   double overlap_ratio = 0, relative_to_no_offload = 0, tflops = 0, device_busy = 0;
-  // cpu_checkpointing against the checkpoints on the device, per step: the copies' busy time on h2d
-  // and d2h, the step time they add, the share of the copies hidden behind the compute (1 - added
-  // step time / copy time, within [0, 1]), and the device memory saved.
-  double checkpoint_h2d = 0, checkpoint_d2h = 0, checkpoint_step_added = 0, checkpoint_hidden = 0;
+  // cpu_checkpointing, per step: the checkpoint copies on d2h and h2d and the compute stream's waits
+  // for them (as measured in the run), the share of the copy time hidden behind the compute (1 - wait /
+  // copies), and against the run with the checkpoints on the device the step time added and the
+  // device memory saved.
+  CheckpointTimes checkpoints;
+  double checkpoint_step_added = 0, checkpoint_hidden = 0;
   std::int64_t checkpoint_device_saved = 0;
 };
 
@@ -239,7 +241,7 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
   std::vector<std::string> common = {"train.eval_interval=0", "train.eval_batches=1", "train.metrics_file=\"\"",
                                      "steps_per_print=1000000"};
   common.push_back("train.steps=" + std::to_string(std::max(2, a.steps)));
-  StepRuns runs{load_run_config(a.config, world.size, common), {}, {}, a.baseline};
+  StepRuns runs{load_run_config(a.config, world.size, common), {}, {}, a.baseline, {}, false};
   const Config& c = runs.config;
   if (world.rank == 0) print_notes(c);
   auto progress = [&world](const std::string& s) {
@@ -291,12 +293,10 @@ StepFigures step_figures(const StepRuns& runs) {
   f.device_busy = r.step_seconds > 0 ? f.busy.compute / r.step_seconds : 0;
   if (runs.checkpoints_compared) {
     const TrainResult& k = runs.checkpoints_on_device;
-    const BusyTimes kb = k.busy.per(static_cast<double>(std::max<std::int64_t>(1, k.measured_steps)));
-    f.checkpoint_h2d = std::max(0.0, f.busy.h2d - kb.h2d);
-    f.checkpoint_d2h = std::max(0.0, f.busy.d2h - kb.d2h);
+    f.checkpoints = {r.checkpoints.d2h / f.steps, r.checkpoints.h2d / f.steps, r.checkpoints.wait / f.steps};
     f.checkpoint_step_added = r.step_seconds - k.step_seconds;
-    const double copies = f.checkpoint_h2d + f.checkpoint_d2h;
-    f.checkpoint_hidden = copies > 0 ? std::clamp(1.0 - f.checkpoint_step_added / copies, 0.0, 1.0) : 1.0;
+    const double copies = f.checkpoints.d2h + f.checkpoints.h2d;
+    f.checkpoint_hidden = copies > 0 ? std::clamp(1.0 - f.checkpoints.wait / copies, 0.0, 1.0) : 1.0;
     f.checkpoint_device_saved =
         static_cast<std::int64_t>(k.peak_device_bytes) - static_cast<std::int64_t>(r.peak_device_bytes);
   }
@@ -322,8 +322,9 @@ void print_step_json(const StepArgs& a, const StepRuns& runs, const StepFigures&
                       {"device_budget", r.device_budget}};
   f.busy.each([&](const char* name, double sec) { j["busy_s"][name] = sec; });
   if (runs.checkpoints_compared)
-    j["cpu_checkpointing"] = {{"copy_h2d_s", f.checkpoint_h2d},
-                              {"copy_d2h_s", f.checkpoint_d2h},
+    j["cpu_checkpointing"] = {{"copy_d2h_s", f.checkpoints.d2h},
+                              {"copy_h2d_s", f.checkpoints.h2d},
+                              {"compute_wait_s", f.checkpoints.wait},
                               {"step_s_added", f.checkpoint_step_added},
                               {"hidden_fraction", f.checkpoint_hidden},
                               {"device_bytes_saved", f.checkpoint_device_saved},
@@ -379,10 +380,14 @@ void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures&
   if (runs.checkpoints_compared) {
     const TrainResult& k = runs.checkpoints_on_device;
     std::printf(
-        "  activation checkpoints in host memory: copies %.2f ms per step (d2h %.2f, h2d %.2f), step time %+.2f ms "
-        "against them on the device (%.1f ms): %.0f%% of the copy time hidden; device memory %s less; digest %s\n",
-        1e3 * (f.checkpoint_d2h + f.checkpoint_h2d), 1e3 * f.checkpoint_d2h, 1e3 * f.checkpoint_h2d,
-        1e3 * f.checkpoint_step_added, 1e3 * k.step_seconds, 100 * f.checkpoint_hidden,
+        "  activation checkpoints in host memory: copies %.2f ms per step (d2h %.2f, h2d %.2f), compute waited %.2f ms "
+        "for them: %.0f%% of the copy time hidden\n",
+        1e3 * (f.checkpoints.d2h + f.checkpoints.h2d), 1e3 * f.checkpoints.d2h, 1e3 * f.checkpoints.h2d,
+        1e3 * f.checkpoints.wait, 100 * f.checkpoint_hidden);
+    std::printf(
+        "  against the checkpoints on the device (%.1f ms per step): step time %+.2f ms, device memory %s less, "
+        "digest %s\n",
+        1e3 * k.step_seconds, 1e3 * f.checkpoint_step_added,
         format_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(0, f.checkpoint_device_saved))).c_str(),
         k.params_digest == r.params_digest ? "bit-identical" : "DIFFERENT");
   }

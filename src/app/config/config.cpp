@@ -596,8 +596,8 @@ void read_activation_checkpointing(Section s, ModelConfig& m) {
   s.note_if_present("partition_activations",
                     "no effect: zinf has no model parallelism to split activations across (cpu_checkpointing does "
                     "not need it)");
-  for (const char* key : {"contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary",
-                          "profile"})
+  for (const char* key :
+       {"contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile"})
     s.note_if_present(key, "accepted, no effect: zinf checkpoints each block's input (model.activation_checkpointing)");
   s.finish();
 }

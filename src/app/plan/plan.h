@@ -79,7 +79,7 @@ struct RunPlan {
   offload::Verdict verdict;
   std::uint64_t activations_plain = 0, activations_checkpointed = 0;
   std::uint64_t activations_cpu_checkpointed = 0;  // on the device, checkpoints in host memory (cpu_checkpointing)
-  offload::DeepSpeedEstimate deepspeed;  // estimate_zero3_model_states_mem_needs for this model
+  offload::DeepSpeedEstimate deepspeed;            // estimate_zero3_model_states_mem_needs for this model
   std::vector<LargestFit> largest;
   std::vector<std::string> notes;  // e.g. "nvme_path does not exist"
 };

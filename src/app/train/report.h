@@ -16,7 +16,8 @@ struct StepReport {
   std::int64_t step = 0, steps = 0;
   double loss = 0, lr = 0, loss_scale = 1, grad_norm = 0, tokens_per_s = 0, step_s = 0;
   bool skipped = false;
-  BusyTimes busy;  // this step's, as the engine measured it
+  BusyTimes busy;               // this step's, as the engine measured it
+  CheckpointTimes checkpoints;  // this step's activation checkpoint copies and waits (cpu_checkpointing)
 };
 
 // The metrics file (train.metrics_file): one line per step and one per validation.

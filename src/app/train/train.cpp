@@ -688,7 +688,8 @@ StepReport train_step(Run& run, std::int64_t step) {
   r.lr = lr_at(c.scheduler, c.optimizer.lr, run.opt_steps);
   run.forward_backward(r.loss_scale);
   const offload::StepOutcome out = run.update(r.loss_scale, r.lr);
-  r.loss = run.step_loss();
+  r.loss = run.step_loss();  // (the host has waited for the compute stream)
+  r.checkpoints = run.model->take_checkpoint_times();
   r.grad_norm = out.norm;
   r.skipped = run.account(out, step, r.loss);
   r.step_s = since(t0);
@@ -700,6 +701,7 @@ StepReport train_step(Run& run, std::int64_t step) {
 // A measured step's busy times and op times, added to the run's sums.
 void add_measured(TrainResult& res, const StepReport& r, const std::vector<OpTime>& ops_times) {
   res.busy += r.busy;
+  res.checkpoints += r.checkpoints;
   res.measured_steps++;
   for (const auto& o : ops_times) {
     auto it = std::find_if(res.profile.begin(), res.profile.end(), [&](const OpTime& x) { return x.name == o.name; });

@@ -49,7 +49,9 @@ void Checkpoints::allocate(Device& dev, DType storage, std::size_t row_elems, st
   if (on_host) {
     const std::size_t bytes = on_host * row_bytes;
     const std::size_t cap = (bytes + PinnedPool::kAlign - 1) / PinnedPool::kAlign * PinnedPool::kAlign;
-    pool_ = std::make_unique<PinnedPool>(cap);
+    // Page-locked by register_host (cudaHostRegister on the CUDA device), as the token batches'
+    // staging is (app/train/batches.h); no mlock of its own, so RLIMIT_MEMLOCK does not bound it.
+    pool_ = std::make_unique<PinnedPool>(cap, /*lock=*/false);
     host_ = pool_->acquire(bytes);
     dev.register_host(host_.data(), pool_->capacity());
   }

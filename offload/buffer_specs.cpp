@@ -200,6 +200,8 @@ Layout make_layout(const PlanInput& in) {
   layout.windows = layout.param_offloaded || layout.shard_params;
   layout.window_slots = layout.windows ? std::max(2, 1 + in.prefetch_depth) : 0;
   layout.batch_tokens = in.batch_tokens;
+  layout.checkpoint_device = in.checkpoint_device;
+  layout.checkpoint_pinned = in.checkpoint_pinned;
   lay_out_units(in, layout);
   layout.speculative = in.speculative && layout.optimizer_offloaded;
   if (layout.speculative && layout.optimizer == OffloadDevice::cpu) {
@@ -231,6 +233,10 @@ void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes,
     unit_states(layout, i, fn);
   }
   fn(spec(Buffer::activations, Tier::device, activation_bytes, PlanRow::activations));
+  if (layout.checkpoint_device)
+    fn(spec(Buffer::checkpoint_slots, Tier::device, layout.checkpoint_device, PlanRow::activation_checkpoints));
+  if (layout.checkpoint_pinned)
+    fn(spec(Buffer::checkpoint_host, Tier::pinned, layout.checkpoint_pinned, PlanRow::activation_checkpoints));
   for (std::uint64_t b : ops_scratch) fn(spec(Buffer::ops_scratch, Tier::device, b, PlanRow::ops_scratch));
   windows_and_slots(layout, fn);
   staging(layout, fn);

@@ -64,6 +64,7 @@ RowSums empty_rows(const Layout& layout) {
       {"adam.m", states, {}, states_note},
       {"adam.v", states, {}, states_note},
       {"activations", "", {}, "estimate for one micro batch"},
+      {"activation ckpts", "", {}, "block inputs kept for the recompute; pinned: cpu_checkpointing"},
       {"ops scratch", "", {}, "the ops' own blocks: GEMM workspace, attention backward, partials"},
       {"param window", "", {}, std::to_string(layout.window_slots) + " slots x largest block"},
       {"param staging",
@@ -131,9 +132,11 @@ Plan finish_plan(const Layout& layout, const RowSums& sums) {
   p.totals = p.model_states;
   for (const auto& r : p.buffers)
     for (int t = 0; t < kTiers; ++t) p.totals[t] += r.bytes[t];
-  // Everything pinned comes from the one pool, but for the token batches' staging (a pool of its own).
+  // Everything pinned comes from the one pool, but for the token batches' staging and the host
+  // activation checkpoints (pools of their own).
   constexpr int kPinned = static_cast<int>(Tier::pinned);
-  p.pinned_pool = p.totals[kPinned] - sums.rows[static_cast<std::size_t>(PlanRow::token_batches)].bytes[kPinned];
+  p.pinned_pool = p.totals[kPinned] - sums.rows[static_cast<std::size_t>(PlanRow::token_batches)].bytes[kPinned] -
+                  sums.rows[static_cast<std::size_t>(PlanRow::activation_checkpoints)].bytes[kPinned];
   return p;
 }
 

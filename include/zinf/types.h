@@ -55,6 +55,18 @@ constexpr bool parse_kernels(std::string_view name, Kernels& out) {
 
 constexpr std::string_view to_string(ModelFamily f) { return f == ModelFamily::gpt2 ? "gpt2" : "llama"; }
 
+// Seconds spent on activation checkpoints in host memory (activation_checkpointing.cpu_checkpointing;
+// Checkpoints::take_times in src/model/lm.h): the d2h and h2d copies as their streams ran them, and
+// the time the model's compute stream (on the synchronous CPU device, the host running the ops)
+// stood waiting for one — the part of the copies not hidden behind the compute.
+struct CheckpointTimes {
+  double d2h = 0, h2d = 0, wait = 0;
+  CheckpointTimes& operator+=(const CheckpointTimes& o) {
+    d2h += o.d2h, h2d += o.h2d, wait += o.wait;
+    return *this;
+  }
+};
+
 // One disk's part of a step (zinf/nvme/disk.h): busy while any transfer to it was in flight — a read
 // and a write at the same time count once —, reads alone, writes alone, and the bytes moved. Every
 // store on the disk counts here (the optimizer states and the parameters in two folders on one drive

@@ -70,12 +70,13 @@ GptModel::BlockActs GptModel::carve(ViewCursor& c) const {
   return a;
 }
 
-GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops)
+GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
+                   bool offload_checkpoints)
     : shape_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), dev_(dev), ops_(ops) {
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer);
   const DType S = ops.storage_dtype();
-  acts_.allocate(dev, S, R * C, L, ckpt_, [this](ViewCursor& c) { return carve(c); });
+  acts_.allocate(dev, S, R * C, L, ckpt_, offload_checkpoints, [this](ViewCursor& c) { return carve(c); });
   auto head = [&](ViewCursor& c) {
     lnf_ = c.take(R * C);
     lnf_mean_ = c.take_fp32(R);
@@ -143,10 +144,12 @@ void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
   const int C = shape_.d_model, V = shape_.vocab_size, T = shape_.seq_len;
   const std::size_t VC = static_cast<std::size_t>(V) * C, TC = static_cast<std::size_t>(T) * C;
   ConstTensorView emb = src.weights(0);
+  acts_.before_write(0);
   {
     BusyScope busy(dev_, StreamRole::compute);
     ops_.encoder_forward(acts_.x0, tokens, slice(emb, 0, VC), slice(emb, VC, TC), B_, T, C);
   }
+  acts_.written(0);
   src.done_with(0);
   ConstTensorView x = acts_.x0;
   for (std::size_t l = 0; l < L; ++l) {
@@ -155,7 +158,9 @@ void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
       BusyScope busy(dev_, StreamRole::compute);
       if (ckpt_) {
         block_forward(bw, x, acts_.recompute);
+        acts_.before_write(l + 1);
         ops_.copy(acts_.blocks[l].out, acts_.recompute.out, static_cast<std::size_t>(R_) * C);
+        acts_.written(l + 1);
       } else {
         block_forward(bw, x, acts_.blocks[l]);
       }
@@ -196,17 +201,20 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
   // as a dozen parameters.
   const ConstTensorView lnf = src.weights(L + 1);
   const TensorView dlnf(src.grads(L + 1), 2 * static_cast<std::size_t>(C));
+  acts_.acquire(L);
   {
     BusyScope busy(dev_, StreamRole::compute);
     ops_.zero(dres_a_, RC);
     ops_.layernorm_backward(dres_a_, slice(dlnf, 0, C), slice(dlnf, C, C), dln_, last, slice(lnf, 0, C), lnf_mean_,
                             lnf_rstd_, R_, C);
   }
+  acts_.release(L);
   src.grads_done(L + 1);
   src.done_with(L + 1);
   TensorView dout = dres_a_;
   TensorView dx = dres_b_;
   for (std::size_t l = L; l-- > 0;) {
+    acts_.acquire(l);
     ConstTensorView x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
     const Weights bw = block_view(src.weights(l + 1), C);
     const Grads bg = block_view(TensorView(src.grads(l + 1)), C);
@@ -219,6 +227,7 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
       }
       block_backward(bw, bg, x, *a, dout, dx);
     }
+    acts_.release(l);
     src.grads_done(l + 1);
     src.done_with(l + 1);
     std::swap(dout, dx);

@@ -36,7 +36,9 @@ GptBlock<TensorView> block_view(const TensorView& base, int C);
 class GptModel final : public LanguageModel {
  public:
   // B: micro batch. Activations for B×T tokens are allocated on `dev` now.
-  GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
+  // offload_checkpoints: the checkpointed block inputs live in pinned host memory (lm.h, Checkpoints).
+  GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
+           bool offload_checkpoints = false);
 
   // Forward pass: each of the B×T rows' cross-entropy into row_losses(); keeps what backward needs.
   void forward(UnitSource& src, const int* tokens, const int* targets) override;
@@ -45,6 +47,9 @@ class GptModel final : public LanguageModel {
   // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
   // for a mean loss); the units' gradient buffers are accumulated (+=).
   void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override;
+  CheckpointTimes take_checkpoint_times() override {
+    return acts_.checkpointing ? acts_.ckpt.take_times() : CheckpointTimes{};
+  }
 
   const ModelShape& shape() const { return shape_; }
   int batch() const { return B_; }

@@ -81,7 +81,8 @@ LlamaModel::Acts LlamaModel::carve(ViewCursor& c) const {
   return a;
 }
 
-LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops)
+LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
+                       bool offload_checkpoints)
     : shape_(s),
       B_(B),
       T_(s.seq_len),
@@ -100,7 +101,7 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer),
                     KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_);
   const DType S = ops.storage_dtype();
-  acts_.allocate(dev, S, R * C, L, ckpt_, [this](ViewCursor& c) { return carve(c); });
+  acts_.allocate(dev, S, R * C, L, ckpt_, offload_checkpoints, [this](ViewCursor& c) { return carve(c); });
   auto head = [&](ViewCursor& c) {
     lnf_ = c.take(R * C);
     lnf_rstd_ = c.take_fp32(R);
@@ -194,10 +195,12 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
   const int C = C_, V = shape_.vocab_size;
   const std::size_t VC = static_cast<std::size_t>(V) * C;
   ConstTensorView wte = slice(src.weights(0), 0, VC);
+  acts_.before_write(0);
   {
     BusyScope busy(dev_, StreamRole::compute);
     ops_.embedding_forward(acts_.x0, tokens, wte, R_, C);
   }
+  acts_.written(0);
   src.done_with(0);
   ConstTensorView x = acts_.x0;
   for (std::size_t l = 0; l < L; ++l) {
@@ -206,7 +209,9 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
       BusyScope busy(dev_, StreamRole::compute);
       if (ckpt_) {
         block_forward(bw, x, acts_.recompute);
+        acts_.before_write(l + 1);
         ops_.copy(acts_.blocks[l].out, acts_.recompute.out, static_cast<std::size_t>(R_) * C);
+        acts_.written(l + 1);
       } else {
         block_forward(bw, x, acts_.blocks[l]);
       }
@@ -258,16 +263,19 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
     ops_.lm_head_backward(dn_, slice(dfin, C, VC), dlogits_, probs_, lnf_, slice(fin, C, VC), targets, dscale, R_, C,
                           V);
   }
+  acts_.acquire(L);
   {
     BusyScope busy(dev_, StreamRole::compute);
     ops_.zero(dres_a_, RC);
     ops_.rmsnorm_backward(dres_a_, slice(dfin, 0, C), dn_, last, slice(fin, 0, C), lnf_rstd_, R_, C);
   }
+  acts_.release(L);
   src.grads_done(L + 1);
   src.done_with(L + 1);
   TensorView dout = dres_a_;
   TensorView dx = dres_b_;
   for (std::size_t l = L; l-- > 0;) {
+    acts_.acquire(l);
     ConstTensorView x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
     const Weights bw = llama_block_view(src.weights(l + 1), shape_);
     const Grads bg = llama_block_view(TensorView(src.grads(l + 1)), shape_);
@@ -280,6 +288,7 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
       }
       block_backward(bw, bg, x, *a, dout, dx);
     }
+    acts_.release(l);
     src.grads_done(l + 1);
     src.done_with(l + 1);
     std::swap(dout, dx);

@@ -32,11 +32,16 @@ LlamaBlock<TensorView> llama_block_view(const TensorView& base, const ModelShape
 
 class LlamaModel final : public LanguageModel {
  public:
-  LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
+  // offload_checkpoints: the checkpointed block inputs live in pinned host memory (lm.h, Checkpoints).
+  LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
+             bool offload_checkpoints = false);
   void forward(UnitSource& src, const int* tokens, const int* targets) override;
   const float* row_losses() const override { return static_cast<const float*>(losses_.data()); }
   int rows() const override { return R_; }
   void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override;
+  CheckpointTimes take_checkpoint_times() override {
+    return acts_.checkpointing ? acts_.ckpt.take_times() : CheckpointTimes{};
+  }
 
  private:
   // Activations in the backend's storage dtype; the RMSNorm rstd and att in fp32.

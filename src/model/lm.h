@@ -2,7 +2,9 @@
 // layer units that a UnitSource (the offload engine, or plain arrays) provides.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +12,8 @@
 #include "model/backend.h"
 #include "model/shape.h"
 #include "zinf/device.h"
+#include "zinf/pinned.h"
+#include "zinf/types.h"
 
 namespace zinf {
 
@@ -61,6 +65,9 @@ class LanguageModel {
   // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
   // for a mean loss); the units' gradient buffers are accumulated (+=).
   virtual void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) = 0;
+  // With activation_checkpointing.cpu_checkpointing, the checkpoint copies' and waits' seconds since
+  // the last call (Checkpoints::take_times); nothing otherwise.
+  virtual CheckpointTimes take_checkpoint_times() { return {}; }
 };
 
 // A forward whose mean loss the caller reads at once (tests, one-off evaluations): waits for the
@@ -94,47 +101,134 @@ class ViewCursor {
   std::size_t align_, at_ = 0;
 };
 
+// The checkpointed block inputs of activation checkpointing: checkpoint 0 is the embedding output,
+// checkpoint l+1 block l's output (block l+1's input; checkpoint L is the final norm's input).
+//
+// Resident (the default): all L+1 on the device. Offloaded (activation_checkpointing.cpu_checkpointing):
+// the device holds kSlots of them, checkpoint j in slot j % kSlots, and every checkpoint that a later
+// one overwrites in the forward (j + kSlots <= L) moves to pinned host memory on the d2h stream behind
+// the forward, and comes back on the h2d stream one block ahead of its recomputation in the backward.
+// The last kSlots checkpoints never leave the device: the backward starts with them.
+//
+// Handoffs (the engine's ordering table, zinf/offload/engine.h, lists them beside its own):
+//   slot, forward:  written by compute (the embedding, or the copy of a block's output), read by d2h
+//                   — d2h waits for `written` recorded on compute behind the write; compute writes
+//                   checkpoint j + kSlots over it only after `on_host[j]`, recorded on d2h behind the
+//                   copy (model_waits_for: compute waits, or the host on the synchronous CPU device);
+//   host copy:      written by d2h, read by h2d — h2d waits for `on_host[j]`;
+//   slot, backward: written by h2d, read by compute — compute waits for `on_device[j]`, recorded on
+//                   h2d behind the copy; h2d overwrites a slot only after `released`, recorded on
+//                   compute behind the last op that reads the checkpoint before (its block's backward).
+// The calls, in the model's order: forward before_write(j), (write), written(j) for j = 0..L; backward
+// acquire(j), (read), release(j) for j = L..0. Not thread-safe: the model's thread only.
+class Checkpoints {
+ public:
+  static constexpr std::size_t kSlots = 2;
+
+  // n checkpoints of row_elems elements each, `row_bytes` apart, carved from `kept` (resident: n rows;
+  // offloaded: min(n, kSlots) rows, see device_rows) in `storage`.
+  void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t row_bytes, std::size_t n, bool offload);
+  ~Checkpoints();
+  // Device rows for n checkpoints, and how many of them live in pinned host memory.
+  static std::size_t device_rows(std::size_t n, bool offload) { return offload ? std::min(n, kSlots) : n; }
+  static std::size_t host_rows(std::size_t n, bool offload) { return offload && n > kSlots ? n - kSlots : 0; }
+
+  TensorView at(std::size_t j) const { return views_[offload_ ? j % kSlots : j]; }
+  bool leaves_device(std::size_t j) const { return offload_ && j + kSlots < n_; }
+
+  void before_write(std::size_t j);  // forward: compute is about to write checkpoint j
+  void written(std::size_t j);       // forward: compute has been given every op that writes it
+  void acquire(std::size_t j);       // backward: the model is about to read checkpoint j
+  void release(std::size_t j);       // backward: the model has been given every op that reads it
+  // The copies' and waits' seconds since the last call: waits for the timing events of the copies
+  // and waits enqueued so far (call it where the host has synchronised with the device anyway).
+  CheckpointTimes take_times();
+
+  DeviceBuffer kept;
+
+ private:
+  TensorView host(std::size_t j) const;
+  void wait(const EventHandle& e);  // model_waits_for, timed
+  EventHandle timed(StreamRole s, int kind, const std::function<void()>& work);
+  enum { kD2h, kH2d, kWait };
+  struct Timed {
+    EventHandle a, b;
+    int kind;
+  };
+  std::vector<Timed> pending_;
+  CheckpointTimes times_;
+  Device* dev_ = nullptr;
+  std::size_t n_ = 0, row_elems_ = 0, row_bytes_ = 0;
+  DType storage_ = DType::fp32;
+  bool offload_ = false;
+  std::vector<TensorView> views_;
+  std::unique_ptr<PinnedPool> pool_;
+  PinnedBuffer host_;
+  std::vector<EventHandle> on_host_, on_device_;
+  EventHandle released_[kSlots];
+};
+
 // The activations a model keeps for backward, allocated once on the device: the embedding output
 // (x0), then per block either everything (`carve` lays one block's Acts out from a ViewCursor) or,
-// with checkpointing, only its output (= the next block's input) plus one block's recompute scratch.
+// with checkpointing, only its output (= the next block's input, a Checkpoints row, on the device or
+// offloaded to pinned host memory) plus one block's recompute scratch.
 template <class Acts>
 struct BlockActivations {
   DeviceBuffer kept, scratch;
+  Checkpoints ckpt;  // with checkpointing: x0 and every block's .out
   TensorView x0;
   std::vector<Acts> blocks;  // .out always valid; the rest only without checkpointing
   Acts recompute{};
+  bool checkpointing = false;
 
   // row_elems: one [R, C] activation (x0, a block's output), in `storage`.
   template <class Carve>
-  void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t n_blocks, bool checkpointing,
+  void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t n_blocks, bool checkpoint, bool offload,
                 Carve carve) {
+    checkpointing = checkpoint;
     ViewCursor measure_row(nullptr, storage), measure_block(nullptr, storage);
     measure_row.take(row_elems);
     carve(measure_block);
     const std::size_t row = measure_row.bytes(), per_block = measure_block.bytes();
-    const std::size_t n = row + (checkpointing ? n_blocks * row : n_blocks * per_block);
-    kept = DeviceBuffer(dev, n, "activations (" + std::to_string(n_blocks) + " blocks)");
-    ViewCursor c(kept.as<void>(), storage);
-    x0 = c.take(row_elems);
-    for (std::size_t l = 0; l < n_blocks; ++l) {
-      if (checkpointing) {
-        Acts a{};
-        a.out = c.take(row_elems);
-        blocks.push_back(a);
-      } else {
-        blocks.push_back(carve(c));
-      }
-    }
     if (checkpointing) {
+      ckpt.allocate(dev, storage, row_elems, row, n_blocks + 1, offload);
+      x0 = ckpt.at(0);
+      for (std::size_t l = 0; l < n_blocks; ++l) {
+        Acts a{};
+        a.out = ckpt.at(l + 1);
+        blocks.push_back(a);
+      }
       scratch = DeviceBuffer(dev, per_block, "activation recompute scratch");
       ViewCursor r(scratch.as<void>(), storage);
       recompute = carve(r);
+      return;
     }
+    const std::size_t n = row + n_blocks * per_block;
+    kept = DeviceBuffer(dev, n, "activations (" + std::to_string(n_blocks) + " blocks)");
+    ViewCursor c(kept.as<void>(), storage);
+    x0 = c.take(row_elems);
+    for (std::size_t l = 0; l < n_blocks; ++l) blocks.push_back(carve(c));
+  }
+  // The hooks of Checkpoints, no-ops without checkpointing.
+  void before_write(std::size_t j) {
+    if (checkpointing) ckpt.before_write(j);
+  }
+  void written(std::size_t j) {
+    if (checkpointing) ckpt.written(j);
+  }
+  void acquire(std::size_t j) {
+    if (checkpointing) ckpt.acquire(j);
+  }
+  void release(std::size_t j) {
+    if (checkpointing) ckpt.release(j);
   }
 };
 
 // The model of `s.family` for micro batches of B sequences; activations are allocated on `dev`.
-std::unique_ptr<LanguageModel> make_model(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops);
+// `offload_checkpoints` (activation_checkpointing.cpu_checkpointing, with `checkpointing` only): the
+// checkpointed block inputs live in pinned host memory (Checkpoints).
+std::unique_ptr<LanguageModel> make_model(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
+                                          bool offload_checkpoints = false);
 // The family's initialisation of unit `unit` (deterministic per unit and seed).
 void init_model_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed);
 

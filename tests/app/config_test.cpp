@@ -460,6 +460,43 @@ TEST(Config, LossScaleRejectsBool) {
   EXPECT_DOUBLE_EQ(ok(R"({"train_batch_size": 8, "fp16": {"enabled": true, "loss_scale": 128}})").fp16.loss_scale, 128);
 }
 
+// ---- activation_checkpointing -----------------------------------------------------------------------
+
+TEST(Config, CpuCheckpointingIsReadFromDeepSpeedsSection) {
+  const std::string model = R"("model": {"preset": "gpt2-124m", "activation_checkpointing": true})";
+  EXPECT_FALSE(ok(R"({"train_batch_size": 8, )" + model + "}").model.cpu_checkpointing);  // default off
+  const Config on = ok(R"({"train_batch_size": 8, )" + model +
+                       R"(, "activation_checkpointing": {"cpu_checkpointing": true, "partition_activations": false,
+                            "contiguous_memory_optimization": false, "number_checkpoints": null,
+                            "synchronize_checkpoint_boundary": false, "profile": false}})");
+  EXPECT_TRUE(on.model.cpu_checkpointing);
+  EXPECT_TRUE(on.model.activation_checkpointing);
+  // partition_activations and the others are accepted with a note each (number_checkpoints: null is absent)
+  int notes = 0;
+  for (const auto& n : on.notes) notes += n.rfind("activation_checkpointing.", 0) == 0;
+  EXPECT_EQ(notes, 4);
+  EXPECT_FALSE(ok(R"({"train_batch_size": 8, )" + model + R"(, "activation_checkpointing": {"cpu_checkpointing": false}})")
+                   .model.cpu_checkpointing);
+  EXPECT_TRUE(ok(R"({"train_batch_size": 8, )" + model + "}", {"activation_checkpointing.cpu_checkpointing=true"})
+                  .model.cpu_checkpointing);
+  // the round trip through the resolved config keeps it
+  EXPECT_TRUE(ok(on.resolved_json).model.cpu_checkpointing);
+}
+
+TEST(Config, CpuCheckpointingErrors) {
+  // without the recompute there is nothing to move
+  EXPECT_EQ(error_of(R"({"train_batch_size": 8, "activation_checkpointing": {"cpu_checkpointing": true}})"),
+            "cfg.json: activation_checkpointing.cpu_checkpointing: moves the checkpoints of activation checkpointing "
+            "to host memory, which is off: set model.activation_checkpointing to true (zinf's per-block recompute)");
+  expect_error(R"({"train_batch_size": 8, "model": {"activation_checkpointing": true},
+                  "activation_checkpointing": {"cpu_checkpointing": "yes"}})",
+               "activation_checkpointing.cpu_checkpointing: expected true or false");
+  expect_error(R"({"train_batch_size": 8, "activation_checkpointing": {"cpu_checkpoint": true}})",
+               "activation_checkpointing.cpu_checkpoint: unknown key (did you mean cpu_checkpointing?)");
+  expect_error(R"({"train_batch_size": 8, "activation_checkpointing": true})",
+               "activation_checkpointing: expected an object");
+}
+
 // ---- zero_optimization cross-checks -----------------------------------------------------------------
 
 TEST(Config, NvmeOffloadNeedsAPath) {

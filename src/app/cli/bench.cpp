@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "app/config/config.h"
@@ -245,6 +246,10 @@ struct StepRuns {
   TrainResult offload, baseline, unspeculated;
   bool baseline_fits = false;  // the baseline ran (asked for, and the model fit the device without offload)
   bool speculative = false;    // the placement speculates: `unspeculated` ran
+  // With activation_checkpointing.cpu_checkpointing: the same placement with the checkpoints kept on
+  // the device, to show what moving them costs and saves.
+  TrainResult checkpoints_on_device;
+  bool checkpoints_compared = false;
 };
 
 double overlap_of(const TrainResult& r) {
@@ -257,13 +262,20 @@ struct StepFigures {
   double steps = 1;  // measured steps (at least 1, to divide by)
   BusyTimes busy;    // per step
   double overlap_ratio = 0, relative_to_no_offload = 0, tflops = 0, device_busy = 0;
+  // cpu_checkpointing, per step: the checkpoint copies on d2h and h2d and the compute stream's waits
+  // for them (as measured in the run), the share of the copy time hidden behind the compute (1 - wait /
+  // copies), and against the run with the checkpoints on the device the step time added and the
+  // device memory saved.
+  CheckpointTimes checkpoints;
+  double checkpoint_step_added = 0, checkpoint_hidden = 0;
+  std::int64_t checkpoint_device_saved = 0;
 };
 
 StepRuns run_step_pair(const StepArgs& a, const World& world) {
   std::vector<std::string> common = {"train.eval_interval=0", "train.eval_batches=1", "train.metrics_file=\"\"",
                                      "steps_per_print=1000000"};
   common.push_back("train.steps=" + std::to_string(std::max(2, a.steps)));
-  StepRuns runs{load_run_config(a.config, world.size, common), {}, {}, {}, a.baseline, false};
+  StepRuns runs{load_run_config(a.config, world.size, common), {}, {}, {}, a.baseline, false, {}, false};
   const Config& c = runs.config;
   if (world.rank == 0) print_notes(c);
   auto progress = [&world](const std::string& s) {
@@ -284,9 +296,17 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
     plain.push_back("zero_optimization.offload_optimizer.speculative=false");
     runs.unspeculated = train(load_run_config(a.config, world.size, plain), hooks);
   }
+  if (c.model.cpu_checkpointing) {
+    std::vector<std::string> on_device = common;
+    on_device.push_back("activation_checkpointing.cpu_checkpointing=false");
+    progress("the same placement with the activation checkpoints on the device");
+    runs.checkpoints_on_device = train(load_run_config(a.config, world.size, on_device), hooks);
+    runs.checkpoints_compared = true;
+  }
   std::vector<std::string> none = common;
   for (const char* o :
-       {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none"})
+       {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none",
+        "activation_checkpointing.cpu_checkpointing=false"})
     none.push_back(o);
   const Config no_offload = load_run_config(a.config, world.size, none);
   if (!a.baseline) return runs;
@@ -312,6 +332,15 @@ StepFigures step_figures(const StepRuns& runs) {
   const double tokens = static_cast<double>(runs.config.train_batch_size) * runs.config.model.seq_len;
   f.tflops = r.step_seconds > 0 ? 6.0 * static_cast<double>(count_params(shape)) * tokens / r.step_seconds / 1e12 : 0;
   f.device_busy = r.step_seconds > 0 ? f.busy.compute / r.step_seconds : 0;
+  if (runs.checkpoints_compared) {
+    const TrainResult& k = runs.checkpoints_on_device;
+    f.checkpoints = {r.checkpoints.d2h / f.steps, r.checkpoints.h2d / f.steps, r.checkpoints.wait / f.steps};
+    f.checkpoint_step_added = r.step_seconds - k.step_seconds;
+    const double copies = f.checkpoints.d2h + f.checkpoints.h2d;
+    f.checkpoint_hidden = copies > 0 ? std::clamp(1.0 - f.checkpoints.wait / copies, 0.0, 1.0) : 1.0;
+    f.checkpoint_device_saved =
+        static_cast<std::int64_t>(k.peak_device_bytes) - static_cast<std::int64_t>(r.peak_device_bytes);
+  }
   return f;
 }
 
@@ -351,6 +380,15 @@ void print_step_json(const StepArgs& a, const StepRuns& runs, const StepFigures&
                           {"read_plus_write_s", d.read + d.write},
                           {"read_bytes", d.read_bytes},
                           {"write_bytes", d.write_bytes}});
+  if (runs.checkpoints_compared)
+    j["cpu_checkpointing"] = {{"copy_d2h_s", f.checkpoints.d2h},
+                              {"copy_h2d_s", f.checkpoints.h2d},
+                              {"compute_wait_s", f.checkpoints.wait},
+                              {"step_s_added", f.checkpoint_step_added},
+                              {"hidden_fraction", f.checkpoint_hidden},
+                              {"device_bytes_saved", f.checkpoint_device_saved},
+                              {"on_device_step_s", runs.checkpoints_on_device.step_seconds},
+                              {"on_device_params_digest", runs.checkpoints_on_device.params_digest}};
   if (a.profile) {
     j["profile"] = nlohmann::json::array();
     for (const auto& o : r.profile)
@@ -414,6 +452,20 @@ void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures&
         "step %.1f ms (digests %s)\n",
         f.overlap_ratio, 1e3 * r.step_seconds, static_cast<long long>(r.rollbacks), overlap_of(u), 1e3 * u.step_seconds,
         r.params_digest == u.params_digest ? "bit-identical" : "DIFFERENT");
+  }
+  if (runs.checkpoints_compared) {
+    const TrainResult& k = runs.checkpoints_on_device;
+    std::printf(
+        "  activation checkpoints in host memory: copies %.2f ms per step (d2h %.2f, h2d %.2f), compute waited %.2f ms "
+        "for them: %.0f%% of the copy time hidden\n",
+        1e3 * (f.checkpoints.d2h + f.checkpoints.h2d), 1e3 * f.checkpoints.d2h, 1e3 * f.checkpoints.h2d,
+        1e3 * f.checkpoints.wait, 100 * f.checkpoint_hidden);
+    std::printf(
+        "  against the checkpoints on the device (%.1f ms per step): step time %+.2f ms, device memory %s less, "
+        "digest %s\n",
+        1e3 * k.step_seconds, 1e3 * f.checkpoint_step_added,
+        format_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(0, f.checkpoint_device_saved))).c_str(),
+        k.params_digest == r.params_digest ? "bit-identical" : "DIFFERENT");
   }
   if (runs.baseline_fits) {
     std::printf("  relative to no offload (%.1f ms per step): %.3f\n", 1e3 * base.step_seconds,

@@ -69,6 +69,8 @@ nlohmann::json plan_json(const Config& config, const RunPlan& run) {
   j["pinned_pool_bytes"] = p.pinned_pool;
   j["activations"] = {{"plain", run.activations_plain},
                       {"checkpointed", run.activations_checkpointed},
+                      {"cpu_checkpointed", run.activations_cpu_checkpointed},
+                      {"cpu_checkpointing", config.model.cpu_checkpointing},
                       {"checkpointing", config.model.activation_checkpointing}};
   j["capacity"] = {{"device", run.capacity.device},
                    {"host", run.capacity.host},
@@ -145,9 +147,14 @@ void print_placement(const Config& config, const RunPlan& run) {
 
 // Activations, the pinned pool, the machine's capacity, the verdict, and DeepSpeed's estimate.
 void print_verdict(const Config& config, const RunPlan& run) {
-  std::printf("\nactivations  %s without checkpointing, %s with (this run: %s)\n",
-              format_bytes(run.activations_plain).c_str(), format_bytes(run.activations_checkpointed).c_str(),
-              config.model.activation_checkpointing ? "with" : "without");
+  std::printf(
+      "\nactivations  %s without checkpointing, %s with, %s on the device with the checkpoints in host memory (this "
+      "run: %s)\n",
+      format_bytes(run.activations_plain).c_str(), format_bytes(run.activations_checkpointed).c_str(),
+      format_bytes(run.activations_cpu_checkpointed).c_str(),
+      !config.model.activation_checkpointing ? "without"
+      : config.model.cpu_checkpointing       ? "with, in host memory"
+                                             : "with");
   std::printf("pinned pool  %s of staging buffers, bounded\n", format_bytes(run.plan.pinned_pool).c_str());
   std::printf("capacity     device %s, host %s available, pinnable %s, nvme %s\n",
               format_bytes(run.capacity.device).c_str(), format_bytes(run.capacity.host).c_str(),

@@ -584,6 +584,24 @@ void read_bf16(Section s, Bf16Config& b) {
   s.finish();
 }
 
+// DeepSpeed's activation_checkpointing section. zinf's recompute is model.activation_checkpointing
+// (DeepSpeed leaves that to the model's code); cpu_checkpointing moves its checkpoints to pinned host
+// memory, and needs no partition_activations on a single rank.
+void read_activation_checkpointing(Section s, ModelConfig& m) {
+  m.cpu_checkpointing = s.get_bool("cpu_checkpointing", false);
+  if (m.cpu_checkpointing && !m.activation_checkpointing)
+    s.fail("cpu_checkpointing",
+           "moves the checkpoints of activation checkpointing to host memory, which is off: set "
+           "model.activation_checkpointing to true (zinf's per-block recompute)");
+  s.note_if_present("partition_activations",
+                    "no effect: zinf has no model parallelism to split activations across (cpu_checkpointing does "
+                    "not need it)");
+  for (const char* key :
+       {"contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile"})
+    s.note_if_present(key, "accepted, no effect: zinf checkpoints each block's input (model.activation_checkpointing)");
+  s.finish();
+}
+
 const std::vector<std::pair<std::string, OffloadDevice>> kOffloadDevices = {
     {"none", OffloadDevice::none}, {"cpu", OffloadDevice::cpu}, {"nvme", OffloadDevice::nvme}};
 
@@ -839,6 +857,7 @@ Config parse_root(const json& root, std::string source, int world_size) {
   c.wall_clock_breakdown = top.get_bool("wall_clock_breakdown", false);
 
   read_zero(top.child("zero_optimization"), c.zero, c.model, c.train.overlap_none);
+  read_activation_checkpointing(top.child("activation_checkpointing"), c.model);
   read_aio(top.child("aio"), c.aio);
 
   for (const char* key : {"communication_data_type",
@@ -847,7 +866,6 @@ Config parse_root(const json& root, std::string source, int world_size) {
                           "sparse_gradients",
                           "zero_allow_untested_optimizer",
                           "zero_force_ds_cpu_optimizer",
-                          "activation_checkpointing",
                           "flops_profiler",
                           "tensorboard",
                           "wandb",
@@ -884,10 +902,7 @@ Config parse_root(const json& root, std::string source, int world_size) {
                           "graph_harvesting",
                           "use_data_before_expert_parallelism",
                           "managed_gradient_accumulation"}) {
-    std::string why = "accepted, no effect on one box";
-    if (std::string(key) == "activation_checkpointing")
-      why = "ignored: set model.activation_checkpointing for zinf's per-block recompute";
-    top.note_if_present(key, why);
+    top.note_if_present(key, "accepted, no effect on one box");
   }
   top.finish();
   if (!autos.keys.empty()) {

@@ -120,6 +120,9 @@ struct ModelConfig {
   std::string preset;  // empty when the shape is given explicitly
   int n_layer = 0, n_head = 0, d_model = 0, vocab_size = 0, seq_len = 0;
   bool activation_checkpointing = false;
+  // activation_checkpointing.cpu_checkpointing (DeepSpeed's section): the checkpointed block inputs
+  // live in pinned host memory, two on the device at a time.
+  bool cpu_checkpointing = false;
   std::string init_from;  // a GPT-2 safetensors file to start from ("" = random init)
   // The architecture: "gpt2", or "llama" (RMSNorm, rotary positions, SwiGLU, grouped-query heads).
   ModelFamily family = ModelFamily::gpt2;

@@ -9,6 +9,7 @@
 
 #include "app/config/engine_config.h"
 #include "io/data.h"
+#include "model/lm.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
@@ -39,6 +40,16 @@ std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_
   return static_cast<std::uint64_t>(total);
 }
 
+CheckpointBytes estimate_checkpoint_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
+                                          bool checkpointing, bool cpu_checkpointing, Kernels kernels) {
+  if (!checkpointing) return {};
+  const std::uint64_t act = kernels == Kernels::fast ? static_cast<std::uint64_t>(compute_bytes) : 4;
+  const std::uint64_t row = static_cast<std::uint64_t>(micro_batch) * static_cast<std::uint64_t>(s.seq_len) *
+                            static_cast<std::uint64_t>(s.d_model) * act;
+  const std::size_t n = static_cast<std::size_t>(s.n_layer) + 1;  // the embedding output and every block's
+  return {Checkpoints::device_rows(n, cpu_checkpointing) * row, Checkpoints::host_rows(n, cpu_checkpointing) * row};
+}
+
 std::vector<std::uint64_t> estimate_ops_scratch(const Config& c, const ModelShape& shape) {
   if (c.device.type != DeviceType::cuda) return {};  // the CPU device's ops keep their scratch in host memory
   OpsScratchShape s;
@@ -60,6 +71,12 @@ offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
   in.stage = c.zero.stage;
   in.activation_bytes = estimate_activation_bytes(shape, c.micro_batch_size, in.compute_bytes,
                                                   c.model.activation_checkpointing, c.device.kernels);
+  const CheckpointBytes ckpt =
+      estimate_checkpoint_bytes(shape, c.micro_batch_size, in.compute_bytes, c.model.activation_checkpointing,
+                                c.model.cpu_checkpointing, c.device.kernels);
+  in.activation_bytes -= std::min(in.activation_bytes, ckpt.device + ckpt.host);  // their own row
+  in.checkpoint_device = ckpt.device;
+  in.checkpoint_pinned = ckpt.host;
   in.ops_scratch = estimate_ops_scratch(c, shape);
   in.batch_tokens = static_cast<std::uint64_t>(c.micro_batch_size) * static_cast<std::uint64_t>(shape.seq_len);
   return in;
@@ -274,6 +291,9 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
       estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, false, c.device.kernels);
   r.activations_checkpointed =
       estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true, c.device.kernels);
+  r.activations_cpu_checkpointed =
+      r.activations_checkpointed -
+      estimate_checkpoint_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true, true, c.device.kernels).host;
   const NvmeProbe swap_probe = probe_nvme_capacity(c, r);
   note_large_swap_buffers(c, r);
   r.verdict = offload::judge(r.plan, r.capacity);

@@ -30,6 +30,16 @@ namespace zinf {
 std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
                                         bool checkpointing, Kernels kernels = Kernels::reference);
 
+// Of those, with checkpointing, the checkpointed block inputs (the embedding output and each block's
+// output, one [B·T, C] activation each): all on the device, or with cpu_checkpointing two on the
+// device and the rest in pinned host memory (model/lm.h, Checkpoints). Zero without checkpointing.
+struct CheckpointBytes {
+  std::uint64_t device = 0, host = 0;
+};
+CheckpointBytes estimate_checkpoint_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
+                                          bool checkpointing, bool cpu_checkpointing,
+                                          Kernels kernels = Kernels::reference);
+
 // The device blocks the model's ops allocate for themselves on the CUDA device (zinf/device_memory.h,
 // ops_scratch_blocks) for one micro batch of this shape; none on the CPU device.
 std::vector<std::uint64_t> estimate_ops_scratch(const Config& c, const ModelShape& shape);
@@ -103,7 +113,8 @@ struct RunPlan {
   offload::Capacity capacity;
   offload::Verdict verdict;
   std::uint64_t activations_plain = 0, activations_checkpointed = 0;
-  offload::DeepSpeedEstimate deepspeed;  // estimate_zero3_model_states_mem_needs for this model
+  std::uint64_t activations_cpu_checkpointed = 0;  // on the device, checkpoints in host memory (cpu_checkpointing)
+  offload::DeepSpeedEstimate deepspeed;            // estimate_zero3_model_states_mem_needs for this model
   std::vector<LargestFit> largest;
   std::vector<std::string> notes;  // e.g. "nvme_path does not exist"
   PerParam per_param;                  // this plan, per parameter

@@ -16,8 +16,9 @@ struct StepReport {
   std::int64_t step = 0, steps = 0;
   double loss = 0, lr = 0, loss_scale = 1, grad_norm = 0, tokens_per_s = 0, step_s = 0;
   bool skipped = false;
-  BusyTimes busy;              // this step's, as the engine measured it
-  std::int64_t rollbacks = 0;  // speculative Updates discarded so far in the run
+  BusyTimes busy;               // this step's, as the engine measured it
+  std::int64_t rollbacks = 0;   // speculative Updates discarded so far in the run
+  CheckpointTimes checkpoints;  // this step's activation checkpoint copies and waits (cpu_checkpointing)
 };
 
 // The metrics file (train.metrics_file): one line per step and one per validation.

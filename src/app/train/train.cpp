@@ -301,7 +301,8 @@ class Run {
         dev(make_device(cfg, device_backend_, local_rank)),
         device_comm(make_device_comm(local_rank)),
         backend(make_ops(cfg, device_backend_, *dev, threads, h.profile ? &profile : nullptr, shape)),
-        model(make_model(shape, micro_batch, cfg.model.activation_checkpointing, *dev, *backend)),
+        model(make_model(shape, micro_batch, cfg.model.activation_checkpointing, *dev, *backend,
+                         cfg.model.cpu_checkpointing)),
         batches(*dev, static_cast<std::size_t>(micro_batch) * seq_len),
         losses(*dev, model->rows(), static_cast<int>(std::max<std::int64_t>(grad_accum, 8))),
         engine(make_engine()),
@@ -695,7 +696,8 @@ StepReport train_step(Run& run, std::int64_t step) {
   run.engine->expect_step(so);  // what a speculative Update assumes (unclipped, finite)
   run.forward_backward(r.loss_scale);
   const offload::StepOutcome out = run.engine->step(so);
-  r.loss = run.step_loss();
+  r.loss = run.step_loss();  // (the host has waited for the compute stream)
+  r.checkpoints = run.model->take_checkpoint_times();
   r.grad_norm = out.norm;
   r.skipped = run.account(out, step, r.loss);
   r.step_s = since(t0);
@@ -708,6 +710,7 @@ StepReport train_step(Run& run, std::int64_t step) {
 // A measured step's busy times and op times, added to the run's sums.
 void add_measured(TrainResult& res, const StepReport& r, const std::vector<OpTime>& ops_times) {
   res.busy += r.busy;
+  res.checkpoints += r.checkpoints;
   res.measured_steps++;
   for (const auto& o : ops_times) {
     auto it = std::find_if(res.profile.begin(), res.profile.end(), [&](const OpTime& x) { return x.name == o.name; });

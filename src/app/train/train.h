@@ -69,6 +69,7 @@ struct TrainResult {
   std::int64_t measured_steps = 0;
   double step_seconds = 0;
   BusyTimes busy;
+  CheckpointTimes checkpoints;  // cpu_checkpointing: the checkpoint copies and waits, summed as `busy`
   std::vector<OpTime> profile;  // with TrainHooks::profile: summed over the measured steps, slowest first
 };
 

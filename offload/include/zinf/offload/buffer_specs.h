@@ -64,6 +64,7 @@ struct Layout {
   // sub-group tensors hold two slots; host memory backs up at most `backup_subgroups` sub-groups.
   bool speculative = false;
   std::uint64_t backup_subgroups = 0;
+  std::uint64_t checkpoint_device = 0, checkpoint_pinned = 0;  // activation checkpoints (PlanInput)
   std::vector<UnitLayout> units;
 };
 
@@ -89,6 +90,8 @@ enum class Buffer {
   // shared
   activations,       // one micro batch's activations (the caller's estimate; the model allocates them)
   ops_scratch,       // one block the model's ops allocate for themselves (the caller's estimate)
+  checkpoint_slots,  // the activation checkpoints on the device (the caller's estimate; the model's)
+  checkpoint_host,   // those in pinned host memory, cpu_checkpointing (the caller's; a pool of the model's)
   param_slot,        // a parameter window slot: one unit's compute copy
   work_slot,         // its fp32 working weights (16-bit runs)
   param_staging,     // a slot's pinned staging: NVMe reads, or the gathered shards
@@ -116,6 +119,7 @@ enum class PlanRow {
   adam_m,
   adam_v,  // states
   activations,
+  activation_checkpoints,
   ops_scratch,
   param_window,
   param_staging,
@@ -154,7 +158,8 @@ std::uint64_t footprint(Tier t, std::uint64_t bytes, bool device_blocks = false)
 // sub-group tensors of a unit come as one spec for its whole sub-groups and one for its last,
 // shorter one (in that order); everything else is one spec per buffer kind and unit.
 // `activation_bytes`: the caller's estimate (a spec of its own, allocated by no one here); so is each
-// of `ops_scratch`'s blocks (one spec each, after the activations). The token batches (with
+// of `ops_scratch`'s blocks (one spec each, after the activations) and the activation checkpoints
+// (Layout::checkpoint_device, checkpoint_pinned; between the two). The token batches (with
 // PlanInput::batch_tokens) come last; the training loop allocates them, not the engine.
 void for_each_buffer(const Layout& layout, std::uint64_t activation_bytes,
                      const std::function<void(const BufferSpec&)>& fn,

@@ -75,6 +75,17 @@
 //                                                                            micro batch's ops (train.cpp)
 //   token/target staging     the trainer             h2d                     per slot of the pinned ring: ⇐ the
 //   (pinned)                                                                 slot's `copied` event (batches.h)
+//   activation checkpoint    compute (the forward's  d2h (to its host row)   `written`: recorded on compute behind
+//   slot (cpu_checkpointing, embedding, or a block's                         the write; d2h waits (model/lm.h,
+//   the model's own)         output copy)                                    Checkpoints)
+//   checkpoint slot, reuse   compute (checkpoint     d2h (checkpoint j)      on_host[j]: recorded on d2h behind the
+//   in the forward           j + 2)                                          copy; compute waits (model_waits_for)
+//   checkpoint host row      d2h (forward)           h2d (backward)          on_host[j]; h2d waits
+//   (pinned, the model's)
+//   checkpoint slot,         h2d (one block ahead)   compute (the block's    on_device[j]: recorded on h2d behind
+//   backward                                         recompute, backward)    the copy; compute waits (acquire)
+//   checkpoint slot, reuse   h2d (checkpoint j)      compute (checkpoint     released: recorded on compute after
+//   in the backward                                  j + 2's block)          the block's backward; h2d waits
 //
 // Memory: all device buffers are allocated up front (a plan that does not fit the device budget is
 // refused before anything is allocated, with the numbers); host staging comes from one PinnedPool

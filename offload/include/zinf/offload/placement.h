@@ -49,6 +49,10 @@ struct PlanInput {
   int prefetch_depth = 1;              // parameter window: max(2, 1 + prefetch_depth) slots
   bool fp32_work = true;               // the CPU device keeps fp32 working weights of 16-bit params
   std::uint64_t activation_bytes = 0;  // device bytes for one micro batch (the caller's estimate)
+  // With activation checkpointing, the checkpointed block inputs (the caller's estimate, beside
+  // activation_bytes): on the device, and in pinned host memory (cpu_checkpointing; a pool of the
+  // model's own, outside pinned_pool). Allocated by the model, not the engine. 0: no row.
+  std::uint64_t checkpoint_device = 0, checkpoint_pinned = 0;
   // The device's allocator takes whole blocks (the CUDA device: cuda_block_bytes, zinf/device_memory.h):
   // every device buffer is counted as the block it takes. False: exact bytes (the CPU device).
   bool device_blocks = false;
@@ -87,7 +91,8 @@ struct Plan {
   TierBytes model_states{};                // sum of `states`
   TierBytes totals{};                      // states + buffers
   std::uint64_t pinned_pool = 0;           // staging buffers through the one bounded pool (excludes a pinned param16
-                                           // home and the token batches' staging, which has a pool of its own)
+                                           // home, the token batches' staging and the host activation checkpoints,
+                                           // which have pools of their own)
 };
 
 // The byte model of the offload engine: the buffer list it allocates from (buffer_specs.h), summed

@@ -19,45 +19,70 @@ using namespace cpu_adam;
 
 struct Arrays {
   std::size_t n;
+  StateFormat f;
   std::unique_ptr<std::uint16_t[]> grad, out;
-  std::unique_ptr<float[]> master, m, v;
-  explicit Arrays(std::size_t count)
+  std::unique_ptr<float[]> master, m_scale, v_scale;
+  std::unique_ptr<std::uint8_t[]> m, v;  // n elements of the state format
+  Arrays(std::size_t count, StateFormat format)
       : n(count),
+        f(format),
         grad(new std::uint16_t[count]),
         out(new std::uint16_t[count]),
         master(new float[count]),
-        m(new float[count]),
-        v(new float[count]) {}
+        m_scale(new float[state_scales(format, count) + 1]),
+        v_scale(new float[state_scales(format, count) + 1]),
+        m(new std::uint8_t[count * state_elem_bytes(format)]),
+        v(new std::uint8_t[count * state_elem_bytes(format)]) {}
+  // [b, e): b is a multiple of 1024 (HostThreads' chunks), so a q8 range starts on a block.
   UpdateChunk chunk(std::size_t b, std::size_t e) const {
     UpdateChunk c;
     c.n = e - b;
     c.grad = grad.get() + b;
     c.grad_type = GradType::fp16;
     c.master = master.get() + b;
-    c.m = m.get() + b;
-    c.v = v.get() + b;
+    c.m = m.get() + b * state_elem_bytes(f);
+    c.v = v.get() + b * state_elem_bytes(f);
+    c.m_scale = m_scale.get() + b / kQ8Block;
+    c.v_scale = v_scale.get() + b / kQ8Block;
+    c.states = f;
     c.param16 = out.get() + b;
     c.param16_type = HalfType::fp16;
     return c;
+  }
+  bool same(const Arrays& o) const {
+    const std::size_t sb = n * state_elem_bytes(f), ns = state_scales(f, n) * 4;
+    return !std::memcmp(master.get(), o.master.get(), n * 4) && !std::memcmp(out.get(), o.out.get(), n * 2) &&
+           !std::memcmp(m.get(), o.m.get(), sb) && !std::memcmp(v.get(), o.v.get(), sb) &&
+           !std::memcmp(m_scale.get(), o.m_scale.get(), ns) && !std::memcmp(v_scale.get(), o.v_scale.get(), ns);
   }
 };
 
 void fill(HostThreads& pool, Arrays& a) {
   pool.parallel_for(a.n, 1 << 16, [&](std::size_t b, std::size_t e) {  // first touch by the workers
     std::uint32_t x = static_cast<std::uint32_t>(b) * 2654435761u + 1;
+    std::vector<float> m(e - b), v(e - b);
     for (std::size_t i = b; i < e; ++i) {
       x = x * 1664525u + 1013904223u;
       const float r = static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f;
       a.grad[i] = fp32_to_fp16_reference(r * 1e-2f);
       a.master[i] = r * 0.02f;
-      a.m[i] = r * 1e-3f;
-      a.v[i] = r * r * 1e-6f;
+      m[i - b] = r * 1e-3f;
+      v[i - b] = r * r * 1e-6f;
       a.out[i] = 0;
     }
+    const UpdateChunk c = a.chunk(b, e);
+    encode_states(a.f, StateKind::m, m.data(), c.m, c.m_scale, e - b);
+    encode_states(a.f, StateKind::v, v.data(), c.v, c.v_scale, e - b);
   });
 }
 
 }  // namespace
+
+double adam_bytes_per_param(StateFormat f) {
+  const double states = 2.0 * 2.0 * static_cast<double>(state_elem_bytes(f));  // m and v, read and written
+  const double scales = f == StateFormat::q8 ? 2.0 * 2.0 * 4.0 / static_cast<double>(kQ8Block) : 0.0;
+  return 2 + 4 + 4 + 2 + states + scales;  // grad, master in and out, param16
+}
 
 AdamBenchResult run_adam_bench(const AdamBenchOptions& o, const std::function<void(const std::string&)>& progress) {
   if (o.params < 1024) throw ConfigError("--params must be at least 1024");
@@ -66,24 +91,28 @@ AdamBenchResult run_adam_bench(const AdamBenchOptions& o, const std::function<vo
   r.params = o.params;
   r.threads = pool.threads();
   r.simd = std::string(to_string(active_simd()));
+  r.states = o.states;
+  r.bytes_per_param = adam_bytes_per_param(o.states);
   const AdamHyper h{
       .lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f, .decoupled = true};
   const AdamStep step = make_adam_step(h, 10, 1.0f / 1024);
 
   // Validate the fused path on a slice before timing anything.
   {
-    Arrays a(1 << 20), b(1 << 20);
+    Arrays a(1 << 20, o.states), b(1 << 20, o.states);
     fill(pool, a);
     fill(pool, b);
     adam_update_reference(step, a.chunk(0, a.n));
     adam_update(pool, step, b.chunk(0, b.n));
-    if (std::memcmp(a.master.get(), b.master.get(), a.n * 4) || std::memcmp(a.out.get(), b.out.get(), a.n * 2))
+    if (!a.same(b))
       throw Error("bench adam: the " + r.simd + " path does not match the reference; refusing to time it");
   }
 
   progress("allocating " + std::to_string(o.params) + " parameters (" +
-           std::to_string(static_cast<long long>(o.params * 16 / (1 << 20))) + " MiB)");
-  Arrays a(static_cast<std::size_t>(o.params));
+           std::to_string(static_cast<long long>(
+               o.params * static_cast<std::int64_t>(8 + 2 * state_elem_bytes(o.states)) / (1 << 20))) +
+           " MiB, " + state_format_name(o.states) + " states)");
+  Arrays a(static_cast<std::size_t>(o.params), o.states);
   fill(pool, a);
   const SimdLevel level = active_simd();
   const std::size_t grain = std::max<std::size_t>(1 << 16, a.n / (4 * static_cast<std::size_t>(r.threads)));
@@ -97,17 +126,18 @@ AdamBenchResult run_adam_bench(const AdamBenchOptions& o, const std::function<vo
     progress("rep " + std::to_string(rep + 1) + "/" + std::to_string(o.reps));
     best[0] = std::min(best[0], time([&](std::size_t b, std::size_t e) { adam_update(step, a.chunk(b, e), level); }));
     best[1] = std::min(best[1], time([&](std::size_t b, std::size_t e) { adam_memory_traffic(a.chunk(b, e), level); }));
-    best[2] = std::min(
-        best[2], time([&](std::size_t b, std::size_t e) { adam_update_naive(h, 10, 1.0f / 1024, a.chunk(b, e)); }));
+    if (o.states == StateFormat::fp32)  // the plain loop knows fp32 states only
+      best[2] = std::min(
+          best[2], time([&](std::size_t b, std::size_t e) { adam_update_naive(h, 10, 1.0f / 1024, a.chunk(b, e)); }));
   }
   AdamBenchRow* rows[3] = {&r.fused, &r.traffic, &r.naive};
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < (o.states == StateFormat::fp32 ? 3 : 2); ++k) {
     rows[k]->seconds = best[k];
     rows[k]->params_per_s = static_cast<double>(a.n) / best[k];
     rows[k]->gb_per_s = rows[k]->params_per_s * r.bytes_per_param / 1e9;
   }
   r.ratio = r.fused.params_per_s / r.traffic.params_per_s;
-  r.speedup_vs_naive = r.fused.params_per_s / r.naive.params_per_s;
+  r.speedup_vs_naive = r.naive.params_per_s > 0 ? r.fused.params_per_s / r.naive.params_per_s : 0;
   return r;
 }
 

@@ -77,7 +77,11 @@ void set_simd_cap(SimdLevel level) { cap_storage().store(static_cast<int>(level)
 namespace zinf::cpu_adam {
 namespace {
 
-const detail::KernelTable& table(SimdLevel requested) {
+const detail::KernelTable& table(SimdLevel requested) { return detail::kernels_for(requested); }
+
+}  // namespace
+
+const detail::KernelTable& detail::kernels_for(SimdLevel requested) {
   const SimdLevel det = detect_simd();
   const SimdLevel l = static_cast<int>(requested) < static_cast<int>(det) ? requested : det;
   switch (l) {
@@ -87,8 +91,6 @@ const detail::KernelTable& table(SimdLevel requested) {
   }
   return detail::scalar_kernels();
 }
-
-}  // namespace
 
 void adam_update(const AdamStep& s, const UpdateChunk& c, SimdLevel level) { table(level).adam(s, c); }
 void adam_update(const AdamStep& s, const UpdateChunk& c) { table(active_simd()).adam(s, c); }

@@ -119,45 +119,42 @@ constexpr int kTop = K == StateKind::m ? 15 : 31;
 
 inline __m256i set1(std::uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
 
-// spec::q8_value of 8 codes.
+// spec::q8_value of 8 codes. For e ≥ 1 the value's bits are the code's magnitude shifted to the
+// exponent and mantissa fields plus a constant; codes with e = 0 (rare) are m3 · 2^(−2−top).
 template <StateKind K>
 inline __m256 q8_value8(const std::uint8_t* p) {
   const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i m3 = _mm256_and_si256(c, set1(7));
-  const __m256i e = K == StateKind::m ? _mm256_and_si256(_mm256_srli_epi32(c, 3), set1(15)) : _mm256_srli_epi32(c, 3);
-  const __m256i normal =
-      _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(e, set1(127 - kTop<K>)), 23), _mm256_slli_epi32(m3, 20));
-  const __m256i sub = _mm256_castps_si256(
-      _mm256_mul_ps(_mm256_cvtepi32_ps(m3), _mm256_castsi256_ps(set1(static_cast<std::uint32_t>(125 - kTop<K>) << 23))));
-  __m256i r = _mm256_blendv_epi8(normal, sub, _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
-  if constexpr (K == StateKind::m) r = _mm256_or_si256(r, _mm256_slli_epi32(_mm256_and_si256(c, set1(0x80)), 24));
+  const __m256i mag = K == StateKind::m ? _mm256_and_si256(c, set1(0x7F)) : c;
+  __m256i r = _mm256_add_epi32(_mm256_slli_epi32(mag, 20), set1(static_cast<std::uint32_t>(127 - kTop<K>) << 23));
+  const __m256i e0 = _mm256_cmpgt_epi32(set1(8), mag);
+  if (_mm256_movemask_ps(_mm256_castsi256_ps(e0))) {
+    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag),
+                                     _mm256_castsi256_ps(set1(static_cast<std::uint32_t>(125 - kTop<K>) << 23)));
+    r = _mm256_blendv_epi8(r, _mm256_castps_si256(sub), e0);
+  }
+  if constexpr (K == StateKind::m) r = _mm256_or_si256(r, _mm256_and_si256(_mm256_slli_epi32(c, 24), set1(0x80000000u)));
   return _mm256_castsi256_ps(r);
 }
 
-inline __m256i round3(__m256i a) {
+// round3(a) >> Shift for a = |x| bits: by 20, the exponent and the 3 rounded mantissa bits; by 23, the
+// exponent (the masking of round3 is implied by the shift).
+template <int Shift = 20>
+inline __m256i round3_top(__m256i a) {
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, 20), set1(1));
-  return _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(a, set1(0x7FFFF)), lsb), set1(0xFFF00000u));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, set1(0x7FFFF)), lsb), Shift);
 }
 
-// spec::q8_exponent of 8 values.
+// spec::q8_exponent of 8 values, except that a non-finite x may give 256 instead of 255 (a NaN's
+// mantissa can carry past the exponent); q8_encode_block treats every value ≥ 255 as kQ8Nan.
 inline __m256i q8_exponent8(__m256 x) {
-  const __m256i a = _mm256_and_si256(_mm256_castps_si256(x), set1(0x7FFFFFFF));
-  const __m256i bad = _mm256_cmpgt_epi32(a, set1(0x7F7FFFFF));  // a is non-negative: signed compares work
-  return _mm256_blendv_epi8(_mm256_srli_epi32(round3(a), 23), set1(255), bad);
+  return round3_top<23>(_mm256_and_si256(_mm256_castps_si256(x), set1(0x7FFFFFFF)));
 }
 
-// spec::q8_encode of 8 values in a block of exponent E (top < E < 255), as 8 bytes.
+// The codes below the normal range (spec::q8_encode's second branch): x rounded to nearest even onto
+// the e = 0 grid, straight from its bits a = |x|.
 template <StateKind K>
-inline __m128i q8_encode8(__m256 x, __m256i E) {
+inline __m256i q8_encode8_small(__m256i a, __m256i E) {
   constexpr int top = kTop<K>;
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i a = _mm256_and_si256(u, set1(0x7FFFFFFF));
-  const __m256i r = round3(a), er = _mm256_srli_epi32(r, 23);
-  const __m256i er_top = _mm256_add_epi32(er, set1(top));
-  const __m256i normal = _mm256_cmpgt_epi32(er_top, E);
-  const __m256i code_n = _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(er_top, E), 3),
-                                         _mm256_and_si256(_mm256_srli_epi32(r, 20), set1(7)));
-  // below the normal codes: round x itself onto the e = 0 grid
   const __m256i ex = _mm256_srli_epi32(a, 23);
   const __m256i frac = _mm256_and_si256(a, set1(0x7FFFFF));
   const __m256i no_ex = _mm256_cmpeq_epi32(ex, _mm256_setzero_si256());
@@ -167,8 +164,20 @@ inline __m128i q8_encode8(__m256 x, __m256i E) {
   const __m256i half = _mm256_sub_epi32(_mm256_sllv_epi32(set1(1), _mm256_sub_epi32(sh, set1(1))), set1(1));
   const __m256i odd = _mm256_and_si256(_mm256_srlv_epi32(mant, sh), set1(1));
   const __m256i q = _mm256_srlv_epi32(_mm256_add_epi32(_mm256_add_epi32(mant, half), odd), sh);
-  const __m256i small = _mm256_cmpgt_epi32(set1(25), sh);
-  __m256i code = _mm256_blendv_epi8(_mm256_and_si256(q, small), code_n, normal);
+  return _mm256_and_si256(q, _mm256_cmpgt_epi32(set1(25), sh));
+}
+
+// spec::q8_encode of 8 values in a block of exponent E (top < E < 255), as 8 bytes; c = (E − top) << 3.
+// A normal code is round3(x) >> 20 less c: (exp − E + top) << 3 | m3.
+template <StateKind K>
+inline __m128i q8_encode8(__m256 x, __m256i E, __m256i c) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i a = _mm256_and_si256(u, set1(0x7FFFFFFF));
+  const __m256i r = round3_top(a);
+  const __m256i normal = _mm256_cmpgt_epi32(r, _mm256_add_epi32(c, set1(7)));
+  __m256i code = _mm256_sub_epi32(r, c);
+  if (_mm256_movemask_ps(_mm256_castsi256_ps(normal)) != 0xFF)  // rare
+    code = _mm256_blendv_epi8(q8_encode8_small<K>(a, E), code, normal);
   if constexpr (K == StateKind::m) code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(u, 24), set1(0x80)));
   // the low byte of each 32-bit lane, in order
   const __m256i bytes = _mm256_shuffle_epi8(
@@ -185,18 +194,45 @@ inline std::uint32_t reduce_max(__m256i x) {
   return mx;
 }
 
-// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent.
+// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent8.
 template <StateKind K>
 inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, __m256i emax) {
-  const std::uint32_t E = spec::q8_block_exponent(reduce_max(emax), K);
+  const std::uint32_t mx = reduce_max(emax);
+  const std::uint32_t E = spec::q8_block_exponent(mx < spec::kQ8Nan ? mx : spec::kQ8Nan, K);
   *scale = spec::q8_scale(E);
   if (E == 0 || E == spec::kQ8Nan) {
     std::memset(codes, 0, kQ8Block);
     return;
   }
-  const __m256i e = set1(E);
+  const __m256i e = set1(E), c = set1((E - static_cast<std::uint32_t>(kTop<K>)) << 3);
   for (std::size_t j = 0; j < kQ8Block; j += 8)
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), q8_encode8<K>(_mm256_load_ps(t + j), e));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), q8_encode8<K>(_mm256_loadu_ps(t + j), e, c));
+}
+
+template <StateKind K>
+void q8_enc_loop(const float* src, std::uint8_t* dst, float* scales, std::size_t n) {
+  const std::size_t full = n / kQ8Block * kQ8Block;
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    __m256i e = _mm256_setzero_si256();
+    for (std::size_t j = 0; j < kQ8Block; j += 8) e = _mm256_max_epu32(e, q8_exponent8(_mm256_loadu_ps(src + b + j)));
+    q8_encode_block<K>(src + b, dst + b, scales + b / kQ8Block, e);
+  }
+  q8_encode_scalar_range(K, src, dst, scales, full, n);
+}
+template <StateKind K>
+void q8_dec_loop(const std::uint8_t* src, const float* scales, float* dst, std::size_t n) {
+  const std::size_t full = n / kQ8Block * kQ8Block;
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    const __m256 sc = _mm256_set1_ps(scales[b / kQ8Block]);
+    for (std::size_t j = 0; j < kQ8Block; j += 8) _mm256_storeu_ps(dst + b + j, _mm256_mul_ps(q8_value8<K>(src + b + j), sc));
+  }
+  q8_decode_scalar_range(K, src, scales, dst, full, n);
+}
+void q8_enc(StateKind k, const float* s, std::uint8_t* d, float* scales, std::size_t n) {
+  k == StateKind::m ? q8_enc_loop<StateKind::m>(s, d, scales, n) : q8_enc_loop<StateKind::v>(s, d, scales, n);
+}
+void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, std::size_t n) {
+  k == StateKind::m ? q8_dec_loop<StateKind::m>(s, scales, d, n) : q8_dec_loop<StateKind::v>(s, scales, d, n);
 }
 
 template <GradType G, int Out>
@@ -256,38 +292,61 @@ void adam_avx2(const AdamStep& s, const UpdateChunk& c) {
 // The same loops as kernels_avx512.cpp at half the vector width: each file compiles with its own
 // target flags and names its instructions, so the order of operations that the bit-identity tests
 // pin down stays visible in each.
-template <GradType G, int Out>
+template <GradType G, int Out, StateFormat S>
 void traffic_loop(const UpdateChunk& c) {
   const std::size_t n8 = c.n & ~std::size_t{7};
   auto* out = static_cast<std::uint16_t*>(c.param16);
-  auto* cm = static_cast<float*>(c.m);
-  auto* cv = static_cast<float*>(c.v);
   for (std::size_t i = 0; i < n8; i += 8) {
     const __m256 g = load_grad8<G>(c.grad, i);
     const __m256 p = _mm256_add_ps(_mm256_loadu_ps(c.master + i), g);
     _mm256_storeu_ps(c.master + i, p);
-    _mm256_storeu_ps(cm + i, _mm256_add_ps(_mm256_loadu_ps(cm + i), g));
-    _mm256_storeu_ps(cv + i, _mm256_add_ps(_mm256_loadu_ps(cv + i), g));
+    if constexpr (S == StateFormat::fp32) {
+      auto* cm = static_cast<float*>(c.m) + i;
+      auto* cv = static_cast<float*>(c.v) + i;
+      _mm256_storeu_ps(cm, _mm256_add_ps(_mm256_loadu_ps(cm), g));
+      _mm256_storeu_ps(cv, _mm256_add_ps(_mm256_loadu_ps(cv), g));
+    } else if constexpr (S == StateFormat::bf16) {
+      auto* cm = reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(c.m) + i);
+      auto* cv = reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(c.v) + i);
+      const __m128i gh = _mm256_castsi256_si128(_mm256_permute4x64_epi64(
+          _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(g), 16), _mm256_setzero_si256()), 0xD8));
+      _mm_storeu_si128(cm, _mm_add_epi16(_mm_loadu_si128(cm), gh));
+      _mm_storeu_si128(cv, _mm_add_epi16(_mm_loadu_si128(cv), gh));
+    } else {
+      auto* cm = reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(c.m) + i);
+      auto* cv = reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(c.v) + i);
+      const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(g), 24);
+      const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+      const __m128i gb = _mm_packus_epi16(w, w);
+      _mm_storel_epi64(cm, _mm_add_epi8(_mm_loadl_epi64(cm), gb));
+      _mm_storel_epi64(cv, _mm_add_epi8(_mm_loadl_epi64(cv), gb));
+      if (i % kQ8Block == 0) {
+        c.m_scale[i / kQ8Block] += 1.0f;
+        c.v_scale[i / kQ8Block] += 1.0f;
+      }
+    }
     if constexpr (Out == 1)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
                        _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     else if constexpr (Out == 2)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), to_bf16(p));
   }
-  UpdateChunk tail = c;
-  tail.n = c.n - n8;
-  tail.grad = static_cast<const char*>(c.grad) + n8 * (G == GradType::fp32 ? 4 : 2);
-  tail.master += n8, tail.m = cm + n8, tail.v = cv + n8;
-  if (out) tail.param16 = out + n8;
-  scalar_kernels().traffic(tail);
+  traffic_tail(c, n8);
+}
+template <GradType G, StateFormat S>
+void traffic_for_out(const UpdateChunk& c) {
+  if (!c.param16) return traffic_loop<G, 0, S>(c);
+  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1, S>(c) : traffic_loop<G, 2, S>(c);
 }
 template <GradType G>
 void traffic_for_grad(const UpdateChunk& c) {
-  if (!c.param16) return traffic_loop<G, 0>(c);
-  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
+  switch (c.states) {
+    case StateFormat::fp32: return traffic_for_out<G, StateFormat::fp32>(c);
+    case StateFormat::bf16: return traffic_for_out<G, StateFormat::bf16>(c);
+    case StateFormat::q8: return traffic_for_out<G, StateFormat::q8>(c);
+  }
 }
 void traffic_avx2(const UpdateChunk& c) {
-  if (c.states != StateFormat::fp32) return scalar_kernels().traffic(c);
   switch (c.grad_type) {
     case GradType::fp32: return traffic_for_grad<GradType::fp32>(c);
     case GradType::fp16: return traffic_for_grad<GradType::fp16>(c);
@@ -348,7 +407,7 @@ void bf16_f32(const std::uint16_t* s, float* d, std::size_t n) {
 }  // namespace
 
 const KernelTable& avx2_kernels() {
-  static const KernelTable t{adam_avx2, sum_squares_avx2, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx2};
+  static const KernelTable t{adam_avx2, sum_squares_avx2, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx2, q8_enc, q8_dec};
   return t;
 }
 

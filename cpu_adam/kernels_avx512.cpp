@@ -143,47 +143,43 @@ void adam_loop(const AdamStep& s, const UpdateChunk& c) {
 template <StateKind K>
 constexpr std::uint32_t kTop = K == StateKind::m ? 15u : 31u;
 
-// spec::q8_value of 16 codes.
+// spec::q8_value of 16 codes. For e ≥ 1 the value's bits are the code's magnitude shifted to the
+// exponent and mantissa fields plus a constant; codes with e = 0 (rare) are m3 · 2^(−2−top).
 template <StateKind K>
 inline __m512 q8_value16(const std::uint8_t* p) {
   const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i m3 = _mm512_and_si512(c, _mm512_set1_epi32(7));
-  const __m512i e = K == StateKind::m ? _mm512_and_si512(_mm512_srli_epi32(c, 3), _mm512_set1_epi32(15))
-                                      : _mm512_srli_epi32(c, 3);
-  const __m512i normal = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127 - kTop<K>)), 23),
-                                         _mm512_slli_epi32(m3, 20));
-  const __m512i sub = _mm512_castps_si512(
-      _mm512_mul_ps(_mm512_cvtepi32_ps(m3), _mm512_castsi512_ps(_mm512_set1_epi32((125 - kTop<K>) << 23))));
-  __m512i r = _mm512_mask_mov_epi32(sub, _mm512_test_epi32_mask(e, e), normal);
-  if constexpr (K == StateKind::m) r = _mm512_or_si512(r, _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24));
+  const __m512i mag = K == StateKind::m ? _mm512_and_si512(c, _mm512_set1_epi32(0x7F)) : c;
+  __m512i r = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32((127 - kTop<K>) << 23));
+  const __mmask16 e0 = _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8));
+  if (e0) {
+    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_castsi512_ps(_mm512_set1_epi32((125 - kTop<K>) << 23)));
+    r = _mm512_mask_mov_epi32(r, e0, _mm512_castps_si512(sub));
+  }
+  if constexpr (K == StateKind::m)  // r | (c << 24 & sign bit)
+    r = _mm512_ternarylogic_epi32(r, _mm512_slli_epi32(c, 24), _mm512_set1_epi32(static_cast<int>(0x80000000u)), 0xF8);
   return _mm512_castsi512_ps(r);
 }
 
-inline __m512i round3(__m512i a) {
+// round3(a) >> Shift for a = |x| bits: by 20, the exponent and the 3 rounded mantissa bits; by 23, the
+// exponent (the masking of round3 is implied by the shift).
+template <int Shift = 20>
+inline __m512i round3_top(__m512i a) {
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-  return _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), lsb),
-                          _mm512_set1_epi32(static_cast<int>(0xFFF00000u)));
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), lsb), Shift);
 }
 
-// spec::q8_exponent of 16 values.
+// spec::q8_exponent of 16 values, except that a non-finite x may give 256 instead of 255 (a NaN's
+// mantissa can carry past the exponent); q8_encode_block treats every value ≥ 255 as kQ8Nan.
 inline __m512i q8_exponent16(__m512 x) {
   const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF));
-  const __mmask16 bad = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(0x7F800000));
-  return _mm512_mask_mov_epi32(_mm512_srli_epi32(round3(a), 23), bad, _mm512_set1_epi32(255));
+  return round3_top<23>(a);
 }
 
-// spec::q8_encode of 16 values in a block of exponent E (top < E < 255).
+// The codes below the normal range (spec::q8_encode's second branch): x rounded to nearest even onto
+// the e = 0 grid, straight from its bits a = |x|.
 template <StateKind K>
-inline __m128i q8_encode16(__m512 x, __m512i E) {
+inline __m512i q8_encode16_small(__m512i a, __m512i E) {
   constexpr int top = static_cast<int>(kTop<K>);
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
-  const __m512i r = round3(a), er = _mm512_srli_epi32(r, 23);
-  const __m512i er_top = _mm512_add_epi32(er, _mm512_set1_epi32(top));
-  const __mmask16 normal = _mm512_cmpgt_epi32_mask(er_top, E);
-  const __m512i code_n = _mm512_or_si512(_mm512_slli_epi32(_mm512_sub_epi32(er_top, E), 3),
-                                         _mm512_and_si512(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(7)));
-  // below the normal codes: round x itself onto the e = 0 grid
   const __m512i ex = _mm512_srli_epi32(a, 23);
   const __m512i frac = _mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF));
   const __mmask16 has_ex = _mm512_test_epi32_mask(ex, ex);
@@ -194,24 +190,63 @@ inline __m128i q8_encode16(__m512 x, __m512i E) {
                                         _mm512_set1_epi32(1));
   const __m512i odd = _mm512_and_si512(_mm512_srlv_epi32(mant, sh), _mm512_set1_epi32(1));
   const __m512i q = _mm512_srlv_epi32(_mm512_add_epi32(_mm512_add_epi32(mant, half), odd), sh);
-  const __mmask16 small = _mm512_cmplt_epi32_mask(sh, _mm512_set1_epi32(25));
-  __m512i code = _mm512_mask_mov_epi32(_mm512_maskz_mov_epi32(small, q), normal, code_n);
-  if constexpr (K == StateKind::m) code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80)));
+  return _mm512_maskz_mov_epi32(_mm512_cmplt_epi32_mask(sh, _mm512_set1_epi32(25)), q);
+}
+
+// spec::q8_encode of 16 values in a block of exponent E (top < E < 255); c = (E − top) << 3. A normal
+// code is round3(x) >> 20 less c: (exp − E + top) << 3 | m3.
+template <StateKind K>
+inline __m128i q8_encode16(__m512 x, __m512i E, __m512i c) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i r = round3_top(a);
+  const __mmask16 normal = _mm512_cmpgt_epi32_mask(r, _mm512_add_epi32(c, _mm512_set1_epi32(7)));
+  __m512i code = _mm512_sub_epi32(r, c);
+  if (normal != 0xFFFF) code = _mm512_mask_mov_epi32(q8_encode16_small<K>(a, E), normal, code);  // rare
+  if constexpr (K == StateKind::m)  // code | (u >> 24 & 0x80)
+    code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80), 0xF8);
   return _mm512_cvtepi32_epi8(code);
 }
 
-// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent.
+// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent16.
 template <StateKind K>
 inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, __m512i emax) {
-  const std::uint32_t E = spec::q8_block_exponent(_mm512_reduce_max_epu32(emax), K);
+  const std::uint32_t mx = _mm512_reduce_max_epu32(emax);
+  const std::uint32_t E = spec::q8_block_exponent(mx < spec::kQ8Nan ? mx : spec::kQ8Nan, K);
   *scale = spec::q8_scale(E);
   if (E == 0 || E == spec::kQ8Nan) {
     std::memset(codes, 0, kQ8Block);
     return;
   }
-  const __m512i e = _mm512_set1_epi32(static_cast<int>(E));
+  const __m512i e = _mm512_set1_epi32(static_cast<int>(E)), c = _mm512_set1_epi32(static_cast<int>((E - kTop<K>) << 3));
   for (std::size_t j = 0; j < kQ8Block; j += 16)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j), q8_encode16<K>(_mm512_load_ps(t + j), e));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j), q8_encode16<K>(_mm512_loadu_ps(t + j), e, c));
+}
+
+template <StateKind K>
+void q8_enc_loop(const float* src, std::uint8_t* dst, float* scales, std::size_t n) {
+  const std::size_t full = n / kQ8Block * kQ8Block;
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    __m512i e = _mm512_setzero_si512();
+    for (std::size_t j = 0; j < kQ8Block; j += 16) e = _mm512_max_epu32(e, q8_exponent16(_mm512_loadu_ps(src + b + j)));
+    q8_encode_block<K>(src + b, dst + b, scales + b / kQ8Block, e);
+  }
+  q8_encode_scalar_range(K, src, dst, scales, full, n);
+}
+template <StateKind K>
+void q8_dec_loop(const std::uint8_t* src, const float* scales, float* dst, std::size_t n) {
+  const std::size_t full = n / kQ8Block * kQ8Block;
+  for (std::size_t b = 0; b < full; b += kQ8Block) {
+    const __m512 sc = _mm512_set1_ps(scales[b / kQ8Block]);
+    for (std::size_t j = 0; j < kQ8Block; j += 16) _mm512_storeu_ps(dst + b + j, _mm512_mul_ps(q8_value16<K>(src + b + j), sc));
+  }
+  q8_decode_scalar_range(K, src, scales, dst, full, n);
+}
+void q8_enc(StateKind k, const float* s, std::uint8_t* d, float* scales, std::size_t n) {
+  k == StateKind::m ? q8_enc_loop<StateKind::m>(s, d, scales, n) : q8_enc_loop<StateKind::v>(s, d, scales, n);
+}
+void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, std::size_t n) {
+  k == StateKind::m ? q8_dec_loop<StateKind::m>(s, scales, d, n) : q8_dec_loop<StateKind::v>(s, scales, d, n);
 }
 
 template <GradType G, int Out, bool NB>
@@ -282,38 +317,59 @@ void adam_avx512(const AdamStep& s, const UpdateChunk& c) {
   }
 }
 
-template <GradType G, int Out>
+// The Update's loads and stores for the state format S, with adds for math.
+template <GradType G, int Out, StateFormat S>
 void traffic_loop(const UpdateChunk& c) {
   const std::size_t n16 = c.n & ~std::size_t{15};
   auto* out = static_cast<std::uint16_t*>(c.param16);
-  auto* cm = static_cast<float*>(c.m);
-  auto* cv = static_cast<float*>(c.v);
   for (std::size_t i = 0; i < n16; i += 16) {
     const __m512 g = load_grad16<G>(c.grad, i);
     const __m512 p = _mm512_add_ps(_mm512_loadu_ps(c.master + i), g);
     _mm512_storeu_ps(c.master + i, p);
-    _mm512_storeu_ps(cm + i, _mm512_add_ps(_mm512_loadu_ps(cm + i), g));
-    _mm512_storeu_ps(cv + i, _mm512_add_ps(_mm512_loadu_ps(cv + i), g));
+    if constexpr (S == StateFormat::fp32) {
+      auto* cm = static_cast<float*>(c.m) + i;
+      auto* cv = static_cast<float*>(c.v) + i;
+      _mm512_storeu_ps(cm, _mm512_add_ps(_mm512_loadu_ps(cm), g));
+      _mm512_storeu_ps(cv, _mm512_add_ps(_mm512_loadu_ps(cv), g));
+    } else if constexpr (S == StateFormat::bf16) {
+      auto* cm = reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(c.m) + i);
+      auto* cv = reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(c.v) + i);
+      const __m256i gb = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(g), 16));
+      _mm256_storeu_si256(cm, _mm256_add_epi16(_mm256_loadu_si256(cm), gb));
+      _mm256_storeu_si256(cv, _mm256_add_epi16(_mm256_loadu_si256(cv), gb));
+    } else {
+      auto* cm = reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(c.m) + i);
+      auto* cv = reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(c.v) + i);
+      const __m128i gb = _mm512_cvtepi32_epi8(_mm512_srli_epi32(_mm512_castps_si512(g), 24));
+      _mm_storeu_si128(cm, _mm_add_epi8(_mm_loadu_si128(cm), gb));
+      _mm_storeu_si128(cv, _mm_add_epi8(_mm_loadu_si128(cv), gb));
+      if (i % kQ8Block == 0) {
+        c.m_scale[i / kQ8Block] += 1.0f;
+        c.v_scale[i / kQ8Block] += 1.0f;
+      }
+    }
     if constexpr (Out == 1)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
                           _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     else if constexpr (Out == 2)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_emulated(p));
   }
-  UpdateChunk tail = c;
-  tail.n = c.n - n16;
-  tail.grad = static_cast<const char*>(c.grad) + n16 * (G == GradType::fp32 ? 4 : 2);
-  tail.master += n16, tail.m = cm + n16, tail.v = cv + n16;
-  if (out) tail.param16 = out + n16;
-  scalar_kernels().traffic(tail);
+  traffic_tail(c, n16);
+}
+template <GradType G, StateFormat S>
+void traffic_for_out(const UpdateChunk& c) {
+  if (!c.param16) return traffic_loop<G, 0, S>(c);
+  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1, S>(c) : traffic_loop<G, 2, S>(c);
 }
 template <GradType G>
 void traffic_for_grad(const UpdateChunk& c) {
-  if (!c.param16) return traffic_loop<G, 0>(c);
-  return c.param16_type == HalfType::fp16 ? traffic_loop<G, 1>(c) : traffic_loop<G, 2>(c);
+  switch (c.states) {
+    case StateFormat::fp32: return traffic_for_out<G, StateFormat::fp32>(c);
+    case StateFormat::bf16: return traffic_for_out<G, StateFormat::bf16>(c);
+    case StateFormat::q8: return traffic_for_out<G, StateFormat::q8>(c);
+  }
 }
 void traffic_avx512(const UpdateChunk& c) {
-  if (c.states != StateFormat::fp32) return scalar_kernels().traffic(c);
   switch (c.grad_type) {
     case GradType::fp32: return traffic_for_grad<GradType::fp32>(c);
     case GradType::fp16: return traffic_for_grad<GradType::fp16>(c);
@@ -385,7 +441,7 @@ void bf16_f32(const std::uint16_t* s, float* d, std::size_t n) {
 }  // namespace
 
 const KernelTable& avx512_kernels() {
-  static const KernelTable t{adam_avx512, sum_squares_avx512, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx512};
+  static const KernelTable t{adam_avx512, sum_squares_avx512, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_avx512, q8_enc, q8_dec};
   return t;
 }
 

@@ -131,6 +131,33 @@ void sum_squares_scalar_range(const void* grad, GradType t, std::size_t begin, s
 
 double fold16(double acc[16]) { return spec::fold16(acc); }
 
+void traffic_tail(const UpdateChunk& c, std::size_t from) {
+  if (from >= c.n) return;
+  UpdateChunk t = c;
+  const std::size_t esz = state_elem_bytes(c.states);
+  t.n = c.n - from;
+  t.grad = static_cast<const char*>(c.grad) + from * (c.grad_type == GradType::fp32 ? 4 : 2);
+  t.master = c.master + from;
+  t.m = static_cast<char*>(c.m) + from * esz;
+  t.v = static_cast<char*>(c.v) + from * esz;
+  if (c.states == StateFormat::q8) {
+    t.m_scale = c.m_scale + from / kQ8Block;
+    t.v_scale = c.v_scale + from / kQ8Block;
+  }
+  if (c.param16) t.param16 = static_cast<std::uint16_t*>(c.param16) + from;
+  scalar_kernels().traffic(t);
+}
+
+void q8_encode_scalar_range(StateKind k, const float* src, std::uint8_t* dst, float* scales, std::size_t begin,
+                            std::size_t n) {
+  for (std::size_t b = begin; b < n; b += kQ8Block)
+    scales[b / kQ8Block] = spec::q8_encode_block(src + b, dst + b, std::min(kQ8Block, n - b), k);
+}
+void q8_decode_scalar_range(StateKind k, const std::uint8_t* src, const float* scales, float* dst, std::size_t begin,
+                            std::size_t n) {
+  for (std::size_t i = begin; i < n; ++i) dst[i] = spec::q8_decode(src[i], scales[i / kQ8Block], k);
+}
+
 namespace {
 void adam_scalar(const AdamStep& s, const UpdateChunk& c) { adam_scalar_range(s, c, 0, c.n); }
 SumSquares sum_squares_scalar(const void* g, GradType t, std::size_t n) {
@@ -173,6 +200,12 @@ void traffic_scalar(const UpdateChunk& c) {
 void f32_f16(const float* s, std::uint16_t* d, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) d[i] = fp32_to_fp16_reference(s[i]);
 }
+void q8_enc(StateKind k, const float* s, std::uint8_t* d, float* scales, std::size_t n) {
+  q8_encode_scalar_range(k, s, d, scales, 0, n);
+}
+void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, std::size_t n) {
+  q8_decode_scalar_range(k, s, scales, d, 0, n);
+}
 void f16_f32(const std::uint16_t* s, float* d, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) d[i] = fp16_to_fp32_reference(s[i]);
 }
@@ -185,7 +218,7 @@ void bf16_f32(const std::uint16_t* s, float* d, std::size_t n) {
 }  // namespace
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable t{adam_scalar, sum_squares_scalar, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_scalar};
+  static const KernelTable t{adam_scalar, sum_squares_scalar, f32_f16, f16_f32, f32_bf16, bf16_f32, traffic_scalar, q8_enc, q8_dec};
   return t;
 }
 

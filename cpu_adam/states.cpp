@@ -2,9 +2,9 @@
 // conversions to and from fp32 (spec.h defines the encodings).
 #include <cstring>
 
+#include "kernels.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
-#include "zinf/cpu_adam/spec.h"
 
 namespace zinf::cpu_adam {
 
@@ -31,33 +31,35 @@ const char* state_format_name(StateFormat f) {
 }
 
 void encode_states(StateFormat f, StateKind k, const float* src, void* dst, float* scales, std::size_t n) {
+  encode_states(f, k, src, dst, scales, n, active_simd());
+}
+void decode_states(StateFormat f, StateKind k, const void* src, const float* scales, float* dst, std::size_t n) {
+  decode_states(f, k, src, scales, dst, n, active_simd());
+}
+
+void encode_states(StateFormat f, StateKind k, const float* src, void* dst, float* scales, std::size_t n,
+                   SimdLevel level) {
   switch (f) {
     case StateFormat::fp32:
       if (n && dst != src) std::memmove(dst, src, n * sizeof(float));
       return;
-    case StateFormat::bf16: fp32_to_bf16(src, static_cast<std::uint16_t*>(dst), n); return;
-    case StateFormat::q8: {
-      auto* codes = static_cast<std::uint8_t*>(dst);
-      for (std::size_t b = 0; b < n; b += kQ8Block) {
-        const std::size_t len = n - b < kQ8Block ? n - b : kQ8Block;
-        scales[b / kQ8Block] = spec::q8_encode_block(src + b, codes + b, len, k);
-      }
+    case StateFormat::bf16: fp32_to_bf16(src, static_cast<std::uint16_t*>(dst), n, level); return;
+    case StateFormat::q8:
+      detail::kernels_for(level).q8_encode(k, src, static_cast<std::uint8_t*>(dst), scales, n);
       return;
-    }
   }
 }
 
-void decode_states(StateFormat f, StateKind k, const void* src, const float* scales, float* dst, std::size_t n) {
+void decode_states(StateFormat f, StateKind k, const void* src, const float* scales, float* dst, std::size_t n,
+                   SimdLevel level) {
   switch (f) {
     case StateFormat::fp32:
       if (n && dst != src) std::memmove(dst, src, n * sizeof(float));
       return;
-    case StateFormat::bf16: bf16_to_fp32(static_cast<const std::uint16_t*>(src), dst, n); return;
-    case StateFormat::q8: {
-      const auto* codes = static_cast<const std::uint8_t*>(src);
-      for (std::size_t i = 0; i < n; ++i) dst[i] = spec::q8_decode(codes[i], scales[i / kQ8Block], k);
+    case StateFormat::bf16: bf16_to_fp32(static_cast<const std::uint16_t*>(src), dst, n, level); return;
+    case StateFormat::q8:
+      detail::kernels_for(level).q8_decode(k, static_cast<const std::uint8_t*>(src), scales, dst, n);
       return;
-    }
   }
 }
 

@@ -105,7 +105,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   if (!s.optimizer_offloaded && !s.kern->takes_states(cfg.optimizer_states))
     throw Error(std::string("zero_optimization.optimizer_states \"") +
                 cpu_adam::state_format_name(cfg.optimizer_states) +
-                "\" with the optimizer on this device: its Update kernel keeps fp32 states only (use fp32, or "
+                "\" with the optimizer on this device: its Update kernel does not take that format (use fp32, or "
                 "offload_optimizer.device cpu or nvme)");
   const Plan plan = make_plan(s.buffers);
   const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];

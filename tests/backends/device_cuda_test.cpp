@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "zinf/cpu_adam/adam.h"
+#include "zinf/cpu_adam/convert.h"
 #include "zinf/offload/engine_kernels.h"
 
 #include "cuda/cuda.h"
@@ -128,6 +129,81 @@ TEST(CudaEngineKernels, EmptyCallsPinnedOutputsAndWorkerThreads) {
   EXPECT_EQ(std::memcmp(out32.data(), hm.data(), n * 4), 0);
   dev->unregister_host(out16.data());
   dev->unregister_host(out32.data());
+}
+
+// The device Update in every optimizer-state format against cpu_adam's reference, bit for bit:
+// master, the 16-bit copy, the stored m and v and (8-bit) their block scales; partial last blocks;
+// an Inf gradient turns its 8-bit block into a NaN block on both.
+TEST(CudaEngineKernels, UpdateMatchesTheReferenceInEveryStateFormat) {
+  std::string why;
+  auto dev = gpu_or_skip(256 << 20, &why);
+  if (!dev) GTEST_SKIP() << "no GPU: " << why;
+  auto k = cuda::make_cuda_engine_kernels(*dev);
+  using cpu_adam::StateFormat;
+  using cpu_adam::StateKind;
+  const cpu_adam::AdamStep st = cpu_adam::make_adam_step(cpu_adam::AdamHyper{.weight_decay = 0.01f}, 10, 1.0f / 1024);
+  for (StateFormat f : {StateFormat::fp32, StateFormat::bf16, StateFormat::q8}) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{255}, std::size_t{256}, std::size_t{1000}, std::size_t{100037}}) {
+      SCOPED_TRACE(::testing::Message() << cpu_adam::state_format_name(f) << " n=" << n);
+      const std::size_t eb = cpu_adam::state_elem_bytes(f), ns = cpu_adam::state_scales(f, n);
+      std::vector<std::uint16_t> grad(n), out(n, 0), dout(n, 1);
+      std::vector<float> master(n), m32(n), v32(n), ms(ns + 1, 0), vs(ns + 1, 0);
+      std::vector<std::uint8_t> m(n * eb), v(n * eb);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float r = static_cast<float>((i * 2654435761u) % 1000003) / 1000003.0f - 0.5f;
+        grad[i] = cpu_adam::fp32_to_fp16_reference(i % 5 == 1 ? r * 1e-8f : r * 10.0f);
+        master[i] = r * 0.02f;
+        m32[i] = i % 5 == 1 ? r * 1e-9f : r * 1e-3f;
+        v32[i] = r * r * 1e-6f;
+      }
+      if (f == StateFormat::q8 && n > 300) grad[300] = 0x7C00;  // +Inf: block 1 becomes a NaN block
+      cpu_adam::encode_states(f, StateKind::m, m32.data(), m.data(), ms.data(), n);
+      cpu_adam::encode_states(f, StateKind::v, v32.data(), v.data(), vs.data(), n);
+      DeviceBuffer dg(*dev, n * 2, "g"), dp(*dev, n * 4, "p"), dm(*dev, n * eb, "m"), dv(*dev, n * eb, "v"),
+          dms(*dev, (ns + 1) * 4, "ms"), dvs(*dev, (ns + 1) * 4, "vs"), d16(*dev, n * 2, "out");
+      const StreamRole r = StreamRole::d2h;
+      dev->copy_to_device(dg.as<void>(), grad.data(), n * 2, r);
+      dev->copy_to_device(dp.as<void>(), master.data(), n * 4, r);
+      dev->copy_to_device(dm.as<void>(), m.data(), n * eb, r);
+      dev->copy_to_device(dv.as<void>(), v.data(), n * eb, r);
+      dev->copy_to_device(dms.as<void>(), ms.data(), (ns + 1) * 4, r);
+      dev->copy_to_device(dvs.as<void>(), vs.data(), (ns + 1) * 4, r);
+      cpu_adam::UpdateChunk c;
+      c.n = n, c.grad = grad.data(), c.grad_type = cpu_adam::GradType::fp16, c.master = master.data();
+      c.m = m.data(), c.v = v.data(), c.m_scale = ms.data(), c.v_scale = vs.data(), c.states = f;
+      c.param16 = out.data(), c.param16_type = cpu_adam::HalfType::bf16;
+      cpu_adam::UpdateChunk dc = c;
+      dc.grad = dg.as<void>(), dc.master = dp.as<float>(), dc.m = dm.as<void>(), dc.v = dv.as<void>();
+      dc.m_scale = dms.as<float>(), dc.v_scale = dvs.as<float>(), dc.param16 = d16.as<void>();
+      k->adam_update(st, dc, r);
+      cpu_adam::adam_update_reference(st, c);
+      std::vector<float> gp(n), gms(ns + 1), gvs(ns + 1);
+      std::vector<std::uint8_t> gm(n * eb), gv(n * eb);
+      dev->copy_to_host(gp.data(), dp.as<void>(), n * 4, r);
+      dev->copy_to_host(dout.data(), d16.as<void>(), n * 2, r);
+      dev->copy_to_host(gm.data(), dm.as<void>(), n * eb, r);
+      dev->copy_to_host(gv.data(), dv.as<void>(), n * eb, r);
+      dev->copy_to_host(gms.data(), dms.as<void>(), (ns + 1) * 4, r);
+      dev->copy_to_host(gvs.data(), dvs.as<void>(), (ns + 1) * 4, r);
+      dev->synchronize();
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i)  // a NaN master (the Inf gradient's element) may differ in payload
+        bad += !(std::memcmp(&gp[i], &master[i], 4) == 0 || (gp[i] != gp[i] && master[i] != master[i]));
+      EXPECT_EQ(bad, 0u) << "master";
+      EXPECT_EQ(gm, m);
+      EXPECT_EQ(gv, v);
+      EXPECT_EQ(std::memcmp(gms.data(), ms.data(), ns * 4), 0);
+      EXPECT_EQ(std::memcmp(gvs.data(), vs.data(), ns * 4), 0);
+      std::size_t bad16 = 0;
+      for (std::size_t i = 0; i < n; ++i) bad16 += dout[i] != out[i] && !((dout[i] & 0x7F80) == 0x7F80 && (dout[i] & 0x7F));
+      EXPECT_EQ(bad16, 0u) << "param16";
+      if (f == StateFormat::q8 && n > 300) {
+        std::uint32_t nan_bits;
+        std::memcpy(&nan_bits, &gms[1], 4);
+        EXPECT_EQ(nan_bits, 0x7FC00000u);
+      }
+    }
+  }
 }
 
 TEST(CudaDevice, WithoutAGpuMakingOneIsAClearError) {

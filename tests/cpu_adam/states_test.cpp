@@ -134,15 +134,21 @@ TEST(Q8, ZeroNanAndOverflowBlocks) {
   encode_states(StateFormat::q8, StateKind::v, x.data(), c.data(), &scale, x.size());
   EXPECT_EQ(bits(scale), 254u << 23);
   EXPECT_EQ(c[7], 0xFF);
-  for (float bad : {f_of(0x7F780000), std::numeric_limits<float>::max(), INFINITY, -INFINITY, NAN}) {
-    x[9] = bad;
-    for (StateKind k : {StateKind::m, StateKind::v}) {
-      encode_states(StateFormat::q8, k, x.data(), c.data(), &scale, x.size());
-      EXPECT_EQ(bits(scale), 0x7FC00000u) << bad;
-      for (std::size_t i = 0; i < kQ8Block; ++i) ASSERT_EQ(c[i], 0) << i;
-      std::vector<float> back(kQ8Block);
-      decode_states(StateFormat::q8, k, c.data(), &scale, back.data(), kQ8Block);
-      EXPECT_TRUE(std::isnan(back[0]) && std::isnan(back[255]));
+  // every path: NaNs whose mantissa carries into the sign when rounded, too
+  for (std::uint32_t bad : {0x7F780000u, 0x7F7FFFFFu, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7FFFFFFFu, 0xFFFFFFFFu,
+                            0x7FF80000u}) {
+    x[9] = f_of(bad);
+    for (SimdLevel path : supported_paths()) {
+      for (StateKind k : {StateKind::m, StateKind::v}) {
+        SCOPED_TRACE(::testing::Message() << std::hex << bad << " " << to_string(path) << " kind " << static_cast<int>(k));
+        std::fill(c.begin(), c.end(), 0xAA);
+        encode_states(StateFormat::q8, k, x.data(), c.data(), &scale, x.size(), path);
+        EXPECT_EQ(bits(scale), 0x7FC00000u);
+        for (std::size_t i = 0; i < kQ8Block; ++i) ASSERT_EQ(c[i], 0) << i;
+        std::vector<float> back(kQ8Block);
+        decode_states(StateFormat::q8, k, c.data(), &scale, back.data(), kQ8Block, path);
+        EXPECT_TRUE(std::isnan(back[0]) && std::isnan(back[255]));
+      }
     }
   }
 }
@@ -235,6 +241,66 @@ TEST(Q8, PartialLastBlockHasItsOwnScale) {
   std::vector<float> y(n);
   decode_states(StateFormat::q8, StateKind::m, c.data(), scales, y.data(), n);
   for (std::size_t i = kQ8Block; i < n; ++i) EXPECT_NEAR(y[i], x[i], x[i] / 16 + 1e-9) << i;
+}
+
+// Blocks built to hit every branch of the encoder: exact ties of round3 and of the grid below the
+// normal codes, values just above and below them, fp32 subnormals, zeros of both signs, overflow and
+// non-finite values in some blocks, and blocks of random bits.
+std::vector<float> encoder_stress(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<float> x(n);
+  for (std::size_t b = 0; b < n; b += kQ8Block) {
+    const std::uint32_t kind = rng() % 8, top_exp = 40 + rng() % 210;  // the block's E, mostly
+    for (std::size_t i = b; i < std::min(n, b + kQ8Block); ++i) {
+      const std::uint32_t sign = (rng() & 1) << 31;
+      std::uint32_t ex = top_exp - 1 - rng() % 40, mant = rng() & 0x7FFFFF;
+      switch (rng() % 6) {
+        case 0: mant = (mant & ~0xFFFFFu) | 0x80000u; break;  // a round3 tie
+        case 1: mant = (mant & ~0xFFFFFu) | (0x80000u + (rng() % 3) - 1); break;
+        case 2: {  // a tie (or a neighbour) on the grid below the normal codes of m (top 15) or v (31)
+          const std::uint32_t j = rng() % 4, s = 21 + j;
+          ex = top_exp - (rng() % 2 ? 15 : 31) - j;
+          mant = ((mant >> s) << s) | ((1u << (s - 1)) + (rng() % 3) - 1);
+          mant &= 0x7FFFFF;
+          break;
+        }
+        default: break;
+      }
+      if (i == b) ex = top_exp, mant = 0;  // pins E
+      std::uint32_t u = sign | (ex << 23) | mant;
+      if (kind == 1) u = static_cast<std::uint32_t>(rng());             // random bits (often a NaN block)
+      if (kind == 2 && i % 5 == 0) u = sign | (rng() & 0x7FFFFF);      // fp32 subnormals
+      if (kind == 3 && i % 7 == 0) u = sign;                           // ±0
+      if (kind == 4 && i == b + 3) u = 0x7F780000u | sign;             // rounds to inf
+      if (kind == 5) u &= 0x807FFFFFu | (std::min<std::uint32_t>(ex, 40) << 23);  // tiny blocks
+      x[i] = f_of(u);
+    }
+  }
+  return x;
+}
+
+TEST(Q8, EveryPathEncodesAndDecodesLikeTheReference) {
+  for (SimdLevel path : supported_paths()) {
+    for (StateKind k : {StateKind::m, StateKind::v}) {
+      for (std::size_t n : {std::size_t{0}, std::size_t{100}, std::size_t{256}, std::size_t{257}, std::size_t{8191}}) {
+        for (std::size_t off : {std::size_t{0}, std::size_t{3}}) {
+          SCOPED_TRACE(::testing::Message() << to_string(path) << " kind " << static_cast<int>(k) << " n=" << n
+                                            << " off=" << off);
+          const std::vector<float> x = encoder_stress(n + off, static_cast<std::uint32_t>(n + off));
+          std::vector<std::uint8_t> want(n + off, 0x55), got(n + off, 0x55);
+          std::vector<float> ws(state_scales(StateFormat::q8, n) + 1, -1), gs = ws;
+          encode_states(StateFormat::q8, k, x.data() + off, want.data() + off, ws.data(), n, SimdLevel::scalar);
+          encode_states(StateFormat::q8, k, x.data() + off, got.data() + off, gs.data(), n, path);
+          ASSERT_EQ(byte_mismatches("codes", got.data(), want.data(), n + off), 0);
+          ASSERT_EQ(float_mismatches("scales", gs.data(), ws.data(), gs.size()), 0);
+          std::vector<float> wd(n + off, 7), gd(n + off, 7);
+          decode_states(StateFormat::q8, k, want.data() + off, ws.data(), wd.data() + off, n, SimdLevel::scalar);
+          decode_states(StateFormat::q8, k, want.data() + off, ws.data(), gd.data() + off, n, path);
+          ASSERT_EQ(float_mismatches("decoded", gd.data(), wd.data(), n + off), 0);
+        }
+      }
+    }
+  }
 }
 
 TEST(StateFormats, Bf16AndFp32Conversions) {

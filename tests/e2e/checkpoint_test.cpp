@@ -59,6 +59,7 @@ class Checkpoints : public ::testing::Test {
     return train(parse_config(cfg(steps), overrides), h);
   }
   ModelShape shape() const { return ModelShape{2, 2, 32, 256, 16}; }
+  void sigkill_resumes_exactly(const std::vector<std::string>& extra);
 };
 
 TEST_F(Checkpoints, ResumeIsBitwiseIdenticalAcrossPlacementsAndThreads) {
@@ -82,24 +83,28 @@ TEST_F(Checkpoints, ResumeIsBitwiseIdenticalAcrossPlacementsAndThreads) {
 }
 
 // In each compressed state format the checkpoint (fp32, decoded exactly) resumes bit for bit — on the
-// tier it was written from and on another; the manifest records the format.
+// tier it was written from and on another; the manifest records the format. (A small initial loss
+// scale, so that the first steps are not all skipped: the states change from step 1.)
 TEST_F(Checkpoints, ResumeIsBitwiseIdenticalInEachStateFormat) {
+  const std::string scale = "fp16.initial_scale_power=8";
+  const std::string fp32 = run(6, {scale}).params_digest;
   for (const char* states : {"bf16", "8bit"}) {
     SCOPED_TRACE(states);
     const std::string mode = std::string("zero_optimization.optimizer_states=") + states;
     fs::remove_all(dir / "ck");
-    const TrainResult full = run(6, {mode});
+    const TrainResult full = run(6, {scale, mode});
+    EXPECT_NE(full.params_digest, fp32);  // the mode applies
     fs::remove_all(dir / "ck");
-    run(4, {mode, "train.keep_last=10"});
+    run(4, {scale, mode, "train.keep_last=10"});
     std::ifstream mf(dir / "ck" / "step-00000004" / "manifest.json");
     EXPECT_EQ(nlohmann::json::parse(mf)["optimizer_states"], states);
     std::vector<std::string> log;
-    const TrainResult resumed = run(6, {mode, "train.keep_last=10"}, "latest", &log);
+    const TrainResult resumed = run(6, {scale, mode, "train.keep_last=10"}, "latest", &log);
     EXPECT_EQ(resumed.resumed_from, 4);
     EXPECT_EQ(resumed.params_digest, full.params_digest);
     for (const auto& l : log) EXPECT_EQ(l.find("converted"), std::string::npos) << l;
     const TrainResult moved = run(6,
-                                  {mode, "zero_optimization.offload_optimizer.device=nvme", "device.threads=2",
+                                  {scale, mode, "zero_optimization.offload_optimizer.device=nvme", "device.threads=2",
                                    "train.overwrite_checkpoints=true"},
                                   (dir / "ck" / "step-00000004").string());
     EXPECT_EQ(moved.params_digest, full.params_digest);
@@ -110,12 +115,14 @@ TEST_F(Checkpoints, ResumeIsBitwiseIdenticalInEachStateFormat) {
 // Resumed under another state format, the fp32 states convert (encoded in the new format) with one
 // note line; the run then trains in its own format (another digest than either uninterrupted run).
 TEST_F(Checkpoints, ResumeUnderAnotherStateFormatConvertsWithOneNote) {
-  const TrainResult fp32 = run(6);
-  const TrainResult q8 = run(6, {"zero_optimization.optimizer_states=8bit", "train.overwrite_checkpoints=true"});
+  const std::string scale = "fp16.initial_scale_power=8", q8mode = "zero_optimization.optimizer_states=8bit";
+  const TrainResult fp32 = run(6, {scale});
+  const TrainResult q8 = run(6, {scale, q8mode, "train.overwrite_checkpoints=true"});
+  EXPECT_NE(q8.params_digest, fp32.params_digest);
   fs::remove_all(dir / "ck");
-  run(4);
+  run(4, {scale});
   std::vector<std::string> log;
-  const TrainResult resumed = run(6, {"zero_optimization.optimizer_states=8bit"}, "latest", &log);
+  const TrainResult resumed = run(6, {scale, q8mode}, "latest", &log);
   EXPECT_EQ(resumed.resumed_from, 4);
   int notes = 0;
   for (const auto& l : log)
@@ -493,7 +500,9 @@ TEST_F(Checkpoints, CtrlCStopsCleanlyWithACheckpointAndNoSwapLeft) {
   EXPECT_TRUE(fs::is_empty(dir / "swap"));             // and the NVMe swap directories are gone
 }
 
-TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {
+// `zinf train` killed with SIGKILL at random moments, again and again, resuming each time with
+// --resume, ends with the uninterrupted run's digest; `extra`: --set items of both.
+void Checkpoints::sigkill_resumes_exactly(const std::vector<std::string>& extra) {
   const int kills = std::getenv("ZINF_LONG_TESTS") ? 200 : 20;
   const std::string conf = (dir / "run.json").string();
   std::ofstream(conf) << cfg(40, R"(, "data": {"val_fraction": 0.1})");
@@ -508,6 +517,7 @@ TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {
                                   "train.checkpoint_interval=1",
                                   "--set",
                                   "zero_optimization.offload_optimizer.device=nvme"};
+    for (const auto& e : extra) a.insert(a.end(), {"--set", e});
     if (resume) a.push_back("--resume");
     return a;
   };
@@ -547,6 +557,14 @@ TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) {
   EXPECT_EQ(swap_dirs, 0u);
   for (const auto& e : fs::directory_iterator(dir / "ck"))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos);
+}
+
+TEST_F(Checkpoints, SurvivesSigkillAtRandomMomentsAndResumesExactly) { sigkill_resumes_exactly({}); }
+
+// The same with 8-bit optimizer states: each resume re-encodes the checkpoint's decoded m and v into
+// exactly what the killed run held.
+TEST_F(Checkpoints, SurvivesSigkillWith8BitStatesAndResumesExactly) {
+  sigkill_resumes_exactly({"zero_optimization.optimizer_states=8bit", "fp16.initial_scale_power=8"});
 }
 
 // A second Ctrl-C stops at once — the process ends by the signal — and still removes the NVMe swap

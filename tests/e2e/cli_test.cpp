@@ -120,6 +120,32 @@ TEST(Cli, PlanWithOverride) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["model"]["n_layer"], 8);
 }
 
+// `zinf plan` in each optimizer_states mode: the m and v rows carry the mode and shrink with it (with
+// the states in host memory: 4, 2 and 1 byte per element plus the 8bit scales); a bad word is one line.
+TEST(Cli, PlanShowsTheOptimizerStatesMode) {
+  const std::string base = "plan --json --config " + kConfigs +
+                           "/tiny.json --set zero_optimization.stage=2 --set zero_optimization.offload_optimizer.device=cpu";
+  std::uint64_t m_bytes[3] = {};
+  int k = 0;
+  for (const char* mode : {"fp32", "bf16", "8bit"}) {
+    const auto j = run_json(base + " --set zero_optimization.optimizer_states=" + mode);
+    for (const auto& row : j["states"])
+      if (row["name"] == "adam.m") {
+        EXPECT_EQ(row["dtype"], mode);
+        m_bytes[k] = row["bytes"]["host"].get<std::uint64_t>();
+      }
+    ++k;
+  }
+  EXPECT_EQ(m_bytes[1] * 2, m_bytes[0]);
+  EXPECT_LE(m_bytes[2], m_bytes[0] / 4 + m_bytes[0] / 256 + 4096);  // (each unit rounds its arrays up)
+  EXPECT_GT(m_bytes[2], m_bytes[0] / 4);
+  const Result r = run(base + " --set zero_optimization.optimizer_states=int8");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("zero_optimization.optimizer_states: 'int8' is not one of fp32, bf16, 8bit"), std::string::npos)
+      << r.err;
+}
+
 TEST(Cli, BenchAdamReportsTheRatio) {
   auto j = run_json("bench adam --params 2M --threads 1 --reps 1 --json");
   EXPECT_GT(j["ratio"].get<double>(), 0.0);
@@ -128,6 +154,15 @@ TEST(Cli, BenchAdamReportsTheRatio) {
   EXPECT_EQ(j["bytes_per_param"].get<double>(), 28.0);
   EXPECT_EQ(run_json("bench adam --params 2M --threads 1 --reps 1 --simd scalar --json")["simd"], "scalar");
   EXPECT_EQ(run("bench adam --params zero").rc, 2);
+  const auto q8 = run_json("bench adam --params 2M --threads 1 --reps 1 --states 8bit --json");
+  EXPECT_EQ(q8["states"], "8bit");
+  EXPECT_EQ(q8["bytes_per_param"].get<double>(), 16.0625);
+  EXPECT_GT(q8["ratio"].get<double>(), 0.0);
+  EXPECT_FALSE(q8.contains("naive"));  // the plain loop knows fp32 states only
+  EXPECT_EQ(run_json("bench adam --params 2M --threads 1 --reps 1 --states bf16 --json")["bytes_per_param"], 20.0);
+  const Result bad = run("bench adam --states bf61");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("did you mean bf16"), std::string::npos) << bad.err;
   const Result r = run("bench adam --help");
   EXPECT_NE(r.out.find("memory"), std::string::npos);
 }

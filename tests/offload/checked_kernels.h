@@ -60,6 +60,7 @@ class NonEmptyKernels final : public EngineKernels {
     check(c.n, "adam_update");
     in_->adam_update(st, c, s);
   }
+  bool takes_states(cpu_adam::StateFormat f) const override { return in_->takes_states(f); }
 
  private:
   void check(std::size_t n, const char* what) {

@@ -128,8 +128,8 @@ TEST(OffloadEngine, StatesResumeExactlyInEveryFormatAndTier) {
   }
 }
 
-// A device whose Update kernel keeps fp32 states only (takes_states) refuses another format with the
-// optimizer on it — one error naming the key — and takes it with the optimizer offloaded.
+// Device kernels whose Update keeps fp32 states only (takes_states) refuse another format with the
+// optimizer on the device — one error naming the key — and take it with the optimizer offloaded.
 TEST(OffloadEngine, ADeviceKernelWithoutTheFormatRefusesItOnTheDevice) {
   Dir dir;
   struct Fp32Only final : EngineKernels {
@@ -149,6 +149,7 @@ TEST(OffloadEngine, ADeviceKernelWithoutTheFormatRefusesItOnTheDevice) {
     void adam_update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& c, StreamRole s) override {
       k->adam_update(st, c, s);
     }
+    bool takes_states(cpu_adam::StateFormat f) const override { return f == cpu_adam::StateFormat::fp32; }
   };
   for (auto opt : {OffloadDevice::none, OffloadDevice::cpu}) {
     EngineConfig c = config(opt, OffloadDevice::none, Precision::bf16, 1, Overlap::exact, dir.p);

@@ -41,7 +41,6 @@ class CpuEngineKernels final : public EngineKernels {
   void adam_update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& c, StreamRole s) override {
     dev_.launch(s, [st, c, this] { cpu_adam::adam_update(pool_, st, c); });
   }
-  bool takes_states(cpu_adam::StateFormat) const override { return true; }  // cpu_adam takes every format
 
  private:
   Device& dev_;

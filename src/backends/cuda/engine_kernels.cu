@@ -51,21 +51,82 @@ __global__ void sum_squares_kernel(const void* g, GradType t, std::size_t n, dou
   }
   partial[idx] = acc;
 }
+__device__ inline void store_param16(const cpu_adam::UpdateChunk& c, std::size_t i, float p) {
+  if (!c.param16) return;
+  auto* out = static_cast<std::uint16_t*>(c.param16);
+  out[i] = c.param16_type == HalfType::fp16 ? spec::fp32_to_fp16(p) : spec::fp32_to_bf16(p);
+}
+
+// fp32 and bf16 states. Element i of cpu_adam/reference.cpp's adam_scalar_range, one thread per
+// element: both call the spec's adam_element and conversions, so the GPU's Update equals the host's
+// bit for bit.
+template <cpu_adam::StateFormat S>
 __global__ void adam_kernel(cpu_adam::AdamStep st, cpu_adam::UpdateChunk c) {
-  // Element i of cpu_adam/reference.cpp's adam_scalar_range, one thread per element: both call the
-  // spec's adam_element, so the GPU's Update equals the host's bit for bit.
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= c.n) return;
-  auto* ms = static_cast<float*>(c.m);
-  auto* vs = static_cast<float*>(c.v);
-  float p = c.master[i], m = ms[i], v = vs[i];
+  float p = c.master[i], m, v;
+  if constexpr (S == cpu_adam::StateFormat::fp32) {
+    m = static_cast<const float*>(c.m)[i];
+    v = static_cast<const float*>(c.v)[i];
+  } else {
+    m = spec::bf16_to_fp32(static_cast<const std::uint16_t*>(c.m)[i]);
+    v = spec::bf16_to_fp32(static_cast<const std::uint16_t*>(c.v)[i]);
+  }
   spec::adam_element(st, load_grad(c.grad, c.grad_type, i), p, m, v);
   c.master[i] = p;
-  ms[i] = m;
-  vs[i] = v;
-  if (c.param16) {
-    auto* out = static_cast<std::uint16_t*>(c.param16);
-    out[i] = c.param16_type == HalfType::fp16 ? spec::fp32_to_fp16(p) : spec::fp32_to_bf16(p);
+  if constexpr (S == cpu_adam::StateFormat::fp32) {
+    static_cast<float*>(c.m)[i] = m;
+    static_cast<float*>(c.v)[i] = v;
+  } else {
+    static_cast<std::uint16_t*>(c.m)[i] = spec::fp32_to_bf16(m);
+    static_cast<std::uint16_t*>(c.v)[i] = spec::fp32_to_bf16(v);
+  }
+  store_param16(c, i, p);
+}
+
+// The largest of each thread's x over the CTA (kQ8Block threads), for every thread. No atomics.
+__device__ inline std::uint32_t block_max(std::uint32_t x, std::uint32_t* warp_max) {
+  for (int o = 16; o > 0; o /= 2) x = max(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = x;
+  __syncthreads();
+  std::uint32_t r = 0;
+  for (unsigned w = 0; w < cpu_adam::kQ8Block / 32; ++w) r = max(r, warp_max[w]);
+  return r;
+}
+
+// q8 states: one CTA of kQ8Block threads per block (a partial last block has idle threads). Each
+// thread decodes its m and v, runs the spec's step, and takes part in the block-wide maximum of the
+// exponents of the new values; then each encodes its own element under the block's exponent, as
+// spec::q8_encode_block does for the whole block on the host.
+__global__ void adam_q8_kernel(cpu_adam::AdamStep st, cpu_adam::UpdateChunk c) {
+  using cpu_adam::StateKind;
+  __shared__ std::uint32_t m_warp[cpu_adam::kQ8Block / 32], v_warp[cpu_adam::kQ8Block / 32];
+  const std::size_t blk = blockIdx.x, i = blk * cpu_adam::kQ8Block + threadIdx.x;
+  const bool live = i < c.n;
+  auto* mc = static_cast<std::uint8_t*>(c.m);
+  auto* vc = static_cast<std::uint8_t*>(c.v);
+  float m = 0, v = 0;
+  std::uint32_t me = 0, ve = 0;
+  if (live) {
+    float p = c.master[i];
+    m = spec::q8_decode(mc[i], c.m_scale[blk], StateKind::m);
+    v = spec::q8_decode(vc[i], c.v_scale[blk], StateKind::v);
+    spec::adam_element(st, load_grad(c.grad, c.grad_type, i), p, m, v);
+    c.master[i] = p;
+    store_param16(c, i, p);
+    me = spec::q8_exponent(m);
+    ve = spec::q8_exponent(v);
+  }
+  // Every thread has read the scales before block_max's barrier; thread 0 rewrites them after it.
+  const std::uint32_t E_m = spec::q8_block_exponent(block_max(me, m_warp), StateKind::m);
+  const std::uint32_t E_v = spec::q8_block_exponent(block_max(ve, v_warp), StateKind::v);
+  if (threadIdx.x == 0) {
+    c.m_scale[blk] = spec::q8_scale(E_m);
+    c.v_scale[blk] = spec::q8_scale(E_v);
+  }
+  if (live) {
+    mc[i] = spec::q8_encode(m, E_m, StateKind::m);
+    vc[i] = spec::q8_encode(v, E_v, StateKind::v);
   }
 }
 
@@ -124,13 +185,25 @@ class CudaEngineKernels final : public offload::EngineKernels {
   }
   void adam_update(const cpu_adam::AdamStep& s, const cpu_adam::UpdateChunk& c, StreamRole r) override {
     if (!c.n) return;
-    ZINF_CHECK(c.states == cpu_adam::StateFormat::fp32);
     cpu_adam::UpdateChunk k = c;
     // The new 16-bit compute copy may go to a parameter home in pinned host memory (parameters
     // offloaded, optimizer on the device): the kernel writes it through the page-locked memory's
     // device address, never through the host pointer.
     if (k.param16) k.param16 = device_address(k.param16, "the Update's 16-bit parameter output");
-    adam_kernel<<<ops::blocks_for(k.n, 256), 256, 0, st(r)>>>(s, k);
+    switch (k.states) {
+      case cpu_adam::StateFormat::fp32:
+        adam_kernel<cpu_adam::StateFormat::fp32><<<ops::blocks_for(k.n, 256), 256, 0, st(r)>>>(s, k);
+        break;
+      case cpu_adam::StateFormat::bf16:
+        adam_kernel<cpu_adam::StateFormat::bf16><<<ops::blocks_for(k.n, 256), 256, 0, st(r)>>>(s, k);
+        break;
+      case cpu_adam::StateFormat::q8: {
+        const std::size_t blocks = cpu_adam::state_scales(k.states, k.n);
+        ZINF_CHECK(blocks <= 0x7FFFFFFFu);
+        adam_q8_kernel<<<static_cast<unsigned>(blocks), cpu_adam::kQ8Block, 0, st(r)>>>(s, k);
+        break;
+      }
+    }
     ZINF_CUDA_LAUNCH_CHECK("adam_update");
   }
 

@@ -99,6 +99,11 @@ struct UpdateChunk {
 // value y = decode(...), encode(y) stores y again (so decoded checkpoints resume bit for bit).
 void encode_states(StateFormat f, StateKind k, const float* src, void* dst, float* scales, std::size_t n);
 void decode_states(StateFormat f, StateKind k, const void* src, const float* scales, float* dst, std::size_t n);
+// The same on the given SIMD path (clamped to what the CPU has); the plain forms use active_simd().
+void encode_states(StateFormat f, StateKind k, const float* src, void* dst, float* scales, std::size_t n,
+                   SimdLevel level);
+void decode_states(StateFormat f, StateKind k, const void* src, const float* scales, float* dst, std::size_t n,
+                   SimdLevel level);
 
 // The specification: plain scalar loop.
 void adam_update_reference(const AdamStep& s, const UpdateChunk& c);

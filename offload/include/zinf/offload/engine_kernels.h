@@ -44,8 +44,9 @@ class EngineKernels {
   virtual std::vector<std::vector<double>> block_sums(const std::vector<NormInput>& in, StreamRole s) = 0;
   virtual void adam_update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& c, StreamRole s) = 0;
   // Whether adam_update takes m and v stored in format `f` (UpdateChunk::states); the engine refuses
-  // optimizer states on the device in a format its kernels do not take.
-  virtual bool takes_states(cpu_adam::StateFormat f) const { return f == cpu_adam::StateFormat::fp32; }
+  // optimizer states on the device in a format its kernels do not take. Both backends take every
+  // format (the CPU device through cpu_adam, CUDA with its own kernels of the same specification).
+  virtual bool takes_states(cpu_adam::StateFormat) const { return true; }
 };
 
 }  // namespace zinf::offload

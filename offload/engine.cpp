@@ -254,7 +254,10 @@ StepOutcome Engine::step(const StepOptions& o) {
   const auto t0 = Clock::now();
   double sumsq = 0;
   bool finite = true;
-  const auto parts = impl.grads->block_sums();  // every unit's blocks, one wait for the device
+  // Every unit's blocks, one wait for the device; those the speculative Update summed already as they are.
+  const auto parts = impl.grads->block_sums([&](std::size_t u, std::vector<double>& sums) {
+    return impl.update->known_sums(u, sums);
+  });
   if (!impl.s.shard_grads) {
     for (const auto& unit_parts : parts) {  // units in order, 64 Ki blocks in order: the same sum on every placement
       double part = 0;

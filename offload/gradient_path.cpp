@@ -292,7 +292,8 @@ std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) c
   return {u.host_grad.get(), g16};
 }
 
-std::vector<std::vector<double>> GradientPath::block_sums() {
+std::vector<std::vector<double>> GradientPath::block_sums(
+    const std::function<bool(std::size_t, std::vector<double>&)>& known) {
   std::vector<EngineKernels::NormInput> in;
   for (auto& u : state_.units) {
     auto [g, type] = update_input(u);
@@ -308,8 +309,9 @@ std::vector<std::vector<double>> GradientPath::block_sums() {
       if (in[i].n) out[i] = std::move(sums[k++]);
     return out;
   }
-  std::vector<std::vector<double>> out;
-  for (const auto& x : in) out.push_back(cpu_adam::sum_squares_parts(state_.threads, x.g, x.t, x.n));
+  std::vector<std::vector<double>> out(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i)
+    if (!known || !known(i, out[i])) out[i] = cpu_adam::sum_squares_parts(state_.threads, in[i].g, in[i].t, in[i].n);
   return out;
 }
 

@@ -44,7 +44,10 @@ class GradientPath {
   // Every unit's 64 Ki-block sums of squares of its kept range, units in order (the norm's parts;
   // synchronous, one wait for the device for all units). Added in block order they are the unit's
   // sum of squares; with partitioned gradients the ranks' blocks are gathered first.
-  std::vector<std::vector<double>> block_sums();
+  // `known(u, sums)`, when given, may supply a unit's sums computed already (the speculative Update's,
+  // the same function of the same gradient); the optimizer off the device only.
+  std::vector<std::vector<double>> block_sums(
+      const std::function<bool(std::size_t, std::vector<double>&)>& known = {});
 
  private:
   void grad_out_and_reduce(std::size_t u, float* grad, std::int64_t micro);

@@ -66,6 +66,13 @@ void UpdatePipeline::settle(Verdict v) {
   state_.cv.notify_all();
 }
 
+bool UpdatePipeline::known_sums(std::size_t u, std::vector<double>& out) {
+  std::lock_guard<std::mutex> lk(state_.mu);
+  if (!verdict_ || u >= sums_of_.size() || sums_of_[u] != generation_) return false;
+  out = sums_[u];
+  return true;
+}
+
 void UpdatePipeline::decide(Decision d) {
   if (verdict_) return settle({d, false});
   if (decision_) {
@@ -168,10 +175,17 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
       summed[ui] = 1;
       const auto t0 = Clock::now();
       auto [g, type] = grads_.update_input(u);
+      std::vector<double> sums = cpu_adam::sum_squares_parts(state_.threads, g, type, u.grad_range.len());
       double part = 0;
-      for (double p : cpu_adam::sum_squares_parts(state_.threads, g, type, u.grad_range.len())) part += p;
+      for (double p : sums) part += p;
       sumsq += part;
       state_.add_time(&BusyTimes::host, since(t0));
+      {  // for the barrier, which need not sum this unit again
+        std::lock_guard<std::mutex> lk(state_.mu);
+        if (sums_.size() < n_units) sums_.resize(n_units), sums_of_.resize(n_units, 0);
+        sums_[ui] = std::move(sums);
+        sums_of_[ui] = gen;
+      }
       // The norm can only grow: once what is summed already clips (or is not finite), the step will.
       if (!std::isfinite(part) || (clip > 0 && std::sqrt(sumsq) / loss_scale + 1e-6 > clip)) stop = true;
     }

@@ -53,6 +53,9 @@ class UpdatePipeline {
   // speculation assumed, bit for bit, so its results are kept.
   void launch(const cpu_adam::AdamStep& st, bool as_assumed = false);
   std::int64_t rollbacks() const { return rollbacks_.load(); }
+  // The block sums of unit u's gradient if this step's speculative walk has computed them (for the
+  // barrier, after every Reduce; the trainer's thread).
+  bool known_sums(std::size_t u, std::vector<double>& out);
 
   void drain();  // waits for the pipeline in flight; rethrows its error
   void check();  // rethrows its error without waiting
@@ -89,6 +92,10 @@ class UpdatePipeline {
   std::uint64_t generation_ = 0;  // speculations started (the trainer's thread)
   std::uint64_t decided_ = 0;     // under mu: the last speculation whose verdict is set
   std::atomic<std::int64_t> rollbacks_{0};
+  // Under mu: each unit's block sums as the speculative walk computed them, and the speculation they
+  // belong to (handed from the update worker to the barrier by the mutex).
+  std::vector<std::vector<double>> sums_;
+  std::vector<std::uint64_t> sums_of_;
   Jitter jitter_;
   std::unique_ptr<SerialWorker> worker_;  // last: its jobs use everything above
 };

@@ -124,12 +124,13 @@ TEST_F(TrainSpeculative, OverflowingStepsEqualTheNonSpeculativeRun) {
   }
 }
 
-// Gradient accumulation 1 (the default config has 2), bf16, and a host backup of one sub-group
-// (speculation stops when it is full).
+// Gradient accumulation 1 (the default config has 2), bf16, a host backup of one sub-group
+// (speculation stops when it is full), and 8-bit optimizer states (the backup keeps their scales).
 TEST_F(TrainSpeculative, AccumulationPrecisionAndBackupBoundEqualTheNonSpeculativeRun) {
   std::uint64_t seed = 701;
   for (const char* extra : {"gradient_accumulation_steps=1", "bf16.enabled=true",
-                            "zero_optimization.offload_optimizer.speculative_backup_size=6000"}) {
+                            "zero_optimization.offload_optimizer.speculative_backup_size=6000",
+                            "zero_optimization.optimizer_states=8bit"}) {
     SCOPED_TRACE(extra);
     std::vector<std::string> o = {"zero_optimization.offload_optimizer.device=cpu",
                                   "zero_optimization.offload_param.device=nvme", "gradient_clipping=0.6", extra};

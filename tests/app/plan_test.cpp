@@ -329,7 +329,8 @@ TEST(Plan, BytesPerParameterLinesForEachStateFormatUnlessTheConfigNamesOne) {
   EXPECT_EQ(open.per_states[0].states, cpu_adam::StateFormat::fp32);
   EXPECT_DOUBLE_EQ(open.per_states[0].host_pinned, open.per_param.host_pinned);
   EXPECT_GT(open.per_states[1].host_pinned, open.per_states[2].host_pinned);
-  const RunPlan fixed = plan_run(parse_config(base + R"(, "optimizer_states": "8bit"}})"), fake_machine(64ull << 30, 0));
+  const RunPlan fixed =
+      plan_run(parse_config(base + R"(, "optimizer_states": "8bit"}})"), fake_machine(64ull << 30, 0));
   EXPECT_TRUE(fixed.per_states.empty());
   EXPECT_EQ(fixed.per_param.states, cpu_adam::StateFormat::q8);
   EXPECT_DOUBLE_EQ(fixed.per_param.host_pinned, open.per_states[2].host_pinned);

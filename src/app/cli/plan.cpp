@@ -176,8 +176,8 @@ void print_verdict(const Config& config, const RunPlan& run) {
 
 std::string per_param_cells(const PerParam& q) {
   char b[160];
-  std::snprintf(b, sizeof b, "device %6.2f  pinned %6.2f  host %6.2f  nvme %6.2f  | host + pinned %6.2f",
-                q.tier[0], q.tier[1], q.tier[2], q.tier[3], q.host_pinned);
+  std::snprintf(b, sizeof b, "device %6.2f  pinned %6.2f  host %6.2f  nvme %6.2f  | host + pinned %6.2f", q.tier[0],
+                q.tier[1], q.tier[2], q.tier[3], q.host_pinned);
   return b;
 }
 
@@ -192,8 +192,8 @@ void print_per_param(const RunPlan& run) {
     std::printf("  %-10s %s%s\n", cpu_adam::state_format_name(q.states), per_param_cells(q).c_str(),
                 q.states == run.per_param.states ? "   <- this run" : "");
   const HostFootprint& f = run.footprint;
-  std::printf("host memory  peak RSS of `zinf train`, predicted: %s = host %s + pinned %s", format_bytes(f.total()).c_str(),
-              format_bytes(f.host).c_str(), format_bytes(f.pinned).c_str());
+  std::printf("host memory  peak RSS of `zinf train`, predicted: %s = host %s + pinned %s",
+              format_bytes(f.total()).c_str(), format_bytes(f.host).c_str(), format_bytes(f.pinned).c_str());
   if (f.device) std::printf(" + device %s (the CPU device's memory is host memory)", format_bytes(f.device).c_str());
   std::printf("\n             + transient %s (%s) + data %s + runtime %s (code, libraries, threads)\n",
               format_bytes(f.transient).c_str(), f.transient_note.c_str(), format_bytes(f.data).c_str(),

@@ -113,8 +113,8 @@ PerParam per_param(const offload::Plan& p, cpu_adam::StateFormat states) {
   r.states = states;
   const double n = p.n_params > 0 ? static_cast<double>(p.n_params) : 1.0;
   for (int t = 0; t < offload::kTiers; ++t) r.tier[static_cast<std::size_t>(t)] = static_cast<double>(p.totals[t]) / n;
-  r.host_pinned = r.tier[static_cast<std::size_t>(offload::Tier::host)] +
-                  r.tier[static_cast<std::size_t>(offload::Tier::pinned)];
+  r.host_pinned =
+      r.tier[static_cast<std::size_t>(offload::Tier::host)] + r.tier[static_cast<std::size_t>(offload::Tier::pinned)];
   return r;
 }
 

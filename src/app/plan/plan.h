@@ -116,10 +116,10 @@ struct RunPlan {
   std::uint64_t activations_cpu_checkpointed = 0;  // on the device, checkpoints in host memory (cpu_checkpointing)
   offload::DeepSpeedEstimate deepspeed;            // estimate_zero3_model_states_mem_needs for this model
   std::vector<LargestFit> largest;
-  std::vector<std::string> notes;  // e.g. "nvme_path does not exist"
-  PerParam per_param;                  // this plan, per parameter
-  std::vector<PerParam> per_states;    // the same line in each state format (config without optimizer_states)
-  HostFootprint footprint;             // the host memory of `zinf train` with this config
+  std::vector<std::string> notes;    // e.g. "nvme_path does not exist"
+  PerParam per_param;                // this plan, per parameter
+  std::vector<PerParam> per_states;  // the same line in each state format (config without optimizer_states)
+  HostFootprint footprint;           // the host memory of `zinf train` with this config
 };
 
 RunPlan plan_run(const Config& c, const MachineInfo& m);

@@ -297,12 +297,14 @@ TEST(Config, OptimizerStatesTakesThreeWordsAndSuggestsTheNearest) {
   EXPECT_EQ(e, "cfg.json: zero_optimization.optimizer_states: '8-bit' is not one of fp32, bf16, 8bit (did you mean 8bit?)");
 }
 
-// zinf's offload_optimizer.speculative: auto (the default) is on with the optimizer off the device and
-// overlap exact, off otherwise; true where it cannot apply is one error naming the key and why.
-TEST(Config, SpeculativeUpdateIsAutoAndRefusedWhereItCannotApply) {
+// zinf's offload_optimizer.speculative: off by default; auto is on with the optimizer off the device
+// and overlap exact, off otherwise; true where it cannot apply is one error naming the key and why.
+TEST(Config, SpeculativeUpdateIsOptInAndRefusedWhereItCannotApply) {
   const std::string cpu = R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})";
-  EXPECT_TRUE(ok(cpu).zero.offload_optimizer.speculative);
-  EXPECT_FALSE(ok(cpu, {"train.overlap=none"}).zero.offload_optimizer.speculative);
+  EXPECT_FALSE(ok(cpu).zero.offload_optimizer.speculative);
+  const std::string autos = "zero_optimization.offload_optimizer.speculative=\"auto\"";
+  EXPECT_TRUE(ok(cpu, {autos}).zero.offload_optimizer.speculative);
+  EXPECT_FALSE(ok(cpu, {"train.overlap=none", autos}).zero.offload_optimizer.speculative);
   EXPECT_FALSE(ok(cpu, {"zero_optimization.offload_optimizer.speculative=false"}).zero.offload_optimizer.speculative);
   EXPECT_FALSE(ok(kMinimal).zero.offload_optimizer.speculative);
   EXPECT_EQ(ok(cpu, {"zero_optimization.offload_optimizer.speculative_backup_size=1000"})

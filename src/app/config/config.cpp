@@ -644,9 +644,11 @@ void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const Depreca
   oo.pipeline_read = o.get_bool("pipeline_read", false);
   oo.pipeline_write = o.get_bool("pipeline_write", false);
   oo.fast_init = o.get_bool("fast_init", false);
-  // zinf: the speculative Update; "auto" (the default) is on wherever it applies.
+  // zinf: the speculative Update, off unless asked for (its host backup and second NVMe slot cost
+  // memory and disk, and on the CPU device it competes with the model for the cores); "auto" turns it
+  // on wherever it applies.
   const bool applies = oo.device != OffloadDevice::none && !overlap_none;
-  oo.speculative = o.get_bool("speculative", applies, AutoRule::to(applies));
+  oo.speculative = o.get_bool("speculative", false, AutoRule::to(applies));
   if (oo.speculative && oo.device == OffloadDevice::none)
     o.fail("speculative", "the speculative Update needs the optimizer off the device (device cpu or nvme)");
   if (oo.speculative && overlap_none)

@@ -25,7 +25,10 @@ if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ]; then
 fi
 if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TSAN:-0}" != "1" ]; then
   echo "== sanitizer pass (thread): the async label, one jitter seed per configuration"
-  ZINF_BUILD_TARGETS=async_test "$root/scripts/build.sh" "$root/build-tsan" -DZINF_SANITIZE=thread -DZINF_BUILD_BENCH=OFF -DZINF_CUDA=OFF
+  tsan_targets=$(awk 'match($0, /zinf_test\(([A-Za-z0-9_]+) +LABEL +async[ )]/) {
+                        split(substr($0, RSTART + 10), a, " "); print a[1] }' "$root/tests/CMakeLists.txt")
+  [ -n "$tsan_targets" ] || { echo "test.sh: no async test found in tests/CMakeLists.txt" >&2; exit 1; }
+  ZINF_BUILD_TARGETS="$tsan_targets" "$root/scripts/build.sh" "$root/build-tsan" -DZINF_SANITIZE=thread -DZINF_BUILD_BENCH=OFF -DZINF_CUDA=OFF
   TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_ASYNC_SEEDS=1 \
     ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" -L async
 fi

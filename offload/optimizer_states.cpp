@@ -162,6 +162,10 @@ class HostStates final : public OptimizerStates {
     std::memset(u.host_v.get(), 0, state);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
+    struct Walked {  // the committed marks are cleared however the walk ends
+      Speculated& s;
+      ~Walked() { s.walked(); }
+    } walked{spec_};
     walk_in_place(
         state_, decision, fn,
         [](Unit& u) {
@@ -169,9 +173,11 @@ class HostStates final : public OptimizerStates {
                             static_cast<void*>(u.host_v.get()));
         },
         &spec_);
-    spec_.walked();
   }
-  bool speculative() const override { return backup_slots_ > 0; }
+  // The same on every rank (the layout's flag), also where this rank keeps no states and its backup
+  // has no slot: a skipped step then re-lands every unit on every rank alike, so the ranks' gathers
+  // stay paired. With no slot, speculate() updates nothing.
+  bool speculative() const override { return state_.buffers.layout().speculative; }
   // Slot k of the backup holds the old master | m | v | scales (SubGroupLayout) of spec_.touched[k].
   void speculate(const std::vector<SubGroupRef>& order, const Gate& gate, const cpu_adam::AdamStep& step,
                  const SubGroupFn& fn) override {

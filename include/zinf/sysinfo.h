@@ -50,6 +50,10 @@ std::uint64_t available_host_memory();
 // code), in bytes; 0 when unknown.
 std::uint64_t resident_bytes();
 std::uint64_t peak_resident_bytes();
+// The resident set of the program as loaded — its code and libraries before it allocates anything —
+// recorded once by note_startup_resident() at the start of main(); 0 when never recorded.
+void note_startup_resident();
+std::uint64_t startup_resident_bytes();
 
 // "1.50 GiB" style; exact bytes below 1 KiB.
 std::string format_bytes(std::uint64_t bytes);

@@ -1,4 +1,5 @@
 // sysinfo.cpp — machine facts for `zinf info` and `zinf plan` (zinf/sysinfo.h).
+#include <atomic>
 #include "zinf/sysinfo.h"
 
 #include <hwloc.h>
@@ -133,6 +134,12 @@ std::uint64_t resident_bytes() {
     }
   return 0;
 }
+
+namespace {
+std::atomic<std::uint64_t> startup_resident{0};
+}
+void note_startup_resident() { startup_resident = resident_bytes(); }
+std::uint64_t startup_resident_bytes() { return startup_resident; }
 
 std::uint64_t peak_resident_bytes() {
   rusage u{};

@@ -230,11 +230,14 @@ TEST(Cli, PeakResidentSetIsWithinFivePercentOfThePlan) {
   ASSERT_TRUE(plan.contains("host_memory"));
   const double predicted = plan["host_memory"]["predicted_peak_rss"].get<double>();
   EXPECT_EQ(plan["host_memory"]["device_in_host_memory"], plan["totals"]["device"]);
-  // The engine's host states are the largest part of the prediction.
-  EXPECT_GT(plan["totals"]["host"].get<double>(), predicted / 3);
+  // The engine's host states are the largest part of the prediction beside the program as loaded
+  // (which, with the CUDA libraries linked, is larger than everything else).
+  const double runtime = plan["host_memory"]["runtime"].get<double>();
+  EXPECT_GT(plan["totals"]["host"].get<double>(), (predicted - runtime) / 3);
   const nlohmann::json r = run_json("train --json " + cfg + " --set train.steps=2 --set train.eval_batches=1");
   ASSERT_TRUE(r.contains("peak_rss_bytes"));
-  EXPECT_EQ(r["planned_rss_bytes"].get<double>(), predicted);
+  // The two processes each measure the program as loaded, a few pages apart at most.
+  EXPECT_NEAR(r["planned_rss_bytes"].get<double>(), predicted, 0.02 * predicted);
   const double peak = r["peak_rss_bytes"].get<double>();
   EXPECT_LE(peak, 1.05 * predicted) << "peak RSS " << peak << " B, plan " << predicted << " B";
   EXPECT_GE(peak, 0.5 * predicted) << "peak RSS " << peak << " B, plan " << predicted << " B";

@@ -15,6 +15,7 @@
 #include "zinf/comm.h"
 #include "zinf/error.h"
 #include "zinf/nvme/store.h"
+#include "zinf/sysinfo.h"
 
 namespace {
 
@@ -49,6 +50,7 @@ void report(const char* kind, const zinf::Error& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  zinf::note_startup_resident();  // the program as loaded, for the plan's host-memory prediction
   zinf::cli::install_signal_handlers();
   CLI::App app{"zinf — a ZeRO-Offload / ZeRO-Infinity training engine for models larger than their GPU", "zinf"};
   app.set_version_flag("--version", std::string("zinf ") + ZINF_VERSION);

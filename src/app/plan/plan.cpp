@@ -13,6 +13,7 @@
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
+#include "zinf/sysinfo.h"
 #include "zinf/offload/engine.h"
 
 namespace zinf {
@@ -150,7 +151,8 @@ HostFootprint host_footprint(const Config& c, const offload::Plan& p, const Mode
     }
   }
   f.data = data_memory_bytes(c.data);
-  f.runtime = kRuntimeBytes;
+  const std::uint64_t loaded = startup_resident_bytes();
+  f.runtime = (loaded ? loaded : kLoadedBytes) + kRuntimeExtraBytes;
   return f;
 }
 

@@ -95,14 +95,16 @@ struct HostFootprint {
   std::uint64_t transient = 0;  // the largest short-lived buffer (see transient_note)
   std::string transient_note;
   std::uint64_t data = 0;     // the data set in memory (data_memory_bytes)
-  std::uint64_t runtime = 0;  // code, libraries, thread stacks and allocator arenas: kRuntimeBytes
+  std::uint64_t runtime = 0;  // code and libraries as loaded, thread stacks and allocator arenas
   std::uint64_t total() const { return host + pinned + device + transient + data + runtime; }
 };
-// The program's own resident memory beside its buffers (code, libraries, thread stacks, allocator
-// arenas, the model's bookkeeping), measured on the CPU device (docs/offload-engine.md, "Host
-// memory"). The CUDA device adds its libraries' own host memory (CUDA runtime, cuBLAS, NCCL), not
-// counted here.
-constexpr std::uint64_t kRuntimeBytes = std::uint64_t{24} << 20;
+// The program's own resident memory beside its buffers (docs/offload-engine.md, "Host memory"): the
+// program as loaded (startup_resident_bytes: its code and libraries — about 8 MiB for a CPU-only
+// build, over 200 MiB when the CUDA libraries are linked), or kLoadedBytes when that was not
+// recorded, plus kRuntimeExtraBytes for thread stacks, allocator arenas and the model's
+// bookkeeping, measured on the CPU device.
+constexpr std::uint64_t kLoadedBytes = std::uint64_t{8} << 20;
+constexpr std::uint64_t kRuntimeExtraBytes = std::uint64_t{16} << 20;
 HostFootprint host_footprint(const Config& c, const offload::Plan& p, const ModelShape& shape);
 
 struct RunPlan {

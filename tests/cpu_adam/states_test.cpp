@@ -324,20 +324,21 @@ TEST(StateFormats, Bf16AndFp32Conversions) {
 
 // ---- the Update in every format ------------------------------------------------------------------
 
-// Stored m, v (+ scales) of one format, with an offset so that no pointer is aligned.
+// Stored m, v (+ scales) of one format, `off` elements into their buffers, so that no pointer is
+// aligned to a vector (each stays aligned to its element type, as any array of it is).
 struct Stored {
   StateFormat f;
   std::size_t n, off;
-  std::vector<std::uint8_t> m, v;  // n·elem_bytes + off bytes
+  std::vector<std::uint8_t> m, v;  // (n + off)·elem_bytes bytes
   std::vector<float> ms, vs;
-  void* mp() { return m.data() + off; }
-  void* vp() { return v.data() + off; }
+  void* mp() { return m.data() + off * state_elem_bytes(f); }
+  void* vp() { return v.data() + off * state_elem_bytes(f); }
 };
 
 Stored store(StateFormat f, const std::vector<float>& m, const std::vector<float>& v, std::size_t n, std::size_t off) {
   Stored s{f, n, off, {}, {}, {}, {}};
-  s.m.assign(n * state_elem_bytes(f) + off, 0);
-  s.v.assign(n * state_elem_bytes(f) + off, 0);
+  s.m.assign((n + off) * state_elem_bytes(f), 0);
+  s.v.assign((n + off) * state_elem_bytes(f), 0);
   s.ms.assign(state_scales(f, n) + 1, 0);
   s.vs.assign(state_scales(f, n) + 1, 0);
   encode_states(f, StateKind::m, m.data(), s.mp(), s.ms.data(), n);
@@ -419,8 +420,8 @@ TEST(StatesUpdate, EqualsDecodeThenFp32ReferenceThenEncode) {
       decode_states(f, StateKind::v, s.vp(), s.vs.data(), v.data(), n);
       Stored want = store(StateFormat::fp32, m, v, n, 0);
       adam_update_reference(st, chunk(q, want, GradType::fp16, 1, 0));
-      std::memcpy(m.data(), want.mp(), n * 4);
-      std::memcpy(v.data(), want.vp(), n * 4);
+      if (n) std::memcpy(m.data(), want.mp(), n * 4);  // (an empty vector's data() may be null)
+      if (n) std::memcpy(v.data(), want.vp(), n * 4);
       Stored want_f = store(f, m, v, n, 1);
       // what it computes
       const Stored before = s;

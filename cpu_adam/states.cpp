@@ -21,15 +21,6 @@ std::size_t state_scales(StateFormat f, std::size_t n) {
   return f == StateFormat::q8 ? (n + kQ8Block - 1) / kQ8Block : 0;
 }
 
-const char* state_format_name(StateFormat f) {
-  switch (f) {
-    case StateFormat::fp32: return "fp32";
-    case StateFormat::bf16: return "bf16";
-    case StateFormat::q8: return "8bit";
-  }
-  return "?";
-}
-
 void encode_states(StateFormat f, StateKind k, const float* src, void* dst, float* scales, std::size_t n) {
   encode_states(f, k, src, dst, scales, n, active_simd());
 }

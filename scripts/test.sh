@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): install dependencies, build, run the whole suite; then build
+# The test command (README, .ci/run): install dependencies (and, from PyPI, the independent
+# checkers some tests compare against: scripts/install-checkers.sh), build, run the whole suite; then build
 # the unit and nvme tests (only those, CUDA off) with AddressSanitizer + UBSan and run them again;
 # then build the `async` tests (the ordering contract on the asynchronous, jittered CPU device) with
 # ThreadSanitizer and run them; last, build the parsers' libFuzzer targets with clang and run each
@@ -9,6 +10,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/install-deps.sh"
+"$root/scripts/install-checkers.sh"
 "$root/scripts/build.sh" "$root/build"
 ctest --test-dir "$root/build" --output-on-failure -j "$(nproc)"
 if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ]; then

@@ -1,11 +1,14 @@
-// tokenize.cpp — SentencePiece tokenization and llm.c token files (io/data.h).
+// tokenize.cpp — the byte and SentencePiece tokenizers, open_tokenizer (io/tokenizer.h), and llm.c
+// token files (io/data.h).
 #include <sentencepiece_processor.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "io/data.h"
 #include "io/files.h"
+#include "io/tokenizer.h"
 #include "zinf/error.h"
 
 namespace zinf {
@@ -52,6 +55,141 @@ std::vector<std::uint32_t> sentencepiece_encode(const std::string& model_path, s
   if (!enc.ok()) throw Error(what + " " + model_path + ": tokenizing failed: " + status_text(enc));
   if (vocab) *vocab = sp.GetPieceSize();
   return std::vector<std::uint32_t>(ids.begin(), ids.end());
+}
+
+namespace {
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::string kind() const override { return "bytes"; }
+  std::vector<std::uint32_t> encode(std::string_view text, bool) const override {
+    return std::vector<std::uint32_t>(reinterpret_cast<const unsigned char*>(text.data()),
+                                      reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+  }
+  std::string decode(const std::vector<std::uint32_t>& ids) const override {
+    std::string out;
+    out.reserve(ids.size());
+    for (std::uint32_t id : ids) {
+      if (id > 255) throw Error("bytes tokenizer: id " + std::to_string(id) + " is not a byte (vocabulary 256)");
+      out.push_back(static_cast<char>(id));
+    }
+    return out;
+  }
+  int vocab_size() const override { return 256; }
+  std::optional<std::uint32_t> token_id(std::string_view piece) const override {
+    if (piece.size() == 1) return static_cast<unsigned char>(piece[0]);
+    return std::nullopt;
+  }
+  std::string description() const override { return "bytes (vocabulary 256)"; }
+};
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  SentencePieceTokenizer(const std::string& path, const std::string& what) : path_(path) {
+    const std::string bytes = read_input_file(path, what);
+    const auto st = sp_.LoadFromSerializedProto(bytes);
+    if (!st.ok()) {
+      const std::string why = status_text(st);
+      throw ConfigError(what + " " + path + ": not a SentencePiece model (" +
+                            (why.empty() ? "it does not parse as one" : why) + ")",
+                        "give the tokenizer.model file that came with the model");
+    }
+    for (int id = 0; id < sp_.GetPieceSize(); ++id)
+      if (sp_.IsControl(id) && !sp_.IdToPiece(id).empty())
+        specials_.emplace_back(sp_.IdToPiece(id), id);
+  }
+  std::string kind() const override { return "sentencepiece"; }
+  std::vector<std::uint32_t> encode(std::string_view text, bool special) const override {
+    std::vector<std::uint32_t> out;
+    if (!special) {
+      encode_plain(text, out);
+      return out;
+    }
+    // Control pieces written in the text ("<s>", "</s>") become their ids; the text between them is
+    // encoded as plain text (SentencePiece matches user-defined pieces itself).
+    std::size_t start = 0, i = 0;
+    while (i < text.size()) {
+      std::size_t best = 0;
+      int best_id = -1;
+      for (const auto& [p, id] : specials_)
+        if (p.size() > best && text.substr(i, p.size()) == p) best = p.size(), best_id = id;
+      if (best_id < 0) {
+        ++i;
+        continue;
+      }
+      encode_plain(text.substr(start, i - start), out);
+      out.push_back(static_cast<std::uint32_t>(best_id));
+      i += best;
+      start = i;
+    }
+    encode_plain(text.substr(start), out);
+    return out;
+  }
+  std::string decode(const std::vector<std::uint32_t>& ids) const override {
+    std::vector<int> v;
+    v.reserve(ids.size());
+    for (std::uint32_t id : ids) {
+      if (id >= static_cast<std::uint32_t>(sp_.GetPieceSize()))
+        throw Error(path_ + ": id " + std::to_string(id) + " is outside the vocabulary (" +
+                    std::to_string(sp_.GetPieceSize()) + ")");
+      v.push_back(static_cast<int>(id));
+    }
+    std::string out;
+    const auto st = sp_.Decode(v, &out);
+    if (!st.ok()) throw Error(path_ + ": decoding failed: " + status_text(st));
+    return out;
+  }
+  int vocab_size() const override { return sp_.GetPieceSize(); }
+  std::optional<std::uint32_t> token_id(std::string_view piece) const override {
+    const int id = sp_.PieceToId(piece);
+    if (id < 0 || (id == sp_.unk_id() && piece != sp_.IdToPiece(sp_.unk_id()))) return std::nullopt;
+    return static_cast<std::uint32_t>(id);
+  }
+  std::optional<std::uint32_t> bos_id() const override {
+    return sp_.bos_id() >= 0 ? std::optional<std::uint32_t>(static_cast<std::uint32_t>(sp_.bos_id())) : std::nullopt;
+  }
+  std::vector<std::uint32_t> eos_ids() const override {
+    if (sp_.eos_id() < 0) return {};
+    return {static_cast<std::uint32_t>(sp_.eos_id())};
+  }
+  std::string description() const override {
+    return path_ + " (SentencePiece, " + std::to_string(sp_.GetPieceSize()) + " pieces)";
+  }
+
+ private:
+  void encode_plain(std::string_view text, std::vector<std::uint32_t>& out) const {
+    if (text.empty()) return;
+    std::vector<int> ids;
+    const auto enc = sp_.Encode(text, &ids);
+    if (!enc.ok()) throw Error(path_ + ": tokenizing failed: " + status_text(enc));
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+  std::string path_;
+  sentencepiece::SentencePieceProcessor sp_;
+  std::vector<std::pair<std::string, int>> specials_;  // control pieces with their ids
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string file = path;
+  if (fs::is_directory(path, ec)) {
+    const fs::path dir(path);
+    if (fs::exists(dir / "tokenizer.json", ec))
+      file = (dir / "tokenizer.json").string();
+    else if (fs::exists(dir / "tokenizer.model", ec))
+      file = (dir / "tokenizer.model").string();
+    else
+      throw ConfigError(what + " " + path + ": the folder holds neither tokenizer.json nor tokenizer.model",
+                        "give the model folder the tokenizer came with, or the tokenizer file itself");
+  }
+  if (file.size() >= 5 && file.compare(file.size() - 5, 5, ".json") == 0)
+    throw ConfigError(what + " " + file + ": Hugging Face tokenizer.json files are not read by this build");
+  return std::make_unique<SentencePieceTokenizer>(file, what);
 }
 
 int write_token_file(const std::string& path, const std::vector<std::uint32_t>& tokens) {

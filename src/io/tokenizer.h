@@ -1,0 +1,51 @@
+// io/tokenizer.h — text to token ids and back, whichever tokenizer a model ships:
+//   - bytes: no tokenizer, one token per byte (vocabulary 256): zinf's default data and models;
+//   - SentencePiece: a tokenizer.model (Llama 2, TinyLlama, Mistral);
+//   - Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama 3, Qwen2, SmolLM).
+// open_tokenizer() takes a file or a model folder (tokenizer.json preferred over tokenizer.model);
+// from a folder it also reads tokenizer_config.json and generation_config.json for BOS/EOS.
+// Errors are one ConfigError naming `what` (the key or flag) and the file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zinf {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // "bytes", "sentencepiece" or "bpe".
+  virtual std::string kind() const = 0;
+  // Ids of `text`, no BOS/EOS added. With `special`, the tokenizer's added special tokens
+  // ("<|eot_id|>", "<|im_start|>", …) written in the text are matched first and become their ids;
+  // without it they are ordinary text (how data files are tokenized: a document cannot forge a
+  // chat marker).
+  virtual std::vector<std::uint32_t> encode(std::string_view text, bool special = false) const = 0;
+  // The bytes of `ids`, special tokens written out as their text. Ids outside the vocabulary are an
+  // Error. Byte-level BPE pieces that split a UTF-8 character come back as the raw bytes.
+  virtual std::string decode(const std::vector<std::uint32_t>& ids) const = 0;
+  // Ids are < vocab_size().
+  virtual int vocab_size() const = 0;
+  // The id of one token given by its text (a special token such as "<|eot_id|>", or any piece).
+  virtual std::optional<std::uint32_t> token_id(std::string_view piece) const = 0;
+  // Beginning/end of sequence, when the tokenizer (or its folder's tokenizer_config.json /
+  // generation_config.json) names them; eos_ids() holds every id that ends generation.
+  virtual std::optional<std::uint32_t> bos_id() const { return std::nullopt; }
+  virtual std::vector<std::uint32_t> eos_ids() const { return {}; }
+  // A short description for logs: the file and the vocabulary.
+  virtual std::string description() const = 0;
+};
+
+// One token per byte; decode writes the bytes back.
+std::unique_ptr<Tokenizer> byte_tokenizer();
+
+// `path`: a tokenizer.json, a tokenizer.model, or a folder holding either. `what` names the key or
+// flag in errors ("data.tokenizer", "--tokenizer").
+std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const std::string& what = "data.tokenizer");
+
+}  // namespace zinf

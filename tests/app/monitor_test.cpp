@@ -21,9 +21,11 @@
 namespace zinf {
 namespace {
 
-const char* kBase = R"({"train_batch_size": 4, "model": {"preset": "gpt2-124m"}, )";
+const char* kBase = R"({"train_batch_size": 4, "model": {"preset": "gpt2-124m"})";
 
-Config parse(const std::string& extra) { return parse_config(std::string(kBase) + extra + "}"); }
+Config parse(const std::string& extra) {
+  return parse_config(std::string(kBase) + (extra.empty() ? "" : ", " + extra) + "}");
+}
 
 std::string config_error(const std::string& extra) {
   return test::error_of<ConfigError>([&] { parse(extra); });
@@ -62,8 +64,8 @@ TEST(MonitorConfig, BadKeysAndValuesAreOneError) {
             std::string::npos);
   EXPECT_NE(config_error(R"("flops_profiler": {"enabled": true, "top_modules": 0})").find("flops_profiler.top_modules"),
             std::string::npos);
-  EXPECT_NE(config_error(R"("flops_profiler": {"enabled": true, "output": "x"})")
-                .find("flops_profiler.output: unknown key (did you mean output_file?)"),
+  EXPECT_NE(config_error(R"("flops_profiler": {"enabled": true, "outputfile": "x"})")
+                .find("flops_profiler.outputfile: unknown key (did you mean output_file?)"),
             std::string::npos);
 }
 
@@ -168,9 +170,9 @@ TEST(MonitorRun, TrainWritesEventsCsvAndTheProfile) {
                                " --set train.metrics_file=" + (dir / "metrics.jsonl"));
   ASSERT_EQ(r.rc, 0) << r.err;
   // flops_profiler: the table of the step after profile_step completed ones, once.
-  EXPECT_EQ(test::count(r.err, "flops_profiler: step 3 (after 2 completed steps)"), 1u) << r.err;
-  EXPECT_EQ(test::count(r.err, "the model's ops by kind, per step"), 1u) << r.err;
-  EXPECT_NE(r.err.find("  gemm qkv"), std::string::npos) << r.err;
+  EXPECT_EQ(test::count(r.out, "flops_profiler: step 3 (after 2 completed steps)"), 1u) << r.out;
+  EXPECT_EQ(test::count(r.out, "the model's ops by kind, per step"), 1u) << r.out;
+  EXPECT_NE(r.out.find("  gemm qkv"), std::string::npos) << r.out;
 
   // The metrics file's losses, against which the CSV and the event file are checked.
   std::map<std::int64_t, double> loss, val;
@@ -223,7 +225,7 @@ TEST(MonitorRun, ASecondRunAddsAnEventFileAndAppendsCsv) {
   EXPECT_EQ(test::count(csv, "step,"), 1u) << csv;
   EXPECT_EQ(test::lines(csv), 5u) << csv;  // the header, then two steps from each run
   EXPECT_NE(test::slurp(dir / "profile.txt").find("the model's ops by kind"), std::string::npos);
-  EXPECT_NE(second.err.find("flops_profiler: the op table of step 2 is in"), std::string::npos) << second.err;
+  EXPECT_NE(second.out.find("flops_profiler: the op table of step 2 is in"), std::string::npos) << second.out;
 }
 
 TEST(MonitorRun, BadKeyIsOneErrorLine) {

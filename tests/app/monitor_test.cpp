@@ -209,23 +209,38 @@ TEST(MonitorRun, TrainWritesEventsCsvAndTheProfile) {
   EXPECT_FALSE(j.contains("Train/Samples/loss_scale"));  // fp32 run
 }
 
-TEST(MonitorRun, ASecondRunAddsAnEventFileAndAppendsCsv) {
-  test::TempDir dir("monitor-rerun");
-  const std::string sets = " --set train.steps=2 --set monitor.tensorboard_dir=" + (dir / "tb") +
-                           " --set monitor.csv_dir=" + (dir / "csv");
-  ASSERT_EQ(train(sets).rc, 0);
-  const test::Result second = train(sets + " --set flops_profiler.enabled=true --set flops_profiler.output_file=" +
-                                    (dir / "profile.txt"));
+TEST(MonitorRun, AResumeAddsAnEventFileAndAppendsCsv) {
+  test::TempDir dir("monitor-resume");
+  const std::string sets = " --set monitor.tensorboard_dir=" + (dir / "tb") + " --set monitor.csv_dir=" + (dir / "csv") +
+                           " --set train.checkpoint_dir=" + (dir / "ck");
+  const test::Result first = train(sets + " --set train.steps=2");
+  ASSERT_EQ(first.rc, 0) << first.err;
+  const test::Result second = train(sets + " --set train.steps=4 --resume latest --set flops_profiler.enabled=true" +
+                                    " --set flops_profiler.output_file=" + (dir / "profile.txt"));
   ASSERT_EQ(second.rc, 0) << second.err;
   std::size_t files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir / "tb"))
     files += e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
   EXPECT_EQ(files, 2u);
-  const std::string csv = test::slurp(dir / "csv/Train_Samples_train_loss.csv");
-  EXPECT_EQ(test::count(csv, "step,"), 1u) << csv;
-  EXPECT_EQ(test::lines(csv), 5u) << csv;  // the header, then two steps from each run
+  std::string header;
+  const auto loss = csv_rows(dir / "csv/Train_Samples_train_loss.csv", &header);
+  EXPECT_EQ(test::count(test::slurp(dir / "csv/Train_Samples_train_loss.csv"), "step,"), 1u);  // one header
+  std::vector<std::int64_t> steps;
+  for (const auto& [s, v] : loss) steps.push_back(s);
+  EXPECT_EQ(steps, (std::vector<std::int64_t>{2, 4, 6, 8}));  // samples: 2 a step, continued across the resume
   EXPECT_NE(test::slurp(dir / "profile.txt").find("the model's ops by kind"), std::string::npos);
   EXPECT_NE(second.out.find("flops_profiler: the op table of step 2 is in"), std::string::npos) << second.out;
+}
+
+TEST(MonitorRun, EvalWritesNoMonitorFiles) {
+  test::TempDir dir("monitor-eval");
+  const test::Result r = test::sh(std::string(ZINF_BIN) + " eval --config " + test::kTinyConfig +
+                                  " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2"
+                                  " --set model.seq_len=32 --set train.eval_batches=1 --set tensorboard.enabled=true"
+                                  " --set tensorboard.output_path=" +
+                                  (dir / "tb"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir / "tb"));
 }
 
 TEST(MonitorRun, BadKeyIsOneErrorLine) {

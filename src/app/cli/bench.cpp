@@ -270,6 +270,7 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
   std::vector<std::string> common = {"train.eval_interval=0", "train.eval_batches=1", "train.metrics_file=\"\"",
                                      "steps_per_print=1000000"};
   common.push_back("train.steps=" + std::to_string(std::max(2, a.steps)));
+  common.insert(common.end(), no_monitor_overrides().begin(), no_monitor_overrides().end());
   StepRuns runs{load_run_config(a.config, world.size, common), {}, {}, {}, a.baseline, false, {}, false};
   const Config& c = runs.config;
   if (world.rank == 0) print_notes(c);

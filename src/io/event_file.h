@@ -53,8 +53,7 @@ class EventFileWriter {
 
   // Appends one event holding `values` at `step`, in one write() (so a run killed afterwards keeps
   // it; nothing is buffered in this process). A failed write is an IoError naming the file.
-  void write_scalars(std::int64_t step, const std::vector<std::pair<std::string, float>>& values,
-                     double wall_time);
+  void write_scalars(std::int64_t step, const std::vector<std::pair<std::string, float>>& values, double wall_time);
   const std::string& path() const { return path_; }
 
  private:

@@ -163,11 +163,12 @@ print(json.dumps({t: [[e.step, e.value] for e in ea.Scalars(t)] for t in ea.Tags
 TEST(MonitorRun, TrainWritesEventsCsvAndTheProfile) {
   test::TempDir dir("monitor-run");
   const std::string out = dir / "out";
-  const test::Result r = train(" --set train.steps=4 --set tensorboard.enabled=true --set tensorboard.output_path=" +
-                               out + " --set tensorboard.job_name=tiny --set csv_monitor.enabled=true" +
-                               " --set csv_monitor.output_path=" + out + " --set csv_monitor.job_name=tiny_csv" +
-                               " --set flops_profiler.enabled=true --set flops_profiler.profile_step=2" +
-                               " --set train.metrics_file=" + (dir / "metrics.jsonl"));
+  const test::Result r =
+      train(" --set train.steps=4 --set tensorboard.enabled=true --set tensorboard.output_path=" + out +
+            " --set tensorboard.job_name=tiny --set csv_monitor.enabled=true" +
+            " --set csv_monitor.output_path=" + out + " --set csv_monitor.job_name=tiny_csv" +
+            " --set flops_profiler.enabled=true --set flops_profiler.profile_step=2" +
+            " --set train.metrics_file=" + (dir / "metrics.jsonl"));
   ASSERT_EQ(r.rc, 0) << r.err;
   // flops_profiler: the table of the step after profile_step completed ones, once.
   EXPECT_EQ(test::count(r.out, "flops_profiler: step 3 (after 2 completed steps)"), 1u) << r.out;
@@ -211,8 +212,8 @@ TEST(MonitorRun, TrainWritesEventsCsvAndTheProfile) {
 
 TEST(MonitorRun, AResumeAddsAnEventFileAndAppendsCsv) {
   test::TempDir dir("monitor-resume");
-  const std::string sets = " --set monitor.tensorboard_dir=" + (dir / "tb") + " --set monitor.csv_dir=" + (dir / "csv") +
-                           " --set train.checkpoint_dir=" + (dir / "ck");
+  const std::string sets = " --set monitor.tensorboard_dir=" + (dir / "tb") +
+                           " --set monitor.csv_dir=" + (dir / "csv") + " --set train.checkpoint_dir=" + (dir / "ck");
   const test::Result first = train(sets + " --set train.steps=2");
   ASSERT_EQ(first.rc, 0) << first.err;
   const test::Result second = train(sets + " --set train.steps=4 --resume latest --set flops_profiler.enabled=true" +

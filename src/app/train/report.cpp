@@ -4,9 +4,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -104,7 +104,8 @@ std::string op_table(const std::vector<OpTime>& ops, double steps, double step_s
                      const std::string& timing) {
   const double n = steps > 0 ? steps : 1;
   std::vector<OpTime> sorted = ops;
-  std::stable_sort(sorted.begin(), sorted.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
   double total = 0;
   for (const auto& o : sorted) total += o.seconds;
   auto share = [&](double per_step) { return step_s > 0 ? 100 * per_step / step_s : 0.0; };

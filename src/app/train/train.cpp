@@ -564,7 +564,7 @@ class Run {
   LossScaler scaler;
   std::mt19937_64 rng;
   MetricsFile metrics;
-  Monitor monitor;  // tensorboard / csv_monitor (rank 0)
+  Monitor monitor;                             // tensorboard / csv_monitor (rank 0)
   std::unique_ptr<CheckpointDir> checkpoints;  // rank 0, when the run writes checkpoints
   std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, skipped = 0;
   int stop_signal = 0;          // set by stop_asked()

@@ -216,8 +216,9 @@ TEST(MonitorRun, AResumeAddsAnEventFileAndAppendsCsv) {
                            " --set monitor.csv_dir=" + (dir / "csv") + " --set train.checkpoint_dir=" + (dir / "ck");
   const test::Result first = train(sets + " --set train.steps=2");
   ASSERT_EQ(first.rc, 0) << first.err;
-  const test::Result second = train(sets + " --set train.steps=4 --resume latest --set flops_profiler.enabled=true" +
-                                    " --set flops_profiler.output_file=" + (dir / "profile.txt"));
+  const test::Result second =
+      train(sets + " --set train.steps=4 --resume latest --set flops_profiler.enabled=true" +
+            " --set flops_profiler.profile_step=2" + " --set flops_profiler.output_file=" + (dir / "profile.txt"));
   ASSERT_EQ(second.rc, 0) << second.err;
   std::size_t files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir / "tb"))
@@ -230,7 +231,7 @@ TEST(MonitorRun, AResumeAddsAnEventFileAndAppendsCsv) {
   for (const auto& [s, v] : loss) steps.push_back(s);
   EXPECT_EQ(steps, (std::vector<std::int64_t>{2, 4, 6, 8}));  // samples: 2 a step, continued across the resume
   EXPECT_NE(test::slurp(dir / "profile.txt").find("the model's ops by kind"), std::string::npos);
-  EXPECT_NE(second.out.find("flops_profiler: the op table of step 2 is in"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("flops_profiler: the op table of step 3 is in"), std::string::npos) << second.out;
 }
 
 TEST(MonitorRun, EvalWritesNoMonitorFiles) {

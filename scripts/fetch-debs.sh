@@ -13,6 +13,7 @@ pkgs=(nlohmann-json3-dev libcli11-dev libeigen3-dev
       liburing-dev liburing2
       libxxhash-dev libxxhash0
       libsentencepiece-dev libsentencepiece0
+      libboost-dev libboost1.74-dev
       libgtest-dev libgmock-dev
       pkgconf pkgconf-bin libpkgconf3)
 mkdir -p "$dir"

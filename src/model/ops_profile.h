@@ -6,6 +6,7 @@
 // down, …), so each class reports its own TFLOPS.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,6 +32,13 @@ class OpProfile {
   virtual ~OpProfile() = default;
   // Every op since the last call, summed by kind (waits for the compute stream to reach them).
   virtual std::vector<OpTime> take() = 0;
+  // While inactive the wrapper only forwards each op (no events, no clock reads): the training
+  // loop's flops_profiler times one step. Active from the start; set between steps.
+  void set_active(bool on) { active_.store(on, std::memory_order_relaxed); }
+  bool active() const { return active_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> active_{true};
 };
 
 // Wraps `inner`; `profile` receives the times.

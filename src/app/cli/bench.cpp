@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "app/config/config.h"
+#include "app/train/report.h"
 #include "app/train/train.h"
 #include "bench/adam_bench.h"
 #include "bench/comm_bench.h"
@@ -216,12 +217,6 @@ int run_nvme(const NvmeArgs& a) {
   return 0;
 }
 
-// How --profile timed the ops on this config's device.
-const char* dev_timing(const Config& c) {
-  if (c.device.type == DeviceType::cuda) return "CUDA events on the compute stream";
-  return c.device.async ? "the CPU device's compute stream" : "host clock: the CPU device runs ops inline";
-}
-
 // `zinf bench step --help`.
 constexpr const char* kBenchStepAbout =
     "Run a few training steps with the config's placement and report each resource's busy time (compute, h2d, "
@@ -275,6 +270,7 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
   std::vector<std::string> common = {"train.eval_interval=0", "train.eval_batches=1", "train.metrics_file=\"\"",
                                      "steps_per_print=1000000"};
   common.push_back("train.steps=" + std::to_string(std::max(2, a.steps)));
+  common.insert(common.end(), no_monitor_overrides().begin(), no_monitor_overrides().end());
   StepRuns runs{load_run_config(a.config, world.size, common), {}, {}, {}, a.baseline, false, {}, false};
   const Config& c = runs.config;
   if (world.rank == 0) print_notes(c);
@@ -404,24 +400,7 @@ void print_step_json(const StepArgs& a, const StepRuns& runs, const StepFigures&
 // --profile: the model's ops by kind, then the engine's own busy times beside them.
 void print_step_profile(const StepRuns& runs, const StepFigures& f) {
   const TrainResult& r = runs.offload;
-  const double n = f.steps;
-  double total = 0;
-  for (const auto& o : r.profile) total += o.seconds;
-  std::printf("\n  the model's ops by kind, per step (%s; %.1f ms in ops, %.0f%% of the step)\n",
-              dev_timing(runs.config), 1e3 * total / n, r.step_seconds > 0 ? 100 * total / n / r.step_seconds : 0.0);
-  std::printf("  %-16s %10s %8s %8s %9s\n", "op", "ms", "share", "calls", "TFLOPS");
-  for (const auto& o : r.profile)
-    std::printf("  %-16s %10.2f %7.1f%% %8.0f %9s\n", o.name.c_str(), 1e3 * o.seconds / n,
-                r.step_seconds > 0 ? 100 * o.seconds / n / r.step_seconds : 0.0, static_cast<double>(o.calls) / n,
-                o.flops > 0 && o.seconds > 0 ? std::to_string(o.flops / o.seconds / 1e12).substr(0, 6).c_str() : "-");
-  // The engine's side of the step, on its own streams and workers (overlapped with the above).
-  std::printf("  engine, beside the ops (busy per step):");
-  f.busy.each([&](const std::string& name, double sec) {
-    if (name != "compute")
-      std::printf(" %s %.2f ms (%.1f%%)", name.c_str(), 1e3 * sec,
-                  r.step_seconds > 0 ? 100 * sec / r.step_seconds : 0.0);
-  });
-  std::printf("\n");
+  std::printf("\n%s", op_table(r.profile, f.steps, r.step_seconds, f.busy, op_timing(runs.config)).c_str());
 }
 
 void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures& f) {

@@ -23,6 +23,13 @@ Config load_run_config(const ConfigArgs& args, int world_size, const std::vector
   return zinf::load_config(args.path, overrides, world_size);
 }
 
+const std::vector<std::string>& no_monitor_overrides() {
+  static const std::vector<std::string> o = {"tensorboard.enabled=false", "csv_monitor.enabled=false",
+                                             "monitor.tensorboard_dir=\"\"", "monitor.csv_dir=\"\"",
+                                             "flops_profiler.enabled=false"};
+  return o;
+}
+
 void print_notes(const Config& config) {
   for (const auto& n : config.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
 }

@@ -60,6 +60,10 @@ void add_config_options(CLI::App& sub, ConfigArgs& args);
 // The config of `args` with `extra` overrides after the user's, for a job of `world_size` ranks.
 Config load_run_config(const ConfigArgs& args, int world_size, const std::vector<std::string>& extra = {});
 
+// Overrides that turn off what only a training run writes for its watcher (tensorboard, csv_monitor,
+// the monitor section, flops_profiler): `zinf eval` and `zinf bench step` add them.
+const std::vector<std::string>& no_monitor_overrides();
+
 // The "note:" lines a config produced, on stderr.
 void print_notes(const Config& config);
 

@@ -140,6 +140,7 @@ int run_eval(const EvalArgs& a) {
   if (!a.checkpoint.empty() && !a.weights.empty())
     throw ConfigError("zinf eval: give --checkpoint or --weights, not both");
   std::vector<std::string> overrides = {"train.steps=0"};
+  overrides.insert(overrides.end(), no_monitor_overrides().begin(), no_monitor_overrides().end());
   if (!a.weights.empty()) overrides.push_back("model.init_from=" + nlohmann::json(a.weights).dump());
   const World world = detect_world();
   const Config c = load_run_config(a.config, world.size, overrides);

@@ -769,6 +769,51 @@ void read_aio(Section s, AioConfig& a) {
   s.finish();
 }
 
+// DeepSpeed's tensorboard or csv_monitor section, {enabled, output_path, job_name}: the folder its
+// files go to, output_path/job_name (job_name under the current directory when output_path is ""),
+// or "" when the section is off.
+std::string read_ds_monitor(Section s) {
+  const bool enabled = s.get_bool("enabled", false);
+  const std::string path = s.get_str("output_path", "");
+  const std::string job = s.get_str("job_name", "DeepSpeedJobName");
+  s.finish();
+  if (!enabled) return "";
+  return (std::filesystem::path(path) / job).string();
+}
+
+// zinf's monitor section names the folders directly; a folder given both ways is refused.
+void read_monitor(Section s, MonitorConfig& m, const std::string& ds_tensorboard, const std::string& ds_csv) {
+  auto folder = [&](const char* key, const std::string& ds, const char* ds_section) {
+    if (s.present(key) && !ds.empty())
+      s.fail(key, std::string("'") + ds_section + ".enabled' names this folder too (" + ds + "); give only one");
+    return s.get_str(key, ds);
+  };
+  m.tensorboard_dir = folder("tensorboard_dir", ds_tensorboard, "tensorboard");
+  m.csv_dir = folder("csv_dir", ds_csv, "csv_monitor");
+  s.finish();
+}
+
+// DeepSpeed's flops_profiler section. zinf's profile is the model's ops by kind (the table of
+// `zinf bench step --profile`); DeepSpeed's per-module keys are checked and accepted.
+void read_flops_profiler(Section s, FlopsProfilerConfig& f, std::int64_t steps) {
+  f.enabled = s.get_bool("enabled", false);
+  f.profile_step = s.get_int("profile_step", 1, 0, kMaxI64);
+  s.get_int("module_depth", -1, -1, kMaxI64);
+  s.get_int("top_modules", 1, 1, kMaxI64);
+  s.get_bool("detailed", true);
+  s.get_num("recompute_fwd_factor", 0.0, 0.0, 1e6);
+  f.output_file = s.get_str("output_file", "");
+  if (f.enabled) {
+    for (const char* k : {"module_depth", "top_modules", "detailed", "recompute_fwd_factor"})
+      s.note_if_present(k, "zinf's profile lists the model's ops by kind, not modules; accepted, no effect");
+    if (steps > 0 && f.profile_step >= steps)
+      s.notes()->push_back(s.join("profile_step") + ": " + std::to_string(f.profile_step) +
+                           " completed steps are never reached before train.steps " + std::to_string(steps) +
+                           "; no profile is printed");
+  }
+  s.finish();
+}
+
 // DeepSpeed's _set_batch_related_parameters / _batch_assertion, same wording.
 void resolve_batch(Section& s, Config& c) {
   std::vector<const char*> autos;
@@ -861,6 +906,12 @@ Config parse_root(const json& root, std::string source, int world_size) {
   read_zero(top.child("zero_optimization"), c.zero, c.model, c.train.overlap_none);
   read_activation_checkpointing(top.child("activation_checkpointing"), c.model);
   read_aio(top.child("aio"), c.aio);
+  {
+    const std::string tb = read_ds_monitor(top.child("tensorboard"));
+    const std::string csv = read_ds_monitor(top.child("csv_monitor"));
+    read_monitor(top.child("monitor"), c.monitor, tb, csv);
+  }
+  read_flops_profiler(top.child("flops_profiler"), c.flops_profiler, c.train.steps);
 
   for (const char* key : {"communication_data_type",
                           "prescale_gradients",
@@ -868,10 +919,7 @@ Config parse_root(const json& root, std::string source, int world_size) {
                           "sparse_gradients",
                           "zero_allow_untested_optimizer",
                           "zero_force_ds_cpu_optimizer",
-                          "flops_profiler",
-                          "tensorboard",
                           "wandb",
-                          "csv_monitor",
                           "comet",
                           "comms_logger",
                           "autotuning",

@@ -168,6 +168,20 @@ struct DeviceConfig {
   std::string comm = "auto";  // data-parallel transport: auto (nccl on CUDA, mpi on the CPU device) | mpi | nccl
 };
 
+// Where the run's scalars go (app/train/monitor.h): DeepSpeed's tensorboard and csv_monitor sections
+// (the folder output_path/job_name), or zinf's monitor section naming the folders. "" = off.
+struct MonitorConfig {
+  std::string tensorboard_dir;
+  std::string csv_dir;
+};
+
+// DeepSpeed's flops_profiler section: the per-op table of one step.
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  std::int64_t profile_step = 1;  // as DeepSpeed counts: after this many completed steps (zinf's step profile_step + 1)
+  std::string output_file;        // "": the table goes to the log
+};
+
 struct Config {
   std::int64_t train_batch_size = 0;
   std::int64_t micro_batch_size = 0;  // train_micro_batch_size_per_gpu
@@ -186,6 +200,8 @@ struct Config {
   DataConfig data;
   TrainConfig train;
   DeviceConfig device;
+  MonitorConfig monitor;
+  FlopsProfilerConfig flops_profiler;
 
   std::string source;              // file name, or "<string>"
   std::vector<std::string> notes;  // one line each: keys accepted but not applicable, deprecations

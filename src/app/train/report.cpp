@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
@@ -92,6 +93,43 @@ std::string busy_summary(const BusyTimes& b, double step_s) {
   std::snprintf(part, sizeof part, " | pace: %s, overlap %.2f", b.busiest_name().c_str(),
                 b.busiest() > 0 ? step_s / b.busiest() : 0.0);
   return s + part;
+}
+
+std::string op_timing(const Config& c) {
+  if (c.device.type == DeviceType::cuda) return "CUDA events on the compute stream";
+  return c.device.async ? "the CPU device's compute stream" : "host clock: the CPU device runs ops inline";
+}
+
+std::string op_table(const std::vector<OpTime>& ops, double steps, double step_s, const BusyTimes& busy,
+                     const std::string& timing) {
+  const double n = steps > 0 ? steps : 1;
+  std::vector<OpTime> sorted = ops;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+  double total = 0;
+  for (const auto& o : sorted) total += o.seconds;
+  auto share = [&](double per_step) { return step_s > 0 ? 100 * per_step / step_s : 0.0; };
+  char line[512];
+  std::snprintf(line, sizeof line, "  the model's ops by kind, per step (%s; %.1f ms in ops, %.0f%% of the step)\n",
+                timing.c_str(), 1e3 * total / n, share(total / n));
+  std::string s = line;
+  std::snprintf(line, sizeof line, "  %-16s %10s %8s %8s %9s\n", "op", "ms", "share", "calls", "TFLOPS");
+  s += line;
+  for (const auto& o : sorted) {
+    const std::string tflops =
+        o.flops > 0 && o.seconds > 0 ? std::to_string(o.flops / o.seconds / 1e12).substr(0, 6) : "-";
+    std::snprintf(line, sizeof line, "  %-16s %10.2f %7.1f%% %8.0f %9s\n", o.name.c_str(), 1e3 * o.seconds / n,
+                  share(o.seconds / n), static_cast<double>(o.calls) / n, tflops.c_str());
+    s += line;
+  }
+  // The engine's side of the step, on its own streams and workers (overlapped with the above).
+  s += "  engine, beside the ops (busy per step):";
+  busy.each([&](const std::string& name, double sec) {
+    if (name == "compute") return;
+    std::snprintf(line, sizeof line, " %s %.2f ms (%.1f%%)", name.c_str(), 1e3 * sec, share(sec));
+    s += line;
+  });
+  return s + "\n";
 }
 
 std::string params_digest(offload::Engine& engine, const ModelShape& shape) {

@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -28,9 +29,11 @@
 #include "app/config/engine_config.h"
 #include "app/train/batches.h"
 #include "app/train/checkpoint.h"
+#include "app/train/monitor.h"
 #include "app/train/report.h"
 #include "app/train/train.h"
 #include "io/data.h"
+#include "io/files.h"
 #include "io/hf.h"
 #include "io/safetensors.h"
 #include "model/host_math.h"
@@ -80,6 +83,12 @@ void check_output_paths(const Config& c, const TrainHooks& hooks) {
   if (c.zero.offload_param.device == OffloadDevice::nvme &&
       c.zero.offload_param.nvme_path != c.zero.offload_optimizer.nvme_path)
     check(c.zero.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path");
+  if (!c.monitor.tensorboard_dir.empty()) check(c.monitor.tensorboard_dir, "monitor.tensorboard_dir");
+  if (!c.monitor.csv_dir.empty()) check(c.monitor.csv_dir, "monitor.csv_dir");
+  if (c.flops_profiler.enabled && !c.flops_profiler.output_file.empty()) {  // written at the profile step
+    const std::filesystem::path parent = std::filesystem::path(c.flops_profiler.output_file).parent_path();
+    check(parent.empty() ? "." : parent.string(), "flops_profiler.output_file's folder");
+  }
 }
 
 // What rank 0 settles about checkpoints before anything is built or written: the checkpoint to load,
@@ -300,7 +309,8 @@ class Run {
         device_backend_(device_backend(cfg)),
         dev(make_device(cfg, device_backend_, local_rank)),
         device_comm(make_device_comm(local_rank)),
-        backend(make_ops(cfg, device_backend_, *dev, threads, h.profile ? &profile : nullptr, shape)),
+        backend(make_ops(cfg, device_backend_, *dev, threads,
+                         h.profile || (cfg.flops_profiler.enabled && cm.rank() == 0) ? &profile : nullptr, shape)),
         model(make_model(shape, micro_batch, cfg.model.activation_checkpointing, *dev, *backend,
                          cfg.model.cpu_checkpointing)),
         batches(*dev, static_cast<std::size_t>(micro_batch) * seq_len),
@@ -309,7 +319,10 @@ class Run {
         units(*engine, engine_units),
         scaler(cfg.fp16),
         rng(cfg.train.seed),
-        metrics(cm.rank() == 0 ? cfg.train.metrics_file : std::string()) {
+        metrics(cm.rank() == 0 ? cfg.train.metrics_file : std::string()),
+        monitor(cfg, cm.rank() == 0) {
+    // The flops_profiler times its one step only (TrainHooks::profile, every step).
+    if (profile && !h.profile) profile->set_active(false);
     // From here a stop signal waits for the end of the current evaluation batch or step (with a
     // checkpoint when a step ran); while the model was being built it ended the process at once.
     // The "model:" line below tells a watcher that the run is stoppable.
@@ -551,6 +564,7 @@ class Run {
   LossScaler scaler;
   std::mt19937_64 rng;
   MetricsFile metrics;
+  Monitor monitor;                             // tensorboard / csv_monitor (rank 0)
   std::unique_ptr<CheckpointDir> checkpoints;  // rank 0, when the run writes checkpoints
   std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, skipped = 0;
   int stop_signal = 0;          // set by stop_asked()
@@ -693,11 +707,13 @@ StepReport train_step(Run& run, std::int64_t step) {
   r.loss_scale = run.scaler.scale();
   r.lr = lr_at(c.scheduler, c.optimizer.lr, run.opt_steps);
   const offload::StepOptions so = run.step_options(r.loss_scale, r.lr);
+  const double fwd0 = run.t_fwd, bwd0 = run.t_bwd;
   run.engine->expect_step(so);  // what a speculative Update assumes (unclipped, finite)
   run.forward_backward(r.loss_scale);
   const offload::StepOutcome out = run.engine->step(so);
   r.loss = run.step_loss();  // (the host has waited for the compute stream)
   r.checkpoints = run.model->take_checkpoint_times();
+  r.fwd_s = run.t_fwd - fwd0, r.bwd_s = run.t_bwd - bwd0;
   r.grad_norm = out.norm;
   r.skipped = run.account(out, step, r.loss);
   r.step_s = since(t0);
@@ -727,6 +743,7 @@ void add_measured(TrainResult& res, const StepReport& r, const std::vector<OpTim
 bool after_step(Run& run, std::int64_t step, const StepReport& r, TrainResult& res) {
   const Config& c = run.config;
   run.metrics.step(r);
+  run.monitor.step(r);
   if (step % c.steps_per_print == 0 || step == c.train.steps) {
     run.log(progress_line(c, r, 1e3 * run.t_fwd / c.steps_per_print, 1e3 * run.t_bwd / c.steps_per_print));
     run.t_fwd = run.t_bwd = 0;
@@ -735,12 +752,31 @@ bool after_step(Run& run, std::int64_t step, const StepReport& r, TrainResult& r
   if (((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || step == c.train.steps) && !stop) {
     res.val_loss = run.evaluate();
     run.metrics.validation(step, res.val_loss);
+    run.monitor.validation(step, res.val_loss);
     run.log("step " + std::to_string(step) + ": val_loss " + std::to_string(res.val_loss).substr(0, 6));
   }
   if (!c.train.checkpoint_dir.empty() &&
       ((c.train.checkpoint_interval > 0 && step % c.train.checkpoint_interval == 0) || step == c.train.steps || stop))
     run.checkpoint(step, res);
   return stop;
+}
+
+// DeepSpeed's flops_profiler: the op table of one step, to the log or to flops_profiler.output_file.
+void report_flops_profile(Run& run, const StepReport& r, const std::vector<OpTime>& ops_times) {
+  const FlopsProfilerConfig& f = run.config.flops_profiler;
+  char head[160];
+  std::snprintf(head, sizeof head, "flops_profiler: step %lld (after %lld completed steps), %.1f ms\n",
+                static_cast<long long>(r.step), static_cast<long long>(f.profile_step), 1e3 * r.step_s);
+  const std::string table = head + op_table(ops_times, 1, r.step_s, r.busy, op_timing(run.config));
+  if (f.output_file.empty()) {
+    run.log(table.substr(0, table.size() - 1));  // (the log adds the line end)
+    return;
+  }
+  const int fd = ::open(f.output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  const int e = fd < 0 ? errno : write_all(fd, table.data(), table.size());
+  if (fd >= 0) ::close(fd);
+  if (e) throw IoError("flops_profiler.output_file " + f.output_file + ": cannot write (" + std::strerror(e) + ")", e);
+  run.log("flops_profiler: the op table of step " + std::to_string(r.step) + " is in " + f.output_file);
 }
 
 // The result's figures once the last step has landed.
@@ -774,6 +810,7 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   const std::int64_t first_step = res.resumed_from + 1;
   res.first_val_loss = res.val_loss = run.evaluate();
   run.log("step " + std::to_string(first_step - 1) + ": val_loss " + std::to_string(res.first_val_loss).substr(0, 6));
+  run.monitor.validation(first_step - 1, res.first_val_loss);
   if (run.stop_asked()) {  // stopped during the first evaluation: nothing was trained, nothing to save
     res.interrupted = true;
     res.stop_signal = run.stop_signal;
@@ -784,9 +821,15 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
 
   res.steps = first_step - 1;
   for (std::int64_t step = first_step; step <= c.train.steps && !res.interrupted; ++step) {
+    const bool flops_step = c.flops_profiler.enabled && step == c.flops_profiler.profile_step + 1 && run.rank == 0;
+    if (flops_step && !hooks.profile) run.profile->set_active(true);
     const StepReport r = train_step(run, step);
     std::vector<OpTime> ops_times;
     if (run.profile) ops_times = run.profile->take();
+    if (flops_step) {
+      if (!hooks.profile) run.profile->set_active(false);
+      report_flops_profile(run, r, ops_times);
+    }
     res.steps = step;
     res.loss = r.loss;
     res.tokens_per_s = r.tokens_per_s;

@@ -93,7 +93,9 @@ TEST(Gpt2HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding
             << e.path().filename();
       }
       EXPECT_EQ(files, static_cast<std::size_t>(std::distance(fs::directory_iterator(b), fs::directory_iterator())));
-      if (shard < (1u << 20)) EXPECT_GT(files, 4u) << "config.json, the index and several shards";
+      if (shard < (1u << 20)) {
+        EXPECT_GT(files, 4u) << "config.json, the index and several shards";
+      }
     }
 }
 
@@ -343,8 +345,9 @@ TEST(Gpt2HfFolders, NumpyWrittenFoldersGiveNumpysLossesAndExportReadsBackInNumpy
       worst = std::max(worst, std::abs(got[i] - want[i]));
       mean += want[i] / static_cast<double>(want.size());
     }
+    std::printf("per-token loss against numpy's float64 forward: mean %.4f, worst |diff| %.3g\n", mean, worst);
     EXPECT_GT(mean, 1.0);  // a loss far from zero, so the comparison means something
-    EXPECT_LT(worst, 2e-4) << "per-token loss against numpy's float64 forward";
+    EXPECT_LT(worst, 2e-5) << "per-token loss against numpy's float64 forward";
     // Export (sharded) in the folder's dtype: numpy reads the same values under transformers' names.
     write_hf_folder(out, s, units, sharded ? StDtype::f16 : StDtype::f32, 12000);
     const auto checked = test::run_python(py, "", {script, "check", dir, out});

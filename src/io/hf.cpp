@@ -206,7 +206,8 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
   const std::string type = c.value("model_type", std::string());
   if (type == "gpt2") return gpt2_shape_of(c, src, seq_len);
   if (type != "llama" && type != "mistral" && type != "qwen2")
-    throw fail("model_type", "'" + type + "' is not a family zinf trains (gpt2, or the llama family: llama, mistral, qwen2)");
+    throw fail("model_type",
+               "'" + type + "' is not a family zinf trains (gpt2, or the llama family: llama, mistral, qwen2)");
   ModelShape s;
   s.family = ModelFamily::llama;
   s.d_model = get_int("hidden_size");
@@ -450,9 +451,10 @@ void HfModelReader::load_unit(const ModelShape& s, std::size_t u, float* dst) co
     files_[head->file].read(*head->tensor, h.data(), false);
     for (std::size_t i = 0; i < n; ++i)
       if (std::memcmp(&h[i], dst + i, sizeof(float)) != 0)
-        throw ConfigError(file_of(*head) + ": tensor " + head->tensor->name + " differs from wte.weight (at row " +
-                              std::to_string(i / static_cast<std::size_t>(s.d_model)) + ")",
-                          "zinf's GPT-2 ties the LM head to the token embedding; a model with its own head cannot load");
+        throw ConfigError(
+            file_of(*head) + ": tensor " + head->tensor->name + " differs from wte.weight (at row " +
+                std::to_string(i / static_cast<std::size_t>(s.d_model)) + ")",
+            "zinf's GPT-2 ties the LM head to the token embedding; a model with its own head cannot load");
   }
 }
 

@@ -21,13 +21,14 @@ namespace zinf {
 bool is_hf_folder(const std::string& path);
 
 // The model shape config.json describes, for training sequences of `seq_len` tokens (0: the smaller
-// of 2048 and max_position_embeddings; GPT-2: n_positions, or n_ctx, its older name). GPT-2's
-// ConfigErrors: n_inner other than 4 * n_embd, activation_function other than gelu_new,
-// layer_norm_epsilon other than 1e-5, scale_attn_weights false, scale_attn_by_inverse_layer_idx,
-// reorder_and_upcast_attn, add_cross_attention, an untied head, a sequence longer than n_positions. Anything zinf cannot honour is a ConfigError naming the
-// file and the key (an unknown model_type, hidden_act other than silu, MLP biases, a rope_scaling
-// type other than llama3, a head_dim other than hidden_size / num_attention_heads, a sequence
-// longer than max_position_embeddings or Mistral's sliding_window).
+// of 2048 and max_position_embeddings; GPT-2: n_positions, or n_ctx, its older name). Anything zinf
+// cannot honour is a ConfigError naming the file and the key. The llama family: an unknown
+// model_type, hidden_act other than silu, MLP biases, a rope_scaling type other than llama3, a
+// head_dim other than hidden_size / num_attention_heads, a sequence longer than
+// max_position_embeddings or Mistral's sliding_window. GPT-2: n_inner other than 4 * n_embd,
+// activation_function other than gelu_new, layer_norm_epsilon other than 1e-5, scale_attn_weights
+// false, scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, add_cross_attention, an untied
+// head, a sequence longer than n_positions.
 // config.json that is not a JSON object, and numbers that cannot be (a non-positive rms_norm_eps,
 // rope_theta or rope_scaling factor) are refused the same way.
 ModelShape hf_shape(const std::string& dir, int seq_len);
@@ -70,7 +71,7 @@ class HfModelReader {
   // loaded), else seq_len.
   std::int64_t wpe_rows(const ModelShape& s) const;
   std::vector<ModelTensor> layout(const ModelShape& s) const;  // in the names index_ holds
-  std::string file_of(const Where& w) const;                    // the folder/file a tensor is in
+  std::string file_of(const Where& w) const;                   // the folder/file a tensor is in
   std::string dir_, weights_;
   std::vector<StReader> files_;
   std::unordered_map<std::string, Where> index_;

@@ -23,8 +23,9 @@ void check_shape(const zinf::ModelShape& s, int seq_len) {
   if (seq_len > 0 && s.seq_len != seq_len) zinf::fuzz::violated("hf_shape did not keep the sequence length asked for");
   if (s.max_positions > 0 && s.seq_len > s.max_positions)
     zinf::fuzz::violated("hf_shape accepted a sequence beyond the positions");
+  // The tensor list of a small model: its arithmetic must hold.
   if (s.n_layer <= 64 && llama) (void)zinf::llama_hf_tensors(s);
-  if (s.n_layer <= 64 && !llama) (void)zinf::gpt2_hf_tensors(s, s.seq_len);  // the tensor list of a small model: its arithmetic must hold
+  if (s.n_layer <= 64 && !llama) (void)zinf::gpt2_hf_tensors(s, s.seq_len);
 }
 
 }  // namespace

@@ -89,8 +89,7 @@ TEST(Gpt2HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding
       std::size_t files = 0;
       for (const auto& e : fs::directory_iterator(a)) {
         ++files;
-        EXPECT_EQ(slurp((fs::path(b) / e.path().filename()).string()), slurp(e.path().string()))
-            << e.path().filename();
+        EXPECT_EQ(slurp((fs::path(b) / e.path().filename()).string()), slurp(e.path().string())) << e.path().filename();
       }
       EXPECT_EQ(files, static_cast<std::size_t>(std::distance(fs::directory_iterator(b), fs::directory_iterator())));
       if (shard < (1u << 20)) {
@@ -412,6 +411,7 @@ TEST(Gpt2HfFolders, WhatZinfCannotLoadIsOneErrorNamingTheFileAndKeyOrTensor) {
     try {
       load_all(t / "m", shape);
     } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
       return std::string(e.what());
     }
     return std::string("accepted");

@@ -87,7 +87,9 @@ Command add_export(CLI::App& app) {
   sub->add_option("--checkpoint", args->checkpoint, "A checkpoint directory (train.checkpoint_dir/step-N)")
       ->required()
       ->type_name("DIR");
-  sub->add_option("--format", args->format, "safetensors (GPT-2's one file) or hf (a Hugging Face folder: GPT-2 or the llama family)")->capture_default_str();
+  sub->add_option("--format", args->format,
+                  "safetensors (GPT-2's one file) or hf (a Hugging Face folder: GPT-2 or the llama family)")
+      ->capture_default_str();
   sub->add_option("--shard-size", args->shard_size, "--format hf: the largest shard (e.g. 5GB, 500MB)")
       ->capture_default_str();
   sub->add_option("--dtype", args->dtype, "fp32, fp16 or bf16")->capture_default_str();

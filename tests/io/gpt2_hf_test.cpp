@@ -403,6 +403,15 @@ TEST(Gpt2HfFolders, WhatZinfCannotLoadIsOneErrorNamingTheFileAndKeyOrTensor) {
     const std::string e = config_error();
     EXPECT_NE(e.find(cfg_file + ": " + want), std::string::npos) << e;
   }
+  // The hub's gpt2 config.json is the gpt2-124m preset (only config.json is read at parse time).
+  fs::create_directories(t / "hub");
+  std::ofstream(t / "hub/config.json") << json{{"model_type", "gpt2"}, {"n_embd", 768},       {"n_layer", 12},
+                                               {"n_head", 12},         {"vocab_size", 50257}, {"n_ctx", 1024},
+                                               {"n_positions", 1024},  {"n_inner", nullptr}}
+                                              .dump();
+  const Config hub = parse_config(R"({"train_batch_size": 2, "model": {"preset": "gpt2-124m", "init_from": ")" +
+                                  (t / "hub") + R"("}})");
+  EXPECT_EQ(model_shape(hub.model), find_model_preset("gpt2-124m").shape);
   // n_ctx alone is n_positions.
   patch([](json& c) { c.erase("n_positions"); });
   EXPECT_EQ(hf_shape(t / "m", 0), s);

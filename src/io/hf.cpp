@@ -60,6 +60,55 @@ std::string shard_name(std::size_t k, std::size_t n) {
   return b;
 }
 
+// config.json of a llama-family model, as transformers writes LlamaConfig / Qwen2Config.
+json llama_config(const ModelShape& s, const char* torch_dtype) {
+  json c = {{"architectures", {s.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+            {"model_type", s.qkv_bias ? "qwen2" : "llama"},
+            {"hidden_size", s.d_model},
+            {"intermediate_size", s.d_ff},
+            {"num_attention_heads", s.n_head},
+            {"num_key_value_heads", s.kv_heads()},
+            {"num_hidden_layers", s.n_layer},
+            {"vocab_size", s.vocab_size},
+            {"max_position_embeddings", s.max_positions > 0 ? s.max_positions : s.seq_len},
+            {"rms_norm_eps", s.norm_eps},
+            {"rope_theta", s.rope_theta},
+            {"tie_word_embeddings", s.tie_embeddings},
+            {"hidden_act", "silu"},
+            {"torch_dtype", torch_dtype}};
+  if (!s.qkv_bias) c["attention_bias"] = false;
+  if (s.rope_factor != 1)
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", s.rope_factor},
+                         {"low_freq_factor", s.rope_low_freq_factor},
+                         {"high_freq_factor", s.rope_high_freq_factor},
+                         {"original_max_position_embeddings", s.rope_original_max}};
+  else
+    c["rope_scaling"] = nullptr;
+  return c;
+}
+
+// config.json of a GPT-2 model, as transformers writes GPT2Config: the positions are the units' wpe
+// rows (model.seq_len); n_ctx repeats n_positions for readers that take the older name.
+json gpt2_config(const ModelShape& s, const char* torch_dtype) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"n_embd", s.d_model},
+          {"n_layer", s.n_layer},
+          {"n_head", s.n_head},
+          {"n_inner", nullptr},
+          {"n_positions", s.seq_len},
+          {"n_ctx", s.seq_len},
+          {"vocab_size", s.vocab_size},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5},
+          {"scale_attn_weights", true},
+          {"scale_attn_by_inverse_layer_idx", false},
+          {"reorder_and_upcast_attn", false},
+          {"tie_word_embeddings", true},
+          {"torch_dtype", torch_dtype}};
+}
+
 }  // namespace
 
 bool is_hf_folder(const std::string& path) {
@@ -68,6 +117,63 @@ bool is_hf_folder(const std::string& path) {
 }
 
 namespace {
+// GPT2Config's keys. zinf's GPT-2 is the original one: MLP width 4·n_embd, the tanh GELU, LayerNorm
+// eps 1e-5, attention scaled by 1/sqrt(head width) and nothing else, the LM head tied to wte.
+ModelShape gpt2_shape_of(const json& c, const std::string& src, int seq_len) {
+  auto fail = [&](const std::string& key, const std::string& why) -> ConfigError {
+    return ConfigError(src + ": " + key + ": " + why);
+  };
+  auto has = [&](const char* key) { return c.contains(key) && !c[key].is_null(); };
+  auto get_int = [&](const char* key) -> int {
+    if (!has(key)) throw fail(key, "missing");
+    if (!c[key].is_number_integer() || c[key].get<std::int64_t>() <= 0 || c[key].get<std::int64_t>() > (1 << 30))
+      throw fail(key, "expected a positive integer, got " + c[key].dump());
+    return c[key].get<int>();
+  };
+  auto get_bool = [&](const char* key, bool def) {
+    if (!has(key)) return def;
+    if (!c[key].is_boolean()) throw fail(key, "expected true or false, got " + c[key].dump());
+    return c[key].get<bool>();
+  };
+  ModelShape s;
+  s.family = ModelFamily::gpt2;
+  s.d_model = get_int("n_embd");
+  s.n_layer = get_int("n_layer");
+  s.n_head = get_int("n_head");
+  s.vocab_size = get_int("vocab_size");
+  // n_ctx is the older name of n_positions; transformers reads n_positions.
+  const int positions = get_int(has("n_positions") || !has("n_ctx") ? "n_positions" : "n_ctx");
+  if (s.d_model % s.n_head != 0) throw fail("n_embd", "not a multiple of n_head");
+  if (has("n_inner") && c["n_inner"] != json(4 * std::int64_t{s.d_model}))
+    throw fail("n_inner", c["n_inner"].dump() + " is not 4 * n_embd (" + std::to_string(4 * std::int64_t{s.d_model}) +
+                              "), the only MLP width zinf's GPT-2 has");
+  if (has("activation_function")) {  // both names are the tanh approximation zinf computes
+    const json& a = c["activation_function"];
+    if (a != "gelu_new" && a != "gelu_pytorch_tanh")
+      throw fail("activation_function", a.dump() + " is not gelu_new (the tanh GELU zinf's GPT-2 computes)");
+  }
+  if (has("layer_norm_epsilon")) {
+    const json& e = c["layer_norm_epsilon"];
+    if (!e.is_number() || std::abs(e.get<double>() - 1e-5) > 1e-12)
+      throw fail("layer_norm_epsilon", e.dump() + " is not 1e-5, the LayerNorm epsilon zinf's GPT-2 uses");
+  }
+  if (!get_bool("scale_attn_weights", true))
+    throw fail("scale_attn_weights", "false is not supported (zinf scales attention by 1/sqrt(head width))");
+  if (get_bool("scale_attn_by_inverse_layer_idx", false))
+    throw fail("scale_attn_by_inverse_layer_idx", "true is not supported (no per-layer attention scaling)");
+  if (get_bool("reorder_and_upcast_attn", false))
+    throw fail("reorder_and_upcast_attn", "true is not supported (zinf's attention has one order of operations)");
+  if (get_bool("add_cross_attention", false))
+    throw fail("add_cross_attention", "true is not supported (zinf's GPT-2 is a decoder without cross-attention)");
+  if (!get_bool("tie_word_embeddings", true))
+    throw fail("tie_word_embeddings", "false is not supported (zinf's GPT-2 ties the LM head to wte)");
+  s.seq_len = seq_len > 0 ? seq_len : positions;
+  if (s.seq_len > positions)
+    throw ConfigError(src + ": n_positions is " + std::to_string(positions) + ", below model.seq_len " +
+                      std::to_string(s.seq_len));
+  return s;
+}
+
 ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
   auto fail = [&](const std::string& key, const std::string& why) -> ConfigError {
     return ConfigError(src + ": " + key + ": " + why);
@@ -98,8 +204,10 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
   if (c.contains("model_type") && !c["model_type"].is_string())
     throw fail("model_type", "expected a string, got " + c["model_type"].dump());
   const std::string type = c.value("model_type", std::string());
+  if (type == "gpt2") return gpt2_shape_of(c, src, seq_len);
   if (type != "llama" && type != "mistral" && type != "qwen2")
-    throw fail("model_type", "'" + type + "' is not of the llama family zinf trains (llama, mistral, qwen2)");
+    throw fail("model_type",
+               "'" + type + "' is not a family zinf trains (gpt2, or the llama family: llama, mistral, qwen2)");
   ModelShape s;
   s.family = ModelFamily::llama;
   s.d_model = get_int("hidden_size");
@@ -201,6 +309,15 @@ std::vector<ModelTensor> llama_hf_tensors(const ModelShape& s) {
   return v;
 }
 
+std::vector<ModelTensor> gpt2_hf_tensors(const ModelShape& s, std::int64_t positions, const std::string& prefix) {
+  std::vector<ModelTensor> v = gpt2_tensors(s);
+  for (auto& t : v) {
+    if (t.name == "wpe.weight") t.shape[0] = positions;  // the last tensor of unit 0: nothing after it moves
+    t.name = prefix + t.name;
+  }
+  return v;
+}
+
 std::vector<std::string> hf_index_files(std::string_view text, const std::string& source) {
   const json j = parse_json_object(text, source);
   if (!j.contains("weight_map") || !j["weight_map"].is_object())
@@ -240,11 +357,31 @@ HfModelReader::HfModelReader(const std::string& dir) : dir_(dir) {
   }
   files_.reserve(names.size());
   for (const auto& n : names) files_.emplace_back((fs::path(dir) / n).string(), "model.init_from");
+  // GPT-2 files name their tensors with or without the "transformer." of GPT2LMHeadModel (the
+  // original upload has none, save_pretrained writes it); the index holds them without it.
   for (std::size_t i = 0; i < files_.size(); ++i)
     for (const auto& t : files_[i].header().tensors) {
-      if (find(t.name)) throw ConfigError(dir + ": tensor " + t.name + " is in more than one file");
-      index_.emplace(t.name, Where{i, &t});
+      const std::string key = t.name.rfind("transformer.", 0) == 0 ? t.name.substr(12) : t.name;
+      if (const Where* w = find(key))
+        throw ConfigError(dir + ": tensor " + key + " is in the folder twice (" + w->tensor->name + " in " +
+                          fs::path(files_[w->file].path()).filename().string() + ", " + t.name + " in " + names[i] +
+                          ")");
+      index_.emplace(key, Where{i, &t});
     }
+}
+
+std::int64_t HfModelReader::wpe_rows(const ModelShape& s) const {
+  const Where* w = find("wpe.weight");
+  if (w && w->tensor->shape.size() == 2 && w->tensor->shape[0] >= s.seq_len) return w->tensor->shape[0];
+  return s.seq_len;  // absent or too short: the check reports it against the rows the model needs
+}
+
+std::vector<ModelTensor> HfModelReader::layout(const ModelShape& s) const {
+  return s.family == ModelFamily::gpt2 ? gpt2_hf_tensors(s, wpe_rows(s)) : llama_hf_tensors(s);
+}
+
+std::string HfModelReader::file_of(const Where& w) const {
+  return dir_ + "/" + fs::path(files_[w.file].path()).filename().string();
 }
 
 const HfModelReader::Where* HfModelReader::find(const std::string& name) const {
@@ -260,8 +397,26 @@ void HfModelReader::check(const ModelShape& s) const {
     const Where* w = find(name);
     return w ? &w->tensor->shape : nullptr;
   };
+  auto ends = [](const std::string& n, std::string_view sfx) {
+    return n.size() >= sfx.size() && n.compare(n.size() - sfx.size(), sfx.size(), sfx) == 0;
+  };
+  if (s.family == ModelFamily::gpt2) {
+    // The causal-mask buffers older GPT-2 files carry, and the LM head some store though it is wte.
+    auto ignorable = [&](const std::string& n) {
+      return ends(n, ".attn.bias") || ends(n, ".attn.masked_bias") || n == "lm_head.weight";
+    };
+    check_tensor_set(dir_, layout(s), shape_of, names, ignorable,
+                     "the folder must hold the GPT-2 model its config.json describes",
+                     "the folder's tensors must have the shapes its config.json describes (wpe.weight: at least "
+                     "model.seq_len rows)");
+    if (const Where* head = find("lm_head.weight");
+        head && head->tensor->shape != std::vector<std::int64_t>{s.vocab_size, s.d_model})
+      throw ConfigError(file_of(*head) + ": tensor " + head->tensor->name +
+                        " does not have wte.weight's shape; zinf's GPT-2 ties the LM head to wte");
+    return;
+  }
   auto ignorable = [&](const std::string& n) {
-    const bool buffer = n.size() > 19 && n.compare(n.size() - 19, 19, "rotary_emb.inv_freq") == 0;
+    const bool buffer = ends(n, "rotary_emb.inv_freq");
     return buffer || (s.tie_embeddings && n == "lm_head.weight");  // some tied files store the head anyway
   };
   check_tensor_set(
@@ -272,14 +427,34 @@ void HfModelReader::check(const ModelShape& s) const {
 }
 
 void HfModelReader::load_unit(const ModelShape& s, std::size_t u, float* dst) const {
-  for (const auto& t : llama_hf_tensors(s)) {
+  for (const auto& t : layout(s)) {
     if (t.unit != u) continue;
     const Where* w = find(t.name);
     if (!w) throw ConfigError(dir_ + ": tensor " + t.name + " is missing");
-    files_[w->file].read(*w->tensor, dst + t.offset, t.transposed);
     std::size_t n = 1;
     for (auto d : t.shape) n *= static_cast<std::size_t>(d);
-    check_finite_tensor(dst + t.offset, n, dir_ + "/" + fs::path(files_[w->file].path()).filename().string(), t.name);
+    if (t.name == "wpe.weight" && t.shape[0] > s.seq_len) {  // training uses the first seq_len positions
+      std::vector<float> all(n);
+      files_[w->file].read(*w->tensor, all.data(), false);
+      n = static_cast<std::size_t>(s.seq_len) * static_cast<std::size_t>(s.d_model);
+      std::copy(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n), dst + t.offset);
+    } else {
+      files_[w->file].read(*w->tensor, dst + t.offset, t.transposed);
+    }
+    check_finite_tensor(dst + t.offset, n, file_of(*w), w->tensor->name);
+  }
+  // A GPT-2 file that stores the LM head must store wte there: zinf has no separate head to put it in.
+  const Where* head = s.family == ModelFamily::gpt2 && u == 0 ? find("lm_head.weight") : nullptr;
+  if (head) {
+    const std::size_t n = static_cast<std::size_t>(s.vocab_size) * static_cast<std::size_t>(s.d_model);
+    std::vector<float> h(n);
+    files_[head->file].read(*head->tensor, h.data(), false);
+    for (std::size_t i = 0; i < n; ++i)
+      if (std::memcmp(&h[i], dst + i, sizeof(float)) != 0)
+        throw ConfigError(
+            file_of(*head) + ": tensor " + head->tensor->name + " differs from wte.weight (at row " +
+                std::to_string(i / static_cast<std::size_t>(s.d_model)) + ")",
+            "zinf's GPT-2 ties the LM head to the token embedding; a model with its own head cannot load");
   }
 }
 
@@ -288,7 +463,9 @@ void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vec
   OutputFolder folder(dir, export_replaces, "--output");
   const fs::path tmp = folder.temp_path();
   const std::uint64_t es = dtype == StDtype::f32 ? 4 : 2;
-  const auto layout = llama_hf_tensors(s);
+  const bool gpt2 = s.family == ModelFamily::gpt2;
+  // GPT-2 under the names GPT2LMHeadModel.save_pretrained writes; the units hold seq_len positions.
+  const auto layout = gpt2 ? gpt2_hf_tensors(s, s.seq_len, "transformer.") : llama_hf_tensors(s);
   // Shards in file order, each up to shard_bytes (a larger tensor gets one of its own).
   std::vector<std::vector<ModelTensor>> shards(1);
   std::uint64_t in_shard = 0, total = 0;
@@ -314,31 +491,8 @@ void write_hf_folder(const std::string& dir, const ModelShape& s, const std::vec
     if (shards.size() > 1)
       write_file((tmp / "model.safetensors.index.json").string(),
                  json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
-    json c = {{"architectures", {s.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-              {"model_type", s.qkv_bias ? "qwen2" : "llama"},
-              {"hidden_size", s.d_model},
-              {"intermediate_size", s.d_ff},
-              {"num_attention_heads", s.n_head},
-              {"num_key_value_heads", s.kv_heads()},
-              {"num_hidden_layers", s.n_layer},
-              {"vocab_size", s.vocab_size},
-              {"max_position_embeddings", s.max_positions > 0 ? s.max_positions : s.seq_len},
-              {"rms_norm_eps", s.norm_eps},
-              {"rope_theta", s.rope_theta},
-              {"tie_word_embeddings", s.tie_embeddings},
-              {"hidden_act", "silu"},
-              {"torch_dtype", dtype == StDtype::f32   ? "float32"
-                              : dtype == StDtype::f16 ? "float16"
-                                                      : "bfloat16"}};
-    if (!s.qkv_bias) c["attention_bias"] = false;
-    if (s.rope_factor != 1)
-      c["rope_scaling"] = {{"rope_type", "llama3"},
-                           {"factor", s.rope_factor},
-                           {"low_freq_factor", s.rope_low_freq_factor},
-                           {"high_freq_factor", s.rope_high_freq_factor},
-                           {"original_max_position_embeddings", s.rope_original_max}};
-    else
-      c["rope_scaling"] = nullptr;
+    const char* torch_dtype = dtype == StDtype::f32 ? "float32" : dtype == StDtype::f16 ? "float16" : "bfloat16";
+    const json c = gpt2 ? gpt2_config(s, torch_dtype) : llama_config(s, torch_dtype);
     writing = "config.json";
     write_file((tmp / "config.json").string(), c.dump(2) + "\n");
   } catch (const IoError& e) {

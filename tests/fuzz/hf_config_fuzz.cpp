@@ -14,15 +14,18 @@
 namespace {
 
 void check_shape(const zinf::ModelShape& s, int seq_len) {
-  if (s.n_layer <= 0 || s.n_head <= 0 || s.d_model <= 0 || s.vocab_size <= 0 || s.seq_len <= 0 || s.d_ff <= 0 ||
-      s.kv_heads() <= 0)
+  const bool llama = s.family == zinf::ModelFamily::llama;  // GPT-2 has no d_ff, KV heads or rotary positions
+  if (s.n_layer <= 0 || s.n_head <= 0 || s.d_model <= 0 || s.vocab_size <= 0 || s.seq_len <= 0 ||
+      (llama && (s.d_ff <= 0 || s.kv_heads() <= 0)))
     zinf::fuzz::violated("hf_shape accepted a non-positive size");
-  if (s.d_model % s.n_head != 0 || s.n_head % s.kv_heads() != 0 || s.head_dim() % 2 != 0)
+  if (s.d_model % s.n_head != 0 || (llama && (s.n_head % s.kv_heads() != 0 || s.head_dim() % 2 != 0)))
     zinf::fuzz::violated("hf_shape accepted heads that do not divide the width");
   if (seq_len > 0 && s.seq_len != seq_len) zinf::fuzz::violated("hf_shape did not keep the sequence length asked for");
   if (s.max_positions > 0 && s.seq_len > s.max_positions)
     zinf::fuzz::violated("hf_shape accepted a sequence beyond the positions");
-  if (s.n_layer <= 64) (void)zinf::llama_hf_tensors(s);  // the tensor list of a small model: its arithmetic must hold
+  // The tensor list of a small model: its arithmetic must hold.
+  if (s.n_layer <= 64 && llama) (void)zinf::llama_hf_tensors(s);
+  if (s.n_layer <= 64 && !llama) (void)zinf::gpt2_hf_tensors(s, s.seq_len);
 }
 
 }  // namespace

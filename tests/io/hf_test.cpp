@@ -176,7 +176,7 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
   patch([](nlohmann::json& c) { c["hidden_act"] = "gelu"; });
   EXPECT_NE(error().find("config.json: hidden_act: \"gelu\" is not silu"), std::string::npos) << error();
   patch([](nlohmann::json& c) { c["hidden_act"] = "silu", c["model_type"] = "gpt_neox"; });
-  EXPECT_NE(error().find("config.json: model_type: 'gpt_neox' is not of the llama family"), std::string::npos)
+  EXPECT_NE(error().find("config.json: model_type: 'gpt_neox' is not a family zinf trains"), std::string::npos)
       << error();
   patch([](nlohmann::json& c) {
     c["model_type"] = "llama", c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}};

@@ -44,12 +44,11 @@ void check_output(const std::string& output, const std::string& checkpoint, bool
 constexpr const char* kExportAbout =
     "Write a checkpoint's model for the usual tools, in fp32, fp16 or bf16; the checkpoint is verified first. "
     "--format safetensors (GPT-2): one file with the tensor names Hugging Face uses for GPT-2 (wte.weight, "
-    "h.0.attn.c_attn.weight, …). --format hf (the llama family): a folder with config.json and safetensors shards "
-    "with their index, in Hugging Face's names and layouts. model.init_from loads either to fine-tune from it. All or "
-    "nothing: "
-    "the output is built beside its place and moved in at the end; a folder's earlier config.json, *.safetensors and "
-    "index "
-    "are replaced, its other files (tokenizer, README) kept";
+    "h.0.attn.c_attn.weight, …). --format hf (GPT-2 or the llama family): a folder with config.json and "
+    "model.safetensors, or shards with their index, in Hugging Face's names and layouts (GPT2LMHeadModel's, "
+    "LlamaForCausalLM's). model.init_from loads either to fine-tune from it. All or nothing: the output is built "
+    "beside its place and moved in at the end; a folder's earlier config.json, *.safetensors and index are "
+    "replaced, its other files (tokenizer, README) kept";
 
 struct ExportArgs {
   std::string checkpoint, format = "safetensors", dtype = "fp32", output, shard_size = "5GB";
@@ -64,9 +63,6 @@ int run_export(const ExportArgs& a) {
   if (a.format == "safetensors" && shape.family != ModelFamily::gpt2)
     throw ConfigError(
         "--format safetensors writes GPT-2's tensor names; a llama-family checkpoint exports with --format hf");
-  if (a.format == "hf" && shape.family != ModelFamily::llama)
-    throw ConfigError(
-        "--format hf writes the llama family's folders; a GPT-2 checkpoint exports with --format safetensors");
   std::vector<std::vector<float>> units;
   for (const auto& u : layer_units(shape)) units.emplace_back(static_cast<std::size_t>(u.params));
   load_checkpoint(a.checkpoint, shape, [&](std::size_t u, const float* master, const float*, const float*) {
@@ -91,7 +87,9 @@ Command add_export(CLI::App& app) {
   sub->add_option("--checkpoint", args->checkpoint, "A checkpoint directory (train.checkpoint_dir/step-N)")
       ->required()
       ->type_name("DIR");
-  sub->add_option("--format", args->format, "safetensors (GPT-2) or hf (the llama family)")->capture_default_str();
+  sub->add_option("--format", args->format,
+                  "safetensors (GPT-2's one file) or hf (a Hugging Face folder: GPT-2 or the llama family)")
+      ->capture_default_str();
   sub->add_option("--shard-size", args->shard_size, "--format hf: the largest shard (e.g. 5GB, 500MB)")
       ->capture_default_str();
   sub->add_option("--dtype", args->dtype, "fp32, fp16 or bf16")->capture_default_str();

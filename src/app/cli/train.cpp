@@ -127,8 +127,8 @@ int run_train(const TrainArgs& a) {
 // `zinf eval --help`.
 constexpr const char* kEvalAbout =
     "Evaluate a model without training: the mean loss over train.eval_batches windows of the validation split "
-    "(data.path, data.val_fraction), for a checkpoint (--checkpoint), a GPT-2 safetensors file (--weights), or the "
-    "config's initial parameters. The same as `zinf train` with train.steps=0";
+    "(data.path, data.val_fraction), for a checkpoint (--checkpoint), a GPT-2 safetensors file or a Hugging Face "
+    "folder (--weights), or the config's initial parameters. The same as `zinf train` with train.steps=0";
 
 struct EvalArgs {
   ConfigArgs config;
@@ -181,7 +181,8 @@ Command add_eval(CLI::App& app) {
          "A checkpoint directory, or `latest`: the newest valid one under train.checkpoint_dir (corrupt newer ones are "
          "passed over with a note; with none, or one of another model, nothing is evaluated: exit code 2)")
       ->type_name("DIR|latest");
-  sub->add_option("--weights", args->weights, "A GPT-2 safetensors file (as model.init_from)")->type_name("FILE");
+  sub->add_option("--weights", args->weights, "A GPT-2 safetensors file or a Hugging Face folder (as model.init_from)")
+      ->type_name("PATH");
   sub->add_flag("--json", args->json, "Print a JSON summary on stdout");
   return command(sub, args, run_eval);
 }

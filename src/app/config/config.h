@@ -123,7 +123,7 @@ struct ModelConfig {
   // activation_checkpointing.cpu_checkpointing (DeepSpeed's section): the checkpointed block inputs
   // live in pinned host memory, two on the device at a time.
   bool cpu_checkpointing = false;
-  std::string init_from;  // a GPT-2 safetensors file to start from ("" = random init)
+  std::string init_from;  // a GPT-2 safetensors file or a Hugging Face folder to start from ("" = random init)
   // The architecture: "gpt2", or "llama" (RMSNorm, rotary positions, SwiGLU, grouped-query heads).
   ModelFamily family = ModelFamily::gpt2;
   int n_kv_head = 0;           // llama: key/value heads (0 = n_head)

@@ -150,7 +150,7 @@ ChatTemplate detect_chat_template(const std::string& path, std::string* why) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path dir(path);
-  if (!fs::is_directory(dir, ec)) dir = dir.parent_path();
+  if (!fs::is_directory(dir, ec)) dir = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   auto say = [&](const std::string& s) {
     if (why) *why = s;
   };

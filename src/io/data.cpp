@@ -68,7 +68,8 @@ std::uint64_t data_memory_bytes(const DataConfig& cfg) {
   std::error_code ec;
   if (!cfg.path.empty()) {
     const auto n = fs::file_size(cfg.path, ec);
-    return ec ? 0 : static_cast<std::uint64_t>(n);
+    // Chat data: the text while it is read, then an input and a target (4 bytes each) per token.
+    return ec ? 0 : static_cast<std::uint64_t>(n) * (is_chat_data(cfg) ? 3 : 1);
   }
   std::uint64_t total = 0;
   for (const auto& e : fs::directory_iterator(kDefaultDir, ec))
@@ -101,8 +102,7 @@ TokenData TokenData::load_chat(const DataConfig& cfg, int vocab_size, int seq_le
   auto set = std::make_shared<InstructSet>(make_instruct_windows(examples, t, *tok, seq_len, pad));
   set->template_reason = why;
   const std::size_t n = set->windows.size();
-  const std::size_t val =
-      std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(n) * cfg.val_fraction));
+  const std::size_t val = std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(n) * cfg.val_fraction));
   if (n < val + 1)
     throw ConfigError("data.path " + cfg.path + ": " + std::to_string(n) +
                           " examples with targets are too few for a training and a validation split",
@@ -227,11 +227,9 @@ std::size_t TokenData::val_targets(int index, int count, int B, int T) const {
 
 void TokenData::sample_train(std::mt19937_64& rng, int B, int T, int* inputs, int* targets) const {
   if (chat_) {  // one draw per row, as for token windows: a resume discards rows_drawn draws
-    for (int b = 0; b < B; ++b) {
-      const ExampleWindow& w = chat_->windows[static_cast<std::size_t>(rng() % split_)];
-      std::copy(w.inputs.begin(), w.inputs.end(), inputs + static_cast<std::ptrdiff_t>(b) * T);
-      std::copy(w.targets.begin(), w.targets.end(), targets + static_cast<std::ptrdiff_t>(b) * T);
-    }
+    for (int b = 0; b < B; ++b)
+      chat_->write(static_cast<std::size_t>(rng() % split_), inputs + static_cast<std::ptrdiff_t>(b) * T,
+                   targets + static_cast<std::ptrdiff_t>(b) * T);
     return;
   }
   const std::uint64_t span = split_ - static_cast<std::size_t>(T) - 1 + 1;
@@ -246,11 +244,9 @@ void TokenData::sample_train(std::mt19937_64& rng, int B, int T, int* inputs, in
 
 void TokenData::val_batch(int index, int count, int B, int T, int* inputs, int* targets) const {
   if (chat_) {
-    for (int b = 0; b < B; ++b) {
-      const ExampleWindow& w = chat_->windows[chat_val_index(index, count, B, b)];
-      std::copy(w.inputs.begin(), w.inputs.end(), inputs + static_cast<std::ptrdiff_t>(b) * T);
-      std::copy(w.targets.begin(), w.targets.end(), targets + static_cast<std::ptrdiff_t>(b) * T);
-    }
+    for (int b = 0; b < B; ++b)
+      chat_->write(chat_val_index(index, count, B, b), inputs + static_cast<std::ptrdiff_t>(b) * T,
+                   targets + static_cast<std::ptrdiff_t>(b) * T);
     return;
   }
   const std::size_t span = val_tokens() - static_cast<std::size_t>(T) - 1 + 1;

@@ -40,7 +40,8 @@ bool is_chat_data(const DataConfig& cfg);
 
 // The bytes the data set holds in this process's memory once every page of it has been read: the
 // file (mapped), or the default text (read). Text tokenized at load holds its tokens instead, 4 bytes
-// each: about as many bytes as the text at 4 characters per token. 0 for a path that cannot be read
+// each: about as many bytes as the text at 4 characters per token. Chat data: about 3 × its file (the
+// text while it is parsed, then an input and a target id per token). 0 for a path that cannot be read
 // (loading it reports why).
 std::uint64_t data_memory_bytes(const DataConfig& cfg);
 

@@ -195,10 +195,21 @@ ChatTemplate detect_chat_template(const std::string& path, std::string* why) {
   return ChatTemplate::none;
 }
 
+void InstructSet::write(std::size_t i, int* inputs, int* targets) const {
+  const ExampleWindow& w = windows[i];
+  const std::size_t n = w.inputs.size(), T = static_cast<std::size_t>(seq_len);
+  std::copy(w.inputs.begin(), w.inputs.end(), inputs);
+  std::copy(w.targets.begin(), w.targets.end(), targets);
+  std::fill(inputs + n, inputs + T, pad);
+  std::fill(targets + n, targets + T, kIgnoreTarget);
+}
+
 InstructSet make_instruct_windows(const std::vector<ChatExample>& examples, ChatTemplate t, const Tokenizer& tok,
                                   int seq_len, std::uint32_t pad) {
   InstructSet set;
   set.chat_template = t;
+  set.seq_len = seq_len;
+  set.pad = static_cast<std::int32_t>(pad);
   set.examples = examples.size();
   std::optional<std::uint32_t> bos, eos;
   if (t == ChatTemplate::none) {
@@ -206,7 +217,8 @@ InstructSet make_instruct_windows(const std::vector<ChatExample>& examples, Chat
     if (const auto e = tok.eos_ids(); !e.empty()) eos = e.front();
   }
   const std::vector<const char*> markers =
-      t == ChatTemplate::llama3   ? std::vector<const char*>{"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
+      t == ChatTemplate::llama3
+          ? std::vector<const char*>{"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
       : t == ChatTemplate::chatml ? std::vector<const char*>{"<|im_start|>", "<|im_end|>"}
                                   : std::vector<const char*>{};
   for (const char* m : markers)
@@ -223,9 +235,10 @@ InstructSet make_instruct_windows(const std::vector<ChatExample>& examples, Chat
       te.target.resize(T + 1);
     }
     ExampleWindow w;
-    w.inputs.assign(T, static_cast<std::int32_t>(pad));
-    w.targets.assign(T, kIgnoreTarget);
-    for (std::size_t i = 0; i + 1 < te.ids.size(); ++i) {
+    const std::size_t n = te.ids.empty() ? 0 : te.ids.size() - 1;
+    w.inputs.resize(n);
+    w.targets.assign(n, kIgnoreTarget);
+    for (std::size_t i = 0; i < n; ++i) {
       w.inputs[i] = static_cast<std::int32_t>(te.ids[i]);
       if (te.target[i + 1]) {
         w.targets[i] = static_cast<std::int32_t>(te.ids[i + 1]);

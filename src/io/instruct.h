@@ -76,7 +76,8 @@ TokenizedExample tokenize_chat(const std::vector<ChatPiece>& pieces, const Token
 ChatTemplate detect_chat_template(const std::string& path, std::string* why = nullptr);
 
 // One training window per example: inputs[t] = ids[t], targets[t] = ids[t+1] when that token is a
-// target, else kIgnoreTarget (-1); length seq_len, padded with `pad` inputs and -1 targets.
+// target, else kIgnoreTarget (-1). Only the example's own positions are held (at most seq_len);
+// InstructSet::write pads the rest of the window.
 struct ExampleWindow {
   std::vector<std::int32_t> inputs, targets;
   std::size_t target_count = 0;
@@ -91,6 +92,11 @@ struct InstructSet {
   std::size_t dropped = 0;             // no target token left after the cut
   ChatTemplate chat_template = ChatTemplate::none;
   std::string template_reason;
+  int seq_len = 0;
+  std::int32_t pad = 0;  // the input id of padding positions (their targets are masked)
+
+  // Window i as seq_len inputs and targets, padded: inputs `pad`, targets kIgnoreTarget.
+  void write(std::size_t i, int* inputs, int* targets) const;
 };
 
 // Windows of seq_len from already parsed examples (tests and the loader share it). `pad` is the

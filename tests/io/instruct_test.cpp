@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "app/config/config.h"
 #include "common/temp_dir.h"
 #include "cpu/ops_gpt.h"
 #include "io/data.h"
@@ -177,7 +178,8 @@ TEST(ChatTemplates, ContentCannotForgeAMarker) {
   const TokenizedExample te = tokenize_chat(render_chat(ex, ChatTemplate::llama3), llama3_tok());
   std::size_t specials = 0;
   for (std::uint32_t id : te.ids) specials += id >= 256;
-  EXPECT_EQ(specials, 1u + 3 * 2);  // begin_of_text, then header start/end and eot per message: the user's text is bytes
+  EXPECT_EQ(specials,
+            1u + 3 * 2);  // begin_of_text, then header start/end and eot per message: the user's text is bytes
 }
 
 TEST(ChatTemplates, MissingMarkersInTheTokenizerAreAConfigError) {
@@ -195,22 +197,25 @@ TEST(ChatWindows, TargetsAreTheNextTokenWhereItIsATargetAndPaddingIsMasked) {
   const InstructSet set = make_instruct_windows({kExample}, ChatTemplate::chatml, chatml_tok(), T, 7);
   ASSERT_EQ(set.windows.size(), 1u);
   const ExampleWindow& w = set.windows[0];
+  std::vector<int> in(T, -5), tg(T, -5);  // write() sets every position
+  set.write(0, in.data(), tg.data());
   const TokenizedExample te = tokenize_chat(render_chat(kExample, ChatTemplate::chatml), chatml_tok());
   ASSERT_LT(te.ids.size(), static_cast<std::size_t>(T));
   std::size_t n = 0;
   for (int t = 0; t < T; ++t) {
     const auto i = static_cast<std::size_t>(t);
     if (i + 1 < te.ids.size()) {
-      EXPECT_EQ(w.inputs[i], static_cast<int>(te.ids[i])) << t;
-      EXPECT_EQ(w.targets[i], te.target[i + 1] ? static_cast<int>(te.ids[i + 1]) : kIgnoreTarget) << t;
+      EXPECT_EQ(in[i], static_cast<int>(te.ids[i])) << t;
+      EXPECT_EQ(tg[i], te.target[i + 1] ? static_cast<int>(te.ids[i + 1]) : kIgnoreTarget) << t;
     } else {
-      EXPECT_EQ(w.inputs[i], 7) << t;  // the pad id
-      EXPECT_EQ(w.targets[i], kIgnoreTarget) << t;
+      EXPECT_EQ(in[i], 7) << t;  // the pad id
+      EXPECT_EQ(tg[i], kIgnoreTarget) << t;
     }
-    n += w.targets[i] != kIgnoreTarget;
+    n += tg[i] != kIgnoreTarget;
   }
   EXPECT_EQ(n, std::string("Hello.").size() + 1);
   EXPECT_EQ(w.target_count, n);
+  EXPECT_EQ(w.inputs.size(), te.ids.size() - 1);  // only the example's own positions are held
   EXPECT_EQ(set.truncated, 0u);
   EXPECT_EQ(set.dropped, 0u);
 }
@@ -226,10 +231,9 @@ TEST(ChatWindows, LongExamplesAreCutAndExamplesWithoutTargetsDropped) {
   EXPECT_EQ(set.truncated, 2u);
   EXPECT_EQ(set.dropped, 1u);  // the long prompt leaves no room for its answer
   ASSERT_EQ(set.windows.size(), 2u);
-  for (const ExampleWindow& w : set.windows) {
-    EXPECT_EQ(w.inputs.size(), static_cast<std::size_t>(T));
-    EXPECT_EQ(w.targets.size(), static_cast<std::size_t>(T));
-  }
+  EXPECT_EQ(set.windows[0].inputs.size(), static_cast<std::size_t>(T));  // cut to the window
+  EXPECT_EQ(set.windows[0].targets.size(), static_cast<std::size_t>(T));
+  EXPECT_LT(set.windows[1].inputs.size(), static_cast<std::size_t>(T));
   // The cut example keeps T positions, the last predicting an 'x' of the answer.
   EXPECT_EQ(set.windows[0].targets[T - 1], 'x');
   const std::size_t header = chatml_tok().encode("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n", true).size();
@@ -290,8 +294,8 @@ TEST(MaskedLoss, EqualsTheLossOfTheUnmaskedRowsAloneAndMaskedRowsHaveNoGradient)
   std::vector<float> probs_k(static_cast<std::size_t>(K) * V), losses_k(K), dx_k(static_cast<std::size_t>(K) * C),
       dwte_k(wte.size(), 0.0f), dl_k(static_cast<std::size_t>(K) * V);
   ops::lm_head_forward(pool, probs_k.data(), losses_k.data(), xk.data(), wte.data(), tk.data(), K, C, V);
-  ops::lm_head_backward(pool, dx_k.data(), dwte_k.data(), dl_k.data(), probs_k.data(), xk.data(), wte.data(),
-                        tk.data(), dscale, K, C, V);
+  ops::lm_head_backward(pool, dx_k.data(), dwte_k.data(), dl_k.data(), probs_k.data(), xk.data(), wte.data(), tk.data(),
+                        dscale, K, C, V);
   double sum = 0, sum_k = 0;
   for (int r = 0; r < R; ++r) sum += losses[static_cast<std::size_t>(r)];
   for (int k = 0; k < K; ++k) sum_k += losses_k[static_cast<std::size_t>(k)];
@@ -319,6 +323,33 @@ TEST(MaskedLoss, EqualsTheLossOfTheUnmaskedRowsAloneAndMaskedRowsHaveNoGradient)
   double norm = 0;
   for (float g : dwte_k) norm += std::fabs(g);
   EXPECT_GT(norm, 0.0);
+}
+
+std::string config_error(const std::string& data) {
+  try {
+    parse_config(R"({"model": {"n_layer": 1, "n_head": 2, "d_model": 32, "vocab_size": 300, "seq_len": 32},
+                     "data": )" +
+                 data + "}");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(ChatConfig, KeysAreReadAndBadValuesAreOneErrorNamingTheKey) {
+  const Config c = parse_config(R"({"data": {"path": "x.jsonl", "tokenizer": "m", "chat_template": "chatml"}})");
+  EXPECT_TRUE(is_chat_data(c.data));
+  EXPECT_EQ(c.data.chat_template, ChatTemplate::chatml);
+  const Config f = parse_config(R"({"data": {"path": "x.txt", "format": "jsonl", "tokenizer": "m"}})");
+  EXPECT_TRUE(is_chat_data(f.data));
+  EXPECT_EQ(f.data.chat_template, ChatTemplate::automatic);
+  EXPECT_NE(config_error(R"({"path": "x.jsonl", "tokenizer": "m", "chat_template": "llama2"})")
+                .find("data.chat_template: 'llama2' is not one of auto, llama3, chatml, none"),
+            std::string::npos);
+  EXPECT_NE(config_error(R"({"path": "x.jsonl"})").find("data.tokenizer:"), std::string::npos);
+  EXPECT_NE(config_error(R"({"format": "jsonl", "tokenizer": "m"})").find("data.format:"), std::string::npos);
+  EXPECT_NE(config_error(R"({"path": "x.txt", "chat_template": "none"})").find("data.chat_template:"),
+            std::string::npos);
 }
 
 // A SentencePiece model trained here on Debian's licence texts (BOS 1, EOS 2): the template `none`.

@@ -422,12 +422,11 @@ void read_model(Section s, ModelConfig& m) {
 
 void read_data(Section s, DataConfig& d) {
   d.path = s.get_str("path", "");
-  d.format = s.get_enum<DataFormat>(
-      "format", DataFormat::automatic,
-      {{"auto", DataFormat::automatic},
-       {"text", DataFormat::text},
-       {"tokens", DataFormat::tokens},
-       {"jsonl", DataFormat::jsonl}});
+  d.format = s.get_enum<DataFormat>("format", DataFormat::automatic,
+                                    {{"auto", DataFormat::automatic},
+                                     {"text", DataFormat::text},
+                                     {"tokens", DataFormat::tokens},
+                                     {"jsonl", DataFormat::jsonl}});
   d.val_fraction = s.get_num("val_fraction", 0.1, 0.001, 0.5);
   d.tokenizer = s.get_str("tokenizer", "");
   if (!d.tokenizer.empty() && d.format == DataFormat::tokens)

@@ -10,11 +10,12 @@
 // Data parallelism (zinf/comm.h): every rank draws the same stream of training rows and keeps its
 // own — micro batch m of rank r is micro batch m·W + r of one rank with W × the accumulation —, seeds
 // the backward with 1/(B·T·GA·W), and reports the loss summed in that global order; evaluation
-// batches are dealt round-robin. With masked (chat) data the normalizer is instead the step's count
-// of unmasked targets over every rank and micro batch, which each rank knows before the step's first
-// backward: every rank draws the same rows. So W ranks × GA g match one rank × GA g·W: exactly for g = 1 (the
+// batches are dealt round-robin. So W ranks × GA g match one rank × GA g·W: exactly for g = 1 (the
 // engine sums contributions in rank order, as one rank sums its micro batches), within rounding
-// otherwise. Rank 0 alone logs, writes metrics and checkpoints (full tensors: any world size resumes).
+// otherwise. With masked (chat) data the normalizer is instead the step's count of unmasked targets
+// over every rank and micro batch, which each rank knows before the step's first backward: every
+// rank draws the same rows. Rank 0 alone logs, writes metrics and checkpoints (full tensors: any
+// world size resumes).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -405,13 +406,12 @@ class Run {
   // Forward and backward of every micro batch of one step (their losses are read by step_loss()).
   // Sets step_targets: the step's unmasked targets, over every rank.
   void forward_backward(double scale) {
-    const auto rows = static_cast<std::size_t>(micro_batch) * static_cast<std::size_t>(grad_accum) *
-                      static_cast<std::size_t>(W);
+    const auto rows =
+        static_cast<std::size_t>(micro_batch) * static_cast<std::size_t>(grad_accum) * static_cast<std::size_t>(W);
     step_targets = data.train_targets(rng, rows, seq_len);  // draws from a copy: rng stays where it is
-    const float dscale =
-        data.masked()
-            ? static_cast<float>(scale / static_cast<double>(step_targets))
-            : static_cast<float>(scale / (static_cast<double>(micro_batch) * seq_len * static_cast<double>(grad_accum) * W));
+    const float dscale = data.masked() ? static_cast<float>(scale / static_cast<double>(step_targets))
+                                       : static_cast<float>(scale / (static_cast<double>(micro_batch) * seq_len *
+                                                                     static_cast<double>(grad_accum) * W));
     for (std::int64_t micro = 0; micro < grad_accum; ++micro) {
       Batch& b = batches.next([&](int* tok, int* tgt) {
         rng.discard(static_cast<unsigned long long>(micro_batch) *
@@ -576,9 +576,10 @@ class Run {
   MetricsFile metrics;
   std::unique_ptr<CheckpointDir> checkpoints;  // rank 0, when the run writes checkpoints
   std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, skipped = 0;
-  std::size_t step_targets = 0;  // the last step's target tokens over every rank (unmasked, for chat data)
   int stop_signal = 0;          // set by stop_asked()
   double t_fwd = 0, t_bwd = 0;  // the model's own time since the last progress line
+  // The last step's target tokens over every rank (the unmasked ones, for chat data).
+  std::size_t step_targets = 0;
 
  private:
   // Host time in the model, waits for the engine excluded; charged to compute when the device does

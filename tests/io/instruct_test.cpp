@@ -327,9 +327,10 @@ TEST(MaskedLoss, EqualsTheLossOfTheUnmaskedRowsAloneAndMaskedRowsHaveNoGradient)
 
 std::string config_error(const std::string& data) {
   try {
-    parse_config(R"({"model": {"n_layer": 1, "n_head": 2, "d_model": 32, "vocab_size": 300, "seq_len": 32},
+    parse_config(
+        R"({"train_micro_batch_size_per_gpu": 1, "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "vocab_size": 300, "seq_len": 32},
                      "data": )" +
-                 data + "}");
+        data + "}");
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -337,10 +338,12 @@ std::string config_error(const std::string& data) {
 }
 
 TEST(ChatConfig, KeysAreReadAndBadValuesAreOneErrorNamingTheKey) {
-  const Config c = parse_config(R"({"data": {"path": "x.jsonl", "tokenizer": "m", "chat_template": "chatml"}})");
+  const Config c = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1, "data": {"path": "x.jsonl", "tokenizer": "m", "chat_template": "chatml"}})");
   EXPECT_TRUE(is_chat_data(c.data));
   EXPECT_EQ(c.data.chat_template, ChatTemplate::chatml);
-  const Config f = parse_config(R"({"data": {"path": "x.txt", "format": "jsonl", "tokenizer": "m"}})");
+  const Config f = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1, "data": {"path": "x.txt", "format": "jsonl", "tokenizer": "m"}})");
   EXPECT_TRUE(is_chat_data(f.data));
   EXPECT_EQ(f.data.chat_template, ChatTemplate::automatic);
   EXPECT_NE(config_error(R"({"path": "x.jsonl", "tokenizer": "m", "chat_template": "llama2"})")

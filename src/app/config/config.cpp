@@ -440,7 +440,7 @@ void read_data(Section s, DataConfig& d) {
     if (d.path.empty()) s.fail("format", "jsonl needs a data.path (a .jsonl file)");
     if (d.tokenizer.empty())
       s.fail("tokenizer", "chat data (JSONL) needs a tokenizer: the model folder or its tokenizer file");
-  } else if (s.present("chat_template")) {
+  } else if (d.chat_template != ChatTemplate::automatic) {  // "auto" is what the resolved config holds
     s.fail("chat_template", "applies to chat data only (data.format jsonl or a .jsonl data.path)");
   }
   s.finish();

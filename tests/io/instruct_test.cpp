@@ -11,6 +11,7 @@
 #include <random>
 
 #include "app/config/config.h"
+#include "app/train/train.h"
 #include "common/temp_dir.h"
 #include "cpu/ops_gpt.h"
 #include "io/data.h"
@@ -418,6 +419,35 @@ TEST(ChatData, LoadsWholeExamplesIntoTrainAndValidationSplits) {
   DataConfig l3 = cfg;
   l3.chat_template = ChatTemplate::llama3;
   EXPECT_THROW(TokenData::load(l3, 300, 32), ConfigError);
+}
+
+// The step's loss and gradient are means over the step's unmasked targets, however the rows are
+// split into micro batches: 2 accumulated micro batches of 2 rows train as 1 of 4 (the same rows, drawn
+// in the same order), though their micro batches hold different numbers of targets.
+TEST(ChatData, TheStepMeanIsOverUnmaskedTargetsAcrossMicroBatches) {
+  TempDir t("instruct-accum");
+  if (!train_sentencepiece(t)) GTEST_SKIP() << "Debian's licence texts are missing (base-files)";
+  t.write("chat.jsonl", chat_lines(30));
+  auto run = [&](int micro, int accum, int steps) {
+    const Config c = parse_config(
+        R"({"model": {"n_layer": 1, "n_head": 2, "d_model": 32, "vocab_size": 300, "seq_len": 32},
+            "data": {"path": ")" +
+        (t / "chat.jsonl") + R"(", "tokenizer": ")" + (t / "sp.model") + R"("},
+            "train": {"steps": )" +
+        std::to_string(steps) + R"(, "eval_interval": 0, "eval_batches": 1},
+            "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1},
+            "train_micro_batch_size_per_gpu": )" +
+        std::to_string(micro) + R"(, "gradient_accumulation_steps": )" + std::to_string(accum) + "}");
+    return train(c, TrainHooks{});
+  };
+  const TrainResult one = run(4, 1, 1), two = run(2, 2, 1);
+  EXPECT_NEAR(two.loss, one.loss, 1e-6 * one.loss) << "the first step's loss";
+  // A fresh model predicts about uniformly: ln V per unmasked target. (Counting the masked positions,
+  // most of each window, would give a fraction of that.)
+  EXPECT_NEAR(one.loss, std::log(300.0), 0.3);
+  const TrainResult one3 = run(4, 1, 3), two3 = run(2, 2, 3);
+  EXPECT_NEAR(two3.loss, one3.loss, 1e-4 * one3.loss) << "after two updates";
+  EXPECT_NE(one3.loss, one.loss);
 }
 
 TEST(ChatData, ZinfTrainFineTunesOnAJsonlFile) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "io/files.h"
+#include "io/tokenizer.h"
 #include "zinf/error.h"
 
 namespace zinf {
@@ -67,7 +68,8 @@ std::uint64_t data_memory_bytes(const DataConfig& cfg) {
   std::error_code ec;
   if (!cfg.path.empty()) {
     const auto n = fs::file_size(cfg.path, ec);
-    return ec ? 0 : static_cast<std::uint64_t>(n);
+    // Chat data: the text while it is read, then an input and a target (4 bytes each) per token.
+    return ec ? 0 : static_cast<std::uint64_t>(n) * (is_chat_data(cfg) ? 3 : 1);
   }
   std::uint64_t total = 0;
   for (const auto& e : fs::directory_iterator(kDefaultDir, ec))
@@ -75,7 +77,57 @@ std::uint64_t data_memory_bytes(const DataConfig& cfg) {
   return total;
 }
 
+bool is_chat_data(const DataConfig& cfg) {
+  const std::string& p = cfg.path;
+  return cfg.format == DataFormat::jsonl ||
+         (cfg.format == DataFormat::automatic && p.size() >= 6 && p.compare(p.size() - 6, 6, ".jsonl") == 0);
+}
+
+TokenData TokenData::load_chat(const DataConfig& cfg, int vocab_size, int seq_len) {
+  if (cfg.tokenizer.empty())
+    throw ConfigError("data.tokenizer: chat data (" + cfg.path + ") needs a tokenizer",
+                      "set data.tokenizer to the model folder or its tokenizer file");
+  const std::unique_ptr<Tokenizer> tok = open_tokenizer(cfg.tokenizer, "data.tokenizer");
+  if (tok->vocab_size() > vocab_size)
+    throw ConfigError("data.tokenizer " + cfg.tokenizer + ": the tokenizer has " + std::to_string(tok->vocab_size()) +
+                          " tokens, more than model.vocab_size " + std::to_string(vocab_size),
+                      "set model.vocab_size to at least " + std::to_string(tok->vocab_size()));
+  ChatTemplate t = cfg.chat_template;
+  std::string why = "data.chat_template";
+  if (t == ChatTemplate::automatic) t = detect_chat_template(cfg.tokenizer, &why);
+  const std::vector<ChatExample> examples = parse_chat_jsonl(read_input_file(cfg.path, "data.path"), cfg.path);
+  if (examples.empty()) throw ConfigError("data.path " + cfg.path + ": no examples (the file holds only blank lines)");
+  const std::vector<std::uint32_t> eos = tok->eos_ids();
+  const std::uint32_t pad = eos.empty() ? 0 : eos.front();  // any id: padding positions are masked
+  auto set = std::make_shared<InstructSet>(make_instruct_windows(examples, t, *tok, seq_len, pad));
+  set->template_reason = why;
+  const std::size_t n = set->windows.size();
+  const std::size_t val = std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(n) * cfg.val_fraction));
+  if (n < val + 1)
+    throw ConfigError("data.path " + cfg.path + ": " + std::to_string(n) +
+                          " examples with targets are too few for a training and a validation split",
+                      "use more examples");
+  set->train_count = n - val;
+  TokenData d;
+  for (std::size_t i = 0; i < n; ++i)
+    (i < set->train_count ? d.chat_train_targets_ : d.chat_val_targets_) += set->windows[i].target_count;
+  d.description_ = cfg.path + " (chat JSONL, template " + chat_template_name(t) + ", " + tok->description() + ", " +
+                   std::to_string(set->train_count) + " train / " + std::to_string(val) + " val examples)";
+  d.notes_.push_back("chat template " + chat_template_name(t) + " (" + why + "); one example per window of " +
+                     std::to_string(seq_len) + " tokens");
+  d.notes_.push_back(std::to_string(set->truncated) + " of " + std::to_string(set->examples) +
+                     " examples truncated to seq_len");
+  if (set->dropped)
+    d.notes_.push_back(std::to_string(set->dropped) + " of " + std::to_string(set->examples) +
+                       " examples dropped: no target token left after truncation");
+  d.chat_ = std::move(set);
+  d.count_ = n;
+  d.split_ = d.chat_->train_count;
+  return d;
+}
+
 TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
+  if (is_chat_data(cfg)) return load_chat(cfg, vocab_size, seq_len);
   TokenData d;
   std::string source;
   if (cfg.path.empty()) {  // the default text: several files, concatenated into one owned buffer
@@ -152,7 +204,34 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
   return d;
 }
 
+std::size_t TokenData::chat_val_index(int index, int count, int B, int b) const {
+  const std::size_t nval = chat_->windows.size() - chat_->train_count;
+  const std::size_t windows = static_cast<std::size_t>(count) * static_cast<std::size_t>(B);
+  const std::size_t j = static_cast<std::size_t>(index) * static_cast<std::size_t>(B) + static_cast<std::size_t>(b);
+  return chat_->train_count + (windows > 1 ? j * (nval - 1) / (windows - 1) : 0);
+}
+
+std::size_t TokenData::train_targets(std::mt19937_64 rng, std::size_t rows, int T) const {
+  if (!chat_) return rows * static_cast<std::size_t>(T);
+  std::size_t n = 0;
+  for (std::size_t r = 0; r < rows; ++r) n += chat_->windows[static_cast<std::size_t>(rng() % split_)].target_count;
+  return n;
+}
+
+std::size_t TokenData::val_targets(int index, int count, int B, int T) const {
+  if (!chat_) return static_cast<std::size_t>(B) * static_cast<std::size_t>(T);
+  std::size_t n = 0;
+  for (int b = 0; b < B; ++b) n += chat_->windows[chat_val_index(index, count, B, b)].target_count;
+  return n;
+}
+
 void TokenData::sample_train(std::mt19937_64& rng, int B, int T, int* inputs, int* targets) const {
+  if (chat_) {  // one draw per row, as for token windows: a resume discards rows_drawn draws
+    for (int b = 0; b < B; ++b)
+      chat_->write(static_cast<std::size_t>(rng() % split_), inputs + static_cast<std::ptrdiff_t>(b) * T,
+                   targets + static_cast<std::ptrdiff_t>(b) * T);
+    return;
+  }
   const std::uint64_t span = split_ - static_cast<std::size_t>(T) - 1 + 1;
   for (int b = 0; b < B; ++b) {
     const std::size_t start = static_cast<std::size_t>(rng() % span);
@@ -164,6 +243,12 @@ void TokenData::sample_train(std::mt19937_64& rng, int B, int T, int* inputs, in
 }
 
 void TokenData::val_batch(int index, int count, int B, int T, int* inputs, int* targets) const {
+  if (chat_) {
+    for (int b = 0; b < B; ++b)
+      chat_->write(chat_val_index(index, count, B, b), inputs + static_cast<std::ptrdiff_t>(b) * T,
+                   targets + static_cast<std::ptrdiff_t>(b) * T);
+    return;
+  }
   const std::size_t span = val_tokens() - static_cast<std::size_t>(T) - 1 + 1;
   const std::size_t windows = static_cast<std::size_t>(count) * static_cast<std::size_t>(B);
   for (int b = 0; b < B; ++b) {

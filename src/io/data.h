@@ -19,11 +19,12 @@
 #include <string_view>
 #include <vector>
 
+#include "io/instruct.h"
 #include "zinf/types.h"
 
 namespace zinf {
 
-enum class DataFormat { automatic, text, tokens };
+enum class DataFormat { automatic, text, tokens, jsonl };
 
 // The run config's `data` section.
 struct DataConfig {
@@ -31,11 +32,16 @@ struct DataConfig {
   DataFormat format = DataFormat::automatic;
   double val_fraction = 0;
   std::string tokenizer;  // a SentencePiece tokenizer.model: text is tokenized with it at load
+  ChatTemplate chat_template = ChatTemplate::automatic;  // jsonl only
 };
+
+// Whether `cfg` names chat data: data.format jsonl, or auto with a path ending in .jsonl.
+bool is_chat_data(const DataConfig& cfg);
 
 // The bytes the data set holds in this process's memory once every page of it has been read: the
 // file (mapped), or the default text (read). Text tokenized at load holds its tokens instead, 4 bytes
-// each: about as many bytes as the text at 4 characters per token. 0 for a path that cannot be read
+// each: about as many bytes as the text at 4 characters per token. Chat data: about 3 × its file (the
+// text while it is parsed, then an input and a target id per token). 0 for a path that cannot be read
 // (loading it reports why).
 std::uint64_t data_memory_bytes(const DataConfig& cfg);
 
@@ -43,8 +49,13 @@ class TokenData {
  public:
   static TokenData load(const DataConfig& cfg, int vocab_size, int seq_len);
 
-  std::size_t train_tokens() const { return split_; }
-  std::size_t val_tokens() const { return count_ - split_; }
+  // Tokens of each split; for chat data the target tokens (unmasked) of each split's examples.
+  std::size_t train_tokens() const { return chat_ ? chat_train_targets_ : split_; }
+  std::size_t val_tokens() const { return chat_ ? chat_val_targets_ : count_ - split_; }
+  // Chat data: targets hold kIgnoreTarget and the loss is a mean over the unmasked positions.
+  bool masked() const { return chat_ != nullptr; }
+  // Lines for the log (chat data: the template, the examples cut and dropped).
+  const std::vector<std::string>& notes() const { return notes_; }
   std::size_t size() const { return count_; }
   const std::string& description() const { return description_; }
   std::uint32_t at(std::size_t i) const {
@@ -59,6 +70,12 @@ class TokenData {
   void sample_train(std::mt19937_64& rng, int B, int T, int* inputs, int* targets) const;
   // Validation batch `index` of `count`: fixed windows spread over the validation split.
   void val_batch(int index, int count, int B, int T, int* inputs, int* targets) const;
+  // Unmasked targets in the next `rows` training windows drawn from (a copy of) `rng`, as
+  // sample_train would draw them: the normalizer of a step's loss, known before its first backward.
+  // For token data every position counts: rows × T.
+  std::size_t train_targets(std::mt19937_64 rng, std::size_t rows, int T) const;
+  // Unmasked targets of validation batch `index` of `count` (B rows of T).
+  std::size_t val_targets(int index, int count, int B, int T) const;
 
  private:
   std::shared_ptr<const void> storage_;  // a mapping or an owned buffer; base_ points into it
@@ -66,6 +83,12 @@ class TokenData {
   int width_ = 1;  // bytes per token: 1 (bytes), 2 (uint16), 4 (uint32)
   std::size_t count_ = 0, split_ = 0;
   std::string description_;
+  // Chat data: one window per example, training examples first (io/instruct.h).
+  std::shared_ptr<const InstructSet> chat_;
+  std::size_t chat_train_targets_ = 0, chat_val_targets_ = 0;
+  std::vector<std::string> notes_;
+  static TokenData load_chat(const DataConfig& cfg, int vocab_size, int seq_len);
+  std::size_t chat_val_index(int index, int count, int B, int b) const;
 };
 
 // llm.c's token file format.

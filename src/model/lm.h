@@ -58,12 +58,14 @@ class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
   // Forward pass; keeps what backward needs. Each of the B×T rows' cross-entropy is in row_losses()
-  // (device memory) once the model's ops have run: nothing here waits for them.
+  // (device memory) once the model's ops have run: nothing here waits for them. A row whose target
+  // is kIgnoreTarget (-1, model/op_list.h) holds 0 and gets no gradient in backward.
   virtual void forward(UnitSource& src, const int* tokens, const int* targets) = 0;
   virtual const float* row_losses() const = 0;
   virtual int rows() const = 0;
   // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
-  // for a mean loss); the units' gradient buffers are accumulated (+=).
+  // for a mean loss; loss_scale / the step's unmasked targets with masked targets); the units'
+  // gradient buffers are accumulated (+=).
   virtual void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) = 0;
   // With activation_checkpointing.cpu_checkpointing, the checkpoint copies' and waits' seconds since
   // the last call (Checkpoints::take_times); nothing otherwise.
@@ -71,7 +73,8 @@ class LanguageModel {
 };
 
 // A forward whose mean loss the caller reads at once (tests, one-off evaluations): waits for the
-// device. The trainer instead collects the row losses of a whole step and reads them at its end.
+// device. The mean is over all B×T rows, masked ones counting 0. The trainer instead collects the
+// row losses of a whole step and reads them at its end.
 double forward_mean_loss(LanguageModel& m, Device& dev, UnitSource& src, const int* tokens, const int* targets);
 
 // Lays typed, sized views out one after another in one device buffer (a byte cursor): activations in

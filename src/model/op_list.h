@@ -33,6 +33,10 @@
 
 namespace zinf {
 
+// A target id that marks a position as no target (a prompt token, padding): its row's loss is 0 and
+// its logits get no gradient. Every lm_head_forward/lm_head_backward honours it.
+constexpr int kIgnoreTarget = -1;
+
 // What an op is, for the wrappers: the profiler's class and the work it counts.
 enum class OpKind { gemm, attention, norm, elementwise, embedding, lm_head, copy };
 
@@ -100,7 +104,7 @@ constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
   X(encoder_backward, kind_info(OpKind::embedding, true),                                                            \
     (TensorView dwte, TensorView dwpe, ConstTensorView dout, const int* tokens, int B, int T, int C),                \
     (dwte, dwpe, dout, tokens, B, T, C))                                                                             \
-  /* losses: each row's loss, in device memory; the host reads it at the step's end */                               \
+  /* losses: each row's loss (0 for kIgnoreTarget), in device memory; the host reads them at the step's end */       \
   X(lm_head_forward, lm_head_info(R, C, V, false),                                                                   \
     (TensorView probs, TensorView losses, ConstTensorView x, ConstTensorView wte, const int* targets, int R, int C,  \
      int V),                                                                                                         \

@@ -365,8 +365,9 @@ TEST(CudaRows, CrossEntropyMatchesTheReference) {
       Mem m;
       const VF logits = round_to(randf(n, 41, 3.0f), t);
       std::vector<int> tg(R);
-      for (int r = 0; r < R; ++r) tg[static_cast<std::size_t>(r)] = (r * 7919) % V;
-      // Reference in double: probs = softmax, loss = −log p[target].
+      // Every third row masked (target -1: loss 0, no gradient).
+      for (int r = 0; r < R; ++r) tg[static_cast<std::size_t>(r)] = r % 3 == 1 ? -1 : (r * 7919) % V;
+      // Reference in double: probs = softmax, loss = −log p[target] (0 for a masked row).
       VF probs(n), losses(R);
       for (int r = 0; r < R; ++r) {
         const float* l = logits.data() + static_cast<std::size_t>(r) * V;
@@ -375,7 +376,8 @@ TEST(CudaRows, CrossEntropyMatchesTheReference) {
         for (int v = 0; v < V; ++v) sum += std::exp(l[v] - mx);
         for (int v = 0; v < V; ++v)
           probs[static_cast<std::size_t>(r) * V + v] = static_cast<float>(std::exp(l[v] - mx) / sum);
-        losses[r] = static_cast<float>(mx + std::log(sum) - l[tg[static_cast<std::size_t>(r)]]);
+        const int target = tg[static_cast<std::size_t>(r)];
+        losses[r] = target < 0 ? 0.0f : static_cast<float>(mx + std::log(sum) - l[target]);
       }
       void* gp = m.up(logits, t);
       float* gl = m.zeros(R);
@@ -388,7 +390,7 @@ TEST(CudaRows, CrossEntropyMatchesTheReference) {
       const float dscale = 1.0f / 3;
       VF dl(n);
       for (std::size_t i = 0; i < n; ++i)
-        dl[i] = (gprobs[i] - (static_cast<int>(i % V) == tg[i / V] ? 1.0f : 0.0f)) * dscale;
+        dl[i] = tg[i / V] < 0 ? 0.0f : (gprobs[i] - (static_cast<int>(i % V) == tg[i / V] ? 1.0f : 0.0f)) * dscale;
       void* gdl = m.up(VF(n), t);
       fast::crossentropy_backward(gdl, gp, gtg, dscale, R, V, t, nullptr);
       expect_close(tag + "dlogits", Mem::down(gdl, n, t), dl, store_rel(t), 0);

@@ -60,10 +60,13 @@ struct Case {
     f.push_back(randf(n, static_cast<std::uint32_t>(101 + f.size() * 7919 + i.size()), scale));
     return static_cast<int>(f.size() - 1);
   }
-  int tokens(std::size_t n, int vocab) {
+  // With `masked`, every third id is kIgnoreTarget (a target the LM head skips).
+  int tokens(std::size_t n, int vocab, bool masked = false) {
     std::mt19937 rng(static_cast<std::uint32_t>(7 + i.size()));
     VI v(n);
     for (int& t : v) t = static_cast<int>(rng() % static_cast<unsigned>(vocab));
+    if (masked)
+      for (std::size_t k = 1; k < n; k += 3) v[k] = kIgnoreTarget;
     i.push_back(std::move(v));
     return static_cast<int>(i.size() - 1);
   }
@@ -181,7 +184,7 @@ void case_encoder_backward(Case& c) {
 }
 void case_lm_head_forward(Case& c) {
   const int probs = c.rand(sz(R) * V), losses = c.rand(R), x = c.rand(RC), wte = c.rand(sz(V) * C, 0.3f),
-            tg = c.tokens(R, V);
+            tg = c.tokens(R, V, /*masked=*/true);
   c.rel = 1e-4, c.abs = 1e-6;
   c.call = [=](OpsBackend& o, const Bufs& t) {
     o.lm_head_forward(t.w(probs), t.w(losses), t.r(x), t.r(wte), t.ids(tg), R, C, V);
@@ -189,7 +192,7 @@ void case_lm_head_forward(Case& c) {
 }
 void case_lm_head_backward(Case& c) {
   const int dx = c.rand(RC), dwte = c.rand(sz(V) * C), dl = c.rand(sz(R) * V), probs = c.rand(sz(R) * V),
-            x = c.rand(RC), wte = c.rand(sz(V) * C, 0.3f), losses = c.rand(R), tg = c.tokens(R, V);
+            x = c.rand(RC), wte = c.rand(sz(V) * C, 0.3f), losses = c.rand(R), tg = c.tokens(R, V, true);
   ops::lm_head_forward(ref_par(), c.host(probs), c.host(losses), c.host(x), c.host(wte),
                        c.i[static_cast<std::size_t>(tg)].data(), R, C, V);
   c.rel = 1e-4, c.abs = 1e-6;

@@ -422,13 +422,27 @@ void read_model(Section s, ModelConfig& m) {
 
 void read_data(Section s, DataConfig& d) {
   d.path = s.get_str("path", "");
-  d.format = s.get_enum<DataFormat>(
-      "format", DataFormat::automatic,
-      {{"auto", DataFormat::automatic}, {"text", DataFormat::text}, {"tokens", DataFormat::tokens}});
+  d.format = s.get_enum<DataFormat>("format", DataFormat::automatic,
+                                    {{"auto", DataFormat::automatic},
+                                     {"text", DataFormat::text},
+                                     {"tokens", DataFormat::tokens},
+                                     {"jsonl", DataFormat::jsonl}});
   d.val_fraction = s.get_num("val_fraction", 0.1, 0.001, 0.5);
   d.tokenizer = s.get_str("tokenizer", "");
   if (!d.tokenizer.empty() && d.format == DataFormat::tokens)
     s.fail("tokenizer", "a tokenizer applies to text; data.format is tokens");
+  d.chat_template = s.get_enum<ChatTemplate>("chat_template", ChatTemplate::automatic,
+                                             {{"auto", ChatTemplate::automatic},
+                                              {"llama3", ChatTemplate::llama3},
+                                              {"chatml", ChatTemplate::chatml},
+                                              {"none", ChatTemplate::none}});
+  if (is_chat_data(d)) {
+    if (d.path.empty()) s.fail("format", "jsonl needs a data.path (a .jsonl file)");
+    if (d.tokenizer.empty())
+      s.fail("tokenizer", "chat data (JSONL) needs a tokenizer: the model folder or its tokenizer file");
+  } else if (d.chat_template != ChatTemplate::automatic) {  // "auto" is what the resolved config holds
+    s.fail("chat_template", "applies to chat data only (data.format jsonl or a .jsonl data.path)");
+  }
   s.finish();
 }
 

@@ -12,7 +12,10 @@
 // the backward with 1/(B·T·GA·W), and reports the loss summed in that global order; evaluation
 // batches are dealt round-robin. So W ranks × GA g match one rank × GA g·W: exactly for g = 1 (the
 // engine sums contributions in rank order, as one rank sums its micro batches), within rounding
-// otherwise. Rank 0 alone logs, writes metrics and checkpoints (full tensors: any world size resumes).
+// otherwise. With masked (chat) data the normalizer is instead the step's count of unmasked targets
+// over every rank and micro batch, which each rank knows before the step's first backward: every
+// rank draws the same rows. Rank 0 alone logs, writes metrics and checkpoints (full tensors: any
+// world size resumes).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -241,6 +244,15 @@ class LossRows {
     if (device_.ops_stream_ordered()) device_.synchronize(StreamRole::compute);
     return ops::mean_loss(at(k), static_cast<int>(rows_));
   }
+  // The summed loss of slot k's rows, for masked data (masked rows hold 0; the caller divides by
+  // the unmasked count).
+  double sum(std::size_t k) {
+    if (device_.ops_stream_ordered()) device_.synchronize(StreamRole::compute);
+    const float* r = at(k);
+    double total = 0;
+    for (std::size_t i = 0; i < rows_; ++i) total += r[i];
+    return total;
+  }
 
  private:
   float* at(std::size_t k) { return static_cast<float*>(buf_.data()) + k * rows_; }
@@ -366,7 +378,8 @@ class Run {
     std::vector<double> mine(static_cast<std::size_t>(K), 0.0);
     std::vector<int> pending;  // batches whose row losses sit in `losses`, read a slot-full at a time
     auto read = [&] {
-      for (std::size_t i = 0; i < pending.size(); ++i) mine[static_cast<std::size_t>(pending[i])] = losses.mean(i);
+      for (std::size_t i = 0; i < pending.size(); ++i)
+        mine[static_cast<std::size_t>(pending[i])] = data.masked() ? losses.sum(i) : losses.mean(i);
       pending.clear();
     };
     int k = K;  // the windows in the mean
@@ -397,13 +410,21 @@ class Run {
     const std::vector<double> all = W > 1 ? comm.allgather(mine.data(), mine.size()) : mine;
     double sum = 0;
     for (int i = 0; i < k; ++i) sum += all[static_cast<std::size_t>((i % W) * K + i)];
-    return sum / k;
+    if (!data.masked()) return sum / k;
+    std::size_t count = 0;  // masked data: the mean over the unmasked targets of the k batches
+    for (int i = 0; i < k; ++i) count += data.val_targets(i, K, micro_batch, seq_len);
+    return sum / static_cast<double>(count);
   }
 
   // Forward and backward of every micro batch of one step (their losses are read by step_loss()).
+  // Sets step_targets: the step's unmasked targets, over every rank.
   void forward_backward(double scale) {
-    const float dscale =
-        static_cast<float>(scale / (static_cast<double>(micro_batch) * seq_len * static_cast<double>(grad_accum) * W));
+    const auto rows =
+        static_cast<std::size_t>(micro_batch) * static_cast<std::size_t>(grad_accum) * static_cast<std::size_t>(W);
+    step_targets = data.train_targets(rng, rows, seq_len);  // draws from a copy: rng stays where it is
+    const float dscale = data.masked() ? static_cast<float>(scale / static_cast<double>(step_targets))
+                                       : static_cast<float>(scale / (static_cast<double>(micro_batch) * seq_len *
+                                                                     static_cast<double>(grad_accum) * W));
     for (std::int64_t micro = 0; micro < grad_accum; ++micro) {
       Batch& b = batches.next([&](int* tok, int* tgt) {
         rng.discard(static_cast<unsigned long long>(micro_batch) *
@@ -429,11 +450,13 @@ class Run {
   double step_loss() {
     std::vector<double> mine(static_cast<std::size_t>(grad_accum));
     for (std::int64_t micro = 0; micro < grad_accum; ++micro)
-      mine[static_cast<std::size_t>(micro)] = losses.mean(static_cast<std::size_t>(micro));
+      mine[static_cast<std::size_t>(micro)] =
+          data.masked() ? losses.sum(static_cast<std::size_t>(micro)) : losses.mean(static_cast<std::size_t>(micro));
     const std::vector<double> all = W > 1 ? comm.allgather(mine.data(), mine.size()) : mine;
     double loss_sum = 0;
     for (std::int64_t micro = 0; micro < grad_accum; ++micro)
       for (int r = 0; r < W; ++r) loss_sum += all[static_cast<std::size_t>(r * grad_accum + micro)];
+    if (data.masked()) return loss_sum / static_cast<double>(step_targets);
     return loss_sum / (static_cast<double>(grad_accum) * W);
   }
 
@@ -569,6 +592,8 @@ class Run {
   std::int64_t opt_steps = 0, nonfinite_run = 0, rows_drawn = 0, skipped = 0;
   int stop_signal = 0;          // set by stop_asked()
   double t_fwd = 0, t_bwd = 0;  // the model's own time since the last progress line
+  // The last step's target tokens over every rank (the unmasked ones, for chat data).
+  std::size_t step_targets = 0;
 
  private:
   // Host time in the model, waits for the engine excluded; charged to compute when the device does
@@ -593,7 +618,8 @@ class Run {
 
   std::unique_ptr<offload::Engine> make_engine() {
     log("data: " + data.description() + "; train " + std::to_string(data.train_tokens()) + " / val " +
-        std::to_string(data.val_tokens()) + " tokens");
+        std::to_string(data.val_tokens()) + (data.masked() ? " target tokens" : " tokens"));
+    for (const std::string& note : data.notes()) log("data: " + note);
     log("device: " + dev->name() + ", " + std::to_string(threads) + " threads, cpu_adam " +
         std::string(cpu_adam::to_string(cpu_adam::active_simd())) + ", " + std::string(to_string(config.precision())));
     std::unique_ptr<StFile> init_file;
@@ -717,7 +743,9 @@ StepReport train_step(Run& run, std::int64_t step) {
   r.grad_norm = out.norm;
   r.skipped = run.account(out, step, r.loss);
   r.step_s = since(t0);
-  r.tokens_per_s = static_cast<double>(c.train_batch_size) * run.seq_len / r.step_s;
+  // Target tokens: every position of token data, the unmasked ones of chat data.
+  r.tokens_per_s = run.data.masked() ? static_cast<double>(run.step_targets) / r.step_s
+                                     : static_cast<double>(c.train_batch_size) * run.seq_len / r.step_s;
   r.busy = run.engine->take_times();
   r.rollbacks = run.engine->rollbacks();
   return r;

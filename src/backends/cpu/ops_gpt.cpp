@@ -10,6 +10,7 @@
 
 #include "cpu/ops_gpt.h"
 #include "model/fixed_math.h"
+#include "model/op_list.h"
 #include "zinf/error.h"
 
 namespace zinf::ops {
@@ -435,7 +436,8 @@ void softmax_crossentropy(ChunkPool& p, float* probs, float* losses, const int* 
       }
       const float inv = 1.0f / sum;
       for (int v = 0; v < V; ++v) l[v] *= inv;
-      losses[r0 + r] = -fixed::logf(std::max(l[targets[r0 + r]], 1e-30f));
+      const int t = targets[r0 + r];
+      losses[r0 + r] = t == kIgnoreTarget ? 0.0f : -fixed::logf(std::max(l[t], 1e-30f));
     }
   });
 }
@@ -453,6 +455,10 @@ void crossentropy_backward(ChunkPool& p, float* dlogits, const float* probs, con
     for (int r = r0; r < r1; ++r) {
       const float* pr = probs + static_cast<std::size_t>(r) * V;
       float* dl = dlogits + static_cast<std::size_t>(r) * V;
+      if (targets[r] == kIgnoreTarget) {  // a masked position: no gradient
+        std::fill(dl, dl + V, 0.0f);
+        continue;
+      }
       for (int v = 0; v < V; ++v) dl[v] = (pr[v] - (v == targets[r] ? 1.0f : 0.0f)) * dscale;
     }
   });

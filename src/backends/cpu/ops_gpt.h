@@ -73,7 +73,8 @@ void encoder_backward(ChunkPool& p, float* dwte, float* dwpe, const float* dout,
                       int C);
 
 // LM head tied to wte with softmax cross-entropy. probs [R,V] is kept for backward; losses [R], each
-// row's loss (read by the host at the step's end, not here: no round trip inside the forward).
+// row's loss (read by the host at the step's end, not here: no round trip inside the forward). A row
+// whose target is kIgnoreTarget (-1, model/op_list.h) has loss 0 and a zero gradient row.
 void lm_head_forward(ChunkPool& p, float* probs, float* losses, const float* x, const float* wte, const int* targets,
                      int R, int C, int V);
 // dlogits = (probs − onehot)·dscale;  dx = dlogits·wte (overwritten);  dwte += dlogitsᵀ·x

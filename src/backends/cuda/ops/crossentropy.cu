@@ -17,13 +17,15 @@ __global__ void softmax_ce(float* probs, float* losses, const int* targets, int 
   }
   const float inv = 1.0f / sum;
   for (int v = 0; v < V; ++v) l[v] *= inv;
-  losses[r] = -logf(fmaxf(l[targets[r]], 1e-30f));
+  const int t = targets[r];
+  losses[r] = t == -1 ? 0.0f : -logf(fmaxf(l[t], 1e-30f));  // -1: a masked position (kIgnoreTarget)
 }
 __global__ void ce_backward(float* dlogits, const float* probs, const int* targets, float dscale, int R, int V) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= static_cast<std::size_t>(R) * V) return;
   const int r = static_cast<int>(i / V), v = static_cast<int>(i % V);
-  dlogits[i] = (probs[i] - (v == targets[r] ? 1.0f : 0.0f)) * dscale;
+  const int t = targets[r];
+  dlogits[i] = t == -1 ? 0.0f : (probs[i] - (v == t ? 1.0f : 0.0f)) * dscale;  // -1: masked, no gradient
 }
 }  // namespace
 void launch_softmax_crossentropy(float* probs, float* losses, const int* targets, int R, int V, cudaStream_t s) {

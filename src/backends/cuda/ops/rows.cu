@@ -885,7 +885,8 @@ __global__ void __launch_bounds__(kBlock)
   for (int w = 1; w < kBlock / 32; ++w) ms = merge(ms, sm[w]);
   if (threadIdx.x == 0) {
     const float loss = ms.m + logf(ms.s) - xt, cap = -logf(1e-30f);
-    losses[r] = loss > cap ? cap : loss;  // a NaN (a target outside [0, V)) stays NaN
+    // A NaN (a target outside [0, V)) stays NaN; -1 (kIgnoreTarget) is a masked position: loss 0.
+    losses[r] = target == -1 ? 0.0f : loss > cap ? cap : loss;
   }
   const float m = ms.m, inv = 1.0f / ms.s;
   map_row<S>(row, row, V, [&](int, float x) { return expf(x - m) * inv; });
@@ -896,6 +897,10 @@ __global__ void __launch_bounds__(kBlock)
     crossentropy_backward_kernel(S* dlogits, const S* probs, const int* targets, float dscale, int V) {
   const std::size_t off = static_cast<std::size_t>(blockIdx.x) * V;
   const int target = targets[blockIdx.x];
+  if (target == -1) {  // kIgnoreTarget: a masked position has no gradient
+    map_row<S>(dlogits + off, probs + off, V, [&](int, float) { return 0.0f; });
+    return;
+  }
   map_row<S>(dlogits + off, probs + off, V, [&](int v, float p) { return (p - (v == target ? 1.0f : 0.0f)) * dscale; });
 }
 

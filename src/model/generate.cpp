@@ -211,8 +211,11 @@ const std::vector<float>& KvDecoder::feed(const int* tokens, int n) {
                   std::to_string(V_));
   const std::size_t C = static_cast<std::size_t>(C_), V = static_cast<std::size_t>(V_),
                     L = static_cast<std::size_t>(s_.n_layer), pos = static_cast<std::size_t>(pos_);
-  // On the compute stream, ahead of the ops that read them: stream order hands the ids over.
+  // On the compute stream, ahead of the ops that read them: stream order hands the ids over to ops
+  // that are stream work (CUDA, the asynchronous CPU device); ops that run on this thread (the
+  // synchronous CPU device) wait for the copy here. Either way `tokens` is read before feed returns.
   dev_.copy_to_device(tokens_.as<void>(), tokens, static_cast<std::size_t>(n) * sizeof(int), StreamRole::compute);
+  if (!dev_.ops_stream_ordered()) dev_.synchronize(StreamRole::compute);
   const ConstTensorView emb = units_[0];
   if (s_.family == ModelFamily::llama) {
     ops_.embedding_forward(xa_, tokens_.as<int>(), slice(emb, 0, V * C), n, C_);

@@ -74,7 +74,7 @@ TEST_F(GenerateCli, BadInputIsOneErrorLine) {
        {std::string("--model /nonexistent/model --prompt hi"),
         "--model " + ckpts() + " --prompt hi --temperature -1", "--model " + ckpts() + " --prompt hi --device tpu",
         "--model " + ckpts(),  // no prompt
-        "--model " + *dir_ + " --prompt hi", "--model " + safetensors() + " --prompt hi --n-head 3", "--model " + safetensors() + " --prompt hi"}) {
+        "--model " + dir_->path.string() + " --prompt hi", "--model " + safetensors() + " --prompt hi --n-head 3", "--model " + safetensors() + " --prompt hi"}) {
     const Result r = run("generate " + args);
     EXPECT_EQ(r.rc, 2) << args << ": " << r.err;
     EXPECT_EQ(lines(r.err), 1u) << args << ": " << r.err;

@@ -21,7 +21,8 @@
 //      ops_gpt.h / ops_llama.h), taking float pointers where the entry has views;
 //   3. write the CUDA kernel (src/backends/cuda/ops/) and CudaOps::fp32_name (src/backends/cuda/cuda_ops.cu),
 //      with the same float-pointer parameters;
-//   4. give it a case in tests/backends/ops_table_test.cpp (the test does not compile without one);
+//   4. give it a case in tests/backends/ops_table_test.cpp (the test does not compile without one), and
+//      in tests/backends/fast_ops_twin_test.cpp, whose table the list generates too;
 //   5. call it from the model.
 // Nothing else changes: the wrappers forward every op of the list.
 #pragma once

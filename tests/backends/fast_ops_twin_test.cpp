@@ -11,6 +11,8 @@
 //   * running the GPU twice gives the same bits (the fast kernels use no atomics).
 // Inputs a backward op reads from its forward (mean/rstd, the attention output and log-sum-exp, the
 // probabilities) are made by the twin's forward op, so both sides see a consistent state.
+// Generation's ops (attention_decode, lm_head_logits) run on the twin like the others; the fast kernels
+// have none, and on the GPU the test checks that they refuse them with an Error.
 // Skipped, with the reason, without a GPU.
 #include <gtest/gtest.h>
 

@@ -233,7 +233,7 @@ int run_generate(const GenerateArgs& a) {
   std::fflush(stdout);
   std::fprintf(stderr,
                "generate: %d prompt tokens, %zu new (stop: %s); prefill %.4f s (%.1f tokens/s), decode %.4f s (%.1f "
-               "tokens/s); %s, %d threads, KV cache %.2f MiB\n",
+               "tokens/s); %s, threads %d, KV cache %.2f MiB\n",
                r.prompt_tokens, r.ids.size(), stop_reason(r), r.prefill_s, prefill_tps, r.decode_s, decode_tps,
                dev->name().c_str(), threads, static_cast<double>(dec.cache_bytes()) / (1 << 20));
   return 0;

@@ -69,6 +69,29 @@ TEST_F(GenerateCli, SameSeedSameTextAndEveryModelFormGivesTheSameTokens) {
   EXPECT_EQ(nlohmann::json::parse(s.out)["ids"], o["ids"]);
 }
 
+// A Llama with grouped-query heads trained for two steps: its checkpoint and its Hugging Face export
+// give the same tokens.
+TEST_F(GenerateCli, LlamaCheckpointAndItsHuggingFaceFolderGiveTheSameTokens) {
+  const std::string ck = *dir_ / "llama-ckpt", hf = *dir_ / "llama-hf";
+  const Result t = run("train --config " + kTinyConfig +
+                       " --set train.steps=2 --set model.family=llama --set model.n_layer=2 --set model.d_model=32"
+                       " --set model.n_head=4 --set model.n_kv_head=2 --set model.d_ff=48 --set model.seq_len=32"
+                       " --set train_micro_batch_size_per_gpu=2 --set train.eval_batches=1 --set device.threads=1"
+                       " --set train.checkpoint_interval=2 --set train.checkpoint_dir=\"" +
+                       ck + "\"");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  const Result ex = run("export --format hf --checkpoint " + ck + "/step-00000002 -o " + hf);
+  ASSERT_EQ(ex.rc, 0) << ex.err;
+  const std::string args = " --json --prompt 'Once ' --max-new-tokens 12 --temperature 0.7 --seed 3 --threads 1";
+  const Result a = run("generate --model " + ck + args), b = run("generate --model " + hf + args);
+  ASSERT_EQ(a.rc, 0) << a.err;
+  ASSERT_EQ(b.rc, 0) << b.err;
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["ids"].size(), 12u);
+  EXPECT_EQ(ja["ids"], jb["ids"]);
+  EXPECT_NE(jb["model"].get<std::string>().find("Hugging Face folder"), std::string::npos) << jb["model"];
+}
+
 TEST_F(GenerateCli, BadInputIsOneErrorLine) {
   for (const std::string& args :
        {std::string("--model /nonexistent/model --prompt hi"),

@@ -135,7 +135,8 @@ KvDecoder::KvDecoder(const ModelShape& s, Device& dev, OpsBackend& ops, std::vec
   host_logits_.resize(V);
   if (llama) {  // the rotary tables of positions 0..P-1, as the training forward makes them for its T
     ops::RopeScaling sc;
-    sc.factor = s.rope_factor, sc.low_freq_factor = s.rope_low_freq_factor, sc.high_freq_factor = s.rope_high_freq_factor;
+    sc.factor = s.rope_factor, sc.low_freq_factor = s.rope_low_freq_factor,
+    sc.high_freq_factor = s.rope_high_freq_factor;
     sc.original_max_position_embeddings = s.rope_original_max;
     std::vector<float> co, si;
     ops::rope_tables(ops::rope_inv_freq(D_, s.rope_theta, sc), P_, co, si);
@@ -157,8 +158,8 @@ void KvDecoder::gpt_layers(int n) {
     ops_.layernorm_forward(ln_, mean_, rstd_, x, w.ln1w, w.ln1b, n, C);
     ops_.matmul_forward(slice(cache, pos * C3, nC * 3), ln_, w.qkvw, w.qkvb, n, C, 3 * C);
     ops_.attention_decode(atty_, slice(cache, pos * C3, nC * 3), slice(cache, C, rows * C3 - C),
-                          slice(cache, 2 * static_cast<std::size_t>(C), rows * C3 - 2 * C), n, pos_, H_, H_, D_,
-                          3 * C, 3 * C);
+                          slice(cache, 2 * static_cast<std::size_t>(C), rows * C3 - 2 * C), n, pos_, H_, H_, D_, 3 * C,
+                          3 * C);
     ops_.matmul_forward(res2_, atty_, w.projw, w.projb, n, C, C);
     ops_.add_inplace(res2_, x, nC);
     ops_.layernorm_forward(ln_, mean_, rstd_, res2_, w.ln2w, w.ln2b, n, C);
@@ -223,8 +224,8 @@ const std::vector<float>& KvDecoder::feed(const int* tokens, int n) {
   } else {
     const std::size_t T = static_cast<std::size_t>(s_.seq_len);
     // Position rows pos..pos+n-1 of wpe: the encoder adds row t of the table it is given to row t.
-    ops_.encoder_forward(xa_, tokens_.as<int>(), slice(emb, 0, V * C), slice(emb, V * C + pos * C, (T - pos) * C), 1,
-                         n, C_);
+    ops_.encoder_forward(xa_, tokens_.as<int>(), slice(emb, 0, V * C), slice(emb, V * C + pos * C, (T - pos) * C), 1, n,
+                         C_);
     gpt_layers(n);
   }
   const ConstTensorView last = slice(ConstTensorView(xa_), (static_cast<std::size_t>(n) - 1) * C, C);

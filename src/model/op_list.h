@@ -150,16 +150,15 @@ constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
     (TensorView out, const int* tokens, ConstTensorView wte, int R, int C), (out, tokens, wte, R, C))                  \
   X(embedding_backward, kind_info(OpKind::embedding, true),                                                            \
     (TensorView dwte, ConstTensorView dout, const int* tokens, int R, int C), (dwte, dout, tokens, R, C))              \
-  /* generation (model/generate.h), for GPT-2 (KV = H) and the Llama family alike: Q query rows at positions         \
-     pos..pos+Q-1 against the cached keys/values of positions 0..pos+Q-1; row r of q/k/v starts r·stride elements in */ \
+  /* generation (model/generate.h), GPT-2 (KV = H) and Llama alike: Q query rows at positions pos..pos+Q-1 */          \
+  /* against the cached keys/values of positions 0..pos+Q-1; row r of q (k, v) starts r·q_stride (kv_stride) in */    \
   X(attention_decode, decode_attention_info(Q, pos, H, D),                                                             \
     (TensorView out, ConstTensorView q, ConstTensorView k, ConstTensorView v, int Q, int pos, int H, int KV, int D,    \
      int q_stride, int kv_stride),                                                                                     \
     (out, q, k, v, Q, pos, H, KV, D, q_stride, kv_stride))                                                             \
-  /* logits [R, V] = x [R, C] · wteᵀ: the LM head without softmax or loss (generation reads the last row's) */         \
-  X(lm_head_logits, lm_head_info(R, C, V, false), (TensorView logits, ConstTensorView x, ConstTensorView wte, int R,   \
-                                                   int C, int V),                                                      \
-    (logits, x, wte, R, C, V))
+  /* logits [R, V] = x [R, C] · wteᵀ: the LM head without softmax or loss (generation reads the last row's) */      \
+  X(lm_head_logits, lm_head_info(R, C, V, false),                                                                      \
+    (TensorView logits, ConstTensorView x, ConstTensorView wte, int R, int C, int V), (logits, x, wte, R, C, V))
 
 #define ZINF_OPS(X) ZINF_GPT_OPS(X) ZINF_LLAMA_OPS(X)
 

@@ -94,10 +94,11 @@ TEST_F(GenerateCli, LlamaCheckpointAndItsHuggingFaceFolderGiveTheSameTokens) {
 
 TEST_F(GenerateCli, BadInputIsOneErrorLine) {
   for (const std::string& args :
-       {std::string("--model /nonexistent/model --prompt hi"),
-        "--model " + ckpts() + " --prompt hi --temperature -1", "--model " + ckpts() + " --prompt hi --device tpu",
+       {std::string("--model /nonexistent/model --prompt hi"), "--model " + ckpts() + " --prompt hi --temperature -1",
+        "--model " + ckpts() + " --prompt hi --device tpu",
         "--model " + ckpts(),  // no prompt
-        "--model " + dir_->path.string() + " --prompt hi", "--model " + safetensors() + " --prompt hi --n-head 3", "--model " + safetensors() + " --prompt hi"}) {
+        "--model " + dir_->path.string() + " --prompt hi", "--model " + safetensors() + " --prompt hi --n-head 3",
+        "--model " + safetensors() + " --prompt hi"}) {
     const Result r = run("generate " + args);
     EXPECT_EQ(r.rc, 2) << args << ": " << r.err;
     EXPECT_EQ(lines(r.err), 1u) << args << ": " << r.err;

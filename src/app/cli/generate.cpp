@@ -123,17 +123,17 @@ HostModel load_model(const GenerateArgs& a) {
   if (fs::exists(fs::path(p) / "manifest.json", ec)) return from_checkpoint(p);
   const auto found = list_checkpoints(p);
   if (found.empty())
-    throw ConfigError("--model " + p +
-                          ": a folder with no checkpoint (manifest.json), no step-N checkpoints and no config.json",
-                      "give a checkpoint folder, a run's checkpoint_dir, a safetensors file or a Hugging Face folder");
+    throw ConfigError(
+        "--model " + p + ": a folder with no checkpoint (manifest.json), no step-N checkpoints and no config.json",
+        "give a checkpoint folder, a run's checkpoint_dir, a safetensors file or a Hugging Face folder");
   return from_checkpoint(found.front().second);
 }
 
 std::unique_ptr<Tokenizer> pick_tokenizer(const GenerateArgs& a, const HostModel& m) {
   if (!a.tokenizer.empty()) return open_tokenizer(a.tokenizer, "--tokenizer");
   std::error_code ec;
-  if (!m.folder.empty() && (fs::exists(fs::path(m.folder) / "tokenizer.json", ec) ||
-                            fs::exists(fs::path(m.folder) / "tokenizer.model", ec)))
+  if (!m.folder.empty() &&
+      (fs::exists(fs::path(m.folder) / "tokenizer.json", ec) || fs::exists(fs::path(m.folder) / "tokenizer.model", ec)))
     return open_tokenizer(m.folder, "--model");
   return byte_tokenizer();
 }
@@ -176,8 +176,7 @@ int run_generate(const GenerateArgs& a) {
   std::vector<int> eos;
   for (std::uint32_t id : tok->eos_ids()) eos.push_back(static_cast<int>(id));
 
-  const int threads =
-      a.threads > 0 ? a.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = a.threads > 0 ? a.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const backends::Backend& be = backends::backend_for(a.device == "cuda" ? DeviceType::cuda : DeviceType::cpu);
   backends::DeviceSpec spec;
   auto dev = be.make_device(spec);

@@ -153,7 +153,8 @@ void attention_decode(ChunkPool& p, float* out, const float* q, const float* k, 
       maxv = std::max(maxv, a[static_cast<std::size_t>(s)]);
     }
     float sum = 0;
-    for (int s = 0; s < n; ++s) sum += (a[static_cast<std::size_t>(s)] = fixed::expf(a[static_cast<std::size_t>(s)] - maxv));
+    for (int s = 0; s < n; ++s)
+      sum += (a[static_cast<std::size_t>(s)] = fixed::expf(a[static_cast<std::size_t>(s)] - maxv));
     const float inv = 1.0f / sum;
     for (int s = 0; s < n; ++s) a[static_cast<std::size_t>(s)] *= inv;
     float* o = out + static_cast<std::size_t>(t) * H * D + static_cast<std::size_t>(h) * D;

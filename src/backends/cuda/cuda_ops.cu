@@ -157,8 +157,8 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   Device& dev_;
   cudaStream_t stream_;
   GemmExecutor gemm_;
-  Scratch weighted_{"attention backward scratch"};  // the GQA backward's per-row sums
-  Scratch scores_{"attention backward scratch"};    // the attention backward's [B,H,T,T] gradient of the scores
+  Scratch weighted_{"attention backward scratch"};     // the GQA backward's per-row sums
+  Scratch scores_{"attention backward scratch"};       // the attention backward's [B,H,T,T] gradient of the scores
   Scratch decode_scores_{"decode attention scratch"};  // attention_decode's scores, one row per (query, head)
 };
 

@@ -21,7 +21,8 @@
 //      ops_gpt.h / ops_llama.h), taking float pointers where the entry has views;
 //   3. write the CUDA kernel (src/backends/cuda/ops/) and CudaOps::fp32_name (src/backends/cuda/cuda_ops.cu),
 //      with the same float-pointer parameters;
-//   4. give it a case in tests/backends/ops_table_test.cpp (the test does not compile without one);
+//   4. give it a case in tests/backends/ops_table_test.cpp (the test does not compile without one), and
+//      in tests/backends/fast_ops_twin_test.cpp, whose table the list generates too;
 //   5. call it from the model.
 // Nothing else changes: the wrappers forward every op of the list.
 #pragma once
@@ -60,6 +61,11 @@ constexpr OpInfo lm_head_info(int R, int C, int V, bool bwd) {
   OpInfo op = gemm_info(R, C, V, bwd);
   op.kind = OpKind::lm_head;
   return op;
+}
+// Decoding attention: Q rows, row i against pos + i + 1 keys, QK and PV for H heads of width D.
+constexpr OpInfo decode_attention_info(int Q, int pos, int H, int D) {
+  const double keys = static_cast<double>(Q) * pos + static_cast<double>(Q) * (Q + 1) / 2;
+  return {OpKind::attention, 4.0 * keys * H * D, 0, 0, false};
 }
 constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
 
@@ -147,7 +153,16 @@ constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
   X(embedding_forward, kind_info(OpKind::embedding, false),                                                            \
     (TensorView out, const int* tokens, ConstTensorView wte, int R, int C), (out, tokens, wte, R, C))                  \
   X(embedding_backward, kind_info(OpKind::embedding, true),                                                            \
-    (TensorView dwte, ConstTensorView dout, const int* tokens, int R, int C), (dwte, dout, tokens, R, C))
+    (TensorView dwte, ConstTensorView dout, const int* tokens, int R, int C), (dwte, dout, tokens, R, C))              \
+  /* generation (model/generate.h), GPT-2 (KV = H) and Llama alike: Q query rows at positions pos..pos+Q-1 */          \
+  /* against the cached keys/values of positions 0..pos+Q-1; row r of q (k, v) starts r·q_stride (kv_stride) in */    \
+  X(attention_decode, decode_attention_info(Q, pos, H, D),                                                             \
+    (TensorView out, ConstTensorView q, ConstTensorView k, ConstTensorView v, int Q, int pos, int H, int KV, int D,    \
+     int q_stride, int kv_stride),                                                                                     \
+    (out, q, k, v, Q, pos, H, KV, D, q_stride, kv_stride))                                                             \
+  /* logits [R, V] = x [R, C] · wteᵀ: the LM head without softmax or loss (generation reads the last row's) */      \
+  X(lm_head_logits, lm_head_info(R, C, V, false),                                                                      \
+    (TensorView logits, ConstTensorView x, ConstTensorView wte, int R, int C, int V), (logits, x, wte, R, C, V))
 
 #define ZINF_OPS(X) ZINF_GPT_OPS(X) ZINF_LLAMA_OPS(X)
 

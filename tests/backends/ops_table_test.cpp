@@ -272,6 +272,20 @@ void case_embedding_backward(Case& c) {
   c.rel = 1e-5, c.abs = 1e-6;
   c.call = [=](OpsBackend& o, const Bufs& t) { o.embedding_backward(t.w(dwte), t.r(dout), t.ids(tok), R, C); };
 }
+// Three query rows at positions 5..7 over 8 cached rows, GQA, rows strided as in a packed cache.
+void case_attention_decode(Case& c) {
+  constexpr int Q = 3, pos = 5, qs = LH * D + 5, kvs = KV * D + 3;
+  const int out = c.rand(sz(Q) * LH * D), q = c.rand(sz(Q) * qs), k = c.rand(sz(pos + Q) * kvs),
+            v = c.rand(sz(pos + Q) * kvs);
+  c.rel = 1e-4, c.abs = 1e-6;
+  c.call = [=](OpsBackend& o, const Bufs& t) {
+    o.attention_decode(t.w(out), t.r(q), t.r(k), t.r(v), Q, pos, LH, KV, D, qs, kvs);
+  };
+}
+void case_lm_head_logits(Case& c) {
+  const int logits = c.rand(sz(R) * V), x = c.rand(RC), wte = c.rand(sz(V) * C, 0.3f);
+  c.call = [=](OpsBackend& o, const Bufs& t) { o.lm_head_logits(t.w(logits), t.r(x), t.r(wte), R, C, V); };
+}
 
 struct OpEntry {
   const char* name;

@@ -27,6 +27,7 @@ Command add_train(CLI::App& app);
 Command add_eval(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 Command add_export(CLI::App& app);
+Command add_generate(CLI::App& app);
 std::vector<Command> add_bench(CLI::App& app);  // `bench adam|nvme|step|pcie|comm`, one Command each
 
 // ---- shared by the subcommands (commands.cpp) ----

@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
   app.fallthrough(false);
   namespace cli = zinf::cli;
   std::vector<cli::Command> commands = {cli::add_info(app), cli::add_plan(app),     cli::add_train(app),
-                                        cli::add_eval(app), cli::add_tokenize(app), cli::add_export(app)};
+                                        cli::add_eval(app), cli::add_tokenize(app), cli::add_export(app),
+                                        cli::add_generate(app)};
   for (auto& bench : cli::add_bench(app)) commands.push_back(std::move(bench));
   try {
     app.parse(argc, argv);

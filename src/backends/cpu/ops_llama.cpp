@@ -133,6 +133,39 @@ void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q,
   });
 }
 
+void attention_decode(ChunkPool& p, float* out, const float* q, const float* k, const float* v, int Q, int pos, int H,
+                      int KV, int D, int q_stride, int kv_stride) {
+  ZINF_CHECK(KV > 0 && H % KV == 0 && Q >= 0 && pos >= 0);
+  const int group = H / KV, L = pos + Q;
+  const std::size_t qs = static_cast<std::size_t>(q_stride), ks = static_cast<std::size_t>(kv_stride);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // One task per (query row, head); each owns its output row slice and its scores.
+  p.chunks(static_cast<std::size_t>(Q) * H, [&](std::size_t th) {
+    const int t = static_cast<int>(th) / H, h = static_cast<int>(th) % H, j = h / group, n = pos + t + 1;
+    std::vector<float> a(static_cast<std::size_t>(L));
+    const float* qt = q + static_cast<std::size_t>(t) * qs + static_cast<std::size_t>(h) * D;
+    float maxv = -INFINITY;
+    for (int s = 0; s < n; ++s) {
+      const float* kr = k + static_cast<std::size_t>(s) * ks + static_cast<std::size_t>(j) * D;
+      float dot = 0;
+      for (int i = 0; i < D; ++i) dot += qt[i] * kr[i];
+      a[static_cast<std::size_t>(s)] = dot * scale;
+      maxv = std::max(maxv, a[static_cast<std::size_t>(s)]);
+    }
+    float sum = 0;
+    for (int s = 0; s < n; ++s)
+      sum += (a[static_cast<std::size_t>(s)] = fixed::expf(a[static_cast<std::size_t>(s)] - maxv));
+    const float inv = 1.0f / sum;
+    for (int s = 0; s < n; ++s) a[static_cast<std::size_t>(s)] *= inv;
+    float* o = out + static_cast<std::size_t>(t) * H * D + static_cast<std::size_t>(h) * D;
+    for (int i = 0; i < D; ++i) o[i] = 0;
+    for (int s = 0; s < n; ++s) {
+      const float* vr = v + static_cast<std::size_t>(s) * ks + static_cast<std::size_t>(j) * D;
+      for (int i = 0; i < D; ++i) o[i] += a[static_cast<std::size_t>(s)] * vr[i];
+    }
+  });
+}
+
 void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q,
                             const float* k, const float* v, const float* att,
                             const float* /*out: not needed, see ops_llama.h*/, int B, int T, int H, int KV, int D) {

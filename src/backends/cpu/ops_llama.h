@@ -44,6 +44,15 @@ void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const
                             const float* k, const float* v, const float* att, const float* out, int B, int T, int H,
                             int KV, int D);
 
+// Attention of generation over a key/value cache (one sequence): q holds Q query rows for positions
+// pos..pos+Q-1, k and v the keys and values of positions 0..pos+Q-1 (the new rows included); query row
+// i attends to positions 0..pos+i, query head h to key/value head h / (H / KV), scale 1/√D. Row r of q
+// starts at q + r·q_stride, of k and v at r·kv_stride (GPT-2's packed qkv rows: stride 3C). out [Q, H·D]
+// is written (=). The sums run in gqa_attention_forward's order, so a cached row equals its row of a
+// full forward bit for bit.
+void attention_decode(ChunkPool& p, float* out, const float* q, const float* k, const float* v, int Q, int pos, int H,
+                      int KV, int D, int q_stride, int kv_stride);
+
 // Token embedding without positions (R rows): out[r] = wte[tokens[r]]; backward dwte[tokens[r]] +=
 // dout[r], summed over rows in order (each column chunk by one thread).
 void embedding_forward(ChunkPool& p, float* out, const int* tokens, const float* wte, int R, int C);

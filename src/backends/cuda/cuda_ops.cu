@@ -143,13 +143,23 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   void fp32_embedding_backward(float* dwte, const float* dout, const int* t, int R, int C) {
     ops::launch_embedding_backward(dwte, dout, t, R, C, stream_);
   }
+  void fp32_attention_decode(float* o, const float* q, const float* k, const float* v, int Q, int pos, int H, int KV,
+                             int D, int q_stride, int kv_stride) {
+    const std::size_t need = static_cast<std::size_t>(Q) * H * (static_cast<std::size_t>(pos) + Q) * sizeof(float);
+    ops::launch_attention_decode(o, static_cast<float*>(decode_scores_.get(dev_, stream_, need)), q, k, v, Q, pos, H,
+                                 KV, D, q_stride, kv_stride, stream_);
+  }
+  void fp32_lm_head_logits(float* logits, const float* x, const float* wte, int R, int C, int V) {
+    gemm_.run(lm_head_forward_gemm(logits, x, wte, R, C, V, DType::fp32));
+  }
 
  private:
   Device& dev_;
   cudaStream_t stream_;
   GemmExecutor gemm_;
-  Scratch weighted_{"attention backward scratch"};  // the GQA backward's per-row sums
-  Scratch scores_{"attention backward scratch"};    // the attention backward's [B,H,T,T] gradient of the scores
+  Scratch weighted_{"attention backward scratch"};     // the GQA backward's per-row sums
+  Scratch scores_{"attention backward scratch"};       // the attention backward's [B,H,T,T] gradient of the scores
+  Scratch decode_scores_{"decode attention scratch"};  // attention_decode's scores, one row per (query, head)
 };
 
 }  // namespace

@@ -240,7 +240,22 @@ class CudaFastOps final : public OpsBackend {
     fast::embedding_backward(grad(op, "dwte", dwte), act(op, "dout", dout), tokens, R, C, S_, token_sort(R), stream_);
   }
 
+  // ---- generation ----------------------------------------------------------------------------------
+  // Generation (model/generate.h) runs on the reference kernels in fp32; the fast kernels have no
+  // decode ops, and say so rather than the Llama default's "no llama kernels".
+  void attention_decode(TensorView, ConstTensorView, ConstTensorView, ConstTensorView, int, int, int, int, int, int,
+                        int) override {
+    no_decode("attention_decode");
+  }
+  void lm_head_logits(TensorView, ConstTensorView, ConstTensorView, int, int, int) override {
+    no_decode("lm_head_logits");
+  }
+
  private:
+  [[noreturn]] static void no_decode(const char* op) {
+    throw Error(std::string("CUDA fast ops: ") + op + " is not implemented by the fast kernels",
+                "generation runs on the reference kernels (device.kernels reference, fp32)");
+  }
   static cudaStream_t checked(cudaStream_t s) {
     if (!s) throw Error("CUDA fast ops need the CUDA device (this device has no native stream)");
     return s;

@@ -102,6 +102,35 @@ __global__ void gqa_forward_kernel(float* out, float* att, const float* q, const
     for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
   }
 }
+// One thread per (query row, head), in the CPU reference's order; `scores` holds each thread's
+// pos + Q scores (Q·H rows of that length).
+__global__ void attention_decode_kernel(float* out, float* scores, const float* q, const float* k, const float* v,
+                                        int Q, int pos, int H, int KV, int D, int q_stride, int kv_stride,
+                                        float scale) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= Q * H) return;
+  const int t = idx / H, h = idx % H, j = h / (H / KV), n = pos + t + 1, L = pos + Q;
+  const float* qt = q + static_cast<std::size_t>(t) * q_stride + static_cast<std::size_t>(h) * D;
+  float* a = scores + static_cast<std::size_t>(idx) * L;
+  float maxv = -INFINITY;
+  for (int s = 0; s < n; ++s) {
+    const float* ks = k + static_cast<std::size_t>(s) * kv_stride + static_cast<std::size_t>(j) * D;
+    float dot = 0;
+    for (int i = 0; i < D; ++i) dot += qt[i] * ks[i];
+    a[s] = dot * scale;
+    maxv = fmaxf(maxv, a[s]);
+  }
+  float sum = 0;
+  for (int s = 0; s < n; ++s) sum += (a[s] = expf(a[s] - maxv));
+  const float inv = 1.0f / sum;
+  for (int s = 0; s < n; ++s) a[s] *= inv;
+  float* o = out + static_cast<std::size_t>(t) * H * D + static_cast<std::size_t>(h) * D;
+  for (int i = 0; i < D; ++i) o[i] = 0;
+  for (int s = 0; s < n; ++s) {
+    const float* vs = v + static_cast<std::size_t>(s) * kv_stride + static_cast<std::size_t>(j) * D;
+    for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
+  }
+}
 // dq and Σ_s a·datt per (batch, head, query position).
 __global__ void gqa_backward_queries(float* dq, float* weighted, const float* dout, const float* q, const float* k,
                                      const float* v, const float* att, int B, int T, int H, int KV, int D,
@@ -221,6 +250,13 @@ void launch_gqa_attention_backward(float* dq, float* dk, float* dv, float* weigh
   gqa_backward_keys<<<blocks_for(static_cast<std::size_t>(B) * KV * T, 64), 64, 0, s>>>(
       dk, dv, weighted, dout, q, v, att, B, T, H, KV, D, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_backward_keys");
+}
+void launch_attention_decode(float* out, float* scores, const float* q, const float* k, const float* v, int Q, int pos,
+                             int H, int KV, int D, int q_stride, int kv_stride, cudaStream_t s) {
+  if (Q <= 0) return;
+  attention_decode_kernel<<<blocks_for(static_cast<std::size_t>(Q) * H, 64), 64, 0, s>>>(
+      out, scores, q, k, v, Q, pos, H, KV, D, q_stride, kv_stride, attention_scale(D));
+  ZINF_CUDA_LAUNCH_CHECK("attention_decode");
 }
 void launch_embedding_forward(float* out, const int* tokens, const float* wte, int R, int C, cudaStream_t s) {
   embedding_forward_kernel<<<blocks_for(static_cast<std::size_t>(R) * C, 256), 256, 0, s>>>(out, tokens, wte, R, C);

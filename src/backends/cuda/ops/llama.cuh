@@ -23,6 +23,10 @@ void launch_gqa_attention_forward(float* out, float* att, const float* q, const 
 void launch_gqa_attention_backward(float* dq, float* dk, float* dv, float* weighted, const float* dout, const float* q,
                                    const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D,
                                    cudaStream_t s);
+// Generation's attention over a key/value cache (ops_llama.h, attention_decode); scores: scratch of
+// Q·H·(pos + Q) floats.
+void launch_attention_decode(float* out, float* scores, const float* q, const float* k, const float* v, int Q, int pos,
+                             int H, int KV, int D, int q_stride, int kv_stride, cudaStream_t s);
 void launch_embedding_forward(float* out, const int* tokens, const float* wte, int R, int C, cudaStream_t s);
 // dwte += …
 void launch_embedding_backward(float* dwte, const float* dout, const int* tokens, int R, int C, cudaStream_t s);

@@ -13,6 +13,7 @@ pkgs=(nlohmann-json3-dev libcli11-dev libeigen3-dev
       liburing-dev liburing2
       libxxhash-dev libxxhash0
       libsentencepiece-dev libsentencepiece0
+      libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2
       libgtest-dev libgmock-dev
       pkgconf pkgconf-bin libpkgconf3)
 mkdir -p "$dir"

@@ -110,10 +110,12 @@ class Pattern {
   Pattern& operator=(const Pattern&) = delete;
 
   // The pieces of subject[from, to) in the split of the whole subject: each match, and each stretch
-  // between matches. Returns false when the cut at `from` (from > 0) or at `to` is not a piece
-  // boundary of a scan that started at 0: the first match starts after `from`, or a match crosses `to`.
+  // between matches. Whether the cuts are piece boundaries of a scan that started at 0: *start_ok
+  // is false when from > 0 and the first match does not start at `from`; *end_ok is false when a
+  // match crosses `to` (given that `from` was a boundary).
   template <typename F>
-  bool split(std::string_view subject, std::size_t from, std::size_t to, F&& piece) const {
+  void split(std::string_view subject, std::size_t from, std::size_t to, F&& piece, bool* start_ok,
+             bool* end_ok) const {
     struct Match {
       pcre2_match_data* md;
       pcre2_match_context* mc;
@@ -129,7 +131,9 @@ class Pattern {
     if (m.js) pcre2_jit_stack_assign(m.mc, nullptr, m.js);
     const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
     std::size_t pos = from;
-    bool first = true, ok = true;
+    bool first = true;
+    *start_ok = from == 0;
+    *end_ok = true;
     while (pos < to) {
       const int rc = pcre2_match(code_, s, subject.size(), pos, PCRE2_NOTEMPTY, m.md, m.mc);
       if (rc == PCRE2_ERROR_NOMATCH) break;
@@ -140,17 +144,15 @@ class Pattern {
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.md);
       const std::size_t b = ov[0], e = ov[1];
-      if (first && from > 0 && b != from) ok = false;
+      if (first && b == from) *start_ok = true;
       first = false;
       if (b >= to) break;
       if (b > pos) piece(subject.substr(pos, b - pos));
-      if (e > to) ok = false;
+      if (e > to) *end_ok = false;
       piece(subject.substr(b, e - b));
       pos = e;
     }
-    if (first && from > 0) ok = false;
     if (pos < to) piece(subject.substr(pos, to - pos));
-    return ok;
   }
 
  private:
@@ -422,38 +424,60 @@ class BpeTokenizer final : public Tokenizer {
     std::vector<std::size_t> cuts{0};
     if (chunk > 0)
       for (std::size_t p = chunk; p < seg.size(); p += chunk) {
-        while (p < seg.size() && !(seg[p - 1] == '\n' && ((seg[p] | 0x20) >= 'a' && (seg[p] | 0x20) <= 'z'))) ++p;
+        while (p < seg.size() && !cut_here(seg, p)) ++p;
         if (p + chunk / 4 >= seg.size()) break;  // no small last chunk
         cuts.push_back(p);
       }
     cuts.push_back(seg.size());
-    const std::size_t n = cuts.size() - 1;
-    if (n == 1) {
+    if (cuts.size() == 2) {
       WordCache cache;
-      split_and_merge(seg, 0, seg.size(), out, cache);
+      bool start_ok = true, end_ok = true;
+      split_and_merge(seg, 0, seg.size(), out, cache, &start_ok, &end_ok);
       return;
     }
-    std::vector<std::vector<std::uint32_t>> parts(n);
-    std::vector<char> ok(n, 1);
-    tbb::parallel_for(std::size_t{0}, n, [&](std::size_t c) {
-      WordCache cache;
-      ok[c] = split_and_merge(seg, cuts[c], cuts[c + 1], parts[c], cache) ? 1 : 0;
-    });
-    if (std::find(ok.begin(), ok.end(), 0) != ok.end()) {  // the pattern joins across a cut: one pass
-      WordCache cache;
-      split_and_merge(seg, 0, seg.size(), out, cache);
-      return;
+    // Cuts a piece crosses are dropped and the chunks around them encoded again as one. Chunk 0 starts
+    // where a one-pass scan starts, so each chunk whose start is a boundary checks the next cut.
+    for (;;) {
+      const std::size_t n = cuts.size() - 1;
+      std::vector<std::vector<std::uint32_t>> parts(n);
+      std::vector<char> start_ok(n, 1), end_ok(n, 1);
+      tbb::parallel_for(std::size_t{0}, n, [&](std::size_t c) {
+        WordCache cache;
+        bool s = true, e = true;
+        split_and_merge(seg, cuts[c], cuts[c + 1], parts[c], cache, &s, &e);
+        start_ok[c] = s ? 1 : 0;
+        end_ok[c] = e ? 1 : 0;
+      });
+      std::vector<std::size_t> kept{0};
+      for (std::size_t c = 1; c < n; ++c)
+        if (end_ok[c - 1] && start_ok[c]) kept.push_back(cuts[c]);
+      kept.push_back(seg.size());
+      if (kept.size() == cuts.size()) {
+        std::size_t total = out.size();
+        for (const auto& p : parts) total += p.size();
+        out.reserve(total);
+        for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+        return;
+      }
+      cuts = std::move(kept);
     }
-    std::size_t total = out.size();
-    for (const auto& p : parts) total += p.size();
-    out.reserve(total);
-    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
   }
 
-  bool split_and_merge(std::string_view seg, std::size_t from, std::size_t to, std::vector<std::uint32_t>& out,
-                       WordCache& cache) const {
+  // A candidate cut: just after a newline, before a byte that starts a character other than ASCII
+  // white space. Neither GPT-2's nor Llama 3's pattern puts a newline and a following non-space in
+  // one piece; other patterns are checked (see encode_segment).
+  static bool cut_here(std::string_view s, std::size_t p) {
+    if (s[p - 1] != '\n') return false;
+    const auto c = static_cast<unsigned char>(s[p]);
+    return (c > 0x20 && c < 0x7F) || c >= 0xC2;
+  }
+
+  void split_and_merge(std::string_view seg, std::size_t from, std::size_t to, std::vector<std::uint32_t>& out,
+                       WordCache& cache, bool* start_ok, bool* end_ok) const {
     std::string prefixed;
-    return pattern_->split(seg, from, to, [&](std::string_view piece) {
+    pattern_->split(
+        seg, from, to,
+        [&](std::string_view piece) {
       if (piece_prefix_ && piece[0] != ' ') {
         prefixed.assign(1, ' ');
         prefixed += piece;
@@ -461,7 +485,8 @@ class BpeTokenizer final : public Tokenizer {
       } else {
         merge_piece(piece, out, cache);
       }
-    });
+        },
+        start_ok, end_ok);
   }
 
   // NFC of a segment, in parallel chunks cut after '\n' (no character composes with a newline, so

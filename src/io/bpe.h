@@ -13,14 +13,17 @@
 //                  encode(text, special = true), as io/tokenizer.h documents; non-special ones always
 //                  (Hugging Face's behaviour with split_special_tokens). lstrip/rstrip/single_word are
 //                  not applied.
+//   token_id(piece): an added token's content, or a vocabulary entry as the file spells it (byte-level:
+//                  "Ġthe"), else the byte-level spelling of the bytes `piece`.
 //   decoder, post_processor: not read (decoding is the byte-level reverse map; no BOS/EOS is added).
 //
-// Large texts are encoded in parallel (oneTBB): a text is cut into chunks of about 1 MiB right after
-// a '\n' that is followed by an ASCII letter. Neither shipped split pattern joins a newline with a
-// following letter, and each chunk's split runs on the whole text (look-aheads see past the cut),
-// so the pieces are those of one serial pass. The cut is also checked: when a piece of one chunk
-// crosses a cut, or the next chunk's first piece does not start at it (a pattern that could join
-// across), the text is encoded serially instead.
+// Large texts are encoded in parallel (oneTBB): a text is cut into chunks of about 1 MiB, each cut
+// just after a newline that is followed by a character other than ASCII white space. Neither
+// shipped split pattern (GPT-2's, Llama 3's, Qwen2's) puts such a newline and the next character in
+// one piece, and each chunk's split runs on the whole text (look-aheads see past the cut), so the
+// pieces are those of one serial pass. Every cut is also checked — the previous chunk's last piece
+// must end at it and the next chunk's first match start there — and a cut that fails (a pattern
+// that joins across it) is dropped and the two chunks encoded again as one.
 #pragma once
 
 #include <cstddef>

@@ -97,8 +97,9 @@ std::unique_ptr<Tokenizer> from_json(const json& j, const std::string& name = "t
   return bpe_tokenizer_from_json(j.dump(), name, "data.tokenizer");
 }
 
+// The id of the vocabulary entry for the bytes `raw` (token_id takes the vocabulary's spelling).
 std::uint32_t id_of(const Tokenizer& t, const std::string& raw) {
-  const auto id = t.token_id(raw);
+  const auto id = t.token_id(mapped(raw));
   EXPECT_TRUE(id) << raw;
   return id.value_or(0);
 }
@@ -200,8 +201,8 @@ TEST(Bpe, ParallelEncodeGivesTheSerialIds) {
   }
 }
 
-// A pattern that joins a newline with the next letter: every cut is refused and the encode falls
-// back to one pass, still giving the serial ids.
+// A pattern that joins a newline with the next letter: those cuts are refused and their chunks
+// encoded again as one, still giving the serial ids.
 TEST(Bpe, ParallelEncodeFallsBackWhenThePatternJoinsAcrossACut) {
   json j = small_tokenizer(kMerges, false, true);
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = R"(\n?[a-z]+|[^a-z\n]+|\n)";
@@ -327,19 +328,22 @@ TEST(Bpe, SameIdsAsHuggingFace) {
   for (const std::vector<std::string>& style : {std::vector<std::string>{"--style", "gpt2"},
                                                 std::vector<std::string>{"--style", "llama3", "--nfc"}}) {
     const std::string dir = d / ("tok-" + style[1]);
-    std::vector<std::string> args = {script, dir, "1500", d / "corpus.txt"};
+    std::vector<std::string> args = {script, dir, "600", d / "corpus.txt"};
     args.insert(args.end(), style.begin(), style.end());
     const auto made = test::run_python(py, "", args);
     ASSERT_EQ(made.status, 0) << made.output;
     const auto hf = test::run_python(py, encode, {dir + "/tokenizer.json", d / "texts.json"});
     ASSERT_EQ(hf.status, 0) << hf.output;
     const json want = json::parse(hf.output);
+    ASSERT_EQ(want.size(), texts.size());
     const auto t = open_tokenizer(dir);
-    EXPECT_EQ(t->vocab_size(), 1500);
+    EXPECT_EQ(t->vocab_size(), 600);
     for (std::size_t i = 0; i < texts.size(); ++i) {
       const auto ids = t->encode(texts[i], true);
       EXPECT_EQ(json(ids), want[i]) << style[1] << ": " << texts[i].substr(0, 200);
-      EXPECT_EQ(t->decode(ids), texts[i]) << style[1];
+      if (style.size() == 2) {  // NFC changes some texts
+        EXPECT_EQ(t->decode(ids), texts[i]) << style[1];
+      }
     }
     // The folder's BOS/EOS (tokenizer_config.json, generation_config.json).
     ASSERT_TRUE(t->bos_id());

@@ -4,6 +4,7 @@
 #include <utf8proc.h>
 
 #include <nlohmann/json.hpp>
+#include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -165,11 +166,92 @@ struct AddedToken {
   bool special;
 };
 
-// Byte-level BPE merges of one piece, remembering pieces already seen (one cache per encode call or
-// chunk: no sharing between threads).
-struct WordCache {
-  std::unordered_map<std::string, std::pair<std::uint32_t, std::uint32_t>> where;  // piece -> (offset, count)
-  std::vector<std::uint32_t> ids;
+// The merges: (left id, right id) -> (rank, merged id), open addressing (the lookup is the inner loop).
+class MergeTable {
+ public:
+  struct Entry {
+    std::uint64_t key = kEmpty;
+    std::uint32_t rank = 0, id = 0;
+  };
+  void reserve(std::size_t n) {
+    std::size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    slots_.assign(cap, Entry{});
+    mask_ = cap - 1;
+  }
+  // Keeps the first rank of a pair listed twice.
+  void insert(std::uint64_t key, std::uint32_t rank, std::uint32_t id) {
+    for (std::size_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return;
+      if (slots_[i].key == kEmpty) {
+        slots_[i] = Entry{key, rank, id};
+        ++size_;
+        return;
+      }
+    }
+  }
+  const Entry* find(std::uint64_t key) const {
+    for (std::size_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return &slots_[i];
+      if (slots_[i].key == kEmpty) return nullptr;
+    }
+  }
+  std::size_t size() const { return size_; }
+
+ private:
+  static constexpr std::uint64_t kEmpty = ~std::uint64_t{0};  // ids are below 2^21: never a key
+  static std::size_t mix(std::uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return static_cast<std::size_t>(k);
+  }
+  std::vector<Entry> slots_;
+  std::size_t mask_ = 0, size_ = 0;
+};
+
+// Pieces already merged, with their ids: one per thread (the tokenizer keeps them between calls),
+// emptied when full. Open addressing over one buffer of keys and one of ids.
+class WordCache {
+ public:
+  WordCache() { slots_.assign(kSlots, Slot{}); }
+  // The ids of `piece` appended to `out`, or false.
+  bool get(std::string_view piece, std::size_t hash, std::vector<std::uint32_t>& out) const {
+    for (std::size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+      const Slot& s = slots_[i];
+      if (s.key_len == 0) return false;
+      if (s.hash == hash && s.key_len == piece.size() && keys_.compare(s.key_off, s.key_len, piece) == 0) {
+        out.insert(out.end(), ids_.begin() + s.ids_off, ids_.begin() + s.ids_off + s.ids_len);
+        return true;
+      }
+    }
+  }
+  void put(std::string_view piece, std::size_t hash, const std::uint32_t* ids, std::size_t n) {
+    if (used_ >= kSlots / 2) {  // full: start again
+      slots_.assign(kSlots, Slot{});
+      keys_.clear();
+      ids_.clear();
+      used_ = 0;
+    }
+    std::size_t i = hash & (kSlots - 1);
+    while (slots_[i].key_len != 0) i = (i + 1) & (kSlots - 1);
+    slots_[i] = Slot{hash, static_cast<std::uint32_t>(keys_.size()), static_cast<std::uint32_t>(piece.size()),
+                     static_cast<std::uint32_t>(ids_.size()), static_cast<std::uint32_t>(n)};
+    keys_.append(piece);
+    ids_.insert(ids_.end(), ids, ids + n);
+    ++used_;
+  }
+
+ private:
+  static constexpr std::size_t kSlots = std::size_t{1} << 17;
+  struct Slot {
+    std::size_t hash = 0;
+    std::uint32_t key_off = 0, key_len = 0, ids_off = 0, ids_len = 0;
+  };
+  std::vector<Slot> slots_;
+  std::string keys_;
+  std::vector<std::uint32_t> ids_;
+  std::size_t used_ = 0;
 };
 
 class BpeTokenizer final : public Tokenizer {
@@ -281,6 +363,7 @@ class BpeTokenizer final : public Tokenizer {
     if (!model.contains("merges") || !model["merges"].is_array())
       throw ConfigError(where + ": model.merges is missing or not an array", hint);
     std::uint32_t rank = 0;
+    merges_.reserve(model["merges"].size());
     for (const auto& m : model["merges"]) {
       std::string a, b;
       if (m.is_string()) {
@@ -302,7 +385,7 @@ class BpeTokenizer final : public Tokenizer {
         throw ConfigError(where + ": model.merges[" + std::to_string(rank) + "] (" + a + " " + b + "): " +
                           (ia == vocab_.end() ? a : ib == vocab_.end() ? b : a + b) + " is not in model.vocab");
       const std::uint64_t key = (std::uint64_t{ia->second} << 32) | ib->second;
-      merges_.emplace(key, std::make_pair(rank, ic->second));  // a repeated pair keeps its first rank
+      merges_.insert(key, rank, ic->second);
       ++rank;
     }
     for (int b = 0; b < 256; ++b) {
@@ -417,8 +500,7 @@ class BpeTokenizer final : public Tokenizer {
       seg = owned;
     }
     if (!pattern_) {  // ByteLevel without a split: the segment is one piece
-      WordCache cache;
-      merge_piece(seg, out, cache);
+      merge_piece(seg, out, caches_.local());
       return;
     }
     std::vector<std::size_t> cuts{0};
@@ -430,9 +512,8 @@ class BpeTokenizer final : public Tokenizer {
       }
     cuts.push_back(seg.size());
     if (cuts.size() == 2) {
-      WordCache cache;
       bool start_ok = true, end_ok = true;
-      split_and_merge(seg, 0, seg.size(), out, cache, &start_ok, &end_ok);
+      split_and_merge(seg, 0, seg.size(), out, caches_.local(), &start_ok, &end_ok);
       return;
     }
     // Cuts a piece crosses are dropped and the chunks around them encoded again as one. Chunk 0 starts
@@ -442,9 +523,8 @@ class BpeTokenizer final : public Tokenizer {
       std::vector<std::vector<std::uint32_t>> parts(n);
       std::vector<char> start_ok(n, 1), end_ok(n, 1);
       tbb::parallel_for(std::size_t{0}, n, [&](std::size_t c) {
-        WordCache cache;
         bool s = true, e = true;
-        split_and_merge(seg, cuts[c], cuts[c + 1], parts[c], cache, &s, &e);
+        split_and_merge(seg, cuts[c], cuts[c + 1], parts[c], caches_.local(), &s, &e);
         start_ok[c] = s ? 1 : 0;
         end_ok[c] = e ? 1 : 0;
       });
@@ -527,19 +607,12 @@ class BpeTokenizer final : public Tokenizer {
       out.push_back(byte_id(static_cast<unsigned char>(raw[0])));
       return;
     }
-    const std::string key(raw);
-    if (auto it = cache.where.find(key); it != cache.where.end()) {
-      const auto [off, cnt] = it->second;
-      out.insert(out.end(), cache.ids.begin() + off, cache.ids.begin() + off + cnt);
-      return;
-    }
+    const bool cached = raw.size() <= 64;
+    const std::size_t hash = cached ? std::hash<std::string_view>{}(raw) : 0;
+    if (cached && cache.get(raw, hash, out)) return;
     const std::size_t before = out.size();
     merge_uncached(raw, out);
-    if (cache.where.size() < 200000 && raw.size() <= 64) {
-      cache.where.emplace(key, std::make_pair(static_cast<std::uint32_t>(cache.ids.size()),
-                                              static_cast<std::uint32_t>(out.size() - before)));
-      cache.ids.insert(cache.ids.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
-    }
+    if (cached) cache.put(raw, hash, out.data() + before, out.size() - before);
   }
 
   std::uint32_t byte_id(unsigned char b) const {
@@ -580,8 +653,7 @@ class BpeTokenizer final : public Tokenizer {
       const int r = next[static_cast<std::size_t>(l)];
       if (r < 0) return;
       const std::uint32_t a = id[static_cast<std::size_t>(l)], b = id[static_cast<std::size_t>(r)];
-      const auto it = merges_.find((std::uint64_t{a} << 32) | b);
-      if (it != merges_.end()) q.push(Cand{it->second.first, l, r, a, b, it->second.second});
+      if (const auto* m = merges_.find((std::uint64_t{a} << 32) | b)) q.push(Cand{m->rank, l, r, a, b, m->id});
     };
     for (int i = 0; i + 1 < n; ++i) push(i);
     std::vector<char> alive(static_cast<std::size_t>(n), 1);
@@ -602,7 +674,8 @@ class BpeTokenizer final : public Tokenizer {
 
   std::string file_;
   std::unordered_map<std::string, std::uint32_t> vocab_;                          // byte-level string -> id
-  std::unordered_map<std::uint64_t, std::pair<std::uint32_t, std::uint32_t>> merges_;  // (a, b) -> (rank, a+b)
+  MergeTable merges_;
+  mutable tbb::enumerable_thread_specific<WordCache> caches_;  // one per thread
   std::array<std::int64_t, 256> byte_id_{};
   bool ignore_merges_ = false, nfc_ = false;
   bool segment_prefix_ = false;  // ByteLevel(add_prefix_space) splitting itself: one space before each segment

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -277,7 +278,7 @@ TEST(Bpe, FolderNamesBosAndEos) {
   EXPECT_THROW(open_tokenizer(d.path.string()), ConfigError);
 }
 
-TEST(Bpe, DataTokenizerReadsTokenizerJson) {
+TEST(Bpe, DataTokenizerAndZinfTokenizeReadTokenizerJson) {
   TempDir d("bpe-data");
   d.write("tokenizer.json", small_tokenizer(kMerges, false, true).dump());
   const std::string text = mixed_text(20000);
@@ -292,6 +293,18 @@ TEST(Bpe, DataTokenizerReadsTokenizerJson) {
   ASSERT_EQ(data.size(), want.size());
   for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(data.at(i), want[i]) << i;
   EXPECT_NE(data.description().find("bpe"), std::string::npos) << data.description();
+
+  // `zinf tokenize --tokenizer FOLDER` writes the same ids into a token file.
+  const std::string cmd = std::string(ZINF_BIN) + " tokenize --tokenizer " + d.path.string() + " " + (d / "text.txt") +
+                          " -o " + (d / "tokens.bin") + " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  DataConfig tc;
+  tc.path = d / "tokens.bin";
+  tc.val_fraction = 0.1;
+  const TokenData file = TokenData::load(tc, 512, 16);
+  ASSERT_EQ(file.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(file.at(i), want[i]) << i;
+  EXPECT_NE(file.description().find("uint16"), std::string::npos) << file.description();
 }
 
 // Hugging Face's own encode of the same texts, with tokenizers trained by scripts/make-tokenizer.py.

@@ -6,12 +6,14 @@ folder zinf reads (data.tokenizer, zinf tokenize --tokenizer): tokenizer.json, t
 --style gpt2:   ByteLevel splitting with GPT-2's pattern (as GPT-2 ships); BOS = EOS = <|endoftext|>.
 --style llama3: a Split with Llama 3's pattern, then ByteLevel without a pattern, ignore_merges (as
                 Llama 3 ships); BOS <|begin_of_text|>, EOS <|eot_id|> and <|end_of_text|>.
+--style smollm: Digits (one piece per digit), then ByteLevel with GPT-2's pattern (as SmolLM ships);
+                BOS = EOS = <|endoftext|>.
 --nfc adds an NFC normalizer (as Qwen2 ships). The special tokens of both chat formats come first
 in the vocabulary (ids 0-7).
 
 Runs with the checkers' python (scripts/install-checkers.sh: .venv-check/bin/python).
 
-usage: make-tokenizer.py OUTPUT_DIR VOCAB_SIZE TEXT_FILE... [--style gpt2|llama3] [--nfc]
+usage: make-tokenizer.py OUTPUT_DIR VOCAB_SIZE TEXT_FILE... [--style gpt2|llama3|smollm] [--nfc]
 """
 import argparse
 import json
@@ -35,6 +37,11 @@ def build(style, nfc):
         tok.normalizer = normalizers.NFC()
     if style == "gpt2":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif style == "smollm":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
     else:
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
@@ -49,7 +56,7 @@ def main():
     ap.add_argument("output", help="folder to write (created if missing)")
     ap.add_argument("vocab_size", type=int, help="vocabulary size, specials and the 256 bytes included")
     ap.add_argument("inputs", nargs="+", help="text files to train on")
-    ap.add_argument("--style", choices=["gpt2", "llama3"], default="gpt2")
+    ap.add_argument("--style", choices=["gpt2", "llama3", "smollm"], default="gpt2")
     ap.add_argument("--nfc", action="store_true", help="add an NFC normalizer")
     a = ap.parse_args()
     if a.vocab_size < 256 + len(SPECIALS):
@@ -62,7 +69,7 @@ def main():
     os.makedirs(a.output, exist_ok=True)
     tok.save(os.path.join(a.output, "tokenizer.json"))
 
-    if a.style == "gpt2":
+    if a.style in ("gpt2", "smollm"):
         bos, eos = "<|endoftext|>", ["<|endoftext|>"]
     else:
         bos, eos = "<|begin_of_text|>", ["<|eot_id|>", "<|end_of_text|>"]

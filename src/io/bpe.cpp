@@ -427,13 +427,26 @@ class BpeTokenizer final : public Tokenizer {
         const bool prefix = s.value("add_prefix_space", false);
         if (s.value("use_regex", true)) {
           if (pattern_) throw ConfigError(where + ": pre_tokenizer: a Split and a ByteLevel with use_regex", hint);
-          pattern_ = std::make_unique<Pattern>(kGpt2Pattern, false, where);
+          if (digits_) {
+            // Digits, then GPT-2's pattern inside the runs between them (SmolLM, StarCoder), as one
+            // pattern: no alternative may take a digit, and a space run before a digit ends its run.
+            if (prefix) throw ConfigError(where + ": pre_tokenizer: Digits with ByteLevel add_prefix_space", hint);
+            pattern_ = std::make_unique<Pattern>(std::string(*digits_ ? R"(\p{N}|)" : R"(\p{N}+|)") +
+                                                     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+)",
+                                                 false, where);
+          } else {
+            pattern_ = std::make_unique<Pattern>(kGpt2Pattern, false, where);
+          }
           segment_prefix_ = prefix;
         } else {
+          if (digits_) throw ConfigError(where + ": pre_tokenizer: Digits needs a ByteLevel with use_regex", hint);
           piece_prefix_ = prefix;
         }
+      } else if (t == "Digits") {
+        if (k != 0 || pattern_) throw ConfigError(where + ": pre_tokenizer: Digits must come first", hint);
+        digits_ = s.value("individual_digits", false);
       } else if (t == "Split") {
-        if (pattern_) throw ConfigError(where + ": pre_tokenizer: only one Split is supported", hint);
+        if (pattern_ || digits_) throw ConfigError(where + ": pre_tokenizer: only one Split is supported", hint);
         if (s.value("behavior", std::string()) != "Isolated" || s.value("invert", false))
           throw ConfigError(where + ": pre_tokenizer Split: only behavior Isolated without invert is supported", hint);
         const json& p = s.contains("pattern") ? s["pattern"] : json();
@@ -678,6 +691,7 @@ class BpeTokenizer final : public Tokenizer {
   mutable tbb::enumerable_thread_specific<WordCache> caches_;  // one per thread
   std::array<std::int64_t, 256> byte_id_{};
   bool ignore_merges_ = false, nfc_ = false;
+  std::optional<bool> digits_;   // a Digits pre-tokenizer first: individual_digits
   bool segment_prefix_ = false;  // ByteLevel(add_prefix_space) splitting itself: one space before each segment
   bool piece_prefix_ = false;    // ByteLevel(add_prefix_space) after a Split: one before each piece
   std::unique_ptr<Pattern> pattern_;

@@ -7,7 +7,8 @@
 //   normalizer     null or NFC (libutf8proc; text that is not valid UTF-8 is left as it is);
 //   pre_tokenizer  ByteLevel alone (GPT-2's split pattern when use_regex, add_prefix_space honoured),
 //                  or a Sequence of one Split {Regex or String pattern, behavior Isolated, invert false}
-//                  and a ByteLevel with use_regex false (as Llama 3 and Qwen2 ship). The pattern runs
+//                  and a ByteLevel with use_regex false (as Llama 3 and Qwen2 ship), or of Digits and
+//                  a ByteLevel with use_regex (as SmolLM ships). The pattern runs
 //                  in PCRE2 (UTF, Unicode properties, JIT);
 //   added_tokens   matched in the text before the split, longest first. Special ones only with
 //                  encode(text, special = true), as io/tokenizer.h documents; non-special ones always

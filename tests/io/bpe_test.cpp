@@ -2,7 +2,8 @@
 // rank from small files built here (both merge formats), byte-exact round trips of any bytes,
 // special tokens, BOS/EOS from a model folder, the parallel encode against the serial one, clear
 // errors for files it does not read, and — when the checkers' python has Hugging Face `tokenizers` —
-// the same ids as Hugging Face on texts in many scripts, for GPT-2's and Llama 3's split patterns.
+// the same ids as Hugging Face on texts in many scripts, for GPT-2's, Llama 3's and SmolLM's
+// pre-tokenizers.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -327,7 +328,7 @@ TEST(Bpe, SameIdsAsHuggingFace) {
       "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>",
       "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nhi<|im_end|><|endoftext|>",
       "special <|eot_id|>inside<|eot_id|> text", "<|eot_id", "x=1;y=22;  // code\n\tif (a) { b(); }",
-      "Ünïcödé façade naïve café — “quotes”", ""};
+      "Ünïcödé façade naïve café — “quotes”", "a  1 b\t2\n 3x٣४  ", "v1.2.3-rc4 0x1F 1e-5 ½", ""};
   texts.push_back(mixed_text(5000));
   texts.push_back(corpus.substr(0, 20000));
   d.write("texts.json", json(texts).dump());
@@ -338,8 +339,9 @@ TEST(Bpe, SameIdsAsHuggingFace) {
       "texts = json.load(open(sys.argv[2], encoding='utf-8'))\n"
       "print(json.dumps([t.encode(x, add_special_tokens=False).ids for x in texts]))\n";
   const std::string script = std::string(ZINF_SOURCE_DIR) + "/scripts/make-tokenizer.py";
-  for (const std::vector<std::string>& style : {std::vector<std::string>{"--style", "gpt2"},
-                                                std::vector<std::string>{"--style", "llama3", "--nfc"}}) {
+  for (const std::vector<std::string>& style :
+       {std::vector<std::string>{"--style", "gpt2"}, std::vector<std::string>{"--style", "llama3", "--nfc"},
+        std::vector<std::string>{"--style", "smollm"}}) {
     const std::string dir = d / ("tok-" + style[1]);
     std::vector<std::string> args = {script, dir, "600", d / "corpus.txt"};
     args.insert(args.end(), style.begin(), style.end());
@@ -360,8 +362,8 @@ TEST(Bpe, SameIdsAsHuggingFace) {
     }
     // The folder's BOS/EOS (tokenizer_config.json, generation_config.json).
     ASSERT_TRUE(t->bos_id());
-    EXPECT_EQ(*t->bos_id(), *t->token_id(style[1] == "gpt2" ? "<|endoftext|>" : "<|begin_of_text|>"));
-    EXPECT_EQ(t->eos_ids().front(), *t->token_id(style[1] == "gpt2" ? "<|endoftext|>" : "<|eot_id|>"));
+    EXPECT_EQ(*t->bos_id(), *t->token_id(style[1] != "llama3" ? "<|endoftext|>" : "<|begin_of_text|>"));
+    EXPECT_EQ(t->eos_ids().front(), *t->token_id(style[1] != "llama3" ? "<|endoftext|>" : "<|eot_id|>"));
   }
 }
 

@@ -360,6 +360,14 @@ class BpeTokenizer final : public Tokenizer {
       vocab_[piece] = v;
       n_ids = std::max(n_ids, v + 1);
     }
+    // One piece per id: decoding an id must give one text.
+    std::vector<const std::string*> piece_of(n_ids, nullptr);
+    for (const auto& [piece, v] : vocab_) {
+      if (piece_of[v])
+        throw ConfigError(where + ": model.vocab gives the id " + std::to_string(v) + " to both \"" + *piece_of[v] +
+                          "\" and \"" + piece + "\"");
+      piece_of[v] = &piece;
+    }
     if (!model.contains("merges") || !model["merges"].is_array())
       throw ConfigError(where + ": model.merges is missing or not an array", hint);
     std::uint32_t rank = 0;
@@ -472,6 +480,13 @@ class BpeTokenizer final : public Tokenizer {
           throw ConfigError(where + ": added_tokens: an entry without an id in [0, 2^21) and a content string");
         AddedToken t{a["content"].get<std::string>(), a["id"].get<std::uint32_t>(), a.value("special", false)};
         if (t.content.empty()) throw ConfigError(where + ": added_tokens: id " + std::to_string(t.id) + " is empty");
+        // An added token may repeat its own vocabulary entry (GPT-2's <|endoftext|>), not another's.
+        const std::string* other = t.id < piece_of.size() ? piece_of[t.id] : nullptr;
+        for (const auto& b : added_)
+          if (b.id == t.id) other = &b.content;
+        if (other && *other != t.content)
+          throw ConfigError(where + ": added_tokens: the id " + std::to_string(t.id) + " of \"" + t.content +
+                            "\" is already \"" + *other + "\"");
         n_ids = std::max(n_ids, t.id + 1);
         added_.push_back(std::move(t));
       }

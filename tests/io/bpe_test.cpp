@@ -251,6 +251,15 @@ TEST(Bpe, ClearErrors) {
   j = small_tokenizer(kMerges, false, true);
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
   EXPECT_NE(error_of(j).find("the split pattern does not compile"), std::string::npos) << error_of(j);
+  json dup = good;
+  dup["model"]["vocab"]["j"] = dup["model"]["vocab"]["i"];
+  EXPECT_NE(error_of(dup).find("model.vocab gives the id 105 to both"), std::string::npos) << error_of(dup);
+  dup = good;
+  dup["added_tokens"][1]["id"] = dup["added_tokens"][0]["id"];
+  EXPECT_NE(error_of(dup).find("added_tokens: the id"), std::string::npos) << error_of(dup);
+  dup = good;
+  dup["added_tokens"][0]["id"] = 104;  // 'h'
+  EXPECT_NE(error_of(dup).find("is already \"h\""), std::string::npos) << error_of(dup);
   j["model"]["vocab"]["x"] = "seven";
   EXPECT_NE(error_of(j).find("model.vocab[\"x\"] is not an id"), std::string::npos) << error_of(j);
   try {

@@ -32,16 +32,9 @@ constexpr const char* kGpt2Pattern =
 constexpr std::size_t kChunkBytes = std::size_t{1} << 20;  // parallel work unit of a large text
 
 void append_utf8(std::string& s, std::uint32_t cp) {
-  if (cp < 0x80) {
-    s.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  utf8proc_uint8_t buf[4];
+  const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), buf);
+  s.append(reinterpret_cast<const char*>(buf), static_cast<std::size_t>(n));
 }
 
 // Byte-level BPE writes every byte as a printable character: the printable Latin-1 bytes as

@@ -3,9 +3,9 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
-#include <nlohmann/json.hpp>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -26,8 +26,7 @@ namespace {
 using json = nlohmann::json;
 
 // The split ByteLevel applies with use_regex (GPT-2's).
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 constexpr std::size_t kChunkBytes = std::size_t{1} << 20;  // parallel work unit of a large text
 
@@ -322,8 +321,8 @@ class BpeTokenizer final : public Tokenizer {
   }
 
   std::string description() const override {
-    return file_ + " (byte-level BPE, " + std::to_string(id_bytes_.size()) + " ids, " +
-           std::to_string(merges_.size()) + " merges)";
+    return file_ + " (byte-level BPE, " + std::to_string(id_bytes_.size()) + " ids, " + std::to_string(merges_.size()) +
+           " merges)";
   }
 
  private:
@@ -384,7 +383,10 @@ class BpeTokenizer final : public Tokenizer {
       const auto ia = vocab_.find(a), ib = vocab_.find(b), ic = vocab_.find(a + b);
       if (ia == vocab_.end() || ib == vocab_.end() || ic == vocab_.end())
         throw ConfigError(where + ": model.merges[" + std::to_string(rank) + "] (" + a + " " + b + "): " +
-                          (ia == vocab_.end() ? a : ib == vocab_.end() ? b : a + b) + " is not in model.vocab");
+                          (ia == vocab_.end()   ? a
+                           : ib == vocab_.end() ? b
+                                                : a + b) +
+                          " is not in model.vocab");
       const std::uint64_t key = (std::uint64_t{ia->second} << 32) | ib->second;
       merges_.insert(key, rank, ic->second);
       ++rank;
@@ -432,9 +434,10 @@ class BpeTokenizer final : public Tokenizer {
             // Digits, then GPT-2's pattern inside the runs between them (SmolLM, StarCoder), as one
             // pattern: no alternative may take a digit, and a space run before a digit ends its run.
             if (prefix) throw ConfigError(where + ": pre_tokenizer: Digits with ByteLevel add_prefix_space", hint);
-            pattern_ = std::make_unique<Pattern>(std::string(*digits_ ? R"(\p{N}|)" : R"(\p{N}+|)") +
-                                                     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+)",
-                                                 false, where);
+            pattern_ = std::make_unique<Pattern>(
+                std::string(*digits_ ? R"(\p{N}|)" : R"(\p{N}+|)") +
+                    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+)",
+                false, where);
           } else {
             pattern_ = std::make_unique<Pattern>(kGpt2Pattern, false, where);
           }
@@ -579,13 +582,13 @@ class BpeTokenizer final : public Tokenizer {
     pattern_->split(
         seg, from, to,
         [&](std::string_view piece) {
-      if (piece_prefix_ && piece[0] != ' ') {
-        prefixed.assign(1, ' ');
-        prefixed += piece;
-        merge_piece(prefixed, out, cache);
-      } else {
-        merge_piece(piece, out, cache);
-      }
+          if (piece_prefix_ && piece[0] != ' ') {
+            prefixed.assign(1, ' ');
+            prefixed += piece;
+            merge_piece(prefixed, out, cache);
+          } else {
+            merge_piece(piece, out, cache);
+          }
         },
         start_ok, end_ok);
   }
@@ -694,7 +697,7 @@ class BpeTokenizer final : public Tokenizer {
   }
 
   std::string file_;
-  std::unordered_map<std::string, std::uint32_t> vocab_;                          // byte-level string -> id
+  std::unordered_map<std::string, std::uint32_t> vocab_;  // byte-level string -> id
   MergeTable merges_;
   mutable tbb::enumerable_thread_specific<WordCache> caches_;  // one per thread
   std::array<std::int64_t, 256> byte_id_{};
@@ -704,9 +707,9 @@ class BpeTokenizer final : public Tokenizer {
   bool piece_prefix_ = false;    // ByteLevel(add_prefix_space) after a Split: one before each piece
   std::unique_ptr<Pattern> pattern_;
   std::vector<AddedToken> added_;
-  std::vector<const AddedToken*> added_all_, added_plain_;                 // longest first
+  std::vector<const AddedToken*> added_all_, added_plain_;                   // longest first
   std::array<std::vector<const AddedToken*>, 256> first_all_, first_plain_;  // by first byte, longest first
-  std::vector<std::string> id_bytes_;                                      // id -> the bytes it decodes to
+  std::vector<std::string> id_bytes_;                                        // id -> the bytes it decodes to
   std::vector<bool> id_known_;
 };
 

@@ -25,8 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   for (bool special : {false, true}) {
     std::vector<std::uint32_t> ids, chunked;
-    if (!zinf::fuzz::expect_clean("encode", [&] { ids = zinf::bpe_encode_chunked(*tok, text, special, 0); }))
-      continue;
+    if (!zinf::fuzz::expect_clean("encode", [&] { ids = zinf::bpe_encode_chunked(*tok, text, special, 0); })) continue;
     for (std::uint32_t id : ids)
       if (id >= static_cast<std::uint32_t>(tok->vocab_size())) zinf::fuzz::violated("an id outside the vocabulary");
     zinf::fuzz::expect_clean("encode in chunks", [&] { chunked = zinf::bpe_encode_chunked(*tok, text, special, 16); });

@@ -79,21 +79,24 @@ json small_tokenizer(const std::vector<std::pair<std::string, std::string>>& mer
     j["pre_tokenizer"] = {
         {"type", "Sequence"},
         {"pretokenizers",
-         json::array({{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Pattern}}}, {"behavior", "Isolated"},
-                       {"invert", false}},
-                      {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
+         json::array(
+             {{{"type", "Split"},
+               {"pattern", {{"Regex", kLlama3Pattern}}},
+               {"behavior", "Isolated"},
+               {"invert", false}},
+              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
   else
-    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  j["added_tokens"] = json::array(
-      {{{"id", next}, {"content", "<|eot_id|>"}, {"special", true}},
-       {{"id", next + 1}, {"content", "[plain]"}, {"special", false}}});
+    j["pre_tokenizer"] = {
+        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  j["added_tokens"] = json::array({{{"id", next}, {"content", "<|eot_id|>"}, {"special", true}},
+                                   {{"id", next + 1}, {"content", "[plain]"}, {"special", false}}});
   j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}};
   return j;
 }
 
 const std::vector<std::pair<std::string, std::string>> kMerges = {
-    {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {" ", "w"}, {"o", "r"}, {" w", "or"}, {"l", "d"},
-    {" wor", "ld"}, {"a", "a"}, {"aa", "aa"}, {" ", " "}, {"1", "2"}, {"\xC3", "\xA9"}};
+    {"h", "e"}, {"l", "l"},     {"he", "ll"}, {"hell", "o"}, {" ", "w"}, {"o", "r"}, {" w", "or"},
+    {"l", "d"}, {" wor", "ld"}, {"a", "a"},   {"aa", "aa"},  {" ", " "}, {"1", "2"}, {"\xC3", "\xA9"}};
 
 std::unique_ptr<Tokenizer> from_json(const json& j, const std::string& name = "tokenizer.json") {
   return bpe_tokenizer_from_json(j.dump(), name, "data.tokenizer");
@@ -125,8 +128,7 @@ TEST(Bpe, MergesByRankInBothMergeFormats) {
 TEST(Bpe, Llama3SplitKeepsDigitsInThrees) {
   const auto t = from_json(small_tokenizer(kMerges, false, true));
   // \p{N}{1,3}: "1234567" is 123 | 456 | 7; under GPT-2's pattern it is one piece.
-  EXPECT_EQ(t->encode("1234567"),
-            (std::vector<std::uint32_t>{id_of(*t, "12"), '3', '4', '5', '6', '7'}));
+  EXPECT_EQ(t->encode("1234567"), (std::vector<std::uint32_t>{id_of(*t, "12"), '3', '4', '5', '6', '7'}));
   const auto g = from_json(small_tokenizer(kMerges, false, false));
   EXPECT_EQ(g->encode("1234567"), t->encode("1234567"));  // same ids here: only "12" merges
   EXPECT_EQ(t->encode("12312"), (std::vector<std::uint32_t>{id_of(*t, "12"), '3', id_of(*t, "12")}));
@@ -148,7 +150,10 @@ TEST(Bpe, AnyBytesRoundTrip) {
       for (auto id : ids) ASSERT_LT(id, static_cast<std::uint32_t>(t->vocab_size()));
     }
     // Invalid UTF-8 and a lone continuation byte between letters.
-    for (const std::string s : {"\xFF\xFE abc", "ab\x80" "cd", "\xE2\x82", "caf\xC3\xA9 \xC3"})
+    for (const std::string s : {"\xFF\xFE abc",
+                                "ab\x80"
+                                "cd",
+                                "\xE2\x82", "caf\xC3\xA9 \xC3"})
       EXPECT_EQ(t->decode(t->encode(s)), s);
   }
 }
@@ -329,15 +334,29 @@ TEST(Bpe, SameIdsAsHuggingFace) {
   }
   d.write("corpus.txt", corpus);
   std::vector<std::string> texts = {
-      "Hello world", " leading space", "trailing space ", "multiple   spaces   here", "tabs\tand\nnewlines\r\n",
-      "\n\n\n", "   \n  \t ", "numbers 1234567 and 3.14159 and 1,000,000",
+      "Hello world",
+      " leading space",
+      "trailing space ",
+      "multiple   spaces   here",
+      "tabs\tand\nnewlines\r\n",
+      "\n\n\n",
+      "   \n  \t ",
+      "numbers 1234567 and 3.14159 and 1,000,000",
       "don't can't won't it's I'm you're we've they'll he'd DON'T IT'S",
-      "日本語のテキスト、中文字符。한국어 텍스트", "العربية: مرحبا بالعالم", "हिन्दी: नमस्ते दुनिया",
-      "emoji: 👩‍👩‍👧‍👦 👍🏽 🇩🇪 ❤️", "e\xCC\x81 (e + combining acute) vs \xC3\xA9",
+      "日本語のテキスト、中文字符。한국어 텍스트",
+      "العربية: مرحبا بالعالم",
+      "हिन्दी: नमस्ते दुनिया",
+      "emoji: 👩‍👩‍👧‍👦 👍🏽 🇩🇪 ❤️",
+      "e\xCC\x81 (e + combining acute) vs \xC3\xA9",
       "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>",
       "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nhi<|im_end|><|endoftext|>",
-      "special <|eot_id|>inside<|eot_id|> text", "<|eot_id", "x=1;y=22;  // code\n\tif (a) { b(); }",
-      "Ünïcödé façade naïve café — “quotes”", "a  1 b\t2\n 3x٣४  ", "v1.2.3-rc4 0x1F 1e-5 ½", ""};
+      "special <|eot_id|>inside<|eot_id|> text",
+      "<|eot_id",
+      "x=1;y=22;  // code\n\tif (a) { b(); }",
+      "Ünïcödé façade naïve café — “quotes”",
+      "a  1 b\t2\n 3x٣४  ",
+      "v1.2.3-rc4 0x1F 1e-5 ½",
+      ""};
   texts.push_back(mixed_text(5000));
   texts.push_back(corpus.substr(0, 20000));
   d.write("texts.json", json(texts).dump());

@@ -14,6 +14,7 @@ pkgs=(nlohmann-json3-dev libcli11-dev libeigen3-dev
       libxxhash-dev libxxhash0
       libsentencepiece-dev libsentencepiece0
       libboost-dev libboost1.74-dev
+      libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2
       libgtest-dev libgmock-dev
       pkgconf pkgconf-bin libpkgconf3)
 mkdir -p "$dir"

@@ -7,6 +7,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libcli11-dev libtbb-dev libhwloc-dev liburing-dev libeigen3-dev
       libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libsentencepiece-dev
       libboost-dev  # header-only: CRC-32C for TensorBoard event files (boost/crc.hpp)
+      libpcre2-dev libutf8proc-dev  # tokenizer.json: split patterns, NFC
       libopenmpi-dev openmpi-bin
       python3-venv  # scripts/install-checkers.sh: the independent checkers some tests compare against
       clang-14 libclang-rt-14-dev)  # the libFuzzer targets (scripts/fuzz.sh): clang and its fuzzer runtime

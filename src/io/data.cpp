@@ -1,4 +1,4 @@
-// data.cpp — byte-level text, SentencePiece-tokenized text and llm.c token files (io/data.h).
+// data.cpp — byte-level text, text tokenized at load (io/tokenizer.h) and llm.c token files (io/data.h).
 #include "io/data.h"
 
 #include <sys/mman.h>
@@ -164,23 +164,25 @@ TokenData TokenData::load(const DataConfig& cfg, int vocab_size, int seq_len) {
           source + " (llm.c tokens, uint" + std::to_string(8 * d.width_) + ", " + std::to_string(count) + " tokens)";
     }
   }
-  // Text through a SentencePiece model: the tokens replace the bytes.
+  // Text through a tokenizer (io/tokenizer.h: SentencePiece or tokenizer.json, a file or a model
+  // folder): the tokens replace the bytes. Special tokens written in the text stay text.
   if (!cfg.tokenizer.empty() && d.width_ == 1) {
-    auto ids = std::make_shared<std::vector<std::uint32_t>>();
-    int vocab = 0;  // the text is read where it lies (the mapping, or the default text's buffer)
-    *ids =
-        sentencepiece_encode(cfg.tokenizer, std::string_view(reinterpret_cast<const char*>(d.base_), d.count_), &vocab);
+    const auto tok = open_tokenizer(cfg.tokenizer, "data.tokenizer");
+    const int vocab = tok->vocab_size();
     if (vocab > vocab_size)
       throw ConfigError(cfg.tokenizer + ": the tokenizer has " + std::to_string(vocab) +
                             " pieces, more than model.vocab_size " + std::to_string(vocab_size),
                         "set model.vocab_size to at least " + std::to_string(vocab));
+    auto ids = std::make_shared<std::vector<std::uint32_t>>();
+    // The text is read where it lies (the mapping, or the default text's buffer).
+    *ids = tok->encode(std::string_view(reinterpret_cast<const char*>(d.base_), d.count_), false);
     d.storage_ = ids;
     d.base_ = reinterpret_cast<const unsigned char*>(ids->data());
     d.width_ = 4;
     d.count_ = ids->size();
     source += " tokenized by " + cfg.tokenizer;
-    d.description_ =
-        source + " (SentencePiece, " + std::to_string(vocab) + " pieces, " + std::to_string(d.count_) + " tokens)";
+    d.description_ = source + " (" + tok->kind() + ", " + std::to_string(vocab) + " pieces, " +
+                     std::to_string(d.count_) + " tokens)";
   }
   if (d.count_ == 0) throw ConfigError(source + ": data file is empty");
   if (d.width_ == 1) {

@@ -1,11 +1,15 @@
-// tokenize.cpp — the byte and SentencePiece tokenizers, open_tokenizer (io/tokenizer.h), and llm.c
+// tokenize.cpp — the byte and SentencePiece tokenizers (byte-level BPE: io/bpe.cpp), open_tokenizer (io/tokenizer.h), and llm.c
 // token files (io/data.h).
 #include <sentencepiece_processor.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
+#include "io/bpe.h"
 #include "io/data.h"
 #include "io/files.h"
 #include "io/tokenizer.h"
@@ -173,11 +177,106 @@ class SentencePieceTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
+namespace {
+
+// A tokenizer with the BOS/EOS its model folder names (tokenizer_config.json, generation_config.json).
+class FolderTokenizer final : public Tokenizer {
+ public:
+  FolderTokenizer(std::unique_ptr<Tokenizer> t, std::optional<std::uint32_t> bos, std::vector<std::uint32_t> eos)
+      : t_(std::move(t)), bos_(bos), eos_(std::move(eos)) {}
+  std::string kind() const override { return t_->kind(); }
+  std::vector<std::uint32_t> encode(std::string_view text, bool special) const override {
+    return t_->encode(text, special);
+  }
+  std::string decode(const std::vector<std::uint32_t>& ids) const override { return t_->decode(ids); }
+  int vocab_size() const override { return t_->vocab_size(); }
+  std::optional<std::uint32_t> token_id(std::string_view piece) const override { return t_->token_id(piece); }
+  std::optional<std::uint32_t> bos_id() const override { return bos_; }
+  std::vector<std::uint32_t> eos_ids() const override { return eos_; }
+  std::string description() const override { return t_->description(); }
+  const Tokenizer& inner() const { return *t_; }
+
+ private:
+  std::unique_ptr<Tokenizer> t_;
+  std::optional<std::uint32_t> bos_;
+  std::vector<std::uint32_t> eos_;
+};
+
+std::optional<nlohmann::json> read_json_if_there(const std::filesystem::path& p, const std::string& what) {
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) return std::nullopt;
+  const std::string text = read_input_file(p.string(), what);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(what + " " + p.string() + ": not JSON (" + e.what() + ")");
+  }
+}
+
+// BOS/EOS named by a model folder: tokenizer_config.json's bos_token/eos_token (a string or
+// {"content": …}) and generation_config.json's bos_token_id/eos_token_id (an id or a list of ids).
+// What the folder does not name keeps the tokenizer's own.
+std::unique_ptr<Tokenizer> with_folder_specials(std::unique_ptr<Tokenizer> t, const std::filesystem::path& dir,
+                                                const std::string& what) {
+  std::optional<std::uint32_t> bos = t->bos_id();
+  std::vector<std::uint32_t> eos = t->eos_ids();
+  const auto add_eos = [&](std::uint32_t id) {
+    if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+  };
+  const auto id_of = [&](const nlohmann::json& v, const std::string& where) -> std::optional<std::uint32_t> {
+    std::string text;
+    if (v.is_string())
+      text = v.get<std::string>();
+    else if (v.is_object() && v.contains("content") && v["content"].is_string())
+      text = v["content"].get<std::string>();
+    else
+      return std::nullopt;  // null: the model has none
+    const auto id = t->token_id(text);
+    if (!id)
+      throw ConfigError(what + " " + where + ": the token " + text + " is not in the tokenizer's vocabulary");
+    return id;
+  };
+  const auto check_id = [&](const nlohmann::json& v, const std::string& where) {
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() >= t->vocab_size())
+      throw ConfigError(what + " " + where + ": " + v.dump() + " is not an id below the vocabulary size " +
+                        std::to_string(t->vocab_size()));
+    return v.get<std::uint32_t>();
+  };
+  bool eos_named = false;
+  if (const auto tc = read_json_if_there(dir / "tokenizer_config.json", what); tc && tc->is_object()) {
+    const std::string where = (dir / "tokenizer_config.json").string();
+    if (tc->contains("bos_token"))
+      if (auto id = id_of((*tc)["bos_token"], where + " bos_token")) bos = id;
+    if (tc->contains("eos_token"))
+      if (auto id = id_of((*tc)["eos_token"], where + " eos_token")) {
+        eos = {*id};
+        eos_named = true;
+      }
+  }
+  if (const auto gc = read_json_if_there(dir / "generation_config.json", what); gc && gc->is_object()) {
+    const std::string where = (dir / "generation_config.json").string();
+    if (gc->contains("bos_token_id") && !(*gc)["bos_token_id"].is_null())
+      bos = check_id((*gc)["bos_token_id"], where + " bos_token_id");
+    if (gc->contains("eos_token_id") && !(*gc)["eos_token_id"].is_null()) {
+      const auto& e = (*gc)["eos_token_id"];
+      if (!eos_named) eos.clear();
+      if (e.is_array())
+        for (const auto& v : e) add_eos(check_id(v, where + " eos_token_id"));
+      else
+        add_eos(check_id(e, where + " eos_token_id"));
+    }
+  }
+  return std::make_unique<FolderTokenizer>(std::move(t), bos, std::move(eos));
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const std::string& what) {
   namespace fs = std::filesystem;
   std::error_code ec;
   std::string file = path;
-  if (fs::is_directory(path, ec)) {
+  const bool folder = fs::is_directory(path, ec);
+  if (folder) {
     const fs::path dir(path);
     if (fs::exists(dir / "tokenizer.json", ec))
       file = (dir / "tokenizer.json").string();
@@ -187,9 +286,13 @@ std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const std::st
       throw ConfigError(what + " " + path + ": the folder holds neither tokenizer.json nor tokenizer.model",
                         "give the model folder the tokenizer came with, or the tokenizer file itself");
   }
+  std::unique_ptr<Tokenizer> t;
   if (file.size() >= 5 && file.compare(file.size() - 5, 5, ".json") == 0)
-    throw ConfigError(what + " " + file + ": Hugging Face tokenizer.json files are not read by this build");
-  return std::make_unique<SentencePieceTokenizer>(file, what);
+    t = open_bpe_tokenizer(file, what);
+  else
+    t = std::make_unique<SentencePieceTokenizer>(file, what);
+  if (folder) t = with_folder_specials(std::move(t), fs::path(path), what);
+  return t;
 }
 
 int write_token_file(const std::string& path, const std::vector<std::uint32_t>& tokens) {

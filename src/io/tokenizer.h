@@ -24,7 +24,8 @@ class Tokenizer {
   // Ids of `text`, no BOS/EOS added. With `special`, the tokenizer's added special tokens
   // ("<|eot_id|>", "<|im_start|>", …) written in the text are matched first and become their ids;
   // without it they are ordinary text (how data files are tokenized: a document cannot forge a
-  // chat marker).
+  // chat marker). A tokenizer.json's added tokens that are not special are matched either way, as
+  // Hugging Face does.
   virtual std::vector<std::uint32_t> encode(std::string_view text, bool special = false) const = 0;
   // The bytes of `ids`, special tokens written out as their text. Ids outside the vocabulary are an
   // Error. Byte-level BPE pieces that split a UTF-8 character come back as the raw bytes.

@@ -137,8 +137,8 @@ TEST(InputFiles, ATokenizerThatIsADirectoryOrNotAModelIsOneLineOfZinfsOwn) {
   d.tokenizer = t.path.string();
   EXPECT_NE(error_of<ConfigError>([&] {
               TokenData::load(d, 256, 8);
-            }).find("data.tokenizer " + t.path.string() + ": is a directory"),
-            std::string::npos);
+            }).find("data.tokenizer " + t.path.string() + ": the folder holds neither tokenizer.json nor tokenizer.model"),
+            std::string::npos);  // a folder is a model folder (io/tokenizer.h); this one has no tokenizer
   d.tokenizer = t / "junk.model";
   const std::string e = error_of<ConfigError>([&] { TokenData::load(d, 256, 8); });
   EXPECT_NE(e.find("data.tokenizer " + t / "junk.model" + ": not a SentencePiece model"), std::string::npos) << e;

@@ -1,11 +1,16 @@
-// bench.cpp — `zinf bench <what>`: the command line of the measurements (adam, nvme, pcie, comm)
+// bench.cpp — `zinf bench <what>`: the command line of the measurements (adam, nvme, pcie, comm, tokenize)
 // and of `bench step` (training runs through train()), each as a ratio against a limit measured in
 // the same run.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <tbb/task_arena.h>
+
 #include <algorithm>
+#include <chrono>
+#include <ctime>
 #include <cstdio>
+#include <filesystem>
 
 #include "app/config/config.h"
 #include "app/train/report.h"
@@ -14,6 +19,8 @@
 #include "bench/comm_bench.h"
 #include "bench/nvme_sweep.h"
 #include "commands.h"
+#include "io/bpe.h"
+#include "io/files.h"
 #include "model/shape.h"
 #include "zinf/backends/backend.h"
 #include "zinf/backends/gpu.h"
@@ -580,6 +587,100 @@ int run_comm(const CommArgs& a) {
   return 0;
 }
 
+// `zinf bench tokenize --help`.
+constexpr const char* kBenchTokenizeAbout =
+    "Encode text files (concatenated) with a Hugging Face byte-level BPE tokenizer.json: one thread (serial "
+    "split) against the parallel encode zinf uses (chunks of about 1 MiB on --threads threads). Reports MB/s and "
+    "tokens/s of each (and MB per CPU-second: what a core does on a shared machine) and checks that both give "
+    "the same ids";
+
+struct TokenizeBenchArgs {
+  std::string tokenizer;
+  std::vector<std::string> inputs;
+  int threads = 0;
+  int reps = 1;
+  bool json = false;
+};
+
+int run_bench_tokenize(const TokenizeBenchArgs& a) {
+  std::string file = a.tokenizer;
+  if (std::filesystem::is_directory(file)) file = (std::filesystem::path(file) / "tokenizer.json").string();
+  const auto tok = open_bpe_tokenizer(file, "--tokenizer");
+  std::string text;
+  for (const auto& in : a.inputs) text += read_input_file(in, "--input");
+  if (text.empty()) throw ConfigError("--input: the text is empty");
+  const int threads = a.threads > 0 ? a.threads : tbb::info::default_concurrency();
+  tbb::task_arena arena(threads);
+  // CPU seconds of the whole process: on a shared machine, MB per CPU-second says what one core does
+  // even when the wall clock says mostly what the neighbours do.
+  const auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  struct Run {
+    double seconds = 1e300, cpu_seconds = 0;
+    std::vector<std::uint32_t> ids;
+  };
+  const auto measure = [&](std::size_t chunk) {
+    Run r;
+    for (int i = 0; i < a.reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = cpu_now();
+      arena.execute([&] { r.ids = bpe_encode_chunked(*tok, text, false, chunk); });
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s < r.seconds) r.seconds = s, r.cpu_seconds = cpu_now() - c0;
+    }
+    return r;
+  };
+  const Run serial = measure(0);
+  const Run parallel = measure(std::size_t{1} << 20);
+  if (serial.ids != parallel.ids)
+    throw Error("bench tokenize: the parallel encode gave other ids than the serial one (a bug; please report it)");
+  const double mb = static_cast<double>(text.size()) / 1e6, n = static_cast<double>(serial.ids.size());
+  if (a.json) {
+    const auto row = [&](const Run& r) {
+      return nlohmann::json{{"seconds", r.seconds},
+                            {"cpu_seconds", r.cpu_seconds},
+                            {"mb_per_s", mb / r.seconds},
+                            {"tokens_per_s", n / r.seconds},
+                            {"mb_per_cpu_s", mb / r.cpu_seconds}};
+    };
+    print_json({{"tokenizer", file},
+                {"bytes", text.size()},
+                {"tokens", serial.ids.size()},
+                {"threads", threads},
+                {"serial", row(serial)},
+                {"parallel", row(parallel)},
+                {"speedup", serial.seconds / parallel.seconds}});
+    return 0;
+  }
+  std::printf("bench tokenize: %s, %.1f MB of text -> %zu tokens (%.2f bytes/token)\n", tok->description().c_str(),
+              mb, serial.ids.size(), static_cast<double>(text.size()) / n);
+  std::printf("  %-28s %10s %14s %8s %8s %12s\n", "", "MB/s", "tokens/s", "s", "CPU s", "MB/CPU-s");
+  const auto line = [&](const std::string& name, const Run& r) {
+    std::printf("  %-28s %10.1f %14.0f %8.2f %8.2f %12.1f\n", name.c_str(), mb / r.seconds, n / r.seconds, r.seconds,
+                r.cpu_seconds, mb / r.cpu_seconds);
+  };
+  line("serial (1 thread)", serial);
+  line("parallel (" + std::to_string(threads) + " threads)", parallel);
+  return 0;
+}
+
+Command add_bench_tokenize(CLI::App& bench) {
+  auto [sub, args] = add_subcommand<TokenizeBenchArgs>(bench, "tokenize", kBenchTokenizeAbout);
+  sub->add_option("--tokenizer", args->tokenizer, "A tokenizer.json, or a model folder holding one")
+      ->required()
+      ->check(CLI::ExistingPath);
+  sub->add_option("--input", args->inputs, "Text files")->required()->check(CLI::ExistingFile);
+  sub->add_option("--threads", args->threads, "Threads of the parallel encode (0 = all cores)")->capture_default_str();
+  sub->add_option("--reps", args->reps, "Repetitions; the best is reported")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  sub->add_flag("--json", args->json, "Print one JSON object");
+  return command(sub, args, run_bench_tokenize);
+}
+
 Command add_bench_adam(CLI::App& bench) {
   auto [sub, args] = add_subcommand<AdamArgs>(bench, "adam", kBenchAdamAbout);
   sub->add_option("--params", args->params, "Parameters to update, e.g. 64M, 256M (K/M/G = 10^3/10^6/10^9)")
@@ -657,7 +758,7 @@ std::vector<Command> add_bench(CLI::App& app) {
       "bench", "Measure what this machine can do, as ratios against limits measured in the same run");
   bench->require_subcommand(1);
   return {add_bench_adam(*bench), add_bench_nvme(*bench), add_bench_step(*bench), add_bench_pcie(*bench),
-          add_bench_comm(*bench)};
+          add_bench_comm(*bench), add_bench_tokenize(*bench)};
 }
 
 }  // namespace zinf::cli

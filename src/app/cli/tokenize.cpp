@@ -1,13 +1,15 @@
-// tokenize.cpp — `zinf tokenize`: text files → an llm.c token file, by a SentencePiece model or
-// byte by byte.
+// tokenize.cpp — `zinf tokenize`: text files → an llm.c token file, by a tokenizer (io/tokenizer.h:
+// SentencePiece or a Hugging Face tokenizer.json, a file or a model folder) or byte by byte.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
 
 #include "commands.h"
 #include "io/data.h"
 #include "io/files.h"
+#include "io/tokenizer.h"
 #include "zinf/error.h"
 
 namespace zinf::cli {
@@ -16,8 +18,8 @@ namespace {
 // `zinf tokenize --help`.
 constexpr const char* kTokenizeAbout =
     "Tokenize text files (concatenated in the order given) into an llm.c token file for data.path: with a "
-    "SentencePiece "
-    "model (--tokenizer), or byte by byte (vocabulary 256) without one. Tokens are stored as uint16 when they fit, "
+    "tokenizer (--tokenizer: a SentencePiece tokenizer.model, a Hugging Face byte-level BPE tokenizer.json, or a "
+    "model folder holding either), or byte by byte (vocabulary 256) without one. Tokens are stored as uint16 when they fit, "
     "else uint32";
 
 struct TokenizeArgs {
@@ -30,7 +32,7 @@ int run_tokenize(const TokenizeArgs& a) {
   // The output is written beside itself and renamed over at the end: were it one of the inputs, the
   // input would be gone. Compared by device and inode, so another spelling or a link counts too.
   std::vector<std::string> inputs = a.inputs;
-  if (!a.tokenizer.empty()) inputs.push_back(a.tokenizer);
+  if (!a.tokenizer.empty() && !std::filesystem::is_directory(a.tokenizer)) inputs.push_back(a.tokenizer);
   for (const auto& in : inputs)
     if (in == a.output || same_file(in, a.output))
       throw ConfigError("--output " + a.output + ": is the input " + in + "; give the token file another name");
@@ -42,8 +44,11 @@ int run_tokenize(const TokenizeArgs& a) {
   if (a.tokenizer.empty())
     tokens.assign(reinterpret_cast<const unsigned char*>(text.data()),
                   reinterpret_cast<const unsigned char*>(text.data()) + text.size());
-  else
-    tokens = sentencepiece_encode(a.tokenizer, text, &vocab, "--tokenizer");
+  else {
+    const auto tok = open_tokenizer(a.tokenizer, "--tokenizer");
+    vocab = tok->vocab_size();
+    tokens = tok->encode(text, false);  // special tokens written in the text stay text
+  }
   const int width = write_token_file(a.output, tokens);
   if (a.json) {
     nlohmann::json j = {{"output", a.output},
@@ -64,7 +69,8 @@ int run_tokenize(const TokenizeArgs& a) {
 Command add_tokenize(CLI::App& app) {
   auto [sub, args] = add_subcommand<TokenizeArgs>(app, "tokenize", kTokenizeAbout);
   sub->add_option("inputs", args->inputs, "Text files")->required()->check(CLI::ExistingFile);
-  sub->add_option("--tokenizer", args->tokenizer, "A SentencePiece tokenizer.model")->check(CLI::ExistingFile);
+  sub->add_option("--tokenizer", args->tokenizer, "A tokenizer.model, a tokenizer.json, or a model folder holding either")
+      ->check(CLI::ExistingPath);
   sub->add_option("-o,--output", args->output,
                   "The token file to write (all or nothing: written beside, then renamed into place; never an input)")
       ->required();

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Trains a small byte-level BPE tokenizer with Hugging Face `tokenizers` and writes it as a model
+folder zinf reads (data.tokenizer, zinf tokenize --tokenizer): tokenizer.json, tokenizer_config.json
+(bos_token, eos_token) and generation_config.json (bos_token_id, eos_token_id).
+
+--style gpt2:   ByteLevel splitting with GPT-2's pattern (as GPT-2 ships); BOS = EOS = <|endoftext|>.
+--style llama3: a Split with Llama 3's pattern, then ByteLevel without a pattern, ignore_merges (as
+                Llama 3 ships); BOS <|begin_of_text|>, EOS <|eot_id|> and <|end_of_text|>.
+--style smollm: Digits (one piece per digit), then ByteLevel with GPT-2's pattern (as SmolLM ships);
+                BOS = EOS = <|endoftext|>.
+--nfc adds an NFC normalizer (as Qwen2 ships). The special tokens of both chat formats come first
+in the vocabulary (ids 0-7).
+
+Runs with the checkers' python (scripts/install-checkers.sh: .venv-check/bin/python).
+
+usage: make-tokenizer.py OUTPUT_DIR VOCAB_SIZE TEXT_FILE... [--style gpt2|llama3|smollm] [--nfc]
+"""
+import argparse
+import json
+import os
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+# Llama 3's split pattern (tokenizer.json of Meta-Llama-3-8B).
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+            "<|end_header_id|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>"]
+
+
+def build(style, nfc):
+    tok = Tokenizer(models.BPE(ignore_merges=(style == "llama3")))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    if style == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif style == "smollm":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("output", help="folder to write (created if missing)")
+    ap.add_argument("vocab_size", type=int, help="vocabulary size, specials and the 256 bytes included")
+    ap.add_argument("inputs", nargs="+", help="text files to train on")
+    ap.add_argument("--style", choices=["gpt2", "llama3", "smollm"], default="gpt2")
+    ap.add_argument("--nfc", action="store_true", help="add an NFC normalizer")
+    a = ap.parse_args()
+    if a.vocab_size < 256 + len(SPECIALS):
+        ap.error(f"vocab_size must be at least {256 + len(SPECIALS)} (the bytes and the special tokens)")
+
+    tok = build(a.style, a.nfc)
+    trainer = trainers.BpeTrainer(vocab_size=a.vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train(a.inputs, trainer)
+    os.makedirs(a.output, exist_ok=True)
+    tok.save(os.path.join(a.output, "tokenizer.json"))
+
+    if a.style in ("gpt2", "smollm"):
+        bos, eos = "<|endoftext|>", ["<|endoftext|>"]
+    else:
+        bos, eos = "<|begin_of_text|>", ["<|eot_id|>", "<|end_of_text|>"]
+    with open(os.path.join(a.output, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": bos, "eos_token": eos[0], "model_max_length": 1 << 20,
+                   "tokenizer_class": "PreTrainedTokenizerFast"}, f, indent=2)
+    with open(os.path.join(a.output, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": tok.token_to_id(bos),
+                   "eos_token_id": [tok.token_to_id(e) for e in eos]}, f, indent=2)
+    print(f"{a.output}: {a.style} byte-level BPE, {tok.get_vocab_size()} ids")
+
+
+if __name__ == "__main__":
+    main()

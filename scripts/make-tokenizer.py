@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Trains a small byte-level BPE tokenizer with Hugging Face `tokenizers` and writes it as a model
 folder zinf reads (data.tokenizer, zinf tokenize --tokenizer): tokenizer.json, tokenizer_config.json
-(bos_token, eos_token) and generation_config.json (bos_token_id, eos_token_id).
+(bos_token, eos_token, and the style's chat_template) and generation_config.json (bos_token_id, eos_token_id).
 
 --style gpt2:   ByteLevel splitting with GPT-2's pattern (as GPT-2 ships); BOS = EOS = <|endoftext|>.
 --style llama3: a Split with Llama 3's pattern, then ByteLevel without a pattern, ignore_merges (as
@@ -29,6 +29,18 @@ LLAMA3_PATTERN = (
 
 SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
             "<|end_header_id|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>"]
+
+
+# The chat format each style's models use, as a Jinja chat_template in tokenizer_config.json (what
+# transformers' apply_chat_template and zinf's data.chat_template auto read): Llama 3's headers for
+# llama3, ChatML for smollm (as SmolLM2 ships); GPT-2 has none.
+CHAT_TEMPLATES = {
+    "llama3": ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+               "{{ m['content'] }}<|eot_id|>{% endfor %}"
+               "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"),
+    "smollm": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+}
 
 
 def build(style, nfc):
@@ -73,9 +85,12 @@ def main():
         bos, eos = "<|endoftext|>", ["<|endoftext|>"]
     else:
         bos, eos = "<|begin_of_text|>", ["<|eot_id|>", "<|end_of_text|>"]
+    config = {"bos_token": bos, "eos_token": eos[0], "model_max_length": 1 << 20,
+              "tokenizer_class": "PreTrainedTokenizerFast"}
+    if a.style in CHAT_TEMPLATES:
+        config["chat_template"] = CHAT_TEMPLATES[a.style]
     with open(os.path.join(a.output, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": bos, "eos_token": eos[0], "model_max_length": 1 << 20,
-                   "tokenizer_class": "PreTrainedTokenizerFast"}, f, indent=2)
+        json.dump(config, f, indent=2)
     with open(os.path.join(a.output, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": tok.token_to_id(bos),
                    "eos_token_id": [tok.token_to_id(e) for e in eos]}, f, indent=2)

@@ -130,6 +130,15 @@ std::vector<ChatPiece> render_chat(const ChatExample& ex, ChatTemplate t, std::o
   return p;
 }
 
+std::vector<ChatPiece> render_generation_prompt(const ChatExample& ex, ChatTemplate t,
+                                                std::optional<std::uint32_t> bos) {
+  std::vector<ChatPiece> p = render_chat(ex, t, bos, std::nullopt);
+  if (t == ChatTemplate::llama3) p.push_back({"<|start_header_id|>assistant<|end_header_id|>\n\n", true, false, std::nullopt});
+  if (t == ChatTemplate::chatml) p.push_back({"<|im_start|>assistant\n", true, false, std::nullopt});
+  for (ChatPiece& piece : p) piece.target = false;
+  return p;
+}
+
 TokenizedExample tokenize_chat(const std::vector<ChatPiece>& pieces, const Tokenizer& tok) {
   TokenizedExample out;
   for (const ChatPiece& p : pieces) {

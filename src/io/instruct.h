@@ -62,6 +62,13 @@ struct ChatPiece {
 std::vector<ChatPiece> render_chat(const ChatExample& ex, ChatTemplate t, std::optional<std::uint32_t> bos = {},
                                    std::optional<std::uint32_t> eos = {});
 
+// A conversation rendered as the prompt that asks the model for the next assistant turn (what
+// Hugging Face calls the generation prompt): the messages as render_chat writes them, then the
+// assistant's header (`<|start_header_id|>assistant<|end_header_id|>\n\n` for llama3,
+// `<|im_start|>assistant\n` for chatml, nothing for none). Nothing is a target.
+std::vector<ChatPiece> render_generation_prompt(const ChatExample& ex, ChatTemplate t,
+                                                std::optional<std::uint32_t> bos = {});
+
 // Token ids of an example and, per id, whether it is a target.
 struct TokenizedExample {
   std::vector<std::uint32_t> ids;

@@ -92,6 +92,29 @@ TEST_F(GenerateCli, LlamaCheckpointAndItsHuggingFaceFolderGiveTheSameTokens) {
   EXPECT_NE(jb["model"].get<std::string>().find("Hugging Face folder"), std::string::npos) << jb["model"];
 }
 
+// --chat none on a byte model: the prompt is the user's text as is (no markers, no BOS), so the
+// tokens equal a plain prompt's; --system without --chat and an unknown template are refused.
+TEST_F(GenerateCli, ChatNoneOnAByteModelIsThePlainPrompt) {
+  const std::string args = " --json --prompt 'The ' --max-new-tokens 8 --seed 2 --threads 1";
+  const Result plain = run("generate --model " + ckpts() + args);
+  const Result chat = run("generate --chat none --model " + ckpts() + args);
+  const Result aut = run("generate --chat auto --model " + ckpts() + args);
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  ASSERT_EQ(chat.rc, 0) << chat.err;
+  ASSERT_EQ(aut.rc, 0) << aut.err;
+  const auto p = nlohmann::json::parse(plain.out), c = nlohmann::json::parse(chat.out),
+             a = nlohmann::json::parse(aut.out);
+  EXPECT_EQ(c["prompt_ids"], p["prompt_ids"]);
+  EXPECT_EQ(c["ids"], p["ids"]);
+  EXPECT_EQ(c["chat_template"], "none");
+  EXPECT_EQ(a["chat_template"].get<std::string>().rfind("none", 0), 0u) << a["chat_template"];
+  for (const std::string& bad : {std::string(" --system 'Be brief.'"), std::string(" --chat jinja")}) {
+    const Result r = run("generate --model " + ckpts() + " --prompt hi" + bad);
+    EXPECT_EQ(r.rc, 2) << bad << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+  }
+}
+
 TEST_F(GenerateCli, BadInputIsOneErrorLine) {
   for (const std::string& args :
        {std::string("--model /nonexistent/model --prompt hi"), "--model " + ckpts() + " --prompt hi --temperature -1",

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -158,6 +159,29 @@ TEST(ChatTemplates, ChatmlRendersExactlyAndTrainsOnTheAssistantTurnWithItsEnd) {
             "<|im_start|>assistant\nHello.<|im_end|>\n");
   EXPECT_EQ(target_text(te, chatml_tok()), "Hello.<|im_end|>");
   EXPECT_FALSE(te.target.back());  // the newline after <|im_end|> belongs to no turn
+}
+
+// The generation prompt is the conversation so far, then the assistant's header and nothing after
+// it: what the model continues when it answers.
+TEST(ChatTemplates, GenerationPromptEndsWithTheAssistantsHeader) {
+  const ChatExample ex = {{"system", "Be brief."}, {"user", "Hi?"}};
+  const TokenizedExample l = tokenize_chat(render_generation_prompt(ex, ChatTemplate::llama3), llama3_tok());
+  EXPECT_EQ(llama3_tok().decode(l.ids),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  const TokenizedExample c = tokenize_chat(render_generation_prompt(ex, ChatTemplate::chatml), chatml_tok());
+  EXPECT_EQ(chatml_tok().decode(c.ids),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n");
+  // The training rendering of the same turns plus an answer starts with the generation prompt.
+  const ChatExample full = {{"system", "Be brief."}, {"user", "Hi?"}, {"assistant", "Hello."}};
+  const TokenizedExample t = tokenize_chat(render_chat(full, ChatTemplate::llama3), llama3_tok());
+  ASSERT_GT(t.ids.size(), l.ids.size());
+  EXPECT_TRUE(std::equal(l.ids.begin(), l.ids.end(), t.ids.begin()));
+  for (bool target : l.target) EXPECT_FALSE(target);
+  const FakeTokenizer tok({"<s>", "</s>"}, 256, 257);
+  const TokenizedExample n = tokenize_chat(render_generation_prompt({{"user", "Hi?"}}, ChatTemplate::none, 256), tok);
+  EXPECT_EQ(tok.decode(n.ids), "<s>Hi?");
 }
 
 TEST(ChatTemplates, NoneIsBosPromptCompletionEos) {

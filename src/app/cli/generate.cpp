@@ -15,6 +15,7 @@
 #include "app/train/checkpoint.h"
 #include "commands.h"
 #include "io/hf.h"
+#include "io/instruct.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "model/generate.h"
@@ -34,7 +35,7 @@ constexpr const char* kGenerateAbout =
     "--json)";
 
 struct GenerateArgs {
-  std::string model, prompt, prompt_file, tokenizer, device = "cpu";
+  std::string model, prompt, prompt_file, tokenizer, device = "cpu", chat, system;
   int max_new_tokens = 64, top_k = 0, n_head = 0, threads = 0;
   double temperature = 0, top_p = 1;
   std::uint64_t seed = 1;
@@ -149,6 +150,15 @@ std::string read_prompt(const GenerateArgs& a) {
   return a.prompt;
 }
 
+// --chat's value: a template name, as data.chat_template takes it.
+ChatTemplate parse_chat_flag(const std::string& v) {
+  if (v == "auto") return ChatTemplate::automatic;
+  if (v == "llama3") return ChatTemplate::llama3;
+  if (v == "chatml") return ChatTemplate::chatml;
+  if (v == "none") return ChatTemplate::none;
+  throw ConfigError("--chat: '" + v + "' is not a chat template (auto, llama3, chatml, none)");
+}
+
 const char* stop_reason(const GenerateResult& r) {
   return r.stopped_at_eos ? "eos" : r.context_full ? "context_full" : "max_new_tokens";
 }
@@ -156,6 +166,8 @@ const char* stop_reason(const GenerateResult& r) {
 int run_generate(const GenerateArgs& a) {
   if (a.prompt.empty() == a.prompt_file.empty())
     throw ConfigError("give the prompt with one of --prompt TEXT or --prompt-file FILE");
+  if (!a.system.empty() && a.chat.empty()) throw ConfigError("--system needs --chat (a system turn is part of a chat prompt)");
+  if (!a.chat.empty()) parse_chat_flag(a.chat);  // refused before the model is read
   if (a.max_new_tokens < 0) throw ConfigError("--max-new-tokens: " + std::to_string(a.max_new_tokens) + " is negative");
   if (a.device != "cpu" && a.device != "cuda")
     throw ConfigError("--device: '" + a.device + "' is not a device (cpu, cuda)");
@@ -171,8 +183,30 @@ int run_generate(const GenerateArgs& a) {
                       "give the model's own tokenizer with --tokenizer");
   so.vocab = tok->vocab_size();  // a vocabulary padded past the tokenizer's never yields a padding id
   std::vector<int> prompt;
-  if (!a.no_bos && tok->bos_id()) prompt.push_back(static_cast<int>(*tok->bos_id()));
-  for (std::uint32_t id : tok->encode(text)) prompt.push_back(static_cast<int>(id));
+  std::string chat_note;
+  if (a.chat.empty()) {
+    if (!a.no_bos && tok->bos_id()) prompt.push_back(static_cast<int>(*tok->bos_id()));
+    for (std::uint32_t id : tok->encode(text)) prompt.push_back(static_cast<int>(id));
+  } else {
+    // The prompt is one user turn (after an optional system turn), rendered as in training on chat
+    // data, followed by the assistant's header: the model answers as the assistant.
+    ChatTemplate t = parse_chat_flag(a.chat);
+    if (t == ChatTemplate::automatic) {
+      const std::string where = !a.tokenizer.empty() ? a.tokenizer : m.folder;
+      std::string why = "no model folder";
+      t = where.empty() ? ChatTemplate::none : detect_chat_template(where, &why);
+      chat_note = chat_template_name(t) + " (" + why + ")";
+    } else {
+      chat_note = chat_template_name(t);
+    }
+    ChatExample ex;
+    if (!a.system.empty()) ex.push_back({"system", a.system});
+    ex.push_back({"user", text});
+    std::optional<std::uint32_t> bos;
+    if (!a.no_bos) bos = tok->bos_id();
+    for (std::uint32_t id : tokenize_chat(render_generation_prompt(ex, t, bos), *tok).ids)
+      prompt.push_back(static_cast<int>(id));
+  }
   std::vector<int> eos;
   for (std::uint32_t id : tok->eos_ids()) eos.push_back(static_cast<int>(id));
 
@@ -209,6 +243,7 @@ int run_generate(const GenerateArgs& a) {
     j["threads"] = threads;
     j["prompt"] = text;
     j["prompt_ids"] = prompt;
+    if (!chat_note.empty()) j["chat_template"] = chat_note;
     j["ids"] = r.ids;
     j["text"] = out;
     j["stop"] = stop_reason(r);
@@ -227,6 +262,7 @@ int run_generate(const GenerateArgs& a) {
     std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
+  if (!chat_note.empty()) std::fprintf(stderr, "generate: chat template %s\n", chat_note.c_str());
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::printf("\n");
   std::fflush(stdout);
@@ -262,6 +298,11 @@ Command add_generate(CLI::App& app) {
                   "A tokenizer.json, tokenizer.model or a folder (default: the model folder's, else bytes)")
       ->type_name("PATH");
   sub->add_option("--n-head", args->n_head, "GPT-2 safetensors: attention heads (default d_model / 64)");
+  sub->add_option("--chat", args->chat,
+                  "Render the prompt as a user turn with a chat template (auto, llama3, chatml, none; auto reads the "
+                  "model folder as data.chat_template does) and answer as the assistant")
+      ->type_name("TEMPLATE");
+  sub->add_option("--system", args->system, "With --chat: a system turn before the prompt")->type_name("TEXT");
   sub->add_flag("--no-bos", args->no_bos, "Do not start the prompt with the tokenizer's BOS token");
   sub->add_flag("--json", args->json, "Print one JSON object (prompt, ids, text, timings)");
   return command(sub, args, run_generate);

@@ -230,7 +230,8 @@ int run_generate(const GenerateArgs& a) {
   KvDecoder dec(m.shape, *dev, *ops, views, capacity);
   const GenerateResult r = generate(dec, prompt, a.max_new_tokens, so, eos);
 
-  std::vector<std::uint32_t> out_ids(r.ids.begin(), r.ids.end());
+  // The text is the answer: an EOS that ended it stays in `ids` but is not written out.
+  std::vector<std::uint32_t> out_ids(r.ids.begin(), r.ids.end() - (r.stopped_at_eos && !r.ids.empty() ? 1 : 0));
   const std::string out = tok->decode(out_ids);
   const double prefill_tps = r.prefill_s > 0 ? r.prompt_tokens / r.prefill_s : 0;
   const int decoded = std::max(0, static_cast<int>(r.ids.size()) - 1);  // the first new token comes from the prefill

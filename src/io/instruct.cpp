@@ -133,7 +133,8 @@ std::vector<ChatPiece> render_chat(const ChatExample& ex, ChatTemplate t, std::o
 std::vector<ChatPiece> render_generation_prompt(const ChatExample& ex, ChatTemplate t,
                                                 std::optional<std::uint32_t> bos) {
   std::vector<ChatPiece> p = render_chat(ex, t, bos, std::nullopt);
-  if (t == ChatTemplate::llama3) p.push_back({"<|start_header_id|>assistant<|end_header_id|>\n\n", true, false, std::nullopt});
+  if (t == ChatTemplate::llama3)
+    p.push_back({"<|start_header_id|>assistant<|end_header_id|>\n\n", true, false, std::nullopt});
   if (t == ChatTemplate::chatml) p.push_back({"<|im_start|>assistant\n", true, false, std::nullopt});
   for (ChatPiece& piece : p) piece.target = false;
   return p;

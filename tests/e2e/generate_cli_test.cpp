@@ -1,7 +1,7 @@
 // generate_cli_test.cpp — `zinf generate` as a user runs it, on a model trained for a few steps by
 // `zinf train` (configs/tiny.json, shrunk): the same seed gives the same text twice; a run's checkpoint
-// folder, one of its checkpoints and the model exported as GPT-2 safetensors give the same tokens;
-// --json; bad input is one error line and a non-zero exit.
+// folder, one of its checkpoints and the model exported as GPT-2 safetensors and as a Hugging Face folder
+// give the same tokens; --json; bad input is one error line and a non-zero exit.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -29,6 +29,8 @@ class GenerateCli : public ::testing::Test {
     ASSERT_EQ(r.rc, 0) << r.err;
     const Result ex = run("export --checkpoint " + ckpts() + "/step-00000004 -o " + safetensors());
     ASSERT_EQ(ex.rc, 0) << ex.err;
+    const Result hf = run("export --format hf --checkpoint " + ckpts() + "/step-00000004 -o " + hf_folder());
+    ASSERT_EQ(hf.rc, 0) << hf.err;
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -36,6 +38,7 @@ class GenerateCli : public ::testing::Test {
   }
   static std::string ckpts() { return *dir_ / "ckpt"; }
   static std::string safetensors() { return *dir_ / "model.safetensors"; }
+  static std::string hf_folder() { return *dir_ / "gpt2-hf"; }
   static TempDir* dir_;
 };
 TempDir* GenerateCli::dir_ = nullptr;
@@ -67,6 +70,9 @@ TEST_F(GenerateCli, SameSeedSameTextAndEveryModelFormGivesTheSameTokens) {
   const Result s = run("generate --json --n-head 2 --model " + safetensors() + args);
   ASSERT_EQ(s.rc, 0) << s.err;
   EXPECT_EQ(nlohmann::json::parse(s.out)["ids"], o["ids"]);
+  const Result h = run("generate --json --model " + hf_folder() + args);  // GPT-2's Hugging Face folder
+  ASSERT_EQ(h.rc, 0) << h.err;
+  EXPECT_EQ(nlohmann::json::parse(h.out)["ids"], o["ids"]);
 }
 
 // A Llama with grouped-query heads trained for two steps: its checkpoint and its Hugging Face export

@@ -29,8 +29,9 @@ namespace fs = std::filesystem;
 
 constexpr const char* kGenerateAbout =
     "Generate text from a model: a zinf checkpoint (train.checkpoint_dir/step-N, or the checkpoint_dir itself for its "
-    "newest), a GPT-2 safetensors file (zinf export), or a Hugging Face Llama-family folder. The prompt is fed once, "
-    "then one token at a time over a KV cache. Greedy with --temperature 0 (the default); the same --seed gives the "
+    "newest), a GPT-2 safetensors file (zinf export), or a Hugging Face folder (GPT-2 or the Llama family). The prompt "
+    "is fed once, then one token at a time over a KV cache. Greedy with --temperature 0 (the default); the same --seed "
+    "gives the "
     "same tokens on every run. Prints the new text on stdout and a summary on stderr (or one JSON object with "
     "--json)";
 
@@ -166,7 +167,8 @@ const char* stop_reason(const GenerateResult& r) {
 int run_generate(const GenerateArgs& a) {
   if (a.prompt.empty() == a.prompt_file.empty())
     throw ConfigError("give the prompt with one of --prompt TEXT or --prompt-file FILE");
-  if (!a.system.empty() && a.chat.empty()) throw ConfigError("--system needs --chat (a system turn is part of a chat prompt)");
+  if (!a.system.empty() && a.chat.empty())
+    throw ConfigError("--system needs --chat (a system turn is part of a chat prompt)");
   if (!a.chat.empty()) parse_chat_flag(a.chat);  // refused before the model is read
   if (a.max_new_tokens < 0) throw ConfigError("--max-new-tokens: " + std::to_string(a.max_new_tokens) + " is negative");
   if (a.device != "cpu" && a.device != "cuda")

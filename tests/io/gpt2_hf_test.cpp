@@ -19,6 +19,7 @@
 #include "app/train/train.h"
 #include "common/checkers.h"
 #include "common/temp_dir.h"
+#include "hf_units.h"
 #include "io/hf.h"
 #include "model/lm.h"
 #include "zinf/backends/backend.h"
@@ -31,33 +32,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::random_units;
+using test::slurp;
 using test::TempDir;
 
 ModelShape tiny() { return ModelShape{2, 4, 32, 256, 16}; }  // n_layer, n_head, d_model, vocab, seq_len
-
-std::vector<std::vector<float>> random_units(const ModelShape& s, StDtype dt) {
-  std::vector<std::vector<float>> u;
-  std::uint32_t seed = 11;
-  for (const auto& lu : layer_units(s)) {
-    auto v = randf(static_cast<std::size_t>(lu.params), seed++, 0.1f);
-    if (dt != StDtype::f32) {  // values the dtype holds exactly, so the round trip is exact
-      std::vector<std::uint16_t> h(v.size());
-      if (dt == StDtype::bf16)
-        cpu_adam::fp32_to_bf16(v.data(), h.data(), v.size()), cpu_adam::bf16_to_fp32(h.data(), v.data(), v.size());
-      else
-        cpu_adam::fp32_to_fp16(v.data(), h.data(), v.size()), cpu_adam::fp16_to_fp32(h.data(), v.data(), v.size());
-    }
-    u.push_back(std::move(v));
-  }
-  return u;
-}
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::vector<float>> load_all(const std::string& dir, const ModelShape& s) {
   HfModelReader r(dir);
@@ -77,7 +56,7 @@ TEST(Gpt2HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding
     for (std::uint64_t shard : {std::uint64_t{1} << 30, std::uint64_t{9000}}) {  // one file; many shards
       SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dt) << " shard " << shard);
       const ModelShape s = tiny();
-      const auto units = random_units(s, dt);
+      const auto units = random_units(s, dt, 11, 0.1f);
       const std::string a = t / "a", b = t / "b";
       fs::remove_all(a), fs::remove_all(b);
       write_hf_folder(a, s, units, dt, shard);
@@ -101,7 +80,7 @@ TEST(Gpt2HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding
 TEST(Gpt2HfFolders, NamesConfigAndLayoutAreTransformers) {
   TempDir t("gpt2-hf-test");
   const ModelShape s = tiny();
-  const auto units = random_units(s, StDtype::f32);
+  const auto units = random_units(s, StDtype::f32, 11, 0.1f);
   write_hf_folder(t / "m", s, units, StDtype::f32);
   const json c = json::parse(slurp(t / "m/config.json"));
   EXPECT_EQ(c["model_type"], "gpt2");
@@ -129,7 +108,7 @@ TEST(Gpt2HfFolders, AConfigPointedAtAFolderTakesItsShapeTrainsAndExportsBack) {
   TempDir t("gpt2-hf-test");
   ModelShape s = tiny();
   s.seq_len = 24;  // the folder has 24 positions; training takes 16
-  const auto units = random_units(s, StDtype::bf16);
+  const auto units = random_units(s, StDtype::bf16, 11, 0.1f);
   write_hf_folder(t / "m", s, units, StDtype::bf16, 9000);
   const std::string cfg = R"({"model": {"init_from": ")" + (t / "m") + R"(", "seq_len": 16},
       "train": {"steps": 0, "eval_batches": 2, "checkpoint_dir": ")" +
@@ -362,7 +341,7 @@ TEST(Gpt2HfFolders, NumpyWrittenFoldersGiveNumpysLossesAndExportReadsBackInNumpy
 TEST(Gpt2HfFolders, WhatZinfCannotLoadIsOneErrorNamingTheFileAndKeyOrTensor) {
   TempDir t("gpt2-hf-test");
   const ModelShape s = tiny();
-  auto units = random_units(s, StDtype::f32);
+  auto units = random_units(s, StDtype::f32, 11, 0.1f);
   write_hf_folder(t / "m", s, units, StDtype::f32);
   const std::string cfg_file = t / "m/config.json";
   const json good = json::parse(slurp(cfg_file));

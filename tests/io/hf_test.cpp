@@ -16,6 +16,7 @@
 #include "app/train/checkpoint.h"
 #include "app/train/train.h"
 #include "common/temp_dir.h"
+#include "hf_units.h"
 #include "io/hf.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/error.h"
@@ -25,6 +26,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using test::random_units;
+using test::slurp;
 using test::TempDir;
 
 ModelShape tiny(bool tied, bool bias) {
@@ -35,30 +38,6 @@ ModelShape tiny(bool tied, bool bias) {
   return s;
 }
 
-std::vector<std::vector<float>> random_units(const ModelShape& s, StDtype dt) {
-  std::vector<std::vector<float>> u;
-  std::uint32_t seed = 7;
-  for (const auto& lu : layer_units(s)) {
-    auto v = randf(static_cast<std::size_t>(lu.params), seed++, 0.05f);
-    if (dt != StDtype::f32) {  // values the dtype holds exactly, so the round trip is exact
-      std::vector<std::uint16_t> h(v.size());
-      if (dt == StDtype::bf16)
-        cpu_adam::fp32_to_bf16(v.data(), h.data(), v.size()), cpu_adam::bf16_to_fp32(h.data(), v.data(), v.size());
-      else
-        cpu_adam::fp32_to_fp16(v.data(), h.data(), v.size()), cpu_adam::fp16_to_fp32(h.data(), v.data(), v.size());
-    }
-    u.push_back(std::move(v));
-  }
-  return u;
-}
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 TEST(HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding) {
   TempDir t("hf-test");
   for (StDtype dt : {StDtype::f32, StDtype::f16, StDtype::bf16})
@@ -67,7 +46,7 @@ TEST(HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding) {
         SCOPED_TRACE(::testing::Message()
                      << "dtype " << static_cast<int>(dt) << " tied " << tied << " shard " << shard);
         const ModelShape s = tiny(tied, !tied);
-        const auto units = random_units(s, dt);
+        const auto units = random_units(s, dt, 7, 0.05f);
         const std::string a = t / "a", b = t / "b";
         fs::remove_all(a), fs::remove_all(b);
         write_hf_folder(a, s, units, dt, shard);
@@ -93,7 +72,7 @@ TEST(HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding) {
 TEST(HfFolders, TheLayoutIsHuggingFacesOutByIn) {
   TempDir t("hf-test");
   const ModelShape s = tiny(false, true);
-  auto units = random_units(s, StDtype::f32);
+  auto units = random_units(s, StDtype::f32, 7, 0.05f);
   write_hf_folder(t / "m", s, units, StDtype::f32);
   const StFile f = read_safetensors(t / "m/model.safetensors");
   const StTensor* q = f.find("model.layers.1.self_attn.q_proj.weight");
@@ -112,7 +91,7 @@ TEST(HfFolders, TheLayoutIsHuggingFacesOutByIn) {
 TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
   TempDir t("hf-test");
   const ModelShape s = tiny(false, false);
-  const auto units = random_units(s, StDtype::bf16);
+  const auto units = random_units(s, StDtype::bf16, 7, 0.05f);
   write_hf_folder(t / "m", s, units, StDtype::bf16, 8000);
   const std::string cfg = R"({"model": {"init_from": ")" + (t / "m") + R"(", "seq_len": 16},
       "train": {"steps": 0, "eval_batches": 2, "checkpoint_dir": ")" +
@@ -155,7 +134,7 @@ TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
 TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
   TempDir t("hf-test");
   const ModelShape s = tiny(true, false);
-  write_hf_folder(t / "m", s, random_units(s, StDtype::f32), StDtype::f32);
+  write_hf_folder(t / "m", s, random_units(s, StDtype::f32, 7, 0.05f), StDtype::f32);
   auto patch = [&](const std::function<void(nlohmann::json&)>& f) {
     nlohmann::json c = nlohmann::json::parse(slurp(t / "m/config.json"));
     f(c);

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/temp_dir.h"
+#include "common/tokenizer_files.h"
 #include "mpirun.h"
 #include "shell.h"
 
@@ -45,6 +47,35 @@ TEST_F(CliDp, MpirunRanksTrainAsOneRankWithTheirAccumulation) {
     EXPECT_EQ(digest_of(two.out), digest_of(one.out)) << stage;
     EXPECT_EQ(count(two.out, "final step="), 1u) << "rank 0 alone prints";
     EXPECT_NE(two.out.find("data parallel: 2 ranks over mpi"), std::string::npos) << two.out;
+  }
+}
+
+// Chat data with masked prompts: the loss is the mean over the whole step's unmasked targets, across
+// micro batches and ranks, so two ranks still train as one rank with their accumulation, bit for bit.
+TEST_F(CliDp, ChatDataWithMaskedPromptsTrainsAsOneRank) {
+  const TempDir dir("cli-dp-chat");
+  std::ofstream(dir / "tokenizer.json") << small_tokenizer({{"t", "h"}, {"th", "e"}}, false, false).dump();
+  {
+    std::ofstream jsonl(dir / "chat.jsonl");
+    for (int i = 0; i < 24; ++i)  // prompts and answers of different lengths: every row has its own count
+      jsonl << R"({"prompt": "question )" << i << std::string(static_cast<std::size_t>(i % 5), '?')
+            << R"(", "completion": "the answer is )" << i * 7 << std::string(static_cast<std::size_t>(i % 3), '!')
+            << "\"}\n";
+  }
+  const std::string args = " train --config " + kTinyConfig + " --set data.path=\"" + (dir / "chat.jsonl") +
+                           "\" --set data.tokenizer=\"" + (dir / "tokenizer.json") +
+                           "\" --set data.chat_template=\"none\" --set model.vocab_size=320 --set model.seq_len=32"
+                           " --set train.steps=3 --set train.eval_batches=2 --set train.eval_interval=0"
+                           " --set train_micro_batch_size_per_gpu=4";
+  const Result one = sh(std::string(ZINF_BIN) + args + " --set gradient_accumulation_steps=2");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  ASSERT_NE(one.out.find("chat JSONL"), std::string::npos) << one.out;
+  for (const std::string stage : {"--set zero_optimization.stage=2",
+                                  "--set zero_optimization.stage=3 --set zero_optimization.offload_param.device=cpu"}) {
+    const Result two = sh(kMpi + " -np 2 " + ZINF_BIN + args + " " + stage);
+    EXPECT_EQ(two.rc, 0) << two.err;
+    EXPECT_FALSE(digest_of(two.out).empty()) << two.out;
+    EXPECT_EQ(digest_of(two.out), digest_of(one.out)) << stage;
   }
 }
 

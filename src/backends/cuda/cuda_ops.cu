@@ -3,6 +3,7 @@
 // fused epilogues, run by the cuBLASLt executor of gemm.h.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "cuda/cuda_check.cuh"
@@ -145,9 +146,22 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   }
   void fp32_attention_decode(float* o, const float* q, const float* k, const float* v, int Q, int pos, int H, int KV,
                              int D, int q_stride, int kv_stride) {
-    const std::size_t need = static_cast<std::size_t>(Q) * H * (static_cast<std::size_t>(pos) + Q) * sizeof(float);
-    ops::launch_attention_decode(o, static_cast<float*>(decode_scores_.get(dev_, stream_, need)), q, k, v, Q, pos, H,
-                                 KV, D, q_stride, kv_stride, stream_);
+    if (Q <= 0) return;
+    // Each query row keeps its own scores (up to pos + Q of them per head). A long prompt's prefill runs
+    // in chunks of rows so the scratch stays under a cap (rows are independent: the same bits), and the
+    // scratch grows in powers of two so decoding token by token does not reallocate at every step.
+    constexpr std::size_t kScoresCap = std::size_t{256} << 20;
+    const std::size_t row = static_cast<std::size_t>(H) * (static_cast<std::size_t>(pos) + Q) * sizeof(float);
+    const int chunk = static_cast<int>(std::clamp<std::size_t>(kScoresCap / row, 1, static_cast<std::size_t>(Q)));
+    std::size_t bytes = 1;  // a power of two at least chunk · row (the CUDA sources are C++17: no std::bit_ceil)
+    while (bytes < chunk * row) bytes <<= 1;
+    float* scores = static_cast<float*>(decode_scores_.get(dev_, stream_, bytes));
+    for (int t0 = 0; t0 < Q; t0 += chunk) {  // in stream order on the compute stream: the scratch is reused safely
+      const int n = std::min(chunk, Q - t0);
+      ops::launch_attention_decode(o + static_cast<std::size_t>(t0) * H * D, scores,
+                                   q + static_cast<std::size_t>(t0) * q_stride, k, v, n, pos + t0, H, KV, D, q_stride,
+                                   kv_stride, stream_);
+    }
   }
   void fp32_lm_head_logits(float* logits, const float* x, const float* wte, int R, int C, int V) {
     gemm_.run(lm_head_forward_gemm(logits, x, wte, R, C, V, DType::fp32));

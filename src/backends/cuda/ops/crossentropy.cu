@@ -18,7 +18,8 @@ __global__ void softmax_ce(float* probs, float* losses, const int* targets, int 
   const float inv = 1.0f / sum;
   for (int v = 0; v < V; ++v) l[v] *= inv;
   const int t = targets[r];
-  losses[r] = t == -1 ? 0.0f : -logf(fmaxf(l[t], 1e-30f));  // -1: a masked position (kIgnoreTarget)
+  // -1: a masked position (kIgnoreTarget); any other id outside the vocabulary is NaN, as in the fast kernel
+  losses[r] = t == -1 ? 0.0f : (t < 0 || t >= V) ? NAN : -logf(fmaxf(l[t], 1e-30f));
 }
 __global__ void ce_backward(float* dlogits, const float* probs, const int* targets, float dscale, int R, int V) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;

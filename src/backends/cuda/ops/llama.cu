@@ -125,10 +125,11 @@ __global__ void attention_decode_kernel(float* out, float* scores, const float* 
   const float inv = 1.0f / sum;
   for (int s = 0; s < n; ++s) a[s] *= inv;
   float* o = out + static_cast<std::size_t>(t) * H * D + static_cast<std::size_t>(h) * D;
-  for (int i = 0; i < D; ++i) o[i] = 0;
-  for (int s = 0; s < n; ++s) {
-    const float* vs = v + static_cast<std::size_t>(s) * kv_stride + static_cast<std::size_t>(j) * D;
-    for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
+  for (int i = 0; i < D; ++i) {  // each output summed over s in ascending order, in a register
+    float acc = 0;
+    for (int s = 0; s < n; ++s)
+      acc += a[s] * v[static_cast<std::size_t>(s) * kv_stride + static_cast<std::size_t>(j) * D + i];
+    o[i] = acc;
   }
 }
 // dq and Σ_s a·datt per (batch, head, query position).
@@ -253,6 +254,7 @@ void launch_gqa_attention_backward(float* dq, float* dk, float* dv, float* weigh
 }
 void launch_attention_decode(float* out, float* scores, const float* q, const float* k, const float* v, int Q, int pos,
                              int H, int KV, int D, int q_stride, int kv_stride, cudaStream_t s) {
+  ZINF_CHECK(KV > 0 && H % KV == 0 && pos >= 0);  // the head mapping h / (H / KV) needs whole groups
   if (Q <= 0) return;
   attention_decode_kernel<<<blocks_for(static_cast<std::size_t>(Q) * H, 64), 64, 0, s>>>(
       out, scores, q, k, v, Q, pos, H, KV, D, q_stride, kv_stride, attention_scale(D));

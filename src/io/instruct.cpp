@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "io/files.h"
 #include "model/op_list.h"
 #include "zinf/error.h"
 
@@ -164,20 +163,11 @@ ChatTemplate detect_chat_template(const std::string& path, std::string* why) {
   auto say = [&](const std::string& s) {
     if (why) *why = s;
   };
-  auto read_json = [&](const fs::path& f, json* out) {
-    if (!fs::is_regular_file(f, ec)) return false;
-    try {
-      *out = json::parse(read_input_file(f.string(), "data.chat_template"));
-      return true;
-    } catch (const json::exception& e) {
-      throw ConfigError("data.chat_template auto: " + f.string() + " is not JSON (" + json_why(e) + ")");
-    }
-  };
-  json tc;
-  if (read_json(dir / "tokenizer_config.json", &tc) && tc.is_object() && tc.contains("chat_template")) {
+  const std::optional<json> tc = read_folder_json(dir / "tokenizer_config.json", "data.chat_template");
+  if (tc && tc->is_object() && tc->contains("chat_template")) {
     // A string, or a list of {"name", "template"} (several templates, one of them the default).
     std::string text;
-    const json& ct = tc["chat_template"];
+    const json& ct = (*tc)["chat_template"];
     if (ct.is_string()) text = ct.get<std::string>();
     if (ct.is_array())
       for (const json& e : ct)
@@ -194,9 +184,9 @@ ChatTemplate detect_chat_template(const std::string& path, std::string* why) {
     say("tokenizer_config.json's chat_template has neither Llama 3 nor ChatML markers");
     return ChatTemplate::none;
   }
-  json cfg;
-  if (read_json(dir / "config.json", &cfg) && cfg.is_object() && cfg.contains("model_type") &&
-      cfg["model_type"].is_string() && cfg["model_type"].get<std::string>() == "qwen2") {
+  const std::optional<json> cfg = read_folder_json(dir / "config.json", "data.chat_template");
+  if (cfg && cfg->is_object() && cfg->contains("model_type") && (*cfg)["model_type"].is_string() &&
+      (*cfg)["model_type"].get<std::string>() == "qwen2") {
     say("config.json's model_type is qwen2");
     return ChatTemplate::chatml;
   }

@@ -1,5 +1,5 @@
-// tokenize.cpp — the byte and SentencePiece tokenizers (byte-level BPE: io/bpe.cpp), open_tokenizer (io/tokenizer.h), and llm.c
-// token files (io/data.h).
+// tokenize.cpp — the byte and SentencePiece tokenizers (byte-level BPE: io/bpe.cpp), open_tokenizer (io/tokenizer.h),
+// and llm.c token files (io/data.h).
 #include <sentencepiece_processor.h>
 
 #include <nlohmann/json.hpp>
@@ -94,13 +94,12 @@ class SentencePieceTokenizer final : public Tokenizer {
     const auto st = sp_.LoadFromSerializedProto(bytes);
     if (!st.ok()) {
       const std::string why = status_text(st);
-      throw ConfigError(what + " " + path + ": not a SentencePiece model (" +
-                            (why.empty() ? "it does not parse as one" : why) + ")",
-                        "give the tokenizer.model file that came with the model");
+      throw ConfigError(
+          what + " " + path + ": not a SentencePiece model (" + (why.empty() ? "it does not parse as one" : why) + ")",
+          "give the tokenizer.model file that came with the model");
     }
     for (int id = 0; id < sp_.GetPieceSize(); ++id)
-      if (sp_.IsControl(id) && !sp_.IdToPiece(id).empty())
-        specials_.emplace_back(sp_.IdToPiece(id), id);
+      if (sp_.IsControl(id) && !sp_.IdToPiece(id).empty()) specials_.emplace_back(sp_.IdToPiece(id), id);
   }
   std::string kind() const override { return "sentencepiece"; }
   std::vector<std::uint32_t> encode(std::string_view text, bool special) const override {
@@ -202,17 +201,6 @@ class FolderTokenizer final : public Tokenizer {
   std::vector<std::uint32_t> eos_;
 };
 
-std::optional<nlohmann::json> read_json_if_there(const std::filesystem::path& p, const std::string& what) {
-  std::error_code ec;
-  if (!std::filesystem::exists(p, ec)) return std::nullopt;
-  const std::string text = read_input_file(p.string(), what);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(what + " " + p.string() + ": not JSON (" + e.what() + ")");
-  }
-}
-
 // BOS/EOS named by a model folder: tokenizer_config.json's bos_token/eos_token (a string or
 // {"content": …}) and generation_config.json's bos_token_id/eos_token_id (an id or a list of ids).
 // What the folder does not name keeps the tokenizer's own.
@@ -232,8 +220,7 @@ std::unique_ptr<Tokenizer> with_folder_specials(std::unique_ptr<Tokenizer> t, co
     else
       return std::nullopt;  // null: the model has none
     const auto id = t->token_id(text);
-    if (!id)
-      throw ConfigError(what + " " + where + ": the token " + text + " is not in the tokenizer's vocabulary");
+    if (!id) throw ConfigError(what + " " + where + ": the token " + text + " is not in the tokenizer's vocabulary");
     return id;
   };
   const auto check_id = [&](const nlohmann::json& v, const std::string& where) {
@@ -243,7 +230,7 @@ std::unique_ptr<Tokenizer> with_folder_specials(std::unique_ptr<Tokenizer> t, co
     return v.get<std::uint32_t>();
   };
   bool eos_named = false;
-  if (const auto tc = read_json_if_there(dir / "tokenizer_config.json", what); tc && tc->is_object()) {
+  if (const auto tc = read_folder_json(dir / "tokenizer_config.json", what); tc && tc->is_object()) {
     const std::string where = (dir / "tokenizer_config.json").string();
     if (tc->contains("bos_token"))
       if (auto id = id_of((*tc)["bos_token"], where + " bos_token")) bos = id;
@@ -253,7 +240,7 @@ std::unique_ptr<Tokenizer> with_folder_specials(std::unique_ptr<Tokenizer> t, co
         eos_named = true;
       }
   }
-  if (const auto gc = read_json_if_there(dir / "generation_config.json", what); gc && gc->is_object()) {
+  if (const auto gc = read_folder_json(dir / "generation_config.json", what); gc && gc->is_object()) {
     const std::string where = (dir / "generation_config.json").string();
     if (gc->contains("bos_token_id") && !(*gc)["bos_token_id"].is_null())
       bos = check_id((*gc)["bos_token_id"], where + " bos_token_id");
@@ -314,6 +301,17 @@ int write_token_file(const std::string& path, const std::vector<std::uint32_t>& 
   }
   f.commit();
   return narrow ? 2 : 4;
+}
+
+std::optional<nlohmann::json> read_folder_json(const std::filesystem::path& p, const std::string& what) {
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) return std::nullopt;
+  const std::string text = read_input_file(p.string(), what);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(what + " " + p.string() + ": not JSON (" + e.what() + ")");
+  }
 }
 
 }  // namespace zinf

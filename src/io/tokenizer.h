@@ -7,7 +7,10 @@
 // Errors are one ConfigError naming `what` (the key or flag) and the file.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,5 +51,9 @@ std::unique_ptr<Tokenizer> byte_tokenizer();
 // `path`: a tokenizer.json, a tokenizer.model, or a folder holding either. `what` names the key or
 // flag in errors ("data.tokenizer", "--tokenizer").
 std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, const std::string& what = "data.tokenizer");
+
+// A JSON file of a model folder (tokenizer_config.json, generation_config.json, config.json):
+// nullopt when there is none; one ConfigError naming `what` and the file when it is not JSON.
+std::optional<nlohmann::json> read_folder_json(const std::filesystem::path& p, const std::string& what);
 
 }  // namespace zinf

@@ -8,12 +8,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "app/train/checkpoint.h"
 #include "commands.h"
+#include "io/files.h"
 #include "io/hf.h"
 #include "io/instruct.h"
 #include "io/safetensors.h"
@@ -141,14 +140,7 @@ std::unique_ptr<Tokenizer> pick_tokenizer(const GenerateArgs& a, const HostModel
 }
 
 std::string read_prompt(const GenerateArgs& a) {
-  if (!a.prompt_file.empty()) {
-    std::ifstream in(a.prompt_file, std::ios::binary);
-    if (!in) throw ConfigError("--prompt-file " + a.prompt_file + ": cannot be read");
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-  return a.prompt;
+  return a.prompt_file.empty() ? a.prompt : read_input_file(a.prompt_file, "--prompt-file");
 }
 
 // --chat's value: a template name, as data.chat_template takes it.

@@ -800,10 +800,9 @@ void report_flops_profile(Run& run, const StepReport& r, const std::vector<OpTim
     run.log(table.substr(0, table.size() - 1));  // (the log adds the line end)
     return;
   }
-  const int fd = ::open(f.output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  const int e = fd < 0 ? errno : write_all(fd, table.data(), table.size());
-  if (fd >= 0) ::close(fd);
-  if (e) throw IoError("flops_profiler.output_file " + f.output_file + ": cannot write (" + std::strerror(e) + ")", e);
+  OutputFile out(f.output_file, "flops_profiler.output_file");
+  out.write(table.data(), table.size());
+  out.commit();
   run.log("flops_profiler: the op table of step " + std::to_string(r.step) + " is in " + f.output_file);
 }
 

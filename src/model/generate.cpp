@@ -134,12 +134,8 @@ KvDecoder::KvDecoder(const ModelShape& s, Device& dev, OpsBackend& ops, std::vec
   device_bytes_ = measure.bytes() + cache_bytes_ + P * sizeof(int);
   host_logits_.resize(V);
   if (llama) {  // the rotary tables of positions 0..P-1, as the training forward makes them for its T
-    ops::RopeScaling sc;
-    sc.factor = s.rope_factor, sc.low_freq_factor = s.rope_low_freq_factor,
-    sc.high_freq_factor = s.rope_high_freq_factor;
-    sc.original_max_position_embeddings = s.rope_original_max;
     std::vector<float> co, si;
-    ops::rope_tables(ops::rope_inv_freq(D_, s.rope_theta, sc), P_, co, si);
+    llama_rope_tables(s, P_, co, si);
     dev.copy_to_device(cos_.data(), co.data(), co.size() * sizeof(float), StreamRole::compute);
     dev.copy_to_device(sin_.data(), si.data(), si.size() * sizeof(float), StreamRole::compute);
     dev.synchronize(StreamRole::compute);

@@ -131,11 +131,8 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
   head(hc);
   grads(gc);
   // Rotary tables, computed once on the host and copied to the device.
-  ops::RopeScaling sc;
-  sc.factor = s.rope_factor, sc.low_freq_factor = s.rope_low_freq_factor, sc.high_freq_factor = s.rope_high_freq_factor;
-  sc.original_max_position_embeddings = s.rope_original_max;
   std::vector<float> co, si;
-  ops::rope_tables(ops::rope_inv_freq(D_, s.rope_theta, sc), T_, co, si);
+  llama_rope_tables(s, T_, co, si);
   rope_buf_ = DeviceBuffer(dev, 2 * co.size() * sizeof(float), "rotary tables");
   cos_ = TensorView(rope_buf_.as<float>(), co.size());
   sin_ = TensorView(rope_buf_.as<float>() + co.size(), si.size());
@@ -330,6 +327,13 @@ void llama_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint6
     normal(b.w_up, C * F, 0.02);
     normal(b.w_down, F * C, proj_std);
   }
+}
+
+void llama_rope_tables(const ModelShape& s, int T, std::vector<float>& cos_t, std::vector<float>& sin_t) {
+  ops::RopeScaling sc;
+  sc.factor = s.rope_factor, sc.low_freq_factor = s.rope_low_freq_factor, sc.high_freq_factor = s.rope_high_freq_factor;
+  sc.original_max_position_embeddings = s.rope_original_max;
+  ops::rope_tables(ops::rope_inv_freq(s.head_dim(), s.rope_theta, sc), T, cos_t, sin_t);
 }
 
 }  // namespace zinf

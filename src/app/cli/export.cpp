@@ -63,11 +63,7 @@ int run_export(const ExportArgs& a) {
   if (a.format == "safetensors" && shape.family != ModelFamily::gpt2)
     throw ConfigError(
         "--format safetensors writes GPT-2's tensor names; a llama-family checkpoint exports with --format hf");
-  std::vector<std::vector<float>> units;
-  for (const auto& u : layer_units(shape)) units.emplace_back(static_cast<std::size_t>(u.params));
-  load_checkpoint(a.checkpoint, shape, [&](std::size_t u, const float* master, const float*, const float*) {
-    std::copy(master, master + units[u].size(), units[u].begin());
-  });
+  const std::vector<std::vector<float>> units = load_checkpoint_weights(a.checkpoint, shape);
   if (a.format == "hf") {
     write_hf_folder(a.output, shape, units, dt, static_cast<std::uint64_t>(parse_bytes(a.shard_size, "--shard-size")));
     std::printf("exported %s (%d layers, d_model %d) to the folder %s in Hugging Face's layout, %s\n",

@@ -58,10 +58,7 @@ std::vector<std::vector<float>> empty_units(const ModelShape& s) {
 HostModel from_checkpoint(const std::string& dir) {
   HostModel m;
   m.shape = checkpoint_shape(dir);
-  m.units = empty_units(m.shape);
-  load_checkpoint(dir, m.shape, [&](std::size_t u, const float* master, const float*, const float*) {
-    std::copy(master, master + m.units[u].size(), m.units[u].begin());
-  });
+  m.units = load_checkpoint_weights(dir, m.shape);
   m.what = "checkpoint " + dir;
   return m;
 }

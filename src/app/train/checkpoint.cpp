@@ -685,6 +685,15 @@ CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape
   return s;
 }
 
+std::vector<std::vector<float>> load_checkpoint_weights(const std::string& path, const ModelShape& shape) {
+  std::vector<std::vector<float>> units;
+  for (const auto& u : layer_units(shape)) units.emplace_back(static_cast<std::size_t>(u.params));
+  load_checkpoint(path, shape, [&](std::size_t u, const float* master, const float*, const float*) {
+    std::copy(master, master + units[u].size(), units[u].begin());
+  });
+  return units;
+}
+
 ResumeChoice choose_checkpoint(const std::string& dir, const std::string& which, const ModelShape& shape) {
   ResumeChoice r;
   auto take = [&](const std::string& path) {

@@ -81,6 +81,10 @@ CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape
 // The model shape a checkpoint was written for (from its manifest).
 ModelShape checkpoint_shape(const std::string& path);
 
+// The model's fp32 weights (each unit's master copy, layer_units order) of a verified checkpoint,
+// as export and generation read them.
+std::vector<std::vector<float>> load_checkpoint_weights(const std::string& path, const ModelShape& shape);
+
 // Checks a checkpoint without loading it (same checks as load_checkpoint).
 void verify_checkpoint(const std::string& path, const ModelShape& shape);
 

@@ -1,6 +1,7 @@
 // cli_dp_test.cpp — `mpirun -np N zinf …` as a user runs it: ranks train as one rank with their
 // accumulation, rank 0 alone prints, a killed rank ends the job without a hang, and bad launches
-// (ranks given different configs, a world the launcher does not match) are refused at start.
+// (ranks given different configs, a world the launcher does not match) are refused at start, and
+// compressed optimizer states (8bit, bf16) shard exactly.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -17,6 +18,9 @@
 #include <vector>
 
 #include "common/temp_dir.h"
+#include "model/shape.h"
+#include "zinf/cpu_adam/adam.h"
+#include "zinf/offload/placement.h"
 #include "common/tokenizer_files.h"
 #include "mpirun.h"
 #include "shell.h"
@@ -76,6 +80,43 @@ TEST_F(CliDp, ChatDataWithMaskedPromptsTrainsAsOneRank) {
     EXPECT_EQ(two.rc, 0) << two.err;
     EXPECT_FALSE(digest_of(two.out).empty()) << two.out;
     EXPECT_EQ(digest_of(two.out), digest_of(one.out)) << stage;
+  }
+}
+
+// Compressed optimizer states with data parallelism: each rank keeps m and v of its shards in the
+// format, 8bit with one scale per 256 elements counted from the unit's start. Shard boundaries are
+// multiples of 65,536 elements, so a rank's blocks are the one-rank run's blocks and two ranks with
+// GA 1 train exactly as one rank with GA 2 — in each format, at ZeRO-2 and ZeRO-3. The model's
+// blocks are larger than one shard step, so rank 1 keeps a part of every block (checked below);
+// the formats really apply (each gives other parameters than fp32).
+TEST_F(CliDp, CompressedStatesTrainAsOneRank) {
+  const ModelShape shape{2, 4, 128, 256, 32};  // the --set below on configs/tiny.json
+  int split = 0;
+  for (const LayerUnit& u : layer_units(shape)) {
+    const auto n = static_cast<std::uint64_t>(u.params);
+    const offload::Shard one = offload::shard_of(n, 2, 0);
+    EXPECT_EQ(one.hi % cpu_adam::kQ8Block, 0u) << u.name;  // the 8bit blocks do not straddle ranks
+    split += one.hi > 0 && one.hi < n;
+  }
+  EXPECT_EQ(split, 2) << "both blocks are split between the two ranks";
+  const std::string args = " train --config " + kTinyConfig +
+                           " --set model.n_layer=2 --set model.seq_len=32 --set train_micro_batch_size_per_gpu=4"
+                           " --set train.steps=3 --set train.eval_batches=1 --set train.eval_interval=0";
+  const std::string fp32 = digest_of(sh(std::string(ZINF_BIN) + args + " --set gradient_accumulation_steps=2").out);
+  ASSERT_FALSE(fp32.empty());
+  for (const std::string states : {"8bit", "bf16"}) {
+    const std::string mode = " --set zero_optimization.optimizer_states=" + states;
+    const Result one = sh(std::string(ZINF_BIN) + args + mode + " --set gradient_accumulation_steps=2");
+    ASSERT_EQ(one.rc, 0) << one.err;
+    ASSERT_FALSE(digest_of(one.out).empty()) << one.out;
+    EXPECT_NE(digest_of(one.out), fp32) << states << " applies";
+    for (const std::string stage :
+         {"--set zero_optimization.stage=2",
+          "--set zero_optimization.stage=3 --set zero_optimization.offload_param.device=cpu"}) {
+      const Result two = sh("timeout 300 " + kMpi + " -np 2 " + ZINF_BIN + args + mode + " " + stage);
+      EXPECT_EQ(two.rc, 0) << states << " " << stage << "\n" << two.err;
+      EXPECT_EQ(digest_of(two.out), digest_of(one.out)) << states << " " << stage;
+    }
   }
 }
 

@@ -24,6 +24,9 @@
 #include "shell.h"
 #include "zinf/error.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace zinf {
 namespace {
 
@@ -294,6 +297,42 @@ TEST_F(Checkpoints, TheCommandLineRefusesAnIncompatibleResumeWithExitTwo) {
   EXPECT_EQ(count_errors(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("the model family differs (checkpoint llama, config gpt2)"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("step 0: val_loss"), std::string::npos) << "it started";
+  EXPECT_EQ(snapshot(dir / "ck"), before);
+}
+
+// A checkpoint whose manifest names an optimizer-state format this zinf does not know (written by a
+// later version, say) is refused — not passed over as damaged, which would resume from an older
+// checkpoint and let keep_last delete this one — with one error line and exit code 2; nothing in the
+// directory changes. The manifest carries a valid checksum, so the refusal is the format's.
+TEST_F(Checkpoints, AnUnknownStateFormatIsRefusedWithExitTwoAndTouchesNothing) {
+  const std::string conf = (dir / "run.json").string();
+  std::ofstream(conf) << cfg(4);
+  const std::string zinf = std::string(ZINF_BIN) + " train --config " + conf;
+  ASSERT_EQ(test::sh(zinf).rc, 0);  // steps 2 and 4
+  const fs::path four = dir / "ck" / "step-00000004";
+  edit_manifest(four, [](nlohmann::json& m) {
+    m["optimizer_states"] = "4bit";
+    m.erase("manifest_xxh64");
+    const std::string text = m.dump();  // the checksum is over the compact form without itself
+    char h[17];
+    std::snprintf(h, sizeof h, "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+    m["manifest_xxh64"] = h;
+  });
+  const auto before = snapshot(dir / "ck");
+  try {
+    verify_checkpoint(four.string(), shape());
+    ADD_FAILURE() << "a manifest naming an unknown state format passed";
+  } catch (const IncompatibleCheckpoint& e) {
+    EXPECT_NE(std::string(e.what()).find("'4bit', which this zinf cannot convert"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(run(6, {}, "latest"), IncompatibleCheckpoint);  // no fall back to step 2
+  const test::Result r = test::sh(zinf + " --resume --set train.steps=6");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(count_errors(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(four.string() + "/manifest.json"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'4bit', which this zinf cannot convert (it knows fp32, bf16 and 8bit)"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("val_loss"), std::string::npos) << "it started: " << r.out;
   EXPECT_EQ(snapshot(dir / "ck"), before);
 }
 

@@ -36,9 +36,10 @@ GptBlock<TensorView> block_view(const TensorView& base, int C);
 class GptModel final : public LanguageModel {
  public:
   // B: micro batch. Activations for B×T tokens are allocated on `dev` now.
-  // offload_checkpoints: the checkpointed block inputs live in pinned host memory (lm.h, Checkpoints).
+  // offload_checkpoints: the checkpointed block inputs live in host memory (lm.h, Checkpoints),
+  // page-locked unless pin_checkpoints is false.
   GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
-           bool offload_checkpoints = false);
+           bool offload_checkpoints = false, bool pin_checkpoints = true);
 
   // Forward pass: each of the B×T rows' cross-entropy into row_losses(); keeps what backward needs.
   void forward(UnitSource& src, const int* tokens, const int* targets) override;

@@ -32,9 +32,10 @@ LlamaBlock<TensorView> llama_block_view(const TensorView& base, const ModelShape
 
 class LlamaModel final : public LanguageModel {
  public:
-  // offload_checkpoints: the checkpointed block inputs live in pinned host memory (lm.h, Checkpoints).
+  // offload_checkpoints: the checkpointed block inputs live in host memory (lm.h, Checkpoints),
+  // page-locked unless pin_checkpoints is false.
   LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
-             bool offload_checkpoints = false);
+             bool offload_checkpoints = false, bool pin_checkpoints = true);
   void forward(UnitSource& src, const int* tokens, const int* targets) override;
   const float* row_losses() const override { return static_cast<const float*>(losses_.data()); }
   int rows() const override { return R_; }

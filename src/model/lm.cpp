@@ -25,14 +25,15 @@ double forward_mean_loss(LanguageModel& m, Device& dev, UnitSource& src, const i
 }
 
 std::unique_ptr<LanguageModel> make_model(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
-                                          bool offload_checkpoints) {
+                                          bool offload_checkpoints, bool pin_checkpoints) {
   const bool offload = checkpointing && offload_checkpoints;
-  if (s.family == ModelFamily::llama) return std::make_unique<LlamaModel>(s, B, checkpointing, dev, ops, offload);
-  return std::make_unique<GptModel>(s, B, checkpointing, dev, ops, offload);
+  if (s.family == ModelFamily::llama)
+    return std::make_unique<LlamaModel>(s, B, checkpointing, dev, ops, offload, pin_checkpoints);
+  return std::make_unique<GptModel>(s, B, checkpointing, dev, ops, offload, pin_checkpoints);
 }
 
 void Checkpoints::allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t row_bytes, std::size_t n,
-                           bool offload) {
+                           bool offload, bool pin) {
   dev_ = &dev;
   storage_ = storage;
   row_elems_ = row_elems;
@@ -51,9 +52,11 @@ void Checkpoints::allocate(Device& dev, DType storage, std::size_t row_elems, st
     const std::size_t cap = (bytes + PinnedPool::kAlign - 1) / PinnedPool::kAlign * PinnedPool::kAlign;
     // Page-locked by register_host (cudaHostRegister on the CUDA device), as the token batches'
     // staging is (app/train/batches.h); no mlock of its own, so RLIMIT_MEMLOCK does not bound it.
+    // Without `pin` the rows stay pageable: the device copies through its own staging.
     pool_ = std::make_unique<PinnedPool>(cap, /*lock=*/false);
     host_ = pool_->acquire(bytes);
-    dev.register_host(host_.data(), pool_->capacity());
+    registered_ = pin;
+    if (pin) dev.register_host(host_.data(), pool_->capacity());
   }
   on_host_.assign(n, nullptr);
   on_device_.assign(n, nullptr);
@@ -66,7 +69,7 @@ Checkpoints::~Checkpoints() {
     dev_->synchronize(StreamRole::h2d);
   } catch (...) {
   }
-  dev_->unregister_host(host_.data());
+  if (registered_) dev_->unregister_host(host_.data());
 }
 
 TensorView Checkpoints::host(std::size_t j) const {

@@ -130,7 +130,10 @@ class Checkpoints {
 
   // n checkpoints of row_elems elements each, `row_bytes` apart, carved from `kept` (resident: n rows;
   // offloaded: min(n, kSlots) rows, see device_rows) in `storage`.
-  void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t row_bytes, std::size_t n, bool offload);
+  // `pin`: the host rows are page-locked (registered with the device); false: pageable memory, as
+  // the config's pin_memory says (the copies then go through the device's own staging).
+  void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t row_bytes, std::size_t n, bool offload,
+                bool pin = true);
   ~Checkpoints();
   // Device rows for n checkpoints, and how many of them live in pinned host memory.
   static std::size_t device_rows(std::size_t n, bool offload) { return offload ? std::min(n, kSlots) : n; }
@@ -163,7 +166,7 @@ class Checkpoints {
   Device* dev_ = nullptr;
   std::size_t n_ = 0, row_elems_ = 0, row_bytes_ = 0;
   DType storage_ = DType::fp32;
-  bool offload_ = false;
+  bool offload_ = false, registered_ = false;
   std::vector<TensorView> views_;
   std::unique_ptr<PinnedPool> pool_;
   PinnedBuffer host_;
@@ -187,14 +190,14 @@ struct BlockActivations {
   // row_elems: one [R, C] activation (x0, a block's output), in `storage`.
   template <class Carve>
   void allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t n_blocks, bool checkpoint, bool offload,
-                Carve carve) {
+                bool pin, Carve carve) {
     checkpointing = checkpoint;
     ViewCursor measure_row(nullptr, storage), measure_block(nullptr, storage);
     measure_row.take(row_elems);
     carve(measure_block);
     const std::size_t row = measure_row.bytes(), per_block = measure_block.bytes();
     if (checkpointing) {
-      ckpt.allocate(dev, storage, row_elems, row, n_blocks + 1, offload);
+      ckpt.allocate(dev, storage, row_elems, row, n_blocks + 1, offload, pin);
       x0 = ckpt.at(0);
       for (std::size_t l = 0; l < n_blocks; ++l) {
         Acts a{};
@@ -229,9 +232,10 @@ struct BlockActivations {
 
 // The model of `s.family` for micro batches of B sequences; activations are allocated on `dev`.
 // `offload_checkpoints` (activation_checkpointing.cpu_checkpointing, with `checkpointing` only): the
-// checkpointed block inputs live in pinned host memory (Checkpoints).
+// checkpointed block inputs live in host memory (Checkpoints), page-locked unless `pin_checkpoints`
+// is false (the offload sections' pin_memory).
 std::unique_ptr<LanguageModel> make_model(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
-                                          bool offload_checkpoints = false);
+                                          bool offload_checkpoints = false, bool pin_checkpoints = true);
 // The family's initialisation of unit `unit` (deterministic per unit and seed).
 void init_model_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed);
 

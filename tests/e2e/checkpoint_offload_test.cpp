@@ -173,10 +173,10 @@ class SlowDevice final : public test::ForwardingDevice {
 
 // Two micro batches of forward and backward (gradients accumulated) of a five-block model; the row
 // losses of both and every gradient, as bits.
-std::vector<float> model_run(const ModelShape& s, bool offload, Device& dev) {
+std::vector<float> model_run(const ModelShape& s, bool offload, Device& dev, bool pin = true) {
   const int B = 2, R = B * s.seq_len;
   auto ops = backends::backend_for(DeviceType::cpu).make_ops(dev, Precision::fp32, 1, Kernels::reference);
-  auto model = make_model(s, B, /*checkpointing=*/true, dev, *ops, offload);
+  auto model = make_model(s, B, /*checkpointing=*/true, dev, *ops, offload, pin);
   std::vector<std::vector<float>> w, g;
   std::vector<const float*> wp;
   std::vector<float*> gp;
@@ -225,6 +225,37 @@ TEST(CheckpointOffloadModel, LateCopiesOrLateComputeChangeNothing) {
       EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0);
     }
   }
+}
+
+// pin_memory: false (offload_optimizer's or offload_param's) leaves the checkpoints' host rows
+// pageable: the model copies to and from memory it never registered with the device, and nothing
+// else changes — the gradients equal the pinned rows', and the trained parameters too.
+TEST(CheckpointOffloadModel, PinMemoryFalseKeepsTheHostRowsPageable) {
+  const ModelShape s{5, 2, 32, 64, 16};
+  auto plain = make_cpu_device(64 << 20);
+  const std::vector<float> ref = model_run(s, false, *plain);
+  for (bool pin : {true, false}) {
+    SCOPED_TRACE(pin ? "pinned" : "pageable");
+    test::ForwardingDevice dev(make_cpu_device(64 << 20));
+    const std::vector<float> got = model_run(s, true, dev, pin);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0);
+    const auto unregistered = dev.unregistered_copies();
+    auto count = [&](const char* what) { return unregistered.count(what) ? unregistered.at(what) : 0; };
+    if (pin) {
+      EXPECT_EQ(count("copy_to_host") + count("copy_to_device"), 0);
+    } else {  // four rows leave the device and come back, twice (two micro batches)
+      EXPECT_EQ(count("copy_to_host"), 8);
+      EXPECT_EQ(count("copy_to_device"), 8);
+    }
+  }
+}
+
+TEST_F(CheckpointOffload, PinMemoryFalseTrainsToTheSameParameters) {
+  const std::vector<std::string> o = offloaded(base({"zero_optimization.offload_optimizer.device=cpu"}));
+  auto unpinned = o;
+  unpinned.push_back("zero_optimization.offload_optimizer.pin_memory=false");
+  EXPECT_EQ(digest(unpinned), digest(o));
 }
 
 }  // namespace

@@ -28,6 +28,8 @@ int prefetch_depth(const Config& c, const ModelShape& s) {
   return static_cast<int>(std::clamp<std::int64_t>(ahead, 1, 4));
 }
 
+bool pin_memory(const Config& c) { return c.zero.offload_optimizer.pin_memory && c.zero.offload_param.pin_memory; }
+
 offload::EngineConfig engine_config(const Config& c, int host_threads) {
   const ModelShape shape = model_shape(c.model);
   offload::EngineConfig e;
@@ -52,7 +54,7 @@ offload::EngineConfig engine_config(const Config& c, int host_threads) {
   e.persistence_threshold = static_cast<std::size_t>(c.zero.param_persistence_threshold);
   e.optimizer_store = store_options(c.aio, c.zero.offload_optimizer.nvme_path);
   e.param_store = store_options(c.aio, c.zero.offload_param.nvme_path);
-  e.pin_memory = c.zero.offload_optimizer.pin_memory && c.zero.offload_param.pin_memory;
+  e.pin_memory = pin_memory(c);
   e.host_threads = host_threads;
   e.pin_threads = c.device.pin_threads;
   e.overlap = c.train.overlap_none ? offload::Overlap::none : offload::Overlap::exact;

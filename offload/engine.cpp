@@ -165,7 +165,7 @@ void Engine::Impl::add_units(const InitFn& init) {
 Engine::~Engine() {
   if (!impl_) return;
   Impl& impl = *impl_;
-  if (impl.update) impl.update->decide(std::nullopt);
+  if (impl.update) impl.update->abandon();  // no landing, no collective: another rank may be gone
   try {
     if (impl.grads) impl.grads->drain();
   } catch (...) {
@@ -248,7 +248,7 @@ StepOutcome Engine::step(const StepOptions& o) {
   try {
     impl.grads->drain();  // the barrier: every gradient is in its Update buffer
   } catch (...) {
-    impl.update->decide(std::nullopt);  // an early-started Update must not wait forever
+    impl.update->abandon();  // an early-started Update or a speculation must not wait forever
     throw;
   }
   const auto t0 = Clock::now();
@@ -300,10 +300,8 @@ StepOutcome Engine::step(const StepOptions& o) {
   out.norm = std::sqrt(sumsq) / o.loss_scale;
   out.finite = finite && std::isfinite(out.norm);
   if (!out.finite) {
-    if (impl.update->speculating()) {  // the compute copies it rewrote are restored: every unit lands again
-      std::lock_guard<std::mutex> lk(impl.s.mu);
-      ++impl.s.applied;
-    }
+    // Skipped: nothing lands. A speculation is undone; the units whose compute copies it rewrote
+    // are held back until they are rebuilt (UpdatePipeline::settle), the others stay current.
     impl.assumed.reset();
     impl.update->decide(std::nullopt);
     return out;
@@ -326,7 +324,10 @@ StepOutcome Engine::step(const StepOptions& o) {
 
 void Engine::synchronize() {
   Impl& impl = *impl_;
-  impl.update->decide(std::nullopt);  // a pipeline started for a step that never came: let it finish unchanged
+  // A pipeline started for a step that never came finishes unchanged: a speculation is abandoned
+  // (its states restored without a landing or a collective, so a rank may do this alone).
+  impl.update->abandon();
+  impl.assumed.reset();
   impl.grads->drain();
   impl.update->drain();
   for (auto& u : impl.s.units)  // every compute copy whole again (every rank calls this at the same point)
@@ -385,6 +386,10 @@ std::size_t Engine::pinned_capacity() const { return impl_->s.pinned->capacity()
 std::size_t Engine::pinned_peak() const { return impl_->s.pinned->peak(); }
 TierBytes Engine::held_bytes() const { return impl_->held; }
 std::int64_t Engine::rollbacks() const { return impl_->update->rollbacks(); }
+SpeculationCounts Engine::speculation_counts() const {
+  const UpdatePipeline& u = *impl_->update;
+  return {u.speculated(), u.rollbacks(), u.restored(), u.landed()};
+}
 
 std::string Engine::describe() const {
   Impl& impl = *impl_;

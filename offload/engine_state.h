@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -56,6 +57,10 @@ inline HostMem host_alloc(std::size_t bytes) {
   if (!p) throw Error("host allocation of " + std::to_string(bytes) + " bytes failed");
   return HostMem(static_cast<char*>(p));
 }
+
+// A unit's version while a discarded speculative Update's rewrite of its compute copy is undone
+// (UpdatePipeline::settle sets it, restore() gives the unit its version back): no landing matches it.
+inline constexpr std::int64_t kRestoring = std::numeric_limits<std::int64_t>::min();
 
 // A layer unit: a flat range of `n` parameters, split into sub-groups for the Update. Its place in
 // the layout (which buffers it has, the ranges this rank keeps) is the UnitLayout the buffer specs
@@ -105,7 +110,7 @@ struct Unit : UnitLayout {
   // for it — the mutex hands the host gradient over from the Reduce worker to the update worker).
   bool reduced = false;
 
-  std::int64_t version = 0;  // under mu: updates landed
+  std::int64_t version = 0;  // under mu: updates landed (kRestoring: being rebuilt, see below)
   // A resident unit whose landed compute copy still holds only this rank's fresh part, to be
   // gathered by the trainer (ParamHome::finish_landing; set by land_unit, cleared by the trainer).
   bool gather_pending = false;

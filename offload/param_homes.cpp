@@ -87,6 +87,10 @@ class DeviceHome final : public ParamHome {
     follow_half(u);
     state_.dev.synchronize(StreamRole::h2d);
   }
+  void restored(Unit&) override {  // the Uploads of the rebuilt chunks (h2d) are done; the working
+    for (auto& e : up_.copied)      // weights never followed the speculative copy (only a landing does)
+      if (e) e->wait();
+  }
   void finish_landing(Unit& u) override {
     if (!u.gather_pending) return;
     u.gather_pending = false;

@@ -94,6 +94,10 @@ class ParamHome {
   virtual void* update_target(Unit& u, std::size_t o, int slot) = 0;
   virtual void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot, const EventHandle& written) = 0;
   virtual void land_unit(Unit&) {}
+  // After a discarded speculation: the chunks of u that were rewritten with the restored masters
+  // (update_target / land_chunk) are home once this returns. Not a landing: nothing is gathered
+  // (every rank's part of a whole unit is the old one again) and nothing derived is recomputed.
+  virtual void restored(Unit&) {}
   // Partitioned optimizer states at stage 3, or with a stream-ordered transport at any stage: a
   // resident unit's new compute copy is whole only once the trainer has gathered the other ranks'
   // parts (land_unit leaves gather_pending set). Runs on the trainer's thread, in its order of use,

@@ -19,7 +19,7 @@ UpdatePipeline::UpdatePipeline(EngineState& s, OptimizerStates& states, ParamHom
 }
 
 UpdatePipeline::~UpdatePipeline() {
-  decide(std::nullopt);  // a walk started for a step that never came finishes unchanged
+  abandon();  // a walk or a speculation started for a step that never came finishes unchanged
   try {
     worker_->drain();
   } catch (...) {
@@ -55,14 +55,27 @@ void UpdatePipeline::speculate(const cpu_adam::AdamStep& assumed, double loss_sc
 }
 
 // The verdict goes to the worker through the promise; decided_ (under mu, with a notify) wakes a
-// speculative walk that waits for a gradient, so that it stops.
+// speculative walk that waits for a gradient, so that it stops. Once decided_ is set no gate lets
+// another sub-group through, so the units this speculation touched are known here, on the trainer's
+// thread: a rollback is counted in the step that has it, and the units whose compute copies a
+// skipped or abandoned step must rebuild are held back (version kRestoring) until restore() has —
+// the next forward waits for those alone.
 void UpdatePipeline::settle(Verdict v) {
-  verdict_->set_value(std::move(v));
-  verdict_.reset();
   {
     std::lock_guard<std::mutex> lk(state_.mu);
     decided_ = generation_;
+    if (v.kind != Verdict::keep) {
+      bool any = false;
+      for (std::size_t ui = 0; ui < touched_by_.size(); ++ui) {
+        if (touched_by_[ui] != generation_) continue;
+        any = true;
+        if (v.kind != Verdict::redo) state_.units[ui].version = kRestoring;
+      }
+      if (any && v.kind != Verdict::abandon) ++rollbacks_;
+    }
   }
+  verdict_->set_value(std::move(v));
+  verdict_.reset();
   state_.cv.notify_all();
 }
 
@@ -74,15 +87,20 @@ bool UpdatePipeline::known_sums(std::size_t u, std::vector<double>& out) {
 }
 
 void UpdatePipeline::decide(Decision d) {
-  if (verdict_) return settle({d, false});
+  if (verdict_) return settle({d ? Verdict::redo : Verdict::skip, d});
   if (decision_) {
     decision_->set_value(d);
     decision_.reset();
   }
 }
 
+void UpdatePipeline::abandon() {
+  if (verdict_) return settle({Verdict::abandon, std::nullopt});
+  decide(std::nullopt);  // a walk started early: the states pass through unchanged, nothing lands
+}
+
 void UpdatePipeline::launch(const cpu_adam::AdamStep& st, bool as_assumed) {
-  if (verdict_) return settle({st, as_assumed});
+  if (verdict_) return settle({as_assumed ? Verdict::keep : Verdict::redo, st});
   if (decision_) return decide(st);
   std::promise<Decision> p;
   p.set_value(st);
@@ -158,7 +176,7 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
     for (std::size_t ci = 0; ci < state_.units[ui].chunks.size(); ++ci) order.emplace_back(ui, ci);
   std::vector<char> summed(n_units, 0);
   double sumsq = 0;  // this rank's gradient so far, loss-scaled, units in the order reduced
-  bool stop = false, touched = false;
+  bool stop = false;
   int k = 0;  // alternates the two upload slots
   // Each sub-group waits until its unit's last Reduce has finished (the host gradient is handed over
   // by mu, see Unit::reduced); nothing of the backward reads the states or the home it rewrites then.
@@ -189,13 +207,20 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
       // The norm can only grow: once what is summed already clips (or is not finite), the step will.
       if (!std::isfinite(part) || (clip > 0 && std::sqrt(sumsq) / loss_scale + 1e-6 > clip)) stop = true;
     }
-    return !stop;
+    if (stop) return false;
+    // The sub-group goes ahead: its unit is marked touched in the same hold of mu as the check that
+    // no verdict has come, so settle() sees every unit a speculation may rewrite.
+    std::lock_guard<std::mutex> lk(state_.mu);
+    if (decided_ >= gen) return false;
+    if (touched_by_.size() < n_units) touched_by_.resize(n_units, 0);
+    touched_by_[ui] = gen;
+    return true;
   };
   states_.speculate(order, gate, assumed,
                     [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
                         const cpu_adam::AdamStep& st) {
                       update_and_upload(state_.units[ui], o, len, states, st, k++ % 2);
-                      touched = true;
+                      ++speculated_;
                     });
   const Verdict v = verdict.get();
   auto walk = [&](const cpu_adam::AdamStep& st) {
@@ -203,28 +228,49 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
     p.set_value(st);
     run(p.get_future().share());
   };
-  if (v.keep) {  // the speculative versions are the step's: the walk does the rest and lands every unit
-    states_.commit();
-    return walk(*v.step);
+  switch (v.kind) {
+    case Verdict::keep:  // the speculative versions are the step's: the walk does the rest and lands every unit
+      states_.commit();
+      return walk(*v.step);
+    case Verdict::redo:  // another step (clipped): everything again, from the old states
+      states_.rollback(nullptr);
+      return walk(*v.step);
+    case Verdict::skip:
+    case Verdict::abandon: return restore(gen, k);
   }
-  if (touched) ++rollbacks_;
-  if (v.step) {  // another step (clipped): everything again, from the old states
-    states_.rollback(nullptr);
-    return walk(*v.step);
-  }
-  // Skipped: the compute copies the speculation rewrote are rebuilt from the restored masters, as
-  // the Update writes them (the step bumped `applied`, so every unit lands again, in order).
+}
+
+// Nothing of the step is applied, so nothing lands: a unit speculation did not reach is as it was,
+// and one it did is the old one again once its rewritten chunks are rebuilt — every rank's part of
+// a whole unit is then the old one, so there is nothing to gather either. This issues no collective
+// (one rank may abandon while another never speculated), and leaves every window slot current.
+void UpdatePipeline::restore(std::uint64_t gen, int& k) {
   OptimizerStates::SubGroupFn rewrite = [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
                                             const cpu_adam::AdamStep&) {
     Unit& u = state_.units[ui];
     ParamHome& home = home_of(u);
     const int slot = k++ % 2;
     void* out = home.update_target(u, o, slot);
-    state_.to_compute(states.master, out, len);
+    state_.to_compute(states.master, out, len);  // as the Update writes it
     home.land_chunk(u, o, len, slot, nullptr);
   };
   states_.rollback(&rewrite);
-  for (std::size_t ui = 0; ui < n_units; ++ui) land(ui);
+  std::vector<std::size_t> held;
+  {
+    std::lock_guard<std::mutex> lk(state_.mu);
+    for (std::size_t ui = 0; ui < touched_by_.size(); ++ui)
+      if (touched_by_[ui] == gen && state_.units[ui].version == kRestoring) held.push_back(ui);
+  }
+  for (std::size_t ui : held) {
+    Unit& u = state_.units[ui];
+    home_of(u).restored(u);
+    {
+      std::lock_guard<std::mutex> lk(state_.mu);
+      u.version = state_.applied;
+    }
+    ++restored_;
+    state_.cv.notify_all();
+  }
 }
 
 void UpdatePipeline::update_and_upload(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,
@@ -265,6 +311,7 @@ void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, const
 void UpdatePipeline::land(std::size_t ui) {
   Unit& u = state_.units[ui];
   home_of(u).land_unit(u);
+  ++landed_;
   {
     std::lock_guard<std::mutex> lk(state_.mu);
     u.version = state_.applied;

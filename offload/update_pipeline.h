@@ -16,7 +16,10 @@
 //              walk updates only the sub-groups left, landing units in order
 //   redone     clipped (or another step): the tier rolls back, and the whole walk runs with the step
 //   skipped    not finite: the tier rolls back, and the compute copies the speculation rewrote are
-//              rebuilt from the restored masters before the units land again
+//              rebuilt from the restored masters; only the units it rewrote wait for that (their
+//              version is held back meanwhile), and no unit lands — nothing of the step is applied
+//   abandoned  no step comes (synchronize() mid-step, teardown, an error): restored as a skipped
+//              step, without a landing or a collective, and not counted as a rollback
 // Speculation stops early — the rest waits for the decision — once this rank's partial sum of
 // squares already says the step clips or is not finite, or the host backup is full.
 #pragma once
@@ -43,7 +46,13 @@ class UpdatePipeline {
   // first sub-groups' SwapIn overlaps it; it waits for decide().
   void start_early();
   bool started_early() const { return decision_ != nullptr; }
-  void decide(Decision d);  // the barrier's decision for a walk started early (no-op otherwise)
+  // The barrier's decision: for a walk started early, or for the speculation in flight (a step, or
+  // nothing: the step is skipped). No-op otherwise.
+  void decide(Decision d);
+  // No step follows what is in flight (synchronize() mid-step, teardown, an error): a speculation
+  // is undone — the states restored, the compute copies it rewrote rebuilt — without landing any
+  // unit or issuing any collective; a walk started early passes the states by unchanged.
+  void abandon();
   // Starts the speculative Update of this step (at the last micro batch's backward, on the worker):
   // `assumed` is the step without clipping; speculation stops once this rank's gradient norm so far
   // (loss-scaled, with `loss_scale`) is not finite or says `clip` (> 0) applies.
@@ -52,7 +61,11 @@ class UpdatePipeline {
   // Runs (or, overlap exact, starts) the Update of a finite step; `as_assumed`: it is the step a
   // speculation assumed, bit for bit, so its results are kept.
   void launch(const cpu_adam::AdamStep& st, bool as_assumed = false);
+  // Counted on the trainer's thread when the verdict is given (so a step's report includes its own).
   std::int64_t rollbacks() const { return rollbacks_.load(); }
+  std::int64_t speculated() const { return speculated_.load(); }  // sub-groups updated speculatively
+  std::int64_t restored() const { return restored_.load(); }      // units rebuilt after a discarded speculation
+  std::int64_t landed() const { return landed_.load(); }          // unit landings
   // The block sums of unit u's gradient if this step's speculative walk has computed them (for the
   // barrier, after every Reduce; the trainer's thread).
   bool known_sums(std::size_t u, std::vector<double>& out);
@@ -68,10 +81,13 @@ class UpdatePipeline {
   ParamHome& home_of(const Unit& u) { return u.windowed ? *offloaded_ : resident_; }
   void land(std::size_t u);
   struct Verdict {
-    Decision step;      // nothing: the step is skipped
-    bool keep = false;  // the speculative results are the step's
+    enum Kind { keep, redo, skip, abandon } kind = skip;
+    Decision step;  // keep and redo: the step
   };
   void settle(Verdict v);
+  // Skipped or abandoned: the tier's old states current again, and the compute copies speculation
+  // `gen` rewrote rebuilt from them; those units' versions (held back by settle) are released.
+  void restore(std::uint64_t gen, int& k);
   void run_speculative(const cpu_adam::AdamStep& assumed, double loss_scale, double clip, std::uint64_t gen,
                        const std::shared_future<Verdict>& verdict);
   // Writes unit u's new compute copy of [o, o+len) to its home's target and moves it home (Upload);
@@ -91,7 +107,10 @@ class UpdatePipeline {
   std::unique_ptr<std::promise<Verdict>> verdict_;
   std::uint64_t generation_ = 0;  // speculations started (the trainer's thread)
   std::uint64_t decided_ = 0;     // under mu: the last speculation whose verdict is set
-  std::atomic<std::int64_t> rollbacks_{0};
+  std::atomic<std::int64_t> rollbacks_{0}, speculated_{0}, restored_{0}, landed_{0};
+  // Under mu: the speculation that last let a sub-group of each unit be updated (its gate said yes
+  // before the verdict); settle reads it once the verdict is set, when no more can be let through.
+  std::vector<std::uint64_t> touched_by_;
   // Under mu: each unit's block sums as the speculative walk computed them, and the speculation they
   // belong to (handed from the update worker to the barrier by the mutex).
   std::vector<std::vector<double>> sums_;

@@ -171,6 +171,44 @@ TEST(EngineDp, RanksMatchOneRankWithTheirAccumulation) {
     }
 }
 
+// One rank abandons a speculative Update (synchronize() between the last backward and step(), as
+// a teardown after an error does) while the other never speculated: the abandon issues no
+// collective — re-landing every unit, as a skipped step once did, gathered each unit's new compute
+// copy with a collective the other rank never joined, a hang — and every rank's states and compute
+// copies are as before the step.
+TEST(EngineDp, AnAbandonedSpeculationOnOneRankIssuesNoCollective) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  const int R = world().rank(), W = world().size();
+  for (OffloadDevice opt : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    EngineConfig c = dp_config(2, opt, OffloadDevice::none, Precision::fp32, 1, Overlap::exact, dir.p);
+    c.speculative = true;
+    auto dev = make_cpu_device(256 << 20);
+    within(120, std::string("an abandoned speculation, optimizer ") + to_string(opt), [&] {
+      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+      e.expect_step(options(1, 0));
+      forward_backward(e, c, 1, R, W);
+      EXPECT_TRUE(e.step(options(1, 0)).finite);
+      const States before = read_all(e, c);
+      const auto weights = weights_of(e, c);
+      const SpeculationCounts c0 = e.speculation_counts();
+      if (R == 0) e.expect_step(options(2, 0));  // rank 0 alone speculates
+      forward_backward(e, c, 2, R, W);
+      if (R == 0) wait_for_speculation(e, c0.updated);
+      e.synchronize();
+      const SpeculationCounts c1 = e.speculation_counts();
+      EXPECT_EQ(c1.landed, c0.landed);
+      EXPECT_EQ(c1.rollbacks, c0.rollbacks);
+      if (R == 0) EXPECT_GT(c1.restored, c0.restored);
+      const States after = read_all(e, c);
+      EXPECT_TRUE(same_bits(after.master, before.master)) << to_string(opt);
+      EXPECT_TRUE(same_bits(after.m, before.m)) << to_string(opt);
+      EXPECT_TRUE(same_bits(after.v, before.v)) << to_string(opt);
+      EXPECT_TRUE(same_bits(weights_of(e, c), weights)) << to_string(opt);
+    });
+  }
+}
+
 TEST(EngineDp, AsynchronousJitteredDeviceGivesTheSameResult) {
   ZINF_NEED_RANKS();
   Dir dir("zinf-dp-test");

@@ -4,7 +4,7 @@
 // clip, steps that do not, overflowing fp16 steps (the loss scale lowered the same way), the optimizer
 // in host memory (a backup bound that fills up) and on NVMe, parameters on the device, in pinned
 // memory and on NVMe, gradient accumulation 1 and 2 — and the rollbacks are counted where clipping
-// applies. Seeds per configuration: ZINF_ASYNC_SEEDS (default 3).
+// applies, in the step that has them. Seeds per configuration: ZINF_ASYNC_SEEDS (default 3).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -33,9 +33,13 @@ struct Run {
   std::string digest;
   std::vector<std::string> steps;  // each step's loss, loss scale, norm and skip, as the metrics file has them
   std::int64_t rollbacks = 0, skipped = 0;
+  // Per step, from the metrics file: the run's rollbacks so far, and whether the step could roll back
+  // (skipped, or clipped: its norm over `clip`).
+  std::vector<std::int64_t> rollbacks_so_far;
+  std::vector<bool> may_roll_back;
 };
 
-Run run(std::vector<std::string> overrides) {
+Run run(std::vector<std::string> overrides, double clip = 0) {
   const fs::path swap = kDir / "swap", metrics = kDir / "metrics.jsonl";
   fs::create_directories(swap);
   fs::remove(metrics);
@@ -47,6 +51,9 @@ Run run(std::vector<std::string> overrides) {
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line);
     if (!j.contains("loss")) continue;
+    if (j.contains("rollbacks")) out.rollbacks_so_far.push_back(j["rollbacks"].get<std::int64_t>());
+    const double norm = j["grad_norm"].get<double>();
+    out.may_roll_back.push_back(j["skipped"].get<bool>() || (clip > 0 && norm + 1e-6 > clip));
     out.steps.push_back(nlohmann::json{{"loss", j["loss"]},
                                        {"loss_scale", j["loss_scale"]},
                                        {"grad_norm", j["grad_norm"]},
@@ -61,6 +68,9 @@ Run run(std::vector<std::string> overrides) {
 // the same config without speculation on the synchronous device. Returns the rollbacks of the
 // speculative runs, summed.
 std::int64_t expect_speculation_exact(const std::vector<std::string>& overrides, std::uint64_t first) {
+  double clip = 0;
+  for (const auto& o : overrides)
+    if (o.rfind("gradient_clipping=", 0) == 0) clip = std::stod(o.substr(18));
   auto base = overrides;
   base.push_back("zero_optimization.offload_optimizer.speculative=false");
   const Run ref = run(base);
@@ -73,8 +83,17 @@ std::int64_t expect_speculation_exact(const std::vector<std::string>& overrides,
     o.push_back("device.async=true");
     o.push_back("device.jitter_seed=" + std::to_string(seed));
     o.push_back("device.jitter_us=100");
-    const Run got = run(o);
+    const Run got = run(o, clip);
     EXPECT_EQ(got.digest, ref.digest) << "jitter seed " << seed;
+    // A rollback is counted in the step that has it: the progress line's and the metrics' count
+    // rises only on a skipped or clipped step, and the last step's count is the run's.
+    EXPECT_EQ(got.rollbacks_so_far.size(), got.may_roll_back.size()) << "every step line carries rollbacks";
+    std::int64_t before = 0;
+    for (std::size_t i = 0; i < std::min(got.rollbacks_so_far.size(), got.may_roll_back.size()); ++i) {
+      EXPECT_LE(got.rollbacks_so_far[i] - before, got.may_roll_back[i] ? 1 : 0) << "step " << i + 1 << ", seed " << seed;
+      before = got.rollbacks_so_far[i];
+    }
+    EXPECT_EQ(before, got.rollbacks) << "seed " << seed;
     EXPECT_EQ(got.steps, ref.steps) << "jitter seed " << seed;
     EXPECT_EQ(got.skipped, ref.skipped);
     rollbacks += got.rollbacks;

@@ -11,11 +11,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "zinf/backends/cpu.h"
@@ -138,6 +141,84 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
   }
   EXPECT_EQ(dev.in_use(), 0u);
   return out;
+}
+
+// One step's forward and backward of every micro batch, on a synchronous device (the model's reads
+// and writes inline), with the gradients run_on gives; `poison`: unit 0's gradient is infinite.
+inline void forward_backward(Engine& e, const EngineConfig& c, int s, int rank = 0, int world = 1,
+                             bool poison = false) {
+  std::vector<float> wsum(c.units.size());
+  for (std::int64_t mb = 0; mb < c.grad_accum; ++mb) {
+    e.begin_micro_batch(mb);
+    e.begin_forward();
+    for (std::size_t u = 0; u < c.units.size(); ++u) {
+      const float* w = static_cast<const float*>(e.weights(u));
+      wsum[u] = w[7] + w[c.units[u] - 1];
+      e.done_with(u);
+    }
+    e.begin_backward();
+    const auto j = static_cast<std::size_t>(mb * world + rank);
+    for (std::size_t u = c.units.size(); u-- > 0;) {
+      float* g = e.grads(u);
+      for (std::size_t i = 0; i < c.units[u]; ++i)
+        g[i] += 0.01f * std::sin(static_cast<float>(i * (u + 1) + 31 * static_cast<std::size_t>(s) + 7 * j)) +
+                0.1f * wsum[u];
+      if (poison && u == 0) g[3] = INFINITY;
+      e.grads_done(u);
+    }
+  }
+}
+
+// ---- the speculative Update's tests (run_on's model, step by step) ----
+
+inline StepOptions options(int s, double clip) {
+  StepOptions o;
+  o.gradient_clipping = clip;
+  o.hyper.lr = 1e-2f;
+  o.hyper.weight_decay = 0.01f;
+  o.step = s;
+  return o;
+}
+
+inline States read_all(Engine& e, const EngineConfig& c) {
+  States st;
+  for (std::size_t u = 0; u < c.units.size(); ++u) {
+    st.master.emplace_back(c.units[u]), st.m.emplace_back(c.units[u]), st.v.emplace_back(c.units[u]);
+    e.read_states(u, st.master.back().data(), st.m.back().data(), st.v.back().data());
+  }
+  return st;
+}
+
+// Every unit's compute copy as the model sees it (fp32 runs: the copy is the master's bits).
+inline std::vector<std::vector<float>> weights_of(Engine& e, const EngineConfig& c) {
+  std::vector<std::vector<float>> w;
+  e.begin_forward();
+  for (std::size_t u = 0; u < c.units.size(); ++u) {
+    const float* p = static_cast<const float*>(e.weights(u));
+    w.emplace_back(p, p + c.units[u]);
+    e.done_with(u);
+  }
+  return w;
+}
+
+inline bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t u = 0; u < a.size(); ++u)
+    if (a[u].size() != b[u].size() || std::memcmp(a[u].data(), b[u].data(), a[u].size() * 4) != 0) return false;
+  return true;
+}
+
+// Waits until the speculation in flight has updated something and then stopped (its gradient gate
+// or its backup bound), at most 20 s.
+inline void wait_for_speculation(Engine& e, std::int64_t before) {
+  std::int64_t seen = -1;
+  for (int i = 0; i < 2000; ++i) {
+    const std::int64_t now = e.speculation_counts().updated;
+    if (now > before && now == seen) return;
+    seen = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 + (now > before ? 90 : 0)));
+  }
+  ADD_FAILURE() << "nothing was updated speculatively";
 }
 
 // The same on a fresh CPU device.

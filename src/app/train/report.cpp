@@ -49,6 +49,7 @@ void MetricsFile::step(const StepReport& r) {
                       {"skipped", r.skipped},
                       {"tokens_per_s", r.tokens_per_s},
                       {"step_s", r.step_s}};
+  if (r.speculative) j["rollbacks"] = r.rollbacks;
   r.busy.each([&](const std::string& name, double s) { j["busy_s"][name] = s; });
   j["busiest"] = r.busy.busiest_name();
   if (!r.busy.disks.empty())

@@ -19,7 +19,8 @@ struct StepReport {
   double fwd_s = 0, bwd_s = 0;  // the model's own forward and backward time in this step (engine waits excluded)
   bool skipped = false;
   BusyTimes busy;               // this step's, as the engine measured it
-  std::int64_t rollbacks = 0;   // speculative Updates discarded so far in the run
+  std::int64_t rollbacks = 0;   // speculative Updates discarded so far in the run, this step's included
+  bool speculative = false;     // the run speculates (offload_optimizer.speculative): the metrics carry rollbacks
   CheckpointTimes checkpoints;  // this step's activation checkpoint copies and waits (cpu_checkpointing)
 };
 

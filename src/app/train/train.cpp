@@ -324,7 +324,7 @@ class Run {
         backend(make_ops(cfg, device_backend_, *dev, threads,
                          h.profile || (cfg.flops_profiler.enabled && cm.rank() == 0) ? &profile : nullptr, shape)),
         model(make_model(shape, micro_batch, cfg.model.activation_checkpointing, *dev, *backend,
-                         cfg.model.cpu_checkpointing)),
+                         cfg.model.cpu_checkpointing, pin_memory(cfg))),
         batches(*dev, static_cast<std::size_t>(micro_batch) * seq_len),
         losses(*dev, model->rows(), static_cast<int>(std::max<std::int64_t>(grad_accum, 8))),
         engine(make_engine()),
@@ -747,7 +747,8 @@ StepReport train_step(Run& run, std::int64_t step) {
   r.tokens_per_s = run.data.masked() ? static_cast<double>(run.step_targets) / r.step_s
                                      : static_cast<double>(c.train_batch_size) * run.seq_len / r.step_s;
   r.busy = run.engine->take_times();
-  r.rollbacks = run.engine->rollbacks();
+  r.rollbacks = run.engine->rollbacks();  // step() gave the verdict: a rollback of this step is counted
+  r.speculative = c.zero.offload_optimizer.speculative;
   return r;
 }
 

@@ -180,6 +180,14 @@ struct StepOutcome {
   double norm = 0;  // the unscaled global gradient norm (NaN/Inf when not finite)
 };
 
+// The speculative Update's counters since the engine was made (tests, diagnostics).
+struct SpeculationCounts {
+  std::int64_t updated = 0;    // sub-groups updated speculatively
+  std::int64_t rollbacks = 0;  // as Engine::rollbacks()
+  std::int64_t restored = 0;   // units whose compute copies were rebuilt after a skipped or abandoned step
+  std::int64_t landed = 0;     // unit landings (each unit once per applied step; none on a skipped one)
+};
+
 class Engine {
  public:
   // `init(u, master)` fills unit u's fp32 master parameters (n floats) once at start.
@@ -217,7 +225,10 @@ class Engine {
   // Update (which lands unit by unit; the next forward waits per unit). Returns before the Update
   // finishes under Overlap::exact.
   StepOutcome step(const StepOptions& o);
-  void synchronize();                           // waits for the Update in flight, rethrows its error
+  // Waits for the Update in flight, rethrows its error. Between a step's last backward and step(),
+  // a speculative Update in flight is abandoned: the states and compute copies are as before the
+  // step, with no landing and no collective (so one rank may call it alone, as teardown does).
+  void synchronize();
   void read_master(std::size_t u, float* dst);  // synchronizes, then copies unit u's fp32 master
   // Checkpoints: unit u's fp32 master, Adam m and v wherever they live (synchronizes first); and the
   // reverse, which also rebuilds the unit's compute copy in its home. Nothing may run meanwhile.
@@ -242,8 +253,10 @@ class Engine {
   // asked, and NVMe paths with the 4 KiB alignment the plan assumes).
   TierBytes held_bytes() const;
   // Speculative Updates discarded so far (steps that clipped or overflowed after something was
-  // updated speculatively); counted by the update worker when it rolls back.
+  // updated speculatively); counted when step() gives the verdict, so a step's report has its own.
+  // A speculation abandoned (synchronize() mid-step, teardown) is undone but not counted.
   std::int64_t rollbacks() const;
+  SpeculationCounts speculation_counts() const;
   std::string describe() const;  // one line: placement, pinned pool, NVMe engine
 
  private:

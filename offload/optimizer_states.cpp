@@ -175,8 +175,8 @@ class HostStates final : public OptimizerStates {
         &spec_);
   }
   // The same on every rank (the layout's flag), also where this rank keeps no states and its backup
-  // has no slot: a skipped step then re-lands every unit on every rank alike, so the ranks' gathers
-  // stay paired. With no slot, speculate() updates nothing.
+  // has no slot: every rank then decides its steps alike (a clipped step is redone and lands with
+  // its gathers on every rank; a skipped one lands nowhere). With no slot, speculate() updates nothing.
   bool speculative() const override { return state_.buffers.layout().speculative; }
   // Slot k of the backup holds the old master | m | v | scales (SubGroupLayout) of spec_.touched[k].
   void speculate(const std::vector<SubGroupRef>& order, const Gate& gate, const cpu_adam::AdamStep& step,

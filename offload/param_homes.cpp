@@ -87,8 +87,10 @@ class DeviceHome final : public ParamHome {
     follow_half(u);
     state_.dev.synchronize(StreamRole::h2d);
   }
-  void restored(Unit&) override {  // the Uploads of the rebuilt chunks (h2d) are done; the working
-    for (auto& e : up_.copied)      // weights never followed the speculative copy (only a landing does)
+  // The Uploads of the rebuilt chunks (h2d) are done; the working weights never followed the
+  // speculative copy (only a landing does), so they are the old ones still.
+  void restored(Unit&) override {
+    for (auto& e : up_.copied)
       if (e) e->wait();
   }
   void finish_landing(Unit& u) override {

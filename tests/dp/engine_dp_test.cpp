@@ -184,7 +184,7 @@ TEST(EngineDp, AnAbandonedSpeculationOnOneRankIssuesNoCollective) {
     EngineConfig c = dp_config(2, opt, OffloadDevice::none, Precision::fp32, 1, Overlap::exact, dir.p);
     c.speculative = true;
     auto dev = make_cpu_device(256 << 20);
-    within(120, std::string("an abandoned speculation, optimizer ") + to_string(opt), [&] {
+    within(120, std::string("an abandoned speculation, optimizer ") + std::string(to_string(opt)), [&] {
       Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
       e.expect_step(options(1, 0));
       forward_backward(e, c, 1, R, W);

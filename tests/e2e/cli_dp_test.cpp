@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "common/temp_dir.h"
-#include "model/shape.h"
-#include "zinf/cpu_adam/adam.h"
-#include "zinf/offload/placement.h"
 #include "common/tokenizer_files.h"
+#include "model/shape.h"
 #include "mpirun.h"
 #include "shell.h"
+#include "zinf/cpu_adam/adam.h"
+#include "zinf/offload/placement.h"
 
 namespace zinf::test {
 namespace {

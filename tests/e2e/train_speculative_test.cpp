@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -90,7 +91,8 @@ std::int64_t expect_speculation_exact(const std::vector<std::string>& overrides,
     EXPECT_EQ(got.rollbacks_so_far.size(), got.may_roll_back.size()) << "every step line carries rollbacks";
     std::int64_t before = 0;
     for (std::size_t i = 0; i < std::min(got.rollbacks_so_far.size(), got.may_roll_back.size()); ++i) {
-      EXPECT_LE(got.rollbacks_so_far[i] - before, got.may_roll_back[i] ? 1 : 0) << "step " << i + 1 << ", seed " << seed;
+      EXPECT_LE(got.rollbacks_so_far[i] - before, got.may_roll_back[i] ? 1 : 0)
+          << "step " << i + 1 << ", seed " << seed;
       before = got.rollbacks_so_far[i];
     }
     EXPECT_EQ(before, got.rollbacks) << "seed " << seed;

@@ -33,7 +33,7 @@ const std::pair<OffloadDevice, OffloadDevice> kPlacements[] = {{OffloadDevice::c
 // rollback is counted at once; step 3 then equals that of a run that never speculated.
 TEST(EngineSpeculation, ASkippedStepRebuildsOnlyWhatSpeculationRewroteAndLandsNothing) {
   for (auto [opt, param] : kPlacements) {
-    SCOPED_TRACE(std::string("optimizer ") + to_string(opt) + " param " + to_string(param));
+    SCOPED_TRACE(std::string("optimizer ") + std::string(to_string(opt)) + " param " + std::string(to_string(param)));
     Dir dir;
     std::vector<std::vector<float>> plain;
     {
@@ -77,7 +77,7 @@ TEST(EngineSpeculation, ASkippedStepRebuildsOnlyWhatSpeculationRewroteAndLandsNo
 // gives what a run without the abandoned attempt gives. An engine torn down there ends cleanly.
 TEST(EngineSpeculation, AnAbandonedSpeculationRestoresEverythingAndLandsNothing) {
   for (auto [opt, param] : kPlacements) {
-    SCOPED_TRACE(std::string("optimizer ") + to_string(opt) + " param " + to_string(param));
+    SCOPED_TRACE(std::string("optimizer ") + std::string(to_string(opt)) + " param " + std::string(to_string(param)));
     Dir dir;
     const EngineConfig c = speculating(opt, param, dir.p.string());
     std::vector<std::vector<float>> plain;

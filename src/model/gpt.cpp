@@ -76,7 +76,8 @@ GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, 
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer);
   const DType S = ops.storage_dtype();
-  acts_.allocate(dev, S, R * C, L, ckpt_, offload_checkpoints, pin_checkpoints, [this](ViewCursor& c) { return carve(c); });
+  acts_.allocate(dev, S, R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
+                 [this](ViewCursor& c) { return carve(c); });
   auto head = [&](ViewCursor& c) {
     lnf_ = c.take(R * C);
     lnf_mean_ = c.take_fp32(R);

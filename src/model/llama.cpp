@@ -101,7 +101,8 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
                     V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer),
                     KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_);
   const DType S = ops.storage_dtype();
-  acts_.allocate(dev, S, R * C, L, ckpt_, offload_checkpoints, pin_checkpoints, [this](ViewCursor& c) { return carve(c); });
+  acts_.allocate(dev, S, R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
+                 [this](ViewCursor& c) { return carve(c); });
   auto head = [&](ViewCursor& c) {
     lnf_ = c.take(R * C);
     lnf_rstd_ = c.take_fp32(R);

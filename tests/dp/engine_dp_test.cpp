@@ -199,7 +199,9 @@ TEST(EngineDp, AnAbandonedSpeculationOnOneRankIssuesNoCollective) {
       const SpeculationCounts c1 = e.speculation_counts();
       EXPECT_EQ(c1.landed, c0.landed);
       EXPECT_EQ(c1.rollbacks, c0.rollbacks);
-      if (R == 0) EXPECT_GT(c1.restored, c0.restored);
+      if (R == 0) {
+        EXPECT_GT(c1.restored, c0.restored);
+      }
       const States after = read_all(e, c);
       EXPECT_TRUE(same_bits(after.master, before.master)) << to_string(opt);
       EXPECT_TRUE(same_bits(after.m, before.m)) << to_string(opt);

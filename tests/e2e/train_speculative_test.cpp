@@ -47,7 +47,7 @@ Run run(std::vector<std::string> overrides, double clip = 0) {
   overrides.push_back("train.metrics_file=" + metrics.string());
   overrides.push_back("train.steps=5");
   const TrainResult r = train(parse_config(test::small_train_config(swap.string()), overrides), TrainHooks{});
-  Run out{r.params_digest, {}, r.rollbacks, r.skipped};
+  Run out{r.params_digest, {}, r.rollbacks, r.skipped, {}, {}};
   std::ifstream in(metrics);
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line);

@@ -39,6 +39,7 @@ struct Engine::Impl {
   std::unique_ptr<GradientPath> grads;
   std::unique_ptr<UpdatePipeline> update;
   bool backward = false;
+  bool training_micro = false;               // between begin_micro_batch and begin_backward
   std::optional<StepOptions> expected;       // expect_step's, until the speculation starts
   std::optional<cpu_adam::AdamStep> assumed;  // the step the speculation in flight assumes
   TierBytes held{};  // what the tiers handed out at construction
@@ -46,6 +47,7 @@ struct Engine::Impl {
   Impl(const EngineConfig& c, Device& d) : s(c, d) {}
   ParamHome& home_of(const Unit& u) { return u.windowed ? *offloaded : *resident; }
   void add_units(const InitFn& init);
+  void start_update_early();  // the step's Update from its last micro batch on (SwapIn ahead, speculation)
 };
 
 // ---- sizes: the plan's byte model is the engine's ----------------------------------------------------
@@ -184,23 +186,42 @@ Engine::~Engine() {
 // ---- the model's side -------------------------------------------------------------------------------
 
 void Engine::expect_step(const StepOptions& o) { impl_->expected = o; }
-void Engine::begin_micro_batch(std::int64_t micro) { impl_->grads->begin_micro_batch(micro); }
-void Engine::begin_forward() { impl_->backward = false; }
+void Engine::begin_micro_batch(std::int64_t micro) {
+  impl_->grads->begin_micro_batch(micro);
+  impl_->training_micro = true;
+}
+// The last micro batch's forward starts the step's Update early: with the states on NVMe its SwapIn
+// reads ahead under this forward (into the swapper's buffer_count buffers) instead of waiting for the
+// backward; a speculative Update's sub-groups still wait for their gradients (the gate). Nothing
+// of the step writes the states before the Update, and the previous step's walk finished first (the
+// update worker is serial). An evaluation's forward (no begin_micro_batch) starts nothing.
+void Engine::begin_forward() {
+  impl_->backward = false;
+  if (impl_->training_micro) impl_->start_update_early();
+}
 void Engine::begin_backward() {
   Impl& impl = *impl_;
   impl.backward = true;
-  const bool last = impl.grads->micro() == impl.s.config.grad_accum - 1;
-  if (last && impl.expected && impl.s.exact() && impl.s.config.speculative && impl.states->speculative() &&
-      !impl.update->speculating()) {
+  impl.start_update_early();  // already started by the forward unless the model skipped begin_forward
+  impl.training_micro = false;
+}
+
+void Engine::Impl::start_update_early() {
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.update_failed) return;  // the next model-facing call reports the error; start nothing behind it
+  }
+  const bool last = grads->micro() == s.config.grad_accum - 1;
+  if (last && expected && s.exact() && s.config.speculative && states->speculative() && !update->speculating()) {
     // The step as the trainer expects it, unclipped: the speculative Update assumes it (step()
     // keeps its results only when the decided step is this one, bit for bit).
-    const StepOptions& e = *impl.expected;
-    impl.assumed = cpu_adam::make_adam_step(e.hyper, e.step, static_cast<float>(1.0 / e.loss_scale));
-    impl.update->speculate(*impl.assumed, e.loss_scale, e.gradient_clipping);
-    impl.expected.reset();
-  } else if (impl.s.exact() && impl.s.config.optimizer == OffloadDevice::nvme && last &&
-             !impl.update->started_early() && !impl.update->speculating()) {
-    impl.update->start_early();
+    const StepOptions& e = *expected;
+    assumed = cpu_adam::make_adam_step(e.hyper, e.step, static_cast<float>(1.0 / e.loss_scale));
+    update->speculate(*assumed, e.loss_scale, e.gradient_clipping);
+    expected.reset();
+  } else if (s.exact() && s.config.optimizer == OffloadDevice::nvme && last && !update->started_early() &&
+             !update->speculating()) {
+    update->start_early();
   }
 }
 
@@ -208,7 +229,13 @@ const void* Engine::weights(std::size_t u) {
   Impl& impl = *impl_;
   impl.grads->check();
   impl.update->check();
-  impl.s.wait_landed(u, [&] { impl.update->drain(); });  // the drain rethrows the pipeline's error
+  // The drain rethrows the pipeline's error; an Update started early for this step (it may have
+  // been queued behind the one that failed) is told the step will not come, or the drain would wait
+  // for a decision this thread was to make.
+  impl.s.wait_landed(u, [&] {
+    impl.update->decide(std::nullopt);
+    impl.update->drain();
+  });
   Unit& unit = impl.s.units[u];
   if (!unit.windowed) {
     if (unit.gather_pending) {  // the other ranks' parts of its new copy, gathered in the trainer's order of use

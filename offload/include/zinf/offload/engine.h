@@ -69,7 +69,9 @@
 //                                                                            next copy into it is enqueued after
 //   host grad16/grad32       Reduce                  Update, norm            Reduce worker drained at step()
 //   upload slot (pinned)     Update                  h2d (Upload)            upload event ⇐ Update before reuse
-//   optimizer sub-group buf  NVMe (SwapIn)           Update                  the swapper's read handle
+//   optimizer sub-group buf  NVMe (SwapIn; from the  Update                  the swapper's read handle; the states
+//                            last micro batch's                              are read only once the previous step's
+//                            forward on)                                     walk has returned (one update worker)
 //   token/target batch       h2d (trainer's upload)  compute (forward and    the trainer: h2d waits for an event
 //                                                    backward)               recorded on compute after the last
 //                                                                            micro batch's ops (train.cpp)
@@ -206,8 +208,9 @@ class Engine {
 
   // ---- the model's side (see GptModel's UnitSource) -----------------------------------------------
   // The step the next step() is expected to be (its options, before the clip factor and the overflow
-  // are known): what a speculative Update assumes. Called before the step's last backward; without
-  // it (or without EngineConfig::speculative) nothing is speculated.
+  // are known): what a speculative Update assumes. Called before the step's last forward (with the
+  // states on NVMe the speculative SwapIn then reads ahead under it), at the latest before its last
+  // backward; without it (or without EngineConfig::speculative) nothing is speculated.
   void expect_step(const StepOptions& o);
   void begin_micro_batch(std::int64_t micro);  // 0 … grad_accum−1
   void begin_forward();

@@ -230,10 +230,10 @@ const void* Engine::weights(std::size_t u) {
   impl.grads->check();
   impl.update->check();
   // The drain rethrows the pipeline's error; an Update started early for this step (it may have
-  // been queued behind the one that failed) is told the step will not come, or the drain would wait
-  // for a decision this thread was to make.
+  // been queued behind the one that failed) is abandoned first, or the drain would wait for a
+  // decision this thread was to make.
   impl.s.wait_landed(u, [&] {
-    impl.update->decide(std::nullopt);
+    impl.update->abandon();
     impl.update->drain();
   });
   Unit& unit = impl.s.units[u];

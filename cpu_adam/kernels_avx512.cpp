@@ -308,21 +308,33 @@ inline bool q8_block_codes_normal(const std::uint8_t* p) {
   return _cvtmask64_u64(_kand_mask64(_kand_mask64(k0, k1), _kand_mask64(k2, k3))) == ~std::uint64_t{0};
 }
 
+// Whether the block decodes by the fast rule; if so, `bias` is (E − top) << 23.
 template <StateKind K>
-inline void q8_decode_block(const std::uint8_t* codes, float scale, float* out) {
+inline bool q8_decode_plan(const std::uint8_t* codes, float scale, __m512i& bias) {
   constexpr std::uint32_t top = kTop<K>;
   const std::uint32_t sb = spec::bits_of(scale), E = sb >> 23;
-  if ((sb & 0x807FFFFFu) == 0 && E > top && E < spec::kQ8Nan && q8_block_codes_normal<K>(codes)) {
-    const __m512i bias = _mm512_set1_epi32(static_cast<int>((E - top) << 23));
-    for (std::size_t j = 0; j < kQ8Block; j += 16) {
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j));
-      __m512i r;
-      if constexpr (K == StateKind::m)  // sign-extended: (c << 20) keeps the sign at bit 31 once masked
-        r = _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(b), 20), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
-      else
-        r = _mm512_slli_epi32(_mm512_cvtepu8_epi32(b), 20);
-      _mm512_storeu_ps(out + j, _mm512_castsi512_ps(_mm512_add_epi32(r, bias)));
-    }
+  if ((sb & 0x807FFFFFu) != 0 || E <= top || E >= spec::kQ8Nan || !q8_block_codes_normal<K>(codes)) return false;
+  bias = _mm512_set1_epi32(static_cast<int>((E - top) << 23));
+  return true;
+}
+
+// 16 values of a block that decodes by the fast rule.
+template <StateKind K>
+inline __m512 q8_decode16_fast(const std::uint8_t* p, __m512i bias) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m512i r;
+  if constexpr (K == StateKind::m)  // sign-extended: (c << 20) keeps the sign at bit 31 once masked
+    r = _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(b), 20), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+  else
+    r = _mm512_slli_epi32(_mm512_cvtepu8_epi32(b), 20);
+  return _mm512_castsi512_ps(_mm512_add_epi32(r, bias));
+}
+
+template <StateKind K>
+inline void q8_decode_block(const std::uint8_t* codes, float scale, float* out) {
+  __m512i bias;
+  if (q8_decode_plan<K>(codes, scale, bias)) {
+    for (std::size_t j = 0; j < kQ8Block; j += 16) _mm512_storeu_ps(out + j, q8_decode16_fast<K>(codes + j, bias));
     return;
   }
   const __m512 sc = _mm512_set1_ps(scale);
@@ -356,8 +368,46 @@ void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, s
   k == StateKind::m ? q8_dec_loop<StateKind::m>(s, scales, d, n) : q8_dec_loop<StateKind::v>(s, scales, d, n);
 }
 
-// One block at a time: decode m and v into L1-resident buffers, the fp32 step over the block (its
-// new m and v back into the buffers, their keys' extremes kept per lane), then encode both.
+// The step over one block of q8 states, its new m and v into mt and vt, their keys' extremes into the
+// four accumulators. Inline: m and v are decoded in the loop by the fast rule (biases bm, bv);
+// otherwise they are read from mt and vt, where the caller has decoded them.
+template <GradType G, int Out, bool NB, bool Inline>
+#if defined(__GNUC__)
+__attribute__((target("avx512bf16")))
+#endif
+inline void q8_block_step(const Consts& k, const UpdateChunk& c, std::size_t b, float* mt, float* vt, __m512i bm,
+                          __m512i bv, __m512i& mhi, __m512i& mlo, __m512i& vhi, __m512i& vlo) {
+  const auto* mc = static_cast<const std::uint8_t*>(c.m);
+  const auto* vc = static_cast<const std::uint8_t*>(c.v);
+  const void* const grad = c.grad;
+  float* const master = c.master;
+  auto* const out = static_cast<std::uint16_t*>(c.param16);
+  for (std::size_t j = 0; j < kQ8Block; j += 16) {
+    const std::size_t i = b + j;
+    __m512 p = _mm512_loadu_ps(master + i), m, v;
+    if constexpr (Inline) {
+      m = q8_decode16_fast<StateKind::m>(mc + i, bm);
+      v = q8_decode16_fast<StateKind::v>(vc + i, bv);
+    } else {
+      m = _mm512_load_ps(mt + j);
+      v = _mm512_load_ps(vt + j);
+    }
+    adam16(k, load_grad16<G>(grad, i), p, m, v);
+    _mm512_storeu_ps(master + i, p);
+    store_param16<Out, NB>(out, i, p);
+    _mm512_store_ps(mt + j, m);
+    _mm512_store_ps(vt + j, v);
+    const __m512i mk = q8_key16<StateKind::m>(m), vk = q8_key16<StateKind::v>(v);
+    mhi = _mm512_max_epu32(mhi, mk);
+    mlo = _mm512_min_epu32(mlo, mk);
+    vhi = _mm512_max_epu32(vhi, vk);
+    vlo = _mm512_min_epu32(vlo, vk);
+  }
+}
+
+// One block at a time: decode m and v (in the step's loop when both take the fast rule, else into
+// L1-resident buffers first), the fp32 step over the block (its new m and v into the buffers, their
+// keys' extremes kept per lane), then encode both from the buffers.
 template <GradType G, int Out, bool NB>
 #if defined(__GNUC__)
 __attribute__((target("avx512bf16")))
@@ -365,28 +415,19 @@ __attribute__((target("avx512bf16")))
 void adam_q8_loop(const AdamStep& s, const UpdateChunk& c) {
   const Consts k(s);
   const std::size_t full = c.n / kQ8Block * kQ8Block;
-  auto* out = static_cast<std::uint16_t*>(c.param16);
   auto* mc = static_cast<std::uint8_t*>(c.m);
   auto* vc = static_cast<std::uint8_t*>(c.v);
   alignas(64) float mt[kQ8Block], vt[kQ8Block];
   for (std::size_t b = 0; b < full; b += kQ8Block) {
     const std::size_t blk = b / kQ8Block;
-    q8_decode_block<StateKind::m>(mc + b, c.m_scale[blk], mt);
-    q8_decode_block<StateKind::v>(vc + b, c.v_scale[blk], vt);
-    __m512i mhi = _mm512_setzero_si512(), vhi = mhi, mlo = _mm512_set1_epi32(-1), vlo = mlo;
-    for (std::size_t j = 0; j < kQ8Block; j += 16) {
-      const std::size_t i = b + j;
-      __m512 p = _mm512_loadu_ps(c.master + i), m = _mm512_load_ps(mt + j), v = _mm512_load_ps(vt + j);
-      adam16(k, load_grad16<G>(c.grad, i), p, m, v);
-      _mm512_storeu_ps(c.master + i, p);
-      store_param16<Out, NB>(out, i, p);
-      _mm512_store_ps(mt + j, m);
-      _mm512_store_ps(vt + j, v);
-      const __m512i mk = q8_key16<StateKind::m>(m), vk = q8_key16<StateKind::v>(v);
-      mhi = _mm512_max_epu32(mhi, mk);
-      mlo = _mm512_min_epu32(mlo, mk);
-      vhi = _mm512_max_epu32(vhi, vk);
-      vlo = _mm512_min_epu32(vlo, vk);
+    __m512i mhi = _mm512_setzero_si512(), vhi = mhi, mlo = _mm512_set1_epi32(-1), vlo = mlo, bm = mhi, bv = mhi;
+    if (q8_decode_plan<StateKind::m>(mc + b, c.m_scale[blk], bm) &&
+        q8_decode_plan<StateKind::v>(vc + b, c.v_scale[blk], bv)) {
+      q8_block_step<G, Out, NB, true>(k, c, b, mt, vt, bm, bv, mhi, mlo, vhi, vlo);
+    } else {
+      q8_decode_block<StateKind::m>(mc + b, c.m_scale[blk], mt);
+      q8_decode_block<StateKind::v>(vc + b, c.v_scale[blk], vt);
+      q8_block_step<G, Out, NB, false>(k, c, b, mt, vt, bm, bv, mhi, mlo, vhi, vlo);
     }
     q8_encode_block_keys<StateKind::m>(mt, mc + b, c.m_scale + blk, _mm512_reduce_max_epu32(mhi),
                                        _mm512_reduce_min_epu32(mlo));

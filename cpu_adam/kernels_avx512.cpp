@@ -369,45 +369,70 @@ void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, s
 }
 
 // The step over one block of q8 states, its new m and v into mt and vt, their keys' extremes into the
-// four accumulators. Inline: m and v are decoded in the loop by the fast rule (biases bm, bv);
-// otherwise they are read from mt and vt, where the caller has decoded them.
+// four accumulators. Inline: m and v are decoded in the loop by the fast rule (biases bm, bv), and
+// their new values encoded there too, as normal codes of the block's present exponent (encode biases
+// em, ev) — right whenever the block keeps its exponent and stays in the normal range, which the
+// caller checks afterwards (re-encoding the block from mt and vt where not). Otherwise m and v are
+// read from mt and vt, where the caller has decoded them, and encoded by the caller.
 template <GradType G, int Out, bool NB, bool Inline>
 #if defined(__GNUC__)
 __attribute__((target("avx512bf16")))
 #endif
 inline void q8_block_step(const Consts& k, const UpdateChunk& c, std::size_t b, float* mt, float* vt, __m512i bm,
-                          __m512i bv, __m512i& mhi, __m512i& mlo, __m512i& vhi, __m512i& vlo) {
-  const auto* mc = static_cast<const std::uint8_t*>(c.m);
-  const auto* vc = static_cast<const std::uint8_t*>(c.v);
+                          __m512i bv, __m512i em, __m512i ev, __m512i& mhi, __m512i& mlo, __m512i& vhi,
+                          __m512i& vlo) {
+  auto* const mc = static_cast<std::uint8_t*>(c.m);
+  auto* const vc = static_cast<std::uint8_t*>(c.v);
   const void* const grad = c.grad;
   float* const master = c.master;
   auto* const out = static_cast<std::uint16_t*>(c.param16);
-  for (std::size_t j = 0; j < kQ8Block; j += 16) {
-    const std::size_t i = b + j;
-    __m512 p = _mm512_loadu_ps(master + i), m, v;
-    if constexpr (Inline) {
-      m = q8_decode16_fast<StateKind::m>(mc + i, bm);
-      v = q8_decode16_fast<StateKind::v>(vc + i, bv);
-    } else {
-      m = _mm512_load_ps(mt + j);
-      v = _mm512_load_ps(vt + j);
+  for (std::size_t j0 = 0; j0 < kQ8Block; j0 += 64) {
+    __m512i mcode[4], vcode[4];
+    for (std::size_t q = 0; q < 4; ++q) {
+      const std::size_t j = j0 + 16 * q, i = b + j;
+      __m512 p = _mm512_loadu_ps(master + i), m, v;
+      if constexpr (Inline) {
+        m = q8_decode16_fast<StateKind::m>(mc + i, bm);
+        v = q8_decode16_fast<StateKind::v>(vc + i, bv);
+      } else {
+        m = _mm512_load_ps(mt + j);
+        v = _mm512_load_ps(vt + j);
+      }
+      adam16(k, load_grad16<G>(grad, i), p, m, v);
+      _mm512_storeu_ps(master + i, p);
+      store_param16<Out, NB>(out, i, p);
+      _mm512_store_ps(mt + j, m);
+      _mm512_store_ps(vt + j, v);
+      const __m512i mk = q8_key16<StateKind::m>(m), vk = q8_key16<StateKind::v>(v);
+      mhi = _mm512_max_epu32(mhi, mk);
+      mlo = _mm512_min_epu32(mlo, mk);
+      vhi = _mm512_max_epu32(vhi, vk);
+      vlo = _mm512_min_epu32(vlo, vk);
+      if constexpr (Inline) {
+        mcode[q] = q8_code16_normal<StateKind::m>(m, em);
+        vcode[q] = q8_code16_normal<StateKind::v>(v, ev);
+      }
     }
-    adam16(k, load_grad16<G>(grad, i), p, m, v);
-    _mm512_storeu_ps(master + i, p);
-    store_param16<Out, NB>(out, i, p);
-    _mm512_store_ps(mt + j, m);
-    _mm512_store_ps(vt + j, v);
-    const __m512i mk = q8_key16<StateKind::m>(m), vk = q8_key16<StateKind::v>(v);
-    mhi = _mm512_max_epu32(mhi, mk);
-    mlo = _mm512_min_epu32(mlo, mk);
-    vhi = _mm512_max_epu32(vhi, vk);
-    vlo = _mm512_min_epu32(vlo, vk);
+    if constexpr (Inline) {
+      store_codes64(mc + b + j0, mcode[0], mcode[1], mcode[2], mcode[3]);
+      store_codes64(vc + b + j0, vcode[0], vcode[1], vcode[2], vcode[3]);
+    }
   }
 }
 
-// One block at a time: decode m and v (in the step's loop when both take the fast rule, else into
-// L1-resident buffers first), the fp32 step over the block (its new m and v into the buffers, their
-// keys' extremes kept per lane), then encode both from the buffers.
+// Whether a block's codes, written by q8_block_step's inline encode for block exponent Ep, are its
+// codes: the keys' extremes give the block exponent Ep again and every element a normal code.
+template <StateKind K>
+inline bool q8_inline_codes_hold(std::uint32_t Ep, std::uint32_t kmax, std::uint32_t kmin) {
+  if (kmax >= 0x7F800000u) return false;
+  const std::uint32_t E = spec::q8_block_exponent(spec::q8_round3(kmax) >> 23, K);
+  return E == Ep && (spec::q8_round3(kmin) >> 23) + kTop<K> > E;
+}
+
+// One block at a time. A block whose m and v both decode by the fast rule (almost all) is decoded,
+// stepped and encoded in one loop, on the guess that its exponents stay as they are; the guess is
+// checked from the keys' extremes and the block re-encoded from its L1-resident copy where it fails.
+// Other blocks: decode into the buffers, the step, then encode from them.
 template <GradType G, int Out, bool NB>
 #if defined(__GNUC__)
 __attribute__((target("avx512bf16")))
@@ -423,12 +448,21 @@ void adam_q8_loop(const AdamStep& s, const UpdateChunk& c) {
     __m512i mhi = _mm512_setzero_si512(), vhi = mhi, mlo = _mm512_set1_epi32(-1), vlo = mlo, bm = mhi, bv = mhi;
     if (q8_decode_plan<StateKind::m>(mc + b, c.m_scale[blk], bm) &&
         q8_decode_plan<StateKind::v>(vc + b, c.v_scale[blk], bv)) {
-      q8_block_step<G, Out, NB, true>(k, c, b, mt, vt, bm, bv, mhi, mlo, vhi, vlo);
-    } else {
-      q8_decode_block<StateKind::m>(mc + b, c.m_scale[blk], mt);
-      q8_decode_block<StateKind::v>(vc + b, c.v_scale[blk], vt);
-      q8_block_step<G, Out, NB, false>(k, c, b, mt, vt, bm, bv, mhi, mlo, vhi, vlo);
+      const std::uint32_t Em = spec::bits_of(c.m_scale[blk]) >> 23, Ev = spec::bits_of(c.v_scale[blk]) >> 23;
+      const __m512i em = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((Em - kTop<StateKind::m>) << 23)));
+      const __m512i ev = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((Ev - kTop<StateKind::v>) << 23)));
+      q8_block_step<G, Out, NB, true>(k, c, b, mt, vt, bm, bv, em, ev, mhi, mlo, vhi, vlo);
+      const std::uint32_t mmax = _mm512_reduce_max_epu32(mhi), mmin = _mm512_reduce_min_epu32(mlo);
+      const std::uint32_t vmax = _mm512_reduce_max_epu32(vhi), vmin = _mm512_reduce_min_epu32(vlo);
+      if (!q8_inline_codes_hold<StateKind::m>(Em, mmax, mmin))
+        q8_encode_block_keys<StateKind::m>(mt, mc + b, c.m_scale + blk, mmax, mmin);
+      if (!q8_inline_codes_hold<StateKind::v>(Ev, vmax, vmin))
+        q8_encode_block_keys<StateKind::v>(vt, vc + b, c.v_scale + blk, vmax, vmin);
+      continue;  // where the codes hold, so does the scale: 2^(E−127) with the same E
     }
+    q8_decode_block<StateKind::m>(mc + b, c.m_scale[blk], mt);
+    q8_decode_block<StateKind::v>(vc + b, c.v_scale[blk], vt);
+    q8_block_step<G, Out, NB, false>(k, c, b, mt, vt, bm, bv, bm, bv, mhi, mlo, vhi, vlo);
     q8_encode_block_keys<StateKind::m>(mt, mc + b, c.m_scale + blk, _mm512_reduce_max_epu32(mhi),
                                        _mm512_reduce_min_epu32(mlo));
     q8_encode_block_keys<StateKind::v>(vt, vc + b, c.v_scale + blk, _mm512_reduce_max_epu32(vhi),

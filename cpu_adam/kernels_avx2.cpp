@@ -193,8 +193,16 @@ inline std::uint32_t reduce_max(__m256i x) {
   for (std::uint32_t e : lane) mx = e > mx ? e : mx;
   return mx;
 }
+inline std::uint32_t reduce_min(__m256i x) {
+  alignas(32) std::uint32_t lane[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane), x);
+  std::uint32_t mn = lane[0];
+  for (std::uint32_t e : lane) mn = e < mn ? e : mn;
+  return mn;
+}
 
-// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent8.
+// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent8: the general
+// encoder, for blocks the fast one below does not take.
 template <StateKind K>
 inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, __m256i emax) {
   const std::uint32_t mx = reduce_max(emax);
@@ -209,23 +217,109 @@ inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, _
     _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + j), q8_encode8<K>(_mm256_loadu_ps(t + j), e, c));
 }
 
+// ---- the fast q8 block paths: the AVX-512 file's scheme (see there) on 8 lanes ----
+
+// A block's order key: |x|'s bits for m, x's bits for v.
+template <StateKind K>
+inline __m256i q8_key8(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  return K == StateKind::m ? _mm256_and_si256(u, set1(0x7FFFFFFF)) : u;
+}
+
+// 32 codes (four vectors of 32-bit codes, each 0..255) as bytes in element order.
+inline void store_codes32(std::uint8_t* dst, __m256i q0, __m256i q1, __m256i q2, __m256i q3) {
+  // packus works within 128-bit lanes: lane L of the bytes holds elements 4L..4L+3 of q0, q1, q2, q3.
+  const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(q0, q1), _mm256_packus_epi32(q2, q3));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                      _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// The normal code of 8 values of a block whose every element has one; bias = 0x7FFFF − ((E − top) << 23).
+template <StateKind K>
+inline __m256i q8_code8_normal(__m256 x, __m256i bias) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 20), set1(1));
+  __m256i y = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, bias), lsb), 20);
+  if constexpr (K == StateKind::m)  // the sign, at bit 11, to bit 7
+    y = _mm256_or_si256(_mm256_and_si256(y, set1(0x7F)), _mm256_and_si256(_mm256_srli_epi32(y, 4), set1(0x80)));
+  return y;
+}
+
+// Encodes t[0, 256) given the largest and the smallest key of the block.
+template <StateKind K>
+inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* scale, std::uint32_t kmax,
+                                 std::uint32_t kmin) {
+  constexpr std::uint32_t top = static_cast<std::uint32_t>(kTop<K>);
+  if (kmax >= 0x7F800000u) {  // a non-finite value (or, for v, a negative one)
+    __m256i e = _mm256_setzero_si256();
+    for (std::size_t j = 0; j < kQ8Block; j += 8) e = _mm256_max_epu32(e, q8_exponent8(_mm256_loadu_ps(t + j)));
+    return q8_encode_block<K>(t, codes, scale, e);
+  }
+  const std::uint32_t E = spec::q8_block_exponent(spec::q8_round3(kmax) >> 23, K);
+  if (E == 0 || E == spec::kQ8Nan) {
+    *scale = spec::q8_scale(E);
+    std::memset(codes, 0, kQ8Block);
+    return;
+  }
+  if ((spec::q8_round3(kmin) >> 23) + top <= E) return q8_encode_block<K>(t, codes, scale, set1(E));  // rare
+  *scale = spec::q8_scale(E);
+  const __m256i bias = set1(0x7FFFFu - ((E - top) << 23));
+  for (std::size_t j = 0; j < kQ8Block; j += 32)
+    store_codes32(codes + j, q8_code8_normal<K>(_mm256_loadu_ps(t + j), bias),
+                  q8_code8_normal<K>(_mm256_loadu_ps(t + j + 8), bias),
+                  q8_code8_normal<K>(_mm256_loadu_ps(t + j + 16), bias),
+                  q8_code8_normal<K>(_mm256_loadu_ps(t + j + 24), bias));
+}
+
+// Whether every code of the block has e ≥ 1.
+template <StateKind K>
+inline bool q8_block_codes_normal(const std::uint8_t* p) {
+  const __m256i e_bits = _mm256_set1_epi8(static_cast<char>(K == StateKind::m ? 0x78 : 0xF8));
+  __m256i lo = e_bits;
+  for (std::size_t j = 0; j < kQ8Block; j += 32)
+    lo = _mm256_min_epu8(lo, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j)), e_bits));
+  return _mm256_movemask_epi8(_mm256_cmpeq_epi8(lo, _mm256_setzero_si256())) == 0;
+}
+
+template <StateKind K>
+inline void q8_decode_block(const std::uint8_t* codes, float scale, float* out) {
+  constexpr std::uint32_t top = static_cast<std::uint32_t>(kTop<K>);
+  const std::uint32_t sb = spec::bits_of(scale), E = sb >> 23;
+  if ((sb & 0x807FFFFFu) == 0 && E > top && E < spec::kQ8Nan && q8_block_codes_normal<K>(codes)) {
+    const __m256i bias = set1((E - top) << 23);
+    for (std::size_t j = 0; j < kQ8Block; j += 8) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j));
+      __m256i r;
+      if constexpr (K == StateKind::m)  // sign-extended: (c << 20) keeps the sign at bit 31 once masked
+        r = _mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(b), 20), set1(0x87F00000u));
+      else
+        r = _mm256_slli_epi32(_mm256_cvtepu8_epi32(b), 20);
+      _mm256_storeu_ps(out + j, _mm256_castsi256_ps(_mm256_add_epi32(r, bias)));
+    }
+    return;
+  }
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (std::size_t j = 0; j < kQ8Block; j += 8) _mm256_storeu_ps(out + j, _mm256_mul_ps(q8_value8<K>(codes + j), sc));
+}
+
 template <StateKind K>
 void q8_enc_loop(const float* src, std::uint8_t* dst, float* scales, std::size_t n) {
   const std::size_t full = n / kQ8Block * kQ8Block;
   for (std::size_t b = 0; b < full; b += kQ8Block) {
-    __m256i e = _mm256_setzero_si256();
-    for (std::size_t j = 0; j < kQ8Block; j += 8) e = _mm256_max_epu32(e, q8_exponent8(_mm256_loadu_ps(src + b + j)));
-    q8_encode_block<K>(src + b, dst + b, scales + b / kQ8Block, e);
+    __m256i hi = _mm256_setzero_si256(), lo = set1(0xFFFFFFFFu);
+    for (std::size_t j = 0; j < kQ8Block; j += 8) {
+      const __m256i key = q8_key8<K>(_mm256_loadu_ps(src + b + j));
+      hi = _mm256_max_epu32(hi, key);
+      lo = _mm256_min_epu32(lo, key);
+    }
+    q8_encode_block_keys<K>(src + b, dst + b, scales + b / kQ8Block, reduce_max(hi), reduce_min(lo));
   }
   q8_encode_scalar_range(K, src, dst, scales, full, n);
 }
 template <StateKind K>
 void q8_dec_loop(const std::uint8_t* src, const float* scales, float* dst, std::size_t n) {
   const std::size_t full = n / kQ8Block * kQ8Block;
-  for (std::size_t b = 0; b < full; b += kQ8Block) {
-    const __m256 sc = _mm256_set1_ps(scales[b / kQ8Block]);
-    for (std::size_t j = 0; j < kQ8Block; j += 8) _mm256_storeu_ps(dst + b + j, _mm256_mul_ps(q8_value8<K>(src + b + j), sc));
-  }
+  for (std::size_t b = 0; b < full; b += kQ8Block) q8_decode_block<K>(src + b, scales[b / kQ8Block], dst + b);
   q8_decode_scalar_range(K, src, scales, dst, full, n);
 }
 void q8_enc(StateKind k, const float* s, std::uint8_t* d, float* scales, std::size_t n) {
@@ -235,6 +329,8 @@ void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, s
   k == StateKind::m ? q8_dec_loop<StateKind::m>(s, scales, d, n) : q8_dec_loop<StateKind::v>(s, scales, d, n);
 }
 
+// One block at a time: decode m and v into L1-resident buffers, the fp32 step over the block (its
+// new m and v back into the buffers, their keys' extremes kept per lane), then encode both.
 template <GradType G, int Out>
 void adam_q8_loop(const AdamStep& s, const UpdateChunk& c) {
   const Consts k(s);
@@ -242,25 +338,28 @@ void adam_q8_loop(const AdamStep& s, const UpdateChunk& c) {
   auto* out = static_cast<std::uint16_t*>(c.param16);
   auto* mc = static_cast<std::uint8_t*>(c.m);
   auto* vc = static_cast<std::uint8_t*>(c.v);
-  alignas(32) float mt[kQ8Block], vt[kQ8Block];  // the block's new m and v, until their exponent is known
+  alignas(32) float mt[kQ8Block], vt[kQ8Block];
   for (std::size_t b = 0; b < full; b += kQ8Block) {
-    const __m256 ms = _mm256_set1_ps(c.m_scale[b / kQ8Block]), vs = _mm256_set1_ps(c.v_scale[b / kQ8Block]);
-    __m256i me = _mm256_setzero_si256(), ve = _mm256_setzero_si256();
+    const std::size_t blk = b / kQ8Block;
+    q8_decode_block<StateKind::m>(mc + b, c.m_scale[blk], mt);
+    q8_decode_block<StateKind::v>(vc + b, c.v_scale[blk], vt);
+    __m256i mhi = _mm256_setzero_si256(), vhi = mhi, mlo = set1(0xFFFFFFFFu), vlo = mlo;
     for (std::size_t j = 0; j < kQ8Block; j += 8) {
       const std::size_t i = b + j;
-      __m256 p = _mm256_loadu_ps(c.master + i);
-      __m256 m = _mm256_mul_ps(q8_value8<StateKind::m>(mc + i), ms);
-      __m256 v = _mm256_mul_ps(q8_value8<StateKind::v>(vc + i), vs);
+      __m256 p = _mm256_loadu_ps(c.master + i), m = _mm256_load_ps(mt + j), v = _mm256_load_ps(vt + j);
       adam8(k, load_grad8<G>(c.grad, i), p, m, v);
       _mm256_storeu_ps(c.master + i, p);
       store_param16<Out>(out, i, p);
       _mm256_store_ps(mt + j, m);
       _mm256_store_ps(vt + j, v);
-      me = _mm256_max_epu32(me, q8_exponent8(m));
-      ve = _mm256_max_epu32(ve, q8_exponent8(v));
+      const __m256i mk = q8_key8<StateKind::m>(m), vk = q8_key8<StateKind::v>(v);
+      mhi = _mm256_max_epu32(mhi, mk);
+      mlo = _mm256_min_epu32(mlo, mk);
+      vhi = _mm256_max_epu32(vhi, vk);
+      vlo = _mm256_min_epu32(vlo, vk);
     }
-    q8_encode_block<StateKind::m>(mt, mc + b, c.m_scale + b / kQ8Block, me);
-    q8_encode_block<StateKind::v>(vt, vc + b, c.v_scale + b / kQ8Block, ve);
+    q8_encode_block_keys<StateKind::m>(mt, mc + b, c.m_scale + blk, reduce_max(mhi), reduce_min(mlo));
+    q8_encode_block_keys<StateKind::v>(vt, vc + b, c.v_scale + blk, reduce_max(vhi), reduce_min(vlo));
   }
   adam_scalar_range(s, c, full, c.n);  // a partial last block
 }

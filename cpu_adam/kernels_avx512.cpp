@@ -208,7 +208,8 @@ inline __m128i q8_encode16(__m512 x, __m512i E, __m512i c) {
   return _mm512_cvtepi32_epi8(code);
 }
 
-// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent16.
+// Encodes a block's fp32 values t[0, 256) given the largest of their q8_exponent16: the general
+// encoder, for blocks the fast one below does not take.
 template <StateKind K>
 inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, __m512i emax) {
   const std::uint32_t mx = _mm512_reduce_max_epu32(emax);
@@ -223,23 +224,141 @@ inline void q8_encode_block(const float* t, std::uint8_t* codes, float* scale, _
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j), q8_encode16<K>(_mm512_loadu_ps(t + j), e, c));
 }
 
+// ---- the fast q8 block paths ----
+// The Update and the bulk conversions take these for almost every block; each is bit-identical to
+// the general code above (and so to spec.h) on the blocks it accepts, and hands the others to it.
+//
+// Encode. A block's order key is |x|'s bits for m and x's bits for v (so a negative v, which the
+// code stores as its magnitude, sorts above every finite value and goes to the general encoder).
+// round3 is monotonic in |x|'s bits, so the block exponent is that of the largest key alone
+// (spec::q8_exponent of it), and every element has a normal code (e ≥ 1) exactly when the smallest
+// key's round3 exponent reaches E − top + 1: the encoder then needs no per-element exponent, range
+// test or second branch. The keys' maximum and minimum are kept per lane while the values are made.
+
+template <StateKind K>
+inline __m512i q8_key16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  return K == StateKind::m ? _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)) : u;
+}
+
+// 64 codes (four vectors of 32-bit codes, each 0..255) as bytes in element order.
+inline void store_codes64(std::uint8_t* dst, __m512i q0, __m512i q1, __m512i q2, __m512i q3) {
+  // packus works within 128-bit lanes: lane L of the bytes holds elements 4L..4L+3 of q0, q1, q2, q3.
+  const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(q0, q1), _mm512_packus_epi32(q2, q3));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_si512(dst, _mm512_permutexvar_epi32(order, b));
+}
+
+// The normal code of 16 values of a block whose every element has one; bias = 0x7FFFF − ((E − top) << 23).
+// round3(a) >> 20 less (E − top) << 3, with the subtraction folded into round3's addition:
+// (a + 0x7FFFF + lsb − ((E − top) << 23)) >> 20, never negative for a normal code. For m the sign
+// bit rides along (the sum stays below 2^31 before it) and lands at bit 11, moved to bit 7.
+template <StateKind K>
+inline __m512i q8_code16_normal(__m512 x, __m512i bias) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 odd = _mm512_test_epi32_mask(u, _mm512_set1_epi32(1 << 20));  // round3's lsb
+  __m512i y = _mm512_add_epi32(u, bias);
+  y = _mm512_srli_epi32(_mm512_mask_add_epi32(y, odd, y, _mm512_set1_epi32(1)), 20);
+  if constexpr (K == StateKind::m)  // (y & 0x7F) | (y >> 4 & ~0x7F): bits above 7 of y >> 4 are zero
+    y = _mm512_ternarylogic_epi32(y, _mm512_srli_epi32(y, 4), _mm512_set1_epi32(0x7F), 0xE4);
+  return y;
+}
+
+// Encodes t[0, 256) given the largest and the smallest key of the block.
+template <StateKind K>
+inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* scale, std::uint32_t kmax,
+                                 std::uint32_t kmin) {
+  constexpr std::uint32_t top = kTop<K>;
+  if (kmax >= 0x7F800000u) {  // a non-finite value (or, for v, a negative one)
+    __m512i e = _mm512_setzero_si512();
+    for (std::size_t j = 0; j < kQ8Block; j += 16) e = _mm512_max_epu32(e, q8_exponent16(_mm512_loadu_ps(t + j)));
+    return q8_encode_block<K>(t, codes, scale, e);
+  }
+  const std::uint32_t E = spec::q8_block_exponent(spec::q8_round3(kmax) >> 23, K);
+  if (E == 0 || E == spec::kQ8Nan) {
+    *scale = spec::q8_scale(E);
+    std::memset(codes, 0, kQ8Block);
+    return;
+  }
+  if ((spec::q8_round3(kmin) >> 23) + top <= E) {  // some element below the normal codes: rare
+    const __m512i e = _mm512_set1_epi32(static_cast<int>(E));
+    return q8_encode_block<K>(t, codes, scale, e);
+  }
+  *scale = spec::q8_scale(E);
+  const __m512i bias = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((E - top) << 23)));
+  for (std::size_t j = 0; j < kQ8Block; j += 64)
+    store_codes64(codes + j, q8_code16_normal<K>(_mm512_loadu_ps(t + j), bias),
+                  q8_code16_normal<K>(_mm512_loadu_ps(t + j + 16), bias),
+                  q8_code16_normal<K>(_mm512_loadu_ps(t + j + 32), bias),
+                  q8_code16_normal<K>(_mm512_loadu_ps(t + j + 48), bias));
+}
+
+// Decode. With a scale 2^(E−127), top < E < 255 (every scale an encode stores, NaN and zero blocks
+// aside) and no code of the block below the normal range (e ≥ 1), value(c) × scale is exact and
+// normal, so its bits are the code's magnitude shifted into the exponent and mantissa fields plus
+// (E − top) << 23, and the sign bit for m: no multiply and no e = 0 case. Other blocks decode as
+// value(c) × scale.
+template <StateKind K>
+inline bool q8_block_codes_normal(const std::uint8_t* p) {
+  const __m512i e_bits = _mm512_set1_epi8(static_cast<char>(K == StateKind::m ? 0x78 : 0xF8));
+  const __mmask64 k0 = _mm512_test_epi8_mask(_mm512_loadu_si512(p), e_bits);
+  const __mmask64 k1 = _mm512_test_epi8_mask(_mm512_loadu_si512(p + 64), e_bits);
+  const __mmask64 k2 = _mm512_test_epi8_mask(_mm512_loadu_si512(p + 128), e_bits);
+  const __mmask64 k3 = _mm512_test_epi8_mask(_mm512_loadu_si512(p + 192), e_bits);
+  return _cvtmask64_u64(_kand_mask64(_kand_mask64(k0, k1), _kand_mask64(k2, k3))) == ~std::uint64_t{0};
+}
+
+// Whether the block decodes by the fast rule; if so, `bias` is (E − top) << 23.
+template <StateKind K>
+inline bool q8_decode_plan(const std::uint8_t* codes, float scale, __m512i& bias) {
+  constexpr std::uint32_t top = kTop<K>;
+  const std::uint32_t sb = spec::bits_of(scale), E = sb >> 23;
+  if ((sb & 0x807FFFFFu) != 0 || E <= top || E >= spec::kQ8Nan || !q8_block_codes_normal<K>(codes)) return false;
+  bias = _mm512_set1_epi32(static_cast<int>((E - top) << 23));
+  return true;
+}
+
+// 16 values of a block that decodes by the fast rule.
+template <StateKind K>
+inline __m512 q8_decode16_fast(const std::uint8_t* p, __m512i bias) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m512i r;
+  if constexpr (K == StateKind::m)  // sign-extended: (c << 20) keeps the sign at bit 31 once masked
+    r = _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(b), 20), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+  else
+    r = _mm512_slli_epi32(_mm512_cvtepu8_epi32(b), 20);
+  return _mm512_castsi512_ps(_mm512_add_epi32(r, bias));
+}
+
+template <StateKind K>
+inline void q8_decode_block(const std::uint8_t* codes, float scale, float* out) {
+  __m512i bias;
+  if (q8_decode_plan<K>(codes, scale, bias)) {
+    for (std::size_t j = 0; j < kQ8Block; j += 16) _mm512_storeu_ps(out + j, q8_decode16_fast<K>(codes + j, bias));
+    return;
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (std::size_t j = 0; j < kQ8Block; j += 16) _mm512_storeu_ps(out + j, _mm512_mul_ps(q8_value16<K>(codes + j), sc));
+}
+
 template <StateKind K>
 void q8_enc_loop(const float* src, std::uint8_t* dst, float* scales, std::size_t n) {
   const std::size_t full = n / kQ8Block * kQ8Block;
   for (std::size_t b = 0; b < full; b += kQ8Block) {
-    __m512i e = _mm512_setzero_si512();
-    for (std::size_t j = 0; j < kQ8Block; j += 16) e = _mm512_max_epu32(e, q8_exponent16(_mm512_loadu_ps(src + b + j)));
-    q8_encode_block<K>(src + b, dst + b, scales + b / kQ8Block, e);
+    __m512i hi = _mm512_setzero_si512(), lo = _mm512_set1_epi32(-1);
+    for (std::size_t j = 0; j < kQ8Block; j += 16) {
+      const __m512i key = q8_key16<K>(_mm512_loadu_ps(src + b + j));
+      hi = _mm512_max_epu32(hi, key);
+      lo = _mm512_min_epu32(lo, key);
+    }
+    q8_encode_block_keys<K>(src + b, dst + b, scales + b / kQ8Block, _mm512_reduce_max_epu32(hi), _mm512_reduce_min_epu32(lo));
   }
   q8_encode_scalar_range(K, src, dst, scales, full, n);
 }
 template <StateKind K>
 void q8_dec_loop(const std::uint8_t* src, const float* scales, float* dst, std::size_t n) {
   const std::size_t full = n / kQ8Block * kQ8Block;
-  for (std::size_t b = 0; b < full; b += kQ8Block) {
-    const __m512 sc = _mm512_set1_ps(scales[b / kQ8Block]);
-    for (std::size_t j = 0; j < kQ8Block; j += 16) _mm512_storeu_ps(dst + b + j, _mm512_mul_ps(q8_value16<K>(src + b + j), sc));
-  }
+  for (std::size_t b = 0; b < full; b += kQ8Block) q8_decode_block<K>(src + b, scales[b / kQ8Block], dst + b);
   q8_decode_scalar_range(K, src, scales, dst, full, n);
 }
 void q8_enc(StateKind k, const float* s, std::uint8_t* d, float* scales, std::size_t n) {
@@ -249,6 +368,71 @@ void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, s
   k == StateKind::m ? q8_dec_loop<StateKind::m>(s, scales, d, n) : q8_dec_loop<StateKind::v>(s, scales, d, n);
 }
 
+// The step over one block of q8 states, its new m and v into mt and vt, their keys' extremes into the
+// four accumulators. Inline: m and v are decoded in the loop by the fast rule (biases bm, bv), and
+// their new values encoded there too, as normal codes of the block's present exponent (encode biases
+// em, ev) — right whenever the block keeps its exponent and stays in the normal range, which the
+// caller checks afterwards (re-encoding the block from mt and vt where not). Otherwise m and v are
+// read from mt and vt, where the caller has decoded them, and encoded by the caller.
+template <GradType G, int Out, bool NB, bool Inline>
+#if defined(__GNUC__)
+__attribute__((target("avx512bf16")))
+#endif
+inline void q8_block_step(const Consts& k, const UpdateChunk& c, std::size_t b, float* mt, float* vt, __m512i bm,
+                          __m512i bv, __m512i em, __m512i ev, __m512i& mhi, __m512i& mlo, __m512i& vhi,
+                          __m512i& vlo) {
+  auto* const mc = static_cast<std::uint8_t*>(c.m);
+  auto* const vc = static_cast<std::uint8_t*>(c.v);
+  const void* const grad = c.grad;
+  float* const master = c.master;
+  auto* const out = static_cast<std::uint16_t*>(c.param16);
+  for (std::size_t j0 = 0; j0 < kQ8Block; j0 += 64) {
+    __m512i mcode[4], vcode[4];
+    for (std::size_t q = 0; q < 4; ++q) {
+      const std::size_t j = j0 + 16 * q, i = b + j;
+      __m512 p = _mm512_loadu_ps(master + i), m, v;
+      if constexpr (Inline) {
+        m = q8_decode16_fast<StateKind::m>(mc + i, bm);
+        v = q8_decode16_fast<StateKind::v>(vc + i, bv);
+      } else {
+        m = _mm512_load_ps(mt + j);
+        v = _mm512_load_ps(vt + j);
+      }
+      adam16(k, load_grad16<G>(grad, i), p, m, v);
+      _mm512_storeu_ps(master + i, p);
+      store_param16<Out, NB>(out, i, p);
+      _mm512_store_ps(mt + j, m);
+      _mm512_store_ps(vt + j, v);
+      const __m512i mk = q8_key16<StateKind::m>(m), vk = q8_key16<StateKind::v>(v);
+      mhi = _mm512_max_epu32(mhi, mk);
+      mlo = _mm512_min_epu32(mlo, mk);
+      vhi = _mm512_max_epu32(vhi, vk);
+      vlo = _mm512_min_epu32(vlo, vk);
+      if constexpr (Inline) {
+        mcode[q] = q8_code16_normal<StateKind::m>(m, em);
+        vcode[q] = q8_code16_normal<StateKind::v>(v, ev);
+      }
+    }
+    if constexpr (Inline) {
+      store_codes64(mc + b + j0, mcode[0], mcode[1], mcode[2], mcode[3]);
+      store_codes64(vc + b + j0, vcode[0], vcode[1], vcode[2], vcode[3]);
+    }
+  }
+}
+
+// Whether a block's codes, written by q8_block_step's inline encode for block exponent Ep, are its
+// codes: the keys' extremes give the block exponent Ep again and every element a normal code.
+template <StateKind K>
+inline bool q8_inline_codes_hold(std::uint32_t Ep, std::uint32_t kmax, std::uint32_t kmin) {
+  if (kmax >= 0x7F800000u) return false;
+  const std::uint32_t E = spec::q8_block_exponent(spec::q8_round3(kmax) >> 23, K);
+  return E == Ep && (spec::q8_round3(kmin) >> 23) + kTop<K> > E;
+}
+
+// One block at a time. A block whose m and v both decode by the fast rule (almost all) is decoded,
+// stepped and encoded in one loop, on the guess that its exponents stay as they are; the guess is
+// checked from the keys' extremes and the block re-encoded from its L1-resident copy where it fails.
+// Other blocks: decode into the buffers, the step, then encode from them.
 template <GradType G, int Out, bool NB>
 #if defined(__GNUC__)
 __attribute__((target("avx512bf16")))
@@ -256,28 +440,33 @@ __attribute__((target("avx512bf16")))
 void adam_q8_loop(const AdamStep& s, const UpdateChunk& c) {
   const Consts k(s);
   const std::size_t full = c.n / kQ8Block * kQ8Block;
-  auto* out = static_cast<std::uint16_t*>(c.param16);
   auto* mc = static_cast<std::uint8_t*>(c.m);
   auto* vc = static_cast<std::uint8_t*>(c.v);
-  alignas(64) float mt[kQ8Block], vt[kQ8Block];  // the block's new m and v, until their exponent is known
+  alignas(64) float mt[kQ8Block], vt[kQ8Block];
   for (std::size_t b = 0; b < full; b += kQ8Block) {
-    const __m512 ms = _mm512_set1_ps(c.m_scale[b / kQ8Block]), vs = _mm512_set1_ps(c.v_scale[b / kQ8Block]);
-    __m512i me = _mm512_setzero_si512(), ve = _mm512_setzero_si512();
-    for (std::size_t j = 0; j < kQ8Block; j += 16) {
-      const std::size_t i = b + j;
-      __m512 p = _mm512_loadu_ps(c.master + i);
-      __m512 m = _mm512_mul_ps(q8_value16<StateKind::m>(mc + i), ms);
-      __m512 v = _mm512_mul_ps(q8_value16<StateKind::v>(vc + i), vs);
-      adam16(k, load_grad16<G>(c.grad, i), p, m, v);
-      _mm512_storeu_ps(c.master + i, p);
-      store_param16<Out, NB>(out, i, p);
-      _mm512_store_ps(mt + j, m);
-      _mm512_store_ps(vt + j, v);
-      me = _mm512_max_epu32(me, q8_exponent16(m));
-      ve = _mm512_max_epu32(ve, q8_exponent16(v));
+    const std::size_t blk = b / kQ8Block;
+    __m512i mhi = _mm512_setzero_si512(), vhi = mhi, mlo = _mm512_set1_epi32(-1), vlo = mlo, bm = mhi, bv = mhi;
+    if (q8_decode_plan<StateKind::m>(mc + b, c.m_scale[blk], bm) &&
+        q8_decode_plan<StateKind::v>(vc + b, c.v_scale[blk], bv)) {
+      const std::uint32_t Em = spec::bits_of(c.m_scale[blk]) >> 23, Ev = spec::bits_of(c.v_scale[blk]) >> 23;
+      const __m512i em = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((Em - kTop<StateKind::m>) << 23)));
+      const __m512i ev = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((Ev - kTop<StateKind::v>) << 23)));
+      q8_block_step<G, Out, NB, true>(k, c, b, mt, vt, bm, bv, em, ev, mhi, mlo, vhi, vlo);
+      const std::uint32_t mmax = _mm512_reduce_max_epu32(mhi), mmin = _mm512_reduce_min_epu32(mlo);
+      const std::uint32_t vmax = _mm512_reduce_max_epu32(vhi), vmin = _mm512_reduce_min_epu32(vlo);
+      if (!q8_inline_codes_hold<StateKind::m>(Em, mmax, mmin))
+        q8_encode_block_keys<StateKind::m>(mt, mc + b, c.m_scale + blk, mmax, mmin);
+      if (!q8_inline_codes_hold<StateKind::v>(Ev, vmax, vmin))
+        q8_encode_block_keys<StateKind::v>(vt, vc + b, c.v_scale + blk, vmax, vmin);
+      continue;  // where the codes hold, so does the scale: 2^(E−127) with the same E
     }
-    q8_encode_block<StateKind::m>(mt, mc + b, c.m_scale + b / kQ8Block, me);
-    q8_encode_block<StateKind::v>(vt, vc + b, c.v_scale + b / kQ8Block, ve);
+    q8_decode_block<StateKind::m>(mc + b, c.m_scale[blk], mt);
+    q8_decode_block<StateKind::v>(vc + b, c.v_scale[blk], vt);
+    q8_block_step<G, Out, NB, false>(k, c, b, mt, vt, bm, bv, bm, bv, mhi, mlo, vhi, vlo);
+    q8_encode_block_keys<StateKind::m>(mt, mc + b, c.m_scale + blk, _mm512_reduce_max_epu32(mhi),
+                                       _mm512_reduce_min_epu32(mlo));
+    q8_encode_block_keys<StateKind::v>(vt, vc + b, c.v_scale + blk, _mm512_reduce_max_epu32(vhi),
+                                       _mm512_reduce_min_epu32(vlo));
   }
   adam_scalar_range(s, c, full, c.n);  // a partial last block
 }

@@ -303,6 +303,104 @@ TEST(Q8, EveryPathEncodesAndDecodesLikeTheReference) {
   }
 }
 
+// Blocks in which every element has a normal code (e ≥ 1), the kind the vector paths encode without
+// per-element range tests, with the elements at the edges of that: round3 ties, values whose round3
+// carries into the next exponent (at the block's largest element too, which moves E), the smallest
+// values that still round up into e = 1 and, in some blocks, one that rounds down below it (so the
+// block takes the general encoder); for v, some blocks hold a −0 or a negative value (stored as its
+// magnitude).
+std::vector<float> normal_blocks(std::size_t n, StateKind k, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::uint32_t top = spec::q8_top(k);
+  std::vector<float> x(n);
+  for (std::size_t b = 0; b < n; b += kQ8Block) {
+    const std::uint32_t ex_max = top + 2 + rng() % (252 - top), kind = rng() % 6;
+    // the smallest exponent with a normal code (E = ex_max, or ex_max + 1 in kind 1)
+    const std::uint32_t lowest = ex_max - top + 1 + (kind == 1 ? 1 : 0);
+    const std::size_t end = std::min(n, b + kQ8Block);
+    for (std::size_t i = b; i < end; ++i) {
+      std::uint32_t ex = lowest + rng() % (ex_max - lowest), mant = rng() & 0x7FFFFF;  // below ex_max
+      switch (rng() % 5) {
+        case 0: mant = (mant & ~0xFFFFFu) | 0x80000u; break;  // a round3 tie
+        case 1: mant = rng() % 3 == 0 ? 0x77FFFFu : (rng() % 2 ? 0x780000u : 0x7E0000u); break;  // at a carry
+        default: break;
+      }
+      if (i == b) ex = ex_max, mant = kind == 1 ? 0x7C0000u : 0;  // pins E (kind 1: E = ex_max + 1)
+      std::uint32_t u = (k == StateKind::m ? (rng() & 1) << 31 : 0u) | (ex << 23) | mant;
+      if (i == b + 5 && kind == 2) u = ((lowest - 1) << 23) | 0x780000u;  // rounds up to e = 1
+      if (i == b + 6 && kind == 3) u = ((lowest - 1) << 23) | 0x77FFFFu;  // rounds below e = 1: general
+      if (i == b + 7 && kind == 4) u = k == StateKind::v ? 0x80000000u : 0u;  // ±0 (v: −0 → general)
+      if (i == b + 8 && kind == 5 && k == StateKind::v) u |= 0x80000000u;      // a negative v: general
+      x[i] = f_of(u);
+    }
+  }
+  return x;
+}
+
+TEST(Q8, EveryPathEncodesNormalBlocksLikeTheReference) {
+  for (SimdLevel path : supported_paths()) {
+    for (StateKind k : {StateKind::m, StateKind::v}) {
+      for (std::size_t n : {std::size_t{256}, std::size_t{300}, std::size_t{16384}}) {
+        SCOPED_TRACE(::testing::Message() << to_string(path) << " kind " << static_cast<int>(k) << " n=" << n);
+        const std::vector<float> x = normal_blocks(n, k, static_cast<std::uint32_t>(n) + static_cast<std::uint32_t>(k));
+        std::vector<std::uint8_t> want(n, 0x55), got(n, 0x55);
+        std::vector<float> ws(state_scales(StateFormat::q8, n), -1), gs = ws;
+        encode_states(StateFormat::q8, k, x.data(), want.data(), ws.data(), n, SimdLevel::scalar);
+        encode_states(StateFormat::q8, k, x.data(), got.data(), gs.data(), n, path);
+        ASSERT_EQ(byte_mismatches("codes", got.data(), want.data(), n), 0);
+        ASSERT_EQ(float_mismatches("scales", gs.data(), ws.data(), gs.size()), 0);
+        std::vector<float> wd(n, 7), gd(n, 7);
+        decode_states(StateFormat::q8, k, want.data(), ws.data(), wd.data(), n, SimdLevel::scalar);
+        decode_states(StateFormat::q8, k, want.data(), ws.data(), gd.data(), n, path);
+        ASSERT_EQ(float_mismatches("decoded", gd.data(), wd.data(), n), 0);
+      }
+    }
+  }
+}
+
+// Decoding any bytes under any scale (a damaged or hand-made checkpoint): blocks of normal codes
+// only, of any codes, and of zero codes, under power-of-two scales at and past the edges of what an
+// encode stores (E ≤ top, 254, inf), NaN, ±0, negative, subnormal and not-a-power-of-two scales.
+TEST(Q8, EveryPathDecodesAnyCodesUnderAnyScale) {
+  std::mt19937 rng(23);
+  const std::size_t blocks = 400, n = blocks * kQ8Block;
+  std::vector<std::uint8_t> codes(n);
+  std::vector<float> scales(blocks);
+  for (StateKind k : {StateKind::m, StateKind::v}) {
+    const std::uint32_t top = spec::q8_top(k);
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const std::uint32_t codes_kind = rng() % 3;
+      for (std::size_t i = b * kQ8Block; i < (b + 1) * kQ8Block; ++i) {
+        std::uint32_t c = rng() & 0xFF;
+        if (codes_kind == 0) c = (c & 0x87) | ((1 + rng() % (k == StateKind::m ? 15 : 31)) << 3);  // e ≥ 1
+        if (codes_kind == 2) c = (rng() % 8 == 0) ? 0x80 : 0;
+        codes[i] = static_cast<std::uint8_t>(c);
+      }
+      const std::uint32_t E = b % 2 ? top + 1 + rng() % (254 - top) : rng() % 256;
+      std::uint32_t sb = E << 23;
+      switch (b % 11) {
+        case 1: sb = 0x7FC00000u; break;
+        case 3: sb = 0x80000000u; break;
+        case 5: sb |= 0x80000000u; break;
+        case 7: sb |= 1u + rng() % 0x7FFFFF; break;
+        case 9: sb = rng() % 0x800000u; break;
+        default: break;
+      }
+      if (b == 2) sb = (top + 1) << 23;
+      if (b == 4) sb = 254u << 23;
+      if (b == 6) sb = top << 23;
+      scales[b] = f_of(sb);
+    }
+    for (SimdLevel path : supported_paths()) {
+      SCOPED_TRACE(::testing::Message() << to_string(path) << " kind " << static_cast<int>(k));
+      std::vector<float> want(n, 7), got(n, 7);
+      decode_states(StateFormat::q8, k, codes.data(), scales.data(), want.data(), n, SimdLevel::scalar);
+      decode_states(StateFormat::q8, k, codes.data(), scales.data(), got.data(), n, path);
+      ASSERT_EQ(float_mismatches("decoded", got.data(), want.data(), n), 0);
+    }
+  }
+}
+
 TEST(StateFormats, Bf16AndFp32Conversions) {
   std::mt19937 rng(11);
   const std::size_t n = 1000;
@@ -478,6 +576,54 @@ TEST(StatesUpdate, EveryPathMatchesTheReferenceBitForBit) {
             }
           }
         }
+      }
+    }
+  }
+}
+
+// Smooth data (no element far below its block's largest, as in the benchmark) so that nearly every
+// block takes the vector paths' fast decode and encode, with a few blocks made to leave them: a NaN
+// gradient (a NaN block), an all-zero block, a stored m code below the normal range, a new m that
+// rounds below it, a huge gradient (a block whose m jumps by many exponents), a −0 m. Several steps
+// in a row, so each step decodes what the path itself stored; the result must equal the reference
+// after every step.
+TEST(StatesUpdate, Q8FastBlocksMatchTheReferenceOverSteps) {
+  const std::size_t n = 64 * kQ8Block + 77;
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  Problem base;
+  base.master.resize(n + 1);
+  base.m.resize(n + 1);
+  base.v.resize(n + 1);
+  base.grad32.resize(n + 1);
+  base.grad16.resize(n + 1);
+  base.out.assign(n + 1, 0);
+  for (std::size_t i = 0; i < n + 1; ++i) {
+    const float r = u(rng);
+    base.master[i] = r * 0.02f;
+    base.m[i] = r * 1e-3f;
+    base.v[i] = r * r * 1e-6f + 1e-8f;
+    base.grad32[i] = u(rng) * 1e-2f;
+  }
+  auto at = [](std::size_t block, std::size_t j) { return block * kQ8Block + j; };
+  base.grad32[at(3, 17)] = NAN;
+  for (std::size_t j = 0; j < kQ8Block; ++j) base.m[at(5, j)] = base.v[at(5, j)] = base.grad32[at(5, j)] = 0;
+  base.m[at(7, 40)] = 1e-12f;                              // stored as a code below the normal range
+  base.m[at(9, 3)] = 1e-11f, base.grad32[at(9, 3)] = 0;    // new m below the normal range too
+  base.grad32[at(11, 100)] = 60000.0f;                     // m's block exponent jumps
+  base.m[at(13, 9)] = -0.0f, base.grad32[at(13, 9)] = 0;
+  const AdamHyper h{.lr = 1e-4f, .weight_decay = 0.01f};
+  for (SimdLevel path : supported_paths()) {
+    for (GradType gt : {GradType::fp32, GradType::fp16}) {
+      SCOPED_TRACE(::testing::Message() << to_string(path) << " grad=" << static_cast<int>(gt));
+      Problem a = base, b = base;
+      Stored sa = store(StateFormat::q8, a.m, a.v, n, 0), sb = sa;
+      for (std::int64_t step = 1; step <= 4; ++step) {
+        const AdamStep st = make_adam_step(h, step, 1.0f / 1024);
+        adam_update_reference(st, chunk(a, sa, gt, 1, 0));
+        adam_update(st, chunk(b, sb, gt, 1, 0), path);
+        expect_same(b, sb, a, sa);
+        if (::testing::Test::HasFailure()) return;
       }
     }
   }

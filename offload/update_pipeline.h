@@ -42,7 +42,7 @@ class UpdatePipeline {
                  GradientPath& grads);
   ~UpdatePipeline();
 
-  // NVMe optimizer, overlap exact: starts the walk at the last micro batch's backward so that the
+  // NVMe optimizer, overlap exact: starts the walk at the last micro batch's forward so that the
   // first sub-groups' SwapIn overlaps it; it waits for decide().
   void start_early();
   bool started_early() const { return decision_ != nullptr; }
@@ -53,7 +53,7 @@ class UpdatePipeline {
   // is undone — the states restored, the compute copies it rewrote rebuilt — without landing any
   // unit or issuing any collective; a walk started early passes the states by unchanged.
   void abandon();
-  // Starts the speculative Update of this step (at the last micro batch's backward, on the worker):
+  // Starts the speculative Update of this step (from the last micro batch's forward, on the worker):
   // `assumed` is the step without clipping; speculation stops once this rank's gradient norm so far
   // (loss-scaled, with `loss_scale`) is not finite or says `clip` (> 0) applies.
   void speculate(const cpu_adam::AdamStep& assumed, double loss_scale, double clip);

@@ -7,10 +7,17 @@
 #
 # Usage: scripts/digest-check.sh ZINF CONFIG [SWAP_DIR [ARGS...]]   (ARGS: more `zinf train` arguments,
 # e.g. --set model.n_layer=12, for every run)
-#   ZINF_DIGEST_ROUNDS   rounds over the 12 placements every check makes (default 1)
+#   ZINF_DIGEST_ROUNDS   rounds over the placements (12 by default) and variants every check makes
+#                        (default 1)
 #   ZINF_DIGEST_SECONDS  after those, more rounds while this many seconds are not used up (default 0:
 #                        none); a run is only started when the slowest run so far still fits
 #   ZINF_DIGEST_STEPS    training steps per run (default 3)
+#   ZINF_DIGEST_OVERLAPS the overlap modes to run (default "exact none")
+#   ZINF_DIGEST_VARIANTS more runs per round, each with the optimizer on the CPU, the parameters on the
+#                        device and overlap exact plus its own arguments; variants are separated by `;`
+#                        (e.g. "--set activation_checkpointing.cpu_checkpointing=true;--set
+#                        zero_optimization.offload_optimizer.speculative=true"): each must give the same
+#                        digest as the placements
 # Prints one line per run and a verdict line starting "digests: ok" or "digests: FAILED"; exits 0 or 1.
 set -uo pipefail
 zinf="$1"
@@ -21,6 +28,9 @@ extra=("$@")
 rounds="${ZINF_DIGEST_ROUNDS:-1}"
 limit="${ZINF_DIGEST_SECONDS:-0}"
 steps="${ZINF_DIGEST_STEPS:-3}"
+read -r -a overlaps <<< "${ZINF_DIGEST_OVERLAPS:-exact none}"
+variants=()
+IFS=';' read -r -a variants <<< "${ZINF_DIGEST_VARIANTS:-}"
 mkdir -p "$swap"
 start=$SECONDS
 runs=0 failed=0 slowest=0
@@ -28,17 +38,27 @@ declare -A seen=()
 placements=()
 for opt in none cpu nvme; do
   for param in none cpu; do
-    for ov in exact none; do placements+=("$opt $param $ov"); done
+    for ov in "${overlaps[@]}"; do placements+=("$opt $param $ov -"); done
   done
 done
-# One training run: prints its line; records its digest or its failure.
+for v in "${!variants[@]}"; do
+  [[ "${variants[$v]}" =~ [^[:space:]] ]] && placements+=("cpu none exact $v")
+done
+# One training run: prints its line; records its digest or its failure. VARIANT is `-` or an index
+# into variants.
 one_run() {
-  local opt="$1" param="$2" ov="$3" k="$4" budget=1536MiB out rc line digest t0=$SECONDS
+  local opt="$1" param="$2" ov="$3" variant="$4" k="$5" budget=1536MiB out rc line digest t0=$SECONDS
+  local more=() name="opt=$opt param=$param overlap=$ov"
   [ "$opt" = none ] && budget=16GiB  # nothing offloaded needs a larger budget
+  if [ "$variant" != - ]; then
+    # shellcheck disable=SC2206  # the variant's arguments, as words
+    more=(${variants[$variant]})
+    name="$name ${variants[$variant]}"
+  fi
   out="$("$zinf" train --config "$config" --set train.steps="$steps" \
     --set zero_optimization.offload_optimizer.device="$opt" --set zero_optimization.offload_param.device="$param" \
     --set train.overlap="$ov" --set device.memory_budget="$budget" \
-    --set "zero_optimization.offload_optimizer.nvme_path=\"$swap\"" "${extra[@]}" 2>&1)"
+    --set "zero_optimization.offload_optimizer.nvme_path=\"$swap\"" "${extra[@]}" "${more[@]}" 2>&1)"
   rc=$?
   line="$(grep '^final ' <<< "$out" | tail -1)"
   digest=""
@@ -47,12 +67,12 @@ one_run() {
   (( SECONDS - t0 > slowest )) && slowest=$((SECONDS - t0))
   if [ "$rc" -ne 0 ] || [ -z "$digest" ]; then
     failed=$((failed + 1))
-    echo "digest opt=$opt param=$param overlap=$ov run=$k: FAILED (exit $rc$([ -z "$digest" ] && echo ', no digest'))"
+    echo "digest $name run=$k: FAILED (exit $rc$([ -z "$digest" ] && echo ', no digest'))"
     tail -3 <<< "$out" | sed 's/^/    /'
     return
   fi
   seen["$digest"]=1
-  echo "digest opt=$opt param=$param overlap=$ov run=$k: $digest ($((SECONDS - t0)) s)"
+  echo "digest $name run=$k: $digest ($((SECONDS - t0)) s)"
 }
 k=0
 while :; do
@@ -63,7 +83,7 @@ while :; do
   stop=""
   for p in "${placements[@]}"; do
     if [ "$k" -gt "$rounds" ] && [ $((SECONDS - start + slowest)) -gt "$limit" ]; then stop=1; break; fi
-    # shellcheck disable=SC2086  # p is three words
+    # shellcheck disable=SC2086  # p is four words
     one_run $p "$k"
   done
   [ -n "$stop" ] && break

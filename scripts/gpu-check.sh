@@ -4,7 +4,7 @@
 # that scripts/fetch-debs.sh filled on a machine with apt (carry it along), else apt.
 #
 # Sections, each under its own time cap (`timeout`) so that a slow one cannot eat the others' time;
-# the caps sum to the whole check's 540 s (ZINF_GPU_CHECK_SECONDS), and a section that would start
+# the caps sum to the whole check's 570 s (ZINF_GPU_CHECK_SECONDS), and a section that would start
 # past that is skipped and reported:
 #   setup        10 s  dependencies, NCCL, nvidia-smi (not capped: a few seconds)
 #   build       130 s  sm_90 only; only the targets run below: zinf, train_test, the `gpu` label's tests
@@ -13,8 +13,12 @@
 #   repeat       20 s  TrainGpu.* (every placement bit-identical on the GPU, close to the CPU), repeated
 #                      while the cap allows (at least once)
 #   digests      70 s  configs/gpu-check.json at 12 layers, 3 steps, under every placement (optimizer
-#                      none/cpu/nvme × params none/cpu × overlap exact/none): one params_digest, no
-#                      failed run (scripts/digest-check.sh); more rounds while the cap allows
+#                      none/cpu/nvme × params none/cpu × overlap exact/none), and with the activation
+#                      checkpoints in host memory and with the speculative Update: one params_digest,
+#                      no failed run (scripts/digest-check.sh); more rounds while the cap allows
+#   states       30 s  the same at 2 layers, 2 steps, overlap exact, with optimizer_states bf16 and
+#                      8bit (the CUDA Update with none, the host's with cpu/nvme; one digest per mode,
+#                      the speculative Update included)
 #   fast         45 s  the same model (4 layers, 3 steps, bf16) with device.kernels fast on the GPU,
 #                      against the reference kernels on the GPU (per-step losses within a relative
 #                      2e-2: the fast path stores activations in bf16) and against the CPU twin
@@ -32,7 +36,7 @@
 #   compare-ga4  40 s  b at GA 4 resident (zinf), and with the optimizer states on the CPU
 #   compare-off  45 s  b at GA 4, optimizer and parameters on the CPU, beside PyTorch FSDP CPU offload
 #   summary       5 s  results.json and results.md
-#                                                                                   total 540 s
+#                                                                                   total 570 s
 # Results under $OUT (or ./gpu-check-out): results.json (every section: status, seconds, cap, its
 # verdict line; the digests, losses, PCIe and comparison figures), results.md (one table), and
 # gpu-check.log (everything the sections printed). Exits 1 when any section failed, timed out or was
@@ -81,10 +85,27 @@ part_repeat() {  # TrainGpu.* as often as the cap allows, at least once
   echo "repeat: TrainGpu.* passed $n times ($last s each)"
 }
 
+# Variants of the digest runs that must not change the digest: activation checkpoints in host memory,
+# the speculative Update (the config clips at 1.0, so its steps roll back and redo).
+digest_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true"
+
 part_digests() {
   local cap="$1"
-  ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_SECONDS=$((cap - 5)) ZINF_DIGEST_STEPS=3 \
+  ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_SECONDS=$((cap - 5)) ZINF_DIGEST_STEPS=3 ZINF_DIGEST_VARIANTS="$digest_variants" \
     "$root/scripts/digest-check.sh" "$zinf" "$config" "${TMPDIR:-/tmp}/zinf-gpu-check-swap" --set model.n_layer=12
+}
+
+part_states() {  # one digest per compressed optimizer-state mode over its placements
+  local rc=0 mode
+  for mode in bf16 8bit; do
+    echo "states: $mode"
+    ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_STEPS=2 ZINF_DIGEST_OVERLAPS=exact \
+      ZINF_DIGEST_VARIANTS="--set zero_optimization.offload_optimizer.speculative=true" \
+      "$root/scripts/digest-check.sh" "$zinf" "$config" "${TMPDIR:-/tmp}/zinf-gpu-check-swap" --set model.n_layer=2 \
+      --set "zero_optimization.optimizer_states=\"$mode\"" || rc=1
+  done
+  [ "$rc" = 0 ] && echo "states: ok, one digest per mode (bf16, 8bit) over its placements"
+  return "$rc"
 }
 
 part_fast() {  # the config's bf16 model under device.kernels "reference" and "fast" on the GPU, and the twin
@@ -159,7 +180,7 @@ if [ "${1:-}" = --part ]; then
   p="$2"
   shift 2
   case "$p" in
-    build | tests | fast | pcie) "part_$p" ;;
+    build | tests | fast | pcie | states) "part_$p" ;;
     repeat | digests) "part_$p" "$1" ;;
     memcheck | racecheck) part_sanitize "$p" ;;
     compare) part_compare "$1" ;;
@@ -169,8 +190,8 @@ if [ "${1:-}" = --part ]; then
 fi
 
 # ---- the run ------------------------------------------------------------------------------------
-total="${ZINF_GPU_CHECK_SECONDS:-540}"
-parts=" ${ZINF_GPU_CHECK_PARTS:-build tests repeat digests fast memcheck racecheck pcie compare-a compare-b compare-ga4 compare-off} "
+total="${ZINF_GPU_CHECK_SECONDS:-570}"
+parts=" ${ZINF_GPU_CHECK_PARTS:-build tests repeat digests states fast memcheck racecheck pcie compare-a compare-b compare-ga4 compare-off} "
 start=$SECONDS
 mkdir -p "$raw"
 log_file="$out_dir/gpu-check.log"
@@ -243,6 +264,7 @@ section build 130 "$self" --part build
 section tests 40 "$self" --part tests
 section repeat 20 "$self" --part repeat 20
 section digests 70 "$self" --part digests 70
+section states 30 "$self" --part states
 section fast 45 "$self" --part fast
 section memcheck 25 "$self" --part memcheck
 section racecheck 25 "$self" --part racecheck

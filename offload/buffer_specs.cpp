@@ -180,6 +180,7 @@ void staging(const Layout& layout, const std::function<void(const BufferSpec&)>&
 Layout make_layout(const PlanInput& in) {
   check_input(in);
   Layout layout;
+  layout.pin_memory = in.pin_memory;
   layout.mixed = in.compute_bytes == 2;
   layout.compute_bytes = static_cast<std::uint64_t>(in.compute_bytes);
   layout.fp32_work = layout.mixed && in.fp32_work;

@@ -74,6 +74,7 @@ PlanInput Engine::plan_input(const EngineConfig& c) {
   in.persistence_threshold = static_cast<std::int64_t>(c.persistence_threshold);
   in.speculative = c.speculative && c.overlap == Overlap::exact;
   in.speculative_backup = static_cast<std::int64_t>(c.speculative_backup);
+  in.pin_memory = c.pin_memory;
   return in;
 }
 
@@ -117,8 +118,9 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
             std::to_string(dev.budget() - dev.in_use()) + " are left in the budget of " + std::to_string(dev.budget()),
         "offload more (offload_optimizer / offload_param), raise device.memory_budget, or see `zinf plan`");
   s.pinned = std::make_unique<PinnedPool>(plan.pinned_pool, c.pin_memory);
-  if (s.pinned->capacity())
-    dev.register_host(s.pinned->slab().iov_base, s.pinned->capacity());  // CUDA: one copy, no bounce
+  // Registered only when page-locked (CUDA: one copy, no bounce); pageable staging (pin_memory false)
+  // copies through the driver's own staging.
+  if (s.pinned->capacity() && c.pin_memory) dev.register_host(s.pinned->slab().iov_base, s.pinned->capacity());
 
   const std::size_t device_before = dev.in_use();
   impl.states = make_optimizer_states(s);
@@ -135,8 +137,9 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   impl.update = std::make_unique<UpdatePipeline>(s, *impl.states, *impl.resident, impl.offloaded.get(), *impl.grads);
   // What the tiers handed out (every buffer is allocated by now, for the engine's whole life).
   impl.held[static_cast<int>(Tier::device)] = dev.in_use() - device_before;
-  impl.held[static_cast<int>(Tier::pinned)] = s.pinned->in_use();
-  impl.held[static_cast<int>(Tier::host)] = s.host_bytes;
+  // Without pin_memory the staging pool's pages are pageable host memory, as the plan counts them.
+  impl.held[static_cast<int>(c.pin_memory ? Tier::pinned : Tier::host)] += s.pinned->in_use();
+  impl.held[static_cast<int>(Tier::host)] += s.host_bytes;
   for (nvme::TensorStore* st : {impl.states->store(), impl.offloaded ? impl.offloaded->store() : nullptr})
     if (st) impl.held[static_cast<int>(Tier::nvme)] += st->reserved();
 }
@@ -180,7 +183,8 @@ Engine::~Engine() {
     impl.s.dev.synchronize();
   } catch (...) {
   }
-  if (impl.s.pinned && impl.s.pinned->capacity()) impl.s.dev.unregister_host(impl.s.pinned->slab().iov_base);
+  if (impl.s.pinned && impl.s.pinned->capacity() && impl.s.pinned->locked())
+    impl.s.dev.unregister_host(impl.s.pinned->slab().iov_base);
 }
 
 // ---- the model's side -------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ RowSums empty_rows(const Layout& layout) {
       {"adam.m", states, {}, states_note},
       {"adam.v", states, {}, states_note},
       {"activations", "", {}, "estimate for one micro batch"},
-      {"activation ckpts", "", {}, "block inputs kept for the recompute; pinned: cpu_checkpointing"},
+      {"activation ckpts", "", {}, "block inputs kept for the recompute; host: cpu_checkpointing"},
       {"ops scratch", "", {}, "the ops' own blocks: GEMM workspace, attention backward, partials"},
       {"param window", "", {}, std::to_string(layout.window_slots) + " slots x largest block"},
       {"param staging",
@@ -137,6 +137,18 @@ Plan finish_plan(const Layout& layout, const RowSums& sums) {
   constexpr int kPinned = static_cast<int>(Tier::pinned);
   p.pinned_pool = p.totals[kPinned] - sums.rows[static_cast<std::size_t>(PlanRow::token_batches)].bytes[kPinned] -
                   sums.rows[static_cast<std::size_t>(PlanRow::activation_checkpoints)].bytes[kPinned];
+  if (!layout.pin_memory) {  // the same buffers, pageable: host memory
+    p.pinned = false;
+    constexpr int kHost = static_cast<int>(Tier::host);
+    auto unpin = [](TierBytes& b) {
+      b[kHost] += b[kPinned];
+      b[kPinned] = 0;
+    };
+    for (auto& r : p.states) unpin(r.bytes);
+    for (auto& r : p.buffers) unpin(r.bytes);
+    unpin(p.model_states);
+    unpin(p.totals);
+  }
   return p;
 }
 

@@ -14,7 +14,7 @@
 #                      while the cap allows (at least once)
 #   digests      70 s  configs/gpu-check.json at 12 layers, 3 steps, under every placement (optimizer
 #                      none/cpu/nvme × params none/cpu × overlap exact/none), and with the activation
-#                      checkpoints in host memory and with the speculative Update: one params_digest,
+#                      checkpoints in host memory, the speculative Update, pin_memory false: one digest,
 #                      no failed run (scripts/digest-check.sh); more rounds while the cap allows
 #   states       30 s  the same at 2 layers, 2 steps, overlap exact, with optimizer_states bf16 and
 #                      8bit (the CUDA Update with none, the host's with cpu/nvme; one digest per mode,
@@ -86,8 +86,8 @@ part_repeat() {  # TrainGpu.* as often as the cap allows, at least once
 }
 
 # Variants of the digest runs that must not change the digest: activation checkpoints in host memory,
-# the speculative Update (the config clips at 1.0, so its steps roll back and redo).
-digest_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true"
+# the speculative Update (the config clips at 1.0, so its steps roll back and redo), pageable staging.
+digest_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false"
 
 part_digests() {
   local cap="$1"

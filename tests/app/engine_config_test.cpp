@@ -21,4 +21,34 @@ TEST(IoOptions, AioSectionMapsOntoTheEngine) {
 }
 
 }  // namespace
+// pin_memory false in either offload section leaves the staging pageable — but for the optimizer on
+// the device with the parameters offloaded, whose Update writes their host homes through mapped
+// memory: that stays page-locked, and the config says so.
+TEST(PinMemory, FalseIsHonouredWhereNothingNeedsMappedMemory) {
+  auto cfg = [](const char* opt, const char* param, const char* which) {
+    return parse_config(std::string(R"({"train_batch_size": 8, "model": {"preset": "gpt2-124m"},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": ")") + opt +
+                        R"(", "nvme_path": "/tmp"}, "offload_param": {"device": ")" + param + R"("}}})",
+                        {std::string("zero_optimization.") + which + ".pin_memory=false"});
+  };
+  for (const char* which : {"offload_optimizer", "offload_param"}) {
+    SCOPED_TRACE(which);
+    for (const char* opt : {"cpu", "nvme"})
+      for (const char* param : {"none", "cpu"}) {
+        const Config c = cfg(opt, param, which);
+        EXPECT_FALSE(pin_memory(c)) << opt << " " << param;
+        EXPECT_FALSE(engine_config(c, 1).pin_memory);
+        for (const auto& n : c.notes) EXPECT_EQ(n.find("pin_memory"), std::string::npos) << n;
+      }
+    const Config mapped = cfg("none", "cpu", which);
+    EXPECT_TRUE(pin_memory(mapped));
+    bool noted = false;
+    for (const auto& n : mapped.notes)
+      noted |= n.find(std::string("zero_optimization.") + which + ".pin_memory: false is not honoured") !=
+               std::string::npos;
+    EXPECT_TRUE(noted);
+  }
+  EXPECT_TRUE(pin_memory(cfg("none", "none", "offload_optimizer")) == false);  // nothing offloaded: nothing pinned
+}
+
 }  // namespace zinf

@@ -276,6 +276,51 @@ TEST(OffloadEngine, HoldsThePlansBytesOnEveryTier) {
   EXPECT_EQ(engines, 36 + 2 * 72 + 3 * 72);
 }
 
+// A device that counts the host memory registered with it (page-locked, on CUDA).
+class RegisterCountingDevice final : public ::zinf::test::ForwardingDevice {
+ public:
+  explicit RegisterCountingDevice(std::size_t budget) : ForwardingDevice(make_cpu_device(budget)) {}
+  void register_host(void* p, std::size_t bytes) override {
+    registered += bytes;
+    ForwardingDevice::register_host(p, bytes);
+  }
+  std::size_t registered = 0;
+};
+
+// pin_memory false: the staging pool is pageable and not registered with the device, and the plan
+// counts it in the host column — the engine holds exactly that; the pool is as large as with pinning.
+TEST(OffloadEngine, PageableStagingIsPlannedAndHeldAsHostMemory) {
+  Dir dir;
+  for (auto opt : {OffloadDevice::cpu, OffloadDevice::nvme})
+    for (auto param : {OffloadDevice::none, OffloadDevice::cpu}) {
+      SCOPED_TRACE("optimizer " + std::string(to_string(opt)) + " param " + std::string(to_string(param)));
+      EngineConfig c = config(opt, param, Precision::bf16, 2, Overlap::exact, dir.p);
+      if (param != OffloadDevice::none) c.stage = 3;
+      const Plan pinned = make_plan(Engine::plan_input(c));
+      c.pin_memory = false;
+      const Plan pageable = make_plan(Engine::plan_input(c));
+      constexpr int P = static_cast<int>(Tier::pinned), H = static_cast<int>(Tier::host);
+      ASSERT_GT(pinned.totals[P], 0u);
+      EXPECT_TRUE(pinned.pinned);
+      EXPECT_FALSE(pageable.pinned);
+      EXPECT_EQ(pageable.totals[P], 0u);
+      EXPECT_EQ(pageable.totals[H], pinned.totals[H] + pinned.totals[P]);
+      EXPECT_EQ(pageable.pinned_pool, pinned.pinned_pool);
+      for (const auto& r : pageable.buffers) EXPECT_EQ(r.bytes[P], 0u) << r.name;
+      for (const auto& r : pageable.states) EXPECT_EQ(r.bytes[P], 0u) << r.name;
+      for (bool pin : {true, false}) {
+        c.pin_memory = pin;
+        RegisterCountingDevice dev(64 << 20);
+        Engine e(c, dev, [&](std::size_t u, float* p) { std::fill(p, p + c.units[u], 0.01f); });
+        const TierBytes held = e.held_bytes();
+        const Plan& plan = pin ? pinned : pageable;
+        for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
+        EXPECT_EQ(e.pinned_capacity(), plan.pinned_pool);
+        EXPECT_EQ(dev.registered, pin ? plan.pinned_pool : 0u);
+      }
+    }
+}
+
 // The CPU device with the CUDA caching allocator's accounting: each request takes its block
 // (cuda_block_bytes), so in_use counts what a GPU's allocator would.
 class BlockDevice final : public ::zinf::test::ForwardingDevice {

@@ -67,6 +67,7 @@ nlohmann::json plan_json(const Config& config, const RunPlan& run) {
   j["model_states"] = tiers_json(p.model_states);
   j["totals"] = tiers_json(p.totals);
   j["pinned_pool_bytes"] = p.pinned_pool;
+  j["pin_memory"] = p.pinned;
   j["activations"] = {{"plain", run.activations_plain},
                       {"checkpointed", run.activations_checkpointed},
                       {"cpu_checkpointed", run.activations_cpu_checkpointed},
@@ -155,7 +156,11 @@ void print_verdict(const Config& config, const RunPlan& run) {
       !config.model.activation_checkpointing ? "without"
       : config.model.cpu_checkpointing       ? "with, in host memory"
                                              : "with");
-  std::printf("pinned pool  %s of staging buffers, bounded\n", format_bytes(run.plan.pinned_pool).c_str());
+  if (run.plan.pinned)
+    std::printf("pinned pool  %s of staging buffers, bounded\n", format_bytes(run.plan.pinned_pool).c_str());
+  else
+    std::printf("staging      %s of buffers, bounded; pageable (pin_memory false), in the host column\n",
+                format_bytes(run.plan.pinned_pool).c_str());
   std::printf("capacity     device %s, host %s available, pinnable %s, nvme %s\n",
               format_bytes(run.capacity.device).c_str(), format_bytes(run.capacity.host).c_str(),
               format_bytes(run.capacity.pinnable).c_str(),

@@ -28,7 +28,11 @@ int prefetch_depth(const Config& c, const ModelShape& s) {
   return static_cast<int>(std::clamp<std::int64_t>(ahead, 1, 4));
 }
 
-bool pin_memory(const Config& c) { return c.zero.offload_optimizer.pin_memory && c.zero.offload_param.pin_memory; }
+bool pin_memory(const Config& c) {
+  const bool device_update_writes_homes =
+      c.zero.offload_optimizer.device == OffloadDevice::none && c.zero.offload_param.device != OffloadDevice::none;
+  return (c.zero.offload_optimizer.pin_memory && c.zero.offload_param.pin_memory) || device_update_writes_homes;
+}
 
 offload::EngineConfig engine_config(const Config& c, int host_threads) {
   const ModelShape shape = model_shape(c.model);

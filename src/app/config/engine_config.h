@@ -26,8 +26,10 @@ nvme::StoreOptions store_options(const AioConfig& a, const std::string& nvme_pat
 // Parameter units fetched ahead under param offload: stage3_prefetch_bucket_size / one block, 1…4.
 int prefetch_depth(const Config& c, const ModelShape& s);
 // Whether the run page-locks its host staging: DeepSpeed's pin_memory of offload_optimizer and of
-// offload_param (both true by default); false in either keeps the engine's pool unlocked and the
-// activation checkpoints' host rows (cpu_checkpointing, which has no key of its own) pageable.
+// offload_param (both true by default); false in either keeps the engine's pool unlocked (and
+// unregistered with the device) and the activation checkpoints' host rows (cpu_checkpointing, which
+// has no key of its own) pageable — but for the optimizer on the device with the parameters
+// offloaded: the device's Update writes their host homes through mapped memory (config notes it).
 bool pin_memory(const Config& c);
 // The engine configuration a run of `c` uses; the embedding and the final LayerNorm are persistent.
 offload::EngineConfig engine_config(const Config& c, int host_threads);

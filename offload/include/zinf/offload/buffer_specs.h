@@ -36,6 +36,7 @@ struct UnitLayout {
 };
 
 struct Layout {
+  bool pin_memory = true;           // PlanInput::pin_memory (the plan's columns only; the specs keep Tier::pinned)
   bool mixed = false;               // fp16/bf16: the compute copy is 16-bit
   std::uint64_t compute_bytes = 4;  // bytes per element of the compute copy
   bool fp32_work = false;           // 16-bit runs keep fp32 working weights beside the resident copy

@@ -71,6 +71,10 @@ struct PlanInput {
   // `speculative_backup` elements (whole sub-groups; 0: half the sub-groups this rank keeps).
   bool speculative = false;
   std::int64_t speculative_backup = 0;
+  // DeepSpeed's pin_memory: false leaves every staging buffer pageable (the pools allocate plain host
+  // memory), so the plan counts what would be pinned in the host column (Plan::pinned_pool still
+  // sizes the staging pool).
+  bool pin_memory = true;
 };
 
 struct Row {
@@ -92,7 +96,8 @@ struct Plan {
   TierBytes totals{};                      // states + buffers
   std::uint64_t pinned_pool = 0;           // staging buffers through the one bounded pool (excludes a pinned param16
                                            // home, the token batches' staging and the host activation checkpoints,
-                                           // which have pools of their own)
+                                           // which have pools of their own); pageable with pin_memory false
+  bool pinned = true;                      // PlanInput::pin_memory: false moves the pinned column into host
 };
 
 // The byte model of the offload engine: the buffer list it allocates from (buffer_specs.h), summed

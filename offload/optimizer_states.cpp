@@ -296,12 +296,13 @@ class NvmeStates final : public OptimizerStates {
       Speculated& s;
       ~Walked() { s.walked(); }
     } walked{spec_};
-    // SwapIn reads ahead (during the backward, when started early) and SwapOut writes behind.
+    // SwapIn reads ahead (during the backward, when started early) and SwapOut writes behind. A step
+    // that updates nothing (skipped, or a walk started early and abandoned) stops at the first
+    // sub-group: what was read ahead is dropped, nothing is written back, the states stay as they are.
     swapper_.run(
         items,
         [&](std::size_t i, void* buf, std::size_t) {
-          const Decision& d = decision.get();  // blocks only until the barrier decides
-          if (!d) return;                      // skipped step: the states go back unchanged
+          const Decision& d = decision.get();
           const Item& it = meta[i];
           const SubGroupLayout l = layout(it.len);
           fn(it.unit, it.o, it.len,
@@ -312,7 +313,8 @@ class NvmeStates final : public OptimizerStates {
                         .v_scale = l.v_scale(buf)},
              *d);
         },
-        state_.exact() ? -1 : 0);
+        state_.exact() ? -1 : 0,
+        [&](std::size_t) { return decision.get().has_value(); });  // blocks only until the barrier decides
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {

@@ -4,7 +4,8 @@
 // restore the states and compute copies exactly, rebuild only the units speculation rewrote, land
 // none, count an overflow's rollback in its own step and an abandoned speculation not at all — and the
 // run then continues exactly as one that never speculated. The optimizer in host memory (a backup of
-// half the sub-groups, so speculation stops part way) and on NVMe (every sub-group).
+// half the sub-groups, so speculation stops part way) and on NVMe (every sub-group). And without
+// speculation, a skipped step's NVMe walk writes nothing back.
 #include <gtest/gtest.h>
 
 #include "engine_harness.h"
@@ -120,6 +121,38 @@ TEST(EngineSpeculation, AnAbandonedSpeculationRestoresEverythingAndLandsNothing)
     }
     EXPECT_EQ(dev->in_use(), 0u);
   }
+}
+
+// Without speculation, a skipped step's Update walk over NVMe states (started early, reading its
+// first sub-groups during the backward) stops at the verdict: nothing is written back, at most what
+// was read ahead is read, the states are unchanged, and the next step updates as usual.
+TEST(EngineSpeculation, ASkippedStepWithoutSpeculationWritesNoStatesBack) {
+  Dir dir;
+  EngineConfig c = config(OffloadDevice::nvme, OffloadDevice::none, Precision::fp32, 1, Overlap::exact, dir.p.string());
+  auto dev = make_cpu_device(64 << 20);
+  Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+  // One step's NVMe traffic: the step, then its Update walk to the end (it overlaps what follows).
+  auto step_io = [&](int s, bool poison) {
+    (void)e.take_times();
+    const bool finite = full_step(e, c, s, 0, poison).finite;
+    e.synchronize();
+    EXPECT_EQ(finite, !poison);
+    return e.take_times();
+  };
+  const BusyTimes first = step_io(1, false);
+  ASSERT_GT(first.nvme_read_bytes(), 0);
+  ASSERT_GT(first.nvme_write_bytes(), 0);
+  const States before = read_all(e, c);
+  const BusyTimes skipped = step_io(2, true);
+  EXPECT_EQ(skipped.nvme_write_bytes(), 0) << "a skipped step writes no state back";
+  EXPECT_LT(skipped.nvme_read_bytes(), first.nvme_read_bytes()) << "it stops reading at the verdict";
+  const States after = read_all(e, c);
+  EXPECT_TRUE(same_bits(after.master, before.master));
+  EXPECT_TRUE(same_bits(after.m, before.m));
+  EXPECT_TRUE(same_bits(after.v, before.v));
+  const BusyTimes next = step_io(3, false);
+  EXPECT_EQ(next.nvme_write_bytes(), first.nvme_write_bytes());
+  EXPECT_FALSE(same_bits(read_all(e, c).master, after.master));
 }
 
 }  // namespace

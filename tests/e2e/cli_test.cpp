@@ -294,6 +294,27 @@ TEST(Cli, BenchStepReportsOverlapAndMatchesNoOffload) {
   std::filesystem::remove_all(swap);
 }
 
+// speculative: true and cpu_checkpointing in the config: bench step runs the placement without each
+// for the two comparisons and the baseline with neither (the speculative Update needs the optimizer
+// off the device, so a baseline that kept it would be refused), all to one digest.
+TEST(Cli, BenchStepComparesTheSpeculativeUpdateAndHostCheckpoints) {
+  auto j = run_json("bench step --json --steps 3 --config " + kConfigs +
+                    "/tiny.json --set model.n_layer=2 --set model.d_model=32 --set model.n_head=2"
+                    " --set model.seq_len=32 --set model.activation_checkpointing=true --set device.threads=1"
+                    " --set zero_optimization.offload_optimizer.device=cpu --set gradient_clipping=1000"
+                    " --set zero_optimization.offload_optimizer.speculative=true"
+                    " --set activation_checkpointing.cpu_checkpointing=true");
+  EXPECT_EQ(j["rollbacks"], 0) << "the clip never applies";
+  EXPECT_GT(j["unspeculated_step_s"].get<double>(), 0.0);
+  EXPECT_GT(j["unspeculated_overlap_ratio"].get<double>(), 0.0);
+  ASSERT_TRUE(j.contains("cpu_checkpointing")) << j.dump();
+  EXPECT_GT(j["cpu_checkpointing"]["copy_d2h_s"].get<double>(), 0.0);
+  EXPECT_GT(j["cpu_checkpointing"]["device_bytes_saved"].get<double>(), 0.0);
+  EXPECT_GT(j["relative_to_no_offload"].get<double>(), 0.0);
+  for (const char* k : {"unspeculated_params_digest", "no_offload_params_digest"}) EXPECT_EQ(j["params_digest"], j[k]) << k;
+  EXPECT_EQ(j["params_digest"], j["cpu_checkpointing"]["on_device_params_digest"]);
+}
+
 TEST(Cli, CheckpointResumeAndExport) {
   const std::string dir = std::filesystem::temp_directory_path() / ("zinf-cli-ck-" + std::to_string(::getpid()));
   const std::string small =

@@ -306,13 +306,14 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
     runs.checkpoints_on_device = train(load_run_config(a.config, world.size, on_device), hooks);
     runs.checkpoints_compared = true;
   }
+  if (!a.baseline) return runs;
+  // Nothing offloaded: no speculation (it needs the optimizer off the device), no checkpoints moved.
   std::vector<std::string> none = common;
   for (const char* o :
        {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none",
-        "activation_checkpointing.cpu_checkpointing=false"})
+        "zero_optimization.offload_optimizer.speculative=false", "activation_checkpointing.cpu_checkpointing=false"})
     none.push_back(o);
   const Config no_offload = load_run_config(a.config, world.size, none);
-  if (!a.baseline) return runs;
   progress("the same model with no offload");
   try {
     runs.baseline = train(no_offload, hooks);

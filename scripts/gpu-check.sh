@@ -4,7 +4,7 @@
 # that scripts/fetch-debs.sh filled on a machine with apt (carry it along), else apt.
 #
 # Sections, each under its own time cap (`timeout`) so that a slow one cannot eat the others' time;
-# the caps sum to the whole check's 570 s (ZINF_GPU_CHECK_SECONDS), and a section that would start
+# the caps sum to the whole check's 590 s (ZINF_GPU_CHECK_SECONDS), and a section that would start
 # past that is skipped and reported:
 #   setup        10 s  dependencies, NCCL, nvidia-smi (not capped: a few seconds)
 #   build       130 s  sm_90 only; only the targets run below: zinf, train_test, the `gpu` label's tests
@@ -35,8 +35,12 @@
 #                      resident
 #   compare-ga4  40 s  b at GA 4 resident (zinf), and with the optimizer states on the CPU
 #   compare-off  45 s  b at GA 4, optimizer and parameters on the CPU, beside PyTorch FSDP CPU offload
+#   offload      20 s  zinf bench step on the digest model (12 layers, optimizer in host memory, clipping
+#                      that never applies) with the speculative Update and the activation checkpoints in
+#                      host memory: overlap ratio with and without speculation, the checkpoint copies'
+#                      hidden fraction and the device bytes they save, one digest for all four runs
 #   summary       5 s  results.json and results.md
-#                                                                                   total 570 s
+#                                                                                   total 590 s
 # Results under $OUT (or ./gpu-check-out): results.json (every section: status, seconds, cap, its
 # verdict line; the digests, losses, PCIe and comparison figures), results.md (one table), and
 # gpu-check.log (everything the sections printed). Exits 1 when any section failed, timed out or was
@@ -168,6 +172,27 @@ print("pcie: h2d %.1f, d2h %.1f, both %.1f GB/s; nominal %.1f per direction (gen
       r["d2h_gb_per_s"], r["both_gb_per_s"], r["nominal_gb_per_s"], r["pcie_gen"], r["pcie_width"]))' "$raw/pcie.json"
 }
 
+part_offload() {  # the speculative Update and host activation checkpoints, each against the run without
+  "$zinf" bench step --config "$config" --set model.n_layer=12 --set gradient_clipping=1000 --steps 4 --json \
+    --set device.memory_budget=16GiB \
+    --set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_param.device=none \
+    --set zero_optimization.offload_optimizer.speculative=true --set activation_checkpointing.cpu_checkpointing=true \
+    > "$raw/offload.json" || return 1
+  python3 - "$raw/offload.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+c = r["cpu_checkpointing"]
+digests = {r["params_digest"], r["unspeculated_params_digest"], c["on_device_params_digest"], r["no_offload_params_digest"]}
+ok = len(digests) == 1
+print("offload: %s, speculative overlap %.3f (without %.3f, %d rollbacks), busiest %s; checkpoints in host memory: "
+      "%.0f%% of the copies hidden, +%.1f ms a step, %.1f MiB of device memory saved; %s"
+      % ("ok" if ok else "FAILED", r["overlap_ratio"], r["unspeculated_overlap_ratio"], r["rollbacks"], r["busiest"],
+         100 * c["hidden_fraction"], 1e3 * c["step_s_added"], c["device_bytes_saved"] / 2**20,
+         "one digest" if ok else "digests differ: %s" % sorted(digests)))
+sys.exit(0 if ok else 1)
+PY
+}
+
 part_compare() {  # CASES: one call of compare-torch.sh, adding to $raw/compare.jsonl; fails on a failed run
   local before
   before="$(wc -l < "$raw/compare.jsonl")"
@@ -180,7 +205,7 @@ if [ "${1:-}" = --part ]; then
   p="$2"
   shift 2
   case "$p" in
-    build | tests | fast | pcie | states) "part_$p" ;;
+    build | tests | fast | pcie | states | offload) "part_$p" ;;
     repeat | digests) "part_$p" "$1" ;;
     memcheck | racecheck) part_sanitize "$p" ;;
     compare) part_compare "$1" ;;
@@ -190,8 +215,8 @@ if [ "${1:-}" = --part ]; then
 fi
 
 # ---- the run ------------------------------------------------------------------------------------
-total="${ZINF_GPU_CHECK_SECONDS:-570}"
-parts=" ${ZINF_GPU_CHECK_PARTS:-build tests repeat digests states fast memcheck racecheck pcie compare-a compare-b compare-ga4 compare-off} "
+total="${ZINF_GPU_CHECK_SECONDS:-590}"
+parts=" ${ZINF_GPU_CHECK_PARTS:-build tests repeat digests states fast memcheck racecheck pcie compare-a compare-b compare-ga4 compare-off offload} "
 start=$SECONDS
 mkdir -p "$raw"
 log_file="$out_dir/gpu-check.log"
@@ -273,6 +298,7 @@ section compare-a 35 "$self" --part compare "a"
 section compare-b 40 "$self" --part compare "b"
 section compare-ga4 40 "$self" --part compare "b-ga4 b-ga4-opt"
 section compare-off 45 "$self" --part compare "b-ga4-all"
+section offload 20 "$self" --part offload
 # The comparison's table over every case that ran.
 OUT="$raw" ZINF_BIN="$zinf" ZINF_COMPARE_APPEND=1 ZINF_COMPARE_CASES=none "$root/scripts/compare-torch.sh" \
   > /dev/null 2>> "$log_file"
@@ -293,7 +319,8 @@ for line in open(os.path.join(raw, "sections.tsv")):
     sections.append({"name": name, "status": status, "seconds": int(secs), "cap_s": int(cap), "detail": detail})
 compare = [json.loads(l) for l in open(os.path.join(raw, "compare.jsonl")) if l.strip()]
 results = {"ok": all(s["status"] == "ok" for s in sections), "wall_s": wall, "budget_s": total,
-           "sections": sections, "fast": load("fast.json"), "pcie": load("pcie.json"), "compare": compare}
+           "sections": sections, "fast": load("fast.json"), "pcie": load("pcie.json"), "offload": load("offload.json"),
+           "compare": compare}
 json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1)
 with open(os.path.join(out, "results.md"), "w") as md:
     md.write(f"GPU check: {'ok' if results['ok'] else 'FAILED'}, {wall} s of {total} s\n\n")

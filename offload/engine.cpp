@@ -110,6 +110,10 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
                 cpu_adam::state_format_name(cfg.optimizer_states) +
                 "\" with the optimizer on this device: its Update kernel does not take that format (use fp32, or "
                 "offload_optimizer.device cpu or nvme)");
+  if (!c.pin_memory && !s.optimizer_offloaded && s.param_offloaded)
+    throw Error("offload engine: pin_memory false with the optimizer on the device and the parameters offloaded",
+                "the device's Update writes the parameters' host homes through mapped memory, which must be "
+                "page-locked: keep pin_memory true for this placement");
   const Plan plan = make_plan(s.buffers);
   const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];
   if (need_device > dev.budget() - dev.in_use())

@@ -191,9 +191,13 @@ class NvmeHome final : public ParamHome {
     const std::size_t cb = state_.compute_bytes, bytes = u.n * cb;
     char* buf = static_cast<char*>(staging.data());
     const auto id = u.nvme_param;
-    if (!state_.shard_params) {
+    if (!state_.shard_params && state_.pinned->locked()) {
       // NVMe → pinned in h2d stream order, before the copy (its time is the store's, not the link's).
       state_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
+    } else if (!state_.shard_params) {
+      // Pageable staging (pin_memory false): a copy from it reads its source when it is made, not in
+      // stream order (CUDA stages pageable memory at once), so the read is done here, before it.
+      store_.read(id, buf, 0, bytes)->wait();
     } else {  // this rank's shard from disk into its place, then every other rank's
       if (u.param_range.hi > u.param_range.lo)
         store_.read(id, buf + u.param_range.lo * cb, 0, u.param_range.len() * cb)->wait();

@@ -2,6 +2,11 @@
 // call on the way (which thread made it, which host memory it names). The CPU device runs the whole
 // engine, so what a GPU would refuse or get wrong silently (a worker thread that never selected its
 // GPU, a copy from memory that is not page-locked) is checked here instead.
+//
+// With pageable_copies(true) it also copies as CUDA does where the host memory is not registered:
+// a copy to the device reads its source when called (cudaMemcpyAsync stages pageable memory at once,
+// not in stream order), and a copy to the host returns only once done. A handoff that relies on
+// stream order for pageable memory then reads stale data here too.
 #pragma once
 
 #include <atomic>
@@ -13,6 +18,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "zinf/device.h"
 
@@ -36,14 +42,19 @@ class ForwardingDevice : public Device {
   std::size_t peak() const override { return in_->peak(); }
   void copy_to_device(void* dst, const void* src, std::size_t bytes, StreamRole s) override {
     seen("copy_to_device");
-    host_side("copy_to_device", src, bytes);
-    in_->copy_to_device(dst, src, bytes, s);
+    if (host_side("copy_to_device", src, bytes) || !pageable_) return in_->copy_to_device(dst, src, bytes, s);
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+    in_->copy_to_device(dst, staged->data(), bytes, s);
+    in_->launch(s, [staged] {});  // the staged copy lives until the stream has read it
   }
   void copy_to_host(void* dst, const void* src, std::size_t bytes, StreamRole s) override {
     seen("copy_to_host");
-    host_side("copy_to_host", dst, bytes);
+    const bool registered = host_side("copy_to_host", dst, bytes);
     in_->copy_to_host(dst, src, bytes, s);
+    if (!registered && pageable_) in_->synchronize(s);
   }
+  // Pageable copies as CUDA makes them (see the top of this file).
+  void pageable_copies(bool on) { pageable_ = on; }
   void launch(StreamRole s, std::function<void()> fn) override {
     seen("launch");
     in_->launch(s, std::move(fn));
@@ -125,15 +136,17 @@ class ForwardingDevice : public Device {
     std::lock_guard<std::mutex> lk(mu_);
     if (!bound_.count(std::this_thread::get_id())) ++unbound_[what];
   }
-  void host_side(const char* what, const void* p, std::size_t bytes) {
+  // Whether [p, p + bytes) lies in registered memory; counts the call in unregistered_ where not.
+  bool host_side(const char* what, const void* p, std::size_t bytes) {
     const char* c = static_cast<const char*>(p);
     std::lock_guard<std::mutex> lk(mu_);
     auto it = registered_.upper_bound(c);
     if (it != registered_.begin()) {
       --it;
-      if (c + bytes <= it->first + it->second) return;
+      if (c + bytes <= it->first + it->second) return true;
     }
     ++unregistered_[what];
+    return false;
   }
 
   std::unique_ptr<Device> in_;
@@ -143,6 +156,7 @@ class ForwardingDevice : public Device {
   std::map<const char*, std::size_t> registered_;
   std::map<std::string, int> unbound_, unregistered_;
   std::atomic<int> syncs_[kStreamRoles] = {};
+  bool pageable_ = false;
 };
 
 }  // namespace zinf::test

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/forwarding_device.h"
 #include "engine_harness.h"
 #include "zinf/backends/cpu.h"
 #include "zinf/device.h"
@@ -53,6 +54,34 @@ TEST(OffloadEngineAsync, EveryPlacementOverlapPrecisionAndGaEqualsTheSynchronous
                 ASSERT_EQ(std::memcmp(got[u].data(), ref[u].data(), ref[u].size() * 4), 0) << "unit " << u;
             }
     }
+  EXPECT_TRUE(fs::is_empty(dir.p));
+}
+
+// pin_memory false: the staging pool is pageable and unregistered, and every copy through it is
+// made as CUDA makes pageable copies (a copy to the device reads its source when called, a copy to
+// the host returns once done) on the jittered device — every placement still equals the pinned run.
+TEST(OffloadEngineAsync, PageableStagingEqualsPinnedStagingUnderJitter) {
+  Dir dir("zinf-engine-async-test");
+  std::uint64_t seed = 100;
+  for (Precision prec : {Precision::fp32, Precision::bf16}) {
+    const auto ref = run(config(OffloadDevice::none, OffloadDevice::none, prec, 2, Overlap::none, dir.p), 3);
+    for (auto opt : {OffloadDevice::cpu, OffloadDevice::nvme})
+      for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+        for (auto ov : {Overlap::exact, Overlap::none}) {
+          ++seed;
+          SCOPED_TRACE(::testing::Message() << "prec " << static_cast<int>(prec) << " opt " << static_cast<int>(opt)
+                                            << " param " << static_cast<int>(param) << " overlap "
+                                            << static_cast<int>(ov) << " jitter seed " << seed);
+          EngineConfig c = config(opt, param, prec, 2, ov, dir.p);
+          c.pin_memory = false;
+          ::zinf::test::ForwardingDevice dev(make_cpu_device(64 << 20, jittered(seed)));
+          dev.pageable_copies(true);
+          const auto got = run_on(dev, c, 3);
+          for (std::size_t u = 0; u < ref.size(); ++u)
+            ASSERT_EQ(std::memcmp(got[u].data(), ref[u].data(), ref[u].size() * 4), 0) << "unit " << u;
+          EXPECT_GT(dev.unregistered_copies().size(), 0u) << "the staging is pageable";
+        }
+  }
   EXPECT_TRUE(fs::is_empty(dir.p));
 }
 

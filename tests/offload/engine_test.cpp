@@ -319,6 +319,18 @@ TEST(OffloadEngine, PageableStagingIsPlannedAndHeldAsHostMemory) {
         EXPECT_EQ(dev.registered, pin ? plan.pinned_pool : 0u);
       }
     }
+  // The device's own Update writes offloaded parameter homes through mapped (page-locked) memory.
+  EngineConfig mapped = config(OffloadDevice::none, OffloadDevice::cpu, Precision::bf16, 1, Overlap::exact, dir.p);
+  mapped.stage = 3;
+  mapped.pin_memory = false;
+  auto dev = make_cpu_device(64 << 20);
+  try {
+    Engine e(mapped, *dev, [&](std::size_t u, float* p) { std::fill(p, p + mapped.units[u], 0.01f); });
+    ADD_FAILURE() << "pageable homes for the device's Update were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pin_memory false"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(dev->in_use(), 0u);
 }
 
 // The CPU device with the CUDA caching allocator's accounting: each request takes its block

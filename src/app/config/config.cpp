@@ -759,7 +759,8 @@ void read_zero(Section s, ZeroConfig& z, const ModelConfig& model, bool overlap_
       z.offload_optimizer.device == OffloadDevice::none && z.offload_param.device != OffloadDevice::none)
     s.notes()->push_back(s.join(z.offload_param.pin_memory ? "offload_optimizer.pin_memory" : "offload_param.pin_memory") +
                          ": false is not honoured here: with the optimizer on the device its Update writes the "
-                         "offloaded parameters' host homes directly, which needs page-locked memory");
+                         "offloaded parameters' host homes directly, which needs page-locked memory (the "
+                         "staging and the activation checkpoints' host rows stay page-locked too)");
   note_ineffective_zero_keys(s);
   s.only_default("zenflow", nullptr, "ZenFlow is not supported; zinf's default overlap is exact");
   s.finish();

@@ -138,12 +138,17 @@ void GradientPath::grads_done(std::size_t u) {
     g = unit.grad_windowed ? slots_[static_cast<std::size_t>(unit.grad_slot)].grad.as<float>() : unit.grad.as<float>();
     unit.reducing = true;
   }
-  state_.dev.wait_event(StreamRole::d2h, state_.dev.record(StreamRole::compute));  // the gradient is complete
+  // The gradient is complete at this point of the compute stream: d2h waits for it before reading
+  // it. Whoever enqueues the d2h work enqueues the wait, just before it: were the trainer to enqueue
+  // it here for a worker's later GradOut, d2h (one FIFO) would hold every GradOut behind the waits
+  // for all the units the trainer has reached since — the whole backward, enqueued far ahead.
+  EventHandle complete = state_.dev.record(StreamRole::compute);
   // The optimizer on the device with a stream-ordered transport: the Reduce's collectives are
   // issued here, on the trainer's thread, in its order (zinf/offload/collectives.h); the worker then
   // only waits for the stream and frees the buffer.
   const bool issue_here = state_.ordered_collectives && !state_.optimizer_offloaded;
   if (issue_here) {
+    state_.dev.wait_event(StreamRole::d2h, std::move(complete));
     try {
       enqueue_on_device(unit, g, mb);
     } catch (...) {
@@ -151,16 +156,18 @@ void GradientPath::grads_done(std::size_t u) {
       throw;
     }
   }
-  auto job = [this, u, g, mb, issue_here] {
+  auto job = [this, u, g, mb, issue_here, complete = std::move(complete)]() mutable {
     struct Release {  // also on an exception, so nobody waits forever on the buffer
       GradientPath& p;
       std::size_t u;
       ~Release() { p.release(u); }
     } release{*this, u};
-    if (issue_here)
+    if (issue_here) {
       state_.dev.synchronize(StreamRole::d2h);
-    else
+    } else {
+      state_.dev.wait_event(StreamRole::d2h, std::move(complete));
       grad_out_and_reduce(u, g, mb);
+    }
     if (mb + 1 == state_.config.grad_accum) {
       {
         std::lock_guard<std::mutex> lk(state_.mu);

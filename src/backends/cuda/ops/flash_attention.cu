@@ -12,8 +12,11 @@
 #include <mma.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops/flash_attention.cuh"
@@ -431,16 +434,28 @@ Geometry geometry(const AttnShape& a, DType S) {
 }
 
 // Opts the kernel in to `bytes` of dynamic shared memory, or says why the device cannot give it.
+// Once per kernel, device and larger size: the attribute calls go to the driver, and attention runs
+// three times a layer per micro batch (forward, recompute, backward).
 template <class K>
 void allow_smem(K kernel, std::size_t bytes, const char* name) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, std::size_t> allowed;  // (kernel, device) → bytes opted in
   int dev = 0, optin = 0;
   ZINF_CUDA(cudaGetDevice(&dev));
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), dev};
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (auto it = allowed.find(key); it != allowed.end() && it->second >= bytes) return;
+  }
   ZINF_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   if (bytes > static_cast<std::size_t>(optin))
     throw Error(std::string("flash attention: ") + name + " needs " + std::to_string(bytes) +
                     " bytes of shared memory per block, this GPU gives " + std::to_string(optin),
                 "use device.kernels = \"reference\" on this GPU");
   ZINF_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  std::lock_guard<std::mutex> lk(mu);
+  std::size_t& b = allowed[key];
+  b = std::max(b, bytes);
 }
 
 template <class T>

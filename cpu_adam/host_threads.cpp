@@ -7,6 +7,7 @@
 #include <tbb/task_arena.h>
 #include <tbb/task_scheduler_observer.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <thread>
@@ -169,6 +170,28 @@ void to_half(HostThreads& pool, const float* src, std::uint16_t* dst, std::size_
       fp32_to_fp16(src + b, dst + b, e - b);
     else
       fp32_to_bf16(src + b, dst + b, e - b);
+  });
+}
+
+void accumulate_half(HostThreads& pool, const std::uint16_t* src, float* acc, std::size_t n, HalfType t) {
+  pool.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+    constexpr std::size_t kPiece = 2048;  // 8 KiB of fp32: stays in L1 between the two loops
+    alignas(64) float x[kPiece];
+    for (std::size_t p = b; p < e; p += kPiece) {
+      const std::size_t len = std::min(kPiece, e - p);
+      if (t == HalfType::fp16)
+        fp16_to_fp32(src + p, x, len);
+      else
+        bf16_to_fp32(src + p, x, len);
+      float* a = acc + p;
+      for (std::size_t i = 0; i < len; ++i) a[i] += x[i];
+    }
+  });
+}
+
+void accumulate(HostThreads& pool, const float* src, float* acc, std::size_t n) {
+  pool.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) acc[i] += src[i];
   });
 }
 

@@ -160,7 +160,7 @@ void staging(const Layout& layout, const std::function<void(const BufferSpec&)>&
   if (layout.optimizer == OffloadDevice::nvme)
     fn(spec(Buffer::optimizer_swap, Tier::pinned, detail::SubGroupLayout::bytes_for(layout.sub_group, layout.states),
             PlanRow::optimizer_swap, kShared, static_cast<std::uint64_t>(layout.optimizer_buffers)));
-  if (layout.fp32_sum && layout.optimizer_offloaded)
+  if (layout.fp32_sum && layout.optimizer_offloaded && layout.parallel)  // one rank sums straight into host_grad
     fn(spec(Buffer::reduce_scratch, Tier::host, layout.bucket * 4, PlanRow::reduce_scratch));
   if (layout.backup_subgroups)
     fn(spec(Buffer::speculation_backup, Tier::host, detail::SubGroupLayout::bytes_for(layout.sub_group, layout.states),

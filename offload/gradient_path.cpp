@@ -265,6 +265,17 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
     const auto t0 = Clock::now();  // Reduce: into the Update's input
     if (!fp32_sum()) {
       std::memcpy(u.host_grad.get() + o * host_grad_bytes(), land.data(), len * cb);
+    } else if (!state_.parallel()) {  // one rank: straight into the fp32 sum (the whole unit is kept)
+      float* acc = reinterpret_cast<float*>(u.host_grad.get()) + (o - u.grad_range.lo);
+      const auto* h = static_cast<const std::uint16_t*>(land.data());
+      if (mb == 0 && state_.mixed)
+        state_.from_half(h, acc, len);
+      else if (mb == 0)
+        std::memcpy(acc, land.data(), len * 4);
+      else if (state_.mixed)
+        cpu_adam::accumulate_half(state_.threads, h, acc, len, state_.half);
+      else
+        cpu_adam::accumulate(state_.threads, static_cast<const float*>(land.data()), acc, len);
     } else {
       float* g = reinterpret_cast<float*>(reduce_scratch_.get());
       if (state_.mixed)

@@ -49,5 +49,10 @@ constexpr std::size_t kNormBlock = std::size_t{1} << 16;
 // fp32 ⇄ the 16-bit type `t` over n elements, split across the pool (results identical to one call).
 void to_half(HostThreads& pool, const float* src, std::uint16_t* dst, std::size_t n, HalfType t);
 void from_half(HostThreads& pool, const std::uint16_t* src, float* dst, std::size_t n, HalfType t);
+// acc[i] += the fp32 value of src[i] (the 16-bit type `t`): from_half then an fp32 add, element by
+// element, without the fp32 copy in memory (it goes through a small buffer in the cache).
+void accumulate_half(HostThreads& pool, const std::uint16_t* src, float* acc, std::size_t n, HalfType t);
+// acc[i] += src[i] in fp32.
+void accumulate(HostThreads& pool, const float* src, float* acc, std::size_t n);
 
 }  // namespace zinf::cpu_adam

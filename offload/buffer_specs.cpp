@@ -99,6 +99,10 @@ void unit_param_and_grads(const Layout& layout, std::size_t i, const std::functi
     if (!u.grad_windowed && layout.mixed) fn(spec(Buffer::grad16, Tier::device, u.n * 2, PlanRow::grad16, i));
     if (layout.fp32_sum) fn(spec(Buffer::grad_sum, Tier::device, kept * 4, PlanRow::grad32, i));
   } else if (layout.fp32_sum || !layout.mixed) {
+    if (layout.device_accum) {  // the micro batches' sum on the device (rounded to 16 bits first, as GradOut does)
+      if (!u.grad_windowed && layout.mixed) fn(spec(Buffer::grad16, Tier::device, u.n * 2, PlanRow::grad16, i));
+      fn(spec(Buffer::grad_sum, Tier::device, kept * 4, PlanRow::grad32, i));
+    }
     fn(spec(Buffer::host_grad, Tier::host, kept * 4, PlanRow::grad32, i));
   } else {
     fn(spec(Buffer::host_grad, Tier::host, kept * 2, PlanRow::grad16, i));
@@ -143,7 +147,7 @@ void windows_and_slots(const Layout& layout, const std::function<void(const Buff
   }
   if ((layout.optimizer_offloaded || layout.shard_grads) && layout.max_grad_windowed > 0) {
     fn(spec(Buffer::grad_slot, Tier::device, layout.max_grad_windowed * 4, PlanRow::grad_window, kShared, kTwo));
-    if (!layout.optimizer_offloaded && layout.mixed)
+    if ((!layout.optimizer_offloaded || layout.device_accum) && layout.mixed)
       fn(spec(Buffer::grad16_slot, Tier::device, layout.max_grad_windowed * 2, PlanRow::grad_window, kShared, kTwo));
   }
 }
@@ -151,9 +155,11 @@ void windows_and_slots(const Layout& layout, const std::function<void(const Buff
 // The staging of the gradient path and the update pipeline.
 void staging(const Layout& layout, const std::function<void(const BufferSpec&)>& fn) {
   const std::uint64_t cb = layout.compute_bytes;
-  if (layout.optimizer_offloaded) {
-    fn(spec(Buffer::grad_landing, Tier::pinned, layout.bucket * cb, PlanRow::grad_landing, kShared, kTwo));
-    fn(spec(Buffer::grad_out_staging, Tier::device, layout.bucket * cb, PlanRow::grad_out_staging));
+  if (layout.optimizer_offloaded) {  // GradOut: 16-bit gradients, or with device_accum the fp32 sum
+    const std::uint64_t out_bytes = layout.device_accum ? 4 : cb;
+    fn(spec(Buffer::grad_landing, Tier::pinned, layout.bucket * out_bytes, PlanRow::grad_landing, kShared, kTwo));
+    if (!layout.device_accum)
+      fn(spec(Buffer::grad_out_staging, Tier::device, layout.bucket * cb, PlanRow::grad_out_staging));
   }
   if (layout.optimizer_offloaded || layout.param == OffloadDevice::nvme)
     fn(spec(Buffer::param_upload, Tier::pinned, layout.sub_group * cb, PlanRow::param_upload, kShared, kTwo));
@@ -198,6 +204,7 @@ Layout make_layout(const PlanInput& in) {
   layout.shard_grads = layout.parallel && in.stage >= 2;
   layout.shard_params = layout.parallel && in.stage >= 3;
   layout.fp32_sum = in.grad_accum > 1 || layout.parallel;
+  layout.device_accum = in.device_grad_accum && layout.optimizer_offloaded && !layout.parallel && in.grad_accum > 1;
   layout.windows = layout.param_offloaded || layout.shard_params;
   layout.window_slots = layout.windows ? std::max(2, 1 + in.prefetch_depth) : 0;
   layout.batch_tokens = in.batch_tokens;

@@ -75,6 +75,7 @@ PlanInput Engine::plan_input(const EngineConfig& c) {
   in.speculative = c.speculative && c.overlap == Overlap::exact;
   in.speculative_backup = static_cast<std::int64_t>(c.speculative_backup);
   in.pin_memory = c.pin_memory;
+  in.device_grad_accum = c.device_grad_accum;
   return in;
 }
 

@@ -164,6 +164,11 @@ void GradientPath::grads_done(std::size_t u) {
     } release{*this, u};
     if (issue_here) {
       state_.dev.synchronize(StreamRole::d2h);
+    } else if (device_accum()) {  // summed on the device; the sum leaves it after the last micro batch
+      state_.dev.wait_event(StreamRole::d2h, std::move(complete));
+      enqueue_on_device(state_.units[u], g, mb);
+      if (mb + 1 == state_.config.grad_accum) grad_out_sum(state_.units[u]);
+      state_.dev.synchronize(StreamRole::d2h);  // d2h has read the gradient: release() may hand it back
     } else {
       state_.dev.wait_event(StreamRole::d2h, std::move(complete));
       grad_out_and_reduce(u, g, mb);
@@ -296,6 +301,31 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
     state_.add_time(&BusyTimes::host, since(t0));
   }
   state_.dev.synchronize(r);  // an error on the d2h stream surfaces here (events carry none)
+}
+
+void GradientPath::grad_out_sum(Unit& u) {
+  const StreamRole r = StreamRole::d2h;
+  const std::size_t L = landing_.size(), nb = (u.n + state_.bucket - 1) / state_.bucket;
+  std::vector<EventHandle> landed(L);
+  std::size_t enqueued = 0;
+  auto grad_out = [&](std::size_t kb) {  // after the sum's last add, in d2h stream order
+    const std::size_t o = kb * state_.bucket, len = std::min(state_.bucket, u.n - o);
+    {
+      BusyScope busy(state_.dev, r);
+      state_.dev.copy_to_host(landing_[kb % L].data(), u.grad_sum.as<float>() + o, len * 4, r);
+    }
+    // landing buffer kb % L: written by d2h, read below by this thread — handed over by this event;
+    // it is refilled (bucket kb + L) only after this thread has read it.
+    landed[kb % L] = state_.dev.record(r);
+  };
+  for (std::size_t kb = 0; kb < nb; ++kb) {
+    while (enqueued < nb && enqueued < kb + L) grad_out(enqueued++);
+    const std::size_t o = kb * state_.bucket, len = std::min(state_.bucket, u.n - o);
+    landed[kb % L]->wait();
+    const auto t0 = Clock::now();
+    std::memcpy(reinterpret_cast<float*>(u.host_grad.get()) + o, landing_[kb % L].data(), len * 4);
+    state_.add_time(&BusyTimes::host, since(t0));
+  }
 }
 
 std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) const {

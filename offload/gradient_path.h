@@ -58,6 +58,10 @@ class GradientPath {
   void reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device);
   // The Update reads an fp32 sum of the micro batches' (and ranks') rounded gradients.
   bool fp32_sum() const { return state_.config.grad_accum > 1 || state_.parallel(); }
+  bool device_accum() const { return state_.buffers.layout().device_accum; }
+  // device_accum: the step's fp32 sum of unit u leaves the device (bucket by bucket through the
+  // landing buffers) into its host gradient.
+  void grad_out_sum(Unit& u);
   std::size_t host_grad_bytes() const { return (fp32_sum() || !state_.mixed) ? 4 : 2; }
 
   struct GradSlot {

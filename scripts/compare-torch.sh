@@ -5,7 +5,8 @@
 #   a          24 layers, 1024 wide, 16 heads, vocab 256, seq 512, micro-batch 8, GA 1, resident
 #   b          GPT-2 XL's shape (48 / 1600 / 25), vocab 50304, seq 1024, micro-batch 4, GA 1, resident
 #   b-ga4      b at GA 4, resident (zinf only: the reference for the next row)
-#   b-ga4-opt  b at GA 4, optimizer states on the CPU (ZeRO-Offload; zinf only, against b-ga4)
+#   b-ga4-opt  b at GA 4, optimizer states on the CPU (ZeRO-Offload; zinf only, against b-ga4), the
+#              micro batches summed on the device (offload_optimizer.device_grad_accumulation)
 #   b-ga4-all  b at GA 4, optimizer and parameters on the CPU, device budget under a third of the
 #              training state; beside PyTorch FSDP with CPUOffload(offload_params=True) on the same work
 # Usage: scripts/compare-torch.sh [PEER]   (PEER: a PyTorch GPT-2 script taking the same arguments,
@@ -64,6 +65,7 @@ if has b; then
 fi
 has b-ga4 && record b-ga4 zinf "$zinf" "${step[@]}" --config "$root/configs/compare-b.json" --set gradient_accumulation_steps=4
 has b-ga4-opt && record b-ga4-opt zinf "$zinf" "${step[@]}" --config "$root/configs/compare-b.json" --set gradient_accumulation_steps=4 \
+  --set zero_optimization.offload_optimizer.device_grad_accumulation=true \
   --set zero_optimization.stage=2 --set zero_optimization.offload_optimizer.device=cpu
 if has b-ga4-all; then
   # 1.56B parameters x 16 bytes of training state = 24.9 GB; the device gets 7 GiB (under a third).

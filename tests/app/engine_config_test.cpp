@@ -1,5 +1,8 @@
-// engine_config_test.cpp — the `aio` section reaches the NVMe engine as documented.
+// engine_config_test.cpp — what of the config reaches the engine: the `aio` section, pin_memory, device_grad_accumulation.
 #include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
 
 #include "app/config/config.h"
 #include "app/config/engine_config.h"
@@ -21,6 +24,37 @@ TEST(IoOptions, AioSectionMapsOntoTheEngine) {
 }
 
 }  // namespace
+// device_grad_accumulation: on in the engine where asked for; refused with the optimizer on the device
+// or with several ranks (each micro batch is reduced across them), a note where GA is 1.
+TEST(DeviceGradAccumulation, ReachesTheEngineAndIsRefusedWhereItCannotApply) {
+  auto cfg = [](const char* opt, int ga, int world = 1) {
+    return parse_config(std::string(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )") +
+                            std::to_string(ga) + R"(, "model": {"preset": "gpt2-124m"}, "zero_optimization": {"stage": 2,
+        "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": "/tmp", "device_grad_accumulation": true}}})",
+                        {}, "<string>", world);
+  };
+  const Config on = cfg("cpu", 4);
+  EXPECT_TRUE(on.zero.offload_optimizer.device_grad_accumulation);
+  EXPECT_TRUE(engine_config(on, 1).device_grad_accum);
+  EXPECT_TRUE(on.notes.empty() || on.notes[0].find("device_grad_accumulation") == std::string::npos);
+  bool noted = false;
+  for (const auto& n : cfg("nvme", 1).notes) noted |= n.find("device_grad_accumulation: no effect") != std::string::npos;
+  EXPECT_TRUE(noted);
+  for (auto [opt, world, why] : {std::tuple{"none", 1, "needs the optimizer off the device"},
+                                 std::tuple{"cpu", 2, "takes one rank (this job has 2)"}}) {
+    try {
+      cfg(opt, 4, world);
+      ADD_FAILURE() << opt << " " << world << ": accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_optimizer.device_grad_accumulation"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(engine_config(parse_config(R"({"train_batch_size": 8})"), 1).device_grad_accum);
+}
+
 // pin_memory false in either offload section leaves the staging pageable — but for the optimizer on
 // the device with the parameters offloaded, whose Update writes their host homes through mapped
 // memory: that stays page-locked, and the config says so.

@@ -83,8 +83,13 @@ TEST_F(OffloadTrain, GradientAccumulationWithOffloadMatchesNoOffloadForBf16AndFp
     const std::string ref = digest(base);
     base.push_back("zero_optimization.offload_optimizer.device=cpu");
     EXPECT_EQ(digest(base), ref);
+    base.push_back("zero_optimization.offload_optimizer.device_grad_accumulation=true");  // summed on the device
+    EXPECT_EQ(digest(base), ref);
+    base.pop_back();
     base.back() = "zero_optimization.offload_optimizer.device=nvme";
     base.push_back("zero_optimization.offload_param.device=nvme");
+    EXPECT_EQ(digest(base), ref);
+    base.push_back("zero_optimization.offload_optimizer.device_grad_accumulation=true");
     EXPECT_EQ(digest(base), ref);
   }
 }

@@ -12,6 +12,7 @@
 #include "engine_harness.h"
 #include "zinf/backends/cpu.h"
 #include "zinf/device.h"
+#include "zinf/offload/buffer_specs.h"
 #include "zinf/offload/engine.h"
 
 namespace zinf::offload {
@@ -54,6 +55,32 @@ TEST(OffloadEngineAsync, EveryPlacementOverlapPrecisionAndGaEqualsTheSynchronous
                 ASSERT_EQ(std::memcmp(got[u].data(), ref[u].data(), ref[u].size() * 4), 0) << "unit " << u;
             }
     }
+  EXPECT_TRUE(fs::is_empty(dir.p));
+}
+
+// The micro batches' gradients summed on the device (device_grad_accum) with the optimizer off it:
+// every precision, placement and overlap mode equals the synchronous run without offload, under
+// jitter — the sum leaves the device once per step, after its last add.
+TEST(OffloadEngineAsync, GradientsSummedOnTheDeviceEqualTheSynchronousRunUnderJitter) {
+  Dir dir("zinf-engine-async-test");
+  std::uint64_t seed = 200;
+  for (Precision prec : {Precision::fp32, Precision::fp16, Precision::bf16}) {
+    const auto ref = run(config(OffloadDevice::none, OffloadDevice::none, prec, 3, Overlap::none, dir.p), 3);
+    for (auto opt : {OffloadDevice::cpu, OffloadDevice::nvme})
+      for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+        for (auto ov : {Overlap::exact, Overlap::none}) {
+          ++seed;
+          SCOPED_TRACE(::testing::Message() << "prec " << static_cast<int>(prec) << " opt " << static_cast<int>(opt)
+                                            << " param " << static_cast<int>(param) << " overlap "
+                                            << static_cast<int>(ov) << " jitter seed " << seed);
+          EngineConfig c = config(opt, param, prec, 3, ov, dir.p);
+          c.device_grad_accum = true;
+          ASSERT_TRUE(BufferSpecs(Engine::plan_input(c)).layout().device_accum);
+          const auto got = run(c, 3, nullptr, 64 << 20, jittered(seed));
+          for (std::size_t u = 0; u < ref.size(); ++u)
+            ASSERT_EQ(std::memcmp(got[u].data(), ref[u].data(), ref[u].size() * 4), 0) << "unit " << u;
+        }
+  }
   EXPECT_TRUE(fs::is_empty(dir.p));
 }
 

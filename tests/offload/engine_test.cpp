@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
 
 #include "../common/error_of.h"
@@ -274,6 +275,49 @@ TEST(OffloadEngine, HoldsThePlansBytesOnEveryTier) {
             }
     }
   EXPECT_EQ(engines, 36 + 2 * 72 + 3 * 72);
+}
+
+// device_grad_accum: the engine holds exactly the plan's bytes, which add an fp32 sum per unit (and a
+// 16-bit rounding buffer) on the device, land fp32 buckets instead of 16-bit ones and keep no device
+// GradOut staging; it applies only with GA > 1 and one rank.
+TEST(OffloadEngine, GradientsSummedOnTheDeviceArePlannedAndHeld) {
+  Dir dir;
+  for (auto opt : {OffloadDevice::cpu, OffloadDevice::nvme})
+    for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+      for (Precision prec : {Precision::fp32, Precision::bf16}) {
+        SCOPED_TRACE("optimizer " + std::string(to_string(opt)) + " param " + std::string(to_string(param)) + " " +
+                     std::string(to_string(prec)));
+        EngineConfig c = config(opt, param, prec, 2, Overlap::exact, dir.p);
+        if (param != OffloadDevice::none) c.stage = 3;
+        const Plan host_sum = make_plan(Engine::plan_input(c));
+        c.device_grad_accum = true;
+        const Plan plan = make_plan(Engine::plan_input(c));
+        constexpr int D = static_cast<int>(Tier::device), H = static_cast<int>(Tier::host);
+        const std::uint64_t n = std::accumulate(c.units.begin(), c.units.end(), std::uint64_t{0});
+        auto row = [](const Plan& p, const std::string& name, int t) {
+          std::uint64_t b = 0;
+          for (const auto& r : p.states)
+            if (r.name == name) b += r.bytes[t];
+          for (const auto& r : p.buffers)
+            if (r.name == name) b += r.bytes[t];
+          return b;
+        };
+        EXPECT_EQ(row(plan, "grad32", D), 4 * n) << "an fp32 sum of every unit on the device";
+        EXPECT_EQ(row(host_sum, "grad32", D), 0u);
+        EXPECT_EQ(row(plan, "grad32", H), row(host_sum, "grad32", H)) << "the host gradient stays";
+        EXPECT_EQ(row(plan, "grad out staging", D), 0u);
+        EXPECT_GT(plan.totals[D], host_sum.totals[D]);
+        auto dev = make_cpu_device(64 << 20);
+        {
+          Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.units[u], 0.01f); });
+          const TierBytes held = e.held_bytes();
+          for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
+          EXPECT_EQ(dev->in_use(), held[D]);
+        }
+        EngineConfig ga1 = c;
+        ga1.grad_accum = 1;
+        EXPECT_FALSE(BufferSpecs(Engine::plan_input(ga1)).layout().device_accum) << "nothing to sum with GA 1";
+      }
 }
 
 // A device that counts the host memory registered with it (page-locked, on CUDA).

@@ -649,7 +649,7 @@ DeprecatedOffload read_deprecated_offload(Section& s) {
 }
 
 void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const DeprecatedOffload& dep, int stage,
-                            bool overlap_none) {
+                            bool overlap_none, std::int64_t ga, int world) {
   oo.device = o.get_enum<OffloadDevice>("device", dep.optimizer_cpu ? OffloadDevice::cpu : OffloadDevice::none,
                                         kOffloadDevices);
   oo.nvme_path = o.get_str("nvme_path", "");
@@ -668,6 +668,17 @@ void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const Depreca
   if (oo.speculative && overlap_none)
     o.fail("speculative", "the speculative Update needs train.overlap \"exact\" (it is \"none\")");
   oo.speculative_backup_size = o.get_int("speculative_backup_size", 0, 0, kMaxI64, AutoRule::to(0));
+  // zinf: the micro batches' gradients summed on the device (off unless asked for: 4 bytes a
+  // parameter of device memory).
+  oo.device_grad_accumulation = o.get_bool("device_grad_accumulation", false);
+  if (oo.device_grad_accumulation && oo.device == OffloadDevice::none)
+    o.fail("device_grad_accumulation", "needs the optimizer off the device (device cpu or nvme); with it on the "
+                                       "device the gradients are always summed there");
+  if (oo.device_grad_accumulation && world > 1)
+    o.fail("device_grad_accumulation", "takes one rank (this job has " + std::to_string(world) +
+                                           "): with several, every micro batch's gradients are reduced across ranks");
+  if (oo.device_grad_accumulation && ga == 1)
+    o.notes()->push_back(o.join("device_grad_accumulation") + ": no effect with gradient_accumulation_steps 1");
   o.only_default("ratio", 1.0,
                  "partial offload (Twin-Flow ratio < 1) is not supported; zinf "
                  "updates every sub-group on the host");
@@ -731,7 +742,7 @@ void note_ineffective_zero_keys(Section& s) {
                       "(reduce_bucket_size) and gathers updated parameters unit by unit");
 }
 
-void read_zero(Section s, ZeroConfig& z, const ModelConfig& model, bool overlap_none) {
+void read_zero(Section s, ZeroConfig& z, const ModelConfig& model, bool overlap_none, std::int64_t ga, int world) {
   const std::int64_t d = model.d_model;
   z.stage = static_cast<int>(s.get_int("stage", 0, 0, 3));
   z.contiguous_gradients = s.get_bool("contiguous_gradients", true);
@@ -748,7 +759,7 @@ void read_zero(Section s, ZeroConfig& z, const ModelConfig& model, bool overlap_
   k = s.pick({"stage3_param_persistence_threshold", "param_persistence_threshold"});
   z.param_persistence_threshold = s.get_int(k, 100'000, 0, kMaxI64, AutoRule::to(10 * d));
   const DeprecatedOffload dep = read_deprecated_offload(s);
-  read_offload_optimizer(s.child("offload_optimizer"), z.offload_optimizer, dep, z.stage, overlap_none);
+  read_offload_optimizer(s.child("offload_optimizer"), z.offload_optimizer, dep, z.stage, overlap_none, ga, world);
   z.optimizer_states_given = s.present("optimizer_states");
   z.optimizer_states = s.get_enum<cpu_adam::StateFormat>("optimizer_states", cpu_adam::StateFormat::fp32,
                                                          {{"fp32", cpu_adam::StateFormat::fp32},
@@ -923,7 +934,8 @@ Config parse_root(const json& root, std::string source, int world_size) {
   c.steps_per_print = top.get_int("steps_per_print", 10, 1, kMaxI64);
   c.wall_clock_breakdown = top.get_bool("wall_clock_breakdown", false);
 
-  read_zero(top.child("zero_optimization"), c.zero, c.model, c.train.overlap_none);
+  read_zero(top.child("zero_optimization"), c.zero, c.model, c.train.overlap_none, c.gradient_accumulation_steps,
+            c.world_size);
   read_activation_checkpointing(top.child("activation_checkpointing"), c.model);
   read_aio(top.child("aio"), c.aio);
   {

@@ -77,6 +77,8 @@ struct OffloadOptimizerConfig {
   // elements (0: half the sub-groups).
   bool speculative = false;
   std::int64_t speculative_backup_size = 0;
+  // zinf extension: sum the micro batches' gradients on the device, once per step to the host.
+  bool device_grad_accumulation = false;
 };
 
 struct OffloadParamConfig {

@@ -53,6 +53,7 @@ offload::EngineConfig engine_config(const Config& c, int host_threads) {
   e.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
   e.speculative = c.zero.offload_optimizer.speculative;
   e.speculative_backup = static_cast<std::size_t>(c.zero.offload_optimizer.speculative_backup_size);
+  e.device_grad_accum = c.zero.offload_optimizer.device_grad_accumulation;
   e.prefetch_depth = prefetch_depth(c, shape);
   e.stage = c.zero.stage;
   e.persistence_threshold = static_cast<std::size_t>(c.zero.param_persistence_threshold);

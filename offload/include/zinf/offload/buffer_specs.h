@@ -49,6 +49,9 @@ struct Layout {
   bool parallel = false;                                                 // more than one rank
   bool shard_states = false, shard_grads = false, shard_params = false;  // by the ZeRO stage, with several ranks
   bool fp32_sum = false;                    // the Update reads an fp32 sum of micro batches (and ranks)
+  // PlanInput::device_grad_accum where it applies (optimizer off the device, one rank, GA > 1): an
+  // fp32 sum per unit on the device, and GradOut of that sum (fp32) once per step.
+  bool device_accum = false;
   bool windows = false;                     // some units visit a parameter window slot
   // Effective reduce-bucket and sub-group sizes, elements: the configured ones, at most the largest unit;
   // with one rank the bucket, and with the optimizer in host memory the sub-group, at most 4M elements

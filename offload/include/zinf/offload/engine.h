@@ -146,6 +146,11 @@ struct EngineConfig {
   // keeps the old states of at most `speculative_backup` elements (whole sub-groups; 0: half).
   bool speculative = false;
   std::size_t speculative_backup = 0;
+  // With the optimizer off the device, one rank and grad_accum > 1: the micro batches' gradients are
+  // summed on the device (an fp32 sum per unit, 4 bytes a parameter of device memory) and the sum
+  // leaves the device once per step, in fp32, instead of every micro batch's 16-bit gradient being
+  // summed on the host. The same sums in the same order: the same bits either way.
+  bool device_grad_accum = false;
   // The device's allocator takes whole blocks (the CUDA device): the plan and the fit check count each
   // device buffer as its block (PlanInput::device_blocks). False for the CPU device.
   bool device_blocks = false;

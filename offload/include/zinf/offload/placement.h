@@ -71,6 +71,7 @@ struct PlanInput {
   // `speculative_backup` elements (whole sub-groups; 0: half the sub-groups this rank keeps).
   bool speculative = false;
   std::int64_t speculative_backup = 0;
+  bool device_grad_accum = false;  // EngineConfig::device_grad_accum
   // DeepSpeed's pin_memory: false leaves every staging buffer pageable (the pools allocate plain host
   // memory), so the plan counts what would be pinned in the host column (Plan::pinned_pool still
   // sizes the staging pool).

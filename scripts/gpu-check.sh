@@ -4,7 +4,7 @@
 # that scripts/fetch-debs.sh filled on a machine with apt (carry it along), else apt.
 #
 # Sections, each under its own time cap (`timeout`) so that a slow one cannot eat the others' time;
-# the caps sum to the whole check's 590 s (ZINF_GPU_CHECK_SECONDS), and a section that would start
+# the caps sum to the whole check's 595 s (ZINF_GPU_CHECK_SECONDS), and a section that would start
 # past that is skipped and reported:
 #   setup        10 s  dependencies, NCCL, nvidia-smi (not capped: a few seconds)
 #   build       130 s  sm_90 only; only the targets run below: zinf, train_test, the `gpu` label's tests
@@ -13,13 +13,14 @@
 #   repeat       20 s  TrainGpu.* (every placement bit-identical on the GPU, close to the CPU), repeated
 #                      while the cap allows (at least once)
 #   digests      70 s  configs/gpu-check.json at 12 layers, 3 steps, under every placement (optimizer
-#                      none/cpu/nvme × params none/cpu × overlap exact/none), and with the activation
-#                      checkpoints in host memory, the speculative Update, pin_memory false: one digest,
-#                      no failed run (scripts/digest-check.sh); more rounds while the cap allows
-#   states       30 s  the same at 2 layers, 2 steps, overlap exact, with optimizer_states bf16 and
-#                      8bit (the CUDA Update with none, the host's with cpu/nvme; one digest per mode,
-#                      the speculative Update included)
-#   fast         45 s  the same model (4 layers, 3 steps, bf16) with device.kernels fast on the GPU,
+#                      none/cpu/nvme × params none/cpu × overlap exact/none): one params_digest, no
+#                      failed run (scripts/digest-check.sh); more rounds while the cap allows
+#   states       55 s  the same at 2 layers, 2 steps, overlap exact: fp32 states with the activation
+#                      checkpoints in host memory, the speculative Update, pin_memory false and the
+#                      gradients summed on the device beside the placements; optimizer_states bf16 and
+#                      8bit (the CUDA Update with none, the host's with cpu/nvme) with the speculative
+#                      Update — one digest per state format
+#   fast         40 s  the same model (4 layers, 3 steps, bf16) with device.kernels fast on the GPU,
 #                      against the reference kernels on the GPU (per-step losses within a relative
 #                      2e-2: the fast path stores activations in bf16) and against the CPU twin
 #                      (device.type cpu, kernels fast: the same storage and rounding points, other
@@ -28,19 +29,19 @@
 #                      (cuda_ops, cuda_rows, flash_attention, cuda_gemm, cuda_scratch, device_cuda;
 #                      ZINF_SANITIZE_TESTS="binary:filter ..." overrides)
 #   racecheck    25 s  compute-sanitizer --tool racecheck on the same
-#   pcie         10 s  zinf bench pcie (256 MiB, 3 repetitions)
-#   compare-a    35 s  zinf beside PyTorch (bench/torch_gpt2.py, scripts/compare-torch.sh): 303M,
+#   pcie          5 s  zinf bench pcie (256 MiB, 3 repetitions)
+#   compare-a    30 s  zinf beside PyTorch (bench/torch_gpt2.py, scripts/compare-torch.sh): 303M,
 #                      24 layers x 1024, micro batch 8, seq 512, resident
 #   compare-b    40 s  GPT-2 XL's shape (48 x 1600, 25 heads), vocab 50304, seq 1024, micro batch 4,
 #                      resident
 #   compare-ga4  40 s  b at GA 4 resident (zinf), and with the optimizer states on the CPU
 #   compare-off  45 s  b at GA 4, optimizer and parameters on the CPU, beside PyTorch FSDP CPU offload
-#   offload      20 s  zinf bench step on the digest model (12 layers, optimizer in host memory, clipping
+#   offload      15 s  zinf bench step on the digest model (12 layers, optimizer in host memory, clipping
 #                      that never applies) with the speculative Update and the activation checkpoints in
 #                      host memory: overlap ratio with and without speculation, the checkpoint copies'
 #                      hidden fraction and the device bytes they save, one digest for all four runs
 #   summary       5 s  results.json and results.md
-#                                                                                   total 590 s
+#                                                                                   total 595 s
 # Results under $OUT (or ./gpu-check-out): results.json (every section: status, seconds, cap, its
 # verdict line; the digests, losses, PCIe and comparison figures), results.md (one table), and
 # gpu-check.log (everything the sections printed). Exits 1 when any section failed, timed out or was
@@ -89,26 +90,28 @@ part_repeat() {  # TrainGpu.* as often as the cap allows, at least once
   echo "repeat: TrainGpu.* passed $n times ($last s each)"
 }
 
-# Variants of the digest runs that must not change the digest: activation checkpoints in host memory,
-# the speculative Update (the config clips at 1.0, so its steps roll back and redo), pageable staging.
-digest_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false"
+# Variants of the placements that must not change the digest: activation checkpoints in host memory,
+# the speculative Update (the config clips at 1.0, so its steps roll back and redo), pageable staging,
+# the micro batches' gradients summed on the device (the config's GA is 2).
+state_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false;--set zero_optimization.offload_optimizer.device_grad_accumulation=true"
 
 part_digests() {
   local cap="$1"
-  ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_SECONDS=$((cap - 5)) ZINF_DIGEST_STEPS=3 ZINF_DIGEST_VARIANTS="$digest_variants" \
+  ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_SECONDS=$((cap - 5)) ZINF_DIGEST_STEPS=3 \
     "$root/scripts/digest-check.sh" "$zinf" "$config" "${TMPDIR:-/tmp}/zinf-gpu-check-swap" --set model.n_layer=12
 }
 
-part_states() {  # one digest per compressed optimizer-state mode over its placements
-  local rc=0 mode
-  for mode in bf16 8bit; do
+part_states() {  # one digest per optimizer-state format over its placements and variants
+  local rc=0 mode variants
+  for mode in fp32 bf16 8bit; do
     echo "states: $mode"
-    ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_STEPS=2 ZINF_DIGEST_OVERLAPS=exact \
-      ZINF_DIGEST_VARIANTS="--set zero_optimization.offload_optimizer.speculative=true" \
+    variants="--set zero_optimization.offload_optimizer.speculative=true"
+    [ "$mode" = fp32 ] && variants="$state_variants"
+    ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_STEPS=2 ZINF_DIGEST_OVERLAPS=exact ZINF_DIGEST_VARIANTS="$variants" \
       "$root/scripts/digest-check.sh" "$zinf" "$config" "${TMPDIR:-/tmp}/zinf-gpu-check-swap" --set model.n_layer=2 \
       --set "zero_optimization.optimizer_states=\"$mode\"" || rc=1
   done
-  [ "$rc" = 0 ] && echo "states: ok, one digest per mode (bf16, 8bit) over its placements"
+  [ "$rc" = 0 ] && echo "states: ok, one digest per state format (fp32, bf16, 8bit) over its placements and variants"
   return "$rc"
 }
 
@@ -215,7 +218,7 @@ if [ "${1:-}" = --part ]; then
 fi
 
 # ---- the run ------------------------------------------------------------------------------------
-total="${ZINF_GPU_CHECK_SECONDS:-590}"
+total="${ZINF_GPU_CHECK_SECONDS:-595}"
 parts=" ${ZINF_GPU_CHECK_PARTS:-build tests repeat digests states fast memcheck racecheck pcie compare-a compare-b compare-ga4 compare-off offload} "
 start=$SECONDS
 mkdir -p "$raw"
@@ -289,16 +292,16 @@ section build 130 "$self" --part build
 section tests 40 "$self" --part tests
 section repeat 20 "$self" --part repeat 20
 section digests 70 "$self" --part digests 70
-section states 30 "$self" --part states
-section fast 45 "$self" --part fast
+section states 55 "$self" --part states
+section fast 40 "$self" --part fast
 section memcheck 25 "$self" --part memcheck
 section racecheck 25 "$self" --part racecheck
-section pcie 10 "$self" --part pcie
-section compare-a 35 "$self" --part compare "a"
+section pcie 5 "$self" --part pcie
+section compare-a 30 "$self" --part compare "a"
 section compare-b 40 "$self" --part compare "b"
 section compare-ga4 40 "$self" --part compare "b-ga4 b-ga4-opt"
 section compare-off 45 "$self" --part compare "b-ga4-all"
-section offload 20 "$self" --part offload
+section offload 15 "$self" --part offload
 # The comparison's table over every case that ran.
 OUT="$raw" ZINF_BIN="$zinf" ZINF_COMPARE_APPEND=1 ZINF_COMPARE_CASES=none "$root/scripts/compare-torch.sh" \
   > /dev/null 2>> "$log_file"

@@ -161,9 +161,12 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
     land_updated(false);
   });
   if (on_device) {
-    // An error of the stream's work surfaces here (events carry none), before the last units land.
-    state_.dev.synchronize(StreamRole::d2h);
+    // The walk enqueues faster than d2h runs it: the units land one by one as their events complete,
+    // so the next forward starts on the first unit while the device still updates the others. Then
+    // the stream is synchronized, where an error of its work surfaces on a device whose events carry
+    // none (the CUDA device's event wait reports it already).
     land_updated(true);
+    state_.dev.synchronize(StreamRole::d2h);
   }
   if (d.get() && !state_.units.empty()) land_through(state_.units.size() - 1);
 }

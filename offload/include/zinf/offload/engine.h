@@ -58,7 +58,12 @@
 //   copy or its home)                                                        before it lands; the NVMe home's write
 //                                                                            ⇐ the sub-group's (land_chunk)
 //   device gradient          compute (backward)      d2h (GradOut)           event recorded on compute at grads_done;
-//                                                                            d2h waits
+//                                                                            d2h waits it, the wait enqueued by the
+//                                                                            Reduce worker right before its GradOut
+//                                                                            (d2h is one FIFO: waits enqueued early
+//                                                                            would hold it behind later units)
+//   device grad sum          d2h (the round and add  d2h (GradOut of the     stream order; its landing buffers as
+//   (device_grad_accum)      of each micro batch)    sum, last micro batch)  below (fp32 buckets)
 //   device gradient, reuse   compute (next zeroing)  d2h (GradOut)           unit.reducing ⇐ grads(u): the Reduce
 //                                                                            clears it after d2h is drained
 //   grad window slot         compute                 d2h                     as the device gradient; the slot is

@@ -22,6 +22,8 @@ void GradientPath::add(Unit& u, const std::string& name) {
 
 void GradientPath::allocate_shared() {
   zeroed_.assign(state_.units.size(), false);
+  sums_.assign(state_.units.size(), {});
+  summed_.assign(state_.units.size(), 0);
   if (const BufferSpec* b = state_.find(Buffer::grad_slot)) {  // see Unit::grad_windowed
     const BufferSpec* half = state_.find(Buffer::grad16_slot);
     for (std::uint64_t i = 0; i < b->count; ++i) {
@@ -88,6 +90,7 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
 void GradientPath::begin_micro_batch(std::int64_t micro) {
   micro_ = micro;
   std::fill(zeroed_.begin(), zeroed_.end(), false);
+  if (micro == 0) std::fill(summed_.begin(), summed_.end(), 0);  // the worker is drained (the last step's barrier)
   if (micro + 1 == state_.config.grad_accum) {  // every Reduce of the previous step is done (the barrier)
     std::lock_guard<std::mutex> lk(state_.mu);
     for (auto& u : state_.units) u.reduced = false;
@@ -174,6 +177,13 @@ void GradientPath::grads_done(std::size_t u) {
       grad_out_and_reduce(u, g, mb);
     }
     if (mb + 1 == state_.config.grad_accum) {
+      if (state_.optimizer_offloaded && !state_.buffers.layout().speculative) {  // the norm's part, off the barrier
+        const auto t0 = Clock::now();
+        auto [grad, type] = update_input(state_.units[u]);
+        sums_[u] = cpu_adam::sum_squares_parts(state_.threads, grad, type, state_.units[u].grad_range.len());
+        summed_[u] = 1;
+        state_.add_time(&BusyTimes::host, since(t0));
+      }
       {
         std::lock_guard<std::mutex> lk(state_.mu);
         state_.units[u].reduced = true;
@@ -358,8 +368,13 @@ std::vector<std::vector<double>> GradientPath::block_sums(
     return out;
   }
   std::vector<std::vector<double>> out(in.size());
-  for (std::size_t i = 0; i < in.size(); ++i)
-    if (!known || !known(i, out[i])) out[i] = cpu_adam::sum_squares_parts(state_.threads, in[i].g, in[i].t, in[i].n);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (known && known(i, out[i])) continue;
+    if (summed_[i])
+      out[i] = sums_[i];
+    else
+      out[i] = cpu_adam::sum_squares_parts(state_.threads, in[i].g, in[i].t, in[i].n);
+  }
   return out;
 }
 

@@ -45,7 +45,9 @@ class GradientPath {
   // synchronous, one wait for the device for all units). Added in block order they are the unit's
   // sum of squares; with partitioned gradients the ranks' blocks are gathered first.
   // `known(u, sums)`, when given, may supply a unit's sums computed already (the speculative Update's,
-  // the same function of the same gradient); the optimizer off the device only.
+  // the same function of the same gradient); the optimizer off the device only. Without speculation
+  // the Reduce worker sums each unit's squares once its last micro batch is in (under the backward,
+  // not at the barrier); those are used too.
   std::vector<std::vector<double>> block_sums(
       const std::function<bool(std::size_t, std::vector<double>&)>& known = {});
 
@@ -76,6 +78,11 @@ class GradientPath {
   HostMem host_recv_;                  // several ranks: every rank's part of a bucket, received
   DeviceBuffer device_recv_;           //   (host when the optimizer is offloaded, else device)
   std::vector<bool> zeroed_;           // this micro batch's gradient of unit u is zeroed
+  // The Reduce worker's block sums of unit u's step gradient (optimizer off the device, no
+  // speculation): written by the worker, read by block_sums() after drain() (the barrier); cleared
+  // at the step's first micro batch.
+  std::vector<std::vector<double>> sums_;
+  std::vector<char> summed_;
   std::int64_t micro_ = 0;
   Jitter jitter_;
   std::unique_ptr<SerialWorker> worker_;  // last: its jobs use everything above

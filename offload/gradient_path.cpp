@@ -23,7 +23,7 @@ void GradientPath::add(Unit& u, const std::string& name) {
 void GradientPath::allocate_shared() {
   zeroed_.assign(state_.units.size(), false);
   sums_.assign(state_.units.size(), {});
-  summed_.assign(state_.units.size(), 0);
+  summed_step_.assign(state_.units.size(), 0);
   if (const BufferSpec* b = state_.find(Buffer::grad_slot)) {  // see Unit::grad_windowed
     const BufferSpec* half = state_.find(Buffer::grad16_slot);
     for (std::uint64_t i = 0; i < b->count; ++i) {
@@ -90,7 +90,7 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
 void GradientPath::begin_micro_batch(std::int64_t micro) {
   micro_ = micro;
   std::fill(zeroed_.begin(), zeroed_.end(), false);
-  if (micro == 0) std::fill(summed_.begin(), summed_.end(), 0);  // the worker is drained (the last step's barrier)
+  if (micro == 0) ++step_;  // sums the worker made for an earlier step no longer count
   if (micro + 1 == state_.config.grad_accum) {  // every Reduce of the previous step is done (the barrier)
     std::lock_guard<std::mutex> lk(state_.mu);
     for (auto& u : state_.units) u.reduced = false;
@@ -159,29 +159,32 @@ void GradientPath::grads_done(std::size_t u) {
       throw;
     }
   }
-  auto job = [this, u, g, mb, issue_here, complete = std::move(complete)]() mutable {
-    struct Release {  // also on an exception, so nobody waits forever on the buffer
-      GradientPath& p;
-      std::size_t u;
-      ~Release() { p.release(u); }
-    } release{*this, u};
-    if (issue_here) {
-      state_.dev.synchronize(StreamRole::d2h);
-    } else if (device_accum()) {  // summed on the device; the sum leaves it after the last micro batch
-      state_.dev.wait_event(StreamRole::d2h, std::move(complete));
-      enqueue_on_device(state_.units[u], g, mb);
-      if (mb + 1 == state_.config.grad_accum) grad_out_sum(state_.units[u]);
-      state_.dev.synchronize(StreamRole::d2h);  // d2h has read the gradient: release() may hand it back
-    } else {
-      state_.dev.wait_event(StreamRole::d2h, std::move(complete));
-      grad_out_and_reduce(u, g, mb);
-    }
+  const std::uint64_t step = step_;
+  auto job = [this, u, g, mb, issue_here, step, complete = std::move(complete)]() mutable {
+    {
+      struct Release {  // also on an exception, so nobody waits forever on the buffer
+        GradientPath& p;
+        std::size_t u;
+        ~Release() { p.release(u); }
+      } release{*this, u};
+      if (issue_here) {
+        state_.dev.synchronize(StreamRole::d2h);
+      } else if (device_accum()) {  // summed on the device; the sum leaves it after the last micro batch
+        state_.dev.wait_event(StreamRole::d2h, std::move(complete));
+        enqueue_on_device(state_.units[u], g, mb);
+        if (mb + 1 == state_.config.grad_accum) grad_out_sum(state_.units[u]);
+        state_.dev.synchronize(StreamRole::d2h);  // d2h has read the gradient: release() may hand it back
+      } else {
+        state_.dev.wait_event(StreamRole::d2h, std::move(complete));
+        grad_out_and_reduce(u, g, mb);
+      }
+    }  // the device gradient (and its slot) is free again: the backward may go on while the host sums
     if (mb + 1 == state_.config.grad_accum) {
       if (state_.optimizer_offloaded && !state_.buffers.layout().speculative) {  // the norm's part, off the barrier
         const auto t0 = Clock::now();
         auto [grad, type] = update_input(state_.units[u]);
         sums_[u] = cpu_adam::sum_squares_parts(state_.threads, grad, type, state_.units[u].grad_range.len());
-        summed_[u] = 1;
+        summed_step_[u] = step;
         state_.add_time(&BusyTimes::host, since(t0));
       }
       {
@@ -370,7 +373,7 @@ std::vector<std::vector<double>> GradientPath::block_sums(
   std::vector<std::vector<double>> out(in.size());
   for (std::size_t i = 0; i < in.size(); ++i) {
     if (known && known(i, out[i])) continue;
-    if (summed_[i])
+    if (summed_step_[i] == step_)  // the worker's, for this step (it is drained: the barrier)
       out[i] = sums_[i];
     else
       out[i] = cpu_adam::sum_squares_parts(state_.threads, in[i].g, in[i].t, in[i].n);

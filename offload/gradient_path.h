@@ -7,6 +7,9 @@
 //                             each bucket (reduce_bucket_size) to 16 bits on the device and copies it
 //                             into one of two pinned landing buffers (d2h stream, an event each);
 //                             Reduce copies it into host grad16, or adds it into host grad32 (GA > 1)
+//   device_accum              (optimizer off the device, one rank, GA > 1) each micro batch is rounded
+//                             and summed on the device as with the optimizer there; after the last,
+//                             GradOut copies the fp32 sum through the landing buffers into host grad32
 //   partitioned gradients     (ZeRO stage ≥ 2, several ranks) block gradients pass through the two
 //                             gradient slots whatever the optimizer's tier: a rank keeps only its shard
 //   more than one rank        the Update's input is always an fp32 sum; each bucket's rounded
@@ -53,8 +56,8 @@ class GradientPath {
 
  private:
   void grad_out_and_reduce(std::size_t u, float* grad, std::int64_t micro);
-  // The optimizer on the device: the rounding, Reduce and fp32 sum of unit u's gradient, enqueued on
-  // the d2h stream (the caller then waits for the stream).
+  // The optimizer on the device, or device_accum: the rounding, Reduce and fp32 sum of unit u's
+  // gradient, enqueued on the d2h stream (the caller then waits for the stream).
   void enqueue_on_device(Unit& u, float* grad, std::int64_t micro);
   void release(std::size_t u);  // unit u's gradient buffer (and slot) free for the next micro batch
   void reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device);
@@ -72,17 +75,19 @@ class GradientPath {
   };
   EngineState& state_;
   std::vector<GradSlot> slots_;
-  std::vector<PinnedBuffer> landing_;  // 2 × bucket × compute_bytes
+  std::vector<PinnedBuffer> landing_;  // 2 × bucket × compute_bytes (× 4 bytes with device_accum: the fp32 sum)
   DeviceBuffer gradout_stage_;         // one bucket rounded to 16 bits before it leaves the device
   HostMem reduce_scratch_;             // bucket × 4: the fp32 of a landed bucket (GA > 1, several ranks)
   HostMem host_recv_;                  // several ranks: every rank's part of a bucket, received
   DeviceBuffer device_recv_;           //   (host when the optimizer is offloaded, else device)
   std::vector<bool> zeroed_;           // this micro batch's gradient of unit u is zeroed
   // The Reduce worker's block sums of unit u's step gradient (optimizer off the device, no
-  // speculation): written by the worker, read by block_sums() after drain() (the barrier); cleared
-  // at the step's first micro batch.
+  // speculation) and the step they are of: written by the worker only, read by block_sums() after
+  // drain() (the barrier). step_ counts steps (begin_micro_batch(0)) on the trainer's thread; a job
+  // carries the step it was queued in.
   std::vector<std::vector<double>> sums_;
-  std::vector<char> summed_;
+  std::vector<std::uint64_t> summed_step_;
+  std::uint64_t step_ = 1;
   std::int64_t micro_ = 0;
   Jitter jitter_;
   std::unique_ptr<SerialWorker> worker_;  // last: its jobs use everything above

@@ -140,14 +140,23 @@ Plan finish_plan(const Layout& layout, const RowSums& sums) {
   if (!layout.pin_memory) {  // the same buffers, pageable: host memory
     p.pinned = false;
     constexpr int kHost = static_cast<int>(Tier::host);
-    auto unpin = [](TierBytes& b) {
-      b[kHost] += b[kPinned];
-      b[kPinned] = 0;
+    // The token batches' few pages stay registered with the device (their pool is the trainer's).
+    const std::string kept = sums.rows[static_cast<std::size_t>(PlanRow::token_batches)].name;
+    auto unpin = [&](std::vector<Row>& rs) {
+      for (auto& r : rs) {
+        if (r.name == kept) continue;
+        p.totals[kHost] += r.bytes[kPinned];
+        p.totals[kPinned] -= r.bytes[kPinned];
+        r.bytes[kHost] += r.bytes[kPinned];
+        r.bytes[kPinned] = 0;
+      }
     };
-    for (auto& r : p.states) unpin(r.bytes);
-    for (auto& r : p.buffers) unpin(r.bytes);
-    unpin(p.model_states);
-    unpin(p.totals);
+    for (auto& r : p.states) {
+      p.model_states[kHost] += r.bytes[kPinned];
+      p.model_states[kPinned] -= r.bytes[kPinned];
+    }
+    unpin(p.states);
+    unpin(p.buffers);
   }
   return p;
 }

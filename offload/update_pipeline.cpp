@@ -164,7 +164,8 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
     // The walk enqueues faster than d2h runs it: the units land one by one as their events complete,
     // so the next forward starts on the first unit while the device still updates the others. Then
     // the stream is synchronized, where an error of its work surfaces on a device whose events carry
-    // none (the CUDA device's event wait reports it already).
+    // none (the CPU device: its tail units may have landed by then, as earlier ones could before; the
+    // CUDA device's event wait reports the error already).
     land_updated(true);
     state_.dev.synchronize(StreamRole::d2h);
   }

@@ -240,6 +240,36 @@ TEST(Plan, TokenBatchesArePlannedPinnedAndOnTheDevice) {
   }
 }
 
+// pin_memory false: every staging row moves to the host column but the token batches' pages, which
+// the trainer registers with the device whatever the setting; the pool keeps its size.
+TEST(Plan, PinMemoryFalseCountsTheStagingAsHostMemoryButTheTokenBatches) {
+  const std::string body = R"("train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2,
+      "model": {"n_layer": 2, "n_head": 4, "d_model": 96, "vocab_size": 1000, "seq_len": 1000},
+      "device": {"type": "cuda", "memory_budget": "1GiB"},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": PIN},
+                            "offload_param": {"device": "cpu"}}})";
+  auto plan = [&](const char* pin) {
+    std::string b = body;
+    b.replace(b.find("PIN"), 3, pin);
+    return plan_run(parse_config("{" + b), fake_machine(8ull << 30, 0));
+  };
+  const RunPlan pinned = plan("true"), pageable = plan("false");
+  constexpr int P = static_cast<int>(offload::Tier::pinned), H = static_cast<int>(offload::Tier::host);
+  std::uint64_t tokens = 0;
+  for (const auto& x : pageable.plan.buffers)
+    if (x.name == "token batches") tokens = x.bytes[P];
+  EXPECT_EQ(tokens, 4u * 3 * 4096);
+  EXPECT_EQ(pageable.plan.totals[P], tokens);
+  EXPECT_GT(pinned.plan.totals[P], tokens);
+  EXPECT_EQ(pageable.plan.totals[H] + pageable.plan.totals[P], pinned.plan.totals[H] + pinned.plan.totals[P]);
+  EXPECT_EQ(pageable.plan.pinned_pool, pinned.plan.pinned_pool);
+  EXPECT_FALSE(pageable.plan.pinned);
+  std::uint64_t states_pinned = 0;
+  for (const auto& x : pageable.plan.states) states_pinned += x.bytes[P];
+  EXPECT_EQ(states_pinned, 0u) << "the parameters' host home is pageable too";
+  EXPECT_EQ(pageable.plan.model_states[P], 0u);
+}
+
 TEST(Plan, ZeroPaperFormulasPerStage) {
   // The ZeRO paper's worked example: 7.5B parameters on 64 GPUs — 120 GB, 31.4 GB, 16.6 GB, 1.88 GB.
   const std::int64_t psi = 7'500'000'000;

@@ -768,7 +768,7 @@ void read_zero(Section s, ZeroConfig& z, const ModelConfig& model, bool overlap_
   read_offload_param(s.child("offload_param"), z.offload_param, dep, z.stage);
   if (!(z.offload_optimizer.pin_memory && z.offload_param.pin_memory) &&
       z.offload_optimizer.device == OffloadDevice::none && z.offload_param.device != OffloadDevice::none)
-    s.notes()->push_back(s.join(z.offload_param.pin_memory ? "offload_optimizer.pin_memory" : "offload_param.pin_memory") +
+    s.notes()->push_back(s.join(!z.offload_optimizer.pin_memory ? "offload_optimizer.pin_memory" : "offload_param.pin_memory") +
                          ": false is not honoured here: with the optimizer on the device its Update writes the "
                          "offloaded parameters' host homes directly, which needs page-locked memory (the "
                          "staging and the activation checkpoints' host rows stay page-locked too)");

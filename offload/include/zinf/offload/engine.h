@@ -61,7 +61,9 @@
 //                                                                            d2h waits it, the wait enqueued by the
 //                                                                            Reduce worker right before its GradOut
 //                                                                            (d2h is one FIFO: waits enqueued early
-//                                                                            would hold it behind later units)
+//                                                                            would hold it behind later units); by
+//                                                                            the trainer where it issues the
+//                                                                            collectives itself (ordered transport)
 //   device grad sum          d2h (the round and add  d2h (GradOut of the     stream order; its landing buffers as
 //   (device_grad_accum)      of each micro batch)    sum, last micro batch)  below (fp32 buckets)
 //   device gradient, reuse   compute (next zeroing)  d2h (GradOut)           unit.reducing ⇐ grads(u): the Reduce

@@ -7,6 +7,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <vector>
 
 #include "common/forwarding_device.h"
 #include "engine_harness.h"
@@ -37,24 +39,40 @@ TEST(OffloadEngineAsync, TheDeviceSaysItsOpsAreStreamOrdered) {
   EXPECT_TRUE(make_cpu_device(1 << 20, jittered(1))->ops_stream_ordered());
 }
 
+// Every placement of the optimizer (`opts`) × the parameters (none, cpu, nvme) × overlap mode, in
+// precision `prec` at GA `ga`, each config changed by `adjust` and run `repeats` times by `run_one`
+// (config, jitter seed) on the jittered device: each run equals the synchronous run without offload.
+template <class Adjust, class RunOne>
+void expect_placements_equal(const fs::path& dir, std::initializer_list<OffloadDevice> opts, Precision prec,
+                             std::int64_t ga, int repeats, std::uint64_t& seed, Adjust adjust, RunOne run_one) {
+  const auto ref = run(config(OffloadDevice::none, OffloadDevice::none, prec, ga, Overlap::none, dir), 3);
+  for (auto opt : opts)
+    for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+      for (auto ov : {Overlap::exact, Overlap::none})
+        for (int k = 0; k < repeats; ++k) {
+          ++seed;
+          SCOPED_TRACE(::testing::Message() << "prec " << static_cast<int>(prec) << " ga " << ga << " opt "
+                                            << static_cast<int>(opt) << " param " << static_cast<int>(param)
+                                            << " overlap " << static_cast<int>(ov) << " jitter seed " << seed);
+          EngineConfig c = config(opt, param, prec, ga, ov, dir);
+          adjust(c);
+          const auto got = run_one(c, seed);
+          for (std::size_t u = 0; u < ref.size(); ++u)
+            ASSERT_EQ(std::memcmp(got[u].data(), ref[u].data(), ref[u].size() * 4), 0) << "unit " << u;
+        }
+}
+
+std::vector<std::vector<float>> run_jittered(const EngineConfig& c, std::uint64_t seed) {
+  return run(c, 3, nullptr, 64 << 20, jittered(seed));
+}
+
 TEST(OffloadEngineAsync, EveryPlacementOverlapPrecisionAndGaEqualsTheSynchronousRunUnderJitter) {
   Dir dir("zinf-engine-async-test");
-  std::uint64_t seed = 1;
+  std::uint64_t seed = 0;
   for (Precision prec : {Precision::fp32, Precision::fp16, Precision::bf16})
-    for (std::int64_t ga : {1, 2}) {
-      const auto ref = run(config(OffloadDevice::none, OffloadDevice::none, prec, ga, Overlap::none, dir.p), 3);
-      for (auto opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
-        for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
-          for (auto ov : {Overlap::exact, Overlap::none})
-            for (int k = 0; k < seeds(); ++k, ++seed) {
-              SCOPED_TRACE(::testing::Message() << "prec " << static_cast<int>(prec) << " ga " << ga << " opt "
-                                                << static_cast<int>(opt) << " param " << static_cast<int>(param)
-                                                << " overlap " << static_cast<int>(ov) << " jitter seed " << seed);
-              const auto got = run(config(opt, param, prec, ga, ov, dir.p), 3, nullptr, 64 << 20, jittered(seed));
-              for (std::size_t u = 0; u < ref.size(); ++u)
-                ASSERT_EQ(std::memcmp(got[u].data(), ref[u].data(), ref[u].size() * 4), 0) << "unit " << u;
-            }
-    }
+    for (std::int64_t ga : {1, 2})
+      expect_placements_equal(dir.p, {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}, prec, ga, seeds(),
+                              seed, [](EngineConfig&) {}, run_jittered);
   EXPECT_TRUE(fs::is_empty(dir.p));
 }
 
@@ -64,23 +82,14 @@ TEST(OffloadEngineAsync, EveryPlacementOverlapPrecisionAndGaEqualsTheSynchronous
 TEST(OffloadEngineAsync, GradientsSummedOnTheDeviceEqualTheSynchronousRunUnderJitter) {
   Dir dir("zinf-engine-async-test");
   std::uint64_t seed = 200;
-  for (Precision prec : {Precision::fp32, Precision::fp16, Precision::bf16}) {
-    const auto ref = run(config(OffloadDevice::none, OffloadDevice::none, prec, 3, Overlap::none, dir.p), 3);
-    for (auto opt : {OffloadDevice::cpu, OffloadDevice::nvme})
-      for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
-        for (auto ov : {Overlap::exact, Overlap::none}) {
-          ++seed;
-          SCOPED_TRACE(::testing::Message() << "prec " << static_cast<int>(prec) << " opt " << static_cast<int>(opt)
-                                            << " param " << static_cast<int>(param) << " overlap "
-                                            << static_cast<int>(ov) << " jitter seed " << seed);
-          EngineConfig c = config(opt, param, prec, 3, ov, dir.p);
+  for (Precision prec : {Precision::fp32, Precision::fp16, Precision::bf16})
+    expect_placements_equal(
+        dir.p, {OffloadDevice::cpu, OffloadDevice::nvme}, prec, 3, 1, seed,
+        [](EngineConfig& c) {
           c.device_grad_accum = true;
           ASSERT_TRUE(BufferSpecs(Engine::plan_input(c)).layout().device_accum);
-          const auto got = run(c, 3, nullptr, 64 << 20, jittered(seed));
-          for (std::size_t u = 0; u < ref.size(); ++u)
-            ASSERT_EQ(std::memcmp(got[u].data(), ref[u].data(), ref[u].size() * 4), 0) << "unit " << u;
-        }
-  }
+        },
+        run_jittered);
   EXPECT_TRUE(fs::is_empty(dir.p));
 }
 
@@ -90,25 +99,16 @@ TEST(OffloadEngineAsync, GradientsSummedOnTheDeviceEqualTheSynchronousRunUnderJi
 TEST(OffloadEngineAsync, PageableStagingEqualsPinnedStagingUnderJitter) {
   Dir dir("zinf-engine-async-test");
   std::uint64_t seed = 100;
-  for (Precision prec : {Precision::fp32, Precision::bf16}) {
-    const auto ref = run(config(OffloadDevice::none, OffloadDevice::none, prec, 2, Overlap::none, dir.p), 3);
-    for (auto opt : {OffloadDevice::cpu, OffloadDevice::nvme})
-      for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
-        for (auto ov : {Overlap::exact, Overlap::none}) {
-          ++seed;
-          SCOPED_TRACE(::testing::Message() << "prec " << static_cast<int>(prec) << " opt " << static_cast<int>(opt)
-                                            << " param " << static_cast<int>(param) << " overlap "
-                                            << static_cast<int>(ov) << " jitter seed " << seed);
-          EngineConfig c = config(opt, param, prec, 2, ov, dir.p);
-          c.pin_memory = false;
-          ::zinf::test::ForwardingDevice dev(make_cpu_device(64 << 20, jittered(seed)));
+  for (Precision prec : {Precision::fp32, Precision::bf16})
+    expect_placements_equal(
+        dir.p, {OffloadDevice::cpu, OffloadDevice::nvme}, prec, 2, 1, seed, [](EngineConfig& c) { c.pin_memory = false; },
+        [](const EngineConfig& c, std::uint64_t s) {
+          ::zinf::test::ForwardingDevice dev(make_cpu_device(64 << 20, jittered(s)));
           dev.pageable_copies(true);
-          const auto got = run_on(dev, c, 3);
-          for (std::size_t u = 0; u < ref.size(); ++u)
-            ASSERT_EQ(std::memcmp(got[u].data(), ref[u].data(), ref[u].size() * 4), 0) << "unit " << u;
+          auto got = run_on(dev, c, 3);
           EXPECT_GT(dev.unregistered_copies().size(), 0u) << "the staging is pageable";
-        }
-  }
+          return got;
+        });
   EXPECT_TRUE(fs::is_empty(dir.p));
 }
 

@@ -189,12 +189,6 @@ void accumulate_half(HostThreads& pool, const std::uint16_t* src, float* acc, st
   });
 }
 
-void accumulate(HostThreads& pool, const float* src, float* acc, std::size_t n) {
-  pool.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) acc[i] += src[i];
-  });
-}
-
 void from_half(HostThreads& pool, const std::uint16_t* src, float* dst, std::size_t n, HalfType t) {
   pool.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
     if (t == HalfType::fp16)

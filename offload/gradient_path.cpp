@@ -293,7 +293,7 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
       else if (state_.mixed)
         cpu_adam::accumulate_half(state_.threads, h, acc, len, state_.half);
       else
-        cpu_adam::accumulate(state_.threads, static_cast<const float*>(land.data()), acc, len);
+        state_.add_into(acc, static_cast<const float*>(land.data()), len);
     } else {
       float* g = reinterpret_cast<float*>(reduce_scratch_.get());
       if (state_.mixed)

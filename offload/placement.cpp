@@ -109,8 +109,24 @@ void add_spec(RowSums& sums, const BufferSpec& b, bool device_blocks) {
   }
 }
 
-Plan finish_plan(const Layout& layout, const RowSums& sums) {
+Plan finish_plan(const Layout& layout, RowSums sums) {
   Plan p;
+  constexpr int kPinned = static_cast<int>(Tier::pinned), kHost = static_cast<int>(Tier::host);
+  const auto row_of = [&](PlanRow r) -> Row& { return sums.rows[static_cast<std::size_t>(r)]; };
+  // Everything pinned comes from the one pool, but for the token batches' staging and the host
+  // activation checkpoints (pools of their own).
+  for (const Row& r : sums.rows) p.pinned_pool += r.bytes[kPinned];
+  p.pinned_pool -= row_of(PlanRow::token_batches).bytes[kPinned] + row_of(PlanRow::activation_checkpoints).bytes[kPinned];
+  // pin_memory false: the same buffers, pageable, so host memory — but for the token batches' few
+  // pages, which the trainer registers with the device whatever the setting.
+  p.pinned = layout.pin_memory;
+  if (!p.pinned)
+    for (int r = 0; r < kPlanRows; ++r) {
+      if (static_cast<PlanRow>(r) == PlanRow::token_batches) continue;
+      TierBytes& b = sums.rows[static_cast<std::size_t>(r)].bytes;
+      b[kHost] += b[kPinned];
+      b[kPinned] = 0;
+    }
   p.n_params = static_cast<std::int64_t>(layout.n_params);
   p.largest_unit = static_cast<std::int64_t>(layout.max_unit);
   p.largest_windowed = static_cast<std::int64_t>(layout.max_windowed);
@@ -132,32 +148,6 @@ Plan finish_plan(const Layout& layout, const RowSums& sums) {
   p.totals = p.model_states;
   for (const auto& r : p.buffers)
     for (int t = 0; t < kTiers; ++t) p.totals[t] += r.bytes[t];
-  // Everything pinned comes from the one pool, but for the token batches' staging and the host
-  // activation checkpoints (pools of their own).
-  constexpr int kPinned = static_cast<int>(Tier::pinned);
-  p.pinned_pool = p.totals[kPinned] - sums.rows[static_cast<std::size_t>(PlanRow::token_batches)].bytes[kPinned] -
-                  sums.rows[static_cast<std::size_t>(PlanRow::activation_checkpoints)].bytes[kPinned];
-  if (!layout.pin_memory) {  // the same buffers, pageable: host memory
-    p.pinned = false;
-    constexpr int kHost = static_cast<int>(Tier::host);
-    // The token batches' few pages stay registered with the device (their pool is the trainer's).
-    const std::string kept = sums.rows[static_cast<std::size_t>(PlanRow::token_batches)].name;
-    auto unpin = [&](std::vector<Row>& rs) {
-      for (auto& r : rs) {
-        if (r.name == kept) continue;
-        p.totals[kHost] += r.bytes[kPinned];
-        p.totals[kPinned] -= r.bytes[kPinned];
-        r.bytes[kHost] += r.bytes[kPinned];
-        r.bytes[kPinned] = 0;
-      }
-    };
-    for (auto& r : p.states) {
-      p.model_states[kHost] += r.bytes[kPinned];
-      p.model_states[kPinned] -= r.bytes[kPinned];
-    }
-    unpin(p.states);
-    unpin(p.buffers);
-  }
   return p;
 }
 

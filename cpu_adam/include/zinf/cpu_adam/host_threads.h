@@ -52,7 +52,5 @@ void from_half(HostThreads& pool, const std::uint16_t* src, float* dst, std::siz
 // acc[i] += the fp32 value of src[i] (the 16-bit type `t`): from_half then an fp32 add, element by
 // element, without the fp32 copy in memory (it goes through a small buffer in the cache).
 void accumulate_half(HostThreads& pool, const std::uint16_t* src, float* acc, std::size_t n, HalfType t);
-// acc[i] += src[i] in fp32.
-void accumulate(HostThreads& pool, const float* src, float* acc, std::size_t n);
 
 }  // namespace zinf::cpu_adam

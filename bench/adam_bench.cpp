@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -62,12 +63,18 @@ void fill(HostThreads& pool, Arrays& a) {
     std::uint32_t x = static_cast<std::uint32_t>(b) * 2654435761u + 1;
     std::vector<float> m(e - b), v(e - b);
     for (std::size_t i = b; i < e; ++i) {
-      x = x * 1664525u + 1013904223u;
-      const float r = static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f;
-      a.grad[i] = fp32_to_fp16_reference(r * 1e-2f);
-      a.master[i] = r * 0.02f;
-      m[i - b] = r * 1e-3f;
-      v[i - b] = r * r * 1e-6f;
+      auto uniform = [&x] {  // in [-0.5, 0.5)
+        x = x * 1664525u + 1013904223u;
+        return static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f;
+      };
+      // Optimizer states as training leaves them: each parameter's gradient has its own scale
+      // (spread over six binades), m is a running mean of such gradients, v of their squares.
+      const float sigma = std::exp2(6.0f * uniform()) * 1e-3f;
+      const float g = (uniform() + uniform() + uniform()) * sigma;  // about normal, sd sigma / 2
+      a.grad[i] = fp32_to_fp16_reference(g);
+      a.master[i] = uniform() * 0.02f;
+      m[i - b] = (uniform() + uniform() + uniform()) * 0.23f * sigma / 1024;
+      v[i - b] = (1.0f + uniform()) * 0.25f * sigma * sigma / (1024.0f * 1024.0f);
       a.out[i] = 0;
     }
     const UpdateChunk c = a.chunk(b, e);

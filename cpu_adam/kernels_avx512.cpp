@@ -264,6 +264,27 @@ inline __m512i q8_code16_normal(__m512 x, __m512i bias) {
   return y;
 }
 
+// The code of 16 values of a block of exponent E (top + 1 < E < 255) where some have no normal code;
+// bias = 0x7FFFF − ((E − top) << 23), up = 2^(129 + top − E). With t = |x|'s bits + bias + round3's
+// lsb, a normal code is t >> 20 and exists exactly when t ≥ 2^23 (e ≥ 1). Below that the code is
+// |x| / 2^(E−129−top) rounded to nearest even: |x| · up is exact wherever the quotient is at least
+// 2^−126 and far below ½ otherwise, so one multiply and one conversion in the default rounding give it.
+template <StateKind K>
+inline __m512i q8_code16_mixed(__m512 x, __m512i bias, __m512 up) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = K == StateKind::m ? _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)) : u;
+  const __mmask16 odd = _mm512_test_epi32_mask(a, _mm512_set1_epi32(1 << 20));
+  __m512i t = _mm512_add_epi32(a, bias);
+  t = _mm512_mask_add_epi32(t, odd, t, _mm512_set1_epi32(1));
+  const __mmask16 small = _mm512_cmplt_epi32_mask(t, _mm512_set1_epi32(1 << 23));
+  const __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), up),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512i y = _mm512_mask_mov_epi32(_mm512_srli_epi32(t, 20), small, q);
+  if constexpr (K == StateKind::m)  // y | (u >> 24 & 0x80)
+    y = _mm512_ternarylogic_epi32(y, _mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80), 0xF8);
+  return y;
+}
+
 // Encodes t[0, 256) given the largest and the smallest key of the block.
 template <StateKind K>
 inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* scale, std::uint32_t kmax,
@@ -280,11 +301,18 @@ inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* sca
     std::memset(codes, 0, kQ8Block);
     return;
   }
-  if ((spec::q8_round3(kmin) >> 23) + top <= E) {  // some element below the normal codes: rare
-    const __m512i e = _mm512_set1_epi32(static_cast<int>(E));
-    return q8_encode_block<K>(t, codes, scale, e);
-  }
   *scale = spec::q8_scale(E);
+  if ((spec::q8_round3(kmin) >> 23) + top <= E) {  // some element below the normal codes
+    if (E == top + 1) return q8_encode_block<K>(t, codes, scale, _mm512_set1_epi32(static_cast<int>(E)));
+    const __m512i bias = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((E - top) << 23)));
+    const __m512 up = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>((256u + top - E) << 23)));
+    for (std::size_t j = 0; j < kQ8Block; j += 64)
+      store_codes64(codes + j, q8_code16_mixed<K>(_mm512_loadu_ps(t + j), bias, up),
+                    q8_code16_mixed<K>(_mm512_loadu_ps(t + j + 16), bias, up),
+                    q8_code16_mixed<K>(_mm512_loadu_ps(t + j + 32), bias, up),
+                    q8_code16_mixed<K>(_mm512_loadu_ps(t + j + 48), bias, up));
+    return;
+  }
   const __m512i bias = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((E - top) << 23)));
   for (std::size_t j = 0; j < kQ8Block; j += 64)
     store_codes64(codes + j, q8_code16_normal<K>(_mm512_loadu_ps(t + j), bias),
@@ -294,10 +322,28 @@ inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* sca
 }
 
 // Decode. With a scale 2^(E−127), top < E < 255 (every scale an encode stores, NaN and zero blocks
-// aside) and no code of the block below the normal range (e ≥ 1), value(c) × scale is exact and
-// normal, so its bits are the code's magnitude shifted into the exponent and mantissa fields plus
-// (E − top) << 23, and the sign bit for m: no multiply and no e = 0 case. Other blocks decode as
-// value(c) × scale.
+// aside), value(c) × scale is exact. For a code with e ≥ 1 it is normal, and its bits are the code's
+// magnitude shifted into the exponent and mantissa fields plus (E − top) << 23, and the sign bit for
+// m: no multiply. A code with e = 0 (rare) is ±m3 · 2^(E−129−top), one exact multiply of m3. Blocks
+// with other scales decode as value(c) × scale.
+struct Q8Dec {
+  __m512i bias;  // (E − top) << 23
+  __m512 sub;    // 2^(E−129−top), normal or not
+};
+
+// Whether the block's scale lets it decode by the rule above; if so, its constants.
+template <StateKind K>
+inline bool q8_decode_plan(float scale, Q8Dec& d) {
+  constexpr std::uint32_t top = kTop<K>;
+  const std::uint32_t sb = spec::bits_of(scale), E = sb >> 23;
+  if ((sb & 0x807FFFFFu) != 0 || E <= top || E >= spec::kQ8Nan) return false;
+  d.bias = _mm512_set1_epi32(static_cast<int>((E - top) << 23));
+  const int ex = static_cast<int>(E) - 2 - static_cast<int>(top);  // the biased exponent of 2^(E−129−top): ≥ −1
+  d.sub = _mm512_castsi512_ps(_mm512_set1_epi32(ex >= 1 ? ex << 23 : 1 << (22 + ex)));
+  return true;
+}
+
+// Whether every code of the block has e ≥ 1.
 template <StateKind K>
 inline bool q8_block_codes_normal(const std::uint8_t* p) {
   const __m512i e_bits = _mm512_set1_epi8(static_cast<char>(K == StateKind::m ? 0x78 : 0xF8));
@@ -308,33 +354,33 @@ inline bool q8_block_codes_normal(const std::uint8_t* p) {
   return _cvtmask64_u64(_kand_mask64(_kand_mask64(k0, k1), _kand_mask64(k2, k3))) == ~std::uint64_t{0};
 }
 
-// Whether the block decodes by the fast rule; if so, `bias` is (E − top) << 23.
-template <StateKind K>
-inline bool q8_decode_plan(const std::uint8_t* codes, float scale, __m512i& bias) {
-  constexpr std::uint32_t top = kTop<K>;
-  const std::uint32_t sb = spec::bits_of(scale), E = sb >> 23;
-  if ((sb & 0x807FFFFFu) != 0 || E <= top || E >= spec::kQ8Nan || !q8_block_codes_normal<K>(codes)) return false;
-  bias = _mm512_set1_epi32(static_cast<int>((E - top) << 23));
-  return true;
-}
-
-// 16 values of a block that decodes by the fast rule.
-template <StateKind K>
-inline __m512 q8_decode16_fast(const std::uint8_t* p, __m512i bias) {
+// 16 values of a block that decodes by the rule above; Sub: the block may hold codes with e = 0.
+template <StateKind K, bool Sub>
+inline __m512 q8_decode16(const std::uint8_t* p, const Q8Dec& d) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m512i c = K == StateKind::m ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
   __m512i r;
   if constexpr (K == StateKind::m)  // sign-extended: (c << 20) keeps the sign at bit 31 once masked
-    r = _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(b), 20), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+    r = _mm512_and_si512(_mm512_slli_epi32(c, 20), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
   else
-    r = _mm512_slli_epi32(_mm512_cvtepu8_epi32(b), 20);
-  return _mm512_castsi512_ps(_mm512_add_epi32(r, bias));
+    r = _mm512_slli_epi32(c, 20);
+  r = _mm512_add_epi32(r, d.bias);
+  if constexpr (Sub) {  // ±m3 · 2^(E−129−top) where e = 0
+    const __mmask16 e0 = _mm512_testn_epi32_mask(c, _mm512_set1_epi32(K == StateKind::m ? 0x78 : 0xF8));
+    const __m512 mag = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(c, _mm512_set1_epi32(7))), d.sub);
+    __m512i e = _mm512_castps_si512(mag);
+    if constexpr (K == StateKind::m)
+      e = _mm512_ternarylogic_epi32(e, c, _mm512_set1_epi32(static_cast<int>(0x80000000u)), 0xF8);
+    r = _mm512_mask_mov_epi32(r, e0, e);
+  }
+  return _mm512_castsi512_ps(r);
 }
 
 template <StateKind K>
 inline void q8_decode_block(const std::uint8_t* codes, float scale, float* out) {
-  __m512i bias;
-  if (q8_decode_plan<K>(codes, scale, bias)) {
-    for (std::size_t j = 0; j < kQ8Block; j += 16) _mm512_storeu_ps(out + j, q8_decode16_fast<K>(codes + j, bias));
+  Q8Dec d;
+  if (q8_decode_plan<K>(scale, d)) {
+    for (std::size_t j = 0; j < kQ8Block; j += 16) _mm512_storeu_ps(out + j, q8_decode16<K, true>(codes + j, d));
     return;
   }
   const __m512 sc = _mm512_set1_ps(scale);
@@ -369,17 +415,18 @@ void q8_dec(StateKind k, const std::uint8_t* s, const float* scales, float* d, s
 }
 
 // The step over one block of q8 states, its new m and v into mt and vt, their keys' extremes into the
-// four accumulators. Inline: m and v are decoded in the loop by the fast rule (biases bm, bv), and
-// their new values encoded there too, as normal codes of the block's present exponent (encode biases
-// em, ev) — right whenever the block keeps its exponent and stays in the normal range, which the
-// caller checks afterwards (re-encoding the block from mt and vt where not). Otherwise m and v are
-// read from mt and vt, where the caller has decoded them, and encoded by the caller.
-template <GradType G, int Out, bool NB, bool Inline>
+// four accumulators. Inline: m and v are decoded in the loop (Sub: the block holds codes with e = 0),
+// and v's new values encoded there too, as normal codes of v's present block exponent (encode bias
+// ev) — right whenever the block keeps that exponent and stays in the normal range, which the caller
+// checks afterwards (re-encoding v from vt where not). m is always encoded by the caller from mt: its
+// block exponent moves in about a third of the blocks each step in training, too often for the guess
+// to pay. Otherwise m and v are read from mt and vt, where the caller has decoded them.
+template <GradType G, int Out, bool NB, bool Inline, bool Sub = false>
 #if defined(__GNUC__)
 __attribute__((target("avx512bf16")))
 #endif
-inline void q8_block_step(const Consts& k, const UpdateChunk& c, std::size_t b, float* mt, float* vt, __m512i bm,
-                          __m512i bv, __m512i em, __m512i ev, __m512i& mhi, __m512i& mlo, __m512i& vhi,
+inline void q8_block_step(const Consts& k, const UpdateChunk& c, std::size_t b, float* mt, float* vt,
+                          const Q8Dec& dm, const Q8Dec& dv, __m512i ev, __m512i& mhi, __m512i& mlo, __m512i& vhi,
                           __m512i& vlo) {
   auto* const mc = static_cast<std::uint8_t*>(c.m);
   auto* const vc = static_cast<std::uint8_t*>(c.v);
@@ -387,13 +434,13 @@ inline void q8_block_step(const Consts& k, const UpdateChunk& c, std::size_t b, 
   float* const master = c.master;
   auto* const out = static_cast<std::uint16_t*>(c.param16);
   for (std::size_t j0 = 0; j0 < kQ8Block; j0 += 64) {
-    __m512i mcode[4], vcode[4];
+    __m512i vcode[4];
     for (std::size_t q = 0; q < 4; ++q) {
       const std::size_t j = j0 + 16 * q, i = b + j;
       __m512 p = _mm512_loadu_ps(master + i), m, v;
       if constexpr (Inline) {
-        m = q8_decode16_fast<StateKind::m>(mc + i, bm);
-        v = q8_decode16_fast<StateKind::v>(vc + i, bv);
+        m = q8_decode16<StateKind::m, Sub>(mc + i, dm);
+        v = q8_decode16<StateKind::v, Sub>(vc + i, dv);
       } else {
         m = _mm512_load_ps(mt + j);
         v = _mm512_load_ps(vt + j);
@@ -408,15 +455,9 @@ inline void q8_block_step(const Consts& k, const UpdateChunk& c, std::size_t b, 
       mlo = _mm512_min_epu32(mlo, mk);
       vhi = _mm512_max_epu32(vhi, vk);
       vlo = _mm512_min_epu32(vlo, vk);
-      if constexpr (Inline) {
-        mcode[q] = q8_code16_normal<StateKind::m>(m, em);
-        vcode[q] = q8_code16_normal<StateKind::v>(v, ev);
-      }
+      if constexpr (Inline) vcode[q] = q8_code16_normal<StateKind::v>(v, ev);
     }
-    if constexpr (Inline) {
-      store_codes64(mc + b + j0, mcode[0], mcode[1], mcode[2], mcode[3]);
-      store_codes64(vc + b + j0, vcode[0], vcode[1], vcode[2], vcode[3]);
-    }
+    if constexpr (Inline) store_codes64(vc + b + j0, vcode[0], vcode[1], vcode[2], vcode[3]);
   }
 }
 
@@ -429,10 +470,11 @@ inline bool q8_inline_codes_hold(std::uint32_t Ep, std::uint32_t kmax, std::uint
   return E == Ep && (spec::q8_round3(kmin) >> 23) + kTop<K> > E;
 }
 
-// One block at a time. A block whose m and v both decode by the fast rule (almost all) is decoded,
-// stepped and encoded in one loop, on the guess that its exponents stay as they are; the guess is
-// checked from the keys' extremes and the block re-encoded from its L1-resident copy where it fails.
-// Other blocks: decode into the buffers, the step, then encode from them.
+// One block at a time. A block whose m and v scales are powers of two in the range an encode stores
+// (all but NaN and zero blocks) is decoded, stepped and its v encoded in one loop, on the guess that
+// v's exponent stays as it is; the guess is checked from the keys' extremes and v re-encoded from its
+// L1-resident copy where it fails; m is encoded from its copy. Other blocks: decode into the buffers,
+// the step, then encode from them.
 template <GradType G, int Out, bool NB>
 #if defined(__GNUC__)
 __attribute__((target("avx512bf16")))
@@ -445,24 +487,25 @@ void adam_q8_loop(const AdamStep& s, const UpdateChunk& c) {
   alignas(64) float mt[kQ8Block], vt[kQ8Block];
   for (std::size_t b = 0; b < full; b += kQ8Block) {
     const std::size_t blk = b / kQ8Block;
-    __m512i mhi = _mm512_setzero_si512(), vhi = mhi, mlo = _mm512_set1_epi32(-1), vlo = mlo, bm = mhi, bv = mhi;
-    if (q8_decode_plan<StateKind::m>(mc + b, c.m_scale[blk], bm) &&
-        q8_decode_plan<StateKind::v>(vc + b, c.v_scale[blk], bv)) {
-      const std::uint32_t Em = spec::bits_of(c.m_scale[blk]) >> 23, Ev = spec::bits_of(c.v_scale[blk]) >> 23;
-      const __m512i em = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((Em - kTop<StateKind::m>) << 23)));
+    __m512i mhi = _mm512_setzero_si512(), vhi = mhi, mlo = _mm512_set1_epi32(-1), vlo = mlo;
+    Q8Dec dm{}, dv{};
+    if (q8_decode_plan<StateKind::m>(c.m_scale[blk], dm) && q8_decode_plan<StateKind::v>(c.v_scale[blk], dv)) {
+      const std::uint32_t Ev = spec::bits_of(c.v_scale[blk]) >> 23;
       const __m512i ev = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((Ev - kTop<StateKind::v>) << 23)));
-      q8_block_step<G, Out, NB, true>(k, c, b, mt, vt, bm, bv, em, ev, mhi, mlo, vhi, vlo);
+      if (q8_block_codes_normal<StateKind::m>(mc + b) && q8_block_codes_normal<StateKind::v>(vc + b))
+        q8_block_step<G, Out, NB, true>(k, c, b, mt, vt, dm, dv, ev, mhi, mlo, vhi, vlo);
+      else
+        q8_block_step<G, Out, NB, true, true>(k, c, b, mt, vt, dm, dv, ev, mhi, mlo, vhi, vlo);
       const std::uint32_t mmax = _mm512_reduce_max_epu32(mhi), mmin = _mm512_reduce_min_epu32(mlo);
       const std::uint32_t vmax = _mm512_reduce_max_epu32(vhi), vmin = _mm512_reduce_min_epu32(vlo);
-      if (!q8_inline_codes_hold<StateKind::m>(Em, mmax, mmin))
-        q8_encode_block_keys<StateKind::m>(mt, mc + b, c.m_scale + blk, mmax, mmin);
+      q8_encode_block_keys<StateKind::m>(mt, mc + b, c.m_scale + blk, mmax, mmin);
       if (!q8_inline_codes_hold<StateKind::v>(Ev, vmax, vmin))
         q8_encode_block_keys<StateKind::v>(vt, vc + b, c.v_scale + blk, vmax, vmin);
-      continue;  // where the codes hold, so does the scale: 2^(E−127) with the same E
+      continue;  // where v's codes hold, so does its scale: 2^(E−127) with the same E
     }
     q8_decode_block<StateKind::m>(mc + b, c.m_scale[blk], mt);
     q8_decode_block<StateKind::v>(vc + b, c.v_scale[blk], vt);
-    q8_block_step<G, Out, NB, false>(k, c, b, mt, vt, bm, bv, bm, bv, mhi, mlo, vhi, vlo);
+    q8_block_step<G, Out, NB, false>(k, c, b, mt, vt, dm, dv, vhi, mhi, mlo, vhi, vlo);
     q8_encode_block_keys<StateKind::m>(mt, mc + b, c.m_scale + blk, _mm512_reduce_max_epu32(mhi),
                                        _mm512_reduce_min_epu32(mlo));
     q8_encode_block_keys<StateKind::v>(vt, vc + b, c.v_scale + blk, _mm512_reduce_max_epu32(vhi),

@@ -629,6 +629,121 @@ TEST(StatesUpdate, Q8FastBlocksMatchTheReferenceOverSteps) {
   }
 }
 
+// States as training leaves them: each parameter's gradient has its own scale, spread over 24
+// binades, so most blocks hold m and v codes below the normal range (e = 0) and new values that round
+// onto them — the vector paths decode and encode such blocks in their loops, with per-lane selects.
+// Some blocks sit at the ends of the exponent range: m's and v's block exponent just above top (the
+// encoder's multiply for the small codes would need 2^128 there) or two above it, and blocks of huge
+// states (where that multiply scales down, by up to 2^−110). Several steps in a row, so each step
+// decodes what the path itself stored.
+TEST(StatesUpdate, Q8BlocksWithCodesBelowTheNormalRangeMatchTheReferenceOverSteps) {
+  const std::size_t n = 96 * kQ8Block + 33;
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  Problem base;
+  base.master.resize(n + 1);
+  base.m.resize(n + 1);
+  base.v.resize(n + 1);
+  base.grad32.resize(n + 1);
+  base.grad16.resize(n + 1);
+  base.out.assign(n + 1, 0);
+  for (std::size_t i = 0; i < n + 1; ++i) {
+    const float sigma = std::exp2(24.0f * u(rng)) * 1e-3f;
+    base.master[i] = u(rng) * 0.02f;
+    base.grad32[i] = (u(rng) + u(rng) + u(rng)) * sigma;
+    base.m[i] = (u(rng) + u(rng) + u(rng)) * 0.23f * sigma / 1024;
+    base.v[i] = (1.0f + u(rng)) * 0.25f * sigma * sigma / (1024.0f * 1024.0f);
+  }
+  // Blocks pinned to a block exponent (the largest element at 1.5·2^(E−127)) with the others spread
+  // below it, and gradients that keep them there (fp32 gradients; fp16 ones may flush them to zero).
+  auto pin = [&](std::vector<float>& x, std::size_t block, int E, float spread_binades) {
+    for (std::size_t j = 0; j < kQ8Block; ++j)
+      x[block * kQ8Block + j] = std::ldexp(j == 0 ? 1.5f : 1.0f + u(rng), E - 127 - (j == 0 ? 0 : static_cast<int>(
+                                                                                       spread_binades * (u(rng) + 0.5f))));
+  };
+  pin(base.m, 20, 16, 20), pin(base.v, 20, 32, 36);   // E = top + 1
+  pin(base.m, 21, 17, 20), pin(base.v, 21, 33, 36);   // E = top + 2
+  pin(base.m, 22, 200, 24), pin(base.v, 22, 250, 40);  // huge states
+  pin(base.m, 23, 150, 24), pin(base.v, 23, 170, 40);
+  for (std::size_t block : {20, 21, 22, 23})
+    for (std::size_t j = 0; j < kQ8Block; ++j) {
+      const std::size_t i = block * kQ8Block + j;
+      base.grad32[i] = base.m[i] * 10.0f * 1024;  // g · grad_scale ≈ 10 m: m's exponent moves a little
+      if (block == 20 || block == 21) base.v[i] = std::ldexp(1.0f + u(rng), (block == 20 ? 32 : 33) - 127 - static_cast<int>(36 * (u(rng) + 0.5f)));
+    }
+  const AdamHyper h{.lr = 1e-4f, .weight_decay = 0.01f};
+  for (SimdLevel path : supported_paths()) {
+    for (GradType gt : {GradType::fp32, GradType::fp16}) {
+      SCOPED_TRACE(::testing::Message() << to_string(path) << " grad=" << static_cast<int>(gt));
+      Problem a = base, b = base;
+      Stored sa = store(StateFormat::q8, a.m, a.v, n, 0), sb = sa;
+      // the premise: blocks with codes below the normal range, and the pinned exponents
+      std::size_t with_e0 = 0;
+      for (std::size_t blk = 0; blk < n / kQ8Block; ++blk) {
+        bool e0 = false;
+        for (std::size_t j = 0; j < kQ8Block; ++j) e0 |= (sa.m[blk * kQ8Block + j] & 0x78) == 0;
+        with_e0 += e0;
+      }
+      EXPECT_GT(with_e0, n / kQ8Block / 2);
+      EXPECT_EQ(bits(sa.ms[20]) >> 23, 16u);
+      EXPECT_EQ(bits(sa.vs[20]) >> 23, 32u);
+      EXPECT_EQ(bits(sa.ms[22]) >> 23, 200u);
+      for (std::int64_t step = 1; step <= 4; ++step) {
+        const AdamStep st = make_adam_step(h, step, 1.0f / 1024);
+        adam_update_reference(st, chunk(a, sa, gt, 1, 0));
+        adam_update(st, chunk(b, sb, gt, 1, 0), path);
+        expect_same(b, sb, a, sa);
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+}
+
+// The encoder and decoder alone on such blocks: the block exponent just above top (no 2^128 for the
+// small codes' multiply) and two above it, and huge blocks, each with elements down to far below the
+// normal codes, ties on the grid below them included.
+TEST(Q8, EveryPathEncodesBlocksWithSmallCodesAtTheEndsOfTheExponentRange) {
+  std::mt19937 rng(5);
+  for (StateKind k : {StateKind::m, StateKind::v}) {
+    const int top = k == StateKind::m ? 15 : 31;
+    std::vector<float> x;
+    for (int E : {top + 1, top + 2, top + 3, 140, 160, 200, 254}) {
+      for (int rep = 0; rep < 4; ++rep) {
+        for (std::size_t j = 0; j < kQ8Block; ++j) {
+          std::uint32_t sign = k == StateKind::m ? (rng() & 1) << 31 : 0;
+          int ex = j == 0 ? E : E - 1 - static_cast<int>(rng() % 40);
+          std::uint32_t mant = rng() & 0x7FFFFF;
+          if (rng() % 4 == 0) {  // a tie (or a neighbour) on the grid below the normal codes
+            const int sh = 21 + static_cast<int>(rng() % 4);
+            ex = E - top - static_cast<int>(sh - 21);
+            mant = (((mant >> sh) << sh) | ((1u << (sh - 1)) + (rng() % 3) - 1)) & 0x7FFFFF;
+          }
+          if (j == 0) mant = 0;
+          const std::uint32_t bits_ = ex >= 1 ? sign | (static_cast<std::uint32_t>(ex) << 23) | mant : sign | (mant >> 3);
+          x.push_back(f_of(bits_));
+        }
+      }
+    }
+    const std::size_t n = x.size();
+    std::vector<std::uint8_t> want(n), got(n);
+    std::vector<float> ws(n / kQ8Block), gs(n / kQ8Block);
+    encode_states(StateFormat::q8, k, x.data(), want.data(), ws.data(), n, SimdLevel::scalar);
+    std::size_t small = 0;
+    for (std::uint8_t c : want) small += (c & (k == StateKind::m ? 0x78 : 0xF8)) == 0;
+    ASSERT_GT(small, n / 8);  // the premise: many codes below the normal range
+    for (SimdLevel path : supported_paths()) {
+      SCOPED_TRACE(::testing::Message() << to_string(path) << " kind " << static_cast<int>(k));
+      encode_states(StateFormat::q8, k, x.data(), got.data(), gs.data(), n, path);
+      ASSERT_EQ(byte_mismatches("codes", got.data(), want.data(), n), 0);
+      ASSERT_EQ(float_mismatches("scales", gs.data(), ws.data(), gs.size()), 0);
+      std::vector<float> wd(n), gd(n);
+      decode_states(StateFormat::q8, k, want.data(), ws.data(), wd.data(), n, SimdLevel::scalar);
+      decode_states(StateFormat::q8, k, want.data(), ws.data(), gd.data(), n, path);
+      ASSERT_EQ(float_mismatches("decoded", gd.data(), wd.data(), n), 0);
+    }
+  }
+}
+
 TEST(StatesUpdate, ThreadCountDoesNotChangeResults) {
   const std::size_t n = (std::size_t{1} << 19) + 37;
   const AdamStep st = make_adam_step(AdamHyper{.weight_decay = 0.01f}, 4, 0.25f);

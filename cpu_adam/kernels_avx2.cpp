@@ -245,6 +245,22 @@ inline __m256i q8_code8_normal(__m256 x, __m256i bias) {
   return y;
 }
 
+// The code of 8 values of a block of exponent E (top + 1 < E < 255) where some have no normal code:
+// the AVX-512 file's q8_code16_mixed (see there), the rounding to an integer done by round_ps in
+// nearest-even mode so that it does not depend on MXCSR.
+template <StateKind K>
+inline __m256i q8_code8_mixed(__m256 x, __m256i bias, __m256 up) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i a = K == StateKind::m ? _mm256_and_si256(u, set1(0x7FFFFFFF)) : u;
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, 20), set1(1));
+  const __m256i t = _mm256_add_epi32(_mm256_add_epi32(a, bias), lsb);
+  const __m256i small = _mm256_cmpgt_epi32(set1(1u << 23), t);
+  const __m256 q = _mm256_round_ps(_mm256_mul_ps(_mm256_castsi256_ps(a), up), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256i y = _mm256_blendv_epi8(_mm256_srli_epi32(t, 20), _mm256_cvttps_epi32(q), small);
+  if constexpr (K == StateKind::m) y = _mm256_or_si256(y, _mm256_and_si256(_mm256_srli_epi32(u, 24), set1(0x80)));
+  return y;
+}
+
 // Encodes t[0, 256) given the largest and the smallest key of the block.
 template <StateKind K>
 inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* scale, std::uint32_t kmax,
@@ -261,8 +277,18 @@ inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* sca
     std::memset(codes, 0, kQ8Block);
     return;
   }
-  if ((spec::q8_round3(kmin) >> 23) + top <= E) return q8_encode_block<K>(t, codes, scale, set1(E));  // rare
   *scale = spec::q8_scale(E);
+  if ((spec::q8_round3(kmin) >> 23) + top <= E) {  // some element below the normal codes
+    if (E == top + 1) return q8_encode_block<K>(t, codes, scale, set1(E));
+    const __m256i bias = set1(0x7FFFFu - ((E - top) << 23));
+    const __m256 up = _mm256_castsi256_ps(set1((256u + top - E) << 23));
+    for (std::size_t j = 0; j < kQ8Block; j += 32)
+      store_codes32(codes + j, q8_code8_mixed<K>(_mm256_loadu_ps(t + j), bias, up),
+                    q8_code8_mixed<K>(_mm256_loadu_ps(t + j + 8), bias, up),
+                    q8_code8_mixed<K>(_mm256_loadu_ps(t + j + 16), bias, up),
+                    q8_code8_mixed<K>(_mm256_loadu_ps(t + j + 24), bias, up));
+    return;
+  }
   const __m256i bias = set1(0x7FFFFu - ((E - top) << 23));
   for (std::size_t j = 0; j < kQ8Block; j += 32)
     store_codes32(codes + j, q8_code8_normal<K>(_mm256_loadu_ps(t + j), bias),
@@ -281,21 +307,44 @@ inline bool q8_block_codes_normal(const std::uint8_t* p) {
   return _mm256_movemask_epi8(_mm256_cmpeq_epi8(lo, _mm256_setzero_si256())) == 0;
 }
 
+// 8 values of a block whose scale is 2^(E−127), top < E < 255 (the AVX-512 file's q8_decode16):
+// bias = (E − top) << 23, sub = 2^(E−129−top); Sub: the block may hold codes with e = 0.
+template <StateKind K, bool Sub>
+inline __m256 q8_decode8(const std::uint8_t* p, __m256i bias, __m256 sub) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m256i c = K == StateKind::m ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+  __m256i r;
+  if constexpr (K == StateKind::m)  // sign-extended: (c << 20) keeps the sign at bit 31 once masked
+    r = _mm256_and_si256(_mm256_slli_epi32(c, 20), set1(0x87F00000u));
+  else
+    r = _mm256_slli_epi32(c, 20);
+  r = _mm256_add_epi32(r, bias);
+  if constexpr (Sub) {  // ±m3 · 2^(E−129−top) where e = 0
+    const __m256i e0 = _mm256_cmpeq_epi32(_mm256_and_si256(c, set1(K == StateKind::m ? 0x78 : 0xF8)), _mm256_setzero_si256());
+    __m256i e = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, set1(7))), sub));
+    if constexpr (K == StateKind::m) e = _mm256_or_si256(e, _mm256_and_si256(c, set1(0x80000000u)));
+    r = _mm256_blendv_epi8(r, e, e0);
+  }
+  return _mm256_castsi256_ps(r);
+}
+
+template <StateKind K, bool Sub>
+inline void q8_decode_block_pow2(const std::uint8_t* codes, __m256i bias, __m256 sub, float* out) {
+  for (std::size_t j = 0; j < kQ8Block; j += 8) _mm256_storeu_ps(out + j, q8_decode8<K, Sub>(codes + j, bias, sub));
+}
+
 template <StateKind K>
 inline void q8_decode_block(const std::uint8_t* codes, float scale, float* out) {
   constexpr std::uint32_t top = static_cast<std::uint32_t>(kTop<K>);
   const std::uint32_t sb = spec::bits_of(scale), E = sb >> 23;
-  if ((sb & 0x807FFFFFu) == 0 && E > top && E < spec::kQ8Nan && q8_block_codes_normal<K>(codes)) {
+  if ((sb & 0x807FFFFFu) == 0 && E > top && E < spec::kQ8Nan) {
     const __m256i bias = set1((E - top) << 23);
-    for (std::size_t j = 0; j < kQ8Block; j += 8) {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j));
-      __m256i r;
-      if constexpr (K == StateKind::m)  // sign-extended: (c << 20) keeps the sign at bit 31 once masked
-        r = _mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(b), 20), set1(0x87F00000u));
-      else
-        r = _mm256_slli_epi32(_mm256_cvtepu8_epi32(b), 20);
-      _mm256_storeu_ps(out + j, _mm256_castsi256_ps(_mm256_add_epi32(r, bias)));
-    }
+    const int ex = static_cast<int>(E) - 2 - static_cast<int>(top);  // the biased exponent of 2^(E−129−top): ≥ −1
+    const __m256 sub = _mm256_castsi256_ps(set1(ex >= 1 ? static_cast<std::uint32_t>(ex) << 23 : 1u << (22 + ex)));
+    if (q8_block_codes_normal<K>(codes))
+      q8_decode_block_pow2<K, false>(codes, bias, sub, out);
+    else
+      q8_decode_block_pow2<K, true>(codes, bias, sub, out);
     return;
   }
   const __m256 sc = _mm256_set1_ps(scale);

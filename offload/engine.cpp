@@ -247,6 +247,7 @@ const void* Engine::weights(std::size_t u) {
   });
   Unit& unit = impl.s.units[u];
   if (!unit.windowed) {
+    model_waits_for(impl.s.dev, unit.landed);  // the landing's h2d work (its Uploads, the fp32 weights)
     if (unit.gather_pending) {  // the other ranks' parts of its new copy, gathered in the trainer's order of use
       impl.resident->finish_landing(unit);
       model_waits_for(impl.s.dev, impl.s.dev.record(StreamRole::h2d));

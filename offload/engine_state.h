@@ -111,6 +111,10 @@ struct Unit : UnitLayout {
   bool reduced = false;
 
   std::int64_t version = 0;  // under mu: updates landed (kRestoring: being rebuilt, see below)
+  // A resident unit's landing on the device: recorded on h2d behind its last Upload and its fp32
+  // working weights (set by land_unit before the version; read by the trainer after it). The model's
+  // stream waits for it in weights(u); the update worker goes on to the next unit meanwhile.
+  EventHandle landed;
   // A resident unit whose landed compute copy still holds only this rank's fresh part, to be
   // gathered by the trainer (ParamHome::finish_landing; set by land_unit, cleared by the trainer).
   bool gather_pending = false;

@@ -65,6 +65,15 @@ class DeviceHome final : public ParamHome {
     up_.copied[k] = state_.dev.record(StreamRole::h2d);
   }
   void land_unit(Unit& u) override {
+    if (!u.windowed && !state_.shard_states) {
+      // The whole unit is this rank's: its Uploads, then its fp32 working weights, are h2d work in
+      // stream order, and the model's stream waits for the event behind them (weights()), so the
+      // update worker goes on to the next unit while h2d finishes this one. The upload slots are
+      // waited for where they are reused (update_target).
+      follow_half(u);
+      u.landed = state_.dev.record(StreamRole::h2d);
+      return;
+    }
     for (auto& e : up_.copied)
       if (e) e->wait();
     if (u.windowed) return;  // a shard: gathered at Fetch

@@ -16,10 +16,10 @@
 #                      none/cpu/nvme × params none/cpu × overlap exact/none): one params_digest, no
 #                      failed run (scripts/digest-check.sh); more rounds while the cap allows
 #   states       55 s  the same at 2 layers, 2 steps, overlap exact: fp32 states with the activation
-#                      checkpoints in host memory, the speculative Update, pin_memory false and the
-#                      gradients summed on the device beside the placements; optimizer_states bf16 and
-#                      8bit (the CUDA Update with none, the host's with cpu/nvme) with the speculative
-#                      Update — one digest per state format
+#                      checkpoints in host memory, the speculative Update, pin_memory false (also
+#                      with the parameters on NVMe) and the gradients summed on the device beside the
+#                      placements; optimizer_states bf16 and 8bit (the CUDA Update with none, the
+#                      host's with cpu/nvme) with the speculative Update — one digest per state format
 #   fast         40 s  the same model (4 layers, 3 steps, bf16) with device.kernels fast on the GPU,
 #                      against the reference kernels on the GPU (per-step losses within a relative
 #                      2e-2: the fast path stores activations in bf16) and against the CPU twin
@@ -92,8 +92,9 @@ part_repeat() {  # TrainGpu.* as often as the cap allows, at least once
 
 # Variants of the placements that must not change the digest: activation checkpoints in host memory,
 # the speculative Update (the config clips at 1.0, so its steps roll back and redo), pageable staging,
-# the micro batches' gradients summed on the device (the config's GA is 2).
-state_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false;--set zero_optimization.offload_optimizer.device_grad_accumulation=true"
+# the micro batches' gradients summed on the device (the config's GA is 2), and pageable staging with
+# the parameters on NVMe (their reads land in pageable memory, then go up).
+state_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false;--set zero_optimization.offload_optimizer.device_grad_accumulation=true;--set zero_optimization.offload_optimizer.pin_memory=false --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path=\"${TMPDIR:-/tmp}/zinf-gpu-check-swap\""
 
 part_digests() {
   local cap="$1"

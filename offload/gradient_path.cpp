@@ -252,35 +252,19 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
     state_.dev.synchronize(r);
     return;
   }
-  // Bucket by bucket. The GradOut copies run ahead of the Reduce by as many buckets as there are
-  // landing buffers: bucket kb+L is enqueued only after the host has finished with bucket kb's
-  // buffer, and the host waits for each bucket's event. The one device staging buffer is reused in
-  // d2h stream order.
-  const std::size_t L = landing_.size(), nb = (u.n + state_.bucket - 1) / state_.bucket, cb = state_.compute_bytes;
-  std::vector<EventHandle> landed(L);
-  std::size_t enqueued = 0;
-  auto grad_out = [&](std::size_t kb) {  // GradOut: the gradient leaves the device (16 bits in mixed runs)
-    const std::size_t o = kb * state_.bucket, len = std::min(state_.bucket, u.n - o);
-    {
-      BusyScope busy(state_.dev, r);
-      if (state_.mixed) {  // rounded into the staging buffer (d2h writes, d2h reads: stream order)
-        state_.kern->to_half(grad + o, gradout_stage_.as<void>(), len, state_.half, r);
-        state_.dev.copy_to_host(landing_[kb % L].data(), gradout_stage_.as<void>(), len * cb, r);
-      } else {  // fp32: straight from the gradient buffer, no device copy first
-        state_.dev.copy_to_host(landing_[kb % L].data(), grad + o, len * cb, r);
-      }
+  // The one device staging buffer (16-bit runs) is reused in d2h stream order.
+  const std::size_t cb = state_.compute_bytes;
+  auto grad_out = [&](std::size_t o, std::size_t len, PinnedBuffer& land) {  // 16 bits in mixed runs
+    if (state_.mixed) {  // rounded into the staging buffer (d2h writes, d2h reads: stream order)
+      state_.kern->to_half(grad + o, gradout_stage_.as<void>(), len, state_.half, r);
+      state_.dev.copy_to_host(land.data(), gradout_stage_.as<void>(), len * cb, r);
+    } else {  // fp32: straight from the gradient buffer, no device copy first
+      state_.dev.copy_to_host(land.data(), grad + o, len * cb, r);
     }
-    // landing buffer kb % L: written by d2h, read by this (the Reduce) thread — handed over by this
-    // event, which the host waits for below. It also says d2h has read the bucket of the gradient
-    // buffer; the buffer itself is handed back to compute by release() after the d2h sync at the end.
-    landed[kb % L] = state_.dev.record(r);
   };
-  for (std::size_t kb = 0; kb < nb; ++kb) {
-    while (enqueued < nb && enqueued < kb + L) grad_out(enqueued++);
-    const std::size_t o = kb * state_.bucket, len = std::min(state_.bucket, u.n - o);
-    PinnedBuffer& land = landing_[kb % L];
-    landed[kb % L]->wait();
-    const auto t0 = Clock::now();  // Reduce: into the Update's input
+  // The landing event also says d2h has read the bucket of the gradient buffer; the buffer itself
+  // is handed back to compute by release() after the d2h sync at the end.
+  auto reduce = [&](std::size_t o, std::size_t len, PinnedBuffer& land) {  // into the Update's input
     if (!fp32_sum()) {
       std::memcpy(u.host_grad.get() + o * host_grad_bytes(), land.data(), len * cb);
     } else if (!state_.parallel()) {  // one rank: straight into the fp32 sum (the whole unit is kept)
@@ -311,32 +295,43 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
           state_.add_into(acc, g + (a - o), b - a);
       }
     }
-    state_.add_time(&BusyTimes::host, since(t0));
-  }
+  };
+  through_landing(u.n, grad_out, reduce);
   state_.dev.synchronize(r);  // an error on the d2h stream surfaces here (events carry none)
 }
 
 void GradientPath::grad_out_sum(Unit& u) {
+  through_landing(
+      u.n,
+      [&](std::size_t o, std::size_t len, PinnedBuffer& land) {  // after the sum's last add, in d2h stream order
+        state_.dev.copy_to_host(land.data(), u.grad_sum.as<float>() + o, len * 4, StreamRole::d2h);
+      },
+      [&](std::size_t o, std::size_t len, PinnedBuffer& land) {
+        std::memcpy(reinterpret_cast<float*>(u.host_grad.get()) + o, land.data(), len * 4);
+      });
+}
+
+void GradientPath::through_landing(std::size_t n, const BucketFn& out, const BucketFn& in) {
   const StreamRole r = StreamRole::d2h;
-  const std::size_t L = landing_.size(), nb = (u.n + state_.bucket - 1) / state_.bucket;
+  const std::size_t L = landing_.size(), nb = (n + state_.bucket - 1) / state_.bucket;
+  auto range = [&](std::size_t kb) { return std::pair{kb * state_.bucket, std::min(state_.bucket, n - kb * state_.bucket)}; };
   std::vector<EventHandle> landed(L);
   std::size_t enqueued = 0;
-  auto grad_out = [&](std::size_t kb) {  // after the sum's last add, in d2h stream order
-    const std::size_t o = kb * state_.bucket, len = std::min(state_.bucket, u.n - o);
-    {
-      BusyScope busy(state_.dev, r);
-      state_.dev.copy_to_host(landing_[kb % L].data(), u.grad_sum.as<float>() + o, len * 4, r);
-    }
-    // landing buffer kb % L: written by d2h, read below by this thread — handed over by this event;
-    // it is refilled (bucket kb + L) only after this thread has read it.
-    landed[kb % L] = state_.dev.record(r);
-  };
   for (std::size_t kb = 0; kb < nb; ++kb) {
-    while (enqueued < nb && enqueued < kb + L) grad_out(enqueued++);
-    const std::size_t o = kb * state_.bucket, len = std::min(state_.bucket, u.n - o);
+    for (; enqueued < nb && enqueued < kb + L; ++enqueued) {
+      const auto [o, len] = range(enqueued);
+      {
+        BusyScope busy(state_.dev, r);
+        out(o, len, landing_[enqueued % L]);
+      }
+      // landing buffer enqueued % L: written by d2h, read below by this thread — handed over by this
+      // event; it is refilled (bucket enqueued + L) only after this thread has read it.
+      landed[enqueued % L] = state_.dev.record(r);
+    }
+    const auto [o, len] = range(kb);
     landed[kb % L]->wait();
     const auto t0 = Clock::now();
-    std::memcpy(reinterpret_cast<float*>(u.host_grad.get()) + o, landing_[kb % L].data(), len * 4);
+    in(o, len, landing_[kb % L]);
     state_.add_time(&BusyTimes::host, since(t0));
   }
 }

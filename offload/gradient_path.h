@@ -18,6 +18,7 @@
 // GradOut+Reduce of a unit run on the Reduce worker behind the backward (overlap exact) or inline.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -67,6 +68,12 @@ class GradientPath {
   // device_accum: the step's fp32 sum of unit u leaves the device (bucket by bucket through the
   // landing buffers) into its host gradient.
   void grad_out_sum(Unit& u);
+  // GradOut of n elements, bucket by bucket through the landing buffers: `out(o, len, landing)`
+  // enqueues the bucket's copies into a landing buffer on d2h, `in(o, len, landing)` reads it on this
+  // thread (host busy time) once its event has completed. The copies run ahead of the reads by as
+  // many buckets as there are landing buffers.
+  using BucketFn = std::function<void(std::size_t o, std::size_t len, PinnedBuffer& landing)>;
+  void through_landing(std::size_t n, const BucketFn& out, const BucketFn& in);
   std::size_t host_grad_bytes() const { return (fp32_sum() || !state_.mixed) ? 4 : 2; }
 
   struct GradSlot {

@@ -50,11 +50,12 @@
 //                            device's Update)                                waited slot.ready before the model's
 //                                                                            reads, and d2h waits compute's event at
 //                                                                            every grads_done before the Update
-//   resident param (+fp32)   Update / h2d (Upload,   compute                 unit.landed: recorded on h2d behind the
-//                            fp32 working weights)                           unit's Uploads and fp32 weights before
+//   resident param (+fp32)   Update / h2d (Upload,   compute; the next   unit.landed: recorded on h2d behind the
+//                            fp32 working weights)   device Update (d2h) unit's Uploads and fp32 weights before
 //                                                                            version[u] is set (no host wait); the
-//                                                                            model waits it in weights(u). Sharded
-//                                                                            states: ⇐ upload events, h2d sync
+//                                                                            model waits it in weights(u), d2h before
+//                                                                            the device's next in-place Update of u.
+//                                                                            Sharded states: ⇐ upload events, h2d sync
 //   what the device's Update d2h (the device's       h2d, compute, the       one event per sub-group on d2h, no sync
 //   writes (states, compute  own Update)             NVMe home's write       between them: the unit's last one ⇐
 //   copy or its home)                                                        before it lands; the NVMe home's write

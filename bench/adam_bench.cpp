@@ -1,9 +1,9 @@
 // adam_bench.cpp — `zinf bench adam`: the fused Update against the memory limit of its own access
 // pattern and against an ordinary Adam loop, measured in one run (adam_bench.h).
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
-#include <cmath>
 #include <random>
 #include <vector>
 

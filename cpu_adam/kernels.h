@@ -46,4 +46,13 @@ void q8_encode_scalar_range(StateKind k, const float* src, std::uint8_t* dst, fl
 void q8_decode_scalar_range(StateKind k, const std::uint8_t* src, const float* scales, float* dst, std::size_t begin,
                             std::size_t n);
 
+// A q8 block of exponent E (top < E < 255) for the vector paths: the fp32 bits of 2^(E−129−top), the
+// spacing of its codes below the normal range (a subnormal for the two smallest E), and of the inverse
+// 2^(129+top−E) (finite for E > top + 1 only).
+inline std::uint32_t q8_small_step_bits(std::uint32_t E, std::uint32_t top) {
+  const int ex = static_cast<int>(E) - 2 - static_cast<int>(top);  // its biased exponent, ≥ −1
+  return ex >= 1 ? static_cast<std::uint32_t>(ex) << 23 : 1u << (22 + ex);
+}
+inline std::uint32_t q8_small_inverse_bits(std::uint32_t E, std::uint32_t top) { return (256u + top - E) << 23; }
+
 }  // namespace zinf::cpu_adam::detail

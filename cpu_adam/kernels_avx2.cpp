@@ -278,10 +278,10 @@ inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* sca
     return;
   }
   *scale = spec::q8_scale(E);
+  const __m256i bias = set1(0x7FFFFu - ((E - top) << 23));
   if ((spec::q8_round3(kmin) >> 23) + top <= E) {  // some element below the normal codes
     if (E == top + 1) return q8_encode_block<K>(t, codes, scale, set1(E));
-    const __m256i bias = set1(0x7FFFFu - ((E - top) << 23));
-    const __m256 up = _mm256_castsi256_ps(set1((256u + top - E) << 23));
+    const __m256 up = _mm256_castsi256_ps(set1(q8_small_inverse_bits(E, top)));
     for (std::size_t j = 0; j < kQ8Block; j += 32)
       store_codes32(codes + j, q8_code8_mixed<K>(_mm256_loadu_ps(t + j), bias, up),
                     q8_code8_mixed<K>(_mm256_loadu_ps(t + j + 8), bias, up),
@@ -289,7 +289,6 @@ inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* sca
                     q8_code8_mixed<K>(_mm256_loadu_ps(t + j + 24), bias, up));
     return;
   }
-  const __m256i bias = set1(0x7FFFFu - ((E - top) << 23));
   for (std::size_t j = 0; j < kQ8Block; j += 32)
     store_codes32(codes + j, q8_code8_normal<K>(_mm256_loadu_ps(t + j), bias),
                   q8_code8_normal<K>(_mm256_loadu_ps(t + j + 8), bias),
@@ -339,8 +338,7 @@ inline void q8_decode_block(const std::uint8_t* codes, float scale, float* out) 
   const std::uint32_t sb = spec::bits_of(scale), E = sb >> 23;
   if ((sb & 0x807FFFFFu) == 0 && E > top && E < spec::kQ8Nan) {
     const __m256i bias = set1((E - top) << 23);
-    const int ex = static_cast<int>(E) - 2 - static_cast<int>(top);  // the biased exponent of 2^(E−129−top): ≥ −1
-    const __m256 sub = _mm256_castsi256_ps(set1(ex >= 1 ? static_cast<std::uint32_t>(ex) << 23 : 1u << (22 + ex)));
+    const __m256 sub = _mm256_castsi256_ps(set1(q8_small_step_bits(E, top)));
     if (q8_block_codes_normal<K>(codes))
       q8_decode_block_pow2<K, false>(codes, bias, sub, out);
     else

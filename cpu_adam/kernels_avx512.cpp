@@ -302,10 +302,10 @@ inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* sca
     return;
   }
   *scale = spec::q8_scale(E);
+  const __m512i bias = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((E - top) << 23)));
   if ((spec::q8_round3(kmin) >> 23) + top <= E) {  // some element below the normal codes
     if (E == top + 1) return q8_encode_block<K>(t, codes, scale, _mm512_set1_epi32(static_cast<int>(E)));
-    const __m512i bias = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((E - top) << 23)));
-    const __m512 up = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>((256u + top - E) << 23)));
+    const __m512 up = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(q8_small_inverse_bits(E, top))));
     for (std::size_t j = 0; j < kQ8Block; j += 64)
       store_codes64(codes + j, q8_code16_mixed<K>(_mm512_loadu_ps(t + j), bias, up),
                     q8_code16_mixed<K>(_mm512_loadu_ps(t + j + 16), bias, up),
@@ -313,7 +313,6 @@ inline void q8_encode_block_keys(const float* t, std::uint8_t* codes, float* sca
                     q8_code16_mixed<K>(_mm512_loadu_ps(t + j + 48), bias, up));
     return;
   }
-  const __m512i bias = _mm512_set1_epi32(static_cast<int>(0x7FFFFu - ((E - top) << 23)));
   for (std::size_t j = 0; j < kQ8Block; j += 64)
     store_codes64(codes + j, q8_code16_normal<K>(_mm512_loadu_ps(t + j), bias),
                   q8_code16_normal<K>(_mm512_loadu_ps(t + j + 16), bias),
@@ -338,8 +337,7 @@ inline bool q8_decode_plan(float scale, Q8Dec& d) {
   const std::uint32_t sb = spec::bits_of(scale), E = sb >> 23;
   if ((sb & 0x807FFFFFu) != 0 || E <= top || E >= spec::kQ8Nan) return false;
   d.bias = _mm512_set1_epi32(static_cast<int>((E - top) << 23));
-  const int ex = static_cast<int>(E) - 2 - static_cast<int>(top);  // the biased exponent of 2^(E−129−top): ≥ −1
-  d.sub = _mm512_castsi512_ps(_mm512_set1_epi32(ex >= 1 ? ex << 23 : 1 << (22 + ex)));
+  d.sub = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(q8_small_step_bits(E, top))));
   return true;
 }
 
@@ -505,7 +503,7 @@ void adam_q8_loop(const AdamStep& s, const UpdateChunk& c) {
     }
     q8_decode_block<StateKind::m>(mc + b, c.m_scale[blk], mt);
     q8_decode_block<StateKind::v>(vc + b, c.v_scale[blk], vt);
-    q8_block_step<G, Out, NB, false>(k, c, b, mt, vt, dm, dv, vhi, mhi, mlo, vhi, vlo);
+    q8_block_step<G, Out, NB, false>(k, c, b, mt, vt, dm, dv, _mm512_setzero_si512(), mhi, mlo, vhi, vlo);
     q8_encode_block_keys<StateKind::m>(mt, mc + b, c.m_scale + blk, _mm512_reduce_max_epu32(mhi),
                                        _mm512_reduce_min_epu32(mlo));
     q8_encode_block_keys<StateKind::v>(vt, vc + b, c.v_scale + blk, _mm512_reduce_max_epu32(vhi),

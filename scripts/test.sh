@@ -3,10 +3,11 @@
 # checkers some tests compare against: scripts/install-checkers.sh), build, run the whole suite; then build
 # the unit and nvme tests (only those, CUDA off) with AddressSanitizer + UBSan and run them again;
 # then build the `async` tests (the ordering contract on the asynchronous, jittered CPU device) with
-# ThreadSanitizer and run them; last, build the parsers' libFuzzer targets with clang and run each
-# briefly (scripts/fuzz.sh).
+# ThreadSanitizer and run them; then build the CUDA device on the CPU executor (tests/cuda_executor)
+# and run every GPU test there under two thread orders, none skipped; last, build the parsers'
+# libFuzzer targets with clang and run each briefly (scripts/fuzz.sh).
 # ZINF_SKIP_SANITIZE=1 skips both sanitizer passes, ZINF_SKIP_TSAN=1 the last one, ZINF_SKIP_FUZZ=1
-# the fuzzing.
+# the fuzzing, ZINF_SKIP_EXECUTOR=1 the executor pass.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/install-deps.sh"
@@ -33,6 +34,27 @@ if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TSAN:-0}" != "1" ]; t
   ZINF_BUILD_TARGETS="$tsan_targets" "$root/scripts/build.sh" "$root/build-tsan" -DZINF_SANITIZE=thread -DZINF_BUILD_BENCH=OFF -DZINF_CUDA=OFF
   TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_ASYNC_SEEDS=1 \
     ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" -L async
+fi
+if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
+  echo "== the CUDA path on the CPU executor: every GPU test under the fifo and lifo thread orders"
+  # The CUDA device's own sources built as C++ on the executor (tests/cuda_executor), with the tests
+  # that hold GPU cases; none of them may skip, except the ones about a machine without a GPU.
+  exe_targets="executor_test cublas_fake_test nccl_fake_test device_cuda_test cuda_ops_test flash_attention_test
+               cuda_rows_test cuda_scratch_test cuda_gemm_test pcie_test fast_ops_twin_test ops_table_test generate_test
+               train_test zinf"
+  ZINF_BUILD_TARGETS="$exe_targets" "$root/scripts/build.sh" "$root/build-executor" -DZINF_CUDA_EXECUTOR=ON \
+    -DZINF_BUILD_BENCH=OFF
+  gpu_cases='^(TrainGpu\.|FastOpsTwin\.EveryOpOnTheGpu|OpsTable\.Cuda|Generate\.Cuda)'
+  for order in fifo lifo; do
+    log="$root/build-executor/ctest-$order.log"
+    ZINF_CUDAX_ORDER=$order ctest --test-dir "$root/build-executor" --output-on-failure -j "$(nproc)" -L 'gpu|executor' \
+      2>&1 | tee "$log"
+    ZINF_CUDAX_ORDER=$order ctest --test-dir "$root/build-executor" --output-on-failure -j "$(nproc)" -R "$gpu_cases" \
+      2>&1 | tee -a "$log"
+    if grep -q "tests failed" "$log"; then echo "test.sh: GPU tests failed on the executor ($order)" >&2; exit 1; fi
+    skipped=$(grep -E '\*\*\*Skipped' "$log" | grep -vE 'WithoutAGpu' || true)
+    if [ -n "$skipped" ]; then echo "test.sh: GPU tests skipped on the executor ($order):" >&2; echo "$skipped" >&2; exit 1; fi
+  done
 fi
 if [ "${ZINF_SKIP_FUZZ:-0}" != "1" ]; then
   echo "== fuzzing (libFuzzer, address,undefined): each parser from its seed corpus for ${ZINF_FUZZ_SECONDS:-15}s"

@@ -274,6 +274,45 @@ TEST(CudaRows, ElementwiseOpsMatchTheCpuReference) {
     }
 }
 
+// The kernels' 16-bit rounding (cuda/round16.cuh) on the GPU's own conversion instructions is
+// cpu_adam/spec.h's, bit for bit, where the two could part: fp32 zeros and subnormals (exponent field
+// 0), the smallest normals (1), the largest finite values (254), inf and NaN (255), both signs, every
+// 61st mantissa and the mantissas at the rounding edges. (tests/cpu_adam/bf16_rule_test.cpp walks all
+// 2^32 inputs with NVIDIA's host code for the instructions.)
+TEST(CudaRows, ConvertRoundsAsTheSpecAtTheEdges) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << "no GPU: " << why;
+  std::vector<std::uint32_t> mants;
+  for (std::uint32_t m = 0; m < 0x800000u; m += 61) mants.push_back(m);
+  for (std::uint32_t m : {1u, 2u, 0x7FFFu, 0x8000u, 0x8001u, 0x17FFFu, 0x18000u, 0x3FFFFFu, 0x400000u, 0x400001u,
+                          0x7F7FFFu, 0x7F8000u, 0x7FFFFFu, 0x0FFFu, 0x1000u, 0x1001u, 0x2000u})
+    mants.push_back(m);
+  std::vector<std::uint32_t> u;
+  for (std::uint32_t sign : {0u, 0x80000000u})
+    for (std::uint32_t e : {0u, 1u, 254u, 255u})
+      for (std::uint32_t m : mants) u.push_back(sign | (e << 23) | m);
+  const std::size_t n = u.size();
+  Mem m;
+  void* gx = m.alloc(n * 4);
+  CUDA_OK(cudaMemcpy(gx, u.data(), n * 4, cudaMemcpyHostToDevice));
+  for (DType to : {DType::bf16, DType::fp16}) {
+    void* gc = m.alloc(n * 2);
+    fast::convert(gc, to, gx, DType::fp32, n, nullptr);
+    std::vector<std::uint16_t> got(n);
+    CUDA_OK(cudaMemcpy(got.data(), gc, n * 2, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float x = spec::float_of(u[i]);
+      const std::uint16_t want = to == DType::bf16 ? spec::fp32_to_bf16(x) : spec::fp32_to_fp16(x);
+      if (got[i] != want && bad++ < 5)
+        ADD_FAILURE() << std::hex << to_string(to) << ": x=0x" << u[i] << " gives 0x" << got[i] << ", spec.h 0x"
+                      << want;
+    }
+    EXPECT_EQ(bad, 0) << to_string(to) << ": inputs whose rounding differs from spec.h's";
+  }
+  CUDA_OK(cudaGetLastError());
+}
+
 TEST(CudaRows, RopeMatchesTheCpuReference) {
   std::string why;
   if (!have_gpu(&why)) GTEST_SKIP() << "no GPU: " << why;

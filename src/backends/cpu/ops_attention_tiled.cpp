@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -19,23 +18,14 @@ namespace zinf::ops {
 
 namespace {
 
-// The value a P or dS element has after the kernel rounds its tile to `t`: round to nearest even,
-// as CUDA's __float2half_rn and __float2bfloat16_rn do (fp32 subnormals round to bf16 subnormals
-// here, where the storage conversion of cpu_adam/spec.h flushes them; P and dS never leave the op).
+// The value a P or dS element has after the kernel rounds its tile to `t`: cpu_adam/spec.h's
+// conversion, the one rule of every 16-bit rounding (the kernel's from_f, cuda/round16.cuh): to
+// nearest even, fp32 subnormals to ±0 for bf16.
 float round_to(float x, DType t) {
+  namespace spec = cpu_adam::spec;
   switch (t) {
-    case DType::bf16: {
-      if (x != x) return x;
-      std::uint32_t u;
-      std::memcpy(&u, &x, 4);
-      u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-      std::memcpy(&x, &u, 4);
-      return x;
-    }
-    case DType::fp16: {
-      namespace spec = cpu_adam::spec;
-      return spec::fp16_to_fp32(spec::fp32_to_fp16(x));
-    }
+    case DType::bf16: return spec::bf16_to_fp32(spec::fp32_to_bf16(x));
+    case DType::fp16: return spec::fp16_to_fp32(spec::fp32_to_fp16(x));
     case DType::fp32: break;
   }
   return x;

@@ -4,8 +4,8 @@
 // will compute, up to summation order:
 //   - every 16-bit view argument is widened exactly to fp32; the fp32 reference op (ops::name of
 //     ops_gpt.h / ops_llama.h) runs on the widened copies with fp32 accumulation;
-//   - every written view is rounded once, to nearest even, back to its dtype (an output the op
-//     accumulates into is read, added to in fp32 and rounded once);
+//   - every written view is rounded once, to nearest even (cpu_adam/spec.h's rule), back to its
+//     dtype (an output the op accumulates into is read, added to in fp32 and rounded once);
 //   - fp32 views (weight gradients, norm statistics, the attention state, row losses, rotary tables)
 //     pass as they are.
 // Views of 16-bit data must be sized (the twin converts exactly numel() elements): an unsized one is

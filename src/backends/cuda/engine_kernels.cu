@@ -140,12 +140,13 @@ class CudaEngineKernels final : public offload::EngineKernels {
   }
   void to_half(const float* src, void* dst, std::size_t n, HalfType t, StreamRole s) override {
     if (!n) return;
-    to_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(src, static_cast<std::uint16_t*>(dst), n, t);
+    cuda::launch(to_half_kernel, ops::blocks_for(n, 256), 256, 0, st(s), src, static_cast<std::uint16_t*>(dst), n, t);
     ZINF_CUDA_LAUNCH_CHECK("to_half");
   }
   void from_half(const void* src, float* dst, std::size_t n, HalfType t, StreamRole s) override {
     if (!n) return;
-    from_half_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(static_cast<const std::uint16_t*>(src), dst, n, t);
+    cuda::launch(from_half_kernel, ops::blocks_for(n, 256), 256, 0, st(s), static_cast<const std::uint16_t*>(src), dst,
+                 n, t);
     ZINF_CUDA_LAUNCH_CHECK("from_half");
   }
   // Device memory, or the pinned pool (the fp32 compute copy of a parameter home in host memory,
@@ -157,7 +158,7 @@ class CudaEngineKernels final : public offload::EngineKernels {
   }
   void add(float* acc, const float* x, std::size_t n, StreamRole s) override {
     if (!n) return;
-    add_kernel<<<ops::blocks_for(n, 256), 256, 0, st(s)>>>(acc, x, n);
+    cuda::launch(add_kernel, ops::blocks_for(n, 256), 256, 0, st(s), acc, x, n);
     ZINF_CUDA_LAUNCH_CHECK("add");
   }
   std::vector<std::vector<double>> block_sums(const std::vector<NormInput>& in, StreamRole s) override {
@@ -171,8 +172,8 @@ class CudaEngineKernels final : public offload::EngineKernels {
     for (std::size_t i = 0; i < in.size(); ++i) {  // every unit's kernel, then one copy and one wait
       const std::size_t threads = first[i + 1] - first[i];
       if (!threads) continue;
-      sum_squares_kernel<<<ops::blocks_for(threads, 128), 128, 0, st(s)>>>(in[i].g, in[i].t, in[i].n,
-                                                                           partial_.as<double>() + first[i]);
+      cuda::launch(sum_squares_kernel, ops::blocks_for(threads, 128), 128, 0, st(s), in[i].g, in[i].t, in[i].n,
+                   partial_.as<double>() + first[i]);
       ZINF_CUDA_LAUNCH_CHECK("sum_squares");
     }
     host_.resize(first.back());
@@ -192,15 +193,15 @@ class CudaEngineKernels final : public offload::EngineKernels {
     if (k.param16) k.param16 = device_address(k.param16, "the Update's 16-bit parameter output");
     switch (k.states) {
       case cpu_adam::StateFormat::fp32:
-        adam_kernel<cpu_adam::StateFormat::fp32><<<ops::blocks_for(k.n, 256), 256, 0, st(r)>>>(s, k);
+        cuda::launch(adam_kernel<cpu_adam::StateFormat::fp32>, ops::blocks_for(k.n, 256), 256, 0, st(r), s, k);
         break;
       case cpu_adam::StateFormat::bf16:
-        adam_kernel<cpu_adam::StateFormat::bf16><<<ops::blocks_for(k.n, 256), 256, 0, st(r)>>>(s, k);
+        cuda::launch(adam_kernel<cpu_adam::StateFormat::bf16>, ops::blocks_for(k.n, 256), 256, 0, st(r), s, k);
         break;
       case cpu_adam::StateFormat::q8: {
         const std::size_t blocks = cpu_adam::state_scales(k.states, k.n);
         ZINF_CHECK(blocks <= 0x7FFFFFFFu);
-        adam_q8_kernel<<<static_cast<unsigned>(blocks), cpu_adam::kQ8Block, 0, st(r)>>>(s, k);
+        cuda::launch(adam_q8_kernel, static_cast<unsigned>(blocks), cpu_adam::kQ8Block, 0, st(r), s, k);
         break;
       }
     }

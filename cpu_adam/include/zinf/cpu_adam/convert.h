@@ -4,7 +4,8 @@
 //   produced exactly; NaN stays NaN (quiet bit set, top payload bits kept) — what F16C's vcvtps2ph does.
 // fp32 → bf16: round-to-nearest-even on the upper half; NaN stays NaN (quiet bit set); fp32
 //   subnormal inputs (|x| < 2^-126) become signed zero — what AVX512-BF16's vcvtneps2bf16 does, so
-//   every path (that instruction, the integer emulation, the scalar reference) agrees bit for bit.
+//   every path (that instruction, the integer emulation, the scalar reference) agrees bit for bit,
+//   and so do the CUDA kernels' conversions (cuda/round16.cuh; see spec.h).
 // fp16/bf16 → fp32: exact (fp16 signalling NaNs come back quiet, as F16C does).
 //
 // Bulk functions run on active_simd() unless given a level; pointers need no alignment; thread-safe.

@@ -70,8 +70,13 @@ ZINF_HD inline float fp16_to_fp32(std::uint16_t h) {
   return float_of(sign | bits_of(v));
 }
 
-// fp32 → bf16: round to nearest even; NaN kept (quiet); fp32 subnormals flushed to ±0 (as
-// AVX512-BF16's vcvtneps2bf16 does, so every path agrees).
+// fp32 → bf16: round to nearest even; NaN kept (sign and top payload bits, quiet bit set); fp32
+// subnormals flushed to ±0, as AVX512-BF16's vcvtneps2bf16 does. This, with fp32_to_fp16 above, is
+// the one 16-bit rounding of every path: cpu_adam's Update and bulk conversions (scalar, AVX2,
+// AVX-512 with or without that instruction), the device Update (cuda/engine_kernels.cu), the CPU
+// twin's ops, and the CUDA fast kernels' stores and P/dS tiles (cuda/round16.cuh: the hardware's
+// round-to-nearest-even, which keeps subnormals, with these functions' answer for subnormals and
+// NaNs). tests/cpu_adam/bf16_rule_test.cpp checks them: bf16 over all 2^32 fp32 inputs.
 ZINF_HD inline std::uint16_t fp32_to_bf16(float x) {
   const std::uint32_t u = bits_of(x);
   const std::uint32_t a = u & 0x7FFFFFFFu;

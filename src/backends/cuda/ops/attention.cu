@@ -91,15 +91,15 @@ __global__ void attn_bwd_cols(float* dqkv, const float* dpre, const float* dout,
 }
 }  // namespace
 void launch_attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int H, cudaStream_t s) {
-  attn_fwd<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(out, att, qkv, B, T, C, H);
+  cuda::launch(attn_fwd, blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s, out, att, qkv, B, T, C, H);
   ZINF_CUDA_LAUNCH_CHECK("attention_forward");
 }
 void launch_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
                                int B, int T, int C, int H, cudaStream_t s) {
   const unsigned n = blocks_for(static_cast<std::size_t>(B) * H * T, 64);
-  attn_bwd_rows<<<n, 64, 0, s>>>(dqkv, scratch, dout, qkv, att, B, T, C, H);
+  cuda::launch(attn_bwd_rows, n, 64, 0, s, dqkv, scratch, dout, qkv, att, B, T, C, H);
   ZINF_CUDA_LAUNCH_CHECK("attention_backward_rows");
-  attn_bwd_cols<<<n, 64, 0, s>>>(dqkv, scratch, dout, qkv, att, B, T, C, H);
+  cuda::launch(attn_bwd_cols, n, 64, 0, s, dqkv, scratch, dout, qkv, att, B, T, C, H);
   ZINF_CUDA_LAUNCH_CHECK("attention_backward_cols");
 }
 }  // namespace zinf::cuda::ops

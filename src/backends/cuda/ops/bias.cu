@@ -17,11 +17,11 @@ __global__ void column_sum_kernel(float* acc, const float* x, int R, int C) {
 }
 }  // namespace
 void launch_add_bias(float* out, const float* bias, int R, int OC, cudaStream_t s) {
-  add_bias_kernel<<<blocks_for(static_cast<std::size_t>(R) * OC, 256), 256, 0, s>>>(out, bias, R, OC);
+  cuda::launch(add_bias_kernel, blocks_for(static_cast<std::size_t>(R) * OC, 256), 256, 0, s, out, bias, R, OC);
   ZINF_CUDA_LAUNCH_CHECK("add_bias");
 }
 void launch_column_sum(float* acc, const float* x, int R, int C, cudaStream_t s) {
-  column_sum_kernel<<<blocks_for(C, 128), 128, 0, s>>>(acc, x, R, C);
+  cuda::launch(column_sum_kernel, blocks_for(C, 128), 128, 0, s, acc, x, R, C);
   ZINF_CUDA_LAUNCH_CHECK("column_sum");
 }
 }  // namespace zinf::cuda::ops

@@ -30,12 +30,13 @@ __global__ void ce_backward(float* dlogits, const float* probs, const int* targe
 }
 }  // namespace
 void launch_softmax_crossentropy(float* probs, float* losses, const int* targets, int R, int V, cudaStream_t s) {
-  softmax_ce<<<blocks_for(R, 128), 128, 0, s>>>(probs, losses, targets, R, V);
+  cuda::launch(softmax_ce, blocks_for(R, 128), 128, 0, s, probs, losses, targets, R, V);
   ZINF_CUDA_LAUNCH_CHECK("softmax_crossentropy");
 }
 void launch_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float dscale, int R, int V,
                                   cudaStream_t s) {
-  ce_backward<<<blocks_for(static_cast<std::size_t>(R) * V, 256), 256, 0, s>>>(dlogits, probs, targets, dscale, R, V);
+  cuda::launch(ce_backward, blocks_for(static_cast<std::size_t>(R) * V, 256), 256, 0, s, dlogits, probs, targets,
+               dscale, R, V);
   ZINF_CUDA_LAUNCH_CHECK("crossentropy_backward");
 }
 }  // namespace zinf::cuda::ops

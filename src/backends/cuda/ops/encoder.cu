@@ -22,12 +22,13 @@ __global__ void enc_bwd(float* dwte, float* dwpe, const float* dout, const int* 
 }  // namespace
 void launch_encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
                             cudaStream_t s) {
-  enc_fwd<<<blocks_for(static_cast<std::size_t>(B) * T * C, 256), 256, 0, s>>>(out, tokens, wte, wpe, B * T, T, C);
+  cuda::launch(enc_fwd, blocks_for(static_cast<std::size_t>(B) * T * C, 256), 256, 0, s, out, tokens, wte, wpe, B * T,
+               T, C);
   ZINF_CUDA_LAUNCH_CHECK("encoder_forward");
 }
 void launch_encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
                              cudaStream_t s) {
-  enc_bwd<<<blocks_for(C, 64), 64, 0, s>>>(dwte, dwpe, dout, tokens, B * T, T, C);
+  cuda::launch(enc_bwd, blocks_for(C, 64), 64, 0, s, dwte, dwpe, dout, tokens, B * T, T, C);
   ZINF_CUDA_LAUNCH_CHECK("encoder_backward");
 }
 }  // namespace zinf::cuda::ops

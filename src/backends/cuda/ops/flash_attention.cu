@@ -20,6 +20,7 @@
 
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops/flash_attention.cuh"
+#include "cuda/round16.cuh"
 
 namespace zinf::cuda::fast {
 namespace {
@@ -56,15 +57,16 @@ __device__ inline float to_f(float x) { return x; }
 __device__ inline float to_f(__half x) { return __half2float(x); }
 __device__ inline float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-// Round to S, to nearest even (subnormals kept), as the CPU twin's round_to does.
+// Round to S by the one rule of cuda/round16.cuh (cpu_adam/spec.h's: to nearest even, fp32 subnormals
+// to ±0 for bf16), as the CPU twin's round_to does: the outputs and the P and dS tiles wmma reads.
 template <class T>
 __device__ inline T from_f(float x) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(x);
+    return round_fp16(x);
   } else {
-    return __float2bfloat16_rn(x);
+    return round_bf16(x);
   }
 }
 
@@ -158,7 +160,7 @@ __host__ __device__ inline FwdSmem fwd_smem(const Geometry& g, std::size_t es) {
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, const Geometry g) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  ZINF_DYNAMIC_SHARED(smem);
   const FwdSmem L = fwd_smem(g, sizeof(T));
   T* Qs = reinterpret_cast<T*>(smem + L.q);
   T* Ks = reinterpret_cast<T*>(smem + L.k);
@@ -316,7 +318,7 @@ __device__ void load_query_rows(T* Qs, T* dOs, float* lse_s, float* delta_s, con
 template <class T>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                                                         const float* lse, const float* delta, const Geometry g) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  ZINF_DYNAMIC_SHARED(smem);
   const BwdSmem L = bwd_smem(g, sizeof(T), g.BK, true);
   T* Qs = reinterpret_cast<T*>(smem + L.q);
   T* dOs = reinterpret_cast<T*>(smem + L.dout);
@@ -372,7 +374,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(T* dk, T* dv, const T* d
 template <class T>
 __global__ void __launch_bounds__(kThreads) dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T* v,
                                                       const float* lse, const float* delta, const Geometry g) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  ZINF_DYNAMIC_SHARED(smem);
   const BwdSmem L = bwd_smem(g, sizeof(T), g.BQ, false);
   T* Qs = reinterpret_cast<T*>(smem + L.q);
   T* dOs = reinterpret_cast<T*>(smem + L.dout);
@@ -463,8 +465,8 @@ void forward_t(void* out, float* lse, const void* q, const void* k, const void* 
   const std::size_t bytes = fwd_smem(g, sizeof(T)).total;
   allow_smem(forward_kernel<T>, bytes, "flash_attention_forward");
   const dim3 grid((g.T + g.BQ - 1) / g.BQ, g.H, g.B);
-  forward_kernel<T><<<grid, kThreads, bytes, s>>>(static_cast<T*>(out), lse, static_cast<const T*>(q),
-                                                  static_cast<const T*>(k), static_cast<const T*>(v), g);
+  cuda::launch(forward_kernel<T>, grid, kThreads, bytes, s, static_cast<T*>(out), lse, static_cast<const T*>(q),
+               static_cast<const T*>(k), static_cast<const T*>(v), g);
   ZINF_CUDA_LAUNCH_CHECK("flash_attention_forward");
 }
 
@@ -472,20 +474,20 @@ template <class T>
 void backward_t(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                 const void* out, const float* lse, const Geometry& g, float* delta, cudaStream_t s) {
   const std::size_t rows = static_cast<std::size_t>(g.B) * g.H * g.T;
-  delta_kernel<T>
-      <<<ops::blocks_for(rows, 128), 128, 0, s>>>(delta, static_cast<const T*>(dout), static_cast<const T*>(out), g);
+  cuda::launch(delta_kernel<T>, ops::blocks_for(rows, 128), 128, 0, s, delta, static_cast<const T*>(dout),
+               static_cast<const T*>(out), g);
   ZINF_CUDA_LAUNCH_CHECK("flash_attention_backward_delta");
   const std::size_t kv_bytes = bwd_smem(g, sizeof(T), g.BK, true).total;
   allow_smem(dkdv_kernel<T>, kv_bytes, "flash_attention_backward_dkdv");
-  dkdv_kernel<T><<<dim3((g.T + g.BK - 1) / g.BK, g.KV, g.B), kThreads, kv_bytes, s>>>(
-      static_cast<T*>(dk), static_cast<T*>(dv), static_cast<const T*>(dout), static_cast<const T*>(q),
-      static_cast<const T*>(k), static_cast<const T*>(v), lse, delta, g);
+  cuda::launch(dkdv_kernel<T>, dim3((g.T + g.BK - 1) / g.BK, g.KV, g.B), kThreads, kv_bytes, s, static_cast<T*>(dk),
+               static_cast<T*>(dv), static_cast<const T*>(dout), static_cast<const T*>(q), static_cast<const T*>(k),
+               static_cast<const T*>(v), lse, delta, g);
   ZINF_CUDA_LAUNCH_CHECK("flash_attention_backward_dkdv");
   const std::size_t q_bytes = bwd_smem(g, sizeof(T), g.BQ, false).total;
   allow_smem(dq_kernel<T>, q_bytes, "flash_attention_backward_dq");
-  dq_kernel<T><<<dim3((g.T + g.BQ - 1) / g.BQ, g.H, g.B), kThreads, q_bytes, s>>>(
-      static_cast<T*>(dq), static_cast<const T*>(dout), static_cast<const T*>(q), static_cast<const T*>(k),
-      static_cast<const T*>(v), lse, delta, g);
+  cuda::launch(dq_kernel<T>, dim3((g.T + g.BQ - 1) / g.BQ, g.H, g.B), kThreads, q_bytes, s, static_cast<T*>(dq),
+               static_cast<const T*>(dout), static_cast<const T*>(q), static_cast<const T*>(k),
+               static_cast<const T*>(v), lse, delta, g);
   ZINF_CUDA_LAUNCH_CHECK("flash_attention_backward_dq");
 }
 

@@ -25,15 +25,15 @@ __global__ void add_kernel(float* acc, const float* x, std::size_t n) {
 }
 }  // namespace
 void launch_gelu_forward(float* out, const float* inp, std::size_t n, cudaStream_t s) {
-  gelu_fwd<<<blocks_for(n, 256), 256, 0, s>>>(out, inp, n);
+  cuda::launch(gelu_fwd, blocks_for(n, 256), 256, 0, s, out, inp, n);
   ZINF_CUDA_LAUNCH_CHECK("gelu_forward");
 }
 void launch_gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n, cudaStream_t s) {
-  gelu_bwd<<<blocks_for(n, 256), 256, 0, s>>>(dinp, inp, dout, n);
+  cuda::launch(gelu_bwd, blocks_for(n, 256), 256, 0, s, dinp, inp, dout, n);
   ZINF_CUDA_LAUNCH_CHECK("gelu_backward");
 }
 void launch_add_inplace(float* acc, const float* x, std::size_t n, cudaStream_t s) {
-  add_kernel<<<blocks_for(n, 256), 256, 0, s>>>(acc, x, n);
+  cuda::launch(add_kernel, blocks_for(n, 256), 256, 0, s, acc, x, n);
   ZINF_CUDA_LAUNCH_CHECK("add_inplace");
 }
 }  // namespace zinf::cuda::ops

@@ -58,14 +58,14 @@ __global__ void ln_backward_cols(float* dw, float* db, const float* dout, const 
 }  // namespace
 void launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                               int R, int C, cudaStream_t s) {
-  ln_forward_kernel<<<blocks_for(R, 128), 128, 0, s>>>(out, mean, rstd, inp, w, b, R, C);
+  cuda::launch(ln_forward_kernel, blocks_for(R, 128), 128, 0, s, out, mean, rstd, inp, w, b, R, C);
   ZINF_CUDA_LAUNCH_CHECK("layernorm_forward");
 }
 void launch_layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                                const float* mean, const float* rstd, int R, int C, cudaStream_t s) {
-  ln_backward_rows<<<blocks_for(R, 128), 128, 0, s>>>(dinp, dout, inp, w, mean, rstd, R, C);
+  cuda::launch(ln_backward_rows, blocks_for(R, 128), 128, 0, s, dinp, dout, inp, w, mean, rstd, R, C);
   ZINF_CUDA_LAUNCH_CHECK("layernorm_backward_rows");
-  ln_backward_cols<<<blocks_for(C, 128), 128, 0, s>>>(dw, db, dout, inp, mean, rstd, R, C);
+  cuda::launch(ln_backward_cols, blocks_for(C, 128), 128, 0, s, dw, db, dout, inp, mean, rstd, R, C);
   ZINF_CUDA_LAUNCH_CHECK("layernorm_backward_cols");
 }
 }  // namespace zinf::cuda::ops

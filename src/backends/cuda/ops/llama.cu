@@ -211,61 +211,62 @@ float attention_scale(int D) { return 1.0f / std::sqrt(static_cast<float>(D)); }
 
 void launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps,
                             cudaStream_t s) {
-  rmsnorm_forward_kernel<<<blocks_for(R, 128), 128, 0, s>>>(out, rstd, inp, w, R, C, eps);
+  cuda::launch(rmsnorm_forward_kernel, blocks_for(R, 128), 128, 0, s, out, rstd, inp, w, R, C, eps);
   ZINF_CUDA_LAUNCH_CHECK("rmsnorm_forward");
 }
 void launch_rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                              const float* rstd, int R, int C, cudaStream_t s) {
-  rmsnorm_backward_rows<<<blocks_for(R, 128), 128, 0, s>>>(dinp, dout, inp, w, rstd, R, C);
+  cuda::launch(rmsnorm_backward_rows, blocks_for(R, 128), 128, 0, s, dinp, dout, inp, w, rstd, R, C);
   ZINF_CUDA_LAUNCH_CHECK("rmsnorm_backward_rows");
-  rmsnorm_backward_cols<<<blocks_for(C, 128), 128, 0, s>>>(dw, dout, inp, rstd, R, C);
+  cuda::launch(rmsnorm_backward_cols, blocks_for(C, 128), 128, 0, s, dw, dout, inp, rstd, R, C);
   ZINF_CUDA_LAUNCH_CHECK("rmsnorm_backward_cols");
 }
 void launch_rope_apply(float* x, const float* cos_t, const float* sin_t, int R, int T, int heads, int D, bool backward,
                        cudaStream_t s) {
   const std::size_t n = static_cast<std::size_t>(R) * heads * (D / 2);
-  rope_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, cos_t, sin_t, R, T, heads, D, backward ? -1.0f : 1.0f);
+  cuda::launch(rope_kernel, blocks_for(n, 256), 256, 0, s, x, cos_t, sin_t, R, T, heads, D, backward ? -1.0f : 1.0f);
   ZINF_CUDA_LAUNCH_CHECK("rope_apply");
 }
 void launch_swiglu_forward(float* out, const float* gate, const float* up, std::size_t n, cudaStream_t s) {
-  swiglu_forward_kernel<<<blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n);
+  cuda::launch(swiglu_forward_kernel, blocks_for(n, 256), 256, 0, s, out, gate, up, n);
   ZINF_CUDA_LAUNCH_CHECK("swiglu_forward");
 }
 void launch_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                             std::size_t n, cudaStream_t s) {
-  swiglu_backward_kernel<<<blocks_for(n, 256), 256, 0, s>>>(dgate, dup, dout, gate, up, n);
+  cuda::launch(swiglu_backward_kernel, blocks_for(n, 256), 256, 0, s, dgate, dup, dout, gate, up, n);
   ZINF_CUDA_LAUNCH_CHECK("swiglu_backward");
 }
 void launch_gqa_attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
                                   int H, int KV, int D, cudaStream_t s) {
-  gqa_forward_kernel<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(out, att, q, k, v, B, T, H, KV,
-                                                                                        D, attention_scale(D));
+  cuda::launch(gqa_forward_kernel, blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s, out, att, q, k, v, B,
+               T, H, KV, D, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_forward");
 }
 void launch_gqa_attention_backward(float* dq, float* dk, float* dv, float* weighted, const float* dout, const float* q,
                                    const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D,
                                    cudaStream_t s) {
-  gqa_backward_queries<<<blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s>>>(
-      dq, weighted, dout, q, k, v, att, B, T, H, KV, D, attention_scale(D));
+  cuda::launch(gqa_backward_queries, blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s, dq, weighted, dout,
+               q, k, v, att, B, T, H, KV, D, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_backward_queries");
-  gqa_backward_keys<<<blocks_for(static_cast<std::size_t>(B) * KV * T, 64), 64, 0, s>>>(
-      dk, dv, weighted, dout, q, v, att, B, T, H, KV, D, attention_scale(D));
+  cuda::launch(gqa_backward_keys, blocks_for(static_cast<std::size_t>(B) * KV * T, 64), 64, 0, s, dk, dv, weighted,
+               dout, q, v, att, B, T, H, KV, D, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_backward_keys");
 }
 void launch_attention_decode(float* out, float* scores, const float* q, const float* k, const float* v, int Q, int pos,
                              int H, int KV, int D, int q_stride, int kv_stride, cudaStream_t s) {
   ZINF_CHECK(KV > 0 && H % KV == 0 && pos >= 0);  // the head mapping h / (H / KV) needs whole groups
   if (Q <= 0) return;
-  attention_decode_kernel<<<blocks_for(static_cast<std::size_t>(Q) * H, 64), 64, 0, s>>>(
-      out, scores, q, k, v, Q, pos, H, KV, D, q_stride, kv_stride, attention_scale(D));
+  cuda::launch(attention_decode_kernel, blocks_for(static_cast<std::size_t>(Q) * H, 64), 64, 0, s, out, scores, q, k, v,
+               Q, pos, H, KV, D, q_stride, kv_stride, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("attention_decode");
 }
 void launch_embedding_forward(float* out, const int* tokens, const float* wte, int R, int C, cudaStream_t s) {
-  embedding_forward_kernel<<<blocks_for(static_cast<std::size_t>(R) * C, 256), 256, 0, s>>>(out, tokens, wte, R, C);
+  cuda::launch(embedding_forward_kernel, blocks_for(static_cast<std::size_t>(R) * C, 256), 256, 0, s, out, tokens, wte,
+               R, C);
   ZINF_CUDA_LAUNCH_CHECK("embedding_forward");
 }
 void launch_embedding_backward(float* dwte, const float* dout, const int* tokens, int R, int C, cudaStream_t s) {
-  embedding_backward_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dwte, dout, tokens, R, C);
+  cuda::launch(embedding_backward_kernel, blocks_for(C, 128), 128, 0, s, dwte, dout, tokens, R, C);
   ZINF_CUDA_LAUNCH_CHECK("embedding_backward");
 }
 

@@ -22,6 +22,7 @@
 
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops/rows.cuh"
+#include "cuda/round16.cuh"
 
 namespace zinf::cuda::fast {
 namespace {
@@ -49,13 +50,14 @@ template <>
 __device__ __forceinline__ float narrow<float>(float v) {
   return v;
 }
+// 16-bit stores round by the one rule of cuda/round16.cuh: cpu_adam/spec.h's, which the CPU twin uses.
 template <>
 __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
+  return round_bf16(v);
 }
 template <>
 __device__ __forceinline__ __half narrow<__half>(float v) {
-  return __float2half_rn(v);
+  return round_fp16(v);
 }
 
 // Elements of S in one 16-byte access.
@@ -265,20 +267,20 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 // Launches a row kernel: packs of 16 bytes when every row pointer allows it, a warp or a block per row.
-#define ZINF_ROWS_LAUNCH(kernel, vec, R, C, s, ...)                                        \
-  do {                                                                                     \
-    if ((C) <= kWarpRowMax) {                                                              \
-      const unsigned grid_ = blocks_for(static_cast<std::size_t>(R), kBlock / 32);         \
-      if (vec)                                                                             \
-        kernel<S, kVec<S>, 32><<<grid_, kBlock, 0, s>>>(__VA_ARGS__);                      \
-      else                                                                                 \
-        kernel<S, 1, 32><<<grid_, kBlock, 0, s>>>(__VA_ARGS__);                            \
-    } else if (vec) {                                                                      \
-      kernel<S, kVec<S>, kBlock><<<static_cast<unsigned>(R), kBlock, 0, s>>>(__VA_ARGS__); \
-    } else {                                                                               \
-      kernel<S, 1, kBlock><<<static_cast<unsigned>(R), kBlock, 0, s>>>(__VA_ARGS__);       \
-    }                                                                                      \
-    ZINF_CUDA_LAUNCH_CHECK(#kernel);                                                       \
+#define ZINF_ROWS_LAUNCH(kernel, vec, R, C, s, ...)                                                  \
+  do {                                                                                               \
+    if ((C) <= kWarpRowMax) {                                                                        \
+      const unsigned grid_ = blocks_for(static_cast<std::size_t>(R), kBlock / 32);                   \
+      if (vec)                                                                                       \
+        cuda::launch(kernel<S, kVec<S>, 32>, grid_, kBlock, 0, s, __VA_ARGS__);                      \
+      else                                                                                           \
+        cuda::launch(kernel<S, 1, 32>, grid_, kBlock, 0, s, __VA_ARGS__);                            \
+    } else if (vec) {                                                                                \
+      cuda::launch(kernel<S, kVec<S>, kBlock>, static_cast<unsigned>(R), kBlock, 0, s, __VA_ARGS__); \
+    } else {                                                                                         \
+      cuda::launch(kernel<S, 1, kBlock>, static_cast<unsigned>(R), kBlock, 0, s, __VA_ARGS__);       \
+    }                                                                                                \
+    ZINF_CUDA_LAUNCH_CHECK(#kernel);                                                                 \
   } while (0)
 
 template <class S>
@@ -403,14 +405,14 @@ void column_launch(float* acc0, float* acc1, const S* x, const S* dy, const floa
   if (rows_vec<S>(C, {x, dy})) {
     constexpr int N = kVec<S>;
     const dim3 grid((C + 32 * N - 1) / (32 * N), sp.chunks);
-    column_pass1<S, N, K><<<grid, block, 0, s>>>(o0, o1, x, dy, mean, rstd, R, C, sp.rows, direct);
+    cuda::launch(column_pass1<S, N, K>, grid, block, 0, s, o0, o1, x, dy, mean, rstd, R, C, sp.rows, direct);
   } else {
     const dim3 grid((C + 31) / 32, sp.chunks);
-    column_pass1<S, 1, K><<<grid, block, 0, s>>>(o0, o1, x, dy, mean, rstd, R, C, sp.rows, direct);
+    cuda::launch(column_pass1<S, 1, K>, grid, block, 0, s, o0, o1, x, dy, mean, rstd, R, C, sp.rows, direct);
   }
   ZINF_CUDA_LAUNCH_CHECK("column_sums_pass1");
   if (!direct) {
-    column_pass2<<<blocks_for(C, kBlock), kBlock, 0, s>>>(acc0, o0, acc1, o1, sp.chunks, C);
+    cuda::launch(column_pass2, blocks_for(C, kBlock), kBlock, 0, s, acc0, o0, acc1, o1, sp.chunks, C);
     ZINF_CUDA_LAUNCH_CHECK("column_sums_pass2");
   }
 }
@@ -573,10 +575,10 @@ template <int N, class Op>
 void elementwise_launch(const Op& op, std::size_t n, bool vec, const char* name, cudaStream_t s) {
   if (vec) {
     const unsigned grid = std::max(1u, std::min(kMaxGrid, blocks_for((n + N - 1) / N, kBlock)));
-    elementwise_kernel<N><<<grid, kBlock, 0, s>>>(op, n);
+    cuda::launch(elementwise_kernel<N, Op>, grid, kBlock, 0, s, op, n);
   } else {
     const unsigned grid = std::min(kMaxGrid, blocks_for(n, kBlock));
-    elementwise_kernel<1><<<grid, kBlock, 0, s>>>(op, n);
+    cuda::launch(elementwise_kernel<1, Op>, grid, kBlock, 0, s, op, n);
   }
   ZINF_CUDA_LAUNCH_CHECK(name);
 }
@@ -775,7 +777,7 @@ __global__ void __launch_bounds__(kBlock) embedding_accumulate(float* dwte, cons
 template <class S>
 void embedding_backward_impl(float* dwte, const S* dout, const int* tokens, int R, int C, int* scratch,
                              cudaStream_t s) {
-  sort_rows_by_token<<<1, kSortThreads, 0, s>>>(scratch, tokens, R);
+  cuda::launch(sort_rows_by_token, 1, kSortThreads, 0, s, scratch, tokens, R);
   ZINF_CUDA_LAUNCH_CHECK("embedding_backward_sort");
   const bool vec = rows_vec<S>(C, {dout});
   const int N = vec ? kVec<S> : 1;
@@ -783,9 +785,9 @@ void embedding_backward_impl(float* dwte, const S* dout, const int* tokens, int 
   const unsigned threads = static_cast<unsigned>(std::min(kBlock, (packs + 31) / 32 * 32));
   const dim3 grid(blocks_for(static_cast<std::size_t>(packs), threads), static_cast<unsigned>(std::min(R, 16384)));
   if (vec)
-    embedding_accumulate<S, kVec<S>><<<grid, threads, 0, s>>>(dwte, dout, scratch, R, C);
+    cuda::launch(embedding_accumulate<S, kVec<S>>, grid, threads, 0, s, dwte, dout, scratch, R, C);
   else
-    embedding_accumulate<S, 1><<<grid, threads, 0, s>>>(dwte, dout, scratch, R, C);
+    cuda::launch(embedding_accumulate<S, 1>, grid, threads, 0, s, dwte, dout, scratch, R, C);
   ZINF_CUDA_LAUNCH_CHECK("embedding_backward_accumulate");
 }
 
@@ -796,9 +798,9 @@ void embed_forward_impl(S* out, const int* tokens, const S* wte, const S* wpe, i
   const unsigned grid =
       std::min(kMaxGrid, blocks_for(static_cast<std::size_t>(R) * static_cast<std::size_t>(C / N), kBlock));
   if (vec)
-    embed_forward_kernel<S, kVec<S>><<<grid, kBlock, 0, s>>>(out, tokens, wte, wpe, R, T, C);
+    cuda::launch(embed_forward_kernel<S, kVec<S>>, grid, kBlock, 0, s, out, tokens, wte, wpe, R, T, C);
   else
-    embed_forward_kernel<S, 1><<<grid, kBlock, 0, s>>>(out, tokens, wte, wpe, R, T, C);
+    cuda::launch(embed_forward_kernel<S, 1>, grid, kBlock, 0, s, out, tokens, wte, wpe, R, T, C);
   ZINF_CUDA_LAUNCH_CHECK("embedding_forward");
 }
 
@@ -1047,9 +1049,10 @@ void rope_apply(void* x, const float* cos_t, const float* sin_t, int R, int T, i
     const std::size_t n = static_cast<std::size_t>(R) * heads * (vec ? half / kVec<S> : half);
     const unsigned grid = std::min(kMaxGrid, blocks_for(n, kBlock));
     if (vec)
-      rope_kernel<S, kVec<S>><<<grid, kBlock, 0, s>>>(static_cast<S*>(x), cos_t, sin_t, R, T, heads, half, sign);
+      cuda::launch(rope_kernel<S, kVec<S>>, grid, kBlock, 0, s, static_cast<S*>(x), cos_t, sin_t, R, T, heads, half,
+                   sign);
     else
-      rope_kernel<S, 1><<<grid, kBlock, 0, s>>>(static_cast<S*>(x), cos_t, sin_t, R, T, heads, half, sign);
+      cuda::launch(rope_kernel<S, 1>, grid, kBlock, 0, s, static_cast<S*>(x), cos_t, sin_t, R, T, heads, half, sign);
     ZINF_CUDA_LAUNCH_CHECK("rope_apply");
   });
 }
@@ -1099,8 +1102,8 @@ void softmax_crossentropy(void* probs, float* losses, const int* targets, int R,
   if (R <= 0 || V <= 0) return;
   dispatch(dt, [&](auto tag) {
     using S = typename decltype(tag)::type;
-    softmax_crossentropy_kernel<S>
-        <<<static_cast<unsigned>(R), kBlock, 0, s>>>(static_cast<S*>(probs), losses, targets, V);
+    cuda::launch(softmax_crossentropy_kernel<S>, static_cast<unsigned>(R), kBlock, 0, s, static_cast<S*>(probs), losses,
+                 targets, V);
     ZINF_CUDA_LAUNCH_CHECK("softmax_crossentropy");
   });
 }
@@ -1110,8 +1113,8 @@ void crossentropy_backward(void* dlogits, const void* probs, const int* targets,
   if (R <= 0 || V <= 0) return;
   dispatch(dt, [&](auto tag) {
     using S = typename decltype(tag)::type;
-    crossentropy_backward_kernel<S><<<static_cast<unsigned>(R), kBlock, 0, s>>>(
-        static_cast<S*>(dlogits), static_cast<const S*>(probs), targets, dscale, V);
+    cuda::launch(crossentropy_backward_kernel<S>, static_cast<unsigned>(R), kBlock, 0, s, static_cast<S*>(dlogits),
+                 static_cast<const S*>(probs), targets, dscale, V);
     ZINF_CUDA_LAUNCH_CHECK("crossentropy_backward");
   });
 }

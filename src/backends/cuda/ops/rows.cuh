@@ -2,10 +2,10 @@
 //
 // Every `void*` tensor is of the storage dtype S (fp32, bf16 or fp16) unless its name or type says
 // fp32. Each kernel widens its inputs to fp32, computes in fp32 and rounds every output element once
-// to S (round to nearest even); an output that accumulates (+=) is read, added to in fp32 and rounded
-// once. Semantics (which outputs accumulate, LayerNorm's eps 1e-5, GELU's tanh form, RoPE's pairs
-// (i, i + D/2) at position r mod T, SwiGLU's silu(gate)·up) are those of the CPU reference ops
-// (cpu/ops_gpt.h, cpu/ops_llama.h).
+// to S (round to nearest even, by cpu_adam/spec.h's rule: cuda/round16.cuh); an output that
+// accumulates (+=) is read, added to in fp32 and rounded once. Semantics (which outputs accumulate,
+// LayerNorm's eps 1e-5, GELU's tanh form, RoPE's pairs (i, i + D/2) at position r mod T, SwiGLU's
+// silu(gate)·up) are those of the CPU reference ops (cpu/ops_gpt.h, cpu/ops_llama.h).
 //
 // Nothing here uses atomics: every sum has one owner that adds in a fixed order, so the bits do not
 // depend on scheduling. Cross-row sums (norm weight gradients, column_sum) run in two passes: fixed

@@ -1,0 +1,499 @@
+// The executor's builtins, one test per documented behaviour: coordinates, shared memory,
+// __syncthreads, the warp shuffles (every mode and width), ballot/any/all, wmma in every layout the
+// kernels use, the launch limits a GPU enforces, the copy rules and stream ordering of the runtime.
+// Each expected value is worked out from CUDA's definition in the test itself, never taken from the
+// executor. Compiled like a .cu file of the executor build (cudax/kernel.h first).
+#include <gtest/gtest.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cudax/runtime.h"
+
+namespace {
+
+using zinf::cudax::launch;
+
+template <typename T>
+T* device_alloc(std::size_t n) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+  return static_cast<T*>(p);
+}
+template <typename T>
+std::vector<T> to_host(const T* d, std::size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+template <typename T>
+void to_device(T* d, const std::vector<T>& h) {
+  EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+// Runs `f` under each thread order, restoring fifo after.
+template <typename F>
+void for_each_order(F f) {
+  for (auto o : {zinf::cudax::Order::fifo, zinf::cudax::Order::lifo, zinf::cudax::Order::random}) {
+    zinf::cudax::set_order(o);
+    f(o);
+  }
+  zinf::cudax::set_order(zinf::cudax::Order::fifo);
+}
+
+// A launch that faults: the error comes back at the next synchronisation, stderr names the sites,
+// and the context is reset for the tests that follow.
+template <typename Launch>
+std::string expect_fault(Launch l) {
+  testing::internal::CaptureStderr();
+  l();
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(e, cudaErrorLaunchFailure) << err;
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure) << "the fault is sticky, as on a GPU";
+  cudaDeviceReset();
+  return err;
+}
+
+__global__ void coords_kernel(unsigned* out) {
+  const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned bid = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned nthreads = blockDim.x * blockDim.y * blockDim.z;
+  out[bid * nthreads + tid] = (bid << 16) | tid;
+}
+
+TEST(Executor, CoordinatesCoverTheGridOnce) {
+  const dim3 grid(3, 2, 2), block(4, 3, 2);
+  const unsigned n = 12 * 24;
+  unsigned* d = device_alloc<unsigned>(n);
+  launch(coords_kernel, grid, block, 0, nullptr, d);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto h = to_host(d, n);
+  for (unsigned i = 0; i < n; ++i) EXPECT_EQ(h[i], ((i / 24) << 16) | (i % 24)) << i;
+  cudaFree(d);
+}
+
+template <int kThreads>
+__global__ void block_sum(const float* x, float* out) {
+  __shared__ float sm[kThreads];
+  const int t = static_cast<int>(threadIdx.x);
+  sm[t] = x[blockIdx.x * kThreads + t];
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (t < s) sm[t] += sm[t + s];
+    __syncthreads();
+  }
+  if (t == 0) out[blockIdx.x] = sm[0];
+}
+// The same reduction with the barrier inside the loop removed: its result depends on thread order.
+template <int kThreads>
+__global__ void block_sum_racy(const float* x, float* out) {
+  __shared__ float sm[kThreads];
+  const int t = static_cast<int>(threadIdx.x);
+  sm[t] = x[blockIdx.x * kThreads + t];
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1)
+    if (t < s) sm[t] += sm[t + s];
+  __syncthreads();
+  if (t == 0) out[blockIdx.x] = sm[0];
+}
+
+TEST(Executor, SharedMemoryIsOnePerBlockAndBarriersOrderIt) {
+  constexpr int kThreads = 128, kBlocks = 5;
+  std::vector<float> x(kThreads * kBlocks);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97);
+  float* dx = device_alloc<float>(x.size());
+  float* dout = device_alloc<float>(kBlocks);
+  to_device(dx, x);
+  for_each_order([&](auto) {
+    launch(block_sum<kThreads>, dim3(kBlocks), dim3(kThreads), 0, nullptr, dx, dout);
+    const auto h = to_host(dout, kBlocks);
+    for (int b = 0; b < kBlocks; ++b) {
+      float want = 0;
+      for (int i = 0; i < kThreads; ++i) want += x[static_cast<std::size_t>(b * kThreads + i)];
+      EXPECT_EQ(h[static_cast<std::size_t>(b)], want) << "block " << b;
+    }
+  });
+  cudaFree(dx);
+  cudaFree(dout);
+}
+
+TEST(Executor, AMissingBarrierGivesAnotherResultUnderAnotherOrder) {
+  constexpr int kThreads = 64;
+  std::vector<float> x(kThreads);
+  for (int i = 0; i < kThreads; ++i) x[static_cast<std::size_t>(i)] = static_cast<float>(i + 1);
+  float* dx = device_alloc<float>(kThreads);
+  float* dout = device_alloc<float>(1);
+  to_device(dx, x);
+  std::vector<float> got;
+  for_each_order([&](auto) {
+    launch(block_sum_racy<kThreads>, dim3(1), dim3(kThreads), 0, nullptr, dx, dout);
+    got.push_back(to_host(dout, 1)[0]);
+  });
+  const float want = kThreads * (kThreads + 1) / 2.0f;
+  // Under fifo thread 0 runs every pass before its partners have added theirs (a wrong sum); under
+  // lifo the partners run first and the sum happens to come out right.
+  EXPECT_NE(got[0], want);
+  EXPECT_EQ(got[1], want);
+  EXPECT_NE(got[0], got[1]);
+  cudaFree(dx);
+  cudaFree(dout);
+}
+
+constexpr int kFirstBarrierLine = __LINE__ + 4;
+constexpr int kSecondBarrierLine = __LINE__ + 5;
+__global__ void divergent_barrier(int* out) {
+  if (threadIdx.x < 16) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1;
+}
+__global__ void barrier_after_return(int* out) {
+  if (threadIdx.x >= 40) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+TEST(Executor, ADivergentBarrierIsAFaultNamingBothCalls) {
+  int* d = device_alloc<int>(64);
+  const std::string err = expect_fault([&] { launch(divergent_barrier, dim3(1), dim3(64), 0, nullptr, d); });
+  EXPECT_NE(err.find("divergent __syncthreads"), std::string::npos) << err;
+  EXPECT_NE(err.find("executor_test.cpp:" + std::to_string(kFirstBarrierLine)), std::string::npos) << err;
+  EXPECT_NE(err.find("executor_test.cpp:" + std::to_string(kSecondBarrierLine)), std::string::npos) << err;
+  cudaFree(d);
+}
+
+TEST(Executor, ABarrierSomeThreadsNeverReachIsAFault) {
+  int* d = device_alloc<int>(64);
+  const std::string err = expect_fault([&] { launch(barrier_after_return, dim3(1), dim3(64), 0, nullptr, d); });
+  EXPECT_NE(err.find("has returned"), std::string::npos) << err;
+  cudaFree(d);
+}
+
+enum Op { kXor, kUp, kDown, kIdx };
+template <Op kOp>
+__global__ void shuffle_kernel(int* out, int arg, int width) {
+  const int v = 1000 + static_cast<int>(threadIdx.x);
+  int r = 0;
+  if constexpr (kOp == kXor) r = __shfl_xor_sync(0xFFFFFFFFu, v, arg, width);
+  if constexpr (kOp == kUp) r = __shfl_up_sync(0xFFFFFFFFu, v, static_cast<unsigned>(arg), width);
+  if constexpr (kOp == kDown) r = __shfl_down_sync(0xFFFFFFFFu, v, static_cast<unsigned>(arg), width);
+  if constexpr (kOp == kIdx) r = __shfl_sync(0xFFFFFFFFu, v, arg, width);
+  out[threadIdx.x] = r;
+}
+
+// The source lane of each shuffle as the CUDA C++ Programming Guide defines it; a source outside the
+// caller's segment of `width` lanes (for xor: in a later segment) yields the caller's own value.
+int expected_source(Op op, int lane, int arg, int width) {
+  const int seg = lane / width * width;
+  switch (op) {
+    case kXor: { const int j = lane ^ arg; return j >= seg + width ? lane : j; }
+    case kUp: return lane - seg - arg >= 0 ? lane - arg : lane;
+    case kDown: return lane - seg + arg < width ? lane + arg : lane;
+    case kIdx: return seg + arg % width;
+  }
+  return -1;
+}
+
+template <Op kOp>
+void check_shuffle(int arg, int width) {
+  int* d = device_alloc<int>(64);
+  launch(shuffle_kernel<kOp>, dim3(1), dim3(64), 0, nullptr, d, arg, width);
+  const auto h = to_host(d, 64);
+  for (int t = 0; t < 64; ++t) {
+    const int lane = t % 32, warp = t / 32;
+    EXPECT_EQ(h[static_cast<std::size_t>(t)], 1000 + warp * 32 + expected_source(kOp, lane, arg, width))
+        << "op " << kOp << " arg " << arg << " width " << width << " thread " << t;
+  }
+  cudaFree(d);
+}
+
+TEST(Executor, ShufflesFollowTheirDefinitionInEveryWidth) {
+  for (int width : {32, 16, 8, 4}) {
+    for (int m : {1, 2, 4, 8, 16}) check_shuffle<kXor>(m, width);
+    for (int d : {1, 3, 8}) {
+      check_shuffle<kUp>(d, width);
+      check_shuffle<kDown>(d, width);
+    }
+    for (int s : {0, 5, 31}) check_shuffle<kIdx>(s, width);
+  }
+  // Hand-worked: xor 16 across a full warp swaps the halves; up 1 leaves lane 0 alone.
+  int* d = device_alloc<int>(64);
+  launch(shuffle_kernel<kXor>, dim3(1), dim3(64), 0, nullptr, d, 16, 32);
+  auto h = to_host(d, 64);
+  EXPECT_EQ(h[0], 1016);
+  EXPECT_EQ(h[17], 1001);
+  EXPECT_EQ(h[40], 1056);
+  launch(shuffle_kernel<kUp>, dim3(1), dim3(64), 0, nullptr, d, 1, 32);
+  h = to_host(d, 64);
+  EXPECT_EQ(h[0], 1000);
+  EXPECT_EQ(h[1], 1000);
+  EXPECT_EQ(h[32], 1032);
+  cudaFree(d);
+}
+
+__global__ void vote_kernel(unsigned* out) {
+  const unsigned lane = threadIdx.x % 32;
+  const bool odd = lane % 2 == 1;
+  if (lane < 16) {  // only the low half takes part, with its own mask
+    out[threadIdx.x * 4 + 0] = __ballot_sync(0x0000FFFFu, odd);
+    out[threadIdx.x * 4 + 1] = __any_sync(0x0000FFFFu, lane == 3);
+    out[threadIdx.x * 4 + 2] = __all_sync(0x0000FFFFu, lane < 16);
+    out[threadIdx.x * 4 + 3] = __all_sync(0x0000FFFFu, odd);
+  } else {
+    out[threadIdx.x * 4 + 0] = __ballot_sync(0xFFFF0000u, lane >= 30);
+    out[threadIdx.x * 4 + 1] = __any_sync(0xFFFF0000u, false);
+    out[threadIdx.x * 4 + 2] = 7;
+    out[threadIdx.x * 4 + 3] = 7;
+  }
+}
+
+TEST(Executor, VotesCountTheLanesOfTheirMask) {
+  unsigned* d = device_alloc<unsigned>(32 * 4);
+  launch(vote_kernel, dim3(1), dim3(32), 0, nullptr, d);
+  const auto h = to_host(d, 32 * 4);
+  EXPECT_EQ(h[0], 0x0000AAAAu);  // the odd lanes of 0..15
+  EXPECT_EQ(h[1], 1u);
+  EXPECT_EQ(h[2], 1u);
+  EXPECT_EQ(h[3], 0u);
+  EXPECT_EQ(h[16 * 4 + 0], 0xC0000000u);  // lanes 30 and 31
+  EXPECT_EQ(h[16 * 4 + 1], 0u);
+  cudaFree(d);
+}
+
+__global__ void shuffle_not_in_mask(int* out) {
+  out[threadIdx.x] = __shfl_xor_sync(0x0000FFFFu, 1, 1);  // lanes 16..31 are not in the mask
+}
+__global__ void shuffle_partial_warp(int* out) { out[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, 1, 1); }
+
+TEST(Executor, AShuffleByALaneOutsideItsMaskIsAFault) {
+  int* d = device_alloc<int>(32);
+  const std::string err = expect_fault([&] { launch(shuffle_not_in_mask, dim3(1), dim3(32), 0, nullptr, d); });
+  EXPECT_NE(err.find("not in the mask"), std::string::npos) << err;
+  cudaFree(d);
+}
+
+TEST(Executor, AFullMaskShuffleInAPartialWarpIsAFault) {
+  int* d = device_alloc<int>(48);
+  const std::string err = expect_fault([&] { launch(shuffle_partial_warp, dim3(1), dim3(48), 0, nullptr, d); });
+  EXPECT_NE(err.find("do not exist"), std::string::npos) << err;
+  cudaFree(d);
+}
+
+__global__ void dynamic_kernel(std::uintptr_t* out, int n) {
+  unsigned char* smem = zinf::cudax::dynamic_shared();
+  int* s = reinterpret_cast<int*>(smem);
+  s[threadIdx.x] = static_cast<int>(threadIdx.x) * 3;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    out[0] = reinterpret_cast<std::uintptr_t>(smem) % 128;
+    long sum = 0;
+    for (int i = 0; i < n; ++i) sum += s[i];
+    out[1] = static_cast<std::uintptr_t>(sum);
+  }
+}
+
+TEST(Executor, DynamicSharedMemoryHasItsLaunchSizeAndTheGpuLimits) {
+  auto* d = device_alloc<std::uintptr_t>(2);
+  launch(dynamic_kernel, dim3(1), dim3(256), 256 * sizeof(int), nullptr, d, 256);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto h = to_host(d, 2);
+  EXPECT_EQ(h[0], 0u);
+  EXPECT_EQ(h[1], 3u * 255 * 256 / 2);
+  // Above 48 KiB only once the kernel's attribute allows it, and never above sm_90's 227 KiB.
+  launch(dynamic_kernel, dim3(1), dim3(32), 48 * 1024 + 16, nullptr, d, 32);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  ASSERT_EQ(cudaFuncSetAttribute(dynamic_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024), cudaSuccess);
+  launch(dynamic_kernel, dim3(1), dim3(32), 48 * 1024 + 16, nullptr, d, 32);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaFuncSetAttribute(dynamic_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 232449),
+            cudaErrorInvalidValue);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(d);
+}
+
+TEST(Executor, LaunchesOutsideTheGpuLimitsAreRefused) {
+  unsigned* d = device_alloc<unsigned>(1);
+  struct Case {
+    dim3 grid, block;
+  };
+  for (const Case& c : {Case{dim3(1), dim3(1025)}, Case{dim3(1), dim3(32, 33)}, Case{dim3(1), dim3(1, 1, 65)},
+                        Case{dim3(0), dim3(32)}, Case{dim3(1, 65536), dim3(32)}, Case{dim3(1, 1, 65536), dim3(32)},
+                        Case{dim3(1), dim3(0)}}) {
+    launch(coords_kernel, c.grid, c.block, 0, nullptr, d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration)
+        << c.grid.x << "x" << c.grid.y << "x" << c.grid.z << " blocks of " << c.block.x << "x" << c.block.y << "x"
+        << c.block.z;
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "cudaGetLastError clears a launch error";
+  }
+  cudaFree(d);
+}
+
+// wmma: C = A·B + C0 for one 16x16x16 tile, A and B stored in the layout under test; the expected
+// product is summed in double here.
+template <typename T, typename LA, typename LB>
+__global__ void wmma_kernel(float* c, const T* a, const T* b, const float* c0, unsigned ld, int c_col_major) {
+  namespace wmma = nvcuda::wmma;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LA> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LB> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+  const wmma::layout_t lc = c_col_major ? wmma::mem_col_major : wmma::mem_row_major;
+  wmma::load_matrix_sync(fc, c0, ld, lc);
+  wmma::load_matrix_sync(fa, a, ld);
+  wmma::load_matrix_sync(fb, b, ld);
+  wmma::mma_sync(fc, fa, fb, fc);
+  wmma::store_matrix_sync(c, fc, ld, lc);
+}
+
+template <typename T, typename LA, typename LB>
+void check_wmma(bool c_col_major) {
+  constexpr unsigned ld = 24;  // a padded leading dimension, a multiple of 8 elements
+  constexpr bool a_col = std::is_same_v<LA, nvcuda::wmma::col_major>, b_col = std::is_same_v<LB, nvcuda::wmma::col_major>;
+  std::vector<T> a(16 * ld), b(16 * ld);
+  std::vector<float> c0(16 * ld), av(256), bv(256);
+  for (int i = 0; i < 16; ++i)
+    for (int k = 0; k < 16; ++k) {
+      const float x = static_cast<float>((i * 7 + k * 3) % 11) - 5.0f, y = static_cast<float>((i * 5 + k) % 9) - 4.0f;
+      av[i * 16 + k] = x;  // A(i, k)
+      bv[i * 16 + k] = y;  // B(i, k): row i of B is k of the product
+      a[a_col ? i + k * ld : i * ld + k] = T(x);
+      b[b_col ? i + k * ld : i * ld + k] = T(y);
+    }
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) c0[c_col_major ? i + j * ld : i * ld + j] = static_cast<float>(i - j);
+  T* da = device_alloc<T>(a.size());
+  T* db = device_alloc<T>(b.size());
+  float* dc0 = device_alloc<float>(c0.size());
+  float* dc = device_alloc<float>(c0.size());
+  to_device(da, a);
+  to_device(db, b);
+  to_device(dc0, c0);
+  launch(wmma_kernel<T, LA, LB>, dim3(1), dim3(32), 0, nullptr, dc, da, db, dc0, ld, c_col_major ? 1 : 0);
+  const auto c = to_host(dc, c0.size());
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      double want = i - j;
+      for (int k = 0; k < 16; ++k) want += double(av[i * 16 + k]) * bv[k * 16 + j];
+      EXPECT_EQ(c[c_col_major ? i + j * ld : i * ld + j], static_cast<float>(want))
+          << "C(" << i << "," << j << ") a_col " << a_col << " b_col " << b_col << " c_col " << c_col_major;
+    }
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc0);
+  cudaFree(dc);
+}
+
+TEST(Executor, WmmaMultipliesInEveryLayoutAndType) {
+  using namespace nvcuda::wmma;
+  for (bool cc : {false, true}) {
+    check_wmma<__half, row_major, row_major>(cc);
+    check_wmma<__half, row_major, col_major>(cc);
+    check_wmma<__half, col_major, row_major>(cc);
+    check_wmma<__half, col_major, col_major>(cc);
+    check_wmma<__nv_bfloat16, row_major, row_major>(cc);
+    check_wmma<__nv_bfloat16, row_major, col_major>(cc);
+    check_wmma<__nv_bfloat16, col_major, row_major>(cc);
+    check_wmma<__nv_bfloat16, col_major, col_major>(cc);
+  }
+}
+
+TEST(Executor, WmmaRefusesMisalignedPointersAndStrides) {
+  using namespace nvcuda::wmma;
+  __half* a = device_alloc<__half>(16 * 32 + 16);
+  float* c = device_alloc<float>(16 * 32 + 16);
+  std::string err = expect_fault([&] {
+    launch(wmma_kernel<__half, row_major, row_major>, dim3(1), dim3(32), 0, nullptr, c, a + 4, a, c, 16u, 0);
+  });
+  EXPECT_NE(err.find("not 256-bit aligned"), std::string::npos) << err;
+  err = expect_fault([&] {
+    launch(wmma_kernel<__half, row_major, row_major>, dim3(1), dim3(32), 0, nullptr, c, a, a, c, 20u, 0);
+  });
+  EXPECT_NE(err.find("ldm"), std::string::npos) << err;
+  cudaFree(a);
+  cudaFree(c);
+}
+
+TEST(Runtime, CopiesAreCheckedAgainstWhereTheirPointersLive) {
+  char* dev = device_alloc<char>(64);
+  std::vector<char> host(64, 1);
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&pinned, 64, cudaHostAllocDefault), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(dev, host.data(), 64, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(host.data(), dev, 64, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(pinned, dev, 64, cudaMemcpyDefault), cudaSuccess);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(cudaMemcpy(host.data(), dev, 64, cudaMemcpyDeviceToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(dev, pinned, 64, cudaMemcpyDeviceToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(dev, host.data(), 64, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(host.data(), dev, 64, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(dev + 8, host.data(), 64, cudaMemcpyHostToDevice), cudaErrorInvalidValue) << "past the end";
+  EXPECT_EQ(cudaMemset(host.data(), 0, 64), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFree(host.data()), cudaErrorInvalidValue);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("reads pinned host memory and writes device memory"), std::string::npos) << err;
+  cudaGetLastError();
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(cudaFree(dev), cudaSuccess);
+}
+
+__global__ void slow_write(int* p, int v) {
+  for (int i = 0; i < 64; ++i) p[i] = v;
+}
+__global__ void copy_kernel(int* dst, const int* src) { dst[threadIdx.x] = src[threadIdx.x]; }
+
+TEST(Runtime, AnEventWaitOrdersTwoJitteredStreams) {
+  cudaStream_t a, b;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  int* x = device_alloc<int>(64);
+  int* y = device_alloc<int>(64);
+  for (int round = 0; round < 20; ++round) {
+    launch(slow_write, dim3(1), dim3(1), 0, a, x, round);
+    ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(b, e, 0), cudaSuccess);
+    launch(copy_kernel, dim3(1), dim3(64), 0, b, y, static_cast<const int*>(x));
+    ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+    const auto h = to_host(y, 64);
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(h[static_cast<std::size_t>(i)], round) << "round " << round;
+    ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+  }
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+  float ms = 0;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, e, e), cudaErrorInvalidResourceHandle) << "an event without timing";
+  cudaEventDestroy(e);
+  EXPECT_EQ(cudaEventRecord(e, a), cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+  cudaFree(x);
+  cudaFree(y);
+}
+
+TEST(Runtime, TheDeviceLooksLikeAnSm90Part) {
+  cudaDeviceProp p{};
+  ASSERT_EQ(cudaGetDeviceProperties(&p, 0), cudaSuccess);
+  EXPECT_EQ(p.major, 9);
+  EXPECT_EQ(p.minor, 0);
+  EXPECT_EQ(p.sharedMemPerBlockOptin, 232448u);
+  int optin = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0), cudaSuccess);
+  EXPECT_EQ(optin, 232448);
+  std::size_t free_b = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total), cudaSuccess);
+  void* p1 = nullptr;
+  ASSERT_EQ(cudaMalloc(&p1, 1 << 20), cudaSuccess);
+  std::size_t free2 = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free2, &total), cudaSuccess);
+  EXPECT_EQ(free_b - free2, std::size_t{1} << 20);
+  EXPECT_EQ(to_host(static_cast<const unsigned char*>(p1), 4)[3], 0xFF) << "fresh device memory is poisoned";
+  cudaFree(p1);
+}
+
+}  // namespace

@@ -1,0 +1,144 @@
+// cudax/kernel.h — what a .cu file sees when the executor build compiles it as C++ (g++ -include
+// this header). It gives CUDA's kernel vocabulary a meaning on the CPU:
+//   - __global__/__device__/__host__ are plain functions; __launch_bounds__ is dropped;
+//   - __shared__ variables are `static thread_local`: one block runs entirely on one OS thread (its
+//     CUDA threads are fibers of that thread), so every thread of the block sees one copy, and blocks
+//     running at the same time on other OS threads have their own;
+//   - threadIdx/blockIdx/blockDim/gridDim read the running fiber's and block's coordinates;
+//   - __syncthreads, the _sync warp functions and wmma (<mma.h>, the executor's own) are collective
+//     operations of the scheduler (kernel.cpp), checked for divergence;
+//   - the device math the kernels use maps to the host's libm.
+// NVIDIA's own headers give the runtime API types and the __half / __nv_bfloat16 host conversions
+// with their rounding. Only the project's .cu sources and the executor's tests include this.
+#pragma once
+
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static thread_local
+#define __launch_bounds__(...)
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace zinf::cudax {
+
+// The running CUDA thread (a fiber) and its block; set by the scheduler before it resumes a fiber.
+struct Coordinates {
+  uint3 thread_idx;
+  uint3 block_idx;
+  dim3 block_dim;
+  dim3 grid_dim;
+};
+extern thread_local const Coordinates* tl_coords;
+
+// Collectives: each returns once every thread it names has arrived (or reports the divergence and
+// ends the kernel). `site` is the caller's file and line, named in reports.
+struct Site {
+  const char* file;
+  int line;
+};
+void syncthreads(Site site);
+void syncwarp(unsigned mask, Site site);
+// One warp exchange: every lane in `mask` contributes `value`; returns the value of lane `src(lane)`
+// (computed by the caller's mode and width rule) as raw bytes.
+enum class ShuffleMode { index, up, down, bfly };
+std::uint64_t shuffle(unsigned mask, std::uint64_t value, int lane_arg, int width, ShuffleMode mode, Site site);
+// ballot over `mask`: bit i set when lane i's predicate is true.
+unsigned ballot(unsigned mask, bool predicate, Site site);
+// The lanes of the caller's warp that have not exited.
+unsigned activemask();
+// Ends the kernel with a launch failure and the message (an invalid operation inside a kernel).
+[[noreturn]] void kernel_fault(Site site, const char* what);
+// The launch's dynamic shared memory (its size as launched; at least 128-byte aligned).
+unsigned char* dynamic_shared();
+
+template <typename T>
+inline std::uint64_t to_raw(T v) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffles move at most 8 bytes");
+  std::uint64_t r = 0;
+  std::memcpy(&r, &v, sizeof(T));
+  return r;
+}
+template <typename T>
+inline T from_raw(std::uint64_t r) {
+  T v;
+  std::memcpy(&v, &r, sizeof(T));
+  return v;
+}
+// A shuffle's width argument, 32 when left out (warpSize, its default in CUDA).
+constexpr int width_or_32() { return 32; }
+constexpr int width_or_32(int w) { return w; }
+
+template <typename T>
+inline T shfl(unsigned mask, T v, int lane_arg, int width, ShuffleMode m, Site s) {
+  return from_raw<T>(shuffle(mask, to_raw(v), lane_arg, width, m, s));
+}
+
+}  // namespace zinf::cudax
+
+#define ZINF_CUDAX_SITE (::zinf::cudax::Site{__FILE__, __LINE__})
+#define threadIdx (::zinf::cudax::tl_coords->thread_idx)
+#define blockIdx (::zinf::cudax::tl_coords->block_idx)
+#define blockDim (::zinf::cudax::tl_coords->block_dim)
+#define gridDim (::zinf::cudax::tl_coords->grid_dim)
+#define warpSize 32
+#define __syncthreads() ::zinf::cudax::syncthreads(ZINF_CUDAX_SITE)
+#define __syncwarp(...) ::zinf::cudax::syncwarp(ZINF_CUDAX_SYNCWARP_MASK(__VA_ARGS__), ZINF_CUDAX_SITE)
+#define ZINF_CUDAX_SYNCWARP_MASK(...) (0xFFFFFFFFu __VA_OPT__(& (__VA_ARGS__)))
+#define __shfl_sync(mask, v, src, ...) \
+  ::zinf::cudax::shfl((mask), (v), (src), ::zinf::cudax::width_or_32(__VA_ARGS__), ::zinf::cudax::ShuffleMode::index, ZINF_CUDAX_SITE)
+#define __shfl_up_sync(mask, v, d, ...) \
+  ::zinf::cudax::shfl((mask), (v), (d), ::zinf::cudax::width_or_32(__VA_ARGS__), ::zinf::cudax::ShuffleMode::up, ZINF_CUDAX_SITE)
+#define __shfl_down_sync(mask, v, d, ...) \
+  ::zinf::cudax::shfl((mask), (v), (d), ::zinf::cudax::width_or_32(__VA_ARGS__), ::zinf::cudax::ShuffleMode::down, ZINF_CUDAX_SITE)
+#define __shfl_xor_sync(mask, v, m, ...) \
+  ::zinf::cudax::shfl((mask), (v), (m), ::zinf::cudax::width_or_32(__VA_ARGS__), ::zinf::cudax::ShuffleMode::bfly, ZINF_CUDAX_SITE)
+#define __ballot_sync(mask, p) ::zinf::cudax::ballot((mask), static_cast<bool>(p), ZINF_CUDAX_SITE)
+#define __any_sync(mask, p) (::zinf::cudax::ballot((mask), static_cast<bool>(p), ZINF_CUDAX_SITE) != 0u)
+#define __all_sync(mask, p) \
+  (::zinf::cudax::ballot((mask), static_cast<bool>(p), ZINF_CUDAX_SITE) == ((mask) & ::zinf::cudax::activemask()))
+#define __activemask() ::zinf::cudax::activemask()
+
+// The device math the kernels call, where the host has no function of that name. Results are the
+// host libm's (correctly rounded sqrt; expf/logf/tanhf within an ulp or two, like the GPU's).
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll(static_cast<unsigned long long>(x)); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
+inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, 4); return x; }
+inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned x; std::memcpy(&x, &f, 4); return x; }
+// CUDA's overloaded min/max for the integer and float types (the device headers' set).
+#define ZINF_CUDAX_MINMAX(T)                          \
+  inline T max(T a, T b) { return a > b ? a : b; }    \
+  inline T min(T a, T b) { return a < b ? a : b; }
+ZINF_CUDAX_MINMAX(int)
+ZINF_CUDAX_MINMAX(unsigned)
+ZINF_CUDAX_MINMAX(long)
+ZINF_CUDAX_MINMAX(unsigned long)
+ZINF_CUDAX_MINMAX(long long)
+ZINF_CUDAX_MINMAX(unsigned long long)
+#undef ZINF_CUDAX_MINMAX
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+
+// cudaFuncSetAttribute on a kernel itself (NVIDIA's header has this overload only under nvcc).
+template <typename... P>
+inline cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+#include "cudax/launch.h"

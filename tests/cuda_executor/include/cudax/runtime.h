@@ -1,0 +1,59 @@
+// cudax/runtime.h — the executor's CUDA runtime over host memory, as the library fakes (cuBLAS,
+// cuBLASLt, NCCL) and the executor's own tests see it. The CUDA API itself (cudaMalloc, streams,
+// events, ...) is NVIDIA's declarations from <cuda_runtime_api.h>, implemented in runtime.cpp.
+//
+// Memory: every "device" allocation is host memory recorded in one registry with its kind, so a
+// copy or a library call can be checked against where its pointers really live.
+// Streams: each created stream is a worker thread running its work in order, with a seeded random
+// delay before each item (ZINF_CUDAX_JITTER=0 turns it off; ZINF_CUDAX_SEED picks the seed). Stream
+// 0 (the legacy default stream) runs its work on the calling thread, in call order.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace zinf::cudax {
+
+enum class MemKind {
+  pageable,    // not known to CUDA: plain host memory
+  device,      // cudaMalloc
+  pinned,      // cudaHostAlloc / cudaMallocHost
+  registered,  // cudaHostRegister
+};
+const char* to_string(MemKind k);
+
+struct MemRange {
+  MemKind kind = MemKind::pageable;
+  const void* base = nullptr;  // the allocation holding the pointer (nullptr for pageable)
+  std::size_t size = 0;        // its size in bytes
+};
+
+// Where p lives. Thread-safe.
+MemRange where(const void* p);
+
+// True when [p, p + bytes) lies inside one device allocation.
+bool is_device_range(const void* p, std::size_t bytes);
+
+// Runs fn in stream order on s, on s's worker (or, for stream 0, on the calling thread before this
+// returns). fn returns cudaSuccess or an error; an error becomes the stream's sticky error, reported
+// by the next cudaStreamSynchronize / cudaGetLastError, like an asynchronous CUDA failure.
+// Returns cudaErrorInvalidResourceHandle for a destroyed or unknown stream.
+cudaError_t enqueue(cudaStream_t s, std::function<cudaError_t()> fn);
+
+// Records an error on the calling thread, as a failed launch does (read by cudaGetLastError).
+void set_last_error(cudaError_t e);
+
+// How the scheduler orders the threads of a block (and the blocks of a grid) between collectives:
+// ZINF_CUDAX_ORDER=fifo (default) | lifo | random (seeded by ZINF_CUDAX_SEED and the launch count);
+// set_order changes it for the launches that follow (the executor's own tests).
+enum class Order { fifo, lifo, random };
+Order order();
+void set_order(Order o);
+
+// The seed the run uses for jitter and random thread orders (ZINF_CUDAX_SEED, default 1).
+unsigned long seed();
+
+}  // namespace zinf::cudax

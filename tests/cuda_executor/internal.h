@@ -1,0 +1,38 @@
+// internal.h — what the executor's own files share and nothing else includes: the launch limits of
+// the GPU it imitates, the per-kernel attributes, and the run-time choices read from the environment.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <functional>
+#include <cstdint>
+#include <string>
+
+#include "cudax/runtime.h"
+
+namespace zinf::cudax {
+
+// The device the executor reports and checks launches against: an sm_90 part (H100/H200 class).
+inline constexpr int kMajor = 9, kMinor = 0;
+inline constexpr int kMultiprocessors = 132;
+inline constexpr unsigned kMaxThreadsPerBlock = 1024;
+inline constexpr unsigned kMaxBlockDim[3] = {1024, 1024, 64};
+inline constexpr unsigned kMaxGridDim[3] = {2147483647u, 65535u, 65535u};
+inline constexpr std::size_t kDefaultDynamicSmem = 48 * 1024;  // without cudaFuncSetAttribute
+inline constexpr std::size_t kMaxSmemPerBlockOptin = 232448;   // 227 KiB on sm_90
+inline constexpr std::size_t kSmemPerMultiprocessor = 233472;  // 228 KiB
+
+// The dynamic shared memory limit set for `kernel` by cudaFuncSetAttribute (kDefaultDynamicSmem when
+// never set).
+std::size_t max_dynamic_smem(const void* kernel);
+
+struct LaunchShape;
+// Runs every block of the grid on the calling thread (kernel.cpp); a fault is reported with the
+// kernel's `name` and returns cudaErrorLaunchFailure.
+cudaError_t run_grid(const LaunchShape& shape, const std::function<void()>& body, const std::string& name);
+
+// Prints one line to stderr, prefixed "cudax: " (kernel faults, misuse of the runtime).
+void report(const std::string& line);
+
+}  // namespace zinf::cudax

@@ -1,0 +1,898 @@
+// runtime.cpp — the executor's CUDA runtime: the subset of NVIDIA's runtime API (declared by
+// <cuda_runtime_api.h>, implemented here) that the project calls, over host memory.
+//
+// What it checks as the CUDA rules do (an error code, never a silent success):
+//   - copies against where their pointers live: a HostToDevice copy must write device memory and
+//     read host memory, a DeviceToDevice copy must stay in device memory, a device range must lie
+//     inside one allocation; cudaMemcpyDefault infers the direction;
+//   - a freed or unknown pointer given to cudaFree / cudaFreeHost / cudaHostUnregister;
+//   - events and streams: destroyed or unknown handles, timing on an event created without it;
+//   - a kernel fault (kernel.cpp) is sticky, as on a GPU: every later call returns it.
+// Streams are worker threads with a seeded random delay before each item (ZINF_CUDAX_JITTER_US, the
+// largest delay in microseconds, default 40; 0 turns jitter off), so work on two streams interleaves
+// differently run to run and a missing cudaStreamWaitEvent shows as a wrong result. An async copy
+// from pageable memory reads its source before returning and one to pageable memory completes before
+// returning, as CUDA's staged copies do; pinned and registered memory is read and written in stream
+// order, so a host access before the stream reaches the copy is a real race.
+// "Device" memory is charged against ZINF_CUDAX_MEMORY_MIB (default 16384), which cudaMemGetInfo
+// reports; fresh device allocations are filled with 0xFF bytes (NaN in fp32, bf16 and fp16), so a
+// read of memory nothing wrote shows.
+#include <dlfcn.h>
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "cudax/launch.h"
+#include "cudax/runtime.h"
+#include "internal.h"
+
+namespace zinf::cudax {
+
+namespace {
+
+std::uint64_t env_u64(const char* name, std::uint64_t def) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  if (end == v || *end) {
+    report(std::string(name) + "=" + v + " is not a number; using " + std::to_string(def));
+    return def;
+  }
+  return x;
+}
+
+struct Allocation {
+  std::size_t size;
+  MemKind kind;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::uintptr_t, Allocation> ranges;  // by base address
+  std::size_t device_bytes = 0;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+std::size_t memory_total() {
+  static const std::size_t t = static_cast<std::size_t>(env_u64("ZINF_CUDAX_MEMORY_MIB", 16384)) << 20;
+  return t;
+}
+
+// The context's sticky error (a kernel fault or a failed stream item).
+std::atomic<int> g_sticky{0};
+thread_local cudaError_t tl_last = cudaSuccess;
+
+cudaError_t sticky() { return static_cast<cudaError_t>(g_sticky.load()); }
+cudaError_t fail(cudaError_t e) {
+  tl_last = e;
+  return e;
+}
+#define ZINF_CUDAX_STICKY()                       \
+  do {                                            \
+    if (const cudaError_t s_ = sticky()) return s_; \
+  } while (0)
+
+// ---- streams ---------------------------------------------------------------------------------------
+
+struct Stream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<cudaError_t()>> work;
+  bool busy = false;
+  bool stop = false;
+  unsigned flags = 0;
+  std::mt19937_64 rng;
+  std::thread worker;
+
+  void run() {
+    const std::uint64_t jitter = env_u64("ZINF_CUDAX_JITTER_US", 40);
+    std::unique_lock<std::mutex> l(mu);
+    for (;;) {
+      cv.wait(l, [&] { return stop || !work.empty(); });
+      if (work.empty()) return;
+      std::function<cudaError_t()> fn = std::move(work.front());
+      work.pop_front();
+      busy = true;
+      const std::uint64_t delay = jitter ? rng() % (jitter + 1) : 0;
+      l.unlock();
+      if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+      // After a fault the context is unusable, as on a GPU: later work is dropped.
+      if (!sticky()) {
+        const cudaError_t e = fn();
+        if (e != cudaSuccess) {
+          int expected = 0;
+          g_sticky.compare_exchange_strong(expected, static_cast<int>(e));
+        }
+      }
+      l.lock();
+      busy = false;
+      cv.notify_all();
+    }
+  }
+  void drain() {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return work.empty() && !busy; });
+  }
+};
+
+struct Streams {
+  std::mutex mu;
+  std::set<Stream*> live;
+  std::uint64_t created = 0;
+};
+Streams& streams() {
+  static Streams s;
+  return s;
+}
+
+Stream* find_stream(cudaStream_t s) {
+  Streams& ss = streams();
+  std::lock_guard<std::mutex> g(ss.mu);
+  auto* p = reinterpret_cast<Stream*>(s);
+  return ss.live.count(p) ? p : nullptr;
+}
+
+// The legacy default stream synchronises with every blocking stream (created without
+// cudaStreamNonBlocking): its work waits for theirs, then runs on the caller's thread.
+void drain_blocking_streams() {
+  std::vector<Stream*> v;
+  {
+    Streams& ss = streams();
+    std::lock_guard<std::mutex> g(ss.mu);
+    for (Stream* s : ss.live)
+      if (!(s->flags & cudaStreamNonBlocking)) v.push_back(s);
+  }
+  for (Stream* s : v) s->drain();
+}
+
+// ---- events ---------------------------------------------------------------------------------------
+
+struct Event {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0;   // records issued
+  std::uint64_t completed = 0;  // records the stream has reached
+  std::chrono::steady_clock::time_point when{};
+  unsigned flags = 0;
+};
+struct Events {
+  std::mutex mu;
+  std::set<Event*> live;
+};
+Events& events() {
+  static Events e;
+  return e;
+}
+Event* find_event(cudaEvent_t e) {
+  Events& es = events();
+  std::lock_guard<std::mutex> g(es.mu);
+  auto* p = reinterpret_cast<Event*>(e);
+  return es.live.count(p) ? p : nullptr;
+}
+
+struct FuncAttrs {
+  std::mutex mu;
+  std::unordered_map<const void*, std::size_t> max_dynamic_smem;
+};
+FuncAttrs& func_attrs() {
+  static FuncAttrs f;
+  return f;
+}
+
+std::string kernel_name(const void* k) {
+  Dl_info info{};
+  if (dladdr(k, &info) && info.dli_sname) {
+    int status = 0;
+    char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+    std::string n = status == 0 && d ? d : info.dli_sname;
+    std::free(d);
+    return n;
+  }
+  char b[32];
+  std::snprintf(b, sizeof b, "at %p", k);
+  return b;
+}
+
+int g_device_flags = 0;
+
+}  // namespace
+
+// ---- the executor's own interface (cudax/runtime.h, internal.h) ----------------------------------
+
+const char* to_string(MemKind k) {
+  switch (k) {
+    case MemKind::pageable: return "pageable host memory";
+    case MemKind::device: return "device memory";
+    case MemKind::pinned: return "pinned host memory";
+    case MemKind::registered: return "registered host memory";
+  }
+  return "?";
+}
+
+MemRange where(const void* p) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  auto it = r.ranges.upper_bound(a);
+  if (it == r.ranges.begin()) return {};
+  --it;
+  if (a >= it->first + std::max<std::size_t>(it->second.size, 1)) return {};
+  return MemRange{it->second.kind, reinterpret_cast<const void*>(it->first), it->second.size};
+}
+
+bool is_device_range(const void* p, std::size_t bytes) {
+  const MemRange m = where(p);
+  if (m.kind != MemKind::device) return false;
+  const auto off = static_cast<std::size_t>(static_cast<const char*>(p) - static_cast<const char*>(m.base));
+  return off + bytes <= m.size;
+}
+
+unsigned long seed() {
+  static const unsigned long s = static_cast<unsigned long>(env_u64("ZINF_CUDAX_SEED", 1));
+  return s;
+}
+
+namespace {
+std::atomic<int> g_order{-1};
+}
+void set_order(Order o) { g_order.store(static_cast<int>(o)); }
+Order order() {
+  if (const int o = g_order.load(); o >= 0) return static_cast<Order>(o);
+  static const Order from_env = [] {
+    const char* v = std::getenv("ZINF_CUDAX_ORDER");
+    const std::string s = v ? v : "fifo";
+    if (s == "fifo" || s.empty()) return Order::fifo;
+    if (s == "lifo") return Order::lifo;
+    if (s == "random") return Order::random;
+    report("ZINF_CUDAX_ORDER=" + s + " is not fifo, lifo or random; using fifo");
+    return Order::fifo;
+  }();
+  return from_env;
+}
+
+void report(const std::string& line) { std::fprintf(stderr, "cudax: %s\n", line.c_str()); }
+
+void set_last_error(cudaError_t e) { tl_last = e; }
+
+cudaError_t enqueue(cudaStream_t s, std::function<cudaError_t()> fn) {
+  if (const cudaError_t e = sticky()) return e;
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+    drain_blocking_streams();
+    const cudaError_t e = fn();
+    if (e != cudaSuccess) {
+      int expected = 0;
+      g_sticky.compare_exchange_strong(expected, static_cast<int>(e));
+    }
+    return e;
+  }
+  Stream* st = find_stream(s);
+  if (!st) return cudaErrorInvalidResourceHandle;
+  {
+    std::lock_guard<std::mutex> g(st->mu);
+    st->work.push_back(std::move(fn));
+  }
+  st->cv.notify_all();
+  return cudaSuccess;
+}
+
+std::size_t max_dynamic_smem(const void* kernel) {
+  FuncAttrs& f = func_attrs();
+  std::lock_guard<std::mutex> g(f.mu);
+  auto it = f.max_dynamic_smem.find(kernel);
+  return it == f.max_dynamic_smem.end() ? kDefaultDynamicSmem : it->second;
+}
+
+cudaError_t launch_body(const void* kernel, const LaunchShape& shape, cudaStream_t stream, std::function<void()> body) {
+  if (const cudaError_t e = sticky()) return fail(e);
+  const dim3 b = shape.block, g = shape.grid;
+  const unsigned bd[3] = {b.x, b.y, b.z}, gd[3] = {g.x, g.y, g.z};
+  for (int i = 0; i < 3; ++i)
+    if (bd[i] == 0 || bd[i] > kMaxBlockDim[i] || gd[i] == 0 || gd[i] > kMaxGridDim[i]) return fail(cudaErrorInvalidConfiguration);
+  if (std::uint64_t{b.x} * b.y * b.z > kMaxThreadsPerBlock) return fail(cudaErrorInvalidConfiguration);
+  if (shape.dynamic_smem > max_dynamic_smem(kernel) || shape.dynamic_smem > kMaxSmemPerBlockOptin)
+    return fail(cudaErrorInvalidValue);
+  std::string name = kernel_name(kernel);
+  const cudaError_t e = enqueue(stream, [shape, body = std::move(body), name = std::move(name)] {
+    return run_grid(shape, body, name);
+  });
+  if (e != cudaSuccess) return fail(e);
+  return cudaSuccess;
+}
+
+}  // namespace zinf::cudax
+
+// ---- the CUDA runtime API ---------------------------------------------------------------------------
+
+using namespace zinf::cudax;
+
+extern "C" {
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
+    case cudaErrorSetOnActiveProcess: return "cannot set while device is active in this process";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    default: return "unknown error (CUDA executor)";
+  }
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    default: return "cudaError (CUDA executor)";
+  }
+}
+
+cudaError_t cudaGetLastError() {
+  if (const cudaError_t s = sticky()) return s;
+  const cudaError_t e = tl_last;
+  tl_last = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() {
+  if (const cudaError_t s = sticky()) return s;
+  return tl_last;
+}
+
+// ---- device -----------------------------------------------------------------------------------------
+
+cudaError_t cudaGetDeviceCount(int* n) {
+  if (!n) return fail(cudaErrorInvalidValue);
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaGetDevice(int* d) {
+  if (!d) return fail(cudaErrorInvalidValue);
+  *d = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDeviceFlags(unsigned flags) {
+  g_device_flags = static_cast<int>(flags);
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceFlags(unsigned* flags) {
+  if (!flags) return fail(cudaErrorInvalidValue);
+  *flags = static_cast<unsigned>(g_device_flags) | cudaDeviceMapHost;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  if (!v) return fail(cudaErrorInvalidValue);
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+  if (!v) return fail(cudaErrorInvalidValue);
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+  if (!p) return fail(cudaErrorInvalidValue);
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  std::memset(p, 0, sizeof *p);
+  std::snprintf(p->name, sizeof p->name, "zinf CUDA executor (CPU, sm_%d%d)", kMajor, kMinor);
+  p->totalGlobalMem = memory_total();
+  p->sharedMemPerBlock = kDefaultDynamicSmem;
+  p->sharedMemPerBlockOptin = kMaxSmemPerBlockOptin;
+  p->sharedMemPerMultiprocessor = kSmemPerMultiprocessor;
+  p->regsPerBlock = 65536;
+  p->regsPerMultiprocessor = 65536;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = static_cast<int>(kMaxThreadsPerBlock);
+  p->maxThreadsPerMultiProcessor = 2048;
+  p->maxBlocksPerMultiProcessor = 32;
+  for (int i = 0; i < 3; ++i) {
+    p->maxThreadsDim[i] = static_cast<int>(kMaxBlockDim[i]);
+    p->maxGridSize[i] = static_cast<int>(kMaxGridDim[i]);
+  }
+  p->totalConstMem = 65536;
+  p->major = kMajor;
+  p->minor = kMinor;
+  p->multiProcessorCount = kMultiprocessors;
+  p->canMapHostMemory = 1;
+  p->unifiedAddressing = 1;
+  p->concurrentKernels = 1;
+  p->asyncEngineCount = 2;
+  p->memoryBusWidth = 6144;
+  p->l2CacheSize = 50 * 1024 * 1024;
+  p->pciBusID = 0;
+  p->integrated = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int device) {
+  if (!v) return fail(cudaErrorInvalidValue);
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  switch (a) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = static_cast<int>(kMaxSmemPerBlockOptin); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = static_cast<int>(kDefaultDynamicSmem); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = static_cast<int>(kSmemPerMultiprocessor); return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *v = kMajor; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *v = kMinor; return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount: *v = kMultiprocessors; return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock: *v = static_cast<int>(kMaxThreadsPerBlock); return cudaSuccess;
+    case cudaDevAttrWarpSize: *v = 32; return cudaSuccess;
+    case cudaDevAttrCanMapHostMemory: *v = 1; return cudaSuccess;
+    case cudaDevAttrUnifiedAddressing: *v = 1; return cudaSuccess;
+    default: return fail(cudaErrorInvalidValue);
+  }
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (!func) return fail(cudaErrorInvalidDeviceFunction);
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;  // carveout: a hint
+  if (value < 0 || static_cast<std::size_t>(value) > kMaxSmemPerBlockOptin) return fail(cudaErrorInvalidValue);
+  FuncAttrs& f = func_attrs();
+  std::lock_guard<std::mutex> g(f.mu);
+  f.max_dynamic_smem[func] = static_cast<std::size_t>(value);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  std::vector<Stream*> v;
+  {
+    Streams& ss = streams();
+    std::lock_guard<std::mutex> g(ss.mu);
+    v.assign(ss.live.begin(), ss.live.end());
+  }
+  for (Stream* s : v) s->drain();
+  return sticky();
+}
+
+// Ends the context's sticky error (a kernel fault), after the streams have drained: the executor's
+// own tests fault on purpose and go on. Allocations stay (a GPU's reset would free them).
+cudaError_t cudaDeviceReset() {
+  cudaDeviceSynchronize();
+  g_sticky.store(0);
+  tl_last = cudaSuccess;
+  return cudaSuccess;
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+
+namespace {
+cudaError_t add_range(void* p, std::size_t size, MemKind kind) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  auto it = r.ranges.lower_bound(a);
+  if (it != r.ranges.end() && it->first < a + size) return cudaErrorHostMemoryAlreadyRegistered;
+  if (it != r.ranges.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.size > a) return cudaErrorHostMemoryAlreadyRegistered;
+  }
+  r.ranges[a] = Allocation{size, kind};
+  return cudaSuccess;
+}
+// Removes the allocation starting exactly at p if it has `kind`.
+bool remove_range(void* p, MemKind kind, std::size_t* size) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  auto it = r.ranges.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == r.ranges.end() || it->second.kind != kind) return false;
+  *size = it->second.size;
+  if (kind == MemKind::device) r.device_bytes -= it->second.size;
+  r.ranges.erase(it);
+  return true;
+}
+}  // namespace
+
+cudaError_t cudaMalloc(void** p, std::size_t size) {
+  ZINF_CUDAX_STICKY();
+  if (!p) return fail(cudaErrorInvalidValue);
+  *p = nullptr;
+  if (size == 0) return cudaSuccess;
+  Registry& r = registry();
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (r.device_bytes + size > memory_total()) return fail(cudaErrorMemoryAllocation);
+    r.device_bytes += size;
+  }
+  void* m = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (!m) {
+    std::lock_guard<std::mutex> g(r.mu);
+    r.device_bytes -= size;
+    return fail(cudaErrorMemoryAllocation);
+  }
+  std::memset(m, 0xFF, size);
+  add_range(m, size, MemKind::device);
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+  ZINF_CUDAX_STICKY();
+  if (!p) return cudaSuccess;
+  // CUDA's cudaFree synchronises the device before it frees.
+  cudaDeviceSynchronize();
+  std::size_t size = 0;
+  if (!remove_range(p, MemKind::device, &size)) {
+    report("cudaFree of a pointer that is not the start of a live device allocation");
+    return fail(cudaErrorInvalidValue);
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned /*flags*/) {
+  ZINF_CUDAX_STICKY();
+  if (!p) return fail(cudaErrorInvalidValue);
+  *p = nullptr;
+  if (size == 0) return cudaSuccess;
+  void* m = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+  if (!m) return fail(cudaErrorMemoryAllocation);
+  add_range(m, size, MemKind::pinned);
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** p, std::size_t size) { return cudaHostAlloc(p, size, cudaHostAllocDefault); }
+
+cudaError_t cudaFreeHost(void* p) {
+  ZINF_CUDAX_STICKY();
+  if (!p) return cudaSuccess;
+  cudaDeviceSynchronize();
+  std::size_t size = 0;
+  if (!remove_range(p, MemKind::pinned, &size)) {
+    report("cudaFreeHost of a pointer that is not the start of a live pinned allocation");
+    return fail(cudaErrorInvalidValue);
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void* p, std::size_t size, unsigned /*flags*/) {
+  ZINF_CUDAX_STICKY();
+  if (!p || size == 0) return fail(cudaErrorInvalidValue);
+  if (where(p).kind != MemKind::pageable) return fail(cudaErrorHostMemoryAlreadyRegistered);
+  const cudaError_t e = add_range(p, size, MemKind::registered);
+  return e == cudaSuccess ? e : fail(e);
+}
+cudaError_t cudaHostUnregister(void* p) {
+  ZINF_CUDAX_STICKY();
+  std::size_t size = 0;
+  if (!p || !remove_range(p, MemKind::registered, &size)) return fail(cudaErrorHostMemoryNotRegistered);
+  return cudaSuccess;
+}
+cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned flags) {
+  ZINF_CUDAX_STICKY();
+  if (!dev || flags != 0) return fail(cudaErrorInvalidValue);
+  const MemKind k = where(host).kind;
+  if (k != MemKind::pinned && k != MemKind::registered) return fail(cudaErrorInvalidValue);
+  *dev = host;  // unified addressing: the same address
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  if (!a) return fail(cudaErrorInvalidValue);
+  std::memset(a, 0, sizeof *a);
+  const MemRange m = where(p);
+  a->device = 0;
+  switch (m.kind) {
+    case MemKind::pageable:
+      a->type = cudaMemoryTypeUnregistered;
+      a->device = -2;
+      break;
+    case MemKind::device:
+      a->type = cudaMemoryTypeDevice;
+      a->devicePointer = const_cast<void*>(p);
+      break;
+    case MemKind::pinned:
+    case MemKind::registered:
+      a->type = cudaMemoryTypeHost;
+      a->devicePointer = const_cast<void*>(p);
+      a->hostPointer = const_cast<void*>(p);
+      break;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total) {
+  ZINF_CUDAX_STICKY();
+  if (!free_bytes || !total) return fail(cudaErrorInvalidValue);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  *total = memory_total();
+  *free_bytes = memory_total() - r.device_bytes;
+  return cudaSuccess;
+}
+
+// ---- copies -----------------------------------------------------------------------------------------
+
+namespace {
+// The direction a copy really takes, or cudaErrorInvalidValue where its pointers do not match `kind`
+// (or a device range runs past its allocation).
+cudaError_t check_copy(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind, bool* dst_pageable,
+                       bool* src_pageable) {
+  const MemRange d = where(dst), s = where(src);
+  const bool dd = d.kind == MemKind::device, sd = s.kind == MemKind::device;
+  if ((dd && !is_device_range(dst, n)) || (sd && !is_device_range(src, n))) {
+    report("a copy of " + std::to_string(n) + " bytes runs past the end of its device allocation");
+    return cudaErrorInvalidValue;
+  }
+  bool ok = true;
+  switch (kind) {
+    case cudaMemcpyHostToHost: ok = !dd && !sd; break;
+    case cudaMemcpyHostToDevice: ok = dd && !sd; break;
+    case cudaMemcpyDeviceToHost: ok = !dd && sd; break;
+    case cudaMemcpyDeviceToDevice: ok = dd && sd; break;
+    case cudaMemcpyDefault: ok = true; break;
+    default: return cudaErrorInvalidMemcpyDirection;
+  }
+  if (!ok) {
+    report(std::string("a copy declared ") +
+           (kind == cudaMemcpyHostToDevice   ? "HostToDevice"
+            : kind == cudaMemcpyDeviceToHost ? "DeviceToHost"
+            : kind == cudaMemcpyDeviceToDevice ? "DeviceToDevice"
+                                               : "HostToHost") +
+           " reads " + to_string(s.kind) + " and writes " + to_string(d.kind));
+    return cudaErrorInvalidValue;
+  }
+  *dst_pageable = d.kind == MemKind::pageable;
+  *src_pageable = s.kind == MemKind::pageable;
+  return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+  ZINF_CUDAX_STICKY();
+  if (n == 0) return cudaSuccess;
+  if (!dst || !src) return fail(cudaErrorInvalidValue);
+  bool dst_pageable = false, src_pageable = false;
+  if (const cudaError_t e = check_copy(dst, src, n, kind, &dst_pageable, &src_pageable)) return fail(e);
+  if (src_pageable && !dst_pageable) {
+    // Staged: the source is read now, the destination written in stream order.
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                               static_cast<const unsigned char*>(src) + n);
+    const cudaError_t e = enqueue(stream, [dst, staged] {
+      std::memcpy(dst, staged->data(), staged->size());
+      return cudaSuccess;
+    });
+    return e == cudaSuccess ? e : fail(e);
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  const cudaError_t e = enqueue(stream, [dst, src, n, done] {
+    std::memmove(dst, src, n);
+    done->store(true);
+    done->notify_all();
+    return cudaSuccess;
+  });
+  if (e != cudaSuccess) return fail(e);
+  if (dst_pageable) {
+    // A copy into pageable memory returns once it is done.
+    while (!done->load() && !sticky()) done->wait(false, std::memory_order_acquire), (void)0;
+  }
+  return sticky();
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind) {
+  const cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, nullptr);
+  return e;
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t stream) {
+  ZINF_CUDAX_STICKY();
+  if (n == 0) return cudaSuccess;
+  if (!is_device_range(p, n)) {
+    report("cudaMemset of " + std::to_string(n) + " bytes outside device memory (" + to_string(where(p).kind) + ")");
+    return fail(cudaErrorInvalidValue);
+  }
+  const cudaError_t e = enqueue(stream, [p, value, n] {
+    std::memset(p, value, n);
+    return cudaSuccess;
+  });
+  return e == cudaSuccess ? e : fail(e);
+}
+cudaError_t cudaMemset(void* p, int value, std::size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
+
+// ---- streams ------------------------------------------------------------------------------------
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  ZINF_CUDAX_STICKY();
+  if (!s) return fail(cudaErrorInvalidValue);
+  auto* st = new Stream;
+  st->flags = flags;
+  {
+    Streams& ss = streams();
+    std::lock_guard<std::mutex> g(ss.mu);
+    st->rng.seed(seed() * 1000003ull + ss.created++);
+    ss.live.insert(st);
+  }
+  st->worker = std::thread([st] { st->run(); });
+  *s = reinterpret_cast<cudaStream_t>(st);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  Stream* st = find_stream(s);
+  if (!st) return fail(cudaErrorInvalidResourceHandle);
+  {
+    Streams& ss = streams();
+    std::lock_guard<std::mutex> g(ss.mu);
+    ss.live.erase(st);
+  }
+  {
+    std::lock_guard<std::mutex> g(st->mu);
+    st->stop = true;
+  }
+  st->cv.notify_all();
+  st->worker.join();  // the work already queued runs first
+  delete st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+    drain_blocking_streams();
+    return sticky();
+  }
+  Stream* st = find_stream(s);
+  if (!st) return fail(cudaErrorInvalidResourceHandle);
+  st->drain();
+  return sticky();
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  ZINF_CUDAX_STICKY();
+  if (s == nullptr) return cudaSuccess;
+  Stream* st = find_stream(s);
+  if (!st) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> g(st->mu);
+  return st->work.empty() && !st->busy ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  ZINF_CUDAX_STICKY();
+  if (!fn) return fail(cudaErrorInvalidValue);
+  const cudaError_t e = enqueue(s, [fn, data] {
+    fn(data);
+    return cudaSuccess;
+  });
+  return e == cudaSuccess ? e : fail(e);
+}
+
+// ---- events -------------------------------------------------------------------------------------
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+  ZINF_CUDAX_STICKY();
+  if (!e) return fail(cudaErrorInvalidValue);
+  auto* ev = new Event;
+  ev->flags = flags;
+  Events& es = events();
+  std::lock_guard<std::mutex> g(es.mu);
+  es.live.insert(ev);
+  *e = reinterpret_cast<cudaEvent_t>(ev);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  Event* ev = find_event(e);
+  if (!ev) return fail(cudaErrorInvalidResourceHandle);
+  {
+    Events& es = events();
+    std::lock_guard<std::mutex> g(es.mu);
+    es.live.erase(ev);
+  }
+  // Work already queued that records or waits on it still holds the pointer: keep the object (CUDA
+  // defers the release to the event's completion in the same way). Events are few and small.
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  ZINF_CUDAX_STICKY();
+  Event* ev = find_event(e);
+  if (!ev) return fail(cudaErrorInvalidResourceHandle);
+  std::uint64_t n = 0;
+  {
+    std::lock_guard<std::mutex> g(ev->mu);
+    n = ++ev->recorded;
+  }
+  // On an idle stream the record has nothing to wait for: it completes at once, as a GPU's does
+  // within microseconds (so a query right after a synchronised stream's record reports done).
+  if (Stream* st = find_stream(s)) {
+    std::lock_guard<std::mutex> sl(st->mu);
+    if (st->work.empty() && !st->busy) {
+      std::lock_guard<std::mutex> g(ev->mu);
+      ev->completed = n;
+      ev->when = std::chrono::steady_clock::now();
+      ev->cv.notify_all();
+      return cudaSuccess;
+    }
+  }
+  const cudaError_t r = enqueue(s, [ev, n] {
+    std::lock_guard<std::mutex> g(ev->mu);
+    if (n > ev->completed) {
+      ev->completed = n;
+      ev->when = std::chrono::steady_clock::now();
+    }
+    ev->cv.notify_all();
+    return cudaSuccess;
+  });
+  return r == cudaSuccess ? r : fail(r);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  ZINF_CUDAX_STICKY();
+  Event* ev = find_event(e);
+  if (!ev) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> g(ev->mu);
+  return ev->completed >= ev->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  ZINF_CUDAX_STICKY();
+  Event* ev = find_event(e);
+  if (!ev) return fail(cudaErrorInvalidResourceHandle);
+  std::unique_lock<std::mutex> l(ev->mu);
+  const std::uint64_t target = ev->recorded;
+  while (ev->completed < target && !sticky()) ev->cv.wait_for(l, std::chrono::milliseconds(5));
+  return sticky();
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+  ZINF_CUDAX_STICKY();
+  if (flags != 0 && flags != cudaEventWaitDefault) return fail(cudaErrorInvalidValue);
+  Event* ev = find_event(e);
+  if (!ev) return fail(cudaErrorInvalidResourceHandle);
+  std::uint64_t target = 0;
+  {
+    std::lock_guard<std::mutex> g(ev->mu);
+    target = ev->recorded;  // the most recent record at the time of the call
+  }
+  const cudaError_t r = enqueue(s, [ev, target] {
+    std::unique_lock<std::mutex> l(ev->mu);
+    while (ev->completed < target && !sticky()) ev->cv.wait_for(l, std::chrono::milliseconds(5));
+    return cudaSuccess;
+  });
+  return r == cudaSuccess ? r : fail(r);
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  ZINF_CUDAX_STICKY();
+  if (!ms) return fail(cudaErrorInvalidValue);
+  Event* a = find_event(start);
+  Event* b = find_event(end);
+  if (!a || !b) return fail(cudaErrorInvalidResourceHandle);
+  if ((a->flags | b->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
+  std::scoped_lock l(a->mu, b->mu);
+  if (a->recorded == 0 || b->recorded == 0) return fail(cudaErrorInvalidResourceHandle);
+  if (a->completed < a->recorded || b->completed < b->recorded) return cudaErrorNotReady;
+  *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+  return cudaSuccess;
+}
+
+}  // extern "C"

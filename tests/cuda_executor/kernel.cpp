@@ -141,6 +141,7 @@ struct BlockRun {
   std::string fault;
   void* main_sp = nullptr;
   ThreadState* current = nullptr;
+  std::vector<int> ready;  // threads that can run, in the order they became ready
 #if ZINF_CUDAX_TSAN
   void* main_tsan_fiber = nullptr;
   char barrier_sync = 0;  // addresses TSan synchronises on
@@ -323,7 +324,10 @@ void warp_collective(unsigned mask, int kind, std::uint64_t key0, std::uint64_t 
       if (!(done.mask & (1u << l))) continue;
       ThreadState& o = ts[static_cast<std::size_t>(first + l)];
       o.result = compute(done, l);
-      if (&o != &t) o.status = Status::ready;
+      if (&o != &t) {
+        o.status = Status::ready;
+        r.ready.push_back(first + l);
+      }
     }
   } else {
     t.status = Status::at_warp;
@@ -340,12 +344,12 @@ std::uint64_t launch_counter() {
   return n.fetch_add(1);
 }
 
-void ordered(std::vector<int>& idx, Order o, std::mt19937_64& rng) {
-  if (o == Order::lifo) std::reverse(idx.begin(), idx.end());
-  if (o == Order::random) std::shuffle(idx.begin(), idx.end(), rng);
-}
 
 // Runs one block to the end (or to its first fault). Returns the fault, empty when none.
+// Runs one block to the end (or to its first fault). Returns the fault, empty when none.
+// The next thread to run is the oldest ready one (fifo), the newest (lifo: a warp whose collective
+// has just completed runs on before the rest of the block, as a warp scheduled ahead would), or a
+// random one.
 std::string run_block(BlockRun& r, Order o, std::mt19937_64& rng) {
   ThreadState* ts = r.threads;
   const std::size_t n = r.nthreads;
@@ -354,20 +358,21 @@ std::string run_block(BlockRun& r, Order o, std::mt19937_64& rng) {
   r.fault.clear();
   for (WarpState& w : r.warps) w.pending.clear();
   for (std::size_t i = 0; i < n; ++i) r.warps[i / 32].live |= 1u << (i % 32);
-  std::vector<int> order_idx;
+  r.ready.clear();
+  for (std::size_t i = 0; i < n; ++i) r.ready.push_back(static_cast<int>(i));
+  std::size_t head = 0;  // fifo: r.ready[head..] are waiting
   for (;;) {
-    order_idx.clear();
-    for (std::size_t i = 0; i < n; ++i)
-      if (ts[i].status == Status::ready) order_idx.push_back(static_cast<int>(i));
-    if (order_idx.empty()) {
-      std::size_t done = 0, barrier = 0;
+    if (head == r.ready.size()) {
+      r.ready.clear();
+      head = 0;
+      std::size_t done = 0;
       const ThreadState* at_barrier = nullptr;
       const ThreadState* finished = nullptr;
       const ThreadState* at_warp = nullptr;
       for (std::size_t i = 0; i < n; ++i) {
         const ThreadState& t = ts[i];
         if (t.status == Status::done) ++done, finished = &t;
-        if (t.status == Status::at_barrier) ++barrier, at_barrier = at_barrier ? at_barrier : &t;
+        if (t.status == Status::at_barrier && !at_barrier) at_barrier = &t;
         if (t.status == Status::at_warp && !at_warp) at_warp = &t;
       }
       if (done == n) return {};
@@ -398,17 +403,31 @@ std::string run_block(BlockRun& r, Order o, std::mt19937_64& rng) {
         if (const ThreadState& t = ts[i]; t.site.line != at_barrier->site.line || std::strcmp(t.site.file, at_barrier->site.file) != 0)
           return "divergent __syncthreads: " + thread_str(*at_barrier) + " waits at " + where_str(at_barrier->site) +
                  ", " + thread_str(t) + " at " + where_str(t.site);
-      (void)barrier;
-      for (std::size_t i = 0; i < n; ++i) ts[i].status = Status::ready;
+      for (std::size_t i = 0; i < n; ++i) {
+        ts[i].status = Status::ready;
+        r.ready.push_back(static_cast<int>(i));
+      }
       continue;
     }
-    ordered(order_idx, o, rng);
-    for (int i : order_idx) {
-      ThreadState& t = ts[static_cast<std::size_t>(i)];
-      if (t.status != Status::ready) continue;
-      resume(r, t);
-      if (r.failed) return r.fault;
+    int next = 0;
+    switch (o) {
+      case Order::fifo: next = r.ready[head++]; break;
+      case Order::lifo:
+        next = r.ready.back();
+        r.ready.pop_back();
+        break;
+      case Order::random: {
+        const std::size_t k = head + static_cast<std::size_t>(rng() % (r.ready.size() - head));
+        next = r.ready[k];
+        r.ready[k] = r.ready.back();
+        r.ready.pop_back();
+        break;
+      }
     }
+    ThreadState& t = ts[static_cast<std::size_t>(next)];
+    if (t.status != Status::ready) continue;
+    resume(r, t);
+    if (r.failed) return r.fault;
   }
 }
 

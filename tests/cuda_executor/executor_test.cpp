@@ -5,9 +5,13 @@
 // executor. Compiled like a .cu file of the executor build (cudax/kernel.h first).
 #include <gtest/gtest.h>
 #include <mma.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -122,6 +126,9 @@ TEST(Executor, SharedMemoryIsOnePerBlockAndBarriersOrderIt) {
 }
 
 TEST(Executor, AMissingBarrierGivesAnotherResultUnderAnotherOrder) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "its kernel races on purpose: under ThreadSanitizer, ExecutorTsan.* is its case";
+#endif
   constexpr int kThreads = 64;
   std::vector<float> x(kThreads);
   for (int i = 0; i < kThreads; ++i) x[static_cast<std::size_t>(i)] = static_cast<float>(i + 1);
@@ -248,7 +255,7 @@ __global__ void vote_kernel(unsigned* out) {
   } else {
     out[threadIdx.x * 4 + 0] = __ballot_sync(0xFFFF0000u, lane >= 30);
     out[threadIdx.x * 4 + 1] = __any_sync(0xFFFF0000u, false);
-    out[threadIdx.x * 4 + 2] = 7;
+    out[threadIdx.x * 4 + 2] = __all_sync(0xFFFF0000u, true);
     out[threadIdx.x * 4 + 3] = 7;
   }
 }
@@ -263,6 +270,30 @@ TEST(Executor, VotesCountTheLanesOfTheirMask) {
   EXPECT_EQ(h[3], 0u);
   EXPECT_EQ(h[16 * 4 + 0], 0xC0000000u);  // lanes 30 and 31
   EXPECT_EQ(h[16 * 4 + 1], 0u);
+  for (int l = 16; l < 32; ++l) EXPECT_EQ(h[static_cast<std::size_t>(l * 4 + 2)], 1u) << "lane " << l;
+  cudaFree(d);
+}
+
+// Since sm_70 each lane performs its collectives in program order: the low half-warp may shuffle
+// among itself and then join a full-warp shuffle that the high half reaches first.
+__global__ void nested_masks(int* out) {
+  const int lane = static_cast<int>(threadIdx.x);
+  int v = lane;
+  if (lane < 16) v = __shfl_xor_sync(0x0000FFFFu, v, 1);  // pairs swap within the low half
+  out[lane] = __shfl_sync(0xFFFFFFFFu, v, 31 - lane);
+}
+
+TEST(Executor, LanesMayTakePartInCollectivesOfOtherMasksInProgramOrder) {
+  int* d = device_alloc<int>(32);
+  for_each_order([&](auto) {
+    launch(nested_masks, dim3(1), dim3(32), 0, nullptr, d);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto h = to_host(d, 32);
+    for (int lane = 0; lane < 32; ++lane) {
+      const int src = 31 - lane;
+      EXPECT_EQ(h[static_cast<std::size_t>(lane)], src < 16 ? (src ^ 1) : src) << "lane " << lane;
+    }
+  });
   cudaFree(d);
 }
 
@@ -495,5 +526,61 @@ TEST(Runtime, TheDeviceLooksLikeAnSm90Part) {
   EXPECT_EQ(to_host(static_cast<const unsigned char*>(p1), 4)[3], 0xFF) << "fresh device memory is poisoned";
   cudaFree(p1);
 }
+
+#if defined(__SANITIZE_THREAD__)
+// ThreadSanitizer mode: the racy reduction's unordered shared-memory accesses are reported with
+// their line, and a correctly ordered kernel is quiet (this binary runs with halt_on_error=1, so a
+// report would end it). The racy launch runs in a child process of this same binary, whose output
+// is read back.
+constexpr int kRacyLine = __LINE__ + 5;
+__global__ void racy_pairs(float* out) {
+  __shared__ float sm[64];
+  const int t = static_cast<int>(threadIdx.x);
+  sm[t] = static_cast<float>(t);
+  if (t < 32) sm[t] += sm[t + 32];  // reads what threads 32..63 wrote, with no barrier between
+  __syncthreads();
+  if (t == 0) out[0] = sm[0];
+}
+
+constexpr int kRacyStoreLine = __LINE__ + 1;
+__global__ void racy_store(unsigned* out) { out[0] = threadIdx.x; }  // two threads, one address, no barrier
+
+TEST(ExecutorTsan, AnUnorderedSharedMemoryAccessIsReportedWithItsLine) {
+  if (std::getenv("ZINF_CUDAX_TSAN_CHILD")) {
+    float* d = device_alloc<float>(1);
+    launch(racy_pairs, dim3(1), dim3(64), 0, nullptr, d);
+    unsigned* u = device_alloc<unsigned>(1);
+    launch(racy_store, dim3(1), dim3(2), 0, nullptr, u);
+    cudaDeviceSynchronize();
+    return;
+  }
+  const std::string cmd = "ZINF_CUDAX_TSAN_CHILD=1 TSAN_OPTIONS='halt_on_error=0 exitcode=0 report_signal_unsafe=0' "
+                          "/proc/" + std::to_string(getpid()) + "/exe --gtest_filter=ExecutorTsan.AnUnordered* 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
+  pclose(f);
+  EXPECT_NE(out.find("ThreadSanitizer: data race"), std::string::npos) << out;
+  EXPECT_NE(out.find("executor_test.cpp:" + std::to_string(kRacyLine)), std::string::npos) << out;
+  EXPECT_NE(out.find("executor_test.cpp:" + std::to_string(kRacyStoreLine)), std::string::npos)
+      << "threads of a block without barriers are unordered too: " << out;
+}
+
+TEST(ExecutorTsan, BarrierOrderedKernelsAreQuiet) {
+  constexpr int kThreads = 128;
+  std::vector<float> x(kThreads, 1.0f);
+  float* dx = device_alloc<float>(kThreads);
+  float* dout = device_alloc<float>(1);
+  to_device(dx, x);
+  for_each_order([&](auto) {
+    launch(block_sum<kThreads>, dim3(1), dim3(kThreads), 0, nullptr, dx, dout);
+    EXPECT_EQ(to_host(dout, 1)[0], static_cast<float>(kThreads));
+  });
+  cudaFree(dx);
+  cudaFree(dout);
+}
+#endif
 
 }  // namespace

@@ -35,11 +35,11 @@
 #include "cudax/runtime.h"
 #include "internal.h"
 
-#if defined(__SANITIZE_THREAD__)
-#define ZINF_CUDAX_TSAN 1
+// ZINF_CUDAX_TSAN: set by the build when it uses ThreadSanitizer. This file itself is compiled
+// without TSan's instrumentation (the scheduler's own bookkeeping is handed between fibers by the
+// switches, which TSan is told do not synchronise), so only the kernels' accesses are checked.
+#if ZINF_CUDAX_TSAN
 #include <sanitizer/tsan_interface.h>
-#else
-#define ZINF_CUDAX_TSAN 0
 #endif
 
 // The context switch: saves the callee-saved registers, the SSE control word and the x87 control
@@ -116,6 +116,11 @@ struct ThreadState {
 
 // One warp collective in progress: the lanes it names, who has arrived, what they contributed.
 struct Pending {
+  bool active = false;
+#if ZINF_CUDAX_TSAN
+  char sync[2] = {};  // TSan's address for this slot's collective, alternating by generation
+  unsigned gen = 0;
+#endif
   unsigned mask = 0;
   unsigned arrived = 0;
   int kind = 0;  // what the lanes called (a shuffle mode, ballot, syncwarp, a wmma operation)
@@ -128,7 +133,11 @@ struct Pending {
 
 struct WarpState {
   unsigned live = 0;  // lanes that exist and have not returned
-  std::vector<Pending> pending;
+  // The collectives in progress (lanes of disjoint masks may each have one). Fixed slots: a fiber
+  // never allocates or moves the scheduler's memory.
+  static constexpr int kSlots = 32;
+  Pending pending[kSlots];
+  std::uint64_t completed = 0;  // collectives completed (their generation)
 };
 
 struct BlockRun {
@@ -141,12 +150,38 @@ struct BlockRun {
   std::string fault;
   void* main_sp = nullptr;
   ThreadState* current = nullptr;
-  std::vector<int> ready;  // threads that can run, in the order they became ready
+  // The threads that can run, oldest first: a ring of one slot per thread (a thread is in it at most
+  // once), allocated before the block runs, so that no fiber allocates.
+  std::vector<int> ring;
+  std::size_t ring_head = 0, ring_count = 0;
+  void push_ready(int i) {
+    ring[(ring_head + ring_count) % ring.size()] = i;
+    ++ring_count;
+  }
+  int pop_ready(Order o, std::mt19937_64& rng) {
+    const std::size_t n = ring.size();
+    std::size_t k = 0;  // from the oldest
+    if (o == Order::lifo) k = ring_count - 1;
+    if (o == Order::random) k = static_cast<std::size_t>(rng() % ring_count);
+    const std::size_t at = (ring_head + k) % n;
+    const int i = ring[at];
+    if (k == 0) {
+      ring_head = (ring_head + 1) % n;
+    } else {
+      ring[at] = ring[(ring_head + ring_count - 1) % n];  // fill the hole with the newest
+    }
+    --ring_count;
+    return i;
+  }
+  std::uint64_t barrier_gen = 0;  // barriers completed
 #if ZINF_CUDAX_TSAN
   void* main_tsan_fiber = nullptr;
-  char barrier_sync = 0;  // addresses TSan synchronises on
-  char warp_sync[32] = {};
-  char launch_sync = 0;
+  // Addresses TSan synchronises on. A barrier (and a warp's collective) alternates between two, by
+  // the parity of its generation, so that a thread leaving generation g acquires only what the
+  // threads did before arriving at g, not what a fast thread did after it (at g + 1).
+  char barrier_sync[2] = {};
+  char block_start = 0;  // released by the scheduler as a block starts, acquired by its fibers
+  char block_end = 0;    // released by each fiber as it returns, acquired by the scheduler
 #endif
 };
 
@@ -223,7 +258,9 @@ void yield_to_main() {
   BlockRun& r = *tl_run;
   ThreadState* t = r.current;
 #if ZINF_CUDAX_TSAN
-  __tsan_switch_to_fiber(r.main_tsan_fiber, __tsan_switch_to_fiber_no_sync);
+  // Back to the scheduler with synchronisation (its bookkeeping follows what the fiber did); from the
+  // scheduler to a fiber without, so fibers stay unordered unless a collective orders them.
+  __tsan_switch_to_fiber(r.main_tsan_fiber, 0);
 #endif
   zinf_cudax_switch(&t->sp, r.main_sp);
   tl_coords = &t->coords;  // resumed: the scheduler set current back to this fiber
@@ -243,11 +280,11 @@ void fiber_entry(void* arg) {
   auto* t = static_cast<ThreadState*>(arg);
   BlockRun& r = *tl_run;
 #if ZINF_CUDAX_TSAN
-  __tsan_acquire(&r.launch_sync);
+  __tsan_acquire(&r.block_start);
 #endif
   (*r.body)();
 #if ZINF_CUDAX_TSAN
-  __tsan_release(&r.launch_sync);
+  __tsan_release(&r.block_end);
 #endif
   t->status = Status::done;
   r.warps[static_cast<std::size_t>(t->warp)].live &= ~(1u << t->lane);
@@ -261,6 +298,9 @@ void fiber_entry(void* arg) {
     r.failed = true;
     r.fault = what;
   }
+#if ZINF_CUDAX_TSAN
+  __tsan_release(&r.block_end);  // the launch's memory is freed after the fault
+#endif
   r.current->status = Status::done;
   yield_to_main();
   std::abort();
@@ -286,19 +326,24 @@ void warp_collective(unsigned mask, int kind, std::uint64_t key0, std::uint64_t 
   if (!(mask & bit))
     fault_here(std::string(name) + " at " + where_str(site) + ": calling lane " + std::to_string(t.lane) +
                " is not in the mask 0x" + [&] { char b[16]; std::snprintf(b, sizeof b, "%08x", mask); return std::string(b); }());
+  // A lane joins the collective in progress with its mask (and not yet joined by it); otherwise it
+  // starts one. Lanes may take part in collectives of other masks in between (legal since sm_70:
+  // each lane performs its own in program order); real mismatches end in the deadlock report.
   Pending* p = nullptr;
   for (Pending& q : w.pending)
-    if (q.mask & bit) p = &q;
-  if (p && !(p->arrived & bit) && p->mask != mask)
-    fault_here(std::string(name) + " at " + where_str(site) + " with a mask other than that of the collective at " +
-               where_str(p->first) + " its lanes wait in");
+    if (q.active && q.mask == mask && !(q.arrived & bit)) {
+      p = &q;
+      break;
+    }
   if (!p) {
-    for (const Pending& q : w.pending)
-      if (q.mask & mask)
-        fault_here(std::string(name) + " at " + where_str(site) + ": its mask overlaps the collective at " +
-                   where_str(q.first));
-    w.pending.push_back(Pending{});
-    p = &w.pending.back();
+    for (Pending& q : w.pending)
+      if (!q.active) {
+        p = &q;
+        break;
+      }
+    if (!p) fault_here(std::string(name) + " at " + where_str(site) + ": more than 32 warp collectives at once in one warp");
+    p->active = true;
+    p->arrived = 0;
     p->mask = mask;
     p->kind = kind;
     p->key0 = key0;
@@ -313,11 +358,17 @@ void warp_collective(unsigned mask, int kind, std::uint64_t key0, std::uint64_t 
   p->values[t.lane] = value;
   p->args[t.lane] = arg;
 #if ZINF_CUDAX_TSAN
-  __tsan_release(&r.warp_sync[t.warp]);
+  char* sync = &p->sync[p->gen & 1];
 #endif
   if (p->arrived == mask) {
-    const Pending done = *p;
-    w.pending.erase(w.pending.begin() + (p - w.pending.data()));
+#if ZINF_CUDAX_TSAN
+    __tsan_acquire(sync);  // what the other lanes did before they arrived
+#endif
+    ++w.completed;
+#if ZINF_CUDAX_TSAN
+    ++p->gen;
+#endif
+    const Pending& done = *p;
     ThreadState* ts = r.threads;
     const int first = t.warp * 32;
     for (int l = 0; l < 32; ++l) {
@@ -326,17 +377,24 @@ void warp_collective(unsigned mask, int kind, std::uint64_t key0, std::uint64_t 
       o.result = compute(done, l);
       if (&o != &t) {
         o.status = Status::ready;
-        r.ready.push_back(first + l);
+        r.push_ready(first + l);
       }
     }
+    p->active = false;
+#if ZINF_CUDAX_TSAN
+    __tsan_release(sync);  // the results, and what this lane did, for the others
+#endif
   } else {
+#if ZINF_CUDAX_TSAN
+    __tsan_release(sync);
+#endif
     t.status = Status::at_warp;
     t.site = site;
     yield_to_main();
-  }
 #if ZINF_CUDAX_TSAN
-  __tsan_acquire(&r.warp_sync[t.warp]);
+    __tsan_acquire(sync);
 #endif
+  }
 }
 
 std::uint64_t launch_counter() {
@@ -356,15 +414,18 @@ std::string run_block(BlockRun& r, Order o, std::mt19937_64& rng) {
   for (std::size_t i = 0; i < n; ++i) prepare(ts[i]);
   r.failed = false;
   r.fault.clear();
-  for (WarpState& w : r.warps) w.pending.clear();
+  // Capacity for the most any block needs, so that no fiber allocates (see yield_to_main).
+  for (WarpState& w : r.warps) {
+    for (Pending& q : w.pending) q.active = false;
+    w.completed = 0;
+  }
   for (std::size_t i = 0; i < n; ++i) r.warps[i / 32].live |= 1u << (i % 32);
-  r.ready.clear();
-  for (std::size_t i = 0; i < n; ++i) r.ready.push_back(static_cast<int>(i));
-  std::size_t head = 0;  // fifo: r.ready[head..] are waiting
+  r.barrier_gen = 0;
+  r.ring.assign(n, 0);
+  r.ring_head = r.ring_count = 0;
+  for (std::size_t i = 0; i < n; ++i) r.push_ready(static_cast<int>(i));
   for (;;) {
-    if (head == r.ready.size()) {
-      r.ready.clear();
-      head = 0;
+    if (r.ring_count == 0) {
       std::size_t done = 0;
       const ThreadState* at_barrier = nullptr;
       const ThreadState* finished = nullptr;
@@ -382,7 +443,7 @@ std::string run_block(BlockRun& r, Order o, std::mt19937_64& rng) {
         const WarpState& w = r.warps[static_cast<std::size_t>(at_warp->warp)];
         unsigned missing = 0;
         for (const Pending& p : w.pending)
-          if (p.arrived & (1u << at_warp->lane)) missing = p.mask & ~p.arrived;
+          if (p.active && (p.arrived & (1u << at_warp->lane))) missing = p.mask & ~p.arrived;
         const ThreadState* other = nullptr;
         for (int l = 0; l < 32; ++l)
           if (missing & (1u << l)) {
@@ -403,27 +464,14 @@ std::string run_block(BlockRun& r, Order o, std::mt19937_64& rng) {
         if (const ThreadState& t = ts[i]; t.site.line != at_barrier->site.line || std::strcmp(t.site.file, at_barrier->site.file) != 0)
           return "divergent __syncthreads: " + thread_str(*at_barrier) + " waits at " + where_str(at_barrier->site) +
                  ", " + thread_str(t) + " at " + where_str(t.site);
+      ++r.barrier_gen;
       for (std::size_t i = 0; i < n; ++i) {
         ts[i].status = Status::ready;
-        r.ready.push_back(static_cast<int>(i));
+        r.push_ready(static_cast<int>(i));
       }
       continue;
     }
-    int next = 0;
-    switch (o) {
-      case Order::fifo: next = r.ready[head++]; break;
-      case Order::lifo:
-        next = r.ready.back();
-        r.ready.pop_back();
-        break;
-      case Order::random: {
-        const std::size_t k = head + static_cast<std::size_t>(rng() % (r.ready.size() - head));
-        next = r.ready[k];
-        r.ready[k] = r.ready.back();
-        r.ready.pop_back();
-        break;
-      }
-    }
+    const int next = r.pop_ready(o, rng);
     ThreadState& t = ts[static_cast<std::size_t>(next)];
     if (t.status != Status::ready) continue;
     resume(r, t);
@@ -441,11 +489,12 @@ void syncthreads(Site site) {
   t.status = Status::at_barrier;
   t.site = site;
 #if ZINF_CUDAX_TSAN
-  __tsan_release(&r.barrier_sync);
+  char* sync = &r.barrier_sync[r.barrier_gen & 1];
+  __tsan_release(sync);
 #endif
   yield_to_main();
 #if ZINF_CUDAX_TSAN
-  __tsan_acquire(&r.barrier_sync);
+  __tsan_acquire(sync);
 #endif
   (void)r;
 }
@@ -480,6 +529,7 @@ std::uint64_t shuffle(unsigned mask, std::uint64_t value, int lane_arg, int widt
         break;
       }
     }
+    if (src < 0 || src > 31) src = lane;  // out-of-range arguments: the hardware compares unsigned
     if (!(p.mask & (1u << src))) return p.values[lane];  // an inactive source: undefined on the GPU
     return p.values[src];
   };
@@ -548,7 +598,6 @@ cudaError_t run_grid(const LaunchShape& shape, const std::function<void()>& body
   tl_run = &r;
 #if ZINF_CUDAX_TSAN
   r.main_tsan_fiber = __tsan_get_current_fiber();
-  __tsan_release(&r.launch_sync);
 #endif
   const Order o = order();
   std::mt19937_64 rng(seed() * 0x9E3779B97F4A7C15ull + launch_counter());
@@ -574,16 +623,24 @@ cudaError_t run_grid(const LaunchShape& shape, const std::function<void()>& body
       t.warp = static_cast<int>(i / 32);
     }
     for (WarpState& w : r.warps) w.live = 0;
+    // Fresh dynamic shared memory reads as 0xFF bytes (a NaN in every float type), as device memory
+    // does: a read of shared memory no thread wrote shows. Blocks run one after another, each after
+    // the last (also for ThreadSanitizer: the __shared__ variables are reused by the next block, which
+    // on a GPU has its own), so races between blocks are not reported.
+    std::memset(aligned, 0xFF, shape.dynamic_smem);
+#if ZINF_CUDAX_TSAN
+    __tsan_release(&r.block_start);
+#endif
     const std::string f = run_block(r, o, rng);
+#if ZINF_CUDAX_TSAN
+    __tsan_acquire(&r.block_end);
+#endif
     if (!f.empty()) {
       report("kernel " + name + ": " + f);
       err = cudaErrorLaunchFailure;
       break;
     }
   }
-#if ZINF_CUDAX_TSAN
-  __tsan_acquire(&r.launch_sync);
-#endif
   tl_run = outer;
   tl_coords = outer_coords;
   return err;

@@ -30,11 +30,14 @@
 //    stream's sticky error (cudaErrorUnknown), the communicator's ncclCommGetAsyncError and
 //    ncclGetLastError(comm) text, and a line on stderr; the communicator then closes its connections,
 //    so its peers fail with ncclRemoteError rather than wait forever.
+//    (The runtime's sticky error is the whole context's: later work on every stream is dropped.)
 //  - Reductions run locally after every rank's data has arrived, in rank order, so all ranks get the
 //    same bits; fp16/bf16 round to their type after each step. fp8 reductions are not supported.
+//  - Not caught: ranks that disagree so that both ends wait to send (say, a broadcast called with
+//    different roots) wait as NCCL would; after 60 s without progress a line on stderr names what is
+//    pending, and after ZINF_CUDAX_NCCL_TIMEOUT_S the work fails (ncclSystemError).
 #include <nccl.h>
 
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -1140,8 +1143,8 @@ cudaError_t Task::execute() {
       std::string waiting;
       for (const Transfer& t : xfers)
         if (!t.done && std::find(dead.begin(), dead.end(), t.comm) == dead.end())
-          waiting += (waiting.empty() ? "" : ", ") + describe(t.sig, t.send) + (t.send ? " to rank " : " from rank ") +
-                     std::to_string(t.peer);
+          waiting += (waiting.empty() ? "" : ", ") + rank_text(*t.comm) + " " + describe(t.sig, t.send) +
+                     (t.send ? " to rank " : " from rank ") + std::to_string(t.peer);
       if (limit > 0 && idle >= limit) {
         for (auto& [cp, peer] : active)
           kill(*cp, ncclSystemError,

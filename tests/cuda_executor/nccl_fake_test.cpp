@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,12 +29,32 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
+// cudaFree synchronizes the whole device, as CUDA's does: from a rank thread it would wait for the
+// peers' streams, which may be waiting for this very rank. So what rank threads allocate is freed
+// once every rank is done (run_ranks).
+thread_local bool t_rank_thread = false;
+std::mutex g_deferred_mu;
+std::vector<void*> g_deferred_frees;
+
+void free_deferred() {
+  std::lock_guard lk(g_deferred_mu);
+  for (void* p : g_deferred_frees) cudaFree(p);
+  g_deferred_frees.clear();
+}
+
 // A device allocation holding n elements of T.
 template <class T>
 class DevBuf {
  public:
   explicit DevBuf(std::size_t n) : n_(n) { EXPECT_EQ(cudaMalloc(&p_, bytes() ? bytes() : 1), cudaSuccess); }
-  ~DevBuf() { cudaFree(p_); }
+  ~DevBuf() {
+    if (!t_rank_thread) {
+      cudaFree(p_);
+      return;
+    }
+    std::lock_guard lk(g_deferred_mu);
+    g_deferred_frees.push_back(p_);
+  }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
   T* get() const { return static_cast<T*>(p_); }
@@ -93,14 +114,15 @@ struct Rank {
   cudaStream_t stream = nullptr;
 };
 
-// Runs body on nranks threads, each with an initialized communicator and its own stream; syncs,
-// destroys, and checks the stream ended without an error unless body says otherwise.
-void run_ranks(int nranks, const std::function<void(Rank&)>& body) {
+// Runs body on nranks threads, each with an initialized communicator and its own stream, then
+// destroys them. `fails`: the body fails on purpose, so the context's sticky error is ended after.
+void run_ranks(int nranks, const std::function<void(Rank&)>& body, bool fails = false) {
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   std::vector<std::thread> threads;
   for (int r = 0; r < nranks; ++r)
     threads.emplace_back([&, r] {
+      t_rank_thread = true;
       Rank me;
       me.rank = r;
       me.nranks = nranks;
@@ -111,6 +133,8 @@ void run_ranks(int nranks, const std::function<void(Rank&)>& body) {
       cudaStreamDestroy(me.stream);
     });
   for (auto& t : threads) t.join();
+  if (fails) end_sticky_error();
+  free_deferred();
 }
 
 // Sets an environment variable for the life of the object.
@@ -538,8 +562,7 @@ void expect_mismatch_fails_both(std::size_t send_count, ncclDataType_t send_type
     EXPECT_TRUE(std::all_of(buf, buf + n, [](unsigned char c) { return c == 0x33; })) << "rank " << me.rank;
     // The failed communicator refuses further work.
     EXPECT_EQ(ncclSend(buf, 1, ncclUint8, 1 - me.rank, me.comm, me.stream), ncclInvalidUsage);
-  });
-  end_sticky_error();
+  }, /*fails=*/true);
 }
 
 TEST(NcclFake, MismatchedCountsFailOnBothRanks) {
@@ -548,6 +571,27 @@ TEST(NcclFake, MismatchedCountsFailOnBothRanks) {
 }
 
 TEST(NcclFake, MismatchedDatatypesFailOnBothRanks) { expect_mismatch_fails_both(400, ncclUint8, 100, ncclFloat32); }
+
+// Ranks that disagree so that both wait to send (different broadcast roots) cannot be told apart
+// from a slow peer; they wait, then fail after ZINF_CUDAX_NCCL_TIMEOUT_S instead of hanging forever:
+// the first to time out closes its connections, so the other fails at once as well.
+TEST(NcclFake, DisagreeingRootsTimeOut) {
+  ScopedEnv env("ZINF_CUDAX_NCCL_TIMEOUT_S", "1");
+  DevBuf<float> b0(1000), b1(1000);
+  ncclResult_t async[2] = {ncclSuccess, ncclSuccess};
+  std::string text[2];
+  run_ranks(2, [&](Rank& me) {
+    float* buf = (me.rank == 0 ? b0 : b1).get();
+    ASSERT_EQ(ncclBroadcast(buf, buf, 1000, ncclFloat32, me.rank, me.comm, me.stream), ncclSuccess);
+    EXPECT_NE(cudaStreamSynchronize(me.stream), cudaSuccess);
+    EXPECT_EQ(ncclCommGetAsyncError(me.comm, &async[me.rank]), ncclSuccess);
+    text[me.rank] = ncclGetLastError(me.comm);
+  }, /*fails=*/true);
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(async[r] == ncclSystemError || async[r] == ncclRemoteError) << async[r];
+  const int timed_out = async[0] == ncclSystemError ? 0 : 1;
+  EXPECT_EQ(async[timed_out], ncclSystemError);
+  EXPECT_NE(text[timed_out].find("timed out"), std::string::npos) << text[timed_out];
+}
 
 TEST(NcclFake, PeerThatLeavesIsARemoteError) {
   DevBuf<float> d(1024);
@@ -560,8 +604,7 @@ TEST(NcclFake, PeerThatLeavesIsARemoteError) {
       EXPECT_EQ(async, ncclRemoteError);
     }
     // rank 1 destroys its communicator without sending (run_ranks does it on return).
-  });
-  end_sticky_error();
+  }, /*fails=*/true);
 }
 
 TEST(NcclFake, AbortUnblocksAStuckReceive) {
@@ -906,6 +949,7 @@ TEST(NcclFakeChild, DISABLED_Rank) {
     ncclResult_t async = ncclSuccess;
     EXPECT_EQ(ncclCommGetAsyncError(me.comm, &async), ncclSuccess);
     EXPECT_EQ(async, ncclRemoteError);
+    end_sticky_error();  // before d is freed
   } else {
     FAIL() << "unknown scenario " << scenario;
   }

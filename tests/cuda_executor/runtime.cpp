@@ -14,6 +14,7 @@
 // from pageable memory reads its source before returning and one to pageable memory completes before
 // returning, as CUDA's staged copies do; pinned and registered memory is read and written in stream
 // order, so a host access before the stream reaches the copy is a real race.
+// ZINF_CUDAX_DEVICES sets how many devices it reports (default 1).
 // "Device" memory is charged against ZINF_CUDAX_MEMORY_MIB (default 16384), which cudaMemGetInfo
 // reports; fresh device allocations are filled with 0xFF bytes (NaN in fp32, bf16 and fp16), so a
 // read of memory nothing wrote shows.
@@ -134,9 +135,11 @@ struct Stream {
   }
 };
 
+// The live streams, each held by a shared_ptr so that a drain running beside cudaStreamDestroy on
+// another thread keeps its stream alive until it returns.
 struct Streams {
   std::mutex mu;
-  std::set<Stream*> live;
+  std::map<Stream*, std::shared_ptr<Stream>> live;
   std::uint64_t created = 0;
 };
 Streams& streams() {
@@ -144,24 +147,25 @@ Streams& streams() {
   return s;
 }
 
-Stream* find_stream(cudaStream_t s) {
+std::shared_ptr<Stream> find_stream(cudaStream_t s) {
   Streams& ss = streams();
   std::lock_guard<std::mutex> g(ss.mu);
-  auto* p = reinterpret_cast<Stream*>(s);
-  return ss.live.count(p) ? p : nullptr;
+  auto it = ss.live.find(reinterpret_cast<Stream*>(s));
+  return it == ss.live.end() ? nullptr : it->second;
+}
+std::vector<std::shared_ptr<Stream>> live_streams() {
+  Streams& ss = streams();
+  std::lock_guard<std::mutex> g(ss.mu);
+  std::vector<std::shared_ptr<Stream>> v;
+  for (auto& [p, sp] : ss.live) v.push_back(sp);
+  return v;
 }
 
 // The legacy default stream synchronises with every blocking stream (created without
 // cudaStreamNonBlocking): its work waits for theirs, then runs on the caller's thread.
 void drain_blocking_streams() {
-  std::vector<Stream*> v;
-  {
-    Streams& ss = streams();
-    std::lock_guard<std::mutex> g(ss.mu);
-    for (Stream* s : ss.live)
-      if (!(s->flags & cudaStreamNonBlocking)) v.push_back(s);
-  }
-  for (Stream* s : v) s->drain();
+  for (const auto& s : live_streams())
+    if (!(s->flags & cudaStreamNonBlocking)) s->drain();
 }
 
 // ---- events ---------------------------------------------------------------------------------------
@@ -284,7 +288,7 @@ cudaError_t enqueue(cudaStream_t s, std::function<cudaError_t()> fn) {
     }
     return e;
   }
-  Stream* st = find_stream(s);
+  const std::shared_ptr<Stream> st = find_stream(s);
   if (!st) return cudaErrorInvalidResourceHandle;
   {
     std::lock_guard<std::mutex> g(st->mu);
@@ -368,15 +372,29 @@ cudaError_t cudaPeekAtLastError() {
 
 // ---- device -----------------------------------------------------------------------------------------
 
+// ZINF_CUDAX_DEVICES (default 1) devices, so that several ranks on one machine each find "their" GPU;
+// they share this process's memory registry and budget, as each rank is its own process.
+namespace {
+int device_count() {
+  static const int n = static_cast<int>(std::clamp<std::uint64_t>(env_u64("ZINF_CUDAX_DEVICES", 1), 1, 64));
+  return n;
+}
+thread_local int tl_device = 0;
+}  // namespace
+
 cudaError_t cudaGetDeviceCount(int* n) {
   if (!n) return fail(cudaErrorInvalidValue);
-  *n = 1;
+  *n = device_count();
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int d) {
+  if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice);
+  tl_device = d;
+  return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int* d) {
   if (!d) return fail(cudaErrorInvalidValue);
-  *d = 0;
+  *d = tl_device;
   return cudaSuccess;
 }
 cudaError_t cudaSetDeviceFlags(unsigned flags) {
@@ -401,7 +419,7 @@ cudaError_t cudaDriverGetVersion(int* v) {
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   if (!p) return fail(cudaErrorInvalidValue);
-  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   std::memset(p, 0, sizeof *p);
   std::snprintf(p->name, sizeof p->name, "zinf CUDA executor (CPU, sm_%d%d)", kMajor, kMinor);
   p->totalGlobalMem = memory_total();
@@ -428,14 +446,14 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   p->asyncEngineCount = 2;
   p->memoryBusWidth = 6144;
   p->l2CacheSize = 50 * 1024 * 1024;
-  p->pciBusID = 0;
+  p->pciBusID = device;
   p->integrated = 0;
   return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int device) {
   if (!v) return fail(cudaErrorInvalidValue);
-  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   switch (a) {
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = static_cast<int>(kMaxSmemPerBlockOptin); return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlock: *v = static_cast<int>(kDefaultDynamicSmem); return cudaSuccess;
@@ -462,13 +480,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 }
 
 cudaError_t cudaDeviceSynchronize() {
-  std::vector<Stream*> v;
-  {
-    Streams& ss = streams();
-    std::lock_guard<std::mutex> g(ss.mu);
-    v.assign(ss.live.begin(), ss.live.end());
-  }
-  for (Stream* s : v) s->drain();
+  for (const auto& s : live_streams()) s->drain();
   return sticky();
 }
 
@@ -483,6 +495,14 @@ cudaError_t cudaDeviceReset() {
 
 // ---- memory -------------------------------------------------------------------------------------
 
+// A fresh allocation overlapping a recorded one would mean the registry missed a free: an executor bug.
+#define ZINF_CHECK_RANGE(x)                                              \
+  do {                                                                   \
+    if ((x) != cudaSuccess) {                                            \
+      report("a new allocation overlaps a recorded range (registry bug)"); \
+      std::abort();                                                      \
+    }                                                                    \
+  } while (0)
 namespace {
 cudaError_t add_range(void* p, std::size_t size, MemKind kind) {
   Registry& r = registry();
@@ -528,7 +548,7 @@ cudaError_t cudaMalloc(void** p, std::size_t size) {
     return fail(cudaErrorMemoryAllocation);
   }
   std::memset(m, 0xFF, size);
-  add_range(m, size, MemKind::device);
+  ZINF_CHECK_RANGE(add_range(m, size, MemKind::device));
   *p = m;
   return cudaSuccess;
 }
@@ -554,7 +574,7 @@ cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned /*flags*/) {
   if (size == 0) return cudaSuccess;
   void* m = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
   if (!m) return fail(cudaErrorMemoryAllocation);
-  add_range(m, size, MemKind::pinned);
+  ZINF_CHECK_RANGE(add_range(m, size, MemKind::pinned));
   *p = m;
   return cudaSuccess;
 }
@@ -691,8 +711,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
   });
   if (e != cudaSuccess) return fail(e);
   if (dst_pageable) {
-    // A copy into pageable memory returns once it is done.
-    while (!done->load() && !sticky()) done->wait(false, std::memory_order_acquire), (void)0;
+    // A copy into pageable memory returns once it is done (or the context has faulted: queued work is
+    // then dropped, and the copy never runs).
+    while (!done->load(std::memory_order_acquire) && !sticky()) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   return sticky();
 }
@@ -722,35 +743,37 @@ cudaError_t cudaMemset(void* p, int value, std::size_t n) { return cudaMemsetAsy
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   ZINF_CUDAX_STICKY();
   if (!s) return fail(cudaErrorInvalidValue);
-  auto* st = new Stream;
+  auto st = std::make_shared<Stream>();
   st->flags = flags;
   {
     Streams& ss = streams();
     std::lock_guard<std::mutex> g(ss.mu);
     st->rng.seed(seed() * 1000003ull + ss.created++);
-    ss.live.insert(st);
+    ss.live[st.get()] = st;
   }
-  st->worker = std::thread([st] { st->run(); });
-  *s = reinterpret_cast<cudaStream_t>(st);
+  Stream* raw = st.get();
+  st->worker = std::thread([raw] { raw->run(); });
+  *s = reinterpret_cast<cudaStream_t>(raw);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  Stream* st = find_stream(s);
-  if (!st) return fail(cudaErrorInvalidResourceHandle);
+  std::shared_ptr<Stream> st;
   {
     Streams& ss = streams();
     std::lock_guard<std::mutex> g(ss.mu);
-    ss.live.erase(st);
+    auto it = ss.live.find(reinterpret_cast<Stream*>(s));
+    if (it == ss.live.end()) return fail(cudaErrorInvalidResourceHandle);
+    st = it->second;
+    ss.live.erase(it);
   }
   {
     std::lock_guard<std::mutex> g(st->mu);
     st->stop = true;
   }
   st->cv.notify_all();
-  st->worker.join();  // the work already queued runs first
-  delete st;
+  st->worker.join();  // the work already queued runs first; the object goes with its last holder
   return cudaSuccess;
 }
 
@@ -759,7 +782,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     drain_blocking_streams();
     return sticky();
   }
-  Stream* st = find_stream(s);
+  const std::shared_ptr<Stream> st = find_stream(s);
   if (!st) return fail(cudaErrorInvalidResourceHandle);
   st->drain();
   return sticky();
@@ -767,8 +790,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   ZINF_CUDAX_STICKY();
-  if (s == nullptr) return cudaSuccess;
-  Stream* st = find_stream(s);
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return cudaSuccess;
+  const std::shared_ptr<Stream> st = find_stream(s);
   if (!st) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> g(st->mu);
   return st->work.empty() && !st->busy ? cudaSuccess : cudaErrorNotReady;
@@ -816,6 +839,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   ZINF_CUDAX_STICKY();
   Event* ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
+  const bool legacy = s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread;
+  const std::shared_ptr<Stream> target = legacy ? nullptr : find_stream(s);
+  if (!legacy && !target) return fail(cudaErrorInvalidResourceHandle);
   std::uint64_t n = 0;
   {
     std::lock_guard<std::mutex> g(ev->mu);
@@ -823,11 +849,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   }
   // On an idle stream the record has nothing to wait for: it completes at once, as a GPU's does
   // within microseconds (so a query right after a synchronised stream's record reports done).
-  if (Stream* st = find_stream(s)) {
+  if (const std::shared_ptr<Stream>& st = target) {
     std::lock_guard<std::mutex> sl(st->mu);
     if (st->work.empty() && !st->busy) {
       std::lock_guard<std::mutex> g(ev->mu);
-      ev->completed = n;
+      ev->completed = std::max(ev->completed, n);
       ev->when = std::chrono::steady_clock::now();
       ev->cv.notify_all();
       return cudaSuccess;

@@ -37,6 +37,8 @@ enum layout_t { mem_row_major, mem_col_major };
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
   static_assert(M == 16 && N == 16 && K == 16, "the executor's wmma has the m16n16k16 shape only");
+  static_assert(std::is_same_v<Use, accumulator> || std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>,
+                "a matrix_a or matrix_b fragment names its layout");
   static_assert(std::is_same_v<Use, accumulator> ? std::is_same_v<T, float>
                                                  : (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>),
                 "the executor's wmma has __half/__nv_bfloat16 inputs and float accumulators");
@@ -117,22 +119,24 @@ inline void product(const MmaArgs<T, LA, LB>& m, float* out) {
 template <typename T, typename LA, typename LB>
 inline void warp_mma(void* const* lanes) {
   using Args = MmaArgs<T, LA, LB>;
+  // Lane 0's operands, copied before any d is written (d may be the same fragment as c).
   const Args& l0 = *static_cast<const Args*>(lanes[0]);
+  const fragment<matrix_a, 16, 16, 16, T, LA> a0 = *l0.a;
+  const fragment<matrix_b, 16, 16, 16, T, LB> b0 = *l0.b;
+  const fragment<accumulator, 16, 16, 16, float> c0 = *l0.c;
+  const Args snap{nullptr, &a0, &b0, &c0};
   float p0[256];
-  product(l0, p0);
+  product(snap, p0);
+  static_assert(sizeof(float[256]) == sizeof(c0.x));
+  float out[32][256];
   for (int l = 0; l < 32; ++l) {
     const Args& m = *static_cast<const Args*>(lanes[l]);
-    const bool same = l == 0 || (std::memcmp(m.a->x, l0.a->x, sizeof m.a->x) == 0 &&
-                                 std::memcmp(m.b->x, l0.b->x, sizeof m.b->x) == 0 &&
-                                 std::memcmp(m.c->x, l0.c->x, sizeof m.c->x) == 0);
-    if (same) {
-      std::memcpy(m.d->x, p0, sizeof p0);
-    } else {
-      float p[256];
-      product(m, p);
-      std::memcpy(m.d->x, p, sizeof p);
-    }
+    const bool same = std::memcmp(m.a->x, a0.x, sizeof a0.x) == 0 && std::memcmp(m.b->x, b0.x, sizeof b0.x) == 0 &&
+                      std::memcmp(m.c->x, c0.x, sizeof c0.x) == 0;
+    if (same) std::memcpy(out[l], p0, sizeof p0);
+    else product(m, out[l]);
   }
+  for (int l = 0; l < 32; ++l) std::memcpy(static_cast<const Args*>(lanes[l])->d->x, out[l], sizeof out[l]);
 }
 }  // namespace detail
 

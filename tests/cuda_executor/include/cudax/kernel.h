@@ -102,8 +102,7 @@ inline T shfl(unsigned mask, T v, int lane_arg, int width, ShuffleMode m, Site s
   ::zinf::cudax::shfl((mask), (v), (m), ::zinf::cudax::width_or_32(__VA_ARGS__), ::zinf::cudax::ShuffleMode::bfly, ZINF_CUDAX_SITE)
 #define __ballot_sync(mask, p) ::zinf::cudax::ballot((mask), static_cast<bool>(p), ZINF_CUDAX_SITE)
 #define __any_sync(mask, p) (::zinf::cudax::ballot((mask), static_cast<bool>(p), ZINF_CUDAX_SITE) != 0u)
-#define __all_sync(mask, p) \
-  (::zinf::cudax::ballot((mask), static_cast<bool>(p), ZINF_CUDAX_SITE) == ((mask) & ::zinf::cudax::activemask()))
+#define __all_sync(mask, p) (::zinf::cudax::ballot((mask), !static_cast<bool>(p), ZINF_CUDAX_SITE) == 0u)
 #define __activemask() ::zinf::cudax::activemask()
 
 // The device math the kernels call, where the host has no function of that name. Results are the

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# `zinf train --device cuda` end to end on the CPU executor build (ZINF_CUDA_EXECUTOR=ON): for each
+# kernel set (reference, fast) and precision (fp32, bf16), configs/gpu-check.json's placements
+# (optimizer none/cpu/nvme x parameters none/cpu, both overlap modes, and the parameters on NVMe)
+# under two jitter seeds of the executor's streams and thread orders must give one params_digest;
+# and the per-step losses must stay within a stated tolerance of the CPU device's (fp32: the
+# reference ops; bf16: the CPU twin of the fast kernels). A shrunken model keeps it to minutes.
+# Usage: scripts/executor-e2e.sh ZINF   (the executor build's zinf); exits 0 when every check holds.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+zinf="$1"
+config="$root/configs/gpu-check.json"
+swap="${TMPDIR:-/tmp}/zinf-executor-e2e.$$"
+model=(--set model.n_layer=2 --set model.n_head=2 --set model.d_model=64 --set model.seq_len=32
+       --set train_micro_batch_size_per_gpu=2 --set steps_per_print=1)
+steps=3
+fails=0
+# Per-step losses of one run ("loss X" of each step line), space separated.
+losses() { grep -oE '\| loss [0-9.]+' | awk '{printf "%s ", $3}'; }
+for kernels in reference fast; do
+  for precision in fp32 bf16; do
+    prec=(--set bf16.enabled=false)
+    tol=2e-3
+    if [ "$precision" = bf16 ]; then prec=(--set bf16.enabled=true); tol=3e-2; fi
+    args=("${model[@]}" "${prec[@]}" --set device.kernels="$kernels")
+    digests=""
+    for seed in 1 2; do
+      order=fifo
+      [ "$seed" = 2 ] && order=lifo
+      out="$(ZINF_CUDAX_SEED=$seed ZINF_CUDAX_ORDER=$order ZINF_DIGEST_STEPS=$steps \
+             ZINF_DIGEST_VARIANTS="--set zero_optimization.offload_param.device=nvme" \
+             "$root/scripts/digest-check.sh" "$zinf" "$config" "$swap" "${args[@]}")"
+      rc=$?
+      echo "$out" | sed "s/^/  [$kernels $precision seed $seed $order] /"
+      if [ "$rc" -ne 0 ]; then fails=$((fails + 1)); continue; fi
+      digests="$digests $(grep -oE 'one digest over [0-9]+ runs: [0-9a-f]+' <<< "$out" | awk '{print $NF}')"
+    done
+    n=$(tr ' ' '\n' <<< "$digests" | grep -c . || true)
+    u=$(tr ' ' '\n' <<< "$digests" | grep . | sort -u | wc -l)
+    if [ "$n" -ne 2 ] || [ "$u" -ne 1 ]; then
+      echo "executor-e2e: $kernels $precision: the two seeds gave digests:$digests"
+      fails=$((fails + 1))
+    fi
+    # Losses against the CPU device (same kernels key: reference ops or the bf16 twin of the fast ones).
+    cuda_l="$("$zinf" train --config "$config" "${args[@]}" --set train.steps=$steps \
+              --set zero_optimization.offload_param.device=none 2>&1 | losses)"
+    cpu_l="$("$zinf" train --config "$config" "${args[@]}" --set train.steps=$steps --set device.type=cpu \
+             --set device.memory_budget=16GiB --set zero_optimization.offload_param.device=none 2>&1 | losses)"
+    verdict="$(python3 - "$tol" "$cuda_l" "$cpu_l" <<'PY'
+import sys
+tol = float(sys.argv[1]); a = [float(x) for x in sys.argv[2].split()]; b = [float(x) for x in sys.argv[3].split()]
+if not a or len(a) != len(b):
+    print("FAILED: %d CUDA losses, %d CPU losses" % (len(a), len(b))); sys.exit(1)
+worst = max(abs(x - y) / max(abs(y), 1e-6) for x, y in zip(a, b))
+print("%s: losses %s against the CPU's %s, largest relative difference %.2e (tolerance %g)"
+      % ("ok" if worst <= tol else "FAILED", a, b, worst, tol))
+sys.exit(0 if worst <= tol else 1)
+PY
+)"
+    rc=$?
+    echo "executor-e2e: $kernels $precision: one digest $([ "$u" -eq 1 ] && echo ok || echo FAILED) ($digests ); $verdict"
+    [ "$rc" -ne 0 ] && fails=$((fails + 1))
+  done
+done
+rm -rf "$swap"
+[ "$fails" -eq 0 ] && echo "executor-e2e: ok" && exit 0
+echo "executor-e2e: FAILED ($fails checks)"
+exit 1

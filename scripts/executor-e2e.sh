@@ -28,7 +28,7 @@ for kernels in reference fast; do
       order=fifo
       [ "$seed" = 2 ] && order=lifo
       out="$(ZINF_CUDAX_SEED=$seed ZINF_CUDAX_ORDER=$order ZINF_DIGEST_STEPS=$steps \
-             ZINF_DIGEST_VARIANTS="--set zero_optimization.offload_param.device=nvme" \
+             ZINF_DIGEST_VARIANTS="--set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path=\"$swap\"" \
              "$root/scripts/digest-check.sh" "$zinf" "$config" "$swap" "${args[@]}")"
       rc=$?
       echo "$out" | sed "s/^/  [$kernels $precision seed $seed $order] /"
@@ -62,6 +62,30 @@ PY
     [ "$rc" -ne 0 ] && fails=$((fails + 1))
   done
 done
+# Data parallelism over the executor's NCCL: `mpirun -np 2` with ZeRO stages 1-3 (stage 3 with the
+# parameters in host memory) against one rank with gradient accumulation 2, bit for bit.
+if command -v mpirun > /dev/null; then
+  dp=("${model[@]}" --set train.steps=$steps --set device.comm=nccl --set gradient_accumulation_steps=1
+      --set zero_optimization.offload_param.device=none)
+  one="$("$zinf" train --config "$config" "${dp[@]}" --set gradient_accumulation_steps=2 --set device.comm=auto 2>&1 |
+         grep -oE 'params_digest=[0-9a-f]+')"
+  for stage in 1 2 "3 --set zero_optimization.offload_param.device=cpu"; do
+    # shellcheck disable=SC2086  # the stage and its extra setting, as words
+    two="$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
+           -x ZINF_CUDAX_DEVICES=2 "$zinf" train --config "$config" "${dp[@]}" --set zero_optimization.stage=$stage 2>&1)"
+    d2="$(grep -oE 'params_digest=[0-9a-f]+' <<< "$two")"
+    if [ -n "$one" ] && [ "$d2" = "$one" ] && grep -q "device memory: nccl" <<< "$two"; then
+      echo "executor-e2e: mpirun -np 2 ZeRO stage ${stage%% *} over nccl: $d2, equal to one rank with GA 2"
+    else
+      echo "executor-e2e: mpirun -np 2 ZeRO stage ${stage%% *}: FAILED (one rank: ${one:-none}, two ranks: ${d2:-none})"
+      tail -3 <<< "$two" | sed 's/^/    /'
+      fails=$((fails + 1))
+    fi
+  done
+else
+  echo "executor-e2e: mpirun not found: the data-parallel runs need Open MPI (scripts/install-deps.sh)"
+  fails=$((fails + 1))
+fi
 rm -rf "$swap"
 [ "$fails" -eq 0 ] && echo "executor-e2e: ok" && exit 0
 echo "executor-e2e: FAILED ($fails checks)"

@@ -3,8 +3,9 @@
 # checkers some tests compare against: scripts/install-checkers.sh), build, run the whole suite; then build
 # the unit and nvme tests (only those, CUDA off) with AddressSanitizer + UBSan and run them again;
 # then build the `async` tests (the ordering contract on the asynchronous, jittered CPU device) with
-# ThreadSanitizer and run them; then build the CUDA device on the CPU executor (tests/cuda_executor)
-# and run every GPU test there under two thread orders, none skipped; last, build the parsers'
+# ThreadSanitizer and run them, with the CUDA kernels' tests on the CPU executor; then build the CUDA
+# device on the CPU executor (tests/cuda_executor), run every GPU test there under two thread orders,
+# none skipped, and train end to end on it (scripts/executor-e2e.sh); last, build the parsers'
 # libFuzzer targets with clang and run each briefly (scripts/fuzz.sh).
 # ZINF_SKIP_SANITIZE=1 skips both sanitizer passes, ZINF_SKIP_TSAN=1 the last one, ZINF_SKIP_FUZZ=1
 # the fuzzing, ZINF_SKIP_EXECUTOR=1 the executor pass.
@@ -27,13 +28,19 @@ if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ]; then
     ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -L 'unit|nvme'
 fi
 if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TSAN:-0}" != "1" ]; then
-  echo "== sanitizer pass (thread): the async label, one jitter seed per configuration"
+  echo "== sanitizer pass (thread): the async label, one jitter seed per configuration; the CUDA kernels' tests on the executor"
   tsan_targets=$(awk 'match($0, /zinf_test\(([A-Za-z0-9_]+) +LABEL +async[ )]/) {
                         split(substr($0, RSTART + 10), a, " "); print a[1] }' "$root/tests/CMakeLists.txt")
   [ -n "$tsan_targets" ] || { echo "test.sh: no async test found in tests/CMakeLists.txt" >&2; exit 1; }
-  ZINF_BUILD_TARGETS="$tsan_targets" "$root/scripts/build.sh" "$root/build-tsan" -DZINF_SANITIZE=thread -DZINF_BUILD_BENCH=OFF -DZINF_CUDA=OFF
+  # The CUDA device on the CPU executor (its kernels' shared-memory races are reported by line); the
+  # async tests run on the CPU device as before.
+  ZINF_BUILD_TARGETS="$tsan_targets executor_test cuda_rows_test flash_attention_test" "$root/scripts/build.sh" \
+    "$root/build-tsan" -DZINF_SANITIZE=thread -DZINF_BUILD_BENCH=OFF -DZINF_CUDA_EXECUTOR=ON
   TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_ASYNC_SEEDS=1 \
     ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" -L async
+  TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_CUDAX_ORDER=random \
+    ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" \
+      -R '^(Executor|ExecutorTsan|Runtime)\.|^CudaRows\.(Elementwise|Convert|Rope|Embeddings|CrossEntropy|EmptyShapes)|^FlashAttention\.Refuses'
 fi
 if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
   echo "== the CUDA path on the CPU executor: every GPU test under the fifo and lifo thread orders"
@@ -55,6 +62,7 @@ if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
     skipped=$(grep -E '\*\*\*Skipped' "$log" | grep -vE 'WithoutAGpu' || true)
     if [ -n "$skipped" ]; then echo "test.sh: GPU tests skipped on the executor ($order):" >&2; echo "$skipped" >&2; exit 1; fi
   done
+  "$root/scripts/executor-e2e.sh" "$root/build-executor/src/zinf"
 fi
 if [ "${ZINF_SKIP_FUZZ:-0}" != "1" ]; then
   echo "== fuzzing (libFuzzer, address,undefined): each parser from its seed corpus for ${ZINF_FUZZ_SECONDS:-15}s"

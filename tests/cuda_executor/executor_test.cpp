@@ -449,6 +449,46 @@ TEST(Executor, WmmaRefusesMisalignedPointersAndStrides) {
   cudaFree(c);
 }
 
+__global__ void math_kernel(float* f, int* i) {
+  f[0] = rsqrtf(4.0f);
+  f[1] = max(1.5f, -2.0f);
+  f[2] = min(1.5f, -2.0f);
+  f[3] = max(__int_as_float(0x7FC00000), 3.0f);  // CUDA's float max is fmaxf: a NaN gives way
+  f[4] = __fdividef(1.0f, 8.0f);
+  f[5] = __saturatef(1.5f);
+  i[0] = __clz(1);
+  i[1] = __clz(0);
+  i[2] = __popc(0xF0F0u);
+  i[3] = __ffs(8);
+  i[4] = max(-3, 2);
+  i[5] = static_cast<int>(min(7u, 9u));
+  i[6] = __float_as_int(1.0f);
+}
+
+// The math the kernels use, at values whose results CUDA's Math API documentation fixes exactly.
+TEST(Executor, DeviceMathFollowsCudasDefinitions) {
+  float* f = device_alloc<float>(6);
+  int* i = device_alloc<int>(7);
+  launch(math_kernel, dim3(1), dim3(1), 0, nullptr, f, i);
+  const auto hf = to_host(f, 6);
+  const auto hi = to_host(i, 7);
+  EXPECT_EQ(hf[0], 0.5f);
+  EXPECT_EQ(hf[1], 1.5f);
+  EXPECT_EQ(hf[2], -2.0f);
+  EXPECT_EQ(hf[3], 3.0f);
+  EXPECT_EQ(hf[4], 0.125f);
+  EXPECT_EQ(hf[5], 1.0f);
+  EXPECT_EQ(hi[0], 31);
+  EXPECT_EQ(hi[1], 32);
+  EXPECT_EQ(hi[2], 8);
+  EXPECT_EQ(hi[3], 4);
+  EXPECT_EQ(hi[4], 2);
+  EXPECT_EQ(hi[5], 7);
+  EXPECT_EQ(hi[6], 0x3F800000);
+  cudaFree(f);
+  cudaFree(i);
+}
+
 TEST(Runtime, CopiesAreCheckedAgainstWhereTheirPointersLive) {
   char* dev = device_alloc<char>(64);
   std::vector<char> host(64, 1);

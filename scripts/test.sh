@@ -52,13 +52,12 @@ if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
   ZINF_BUILD_TARGETS="$exe_targets" "$root/scripts/build.sh" "$root/build-executor" -DZINF_CUDA_EXECUTOR=ON \
     -DZINF_BUILD_BENCH=OFF
   gpu_cases='^(TrainGpu\.|FastOpsTwin\.EveryOpOnTheGpu|OpsTable\.Cuda|Generate\.Cuda)'
-  for order in fifo lifo; do
+  for order in fifo lifo; do  # a failed test ends the script (pipefail); a skipped one is checked below
     log="$root/build-executor/ctest-$order.log"
     ZINF_CUDAX_ORDER=$order ctest --test-dir "$root/build-executor" --output-on-failure -j "$(nproc)" -L 'gpu|executor' \
       2>&1 | tee "$log"
     ZINF_CUDAX_ORDER=$order ctest --test-dir "$root/build-executor" --output-on-failure -j "$(nproc)" -R "$gpu_cases" \
       2>&1 | tee -a "$log"
-    if grep -q "tests failed" "$log"; then echo "test.sh: GPU tests failed on the executor ($order)" >&2; exit 1; fi
     skipped=$(grep -E '\*\*\*Skipped' "$log" | grep -vE 'WithoutAGpu' || true)
     if [ -n "$skipped" ]; then echo "test.sh: GPU tests skipped on the executor ($order):" >&2; echo "$skipped" >&2; exit 1; fi
   done

@@ -1684,5 +1684,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 
 ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                           ncclComm_t comm, cudaStream_t stream) {
+  // NCCL documents no in-place all-to-all; here the blocks would be sent while they are overwritten.
+  if (count > 0 && sendbuff == recvbuff) return ncclInvalidArgument;
   return collective(Kind::all_to_all, sendbuff, recvbuff, count, datatype, -1, -1, comm, stream);
 }

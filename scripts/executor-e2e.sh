@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `zinf train --device cuda` end to end on the CPU executor build (ZINF_CUDA_EXECUTOR=ON): for each
 # kernel set (reference, fast) and precision (fp32, bf16), configs/gpu-check.json's placements
-# (optimizer none/cpu/nvme x parameters none/cpu, both overlap modes, and the parameters on NVMe)
+# (optimizer none/cpu/nvme x parameters none/cpu/nvme x both overlap modes)
 # under two jitter seeds of the executor's streams and thread orders must give one params_digest;
 # and the per-step losses must stay within a stated tolerance of the CPU device's (fp32: the
 # reference ops; bf16: the CPU twin of the fast kernels). A shrunken model keeps it to minutes.
@@ -17,6 +17,17 @@ steps=3
 fails=0
 # Per-step losses of one run ("loss X" of each step line), space separated.
 losses() { grep -oE '\| loss [0-9.]+' | awk '{printf "%s ", $3}'; }
+# The parameters on NVMe, under every optimizer home and both overlap modes (digest-check.sh's own
+# placements keep them on the device or in host memory).
+param_nvme=""
+for opt in none cpu nvme; do
+  for ov in exact none; do
+    param_nvme="$param_nvme;--set zero_optimization.offload_optimizer.device=$opt --set train.overlap=$ov"
+    param_nvme="$param_nvme --set zero_optimization.offload_param.device=nvme"
+    param_nvme="$param_nvme --set zero_optimization.offload_param.nvme_path=\"$swap\""
+  done
+done
+param_nvme="${param_nvme#;}"
 for kernels in reference fast; do
   for precision in fp32 bf16; do
     prec=(--set bf16.enabled=false)
@@ -28,7 +39,7 @@ for kernels in reference fast; do
       order=fifo
       [ "$seed" = 2 ] && order=lifo
       out="$(ZINF_CUDAX_SEED=$seed ZINF_CUDAX_ORDER=$order ZINF_DIGEST_STEPS=$steps \
-             ZINF_DIGEST_VARIANTS="--set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path=\"$swap\"" \
+             ZINF_DIGEST_VARIANTS="$param_nvme" \
              "$root/scripts/digest-check.sh" "$zinf" "$config" "$swap" "${args[@]}")"
       rc=$?
       echo "$out" | sed "s/^/  [$kernels $precision seed $seed $order] /"

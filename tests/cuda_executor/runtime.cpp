@@ -518,15 +518,27 @@ cudaError_t add_range(void* p, std::size_t size, MemKind kind) {
   return cudaSuccess;
 }
 // Removes the allocation starting exactly at p if it has `kind`.
-bool remove_range(void* p, MemKind kind, std::size_t* size) {
+bool remove_range(void* p, MemKind kind) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
   auto it = r.ranges.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == r.ranges.end() || it->second.kind != kind) return false;
-  *size = it->second.size;
   if (kind == MemKind::device) r.device_bytes -= it->second.size;
   r.ranges.erase(it);
   return true;
+}
+// cudaFree / cudaFreeHost: CUDA synchronises the device first; a pointer that is not the start of a
+// live allocation of that kind is an error.
+cudaError_t free_allocation(void* p, MemKind kind, const char* call) {
+  ZINF_CUDAX_STICKY();
+  if (!p) return cudaSuccess;
+  cudaDeviceSynchronize();
+  if (!remove_range(p, kind)) {
+    report(std::string(call) + " of a pointer that is not the start of a live " + to_string(kind) + " allocation");
+    return fail(cudaErrorInvalidValue);
+  }
+  std::free(p);
+  return cudaSuccess;
 }
 }  // namespace
 
@@ -553,19 +565,7 @@ cudaError_t cudaMalloc(void** p, std::size_t size) {
   return cudaSuccess;
 }
 
-cudaError_t cudaFree(void* p) {
-  ZINF_CUDAX_STICKY();
-  if (!p) return cudaSuccess;
-  // CUDA's cudaFree synchronises the device before it frees.
-  cudaDeviceSynchronize();
-  std::size_t size = 0;
-  if (!remove_range(p, MemKind::device, &size)) {
-    report("cudaFree of a pointer that is not the start of a live device allocation");
-    return fail(cudaErrorInvalidValue);
-  }
-  std::free(p);
-  return cudaSuccess;
-}
+cudaError_t cudaFree(void* p) { return free_allocation(p, MemKind::device, "cudaFree"); }
 
 cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned /*flags*/) {
   ZINF_CUDAX_STICKY();
@@ -580,18 +580,7 @@ cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned /*flags*/) {
 }
 cudaError_t cudaMallocHost(void** p, std::size_t size) { return cudaHostAlloc(p, size, cudaHostAllocDefault); }
 
-cudaError_t cudaFreeHost(void* p) {
-  ZINF_CUDAX_STICKY();
-  if (!p) return cudaSuccess;
-  cudaDeviceSynchronize();
-  std::size_t size = 0;
-  if (!remove_range(p, MemKind::pinned, &size)) {
-    report("cudaFreeHost of a pointer that is not the start of a live pinned allocation");
-    return fail(cudaErrorInvalidValue);
-  }
-  std::free(p);
-  return cudaSuccess;
-}
+cudaError_t cudaFreeHost(void* p) { return free_allocation(p, MemKind::pinned, "cudaFreeHost"); }
 
 cudaError_t cudaHostRegister(void* p, std::size_t size, unsigned /*flags*/) {
   ZINF_CUDAX_STICKY();
@@ -602,8 +591,7 @@ cudaError_t cudaHostRegister(void* p, std::size_t size, unsigned /*flags*/) {
 }
 cudaError_t cudaHostUnregister(void* p) {
   ZINF_CUDAX_STICKY();
-  std::size_t size = 0;
-  if (!p || !remove_range(p, MemKind::registered, &size)) return fail(cudaErrorHostMemoryNotRegistered);
+  if (!p || !remove_range(p, MemKind::registered)) return fail(cudaErrorHostMemoryNotRegistered);
   return cudaSuccess;
 }
 cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned flags) {

@@ -15,6 +15,7 @@
 # ZINF_BIN the zinf binary (default build-gpu/src/zinf, built by scripts/gpu-check.sh's build part).
 # ZINF_COMPARE_STEPS: zinf's `bench step --steps` (default 4, the first a warm-up);
 # ZINF_COMPARE_PEER_STEPS: the peer's measured steps (default 3, after one warm-up);
+# ZINF_COMPARE_PEER=none measures zinf's side only;
 # ZINF_COMPARE_APPEND=1 adds to compare.jsonl instead of starting it afresh (one call per case, each
 # under its own time cap, then a call with ZINF_COMPARE_CASES=none writes the table of them all).
 # Writes compare.jsonl (every raw result) and compare.md (the table) under $OUT, or the repository.
@@ -25,6 +26,7 @@ peer="${1:-}"
 for p in "$peer" "$root/bench/torch_gpt2.py"; do
   [ -n "$p" ] && [ -f "$p" ] && peer="$p" && break
 done
+[ "${ZINF_COMPARE_PEER:-}" = none ] && peer=""  # zinf's side only, asked for
 if [ -n "$peer" ] && ! python3 -c 'import torch' 2>/dev/null; then
   echo "== PyTorch is not installed for $(command -v python3): measuring zinf's side only (pip install torch)" >&2
   peer=""

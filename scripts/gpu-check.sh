@@ -1,106 +1,187 @@
 #!/usr/bin/env bash
-# The GPU checks, as ONE run of at most 9 minutes on a machine with one H200 and 16 cores (the lent
-# GPU machine). On a bare machine it uses the Debian packages if installed, else the .debs/ folder
-# that scripts/fetch-debs.sh filled on a machine with apt (carry it along), else apt.
+# The GPU check, in two stages, each ONE command on the lent GPU machine (one H200, 16 cores):
 #
-# Sections, each under its own time cap (`timeout`) so that a slow one cannot eat the others' time;
-# the caps sum to the whole check's 595 s (ZINF_GPU_CHECK_SECONDS), and a section that would start
-# past that is skipped and reported:
-#   setup        10 s  dependencies, NCCL, nvidia-smi (not capped: a few seconds)
-#   build       130 s  sm_90 only; only the targets run below: zinf, train_test, the `gpu` label's tests
-#   tests        40 s  `zinf info`; ctest -L gpu (the CUDA device, every op against the CPU reference,
-#                      the whole model against the CPU device)
-#   repeat       20 s  TrainGpu.* (every placement bit-identical on the GPU, close to the CPU), repeated
-#                      while the cap allows (at least once)
-#   digests      70 s  configs/gpu-check.json at 12 layers, 3 steps, under every placement (optimizer
-#                      none/cpu/nvme × params none/cpu × overlap exact/none): one params_digest, no
-#                      failed run (scripts/digest-check.sh); more rounds while the cap allows
-#   states       55 s  the same at 2 layers, 2 steps, overlap exact: fp32 states with the activation
-#                      checkpoints in host memory, the speculative Update, pin_memory false (also
-#                      with the parameters on NVMe) and the gradients summed on the device beside the
-#                      placements; optimizer_states bf16 and 8bit (the CUDA Update with none, the
-#                      host's with cpu/nvme) with the speculative Update — one digest per state format
-#   fast         40 s  the same model (4 layers, 3 steps, bf16) with device.kernels fast on the GPU,
-#                      against the reference kernels on the GPU (per-step losses within a relative
-#                      2e-2: the fast path stores activations in bf16) and against the CPU twin
-#                      (device.type cpu, kernels fast: the same storage and rounding points, other
-#                      summation orders; within 5e-3)
-#   memcheck     25 s  compute-sanitizer --tool memcheck on the GPU test binaries at small shapes
-#                      (cuda_ops, cuda_rows, flash_attention, cuda_gemm, cuda_scratch, device_cuda;
-#                      ZINF_SANITIZE_TESTS="binary:filter ..." overrides)
-#   racecheck    25 s  compute-sanitizer --tool racecheck on the same
-#   pcie          5 s  zinf bench pcie (256 MiB, 3 repetitions)
-#   compare-a    30 s  zinf beside PyTorch (bench/torch_gpt2.py, scripts/compare-torch.sh): 303M,
-#                      24 layers x 1024, micro batch 8, seq 512, resident
-#   compare-b    40 s  GPT-2 XL's shape (48 x 1600, 25 heads), vocab 50304, seq 1024, micro batch 4,
-#                      resident
-#   compare-ga4  40 s  b at GA 4 resident (zinf), and with the optimizer states on the CPU
-#   compare-off  45 s  b at GA 4, optimizer and parameters on the CPU, beside PyTorch FSDP CPU offload
-#   offload      15 s  zinf bench step on the digest model (12 layers, optimizer in host memory, clipping
-#                      that never applies) with the speculative Update and the activation checkpoints in
-#                      host memory: overlap ratio with and without speculation, the checkpoint copies'
-#                      hidden fraction and the device bytes they save, one digest for all four runs
-#   summary       5 s  results.json and results.md
-#                                                                                   total 595 s
-# Results under $OUT (or ./gpu-check-out): results.json (every section: status, seconds, cap, its
-# verdict line; the digests, losses, PCIe and comparison figures), results.md (one table), and
-# gpu-check.log (everything the sections printed). Exits 1 when any section failed, timed out or was
-# skipped. ZINF_GPU_CHECK_PARTS picks sections (default all; setup and summary always run).
-# shellcheck disable=SC2317  # the part_* functions are called by name ("part_$p")
+#   scripts/gpu-check.sh correctness   does the CUDA path compute what the CPU computes?
+#   scripts/gpu-check.sh speed         how fast is it, beside PyTorch, and where does the step go?
+#
+# Each stage has a budget (ZINF_GPU_CHECK_SECONDS; correctness 420 s, speed 300 s by default) and
+# always ends inside it: its sections run one after another, each under its own cap (below; the cap
+# is cut to what is left of the budget), stopped with SIGTERM at the cap less a 5 s grace and with
+# SIGKILL at the cap, its whole process group with it. A section that no longer fits is "not run".
+# After every section the stage rewrites results.json and results.md, so a run cut short still says
+# what finished. The verdict is on the code, not on the script: the stage stops at once, with one
+# line, when `zinf info` lists no GPU; a skipped GPU test is a failure; a section that ran out of
+# time is TIMEOUT, not FAILED.
+#
+# correctness (420 s)                                                                      cap s
+#   build      sm_90, only the targets the stage runs (--targets)                            180
+#   gpu        `zinf info --json` lists a GPU, or the stage stops here                         10
+#   tests      ctest -L gpu and the GPU cases of other binaries (--cases), fast-vs-twin op     80
+#              test included; a skip fails (the tests about a machine without a GPU are not
+#              run: they cannot apply on one)
+#   repeat     TrainGpu.* (every placement bit-identical on the GPU, close to the CPU) 20      40
+#              times, or as often as the cap allows (then "incomplete")
+#   digests    a 4-layer model, 3 steps, every placement (optimizer none/cpu/nvme x params     45
+#              none/cpu x overlap exact/none): one params_digest (scripts/digest-check.sh)
+#   states     2 layers, 2 steps, overlap exact: fp32 states with their variants (activation   40
+#              checkpoints in host memory, the speculative Update, pageable staging, gradients
+#              summed on the device, parameters on NVMe), bf16 and 8-bit states: one digest each
+#   fast       device.kernels fast against reference on the GPU (per-step losses within 2e-2)  20
+#              and against the CPU twin (within 5e-3)
+#   memcheck   compute-sanitizer memcheck on the GPU test binaries at small shapes             30
+#   racecheck  compute-sanitizer racecheck on the same                                         30
+# speed (300 s)
+#   build      as above (nothing to do when the correctness stage's build is still there)      90
+#   gpu        as above                                                                        10
+#   pcie       zinf bench pcie (256 MiB, 3 repetitions)                                        10
+#   compare-a  zinf beside PyTorch: 303M, 24 x 1024, micro batch 8, seq 512, resident          40
+#   compare-b  GPT-2 XL's shape (48 x 1600, 25 heads), vocab 50304, seq 1024, micro batch 4    50
+#   compare-ga4  b at GA 4 resident, and with the optimizer states on the CPU                  50
+#   compare-off  b at GA 4, optimizer and parameters on the CPU, beside PyTorch FSDP offload   60
+#   trace      zinf bench step --trace on b at GA 4 with the optimizer on the CPU: the         20
+#              timeline (trace.json) and its picture (trace.svg)
+#   offload    the speculative Update and the activation checkpoints in host memory, each      20
+#              against the run without (zinf bench step): overlap ratios, one digest
+# The caps of the first GPU run are generous estimates; docs/gpu.md says where each comes from and
+# is where measured times replace them.
+#
+# Output under $OUT (the device tool's folder; default gpu-check-out/STAGE): results.json (the stage,
+# commit, GPU, every section's status, seconds, cap and verdict line, the figures), results.md (one
+# table), gpu-check.log (all the sections printed) and raw/ (each section's log and files). Exits 0
+# only when every section is ok.
+#
+# ZINF_GPU_CHECK_PARTS picks sections (default: all of the stage; setup always runs).
+# ZINF_GPU_CHECK_EXECUTOR=1 runs the stage on the project's CPU executor of the CUDA sources instead
+# of a GPU (as CI does): the build is the executor build, shapes are small, compute-sanitizer is
+# replaced by a stand-in that runs the binary under the executor's lifo order, PyTorch is optional
+# and no figure is judged against a target. It proves the script — its parsing, counting, caps and
+# results files — not the GPU.
+# ZINF_GPU_BUILD: the build folder (default build-gpu/, build-executor/ with the executor).
+# On a machine that reaches no package registry, carry the .debs/ folder scripts/fetch-debs.sh
+# fills (or ZINF_DEBS); without it and without the packages, the stage tries scripts/install-deps.sh
+# for at most 2 minutes.
+#
+#   scripts/gpu-check.sh --targets     the build targets the stages run (scripts/test.sh uses them)
+#   scripts/gpu-check.sh --cases       the ctest regex of the GPU cases in binaries not labelled gpu
+# shellcheck disable=SC2317  # the part_* functions are called by name
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 self="$root/scripts/gpu-check.sh"
-out_dir="${OUT:-$root/gpu-check-out}"
-raw="$out_dir/raw"
-bld="${ZINF_GPU_BUILD:-$root/build-gpu}"
+executor="${ZINF_GPU_CHECK_EXECUTOR:-0}"
+if [ "$executor" = 1 ]; then bld="${ZINF_GPU_BUILD:-$root/build-executor}"; else bld="${ZINF_GPU_BUILD:-$root/build-gpu}"; fi
 zinf="$bld/src/zinf"
 config="$root/configs/gpu-check.json"
+# One scratch folder for the NVMe placements of a stage (its parts are processes of their own).
+swap="${ZINF_GPU_CHECK_SWAP:-${TMPDIR:-/tmp}/zinf-gpu-check-swap.$$}"
+export ZINF_GPU_CHECK_SWAP="$swap"
 
-# ---- the sections that are more than one command (run as `gpu-check.sh --part NAME CAP`) ---------
+# ---- what the stages build and run ---------------------------------------------------------------
 gpu_test_targets() { sed -n 's/^ *zinf_test(\([A-Za-z0-9_]*\) LABEL gpu .*/\1/p' "$root/tests/CMakeLists.txt"; }
+# Binaries not labelled gpu that hold GPU cases, and those cases.
+gpu_case_targets="train_test fast_ops_twin_test ops_table_test generate_test"
+gpu_cases='^(TrainGpu\.|FastOpsTwin\.EveryOpOnTheGpu|OpsTable\.Cuda|Generate\.Cuda)'
+# Tests about a machine without a GPU: they skip where one is visible, so the GPU stages leave them out.
+no_gpu_tests='WithoutAGpu'
+case "${1:-}" in
+  --targets) echo zinf $gpu_case_targets $(gpu_test_targets); exit 0 ;;
+  --cases) echo "$gpu_cases"; exit 0 ;;
+esac
 
+# Shapes: the GPU's, or small ones on the executor (the same sections, minutes instead of hours).
+if [ "$executor" = 1 ]; then
+  small=(--set model.n_layer=2 --set model.n_head=2 --set model.d_model=64 --set model.seq_len=32
+         --set train_micro_batch_size_per_gpu=2)
+  digest_model=("${small[@]}")
+  states_model=("${small[@]}")
+  repeat_target=2
+  sanitizer="$root/tests/scripts/sanitizer_standin.sh"
+else
+  small=()
+  digest_model=(--set model.n_layer=4)
+  states_model=(--set model.n_layer=2)
+  repeat_target="${ZINF_GPU_REPEATS:-20}"
+  sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+fi
+
+# Fails (1) when a gtest or ctest log ($1) reports a skipped test, naming them.
+no_skips() {
+  local skipped
+  skipped="$(grep -E '\*\*\*Skipped|^\[  SKIPPED \] [A-Za-z]' "$1" | grep -vE "$no_gpu_tests" | sort -u)"
+  [ -z "$skipped" ] && return 0
+  echo "$(wc -l <<< "$skipped") skipped, which a GPU stage counts as failed:"
+  echo "$skipped"
+  return 1
+}
+
+# ---- the sections (each run as `gpu-check.sh --part NAME [ARG]`, in its own process group) ---------
 part_build() {
-  local gen=() extra=()
-  command -v ninja >/dev/null 2>&1 && [ ! -f "$bld/CMakeCache.txt" ] && gen=(-G Ninja)
+  local gen=() extra=() targets=()
+  command -v ninja > /dev/null 2>&1 && [ ! -f "$bld/CMakeCache.txt" ] && gen=(-G Ninja)
   # shellcheck disable=SC2206  # the NCCL paths found by setup, as words
   extra=(${ZINF_GPU_CMAKE_EXTRA:-})
-  # Warnings stay warnings here: the lent machine's compiler may not be Debian 12's GCC.
-  cmake -S "$root" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZINF_CUDA=ON -DZINF_CUDA_ARCHS=90 \
-    -DZINF_BUILD_BENCH=OFF -DZINF_WERROR=OFF "${extra[@]}" || return 1
-  local targets=(--target zinf --target train_test)
-  for t in $(gpu_test_targets); do targets+=(--target "$t"); done
+  if [ "$executor" = 1 ]; then
+    extra+=(-DZINF_CUDA_EXECUTOR=ON)
+  else
+    # Warnings stay warnings: the lent machine's compiler may not be Debian 12's GCC.
+    extra+=(-DZINF_CUDA=ON -DZINF_CUDA_ARCHS=90 -DZINF_WERROR=OFF)
+  fi
+  cmake -S "$root" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZINF_BUILD_BENCH=OFF "${extra[@]}" > /dev/null ||
+    return 1
+  for t in $("$self" --targets); do targets+=(--target "$t"); done
   cmake --build "$bld" -j "$(nproc)" "${targets[@]}" || return 1
-  echo "build: zinf, train_test and $(gpu_test_targets | wc -l) gpu test binaries for sm_90"
+  echo "build: ok, $("$self" --targets | wc -w) targets in $bld"
 }
 
-part_tests() {
-  "$zinf" info || return 1
-  ctest --test-dir "$bld" -L gpu --output-on-failure || return 1
-  echo "tests: ctest -L gpu passed"
+part_gpu() {  # one line: the GPUs `zinf info` lists, or why there is none (then the stage stops)
+  "$zinf" info --json > "$raw/info.json" || { echo "gpu: FAILED, zinf info exited non-zero"; return 1; }
+  python3 - "$raw/info.json" << 'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+gpus, status = j.get("gpus", []), j.get("cuda", {}).get("status", "")
+if not gpus:
+    print("gpu: FAILED, %s" % (status or "no GPU listed")); sys.exit(1)
+print("gpu: ok, %s" % ", ".join("%s (cc %s)" % (g["name"], g["compute_capability"]) for g in gpus))
+PY
 }
 
-part_repeat() {  # TrainGpu.* as often as the cap allows, at least once
-  local cap="$1" t0=$SECONDS n=0 last=0 s
-  while :; do
+part_tests() {  # every gpu test and the GPU cases of the other binaries; a skip fails
+  local log="$raw/tests-ctest.log" rc=0
+  ctest --test-dir "$bld" -L gpu -E "$no_gpu_tests" --output-on-failure 2>&1 | tee "$log" || rc=1
+  ctest --test-dir "$bld" -R "$gpu_cases" -E "$no_gpu_tests" --no-tests=error --output-on-failure 2>&1 | tee -a "$log" || rc=1
+  no_skips "$log" || return 1
+  [ "$rc" = 0 ] || { echo "tests: FAILED ($(grep -cE '\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout' "$log") failed)"; return 1; }
+  echo "tests: ok, $(grep -cE 'Test +#[0-9]+: .* Passed' "$log") passed, none skipped"
+}
+
+part_repeat() {  # TrainGpu.* up to the target count while the cap allows
+  local cap="$1" t0=$SECONDS n=0 last=0 s log="$raw/repeat-run.log"
+  while [ "$n" -lt "$repeat_target" ]; do
     s=$SECONDS
-    "$bld/tests/train_test" --gtest_filter='TrainGpu.*' || { echo "repeat: FAILED on run $((n + 1))"; return 1; }
+    "$bld/tests/train_test" --gtest_filter='TrainGpu.*' > "$log" 2>&1 || {
+      tail -20 "$log"
+      echo "repeat: FAILED on run $((n + 1))"
+      return 1
+    }
+    no_skips "$log" || return 1
     n=$((n + 1)) last=$((SECONDS - s))
     [ $((SECONDS - t0 + last + 2)) -gt "$cap" ] && break
   done
-  echo "repeat: TrainGpu.* passed $n times ($last s each)"
+  if [ "$n" -lt "$repeat_target" ]; then
+    echo "repeat: incomplete, TrainGpu.* passed $n of $repeat_target times ($last s each) before the cap"
+    return 3
+  fi
+  echo "repeat: ok, TrainGpu.* passed $n of $repeat_target times ($last s each)"
+}
+
+part_digests() {
+  ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_STEPS=3 "$root/scripts/digest-check.sh" "$zinf" "$config" "$swap" "${digest_model[@]}"
 }
 
 # Variants of the placements that must not change the digest: activation checkpoints in host memory,
 # the speculative Update (the config clips at 1.0, so its steps roll back and redo), pageable staging,
 # the micro batches' gradients summed on the device (the config's GA is 2), and pageable staging with
 # the parameters on NVMe (their reads land in pageable memory, then go up).
-state_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false;--set zero_optimization.offload_optimizer.device_grad_accumulation=true;--set zero_optimization.offload_optimizer.pin_memory=false --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path=\"${TMPDIR:-/tmp}/zinf-gpu-check-swap\""
-
-part_digests() {
-  local cap="$1"
-  ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_SECONDS=$((cap - 5)) ZINF_DIGEST_STEPS=3 \
-    "$root/scripts/digest-check.sh" "$zinf" "$config" "${TMPDIR:-/tmp}/zinf-gpu-check-swap" --set model.n_layer=12
-}
+state_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false;--set zero_optimization.offload_optimizer.device_grad_accumulation=true;--set zero_optimization.offload_optimizer.pin_memory=false --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path=\"$swap\""
 
 part_states() {  # one digest per optimizer-state format over its placements and variants
   local rc=0 mode variants
@@ -109,24 +190,25 @@ part_states() {  # one digest per optimizer-state format over its placements and
     variants="--set zero_optimization.offload_optimizer.speculative=true"
     [ "$mode" = fp32 ] && variants="$state_variants"
     ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_STEPS=2 ZINF_DIGEST_OVERLAPS=exact ZINF_DIGEST_VARIANTS="$variants" \
-      "$root/scripts/digest-check.sh" "$zinf" "$config" "${TMPDIR:-/tmp}/zinf-gpu-check-swap" --set model.n_layer=2 \
+      "$root/scripts/digest-check.sh" "$zinf" "$config" "$swap" "${states_model[@]}" \
       --set "zero_optimization.optimizer_states=\"$mode\"" || rc=1
   done
   [ "$rc" = 0 ] && echo "states: ok, one digest per state format (fp32, bf16, 8bit) over its placements and variants"
   return "$rc"
 }
 
-part_fast() {  # the config's bf16 model under device.kernels "reference" and "fast" on the GPU, and the twin
-  local rc=0 name dev kernels
+part_fast() {  # the config's bf16 model under device.kernels reference and fast on the GPU, and the twin
+  local rc=0 name dev kernels model=(--set model.n_layer=4)
+  [ "$executor" = 1 ] && model=("${small[@]}")
   for run in "cuda reference" "cuda fast" "cpu fast"; do
     read -r dev kernels <<< "$run"
     name="$dev-$kernels"
-    "$zinf" train --config "$config" --set model.n_layer=4 --set train.steps=3 --set device.type="$dev" \
+    "$zinf" train --config "$config" "${model[@]}" --set train.steps=3 --set device.type="$dev" \
       --set device.kernels="\"$kernels\"" --set bf16.enabled=true --set device.memory_budget=16GiB \
       --set "train.metrics_file=\"$raw/losses-$name.jsonl\"" || { echo "fast: $name FAILED"; rc=1; }
   done
   [ "$rc" = 0 ] || return 1
-  python3 - "$raw" <<'PY'
+  python3 - "$raw" << 'PY'
 import json, sys
 d = sys.argv[1]
 def losses(name):
@@ -145,51 +227,97 @@ sys.exit(0 if ok else 1)
 PY
 }
 
-# The GPU test binaries (every `LABEL gpu` test of tests/CMakeLists.txt but the PCIe benchmark) and
-# the tests of each that run at small shapes, as binary:filter pairs.
+# The GPU test binaries (every `LABEL gpu` test but the PCIe benchmark) and the tests of each that run
+# at small shapes, as binary:filter pairs.
 sanitize_tests_default="cuda_ops_test:CudaOps.EveryOpMatchesTheCpuReference cuda_rows_test:* flash_attention_test:*
   cuda_gemm_test:* cuda_scratch_test:* device_cuda_test:CudaDevice.*:CudaEngineKernels.*"
 
 part_sanitize() {  # memcheck | racecheck on the GPU tests' small shapes
-  local tool="$1" san rc=0 ran=0 bin filter
-  san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-  [ -x "$san" ] || { echo "$tool: FAILED, compute-sanitizer not found"; return 1; }
+  local tool="$1" rc=0 ran=0 bin filter log
+  [ -x "$sanitizer" ] || { echo "$tool: FAILED, compute-sanitizer not found"; return 1; }
   set -f  # the filters' `*` are gtest's, not the shell's
   # A binary named here that the build did not make fails the check: a renamed test must not drop
   # out of the sanitizer runs unnoticed.
   for pair in ${ZINF_SANITIZE_TESTS:-$sanitize_tests_default}; do
-    bin="$bld/tests/${pair%%:*}" filter="${pair#*:}"
+    bin="$bld/tests/${pair%%:*}" filter="${pair#*:}" log="$raw/$tool-${pair%%:*}.log"
     [ -x "$bin" ] || { echo "$tool: ${pair%%:*} FAILED, not built (no such gpu test?)"; rc=1; continue; }
     ran=$((ran + 1))
-    "$san" --tool "$tool" --error-exitcode 1 "$bin" --gtest_filter="$filter" || { echo "$tool: ${pair%%:*} FAILED"; rc=1; }
+    "$sanitizer" --tool "$tool" --error-exitcode 1 "$bin" --gtest_filter="$filter-*$no_gpu_tests*" > "$log" 2>&1 ||
+      { tail -20 "$log"; echo "$tool: ${pair%%:*} FAILED"; rc=1; continue; }
+    no_skips "$log" || rc=1
   done
   [ "$ran" -gt 0 ] || { echo "$tool: FAILED, no gpu test binary built"; return 1; }
-  [ "$rc" = 0 ] && echo "$tool: clean on $ran gpu test binaries"
+  [ "$rc" = 0 ] && echo "$tool: ok, clean on $ran gpu test binaries"
   return "$rc"
 }
 
 part_pcie() {
-  "$zinf" bench pcie --size 256M --reps 3 --json > "$raw/pcie.json" || return 1
-  cat "$raw/pcie.json"
+  local size=256M
+  [ "$executor" = 1 ] && size=4M
+  "$zinf" bench pcie --size "$size" --reps 3 --json > "$raw/pcie.json" || return 1
   python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
-print("pcie: h2d %.1f, d2h %.1f, both %.1f GB/s; nominal %.1f per direction (gen%d x%d)" % (r["h2d_gb_per_s"],
+print("pcie: ok, h2d %.1f, d2h %.1f, both %.1f GB/s; nominal %.1f per direction (gen%d x%d)" % (r["h2d_gb_per_s"],
       r["d2h_gb_per_s"], r["both_gb_per_s"], r["nominal_gb_per_s"], r["pcie_gen"], r["pcie_width"]))' "$raw/pcie.json"
 }
 
+# The small shapes of the side-by-side on the executor (compare-torch.sh's ZINF_COMPARE_SET).
+compare_small="--set model.n_layer=2 --set model.n_head=2 --set model.d_model=64 --set model.vocab_size=256
+  --set model.seq_len=32 --set train_micro_batch_size_per_gpu=2 --set device.memory_budget=2GiB"
+
+part_compare() {  # CASES: one call of compare-torch.sh, adding to raw/compare.jsonl; fails on a failed run
+  local before
+  if [ "$executor" != 1 ] && ! python3 -c 'import torch' 2> /dev/null; then
+    echo "compare: FAILED, PyTorch is not importable by $(command -v python3): the side by side needs it"
+    return 1
+  fi
+  before="$(wc -l < "$raw/compare.jsonl")"
+  local set_args=""
+  [ "$executor" = 1 ] && set_args="$compare_small"
+  local peer=""
+  [ "$executor" = 1 ] && peer=none  # the peer's shapes are the GPU's, not the executor's small ones
+  OUT="$raw" ZINF_BIN="$zinf" ZINF_COMPARE_APPEND=1 ZINF_COMPARE_STEPS=3 ZINF_COMPARE_PEER_STEPS=2 ZINF_COMPARE_PEER=$peer \
+    ZINF_COMPARE_SET="$set_args ${ZINF_COMPARE_SET:-}" ZINF_COMPARE_CASES="$1" "$root/scripts/compare-torch.sh" || return 1
+  if tail -n +"$((before + 1))" "$raw/compare.jsonl" | grep -q '"failed": true'; then
+    echo "compare $1: FAILED, a run failed (raw/compare-*.log)"
+    return 1
+  fi
+  echo "compare $1: ok, $(($(wc -l < "$raw/compare.jsonl") - before)) runs"
+}
+
+part_trace() {  # the offloaded case's timeline, as a file Perfetto opens and as a picture
+  local args=(--config "$root/configs/compare-b.json" --set gradient_accumulation_steps=4
+              --set zero_optimization.stage=2 --set zero_optimization.offload_optimizer.device=cpu
+              --set zero_optimization.offload_optimizer.device_grad_accumulation=true)
+  # shellcheck disable=SC2206  # the small shapes, as words
+  [ "$executor" = 1 ] && args+=($compare_small)
+  "$zinf" bench step "${args[@]}" --steps 3 --no-baseline --json --trace "$raw/trace.json" > "$raw/trace-step.json" ||
+    return 1
+  python3 "$root/scripts/trace-svg.py" "$raw/trace.json" "$raw/trace.svg" || return 1
+  python3 - "$raw/trace.json" << 'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+ev = [e for e in t["traceEvents"] if e.get("ph") == "X"]
+tracks = {(e["pid"], e["tid"]) for e in ev}
+print("trace: ok, %d spans on %d tracks (raw/trace.json, raw/trace.svg)" % (len(ev), len(tracks)))
+PY
+}
+
 part_offload() {  # the speculative Update and host activation checkpoints, each against the run without
-  "$zinf" bench step --config "$config" --set model.n_layer=12 --set gradient_clipping=1000 --steps 4 --json \
+  local model=(--set model.n_layer=12)
+  [ "$executor" = 1 ] && model=("${small[@]}")
+  "$zinf" bench step --config "$config" "${model[@]}" --set gradient_clipping=1000 --steps 4 --json \
     --set device.memory_budget=16GiB \
     --set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_param.device=none \
     --set zero_optimization.offload_optimizer.speculative=true --set activation_checkpointing.cpu_checkpointing=true \
     > "$raw/offload.json" || return 1
-  python3 - "$raw/offload.json" <<'PY'
+  python3 - "$raw/offload.json" << 'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 c = r["cpu_checkpointing"]
 digests = {r["params_digest"], r["unspeculated_params_digest"], c["on_device_params_digest"], r["no_offload_params_digest"]}
 ok = len(digests) == 1
 print("offload: %s, speculative overlap %.3f (without %.3f, %d rollbacks), busiest %s; checkpoints in host memory: "
-      "%.0f%% of the copies hidden, +%.1f ms a step, %.1f MiB of device memory saved; %s"
+      "%.0f%% of the copies hidden, %+.1f ms a step, %.1f MiB of device memory saved; %s"
       % ("ok" if ok else "FAILED", r["overlap_ratio"], r["unspeculated_overlap_ratio"], r["rollbacks"], r["busiest"],
          100 * c["hidden_fraction"], 1e3 * c["step_s_added"], c["device_bytes_saved"] / 2**20,
          "one digest" if ok else "digests differ: %s" % sorted(digests)))
@@ -197,30 +325,38 @@ sys.exit(0 if ok else 1)
 PY
 }
 
-part_compare() {  # CASES: one call of compare-torch.sh, adding to $raw/compare.jsonl; fails on a failed run
-  local before
-  before="$(wc -l < "$raw/compare.jsonl")"
-  OUT="$raw" ZINF_BIN="$zinf" ZINF_COMPARE_APPEND=1 ZINF_COMPARE_STEPS=3 ZINF_COMPARE_PEER_STEPS=2 \
-    ZINF_COMPARE_CASES="$1" "$root/scripts/compare-torch.sh" || return 1
-  ! tail -n +"$((before + 1))" "$raw/compare.jsonl" | grep -q '"failed": true'
-}
-
 if [ "${1:-}" = --part ]; then
   p="$2"
-  shift 2
+  raw="$3"
+  shift 3
   case "$p" in
-    build | tests | fast | pcie | states | offload) "part_$p" ;;
-    repeat | digests) "part_$p" "$1" ;;
+    build | gpu | tests | digests | states | fast | pcie | trace | offload) "part_$p" ;;
+    repeat) part_repeat "$1" ;;
     memcheck | racecheck) part_sanitize "$p" ;;
-    compare) part_compare "$1" ;;
+    compare-a) part_compare "a" ;;
+    compare-b) part_compare "b" ;;
+    compare-ga4) part_compare "b-ga4 b-ga4-opt" ;;
+    compare-off) part_compare "b-ga4-all" ;;
     *) echo "gpu-check: no part $p" >&2; exit 2 ;;
   esac
   exit $?
 fi
 
-# ---- the run ------------------------------------------------------------------------------------
-total="${ZINF_GPU_CHECK_SECONDS:-595}"
-parts=" ${ZINF_GPU_CHECK_PARTS:-build tests repeat digests states fast memcheck racecheck pcie compare-a compare-b compare-ga4 compare-off offload} "
+# ---- the stage -------------------------------------------------------------------------------------
+stage="${1:-}"
+case "$stage" in
+  correctness) plan="build:180 gpu:10 tests:80 repeat:40 digests:45 states:40 fast:20 memcheck:30 racecheck:30"
+               default_budget=420 ;;
+  speed) plan="build:90 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:20 offload:20"
+         default_budget=300 ;;
+  *) echo "usage: scripts/gpu-check.sh correctness|speed   (or --targets, --cases; see the header)" >&2; exit 2 ;;
+esac
+budget="${ZINF_GPU_CHECK_SECONDS:-$default_budget}"
+grace=5    # SIGTERM this long before a section's cap, SIGKILL at the cap
+reserve=3  # kept for the last results file
+out_dir="${OUT:-$root/gpu-check-out/$stage}"
+raw="$out_dir/raw"
+parts=" ${ZINF_GPU_CHECK_PARTS:-$(sed 's/:[0-9]*//g' <<< "$plan")} "
 start=$SECONDS
 mkdir -p "$raw"
 log_file="$out_dir/gpu-check.log"
@@ -228,93 +364,20 @@ sections="$raw/sections.tsv"
 : > "$log_file"
 : > "$sections"
 : > "$raw/compare.jsonl"
+stopped=""
+# The commit the results speak for (the GPU machine's copy of the tree has no .git: pass it in).
+commit="${ZINF_GPU_CHECK_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2> /dev/null || echo unknown)}"
 log() { echo "$*" | tee -a "$log_file"; }
-# section NAME CAP COMMAND...: runs it under `timeout` (the cap, or what is left of the whole check),
-# its output into raw/NAME.log and the log; records status, seconds, cap and its last line.
-section() {
-  local name="$1" cap="$2" left status rc t0 detail
-  shift 2
-  [[ "$parts" == *" $name "* ]] || return 0
-  left=$((total - 5 - (SECONDS - start)))  # 5 s for the summary
-  if [ "$left" -lt 5 ]; then
-    log "== $name: skipped, the check's $total s are used up"
-    printf '%s\tskipped\t0\t%s\tno time left in the %s s of the whole check\n' "$name" "$cap" "$total" >> "$sections"
-    return 0
-  fi
-  [ "$cap" -gt "$left" ] && cap=$left
-  log "== $name (cap $cap s): $*"
-  t0=$SECONDS
-  timeout --kill-after=5 "$cap" "$@" > "$raw/$name.log" 2>&1
-  rc=$?
-  cat "$raw/$name.log" >> "$log_file"
-  case "$rc" in
-    0) status=ok ;;
-    124 | 137) status=TIMEOUT ;;
-    *) status=FAILED ;;
-  esac
-  detail="$(grep -v '^[[:space:]]*$' "$raw/$name.log" | tail -1 | tr '\t' ' ' | cut -c1-300)"
-  log "== $name: $status ($((SECONDS - t0)) s) $detail"
-  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - t0))" "$cap" "$detail" >> "$sections"
-}
 
-# setup: dependencies, NCCL (optional: without it the CUDA device builds and runs one rank)
-debs="${ZINF_DEBS:-$root/.debs}"
-if "$root/scripts/install-deps.sh" --check >> "$log_file" 2>&1; then
-  log "== deps: Debian packages installed"
-elif ls "$debs"/*.deb > /dev/null 2>&1; then
-  if env_lines="$("$root/scripts/use-debs.sh" "$debs" "$root/.deps-root" 2>> "$log_file")"; then
-    eval "$env_lines"
-    log "== deps: unpacked the packages of $debs into $root/.deps-root"
-  else
-    log "== deps: FAILED to unpack $debs"
-  fi
-else
-  log "== deps: installing (scripts/install-deps.sh)"
-  "$root/scripts/install-deps.sh" >> "$log_file" 2>&1 || log "== deps: FAILED"
-fi
-nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
-cuda_root="$(dirname "$(dirname "$nvcc_bin")")"
-export ZINF_GPU_CMAKE_EXTRA=""
-if ! compgen -G "$cuda_root/lib64/libnccl.so*" > /dev/null && ! compgen -G "/usr/lib/x86_64-linux-gnu/libnccl.so*" > /dev/null; then
-  nccl_dir="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null || true)"
-  nccl_lib="$(compgen -G "$nccl_dir/lib/libnccl.so*" | head -1)"
-  if [ -n "$nccl_dir" ] && [ -n "$nccl_lib" ] && [ -f "$nccl_dir/include/nccl.h" ]; then
-    ZINF_GPU_CMAKE_EXTRA="-DZINF_NCCL_LIBRARY=$nccl_lib -DZINF_NCCL_INCLUDE=$nccl_dir/include"
-    export LD_LIBRARY_PATH="$nccl_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    log "== nccl: $nccl_lib (Python wheel)"
-  else
-    log "== nccl: none found; the CUDA device builds without it (one rank per machine)"
-  fi
-fi
-nvidia-smi >> "$log_file" 2>&1 || log "== nvidia-smi: FAILED"
-log "== setup: $((SECONDS - start)) s"
-
-section build 130 "$self" --part build
-section tests 40 "$self" --part tests
-section repeat 20 "$self" --part repeat 20
-section digests 70 "$self" --part digests 70
-section states 55 "$self" --part states
-section fast 40 "$self" --part fast
-section memcheck 25 "$self" --part memcheck
-section racecheck 25 "$self" --part racecheck
-section pcie 5 "$self" --part pcie
-section compare-a 30 "$self" --part compare "a"
-section compare-b 40 "$self" --part compare "b"
-section compare-ga4 40 "$self" --part compare "b-ga4 b-ga4-opt"
-section compare-off 45 "$self" --part compare "b-ga4-all"
-section offload 15 "$self" --part offload
-# The comparison's table over every case that ran.
-OUT="$raw" ZINF_BIN="$zinf" ZINF_COMPARE_APPEND=1 ZINF_COMPARE_CASES=none "$root/scripts/compare-torch.sh" \
-  > /dev/null 2>> "$log_file"
-
-# ---- summary: results.json and results.md -------------------------------------------------------
-python3 - "$raw" "$out_dir" "$total" "$((SECONDS - start))" <<'PY'
-import json, os, sys
-raw, out, total, wall = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+# results.json and results.md from what has run so far; "complete" only at the end.
+write_results() {
+  python3 - "$raw" "$out_dir" "$stage" "$budget" "$((SECONDS - start))" "$1" "$executor" "$stopped" \
+    "$commit" << 'PY' 2>> "$log_file"
+import json, os, sys, time
+raw, out, stage, budget, wall, complete, executor, stopped, commit = sys.argv[1:10]
 def load(name):
-    p = os.path.join(raw, name)
     try:
-        return json.load(open(p))
+        return json.load(open(os.path.join(raw, name)))
     except (OSError, ValueError):
         return None
 sections = []
@@ -322,20 +385,169 @@ for line in open(os.path.join(raw, "sections.tsv")):
     name, status, secs, cap, detail = (line.rstrip("\n").split("\t") + [""] * 5)[:5]
     sections.append({"name": name, "status": status, "seconds": int(secs), "cap_s": int(cap), "detail": detail})
 compare = [json.loads(l) for l in open(os.path.join(raw, "compare.jsonl")) if l.strip()]
-results = {"ok": all(s["status"] == "ok" for s in sections), "wall_s": wall, "budget_s": total,
+info = load("info.json") or {}
+gpus = [g.get("name", "") for g in info.get("gpus", [])]
+complete = complete == "final"
+ok = complete and not stopped and bool(sections) and all(s["status"] == "ok" for s in sections)
+# The speed targets, from the side-by-side rows (judged on a GPU only: the executor's times mean nothing).
+def step(case, side):
+    r = next((c.get("result") for c in compare if c["case"] == case and c["side"] == side and not c.get("failed")), None)
+    return r["step_s"] if r else None
+targets = []
+for name, num, den, limit in [("a: zinf / PyTorch", ("a", "zinf"), ("a", "torch"), 1.0),
+                              ("b: zinf / PyTorch", ("b", "zinf"), ("b", "torch"), 1.0),
+                              ("b at GA 4, optimizer offloaded / resident", ("b-ga4-opt", "zinf"), ("b-ga4", "zinf"), 1.10),
+                              ("b at GA 4, all offloaded / PyTorch FSDP CPU offload", ("b-ga4-all", "zinf"),
+                               ("b-ga4-all", "torch"), 0.5)]:
+    n, d = step(*num), step(*den)
+    if n is None or d is None:
+        continue
+    t = {"name": name, "ratio": n / d, "at_most": limit}
+    if executor != "1":
+        t["met"] = n / d <= limit
+    targets.append(t)
+results = {"stage": stage, "ok": ok, "complete": complete, "stopped": stopped or None,
+           "mode": "executor" if executor == "1" else "gpu", "commit": commit,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpus": gpus,
+           "command": "scripts/gpu-check.sh " + stage, "wall_s": int(wall), "budget_s": int(budget),
            "sections": sections, "fast": load("fast.json"), "pcie": load("pcie.json"), "offload": load("offload.json"),
-           "compare": compare}
-json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1)
-with open(os.path.join(out, "results.md"), "w") as md:
-    md.write(f"GPU check: {'ok' if results['ok'] else 'FAILED'}, {wall} s of {total} s\n\n")
+           "compare": compare, "targets": targets}
+tmp = os.path.join(out, "results.json.tmp")
+json.dump(results, open(tmp, "w"), indent=1)
+os.replace(tmp, os.path.join(out, "results.json"))
+verdict = "ok" if ok else ("running" if not complete else "FAILED")
+with open(os.path.join(out, "results.md.tmp"), "w") as md:
+    md.write(f"GPU check, {stage} stage ({results['mode']}): {verdict}, {wall} s of {budget} s; commit {commit}, "
+             f"{', '.join(gpus) or 'no GPU'}, {results['date']}\n\n")
+    if stopped:
+        md.write(f"Stopped: {stopped}\n\n")
     md.write("| section | status | s | cap s | result |\n|---|---|---|---|---|\n")
     for s in sections:
         md.write(f"| {s['name']} | {s['status']} | {s['seconds']} | {s['cap_s']} | {s['detail'].replace('|', '/')} |\n")
+    if targets:
+        md.write("\n| target | ratio | at most | met |\n|---|---|---|---|\n")
+        for t in targets:
+            met = "not judged (executor)" if "met" not in t else ("yes" if t["met"] else "NO")
+            md.write(f"| {t['name']} | {t['ratio']:.3f} | {t['at_most']} | {met} |\n")
     table = os.path.join(raw, "compare.md")
     if compare and os.path.exists(table):
         md.write("\n" + open(table).read())
-print(open(os.path.join(out, "results.md")).read())
+os.replace(os.path.join(out, "results.md.tmp"), os.path.join(out, "results.md"))
 PY
+}
+
+record() {  # name status seconds cap detail
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >> "$sections"
+  write_results running
+}
+
+reap() {  # kills every process whose environment carries section token $1; says how many
+  local p n=0
+  for p in /proc/[0-9]*; do
+    if grep -qsxz "ZINF_GPU_CHECK_TOKEN=$1" "$p/environ" && kill -KILL "${p#/proc/}" 2> /dev/null; then n=$((n + 1)); fi
+  done
+  [ "$n" = 0 ] || echo "(killed $n processes the section left behind)"
+}
+
+# section NAME CAP: runs `gpu-check.sh --part NAME` inside the cap (or what is left of the budget).
+section() {
+  local name="$1" cap="$2" left status rc t0 detail arg="" token left_behind
+  [[ "$parts" == *" $name "* ]] || return 0
+  left=$((budget - reserve - (SECONDS - start)))
+  if [ "$left" -lt $((grace + 5)) ]; then
+    log "== $name: not run, the stage's $budget s are used up"
+    record "$name" "not run" 0 "$cap" "no time left of the stage's $budget s"
+    return 0
+  fi
+  [ "$cap" -gt "$left" ] && cap=$left
+  [ "$name" = repeat ] && arg=$((cap - grace))
+  log "== $name (cap $cap s)"
+  t0=$SECONDS
+  # timeout signals the part's process group; ctest starts each test in a group of its own, so what
+  # is left of the section afterwards is found by a token in its environment and killed too.
+  token="$$-$name-$RANDOM"
+  ZINF_GPU_CHECK_TOKEN="$token" timeout --signal=TERM --kill-after="$grace" "$((cap - grace))" \
+    "$self" --part "$name" "$raw" $arg > "$raw/$name.log" 2>&1
+  rc=$?
+  left_behind="$(reap "$token")"
+  cat "$raw/$name.log" >> "$log_file"
+  case "$rc" in
+    0) status=ok ;;
+    3) status=incomplete ;;
+    124 | 137) status=TIMEOUT ;;
+    *) status=FAILED ;;
+  esac
+  detail="$(grep -v '^[[:space:]]*$' "$raw/$name.log" | tail -1 | tr '\t' ' ' | cut -c1-300)"
+  [ "$status" = TIMEOUT ] && detail="stopped at its cap of $cap s; last line: $detail"
+  [ -n "$left_behind" ] && detail="$detail $left_behind"
+  log "== $name: $status ($((SECONDS - t0)) s) $detail"
+  record "$name" "$status" "$((SECONDS - t0))" "$cap" "$detail"
+  [ "$status" = ok ] || return 1
+}
+
+write_results running
+log "== gpu-check $stage: budget $budget s, $([ "$executor" = 1 ] && echo "on the CPU executor ($bld)" || echo "$bld")"
+
+# setup: the Debian packages the build needs (not those only the tests and fuzzers need), NCCL
+# (optional: without it the CUDA device builds and runs one rank).
+if [[ "$parts" == *" build "* ]]; then
+  debs="${ZINF_DEBS:-$root/.debs}"
+  if "$root/scripts/install-deps.sh" --check build >> "$log_file" 2>&1; then
+    log "== deps: the packages the build needs are installed"
+  elif ls "$debs"/*.deb > /dev/null 2>&1; then
+    if env_lines="$("$root/scripts/use-debs.sh" "$debs" "$root/.deps-root" 2>> "$log_file")"; then
+      eval "$env_lines"
+      log "== deps: unpacked the packages of $debs into $root/.deps-root"
+    else
+      log "== deps: FAILED to unpack $debs"
+    fi
+  else
+    log "== deps: installing the build's packages (scripts/install-deps.sh build, at most 120 s)"
+    timeout -k 5 120 "$root/scripts/install-deps.sh" build >> "$log_file" 2>&1 || log "== deps: FAILED (see gpu-check.log)"
+  fi
+  export ZINF_GPU_CMAKE_EXTRA=""
+  if [ "$executor" != 1 ]; then
+    nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+    cuda_root="$(dirname "$(dirname "$nvcc_bin")")"
+    if ! compgen -G "$cuda_root/lib64/libnccl.so*" > /dev/null && ! compgen -G "/usr/lib/x86_64-linux-gnu/libnccl.so*" > /dev/null; then
+      nccl_dir="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null || true)"
+      nccl_lib="$(compgen -G "$nccl_dir/lib/libnccl.so*" | head -1)"
+      if [ -n "$nccl_dir" ] && [ -n "$nccl_lib" ] && [ -f "$nccl_dir/include/nccl.h" ]; then
+        ZINF_GPU_CMAKE_EXTRA="-DZINF_NCCL_LIBRARY=$nccl_lib -DZINF_NCCL_INCLUDE=$nccl_dir/include"
+        log "== nccl: $nccl_lib (Python wheel)"
+      else
+        log "== nccl: none found; the CUDA device builds without it (one rank per machine)"
+      fi
+    fi
+  fi
+fi
+if [ "$executor" != 1 ]; then
+  nccl_dir="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null || true)"
+  [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  nvidia-smi >> "$log_file" 2>&1 || log "== nvidia-smi: not found or failed"
+fi
+log "== setup: $((SECONDS - start)) s"
+
+for item in $plan; do
+  name="${item%%:*}"
+  section "$name" "${item##*:}"
+  rc=$?
+  if [ "$name" = build ] && [ "$rc" != 0 ] && [[ "$parts" == *" build "* ]]; then
+    stopped="the build failed: nothing to run (raw/build.log)"
+  elif [ "$name" = gpu ] && [ "$rc" != 0 ]; then
+    stopped="$(tail -1 "$raw/gpu.log" | sed 's/^gpu: FAILED, //'): no GPU, no verdict on the CUDA path"
+  fi
+  if [ -n "$stopped" ]; then
+    echo "gpu-check: $stage stopped: $stopped" | tee -a "$log_file" >&2
+    break
+  fi
+done
+if [ "$stage" = speed ] && [ -z "$stopped" ]; then  # the side-by-side table over every case that ran
+  OUT="$raw" ZINF_BIN="$zinf" ZINF_COMPARE_APPEND=1 ZINF_COMPARE_CASES=none "$root/scripts/compare-torch.sh" \
+    > /dev/null 2>> "$log_file"
+fi
+rm -rf "$swap"
+write_results final
+cat "$out_dir/results.md"
 log "== done in $((SECONDS - start)) s; results in $out_dir/results.json and results.md"
-grep -q -v -P '\tok\t' "$sections" && exit 1
-exit 0
+python3 -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$out_dir/results.json"

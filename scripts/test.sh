@@ -5,7 +5,8 @@
 # then build the `async` tests (the ordering contract on the asynchronous, jittered CPU device) with
 # ThreadSanitizer and run them, with the CUDA kernels' tests on the CPU executor; then build the CUDA
 # device on the CPU executor (tests/cuda_executor), run every GPU test there under two thread orders,
-# none skipped, and train end to end on it (scripts/executor-e2e.sh); last, build the parsers'
+# none skipped, train end to end on it (scripts/executor-e2e.sh) and run both stages of the GPU check
+# on it (scripts/gpu-check.sh, small shapes); last, build the parsers'
 # libFuzzer targets with clang and run each briefly (scripts/fuzz.sh).
 # ZINF_SKIP_SANITIZE=1 skips both sanitizer passes, ZINF_SKIP_TSAN=1 the last one, ZINF_SKIP_FUZZ=1
 # the fuzzing, ZINF_SKIP_EXECUTOR=1 the executor pass.
@@ -46,12 +47,11 @@ if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
   echo "== the CUDA path on the CPU executor: every GPU test under the fifo and lifo thread orders"
   # The CUDA device's own sources built as C++ on the executor (tests/cuda_executor), with the tests
   # that hold GPU cases; none of them may skip, except the ones about a machine without a GPU.
-  exe_targets="executor_test cublas_fake_test nccl_fake_test device_cuda_test cuda_ops_test flash_attention_test
-               cuda_rows_test cuda_scratch_test cuda_gemm_test pcie_test fast_ops_twin_test ops_table_test generate_test
-               train_test zinf"
+  # The GPU check's own lists: the targets its stages build, the GPU cases in binaries not labelled gpu.
+  exe_targets="executor_test cublas_fake_test nccl_fake_test $("$root/scripts/gpu-check.sh" --targets)"
   ZINF_BUILD_TARGETS="$exe_targets" "$root/scripts/build.sh" "$root/build-executor" -DZINF_CUDA_EXECUTOR=ON \
     -DZINF_BUILD_BENCH=OFF
-  gpu_cases='^(TrainGpu\.|FastOpsTwin\.EveryOpOnTheGpu|OpsTable\.Cuda|Generate\.Cuda)'
+  gpu_cases="$("$root/scripts/gpu-check.sh" --cases)"
   for order in fifo lifo; do  # a failed test ends the script (pipefail); a skipped one is checked below
     log="$root/build-executor/ctest-$order.log"
     ZINF_CUDAX_ORDER=$order ctest --test-dir "$root/build-executor" --output-on-failure -j "$(nproc)" -L 'gpu|executor' \
@@ -62,6 +62,11 @@ if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
     if [ -n "$skipped" ]; then echo "test.sh: GPU tests skipped on the executor ($order):" >&2; echo "$skipped" >&2; exit 1; fi
   done
   "$root/scripts/executor-e2e.sh" "$root/build-executor/src/zinf"
+  echo "== the GPU check's two stages on the executor (small shapes, no timing verdicts): its sections, caps and results files"
+  for stage in correctness speed; do
+    ZINF_GPU_CHECK_EXECUTOR=1 ZINF_GPU_BUILD="$root/build-executor" ZINF_GPU_CHECK_SECONDS=900 \
+      OUT="$root/build-executor/gpu-check/$stage" "$root/scripts/gpu-check.sh" "$stage"
+  done
 fi
 if [ "${ZINF_SKIP_FUZZ:-0}" != "1" ]; then
   echo "== fuzzing (libFuzzer, address,undefined): each parser from its seed corpus for ${ZINF_FUZZ_SECONDS:-15}s"

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -117,6 +118,17 @@ bool is_hf_folder(const std::string& path) {
 }
 
 namespace {
+// config.json's integer `key`: a positive integer no larger than `hi` (one of shape_limits), or a
+// ConfigError naming the file and the key — checked before anything is sized from it.
+int positive_int(const json& c, const std::string& src, const char* key, std::int64_t hi) {
+  const json& v = c[key];
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) ||
+      v.get<std::int64_t>() <= 0 || v.get<std::int64_t>() > hi)
+    throw ConfigError(src + ": " + key + ": expected a positive integer of at most " + std::to_string(hi) + ", got " +
+                      v.dump());
+  return static_cast<int>(v.get<std::int64_t>());
+}
+
 // GPT2Config's keys. zinf's GPT-2 is the original one: MLP width 4·n_embd, the tanh GELU, LayerNorm
 // eps 1e-5, attention scaled by 1/sqrt(head width) and nothing else, the LM head tied to wte.
 ModelShape gpt2_shape_of(const json& c, const std::string& src, int seq_len) {
@@ -124,11 +136,9 @@ ModelShape gpt2_shape_of(const json& c, const std::string& src, int seq_len) {
     return ConfigError(src + ": " + key + ": " + why);
   };
   auto has = [&](const char* key) { return c.contains(key) && !c[key].is_null(); };
-  auto get_int = [&](const char* key) -> int {
+  auto get_int = [&](const char* key, std::int64_t hi) -> int {
     if (!has(key)) throw fail(key, "missing");
-    if (!c[key].is_number_integer() || c[key].get<std::int64_t>() <= 0 || c[key].get<std::int64_t>() > (1 << 30))
-      throw fail(key, "expected a positive integer, got " + c[key].dump());
-    return c[key].get<int>();
+    return positive_int(c, src, key, hi);
   };
   auto get_bool = [&](const char* key, bool def) {
     if (!has(key)) return def;
@@ -137,12 +147,12 @@ ModelShape gpt2_shape_of(const json& c, const std::string& src, int seq_len) {
   };
   ModelShape s;
   s.family = ModelFamily::gpt2;
-  s.d_model = get_int("n_embd");
-  s.n_layer = get_int("n_layer");
-  s.n_head = get_int("n_head");
-  s.vocab_size = get_int("vocab_size");
+  s.d_model = get_int("n_embd", shape_limits::width);
+  s.n_layer = get_int("n_layer", shape_limits::layers);
+  s.n_head = get_int("n_head", shape_limits::heads);
+  s.vocab_size = get_int("vocab_size", shape_limits::vocab);
   // n_ctx is the older name of n_positions; transformers reads n_positions.
-  const int positions = get_int(has("n_positions") || !has("n_ctx") ? "n_positions" : "n_ctx");
+  const int positions = get_int(has("n_positions") || !has("n_ctx") ? "n_positions" : "n_ctx", shape_limits::positions);
   if (s.d_model % s.n_head != 0) throw fail("n_embd", "not a multiple of n_head");
   if (has("n_inner") && c["n_inner"] != json(4 * std::int64_t{s.d_model}))
     throw fail("n_inner", c["n_inner"].dump() + " is not 4 * n_embd (" + std::to_string(4 * std::int64_t{s.d_model}) +
@@ -178,14 +188,12 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
   auto fail = [&](const std::string& key, const std::string& why) -> ConfigError {
     return ConfigError(src + ": " + key + ": " + why);
   };
-  auto get_int = [&](const char* key, std::optional<std::int64_t> def = std::nullopt) -> int {
+  auto get_int = [&](const char* key, std::int64_t hi, std::optional<std::int64_t> def = std::nullopt) -> int {
     if (!c.contains(key) || c[key].is_null()) {
       if (def) return static_cast<int>(*def);
       throw fail(key, "missing");
     }
-    if (!c[key].is_number_integer() || c[key].get<std::int64_t>() <= 0 || c[key].get<std::int64_t>() > (1 << 30))
-      throw fail(key, "expected a positive integer, got " + c[key].dump());
-    return c[key].get<int>();
+    return positive_int(c, src, key, hi);
   };
   // A positive finite number: every real number in config.json (eps, theta, the scaling factors) is one.
   auto positive = [&](const json& o, const std::string& key, double def, const std::string& prefix = "") {
@@ -210,13 +218,15 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
                "'" + type + "' is not a family zinf trains (gpt2, or the llama family: llama, mistral, qwen2)");
   ModelShape s;
   s.family = ModelFamily::llama;
-  s.d_model = get_int("hidden_size");
-  s.d_ff = get_int("intermediate_size");
-  s.n_head = get_int("num_attention_heads");
-  s.n_kv_head = get_int("num_key_value_heads", s.n_head);
-  s.n_layer = get_int("num_hidden_layers");
-  s.vocab_size = get_int("vocab_size");
-  s.max_positions = get_int("max_position_embeddings", 2048);
+  s.d_model = get_int("hidden_size", shape_limits::width);
+  s.d_ff = get_int("intermediate_size", shape_limits::ff_width);
+  s.n_head = get_int("num_attention_heads", shape_limits::heads);
+  s.n_kv_head = get_int("num_key_value_heads", shape_limits::heads, s.n_head);
+  s.n_layer = get_int("num_hidden_layers", shape_limits::layers);
+  s.vocab_size = get_int("vocab_size", shape_limits::vocab);
+  // Positions the model was trained for may exceed what zinf trains at once; only the sequence it
+  // is asked to run at is held to shape_limits::positions (model.seq_len).
+  s.max_positions = get_int("max_position_embeddings", std::numeric_limits<int>::max(), 2048);
   s.norm_eps = get_num("rms_norm_eps", 1e-6);
   if (s.norm_eps >= 1)
     throw fail("rms_norm_eps", "expected a small positive number (e.g. 1e-5), got " + c["rms_norm_eps"].dump());

@@ -34,6 +34,15 @@ struct ModelShape {
   int head_dim() const { return d_model / n_head; }
 };
 
+// The largest shape zinf accepts from any source — a config, a Hugging Face config.json, a
+// checkpoint — checked before anything is sized from it. Each is far beyond any published model and
+// small enough that the sizes computed from them (parameters, activations, rows × width) fit 64-bit
+// arithmetic. docs/config.md lists them.
+namespace shape_limits {
+constexpr std::int64_t layers = 4096, heads = 4096, width = 1 << 20, vocab = 1 << 24, positions = 1 << 20,
+                       ff_width = 1 << 22;
+}
+
 struct ModelPreset {
   std::string name;
   ModelShape shape;

@@ -590,6 +590,30 @@ TEST(Config, DeviceMemoryBudgetTakesUnits) {
   EXPECT_NE(e.find("device.memory_budget: '8 parsecs' has an unknown unit"), std::string::npos) << e;
 }
 
+TEST(Config, AZeroBudgetIsRefusedNotReadAsAuto) {
+  for (const char* v : {"0", "\"0\"", "\"0GiB\""}) {
+    const std::string e = error_of(std::string(R"({"train_batch_size": 8, "device": {"memory_budget": )") + v + "}}");
+    EXPECT_NE(e.find("device.memory_budget: expected a size above 0 or \"auto\""), std::string::npos) << v << ": " << e;
+  }
+}
+
+// A batch number past its limit is refused as it is read, before any product is formed from it: no
+// silent wrap to a small int, no allocation sized by it.
+TEST(Config, BatchNumbersAreBoundedBeforeAnythingIsSizedFromThem) {
+  expect_error(R"({"train_micro_batch_size_per_gpu": 4294967297})",
+               "train_micro_batch_size_per_gpu: 4294967297 is above the largest micro batch zinf takes, 65536");
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2147483648})",
+               "gradient_accumulation_steps: 2147483648 is above the most micro batches a step takes, 65536");
+  expect_error(R"({"train_batch_size": 18446744073709551615})", "train_batch_size:");
+  expect_error(R"({"train_batch_size": 4294967296, "gradient_accumulation_steps": 1})",
+               "train_micro_batch_size_per_gpu: train_batch_size / (gradient_accumulation_steps × world size) = "
+               "4294967296 is above the largest micro batch zinf takes");
+  expect_error(R"({"train_micro_batch_size_per_gpu": 4096, "model": {"seq_len": 1048576}})",
+               "micro batch 4096 × model.seq_len 1048576 rows is above 2^31 - 1");
+  EXPECT_EQ(ok(R"({"train_micro_batch_size_per_gpu": 65536, "gradient_accumulation_steps": 65536})").train_batch_size,
+            std::int64_t{1} << 32);
+}
+
 TEST(Config, DeviceAsyncModeAndJitter) {
   const Config d = ok(R"({"train_batch_size": 8})");
   EXPECT_FALSE(d.device.async);

@@ -161,7 +161,17 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
     c["model_type"] = "llama", c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}};
   });
   EXPECT_NE(error().find("config.json: rope_scaling: type 'yarn' is not supported"), std::string::npos) << error();
-  patch([](nlohmann::json& c) { c["rope_scaling"] = nullptr, c["num_hidden_layers"] = 3; });  // the files hold 2 layers
+  // Numbers past the shape limits are refused from config.json itself, before anything is sized.
+  patch([](nlohmann::json& c) { c["rope_scaling"] = nullptr, c["num_hidden_layers"] = 1000000000; });
+  EXPECT_NE(error().find("config.json: num_hidden_layers: expected a positive integer of at most 4096, got 1000000000"),
+            std::string::npos)
+      << error();
+  patch([](nlohmann::json& c) { c["num_hidden_layers"] = 2, c["vocab_size"] = 18446744073709551615ull; });
+  EXPECT_NE(error().find("config.json: vocab_size: expected a positive integer of at most 16777216"), std::string::npos)
+      << error();
+  patch([&](nlohmann::json& c) { c["vocab_size"] = s.vocab_size, c["hidden_size"] = -8; });
+  EXPECT_NE(error().find("config.json: hidden_size: expected a positive integer"), std::string::npos) << error();
+  patch([&](nlohmann::json& c) { c["hidden_size"] = s.d_model, c["num_hidden_layers"] = 3; });  // the files hold 2 layers
   try {
     HfModelReader(t / "m").check(hf_shape(t / "m", 16));
     FAIL();

@@ -677,7 +677,9 @@ Command add_bench_tokenize(CLI::App& bench) {
       ->required()
       ->check(CLI::ExistingPath);
   sub->add_option("--input", args->inputs, "Text files")->required()->check(CLI::ExistingFile);
-  sub->add_option("--threads", args->threads, "Threads of the parallel encode (0 = all cores)")->capture_default_str();
+  sub->add_option("--threads", args->threads, "Threads of the parallel encode (0 = all cores)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
   sub->add_option("--reps", args->reps, "Repetitions; the best is reported")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
@@ -689,7 +691,7 @@ Command add_bench_adam(CLI::App& bench) {
   auto [sub, args] = add_subcommand<AdamArgs>(bench, "adam", kBenchAdamAbout);
   sub->add_option("--params", args->params, "Parameters to update, e.g. 64M, 256M (K/M/G = 10^3/10^6/10^9)")
       ->capture_default_str();
-  sub->add_option("--threads", args->threads, "Host threads (0 = physical cores)")->capture_default_str();
+  sub->add_option("--threads", args->threads, "Host threads (0 = physical cores)")->check(CLI::Range(0, 4096))->capture_default_str();
   sub->add_option("--reps", args->reps, "Repetitions; the best is reported")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
@@ -706,7 +708,10 @@ Command add_bench_nvme(CLI::App& bench) {
   sub->add_option("--cell", args->cell, "Bytes moved per sweep cell")->capture_default_str();
   sub->add_option("--blocks", args->blocks, "Request sizes")->delimiter(',')->capture_default_str();
   sub->add_option("--depths", args->depths, "Queue depths per thread")->delimiter(',')->capture_default_str();
-  sub->add_option("--threads", args->threads, "I/O thread counts (rings)")->delimiter(',')->capture_default_str();
+  sub->add_option("--threads", args->threads, "I/O thread counts (rings)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   sub->add_option("--swap-item", args->swap_item, "Sub-group size in swap mode")->capture_default_str();
   sub->add_option("--engine", args->engine, "auto, uring or posix")
       ->check(CLI::IsMember({"auto", "uring", "posix"}))

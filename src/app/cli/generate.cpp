@@ -285,11 +285,14 @@ Command add_generate(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--seed", args->seed, "The sampler's seed")->capture_default_str();
   sub->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
-  sub->add_option("--threads", args->threads, "CPU threads of the ops (0: every core)")->capture_default_str();
+  sub->add_option("--threads", args->threads, "CPU threads of the ops (0: every core)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
   sub->add_option("--tokenizer", args->tokenizer,
                   "A tokenizer.json, tokenizer.model or a folder (default: the model folder's, else bytes)")
       ->type_name("PATH");
-  sub->add_option("--n-head", args->n_head, "GPT-2 safetensors: attention heads (default d_model / 64)");
+  sub->add_option("--n-head", args->n_head, "GPT-2 safetensors: attention heads (default d_model / 64)")
+      ->check(CLI::Range(std::int64_t{1}, shape_limits::heads));
   sub->add_option("--chat", args->chat,
                   "Render the prompt as a user turn with a chat template (auto, llama3, chatml, none; auto reads the "
                   "model folder as data.chat_template does) and answer as the assistant")

@@ -225,6 +225,8 @@ class Section {
     return r;
   }
 
+  // allow_auto_zero: "auto" reads as 0 (the caller sizes it), and a size of 0 written out is refused —
+  // it would mean no budget at all, not "auto".
   std::uint64_t get_bytes(std::string_view key, std::uint64_t def, bool allow_auto_zero) {
     std::uint64_t r = def;
     if (const json* v = raw(key)) {
@@ -233,9 +235,12 @@ class Section {
         r = allow_auto_zero ? 0 : def;
       } else if (v->is_string()) {
         r = parse_bytes(v->get<std::string>(), join(key));
+        if (r == 0 && allow_auto_zero) fail(key, "expected a size above 0 or \"auto\", got " + show(*v));
       } else if (v->is_number() && !v->is_boolean()) {
         std::int64_t n = as_int(key, *v);
-        if (n < 0) fail(key, "expected a size >= 0, got " + show(*v));
+        if (n < 0 || (n == 0 && allow_auto_zero))
+          fail(key, std::string("expected a size ") + (allow_auto_zero ? "above 0 or \"auto\"" : ">= 0") + ", got " +
+                        show(*v));
         r = static_cast<std::uint64_t>(n);
       } else {
         fail(key, "expected a size such as \"8GiB\" or a number of bytes, got " + show(*v));
@@ -341,11 +346,11 @@ void read_model(Section s, ModelConfig& m) {
   for (const auto& p : model_presets()) presets.emplace_back(p.name, p.name);
   std::string preset = s.get_enum<std::string>("preset", "gpt2-124m", presets);
   ModelShape base = find_model_preset(preset).shape;
-  m.n_layer = static_cast<int>(s.get_int("n_layer", base.n_layer, 1, 4096));
-  m.n_head = static_cast<int>(s.get_int("n_head", base.n_head, 1, 4096));
-  m.d_model = static_cast<int>(s.get_int("d_model", base.d_model, 1, 1 << 20));
-  m.vocab_size = static_cast<int>(s.get_int("vocab_size", base.vocab_size, 2, 1 << 24));
-  m.seq_len = static_cast<int>(s.get_int("seq_len", base.seq_len, 1, 1 << 20));
+  m.n_layer = static_cast<int>(s.get_int("n_layer", base.n_layer, 1, shape_limits::layers));
+  m.n_head = static_cast<int>(s.get_int("n_head", base.n_head, 1, shape_limits::heads));
+  m.d_model = static_cast<int>(s.get_int("d_model", base.d_model, 1, shape_limits::width));
+  m.vocab_size = static_cast<int>(s.get_int("vocab_size", base.vocab_size, 2, shape_limits::vocab));
+  m.seq_len = static_cast<int>(s.get_int("seq_len", base.seq_len, 1, shape_limits::positions));
   m.activation_checkpointing = s.get_bool("activation_checkpointing", false);
   m.init_from = s.get_str("init_from", "");
   if (!m.init_from.empty() && !is_hf_folder(m.init_from)) {  // refused now, not after the data is loaded
@@ -390,10 +395,10 @@ void read_model(Section s, ModelConfig& m) {
     s.fail("d_model",
            "d_model " + std::to_string(m.d_model) + " is not divisible by n_head " + std::to_string(m.n_head));
   if (m.family == ModelFamily::llama) {
-    m.n_kv_head = static_cast<int>(s.get_int("n_kv_head", base.n_kv_head ? base.n_kv_head : m.n_head, 1, 4096));
+    m.n_kv_head = static_cast<int>(s.get_int("n_kv_head", base.n_kv_head ? base.n_kv_head : m.n_head, 1, shape_limits::heads));
     // Llama's rule for the MLP width when none is given: 2/3 of 4·C, rounded up to a multiple of 256.
     const std::int64_t llama_ff = (8 * std::int64_t{m.d_model} / 3 + 255) / 256 * 256;
-    m.d_ff = static_cast<int>(s.get_int("d_ff", base.d_ff ? base.d_ff : llama_ff, 1, 1 << 22));
+    m.d_ff = static_cast<int>(s.get_int("d_ff", base.d_ff ? base.d_ff : llama_ff, 1, shape_limits::ff_width));
     m.tie_embeddings = s.get_bool("tie_embeddings", base.tie_embeddings);
     m.qkv_bias = s.get_bool("qkv_bias", base.qkv_bias);
     m.rope_theta = s.get_num("rope_theta", base.rope_theta, 1, 1e12);
@@ -845,10 +850,15 @@ void read_flops_profiler(Section s, FlopsProfilerConfig& f, std::int64_t steps) 
   s.finish();
 }
 
+// The largest micro batch (sequences) and gradient accumulation (micro batches per step) zinf takes;
+// docs/config.md states them.
+constexpr std::int64_t kMaxMicroBatch = 1 << 16, kMaxGradAccum = 1 << 16;
+
 // DeepSpeed's _set_batch_related_parameters / _batch_assertion, same wording.
 void resolve_batch(Section& s, Config& c) {
   std::vector<const char*> autos;
-  auto read = [&](const char* key) -> std::int64_t {
+  // Each bounded as it is read (before any product is formed or anything sized from it).
+  auto read = [&](const char* key, std::int64_t hi, const char* what) -> std::int64_t {
     const json* v = s.raw(key);
     if (!v) return 0;
     if (Section::is_auto(*v)) {  // "auto": inferred from the others when possible
@@ -857,11 +867,12 @@ void resolve_batch(Section& s, Config& c) {
     }
     const std::int64_t n = s.as_int(key, *v);
     if (n <= 0) s.fail(key, "must be a positive integer, got " + show(*v));
+    if (n > hi) s.fail(key, show(*v) + " is above " + what + ", " + std::to_string(hi));
     return n;
   };
-  std::int64_t train = read("train_batch_size");
-  std::int64_t micro = read("train_micro_batch_size_per_gpu");
-  std::int64_t ga = read("gradient_accumulation_steps");
+  std::int64_t train = read("train_batch_size", kMaxMicroBatch * kMaxGradAccum, "the largest batch zinf takes");
+  std::int64_t micro = read("train_micro_batch_size_per_gpu", kMaxMicroBatch, "the largest micro batch zinf takes");
+  std::int64_t ga = read("gradient_accumulation_steps", kMaxGradAccum, "the most micro batches a step takes");
   const std::int64_t ws = c.world_size;
   if (train == 0 && micro == 0 && !autos.empty()) {  // nothing to infer from: report with the other "auto"s
     for (const char* k : autos) s.unresolved(k, json(1));
@@ -891,6 +902,19 @@ void resolve_batch(Section& s, Config& c) {
   if (ga <= 0)
     s.fail("gradient_accumulation_steps",
            "Gradient accumulation steps: " + std::to_string(ga) + " has to be greater than 0");
+  // A micro batch's rows (micro × seq_len) are counted in int; an inferred micro batch or GA is held
+  // to the same bounds as a given one. micro, ga ≤ 2^16 and ws < 2^31: the products below fit int64.
+  if (micro > kMaxMicroBatch)
+    s.fail("train_micro_batch_size_per_gpu", "train_batch_size / (gradient_accumulation_steps × world size) = " +
+                                                 std::to_string(micro) + " is above the largest micro batch zinf takes, " +
+                                                 std::to_string(kMaxMicroBatch));
+  if (ga > kMaxGradAccum)
+    s.fail("gradient_accumulation_steps", "train_batch_size / (micro batch × world size) = " + std::to_string(ga) +
+                                              " is above the most micro batches a step takes, " +
+                                              std::to_string(kMaxGradAccum));
+  if (micro * c.model.seq_len > std::numeric_limits<std::int32_t>::max())
+    s.fail("train_micro_batch_size_per_gpu", "micro batch " + std::to_string(micro) + " × model.seq_len " +
+                                                 std::to_string(c.model.seq_len) + " rows is above 2^31 - 1");
   if (train != micro * ga * ws)
     s.fail("train_batch_size",
            "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "

@@ -124,6 +124,13 @@ class Child {
     return true;
   }
 
+  // Closes the read end of the child's stdout, as `zinf train | head` does once head has its lines:
+  // the child's next write gets SIGPIPE (EPIPE where it ignores the signal).
+  void close_stdout() {
+    if (out_ >= 0) ::close(out_);
+    out_ = -1;
+  }
+
   // Reads stdout to its end and reaps the child; returns its wait status.
   int finish() {
     while (read_some()) {
@@ -136,6 +143,7 @@ class Child {
 
  private:
   bool read_some() {
+    if (out_ < 0) return false;
     pollfd p{out_, POLLIN, 0};
     if (::poll(&p, 1, 120'000) <= 0) return false;
     char buf[4096];

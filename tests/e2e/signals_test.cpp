@@ -1,7 +1,7 @@
 // signals_test.cpp — `zinf train` ended by a signal, as a user, a scheduler or a terminal ends it:
 // SIGTERM and SIGUSR1 stop after the step with a checkpoint that resumes to the uninterrupted run
-// and exit with 128 + the signal; a second signal, SIGHUP and SIGQUIT end at once, and every one of
-// these paths removes the NVMe swap folder.
+// and exit with 128 + the signal; a second signal, SIGHUP and SIGQUIT end at once, a closed stdout
+// (SIGPIPE) ends it with exit 1, and every one of these paths removes the NVMe swap folder.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -119,6 +119,22 @@ TEST(Signals, SighupAndSigquitEndAtOnceAndRemoveTheSwapFolder) {
     EXPECT_EQ(WTERMSIG(status), sig);
     EXPECT_TRUE(swap.entries().empty());
   }
+}
+
+// `zinf train | head`: once the reader is gone, the next line written ends the run with one line on
+// stderr and exit 1 (an error, not a signal's 141), the swap folder removed.
+TEST(Signals, AClosedStdoutEndsTheRunWithOneLineAndExit1AndRemovesTheSwapFolder) {
+  TempDir swap("sig-swap-pipe");
+  Child run(train_args(100000, nvme_sets(swap)));
+  ASSERT_TRUE(run.read_until("step     1/")) << run.out() << run.err();
+  EXPECT_EQ(swap.entries().size(), 1u);
+  run.close_stdout();
+  const int status = run.finish();
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << "\n" << run.err();
+  EXPECT_EQ(WEXITSTATUS(status), 1) << run.err();
+  EXPECT_NE(run.err().find("zinf: standard output was closed (SIGPIPE): stopping at once"), std::string::npos)
+      << run.err();
+  EXPECT_TRUE(swap.entries().empty());
 }
 
 // mpirun (Open MPI 4) SIGKILLs its ranks odls_base_sigkill_timeout seconds after the SIGTERM it

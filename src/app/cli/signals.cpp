@@ -2,6 +2,7 @@
 // when the handlers are installed, and the scratch removal walks fixed tables (nvme, comm).
 #include "signals.h"
 
+#include <poll.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <unistd.h>
@@ -29,7 +30,8 @@ constexpr Handled kHandled[] = {{SIGINT, "SIGINT", true},
                                 {SIGTERM, "SIGTERM", true},
                                 {SIGUSR1, "SIGUSR1", true},
                                 {SIGHUP, "SIGHUP", false},
-                                {SIGQUIT, "SIGQUIT", false}};
+                                {SIGQUIT, "SIGQUIT", false},
+                                {SIGPIPE, "SIGPIPE", false}};
 
 std::atomic<bool> g_stop{false}, g_stoppable{false}, g_finished{false};
 std::atomic<int> g_first{0};  // the signal that asked for the stop
@@ -41,7 +43,7 @@ struct Message {
   char text[200];
   std::size_t len = 0;
 };
-Message g_stopping[std::size(kHandled)], g_now[std::size(kHandled)];
+Message g_stopping[std::size(kHandled)], g_now[std::size(kHandled)], g_pipe_other;
 
 void set(Message& m, const std::string& s) {
   m.len = std::min(s.size(), sizeof m.text);
@@ -65,6 +67,13 @@ extern "C" void on_signal(int sig, siginfo_t* info, void*) {
   const int saved_errno = errno;  // the interrupted code may be about to read it
   std::size_t k = 0;
   while (kHandled[k].sig != sig) ++k;
+  if (sig == SIGPIPE) {  // nobody reads the output any more (`zinf train | head`): an error, exit 1
+    pollfd out{STDOUT_FILENO, 0, 0};  // a pipe whose reader is gone polls POLLERR on its write end
+    say(::poll(&out, 1, 0) == 1 && (out.revents & POLLERR) ? g_now[k] : g_pipe_other);
+    nvme::remove_live_swap_dirs();
+    remove_world_files();
+    ::_exit(1);
+  }
   int none = 0;
   if (kHandled[k].stops && g_stoppable.load() && g_first.compare_exchange_strong(none, sig)) {
     g_stop = true;
@@ -127,11 +136,13 @@ void install_signal_handlers() {
   sa.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&sa.sa_mask);
   for (const auto& h : kHandled) sigaddset(&sa.sa_mask, h.sig);  // one at a time in a thread
+  set(g_pipe_other, "\nzinf: SIGPIPE: a pipe or socket this process wrote to has no reader: stopping at once\n");
   for (std::size_t k = 0; k < std::size(kHandled); ++k) {
     const Handled& h = kHandled[k];
     set(g_stopping[k], std::string("\nzinf: ") + h.name +
                            ": stopping after the current step or evaluation batch (a second signal stops at once)\n");
-    set(g_now[k], std::string("\nzinf: ") + h.name + ": stopping at once\n");
+    set(g_now[k], h.sig == SIGPIPE ? std::string("\nzinf: standard output was closed (SIGPIPE): stopping at once\n")
+                                   : std::string("\nzinf: ") + h.name + ": stopping at once\n");
     struct sigaction cur {};
     if (sigaction(h.sig, nullptr, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN) continue;
     sigaction(h.sig, &sa, nullptr);

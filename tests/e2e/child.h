@@ -131,6 +131,16 @@ class Child {
     out_ = -1;
   }
 
+  // Reads what stdout holds now, without waiting for more.
+  void read_available() {
+    for (pollfd p{out_, POLLIN, 0}; out_ >= 0 && ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN);) {
+      char buf[4096];
+      const ssize_t n = ::read(out_, buf, sizeof buf);
+      if (n <= 0) return;
+      text_.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+
   // Reads stdout to its end and reaps the child; returns its wait status.
   int finish() {
     while (read_some()) {

@@ -121,6 +121,35 @@ TEST(Signals, SighupAndSigquitEndAtOnceAndRemoveTheSwapFolder) {
   }
 }
 
+// mpirun SIGKILLed: the rank (here the child of a shell standing in for mpirun, with mpirun's
+// variables set) notices its parent is gone, removes its swap folder and exits with one line, rather
+// than being aborted by MPI seconds later with the folder left behind.
+TEST(Signals, ARankWhoseLauncherIsKilledRemovesTheSwapFolderAndEnds) {
+  TempDir swap("sig-swap-orphan"), work("sig-orphan");
+  const fs::path pid_file = work / "rank.pid";
+  Child launcher({"/bin/sh", "-c", shell_line(train_args(100000, nvme_sets(swap))) + " & echo $! > '" +
+                                       pid_file.string() + "'; wait"},
+                 {"OMPI_COMM_WORLD_SIZE=1", "OMPI_COMM_WORLD_RANK=0"});
+  ASSERT_TRUE(launcher.read_until("step     1/")) << launcher.out() << launcher.err();
+  EXPECT_EQ(swap.entries().size(), 1u);
+  const std::string rank = slurp(pid_file);
+  ASSERT_FALSE(rank.empty());
+  ::kill(launcher.pid(), SIGKILL);  // the shell only: the rank is reparented
+  const auto gone = [&] {
+    const std::string stat = slurp("/proc/" + std::to_string(std::stol(rank)) + "/stat");
+    const auto close = stat.rfind(')');
+    return close == std::string::npos || stat.compare(close + 2, 1, "Z") == 0;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (!gone() && std::chrono::steady_clock::now() < deadline) {
+    launcher.read_available();  // the rank keeps writing progress into the same pipe
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(gone()) << "the rank outlived its launcher";
+  EXPECT_TRUE(swap.entries().empty());
+  EXPECT_NE(launcher.err().find("zinf: the launcher (mpirun, process "), std::string::npos) << launcher.err();
+}
+
 // `zinf train | head`: once the reader is gone, the next line written ends the run with one line on
 // stderr and exit 1 (an error, not a signal's 141), the swap folder removed.
 TEST(Signals, AClosedStdoutEndsTheRunWithOneLineAndExit1AndRemovesTheSwapFolder) {

@@ -121,6 +121,24 @@ void watch_mpirun_deadline() {
   }).detach();
 }
 
+// A rank whose launcher is gone (mpirun or its daemon SIGKILLed) is reparented; MPI notices the lost
+// connection only seconds later and aborts the rank without its cleanup. So a rank started by
+// mpirun watches its parent and, once that changes, removes its scratch and exits 1 with one line.
+void watch_launcher() {
+  const pid_t parent = ::getppid();
+  std::thread([parent] {
+    Message m;
+    set(m, "\nzinf: the launcher (mpirun, process " + std::to_string(parent) +
+               ") is gone: stopping at once, without a checkpoint\n");
+    while (::getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    say(m);
+    nvme::remove_live_swap_dirs();
+    remove_world_files();
+    std::fflush(nullptr);
+    ::_exit(1);
+  }).detach();
+}
+
 }  // namespace
 
 void install_signal_handlers() {
@@ -131,6 +149,7 @@ void install_signal_handlers() {
   } catch (...) {  // a bad launch environment is reported by the command that needs it
   }
   if (g_mpirun && ::sem_init(&g_mpirun_term, 0, 0) == 0) watch_mpirun_deadline();
+  if (g_mpirun) watch_launcher();
   struct sigaction sa {};
   sa.sa_sigaction = on_signal;
   sa.sa_flags = SA_SIGINFO | SA_RESTART;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "io/json_keys.h"
 #include "model/op_list.h"
 #include "zinf/error.h"
 
@@ -45,7 +46,7 @@ std::string chat_template_name(ChatTemplate t) {
 ChatExample parse_chat_line(std::string_view line, const std::string& where) {
   json j;
   try {
-    j = json::parse(line.begin(), line.end());
+    j = json::parse(line.begin(), line.end(), reject_duplicate_keys(where));
   } catch (const json::exception& e) {
     throw ConfigError(where + ": not JSON (" + json_why(e) + ")");
   }

@@ -131,6 +131,10 @@ TEST(ChatJsonl, BadLinesAreOneErrorNamingTheLine) {
       {"{\"messages\": [{\"role\": \"user\"}]}", "message 1: no \"content\" field"},
       {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "no assistant message"},
       {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"prompt\": \"p\"}", "not both"},
+      {"{\"prompt\": \"p\", \"completion\": \"c\", \"prompt\": \"q\"}",
+       "prompt: the key appears twice in one object; keep one"},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"role\": \"assistant\"}]}",
+       "messages[].role: the key appears twice in one object"},
   };
   for (const auto& [line, why] : cases) {
     const std::string e = parse_error(good + line + "\n" + good);

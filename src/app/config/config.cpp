@@ -22,6 +22,7 @@
 
 #include "io/files.h"
 #include "io/hf.h"
+#include "io/json_keys.h"
 #include "model/shape.h"
 #include "zinf/error.h"
 
@@ -1088,39 +1089,8 @@ Config parse_config(std::string_view json_text, const std::vector<std::string>& 
                     int world_size) {
   std::string source(source_name);
   json root;
-  // DeepSpeed rejects a key given twice in one object; nlohmann would keep the last. One frame per
-  // open object or array: its keys so far and the key being read (for the path in the message).
-  struct Frame {
-    bool object;
-    std::set<std::string> keys;
-    std::string key;
-  };
-  std::vector<Frame> frames;
-  auto check_duplicates = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start: frames.push_back({true, {}, {}}); break;
-      case json::parse_event_t::array_start: frames.push_back({false, {}, {}}); break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        if (!frames.empty()) frames.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        Frame& f = frames.back();
-        f.key = parsed.get<std::string>();
-        if (!f.keys.insert(f.key).second) {
-          std::string path;
-          for (const Frame& g : frames) path += g.object ? (path.empty() ? "" : ".") + g.key : "[]";
-          throw ConfigError(source + ": " + path +
-                            ": the key appears twice in one object (DeepSpeed rejects that too); keep one");
-        }
-        break;
-      }
-      case json::parse_event_t::value: break;
-    }
-    return true;
-  };
   try {
-    root = json::parse(json_text, check_duplicates);
+    root = json::parse(json_text, reject_duplicate_keys(source, "DeepSpeed rejects that too"));
   } catch (const json::exception& e) {
     // A syntax error (its message carries line and column), or a number too large for a double
     // ("number overflow parsing '1e400'"); keep nlohmann's text after its "[json.exception...]" tag.

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -391,10 +392,25 @@ class BpeTokenizer final : public Tokenizer {
       merges_.insert(key, rank, ic->second);
       ++rank;
     }
+    // Every byte needs a token, or some text could not be encoded: refused here, at load, rather
+    // than at the first text that holds the byte.
+    std::string missing;
+    int n_missing = 0;
     for (int b = 0; b < 256; ++b) {
-      const auto it = vocab_.find(byte_map().text[static_cast<std::size_t>(b)]);
+      const std::string& ch = byte_map().text[static_cast<std::size_t>(b)];
+      const auto it = vocab_.find(ch);
       byte_id_[static_cast<std::size_t>(b)] = it == vocab_.end() ? -1 : static_cast<std::int64_t>(it->second);
+      if (it == vocab_.end() && n_missing++ < 4) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02X", b);
+        missing += std::string(missing.empty() ? "" : ", ") + hex + " (" + ch + ")";
+      }
     }
+    if (n_missing > 0)
+      throw ConfigError(where + ": model.vocab has no token for " + std::to_string(n_missing) + " of the 256 bytes (" +
+                            missing + (n_missing > 4 ? ", …" : "") +
+                            "): a byte-level BPE needs every byte, or text holding one could not be encoded",
+                        hint);
 
     // normalizer
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {

@@ -204,6 +204,12 @@ TEST(Bpe, ClearErrors) {
   EXPECT_NE(error_of(dup).find("is already \"h\""), std::string::npos) << error_of(dup);
   j["model"]["vocab"]["x"] = "seven";
   EXPECT_NE(error_of(j).find("model.vocab[\"x\"] is not an id"), std::string::npos) << error_of(j);
+  // A byte without its token is refused at load, not at the first text that holds it.
+  j = good;
+  j["model"]["vocab"].erase(byte_char(0xFF));
+  EXPECT_NE(error_of(j).find("model.vocab has no token for 1 of the 256 bytes (0xFF (" + byte_char(0xFF) + "))"),
+            std::string::npos)
+      << error_of(j);
   try {
     bpe_tokenizer_from_json("{\"model\": ", "/models/x/tokenizer.json", "--tokenizer");
     ADD_FAILURE() << "parsed";

@@ -103,10 +103,19 @@ TokenData TokenData::load_chat(const DataConfig& cfg, int vocab_size, int seq_le
   set->template_reason = why;
   const std::size_t n = set->windows.size();
   const std::size_t val = std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(n) * cfg.val_fraction));
-  if (n < val + 1)
+  if (n < val + 1) {
+    // Where truncation dropped examples (their prompt filled seq_len), a longer sequence is the way
+    // out, not more of the same examples.
+    const std::string dropped = set->dropped == 0 ? ""
+                                                  : " (" + std::to_string(set->dropped) + " of " +
+                                                        std::to_string(set->examples) +
+                                                        " dropped: the prompt fills model.seq_len " +
+                                                        std::to_string(seq_len) + ", leaving no answer token)";
     throw ConfigError("data.path " + cfg.path + ": " + std::to_string(n) +
-                          " examples with targets are too few for a training and a validation split",
-                      "use more examples");
+                          " examples with targets are too few for a training and a validation split" + dropped,
+                      set->dropped > 0 ? "raise model.seq_len so that the answers fit, or shorten the prompts"
+                                       : "use more examples");
+  }
   set->train_count = n - val;
   TokenData d;
   for (std::size_t i = 0; i < n; ++i)

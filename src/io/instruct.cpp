@@ -205,6 +205,19 @@ void InstructSet::write(std::size_t i, int* inputs, int* targets) const {
   std::fill(targets + n, targets + T, kIgnoreTarget);
 }
 
+void check_chat_markers(ChatTemplate t, const Tokenizer& tok, const std::string& what) {
+  const std::vector<const char*> markers =
+      t == ChatTemplate::llama3
+          ? std::vector<const char*>{"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
+      : t == ChatTemplate::chatml ? std::vector<const char*>{"<|im_start|>", "<|im_end|>"}
+                                  : std::vector<const char*>{};
+  for (const char* m : markers)
+    if (!tok.token_id(m))
+      throw ConfigError(what + " " + chat_template_name(t) + ": the tokenizer (" + tok.description() +
+                            ") has no special token " + m,
+                        "use the template of the model's family, or " + what + " none");
+}
+
 InstructSet make_instruct_windows(const std::vector<ChatExample>& examples, ChatTemplate t, const Tokenizer& tok,
                                   int seq_len, std::uint32_t pad) {
   InstructSet set;
@@ -217,16 +230,7 @@ InstructSet make_instruct_windows(const std::vector<ChatExample>& examples, Chat
     bos = tok.bos_id();
     if (const auto e = tok.eos_ids(); !e.empty()) eos = e.front();
   }
-  const std::vector<const char*> markers =
-      t == ChatTemplate::llama3
-          ? std::vector<const char*>{"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
-      : t == ChatTemplate::chatml ? std::vector<const char*>{"<|im_start|>", "<|im_end|>"}
-                                  : std::vector<const char*>{};
-  for (const char* m : markers)
-    if (!tok.token_id(m))
-      throw ConfigError("data.chat_template " + chat_template_name(t) + ": the tokenizer (" + tok.description() +
-                            ") has no special token " + m,
-                        "use the template of the model's family, or data.chat_template none");
+  check_chat_markers(t, tok, "data.chat_template");
   const auto T = static_cast<std::size_t>(seq_len);
   for (const ChatExample& ex : examples) {
     TokenizedExample te = tokenize_chat(render_chat(ex, t, bos, eos), tok);

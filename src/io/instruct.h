@@ -106,6 +106,11 @@ struct InstructSet {
   void write(std::size_t i, int* inputs, int* targets) const;
 };
 
+// llama3 and chatml render their markers as special tokens: a ConfigError "<what> <template>: the
+// tokenizer (…) has no special token <marker>" when `tok` lacks one (`what` names the setting:
+// "data.chat_template", "--chat"), rather than markers encoded as plain text.
+void check_chat_markers(ChatTemplate t, const Tokenizer& tok, const std::string& what);
+
 // Windows of seq_len from already parsed examples (tests and the loader share it). `pad` is the
 // input id of padding positions (masked). Examples without a target after truncation are dropped.
 // llama3 and chatml need the tokenizer to know their markers as special tokens (a ConfigError naming

@@ -349,6 +349,11 @@ TEST(Cli, TrainErrorsAreOneLine) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_EQ(lines(r.err), 1u) << r.err;
   EXPECT_NE(r.err.find("device memory budget exceeded"), std::string::npos) << r.err;
+  // A newline in a path the error quotes is written as an escape: still one line.
+  r = run("train --config " + kConfigs + "/tiny.json --set data.path='\"/nonexistent/two\\nlines.txt\"'");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("data.path /nonexistent/two\\nlines.txt: does not exist"), std::string::npos) << r.err;
 }
 
 TEST(Cli, BrokenConfigIsRefusedWithOneLine) {

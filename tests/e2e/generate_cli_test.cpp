@@ -114,6 +114,11 @@ TEST_F(GenerateCli, ChatNoneOnAByteModelIsThePlainPrompt) {
   EXPECT_EQ(c["ids"], p["ids"]);
   EXPECT_EQ(c["chat_template"], "none");
   EXPECT_EQ(a["chat_template"].get<std::string>().rfind("none", 0), 0u) << a["chat_template"];
+  // A template whose markers the tokenizer (here: bytes) does not have is refused, naming one.
+  const Result no_markers = run("generate --chat llama3 --model " + ckpts() + " --prompt hi");
+  EXPECT_EQ(no_markers.rc, 2) << no_markers.err;
+  EXPECT_NE(no_markers.err.find("--chat llama3: the tokenizer (bytes"), std::string::npos) << no_markers.err;
+  EXPECT_NE(no_markers.err.find("has no special token <|begin_of_text|>"), std::string::npos) << no_markers.err;
   for (const std::string& bad : {std::string(" --system 'Be brief.'"), std::string(" --chat jinja")}) {
     const Result r = run("generate --model " + ckpts() + " --prompt hi" + bad);
     EXPECT_EQ(r.rc, 2) << bad << ": " << r.err;

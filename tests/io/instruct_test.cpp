@@ -410,6 +410,25 @@ std::string chat_lines(int n) {
   return s;
 }
 
+// Every example dropped because its prompt fills the sequence: the error says so and points at
+// model.seq_len, not at "more examples" (more of the same would be dropped too).
+TEST(ChatData, ExamplesDroppedByALongPromptPointAtTheSequenceLength) {
+  TempDir t("instruct-dropped");
+  if (!train_sentencepiece(t)) GTEST_SKIP() << "Debian's licence texts are missing (base-files)";
+  t.write("chat.jsonl", chat_lines(20));
+  DataConfig cfg;
+  cfg.path = t / "chat.jsonl";
+  cfg.tokenizer = t / "sp.model";
+  try {
+    TokenData::load(cfg, 300, 2);
+    FAIL() << "loaded";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("(20 of 20 dropped: the prompt fills model.seq_len 2"), std::string::npos)
+        << e.what();
+    EXPECT_NE(e.hint().find("raise model.seq_len"), std::string::npos) << e.hint();
+  }
+}
+
 TEST(ChatData, LoadsWholeExamplesIntoTrainAndValidationSplits) {
   TempDir t("instruct-load");
   if (!train_sentencepiece(t)) GTEST_SKIP() << "Debian's licence texts are missing (base-files)";

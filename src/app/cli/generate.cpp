@@ -190,6 +190,7 @@ int run_generate(const GenerateArgs& a) {
     } else {
       chat_note = chat_template_name(t);
     }
+    check_chat_markers(t, *tok, "--chat");
     ChatExample ex;
     if (!a.system.empty()) ex.push_back({"system", a.system});
     ex.push_back({"user", text});

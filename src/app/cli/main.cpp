@@ -38,13 +38,36 @@ int fail(int code) {
   return code;
 }
 
+// A message as one line: control characters that came from a path or a file (a newline in a folder
+// name) are written as escapes, so that the error stays one line whatever it quotes.
+std::string one_line(const std::string& s) {
+  std::string r;
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n')
+      r += "\\n";
+    else if (c == '\r')
+      r += "\\r";
+    else if (c == '\t')
+      r += "\\t";
+    else if (u < 0x20 || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", u);
+      r += hex;
+    } else {
+      r += c;
+    }
+  }
+  return r;
+}
+
 void report(const char* kind, const zinf::Error& e) {
   zinf::mark_world_failing();  // before the line: a rank failing with it stays quiet about this one
-  const std::string who = rank_prefix();
-  if (e.hint().empty())
-    std::fprintf(stderr, "zinf: %s%s%s\n", who.c_str(), kind, e.what());
+  const std::string who = rank_prefix(), what = one_line(e.what()), hint = one_line(e.hint());
+  if (hint.empty())
+    std::fprintf(stderr, "zinf: %s%s%s\n", who.c_str(), kind, what.c_str());
   else
-    std::fprintf(stderr, "zinf: %s%s%s ---> HINT: %s\n", who.c_str(), kind, e.what(), e.hint().c_str());
+    std::fprintf(stderr, "zinf: %s%s%s ---> HINT: %s\n", who.c_str(), kind, what.c_str(), hint.c_str());
 }
 
 }  // namespace
@@ -57,8 +80,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough(false);
   namespace cli = zinf::cli;
-  std::vector<cli::Command> commands = {cli::add_info(app), cli::add_plan(app),     cli::add_train(app),
-                                        cli::add_eval(app), cli::add_tokenize(app), cli::add_export(app),
+  std::vector<cli::Command> commands = {cli::add_info(app),    cli::add_plan(app),     cli::add_train(app),
+                                        cli::add_eval(app),    cli::add_tokenize(app), cli::add_export(app),
                                         cli::add_generate(app)};
   for (auto& bench : cli::add_bench(app)) commands.push_back(std::move(bench));
   try {
@@ -70,7 +93,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "zinf: usage error: %s (see zinf --help)\n", e.what());
+    std::fprintf(stderr, "zinf: usage error: %s (see zinf --help)\n", one_line(e.what()).c_str());
     return 2;
   }
   try {
@@ -90,7 +113,7 @@ int main(int argc, char** argv) {
     return fail(1);
   } catch (const std::exception& e) {
     zinf::mark_world_failing();
-    std::fprintf(stderr, "zinf: %serror: %s\n", rank_prefix().c_str(), e.what());
+    std::fprintf(stderr, "zinf: %serror: %s\n", rank_prefix().c_str(), one_line(e.what()).c_str());
     return fail(1);
   }
 }

@@ -181,5 +181,69 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
   }
 }
 
+// Every numeric field of config.json, mutated: out of range, the wrong type, or contradicting
+// another field — each one ConfigError naming the file and the key, before anything is sized.
+TEST(HfFolders, EveryNumericFieldOfConfigJsonIsCheckedBeforeUse) {
+  const nlohmann::json llama = {{"model_type", "llama"},      {"hidden_size", 64},         {"intermediate_size", 96},
+                                {"num_attention_heads", 4},   {"num_key_value_heads", 2},  {"num_hidden_layers", 2},
+                                {"vocab_size", 256},          {"max_position_embeddings", 128},
+                                {"rms_norm_eps", 1e-5},       {"rope_theta", 10000.0}};
+  const nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"n_embd", 64},      {"n_layer", 2},
+                               {"n_head", 4},          {"vocab_size", 256}, {"n_positions", 128}};
+  auto refusal = [](const nlohmann::json& c) {
+    try {
+      hf_shape_from_json(c.dump(), "/m/config.json", 0);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  ASSERT_EQ(refusal(llama), "accepted");
+  ASSERT_EQ(refusal(gpt2), "accepted");
+  const std::vector<nlohmann::json> bad_ints = {0, -1, 1.5, "8", true, nullptr, std::int64_t{1} << 40,
+                                                18446744073709551615ull};
+  for (const auto* base : {&llama, &gpt2})
+    for (const auto& [key, value] : base->items()) {
+      if (!value.is_number_integer()) continue;
+      for (const nlohmann::json& v : bad_ints) {
+        // null is "absent": these two have defaults (2048 positions; as many key/value heads as heads)
+        if (v.is_null() && (key == "max_position_embeddings" || key == "num_key_value_heads")) continue;
+        nlohmann::json c = *base;
+        c[key] = v;
+        const std::string e = refusal(c);
+        EXPECT_EQ(e.rfind("/m/config.json: " + key + ":", 0), 0u) << key << " = " << v.dump() << ": " << e;
+      }
+    }
+  for (const char* key : {"rms_norm_eps", "rope_theta"})
+    for (const nlohmann::json& v : std::vector<nlohmann::json>{0, -1.0, "1e-5", true}) {
+      nlohmann::json c = llama;
+      c[key] = v;
+      EXPECT_EQ(refusal(c).rfind(std::string("/m/config.json: ") + key + ":", 0), 0u) << key << " = " << v.dump();
+    }
+  // Contradictions between fields.
+  const std::vector<std::pair<nlohmann::json, std::string>> contradictions = {
+      {{{"hidden_size", 66}}, "hidden_size: not a multiple of num_attention_heads"},
+      {{{"num_key_value_heads", 3}}, "num_key_value_heads: does not divide num_attention_heads"},
+      {{{"head_dim", 32}}, "head_dim: 32 differs from hidden_size / num_attention_heads"},
+      {{{"rms_norm_eps", 2}}, "rms_norm_eps: expected a small positive number"},
+      {{{"num_attention_heads", 64}}, "the head width must be even"},
+  };
+  for (const auto& [patch, why] : contradictions) {
+    nlohmann::json c = llama;
+    c.update(patch);
+    EXPECT_NE(refusal(c).find(why), std::string::npos) << patch.dump() << ": " << refusal(c);
+  }
+  nlohmann::json c = gpt2;
+  c["n_embd"] = 66;
+  EXPECT_NE(refusal(c).find("n_embd: not a multiple of n_head"), std::string::npos) << refusal(c);
+  try {
+    hf_shape_from_json(llama.dump(), "/m/config.json", 256);  // a sequence past the model's positions
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("max_position_embeddings is 128, below model.seq_len 256"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace zinf

@@ -421,7 +421,7 @@ TEST(CudaRows, CrossEntropyMatchesTheReference) {
       void* gp = m.up(logits, t);
       float* gl = m.zeros(R);
       int* gtg = m.upi(tg);
-      fast::softmax_crossentropy(gp, gl, gtg, R, V, t, nullptr);
+      fast::softmax_crossentropy(gp, gl, gtg, R, V, V, t, nullptr);
       const VF gprobs = Mem::down(gp, n, t);
       expect_close(tag + "probs", gprobs, probs, store_rel(t) + 1e-5, 1e-9);
       expect_close(tag + "losses", Mem::down(gl, R, DType::fp32), losses, 1e-5, 1e-6);
@@ -431,9 +431,9 @@ TEST(CudaRows, CrossEntropyMatchesTheReference) {
       for (std::size_t i = 0; i < n; ++i)
         dl[i] = tg[i / V] < 0 ? 0.0f : (gprobs[i] - (static_cast<int>(i % V) == tg[i / V] ? 1.0f : 0.0f)) * dscale;
       void* gdl = m.up(VF(n), t);
-      fast::crossentropy_backward(gdl, gp, gtg, dscale, R, V, t, nullptr);
+      fast::crossentropy_backward(gdl, gp, gtg, dscale, R, V, V, t, nullptr);
       expect_close(tag + "dlogits", Mem::down(gdl, n, t), dl, store_rel(t), 0);
-      fast::crossentropy_backward(gp, gp, gtg, dscale, R, V, t, nullptr);  // in place
+      fast::crossentropy_backward(gp, gp, gtg, dscale, R, V, V, t, nullptr);  // in place
       expect_close(tag + "dlogits in place", Mem::down(gp, n, t), dl, store_rel(t), 0);
       CUDA_OK(cudaGetLastError());
     }
@@ -479,7 +479,7 @@ TEST(CudaRows, ReductionsAreDeterministic) {
     cudaMemcpy(probs, xi, n * 2, cudaMemcpyDeviceToDevice);
     float* loss = m.zeros(Rs);
     std::vector<int> tg(Rs, 5);
-    fast::softmax_crossentropy(probs, loss, m.upi(tg), Rs, Vs, t, nullptr);
+    fast::softmax_crossentropy(probs, loss, m.upi(tg), Rs, Vs, Vs, t, nullptr);
     runs[k] = {Mem::raw(dx, n * 2),
                Mem::raw(dw, C * 4),
                Mem::raw(db, C * 4),
@@ -519,8 +519,8 @@ TEST(CudaRows, EmptyShapesLaunchNothing) {
     fast::encoder_backward(nullptr, nullptr, nullptr, nullptr, 0, 4, 8, t, nullptr, nullptr);
     fast::embedding_forward(nullptr, nullptr, nullptr, 0, 8, t, nullptr);
     fast::embedding_backward(nullptr, nullptr, nullptr, 0, 8, t, nullptr, nullptr);
-    fast::softmax_crossentropy(nullptr, nullptr, nullptr, 0, 8, t, nullptr);
-    fast::crossentropy_backward(nullptr, nullptr, nullptr, 1.0f, 0, 8, t, nullptr);
+    fast::softmax_crossentropy(nullptr, nullptr, nullptr, 0, 8, 8, t, nullptr);
+    fast::crossentropy_backward(nullptr, nullptr, nullptr, 1.0f, 0, 8, 8, t, nullptr);
     fast::convert(nullptr, t, nullptr, DType::fp32, 0, nullptr);
   }
   EXPECT_EQ(fast::column_partials_floats(0, 8), 0u);

@@ -10,8 +10,36 @@
 
 #include "model/op_list.h"
 #include "model/tensor.h"
+#include "zinf/types.h"
 
 namespace zinf {
+
+// How a backend lays out the rows of the LM head's logits buffers — probs and dlogits, R rows of V
+// classes, which lm_head_forward and lm_head_backward read and write:
+//   packed: row r at element r·V (the CPU reference, the CPU twin, the CUDA reference kernels);
+//   padded: row r at element r·Vp, Vp = V rounded up to a multiple of kLogitsRowMultiple, and the
+//           buffer itself starting kLogitsAlignBytes-aligned (the CUDA fast kernels). In 16-bit
+//           storage every row then starts on a 128-byte boundary, so the LM head's three GEMMs (the
+//           logits with ldc = Vp, dx and dwte reading dlogits with ld = Vp) get leading dimensions
+//           and pointers that cuBLASLt's fast kernels accept; with ld = V and an odd V (GPT-2's
+//           50257) every row after the first is misaligned and cuBLASLt falls back to slower kernels.
+// The Vp − V pad columns of a row are outside every op: no kernel writes or reads them, so they hold
+// whatever the memory held (the softmax, the loss, dlogits and the GEMMs see the V classes only).
+// The weights stay [V, C] and everything outside the two buffers (exports, checkpoints, losses) is
+// the same under either layout.
+enum class LogitsRows { packed, padded };
+inline constexpr int kLogitsRowMultiple = 64;
+inline constexpr std::size_t kLogitsAlignBytes = 256;
+
+// The one rule for which kernels pad: the CUDA fast kernels; every other backend keeps V. The
+// backends report it (OpsBackend::logits_rows) and `zinf plan` counts the device memory with it.
+constexpr LogitsRows logits_rows_of(DeviceType device, Kernels kernels) {
+  return device == DeviceType::cuda && kernels == Kernels::fast ? LogitsRows::padded : LogitsRows::packed;
+}
+// The row stride of the logits buffers, in elements.
+constexpr int logits_row_stride(int V, LogitsRows rows) {
+  return rows == LogitsRows::padded ? (V + kLogitsRowMultiple - 1) / kLogitsRowMultiple * kLogitsRowMultiple : V;
+}
 
 class OpsBackend {
  public:
@@ -43,6 +71,9 @@ class OpsBackend {
     return static_cast<std::size_t>(B) * static_cast<std::size_t>(H) * static_cast<std::size_t>(T) *
            static_cast<std::size_t>(T);
   }
+  // The layout of the probs and dlogits buffers this backend's LM head ops take (logits_rows_of):
+  // views of R · logits_row_stride(V, logits_rows()) elements.
+  virtual LogitsRows logits_rows() const { return LogitsRows::packed; }
 
   [[noreturn]] static void no_llama();  // the ConfigError a backend without llama kernels raises
 

@@ -74,8 +74,9 @@ GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, 
                    bool offload_checkpoints, bool pin_checkpoints)
     : shape_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), dev_(dev), ops_(ops) {
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
-                    V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer);
+                    L = static_cast<std::size_t>(s.n_layer);
   const DType S = ops.storage_dtype();
+  const LogitsRows logits = ops.logits_rows();
   acts_.allocate(dev, S, R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
                  [this](ViewCursor& c) { return carve(c); });
   auto head = [&](ViewCursor& c) {
@@ -83,7 +84,7 @@ GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, 
     lnf_mean_ = c.take_fp32(R);
     lnf_rstd_ = c.take_fp32(R);
     losses_ = c.take_fp32(R);
-    probs_ = c.take(R * V);
+    probs_ = c.take_logits(R, s.vocab_size, logits);
   };
   auto grads = [&](ViewCursor& c) {
     dres_a_ = c.take(R * C);
@@ -94,7 +95,7 @@ GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, 
     dqkv_ = c.take(R * 3 * C);
     dfch_ = c.take(R * 4 * C);
     dfchg_ = c.take(R * 4 * C);
-    dlogits_ = c.take(R * V);
+    dlogits_ = c.take_logits(R, s.vocab_size, logits);
   };
   ViewCursor head_size(nullptr, S), grad_size(nullptr, S);
   head(head_size);

@@ -98,16 +98,17 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
   ZINF_CHECK(s.family == ModelFamily::llama && H_ % KV_ == 0 && D_ % 2 == 0 && F_ > 0);
   if (!ops.has_llama_ops()) OpsBackend::no_llama();
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
-                    V = static_cast<std::size_t>(s.vocab_size), L = static_cast<std::size_t>(s.n_layer),
-                    KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_);
+                    L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(KV_) * D_,
+                    F = static_cast<std::size_t>(F_);
   const DType S = ops.storage_dtype();
+  const LogitsRows logits = ops.logits_rows();
   acts_.allocate(dev, S, R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
                  [this](ViewCursor& c) { return carve(c); });
   auto head = [&](ViewCursor& c) {
     lnf_ = c.take(R * C);
     lnf_rstd_ = c.take_fp32(R);
     losses_ = c.take_fp32(R);
-    probs_ = c.take(R * V);
+    probs_ = c.take_logits(R, s.vocab_size, logits);
   };
   auto grads = [&](ViewCursor& c) {
     dres_a_ = c.take(R * C);
@@ -121,7 +122,7 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
     dh_ = c.take(R * F);
     dgate_ = c.take(R * F);
     dup_ = c.take(R * F);
-    dlogits_ = c.take(R * V);
+    dlogits_ = c.take_logits(R, s.vocab_size, logits);
   };
   ViewCursor head_size(nullptr, S), grad_size(nullptr, S);
   head(head_size);

@@ -88,13 +88,22 @@ class ViewCursor {
       : base_(static_cast<char*>(base)), storage_(storage), align_(storage == DType::fp32 ? 4 : 16) {}
   TensorView take(std::size_t n) { return take_as(storage_, n); }          // n elements of the storage dtype
   TensorView take_fp32(std::size_t n) { return take_as(DType::fp32, n); }  // n fp32 elements
+  // The LM head's probs or dlogits for R rows of V classes, laid out as `rows` says (model/backend.h):
+  // R·V elements, or R·Vp elements at an offset that is a multiple of kLogitsAlignBytes (the device's
+  // allocations are at least that aligned, so the view's first row is too).
+  TensorView take_logits(std::size_t R, int V, LogitsRows rows) {
+    const auto stride = static_cast<std::size_t>(logits_row_stride(V, rows));
+    return take_as(storage_, R * stride, rows == LogitsRows::padded ? kLogitsAlignBytes : align_);
+  }
   std::size_t bytes() const { return round(at_); }
   DType storage() const { return storage_; }
 
  private:
-  std::size_t round(std::size_t b) const { return (b + align_ - 1) / align_ * align_; }
-  TensorView take_as(DType t, std::size_t n) {
-    const std::size_t start = round(at_);
+  std::size_t round(std::size_t b, std::size_t a) const { return (b + a - 1) / a * a; }
+  std::size_t round(std::size_t b) const { return round(b, align_); }
+  TensorView take_as(DType t, std::size_t n) { return take_as(t, n, align_); }
+  TensorView take_as(DType t, std::size_t n, std::size_t align) {
+    const std::size_t start = round(at_, align);
     at_ = start + n * dtype_bytes(t);
     if (!base_) return TensorView();
     return TensorView(base_ + start, t, n);

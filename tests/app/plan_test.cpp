@@ -171,11 +171,15 @@ TEST(Plan, FastKernelsPlanTheirOwnStorageAndScratch) {
   };
   const std::uint64_t B = 2, T = 2048, C = 96, H = 4, V = 1000, L = 2;
   // Activations: 17 stored bf16 elements per row and channel, fp32 statistics (4 per row) and
-  // log-sum-exp (one per row and head) per block; probs and dlogits in bf16, fp32 losses; the
-  // embedding's output in bf16.
+  // log-sum-exp (one per row and head) per block; probs and dlogits in bf16 with their rows padded
+  // to a multiple of 64 classes (1000 → 1024), fp32 losses; the embedding's output in bf16.
+  const std::uint64_t Vp = 1024;
   const std::uint64_t fast_acts =
-      L * (B * T * C * 17 * 2 + 4 * (4 * B * T + B * H * T)) + (B * T * V * 2 * 2 + 4 * B * T) + B * T * C * 2;
-  EXPECT_EQ(estimate_activation_bytes(f.shape, 2, 2, false, Kernels::fast), fast_acts);
+      L * (B * T * C * 17 * 2 + 4 * (4 * B * T + B * H * T)) + (B * T * Vp * 2 * 2 + 4 * B * T) + B * T * C * 2;
+  EXPECT_EQ(estimate_activation_bytes(f.shape, 2, 2, false, Kernels::fast, DeviceType::cuda), fast_acts);
+  // The CPU device's twin keeps the rows V apart: the difference is the pad of probs and dlogits.
+  EXPECT_EQ(fast_acts - estimate_activation_bytes(f.shape, 2, 2, false, Kernels::fast, DeviceType::cpu),
+            B * T * (Vp - V) * 2 * 2);
   EXPECT_EQ(row(f.plan, "activations"), cuda_block_bytes(fast_acts));
   const std::uint64_t ref_acts = estimate_activation_bytes(r.shape, 2, 2, false);
   EXPECT_EQ(row(r.plan, "activations"), cuda_block_bytes(ref_acts));

@@ -181,7 +181,7 @@ TEST(CudaGemm, PlansOfTheModelsOpsMatchTheReference) {
             g, ex,
             [&](bool d) {
               return lm_head_forward_gemm(d ? logits.dp() : logits.hp(), d ? inp.dp() : inp.hp(), d ? w.dp() : w.hp(),
-                                          s.R, s.IC, s.OC, S);
+                                          s.R, s.IC, s.OC, s.OC, S);
             },
             {&logits}, "lm_head logits " + at);
         Buf &dx = g.make(S, randf(nin, 11)), &dwte = g.make(DType::fp32, randf(nw, 12));
@@ -191,7 +191,7 @@ TEST(CudaGemm, PlansOfTheModelsOpsMatchTheReference) {
               [&](bool d) {
                 const LmHeadBackwardGemms b = lm_head_backward_gemms(
                     d ? dx.dp() : dx.hp(), static_cast<float*>(d ? dwte.dp() : dwte.hp()), d ? dout.dp() : dout.hp(),
-                    d ? inp.dp() : inp.hp(), d ? w.dp() : w.hp(), s.R, s.IC, s.OC, S);
+                    d ? inp.dp() : inp.hp(), d ? w.dp() : w.hp(), s.R, s.IC, s.OC, s.OC, S);
                 return part == 0 ? b.dx : b.dwte;
               },
               {part == 0 ? &dx : &dwte}, std::string(part == 0 ? "lm_head dx " : "lm_head dwte ") + at);

@@ -29,6 +29,7 @@
 #include "cpu/ops_gpt.h"
 #include "cpu/ops_llama.h"
 #include "cuda/ops/rows.cuh"
+#include "model/backend.h"
 #include "zinf/backends/gpu.h"
 #include "zinf/cpu_adam/spec.h"
 
@@ -421,7 +422,7 @@ TEST(CudaRows, CrossEntropyMatchesTheReference) {
       void* gp = m.up(logits, t);
       float* gl = m.zeros(R);
       int* gtg = m.upi(tg);
-      fast::softmax_crossentropy(gp, gl, gtg, R, V, t, nullptr);
+      fast::softmax_crossentropy(gp, gl, gtg, R, V, V, t, nullptr);
       const VF gprobs = Mem::down(gp, n, t);
       expect_close(tag + "probs", gprobs, probs, store_rel(t) + 1e-5, 1e-9);
       expect_close(tag + "losses", Mem::down(gl, R, DType::fp32), losses, 1e-5, 1e-6);
@@ -431,10 +432,80 @@ TEST(CudaRows, CrossEntropyMatchesTheReference) {
       for (std::size_t i = 0; i < n; ++i)
         dl[i] = tg[i / V] < 0 ? 0.0f : (gprobs[i] - (static_cast<int>(i % V) == tg[i / V] ? 1.0f : 0.0f)) * dscale;
       void* gdl = m.up(VF(n), t);
-      fast::crossentropy_backward(gdl, gp, gtg, dscale, R, V, t, nullptr);
+      fast::crossentropy_backward(gdl, gp, gtg, dscale, R, V, V, t, nullptr);
       expect_close(tag + "dlogits", Mem::down(gdl, n, t), dl, store_rel(t), 0);
-      fast::crossentropy_backward(gp, gp, gtg, dscale, R, V, t, nullptr);  // in place
+      fast::crossentropy_backward(gp, gp, gtg, dscale, R, V, V, t, nullptr);  // in place
       expect_close(tag + "dlogits in place", Mem::down(gp, n, t), dl, store_rel(t), 0);
+      CUDA_OK(cudaGetLastError());
+    }
+}
+
+// The LM head's rows padded as the fast kernels lay them out (model/backend.h): rows `ld` = V rounded
+// up to 64 apart, the pad columns NaN. The softmax and its backward read and write the V classes of
+// each row only: the results are the double reference's, and the pad is still NaN afterwards.
+TEST(CudaRows, CrossEntropyStepsThroughPaddedRows) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << "no GPU: " << why;
+  for (DType t : kTypes)
+    for (int V : {37, 50257}) {
+      const int R = 5, ld = logits_row_stride(V, LogitsRows::padded);
+      ASSERT_GT(ld, V);
+      const std::string tag = std::string(to_string(t)) + " V=" + std::to_string(V) + ": ";
+      const std::size_t n = static_cast<std::size_t>(R) * ld;
+      const auto at = [ld](int r, int v) { return static_cast<std::size_t>(r) * ld + v; };
+      Mem m;
+      const VF packed = round_to(randf(static_cast<std::size_t>(R) * V, 43, 3.0f), t);
+      VF logits(n, std::nanf(""));
+      std::vector<int> tg(R);
+      for (int r = 0; r < R; ++r) {
+        tg[static_cast<std::size_t>(r)] = r == 2 ? -1 : (r * 7919) % V;
+        for (int v = 0; v < V; ++v) logits[at(r, v)] = packed[static_cast<std::size_t>(r) * V + v];
+      }
+      // Reference in double, in the padded layout (the pad stays NaN).
+      VF probs(n, std::nanf("")), losses(R), dl(n, std::nanf(""));
+      const float dscale = 1.0f / 3;
+      for (int r = 0; r < R; ++r) {
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits[at(r, v)]));
+        for (int v = 0; v < V; ++v) sum += std::exp(logits[at(r, v)] - mx);
+        for (int v = 0; v < V; ++v) probs[at(r, v)] = static_cast<float>(std::exp(logits[at(r, v)] - mx) / sum);
+        const int target = tg[static_cast<std::size_t>(r)];
+        losses[static_cast<std::size_t>(r)] =
+            target < 0 ? 0.0f : static_cast<float>(mx + std::log(sum) - logits[at(r, target)]);
+      }
+      void* gp = m.up(logits, t);
+      float* gl = m.zeros(R);
+      int* gtg = m.upi(tg);
+      fast::softmax_crossentropy(gp, gl, gtg, R, V, ld, t, nullptr);
+      const VF gprobs = Mem::down(gp, n, t);
+      const auto pads_nan = [&](const VF& x, const char* what) {
+        int written = 0;
+        for (int r = 0; r < R; ++r)
+          for (int v = V; v < ld; ++v) written += std::isnan(x[at(r, v)]) ? 0 : 1;
+        EXPECT_EQ(written, 0) << tag << what << ": pad elements written";
+      };
+      pads_nan(gprobs, "probs");
+      VF got(static_cast<std::size_t>(R) * V), want(got.size());
+      const auto unpad = [&](const VF& x, VF& out) {
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < V; ++v) out[static_cast<std::size_t>(r) * V + v] = x[at(r, v)];
+      };
+      unpad(gprobs, got);
+      unpad(probs, want);
+      expect_close(tag + "probs", got, want, store_rel(t) + 1e-5, 1e-9);
+      expect_close(tag + "losses", Mem::down(gl, R, DType::fp32), losses, 1e-5, 1e-6);
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < V; ++v) {
+          const int target = tg[static_cast<std::size_t>(r)];
+          dl[at(r, v)] = target < 0 ? 0.0f : (gprobs[at(r, v)] - (v == target ? 1.0f : 0.0f)) * dscale;
+        }
+      void* gdl = m.up(VF(n, std::nanf("")), t);
+      fast::crossentropy_backward(gdl, gp, gtg, dscale, R, V, ld, t, nullptr);
+      const VF gdlv = Mem::down(gdl, n, t);
+      pads_nan(gdlv, "dlogits");
+      unpad(gdlv, got);
+      unpad(dl, want);
+      expect_close(tag + "dlogits", got, want, store_rel(t), 0);
       CUDA_OK(cudaGetLastError());
     }
 }
@@ -479,7 +550,7 @@ TEST(CudaRows, ReductionsAreDeterministic) {
     cudaMemcpy(probs, xi, n * 2, cudaMemcpyDeviceToDevice);
     float* loss = m.zeros(Rs);
     std::vector<int> tg(Rs, 5);
-    fast::softmax_crossentropy(probs, loss, m.upi(tg), Rs, Vs, t, nullptr);
+    fast::softmax_crossentropy(probs, loss, m.upi(tg), Rs, Vs, Vs, t, nullptr);
     runs[k] = {Mem::raw(dx, n * 2),
                Mem::raw(dw, C * 4),
                Mem::raw(db, C * 4),
@@ -519,8 +590,8 @@ TEST(CudaRows, EmptyShapesLaunchNothing) {
     fast::encoder_backward(nullptr, nullptr, nullptr, nullptr, 0, 4, 8, t, nullptr, nullptr);
     fast::embedding_forward(nullptr, nullptr, nullptr, 0, 8, t, nullptr);
     fast::embedding_backward(nullptr, nullptr, nullptr, 0, 8, t, nullptr, nullptr);
-    fast::softmax_crossentropy(nullptr, nullptr, nullptr, 0, 8, t, nullptr);
-    fast::crossentropy_backward(nullptr, nullptr, nullptr, 1.0f, 0, 8, t, nullptr);
+    fast::softmax_crossentropy(nullptr, nullptr, nullptr, 0, 8, 8, t, nullptr);
+    fast::crossentropy_backward(nullptr, nullptr, nullptr, 1.0f, 0, 8, 8, t, nullptr);
     fast::convert(nullptr, t, nullptr, DType::fp32, 0, nullptr);
   }
   EXPECT_EQ(fast::column_partials_floats(0, 8), 0u);

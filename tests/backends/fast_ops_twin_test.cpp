@@ -11,6 +11,10 @@
 //   * running the GPU twice gives the same bits (the fast kernels use no atomics).
 // Inputs a backward op reads from its forward (mean/rstd, the attention output and log-sum-exp, the
 // probabilities) are made by the twin's forward op, so both sides see a consistent state.
+// The LM head's probs and dlogits are laid out as each backend says (OpsBackend::logits_rows): rows
+// V apart on the twin, padded to a multiple of 64 on the GPU, at a vocabulary that is not a multiple
+// of 64. On the GPU the pad columns start as NaN bytes and must come back unchanged: no kernel
+// writes them, and a kernel that read them would spread the NaN into the compared outputs.
 // Generation's ops (attention_decode, lm_head_logits) run on the twin like the others; the fast kernels
 // have none, and on the GPU the test checks that they refuse them with an Error.
 // Skipped, with the reason, without a GPU.
@@ -71,6 +75,7 @@ struct Tensor {
   double k;
   Bytes init;
   DType tol_t;
+  int rows = 0, cols = 0;  // the LM head's logits (rows > 0): rows of cols classes, in the backend's layout
 };
 
 // The tensors of one case as one backend sees them (host or device memory).
@@ -119,6 +124,12 @@ struct Case {
   }
   int act(std::size_t n, double k = 1, float scale = 1.0f) { return add(S, n, k, scale); }  // stored in S
   int f32(std::size_t n, double k = 1, float scale = 1.0f) { return add(DType::fp32, n, k, scale); }
+  // The LM head's probs or dlogits: R rows of `vocab` classes in S (held packed here).
+  int logits(int rows, int vocab, double k = 1) {
+    const int id = act(static_cast<std::size_t>(rows) * static_cast<std::size_t>(vocab), k);
+    t.back().rows = rows, t.back().cols = vocab;
+    return id;
+  }
   int tokens(std::size_t n, int vocab) {
     std::mt19937 rng(static_cast<std::uint32_t>(7 + i.size()));
     std::vector<int> v(n);
@@ -138,6 +149,7 @@ struct Case {
 
 constexpr int B = 2, T = 40, C = 64, H = 4, V = 96, R = B * T;
 constexpr int LH = 4, KV = 2, D = 16, F = 128;  // the llama cases' heads and MLP width
+constexpr int VH = 257;  // the LM head's vocabulary: odd, as GPT-2's 50257, so its rows are padded on the GPU
 constexpr std::size_t RC = static_cast<std::size_t>(R) * C;
 constexpr std::size_t sz(long long x) { return static_cast<std::size_t>(x); }
 
@@ -213,22 +225,22 @@ void case_encoder_backward(Case& c) {
   };
 }
 void case_lm_head_forward(Case& c) {
-  const int probs = c.act(sz(R) * V, C), losses = c.f32(R, V), x = c.act(RC), wte = c.act(sz(V) * C, 1, 0.3f),
-            tg = c.tokens(R, V);
+  const int probs = c.logits(R, VH, C), losses = c.f32(R, VH), x = c.act(RC), wte = c.act(sz(VH) * C, 1, 0.3f),
+            tg = c.tokens(R, VH);
   c.t[static_cast<std::size_t>(losses)].tol_t = c.S;  // from the logits, stored in S before the softmax
   c.call = [=](OpsBackend& o, const Bufs& t) {
-    o.lm_head_forward(t.w(probs), t.w(losses), t.r(x), t.r(wte), t.ids(tg), R, C, V);
+    o.lm_head_forward(t.w(probs), t.w(losses), t.r(x), t.r(wte), t.ids(tg), R, C, VH);
   };
 }
 void case_lm_head_backward(Case& c) {
-  const int dx = c.act(RC, V), dwte = c.f32(sz(V) * C, R), dl = c.act(sz(R) * V), probs = c.act(sz(R) * V),
-            x = c.act(RC), wte = c.act(sz(V) * C, 1, 0.3f), losses = c.f32(R), tg = c.tokens(R, V);
+  const int dx = c.act(RC, VH), dwte = c.f32(sz(VH) * C, R), dl = c.logits(R, VH), probs = c.logits(R, VH),
+            x = c.act(RC), wte = c.act(sz(VH) * C, 1, 0.3f), losses = c.f32(R), tg = c.tokens(R, VH);
   c.prepare([=](OpsBackend& o, const Bufs& t) {
-    o.lm_head_forward(t.w(probs), t.w(losses), t.r(x), t.r(wte), t.ids(tg), R, C, V);
+    o.lm_head_forward(t.w(probs), t.w(losses), t.r(x), t.r(wte), t.ids(tg), R, C, VH);
   });
   c.t[static_cast<std::size_t>(dwte)].tol_t = c.S;  // from dlogits, stored in S before the GEMM
   c.call = [=](OpsBackend& o, const Bufs& t) {
-    o.lm_head_backward(t.w(dx), t.w(dwte), t.w(dl), t.r(probs), t.r(x), t.r(wte), t.ids(tg), 1.0f / R, R, C, V);
+    o.lm_head_backward(t.w(dx), t.w(dwte), t.w(dl), t.r(probs), t.r(x), t.r(wte), t.ids(tg), 1.0f / R, R, C, VH);
   };
 }
 void case_copy(Case& c) {
@@ -333,13 +345,42 @@ std::vector<Bytes> run_on_host(const Case& c, OpsBackend& ops) {
   return h.f;
 }
 
+// A tensor as the backend lays it out: the LM head's logits with rows `ld` apart, the pad columns
+// filled with 0xFF bytes (a NaN in every float type); anything else as it is.
+constexpr unsigned char kPad = 0xFF;
+int logits_ld(const Tensor& x, const OpsBackend& ops) { return logits_row_stride(x.cols, ops.logits_rows()); }
+Bytes laid_out(const Tensor& x, const OpsBackend& ops) {
+  if (x.rows == 0) return x.init;
+  const std::size_t e = dtype_bytes(x.t), row = sz(x.cols) * e, ld = sz(logits_ld(x, ops)) * e;
+  Bytes b(sz(x.rows) * ld, kPad);
+  for (std::size_t r = 0; r < sz(x.rows); ++r) std::memcpy(b.data() + r * ld, x.init.data() + r * row, row);
+  return b;
+}
+// Back to the packed layout the comparisons use; the pad columns must hold kPad still.
+Bytes packed(const Tensor& x, const OpsBackend& ops, const Bytes& b) {
+  if (x.rows == 0) return b;
+  const std::size_t e = dtype_bytes(x.t), row = sz(x.cols) * e, ld = sz(logits_ld(x, ops)) * e;
+  Bytes out(sz(x.rows) * row);
+  int written = 0;
+  for (std::size_t r = 0; r < sz(x.rows); ++r) {
+    std::memcpy(out.data() + r * row, b.data() + r * ld, row);
+    written += static_cast<int>(std::count_if(b.begin() + static_cast<long>(r * ld + row),
+                                              b.begin() + static_cast<long>((r + 1) * ld),
+                                              [](unsigned char u) { return u != kPad; }));
+  }
+  EXPECT_EQ(written, 0) << "bytes of the logits' pad columns were written";
+  return out;
+}
+
 std::vector<Bytes> run_on_gpu(const Case& c, Device& dev, OpsBackend& ops) {
   std::vector<DeviceBuffer> keep;
   Bufs b;
   for (const Tensor& x : c.t) {
-    keep.emplace_back(dev, x.init.size(), "fast ops twin test");
-    dev.copy_to_device(keep.back().as<void>(), x.init.data(), x.init.size(), StreamRole::compute);
-    b.p.push_back(keep.back().as<void>()), b.t.push_back(x.t), b.n.push_back(x.n);
+    const Bytes image = laid_out(x, ops);
+    keep.emplace_back(dev, image.size(), "fast ops twin test");
+    dev.copy_to_device(keep.back().as<void>(), image.data(), image.size(), StreamRole::compute);
+    dev.synchronize(StreamRole::compute);  // `image` is a local: the copy must be done before it goes
+    b.p.push_back(keep.back().as<void>()), b.t.push_back(x.t), b.n.push_back(image.size() / dtype_bytes(x.t));
   }
   for (const auto& v : c.i) {
     keep.emplace_back(dev, v.size() * sizeof(int), "fast ops twin test");
@@ -349,10 +390,11 @@ std::vector<Bytes> run_on_gpu(const Case& c, Device& dev, OpsBackend& ops) {
   c.call(ops, b);
   std::vector<Bytes> out;
   for (std::size_t k = 0; k < c.t.size(); ++k) {
-    out.emplace_back(c.t[k].init.size());
+    out.emplace_back(b.n[k] * dtype_bytes(c.t[k].t));
     dev.copy_to_host(out.back().data(), b.p[k], out.back().size(), StreamRole::compute);
   }
   dev.synchronize(StreamRole::compute);
+  for (std::size_t k = 0; k < c.t.size(); ++k) out[k] = packed(c.t[k], ops, out[k]);
   return out;
 }
 
@@ -399,6 +441,9 @@ TEST(FastOpsTwin, EveryOpOnTheGpuMatchesTheCpuTwinAndRepeatsBitwise) {
     auto twin = cpu.make_ops(*cdev, p, 2, Kernels::fast);
     ASSERT_EQ(fast->storage_dtype(), S);
     ASSERT_EQ(twin->storage_dtype(), S);
+    ASSERT_EQ(fast->logits_rows(), LogitsRows::padded);
+    ASSERT_EQ(twin->logits_rows(), LogitsRows::packed);
+    ASSERT_NE(logits_row_stride(VH, LogitsRows::padded), VH) << "the LM head cases must exercise the padding";
     for (const OpEntry& e : kOps) {
       SCOPED_TRACE(std::string(to_string(S)) + " " + e.name);
       Case c;

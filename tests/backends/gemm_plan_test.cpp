@@ -16,6 +16,7 @@
 #include "cpu/ops_gpt.h"
 #include "cuda/gemm_plan.h"
 #include "gemm_reference.h"
+#include "model/backend.h"
 
 namespace zinf::cuda {
 namespace {
@@ -200,46 +201,107 @@ TEST(GemmPlanRun, MatmulBackwardMatchesTheRowMajorReference) {
     }
 }
 
+// Both logits layouts (model/backend.h): rows V apart, and rows padded to a multiple of 64. The pad
+// columns start as NaN and must come out as they went in: the plans neither write nor read them (a
+// read would spread the NaN into dx or dwte).
 TEST(GemmPlanRun, LmHeadMatchesTheRowMajorReference) {
-  for (const Shape& s : kShapes) {
-    const int R = s.R, C = s.IC, V = s.OC + 2;  // vocabulary: odd sizes too
-    SCOPED_TRACE(testing::Message() << "R=" << R << " C=" << C << " V=" << V);
-    const std::size_t nx = static_cast<std::size_t>(R) * C, ne = static_cast<std::size_t>(V) * C,
-                      nl = static_cast<std::size_t>(R) * V;
-    const auto x = randf(nx, 13), wte = randf(ne, 14, 0.3f);
-    std::vector<int> targets(static_cast<std::size_t>(R));
-    for (int r = 0; r < R; ++r) targets[static_cast<std::size_t>(r)] = (r * 7 + 3) % V;
-    // Forward: the plan's logits, softmaxed here, against the reference's probabilities.
-    std::vector<float> probs(nl, 3.0f), ref_probs(nl), losses(static_cast<std::size_t>(R));
-    run_column_major(lm_head_forward_gemm(probs.data(), x.data(), wte.data(), R, C, V, DType::fp32));
-    for (int r = 0; r < R; ++r) {
-      float* l = probs.data() + static_cast<std::size_t>(r) * V;
-      const float mx = *std::max_element(l, l + V);
-      float sum = 0;
-      for (int v = 0; v < V; ++v) sum += (l[v] = std::exp(l[v] - mx));
-      for (int v = 0; v < V; ++v) l[v] /= sum;
-    }
-    ops::lm_head_forward(pool(), ref_probs.data(), losses.data(), x.data(), wte.data(), targets.data(), R, C, V);
-    expect_near_all(probs, ref_probs, "probs");
-    // Backward from the reference's probabilities: dlogits as the op makes it, then the plans.
-    const float dscale = 1.0f / static_cast<float>(R);
-    std::vector<float> dl(nl), rdl(nl, 1.0f), dx(nx, 4.0f), rdx(nx, 4.0f), dwte = randf(ne, 15), rdwte = dwte;
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < V; ++v) {
-        const std::size_t i = static_cast<std::size_t>(r) * V + v;
-        dl[i] = (ref_probs[i] - (v == targets[static_cast<std::size_t>(r)] ? 1.0f : 0.0f)) * dscale;
+  for (const LogitsRows rows : {LogitsRows::packed, LogitsRows::padded})
+    for (const Shape& s : kShapes) {
+      const int R = s.R, C = s.IC, V = s.OC + 2;  // vocabulary: odd sizes too
+      const int ld = logits_row_stride(V, rows);
+      SCOPED_TRACE(testing::Message() << "R=" << R << " C=" << C << " V=" << V << " ld=" << ld);
+      const std::size_t nx = static_cast<std::size_t>(R) * C, ne = static_cast<std::size_t>(V) * C,
+                        nl = static_cast<std::size_t>(R) * V, nld = static_cast<std::size_t>(R) * ld;
+      const auto x = randf(nx, 13), wte = randf(ne, 14, 0.3f);
+      std::vector<int> targets(static_cast<std::size_t>(R));
+      for (int r = 0; r < R; ++r) targets[static_cast<std::size_t>(r)] = (r * 7 + 3) % V;
+      const auto at = [&](int r, int v) { return static_cast<std::size_t>(r) * ld + v; };
+      // Forward: the plan's logits, softmaxed here, against the reference's probabilities.
+      std::vector<float> probs(nld, std::nanf("")), ref_probs(nl), losses(static_cast<std::size_t>(R));
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < V; ++v) probs[at(r, v)] = 3.0f;
+      run_column_major(lm_head_forward_gemm(probs.data(), x.data(), wte.data(), R, C, V, ld, DType::fp32));
+      std::vector<float> packed(nl);
+      for (int r = 0; r < R; ++r) {
+        float* l = probs.data() + at(r, 0);
+        const float mx = *std::max_element(l, l + V);
+        float sum = 0;
+        for (int v = 0; v < V; ++v) sum += (l[v] = std::exp(l[v] - mx));
+        for (int v = 0; v < V; ++v) packed[static_cast<std::size_t>(r) * V + v] = l[v] / sum;
+        for (int v = V; v < ld; ++v) EXPECT_TRUE(std::isnan(l[v])) << "row " << r << " pad column " << v << " written";
       }
-    const LmHeadBackwardGemms g =
-        lm_head_backward_gemms(dx.data(), dwte.data(), dl.data(), x.data(), wte.data(), R, C, V, DType::fp32);
-    EXPECT_EQ(g.dx.plan.beta, 0.0f) << "dx is overwritten";
-    EXPECT_EQ(g.dwte.plan.beta, 1.0f) << "dwte accumulates";
-    run_column_major(g.dx);
-    run_column_major(g.dwte);
-    ops::lm_head_backward(pool(), rdx.data(), rdwte.data(), rdl.data(), ref_probs.data(), x.data(), wte.data(),
-                          targets.data(), dscale, R, C, V);
-    expect_near_all(dl, rdl, "dlogits");
-    expect_near_all(dx, rdx, "dx");
-    expect_near_all(dwte, rdwte, "dwte");
+      ops::lm_head_forward(pool(), ref_probs.data(), losses.data(), x.data(), wte.data(), targets.data(), R, C, V);
+      expect_near_all(packed, ref_probs, "probs");
+      // Backward from the reference's probabilities: dlogits as the op makes it, then the plans.
+      const float dscale = 1.0f / static_cast<float>(R);
+      std::vector<float> dl(nld, std::nanf("")), rdl(nl, 1.0f), dx(nx, 4.0f), rdx(nx, 4.0f);
+      std::vector<float> dwte = randf(ne, 15), rdwte = dwte;
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < V; ++v) {
+          const std::size_t i = static_cast<std::size_t>(r) * V + v;
+          dl[at(r, v)] = (ref_probs[i] - (v == targets[static_cast<std::size_t>(r)] ? 1.0f : 0.0f)) * dscale;
+        }
+      const LmHeadBackwardGemms g =
+          lm_head_backward_gemms(dx.data(), dwte.data(), dl.data(), x.data(), wte.data(), R, C, V, ld, DType::fp32);
+      EXPECT_EQ(g.dx.plan.beta, 0.0f) << "dx is overwritten";
+      EXPECT_EQ(g.dwte.plan.beta, 1.0f) << "dwte accumulates";
+      run_column_major(g.dx);
+      run_column_major(g.dwte);
+      ops::lm_head_backward(pool(), rdx.data(), rdwte.data(), rdl.data(), ref_probs.data(), x.data(), wte.data(),
+                            targets.data(), dscale, R, C, V);
+      std::vector<float> dl_packed(nl);
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < V; ++v) dl_packed[static_cast<std::size_t>(r) * V + v] = dl[at(r, v)];
+      expect_near_all(dl_packed, rdl, "dlogits");
+      expect_near_all(dx, rdx, "dx");
+      expect_near_all(dwte, rdwte, "dwte");
+    }
+}
+
+// GPT-2's vocabulary (50257, odd) under the CUDA fast kernels' layout: the LM head's three GEMMs get
+// leading dimensions that are multiples of 64 and, from a buffer that starts 256-byte aligned as the
+// model lays it out (ViewCursor::take_logits), 256-byte aligned pointers, every row of a 16-bit
+// buffer 128-byte aligned. With rows V apart (the other backends' layout) the same calls would get an
+// odd leading dimension.
+TEST(GemmPlan, LmHeadOfAnOddVocabularyGetsAlignedLeadingDimensions) {
+  constexpr int V = 50257, C = 768, R = 4 * 1024;
+  EXPECT_EQ(logits_rows_of(DeviceType::cuda, Kernels::fast), LogitsRows::padded);
+  EXPECT_EQ(logits_rows_of(DeviceType::cuda, Kernels::reference), LogitsRows::packed);
+  EXPECT_EQ(logits_rows_of(DeviceType::cpu, Kernels::fast), LogitsRows::packed);
+  EXPECT_EQ(logits_rows_of(DeviceType::cpu, Kernels::reference), LogitsRows::packed);
+  EXPECT_EQ(logits_row_stride(V, LogitsRows::packed), V);
+  const int ld = logits_row_stride(V, logits_rows_of(DeviceType::cuda, Kernels::fast));
+  EXPECT_EQ(ld, 50304);
+  EXPECT_EQ(logits_row_stride(50304, LogitsRows::padded), 50304) << "a vocabulary padded by hand stays as it is";
+  EXPECT_EQ(logits_row_stride(64, LogitsRows::padded), 64);
+  EXPECT_EQ(logits_row_stride(65, LogitsRows::padded), 128);
+  // Fake device addresses, as the allocator and the model's layout give them (only their alignment
+  // is looked at: nothing runs).
+  const auto addr = [](std::uintptr_t a) { return reinterpret_cast<void*>(a); };
+  void *logits = addr(std::uintptr_t{1} << 30), *x = addr(std::uintptr_t{2} << 30),
+       *wte = addr(std::uintptr_t{3} << 30);
+  float* dwte = static_cast<float*>(addr(std::uintptr_t{4} << 30));
+  void* dx = addr(std::uintptr_t{5} << 30);
+  for (DType S : {DType::bf16, DType::fp16, DType::fp32}) {
+    SCOPED_TRACE(to_string(S));
+    const GemmCall f = lm_head_forward_gemm(logits, x, wte, R, C, V, ld, S);
+    const LmHeadBackwardGemms b = lm_head_backward_gemms(dx, dwte, logits, x, wte, R, C, V, ld, S);
+    EXPECT_EQ(f.plan.ldc % 64, 0);
+    EXPECT_EQ(b.dx.plan.ldb % 64, 0);
+    EXPECT_EQ(b.dwte.plan.ldb % 64, 0);
+    EXPECT_EQ(f.plan.m, V) << "the GEMM computes the V classes only";
+    EXPECT_EQ(b.dx.plan.k, V);
+    EXPECT_EQ(b.dwte.plan.n, V);
+    const GemmKey kf = make_gemm_key(f.plan, f.ops), kdx = make_gemm_key(b.dx.plan, b.dx.ops),
+                  kdw = make_gemm_key(b.dwte.plan, b.dwte.ops);
+    EXPECT_EQ(kf.align_c, 256u);
+    EXPECT_EQ(kdx.align_b, 256u);
+    EXPECT_EQ(kdw.align_b, 256u);
+    // Every row starts 128-byte aligned in 16-bit storage (a row of an fp32 buffer: 256-byte).
+    const std::size_t row_bytes = static_cast<std::size_t>(ld) * dtype_bytes(S);
+    EXPECT_EQ(row_bytes % 128, 0u);
+    const GemmCall packed = lm_head_forward_gemm(logits, x, wte, R, C, V, V, S);
+    EXPECT_NE(packed.plan.ldc % 8, 0) << "rows V apart: not even 16-byte aligned";
   }
 }
 
@@ -302,13 +364,13 @@ TEST(GemmPlanRun, SixteenBitPlansMatchTheReferenceRoundedOnce) {
       // lm_head: logits and dx in S, dwte fp32.
       const int V = s.OC;
       Half logits(S, std::vector<float>(static_cast<std::size_t>(s.R) * V)), dx(S, std::vector<float>(nin));
-      run_column_major(lm_head_forward_gemm(logits.v.data(), inp.v.data(), w.v.data(), s.R, s.IC, V, S));
+      run_column_major(lm_head_forward_gemm(logits.v.data(), inp.v.data(), w.v.data(), s.R, s.IC, V, V, S));
       std::vector<float> rlogits(static_cast<std::size_t>(s.R) * V);
       ops::matmul_forward(pool(), rlogits.data(), inpf.data(), transposed(wf, V, s.IC).data(), nullptr, s.R, s.IC, V);
       expect_rounded(logits, rlogits, "logits");
       std::vector<float> dwte = randf(nw, 27), rdwte = transposed(dwte, V, s.IC), rdx(nin, 0.0f);
       const LmHeadBackwardGemms lm =
-          lm_head_backward_gemms(dx.v.data(), dwte.data(), dout.v.data(), inp.v.data(), w.v.data(), s.R, s.IC, V, S);
+          lm_head_backward_gemms(dx.v.data(), dwte.data(), dout.v.data(), inp.v.data(), w.v.data(), s.R, s.IC, V, V, S);
       run_column_major(lm.dx);
       run_column_major(lm.dwte);
       // dx = dlogits·wte and dwte += dlogitsᵀ·x, with dout as dlogits [R, V] and w as wte [V, IC].
@@ -346,7 +408,7 @@ TEST(GemmPlan, SixteenBitPlansKeepWeightGradientsInFp32) {
   EXPECT_EQ(bwd.dinp.plan.c_type, DType::fp16);
   EXPECT_EQ(bwd.dw.plan.a_type, DType::fp16);
   EXPECT_EQ(bwd.dw.plan.c_type, DType::fp32);
-  const LmHeadBackwardGemms lm = lm_head_backward_gemms(&f, &f, &f, &f, &f, 3, 5, 7, DType::bf16);
+  const LmHeadBackwardGemms lm = lm_head_backward_gemms(&f, &f, &f, &f, &f, 3, 5, 7, 7, DType::bf16);
   EXPECT_EQ(lm.dx.plan.c_type, DType::bf16);
   EXPECT_EQ(lm.dwte.plan.c_type, DType::fp32);
 }

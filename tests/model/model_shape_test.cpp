@@ -1,6 +1,12 @@
-// model_shape_test.cpp — exact parameter counts against published figures and a per-tensor sum.
+// model_shape_test.cpp — exact parameter counts against published figures and a per-tensor sum; the
+// layout of the LM head's logits buffers in the model's activation buffers.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+
+#include "model/lm.h"
 #include "model/shape.h"
 
 namespace zinf {
@@ -76,6 +82,44 @@ TEST(ModelShape, Gpt3PresetsAreInTheirNamedRange) {
   EXPECT_NEAR(count_params(find_model_preset("30b").shape) / 1e9, 30, 1.0);
   EXPECT_NEAR(count_params(find_model_preset("66b").shape) / 1e9, 66, 1.5);
   EXPECT_NEAR(count_params(find_model_preset("175b").shape) / 1e9, 175, 3.0);
+}
+
+// The probs and dlogits views the model takes (ViewCursor::take_logits): rows V apart where the
+// backend keeps them packed; where it pads them, rows a multiple of 64 elements apart and the view at
+// a 256-byte offset, so that from an aligned allocation every row of a 16-bit buffer starts on a
+// 128-byte boundary. The measuring cursor (null base) sizes the buffer for the same views.
+TEST(ViewCursor, LogitsRowsArePaddedAndAlignedWhereTheBackendPadsThem) {
+  constexpr std::size_t R = 6;
+  constexpr int V = 50257, Vp = 50304;
+  for (const DType S : {DType::bf16, DType::fp32})
+    for (const LogitsRows rows : {LogitsRows::packed, LogitsRows::padded}) {
+      SCOPED_TRACE(std::string(to_string(S)) + (rows == LogitsRows::padded ? " padded" : " packed"));
+      const auto lay = [&](ViewCursor& c) {
+        c.take(3);  // what the model takes before: a few odd-sized views
+        c.take_fp32(5);
+        return c.take_logits(R, V, rows);
+      };
+      ViewCursor measure(nullptr, S);
+      lay(measure);
+      const std::size_t bytes = measure.bytes();
+      std::unique_ptr<char, decltype(&std::free)> mem(
+          static_cast<char*>(std::aligned_alloc(kLogitsAlignBytes, (bytes + 255) / 256 * 256)), &std::free);
+      ViewCursor c(mem.get(), S);
+      const TensorView logits = lay(c);
+      EXPECT_EQ(c.bytes(), bytes);
+      const auto offset = static_cast<std::size_t>(static_cast<char*>(logits.data()) - mem.get());
+      EXPECT_LE(offset + logits.numel() * dtype_bytes(S), bytes);
+      if (rows == LogitsRows::packed) {
+        EXPECT_EQ(logits.numel(), R * V);
+        continue;
+      }
+      EXPECT_EQ(logits.numel(), R * Vp);
+      EXPECT_EQ(offset % kLogitsAlignBytes, 0u);
+      for (std::size_t r = 0; r < R; ++r)
+        EXPECT_EQ(reinterpret_cast<std::uintptr_t>(static_cast<char*>(logits.data()) + r * Vp * dtype_bytes(S)) % 128,
+                  0u)
+            << "row " << r;
+    }
 }
 
 }  // namespace

@@ -19,15 +19,16 @@
 namespace zinf {
 
 std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
-                                        bool checkpointing, Kernels kernels) {
+                                        bool checkpointing, Kernels kernels, DeviceType device) {
   const double B = static_cast<double>(micro_batch), T = s.seq_len, C = s.d_model, H = s.n_head, V = s.vocab_size;
+  const double Vs = logits_row_stride(s.vocab_size, logits_rows_of(device, kernels));  // the logits' row stride
   // The bytes of one stored activation: the run's precision under the fast kernels; the reference
   // kernels store every activation in fp32, whatever the run's precision.
   const double act = kernels == Kernels::fast ? compute_bytes : 4.0;
   double per_block, logits;
   if (kernels == Kernels::fast) {  // storage dtype S; fp32 statistics, attention state and losses
     per_block = T * B * C * 17.0 * act + 4.0 * (4.0 * B * T + B * H * T);
-    logits = B * T * V * 2.0 * act + 4.0 * B * T;
+    logits = B * T * Vs * 2.0 * act + 4.0 * B * T;
   } else {
     per_block = T * B * C * (34.0 + 5.0 * H * T / C) * (act / 2.0);
     logits = B * T * V * (act + 4.0);
@@ -71,7 +72,7 @@ offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
   in.rank = 0;
   in.stage = c.zero.stage;
   in.activation_bytes = estimate_activation_bytes(shape, c.micro_batch_size, in.compute_bytes,
-                                                  c.model.activation_checkpointing, c.device.kernels);
+                                                  c.model.activation_checkpointing, c.device.kernels, c.device.type);
   const CheckpointBytes ckpt =
       estimate_checkpoint_bytes(shape, c.micro_batch_size, in.compute_bytes, c.model.activation_checkpointing,
                                 c.model.cpu_checkpointing, c.device.kernels);
@@ -290,9 +291,9 @@ RunPlan plan_run(const Config& c, const MachineInfo& m) {
   r.plan = offload::make_plan(in);
   r.capacity = machine_capacity(c, m);
   r.activations_plain =
-      estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, false, c.device.kernels);
+      estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, false, c.device.kernels, c.device.type);
   r.activations_checkpointed =
-      estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true, c.device.kernels);
+      estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true, c.device.kernels, c.device.type);
   r.activations_cpu_checkpointed =
       r.activations_checkpointed -
       estimate_checkpoint_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true, true, c.device.kernels).host;

@@ -26,9 +26,12 @@ namespace zinf {
 // Fast kernels (device.kernels: fast) store activations in the run's precision (`compute_bytes`):
 // each block keeps 17·T·B·C stored elements (34 two-byte units), its norms' statistics in fp32
 // (4·B·T floats) and the attention state as one fp32 log-sum-exp per row and head (B·H·T floats,
-// not B·H·T·T); the head keeps probs and dlogits in the storage dtype and the row losses in fp32.
+// not B·H·T·T); the head keeps probs and dlogits in the storage dtype and the row losses in fp32. On
+// the CUDA device (`device`) their rows are V rounded up to a multiple of 64 elements apart
+// (model/backend.h, logits_rows_of): the padded bytes are counted.
 std::uint64_t estimate_activation_bytes(const ModelShape& s, std::int64_t micro_batch, int compute_bytes,
-                                        bool checkpointing, Kernels kernels = Kernels::reference);
+                                        bool checkpointing, Kernels kernels = Kernels::reference,
+                                        DeviceType device = DeviceType::cpu);
 
 // Of those, with checkpointing, the checkpointed block inputs (the embedding output and each block's
 // output, one [B·T, C] activation each): all on the device, or with cpu_checkpointing two on the

@@ -94,13 +94,13 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   }
   void fp32_lm_head_forward(float* probs, float* losses, const float* x, const float* wte, const int* tg, int R, int C,
                             int V) {
-    gemm_.run(lm_head_forward_gemm(probs, x, wte, R, C, V, DType::fp32));
+    gemm_.run(lm_head_forward_gemm(probs, x, wte, R, C, V, V, DType::fp32));
     ops::launch_softmax_crossentropy(probs, losses, tg, R, V, stream_);  // the host reads the rows at the step's end
   }
   void fp32_lm_head_backward(float* dx, float* dwte, float* dl, const float* probs, const float* x, const float* wte,
                              const int* tg, float dscale, int R, int C, int V) {
     ops::launch_crossentropy_backward(dl, probs, tg, dscale, R, V, stream_);
-    const LmHeadBackwardGemms g = lm_head_backward_gemms(dx, dwte, dl, x, wte, R, C, V, DType::fp32);
+    const LmHeadBackwardGemms g = lm_head_backward_gemms(dx, dwte, dl, x, wte, R, C, V, V, DType::fp32);
     gemm_.run(g.dx);
     gemm_.run(g.dwte);
   }
@@ -164,7 +164,7 @@ class CudaOps final : public Fp32Ops<CudaOps> {
     }
   }
   void fp32_lm_head_logits(float* logits, const float* x, const float* wte, int R, int C, int V) {
-    gemm_.run(lm_head_forward_gemm(logits, x, wte, R, C, V, DType::fp32));
+    gemm_.run(lm_head_forward_gemm(logits, x, wte, R, C, V, V, DType::fp32));
   }
 
  private:

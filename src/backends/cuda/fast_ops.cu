@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -49,6 +50,9 @@ class CudaFastOps final : public OpsBackend {
     return static_cast<std::size_t>(B) * static_cast<std::size_t>(H) * static_cast<std::size_t>(T);
   }
   bool has_llama_ops() const override { return true; }
+  // The logits rows padded to a multiple of 64 elements, 128-byte aligned in 16-bit storage, for the
+  // LM head's GEMMs (model/backend.h).
+  LogitsRows logits_rows() const override { return logits_rows_of(DeviceType::cuda, Kernels::fast); }
 
   // ---- GPT-2 ---------------------------------------------------------------------------------------
   void matmul_forward(TensorView out, ConstTensorView inp, ConstTensorView w, ConstTensorView bias, int R, int IC,
@@ -152,8 +156,9 @@ class CudaFastOps final : public OpsBackend {
     float* l = f32(op, "losses", losses);
     const void *xi = act(op, "x", x), *e = act(op, "wte", wte);
     if (R <= 0) return;
-    gemm_.run(lm_head_forward_gemm(p, xi, e, R, C, V, S_));  // the logits, in the probs buffer
-    fast::softmax_crossentropy(p, l, targets, R, V, S_, stream_);
+    const int ld = logits_ld(op, V, R, {probs});
+    gemm_.run(lm_head_forward_gemm(p, xi, e, R, C, V, ld, S_));  // the logits, in the probs buffer
+    fast::softmax_crossentropy(p, l, targets, R, V, ld, S_, stream_);
   }
   void lm_head_backward(TensorView dx, TensorView dwte, TensorView dlogits, ConstTensorView probs, ConstTensorView x,
                         ConstTensorView wte, const int* targets, float dscale, int R, int C, int V) override {
@@ -162,8 +167,9 @@ class CudaFastOps final : public OpsBackend {
     float* de = grad(op, "dwte", dwte);
     const void *p = act(op, "probs", probs), *xi = act(op, "x", x), *e = act(op, "wte", wte);
     if (R <= 0) return;
-    fast::crossentropy_backward(dl, p, targets, dscale, R, V, S_, stream_);
-    const LmHeadBackwardGemms g = lm_head_backward_gemms(d, de, dl, xi, e, R, C, V, S_);
+    const int ld = logits_ld(op, V, R, {dlogits, probs});
+    fast::crossentropy_backward(dl, p, targets, dscale, R, V, ld, S_, stream_);
+    const LmHeadBackwardGemms g = lm_head_backward_gemms(d, de, dl, xi, e, R, C, V, ld, S_);
     gemm_.run(g.dx);
     gemm_.run(g.dwte);
   }
@@ -315,6 +321,19 @@ class CudaFastOps final : public OpsBackend {
   }
 
   // ---- helpers ---------------------------------------------------------------------------------------
+  // The logits buffers' row stride, after checking that each view (sized by its caller) holds R rows
+  // of it: a buffer sized for R·V elements would be overrun by rows ld apart.
+  int logits_ld(const char* op, int V, int R, std::initializer_list<ConstTensorView> views) const {
+    const int ld = logits_row_stride(V, logits_rows());
+    const std::size_t need = static_cast<std::size_t>(R) * static_cast<std::size_t>(ld);
+    for (const ConstTensorView& v : views)
+      if (v.numel() != kUnsized && v.numel() < need)
+        throw Error(std::string("CUDA fast op ") + op + ": a logits buffer of " + std::to_string(v.numel()) +
+                        " elements holds fewer than R = " + std::to_string(R) + " rows of " + std::to_string(ld),
+                    "the fast kernels pad each logits row to a multiple of 64 classes: size the buffers with "
+                    "OpsBackend::logits_rows() and logits_row_stride()");
+    return ld;
+  }
   // p advanced by `elems` elements of S.
   const void* at(const void* p, long elems) const {
     return static_cast<const char*>(p) + elems * static_cast<long>(dtype_bytes(S_));

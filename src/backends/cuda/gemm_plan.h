@@ -219,36 +219,39 @@ inline MatmulBackwardGemms matmul_backward_gemms(void* dinp, float* dw, float* d
 }
 
 // lm_head_forward's logits: logits[R,V] = x[R,C]·wteᵀ  ⇔  logitsᵀ[V,R] = wte (stored C×V, transposed)·xᵀ;
-// written into the probs buffer, which the softmax then overwrites in place.
-inline GemmCall lm_head_forward_gemm(void* logits, const void* x, const void* wte, int R, int C, int V, DType S) {
+// written into the probs buffer, which the softmax then overwrites in place. The logits rows are `ld`
+// elements apart (ld ≥ V: model/backend.h's logits_row_stride); only their first V elements are written.
+inline GemmCall lm_head_forward_gemm(void* logits, const void* x, const void* wte, int R, int C, int V, int ld,
+                                     DType S) {
   GemmCall g;
   GemmPlan& p = g.plan;
   p.ta = true;
   p.m = V, p.n = R, p.k = C;
-  p.lda = C, p.ldb = C, p.ldc = V;
+  p.lda = C, p.ldb = C, p.ldc = ld;
   p.a_type = p.b_type = p.c_type = S;
   g.ops = {wte, x, logits, nullptr, nullptr, nullptr};
   return g;
 }
 
-// lm_head_backward, after dlogits:
+// lm_head_backward, after dlogits (rows `ld` elements apart, as the forward's logits; only the first V
+// elements of each row are read):
 //   dx[R,C] = dlogits[R,V]·wte[V,C]  ⇔  dxᵀ[C,R] = wteᵀ[C,V]·dlogitsᵀ[V,R]  (overwritten: beta 0);
 //   dwte[V,C] += dlogitsᵀ·x          ⇔  dwteᵀ[C,V] += xᵀ[C,R]·dlogits (stored V×R, transposed).
 struct LmHeadBackwardGemms {
   GemmCall dx, dwte;
 };
 inline LmHeadBackwardGemms lm_head_backward_gemms(void* dx, float* dwte, const void* dlogits, const void* x,
-                                                  const void* wte, int R, int C, int V, DType S) {
+                                                  const void* wte, int R, int C, int V, int ld, DType S) {
   LmHeadBackwardGemms b;
   GemmPlan& p = b.dx.plan;
   p.m = C, p.n = R, p.k = V;
-  p.lda = C, p.ldb = V, p.ldc = C;
+  p.lda = C, p.ldb = ld, p.ldc = C;
   p.a_type = p.b_type = p.c_type = S;
   b.dx.ops = {wte, dlogits, dx, nullptr, nullptr, nullptr};
   GemmPlan& q = b.dwte.plan;
   q.tb = true;
   q.m = C, q.n = V, q.k = R;
-  q.lda = C, q.ldb = V, q.ldc = C;
+  q.lda = C, q.ldb = ld, q.ldc = C;
   q.a_type = q.b_type = S;
   q.c_type = DType::fp32;
   q.beta = 1.0f;

@@ -856,15 +856,16 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   return {m, sa + sb};  // symmetric in a and b: every lane of a butterfly gets the same bits
 }
 
-// One block per row: pass 1 keeps an online max and sum (one exp per element) for the row's
-// log-sum-exp; loss = logsumexp − logit[target] (capped where the reference clamps p at 1e-30);
-// pass 2 writes probs = exp(x − max) / sum in place.
+// One block per row (rows `ld` elements apart; the V classes of each are all it reads or writes):
+// pass 1 keeps an online max and sum (one exp per element) for the row's log-sum-exp;
+// loss = logsumexp − logit[target] (capped where the reference clamps p at 1e-30); pass 2 writes
+// probs = exp(x − max) / sum in place.
 template <class S>
 __global__ void __launch_bounds__(kBlock)
-    softmax_crossentropy_kernel(S* probs, float* losses, const int* targets, int V) {
+    softmax_crossentropy_kernel(S* probs, float* losses, const int* targets, int V, int ld) {
   __shared__ MaxSum sm[kBlock / 32];
   const int r = static_cast<int>(blockIdx.x);
-  S* row = probs + static_cast<std::size_t>(r) * V;
+  S* row = probs + static_cast<std::size_t>(r) * static_cast<std::size_t>(ld);
   const int target = targets[r];
   const float xt = target >= 0 && target < V ? widen<S>(row[target]) : NAN;  // read before pass 2 writes
   MaxSum ms{-INFINITY, 0.0f};
@@ -896,8 +897,8 @@ __global__ void __launch_bounds__(kBlock)
 
 template <class S>
 __global__ void __launch_bounds__(kBlock)
-    crossentropy_backward_kernel(S* dlogits, const S* probs, const int* targets, float dscale, int V) {
-  const std::size_t off = static_cast<std::size_t>(blockIdx.x) * V;
+    crossentropy_backward_kernel(S* dlogits, const S* probs, const int* targets, float dscale, int V, int ld) {
+  const std::size_t off = static_cast<std::size_t>(blockIdx.x) * static_cast<std::size_t>(ld);
   const int target = targets[blockIdx.x];
   if (target == -1) {  // kIgnoreTarget: a masked position has no gradient
     map_row<S>(dlogits + off, probs + off, V, [&](int, float) { return 0.0f; });
@@ -1098,23 +1099,26 @@ void embedding_backward(float* dwte, const void* dout, const int* tokens, int R,
 
 std::size_t token_sort_ints(int R) { return R <= 0 ? 0 : 5 * static_cast<std::size_t>(R) + 2; }
 
-void softmax_crossentropy(void* probs, float* losses, const int* targets, int R, int V, DType dt, cudaStream_t s) {
+void softmax_crossentropy(void* probs, float* losses, const int* targets, int R, int V, int ld, DType dt,
+                          cudaStream_t s) {
   if (R <= 0 || V <= 0) return;
+  ZINF_CHECK(ld >= V);
   dispatch(dt, [&](auto tag) {
     using S = typename decltype(tag)::type;
     cuda::launch(softmax_crossentropy_kernel<S>, static_cast<unsigned>(R), kBlock, 0, s, static_cast<S*>(probs), losses,
-                 targets, V);
+                 targets, V, ld);
     ZINF_CUDA_LAUNCH_CHECK("softmax_crossentropy");
   });
 }
 
-void crossentropy_backward(void* dlogits, const void* probs, const int* targets, float dscale, int R, int V, DType dt,
-                           cudaStream_t s) {
+void crossentropy_backward(void* dlogits, const void* probs, const int* targets, float dscale, int R, int V, int ld,
+                           DType dt, cudaStream_t s) {
   if (R <= 0 || V <= 0) return;
+  ZINF_CHECK(ld >= V);
   dispatch(dt, [&](auto tag) {
     using S = typename decltype(tag)::type;
     cuda::launch(crossentropy_backward_kernel<S>, static_cast<unsigned>(R), kBlock, 0, s, static_cast<S*>(dlogits),
-                 static_cast<const S*>(probs), targets, dscale, V);
+                 static_cast<const S*>(probs), targets, dscale, V, ld);
     ZINF_CUDA_LAUNCH_CHECK("crossentropy_backward");
   });
 }

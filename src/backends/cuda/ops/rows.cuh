@@ -66,11 +66,15 @@ void embedding_backward(float* dwte, const void* dout, const int* tokens, int R,
                         cudaStream_t s);
 // Scratch (ints) for the deterministic embedding backward of R rows.
 std::size_t token_sort_ints(int R);
-// logits [R,V] (S) → probs in place (S), losses[r] fp32; one pass with an online max for the loss
-void softmax_crossentropy(void* probs, float* losses, const int* targets, int R, int V, DType S, cudaStream_t s);
-// dlogits = (probs − onehot)·dscale (written; may be the same buffer as probs)
-void crossentropy_backward(void* dlogits, const void* probs, const int* targets, float dscale, int R, int V, DType S,
-                           cudaStream_t s);
+// logits [R,V] (S) → probs in place (S), losses[r] fp32; one pass with an online max for the loss. Rows are
+// `ld` ≥ V elements apart (model/backend.h, logits_row_stride); elements V..ld−1 of a row are neither read
+// nor written.
+void softmax_crossentropy(void* probs, float* losses, const int* targets, int R, int V, int ld, DType S,
+                          cudaStream_t s);
+// dlogits = (probs − onehot)·dscale (written; may be the same buffer as probs); both with rows `ld` apart,
+// as softmax_crossentropy's
+void crossentropy_backward(void* dlogits, const void* probs, const int* targets, float dscale, int R, int V, int ld,
+                           DType S, cudaStream_t s);
 // dst = src converted (rounded once to dst_t); a plain copy when the dtypes match
 void convert(void* dst, DType dst_t, const void* src, DType src_t, std::size_t n, cudaStream_t s);
 

@@ -14,10 +14,12 @@ MachineInfo fake_machine(std::uint64_t host, std::uint64_t gpu_free) {
   MachineInfo m;
   m.mem_total = m.mem_available = host;
   m.memlock_soft = m.memlock_hard = ~0ull;
-  if (gpu_free) {
+  if (gpu_free) {  // GPU 0, this process's: its free memory read
     GpuInfo g;
     g.free_bytes = g.total_bytes = gpu_free;
+    g.free_known = true;
     m.gpus.push_back(g);
+    m.own_gpu = 0;
   }
   return m;
 }

@@ -242,7 +242,8 @@ int run_plan(const PlanArgs& a) {
   if (world.rank != 0) return 0;  // under mpirun: one plan, from rank 0
   const Config config = load_run_config(a.config, a.world > 0 ? a.world : world.size);
   print_notes(config);
-  const RunPlan run = plan_run(config, query_machine());
+  // The machine as this process's rank sees it: the free memory of its own GPU (zinf/backends/gpu.h).
+  const RunPlan run = plan_run(config, query_machine(world.local_rank));
   if (a.json) {
     print_json(plan_json(config, run));
     return 0;

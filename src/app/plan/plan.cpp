@@ -86,11 +86,12 @@ offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
 offload::Capacity machine_capacity(const Config& c, const MachineInfo& m) {
   offload::Capacity cap;
   const bool use_gpu = c.device.type != DeviceType::cpu && !m.gpus.empty();
+  const GpuInfo* gpu = own_gpu_info(m);  // the GPU the CUDA device would drive: its free memory is known
   std::uint64_t host = m.mem_available;
   if (c.device.memory_budget > 0)
     cap.device = c.device.memory_budget;
-  else if (use_gpu)
-    cap.device = cuda_auto_budget(m.gpus[0].free_bytes, m.gpus[0].total_bytes);
+  else if (use_gpu)  // as the CUDA device takes it; nothing when this process has no GPU or its free memory is unknown
+    cap.device = gpu && gpu->free_known ? cuda_auto_budget(gpu->free_bytes, gpu->total_bytes) : 0;
   else
     cap.device = host / 2;                                         // the CPU device's default budget
   if (!use_gpu) host = host > cap.device ? host - cap.device : 0;  // CPU device memory is host memory

@@ -47,8 +47,9 @@ std::vector<std::uint64_t> estimate_ops_scratch(const Config& c, const ModelShap
 // The engine's plan input for this config and shape, with the activation and ops scratch estimates;
 // on the CUDA device (device.type cuda) every device buffer counts as its allocator block.
 offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape);
-// The machine's capacities; device.memory_budget auto on a GPU is its free memory less the reserve
-// of cuda_auto_budget (cuBLAS, NCCL, module images), as the CUDA device takes it.
+// The machine's capacities; device.memory_budget auto on a GPU is the free memory of this process's
+// GPU (m.own_gpu) less the reserve of cuda_auto_budget (cuBLAS, NCCL, module images), as the CUDA
+// device takes it, and 0 where that GPU's free memory is unknown.
 offload::Capacity machine_capacity(const Config& c, const MachineInfo& m);
 
 struct LargestFit {

@@ -55,6 +55,7 @@ nlohmann::json plan_json(const Config& config, const RunPlan& run) {
   j["model"] = {{"preset", config.model.preset}, {"n_layer", run.shape.n_layer},         {"n_head", run.shape.n_head},
                 {"d_model", run.shape.d_model},  {"vocab_size", run.shape.vocab_size},   {"seq_len", run.shape.seq_len},
                 {"params", p.n_params},          {"largest_unit_params", p.largest_unit}};
+  j["device"] = {{"type", to_string(run.device.type)}, {"reason", run.device.reason}};
   j["precision"] = to_string(config.precision());
   j["offload_optimizer"] = to_string(config.zero.offload_optimizer.device);
   j["offload_param"] = to_string(config.zero.offload_param.device);
@@ -133,6 +134,7 @@ void print_placement(const Config& config, const RunPlan& run) {
               config.model.preset.c_str(), config.model.preset.empty() ? "" : ": ", family.c_str(), shape.n_layer,
               shape.d_model, shape.n_head, shape.vocab_size, shape.seq_len, format_count(p.n_params).c_str(),
               static_cast<long long>(p.n_params), format_count(p.largest_unit).c_str());
+  std::printf("device     %s (%s)\n", std::string(to_string(run.device.type)).c_str(), run.device.reason.c_str());
   std::printf(
       "run        %s, micro batch %lld x GA %lld = %lld, ZeRO stage %d, offload_optimizer=%s, offload_param=%s\n",
       std::string(to_string(config.precision())).c_str(), static_cast<long long>(config.micro_batch_size),

@@ -17,10 +17,16 @@ struct NumaNode {
   std::string cpus;  // e.g. "0-15"
 };
 
+// No GPU of this process's own: query_machine reads no GPU's free memory and opens no CUDA context.
+constexpr int kNoOwnGpu = -1;
+
 struct GpuInfo {
   int index = 0;
   std::string name;
   std::uint64_t total_bytes = 0, free_bytes = 0;
+  // free_bytes was read: only on the GPU this process drives (reading it opens that GPU's CUDA context);
+  // the others' free memory is unknown and free_bytes is 0.
+  bool free_known = false;
   int cc_major = 0, cc_minor = 0;
   std::string pci_bus_id;                                                  // "0000:3b:00.0"
   int pcie_gen = 0, pcie_width = 0, pcie_gen_max = 0, pcie_width_max = 0;  // 0 when unknown
@@ -38,10 +44,19 @@ struct MachineInfo {
   bool cuda_built = false;
   std::string gpu_status;  // "2 GPUs", "no GPU visible (…)", "built without CUDA"
   std::vector<GpuInfo> gpus;
+  int own_gpu = kNoOwnGpu;  // the CUDA index of this process's GPU when it is visible, else kNoOwnGpu
   std::string cuda_runtime, cuda_driver, nccl;  // versions, empty when unknown
 };
 
-MachineInfo query_machine();
+// The machine, with `own_gpu` the GPU this process drives (its local rank's: the CUDA device's index):
+// every GPU's static facts, and the free memory of that one alone (zinf/backends/gpu.h, query_gpus).
+MachineInfo query_machine(int own_gpu);
+// This process's GPU among m.gpus (the one whose free memory query_machine reads), or nullptr.
+inline const GpuInfo* own_gpu_info(const MachineInfo& m) {
+  for (const GpuInfo& g : m.gpus)
+    if (g.index == m.own_gpu) return &g;
+  return nullptr;
+}
 // MemAvailable of /proc/meminfo in bytes (0 when unknown): query_machine()'s mem_available alone,
 // without the topology and GPU queries.
 std::uint64_t available_host_memory();

@@ -39,7 +39,7 @@ const backends::Backend& backends::backend_for(DeviceType type) {
 }
 
 #if !ZINF_HAVE_CUDA
-cuda::GpuQuery cuda::query_gpus() {
+cuda::GpuQuery cuda::query_gpus(int) {
   GpuQuery q;
   q.status = "built without CUDA (configure with -DZINF_CUDA=ON and nvcc to enable the GPU device)";
   return q;

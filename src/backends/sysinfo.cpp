@@ -73,7 +73,7 @@ std::string format_count(std::int64_t n) {
   return buf;
 }
 
-MachineInfo query_machine() {
+MachineInfo query_machine(int own_gpu) {
   MachineInfo m;
   m.cpu_model = cpu_model_name();
 
@@ -110,10 +110,12 @@ MachineInfo query_machine() {
     m.memlock_soft = conv(rl.rlim_cur);
     m.memlock_hard = conv(rl.rlim_max);
   }
-  cuda::GpuQuery g = cuda::query_gpus();
+  cuda::GpuQuery g = cuda::query_gpus(own_gpu);
   m.cuda_built = g.built;
   m.gpu_status = g.status;
   m.gpus = g.gpus;
+  for (const GpuInfo& gpu : m.gpus)
+    if (gpu.index == own_gpu) m.own_gpu = own_gpu;
   m.cuda_runtime = g.runtime;
   m.cuda_driver = g.driver;
   m.nccl = g.nccl;

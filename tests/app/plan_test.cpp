@@ -14,10 +14,12 @@ MachineInfo fake_machine(std::uint64_t host, std::uint64_t gpu_free) {
   MachineInfo m;
   m.mem_total = m.mem_available = host;
   m.memlock_soft = m.memlock_hard = ~0ull;
-  if (gpu_free) {
+  if (gpu_free) {  // GPU 0, this process's: its free memory read
     GpuInfo g;
     g.free_bytes = g.total_bytes = gpu_free;
+    g.free_known = true;
     m.gpus.push_back(g);
+    m.own_gpu = 0;
   }
   return m;
 }
@@ -44,9 +46,21 @@ TEST(Plan, CpuDeviceBudgetComesOutOfHostMemory) {
   EXPECT_EQ(cap.host, 7ull << 30);
   // A GPU's automatic budget: its free memory less the reserve for cuBLAS, NCCL and module images
   // (3% of 80 GiB: more than the 1 GiB floor).
-  auto gpu = machine_capacity(parse_config(R"({"train_batch_size": 4})"), fake_machine(8ull << 30, 80ull << 30));
+  const Config cuda = parse_config(R"({"train_batch_size": 4, "device": {"type": "cuda"}})");
+  auto gpu = machine_capacity(cuda, fake_machine(8ull << 30, 80ull << 30));
   EXPECT_EQ(gpu.device, (80ull << 30) - (80ull << 30) / 100 * 3);
   EXPECT_EQ(gpu.host, 8ull << 30);
+  // device.type auto is the CPU device, GPU or not (app/config/device_choice.h): half the host's memory.
+  auto automatic = machine_capacity(parse_config(R"({"train_batch_size": 4})"), fake_machine(8ull << 30, 80ull << 30));
+  EXPECT_EQ(automatic.device, 4ull << 30);
+  EXPECT_EQ(automatic.host, 4ull << 30);
+  // The CUDA device where this process has no GPU, or its free memory could not be read: nothing.
+  EXPECT_EQ(machine_capacity(cuda, fake_machine(8ull << 30, 0)).device, 0u);
+  MachineInfo unread = fake_machine(8ull << 30, 80ull << 30);
+  unread.gpus[0].free_known = false;
+  unread.gpus[0].free_bytes = 0;
+  EXPECT_EQ(machine_capacity(cuda, unread).device, 0u);
+  EXPECT_FALSE(plan_run(cuda, unread).notes.empty());
 }
 
 TEST(Plan, OffloadLetsLargerModelsFitAndTheVerdictIsConsistent) {

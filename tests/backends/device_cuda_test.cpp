@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -16,6 +17,9 @@
 #include "zinf/backends/gpu.h"
 #include "zinf/comm.h"
 #include "zinf/device.h"
+#if ZINF_CUDA_EXECUTOR
+#include "cudax/runtime.h"
+#endif
 
 namespace zinf {
 namespace {
@@ -205,6 +209,70 @@ TEST(CudaEngineKernels, UpdateMatchesTheReferenceInEveryStateFormat) {
       }
     }
   }
+}
+
+// The GPU query opens a CUDA context on this process's own GPU only: every GPU's static facts come
+// without one, the own GPU's free memory is read (on a thread of the query's own, so the caller's
+// current device stays), the others' is unknown. On the executor, which records the devices whose
+// primary context a call made or used (cudax/runtime.h), with four GPUs and this process's the third.
+TEST(GpuQuery, OpensAContextOnTheOwnGpuOnly) {
+#if ZINF_CUDA_EXECUTOR
+  cudax::set_device_count(4);
+  struct Restore {
+    ~Restore() { cudax::set_device_count(0); }
+  } restore;
+  cudax::forget_contexts();
+#endif
+  const cuda::GpuQuery none = cuda::query_gpus(kNoOwnGpu);
+  if (none.gpus.empty()) GTEST_SKIP() << "no GPU: " << none.status;
+  for (const GpuInfo& g : none.gpus) {
+    EXPECT_FALSE(g.free_known) << "GPU " << g.index;
+    EXPECT_EQ(g.free_bytes, 0u) << "GPU " << g.index;
+    EXPECT_GT(g.total_bytes, 0u) << "GPU " << g.index;
+    EXPECT_FALSE(g.name.empty()) << "GPU " << g.index;
+  }
+#if ZINF_CUDA_EXECUTOR
+  ASSERT_EQ(none.gpus.size(), 4u);
+  EXPECT_EQ(cudax::context_devices(), 0u) << "the static facts made a context";
+#endif
+  const int own = std::min(2, static_cast<int>(none.gpus.size()) - 1);
+  int before = -1, after = -1;
+  ASSERT_EQ(cudaGetDevice(&before), cudaSuccess);
+  const cuda::GpuQuery q = cuda::query_gpus(own);
+  ASSERT_EQ(cudaGetDevice(&after), cudaSuccess);
+  EXPECT_EQ(after, before) << "the query changed the calling thread's current device";
+  ASSERT_EQ(q.gpus.size(), none.gpus.size());
+  for (std::size_t i = 0; i < q.gpus.size(); ++i) {
+    const GpuInfo& g = q.gpus[i];
+    EXPECT_EQ(g.free_known, g.index == own) << "GPU " << g.index;
+    if (g.index == own) {
+      EXPECT_GT(g.free_bytes, 0u);
+      EXPECT_LE(g.free_bytes, g.total_bytes);
+    } else {
+      EXPECT_EQ(g.free_bytes, 0u) << "GPU " << g.index;
+    }
+    EXPECT_EQ(g.name, none.gpus[i].name);  // the static facts, as without an own GPU
+    EXPECT_EQ(g.total_bytes, none.gpus[i].total_bytes);
+    EXPECT_EQ(g.pci_bus_id, none.gpus[i].pci_bus_id);
+  }
+#if ZINF_CUDA_EXECUTOR
+  EXPECT_EQ(cudax::context_devices(), std::uint64_t{1} << own);
+  // The same from the machine query behind `zinf info` and `zinf plan`.
+  cudax::forget_contexts();
+  const MachineInfo m = query_machine(own);
+  EXPECT_EQ(m.own_gpu, own);
+  ASSERT_NE(own_gpu_info(m), nullptr);
+  EXPECT_TRUE(own_gpu_info(m)->free_known);
+  EXPECT_EQ(cudax::context_devices(), std::uint64_t{1} << own);
+  // And the CUDA device of that rank: its context, its memory and its streams, on its GPU alone.
+  cudax::forget_contexts();
+  {
+    auto dev = cuda::make_cuda_device(own, 0);
+    DeviceBuffer b(*dev, 1 << 20, "own GPU");
+    dev->synchronize(StreamRole::compute);
+  }
+  EXPECT_EQ(cudax::context_devices(), std::uint64_t{1} << own);
+#endif
 }
 
 TEST(CudaDevice, WithoutAGpuMakingOneIsAClearError) {

@@ -14,7 +14,8 @@
 // from pageable memory reads its source before returning and one to pageable memory completes before
 // returning, as CUDA's staged copies do; pinned and registered memory is read and written in stream
 // order, so a host access before the stream reaches the copy is a real race.
-// ZINF_CUDAX_DEVICES sets how many devices it reports (default 1).
+// ZINF_CUDAX_DEVICES sets how many devices it reports (default 1); it records which devices' primary
+// contexts the process made or used, by the rules of CUDA 13 (below, "devices and their primary contexts").
 // "Device" memory is charged against ZINF_CUDAX_MEMORY_MIB (default 16384), which cudaMemGetInfo
 // reports; fresh device allocations are filled with 0xFF bytes (NaN in fp32, bf16 and fp16), so a
 // read of memory nothing wrote shows.
@@ -87,6 +88,36 @@ cudaError_t fail(cudaError_t e) {
   tl_last = e;
   return e;
 }
+// ---- devices and their primary contexts --------------------------------------------------------------
+
+// ZINF_CUDAX_DEVICES (default 1) devices, so that several ranks on one machine each find "their" GPU;
+// they share this process's memory registry and budget, as each rank is its own process.
+std::atomic<int> g_device_count{0};  // set_device_count's; 0: ZINF_CUDAX_DEVICES
+int device_count() {
+  if (const int n = g_device_count.load()) return n;
+  static const int n = static_cast<int>(std::clamp<std::uint64_t>(env_u64("ZINF_CUDAX_DEVICES", 1), 1, 64));
+  return n;
+}
+thread_local int tl_device = 0;  // the calling thread's current device (0 until it sets one)
+
+// When a device's primary context is made, as the CUDA 13 runtime documents it (cuda_runtime_api.h):
+//   - cudaSetDevice(d) makes d's primary context current to the calling thread and initialises it at
+//     once (since CUDA 12.0; before, that waited for the first call needing a context);
+//   - cudaSetDeviceFlags initialises the current device's (device 0's on a thread that chose none);
+//   - every call that needs a context — device, pinned and registered memory and cudaMemGetInfo,
+//     copies and memsets, streams, events, host functions, launches, device synchronisation —
+//     initialises the calling thread's current device's if it is not yet;
+//   - cudaGetDeviceCount, cudaGetDeviceProperties, cudaDeviceGetAttribute, cudaGetDevice, the version
+//     queries and the error calls need none and make none.
+// A context on a GPU costs that GPU memory, so which devices a process touched matters (a rank should
+// touch only its own GPU): every such call records its device here (context_devices, cudax/runtime.h).
+std::atomic<std::uint64_t> g_context_devices{0};
+void use_context(int d) {
+  const std::uint64_t bit = std::uint64_t{1} << d;
+  if (!(g_context_devices.load(std::memory_order_relaxed) & bit)) g_context_devices.fetch_or(bit);
+}
+void use_context() { use_context(tl_device); }
+
 #define ZINF_CUDAX_STICKY()                       \
   do {                                            \
     if (const cudaError_t s_ = sticky()) return s_; \
@@ -277,7 +308,12 @@ void report(const std::string& line) { std::fprintf(stderr, "cudax: %s\n", line.
 
 void set_last_error(cudaError_t e) { tl_last = e; }
 
+std::uint64_t context_devices() { return g_context_devices.load(); }
+void forget_contexts() { g_context_devices.store(0); }
+void set_device_count(int n) { g_device_count.store(std::clamp(n, 0, 64)); }
+
 cudaError_t enqueue(cudaStream_t s, std::function<cudaError_t()> fn) {
+  use_context();
   if (const cudaError_t e = sticky()) return e;
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
     drain_blocking_streams();
@@ -306,6 +342,7 @@ std::size_t max_dynamic_smem(const void* kernel) {
 }
 
 cudaError_t launch_body(const void* kernel, const LaunchShape& shape, cudaStream_t stream, std::function<void()> body) {
+  use_context();
   if (const cudaError_t e = sticky()) return fail(e);
   const dim3 b = shape.block, g = shape.grid;
   const unsigned bd[3] = {b.x, b.y, b.z}, gd[3] = {g.x, g.y, g.z};
@@ -372,16 +409,6 @@ cudaError_t cudaPeekAtLastError() {
 
 // ---- device -----------------------------------------------------------------------------------------
 
-// ZINF_CUDAX_DEVICES (default 1) devices, so that several ranks on one machine each find "their" GPU;
-// they share this process's memory registry and budget, as each rank is its own process.
-namespace {
-int device_count() {
-  static const int n = static_cast<int>(std::clamp<std::uint64_t>(env_u64("ZINF_CUDAX_DEVICES", 1), 1, 64));
-  return n;
-}
-thread_local int tl_device = 0;
-}  // namespace
-
 cudaError_t cudaGetDeviceCount(int* n) {
   if (!n) return fail(cudaErrorInvalidValue);
   *n = device_count();
@@ -390,6 +417,7 @@ cudaError_t cudaGetDeviceCount(int* n) {
 cudaError_t cudaSetDevice(int d) {
   if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice);
   tl_device = d;
+  use_context();
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* d) {
@@ -398,6 +426,7 @@ cudaError_t cudaGetDevice(int* d) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDeviceFlags(unsigned flags) {
+  use_context();
   g_device_flags = static_cast<int>(flags);
   return cudaSuccess;
 }
@@ -470,6 +499,7 @@ cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int device) {
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  use_context();
   if (!func) return fail(cudaErrorInvalidDeviceFunction);
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;  // carveout: a hint
   if (value < 0 || static_cast<std::size_t>(value) > kMaxSmemPerBlockOptin) return fail(cudaErrorInvalidValue);
@@ -480,6 +510,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  use_context();
   for (const auto& s : live_streams()) s->drain();
   return sticky();
 }
@@ -530,6 +561,7 @@ bool remove_range(void* p, MemKind kind) {
 // cudaFree / cudaFreeHost: CUDA synchronises the device first; a pointer that is not the start of a
 // live allocation of that kind is an error.
 cudaError_t free_allocation(void* p, MemKind kind, const char* call) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (!p) return cudaSuccess;
   cudaDeviceSynchronize();
@@ -543,6 +575,7 @@ cudaError_t free_allocation(void* p, MemKind kind, const char* call) {
 }  // namespace
 
 cudaError_t cudaMalloc(void** p, std::size_t size) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (!p) return fail(cudaErrorInvalidValue);
   *p = nullptr;
@@ -568,6 +601,7 @@ cudaError_t cudaMalloc(void** p, std::size_t size) {
 cudaError_t cudaFree(void* p) { return free_allocation(p, MemKind::device, "cudaFree"); }
 
 cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned /*flags*/) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (!p) return fail(cudaErrorInvalidValue);
   *p = nullptr;
@@ -583,6 +617,7 @@ cudaError_t cudaMallocHost(void** p, std::size_t size) { return cudaHostAlloc(p,
 cudaError_t cudaFreeHost(void* p) { return free_allocation(p, MemKind::pinned, "cudaFreeHost"); }
 
 cudaError_t cudaHostRegister(void* p, std::size_t size, unsigned /*flags*/) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (!p || size == 0) return fail(cudaErrorInvalidValue);
   if (where(p).kind != MemKind::pageable) return fail(cudaErrorHostMemoryAlreadyRegistered);
@@ -590,11 +625,13 @@ cudaError_t cudaHostRegister(void* p, std::size_t size, unsigned /*flags*/) {
   return e == cudaSuccess ? e : fail(e);
 }
 cudaError_t cudaHostUnregister(void* p) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (!p || !remove_range(p, MemKind::registered)) return fail(cudaErrorHostMemoryNotRegistered);
   return cudaSuccess;
 }
 cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned flags) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (!dev || flags != 0) return fail(cudaErrorInvalidValue);
   const MemKind k = where(host).kind;
@@ -628,6 +665,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
 }
 
 cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (!free_bytes || !total) return fail(cudaErrorInvalidValue);
   Registry& r = registry();
@@ -675,6 +713,7 @@ cudaError_t check_copy(void* dst, const void* src, std::size_t n, cudaMemcpyKind
 }  // namespace
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (n == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue);
@@ -712,6 +751,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t stream) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (n == 0) return cudaSuccess;
   if (!is_device_range(p, n)) {
@@ -729,6 +769,7 @@ cudaError_t cudaMemset(void* p, int value, std::size_t n) { return cudaMemsetAsy
 // ---- streams ------------------------------------------------------------------------------------
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (!s) return fail(cudaErrorInvalidValue);
   auto st = std::make_shared<Stream>();
@@ -747,6 +788,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  use_context();
   std::shared_ptr<Stream> st;
   {
     Streams& ss = streams();
@@ -766,6 +808,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  use_context();
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
     drain_blocking_streams();
     return sticky();
@@ -777,6 +820,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return cudaSuccess;
   const std::shared_ptr<Stream> st = find_stream(s);
@@ -798,6 +842,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
 // ---- events -------------------------------------------------------------------------------------
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (!e) return fail(cudaErrorInvalidValue);
   auto* ev = new Event;
@@ -811,6 +856,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  use_context();
   Event* ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
   {
@@ -824,6 +870,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  use_context();
   ZINF_CUDAX_STICKY();
   Event* ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
@@ -860,6 +907,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
+  use_context();
   ZINF_CUDAX_STICKY();
   Event* ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
@@ -868,6 +916,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  use_context();
   ZINF_CUDAX_STICKY();
   Event* ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
@@ -878,6 +927,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (flags != 0 && flags != cudaEventWaitDefault) return fail(cudaErrorInvalidValue);
   Event* ev = find_event(e);
@@ -896,6 +946,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  use_context();
   ZINF_CUDAX_STICKY();
   if (!ms) return fail(cudaErrorInvalidValue);
   Event* a = find_event(start);

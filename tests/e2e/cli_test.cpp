@@ -120,6 +120,29 @@ TEST(Cli, PlanWithOverride) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["model"]["n_layer"], 8);
 }
 
+// `zinf plan` and `zinf train` say which device device.type resolved to, and why: auto is the CPU
+// device at this version, GPU or not.
+TEST(Cli, PlanAndTrainPrintTheResolvedDevice) {
+  const std::string cfg = "--config " + kConfigs + "/tiny.json --set device.type=\"auto\"";
+  const auto j = run_json("plan --json " + cfg);
+  EXPECT_EQ(j["device"]["type"], "cpu");
+  EXPECT_EQ(j["device"]["reason"].get<std::string>().rfind("auto: ", 0), 0u) << j["device"];
+  Result r = run("plan " + cfg);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("\ndevice     cpu (auto: "), std::string::npos) << r.out;
+  r = run("train " + cfg + " --set train.steps=0" + small_model(1));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("\ndevice.type resolved: cpu (auto: "), std::string::npos) << r.out;
+  r = run("plan --config " + kConfigs + "/tiny.json --set device.type=\"cuda\"");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("\ndevice     cuda (as configured)"), std::string::npos) << r.out;
+  // device.comm nccl needs the CUDA device: with auto on the CPU device, one line and exit 2.
+  r = run("plan " + cfg + " --set device.comm=\"nccl\"");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("device.type auto is the CPU device"), std::string::npos) << r.err;
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+}
+
 // `zinf plan` in each optimizer_states mode: the m and v rows carry the mode and shrink with it (with
 // the states in host memory: 4, 2 and 1 byte per element plus the 8bit scales); a bad word is one line.
 TEST(Cli, PlanShowsTheOptimizerStatesMode) {

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "app/config/config.h"
+#include "app/plan/plan.h"
 #include "app/train/train.h"
 #include "io/data.h"
 #include "zinf/backends/gpu.h"
@@ -196,6 +197,29 @@ TEST(Train, CudaDeviceWithoutAGpuIsOneClearError) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("CUDA device"), std::string::npos) << e.what();
+  }
+}
+
+// `zinf plan` on this machine and a run of the same config: the same device, and the budget the plan
+// counts on is the one the run's device takes (on the CUDA device where a GPU is visible: the free
+// memory of this process's GPU less the reserve; on the CPU device half the host's available memory,
+// read a moment apart, so within a tenth).
+TEST(Train, RunsOnTheDeviceAndBudgetThePlanCountsOn) {
+  const MachineInfo m = query_machine(0);  // a process started alone drives GPU 0
+  std::vector<std::string> types = {"auto", "cpu"};
+  if (!m.gpus.empty()) types.push_back("cuda");
+  for (const std::string& type : types) {
+    SCOPED_TRACE(type);
+    const Config c = parse_config(
+        small(0), {"device.type=\"" + type + "\"", "device.memory_budget=\"auto\"", "train.eval_batches=1"});
+    const RunPlan plan = plan_run(c, m);
+    const TrainResult r = train(c, TrainHooks{});
+    EXPECT_EQ(r.device, plan.device.type);
+    const double planned = static_cast<double>(plan.capacity.device), taken = static_cast<double>(r.device_budget);
+    if (r.device == DeviceType::cuda)
+      EXPECT_NEAR(planned, taken, 64.0 * (1 << 20));
+    else
+      EXPECT_NEAR(planned, taken, 0.1 * taken);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "app/config/config.h"
+#include "app/config/device_choice.h"
 
 namespace zinf::cli {
 
@@ -20,7 +21,9 @@ void add_config_options(CLI::App& sub, ConfigArgs& args) {
 Config load_run_config(const ConfigArgs& args, int world_size, const std::vector<std::string>& extra) {
   std::vector<std::string> overrides = args.overrides;
   overrides.insert(overrides.end(), extra.begin(), extra.end());
-  return zinf::load_config(args.path, overrides, world_size);
+  Config c = zinf::load_config(args.path, overrides, world_size);
+  resolve_device(c);  // device.type auto decided once, the same way for every command
+  return c;
 }
 
 const std::vector<std::string>& no_monitor_overrides() {

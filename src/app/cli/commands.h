@@ -58,7 +58,8 @@ struct ConfigArgs {
 };
 void add_config_options(CLI::App& sub, ConfigArgs& args);
 
-// The config of `args` with `extra` overrides after the user's, for a job of `world_size` ranks.
+// The config of `args` with `extra` overrides after the user's, for a job of `world_size` ranks, with
+// device.type resolved (app/config/device_choice.h).
 Config load_run_config(const ConfigArgs& args, int world_size, const std::vector<std::string>& extra = {});
 
 // Overrides that turn off what only a training run writes for its watcher (tensorboard, csv_monitor,

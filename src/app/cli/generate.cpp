@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "app/config/device_choice.h"
 #include "app/train/checkpoint.h"
 #include "commands.h"
 #include "io/files.h"
@@ -35,7 +36,7 @@ constexpr const char* kGenerateAbout =
     "--json)";
 
 struct GenerateArgs {
-  std::string model, prompt, prompt_file, tokenizer, device = "cpu", chat, system;
+  std::string model, prompt, prompt_file, tokenizer, device = "auto", chat, system;
   int max_new_tokens = 64, top_k = 0, n_head = 0, threads = 0;
   double temperature = 0, top_p = 1;
   std::uint64_t seed = 1;
@@ -160,8 +161,12 @@ int run_generate(const GenerateArgs& a) {
     throw ConfigError("--system needs --chat (a system turn is part of a chat prompt)");
   if (!a.chat.empty()) parse_chat_flag(a.chat);  // refused before the model is read
   if (a.max_new_tokens < 0) throw ConfigError("--max-new-tokens: " + std::to_string(a.max_new_tokens) + " is negative");
-  if (a.device != "cpu" && a.device != "cuda")
-    throw ConfigError("--device: '" + a.device + "' is not a device (cpu, cuda)");
+  if (a.device != "auto" && a.device != "cpu" && a.device != "cuda")
+    throw ConfigError("--device: '" + a.device + "' is not a device (auto, cpu, cuda)");
+  // auto means what device.type auto means for a run (app/config/device_choice.h).
+  const DeviceChoice device = resolve_device_type(a.device == "cuda"  ? DeviceType::cuda
+                                                  : a.device == "cpu" ? DeviceType::cpu
+                                                                      : DeviceType::automatic);
   SamplingOptions so;
   so.temperature = a.temperature, so.top_k = a.top_k, so.top_p = a.top_p, so.seed = a.seed;
   Sampler check(so);  // refuses bad sampling options before the model is read
@@ -203,7 +208,7 @@ int run_generate(const GenerateArgs& a) {
   for (std::uint32_t id : tok->eos_ids()) eos.push_back(static_cast<int>(id));
 
   const int threads = a.threads > 0 ? a.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const backends::Backend& be = backends::backend_for(a.device == "cuda" ? DeviceType::cuda : DeviceType::cpu);
+  const backends::Backend& be = backends::backend_for(device.type);
   backends::DeviceSpec spec;
   auto dev = be.make_device(spec);
   auto ops = be.make_ops(*dev, Precision::fp32, threads, Kernels::reference);
@@ -233,6 +238,7 @@ int run_generate(const GenerateArgs& a) {
     j["model"] = m.what;
     j["tokenizer"] = tok->description();
     j["device"] = dev->name();
+    j["device_reason"] = device.reason;
     j["threads"] = threads;
     j["prompt"] = text;
     j["prompt_ids"] = prompt;
@@ -261,9 +267,9 @@ int run_generate(const GenerateArgs& a) {
   std::fflush(stdout);
   std::fprintf(stderr,
                "generate: %d prompt tokens, %zu new (stop: %s); prefill %.4f s (%.1f tokens/s), decode %.4f s (%.1f "
-               "tokens/s); %s, threads %d, KV cache %.2f MiB\n",
+               "tokens/s); %s (%s), threads %d, KV cache %.2f MiB\n",
                r.prompt_tokens, r.ids.size(), stop_reason(r), r.prefill_s, prefill_tps, r.decode_s, decode_tps,
-               dev->name().c_str(), threads, static_cast<double>(dec.cache_bytes()) / (1 << 20));
+               dev->name().c_str(), device.reason.c_str(), threads, static_cast<double>(dec.cache_bytes()) / (1 << 20));
   return 0;
 }
 
@@ -285,7 +291,8 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--top-p", args->top_p, "Sample from the most likely tokens whose probability reaches p")
       ->capture_default_str();
   sub->add_option("--seed", args->seed, "The sampler's seed")->capture_default_str();
-  sub->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
+  sub->add_option("--device", args->device, "auto, cpu or cuda (auto: as device.type auto in a run config)")
+      ->capture_default_str();
   sub->add_option("--threads", args->threads, "CPU threads of the ops (0: every core)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();

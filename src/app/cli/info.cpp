@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "commands.h"
+#include "zinf/comm.h"
 #include "zinf/nvme/probe.h"
 #include "zinf/sysinfo.h"
 
@@ -47,10 +48,13 @@ nlohmann::json machine_json(const MachineInfo& m, const std::vector<nvme::PathPr
                {"driver", m.cuda_driver},
                {"nccl", m.nccl}};
   j["gpus"] = nlohmann::json::array();
-  // The JSON objects read as tables, a few keys a line.
+  // The JSON objects read as tables, a few keys a line. free_bytes is null on the GPUs other than this
+  // process's: reading it would open a CUDA context there.
   // clang-format off
   for (const auto& g : m.gpus)
-    j["gpus"].push_back({{"index", g.index}, {"name", g.name}, {"total_bytes", g.total_bytes}, {"free_bytes", g.free_bytes},
+    j["gpus"].push_back({{"index", g.index}, {"name", g.name}, {"total_bytes", g.total_bytes},
+                         {"free_bytes", g.free_known ? nlohmann::json(g.free_bytes) : nlohmann::json(nullptr)},
+                         {"own", g.index == m.own_gpu},
                          {"compute_capability", std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor)},
                          {"pci_bus_id", g.pci_bus_id}, {"pcie_gen", g.pcie_gen}, {"pcie_width", g.pcie_width},
                          {"pcie_gen_max", g.pcie_gen_max}, {"pcie_width_max", g.pcie_width_max}, {"numa_node", g.numa_node}});
@@ -82,8 +86,14 @@ void print_machine(const MachineInfo& m, const std::vector<nvme::PathProbe>& pro
                 m.cuda_driver.empty() ? "none" : m.cuda_driver.c_str(), m.nccl.empty() ? "?" : m.nccl.c_str());
   std::printf("\n");
   for (const auto& g : m.gpus) {
-    std::printf("gpu %d      %s, sm_%d%d, %s (%s free), PCIe %s", g.index, g.name.c_str(), g.cc_major, g.cc_minor,
-                format_bytes(g.total_bytes).c_str(), format_bytes(g.free_bytes).c_str(), g.pci_bus_id.c_str());
+    // Only this process's GPU is opened (a CUDA context) to read its free memory.
+    const std::string free = g.free_known           ? format_bytes(g.free_bytes) + " free"
+                             : g.index == m.own_gpu ? "free memory unreadable"
+                             : m.own_gpu == kNoOwnGpu
+                                 ? "free not read: no GPU is this process's"
+                                 : "free not read: this process's GPU is " + std::to_string(m.own_gpu);
+    std::printf("gpu %d      %s, sm_%d%d, %s (%s), PCIe %s", g.index, g.name.c_str(), g.cc_major, g.cc_minor,
+                format_bytes(g.total_bytes).c_str(), free.c_str(), g.pci_bus_id.c_str());
     if (g.pcie_gen)
       std::printf(" gen%d x%d (max gen%d x%d)", g.pcie_gen, g.pcie_width, g.pcie_gen_max, g.pcie_width_max);
     std::printf(", NUMA node %d\n", g.numa_node);
@@ -105,7 +115,7 @@ void print_machine(const MachineInfo& m, const std::vector<nvme::PathProbe>& pro
 }
 
 int run_info(const InfoArgs& a) {
-  const MachineInfo machine = query_machine();
+  const MachineInfo machine = query_machine(detect_world().local_rank);  // the GPU the CUDA device would drive
   std::vector<nvme::PathProbe> probes;
   for (const auto& p : a.paths) probes.push_back(nvme::probe_path(p));
   if (a.json)

@@ -55,6 +55,7 @@ nlohmann::json plan_json(const Config& config, const RunPlan& run) {
   j["model"] = {{"preset", config.model.preset}, {"n_layer", run.shape.n_layer},         {"n_head", run.shape.n_head},
                 {"d_model", run.shape.d_model},  {"vocab_size", run.shape.vocab_size},   {"seq_len", run.shape.seq_len},
                 {"params", p.n_params},          {"largest_unit_params", p.largest_unit}};
+  j["device"] = {{"type", to_string(run.device.type)}, {"reason", run.device.reason}};
   j["precision"] = to_string(config.precision());
   j["offload_optimizer"] = to_string(config.zero.offload_optimizer.device);
   j["offload_param"] = to_string(config.zero.offload_param.device);
@@ -133,6 +134,7 @@ void print_placement(const Config& config, const RunPlan& run) {
               config.model.preset.c_str(), config.model.preset.empty() ? "" : ": ", family.c_str(), shape.n_layer,
               shape.d_model, shape.n_head, shape.vocab_size, shape.seq_len, format_count(p.n_params).c_str(),
               static_cast<long long>(p.n_params), format_count(p.largest_unit).c_str());
+  std::printf("device     %s (%s)\n", std::string(to_string(run.device.type)).c_str(), run.device.reason.c_str());
   std::printf(
       "run        %s, micro batch %lld x GA %lld = %lld, ZeRO stage %d, offload_optimizer=%s, offload_param=%s\n",
       std::string(to_string(config.precision())).c_str(), static_cast<long long>(config.micro_batch_size),
@@ -242,7 +244,8 @@ int run_plan(const PlanArgs& a) {
   if (world.rank != 0) return 0;  // under mpirun: one plan, from rank 0
   const Config config = load_run_config(a.config, a.world > 0 ? a.world : world.size);
   print_notes(config);
-  const RunPlan run = plan_run(config, query_machine());
+  // The machine as this process's rank sees it: the free memory of its own GPU (zinf/backends/gpu.h).
+  const RunPlan run = plan_run(config, query_machine(world.local_rank));
   if (a.json) {
     print_json(plan_json(config, run));
     return 0;

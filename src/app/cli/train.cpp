@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "app/config/config.h"
+#include "app/config/device_choice.h"
 #include "app/plan/plan.h"
 #include "app/train/train.h"
 #include "commands.h"
@@ -87,6 +88,7 @@ int run_train(const TrainArgs& a) {
   flatten(nlohmann::json::parse(config.resolved_json), "", rows);
   std::fprintf(out, "zinf train — %s (resolved config)\n", config.source.c_str());
   for (const auto& [k, v] : rows) std::fprintf(out, "  %-58s %s\n", k.c_str(), v.c_str());
+  std::fprintf(out, "device.type resolved: %s\n", describe_device(config).c_str());
   if (std::fflush(out) != 0 || std::ferror(out)) throw_log_error(out);
 
   TrainHooks hooks;

@@ -158,7 +158,10 @@ struct TrainConfig {
 };
 
 struct DeviceConfig {
+  // auto|cpu|cuda as read; resolve_device (app/config/device_choice.h) turns auto into cpu or cuda, the
+  // one place that decides what auto means, and says why in type_reason.
   DeviceType type = DeviceType::automatic;
+  std::string type_reason;               // "" until resolved
   std::uint64_t memory_budget = 0;       // bytes; 0 = automatic (free GPU memory less a reserve, or half of host RAM)
   int threads = 0;                       // 0 = physical cores
   bool pin_threads = false;              // bind host workers to cores (hwloc)

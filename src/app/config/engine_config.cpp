@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "app/config/device_choice.h"
+
 namespace zinf {
 
 nvme::StoreOptions store_options(const AioConfig& a, const std::string& nvme_path) {
@@ -63,7 +65,7 @@ offload::EngineConfig engine_config(const Config& c, int host_threads) {
   e.host_threads = host_threads;
   e.pin_threads = c.device.pin_threads;
   e.overlap = c.train.overlap_none ? offload::Overlap::none : offload::Overlap::exact;
-  e.device_blocks = c.device.type == DeviceType::cuda;  // the device train makes (auto: the CPU device)
+  e.device_blocks = run_device_type(c) == DeviceType::cuda;  // the device train makes (device_choice.h)
   return e;
 }
 

@@ -7,14 +7,15 @@
 #include <filesystem>
 #include <limits>
 
+#include "app/config/device_choice.h"
 #include "app/config/engine_config.h"
 #include "io/data.h"
 #include "model/lm.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
-#include "zinf/sysinfo.h"
 #include "zinf/offload/engine.h"
+#include "zinf/sysinfo.h"
 
 namespace zinf {
 
@@ -53,7 +54,7 @@ CheckpointBytes estimate_checkpoint_bytes(const ModelShape& s, std::int64_t micr
 }
 
 std::vector<std::uint64_t> estimate_ops_scratch(const Config& c, const ModelShape& shape) {
-  if (c.device.type != DeviceType::cuda) return {};  // the CPU device's ops keep their scratch in host memory
+  if (run_device_type(c) != DeviceType::cuda) return {};  // the CPU device's ops keep their scratch in host memory
   OpsScratchShape s;
   s.llama = shape.family == ModelFamily::llama;
   s.batch = static_cast<std::uint64_t>(c.micro_batch_size);
@@ -86,15 +87,16 @@ offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
 
 offload::Capacity machine_capacity(const Config& c, const MachineInfo& m) {
   offload::Capacity cap;
-  const bool use_gpu = c.device.type != DeviceType::cpu && !m.gpus.empty();
+  const bool cuda = resolve_device_type(c.device.type, m.gpus).type == DeviceType::cuda;
+  const GpuInfo* gpu = own_gpu_info(m);  // the GPU the CUDA device would drive: its free memory is known
   std::uint64_t host = m.mem_available;
   if (c.device.memory_budget > 0)
     cap.device = c.device.memory_budget;
-  else if (use_gpu)
-    cap.device = cuda_auto_budget(m.gpus[0].free_bytes, m.gpus[0].total_bytes);
+  else if (cuda)  // as the CUDA device takes it; nothing when this process has no GPU or its free memory is unknown
+    cap.device = gpu && gpu->free_known ? cuda_auto_budget(gpu->free_bytes, gpu->total_bytes) : 0;
   else
-    cap.device = host / 2;                                         // the CPU device's default budget
-  if (!use_gpu) host = host > cap.device ? host - cap.device : 0;  // CPU device memory is host memory
+    cap.device = host / 2;                                      // the CPU device's default budget
+  if (!cuda) host = host > cap.device ? host - cap.device : 0;  // CPU device memory is host memory
   cap.host = host;
   // Root (CAP_IPC_LOCK) may lock beyond RLIMIT_MEMLOCK; everyone else is bound by the soft limit.
   cap.pinnable = ::geteuid() == 0 ? host : std::min(host, m.memlock_soft);
@@ -129,7 +131,7 @@ HostFootprint host_footprint(const Config& c, const offload::Plan& p, const Mode
   HostFootprint f;
   f.host = p.totals[static_cast<int>(offload::Tier::host)];
   f.pinned = p.totals[static_cast<int>(offload::Tier::pinned)];
-  const bool cpu_device = c.device.type != DeviceType::cuda;
+  const bool cpu_device = run_device_type(c) != DeviceType::cuda;
   if (cpu_device) f.device = p.totals[static_cast<int>(offload::Tier::device)];
   // One unit's fp32 master at a time: placing it at start-up, the parameter digest at the end; with
   // checkpoints its master, m and v (saved and resumed unit by unit).
@@ -282,8 +284,20 @@ LargestFit largest_fit(const Config& c, const ModelShape& shape, OffloadSetting 
 
 }  // namespace
 
-RunPlan plan_run(const Config& c, const MachineInfo& m) {
+RunPlan plan_run(const Config& config, const MachineInfo& m) {
+  Config c = config;
+  resolve_device(c, m.gpus);  // as `zinf train` resolves it, from the GPUs of the same query
   RunPlan r;
+  r.device = {c.device.type, c.device.type_reason};
+  if (c.device.type == DeviceType::cuda && c.device.memory_budget == 0) {
+    const GpuInfo* gpu = own_gpu_info(m);
+    if (!gpu)
+      r.notes.push_back("device.type cuda: this process has no GPU (" + m.gpu_status +
+                        "): the device's capacity is 0; set device.memory_budget to plan for a GPU");
+    else if (!gpu->free_known)
+      r.notes.push_back("device.type cuda: the free memory of GPU " + std::to_string(gpu->index) +
+                        " could not be read: the device's capacity is 0; set device.memory_budget");
+  }
   r.shape = model_shape(c.model);
   r.world = c.world_size;
   offload::PlanInput in = make_plan_input(c, r.shape);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "app/config/config.h"
+#include "app/config/device_choice.h"
 #include "model/shape.h"
 #include "zinf/offload/placement.h"
 #include "zinf/sysinfo.h"
@@ -50,8 +51,11 @@ std::vector<std::uint64_t> estimate_ops_scratch(const Config& c, const ModelShap
 // The engine's plan input for this config and shape, with the activation and ops scratch estimates;
 // on the CUDA device (device.type cuda) every device buffer counts as its allocator block.
 offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape);
-// The machine's capacities; device.memory_budget auto on a GPU is its free memory less the reserve
-// of cuda_auto_budget (cuBLAS, NCCL, module images), as the CUDA device takes it.
+// The machine's capacities for the device device.type resolves to (app/config/device_choice.h, from
+// m.gpus, as `zinf train` resolves it); device.memory_budget auto on the CUDA device is the free memory
+// of this process's GPU (m.own_gpu) less the reserve of cuda_auto_budget (cuBLAS, NCCL, module images),
+// as the CUDA device takes it, and 0 where that GPU is not visible; on the CPU device, half of the
+// available host memory, taken out of the host's.
 offload::Capacity machine_capacity(const Config& c, const MachineInfo& m);
 
 struct LargestFit {
@@ -111,6 +115,7 @@ constexpr std::uint64_t kRuntimeExtraBytes = std::uint64_t{16} << 20;
 HostFootprint host_footprint(const Config& c, const offload::Plan& p, const ModelShape& shape);
 
 struct RunPlan {
+  DeviceChoice device;  // device.type resolved on this machine, and why
   ModelShape shape;
   int world = 1;                  // data-parallel ranks the plan is for
   std::vector<StagePlan> stages;  // stages 0–3 with this placement
@@ -127,6 +132,7 @@ struct RunPlan {
   HostFootprint footprint;           // the host memory of `zinf train` with this config
 };
 
+// The plan of `c` on machine `m`, with device.type resolved from m.gpus.
 RunPlan plan_run(const Config& c, const MachineInfo& m);
 
 }  // namespace zinf

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "app/config/device_choice.h"
 #include "app/train/train.h"
 #include "io/files.h"
 #include "zinf/error.h"
@@ -97,7 +98,7 @@ std::string busy_summary(const BusyTimes& b, double step_s) {
 }
 
 std::string op_timing(const Config& c) {
-  if (c.device.type == DeviceType::cuda) return "CUDA events on the compute stream";
+  if (run_device_type(c) == DeviceType::cuda) return "CUDA events on the compute stream";
   return c.device.async ? "the CPU device's compute stream" : "host clock: the CPU device runs ops inline";
 }
 

@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <random>
 
+#include "app/config/device_choice.h"
 #include "app/config/engine_config.h"
 #include "app/train/batches.h"
 #include "app/train/checkpoint.h"
@@ -181,11 +182,8 @@ std::string broadcast_string(Comm& comm, std::string s) {
   return s;
 }
 
-// The backend of the device a config asks for. `auto` stays on the CPU device until the CUDA path has
-// been validated on a GPU (see README).
-const backends::Backend& device_backend(const Config& c) {
-  return backends::backend_for(c.device.type == DeviceType::cuda ? DeviceType::cuda : DeviceType::cpu);
-}
+// The backend of the device a config resolved to (train() resolves device.type before anything is built).
+const backends::Backend& device_backend(const Config& c) { return backends::backend_for(run_device_type(c)); }
 
 std::unique_ptr<Device> make_device(const Config& c, const backends::Backend& be, int local_rank) {
   backends::DeviceSpec spec;
@@ -609,7 +607,7 @@ class Run {
 
   std::unique_ptr<Comm> make_device_comm(int local_rank) {
     if (W == 1) return nullptr;
-    if (config.device.comm == "mpi" && config.device.type == DeviceType::cuda)
+    if (config.device.comm == "mpi" && run_device_type(config) == DeviceType::cuda)
       throw ConfigError(
           config.source + ": device.comm: mpi cannot move CUDA device memory (Debian's Open MPI is not CUDA-aware)",
           "use device.comm nccl (the default for the CUDA device)");
@@ -813,6 +811,7 @@ void finish_result(Run& run, double t_measured, TrainResult& res) {
   res.skipped = run.skipped;
   res.params_digest = params_digest(*run.engine, run.shape);
   res.rollbacks = run.engine->rollbacks();  // after the digest's synchronize: every verdict is in
+  res.device = run.device_backend_.type();
   res.peak_device_bytes = run.dev->peak();
   res.device_budget = run.dev->budget();
   res.pinned_capacity = run.engine->pinned_capacity();
@@ -825,6 +824,11 @@ void finish_result(Run& run, double t_measured, TrainResult& res) {
 }  // namespace
 
 TrainResult train(const Config& c, const TrainHooks& hooks) {
+  if (c.device.type == DeviceType::automatic) {  // the device `zinf plan` plans for (app/config/device_choice.h)
+    Config resolved = c;
+    resolve_device(resolved);
+    return train(resolved, hooks);
+  }
   if (c.device.simd != "auto") cpu_adam::set_simd_cap(cpu_adam::parse_simd_level(c.device.simd));
   std::unique_ptr<Comm> world_comm;
   int local_rank = 0;

@@ -59,6 +59,7 @@ struct TrainResult {
   double first_val_loss = 0;      // validation loss before training
   std::string params_digest;      // FNV-1a 64 over every fp32 master parameter, in unit order
   double tokens_per_s = 0;
+  DeviceType device = DeviceType::cpu;  // the device it ran on: device.type resolved (app/config/device_choice.h)
   std::size_t peak_device_bytes = 0, device_budget = 0;
   std::size_t pinned_capacity = 0, pinned_peak = 0;
   bool interrupted = false;

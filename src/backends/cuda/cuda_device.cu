@@ -219,7 +219,8 @@ class CudaDevice final : public Device {
 }  // namespace
 
 std::unique_ptr<Device> cuda::make_cuda_device(int index, std::size_t budget_bytes) {
-  const cuda::GpuQuery q = cuda::query_gpus();
+  // Which GPUs exist, without a context: the device reads its free memory once its own context is made.
+  const cuda::GpuQuery q = cuda::query_gpus(kNoOwnGpu);
   if (q.gpus.empty())
     throw Error("CUDA device: " + q.status, "run on a machine with an NVIDIA GPU and driver, or use device.type cpu");
   if (index < 0 || index >= static_cast<int>(q.gpus.size()))

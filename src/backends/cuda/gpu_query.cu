@@ -1,5 +1,6 @@
 // gpu_query.cu — ask the CUDA runtime which GPUs it sees (never the default stream: no work is
-// launched here). A machine without a driver or GPU is a normal answer, not an error.
+// launched here), opening a CUDA context on this process's own GPU only (zinf/backends/gpu.h). A
+// machine without a driver or GPU is a normal answer, not an error.
 #include <cuda_runtime.h>
 #if ZINF_HAVE_NCCL
 #include <nccl.h>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "cuda/device_flags.cuh"
 #include "zinf/backends/gpu.h"
@@ -29,9 +31,27 @@ std::string read_line(const std::string& path) {
   return s;
 }
 
+// The free memory of GPU `index`, which needs its primary context: made as the CUDA device makes it
+// (device_flags.cuh). On a thread of its own: cudaSetDevice binds the context to the calling thread
+// (and, from CUDA 12 on, creates it there and then), so the caller's current device is not changed,
+// nor is a context made on the GPU that was current there. Errors stay on that thread.
+bool read_free_memory(int index, std::uint64_t* free_bytes) {
+  bool ok = false;
+  std::thread reader([&] {
+    if (cudaSetDevice(index) != cudaSuccess) return;
+    (void)cuda::request_blocking_sync();
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return;
+    *free_bytes = free_b;
+    ok = true;
+  });
+  reader.join();
+  return ok;
+}
+
 }  // namespace
 
-GpuQuery query_gpus() {
+GpuQuery query_gpus(int own_gpu) {
   GpuQuery q;
   q.built = true;
   int rt = 0;
@@ -67,12 +87,7 @@ GpuQuery query_gpus() {
     char bus[32];
     std::snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", p.pciDomainID, p.pciBusID, p.pciDeviceID);
     g.pci_bus_id = bus;
-    if (cudaSetDevice(i) == cudaSuccess) {
-      // The free memory needs the context: create it as the CUDA device would (device_flags.cuh).
-      (void)cuda::request_blocking_sync();
-      size_t free_b = 0, total_b = 0;
-      if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_bytes = free_b;
-    }
+    if (i == own_gpu) g.free_known = read_free_memory(i, &g.free_bytes);
     const std::string sys = "/sys/bus/pci/devices/" + g.pci_bus_id + "/";
     // current_*: the link now (it steps down while the GPU idles); max_*: what it trains to under load.
     g.pcie_gen = pcie_gen_from_sysfs_speed(read_line(sys + "current_link_speed"));

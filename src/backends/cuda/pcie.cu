@@ -15,7 +15,7 @@
 namespace zinf::cuda {
 PcieResult bench_pcie(int device, std::uint64_t bytes, int reps,
                       const std::function<void(const std::string&)>& progress) {
-  const GpuQuery q = query_gpus();
+  const GpuQuery q = query_gpus(kNoOwnGpu);  // static facts: the bench makes its context itself
   if (q.gpus.empty()) throw Error("bench pcie: " + q.status, "run it on a machine with an NVIDIA GPU and driver");
   if (device < 0 || device >= static_cast<int>(q.gpus.size()))
     throw ConfigError("bench pcie: --device " + std::to_string(device) + " does not exist (" + q.status + ")");

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -52,6 +53,17 @@ void set_last_error(cudaError_t e);
 enum class Order { fifo, lifo, random };
 Order order();
 void set_order(Order o);
+
+// Primary contexts: bit d is set once device d's primary context has been made or used by a call that
+// needs one (the rules are in runtime.cpp, "devices and their primary contexts": from CUDA 12 on
+// cudaSetDevice makes it; cudaGetDeviceCount and cudaGetDeviceProperties never do), since the process
+// started or forget_contexts(). So a test can check that a process touched only its own GPU.
+std::uint64_t context_devices();
+void forget_contexts();
+
+// The number of devices reported: ZINF_CUDAX_DEVICES (default 1, at most 64), or n for the calls that
+// follow (the executor's own tests; 0 returns to ZINF_CUDAX_DEVICES).
+void set_device_count(int n);
 
 // The seed the run uses for jitter and random thread orders (ZINF_CUDAX_SEED, default 1).
 unsigned long seed();

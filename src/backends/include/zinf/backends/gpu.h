@@ -19,7 +19,15 @@ struct GpuQuery {
   std::string runtime, driver, nccl;
 };
 
-GpuQuery query_gpus();
+// The GPUs the CUDA runtime sees. Every GPU's static facts (name, memory size, compute capability,
+// PCI address, PCIe link, NUMA node) come from cudaGetDeviceProperties and sysfs, which open no CUDA
+// context. Free memory needs one — a context holds some hundreds of MiB of its GPU — so it is read on
+// `own_gpu` alone, the GPU this process drives (its local rank's, as the CUDA device picks it): a query
+// that read every GPU's would leave a context from every rank on every GPU of a node, and skew each
+// rank's automatic budget. It is read on a thread of its own, so the caller's current device is left as
+// it was. Every other GPU has free_known false. kNoOwnGpu (the default), or an index no GPU has, opens
+// no context at all.
+GpuQuery query_gpus(int own_gpu = kNoOwnGpu);
 
 // `zinf bench pcie`: pinned host ⇄ device copy bandwidth on the GPU's own streams, against the link's
 // nominal rate read from the device's PCIe generation and width.

@@ -288,7 +288,9 @@ class EngineUnits final : public UnitSource {
     }
     return r;
   }
-  void piece(Clock::time_point to) { trace_->span(track_, pass_, unit_, piece_from_, to, trace_->windows()); }
+  void piece(Clock::time_point to) {  // (an empty piece, between two calls in a row, adds nothing)
+    if (to > piece_from_) trace_->span(track_, pass_, unit_, piece_from_, to, trace_->windows());
+  }
 
  public:
   EngineUnits(offload::Engine& engine, std::vector<std::size_t> unit_params)

@@ -3,6 +3,7 @@
 // cross-stream synchronisation, async copies, host registration of the pinned pool.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <mutex>
@@ -159,13 +160,16 @@ class CudaDevice final : public Device {
       float ms = 0;
       ZINF_CUDA(cudaEventElapsedTime(&ms, iv.begin, iv.end));
       ms_total += ms;
-      if (trace_) {
+      if (trace_) {  // where: from the reference event (float milliseconds); how long: `ms`, as counted
         float from_ref = 0;
         ZINF_CUDA(cudaEventElapsedTime(&from_ref, ref_event_, iv.begin));
-        const auto t0 = ref_time_ + std::chrono::duration_cast<Trace::Clock::duration>(
-                                        std::chrono::duration<double, std::milli>(from_ref));
-        const auto t1 =
-            t0 + std::chrono::duration_cast<Trace::Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+        auto t0 =
+            ref_time_ + std::chrono::round<Trace::Clock::duration>(std::chrono::duration<double, std::milli>(from_ref));
+        // A stream's intervals follow each other: a start that rounding put inside the previous
+        // interval moves to its end, so the spans never overlap and each covers `ms`, as counted.
+        t0 = std::max(t0, m.last_end);
+        const auto t1 = t0 + std::chrono::round<Trace::Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+        m.last_end = t1;
         trace_->span(m.track, iv.label.empty() ? std::string("busy") : iv.label, iv.unit, t0, t1, m.window);
       }
       spare_.push_back(iv.begin);
@@ -201,7 +205,8 @@ class CudaDevice final : public Device {
     std::int64_t unit = -1;
     std::vector<Interval> pending;
     int track = 0;
-    std::int64_t window = 0;  // take_busy calls so far
+    std::int64_t window = 0;              // take_busy calls so far
+    Trace::Clock::time_point last_end{};  // the end of the last span recorded
     void name(const BusyLabel& what) {
       if (label.empty()) {
         label = what.name;

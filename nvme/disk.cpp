@@ -154,6 +154,7 @@ void DiskMeter::end(bool write, std::uint64_t bytes, Clock::time_point now) {
   any_.end(now);
   dir_[write ? 1 : 0].end(now);
   bytes_[write ? 1 : 0] += bytes;
+  if (any_.in_flight == 0) dirs_ = 0;  // the next interval names only what it holds
 }
 
 void DiskMeter::span_locked(Clock::time_point now) {

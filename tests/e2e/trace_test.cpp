@@ -115,6 +115,8 @@ TEST(TraceFile, AnUnwritablePathIsRefusedBeforeTheRun) {
   const Result r = run("bench step --no-baseline --steps 2 --trace " + (dir / "missing/step.json") + kSmall);
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_EQ(count(r.err, "zinf: "), 1u) << r.err;
+  EXPECT_NE(r.err.find("zinf: --trace " + (dir / "missing/step.json") + ": "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("bench step: "), std::string::npos) << "no run started: " << r.err;
 }
 
 }  // namespace

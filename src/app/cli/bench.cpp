@@ -14,6 +14,7 @@
 
 #include "app/config/config.h"
 #include "app/train/report.h"
+#include "app/train/trace_file.h"
 #include "app/train/train.h"
 #include "bench/adam_bench.h"
 #include "bench/comm_bench.h"
@@ -484,6 +485,7 @@ void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures&
 }
 
 int run_step(const StepArgs& a) {
+  if (!a.trace.empty()) check_trace_path(a.trace, "--trace");  // before any run
   const World world = detect_world();  // under mpirun: every rank trains, rank 0 reports (its own busy times)
   const StepRuns runs = run_step_pair(a, world);
   const StepFigures figures = step_figures(runs);

@@ -145,17 +145,34 @@ void DiskMeter::begin(bool write, Clock::time_point now) {
   std::lock_guard<std::mutex> lk(mu_);
   any_.begin(now);
   dir_[write ? 1 : 0].begin(now);
+  dirs_ |= write ? 2u : 1u;
 }
 
 void DiskMeter::end(bool write, std::uint64_t bytes, Clock::time_point now) {
   std::lock_guard<std::mutex> lk(mu_);
+  if (any_.in_flight == 1) span_locked(now);  // the busy interval ends here
   any_.end(now);
   dir_[write ? 1 : 0].end(now);
   bytes_[write ? 1 : 0] += bytes;
+  if (any_.in_flight == 0) dirs_ = 0;  // the next interval names only what it holds
+}
+
+void DiskMeter::span_locked(Clock::time_point now) {
+  if (trace_ && any_.in_flight > 0 && now > any_.since)
+    trace_->span(track_, dirs_ == 3 ? "read+write" : dirs_ == 2 ? "write" : "read", -1, any_.since, now, window_);
+  dirs_ = (dir_[0].in_flight > 0 ? 1u : 0u) | (dir_[1].in_flight > 0 ? 2u : 0u);
+}
+
+void DiskMeter::trace_to(Trace* t, int track) {
+  std::lock_guard<std::mutex> lk(mu_);
+  trace_ = t;
+  track_ = track;
 }
 
 DiskUse DiskMeter::take(Clock::time_point now) {
   std::lock_guard<std::mutex> lk(mu_);
+  span_locked(now);  // a transfer in flight: its part up to now is this take's
+  ++window_;
   DiskUse u;
   u.name = disk_.name;
   u.busy = any_.take(now);
@@ -172,7 +189,14 @@ std::shared_ptr<DiskMeter> DiskMeters::meter(const Disk& d) {
   for (const auto& m : meters_)
     if (m->disk().id == d.id) return m;
   meters_.push_back(std::make_shared<DiskMeter>(d));
+  if (trace_) meters_.back()->trace_to(trace_, trace_->track(Trace::Group::nvme, "disk " + d.name));
   return meters_.back();
+}
+
+void DiskMeters::trace_to(Trace* t) {
+  std::lock_guard<std::mutex> lk(mu_);
+  trace_ = t;
+  for (const auto& m : meters_) m->trace_to(t, t ? t->track(Trace::Group::nvme, "disk " + m->disk().name) : 0);
 }
 
 std::vector<DiskUse> DiskMeters::take() {

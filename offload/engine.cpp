@@ -332,7 +332,7 @@ StepOutcome Engine::step(const StepOptions& o) {
       finite = finite && std::isfinite(part);
     }
   }
-  impl.s.add_time(&BusyTimes::host, since(t0));
+  impl.s.add_host_time(t0, "Norm");
   StepOutcome out;
   out.norm = std::sqrt(sumsq) / o.loss_scale;
   out.finite = finite && std::isfinite(out.norm);
@@ -406,6 +406,7 @@ BusyTimes Engine::take_times() {
   Impl& impl = *impl_;
   std::lock_guard<std::mutex> lk(impl.s.times_mu);
   BusyTimes t = impl.s.times;
+  ++impl.s.times_window;
   // Stream work as the device measured it where it ran; the model's compute too when its ops are
   // stream work (otherwise the trainer reports the host time it spent in them).
   t.h2d += impl.s.dev.take_busy(StreamRole::h2d);

@@ -158,6 +158,7 @@ struct EngineState {
 
   std::mutex times_mu;
   BusyTimes times;  // host and (synchronous device) compute time; streams are measured by the device
+  std::int64_t times_window = 0;  // under times_mu: take_times calls so far (the trace's window)
 
   std::atomic<std::uint64_t> host_bytes{0};  // host memory held (alloc_host), for Engine::held_bytes
 
@@ -184,6 +185,7 @@ struct EngineState {
         sub_group(buffers.layout().sub_group),
         ordered_collectives(world > 1 && cfg.device_comm && cfg.device_comm->stream_ordered()),
         threads(cfg.host_threads, cfg.pin_threads) {
+    disks.trace_to(cfg.trace);
     for (nvme::StoreOptions* o : {&config.optimizer_store, &config.param_store})
       if (!o->disks) o->disks = &disks;
   }
@@ -208,6 +210,18 @@ struct EngineState {
   void add_time(double BusyTimes::*field, double s) {
     std::lock_guard<std::mutex> lk(times_mu);
     times.*field += s;
+  }
+  // Host busy time from t0 to now: `what` (static storage) on unit `unit`, also a span on the calling
+  // thread's trace track, counted in the same window as the time.
+  void add_host_time(Clock::time_point t0, const char* what, std::int64_t unit = -1) {
+    const Clock::time_point t1 = Clock::now();
+    std::lock_guard<std::mutex> lk(times_mu);
+    times.host += std::chrono::duration<double>(t1 - t0).count();
+    if (config.trace) config.trace->span(config.trace->this_thread_track(), what, unit, t0, t1, times_window);
+  }
+  // Names the calling worker's trace track.
+  void name_thread(const char* name) {
+    if (config.trace) config.trace->name_this_thread(name);
   }
 
   // Host ⇄ device copies that complete before returning (the source may be a temporary).

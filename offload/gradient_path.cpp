@@ -4,7 +4,11 @@
 namespace zinf::offload::detail {
 
 GradientPath::GradientPath(EngineState& s) : state_(s), jitter_(s.dev.jitter(), 11) {
-  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); }, [this] { state_.dev.bind_thread(); });
+  auto on_start = [this] {
+    state_.dev.bind_thread();
+    state_.name_thread("Reduce worker");
+  };
+  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); }, on_start);
 }
 
 void GradientPath::add(Unit& u, const std::string& name) {
@@ -59,7 +63,7 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
   if (on_device) {
     Comm& c = *state_.reduce_dcomm;
     {
-      BusyScope busy(state_.dev, r);
+      BusyScope busy(state_.dev, r, {"Reduce", static_cast<std::int64_t>(u.index)});
       reduce_scatter_ordered(c, state_.dev, *state_.kern, r, g, counts, device_recv_.as<float>(), &state_.order);
     }
     if (!state_.shard_grads) state_.order.run(c, state_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
@@ -185,7 +189,7 @@ void GradientPath::grads_done(std::size_t u) {
         auto [grad, type] = update_input(state_.units[u]);
         sums_[u] = cpu_adam::sum_squares_parts(state_.threads, grad, type, state_.units[u].grad_range.len());
         summed_step_[u] = step;
-        state_.add_time(&BusyTimes::host, since(t0));
+        state_.add_host_time(t0, "Norm part", static_cast<std::int64_t>(u));
       }
       {
         std::lock_guard<std::mutex> lk(state_.mu);
@@ -224,7 +228,7 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
     g16 = u.grad_windowed ? slots_[static_cast<std::size_t>(u.grad_slot)].grad16.as<void>() : u.grad16.as<void>();
   }
   {
-    BusyScope busy(state_.dev, r);
+    BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
     if (state_.mixed) {
       state_.kern->to_half(grad, g16, u.n, state_.half, r);
       if (fp32_sum()) state_.kern->from_half(g16, grad, u.n, state_.half, r);
@@ -235,7 +239,7 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
       reduce_bucket(u, o, std::min(state_.bucket, u.n - o), grad + o, true);
   // A small unit's shard may be empty on this rank (ZeRO stage ≥ 2): nothing of it to keep.
   if (fp32_sum() && u.grad_range.len()) {
-    BusyScope busy(state_.dev, r);
+    BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
     const float* kept = grad + u.grad_range.lo;
     if (mb == 0)
       state_.kern->copy(u.grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
@@ -296,13 +300,13 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
       }
     }
   };
-  through_landing(u.n, grad_out, reduce);
+  through_landing(u, u.n, grad_out, reduce);
   state_.dev.synchronize(r);  // an error on the d2h stream surfaces here (events carry none)
 }
 
 void GradientPath::grad_out_sum(Unit& u) {
   through_landing(
-      u.n,
+      u, u.n,
       [&](std::size_t o, std::size_t len, PinnedBuffer& land) {  // after the sum's last add, in d2h stream order
         state_.dev.copy_to_host(land.data(), u.grad_sum.as<float>() + o, len * 4, StreamRole::d2h);
       },
@@ -311,7 +315,7 @@ void GradientPath::grad_out_sum(Unit& u) {
       });
 }
 
-void GradientPath::through_landing(std::size_t n, const BucketFn& out, const BucketFn& in) {
+void GradientPath::through_landing(const Unit& u, std::size_t n, const BucketFn& out, const BucketFn& in) {
   const StreamRole r = StreamRole::d2h;
   const std::size_t L = landing_.size(), nb = (n + state_.bucket - 1) / state_.bucket;
   auto range = [&](std::size_t kb) { return std::pair{kb * state_.bucket, std::min(state_.bucket, n - kb * state_.bucket)}; };
@@ -321,7 +325,7 @@ void GradientPath::through_landing(std::size_t n, const BucketFn& out, const Buc
     for (; enqueued < nb && enqueued < kb + L; ++enqueued) {
       const auto [o, len] = range(enqueued);
       {
-        BusyScope busy(state_.dev, r);
+        BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
         out(o, len, landing_[enqueued % L]);
       }
       // landing buffer enqueued % L: written by d2h, read below by this thread — handed over by this
@@ -332,7 +336,7 @@ void GradientPath::through_landing(std::size_t n, const BucketFn& out, const Buc
     landed[kb % L]->wait();
     const auto t0 = Clock::now();
     in(o, len, landing_[kb % L]);
-    state_.add_time(&BusyTimes::host, since(t0));
+    state_.add_host_time(t0, "Reduce", static_cast<std::int64_t>(u.index));
   }
 }
 

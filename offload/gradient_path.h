@@ -73,7 +73,7 @@ class GradientPath {
   // thread (host busy time) once its event has completed. The copies run ahead of the reads by as
   // many buckets as there are landing buffers.
   using BucketFn = std::function<void(std::size_t o, std::size_t len, PinnedBuffer& landing)>;
-  void through_landing(std::size_t n, const BucketFn& out, const BucketFn& in);
+  void through_landing(const Unit& u, std::size_t n, const BucketFn& out, const BucketFn& in);
   std::size_t host_grad_bytes() const { return (fp32_sum() || !state_.mixed) ? 4 : 2; }
 
   struct GradSlot {

@@ -244,7 +244,7 @@ class HostStates final : public OptimizerStates {
       copy(l.m_scale(b), s.m_scale, scales, save);
       copy(l.v_scale(b), s.v_scale, scales, save);
     }
-    state_.add_time(&BusyTimes::host, since(t0));
+    state_.add_host_time(t0, "Backup", static_cast<std::int64_t>(ui));
   }
   void copy(void* backup, void* home, std::size_t bytes, bool save) {  // on the host threads
     char* dst = static_cast<char*>(save ? backup : home);

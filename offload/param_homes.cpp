@@ -64,7 +64,7 @@ class DeviceHome final : public ParamHome {
     char* dst = static_cast<char*>(u.param.as<void>()) +
                 (o - u.param_range.lo) * state_.compute_bytes;  // Upload: pinned → device
     {
-      BusyScope busy(state_.dev, StreamRole::h2d);
+      BusyScope busy(state_.dev, StreamRole::h2d, {"Upload", static_cast<std::int64_t>(u.index)});
       state_.dev.copy_to_device(dst, up_.buffer[k].data(), len * state_.compute_bytes, StreamRole::h2d);
     }
     up_.copied[k] = state_.dev.record(StreamRole::h2d);
@@ -94,7 +94,7 @@ class DeviceHome final : public ParamHome {
     }
     if (state_.shard_states) {         // every rank updated its part: gather the new compute copy
       Comm& c = *state_.update_dcomm;  // a host transport: on this (the Update worker's) thread
-      BusyScope busy(state_.dev, StreamRole::h2d);
+      BusyScope busy(state_.dev, StreamRole::h2d, {"Gather", static_cast<std::int64_t>(u.index)});
       on_stream(c, state_.dev, StreamRole::h2d,
                 [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), state_.compute_bytes, st); });
     }
@@ -112,7 +112,7 @@ class DeviceHome final : public ParamHome {
     u.gather_pending = false;
     Comm& c = *state_.fetch_dcomm;  // the trainer's, beside its Fetch gathers
     {
-      BusyScope busy(state_.dev, StreamRole::h2d);
+      BusyScope busy(state_.dev, StreamRole::h2d, {"Gather", static_cast<std::int64_t>(u.index)});
       state_.order.run(c, state_.dev, StreamRole::h2d, [&](void* st) {
         c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), state_.compute_bytes, st);
       });
@@ -130,7 +130,7 @@ class DeviceHome final : public ParamHome {
  private:
   void follow_half(Unit& u) {  // 16-bit runs: the fp32 working weights follow the new 16-bit copy (h2d)
     if (!state_.fp32_work) return;
-    BusyScope busy(state_.dev, StreamRole::h2d);
+    BusyScope busy(state_.dev, StreamRole::h2d, {"Upload", static_cast<std::int64_t>(u.index)});
     state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
   }
 

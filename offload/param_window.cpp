@@ -46,7 +46,7 @@ int ParamWindow::fetch(std::size_t u) {
   }
   slot.last_use = ++tick_;
   {
-    BusyScope busy(state_.dev, StreamRole::h2d);  // home → device
+    BusyScope busy(state_.dev, StreamRole::h2d, {"Fetch", static_cast<std::int64_t>(u)});  // home → device
     home_.fetch_into(unit, slot.param.as<void>(), slot.staging);
     if (state_.fp32_work)
       state_.kern->from_half(slot.param.as<void>(), slot.work.as<float>(), unit.n, state_.half, StreamRole::h2d);

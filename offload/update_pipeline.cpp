@@ -15,7 +15,11 @@ UpdatePipeline::UpdatePipeline(EngineState& s, OptimizerStates& states, ParamHom
       offloaded_(offloaded),
       grads_(grads),
       jitter_(s.dev.jitter(), 12) {
-  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); }, [this] { state_.dev.bind_thread(); });
+  auto on_start = [this] {
+    state_.dev.bind_thread();
+    state_.name_thread("Update worker");
+  };
+  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); }, on_start);
 }
 
 UpdatePipeline::~UpdatePipeline() {
@@ -148,7 +152,7 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
     void* out = home.update_target(u, o, slot);
     const auto t0 = Clock::now();
     update_chunk(u, o, len, states, st, out);
-    state_.add_time(&BusyTimes::host, since(t0));
+    state_.add_host_time(t0, "Update", static_cast<std::int64_t>(ui));
     // The device's Update: one event per sub-group, for a home that reads the target on the host.
     EventHandle written = on_device ? state_.dev.record(StreamRole::d2h) : nullptr;
     home.land_chunk(u, o, len, slot, written);  // Upload
@@ -201,7 +205,7 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
       double part = 0;
       for (double p : sums) part += p;
       sumsq += part;
-      state_.add_time(&BusyTimes::host, since(t0));
+      state_.add_host_time(t0, "Norm part", static_cast<std::int64_t>(ui));
       {  // for the barrier, which need not sum this unit again
         std::lock_guard<std::mutex> lk(state_.mu);
         if (sums_.size() < n_units) sums_.resize(n_units), sums_of_.resize(n_units, 0);
@@ -283,7 +287,7 @@ void UpdatePipeline::update_and_upload(Unit& u, std::size_t o, std::size_t len, 
   void* out = home.update_target(u, o, slot);
   const auto t0 = Clock::now();
   update_chunk(u, o, len, states, st, out);
-  state_.add_time(&BusyTimes::host, since(t0));
+  state_.add_host_time(t0, "Update", static_cast<std::int64_t>(u.index));
   home.land_chunk(u, o, len, slot, nullptr);  // the host wrote it: nothing to wait for
 }
 

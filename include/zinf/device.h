@@ -24,6 +24,9 @@
 // device counts its worker's own job time (waits for events and jitter excluded), the CUDA device
 // the time between events recorded at the two marks. take_busy returns and resets it. On the
 // synchronous CPU device the model's ops are not stream work: its compute marks are ignored.
+// Each mark names what it holds (BusyLabel); with a Trace attached (trace_to) the device records
+// the busy time it counts as spans on its streams' tracks (zinf/trace.h): the CPU device one span per
+// job inside marks, the CUDA device one per interval between its events.
 //
 // Errors: an allocation over budget throws DeviceMemoryError naming the allocation and the budget
 // (never an OOM kill). An exception thrown by work on a stream is kept and rethrown by the next
@@ -39,12 +42,20 @@
 
 #include "zinf/error.h"
 #include "zinf/jitter.h"
+#include "zinf/trace.h"
 
 namespace zinf {
 
 enum class StreamRole { compute = 0, h2d = 1, d2h = 2 };
 constexpr int kStreamRoles = 3;
 const char* to_string(StreamRole r);
+
+// What a busy mark holds, as the trace names it: a supernode or the model's pass ("Fetch", "forward")
+// with static storage, and the layer unit (-1: none).
+struct BusyLabel {
+  const char* name = "busy";
+  std::int64_t unit = -1;
+};
 
 class DeviceMemoryError : public Error {
  public:
@@ -114,11 +125,16 @@ class Device {
   virtual JitterSpec jitter() const { return {}; }
 
   // Busy time of stream s: work enqueued between busy_begin(s) and busy_end(s). Marks may come from
-  // several host threads and nest; the stream is busy while any is open.
-  virtual void busy_begin(StreamRole s) = 0;
-  virtual void busy_end(StreamRole s) = 0;
-  // Seconds stream s was busy inside marks completed since the last call; resets the count.
+  // several host threads and nest; the stream is busy while any is open. `what` names the work in a
+  // trace; busy_end gets the label its busy_begin got (on the same thread).
+  virtual void busy_begin(StreamRole s, const BusyLabel& what = {}) = 0;
+  virtual void busy_end(StreamRole s, const BusyLabel& what = {}) = 0;
+  // Seconds stream s was busy inside marks completed since the last call; resets the count. Each call
+  // closes the stream's trace window (zinf/trace.h).
   virtual double take_busy(StreamRole s) = 0;
+  // Records the busy time of the streams into `t` from now on (null: stop). Call before any mark is
+  // open, with `t` outliving the device's use of it.
+  virtual void trace_to(Trace* /*t*/) {}
 };
 
 // Makes the model's next ops see what `e` completes: the compute stream waits for it when the ops
@@ -134,14 +150,17 @@ inline void model_waits_for(Device& d, const EventHandle& e) {
 // Marks the work enqueued on a stream during a scope as busy time.
 class BusyScope {
  public:
-  BusyScope(Device& d, StreamRole s) : device_(d), role_(s) { device_.busy_begin(role_); }
-  ~BusyScope() { device_.busy_end(role_); }
+  BusyScope(Device& d, StreamRole s, const BusyLabel& what = {}) : device_(d), role_(s), what_(what) {
+    device_.busy_begin(role_, what_);
+  }
+  ~BusyScope() { device_.busy_end(role_, what_); }
   BusyScope(const BusyScope&) = delete;
   BusyScope& operator=(const BusyScope&) = delete;
 
  private:
   Device& device_;
   StreamRole role_;
+  BusyLabel what_;
 };
 
 // RAII device allocation.

@@ -148,7 +148,7 @@ void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
   ConstTensorView emb = src.weights(0);
   acts_.before_write(0);
   {
-    BusyScope busy(dev_, StreamRole::compute);
+    BusyScope busy(dev_, StreamRole::compute, {"forward", 0});
     ops_.encoder_forward(acts_.x0, tokens, slice(emb, 0, VC), slice(emb, VC, TC), B_, T, C);
   }
   acts_.written(0);
@@ -157,7 +157,7 @@ void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
   for (std::size_t l = 0; l < L; ++l) {
     const Weights bw = block_view(src.weights(l + 1), C);
     {
-      BusyScope busy(dev_, StreamRole::compute);
+      BusyScope busy(dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(l + 1)});
       if (ckpt_) {
         block_forward(bw, x, acts_.recompute);
         acts_.before_write(l + 1);
@@ -172,13 +172,13 @@ void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
   }
   const ConstTensorView lnf = src.weights(L + 1);
   {
-    BusyScope busy(dev_, StreamRole::compute);
+    BusyScope busy(dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(L + 1)});
     ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, slice(lnf, 0, C), slice(lnf, C, C), R_, C);
   }
   src.done_with(L + 1);
   emb = src.weights(0);
   {
-    BusyScope busy(dev_, StreamRole::compute);
+    BusyScope busy(dev_, StreamRole::compute, {"forward", 0});
     ops_.lm_head_forward(probs_, losses_, lnf_, slice(emb, 0, VC), targets, R_, C, V);
   }
   src.done_with(0);
@@ -192,7 +192,7 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
   const ConstTensorView emb = src.weights(0);
   TensorView demb(src.grads(0), VC + TC);
   {
-    BusyScope busy(dev_, StreamRole::compute);
+    BusyScope busy(dev_, StreamRole::compute, {"backward", 0});
     ops_.lm_head_backward(dln_, slice(demb, 0, VC), dlogits_, probs_, lnf_, slice(emb, 0, VC), targets, dscale, R_, C,
                           V);
   }
@@ -205,7 +205,7 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
   const TensorView dlnf(src.grads(L + 1), 2 * static_cast<std::size_t>(C));
   acts_.acquire(L);
   {
-    BusyScope busy(dev_, StreamRole::compute);
+    BusyScope busy(dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(L + 1)});
     ops_.zero(dres_a_, RC);
     ops_.layernorm_backward(dres_a_, slice(dlnf, 0, C), slice(dlnf, C, C), dln_, last, slice(lnf, 0, C), lnf_mean_,
                             lnf_rstd_, R_, C);
@@ -221,7 +221,7 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
     const Weights bw = block_view(src.weights(l + 1), C);
     const Grads bg = block_view(TensorView(src.grads(l + 1)), C);
     {
-      BusyScope busy(dev_, StreamRole::compute);
+      BusyScope busy(dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(l + 1)});
       const BlockActs* a = &acts_.blocks[l];
       if (ckpt_) {  // recompute this block's activations from its kept input
         block_forward(bw, x, acts_.recompute);
@@ -236,7 +236,7 @@ void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, 
   }
   demb = TensorView(src.grads(0), VC + TC);
   {
-    BusyScope busy(dev_, StreamRole::compute);
+    BusyScope busy(dev_, StreamRole::compute, {"backward", 0});
     ops_.encoder_backward(slice(demb, 0, VC), slice(demb, VC, TC), dout, tokens, B_, T, C);
   }
   src.grads_done(0);

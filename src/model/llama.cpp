@@ -196,7 +196,7 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
   ConstTensorView wte = slice(src.weights(0), 0, VC);
   acts_.before_write(0);
   {
-    BusyScope busy(dev_, StreamRole::compute);
+    BusyScope busy(dev_, StreamRole::compute, {"forward", 0});
     ops_.embedding_forward(acts_.x0, tokens, wte, R_, C);
   }
   acts_.written(0);
@@ -205,7 +205,7 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
   for (std::size_t l = 0; l < L; ++l) {
     const Weights bw = llama_block_view(src.weights(l + 1), shape_);
     {
-      BusyScope busy(dev_, StreamRole::compute);
+      BusyScope busy(dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(l + 1)});
       if (ckpt_) {
         block_forward(bw, x, acts_.recompute);
         acts_.before_write(l + 1);
@@ -222,19 +222,19 @@ void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets)
   const float eps = static_cast<float>(shape_.norm_eps);
   if (shape_.tie_embeddings) {
     {
-      BusyScope busy(dev_, StreamRole::compute);
+      BusyScope busy(dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(L + 1)});
       ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, slice(fin, 0, C), R_, C, eps);
     }
     src.done_with(L + 1);
     wte = slice(src.weights(0), 0, VC);
     {
-      BusyScope busy(dev_, StreamRole::compute);
+      BusyScope busy(dev_, StreamRole::compute, {"forward", 0});
       ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
     }
     src.done_with(0);
   } else {
     {
-      BusyScope busy(dev_, StreamRole::compute);
+      BusyScope busy(dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(L + 1)});
       ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, slice(fin, 0, C), R_, C, eps);
       ops_.lm_head_forward(probs_, losses_, lnf_, slice(fin, C, VC), targets, R_, C, V);
     }
@@ -253,18 +253,18 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
     const ConstTensorView wte = slice(src.weights(0), 0, VC);
     const TensorView dwte(src.grads(0), VC);
     {
-      BusyScope busy(dev_, StreamRole::compute);
+      BusyScope busy(dev_, StreamRole::compute, {"backward", 0});
       ops_.lm_head_backward(dn_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
     }
     src.done_with(0);
   } else {
-    BusyScope busy(dev_, StreamRole::compute);
+    BusyScope busy(dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(L + 1)});
     ops_.lm_head_backward(dn_, slice(dfin, C, VC), dlogits_, probs_, lnf_, slice(fin, C, VC), targets, dscale, R_, C,
                           V);
   }
   acts_.acquire(L);
   {
-    BusyScope busy(dev_, StreamRole::compute);
+    BusyScope busy(dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(L + 1)});
     ops_.zero(dres_a_, RC);
     ops_.rmsnorm_backward(dres_a_, slice(dfin, 0, C), dn_, last, slice(fin, 0, C), lnf_rstd_, R_, C);
   }
@@ -279,7 +279,7 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
     const Weights bw = llama_block_view(src.weights(l + 1), shape_);
     const Grads bg = llama_block_view(TensorView(src.grads(l + 1)), shape_);
     {
-      BusyScope busy(dev_, StreamRole::compute);
+      BusyScope busy(dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(l + 1)});
       const Acts* a = &acts_.blocks[l];
       if (ckpt_) {  // recompute this block's activations from its kept input
         block_forward(bw, x, acts_.recompute);
@@ -294,7 +294,7 @@ void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets
   }
   const TensorView dwte(src.grads(0), VC);
   {
-    BusyScope busy(dev_, StreamRole::compute);
+    BusyScope busy(dev_, StreamRole::compute, {"backward", 0});
     ops_.embedding_backward(dwte, dout, tokens, R_, C);
   }
   src.grads_done(0);

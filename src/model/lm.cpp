@@ -115,7 +115,7 @@ void Checkpoints::before_write(std::size_t j) {
 void Checkpoints::written(std::size_t j) {
   if (!leaves_device(j)) return;
   dev_->wait_event(StreamRole::d2h, dev_->record(StreamRole::compute));
-  BusyScope busy(*dev_, StreamRole::d2h);
+  BusyScope busy(*dev_, StreamRole::d2h, {"checkpoint out", static_cast<std::int64_t>(j)});
   on_host_[j] = timed(StreamRole::d2h, kD2h,
                       [&] { dev_->copy_to_host(host(j).data(), at(j).data(), row_bytes_, StreamRole::d2h); });
 }
@@ -127,7 +127,7 @@ void Checkpoints::acquire(std::size_t j) {
   const std::size_t k = j - 1;
   if (released_[k % kSlots]) dev_->wait_event(StreamRole::h2d, released_[k % kSlots]);
   dev_->wait_event(StreamRole::h2d, on_host_[k]);
-  BusyScope busy(*dev_, StreamRole::h2d);
+  BusyScope busy(*dev_, StreamRole::h2d, {"checkpoint in", static_cast<std::int64_t>(k)});
   on_device_[k] = timed(StreamRole::h2d, kH2d,
                         [&] { dev_->copy_to_device(at(k).data(), host(k).data(), row_bytes_, StreamRole::h2d); });
 }

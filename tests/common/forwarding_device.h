@@ -107,8 +107,9 @@ class ForwardingDevice : public Device {
   }
   bool ops_stream_ordered() const override { return in_->ops_stream_ordered(); }
   JitterSpec jitter() const override { return in_->jitter(); }
-  void busy_begin(StreamRole s) override { in_->busy_begin(s); }
-  void busy_end(StreamRole s) override { in_->busy_end(s); }
+  void busy_begin(StreamRole s, const BusyLabel& what) override { in_->busy_begin(s, what); }
+  void busy_end(StreamRole s, const BusyLabel& what) override { in_->busy_end(s, what); }
+  void trace_to(Trace* t) override { in_->trace_to(t); }
   double take_busy(StreamRole s) override { return in_->take_busy(s); }
 
   // Calls made by a thread other than the one that made this device before that thread called

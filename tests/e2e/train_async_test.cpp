@@ -2,7 +2,9 @@
 // the compute stream's worker while the trainer runs ahead, every stream and host worker waits a
 // seeded random time before each job, and the trained parameters must equal the synchronous run's bit
 // for bit — for every placement, both overlap modes, thread counts, checkpointing, precisions and
-// gradient accumulation. Seeds per configuration: ZINF_ASYNC_SEEDS (default 3).
+// gradient accumulation. Seeds per configuration: ZINF_ASYNC_SEEDS (default 3). A traced run
+// (train.trace_file) records from every stream and worker at once: the same bits, and spans that add
+// up to the busy times.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include "app/config/config.h"
 #include "app/train/train.h"
 #include "small_train.h"
+#include "trace_check.h"
 
 namespace zinf {
 namespace {
@@ -105,6 +108,39 @@ TEST_F(TrainAsync, LlamaEqualsTheSynchronousRun) {
   const std::string ref = digest(llama);
   std::uint64_t seed = 401;
   expect_async_equal_params_on_cpu(llama, "nvme", ref, seed);
+}
+
+// The trace is recorded by the device's stream workers, the engine's workers, the disk meter and the
+// trainer at once: it changes no bit, and over the measured steps its spans add up to the busy times
+// the run reports (docs/trace.md).
+TEST_F(TrainAsync, ATracedRunEqualsTheSynchronousRunAndItsSpansTheBusyTimes) {
+  const std::vector<std::string> place = {"zero_optimization.offload_optimizer.device=nvme",
+                                          "zero_optimization.offload_param.device=cpu"};
+  const std::string ref = digest(place);
+  const std::string file =
+      (fs::path(kSwap).parent_path() / ("zinf-async-trace-" + std::to_string(::getpid()) + ".json")).string();
+  for (int k = 0; k < seeds(); ++k) {
+    auto o = place;
+    for (std::string x : {"device.async=true", "device.jitter_us=100", "train.trace_steps=4"}) o.push_back(x);
+    o.push_back("device.jitter_seed=" + std::to_string(501 + k));
+    o.push_back("train.trace_file=\"" + file + "\"");
+    const TrainResult r = train(parse_config(test::small_train_config(kSwap), o), TrainHooks{});
+    EXPECT_EQ(r.params_digest, ref) << "jitter seed " << 501 + k;
+    std::ifstream in(file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const test::json t = test::json::parse(ss.str());
+    test::TrackNames names;
+    test::check_chrome_trace(t, names);
+    ASSERT_FALSE(HasFatalFailure());
+    ASSERT_EQ(t["zinf"]["steps"], test::json({1, 2, 3, 4}));
+    const auto busy = test::busy_from_spans(t, names, [](std::int64_t step) { return step >= 2; });
+    ASSERT_EQ(r.measured_steps, 3);
+    r.busy.each([&](const std::string& name, double sec) {
+      test::expect_agree(busy.count(name) ? busy.at(name) : 0.0, sec, name);
+    });
+    fs::remove(file);
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "app/plan/plan.h"
 #include "app/train/train.h"
 #include "io/data.h"
+#include "trace_check.h"
 #include "zinf/backends/gpu.h"
 #include "zinf/device.h"
 #include "zinf/error.h"
@@ -272,6 +273,34 @@ TEST(TrainGpu, FastKernelsAtAnUnpaddedVocabularyFollowTheCpuTwin) {
     EXPECT_NEAR(g.val_loss, c.val_loss, tol * c.val_loss);
     EXPECT_LT(c.val_loss, c.first_val_loss) << "the runs train";
   }
+}
+
+// The trace on the CUDA device (docs/trace.md): its spans are the intervals between the events that
+// measure busy time, so per step and stream they cover what the metrics file reports.
+TEST(TrainGpu, TraceSpansAddUpToEachStepsBusyTimes) {
+  const cuda::GpuQuery q = cuda::query_gpus();
+  if (q.gpus.empty()) GTEST_SKIP() << "no GPU: " << q.status;
+  const std::string dir = std::filesystem::temp_directory_path() / ("zinf-gpu-trace-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/trace.json", metrics = dir + "/metrics.jsonl";
+  const TrainResult r = run(
+      small(4), {"device.type=cuda", "device.memory_budget=\"1GiB\"", "zero_optimization.stage=3",
+                 "zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_param.device=cpu",
+                 "train.trace_file=\"" + file + "\"", "train.trace_steps=3", "train.metrics_file=\"" + metrics + "\""});
+  EXPECT_EQ(r.steps, 4);
+  std::ifstream in(file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const test::json t = test::json::parse(ss.str());
+  test::TrackNames names;
+  test::check_chrome_trace(t, names);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(t["zinf"]["steps"], test::json({1, 2, 3}));
+  test::expect_spans_match_metrics(t, names, test::metrics_busy(metrics));
+  const auto spans = test::span_names(t, names);
+  ASSERT_TRUE(spans.count("compute"));
+  EXPECT_TRUE(spans.at("compute").count("forward") && spans.at("compute").count("backward"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "zinf/nvme/disk.h"
 #include "zinf/nvme/store.h"
 #include "zinf/pinned.h"
+#include "zinf/trace.h"
 #include "zinf/types.h"
 
 namespace zinf::nvme {
@@ -184,6 +185,37 @@ TEST(Disk, ATransferInFlightAtATakeIsSplitBetweenTheTwo) {
   EXPECT_DOUBLE_EQ(u.busy, 2.0);
   EXPECT_DOUBLE_EQ(u.write, 2.0);
   EXPECT_EQ(u.write_bytes, 4096u);
+}
+
+// With a trace, each busy interval is a span, cut where a take cuts the count and named by what was in
+// flight in it; per take, the spans cover the busy time the take returns.
+TEST(Disk, ATracedMeterRecordsItsBusyIntervalsInTheirTakes) {
+  Trace t(2);
+  DiskMeters meters;
+  meters.trace_to(&t);
+  std::shared_ptr<DiskMeter> m = meters.meter(Disk{1, "vda"});
+  m->begin(false, at(0));
+  m->begin(true, at(1));
+  m->end(false, 4096, at(2));
+  const double first = m->take(at(4)).busy;  // the write is still in flight: [0, 4] here
+  m->end(true, 4096, at(6));                 // [4, 6] in the next take
+  m->begin(false, at(7));
+  m->end(false, 4096, at(8));
+  const double second = m->take(at(9)).busy;
+  t.keep(1);
+  t.keep(2);
+  const auto spans = t.kept_spans();
+  ASSERT_EQ(spans.size(), 3u);
+  EXPECT_EQ(t.tracks()[static_cast<std::size_t>(spans[0].second.track)].name, "disk vda");
+  double in[2] = {0, 0};
+  for (const auto& [step, s] : spans) in[step - 1] += s.t1 - s.t0;
+  EXPECT_NEAR(in[0], first, 1e-9);
+  EXPECT_NEAR(in[1], second, 1e-9);
+  EXPECT_DOUBLE_EQ(first, 4.0);
+  EXPECT_DOUBLE_EQ(second, 3.0);
+  EXPECT_EQ(spans[0].second.name, "read+write");
+  EXPECT_EQ(spans[1].second.name, "write");  // only the write was left in flight after the cut
+  EXPECT_EQ(spans[2].second.name, "read");
 }
 
 TEST(Disk, TwoStoresInTwoFoldersOfOneDiskCountOnOneMeter) {

@@ -14,6 +14,7 @@
 
 #include "app/config/config.h"
 #include "app/train/report.h"
+#include "app/train/trace_file.h"
 #include "app/train/train.h"
 #include "bench/adam_bench.h"
 #include "bench/comm_bench.h"
@@ -231,7 +232,9 @@ constexpr const char* kBenchStepAbout =
     "busiest resource, the step time divided by its busy time (overlap_ratio; 1.0 is perfect overlap), NVMe bytes "
     "read and written per step, and the step time relative to the same model with no offload. Where the placement "
     "runs the speculative Update, the same placement without it too, for the two ratios. The first step is a "
-    "warm-up and is not measured";
+    "warm-up and is not measured. --trace FILE writes the configured placement's run as a Chrome-trace / Perfetto "
+    "timeline: every step, the warm-up included (the file's zinf.measured_from says where the measured steps "
+    "start; docs/trace.md)";
 
 struct StepArgs {
   ConfigArgs config;
@@ -239,6 +242,7 @@ struct StepArgs {
   bool json = false;
   bool profile = false;
   bool baseline = true;  // also run the same model with no offload
+  std::string trace;     // --trace: the configured placement's timeline (train.trace_file), every step
 };
 
 // The runs of `bench step`: the config's placement, and the same model with no offload; with the
@@ -278,7 +282,12 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
                                      "steps_per_print=1000000"};
   common.push_back("train.steps=" + std::to_string(std::max(2, a.steps)));
   common.insert(common.end(), no_monitor_overrides().begin(), no_monitor_overrides().end());
-  StepRuns runs{load_run_config(a.config, world.size, common), {}, {}, {}, a.baseline, false, {}, false};
+  std::vector<std::string> traced = common;  // the configured placement's run alone writes the trace
+  if (!a.trace.empty()) {
+    traced.push_back("train.trace_file=" + nlohmann::json(a.trace).dump());
+    traced.push_back("train.trace_steps=" + std::to_string(std::max(2, a.steps)));
+  }
+  StepRuns runs{load_run_config(a.config, world.size, traced), {}, {}, {}, a.baseline, false, {}, false};
   const Config& c = runs.config;
   if (world.rank == 0) print_notes(c);
   auto progress = [&world](const std::string& s) {
@@ -396,6 +405,10 @@ void print_step_json(const StepArgs& a, const StepRuns& runs, const StepFigures&
                               {"device_bytes_saved", f.checkpoint_device_saved},
                               {"on_device_step_s", runs.checkpoints_on_device.step_seconds},
                               {"on_device_params_digest", runs.checkpoints_on_device.params_digest}};
+  if (!a.trace.empty()) {
+    j["trace_file"] = a.trace;
+    j["trace_steps"] = {1, std::max(2, a.steps)};  // the warm-up too; measured from step 2
+  }
   if (a.profile) {
     j["profile"] = nlohmann::json::array();
     for (const auto& o : r.profile)
@@ -465,10 +478,14 @@ void print_step_text(const StepArgs& a, const StepRuns& runs, const StepFigures&
   } else if (a.baseline) {
     std::printf("  without offload the model does not fit the device budget\n");
   }
+  if (!a.trace.empty())
+    std::printf("  trace: steps 1-%d in %s (step 1 is the warm-up, outside the figures above)\n", std::max(2, a.steps),
+                a.trace.c_str());
   if (a.profile) print_step_profile(runs, f);
 }
 
 int run_step(const StepArgs& a) {
+  if (!a.trace.empty()) check_trace_path(a.trace, "--trace");  // before any run
   const World world = detect_world();  // under mpirun: every rank trains, rank 0 reports (its own busy times)
   const StepRuns runs = run_step_pair(a, world);
   const StepFigures figures = step_figures(runs);
@@ -731,6 +748,10 @@ Command add_bench_step(CLI::App& bench) {
                 "Also time the model's ops by kind on the compute stream (GEMM classes, attention, norms, elementwise, "
                 "embeddings, "
                 "LM head, copies): time per step, share of the step, calls, achieved TFLOPS");
+  sub->add_option("--trace", args->trace,
+                  "Write the configured placement's run as a Chrome-trace / Perfetto JSON timeline to FILE: one track "
+                  "per stream, host worker and disk, a span per supernode per unit, every step (the warm-up too)")
+      ->type_name("FILE");
   return command(sub, args, run_step);
 }
 

@@ -43,7 +43,8 @@ constexpr const char* kTrainAbout =
     "of every fp32 master parameter: equal digests mean bit-identical runs). Checkpoints go to train.checkpoint_dir "
     "every train.checkpoint_interval steps, at the end, and on a stop: SIGINT (Ctrl-C), SIGTERM or SIGUSR1 stop after "
     "the current step or evaluation batch (every rank of a job after the same step) and exit with 128 + the "
-    "signal's number; a second signal, SIGHUP and SIGQUIT stop at once (swap directories are still removed)";
+    "signal's number; a second signal, SIGHUP and SIGQUIT stop at once (swap directories are still removed). "
+    "train.trace_file writes a Chrome-trace / Perfetto timeline of the first train.trace_steps steps (default 8)";
 
 struct TrainArgs {
   ConfigArgs config;

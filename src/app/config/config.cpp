@@ -460,6 +460,8 @@ void read_train(Section s, TrainConfig& t) {
   t.keep_last = static_cast<int>(s.get_int("keep_last", 2, 1, 1000));
   t.overwrite_checkpoints = s.get_bool("overwrite_checkpoints", false);
   t.metrics_file = s.get_str("metrics_file", "");
+  t.trace_file = s.get_str("trace_file", "");
+  t.trace_steps = s.get_int("trace_steps", 8, 1, 1'000'000);
   t.eval_interval = s.get_int("eval_interval", 100, 0, kMaxI64);
   t.eval_batches = static_cast<int>(s.get_int("eval_batches", 8, 1, 1 << 20));
   t.overlap_none = s.get_enum<bool>("overlap", false, {{"exact", false}, {"none", true}});

@@ -152,6 +152,9 @@ struct TrainConfig {
   // from an older checkpoint those newer than it); without it such a run is refused.
   bool overwrite_checkpoints = false;
   std::string metrics_file;
+  // A Chrome-trace / Perfetto timeline of the first trace_steps steps (docs/trace.md); "" = off.
+  std::string trace_file;
+  std::int64_t trace_steps = 0;
   std::int64_t eval_interval = 0;
   int eval_batches = 0;
   bool overlap_none = false;  // train.overlap: "exact" (default) or "none" (every supernode in turn)

@@ -35,6 +35,7 @@
 #include "app/train/checkpoint.h"
 #include "app/train/monitor.h"
 #include "app/train/report.h"
+#include "app/train/trace_file.h"
 #include "app/train/train.h"
 #include "io/data.h"
 #include "io/files.h"
@@ -51,6 +52,7 @@
 #include "zinf/offload/engine.h"
 #include "zinf/pinned.h"
 #include "zinf/sysinfo.h"
+#include "zinf/trace.h"
 
 namespace zinf {
 namespace {
@@ -89,6 +91,7 @@ void check_output_paths(const Config& c, const TrainHooks& hooks) {
     check(c.zero.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path");
   if (!c.monitor.tensorboard_dir.empty()) check(c.monitor.tensorboard_dir, "monitor.tensorboard_dir");
   if (!c.monitor.csv_dir.empty()) check(c.monitor.csv_dir, "monitor.csv_dir");
+  if (!c.train.trace_file.empty() && c.train.steps > 0) check_trace_path(c.train.trace_file, "train.trace_file");
   if (c.flops_profiler.enabled && !c.flops_profiler.output_file.empty()) {  // written at the profile step
     const std::filesystem::path parent = std::filesystem::path(c.flops_profiler.output_file).parent_path();
     check(parent.empty() ? "." : parent.string(), "flops_profiler.output_file's folder");
@@ -185,7 +188,7 @@ std::string broadcast_string(Comm& comm, std::string s) {
 // The backend of the device a config resolved to (train() resolves device.type before anything is built).
 const backends::Backend& device_backend(const Config& c) { return backends::backend_for(run_device_type(c)); }
 
-std::unique_ptr<Device> make_device(const Config& c, const backends::Backend& be, int local_rank) {
+std::unique_ptr<Device> make_device(const Config& c, const backends::Backend& be, int local_rank, Trace* trace) {
   backends::DeviceSpec spec;
   spec.local_rank = local_rank;
   spec.budget_bytes = c.device.memory_budget;  // 0: the GPU's free memory less a reserve, or half the host's
@@ -194,7 +197,9 @@ std::unique_ptr<Device> make_device(const Config& c, const backends::Backend& be
     spec.cpu.jitter = JitterSpec{c.device.jitter_seed, c.device.jitter_us};
     spec.cpu = cpu_device_options_from_env(spec.cpu);
   }
-  return be.make_device(spec);
+  std::unique_ptr<Device> d = be.make_device(spec);
+  if (trace) d->trace_to(trace);  // before any busy mark
+  return d;
 }
 
 // The model's ops on that device; with `profile`, wrapped in the op profiler, which reports into
@@ -262,28 +267,42 @@ class LossRows {
 
 // The model's view of the engine, with the time the model spends waiting for fetches and landings
 // kept apart from its compute time.
+//
+// With a trace, on a device whose ops run on the host (the synchronous CPU device), a pass (begin_pass
+// … end_pass) is also cut at every call into the engine: each piece between two calls is a span of the
+// unit named last on the compute track, from the same clock reads as the waits, so the spans add up
+// to the pass's time less its waits — the compute busy time the trainer reports.
 class EngineUnits final : public UnitSource {
   template <class F>
-  auto timed(F f) -> decltype(f()) {
+  auto timed(std::size_t u, F f) -> decltype(f()) {
     const auto t0 = Clock::now();
     auto r = f();
-    wait_ += since(t0);
+    const auto t1 = Clock::now();
+    wait_ += std::chrono::duration<double>(t1 - t0).count();
+    if (pass_) {
+      piece(t0);
+      piece_from_ = t1;
+      unit_ = static_cast<std::int64_t>(u);
+    }
     return r;
+  }
+  void piece(Clock::time_point to) {  // (an empty piece, between two calls in a row, adds nothing)
+    if (to > piece_from_) trace_->span(track_, pass_, unit_, piece_from_, to, trace_->windows());
   }
 
  public:
   EngineUnits(offload::Engine& engine, std::vector<std::size_t> unit_params)
       : engine_(engine), unit_params_(std::move(unit_params)) {}
   ConstTensorView weights(std::size_t u) override {
-    const void* w = timed([&] { return engine_.weights(u); });
+    const void* w = timed(u, [&] { return engine_.weights(u); });
     return ConstTensorView(w, dtype_of(engine_.weights_precision()), unit_params_[u]);
   }
   void done_with(std::size_t u) override { engine_.done_with(u); }
   float* grads(std::size_t u) override {
-    return timed([&] { return engine_.grads(u); });
+    return timed(u, [&] { return engine_.grads(u); });
   }
   void grads_done(std::size_t u) override {
-    timed([&] {
+    timed(u, [&] {
       engine_.grads_done(u);
       return 0;
     });
@@ -293,11 +312,33 @@ class EngineUnits final : public UnitSource {
     wait_ = 0;
     return w;
   }
+  // Spans of the model's host time on `trace`'s compute track (null: none).
+  void trace_to(Trace* trace) {
+    trace_ = trace;
+    if (trace_) track_ = trace_->track(Trace::Group::device, to_string(StreamRole::compute));
+  }
+  // A pass ("forward", "backward") of the model's host time starts at t0 / ends at t1.
+  void begin_pass(const char* name, Clock::time_point t0) {
+    if (!trace_) return;
+    pass_ = name;
+    piece_from_ = t0;
+    unit_ = -1;
+  }
+  void end_pass(Clock::time_point t1) {
+    if (!pass_) return;
+    piece(t1);
+    pass_ = nullptr;
+  }
 
  private:
   offload::Engine& engine_;
   std::vector<std::size_t> unit_params_;
   double wait_ = 0;
+  Trace* trace_ = nullptr;
+  int track_ = 0;
+  const char* pass_ = nullptr;  // the pass being cut into spans, if any
+  Clock::time_point piece_from_{};
+  std::int64_t unit_ = -1;
 };
 
 // Everything a run holds, in the order it is built (and destroyed in reverse: the engine, which
@@ -317,7 +358,10 @@ class Run {
         data(TokenData::load(cfg.data, shape.vocab_size, seq_len)),
         threads(cfg.device.threads > 0 ? cfg.device.threads : cpu_adam::physical_cores()),
         device_backend_(device_backend(cfg)),
-        dev(make_device(cfg, device_backend_, local_rank)),
+        trace(cm.rank() == 0 && !cfg.train.trace_file.empty() && cfg.train.steps > 0
+                  ? std::make_unique<Trace>(cfg.train.trace_steps)
+                  : nullptr),
+        dev(make_device(cfg, device_backend_, local_rank, trace.get())),
         device_comm(make_device_comm(local_rank)),
         backend(make_ops(cfg, device_backend_, *dev, threads,
                          h.profile || (cfg.flops_profiler.enabled && cm.rank() == 0) ? &profile : nullptr, shape)),
@@ -333,6 +377,10 @@ class Run {
         monitor(cfg, cm.rank() == 0) {
     // The flops_profiler times its one step only (TrainHooks::profile, every step).
     if (profile && !h.profile) profile->set_active(false);
+    if (trace) {
+      trace->name_this_thread("trainer");
+      if (!dev->ops_stream_ordered()) units.trace_to(trace.get());  // else the device traces compute
+    }
     // From here a stop signal waits for the end of the current evaluation batch or step (with a
     // checkpoint when a step ran); while the model was being built it ended the process at once.
     // The "model:" line below tells a watcher that the run is stoppable.
@@ -405,6 +453,7 @@ class Run {
     read();
     units.take_wait();
     engine->take_times();
+    if (trace) trace->drop();  // an evaluation is in no step's busy time
     const std::vector<double> all = W > 1 ? comm.allgather(mine.data(), mine.size()) : mine;
     double sum = 0;
     for (int i = 0; i < k; ++i) sum += all[static_cast<std::size_t>((i % W) * K + i)];
@@ -433,12 +482,12 @@ class Run {
       rows_drawn += static_cast<std::int64_t>(micro_batch) * W;
       engine->begin_micro_batch(micro);
       engine->begin_forward();
-      t_fwd += model_time([&] {
+      t_fwd += model_time("forward", [&] {
         model->forward(units, b.tokens(), b.targets());
         losses.take(static_cast<std::size_t>(micro), model->row_losses());
       });
       engine->begin_backward();
-      t_bwd += model_time([&] { model->backward(units, b.tokens(), b.targets(), dscale); });
+      t_bwd += model_time("backward", [&] { model->backward(units, b.tokens(), b.targets(), dscale); });
       batches.done_with(b);
     }
   }
@@ -572,6 +621,9 @@ class Run {
   TokenData data;
   const int threads;
   const backends::Backend& device_backend_;  // everything device-specific comes from here
+  // train.trace_file (rank 0): the busy spans of the first train.trace_steps steps; attached to the
+  // device, the engine and the model's units, which record into it (zinf/trace.h).
+  std::unique_ptr<Trace> trace;
   std::unique_ptr<Device> dev;
   std::unique_ptr<Comm> device_comm;   // NCCL for the CUDA device's memory (several ranks)
   std::shared_ptr<OpProfile> profile;  // TrainHooks::profile: the op profiler's times
@@ -597,10 +649,13 @@ class Run {
   // Host time in the model, waits for the engine excluded; charged to compute when the device does
   // not measure its compute stream itself (the synchronous CPU device).
   template <class F>
-  double model_time(F f) {
+  double model_time(const char* pass, F f) {
     const auto t0 = Clock::now();
+    units.begin_pass(pass, t0);
     f();
-    const double busy = since(t0) - units.take_wait();
+    const auto t1 = Clock::now();
+    units.end_pass(t1);
+    const double busy = std::chrono::duration<double>(t1 - t0).count() - units.take_wait();
     if (!dev->ops_stream_ordered()) engine->add_compute_time(busy);
     return busy;
   }
@@ -646,6 +701,7 @@ class Run {
           (device_comm ? " (device memory: " + device_comm->backend() + ")" : std::string()) + ", ZeRO stage " +
           std::to_string(config.zero.stage));
     }
+    ec.trace = trace.get();
     ec.kernels = [&be = device_backend_](Device& d, cpu_adam::HostThreads& pool) {
       return be.make_engine_kernels(d, pool);
     };
@@ -745,6 +801,7 @@ StepReport train_step(Run& run, std::int64_t step) {
   r.tokens_per_s = run.data.masked() ? static_cast<double>(run.step_targets) / r.step_s
                                      : static_cast<double>(c.train_batch_size) * run.seq_len / r.step_s;
   r.busy = run.engine->take_times();
+  if (run.trace) run.trace->keep(step);   // the spans counted in r.busy are this step's
   r.rollbacks = run.engine->rollbacks();  // step() gave the verdict: a rollback of this step is counted
   r.speculative = c.zero.offload_optimizer.speculative;
   return r;
@@ -877,6 +934,15 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
     }
   }
   finish_result(run, t_measured, res);
+  if (run.trace) {
+    const std::vector<std::int64_t> steps = run.trace->kept_steps();
+    write_trace_file(*run.trace, c.train.trace_file,
+                     {{"config", c.source}, {"device", run.dev->name()}, {"measured_from", measure_from}});
+    run.log("trace: " +
+            (steps.empty() ? std::string("no steps")
+                           : "steps " + std::to_string(steps.front()) + "-" + std::to_string(steps.back())) +
+            " in " + c.train.trace_file);
+  }
   return res;
 }
 

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "zinf/backends/cpu.h"
 #include "zinf/device.h"
@@ -64,27 +65,68 @@ class CpuEvent final : public DeviceEvent {
 // A stream: an in-order queue served by one worker thread, with its own jitter lane and the job
 // time it spent inside busy marks. `depth` (marks open, in stream order) is touched by the worker
 // only; marks from several host threads on one stream nest.
+//
+// With a trace, each job inside marks is also a span named by the label of the mark its pushing
+// thread had open on this stream (`labels`, per thread), and its time is counted under `busy_mu` with
+// the span, so that take_busy (which closes the window under the same lock) and the trace agree.
 struct Stream {
   Stream(const JitterSpec& j, std::uint64_t lane) : jitter(j, lane), worker([this] { jitter.delay(); }) {}
   // A job whose run time is the stream's work (copies, launches); waits are pushed directly.
   void push_work(std::function<void()> fn) {
-    worker.push([this, fn = std::move(fn)] {
+    BusyLabel label{"work", -1};
+    if (trace.load(std::memory_order_acquire)) label = open_label();
+    worker.push([this, label, fn = std::move(fn)] {
       if (depth == 0) return fn();
       const auto t0 = std::chrono::steady_clock::now();
       struct Count {  // also when fn throws
         Stream& s;
         std::chrono::steady_clock::time_point t0;
+        BusyLabel label;
         ~Count() {
-          s.busy_ns +=
-              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+          const auto t1 = std::chrono::steady_clock::now();
+          const std::int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+          Trace* t = s.trace.load(std::memory_order_acquire);
+          if (!t) {
+            s.busy_ns += ns;
+            return;
+          }
+          std::lock_guard<std::mutex> lk(s.busy_mu);
+          s.busy_ns += ns;
+          t->span(s.track, label.name, label.unit, t0, t1, s.window);
         }
-      } count{*this, t0};
+      } count{*this, t0, label};
       fn();
     });
+  }
+  BusyLabel open_label() {
+    std::lock_guard<std::mutex> lk(labels_mu);
+    auto it = labels.find(std::this_thread::get_id());
+    return it == labels.end() || it->second.empty() ? BusyLabel{"work", -1} : it->second.back();
+  }
+  void mark(const BusyLabel& l, bool open) {
+    std::lock_guard<std::mutex> lk(labels_mu);
+    auto& open_here = labels[std::this_thread::get_id()];
+    if (open) {
+      open_here.push_back(l);
+    } else if (!open_here.empty()) {
+      open_here.pop_back();
+    }
+  }
+  double take_busy() {
+    if (!trace.load(std::memory_order_acquire)) return 1e-9 * static_cast<double>(busy_ns.exchange(0));
+    std::lock_guard<std::mutex> lk(busy_mu);
+    ++window;
+    return 1e-9 * static_cast<double>(busy_ns.exchange(0));
   }
   Jitter jitter;
   int depth = 0;
   std::atomic<std::int64_t> busy_ns{0};
+  std::atomic<Trace*> trace{nullptr};  // set before any mark (Device::trace_to)
+  int track = 0;                       // under busy_mu
+  std::mutex busy_mu;                  // with a trace: busy_ns, window and the spans together
+  std::int64_t window = 0;             // under busy_mu: take_busy calls so far
+  std::mutex labels_mu;                // with a trace: each pushing thread's open marks
+  std::unordered_map<std::thread::id, std::vector<BusyLabel>> labels;
   SerialWorker worker;  // last: its thread starts after the rest exists
 };
 
@@ -181,17 +223,27 @@ class CpuDevice final : public Device {
   JitterSpec jitter() const override { return opts_.jitter; }
   // Without async mode the model's ops run on the caller's thread, not on the compute stream: marks
   // there would only wake its worker, so they are not pushed (the caller measures that time).
-  void busy_begin(StreamRole s) override {
+  void busy_begin(StreamRole s, const BusyLabel& what) override {
     if (s == StreamRole::compute && !opts_.async) return;
     Stream* st = &stream(s);
+    if (st->trace.load(std::memory_order_acquire)) st->mark(what, true);
     st->worker.push([st] { ++st->depth; });
   }
-  void busy_end(StreamRole s) override {
+  void busy_end(StreamRole s, const BusyLabel& what) override {
     if (s == StreamRole::compute && !opts_.async) return;
     Stream* st = &stream(s);
+    if (st->trace.load(std::memory_order_acquire)) st->mark(what, false);
     st->worker.push([st] { --st->depth; });
   }
-  double take_busy(StreamRole s) override { return 1e-9 * static_cast<double>(stream(s).busy_ns.exchange(0)); }
+  double take_busy(StreamRole s) override { return stream(s).take_busy(); }
+  void trace_to(Trace* t) override {
+    for (int i = 0; i < kStreamRoles; ++i) {
+      Stream& st = *streams_[i];
+      std::lock_guard<std::mutex> lk(st.busy_mu);
+      if (t) st.track = t->track(Trace::Group::device, to_string(static_cast<StreamRole>(i)));
+      st.trace.store(t, std::memory_order_release);
+    }
+  }
 
  private:
   Stream& stream(StreamRole s) { return *streams_[static_cast<int>(s)]; }

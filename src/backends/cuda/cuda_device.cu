@@ -3,8 +3,11 @@
 // cross-stream synchronisation, async copies, host registration of the pinned pool.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda/caching_allocator.h"
@@ -121,49 +124,97 @@ class CudaDevice final : public Device {
 
   // Busy marks: a pair of timing events per marked interval, read once the end event has completed.
   // Marks from several host threads on one stream (the trainer's Fetch and the Update's Upload on
-  // h2d) merge into one interval from the first begin to the last end.
-  void busy_begin(StreamRole s) override {
+  // h2d) merge into one interval from the first begin to the last end, named by every label in it.
+  // With a trace, take_busy records each interval it counts as a span, its times from the events'
+  // distance to a reference event recorded (with the host's clock) when the trace was attached.
+  void busy_begin(StreamRole s, const BusyLabel& what) override {
     std::lock_guard<std::mutex> lk(mu_);
     Marks& m = marks_[static_cast<int>(s)];
+    if (trace_) m.name(what);
     if (m.depth++ > 0) return;
     m.open = timing_event();
     ZINF_CUDA(cudaEventRecord(m.open, stream(s)));
   }
-  void busy_end(StreamRole s) override {
+  void busy_end(StreamRole s, const BusyLabel& /*what*/) override {
     std::lock_guard<std::mutex> lk(mu_);
     Marks& m = marks_[static_cast<int>(s)];
     ZINF_CHECK(m.depth > 0);
     if (--m.depth > 0) return;
     cudaEvent_t end = timing_event();
     ZINF_CUDA(cudaEventRecord(end, stream(s)));
-    m.pending.push_back({m.open, end});
+    m.pending.push_back({m.open, end, std::move(m.label), m.unit});
     m.open = nullptr;
+    m.label.clear();
+    m.unit = -1;
   }
   double take_busy(StreamRole s) override {
     std::lock_guard<std::mutex> lk(mu_);
     Marks& m = marks_[static_cast<int>(s)];
     double ms_total = 0;
-    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> later;
-    for (auto& [a, b] : m.pending) {
-      if (cudaEventQuery(b) != cudaSuccess) {  // still running (or failed: synchronize reports it)
-        later.push_back({a, b});
+    std::vector<Interval> later;
+    for (auto& iv : m.pending) {
+      if (cudaEventQuery(iv.end) != cudaSuccess) {  // still running (or failed: synchronize reports it)
+        later.push_back(std::move(iv));
         continue;
       }
       float ms = 0;
-      ZINF_CUDA(cudaEventElapsedTime(&ms, a, b));
+      ZINF_CUDA(cudaEventElapsedTime(&ms, iv.begin, iv.end));
       ms_total += ms;
-      spare_.push_back(a);
-      spare_.push_back(b);
+      if (trace_) {  // where: from the reference event (float milliseconds); how long: `ms`, as counted
+        float from_ref = 0;
+        ZINF_CUDA(cudaEventElapsedTime(&from_ref, ref_event_, iv.begin));
+        auto t0 =
+            ref_time_ + std::chrono::round<Trace::Clock::duration>(std::chrono::duration<double, std::milli>(from_ref));
+        // A stream's intervals follow each other: a start that rounding put inside the previous
+        // interval moves to its end, so the spans never overlap and each covers `ms`, as counted.
+        t0 = std::max(t0, m.last_end);
+        const auto t1 = t0 + std::chrono::round<Trace::Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+        m.last_end = t1;
+        trace_->span(m.track, iv.label.empty() ? std::string("busy") : iv.label, iv.unit, t0, t1, m.window);
+      }
+      spare_.push_back(iv.begin);
+      spare_.push_back(iv.end);
     }
     m.pending.swap(later);
+    ++m.window;
     return 1e-3 * ms_total;
+  }
+  void trace_to(Trace* t) override {
+    synchronize();
+    std::lock_guard<std::mutex> lk(mu_);
+    trace_ = t;
+    if (!t) return;
+    if (!ref_event_) ZINF_CUDA(cudaEventCreate(&ref_event_));
+    ZINF_CUDA(cudaEventRecord(ref_event_, stream(StreamRole::compute)));
+    ZINF_CUDA(cudaEventSynchronize(ref_event_));
+    ref_time_ = Trace::Clock::now();
+    for (int i = 0; i < kStreamRoles; ++i)
+      marks_[i].track = t->track(Trace::Group::device, to_string(static_cast<StreamRole>(i)));
   }
 
  private:
+  struct Interval {
+    cudaEvent_t begin = nullptr, end = nullptr;
+    std::string label;
+    std::int64_t unit = -1;
+  };
   struct Marks {
     int depth = 0;
     cudaEvent_t open = nullptr;
-    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending;
+    std::string label;  // the names of the marks in the open interval, "+"-joined; its unit when one
+    std::int64_t unit = -1;
+    std::vector<Interval> pending;
+    int track = 0;
+    std::int64_t window = 0;              // take_busy calls so far
+    Trace::Clock::time_point last_end{};  // the end of the last span recorded
+    void name(const BusyLabel& what) {
+      if (label.empty()) {
+        label = what.name;
+        unit = what.unit;
+      } else if (label.find(what.name) == std::string::npos) {
+        label += std::string("+") + what.name;
+      }
+    }
   };
   cudaEvent_t timing_event() {  // under mu_
     if (!spare_.empty()) {
@@ -178,9 +229,10 @@ class CudaDevice final : public Device {
   void destroy_marks() {
     for (auto& m : marks_) {
       if (m.open) cudaEventDestroy(m.open);
-      for (auto& [a, b] : m.pending) cudaEventDestroy(a), cudaEventDestroy(b);
+      for (auto& iv : m.pending) cudaEventDestroy(iv.begin), cudaEventDestroy(iv.end);
     }
     for (auto e : spare_) cudaEventDestroy(e);
+    if (ref_event_) cudaEventDestroy(ref_event_);
   }
   struct Job {
     CudaDevice* dev;
@@ -214,6 +266,9 @@ class CudaDevice final : public Device {
   std::exception_ptr err_;
   Marks marks_[kStreamRoles];
   std::vector<cudaEvent_t> spare_;
+  Trace* trace_ = nullptr;  // under mu_
+  cudaEvent_t ref_event_ = nullptr;
+  Trace::Clock::time_point ref_time_{};  // the host's clock when ref_event_ completed
 };
 
 }  // namespace

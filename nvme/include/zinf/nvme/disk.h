@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "zinf/trace.h"
+
 namespace zinf::nvme {
 
 // A whole block device: its device number and kernel name ("nvme0n1", "vda"). A filesystem with no
@@ -48,7 +50,9 @@ struct DiskUse {
 };
 
 // The in-flight count of one disk. begin() when a transfer is submitted, end() when it completes; the
-// times are parameters so that the accounting can be checked without a clock.
+// times are parameters so that the accounting can be checked without a clock. With a trace, each
+// interval it counts as busy is a span on the disk's track ("read", "write" or "read+write": what was
+// in flight during it), cut where take() cuts the count (zinf/trace.h).
 class DiskMeter {
  public:
   using Clock = std::chrono::steady_clock;
@@ -60,8 +64,11 @@ class DiskMeter {
   // The use since the last take; a transfer still in flight counts up to `now` here and from `now` on
   // in the next take. Resets the counts.
   DiskUse take(Clock::time_point now = Clock::now());
+  // Records the busy intervals on `track` of `t` from now on.
+  void trace_to(Trace* t, int track);
 
  private:
+  void span_locked(Clock::time_point now);  // the interval since any_.since, when it is one
   // Transfers in flight, the time the count last rose from zero (or the last take), and the busy
   // seconds counted so far.
   struct Span {
@@ -76,6 +83,10 @@ class DiskMeter {
   std::mutex mu_;
   Span any_, dir_[2];  // any transfer; reads; writes
   std::uint64_t bytes_[2] = {0, 0};
+  Trace* trace_ = nullptr;  // under mu_
+  int track_ = 0;
+  std::int64_t window_ = 0;  // take() calls so far
+  unsigned dirs_ = 0;        // what was in flight since any_.since: 1 reads, 2 writes
 };
 
 // The disks of one engine: one meter per disk, shared by every store whose folder is on it.
@@ -86,9 +97,12 @@ class DiskMeters {
   // Every disk's use since the last take, in the order the disks were first asked for.
   std::vector<DiskUse> take();
   std::size_t size() const;
+  // Every disk's busy intervals, as spans on a track "disk <name>" of `t` (set before the first meter).
+  void trace_to(Trace* t);
 
  private:
   mutable std::mutex mu_;
+  Trace* trace_ = nullptr;
   std::vector<std::shared_ptr<DiskMeter>> meters_;
 };
 

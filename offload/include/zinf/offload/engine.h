@@ -183,6 +183,10 @@ struct EngineConfig {
   // The device's kernels for the engine's own work on device memory (required): the backend of the
   // device makes them (zinf/backends/backend.h).
   std::function<std::unique_ptr<EngineKernels>(Device&, cpu_adam::HostThreads&)> kernels;
+  // Where the engine records its busy time as spans (zinf/trace.h): the host work on the track of the
+  // thread that ran it (its workers are named "Reduce worker" and "Update worker"), each disk's busy
+  // intervals. Null: nothing recorded. The device's streams are traced by the device (trace_to).
+  Trace* trace = nullptr;
 };
 
 struct StepOptions {

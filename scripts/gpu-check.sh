@@ -292,7 +292,7 @@ part_trace() {  # the offloaded case's timeline, as a file Perfetto opens and as
   [ "$executor" = 1 ] && args+=($compare_small)
   "$zinf" bench step "${args[@]}" --steps 3 --no-baseline --json --trace "$raw/trace.json" > "$raw/trace-step.json" ||
     return 1
-  python3 "$root/scripts/trace-svg.py" "$raw/trace.json" "$raw/trace.svg" || return 1
+  python3 "$root/scripts/trace-svg.py" "$raw/trace.json" -o "$raw/trace.svg" || return 1
   python3 - "$raw/trace.json" << 'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))

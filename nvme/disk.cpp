@@ -163,6 +163,17 @@ void DiskMeter::span_locked(Clock::time_point now) {
   dirs_ = (dir_[0].in_flight > 0 ? 1u : 0u) | (dir_[1].in_flight > 0 ? 2u : 0u);
 }
 
+void DiskMeter::queue_span(const std::string& queue, const char* name, const std::string& tensor, Clock::time_point t0,
+                           Clock::time_point t1) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (trace_) trace_->span(trace_->track(Trace::Group::queue, queue), name, -1, t0, t1, window_, tensor);
+}
+
+bool DiskMeter::traced() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return trace_ != nullptr;
+}
+
 void DiskMeter::trace_to(Trace* t, int track) {
   std::lock_guard<std::mutex> lk(mu_);
   trace_ = t;

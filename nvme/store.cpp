@@ -47,6 +47,9 @@ TensorStore::TensorStore(const StoreOptions& o, FaultPlan* faults) {
   io_ = make_async_io(o.io_kind, io_options, &why, faults);
   const Disk disk = o.disk_override.name.empty() ? disk_of(dir_->path()) : o.disk_override;
   meter_ = o.disks ? o.disks->meter(disk) : std::make_shared<DiskMeter>(disk);
+  queue_ = o.queue + " (disk " + disk.name + ")";
+  read_span_ = o.read_span;
+  write_span_ = o.write_span;
   description_ = why + ", " + direct_note + ", " + std::to_string(files_.size()) + " file(s) in " + dir_->path();
   if (dir_->created_parent()) description_ += " (created " + o.parent + ", which did not exist)";
   description_ += ", on disk " + disk.name;
@@ -95,11 +98,18 @@ IoHandle TensorStore::transfer(bool write, Id id, void* buf, std::uint64_t offse
   const std::uint64_t bytes = padded(len);
   // Counted on the disk from submit to completion, once: the completion runs on an I/O thread, or
   // here when the submit throws before the transfer could start.
+  // With a trace, the transfer is also a span on the store's queue track (from the same two times).
   auto once = std::make_shared<std::atomic<bool>>(false);
-  auto done = [meter = meter_, once, write, bytes] {
-    if (!once->exchange(true)) meter->end(write, bytes);
+  const auto t0 = DiskMeter::Clock::now();
+  const bool traced = meter_->traced();
+  auto done = [meter = meter_, once, write, bytes, t0, traced, queue = traced ? queue_ : std::string(),
+               name = write ? write_span_ : read_span_, tensor = traced ? t.name : std::string()] {
+    if (once->exchange(true)) return;
+    const auto t1 = DiskMeter::Clock::now();
+    meter->end(write, bytes, t1);
+    if (traced) meter->queue_span(queue, name, tensor, t0, t1);
   };
-  meter_->begin(write);
+  meter_->begin(write, t0);
   try {
     return io_->submit(write, f.fd, buf, bytes, t.offset + offset, f.path, done);
   } catch (...) {

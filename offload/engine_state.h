@@ -188,6 +188,11 @@ struct EngineState {
     disks.trace_to(cfg.trace);
     for (nvme::StoreOptions* o : {&config.optimizer_store, &config.param_store})
       if (!o->disks) o->disks = &disks;
+    // How the stores' transfers are named on their queue tracks in a trace: the supernodes they are.
+    config.optimizer_store.queue = "optimizer states", config.optimizer_store.read_span = "SwapIn",
+    config.optimizer_store.write_span = "SwapOut";
+    config.param_store.queue = "parameters", config.param_store.read_span = "Fetch read",
+    config.param_store.write_span = "param write";
   }
 
   bool exact() const { return config.overlap == Overlap::exact; }

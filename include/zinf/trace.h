@@ -31,8 +31,10 @@ namespace zinf {
 class Trace {
  public:
   using Clock = std::chrono::steady_clock;
-  // The process a track is drawn under: the device's streams, the host's threads, the disks.
-  enum class Group { device = 1, host = 2, nvme = 3 };
+  // The process a track is drawn under: the device's streams, the host's threads, the disks (busy
+  // time: the union of what is in flight), and the NVMe stores' queues (each transfer from submit to
+  // completion, named by what it moves: informational, inside its disk's busy time, not added to it).
+  enum class Group { device = 1, host = 2, nvme = 3, queue = 4 };
   struct Track {
     Group group;
     std::string name;  // "compute", "h2d", "trainer", "Update worker", "disk vda"
@@ -43,6 +45,7 @@ class Trace {
     std::int64_t unit = -1;  // the layer unit, -1 when none
     std::int64_t window = 0;
     double t0 = 0, t1 = 0;  // seconds since origin()
+    std::string detail;     // what a queue's transfer moved ("block.3.sg0"), empty elsewhere
   };
 
   // Keeps the first `steps` steps named by keep() (at least one).
@@ -75,10 +78,10 @@ class Trace {
 
   // A busy span [t0, t1) on `track`, counted in its resource's window `window`.
   void span(int track, std::string name, std::int64_t unit, Clock::time_point t0, Clock::time_point t1,
-            std::int64_t window) {
+            std::int64_t window, std::string detail = {}) {
     std::lock_guard<std::mutex> lk(mu_);
     if (full_locked() || t1 < t0) return;
-    spans_.push_back({track, std::move(name), unit, window, seconds(t0), seconds(t1)});
+    spans_.push_back({track, std::move(name), unit, window, seconds(t0), seconds(t1), std::move(detail)});
   }
   bool full() const {
     std::lock_guard<std::mutex> lk(mu_);

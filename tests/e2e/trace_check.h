@@ -81,7 +81,8 @@ std::map<std::string, double> busy_from_spans(const json& t, const TrackNames& n
   for (const json& e : t["traceEvents"]) {
     if (e["ph"] != "X" || !keep(e["args"]["step"].get<std::int64_t>())) continue;
     const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
-    if (e["pid"] == 2) {  // the host's threads
+    if (e["pid"] == 4) continue;  // the stores' queues: each transfer lies inside its disk's busy time
+    if (e["pid"] == 2) {          // the host's threads
       busy["host"] += 1e-6 * dur;
       continue;
     }

@@ -95,9 +95,19 @@ TEST(TraceFile, TrainSpansAddUpToEachStepsBusyTimesAsync) {
   EXPECT_TRUE(spans.at("h2d").count("Fetch"));
   EXPECT_TRUE(spans.at("d2h").count("GradOut"));
   EXPECT_TRUE(spans.at("Update worker").count("Update"));
-  bool disk = false;
-  for (const auto& [track, what] : spans) disk = disk || track.rfind("disk ", 0) == 0;
+  bool disk = false, queue = false;
+  for (const auto& [track, what] : spans) {
+    disk = disk || track.rfind("disk ", 0) == 0;
+    // The optimizer store's queue: each sub-group's SwapIn and SwapOut, named by its tensor.
+    if (track.rfind("optimizer states (disk ", 0) == 0)
+      queue = what == std::set<std::string>{"SwapIn", "SwapOut"};
+  }
   EXPECT_TRUE(disk) << "the optimizer states' disk has a track";
+  EXPECT_TRUE(queue) << "the optimizer states' queue has SwapIn and SwapOut spans";
+  std::set<std::string> tensors;
+  for (const json& e : t["traceEvents"])
+    if (e["ph"] == "X" && e["name"] == "SwapIn") tensors.insert(e["args"]["tensor"].get<std::string>());
+  EXPECT_TRUE(tensors.count("unit 0.sg0")) << "a SwapIn names its sub-group";
 }
 
 TEST(TraceFile, AnUnwritablePathIsRefusedBeforeTheRun) {

@@ -20,6 +20,7 @@ const char* group_name(Trace::Group g) {
     case Trace::Group::device: return "device";
     case Trace::Group::host: return "host";
     case Trace::Group::nvme: return "nvme";
+    case Trace::Group::queue: return "nvme queues";
   }
   return "?";
 }
@@ -34,6 +35,7 @@ nlohmann::json trace_json(const Trace& t, const nlohmann::json& about) {
   for (const auto& [step, s] : t.kept_spans()) {
     json args = {{"step", step}};
     if (s.unit >= 0) args["unit"] = s.unit;
+    if (!s.detail.empty()) args["tensor"] = s.detail;
     events.push_back({{"name", s.name},
                       {"ph", "X"},
                       {"ts", 1e6 * s.t0},

@@ -66,6 +66,12 @@ class DiskMeter {
   DiskUse take(Clock::time_point now = Clock::now());
   // Records the busy intervals on `track` of `t` from now on.
   void trace_to(Trace* t, int track);
+  // With a trace: one transfer of a store's queue, [t0, t1) on the queue's track `queue` (made on
+  // first use), named `name` ("SwapIn"), moving tensor `tensor`, in the window of the busy interval
+  // it completes in. Without one, nothing.
+  void queue_span(const std::string& queue, const char* name, const std::string& tensor, Clock::time_point t0,
+                  Clock::time_point t1);
+  bool traced() const;
 
  private:
   void span_locked(Clock::time_point now);  // the interval since any_.since, when it is one
@@ -80,7 +86,7 @@ class DiskMeter {
     double take(Clock::time_point now);
   };
   const Disk disk_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   Span any_, dir_[2];  // any transfer; reads; writes
   std::uint64_t bytes_[2] = {0, 0};
   Trace* trace_ = nullptr;  // under mu_

@@ -76,6 +76,11 @@ struct StoreOptions {
   // every other store of those meters on that disk), or a meter of its own when null.
   DiskMeters* disks = nullptr;
   Disk disk_override;  // tests: count under this disk instead of the folder's (when its name is set)
+  // With a trace (the meter's): the store's queue track, and what its reads and writes are called
+  // there ("optimizer states", "SwapIn", "SwapOut").
+  std::string queue = "store";
+  const char* read_span = "read";
+  const char* write_span = "write";
 };
 
 class TensorStore {
@@ -133,6 +138,9 @@ class TensorStore {
   std::unique_ptr<AsyncIo> io_;
   std::string description_;
   std::shared_ptr<DiskMeter> meter_;
+  std::string queue_;
+  const char* read_span_;
+  const char* write_span_;
 };
 
 }  // namespace zinf::nvme

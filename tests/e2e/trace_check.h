@@ -58,6 +58,17 @@ inline void check_chrome_trace(const json& t, TrackNames& threads) {
   }
 }
 
+// The trace file at `path`, parsed and checked by check_chrome_trace (the caller asserts
+// !HasFatalFailure() after it); `names` receives its track names.
+inline json load_trace(const std::string& path, TrackNames& names) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const json t = json::parse(ss.str());
+  check_chrome_trace(t, names);
+  return t;
+}
+
 // The seconds covered by a set of intervals, each instant once.
 inline double union_seconds(std::vector<std::pair<double, double>> iv) {
   std::sort(iv.begin(), iv.end());

@@ -37,9 +37,8 @@ TEST(TraceFile, BenchStepSpansAddUpToItsBusyTimes) {
   ASSERT_EQ(r.rc, 0) << r.err;
   const json b = json::parse(r.out);
   EXPECT_EQ(b["trace_file"], file);
-  const json t = json::parse(slurp(file));
   TrackNames names;
-  check_chrome_trace(t, names);
+  const json t = load_trace(file, names);
   ASSERT_FALSE(HasFatalFailure());
   // Every step, the warm-up too; bench step measures from the second.
   EXPECT_EQ(t["zinf"]["steps"], json({1, 2, 3, 4}));
@@ -78,9 +77,8 @@ TEST(TraceFile, TrainSpansAddUpToEachStepsBusyTimesAsync) {
                        " --set train.metrics_file=\"" + metrics + "\"");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("trace: steps 1-3 in " + file), std::string::npos) << r.out;
-  const json t = json::parse(slurp(file));
   TrackNames names;
-  check_chrome_trace(t, names);
+  const json t = load_trace(file, names);
   ASSERT_FALSE(HasFatalFailure());
   ASSERT_EQ(t["zinf"]["steps"], json({1, 2, 3}));
   const auto reported = metrics_busy(metrics);

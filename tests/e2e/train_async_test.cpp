@@ -126,12 +126,8 @@ TEST_F(TrainAsync, ATracedRunEqualsTheSynchronousRunAndItsSpansTheBusyTimes) {
     o.push_back("train.trace_file=\"" + file + "\"");
     const TrainResult r = train(parse_config(test::small_train_config(kSwap), o), TrainHooks{});
     EXPECT_EQ(r.params_digest, ref) << "jitter seed " << 501 + k;
-    std::ifstream in(file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const test::json t = test::json::parse(ss.str());
     test::TrackNames names;
-    test::check_chrome_trace(t, names);
+    const test::json t = test::load_trace(file, names);
     ASSERT_FALSE(HasFatalFailure());
     ASSERT_EQ(t["zinf"]["steps"], test::json({1, 2, 3, 4}));
     const auto busy = test::busy_from_spans(t, names, [](std::int64_t step) { return step >= 2; });

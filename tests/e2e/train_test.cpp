@@ -288,12 +288,8 @@ TEST(TrainGpu, TraceSpansAddUpToEachStepsBusyTimes) {
                  "zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_param.device=cpu",
                  "train.trace_file=\"" + file + "\"", "train.trace_steps=3", "train.metrics_file=\"" + metrics + "\""});
   EXPECT_EQ(r.steps, 4);
-  std::ifstream in(file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const test::json t = test::json::parse(ss.str());
   test::TrackNames names;
-  test::check_chrome_trace(t, names);
+  const test::json t = test::load_trace(file, names);
   ASSERT_FALSE(HasFatalFailure());
   EXPECT_EQ(t["zinf"]["steps"], test::json({1, 2, 3}));
   test::expect_spans_match_metrics(t, names, test::metrics_busy(metrics));

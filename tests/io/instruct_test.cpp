@@ -410,15 +410,21 @@ std::string chat_lines(int n) {
   return s;
 }
 
+// 20 chat examples in t/chat.jsonl with the SentencePiece model train_sentencepiece made in t.
+DataConfig chat_data(TempDir& t) {
+  t.write("chat.jsonl", chat_lines(20));
+  DataConfig cfg;
+  cfg.path = t / "chat.jsonl";
+  cfg.tokenizer = t / "sp.model";
+  return cfg;
+}
+
 // Every example dropped because its prompt fills the sequence: the error says so and points at
 // model.seq_len, not at "more examples" (more of the same would be dropped too).
 TEST(ChatData, ExamplesDroppedByALongPromptPointAtTheSequenceLength) {
   TempDir t("instruct-dropped");
   if (!train_sentencepiece(t)) GTEST_SKIP() << "Debian's licence texts are missing (base-files)";
-  t.write("chat.jsonl", chat_lines(20));
-  DataConfig cfg;
-  cfg.path = t / "chat.jsonl";
-  cfg.tokenizer = t / "sp.model";
+  const DataConfig cfg = chat_data(t);
   try {
     TokenData::load(cfg, 300, 2);
     FAIL() << "loaded";
@@ -432,10 +438,7 @@ TEST(ChatData, ExamplesDroppedByALongPromptPointAtTheSequenceLength) {
 TEST(ChatData, LoadsWholeExamplesIntoTrainAndValidationSplits) {
   TempDir t("instruct-load");
   if (!train_sentencepiece(t)) GTEST_SKIP() << "Debian's licence texts are missing (base-files)";
-  t.write("chat.jsonl", chat_lines(20));
-  DataConfig cfg;
-  cfg.path = t / "chat.jsonl";
-  cfg.tokenizer = t / "sp.model";
+  DataConfig cfg = chat_data(t);
   cfg.val_fraction = 0.2;
   const TokenData d = TokenData::load(cfg, 300, 32);
   EXPECT_TRUE(d.masked());

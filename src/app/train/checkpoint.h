@@ -121,10 +121,10 @@ class CheckpointDir {
   void replace_on_first_save(const std::vector<std::string>& paths);
 
   // Writes step `s.step` atomically, then keeps the newest `keep_last` verified checkpoints: each
-  // older one is verified (once per run) before it is deleted; a corrupt one is moved aside with a
-  // line, not counted, not deleted; one of another model is left alone. The checkpoint just written
-  // is the newest valid one and is never pruned. Returns its path. Throws zinf::IoError (file,
-  // errno) on failure, leaving earlier checkpoints untouched.
+  // older one is verified (once per run) before it is renamed step-N.pruned-PID and deleted; a
+  // corrupt one is moved aside with a line, not counted, not deleted; one of another model is left
+  // alone. The checkpoint just written is the newest valid one and is never pruned. Returns its path.
+  // Throws zinf::IoError (file, errno) on failure, leaving earlier checkpoints untouched.
   std::string save(const Config& c, const CheckpointState& s, const StatesReader& read);
 
  private:
@@ -137,10 +137,38 @@ class CheckpointDir {
   std::vector<std::string> replace_;
 };
 
-// Puts a checkpoint directory back in order after a run that was killed while saving: its temporary
-// is removed, and the checkpoints it had renamed aside to replace are renamed back when it died
-// before publishing its own (removed when it had published). Files of a live process are left alone.
+// Puts a checkpoint directory back in order after a run that was killed while saving or pruning: its
+// temporary is removed, the checkpoints it had renamed aside to replace are renamed back when it died
+// before publishing its own (removed when it had published), and a checkpoint keep_last had renamed
+// step-N.pruned-PID to delete is removed. Files of a live process are left alone, and so — with one
+// line — is any such name that is a symbolic link (never followed) or holds anything but regular
+// manifest.json and states.bin files. Call it only holding the folder's write lock.
 void recover_interrupted_saves(const std::string& dir, const std::function<void(const std::string&)>& log);
+
+// The lock of a checkpoint folder: flock(2) on <dir>/.zinf-lock, held from construction to
+// destruction and released by the kernel however the process ends. One writer (a run that writes
+// checkpoints: `zinf train`, `--resume`, overwrite_checkpoints) holds it exclusively and writes
+// "pid N" and "command …" into the file; readers (`zinf eval`, `export`, `generate`) share it, so a
+// checkpoint is never pruned while it is read. A folder without the file has had no writer that
+// locks: a reader then reads without a lock (and creates nothing). Refused — another writer, or a
+// writer beside readers, or a reader beside a writer — is a ConfigError (exit code 2) naming the
+// folder and the holder's PID and command; nothing has been read or written. Only rank 0 of a
+// data-parallel job takes it (the other ranks write nothing there).
+class CheckpointLock {
+ public:
+  enum class Mode { write, read };
+  // `what` names the folder's role in errors ("train.checkpoint_dir", "--checkpoint").
+  CheckpointLock(const std::string& dir, Mode mode, const std::string& what);
+  ~CheckpointLock();
+  CheckpointLock(const CheckpointLock&) = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// The folder holding the checkpoint `checkpoint` (its train.checkpoint_dir), whose lock a reader shares.
+std::string checkpoint_folder(const std::string& checkpoint);
 
 // Test hook: the Nth save from now (1-based) fails with ENOSPC half-way through states.bin; 0
 // disables. The environment variable ZINF_TEST_CHECKPOINT_ENOSPC_AT sets it for a whole process.

@@ -45,13 +45,11 @@ inline std::string slurp(const std::string& p) {
 
 // Every entry under `dir` (none when it does not exist) with its size and a hash of its bytes
 // (directories as "<dir>"): equal snapshots mean nothing was written, renamed or deleted, and a failed
-// comparison prints a line per file, not the files. A checkpoint folder's lock file (.zinf-lock) is
-// left out: every run that takes the folder writes its PID and command there, also one refused later.
+// comparison prints a line per file, not the files.
 inline std::map<std::string, std::string> snapshot(const std::filesystem::path& dir) {
   std::map<std::string, std::string> m;
   if (!std::filesystem::exists(dir)) return m;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
-    if (e.path().filename() == ".zinf-lock") continue;
     std::string v = "<dir>";
     if (e.is_regular_file()) {
       const std::string bytes = slurp(e.path().string());

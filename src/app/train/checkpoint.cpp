@@ -866,7 +866,10 @@ void CheckpointDir::prune() {
       // kill leaves the whole checkpoint or a step-N.pruned-PID folder the next run removes, never a
       // half-deleted step-N.
       const std::string marked = path + ".pruned-" + pid_tag();
-      if (::rename(path.c_str(), marked.c_str()) != 0) io_fail("rename to " + marked, path, errno);
+      if (::rename(path.c_str(), marked.c_str()) != 0) {  // kept (and counted again by the next save)
+        if (log_) log_("checkpoint: keep_last cannot remove " + path + " (" + std::strerror(errno) + ")");
+        continue;
+      }
       fsync_dir(dir_);
       if (std::getenv("ZINF_TEST_KILL_IN_PRUNE")) ::raise(SIGKILL);  // test hook: killed between the two
       fs::remove_all(marked, ec);
@@ -966,22 +969,47 @@ ResumeChoice choose_checkpoint(const std::string& dir, const std::string& which,
 
 namespace {
 
-// This process's command line, its arguments separated by spaces.
-std::string own_command() {
-  std::string c = read_small_file("/proc/self/cmdline");
+// A process's command line, its arguments separated by spaces ("" when it cannot be read).
+std::string command_of(long pid) {
+  std::string c = read_small_file("/proc/" + std::to_string(pid) + "/cmdline");
   std::replace(c.begin(), c.end(), '\0', ' ');
   while (!c.empty() && c.back() == ' ') c.pop_back();
   return c.size() > 1000 ? c.substr(0, 1000) + "…" : c;
 }
 
-// "process PID (COMMAND)" as the holder wrote it into the lock file, or a description without them.
+// Who holds the lock on the file open as `fd`: "process PID (COMMAND)" for each other process the
+// kernel lists in /proc/locks as holding a flock on that file; failing that, what the holder wrote
+// into the file (announce()); failing that, a description without them.
 std::string holder_of(int fd) {
+  struct stat st {};
+  std::string who;
+  if (::fstat(fd, &st) == 0) {
+    std::ifstream locks("/proc/locks");
+    std::set<long> pids;
+    for (std::string line; std::getline(locks, line);) {
+      if (line.find("->") != std::string::npos) continue;  // a waiter, not a holder
+      std::istringstream in(line);
+      std::string id, kind, advisory, mode, where;
+      long pid = 0;
+      in >> id >> kind >> advisory >> mode >> pid >> where;
+      const auto colon = where.rfind(':');
+      if (kind != "FLOCK" || colon == std::string::npos || pid <= 0 || pid == ::getpid()) continue;
+      if (std::strtoull(where.c_str() + colon + 1, nullptr, 10) == static_cast<unsigned long long>(st.st_ino))
+        pids.insert(pid);
+    }
+    for (const long pid : pids) {
+      const std::string command = command_of(pid);
+      who += (who.empty() ? "" : ", ") + ("process " + std::to_string(pid)) +
+             (command.empty() ? "" : " (" + command + ")");
+    }
+  }
+  if (!who.empty()) return who;
   char buf[2048];
   const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
   const std::string text(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
   long pid = 0;
-  const auto cmd = text.find("\ncommand ");
   if (std::sscanf(text.c_str(), "pid %ld", &pid) != 1 || pid <= 0) return "a process that has not written its PID yet";
+  const auto cmd = text.find("\ncommand ");
   std::string command = cmd == std::string::npos ? "" : text.substr(cmd + 9);
   if (const auto end = command.find('\n'); end != std::string::npos) command.resize(end);
   return "process " + std::to_string(pid) + (command.empty() ? "" : " (" + command + ")");
@@ -1010,30 +1038,19 @@ CheckpointLock::CheckpointLock(const std::string& dir, Mode mode, const std::str
                       "remove it; zinf recreates it");
   }
   if (::flock(fd_, (write ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) {
-    if (write) {  // who holds it, for whoever is refused (and for a person who looks)
-      const std::string text = "pid " + std::to_string(::getpid()) + "\ncommand " + own_command() + "\n";
-      if (::ftruncate(fd_, 0) != 0 || write_all(fd_, text.data(), text.size()) != 0) {
-        // The lock holds without the text; only the refusal's wording depends on it.
-      }
-    }
+    write_ = write;
     return;
   }
   const int e = errno;
-  std::string holder;
-  if (e == EWOULDBLOCK) {
-    // A writer holds it exclusively, or readers share it (then a shared lock is granted).
-    if (write && ::flock(fd_, LOCK_SH | LOCK_NB) == 0)
-      holder = "readers";
-    else
-      holder = holder_of(fd_);
-  }
+  // A writer holds it exclusively, or readers share it (then a shared lock is granted).
+  const bool readers = e == EWOULDBLOCK && write && ::flock(fd_, LOCK_SH | LOCK_NB) == 0;
+  const std::string holder = e == EWOULDBLOCK ? holder_of(fd_) : "";
   ::close(fd_);
   fd_ = -1;
   if (e != EWOULDBLOCK) throw ConfigError(what + " " + dir + ": cannot lock " + file + " (" + std::strerror(e) + ")");
-  if (holder == "readers")
-    throw ConfigError(what + " " + dir +
-                          ": being read by another zinf (eval, export or generate); a run writing "
-                          "checkpoints there could remove what it reads",
+  if (readers)
+    throw ConfigError(what + " " + dir + ": being read by another zinf (eval, export or generate: " + holder +
+                          "); a run writing checkpoints there could remove what it reads",
                       "start the run when it has finished, or choose another train.checkpoint_dir");
   if (write)
     throw ConfigError(what + " " + dir + ": in use by another run, " + holder +
@@ -1044,12 +1061,22 @@ CheckpointLock::CheckpointLock(const std::string& dir, Mode mode, const std::str
                     "read it when that run has ended, or copy the checkpoint out of the folder first");
 }
 
+void CheckpointLock::announce() {
+  if (fd_ < 0 || !write_) return;
+  const std::string text = "pid " + std::to_string(::getpid()) + "\ncommand " + command_of(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || write_all(fd_, text.data(), text.size()) != 0) {
+    // The lock holds without the text: a refusal names the holder from /proc/locks.
+  }
+}
+
 CheckpointLock::~CheckpointLock() {
   if (fd_ >= 0) ::close(fd_);  // the kernel releases the lock with the last descriptor
 }
 
 std::string checkpoint_folder(const std::string& checkpoint) {
-  const std::string parent = fs::path(checkpoint).lexically_normal().parent_path().string();
+  fs::path p = fs::path(checkpoint).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "ck/step-00000004/" names step-00000004
+  const std::string parent = p.parent_path().string();
   return parent.empty() ? "." : parent;
 }
 

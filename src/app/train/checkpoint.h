@@ -12,7 +12,9 @@
 //
 // A checkpoint that cannot be used is one of two things, and they are handled differently:
 //   corrupt       its files are damaged (a missing or unparsable manifest, a checksum mismatch, a
-//                 truncated states.bin): `latest` falls back to an older one, and a run that writes
+//                 truncated states.bin, a file that is not a regular file) or its manifest holds
+//                 numbers no run can have written (out of range, or contradicting each other or its
+//                 model): `latest` falls back to an older one, and a run that writes
 //                 checkpoints moves it aside as `step-N.corrupt` — reported, never counted by
 //                 keep_last, never deleted;
 //   incompatible  it is sound but this config cannot continue it (another model family or shape, a
@@ -147,12 +149,12 @@ void recover_interrupted_saves(const std::string& dir, const std::function<void(
 
 // The lock of a checkpoint folder: flock(2) on <dir>/.zinf-lock, held from construction to
 // destruction and released by the kernel however the process ends. One writer (a run that writes
-// checkpoints: `zinf train`, `--resume`, overwrite_checkpoints) holds it exclusively and writes
-// "pid N" and "command …" into the file; readers (`zinf eval`, `export`, `generate`) share it, so a
-// checkpoint is never pruned while it is read. A folder without the file has had no writer that
-// locks: a reader then reads without a lock (and creates nothing). Refused — another writer, or a
-// writer beside readers, or a reader beside a writer — is a ConfigError (exit code 2) naming the
-// folder and the holder's PID and command; nothing has been read or written. Only rank 0 of a
+// checkpoints: `zinf train`, `--resume`, overwrite_checkpoints) holds it exclusively; readers
+// (`zinf eval`, `export`, `generate`) share it, so a checkpoint is never pruned while it is read. A
+// folder without the file has had no writer that locks: a reader then reads without a lock (and
+// creates nothing). Refused — another writer, a writer beside readers, a reader beside a writer —
+// is a ConfigError (exit code 2) naming the folder and the holder's PID and command (from
+// /proc/locks, else from the file); nothing has been read or written. Only rank 0 of a
 // data-parallel job takes it (the other ranks write nothing there).
 class CheckpointLock {
  public:
@@ -163,8 +165,14 @@ class CheckpointLock {
   CheckpointLock(const CheckpointLock&) = delete;
   CheckpointLock& operator=(const CheckpointLock&) = delete;
 
+  // A writer, once its run has passed every check: writes "pid N" and "command …" into the lock file
+  // (for a person who looks, and for a refusal where /proc/locks is unreadable). A run refused
+  // before it leaves the file as it was.
+  void announce();
+
  private:
   int fd_ = -1;
+  bool write_ = false;
 };
 
 // The folder holding the checkpoint `checkpoint` (its train.checkpoint_dir), whose lock a reader shares.

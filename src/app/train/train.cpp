@@ -719,6 +719,7 @@ CheckpointPlan prepare_outputs(const Config& c, const TrainHooks& hooks, const M
         const std::string to = move_corrupt_aside(p);
         if (hooks.log) hooks.log("resume: moved the corrupt " + p + " aside to " + to);
       }
+      if (plan.lock) plan.lock->announce();  // the folder is this run's: its PID and command in the lock file
     } catch (...) {
       prepared = std::current_exception();
     }

@@ -170,8 +170,6 @@ std::string manifest_checksum(const json& j_without_checksum) {
 constexpr char kChecksumKey[] = "manifest_xxh64";
 constexpr char kLockFile[] = ".zinf-lock";
 
-// Reads a manifest and checks its format, version and checksum. Sets *unchecked for a version-1
-// manifest (written before manifests carried a checksum).
 void check_values(const json& j, const std::string& path);
 
 // The whole of a file of a checkpoint, refused (as corrupt) unless it is a regular file: a FIFO or a
@@ -184,6 +182,8 @@ std::string read_checkpoint_file(const std::string& file, bool text) {
   }
 }
 
+// Reads a manifest and checks its format, version, checksum and values (check_values). Sets
+// *unchecked for a version-1 manifest (written before manifests carried a checksum).
 json read_manifest(const std::string& path, bool* unchecked = nullptr) {
   const std::string mf = path + "/manifest.json";
   const std::string text = read_checkpoint_file(mf, /*text=*/true);
@@ -500,8 +500,9 @@ void check_values(const json& j, const std::string& path) {
                                 ? std::numeric_limits<std::int64_t>::max()
                                 : step * per_step;
   integer(j, "rows_drawn", "rows_drawn", step, most);
-  // The loss scaler: fp16's scale within what fp16 gradients can carry, 1 for bf16 and fp32 (which
-  // never scale); its iteration counts steps, and the last overflow came before it.
+  // The loss scaler: fp16's scale within the range a config can give it (min_loss_scale 1e-30, an
+  // initial 2^126 doubled once), 1 for bf16 and fp32 (which never scale); its iteration counts steps,
+  // and the last overflow came before it.
   Precision precision = Precision::fp32;
   if (j.contains("precision")) {
     precision = precision_from(j["precision"].get<std::string>(), mf);
@@ -527,11 +528,11 @@ void check_values(const json& j, const std::string& path) {
   const json& sc = j.at("scaler");
   if (!sc.is_object()) throw refuse("scaler: not an object");
   const json& scale = sc.at("scale");
-  const double lo = precision == Precision::fp16 ? std::ldexp(1.0, -24) : 1.0;
-  const double hi = precision == Precision::fp16 ? std::ldexp(1.0, 64) : 1.0;
+  const double lo = precision == Precision::fp16 ? 1e-30 : 1.0;
+  const double hi = precision == Precision::fp16 ? std::ldexp(1.0, 127) : 1.0;
   if (!scale.is_number() || !std::isfinite(scale.get<double>()) || scale.get<double>() < lo || scale.get<double>() > hi)
     throw refuse("scaler.scale: " + scale.dump() + " is not a loss scale of " + std::string(to_string(precision)) +
-                 (precision == Precision::fp16 ? " (2^-24 to 2^64)" : " (which is 1)"));
+                 (precision == Precision::fp16 ? " (1e-30 to 2^127)" : " (which is 1)"));
   const std::int64_t iter = integer(sc, "iter", "scaler.iter", 0, step);
   integer(sc, "last_overflow_iter", "scaler.last_overflow_iter", -1, iter - 1);
   integer(sc, "hysteresis", "scaler.hysteresis", 0, std::numeric_limits<int>::max());

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <mutex>
 #include <random>
+#include <sstream>
 
 #include "zinf/error.h"
 #include "zinf/nvme/store.h"
@@ -171,7 +172,25 @@ std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
     if (std::sscanf(e->d_name, "zinf-%d-%8x", &pid, &tag) != 2) continue;
     if (pid == ::getpid()) continue;  // this run's own (e.g. the optimizer's store beside the parameters')
     const std::string dir = parent + "/" + e->d_name;
-    std::ifstream m(dir + "/" + kMarker);
+    // Never through a symbolic link: the folder is opened without following one, and everything in
+    // it is read and removed relative to that descriptor.
+    struct stat dst {};
+    if (::lstat(dir.c_str(), &dst) != 0 || !S_ISDIR(dst.st_mode)) {
+      if (S_ISLNK(dst.st_mode)) report.push_back(dir + ": kept (a symbolic link, not followed)");
+      continue;
+    }
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0) continue;
+    std::string marker_text;
+    const int mfd = ::openat(dfd, kMarker, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat mst {};
+    if (mfd >= 0 && ::fstat(mfd, &mst) == 0 && S_ISREG(mst.st_mode)) {
+      char buf[512];
+      const ssize_t n = ::read(mfd, buf, sizeof buf);
+      if (n > 0) marker_text.assign(buf, static_cast<std::size_t>(n));
+    }
+    if (mfd >= 0) ::close(mfd);
+    std::istringstream m(marker_text);
     std::string magic, key, boot;
     int mpid = 0;
     std::getline(m, magic);
@@ -179,12 +198,14 @@ std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
     const bool marked = magic == kMagic && mpid == pid;
     std::vector<std::string> files;
     bool foreign = false, data = false;
-    if (DIR* sub = ::opendir(dir.c_str())) {
+    if (DIR* sub = ::fdopendir(::fcntl(dfd, F_DUPFD_CLOEXEC, 0))) {
       while (dirent* f = ::readdir(sub)) {
         const std::string n = f->d_name;
         if (n == "." || n == "..") continue;
-        if (n == kMarker || n.rfind("store.", 0) == 0) {
-          files.push_back(dir + "/" + n);
+        struct stat fst {};
+        const bool regular = ::fstatat(dfd, n.c_str(), &fst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fst.st_mode);
+        if (regular && (n == kMarker || n.rfind("store.", 0) == 0)) {
+          files.push_back(n);
           data = data || n != kMarker;
         } else {
           foreign = true;
@@ -193,19 +214,23 @@ std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
       ::closedir(sub);
     }
     if (foreign) {
+      ::close(dfd);
       report.push_back(dir + ": kept (holds files zinf did not write)");
       continue;
     }
     const bool same_boot = !marked || boot == my_boot;
     if (same_boot && (::kill(pid, 0) == 0 || errno == EPERM)) {
+      ::close(dfd);
       report.push_back(dir + ": kept (process " + std::to_string(pid) + " is running)");
       continue;
     }
     if (!marked && data) {
+      ::close(dfd);
       report.push_back(dir + ": kept (no zinf marker)");
       continue;
     }
-    for (const auto& f : files) ::unlink(f.c_str());
+    for (const auto& f : files) ::unlinkat(dfd, f.c_str(), 0);
+    ::close(dfd);
     if (::rmdir(dir.c_str()) == 0)
       report.push_back(dir + ": removed (left by process " + std::to_string(pid) + ", which is gone)");
     else

@@ -99,6 +99,14 @@ std::string read_input_file(const std::string& path, const std::string& what) {
   return InputFile(path, what).read_all();
 }
 
+std::string read_input_text(const std::string& path, const std::string& what) {
+  std::string s = read_input_file(path, what);
+  if (const auto nul = s.find('\0'); nul != std::string::npos)
+    throw ConfigError(what + " " + path + ": holds a NUL byte at offset " + std::to_string(nul) + ", not text",
+                      "a text file (JSON) ends with its document; a NUL byte is damage or another kind of file");
+  return s;
+}
+
 bool same_file(const std::string& a, const std::string& b) {
   struct stat sa {
   }, sb{};

@@ -47,6 +47,11 @@ class InputFile {
 // The whole of a regular file (see InputFile).
 std::string read_input_file(const std::string& path, const std::string& what);
 
+// The whole of a regular text file (JSON, a config): as read_input_file, and a NUL byte anywhere is a
+// ConfigError "<what> <path>: holds a NUL byte at offset N, not text". (JSON readers stop at the first
+// NUL, so a document followed by NULs, or by anything after one, would otherwise read as whole.)
+std::string read_input_text(const std::string& path, const std::string& what);
+
 // Whether `a` and `b` name the same existing file or directory (same st_dev and st_ino, so a
 // second name through a link or another spelling of the path counts too). False when either is missing.
 bool same_file(const std::string& a, const std::string& b);

@@ -274,7 +274,7 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
 
 ModelShape hf_shape(const std::string& dir, int seq_len) {
   const std::string src = (fs::path(dir) / "config.json").string();
-  return hf_shape_from_json(read_input_file(src, "model.init_from"), src, seq_len);
+  return hf_shape_from_json(read_input_text(src, "model.init_from"), src, seq_len);
 }
 
 ModelShape hf_shape_from_json(std::string_view text, const std::string& src, int seq_len) {
@@ -360,7 +360,7 @@ HfModelReader::HfModelReader(const std::string& dir) : dir_(dir) {
             ? "model.safetensors (model.safetensors.index.json beside it is ignored, as Hugging Face's loaders do)"
             : "model.safetensors";
   } else if (has_index) {
-    names = hf_index_files(read_input_file(index.string(), "model.init_from"), index.string());
+    names = hf_index_files(read_input_text(index.string(), "model.init_from"), index.string());
     weights_ = "model.safetensors.index.json, " + std::to_string(names.size()) + " shard(s)";
   } else {
     throw ConfigError(dir + ": holds neither model.safetensors nor model.safetensors.index.json");

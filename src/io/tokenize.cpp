@@ -306,7 +306,7 @@ int write_token_file(const std::string& path, const std::vector<std::uint32_t>& 
 std::optional<nlohmann::json> read_folder_json(const std::filesystem::path& p, const std::string& what) {
   std::error_code ec;
   if (!std::filesystem::exists(p, ec)) return std::nullopt;
-  const std::string text = read_input_file(p.string(), what);
+  const std::string text = read_input_text(p.string(), what);
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {

@@ -37,7 +37,7 @@ class Manifest : public ::testing::Test {
     const Config c = parse_config(R"({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2,
         "model": {"n_layer": 1, "n_head": 2, "d_model": 8, "vocab_size": 16, "seq_len": 4}})");
     CheckpointState st;
-    st.step = 3;
+    st.step = 3, st.opt_steps = 3, st.rows_drawn = 6;  // a consistent state: three steps of two rows
     CheckpointDir dir(root.string(), 1, kShape, nullptr);
     path = dir.save(c, st, [](std::size_t u, float* master, float* m, float* v) {
       const auto n = static_cast<std::size_t>(layer_units(kShape)[u].params);

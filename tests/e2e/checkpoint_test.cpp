@@ -143,7 +143,8 @@ TEST_F(Checkpoints, KeepLastPrunesOlderCheckpoints) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir / "ck")) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"step-00000006", "step-00000008", "step-00000010"}));
+  // (and the folder's lock file; no step-N.pruned-PID is left behind)
+  EXPECT_EQ(names, (std::vector<std::string>{".zinf-lock", "step-00000006", "step-00000008", "step-00000010"}));
   const auto m = nlohmann::json::parse(std::ifstream(dir / "ck" / "step-00000010" / "manifest.json"));
   EXPECT_EQ(m["format"], "zinf-checkpoint");
   EXPECT_EQ(m["tensors"].size(), 12u);  // 4 units × (master, m, v)
@@ -207,7 +208,8 @@ TEST_F(Checkpoints, FullDiskLeavesThePreviousCheckpointIntact) {
   set_checkpoint_fault(0);
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir / "ck")) names.push_back(e.path().filename().string());
-  EXPECT_EQ(names, (std::vector<std::string>{"step-00000002"}));  // no torn temporary left behind
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{".zinf-lock", "step-00000002"}));  // no torn temporary left behind
   verify_checkpoint((dir / "ck" / "step-00000002").string(), shape());
   EXPECT_TRUE(fs::is_empty(dir / "swap"));
 }
@@ -216,9 +218,11 @@ TEST_F(Checkpoints, FullDiskLeavesThePreviousCheckpointIntact) {
 
 using test::snapshot;
 
+// The names in a checkpoint folder, its lock file (.zinf-lock) aside.
 std::vector<std::string> entries(const fs::path& d) {
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(d)) names.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(d))
+    if (e.path().filename() != ".zinf-lock") names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
 }

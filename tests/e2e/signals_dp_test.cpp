@@ -62,7 +62,7 @@ TEST_F(SignalsDp, SigtermOrSigusr1ToMpirunStopsEveryRankAfterTheSameStepWithOneC
     ASSERT_EQ(count(job.out(), "interrupted: stopping after step "), 1u) << job.out();
     const long k = stopped_after(job.out());
     const std::string step_dir = checkpoint_name(k);
-    EXPECT_EQ(ck.entries(), std::vector<std::string>{step_dir});
+    EXPECT_EQ(ck.entries("step-"), std::vector<std::string>{step_dir});
     // Complete and valid: it loads, verified, and evaluates.
     const Result ev = sh(std::string(ZINF_BIN) + " eval --json --config " + kTinyConfig + " --checkpoint " +
                          (ck.path / step_dir).string() +
@@ -101,7 +101,7 @@ TEST_F(SignalsDp, SigtermToOneRankOfAnEnvironmentLaunchStopsEveryRank) {
   ASSERT_EQ(count(rank0.out(), "interrupted: stopping after step "), 1u) << rank0.out();
   const long k = stopped_after(rank0.out());
   const std::string step_dir = checkpoint_name(k);
-  EXPECT_EQ(ck.entries(), std::vector<std::string>{step_dir});
+  EXPECT_EQ(ck.entries("step-"), std::vector<std::string>{step_dir});
   EXPECT_EQ(rank0.err().find("left the job"), std::string::npos) << rank0.err();
   EXPECT_EQ(rank1.err().find("left the job"), std::string::npos) << rank1.err();
 }

@@ -68,7 +68,7 @@ TEST(Signals, SigtermAndSigusr1StopAfterTheStepWithACheckpointThatResumesToTheUn
     const long k = stopped_after(run.out());
     ASSERT_GE(k, 1) << run.out();
     ASSERT_LT(k, kSteps) << run.out();
-    EXPECT_EQ(ck.entries(), std::vector<std::string>{checkpoint_name(k)});  // the one checkpoint, at that step
+    EXPECT_EQ(ck.entries("step-"), std::vector<std::string>{checkpoint_name(k)});  // the one checkpoint, at that step
     const Result resumed = sh(shell_line(train_args(kSteps, {dir_set})) + " --resume --json");
     ASSERT_EQ(resumed.rc, 0) << resumed.err;
     const auto j = nlohmann::json::parse(resumed.out);
@@ -102,7 +102,7 @@ TEST(Signals, ASecondSigtermStopsAtOnceAndRemovesTheSwapFolder) {
   EXPECT_EQ(WTERMSIG(status), SIGTERM);  // the shell reports 128 + 15
   EXPECT_NE(run.err().find("SIGTERM: stopping at once"), std::string::npos) << run.err();
   EXPECT_EQ(stopped_after(run.out()), -1) << run.out();
-  EXPECT_TRUE(ck.entries().empty());
+  EXPECT_TRUE(ck.entries("step-").empty());
   EXPECT_TRUE(swap.entries().empty());
 }
 
@@ -186,7 +186,7 @@ TEST(Signals, UnderMpirunARankThatCannotStopBeforeTheSigkillRemovesTheSwapFolder
   EXPECT_NE(run.err().find("mpirun kills the ranks 1 s after its SIGTERM: stopping now, without a checkpoint"),
             std::string::npos)
       << run.err();
-  EXPECT_TRUE(ck.entries().empty());
+  EXPECT_TRUE(ck.entries("step-").empty());
   EXPECT_TRUE(swap.entries().empty());
 }
 

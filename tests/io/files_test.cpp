@@ -184,6 +184,22 @@ TEST(BadModelFiles, ConfigJsonThatIsNotAnObjectIsOneLineNamingTheFile) {
             0u);
 }
 
+// A JSON document followed by NUL bytes (JSON readers stop at the first one) is not text: a
+// folder's config.json like that is one line naming the file and the offset, as read_input_text says.
+TEST(BadModelFiles, AJsonFileWithNulBytesIsRefusedNamingTheOffset) {
+  TempDir t("nul-json");
+  std::ofstream(t / "plain.json") << "{}";
+  EXPECT_EQ(read_input_text(t / "plain.json", "x"), "{}");
+  std::ofstream(t / "nul.json", std::ios::binary) << std::string("{}\0\0{", 5);
+  const std::string e = error_of<ConfigError>([&] { read_input_text(t / "nul.json", "x"); });
+  EXPECT_EQ(e.rfind("x " + (t / "nul.json") + ": holds a NUL byte at offset 2, not text", 0), 0u) << e;
+  fs::create_directories(t / "m");
+  std::ofstream(t / "m/config.json", std::ios::binary)
+      << std::string(R"({"model_type": "llama"})") + std::string(3, '\0');
+  const std::string h = error_of<ConfigError>([&] { hf_shape(t / "m", 16); });
+  EXPECT_NE(h.find("config.json: holds a NUL byte at offset 23"), std::string::npos) << h;
+}
+
 TEST(BadModelFiles, ImpossibleNumbersInConfigJsonAreRefusedNamingTheKey) {
   const nlohmann::json good = {
       {"model_type", "llama"},    {"hidden_size", 32},      {"intermediate_size", 40}, {"num_attention_heads", 4},

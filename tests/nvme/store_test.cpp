@@ -391,6 +391,32 @@ TEST(TensorStore, StaleDirectoriesAreRemovedOnlyWhenProvablyZinfs) {
   EXPECT_TRUE(said);
 }
 
+// A stale-looking name that is a symbolic link is never followed: the folder it points to — marked,
+// its owner gone, nothing but zinf's files — keeps every file, and so does the link, with a line.
+TEST(TensorStore, AStaleNameThatIsASymbolicLinkIsNotFollowed) {
+  TempDir dir, elsewhere;
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  std::string boot;
+  {
+    std::ifstream f("/proc/sys/kernel/random/boot_id");
+    std::getline(f, boot);
+  }
+  const std::string target = elsewhere.str() + "/precious";
+  fs::create_directories(target);
+  std::ofstream(target + "/.zinf-swap") << "zinf swap directory\npid " << dead << "\nboot " << boot << "\n";
+  std::ofstream(target + "/store.0") << "x";
+  const std::string link = dir.str() + "/zinf-" + std::to_string(dead) + "-0000abcd";
+  fs::create_directory_symlink(target, link);
+  const auto report = clean_stale_swap_dirs(dir.str());
+  EXPECT_TRUE(fs::exists(target + "/store.0"));
+  EXPECT_TRUE(fs::exists(target + "/.zinf-swap"));
+  EXPECT_TRUE(fs::is_symlink(link));
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_NE(report[0].find("a symbolic link, not followed"), std::string::npos) << report[0];
+}
+
 TEST(Swapper, PinnedBoundHoldsUnderThousandsOfItems) {
   for (AsyncIoKind k : back_ends()) {
     SCOPED_TRACE(name(k));

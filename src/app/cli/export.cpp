@@ -59,6 +59,8 @@ int run_export(const ExportArgs& a) {
     throw ConfigError("--format: '" + a.format + "' is not supported (safetensors, hf)");
   const StDtype dt = parse_st_dtype(a.dtype);
   check_output(a.output, a.checkpoint, a.format == "hf");
+  // Shared with other readers; refused while a run writes (and prunes) checkpoints in that folder.
+  const CheckpointLock lock(checkpoint_folder(a.checkpoint), CheckpointLock::Mode::read, "--checkpoint");
   const ModelShape shape = checkpoint_shape(a.checkpoint);
   if (a.format == "safetensors" && shape.family != ModelFamily::gpt2)
     throw ConfigError(

@@ -57,6 +57,8 @@ std::vector<std::vector<float>> empty_units(const ModelShape& s) {
 }
 
 HostModel from_checkpoint(const std::string& dir) {
+  // Shared with other readers; refused while a run writes (and prunes) checkpoints in that folder.
+  const CheckpointLock lock(checkpoint_folder(dir), CheckpointLock::Mode::read, "--model");
   HostModel m;
   m.shape = checkpoint_shape(dir);
   m.units = load_checkpoint_weights(dir, m.shape);

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -12,15 +13,18 @@
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "io/files.h"
 #include "zinf/error.h"
 
 namespace zinf {
@@ -108,6 +112,14 @@ std::string hex(std::uint64_t h) {
   return b;
 }
 
+// A small procfs or text file, whole ("" when unreadable).
+std::string read_small_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 std::string step_name(std::int64_t step) {
   char b[32];
   std::snprintf(b, sizeof b, "step-%08" PRId64, step);
@@ -156,16 +168,28 @@ std::string manifest_checksum(const json& j_without_checksum) {
 }
 
 constexpr char kChecksumKey[] = "manifest_xxh64";
+constexpr char kLockFile[] = ".zinf-lock";
 
-// Reads a manifest and checks its format, version and checksum. Sets *unchecked for a version-1
-// manifest (written before manifests carried a checksum).
+void check_values(const json& j, const std::string& path);
+
+// The whole of a file of a checkpoint, refused (as corrupt) unless it is a regular file: a FIFO or a
+// device there would block or never end, a directory would fail inside the library.
+std::string read_checkpoint_file(const std::string& file, bool text) {
+  try {
+    return text ? read_input_text(file, "checkpoint") : read_input_file(file, "checkpoint");
+  } catch (const Error& e) {
+    throw CorruptCheckpoint(e.what());
+  }
+}
+
+// Reads a manifest and checks its format, version, checksum and values (check_values). Sets
+// *unchecked for a version-1 manifest (written before manifests carried a checksum).
 json read_manifest(const std::string& path, bool* unchecked = nullptr) {
   const std::string mf = path + "/manifest.json";
-  std::ifstream f(mf);
-  if (!f) throw CorruptCheckpoint("checkpoint " + mf + ": missing or unreadable");
+  const std::string text = read_checkpoint_file(mf, /*text=*/true);
   json j;
   try {
-    j = json::parse(f);
+    j = json::parse(text);  // (strict: anything after the document is an error)
   } catch (const json::exception& e) {
     throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + library_message(e) + ")");
   }
@@ -190,6 +214,7 @@ json read_manifest(const std::string& path, bool* unchecked = nullptr) {
       if (it != j.end())
         throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (a version-1 manifest with a checksum)");
       if (unchecked) *unchecked = true;
+      check_values(j, path);
       return j;
     }
     if (it == j.end() || !it->is_string())
@@ -199,6 +224,7 @@ json read_manifest(const std::string& path, bool* unchecked = nullptr) {
     if (manifest_checksum(j) != want)
       throw CorruptCheckpoint("checkpoint " + mf + ": the manifest fails its checksum (edited or damaged)");
     if (unchecked) *unchecked = false;
+    check_values(j, path);
     return j;
   } catch (const json::exception& e) {
     throw CorruptCheckpoint("checkpoint " + mf + ": corrupt manifest (" + library_message(e) + ")");
@@ -250,6 +276,19 @@ ModelShape shape_from_json(const json& m, const std::string& mf) {
     s.rope_high_freq_factor = m.at("rope_high_freq_factor").get<double>(),
     s.rope_original_max = m.at("rope_original_max").get<double>();
     s.max_positions = m.contains("max_positions") ? size("max_positions", 1 << 30, 0) : 0;  // 0: seq_len
+    // The real numbers: positive and finite (norm_eps below 1; the original context may be 0).
+    const std::pair<const char*, double> reals[] = {{"rope_theta", s.rope_theta},
+                                                    {"norm_eps", s.norm_eps},
+                                                    {"rope_factor", s.rope_factor},
+                                                    {"rope_low_freq_factor", s.rope_low_freq_factor},
+                                                    {"rope_high_freq_factor", s.rope_high_freq_factor},
+                                                    {"rope_original_max", s.rope_original_max}};
+    for (const auto& [key, v] : reals) {
+      const bool zero_ok = std::string(key) == "rope_original_max";
+      if (!std::isfinite(v) || v < 0 || (v == 0 && !zero_ok) || (std::string(key) == "norm_eps" && v >= 1))
+        throw CorruptCheckpoint("checkpoint " + mf + ": model." + key + ": " + m.at(key).dump() +
+                                " is not a positive finite number" + (zero_ok ? " or 0" : ""));
+    }
   }
   if (s.d_model % s.n_head != 0 || s.n_head % s.kv_heads() != 0)
     throw CorruptCheckpoint("checkpoint " + mf +
@@ -284,6 +323,18 @@ void check_shape(const json& j, const ModelShape& s, const std::string& path) {
                                  hint);
 }
 
+// Reads n bytes at `at`; false when the file ends first or a read fails.
+bool read_at(int fd, void* p, std::size_t n, std::uint64_t at) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, c, n, static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r, n -= static_cast<std::size_t>(r), at += static_cast<std::uint64_t>(r);
+  }
+  return true;
+}
+
 // Streams states.bin tensor by tensor, checking each checksum; hands each unit to `use` when given.
 void read_states_file(const std::string& path, const json& j, const ModelShape& shape, const StatesWriter* use) {
   const std::string sf = path + "/states.bin";
@@ -296,11 +347,13 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
     return v.get<std::uint64_t>();
   };
   try {
-    std::ifstream f(sf, std::ios::binary);
-    if (!f) throw CorruptCheckpoint("checkpoint " + sf + ": missing or unreadable");
-    f.seekg(0, std::ios::end);
-    const std::uint64_t size = static_cast<std::uint64_t>(f.tellg());
-    f.seekg(0);
+    std::unique_ptr<InputFile> f;  // a regular file, or the checkpoint is corrupt (never blocks on a FIFO)
+    try {
+      f = std::make_unique<InputFile>(sf, "checkpoint");
+    } catch (const Error& e) {
+      throw CorruptCheckpoint(e.what());
+    }
+    const std::uint64_t size = f->size();
     if (size != bytes_at(j, "states_bytes"))
       throw CorruptCheckpoint("checkpoint " + sf + ": " + std::to_string(size) + " bytes, the manifest says " +
                               std::to_string(bytes_at(j, "states_bytes")) + " (truncated?)");
@@ -322,9 +375,8 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
         const std::uint64_t at = bytes_at(t, "offset");
         if (at > size || size - at < n * 4)
           throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
-        f.seekg(static_cast<std::streamoff>(at));
-        f.read(reinterpret_cast<char*>(buf[k].data()), static_cast<std::streamsize>(n * 4));
-        if (!f) throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
+        if (!read_at(f->fd(), buf[k].data(), n * 4, at))
+          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
         if (hex(XXH64(buf[k].data(), n * 4, 0)) != t.at("xxh64").get<std::string>())
           throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " fails its checksum (corrupt)");
       }
@@ -408,6 +460,111 @@ CheckpointState state_from_json(const json& j, const std::string& path) {
     throw CorruptCheckpoint("checkpoint " + mf + ": " + library_message(e));
   }
   return s;
+}
+
+// Every number of a manifest in its range and consistent with the others and with the model it
+// describes, checked before anything is allocated or replayed from it: the checksum catches damage,
+// this catches a manifest edited and sealed again (the checksum is no signature). The limits are
+// those no run of zinf can exceed (docs/checkpoints.md, "What a manifest may hold").
+void check_values(const json& j, const std::string& path) {
+  const std::string mf = path + "/manifest.json";
+  auto refuse = [&](const std::string& what) { return CorruptCheckpoint("checkpoint " + mf + ": " + what); };
+  constexpr std::int64_t kMaxStep = std::int64_t{1} << 62;
+  auto integer = [&](const json& o, const char* key, const std::string& name, std::int64_t lo, std::int64_t hi) {
+    const json& v = o.at(key);
+    bool ok = v.is_number_integer();
+    if (ok && v.is_number_unsigned())  // (beyond an int64 it would wrap)
+      ok = hi >= 0 && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi) &&
+           static_cast<std::int64_t>(v.get<std::uint64_t>()) >= lo;
+    else if (ok)
+      ok = v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
+    if (!ok)
+      throw refuse(name + ": " + v.dump() + " is not an integer between " + std::to_string(lo) + " and " +
+                   std::to_string(hi));
+    return v.get<std::int64_t>();
+  };
+  if (!j.at("config").is_object()) throw refuse("config: not an object");
+  const json& config = j.at("config");
+  const std::int64_t step = integer(j, "step", "step", 0, kMaxStep);
+  const std::int64_t opt_steps = integer(j, "opt_steps", "opt_steps", 0, step);
+  const std::int64_t skipped = integer(j, "skipped", "skipped", 0, step);
+  if (opt_steps + skipped != step)
+    throw refuse("opt_steps " + std::to_string(opt_steps) + " + skipped " + std::to_string(skipped) + " is not step " +
+                 std::to_string(step) + " (every step is either applied or skipped)");
+  // Each step draws train_batch_size rows; a resume replays every draw, so the bound is tight: at
+  // least one row a step, at most 2^20 (or the run's own batch size, when larger) a step.
+  std::int64_t per_step = std::int64_t{1} << 20;
+  if (config.contains("train_batch_size") && config["train_batch_size"].is_number_integer())
+    per_step = std::max(per_step, std::min<std::int64_t>(config["train_batch_size"].get<std::int64_t>(), kMaxStep));
+  const std::int64_t most = step > std::numeric_limits<std::int64_t>::max() / per_step
+                                ? std::numeric_limits<std::int64_t>::max()
+                                : step * per_step;
+  integer(j, "rows_drawn", "rows_drawn", step, most);
+  // The loss scaler: fp16's scale within the range a config can give it (min_loss_scale 1e-30, an
+  // initial 2^126 doubled once), 1 for bf16 and fp32 (which never scale); its iteration counts steps,
+  // and the last overflow came before it.
+  Precision precision = Precision::fp32;
+  if (j.contains("precision")) {
+    precision = precision_from(j["precision"].get<std::string>(), mf);
+    auto enabled = [&](const char* k) { return config.contains(k) && config[k].value("enabled", false); };
+    const Precision configured = enabled("fp16")   ? Precision::fp16
+                                 : enabled("bf16") ? Precision::bf16
+                                                   : Precision::fp32;
+    if (configured != precision)
+      throw refuse("precision: \"" + std::string(to_string(precision)) + "\" but its config trains in " +
+                   std::string(to_string(configured)));
+  } else {
+    precision = config.contains("fp16") && config["fp16"].value("enabled", false)   ? Precision::fp16
+                : config.contains("bf16") && config["bf16"].value("enabled", false) ? Precision::bf16
+                                                                                    : Precision::fp32;
+  }
+  // A state format this zinf does not know is a newer zinf's (refused as incompatible, never passed over).
+  (void)states_from(j, mf);
+  if (j.contains("optimizer_states") && config.contains("zero_optimization") &&
+      config["zero_optimization"].is_object() && config["zero_optimization"].contains("optimizer_states") &&
+      config["zero_optimization"]["optimizer_states"] != j["optimizer_states"])
+    throw refuse("optimizer_states: " + j["optimizer_states"].dump() + " but its config keeps them as " +
+                 config["zero_optimization"]["optimizer_states"].dump());
+  const json& sc = j.at("scaler");
+  if (!sc.is_object()) throw refuse("scaler: not an object");
+  const json& scale = sc.at("scale");
+  const double lo = precision == Precision::fp16 ? 1e-30 : 1.0;
+  const double hi = precision == Precision::fp16 ? std::ldexp(1.0, 127) : 1.0;
+  if (!scale.is_number() || !std::isfinite(scale.get<double>()) || scale.get<double>() < lo || scale.get<double>() > hi)
+    throw refuse("scaler.scale: " + scale.dump() + " is not a loss scale of " + std::string(to_string(precision)) +
+                 (precision == Precision::fp16 ? " (1e-30 to 2^127)" : " (which is 1)"));
+  const std::int64_t iter = integer(sc, "iter", "scaler.iter", 0, step);
+  integer(sc, "last_overflow_iter", "scaler.last_overflow_iter", -1, iter - 1);
+  integer(sc, "hysteresis", "scaler.hysteresis", 0, std::numeric_limits<int>::max());
+  // states.bin: three fp32 tensors a layer unit (master, Adam m, Adam v), back to back, as the model
+  // the manifest describes has them.
+  const ModelShape shape = shape_from_json(j.at("model"), mf);
+  const auto units = layer_units(shape);
+  const json& tensors = j.at("tensors");
+  if (!tensors.is_array() || tensors.size() != units.size() * 3)
+    throw refuse("tensors: not the " + std::to_string(units.size() * 3) + " tensors of its model");
+  const char* kinds[3] = {"master", "adam.m", "adam.v"};
+  std::uint64_t off = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const json& t = tensors[i];
+    const std::string want = units[i / 3].name + "/" + kinds[i % 3];
+    const std::uint64_t bytes = static_cast<std::uint64_t>(units[i / 3].params) * 4;
+    if (!t.is_object() || t.at("name") != want)
+      throw refuse("tensor " + std::to_string(i) + ": " + (t.is_object() ? t.at("name").dump() : t.dump()) +
+                   " where its model has " + want);
+    if (t.at("offset") != off || t.at("bytes") != bytes)
+      throw refuse("tensor " + want + ": offset " + t.at("offset").dump() + ", " + t.at("bytes").dump() +
+                   " bytes where its model has offset " + std::to_string(off) + ", " + std::to_string(bytes) +
+                   " bytes");
+    const json& h = t.at("xxh64");
+    if (!h.is_string() || h.get<std::string>().size() != 16 ||
+        h.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw refuse("tensor " + want + ": xxh64 " + h.dump() + " is not a checksum");
+    off += bytes;
+  }
+  if (j.at("states_bytes") != off)
+    throw refuse("states_bytes: " + j.at("states_bytes").dump() + " where its model's tensors take " +
+                 std::to_string(off));
 }
 
 }  // namespace
@@ -579,16 +736,68 @@ std::string CheckpointDir::save(const Config& c, const CheckpointState& s, const
   return final_path;
 }
 
+namespace {
+
+constexpr const char* kCheckpointFiles[] = {"manifest.json", "states.bin"};
+
+// Why the folder `dir` left behind by a save or a prune is not provably zinf's, or "" when it is: a
+// real folder (a symbolic link is never followed) holding nothing but the regular files a checkpoint
+// has (a save killed right after its mkdir leaves it empty).
+std::string not_a_leftover(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return std::strerror(errno);
+  if (S_ISLNK(st.st_mode)) return "a symbolic link, not followed";
+  if (!S_ISDIR(st.st_mode)) return "not a folder";
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  DIR* d = fd < 0 ? nullptr : ::fdopendir(fd);
+  if (!d) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return "cannot be read (" + why + ")";
+  }
+  std::string why;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n == "." || n == "..") continue;
+    if (std::find(std::begin(kCheckpointFiles), std::end(kCheckpointFiles), n) == std::end(kCheckpointFiles)) {
+      why = "holds " + n + ", which zinf does not write there";
+      break;
+    }
+    struct stat f {};
+    if (::fstatat(fd, n.c_str(), &f, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(f.st_mode)) {
+      why = "its " + n + " is not a regular file";
+      break;
+    }
+  }
+  ::closedir(d);
+  return why;
+}
+
+// Removes a folder not_a_leftover() passed: its checkpoint files (by name, inside the folder opened
+// without following a link), then the folder itself, which fails should anything else be there now.
+bool remove_leftover(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;
+  for (const char* n : kCheckpointFiles) ::unlinkat(fd, n, 0);
+  ::close(fd);
+  return ::rmdir(dir.c_str()) == 0;
+}
+
+}  // namespace
+
 void recover_interrupted_saves(const std::string& dir, const std::function<void(const std::string&)>& log) {
   // A save writes step-M.tmp-PID, renames the checkpoints it replaces to step-N.old-PID, renames the
   // temporary to step-M (the publication) and only then removes the .old-PID ones. So for a process
   // PID that is gone: a .tmp-PID still there means it died before publishing, and its .old-PID
   // checkpoints are the directory's real state (renamed back); without one it had published, and
-  // its .old-PID checkpoints were already superseded (removed). A live PID's files are its own.
+  // its .old-PID checkpoints were already superseded (removed). keep_last renames a checkpoint to
+  // step-N.pruned-PID before deleting it: such a folder is removed. A live PID's files are its own;
+  // a folder that is not provably a checkpoint's (a symbolic link, other files) is left alone, with a line.
   struct Leftover {
-    fs::path path;
+    std::string path;
     std::string base;  // step-N
-    std::string kind;  // "tmp" or "old"
+    std::string kind;  // "tmp", "old" or "pruned"
+    long pid;
   };
   std::vector<Leftover> found;
   std::set<long> pids_with_tmp;
@@ -599,36 +808,37 @@ void recover_interrupted_saves(const std::string& dir, const std::function<void(
     int consumed = 0;
     if (n.rfind("step-", 0) != 0 || std::sscanf(n.c_str(), "step-%lld%n", &step, &consumed) != 1) continue;
     const std::string rest = n.substr(static_cast<std::size_t>(consumed));
-    for (const char* kind : {"tmp", "old"}) {
+    for (const char* kind : {"tmp", "old", "pruned"}) {
       const std::string tag = std::string(".") + kind + "-";
       if (rest.rfind(tag, 0) != 0) continue;
       const std::string digits = rest.substr(tag.size());
       if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
       const long pid = std::stol(digits);
       if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // a live run's
-      found.push_back({e.path(), n.substr(0, static_cast<std::size_t>(consumed)), kind});
+      found.push_back({e.path().string(), n.substr(0, static_cast<std::size_t>(consumed)), kind, pid});
       if (std::string(kind) == "tmp") pids_with_tmp.insert(pid);
     }
   }
+  bool changed = false;
   for (const auto& f : found) {
-    if (f.kind == "tmp") {
-      fs::remove_all(f.path, ec);
+    if (const std::string why = not_a_leftover(f.path); !why.empty()) {
+      if (log) log("checkpoint: " + f.path + " left alone (" + why + ")");
       continue;
     }
-    const std::string name = f.path.filename().string();
-    const long pid = std::stol(name.substr(name.rfind('-') + 1));
-    const fs::path back = f.path.parent_path() / f.base;
-    if (pids_with_tmp.count(pid) && !fs::exists(back, ec)) {
-      if (::rename(f.path.c_str(), back.c_str()) == 0) {
+    const fs::path back = fs::path(dir) / f.base;
+    struct stat st {};
+    if (f.kind == "old" && pids_with_tmp.count(f.pid)) {
+      if (::lstat(back.c_str(), &st) != 0 && ::rename(f.path.c_str(), back.c_str()) == 0) {
+        changed = true;
         if (log)
           log("checkpoint: " + back.string() +
               " restored (a run that was replacing it stopped before its checkpoint was published)");
-        continue;
       }
+      continue;
     }
-    if (!pids_with_tmp.count(pid)) fs::remove_all(f.path, ec);
+    changed = remove_leftover(f.path) || changed;
   }
-  if (!found.empty()) fsync_dir(dir);
+  if (changed) fsync_dir(dir);
 }
 
 void CheckpointDir::prune() {
@@ -653,7 +863,17 @@ void CheckpointDir::prune() {
       }
     }
     if (++kept > keep_last_) {
-      fs::remove_all(path, ec);
+      // Out of the way under a marked name first (one atomic rename, made durable), then deleted: a
+      // kill leaves the whole checkpoint or a step-N.pruned-PID folder the next run removes, never a
+      // half-deleted step-N.
+      const std::string marked = path + ".pruned-" + pid_tag();
+      if (::rename(path.c_str(), marked.c_str()) != 0) {  // kept (and counted again by the next save)
+        if (log_) log_("checkpoint: keep_last cannot remove " + path + " (" + std::strerror(errno) + ")");
+        continue;
+      }
+      fsync_dir(dir_);
+      if (std::getenv("ZINF_TEST_KILL_IN_PRUNE")) ::raise(SIGKILL);  // test hook: killed between the two
+      fs::remove_all(marked, ec);
       verified_.erase(key);
     }
   }
@@ -686,6 +906,21 @@ CheckpointState load_checkpoint(const std::string& path, const ModelShape& shape
 }
 
 std::vector<std::vector<float>> load_checkpoint_weights(const std::string& path, const ModelShape& shape) {
+  // Nothing is allocated for a checkpoint whose states.bin could not hold the model: the manifest's
+  // states_bytes matches its model (read_manifest) and must match the file.
+  bool unchecked = false;
+  const json j = read_manifest(path, &unchecked);
+  check_shape(j, shape, path);
+  const std::string sf = path + "/states.bin";
+  std::uint64_t size = 0;
+  try {
+    size = InputFile(sf, "checkpoint").size();
+  } catch (const Error& e) {
+    throw CorruptCheckpoint(e.what());
+  }
+  if (j.at("states_bytes") != size)
+    throw CorruptCheckpoint("checkpoint " + sf + ": " + std::to_string(size) + " bytes, the manifest says " +
+                            j.at("states_bytes").dump() + " (truncated?)");
   std::vector<std::vector<float>> units;
   for (const auto& u : layer_units(shape)) units.emplace_back(static_cast<std::size_t>(u.params));
   load_checkpoint(path, shape, [&](std::size_t u, const float* master, const float*, const float*) {
@@ -729,6 +964,121 @@ ResumeChoice choose_checkpoint(const std::string& dir, const std::string& which,
     // this config cannot continue it; an older one would silently lose the newer training.
   }
   return r;
+}
+
+// ---- the folder's lock ------------------------------------------------------------------------------
+
+namespace {
+
+// A process's command line, its arguments separated by spaces ("" when it cannot be read).
+std::string command_of(long pid) {
+  std::string c = read_small_file("/proc/" + std::to_string(pid) + "/cmdline");
+  std::replace(c.begin(), c.end(), '\0', ' ');
+  while (!c.empty() && c.back() == ' ') c.pop_back();
+  return c.size() > 1000 ? c.substr(0, 1000) + "…" : c;
+}
+
+// Who holds the lock on the file open as `fd`: "process PID (COMMAND)" for each other process the
+// kernel lists in /proc/locks as holding a flock on that file; failing that, what the holder wrote
+// into the file (announce()); failing that, a description without them.
+std::string holder_of(int fd) {
+  struct stat st {};
+  std::string who;
+  if (::fstat(fd, &st) == 0) {
+    std::ifstream locks("/proc/locks");
+    std::set<long> pids;
+    for (std::string line; std::getline(locks, line);) {
+      if (line.find("->") != std::string::npos) continue;  // a waiter, not a holder
+      std::istringstream in(line);
+      std::string id, kind, advisory, mode, where;
+      long pid = 0;
+      in >> id >> kind >> advisory >> mode >> pid >> where;
+      const auto colon = where.rfind(':');
+      if (kind != "FLOCK" || colon == std::string::npos || pid <= 0 || pid == ::getpid()) continue;
+      if (std::strtoull(where.c_str() + colon + 1, nullptr, 10) == static_cast<unsigned long long>(st.st_ino))
+        pids.insert(pid);
+    }
+    for (const long pid : pids) {
+      const std::string command = command_of(pid);
+      who += (who.empty() ? "" : ", ") + ("process " + std::to_string(pid)) +
+             (command.empty() ? "" : " (" + command + ")");
+    }
+  }
+  if (!who.empty()) return who;
+  char buf[2048];
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  const std::string text(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+  long pid = 0;
+  if (std::sscanf(text.c_str(), "pid %ld", &pid) != 1 || pid <= 0) return "a process that has not written its PID yet";
+  const auto cmd = text.find("\ncommand ");
+  std::string command = cmd == std::string::npos ? "" : text.substr(cmd + 9);
+  if (const auto end = command.find('\n'); end != std::string::npos) command.resize(end);
+  return "process " + std::to_string(pid) + (command.empty() ? "" : " (" + command + ")");
+}
+
+}  // namespace
+
+CheckpointLock::CheckpointLock(const std::string& dir, Mode mode, const std::string& what) {
+  const std::string file = (fs::path(dir) / kLockFile).string();
+  const bool write = mode == Mode::write;
+  // Never follows a link, never blocks on a FIFO planted under the name.
+  const int flags = O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (write ? O_RDWR | O_CREAT : O_RDONLY);
+  fd_ = ::open(file.c_str(), flags, 0644);
+  if (fd_ < 0) {
+    const int e = errno;
+    if (!write && (e == ENOENT || e == EACCES)) return;  // no writer of this zinf has been there; nothing to share
+    throw ConfigError(what + " " + dir + ": cannot open its lock file " + file + " (" +
+                          (e == ELOOP ? std::string("a symbolic link") : std::strerror(e)) + ")",
+                      "remove " + file + " if it is not zinf's; zinf recreates it");
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw ConfigError(what + " " + dir + ": its lock file " + file + " is not a regular file",
+                      "remove it; zinf recreates it");
+  }
+  if (::flock(fd_, (write ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) {
+    write_ = write;
+    return;
+  }
+  const int e = errno;
+  // A writer holds it exclusively, or readers share it (then a shared lock is granted).
+  const bool readers = e == EWOULDBLOCK && write && ::flock(fd_, LOCK_SH | LOCK_NB) == 0;
+  const std::string holder = e == EWOULDBLOCK ? holder_of(fd_) : "";
+  ::close(fd_);
+  fd_ = -1;
+  if (e != EWOULDBLOCK) throw ConfigError(what + " " + dir + ": cannot lock " + file + " (" + std::strerror(e) + ")");
+  if (readers)
+    throw ConfigError(what + " " + dir + ": being read by another zinf (eval, export or generate: " + holder +
+                          "); a run writing checkpoints there could remove what it reads",
+                      "start the run when it has finished, or choose another train.checkpoint_dir");
+  if (write)
+    throw ConfigError(what + " " + dir + ": in use by another run, " + holder +
+                          "; two runs in one folder overwrite and prune each other's checkpoints",
+                      "wait for it to end, or give this run another train.checkpoint_dir");
+  throw ConfigError(what + " " + dir + ": a run is writing checkpoints there, " + holder +
+                        ", and its keep_last may remove a checkpoint while it is read",
+                    "read it when that run has ended, or copy the checkpoint out of the folder first");
+}
+
+void CheckpointLock::announce() {
+  if (fd_ < 0 || !write_) return;
+  const std::string text = "pid " + std::to_string(::getpid()) + "\ncommand " + command_of(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || write_all(fd_, text.data(), text.size()) != 0) {
+    // The lock holds without the text: a refusal names the holder from /proc/locks.
+  }
+}
+
+CheckpointLock::~CheckpointLock() {
+  if (fd_ >= 0) ::close(fd_);  // the kernel releases the lock with the last descriptor
+}
+
+std::string checkpoint_folder(const std::string& checkpoint) {
+  fs::path p = fs::path(checkpoint).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "ck/step-00000004/" names step-00000004
+  const std::string parent = p.parent_path().string();
+  return parent.empty() ? "." : parent;
 }
 
 }  // namespace zinf

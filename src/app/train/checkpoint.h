@@ -12,7 +12,9 @@
 //
 // A checkpoint that cannot be used is one of two things, and they are handled differently:
 //   corrupt       its files are damaged (a missing or unparsable manifest, a checksum mismatch, a
-//                 truncated states.bin): `latest` falls back to an older one, and a run that writes
+//                 truncated states.bin, a file that is not a regular file) or its manifest holds
+//                 numbers no run can have written (out of range, or contradicting each other or its
+//                 model): `latest` falls back to an older one, and a run that writes
 //                 checkpoints moves it aside as `step-N.corrupt` — reported, never counted by
 //                 keep_last, never deleted;
 //   incompatible  it is sound but this config cannot continue it (another model family or shape, a
@@ -121,10 +123,10 @@ class CheckpointDir {
   void replace_on_first_save(const std::vector<std::string>& paths);
 
   // Writes step `s.step` atomically, then keeps the newest `keep_last` verified checkpoints: each
-  // older one is verified (once per run) before it is deleted; a corrupt one is moved aside with a
-  // line, not counted, not deleted; one of another model is left alone. The checkpoint just written
-  // is the newest valid one and is never pruned. Returns its path. Throws zinf::IoError (file,
-  // errno) on failure, leaving earlier checkpoints untouched.
+  // older one is verified (once per run) before it is renamed step-N.pruned-PID and deleted; a
+  // corrupt one is moved aside with a line, not counted, not deleted; one of another model is left
+  // alone. The checkpoint just written is the newest valid one and is never pruned. Returns its path.
+  // Throws zinf::IoError (file, errno) on failure, leaving earlier checkpoints untouched.
   std::string save(const Config& c, const CheckpointState& s, const StatesReader& read);
 
  private:
@@ -137,10 +139,44 @@ class CheckpointDir {
   std::vector<std::string> replace_;
 };
 
-// Puts a checkpoint directory back in order after a run that was killed while saving: its temporary
-// is removed, and the checkpoints it had renamed aside to replace are renamed back when it died
-// before publishing its own (removed when it had published). Files of a live process are left alone.
+// Puts a checkpoint directory back in order after a run that was killed while saving or pruning: its
+// temporary is removed, the checkpoints it had renamed aside to replace are renamed back when it died
+// before publishing its own (removed when it had published), and a checkpoint keep_last had renamed
+// step-N.pruned-PID to delete is removed. Files of a live process are left alone, and so — with one
+// line — is any such name that is a symbolic link (never followed) or holds anything but regular
+// manifest.json and states.bin files. Call it only holding the folder's write lock.
 void recover_interrupted_saves(const std::string& dir, const std::function<void(const std::string&)>& log);
+
+// The lock of a checkpoint folder: flock(2) on <dir>/.zinf-lock, held from construction to
+// destruction and released by the kernel however the process ends. One writer (a run that writes
+// checkpoints: `zinf train`, `--resume`, overwrite_checkpoints) holds it exclusively; readers
+// (`zinf eval`, `export`, `generate`) share it, so a checkpoint is never pruned while it is read. A
+// folder without the file has had no writer that locks: a reader then reads without a lock (and
+// creates nothing). Refused — another writer, a writer beside readers, a reader beside a writer —
+// is a ConfigError (exit code 2) naming the folder and the holder's PID and command (from
+// /proc/locks, else from the file); nothing has been read or written. Only rank 0 of a
+// data-parallel job takes it (the other ranks write nothing there).
+class CheckpointLock {
+ public:
+  enum class Mode { write, read };
+  // `what` names the folder's role in errors ("train.checkpoint_dir", "--checkpoint").
+  CheckpointLock(const std::string& dir, Mode mode, const std::string& what);
+  ~CheckpointLock();
+  CheckpointLock(const CheckpointLock&) = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+
+  // A writer, once its run has passed every check: writes "pid N" and "command …" into the lock file
+  // (for a person who looks, and for a refusal where /proc/locks is unreadable). A run refused
+  // before it leaves the file as it was.
+  void announce();
+
+ private:
+  int fd_ = -1;
+  bool write_ = false;
+};
+
+// The folder holding the checkpoint `checkpoint` (its train.checkpoint_dir), whose lock a reader shares.
+std::string checkpoint_folder(const std::string& checkpoint);
 
 // Test hook: the Nth save from now (1-based) fails with ENOSPC half-way through states.bin; 0
 // disables. The environment variable ZINF_TEST_CHECKPOINT_ENOSPC_AT sets it for a whole process.

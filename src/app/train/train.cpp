@@ -27,6 +27,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <random>
 
 #include "app/config/device_choice.h"
@@ -106,6 +107,8 @@ struct CheckpointPlan {
   std::string load;                  // the checkpoint to load ("": start from step 0)
   std::vector<std::string> corrupt;  // newer checkpoints passed over as corrupt: moved aside once the run is ready
   std::vector<std::string> replace;  // train.overwrite_checkpoints: replaced by the run's first checkpoint
+  // The checkpoint folders' locks (CheckpointLock), held as long as the plan: for the run's whole life.
+  std::shared_ptr<CheckpointLock> lock, read_lock;
 };
 
 std::string names(const std::vector<std::pair<std::int64_t, std::string>>& cks) {
@@ -124,8 +127,20 @@ CheckpointPlan plan_checkpoints(const Config& c, const std::string& which, const
   const std::string& dir = c.train.checkpoint_dir;
   CheckpointPlan p;
   std::int64_t from = 0;
-  // A run killed in the middle of replacing checkpoints left them renamed aside: put them back first.
-  if (!dir.empty() && std::filesystem::is_directory(dir)) recover_interrupted_saves(dir, log);
+  // One writer a folder, and no reader beside it: the lock comes before anything there is read or written.
+  const bool writes = !dir.empty() && c.train.steps > 0;
+  if (writes) {
+    if (ensure_writable_dir(dir, "train.checkpoint_dir"))
+      log("train.checkpoint_dir: created " + dir + ", which did not exist");
+    p.lock = std::make_shared<CheckpointLock>(dir, CheckpointLock::Mode::write, "train.checkpoint_dir");
+    // A run killed while replacing or pruning checkpoints left them renamed aside: put them back first.
+    recover_interrupted_saves(dir, log);
+  }
+  if (!which.empty() && !(which == "latest" && dir.empty())) {  // the folder of the checkpoint read
+    const std::string folder = which == "latest" ? dir : checkpoint_folder(which);
+    if (!(writes && same_file(folder, dir)))
+      p.read_lock = std::make_shared<CheckpointLock>(folder, CheckpointLock::Mode::read, "checkpoint folder");
+  }
   if (!which.empty()) {
     if (which == "latest" && dir.empty()) throw ConfigError(c.source + ": --resume latest needs train.checkpoint_dir");
     const ResumeChoice ch = choose_checkpoint(dir, which, shape);
@@ -758,6 +773,7 @@ CheckpointPlan prepare_outputs(const Config& c, const TrainHooks& hooks, const M
         const std::string to = move_corrupt_aside(p);
         if (hooks.log) hooks.log("resume: moved the corrupt " + p + " aside to " + to);
       }
+      if (plan.lock) plan.lock->announce();  // the folder is this run's: its PID and command in the lock file
     } catch (...) {
       prepared = std::current_exception();
     }

@@ -78,19 +78,8 @@ class CheckpointGuard : public ::testing::Test {
   fs::path step(int n) const { return ck / test::checkpoint_name(n); }
 };
 
-// The error lines on stderr (notes about the config aside).
-int count_errors(const std::string& err) {
-  int n = 0;
-  std::istringstream in(err);
-  for (std::string l; std::getline(in, l);) n += l.rfind("note: ", 0) != 0;
-  return n;
-}
-
-bool said(const std::vector<std::string>& log, const std::string& what) {
-  for (const auto& l : log)
-    if (l.find(what) != std::string::npos) return true;
-  return false;
-}
+using test::count_errors;
+using test::said;
 
 // The names in a folder, sorted.
 std::vector<std::string> entries(const fs::path& d) {

@@ -236,19 +236,8 @@ void edit_manifest(const fs::path& ck, const std::function<void(nlohmann::json&)
   std::ofstream(ck / "manifest.json") << m.dump(1);
 }
 
-// The error lines on stderr (notes about the config aside).
-int count_errors(const std::string& err) {
-  int n = 0;
-  std::istringstream in(err);
-  for (std::string l; std::getline(in, l);) n += l.rfind("note: ", 0) != 0;
-  return n;
-}
-
-bool said(const std::vector<std::string>& log, const std::string& what) {
-  for (const auto& l : log)
-    if (l.find(what) != std::string::npos) return true;
-  return false;
-}
+using test::count_errors;
+using test::said;
 
 // A checkpoint of another model shape or family is refused — one error, nothing written or deleted —
 // rather than passed over as if it were damaged (which trained from scratch and let keep_last delete

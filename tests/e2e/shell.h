@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace zinf::test {
 
@@ -34,6 +35,21 @@ inline std::size_t count(const std::string& s, const std::string& what) {
 // The lines of `s` (its newlines).
 inline std::size_t lines(const std::string& s) {
   return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n'));
+}
+
+// The error lines on stderr (notes about the config aside).
+inline int count_errors(const std::string& err) {
+  int n = 0;
+  std::istringstream in(err);
+  for (std::string l; std::getline(in, l);) n += l.rfind("note: ", 0) != 0;
+  return n;
+}
+
+// Whether any line of `log` holds `what`.
+inline bool said(const std::vector<std::string>& log, const std::string& what) {
+  for (const auto& l : log)
+    if (l.find(what) != std::string::npos) return true;
+  return false;
 }
 
 inline std::string slurp(const std::string& p) {

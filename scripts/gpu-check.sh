@@ -38,7 +38,7 @@
 #   compare-b  GPT-2 XL's shape (48 x 1600, 25 heads), vocab 50304, seq 1024, micro batch 4    50
 #   compare-ga4  b at GA 4 resident, and with the optimizer states on the CPU                  50
 #   compare-off  b at GA 4, optimizer and parameters on the CPU, beside PyTorch FSDP offload   60
-#   trace      zinf bench step --trace on b at GA 4 with the optimizer on the CPU: the         20
+#   trace      zinf bench step --trace on b at GA 4 with the optimizer on the CPU: the         30
 #              timeline (trace.json) and its picture (trace.svg)
 #   offload    the speculative Update and the activation checkpoints in host memory, each      20
 #              against the run without (zinf bench step): overlap ratios, one digest
@@ -347,7 +347,7 @@ stage="${1:-}"
 case "$stage" in
   correctness) plan="build:180 gpu:10 tests:80 repeat:40 digests:45 states:40 fast:20 memcheck:30 racecheck:30"
                default_budget=420 ;;
-  speed) plan="build:90 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:20 offload:20"
+  speed) plan="build:90 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:30 offload:20"
          default_budget=300 ;;
   *) echo "usage: scripts/gpu-check.sh correctness|speed   (or --targets, --cases; see the header)" >&2; exit 2 ;;
 esac

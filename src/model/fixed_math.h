@@ -3,7 +3,7 @@
 // and logf at run time from the CPU it runs on, and the variants differ in the last bit; a result
 // that feeds training would then depend on the machine. The float functions here work in double and
 // round once at the end, so they are within one float ulp of the true value (within half an ulp
-// nearly always); they are checked against libm in tests/src/cpu_determinism_test.cpp.
+// nearly always); they are checked against libm in tests/backends/cpu_determinism_test.cpp.
 //
 // The file that includes this must be compiled with -ffp-contract=off (src/CMakeLists.txt does for the
 // ops), or a compiler targeting FMA could fuse the polynomial steps and change the bits.

@@ -1,5 +1,5 @@
 // gpt.h — the GPT-2 model over an op backend (CPU reference ops or CUDA kernels): forward, backward
-// and per-block activation checkpointing, over one flat fp32 buffer per layer unit (zinf/model.h).
+// and per-block activation checkpointing, over one flat fp32 buffer per layer unit (model/shape.h).
 //
 // Unit layouts (offsets in elements; C channels, V vocab, T positions):
 //   embedding: wte [V,C] then wpe [T,C]

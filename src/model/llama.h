@@ -1,6 +1,6 @@
 // llama.h — the Llama family (Llama 2/3, Mistral, Qwen2, TinyLlama, SmolLM) over an op backend:
 // forward, backward and per-block activation checkpointing, over one flat fp32 buffer per layer unit
-// (zinf/model.h).
+// (model/shape.h).
 //
 // Unit layouts (offsets in elements; C width, V vocab, KVD = key/value heads × head width, F = d_ff):
 //   embedding: wte [V,C]

@@ -69,7 +69,7 @@ constexpr OpInfo decode_attention_info(int Q, int pos, int H, int D) {
 }
 constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
 
-// Shapes and semantics are those of model/ops.h (GPT-2) and model/ops_llama.h (Llama).
+// Shapes and semantics are those of cpu/ops_gpt.h (GPT-2) and cpu/ops_llama.h (Llama).
 #define ZINF_GPT_OPS(X)                                                                                              \
   X(matmul_forward, gemm_info(R, IC, OC, false),                                                                     \
     (TensorView out, ConstTensorView inp, ConstTensorView w, ConstTensorView bias, int R, int IC, int OC),           \

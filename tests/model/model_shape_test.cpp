@@ -13,7 +13,7 @@ namespace zinf {
 namespace {
 
 // Sum of the GPT-2 tensors one by one (wte, wpe, per block: ln_1 w/b, c_attn w/b, c_proj w/b, ln_2
-// w/b, c_fc w/b, mlp c_proj w/b; ln_f w/b), written independently of model_shape.cpp's closed form.
+// w/b, c_fc w/b, mlp c_proj w/b; ln_f w/b), written independently of model/shape.cpp's closed form.
 std::int64_t gpt2_tensor_sum(const ModelShape& s) {
   const std::int64_t C = s.d_model;
   std::int64_t block = 0;

@@ -4,7 +4,7 @@
 // and defaults, and adds `model`, `data`, `train` and `device`. The parser is strict: an unknown key
 // in a section zinf reads is an error naming its JSON path and the nearest valid key; a DeepSpeed key
 // that has no meaning on one box is accepted with one note. Every default lives in one place
-// (src/config.cpp), and the resolved config (every key, defaults filled in) is kept as JSON text.
+// (src/app/config/config.cpp), and the resolved config (every key, defaults filled in) is kept as JSON text.
 //
 // Thread-safety: a Config is a plain value; parse it once and share it read-only.
 #pragma once

@@ -1,4 +1,4 @@
-// ops.h — the GPT model's reference operations (the CPU backend), forward and backward, in fp32.
+// ops_gpt.h — the GPT model's reference operations (the CPU backend), forward and backward, in fp32.
 //
 // These are the reference implementations the CUDA kernels are checked against, so they are
 // written for clarity and for one property above speed: every result is independent of the thread

@@ -1,5 +1,5 @@
 // caching_allocator.h — the device memory allocator of the CUDA device, in plain C++ so its logic is
-// tested on the CPU (tests/src/caching_allocator_test.cpp) with a fake raw allocator.
+// tested on the CPU (tests/backends/caching_allocator_test.cpp) with a fake raw allocator.
 //
 // Requests are rounded (cuda_block_bytes: 512 B granules below 1 MiB, 2 MiB granules from 1 MiB)
 // and served from a cache of freed blocks of the same rounded size; a miss takes a new block from

@@ -146,7 +146,7 @@ inline GemmCall without_epilogue(GemmCall g) {
 
 // ---- the plans of the model's ops ------------------------------------------------------------------
 //
-// The ops are row-major (model/ops.h); a row-major X[r,c] is the column-major Xᵀ with leading
+// The ops are row-major (cpu/ops_gpt.h); a row-major X[r,c] is the column-major Xᵀ with leading
 // dimension c, so each op is handed to the column-major GEMM as its transpose. S: the activations'
 // and weights' storage type; weight gradients are fp32.
 

@@ -122,7 +122,7 @@ void adam_update(const AdamStep& s, const UpdateChunk& c, SimdLevel level);
 // The same on active_simd().
 void adam_update(const AdamStep& s, const UpdateChunk& c);
 
-// Benchmark references (bench/cpu_adam_bench.cpp, `zinf bench adam`):
+// Benchmark references (bench/micro/cpu_adam_bench.cpp, `zinf bench adam`):
 //  * adam_memory_traffic: reads and writes exactly the streams adam_update does (grad, master, m, v
 //    — and the q8 scales — in; master, m, v, scales, param16 out) in the chunk's state format, with
 //    trivial math (adds) — the memory-movement limit of the pass.

@@ -1,4 +1,4 @@
-// layernorm.cuh — LayerNorm (eps 1e-5) forward and backward; shapes as in model/ops.h.
+// layernorm.cuh — LayerNorm (eps 1e-5) forward and backward; shapes as in cpu/ops_gpt.h.
 #pragma once
 #include <cuda_runtime.h>
 namespace zinf::cuda::ops {

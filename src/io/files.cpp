@@ -75,6 +75,23 @@ InputFile::~InputFile() {
 InputFile::InputFile(InputFile&& o) noexcept
     : path_(std::move(o.path_)), what_(std::move(o.what_)), fd_(std::exchange(o.fd_, -1)), size_(o.size_) {}
 
+std::size_t InputFile::read_at(void* dst, std::size_t n, std::uint64_t at) const {
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd_, static_cast<char*>(dst) + got, n - got, static_cast<off_t>(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int e = errno;
+      throw IoError(what_ + " " + path_ + ": read failed at offset " + std::to_string(at + got) + " (" +
+                        errno_text(e) + ")",
+                    e);
+    }
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  return got;
+}
+
 std::string InputFile::read_all() const {
   std::string s;
   s.resize(static_cast<std::size_t>(size_));

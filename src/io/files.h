@@ -37,6 +37,9 @@ class InputFile {
   const std::string& path() const { return path_; }
   // Reads the whole file; a read failure is an IoError naming the file.
   std::string read_all() const;
+  // Reads up to n bytes at offset `at` into dst, fewer only where the file ends; returns the bytes
+  // read. A read failure is an IoError naming the file and the offset.
+  std::size_t read_at(void* dst, std::size_t n, std::uint64_t at) const;
 
  private:
   std::string path_, what_;

@@ -249,17 +249,10 @@ StReader::StReader(const std::string& path, const std::string& what)
 }
 
 void StReader::pread_all(void* dst, std::size_t n, std::uint64_t at, const std::string& what) const {
-  std::size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(file_->fd(), static_cast<char*>(dst) + got, n - got, static_cast<off_t>(at + got));
-    if (r <= 0) {
-      const int e = r < 0 ? errno : EIO;
-      throw IoError(path_ + ": reading " + what + " at offset " + std::to_string(at + got) + ": " +
-                        (r < 0 ? std::strerror(e) : "unexpected end of file"),
-                    e);
-    }
-    got += static_cast<std::size_t>(r);
-  }
+  const std::size_t got = file_->read_at(dst, n, at);
+  if (got < n)
+    throw IoError(path_ + ": reading " + what + " at offset " + std::to_string(at + got) + ": unexpected end of file",
+                  EIO);
 }
 
 void StReader::read(const StTensor& t, float* dst, bool transposed) const {

@@ -323,18 +323,6 @@ void check_shape(const json& j, const ModelShape& s, const std::string& path) {
                                  hint);
 }
 
-// Reads n bytes at `at`; false when the file ends first or a read fails.
-bool read_at(int fd, void* p, std::size_t n, std::uint64_t at) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, c, n, static_cast<off_t>(at));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r, n -= static_cast<std::size_t>(r), at += static_cast<std::uint64_t>(r);
-  }
-  return true;
-}
-
 // Streams states.bin tensor by tensor, checking each checksum; hands each unit to `use` when given.
 void read_states_file(const std::string& path, const json& j, const ModelShape& shape, const StatesWriter* use) {
   const std::string sf = path + "/states.bin";
@@ -375,8 +363,12 @@ void read_states_file(const std::string& path, const json& j, const ModelShape& 
         const std::uint64_t at = bytes_at(t, "offset");
         if (at > size || size - at < n * 4)
           throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
-        if (!read_at(f->fd(), buf[k].data(), n * 4, at))
-          throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
+        std::size_t got = 0;
+        try {
+          got = f->read_at(buf[k].data(), n * 4, at);
+        } catch (const IoError&) {  // a failed read, as the file ending early: the checkpoint is not whole
+        }
+        if (got != n * 4) throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " is cut short");
         if (hex(XXH64(buf[k].data(), n * 4, 0)) != t.at("xxh64").get<std::string>())
           throw CorruptCheckpoint("checkpoint " + sf + ": tensor " + name + " fails its checksum (corrupt)");
       }
@@ -503,20 +495,17 @@ void check_values(const json& j, const std::string& path) {
   // The loss scaler: fp16's scale within the range a config can give it (min_loss_scale 1e-30, an
   // initial 2^126 doubled once), 1 for bf16 and fp32 (which never scale); its iteration counts steps,
   // and the last overflow came before it.
-  Precision precision = Precision::fp32;
+  // The precision its config trains in; a manifest that names one must agree with it.
+  auto enabled = [&](const char* k) { return config.contains(k) && config[k].value("enabled", false); };
+  const Precision configured = enabled("fp16")   ? Precision::fp16
+                               : enabled("bf16") ? Precision::bf16
+                                                 : Precision::fp32;
+  Precision precision = configured;
   if (j.contains("precision")) {
     precision = precision_from(j["precision"].get<std::string>(), mf);
-    auto enabled = [&](const char* k) { return config.contains(k) && config[k].value("enabled", false); };
-    const Precision configured = enabled("fp16")   ? Precision::fp16
-                                 : enabled("bf16") ? Precision::bf16
-                                                   : Precision::fp32;
     if (configured != precision)
       throw refuse("precision: \"" + std::string(to_string(precision)) + "\" but its config trains in " +
                    std::string(to_string(configured)));
-  } else {
-    precision = config.contains("fp16") && config["fp16"].value("enabled", false)   ? Precision::fp16
-                : config.contains("bf16") && config["bf16"].value("enabled", false) ? Precision::bf16
-                                                                                    : Precision::fp32;
   }
   // A state format this zinf does not know is a newer zinf's (refused as incompatible, never passed over).
   (void)states_from(j, mf);

@@ -25,13 +25,14 @@
 #include "model/shape.h"
 #include "zinf/backends/backend.h"
 #include "zinf/backends/gpu.h"
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/cpu_adam/host_threads.h"
 #include "zinf/cpu_adam/simd.h"
 #include "zinf/device.h"
 #include "zinf/error.h"
 #include "zinf/offload/engine_kernels.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf::cli {
 namespace {

@@ -7,9 +7,10 @@
 #include <limits>
 
 #include "commands.h"
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/nvme/probe.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf::cli {
 namespace {

@@ -9,6 +9,7 @@
 #include "app/config/config.h"
 #include "app/plan/plan.h"
 #include "commands.h"
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 
 namespace zinf::cli {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "../model/random_floats.h"
+#include "common/random_floats.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/ops_stream.h"
 #include "model/backend.h"

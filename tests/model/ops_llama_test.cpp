@@ -15,7 +15,7 @@
 #include "grad_check.h"
 #include "model/host_math.h"
 #include "model/llama.h"
-#include "random_floats.h"
+#include "common/random_floats.h"
 #include "zinf/backends/cpu.h"
 #include "zinf/device.h"
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "io/files.h"
@@ -327,6 +328,19 @@ TokenizedExample tokenize_chat(const ChatExample& ex, const ChatFormat& f, const
   std::vector<std::size_t> ends;
   out.ids = tok.encode_with_ends(r.text, true, ends);
   out.target.assign(out.ids.size(), false);
+  // A token ends a turn when it ends generation (f.end_ids) or is a special token: its text, encoded
+  // with special tokens on, is that one token, and without them is not.
+  std::unordered_map<std::uint32_t, bool> special;
+  const auto ends_turn = [&](std::uint32_t id) {
+    if (std::find(f.end_ids.begin(), f.end_ids.end(), id) != f.end_ids.end()) return true;
+    const auto it = special.find(id);
+    if (it != special.end()) return it->second;
+    const std::string text = tok.decode({id});
+    const std::vector<std::uint32_t> one = {id};
+    const bool s = !text.empty() && tok.encode(text, true) == one && tok.encode(text, false) != one;
+    special.emplace(id, s);
+    return s;
+  };
   // Token k covers [ends[k-1], ends[k]); it is trained when that overlaps a span, up to the span's
   // last end-of-turn token.
   std::size_t k = 0;
@@ -336,7 +350,7 @@ TokenizedExample tokenize_chat(const ChatExample& ex, const ChatFormat& f, const
     while (last < out.ids.size() && (last == 0 ? 0 : ends[last - 1]) < e) ++last;
     std::size_t stop = last;
     for (std::size_t j = last; j > first; --j)
-      if (std::find(f.end_ids.begin(), f.end_ids.end(), out.ids[j - 1]) != f.end_ids.end()) {
+      if (ends_turn(out.ids[j - 1])) {
         stop = j;
         break;
       }

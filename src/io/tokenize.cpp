@@ -216,12 +216,13 @@ std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokeni
 namespace {
 
 // NFC of `s` (utf8proc); `s` itself when it is not valid UTF-8.
-std::size_t nfc_size(std::string_view s) {
+std::string nfc(std::string_view s) {
   utf8proc_uint8_t* res = nullptr;
   const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
                                 &res, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  std::string out = len < 0 ? std::string(s) : std::string(reinterpret_cast<const char*>(res), static_cast<std::size_t>(len));
   std::free(res);
-  return len < 0 ? s.size() : static_cast<std::size_t>(len);
+  return out;
 }
 
 }  // namespace
@@ -237,16 +238,34 @@ std::vector<std::uint32_t> Tokenizer::encode_with_ends(std::string_view text, bo
   }
   if (at == text.size()) return ids;
   // A normalizer changed the text: the ends above count normalized bytes. Map them back at the
-  // places both texts agree on: before each ASCII byte (NFC never joins an ASCII character to
-  // the one before it), where the normalized length of the text so far is that of its NFC.
+  // places where normalizing the text piecewise gives the same as normalizing it whole: before
+  // each ASCII byte (NFC never joins an ASCII character to the one before it), and inside a run of
+  // other characters at each character boundary where the run's NFC is the NFC of its two sides.
   std::vector<std::pair<std::size_t, std::size_t>> anchors = {{0, 0}};  // (normalized, original)
   std::size_t norm = 0, q = 0;
-  for (std::size_t p = 1; p <= text.size(); ++p)
-    if (p == text.size() || static_cast<unsigned char>(text[p]) < 0x80) {
-      norm += nfc_size(text.substr(q, p - q));
-      q = p;
-      anchors.emplace_back(norm, p);
+  std::size_t run_end = 0;   // the next ASCII byte (or the end) at or after p
+  std::string run_nfc;       // NFC of text[q, run_end)
+  for (std::size_t p = 1; p <= text.size(); ++p) {
+    const bool ascii = p == text.size() || static_cast<unsigned char>(text[p]) < 0x80;
+    if (!ascii && (static_cast<unsigned char>(text[p]) & 0xC0) == 0x80) continue;  // inside a character
+    if (!ascii) {
+      if (run_end <= p) {
+        run_end = p;
+        while (run_end < text.size() && static_cast<unsigned char>(text[run_end]) >= 0x80) ++run_end;
+        run_nfc.clear();
+      }
+      if (run_nfc.empty()) run_nfc = nfc(text.substr(q, run_end - q));
+      const std::string left = nfc(text.substr(q, p - q));
+      if (run_nfc != left + nfc(text.substr(p, run_end - p))) continue;
+      norm += left.size();
+      run_nfc.erase(0, left.size());
+    } else {
+      norm += nfc(text.substr(q, p - q)).size();
+      run_nfc.clear();
     }
+    q = p;
+    anchors.emplace_back(norm, p);
+  }
   std::size_t a = 0;
   for (std::size_t& e : ends) {
     while (a + 1 < anchors.size() && anchors[a].first < e) ++a;  // the first anchor at or past e

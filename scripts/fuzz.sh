@@ -11,7 +11,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${1:-$root/build-fuzz}"
 secs="${ZINF_FUZZ_SECONDS:-15}"
-targets="${ZINF_FUZZ_TARGETS:-config safetensors hf_config hf_index token_file checkpoint instruct tokenizer_json}"
+targets="${ZINF_FUZZ_TARGETS:-config safetensors hf_config hf_index token_file checkpoint instruct tokenizer_json jinja}"
 cxx="$(command -v clang++-14 || command -v clang++ || true)"
 cc="$(command -v clang-14 || command -v clang || true)"
 if [ -z "$cxx" ] || [ -z "$cc" ]; then

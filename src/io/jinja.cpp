@@ -8,6 +8,8 @@
 #include <cctype>
 #include <charconv>
 #include <cstdio>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <cmath>
@@ -318,7 +320,12 @@ double as_double(const Value& v) {
   return v.kind == K::number ? v.d : v.kind == K::boolean ? (v.b ? 1 : 0) : static_cast<double>(v.i);
 }
 std::int64_t as_int(const Value& v) {
-  return v.kind == K::number ? static_cast<std::int64_t>(v.d) : v.kind == K::boolean ? (v.b ? 1 : 0) : v.i;
+  if (v.kind == K::number) {  // truncated, and held inside the 64-bit range
+    if (!(v.d > -9.2e18)) return v.d != v.d ? 0 : INT64_MIN;
+    if (!(v.d < 9.2e18)) return INT64_MAX;
+    return static_cast<std::int64_t>(v.d);
+  }
+  return v.kind == K::boolean ? (v.b ? 1 : 0) : v.i;
 }
 
 std::string type_name(const Value& v) {
@@ -726,6 +733,7 @@ class Parser {
 
   // Nodes up to one of `ends` (a statement name), which is left unconsumed.
   Body block(const std::set<std::string>& ends) {
+    const Depth guard(*this, at_ < pieces_.size() ? pieces_[at_].line : 1);
     Body b;
     while (at_ < pieces_.size()) {
       Piece& p = pieces_[at_];
@@ -897,8 +905,19 @@ class Parser {
     return e;
   }
 
+  // Nesting (parentheses, lists, blocks) is bounded, so that no template exhausts the stack.
+  struct Depth {
+    Parser& p;
+    explicit Depth(Parser& parser, int line) : p(parser) {
+      if (++p.depth_ > kMaxDepth) syntax(p.what_, line, "nesting deeper than " + std::to_string(kMaxDepth));
+    }
+    ~Depth() { --p.depth_; }
+  };
+  static constexpr int kMaxDepth = 200;
+
   // expression := or ['if' or ['else' expression]]
   ExprP expression(bool with_ternary = true) {
+    const Depth guard(*this, peek().line);
     ExprP e = parse_or();
     if (with_ternary && peek().type == Tok::name && peek().text == "if") {
       const int line = next().line;
@@ -936,6 +955,7 @@ class Parser {
     return l;
   }
   ExprP parse_not() {
+    const Depth guard(*this, peek().line);
     if (peek().type == Tok::name && peek().text == "not") {
       auto n = make(Expr::unary, next().line);
       n->name = "not";
@@ -986,6 +1006,7 @@ class Parser {
   ExprP parse_math2() { return binary_chain({"*", "/", "//", "%"}, &Parser::parse_pow); }
   ExprP parse_pow() { return binary_chain({"**"}, &Parser::parse_unary); }
   ExprP parse_unary() {
+    const Depth guard(*this, peek().line);
     if (peek().type == Tok::op && (peek().text == "-" || peek().text == "+")) {
       auto n = make(Expr::unary, peek().line);
       n->name = next().text;
@@ -1022,12 +1043,16 @@ class Parser {
       }
       case Tok::integer: {
         auto e = make(Expr::literal, t.line);
-        e->lit = Value::integer(std::stoll(t.text));
+        std::int64_t v = 0;
+        const auto r = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
+        if (r.ec != std::errc() || r.ptr != t.text.data() + t.text.size())
+          syntax(what_, t.line, "the integer " + t.text + " is out of range");
+        e->lit = Value::integer(v);
         return e;
       }
       case Tok::number: {
         auto e = make(Expr::literal, t.line);
-        e->lit = Value::number(std::stod(t.text));
+        e->lit = Value::number(std::strtod(t.text.c_str(), nullptr));
         return e;
       }
       case Tok::name: {
@@ -1198,6 +1223,7 @@ class Parser {
   std::size_t at_ = 0;
   std::vector<Token>* toks_ = nullptr;
   std::size_t k_ = 0;
+  int depth_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1337,8 +1363,9 @@ class Renderer {
       case K::dict: return obj.get(name);
       case K::list:
         if (!name.empty() && std::isdigit(static_cast<unsigned char>(name[0]))) {
-          const std::size_t k = std::stoul(name);
-          return k < obj.list->size() ? (*obj.list)[k] : Value{};
+          std::size_t k = 0;
+          const auto r = std::from_chars(name.data(), name.data() + name.size(), k);
+          return r.ec == std::errc() && k < obj.list->size() ? (*obj.list)[k] : Value{};
         }
         return {};
       default: return {};
@@ -1379,8 +1406,9 @@ class Renderer {
     };
     const std::vector<std::string> cps = obj.kind == K::string ? code_points(obj.s) : std::vector<std::string>{};
     const auto n = static_cast<std::int64_t>(obj.kind == K::string ? cps.size() : obj.list->size());
-    const std::int64_t step = opt(e.kids[3]).value_or(1);
+    std::int64_t step = opt(e.kids[3]).value_or(1);
     if (step == 0) fail(e, "a slice step of zero");
+    step = std::clamp<std::int64_t>(step, -(n + 1), n + 1);  // a longer step takes one item all the same
     const auto norm = [&](std::optional<std::int64_t> v, std::int64_t dflt) {
       if (!v) return dflt;
       std::int64_t x = *v < 0 ? *v + n : *v;
@@ -1410,8 +1438,11 @@ class Renderer {
     }
     if (op == "*" && ((a.kind == K::string && b.kind == K::integer) || (a.kind == K::integer && b.kind == K::string))) {
       const std::string& s = a.kind == K::string ? a.s : b.s;
+      const std::int64_t times = a.kind == K::integer ? a.i : b.i;
+      if (times > 0 && s.size() * static_cast<std::size_t>(times) > (std::size_t{1} << 24))
+        fail(e, "a string repeated past 16 MiB");
       std::string r;
-      for (std::int64_t k = 0; k < (a.kind == K::integer ? a.i : b.i); ++k) r += s;
+      for (std::int64_t k = 0; k < times; ++k) r += s;
       return Value::str(r);
     }
     if (!numeric(a) || !numeric(b))
@@ -1423,17 +1454,24 @@ class Renderer {
     }
     if (ints) {
       const std::int64_t x = as_int(a), y = as_int(b);
-      if (op == "+") return Value::integer(x + y);
-      if (op == "-") return Value::integer(x - y);
-      if (op == "*") return Value::integer(x * y);
+      std::int64_t r = 0;
+      const auto overflow = [&]() { fail(e, "'" + op + "' overflows a 64-bit integer"); };
+      if (op == "+") return __builtin_add_overflow(x, y, &r) ? overflow(), Value{} : Value::integer(r);
+      if (op == "-") return __builtin_sub_overflow(x, y, &r) ? overflow(), Value{} : Value::integer(r);
+      if (op == "*") return __builtin_mul_overflow(x, y, &r) ? overflow(), Value{} : Value::integer(r);
       if (op == "**") {
         if (y < 0) return Value::number(std::pow(static_cast<double>(x), static_cast<double>(y)));
-        std::int64_t r = 1;
-        for (std::int64_t k = 0; k < y; ++k) r *= x;
+        if (x == 0 || x == 1) return Value::integer(y == 0 ? 1 : x);
+        if (x == -1) return Value::integer(y % 2 ? -1 : 1);
+        r = 1;
+        for (std::int64_t k = 0; k < y; ++k)  // |x| >= 2: overflows within 63 steps
+          if (__builtin_mul_overflow(r, x, &r)) overflow();
         return Value::integer(r);
       }
       if (y == 0) fail(e, "division by zero");
-      std::int64_t q = x / y, r = x % y;
+      if (x == INT64_MIN && y == -1) overflow();
+      std::int64_t q = x / y;
+      r = x % y;
       if (r != 0 && ((r < 0) != (y < 0))) {  // Python floors
         --q;
         r += y;
@@ -1497,7 +1535,7 @@ class Renderer {
     if (name == "divisibleby") {
       const Value d = arg();
       if (v.kind != K::integer || d.kind != K::integer || d.i == 0) fail(e, "'is divisibleby' needs integers");
-      return v.i % d.i == 0;
+      return d.i == -1 || v.i % d.i == 0;
     }
     if (name == "eq" || name == "equalto" || name == "==") return equal(v, arg());
     if (name == "ne" || name == "!=") return !equal(v, arg());
@@ -1610,7 +1648,7 @@ class Renderer {
       return a.kwarg("default", 0, Value::number(0));
     }
     if (name == "abs") {
-      if (v.kind == K::integer) return Value::integer(v.i < 0 ? -v.i : v.i);
+      if (v.kind == K::integer && v.i != INT64_MIN) return Value::integer(v.i < 0 ? -v.i : v.i);
       if (v.kind == K::number) return Value::number(std::fabs(v.d));
       fail(e, "|abs of a " + type_name(v));
     }
@@ -1917,9 +1955,15 @@ class Renderer {
       if (a.pos.size() == 3) step = a.pos[2].i;
       if (a.pos.empty() || a.pos.size() > 3 || step == 0) fail(e, "range() takes 1 to 3 integers, a step other than 0");
       std::vector<Value> out;
-      for (std::int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+      for (std::int64_t k = start; step > 0 ? k < stop : k > stop;) {
         out.push_back(Value::integer(k));
-        if (out.size() > 10'000'000) fail(e, "range() of more than ten million items");
+        if (out.size() > 1'000'000) fail(e, "range() of more than a million items");
+        // The distance left, in unsigned arithmetic: no overflow near the 64-bit ends.
+        const std::uint64_t left = step > 0 ? static_cast<std::uint64_t>(stop) - static_cast<std::uint64_t>(k)
+                                            : static_cast<std::uint64_t>(k) - static_cast<std::uint64_t>(stop);
+        const std::uint64_t stride = step > 0 ? static_cast<std::uint64_t>(step) : 0 - static_cast<std::uint64_t>(step);
+        if (left <= stride) break;
+        k = static_cast<std::int64_t>(static_cast<std::uint64_t>(k) + (step > 0 ? stride : 0 - stride));
       }
       return Value::make_list(std::move(out));
     }
@@ -1952,7 +1996,10 @@ class Renderer {
       case Expr::unary: {
         const Value v = eval(*e.kids[0]);
         if (e.name == "not") return Value::boolean(!truthy(v));
-        if (v.kind == K::integer) return Value::integer(e.name == "-" ? -v.i : v.i);
+        if (v.kind == K::integer) {
+          if (e.name == "-" && v.i == INT64_MIN) fail(e, "unary - overflows a 64-bit integer");
+          return Value::integer(e.name == "-" ? -v.i : v.i);
+        }
         if (v.kind == K::number) return Value::number(e.name == "-" ? -v.d : v.d);
         fail(e, "unary " + e.name + " of a " + type_name(v));
       }

@@ -146,6 +146,22 @@ TEST(Jinja, RenderErrors) {
   EXPECT_THROW(render_text("{{ 'a' + 1 }}"), RenderError);
   EXPECT_THROW(render_text("{{ 1 // 0 }}"), RenderError);
   EXPECT_THROW(render_text("{% set ns = 1 %}{% set ns.x = 2 %}"), RenderError);
+  // 64-bit integers: an overflow is an error, not a wrapped value.
+  EXPECT_THROW(render_text("{{ 9223372036854775807 + 1 }}"), RenderError);
+  EXPECT_THROW(render_text("{{ 3 ** 64 }}"), RenderError);
+  EXPECT_EQ(render_text("{{ (-1) ** 1000000000000 }} {{ range(0, 9223372036854775807, 4611686018427387904) | length }}"),
+            "1 2");
+}
+
+// Bounded input: nesting past a limit and integers past 64 bits are one error when compiled.
+TEST(Jinja, LimitsAreCompileErrors) {
+  EXPECT_THROW(compile("{{ 99999999999999999999 }}", "t"), ConfigError);
+  EXPECT_THROW(compile("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}", "t"), ConfigError);
+  std::string deep;
+  for (int k = 0; k < 300; ++k) deep += "{% if true %}";
+  for (int k = 0; k < 300; ++k) deep += "{% endif %}";
+  EXPECT_THROW(compile(deep, "t"), ConfigError);
+  EXPECT_EQ(render_text("{{ ((((1)))) }}"), "1");
 }
 
 // What the subset does not hold is refused when compiled: one line naming the construct and the line.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz: the run config, safetensors, a Hugging Face config.json
-# and index, llm.c token files, checkpoint manifests, chat JSONL, tokenizer.json files) with clang, ASan and UBSan in their own build
+# and index, llm.c token files, checkpoint manifests, chat JSONL, tokenizer.json files, chat templates) with clang, ASan and UBSan in their own build
 # directory (default build-fuzz/; no CUDA, no tests, no benches: only the parsers and what they
 # call), then runs each from its seed corpus for a short while. A finding fails the script; its
 # reproducer is saved under <build>/fuzz-artifacts/ and named, with its bytes in base64, in the output.

@@ -28,8 +28,8 @@
 // The loss mask comes from the assistant turns' spans in the rendered text, found by rendering
 // prefixes: for assistant message i the span runs from the end of messages[0, i) rendered with the
 // generation prompt to the end of messages[0, i] rendered without it, and ends after the last token
-// there that ends generation (the tokenizer's EOS ids or the format's end marker: ChatML's "\n"
-// after <|im_end|> is not trained). Each rendering must be a prefix of the next (a template that
+// there that ends the turn — a special token, or one of the tokenizer's EOS ids: ChatML's "\n" after
+// <|im_end|> is not trained. Each rendering must be a prefix of the next (a template that
 // rewrites earlier turns is refused). Tokens overlapping a span are trained, as transformers' assistant
 // masks count them.
 #pragma once
@@ -83,7 +83,7 @@ struct ChatFormat {
   std::string reason;                            // how it was chosen (auto) or where it came from
   std::shared_ptr<const jinja::Template> tmpl;   // every kind but none
   jinja::Value specials = jinja::Value::make_dict();  // bos_token, eos_token, …: the template's variables
-  std::vector<std::uint32_t> end_ids;            // tokens that end an assistant turn (see above)
+  std::vector<std::uint32_t> end_ids;            // EOS ids and the format's end marker: they end a turn
   std::optional<std::uint32_t> bos, eos;         // none: the tokenizer's BOS and first EOS
 };
 

@@ -555,10 +555,17 @@ class BpeTokenizer final : public Tokenizer {
       if (!piece.contains("SpecialToken") || !piece["SpecialToken"].contains("id"))
         throw ConfigError(where + ": post_processor TemplateProcessing: an item of \"single\" is neither a Sequence "
                                   "nor a SpecialToken");
+      if (!piece["SpecialToken"]["id"].is_string())
+        throw ConfigError(where + ": post_processor TemplateProcessing: a SpecialToken's id must be a string");
       const std::string name = piece["SpecialToken"]["id"].get<std::string>();
       std::vector<std::uint32_t> ids;
       if (specials.contains(name) && specials[name].contains("ids") && specials[name]["ids"].is_array()) {
-        for (const json& id : specials[name]["ids"]) ids.push_back(id.get<std::uint32_t>());
+        for (const json& id : specials[name]["ids"]) {
+          if (!id.is_number_unsigned() || id.get<std::uint64_t>() >= id_bytes_.size())
+            throw ConfigError(where + ": post_processor TemplateProcessing: an id of " + name + " (" + id.dump() +
+                              ") is not in the vocabulary");
+          ids.push_back(id.get<std::uint32_t>());
+        }
       } else if (const auto id = token_id(name)) {
         ids.push_back(*id);
       } else {

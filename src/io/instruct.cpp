@@ -283,6 +283,10 @@ RenderedChat render_chat(const ChatExample& ex, const ChatFormat& f, bool genera
     if (ex[i].role != "assistant") continue;
     const std::string before = render_prefix(ex, i, f, true, where);
     const std::string upto = i + 1 == ex.size() ? r.text : render_prefix(ex, i + 1, f, false, where);
+    if (i == 0 && upto.compare(0, before.size(), before) != 0)
+      throw ConfigError(where + ": the conversation starts with an assistant message, which the chat template (" +
+                            f.reason + ") renders differently from its generation prompt for no messages",
+                        "start the example with a system or user message");
     if (upto.compare(0, before.size(), before) != 0 || r.text.compare(0, upto.size(), upto) != 0)
       throw ConfigError(where + ": the chat template (" + f.reason + ") renders message " + std::to_string(i + 1) +
                             " differently once later messages follow, so zinf cannot find the assistant turns to "

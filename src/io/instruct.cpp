@@ -281,12 +281,29 @@ RenderedChat render_chat(const ChatExample& ex, const ChatFormat& f, bool genera
   if (generation_prompt) return r;
   for (std::size_t i = 0; i < ex.size(); ++i) {
     if (ex[i].role != "assistant") continue;
-    const std::string before = render_prefix(ex, i, f, true, where);
     const std::string upto = i + 1 == ex.size() ? r.text : render_prefix(ex, i + 1, f, false, where);
-    if (i == 0 && upto.compare(0, before.size(), before) != 0)
-      throw ConfigError(where + ": the conversation starts with an assistant message, which the chat template (" +
-                            f.reason + ") renders differently from its generation prompt for no messages",
-                        "start the example with a system or user message");
+    std::string before;
+    bool rendered = true;
+    try {
+      before = render_prefix(ex, i, f, true, where);
+    } catch (const ConfigError&) {
+      if (i > 0) throw;
+      rendered = false;  // no messages at all: a template may index messages[0]
+    }
+    if (!rendered || upto.compare(0, before.size(), before) != 0) {
+      // The generation prompt does not lead into the turn (Llama 3's opens with BOS only once there
+      // is a message): the text before a stand-in content, where that is a prefix, marks the start.
+      ChatExample probe(ex.begin(), ex.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      probe.back().content = "\x01zinf-assistant-turn\x01";
+      const std::string p = render_prefix(probe, probe.size(), f, false, where);
+      const std::size_t at = p.find(probe.back().content);
+      if (at != std::string::npos && upto.compare(0, at, p, 0, at) == 0)
+        before = p.substr(0, at);
+      else if (!rendered)
+        throw ConfigError(where + ": the chat template (" + f.reason +
+                              ") renders no generation prompt for a conversation that opens with the assistant",
+                          "start the example with a system or user message");
+    }
     if (upto.compare(0, before.size(), before) != 0 || r.text.compare(0, upto.size(), upto) != 0)
       throw ConfigError(where + ": the chat template (" + f.reason + ") renders message " + std::to_string(i + 1) +
                             " differently once later messages follow, so zinf cannot find the assistant turns to "

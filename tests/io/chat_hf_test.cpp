@@ -139,7 +139,8 @@ const char* const kLlama31 = R"TPL({{- bos_token }}
 using Conv = std::vector<std::pair<std::string, std::string>>;
 
 // Conversations that trip a renderer or an encoder: whitespace at either end of a message, empty
-// messages, several turns, with and without a system turn, special-token text and non-ASCII text.
+// messages, several turns, with and without a system turn, the assistant first, special-token text
+// and non-ASCII text.
 std::vector<Conv> conversations() {
   return {
       {{"user", "Hi"}, {"assistant", "Hello."}},
@@ -167,6 +168,7 @@ std::vector<Conv> conversations() {
       {{"user", "emoji 👩‍👩‍👧‍👦 👍🏽"}, {"assistant", "🇩🇪 ❤️"}},
       {{"user", "   "}, {"assistant", "   "}},
       {{"user", "Q"}, {"assistant", "A"}, {"user", "only a question at the end"}, {"assistant", "B"}},
+      {{"assistant", "The assistant opens."}, {"user", "Q"}, {"assistant", "A"}},
   };
 }
 

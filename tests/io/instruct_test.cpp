@@ -181,6 +181,14 @@ TEST(ChatTemplates, ChatmlRendersExactlyAndTrainsOnTheAssistantTurnWithItsEnd) {
   EXPECT_FALSE(te.target.back());  // the newline after <|im_end|> belongs to no turn
 }
 
+// A conversation opened by the assistant: Llama 3's generation prompt for no messages lacks the BOS
+// the full rendering starts with, so the turn's start is found from the rendering itself.
+TEST(ChatTemplates, AnAssistantFirstConversationTrainsItsTurns) {
+  const ChatExample ex = {{"assistant", "Hello."}, {"user", "Hi?"}, {"assistant", "Bye."}};
+  const TokenizedExample te = chat(ex, ChatTemplate::llama3, llama3_tok());
+  EXPECT_EQ(target_text(te, llama3_tok()), "Hello.<|eot_id|>Bye.<|eot_id|>");
+}
+
 // Qwen2's template adds its default system turn when the conversation has none; ChatML does not.
 TEST(ChatTemplates, Qwen2AddsItsDefaultSystemTurn) {
   const ChatExample ex = {{"user", "Hi?"}, {"assistant", "Hello."}, {"user", "And?"}, {"assistant", "Bye."}};

@@ -29,7 +29,9 @@
 // prefixes: for assistant message i the span runs from the end of messages[0, i) rendered with the
 // generation prompt to the end of messages[0, i] rendered without it, and ends after the last token
 // there that ends the turn — a special token, or one of the tokenizer's EOS ids: ChatML's "\n" after
-// <|im_end|> is not trained. Each rendering must be a prefix of the next (a template that
+// <|im_end|> is not trained. (Where that generation prompt does not lead into the turn — an
+// assistant-first conversation under Llama 3's template — the start is where the rendering of
+// messages[0, i] with a stand-in content puts the stand-in.) Each rendering must be a prefix of the next (a template that
 // rewrites earlier turns is refused). Tokens overlapping a span are trained, as transformers' assistant
 // masks count them.
 #pragma once

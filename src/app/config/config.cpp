@@ -441,6 +441,8 @@ void read_data(Section s, DataConfig& d) {
                                              {{"auto", ChatTemplate::automatic},
                                               {"llama3", ChatTemplate::llama3},
                                               {"chatml", ChatTemplate::chatml},
+                                              {"qwen2", ChatTemplate::qwen2},
+                                              {"model", ChatTemplate::model},
                                               {"none", ChatTemplate::none}});
   if (is_chat_data(d)) {
     if (d.path.empty()) s.fail("format", "jsonl needs a data.path (a .jsonl file)");

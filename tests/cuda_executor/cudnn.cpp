@@ -556,15 +556,17 @@ void run_node(const Node& n, std::map<std::int64_t, Bound>& m) {
   if (n.kind == NodeKind::matmul) {
     const Bound& b = m.at(n.b);
     const std::int64_t K = x.t->dims[r - 1];
+    // A's and B's index spaces: C's with the contracted dim in place of N (A) or M (B).
+    std::vector<std::int64_t> ad = yd, bd = yd, ia(r), ib(r);
+    ad[r - 1] = K, bd[r - 2] = K;
+    const std::int64_t a_step = x.t->strides[r - 1], b_step = b.t->strides[r - 2];
     do {
-      std::vector<std::int64_t> ia = idx, ib = idx;
+      ia = idx, ib = idx;
+      ia[r - 1] = 0, ib[r - 2] = 0;
+      const std::int64_t a0 = offset_of(*x.t, ia, ad), b0 = offset_of(*b.t, ib, bd);
       double acc = 0;
-      for (std::int64_t k = 0; k < K; ++k) {
-        ia[r - 1] = k, ib[r - 2] = k;
-        std::vector<std::int64_t> ad = yd, bd = yd;
-        ad[r - 1] = K, bd[r - 2] = K;
-        acc += static_cast<double>(load(x, offset_of(*x.t, ia, ad))) * load(b, offset_of(*b.t, ib, bd));
-      }
+      for (std::int64_t k = 0; k < K; ++k)
+        acc += static_cast<double>(load(x, a0 + k * a_step)) * load(b, b0 + k * b_step);
       store(y, offset_of(*y.t, idx, yd), acc);
     } while (next(idx, yd));
     return;

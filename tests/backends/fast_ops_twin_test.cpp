@@ -597,8 +597,9 @@ TEST(FastOpsTwin, AttentionChoicesOutsideTheFastKernelsAreRefused) {
   spec.budget_bytes = std::size_t{1} << 30;
   auto gdev = gpu.make_device(spec);
   EXPECT_THROW(gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::reference), ConfigError);
-  if (!backends::cudnn_built())
+  if (!backends::cudnn_built()) {
     EXPECT_THROW(gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn), ConfigError);
+  }
 }
 
 }  // namespace

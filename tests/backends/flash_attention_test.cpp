@@ -260,6 +260,7 @@ TEST(FlashAttention, CudnnMatchesCpuTwin) {
 // against the twin (their bounds above), cuDNN against the wmma kernel within the sum of the two
 // bounds, and each run twice with the same bits. Prints one line per shape with the worst error as
 // a fraction of its bound.
+#if ZINF_HAVE_CUDNN
 double worst_over_bound(const VF& g, const VF& c, double u, double widen) {
   double amax = 0, worst = 0;
   for (float x : c) amax = std::max(amax, static_cast<double>(std::fabs(x)));
@@ -269,6 +270,7 @@ double worst_over_bound(const VF& g, const VF& c, double u, double widen) {
   }
   return worst;
 }
+#endif
 
 TEST(FlashAttention, CudnnAgainstWmmaAndTwinAtCheckShapes) {
   std::string why;

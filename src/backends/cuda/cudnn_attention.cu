@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <limits>
 #include <map>
 #include <optional>
@@ -270,7 +271,7 @@ class Graph {
   }
   cudnnHandle_t handle_;
   std::int64_t next_virtual_ = kVirtual;
-  std::vector<Owned> keep_;  // tensors and op descriptors the operations point at
+  std::deque<Owned> keep_;  // tensors and op descriptors the operations point at (references stay valid)
   std::vector<Owned> ops_;
 };
 
@@ -441,20 +442,24 @@ struct CudnnAttention::Impl {
     }
   }
 
+  // The shape's plans, built on the first ask. A refusal is remembered (and said once); any other
+  // failure while building throws and leaves nothing cached, so the next call fails the same way
+  // instead of switching kernels.
   Plans& plans_for(const fast::AttnShape& a, DType S) {
-    std::unique_ptr<Plans>& p = plans[key_of(a, S)];
-    if (p) return *p;
-    p = std::make_unique<Plans>();
-    if (S != DType::bf16 && S != DType::fp16) return *p;  // fp32 runs stay on the wmma path's FMA tiles
-    try {
-      build(*p, a, S);
-      p->accepted = true;
-      if (!workspace.as<void>()) workspace = DeviceBuffer(dev, kCudnnWorkspaceBytes, "cuDNN attention workspace");
-    } catch (const Refused& r) {
-      std::fprintf(stderr, "zinf: cuDNN refused attention at %s (%s); this shape runs the wmma flash kernel\n",
-                   shape_text(a, S).c_str(), r.why.c_str());
+    const Key key = key_of(a, S);
+    if (auto it = plans.find(key); it != plans.end()) return *it->second;
+    auto p = std::make_unique<Plans>();
+    if (S == DType::bf16 || S == DType::fp16) {  // fp32 runs stay on the wmma path's FMA tiles
+      try {
+        build(*p, a, S);
+        if (!workspace.as<void>()) workspace = DeviceBuffer(dev, kCudnnWorkspaceBytes, "cuDNN attention workspace");
+        p->accepted = true;
+      } catch (const Refused& r) {
+        std::fprintf(stderr, "zinf: cuDNN refused attention at %s (%s); this shape runs the wmma flash kernel\n",
+                     shape_text(a, S).c_str(), r.why.c_str());
+      }
     }
-    return *p;
+    return *plans.emplace(key, std::move(p)).first->second;
   }
 
   void execute(Desc plan, const std::vector<std::int64_t>& uids, const std::vector<void*>& ptrs, const char* what) {

@@ -249,18 +249,29 @@ part_attention() {  # cuDNN against the wmma kernel and the CPU twin at the chec
 }
 
 part_attention_speed() {  # forward+backward time and TFLOPS: cuDNN, the wmma kernel, PyTorch's SDPA
-  local shape kind rc=0 out="$raw/attention.jsonl"
+  local shape kind rc=0 out="$raw/attention.jsonl" one="$raw/attention-one.json"
   : > "$out"
+  # Each run's JSON object, as one line of attention.jsonl.
+  add_line() { python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$one" >> "$out"; }
   for shape in $attention_bench_shapes; do
     for kind in cudnn wmma; do
-      "$zinf" bench attention --shape "$shape" --attention "$kind" --iters 5 --json >> "$out" 2>> "$raw/attention-bench.log" ||
-        { echo "attention: zinf bench attention --shape $shape --attention $kind FAILED"; rc=1; }
+      if "$zinf" bench attention --shape "$shape" --attention "$kind" --iters 5 --json > "$one" 2>> "$raw/attention-bench.log"; then
+        add_line || rc=1
+      else
+        echo "attention: zinf bench attention --shape $shape --attention $kind FAILED"
+        rc=1
+      fi
     done
     if [ "$executor" != 1 ]; then
-      python3 "$root/bench/torch_sdpa.py" --shape "$shape" --iters 5 >> "$out" 2>> "$raw/attention-bench.log" ||
-        { echo "attention: PyTorch's SDPA at $shape FAILED (raw/attention-bench.log)"; rc=1; }
+      if python3 "$root/bench/torch_sdpa.py" --shape "$shape" --iters 5 > "$one" 2>> "$raw/attention-bench.log"; then
+        add_line || rc=1
+      else
+        echo "attention: PyTorch's SDPA at $shape FAILED (raw/attention-bench.log)"
+        rc=1
+      fi
     fi
   done
+  grep -h 'cuDNN refused' "$raw/attention-bench.log" 2> /dev/null | sort -u | sed 's/^/attention: (cudnn rows are the wmma kernel where) /'
   python3 - "$out" << 'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

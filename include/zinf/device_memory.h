@@ -52,8 +52,13 @@ constexpr std::uint64_t gemm_workspace_bytes(bool fast) {
 }
 
 // cuDNN's fused attention (device.attention cudnn): one workspace per ops backend, taken on the first
-// shape cuDNN accepts; only engines whose workspace fits are chosen, so a run takes exactly this.
-constexpr std::uint64_t kCudnnWorkspaceBytes = std::uint64_t{64} << 20;
+// shape cuDNN accepts (grown for a larger one), of 64 MiB plus two fp32 copies of the query rows —
+// B·T·C elements each, room for a deterministic backward's fp32 dQ accumulator and its row sums. Only
+// engines whose workspace fits are chosen, so a run takes exactly this.
+constexpr std::uint64_t kCudnnWorkspaceBaseBytes = std::uint64_t{64} << 20;
+constexpr std::uint64_t cudnn_workspace_bytes(std::uint64_t query_elems) {
+  return kCudnnWorkspaceBaseBytes + 2 * query_elems * 4;
+}
 
 // What the ops' own scratch depends on: the model family and shape, the micro batch and the kernels.
 struct OpsScratchShape {
@@ -80,7 +85,7 @@ constexpr std::uint64_t kTokenSortSlackInts = std::uint64_t{1} << 16;
 //   fast:            the workspace (kGemmWorkspaceBytesFast); the flash backward's scratch, 4*B*H*T floats; the column
 //                    partials of the norms' and biases' backward, 2*C*min(B*T, 1024) floats; the
 //                    embedding backward's token sort, (2*B*T + 65536) ints;
-//   fast with cuDNN: also cuDNN's workspace (kCudnnWorkspaceBytes) and, for grouped key/value heads
+//   fast with cuDNN: also cuDNN's workspace (cudnn_workspace_bytes(B*T*C)) and, for grouped key/value heads
 //                    (kv_heads < heads), the per-query-head key and value gradients, 2*B*T*width floats.
 // The reference kernels' norms and column sums use no scratch.
 inline std::vector<std::uint64_t> ops_scratch_blocks(const OpsScratchShape& s) {
@@ -94,7 +99,7 @@ inline std::vector<std::uint64_t> ops_scratch_blocks(const OpsScratchShape& s) {
   blocks.push_back(2 * s.width * std::min(rows, kPartialRowsMax) * 4);
   blocks.push_back((2 * rows + kTokenSortSlackInts) * 4);
   if (s.cudnn) {
-    blocks.push_back(kCudnnWorkspaceBytes);
+    blocks.push_back(cudnn_workspace_bytes(rows * s.width));
     if (s.kv_heads != 0 && s.kv_heads < s.heads) blocks.push_back(2 * rows * s.width * 4);
   }
   return blocks;

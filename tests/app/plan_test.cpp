@@ -163,7 +163,7 @@ TEST(Plan, OpsScratchOfBothKernelSets) {
   // value gradients, 2·B·T·C floats.
   s.cudnn = true;
   EXPECT_EQ(ops_scratch_blocks(s).size(), 5u);
-  EXPECT_EQ(ops_scratch_blocks(s)[4], kCudnnWorkspaceBytes);
+  EXPECT_EQ(ops_scratch_blocks(s)[4], (64ull << 20) + 2ull * 64 * 1600 * 4);
   s.llama = true, s.kv_heads = 5;
   EXPECT_EQ(ops_scratch_blocks(s).size(), 6u);
   EXPECT_EQ(ops_scratch_blocks(s)[5], 2ull * 64 * 1600 * 4);
@@ -218,7 +218,7 @@ TEST(Plan, FastKernelsPlanTheirOwnStorageAndScratch) {
   std::vector<std::uint64_t> fast_scratch{kGemmWorkspaceBytesFast, 4 * B * H * T * 4,
                                           2 * C * std::min<std::uint64_t>(B * T, 1024) * 4, (2 * B * T + 65536) * 4};
   // device.attention auto under fast is cuDNN's where this build has it: its workspace too.
-  if (backends::cudnn_built()) fast_scratch.push_back(kCudnnWorkspaceBytes);
+  if (backends::cudnn_built()) fast_scratch.push_back(cudnn_workspace_bytes(B * T * C));
   EXPECT_EQ(estimate_ops_scratch(ref, r.shape), ref_scratch);
   EXPECT_EQ(estimate_ops_scratch(fast, f.shape), fast_scratch);
   std::uint64_t ref_blocks = 0, fast_blocks = 0;

@@ -22,7 +22,8 @@
 // each group in head order into dK and dV (rounded once to S): deterministic, no atomics.
 //
 // Plans: heuristics mode A, the first engine configuration without the NONDETERMINISTIC numerical
-// note whose workspace fits kCudnnWorkspaceBytes (device memory taken once, counted by zinf plan).
+// note whose workspace fits cudnn_workspace_bytes(B·T·H·D) (zinf/device_memory.h: device memory taken
+// on the first accepted shape, grown for a larger one, counted by zinf plan).
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -343,7 +344,13 @@ struct CudnnAttention::Impl {
   cudaStream_t stream;
   cudnnHandle_t handle = nullptr;
   std::map<Key, std::unique_ptr<Plans>> plans;
-  DeviceBuffer workspace;  // kCudnnWorkspaceBytes, taken on the first accepted shape
+  DeviceBuffer workspace;  // workspace_limit of the largest accepted shape
+
+  static std::size_t workspace_limit(const fast::AttnShape& a) {
+    return static_cast<std::size_t>(
+        cudnn_workspace_bytes(static_cast<std::uint64_t>(a.B) * static_cast<std::uint64_t>(a.T) *
+                              static_cast<std::uint64_t>(a.H) * static_cast<std::uint64_t>(a.D)));
+  }
   DeviceBuffer grouped;    // dK_h and dV_h of grouped shapes (grown after draining the stream)
 
   Impl(Device& d, cudaStream_t s) : dev(d), stream(s) {
@@ -364,7 +371,7 @@ struct CudnnAttention::Impl {
     const std::int64_t B = a.B, T = a.T, H = a.H, KV = a.KV, D = a.D;
     const std::int64_t al = alignment(a, S);
     const std::vector<std::int64_t> bhtt{B, H, T, T}, stats_dims{B, H, T, 1}, stats_strides{H * T, T, 1, 1};
-    const std::int64_t limit = static_cast<std::int64_t>(kCudnnWorkspaceBytes);
+    const std::int64_t limit = static_cast<std::int64_t>(workspace_limit(a));
     {  // forward
       Graph g(handle);
       const Owned& q = g.tensor(kQ, io, {B, H, T, D}, bhtd_strides(a, a.q_stride), false, false, al);
@@ -452,7 +459,12 @@ struct CudnnAttention::Impl {
     if (S == DType::bf16 || S == DType::fp16) {  // fp32 runs stay on the wmma path's FMA tiles
       try {
         build(*p, a, S);
-        if (!workspace.as<void>()) workspace = DeviceBuffer(dev, kCudnnWorkspaceBytes, "cuDNN attention workspace");
+        const std::size_t need = workspace_limit(a);
+        if (workspace.size() < need) {
+          ZINF_CUDA(cudaStreamSynchronize(stream));  // queued plans may still use the old block
+          workspace.reset();
+          workspace = DeviceBuffer(dev, need, "cuDNN attention workspace");
+        }
         p->accepted = true;
       } catch (const Refused& r) {
         std::fprintf(stderr, "zinf: cuDNN refused attention at %s (%s); this shape runs the wmma flash kernel\n",

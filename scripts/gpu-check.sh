@@ -403,8 +403,8 @@ fi
 # ---- the stage -------------------------------------------------------------------------------------
 stage="${1:-}"
 case "$stage" in
-  correctness) plan="build:180 gpu:10 tests:80 repeat:40 digests:45 states:40 fast:20 attention:60 memcheck:30 racecheck:30"
-               default_budget=480 ;;
+  correctness) plan="build:180 gpu:10 tests:100 repeat:40 digests:45 states:40 fast:20 attention:60 memcheck:40 racecheck:40"
+               default_budget=520 ;;
   speed) plan="build:90 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:30 offload:20 attention-speed:40"
          default_budget=340 ;;
   *) echo "usage: scripts/gpu-check.sh correctness|speed   (or --targets, --cases; see the header)" >&2; exit 2 ;;

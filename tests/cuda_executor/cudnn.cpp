@@ -186,7 +186,8 @@ cudnnStatus_t set_attr(Desc& d, cudnnBackendAttributeName_t name, cudnnBackendAt
       d.has_comp = true;
       return one(t, CUDNN_TYPE_DATA_TYPE, n, v, d.comp);
     case CUDNN_BACKEND_POINTWISE_DESCRIPTOR:
-      if (name == CUDNN_ATTR_POINTWISE_MODE) return d.has_mode = true, one(t, CUDNN_TYPE_POINTWISE_MODE, n, v, d.pw_mode);
+      if (name == CUDNN_ATTR_POINTWISE_MODE)
+        return d.has_mode = true, one(t, CUDNN_TYPE_POINTWISE_MODE, n, v, d.pw_mode);
       if (name == CUDNN_ATTR_POINTWISE_MATH_PREC) return d.has_comp = true, one(t, CUDNN_TYPE_DATA_TYPE, n, v, d.comp);
       if (name == CUDNN_ATTR_POINTWISE_AXIS) return one(t, CUDNN_TYPE_INT64, n, v, d.axis);
       return CUDNN_STATUS_NOT_SUPPORTED;
@@ -246,7 +247,8 @@ cudnnStatus_t set_attr(Desc& d, cudnnBackendAttributeName_t name, cudnnBackendAt
     case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR:
       if (name == CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH)
         return set_ref(d, name, t, n, v, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-      if (name == CUDNN_ATTR_ENGINEHEUR_MODE) return d.has_heur_mode = true, one(t, CUDNN_TYPE_HEUR_MODE, n, v, d.heur_mode);
+      if (name == CUDNN_ATTR_ENGINEHEUR_MODE)
+        return d.has_heur_mode = true, one(t, CUDNN_TYPE_HEUR_MODE, n, v, d.heur_mode);
       return CUDNN_STATUS_NOT_SUPPORTED;
     case CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR:
       if (name == CUDNN_ATTR_EXECUTION_PLAN_HANDLE) {
@@ -380,14 +382,20 @@ cudnnStatus_t build_program(const Desc& g, Program& prog) {
           if (o->dims[i] < 1 || y.dims[i] % o->dims[i] != 0) return CUDNN_STATUS_BAD_PARAM;
     } else if (n.kind == NodeKind::pointwise) {
       switch (n.pw) {
-        case CUDNN_POINTWISE_ADD: case CUDNN_POINTWISE_SUB: case CUDNN_POINTWISE_MUL: case CUDNN_POINTWISE_DIV:
-        case CUDNN_POINTWISE_CMP_GE: case CUDNN_POINTWISE_CMP_LE:
+        case CUDNN_POINTWISE_ADD:
+        case CUDNN_POINTWISE_SUB:
+        case CUDNN_POINTWISE_MUL:
+        case CUDNN_POINTWISE_DIV:
+        case CUDNN_POINTWISE_CMP_GE:
+        case CUDNN_POINTWISE_CMP_LE:
           if (n.b < 0) return CUDNN_STATUS_BAD_PARAM;
           break;
         case CUDNN_POINTWISE_BINARY_SELECT:
           if (n.b < 0 || n.t < 0) return CUDNN_STATUS_BAD_PARAM;
           break;
-        case CUDNN_POINTWISE_EXP: case CUDNN_POINTWISE_LOG: case CUDNN_POINTWISE_IDENTITY: break;
+        case CUDNN_POINTWISE_EXP:
+        case CUDNN_POINTWISE_LOG:
+        case CUDNN_POINTWISE_IDENTITY: break;
         case CUDNN_POINTWISE_GEN_INDEX:
           if (n.axis < 0 || n.axis >= static_cast<std::int64_t>(r) || x.dims != y.dims) return CUDNN_STATUS_BAD_PARAM;
           break;
@@ -478,9 +486,9 @@ cudnnStatus_t finalize(Desc& d) {
 
 struct Bound {  // a tensor with its memory for one execution
   const Tensor* t;
-  char* mem;                      // device memory, or the internal buffer
-  std::vector<float> own;         // virtual tensors
-  float value = 0;                // by-value
+  char* mem;               // device memory, or the internal buffer
+  std::vector<float> own;  // virtual tensors
+  float value = 0;         // by-value
 };
 
 std::int64_t extent(const Tensor& t) {  // elements spanned: 1 + Σ (dim-1)·stride
@@ -494,10 +502,26 @@ float load(const Bound& b, std::int64_t off) {
   if (b.t->is_virtual) return b.own[static_cast<std::size_t>(off)];
   const char* p = b.mem + off * static_cast<std::int64_t>(type_bytes(b.t->type));
   switch (b.t->type) {
-    case CUDNN_DATA_FLOAT: { float f; std::memcpy(&f, p, 4); return f; }
-    case CUDNN_DATA_HALF: { __half h; std::memcpy(&h, p, 2); return __half2float(h); }
-    case CUDNN_DATA_BFLOAT16: { __nv_bfloat16 h; std::memcpy(&h, p, 2); return __bfloat162float(h); }
-    case CUDNN_DATA_INT32: { std::int32_t i; std::memcpy(&i, p, 4); return static_cast<float>(i); }
+    case CUDNN_DATA_FLOAT: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case CUDNN_DATA_HALF: {
+      __half h;
+      std::memcpy(&h, p, 2);
+      return __half2float(h);
+    }
+    case CUDNN_DATA_BFLOAT16: {
+      __nv_bfloat16 h;
+      std::memcpy(&h, p, 2);
+      return __bfloat162float(h);
+    }
+    case CUDNN_DATA_INT32: {
+      std::int32_t i;
+      std::memcpy(&i, p, 4);
+      return static_cast<float>(i);
+    }
     case CUDNN_DATA_BOOLEAN: return *p ? 1.0f : 0.0f;
     default: return 0;
   }
@@ -520,9 +544,21 @@ void store(Bound& b, std::int64_t off, double v) {
   char* p = b.mem + off * static_cast<std::int64_t>(type_bytes(b.t->type));
   switch (b.t->type) {
     case CUDNN_DATA_FLOAT: std::memcpy(p, &r, 4); break;
-    case CUDNN_DATA_HALF: { const __half h = __float2half_rn(r); std::memcpy(p, &h, 2); break; }
-    case CUDNN_DATA_BFLOAT16: { const __nv_bfloat16 h = __float2bfloat16_rn(r); std::memcpy(p, &h, 2); break; }
-    case CUDNN_DATA_INT32: { const std::int32_t i = static_cast<std::int32_t>(r); std::memcpy(p, &i, 4); break; }
+    case CUDNN_DATA_HALF: {
+      const __half h = __float2half_rn(r);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case CUDNN_DATA_BFLOAT16: {
+      const __nv_bfloat16 h = __float2bfloat16_rn(r);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case CUDNN_DATA_INT32: {
+      const std::int32_t i = static_cast<std::int32_t>(r);
+      std::memcpy(p, &i, 4);
+      break;
+    }
     case CUDNN_DATA_BOOLEAN: *p = r != 0; break;
     default: break;
   }
@@ -573,8 +609,7 @@ void run_node(const Node& n, std::map<std::int64_t, Bound>& m) {
   }
   if (n.kind == NodeKind::reduction) {
     // Every output element starts at the operation's identity; x's elements are then folded in order.
-    std::vector<double> acc(static_cast<std::size_t>(extent(*y.t)),
-                            n.red == CUDNN_REDUCE_TENSOR_MAX ? -INFINITY : 0.0);
+    std::vector<double> acc(static_cast<std::size_t>(extent(*y.t)), n.red == CUDNN_REDUCE_TENSOR_MAX ? -INFINITY : 0.0);
     const std::vector<std::int64_t>& xd = x.t->dims;
     std::vector<std::int64_t> ix(xd.size(), 0);
     do {
@@ -695,12 +730,19 @@ cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t stream) {
 cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t type, cudnnBackendDescriptor_t* desc) {
   if (!desc) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
   switch (type) {
-    case CUDNN_BACKEND_TENSOR_DESCRIPTOR: case CUDNN_BACKEND_MATMUL_DESCRIPTOR: case CUDNN_BACKEND_POINTWISE_DESCRIPTOR:
-    case CUDNN_BACKEND_REDUCTION_DESCRIPTOR: case CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR:
-    case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR: case CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR:
-    case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR: case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR:
-    case CUDNN_BACKEND_ENGINECFG_DESCRIPTOR: case CUDNN_BACKEND_ENGINE_DESCRIPTOR:
-    case CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR: case CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR: break;
+    case CUDNN_BACKEND_TENSOR_DESCRIPTOR:
+    case CUDNN_BACKEND_MATMUL_DESCRIPTOR:
+    case CUDNN_BACKEND_POINTWISE_DESCRIPTOR:
+    case CUDNN_BACKEND_REDUCTION_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR:
+    case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR:
+    case CUDNN_BACKEND_ENGINECFG_DESCRIPTOR:
+    case CUDNN_BACKEND_ENGINE_DESCRIPTOR:
+    case CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR:
+    case CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR: break;
     default: return CUDNN_STATUS_NOT_SUPPORTED;
   }
   auto* d = new fake::Desc();
@@ -787,8 +829,8 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const desc, cudn
 cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t plan, cudnnBackendDescriptor_t pack) {
   if (!fake::valid(handle)) return CUDNN_STATUS_BAD_PARAM;
   fake::Desc *p = fake::as_desc(plan), *v = fake::as_desc(pack);
-  if (!p || !v || p->type != CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR || v->type != CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR ||
-      !p->finalized || !v->finalized)
+  if (!p || !v || p->type != CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR ||
+      v->type != CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR || !p->finalized || !v->finalized)
     return CUDNN_STATUS_BAD_PARAM;
   return fake::execute(handle, *p, *v);
 }

@@ -128,7 +128,8 @@ class G {
   cudnnStatus_t build() {
     Desc g = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     EXPECT_EQ(cudnnBackendSetAttribute(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                       static_cast<std::int64_t>(ops_.size()), ops_.data()), 0);
+                                       static_cast<std::int64_t>(ops_.size()), ops_.data()),
+              0);
     EXPECT_EQ(cudnnBackendSetAttribute(g, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h_), 0);
     if (const cudnnStatus_t st = cudnnBackendFinalize(g); st != CUDNN_STATUS_SUCCESS) return st;
     Desc heur = make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
@@ -145,15 +146,16 @@ class G {
     EXPECT_EQ(cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine),
               0);
     cudnnBackendNumericalNote_t notes[8];
-    EXPECT_EQ(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, 8, &n, notes),
-              0);
+    EXPECT_EQ(
+        cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, 8, &n, notes), 0);
     EXPECT_EQ(n, 0) << "the fake's engine is deterministic: no NONDETERMINISTIC note";
     plan_ = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     EXPECT_EQ(cudnnBackendSetAttribute(plan_, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h_), 0);
     set(plan_, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
     EXPECT_EQ(cudnnBackendFinalize(plan_), 0);
-    EXPECT_EQ(cudnnBackendGetAttribute(plan_, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
-                                       &workspace_), 0);
+    EXPECT_EQ(
+        cudnnBackendGetAttribute(plan_, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &workspace_),
+        0);
     return CUDNN_STATUS_SUCCESS;
   }
   // Executes with these (uid, pointer) pairs and a workspace of the plan's size (or `ws`), then waits.
@@ -164,9 +166,11 @@ class G {
       EXPECT_EQ(cudaMalloc(&ws, static_cast<std::size_t>(workspace_)), 0);
     }
     EXPECT_EQ(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
-                                       static_cast<std::int64_t>(uids.size()), uids.data()), 0);
+                                       static_cast<std::int64_t>(uids.size()), uids.data()),
+              0);
     EXPECT_EQ(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
-                                       static_cast<std::int64_t>(ptrs.size()), ptrs.data()), 0);
+                                       static_cast<std::int64_t>(ptrs.size()), ptrs.data()),
+              0);
     EXPECT_EQ(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws), 0);
     EXPECT_EQ(cudnnBackendFinalize(pack), 0);
     const cudnnStatus_t st = cudnnBackendExecute(h_, plan_, pack);
@@ -184,8 +188,8 @@ class G {
   std::int64_t next_ = 1000;
 };
 
-constexpr std::int64_t kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kScale = 6, kNegInf = 7, kDO = 8, kDQ = 9,
-                       kDK = 10, kDV = 11, kKt = 12, kQt = 13, kOt = 14, kDOt = 15;
+constexpr std::int64_t kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kScale = 6, kNegInf = 7, kDO = 8, kDQ = 9, kDK = 10,
+                       kDV = 11, kKt = 12, kQt = 13, kOt = 14, kDOt = 15;
 const float kLn3 = std::log(3.0f);
 
 // The causal forward over [B, H, T, D] tensors whose rows are `row` elements apart (head h at column
@@ -230,7 +234,7 @@ TEST(CudnnFake, CausalForwardWithStatistics) {
   float scale = 1.0f, neg = -INFINITY;
   ASSERT_EQ(g.run({kQ, kK, kV, kO, kStats, kScale, kNegInf}, {q.p, k.p, v.p, o.p, st.p, &scale, &neg}),
             CUDNN_STATUS_SUCCESS);
-  expect_near(o.get(), {1, 2, 4, 5}, 1e-5f);         // row 0 masked to key 0; row 1 = (1/4, 3/4)·v
+  expect_near(o.get(), {1, 2, 4, 5}, 1e-5f);          // row 0 masked to key 0; row 1 = (1/4, 3/4)·v
   expect_near(st.get(), {0, std::log(4.0f)}, 1e-6f);  // log Σ exp: ln 1, ln(1 + 3)
 }
 
@@ -260,7 +264,7 @@ TEST(CudnnFake, StridedRowsAndGroupedHeads) {
   float scale = 1.0f, neg = -INFINITY;
   ASSERT_EQ(g.run({kQ, kK, kV, kO, kStats, kScale, kNegInf}, {q.p, k.p, v.p, o.p, st.p, &scale, &neg}),
             CUDNN_STATUS_SUCCESS);
-  expect_near(o.get(), {1, 2, 1, 2, 4, 5, 3, 4}, 1e-5f);  // [t][h][d]
+  expect_near(o.get(), {1, 2, 1, 2, 4, 5, 3, 4}, 1e-5f);                 // [t][h][d]
   expect_near(st.get(), {0, std::log(4.0f), 0, std::log(2.0f)}, 1e-6f);  // [h][t]
 }
 
@@ -350,7 +354,8 @@ TEST(CudnnFake, RefusesWhatItDoesNotImplement) {
   EXPECT_EQ(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_FLOAT, 1, &wrong),
             CUDNN_STATUS_BAD_PARAM);
   std::int64_t uid = 5;
-  EXPECT_EQ(cudnnBackendSetAttribute(x, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnBackendSetAttribute(x, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid),
+            CUDNN_STATUS_BAD_PARAM);
 }
 
 TEST(CudnnFake, ExecuteChecksMemoryWorkspaceAndAlignment) {

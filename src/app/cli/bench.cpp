@@ -859,7 +859,9 @@ Command add_bench_attention(CLI::App& bench) {
   sub->add_option("--attention", args->attention, "cudnn or wmma")
       ->check(CLI::IsMember({"cudnn", "wmma"}))
       ->capture_default_str();
-  sub->add_option("--dtype", args->dtype, "bf16 or fp16")->check(CLI::IsMember({"bf16", "fp16"}))->capture_default_str();
+  sub->add_option("--dtype", args->dtype, "bf16 or fp16")
+      ->check(CLI::IsMember({"bf16", "fp16"}))
+      ->capture_default_str();
   sub->add_option("--iters", args->iters, "Timed forward+backward calls; the median is reported")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();

@@ -95,7 +95,17 @@ class Owned {
 
 // Tensor unique ids of the graphs' inputs and outputs (the variant pack's keys).
 enum Uid : std::int64_t {
-  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kScale, kNegInf,
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kScale,
+  kNegInf,
   kVirtual = 100,  // and up: the graphs' virtual tensors
 };
 
@@ -135,7 +145,9 @@ class Graph {
     return tensor(next_virtual_++, type, dims, strides, true);
   }
   // A scalar passed by value in the variant pack (the scale, -inf).
-  const Owned& scalar(std::int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+  const Owned& scalar(std::int64_t uid) {
+    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  }
 
   void matmul(const Owned& a, const Owned& b, const Owned& c) {
     Owned mm(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
@@ -267,9 +279,7 @@ class Graph {
   }
 
  private:
-  void add(Owned op) {
-    ops_.push_back(std::move(op));
-  }
+  void add(Owned op) { ops_.push_back(std::move(op)); }
   cudnnHandle_t handle_;
   std::int64_t next_virtual_ = kVirtual;
   std::deque<Owned> keep_;  // tensors and op descriptors the operations point at (references stay valid)
@@ -351,7 +361,7 @@ struct CudnnAttention::Impl {
         cudnn_workspace_bytes(static_cast<std::uint64_t>(a.B) * static_cast<std::uint64_t>(a.T) *
                               static_cast<std::uint64_t>(a.H) * static_cast<std::uint64_t>(a.D)));
   }
-  DeviceBuffer grouped;    // dK_h and dV_h of grouped shapes (grown after draining the stream)
+  DeviceBuffer grouped;  // dK_h and dV_h of grouped shapes (grown after draining the stream)
 
   Impl(Device& d, cudaStream_t s) : dev(d), stream(s) {
     const cudnnStatus_t st = cudnnCreate(&handle);
@@ -531,11 +541,10 @@ void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, co
     dv_h = impl_->grouped.as<char>() + grouped / 2;
   }
   auto in = [](const void* x) { return const_cast<void*>(x); };
-  impl_->execute(p.bwd->get(),
-                 {kK, kK + 1000, kQ, kQ + 1000, kV, kO, kDO, kDO + 1000, kStats, kDQ, kDK, kDV, kScale, kNegInf},
-                 {in(k), in(k), in(q), in(q), in(v), in(out), in(dout), in(dout), in(lse), dq, dk_h, dv_h, &scale,
-                  &neg_inf},
-                 "backward");
+  impl_->execute(
+      p.bwd->get(), {kK, kK + 1000, kQ, kQ + 1000, kV, kO, kDO, kDO + 1000, kStats, kDQ, kDK, kDV, kScale, kNegInf},
+      {in(k), in(k), in(q), in(q), in(v), in(out), in(dout), in(dout), in(lse), dq, dk_h, dv_h, &scale, &neg_inf},
+      "backward");
   if (!grouped) return;
   if (S == DType::bf16) {
     launch_sum_groups<__nv_bfloat16>(dk, a.k_stride, static_cast<const float*>(dk_h), a, impl_->stream);

@@ -85,6 +85,15 @@ TEST(DeviceChoice, ResolveDeviceFillsTheConfigOnceAndChecksWhatDependsOnIt) {
     EXPECT_NE(std::string(e.what()).find("device.comm nccl"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("device.type auto is the CPU device"), std::string::npos) << e.what();
   }
+  // So does a CUDA attention: it would be ignored on the CPU device, and it changes results.
+  Config att = parse_config(R"({"train_batch_size": 4, "device": {"kernels": "fast", "attention": "cudnn"}})");
+  try {
+    resolve_device(att, kOneGpu);
+    FAIL() << "auto + device.attention cudnn resolved to the CPU device was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("device.attention cudnn runs on the CUDA device only"), std::string::npos)
+        << e.what();
+  }
 }
 
 // For the same config on the same machine, `zinf plan` (plan_run) and `zinf train` (which resolves

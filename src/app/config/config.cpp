@@ -488,6 +488,19 @@ void read_device(Section s, DeviceConfig& d) {
   d.kernels = s.get_enum<Kernels>("kernels", Kernels::reference,
                                   {{std::string(to_string(Kernels::reference)), Kernels::reference},
                                    {std::string(to_string(Kernels::fast)), Kernels::fast}});
+  d.attention = s.get_enum<Attention>("attention", Attention::automatic,
+                                      {{"auto", Attention::automatic},
+                                       {"cudnn", Attention::cudnn},
+                                       {"wmma", Attention::wmma},
+                                       {"reference", Attention::reference}});
+  if (d.kernels == Kernels::reference && (d.attention == Attention::cudnn || d.attention == Attention::wmma))
+    s.fail("attention", std::string(to_string(d.attention)) +
+                            " is an attention of the fast kernels; set device.kernels to fast (or attention to auto)");
+  if (d.kernels == Kernels::fast && d.attention == Attention::reference)
+    s.fail("attention", "reference is the reference kernels' attention; the fast kernels run cudnn or wmma (or auto)");
+  if (d.type == DeviceType::cpu && (d.attention == Attention::cudnn || d.attention == Attention::wmma))
+    s.fail("attention", std::string(to_string(d.attention)) + " runs on the CUDA device only (the CPU device's fast "
+                            "kernels have one attention, the twin of the wmma kernel)");
   if (d.type == DeviceType::cpu && d.comm == "nccl")
     s.fail("comm", "nccl moves CUDA device memory; the CPU device's ranks use mpi");
   if (d.type == DeviceType::cuda && (d.async || d.jitter_seed))

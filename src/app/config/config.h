@@ -173,6 +173,9 @@ struct DeviceConfig {
   std::uint64_t jitter_seed = 0;         // CPU device: seeded delays before every stream/worker job; 0 = off
   int jitter_us = 200;                   // the longest such delay, microseconds
   Kernels kernels = Kernels::reference;  // reference (fp32 oracle kernels) | fast (storage in the run's precision)
+  // auto|cudnn|wmma|reference: the CUDA kernels' attention (resolve_attention in zinf/types.h says what
+  // auto means); cudnn and wmma belong to the fast kernels, reference to the reference kernels.
+  Attention attention = Attention::automatic;
   std::string comm = "auto";  // data-parallel transport: auto (nccl on CUDA, mpi on the CPU device) | mpi | nccl
 };
 

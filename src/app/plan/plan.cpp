@@ -11,6 +11,7 @@
 #include "app/config/engine_config.h"
 #include "io/data.h"
 #include "model/lm.h"
+#include "zinf/backends/backend.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
@@ -62,6 +63,9 @@ std::vector<std::uint64_t> estimate_ops_scratch(const Config& c, const ModelShap
   s.heads = static_cast<std::uint64_t>(shape.n_head);
   s.width = static_cast<std::uint64_t>(shape.d_model);
   s.fast = c.device.kernels == Kernels::fast;
+  s.kv_heads = static_cast<std::uint64_t>(shape.kv_heads());
+  s.cudnn = s.fast && c.precision() != Precision::fp32 &&
+            resolve_attention(c.device.attention, c.device.kernels, backends::cudnn_built()) == Attention::cudnn;
   return ops_scratch_blocks(s);
 }
 

@@ -221,7 +221,7 @@ std::unique_ptr<Device> make_device(const Config& c, const backends::Backend& be
 // *profile.
 std::unique_ptr<OpsBackend> make_ops(const Config& c, const backends::Backend& be, Device& dev, int threads,
                                      std::shared_ptr<OpProfile>* profile, const ModelShape& shape) {
-  std::unique_ptr<OpsBackend> ops = be.make_ops(dev, c.precision(), threads, c.device.kernels);
+  std::unique_ptr<OpsBackend> ops = be.make_ops(dev, c.precision(), threads, c.device.kernels, c.device.attention);
   return profile ? make_profile_ops(dev, shape, std::move(ops), profile) : std::move(ops);
 }
 

@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh correctness   does the CUDA path compute what the CPU computes?
 #   scripts/gpu-check.sh speed         how fast is it, beside PyTorch, and where does the step go?
 #
-# Each stage has a budget (ZINF_GPU_CHECK_SECONDS; correctness 420 s, speed 300 s by default) and
+# Each stage has a budget (ZINF_GPU_CHECK_SECONDS; correctness 450 s, speed 320 s by default) and
 # always ends inside it: its sections run one after another, each under its own cap (below; the cap
 # is cut to what is left of the budget), stopped with SIGTERM at the cap less a 5 s grace and with
 # SIGKILL at the cap, its whole process group with it. A section that no longer fits is "not run".
@@ -13,7 +13,7 @@
 # line, when `zinf info` lists no GPU; a skipped GPU test is a failure; a section that ran out of
 # time is TIMEOUT, not FAILED.
 #
-# correctness (420 s)                                                                      cap s
+# correctness (450 s)                                                                      cap s
 #   build      sm_90, only the targets the stage runs (--targets)                            180
 #   gpu        `zinf info --json` lists a GPU, or the stage stops here                         10
 #   tests      ctest -L gpu and the GPU cases of other binaries (--cases), fast-vs-twin op     80
@@ -28,9 +28,11 @@
 #              summed on the device, parameters on NVMe), bf16 and 8-bit states: one digest each
 #   fast       device.kernels fast against reference on the GPU (per-step losses within 2e-2)  20
 #              and against the CPU twin (within 5e-3)
+#   attention  cuDNN's attention against the wmma kernel and the CPU twin at the two check        40
+#              shapes, forward and backward, two runs bitwise equal
 #   memcheck   compute-sanitizer memcheck on the GPU test binaries at small shapes             30
 #   racecheck  compute-sanitizer racecheck on the same                                         30
-# speed (300 s)
+# speed (320 s)
 #   build      as above (nothing to do when the correctness stage's build is still there)      90
 #   gpu        as above                                                                        10
 #   pcie       zinf bench pcie (256 MiB, 3 repetitions)                                        10
@@ -42,6 +44,7 @@
 #              timeline (trace.json) and its picture (trace.svg)
 #   offload    the speculative Update and the activation checkpoints in host memory, each      20
 #              against the run without (zinf bench step): overlap ratios, one digest
+#   attention-speed  attention forward+backward: cuDNN, wmma, PyTorch's SDPA at the check shapes   30
 # The caps of the first GPU run are generous estimates; docs/gpu.md says where each comes from and
 # is where measured times replace them.
 #
@@ -404,13 +407,17 @@ fi
 # ---- the stage -------------------------------------------------------------------------------------
 stage="${1:-}"
 case "$stage" in
-  correctness) plan="build:180 gpu:10 tests:100 repeat:40 digests:45 states:40 fast:20 attention:60 memcheck:50 racecheck:50"
-               default_budget=540 ;;
-  speed) plan="build:90 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:30 offload:20 attention-speed:40"
-         default_budget=340 ;;
+  correctness) plan="build:180 gpu:10 tests:80 repeat:40 digests:45 states:40 fast:20 attention:40 memcheck:30 racecheck:30"
+               default_budget=450 ;;
+  speed) plan="build:90 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:30 offload:20 attention-speed:30"
+         default_budget=320 ;;
   *) echo "usage: scripts/gpu-check.sh correctness|speed   (or --targets, --cases; see the header)" >&2; exit 2 ;;
 esac
 budget="${ZINF_GPU_CHECK_SECONDS:-$default_budget}"
+# On the CPU executor every section runs at small shapes but far slower than on a GPU: its caps are
+# the GPU's times ZINF_GPU_CHECK_CAP_SCALE (default 2 there, 1 on a GPU; the budget is the caller's).
+cap_scale="${ZINF_GPU_CHECK_CAP_SCALE:-$([ "$executor" = 1 ] && echo 2 || echo 1)}"
+case "$cap_scale" in [1-9]|[1-9][0-9]) ;; *) echo "gpu-check: ZINF_GPU_CHECK_CAP_SCALE must be an integer 1..99, got '$cap_scale'" >&2; exit 2 ;; esac
 grace=5    # SIGTERM this long before a section's cap, SIGKILL at the cap
 reserve=3  # kept for the last results file
 out_dir="${OUT:-$root/gpu-check-out/$stage}"
@@ -597,7 +604,7 @@ log "== setup: $((SECONDS - start)) s"
 
 for item in $plan; do
   name="${item%%:*}"
-  section "$name" "${item##*:}"
+  section "$name" "$((${item##*:} * cap_scale))"
   rc=$?
   if [ "$name" = build ] && [ "$rc" != 0 ] && [[ "$parts" == *" build "* ]]; then
     stopped="the build failed: nothing to run (raw/build.log)"

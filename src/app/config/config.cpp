@@ -371,6 +371,8 @@ void read_model(Section s, ModelConfig& m) {
       ModelShape want = base, got = h;
       want.seq_len = got.seq_len = 0;
       want.max_positions = got.max_positions = 0;
+      want.hf = got.hf = {};
+      want.sliding_window = got.sliding_window = 0;
       if (!(want == got))
         s.fail("preset", "'" + preset + "' does not match " + m.init_from + "/config.json (" +
                              std::to_string(h.n_layer) + " layers, hidden_size " + std::to_string(h.d_model) +
@@ -410,6 +412,8 @@ void read_model(Section s, ModelConfig& m) {
     m.rope_high_freq_factor = rs.get_num("high_freq_factor", base.rope_high_freq_factor, 1e-6, 1e6);
     m.rope_original_max = rs.get_num("original_max_position_embeddings", base.rope_original_max, 1, 1e9);
     rs.finish();
+    m.rope = base.rope;
+    m.rope.type = m.rope_factor != 1 ? "llama3" : "default";
     if (m.rope_factor != 1 && m.rope_high_freq_factor <= m.rope_low_freq_factor)
       s.fail("rope_scaling", "high_freq_factor must exceed low_freq_factor");
     if (m.n_head % m.n_kv_head != 0)
@@ -1125,6 +1129,7 @@ void set_model_shape(ModelConfig& m, const ModelShape& s) {
   m.rope_low_freq_factor = s.rope_low_freq_factor;
   m.rope_high_freq_factor = s.rope_high_freq_factor, m.rope_original_max = s.rope_original_max,
   m.max_positions = s.max_positions;
+  m.rope = s.rope, m.sliding_window = s.sliding_window, m.hf = s.hf;
 }
 
 // The shape a run config's `model` section describes.
@@ -1137,6 +1142,7 @@ ModelShape model_shape(const ModelConfig& m) {
     s.rope_low_freq_factor = m.rope_low_freq_factor, s.rope_high_freq_factor = m.rope_high_freq_factor;
     s.rope_original_max = m.rope_original_max;
     s.max_positions = m.max_positions;
+    s.rope = m.rope, s.sliding_window = m.sliding_window, s.hf = m.hf;
   }
   return s;
 }

@@ -72,7 +72,10 @@ json rope_json(const ModelShape& s) {
   r["factor"] = s.rope_factor;
   if (t == "llama3")
     r.update({{"low_freq_factor", s.rope_low_freq_factor}, {"high_freq_factor", s.rope_high_freq_factor}});
-  if (t == "llama3" || t == "yarn" || t == "longrope") r["original_max_position_embeddings"] = s.rope_original_max;
+  if (t == "llama3" || t == "yarn" || t == "longrope")  // a whole number, as transformers writes it
+    r["original_max_position_embeddings"] = s.rope_original_max == std::floor(s.rope_original_max)
+                                                ? json(static_cast<std::int64_t>(s.rope_original_max))
+                                                : json(s.rope_original_max);
   if ((t == "yarn" || t == "longrope") && s.rope.attention_factor > 0) r["attention_factor"] = s.rope.attention_factor;
   if (t == "yarn") {
     r.update({{"beta_fast", s.rope.beta_fast}, {"beta_slow", s.rope.beta_slow}, {"truncate", s.rope.truncate}});

@@ -120,6 +120,17 @@ TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
                           (t / "ck/step-00000002") + " -o " + (t / "out") + " > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   ASSERT_TRUE(fs::exists(t / "out/model.safetensors.index.json"));
+  // `zinf eval --checkpoint` takes the model from the checkpoint, as export does: a config without
+  // model.init_from evaluates it, and gets the loss the run ended with.
+  std::ofstream(t / "eval.json") << R"({"train": {"eval_batches": 2},
+      "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1}, "train_micro_batch_size_per_gpu": 2})";
+  const std::string eval = std::string(ZINF_BIN) + " eval --json --config " + (t / "eval.json") + " --checkpoint " +
+                           (t / "ck/step-00000002") + " > " + (t / "eval.out") + " 2>&1";
+  ASSERT_EQ(std::system(eval.c_str()), 0) << slurp(t / "eval.out");
+  const std::string eval_out = slurp(t / "eval.out");
+  const auto brace = eval_out.find("{\n");
+  ASSERT_NE(brace, std::string::npos) << eval_out;
+  EXPECT_EQ(nlohmann::json::parse(eval_out.substr(brace))["val_loss"].get<double>(), r.val_loss) << eval_out;
   HfModelReader back(t / "out");
   const ModelShape bs = hf_shape(t / "out", 16);
   back.check(bs);

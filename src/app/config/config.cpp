@@ -354,6 +354,11 @@ void read_model(Section s, ModelConfig& m) {
   m.seq_len = static_cast<int>(s.get_int("seq_len", base.seq_len, 1, shape_limits::positions));
   m.activation_checkpointing = s.get_bool("activation_checkpointing", false);
   m.init_from = s.get_str("init_from", "");
+  m.seq_len_given = s.present("seq_len");
+  m.shape_given = !m.init_from.empty();
+  for (const char* k : {"preset", "family", "n_layer", "n_head", "d_model", "vocab_size", "n_kv_head", "d_ff",
+                        "tie_embeddings", "qkv_bias", "rope_theta", "norm_eps", "rope_scaling"})
+    m.shape_given = m.shape_given || s.present(k);
   if (!m.init_from.empty() && !is_hf_folder(m.init_from)) {  // refused now, not after the data is loaded
     std::error_code ec;
     if (std::filesystem::is_directory(m.init_from, ec))

@@ -140,6 +140,10 @@ struct ModelConfig {
   RopeParams rope{};
   int sliding_window = 0;
   HfOrigin hf{};
+  // Whether the config names the model (preset, init_from or any shape key other than seq_len),
+  // and whether it names seq_len: `zinf eval --checkpoint` takes the shape from the checkpoint when
+  // it does not.
+  bool shape_given = false, seq_len_given = false;
 };
 
 // The shape a run config's `model` section describes (the one way to get it from a config).

@@ -145,6 +145,47 @@ TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
   }
 }
 
+// A folder's model type, window and rotary settings live in the checkpoint's manifest, so an export
+// of a run started from a Mistral folder is a Mistral folder again, in the source's config format.
+TEST(HfFolders, ACheckpointOfAFolderExportsItsModelTypeWindowAndRotaryFormat) {
+  for (const bool legacy : {false, true}) {
+    SCOPED_TRACE(legacy ? "rope_theta and rope_scaling" : "rope_parameters");
+    TempDir t("hf-test");
+    const ModelShape s = tiny(false, false);
+    write_hf_folder(t / "m", s, random_units(s, StDtype::f32, 7, 0.05f), StDtype::f32);
+    nlohmann::json c = nlohmann::json::parse(slurp(t / "m/config.json"));
+    const nlohmann::json yarn = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16},
+                                 {"beta_fast", 8.0}, {"beta_slow", 1.0}, {"truncate", false}};
+    c.erase("rope_parameters"), c.erase("rope_scaling"), c.erase("rope_theta"), c.erase("attention_bias");
+    c.erase("mlp_bias");
+    c["model_type"] = "mistral", c["architectures"] = {"MistralForCausalLM"}, c["sliding_window"] = 48;
+    if (legacy) {
+      c["rope_theta"] = 500.0, c["rope_scaling"] = yarn;
+    } else {
+      c["rope_parameters"] = yarn;
+      c["rope_parameters"]["rope_theta"] = 500.0;
+    }
+    std::ofstream(t / "m/config.json") << c.dump();
+    const std::string cfg = R"({"model": {"init_from": ")" + (t / "m") + R"(", "seq_len": 16},
+        "train": {"steps": 1, "eval_batches": 1, "checkpoint_dir": ")" + (t / "ck") + R"("},
+        "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1}, "train_micro_batch_size_per_gpu": 2})";
+    train(parse_config(cfg), TrainHooks{});
+    const std::string cmd = std::string(ZINF_BIN) + " export --format hf --checkpoint " + (t / "ck/step-00000001") +
+                            " -o " + (t / "out") + " > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    const nlohmann::json e = nlohmann::json::parse(slurp(t / "out/config.json"));
+    EXPECT_EQ(e["architectures"], nlohmann::json({"MistralForCausalLM"})) << e.dump();
+    EXPECT_EQ(e["model_type"], "mistral");
+    EXPECT_EQ(e["sliding_window"], 48);
+    EXPECT_EQ(e.contains("rope_parameters"), !legacy) << e.dump();
+    EXPECT_EQ(e.contains("rope_scaling"), legacy) << e.dump();
+    const nlohmann::json& r = legacy ? e["rope_scaling"] : e["rope_parameters"];
+    for (const auto& [k, v] : yarn.items()) EXPECT_EQ(r[k], v) << k << ": " << r.dump();
+    EXPECT_EQ(legacy ? e["rope_theta"] : r["rope_theta"], 500.0);
+    EXPECT_EQ(hf_shape(t / "out", 16), hf_shape(t / "m", 16));
+  }
+}
+
 TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
   TempDir t("hf-test");
   const ModelShape s = tiny(true, false);

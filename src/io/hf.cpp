@@ -359,6 +359,14 @@ void read_sliding_window(const json& c, const std::string& src, const std::strin
     return ConfigError(src + ": " + key + ": " + why);
   };
   if (type == "llama") return;  // LlamaConfig has no window
+  // A window: a positive integer; one past an int is longer than any sequence zinf runs and is held
+  // as the largest int.
+  auto window_of = [&]() {
+    const json& w = c["sliding_window"];
+    if (w.is_number_unsigned() && w.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
+      return std::numeric_limits<int>::max();
+    return positive_int(c, src, "sliding_window", std::numeric_limits<int>::max());
+  };
   bool sliding = false;
   if (type == "mistral") {
     sliding = !c.contains("sliding_window") || !c["sliding_window"].is_null();
@@ -387,11 +395,10 @@ void read_sliding_window(const json& c, const std::string& src, const std::strin
       sliding = use && first < s.n_layer;
     }
     s.hf.max_window_layers = use ? first : -1;
-    if (use) s.hf.window = positive_int(c, src, "sliding_window", std::numeric_limits<int>::max());
+    if (use) s.hf.window = window_of();
   }
   if (!sliding) return;
-  const int window = present(c, "sliding_window") ? positive_int(c, src, "sliding_window", std::numeric_limits<int>::max())
-                                                  : 4096;
+  const int window = present(c, "sliding_window") ? window_of() : 4096;
   s.sliding_window = window;
   if (window < s.seq_len)
     throw fail("sliding_window", std::to_string(window) + " is shorter than model.seq_len " +

@@ -238,6 +238,66 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
   }
 }
 
+// transformers 5's rope_parameters and transformers 4's rope_theta / rope_scaling give one shape;
+// where a file holds both they must agree, and what zinf does not compute is refused by name.
+TEST(HfFolders, RotarySettingsReadAlikeInBothFormats) {
+  const nlohmann::json base = {{"model_type", "llama"},    {"hidden_size", 64},        {"intermediate_size", 96},
+                               {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"num_hidden_layers", 2},
+                               {"vocab_size", 256},        {"max_position_embeddings", 128}};
+  auto shape = [](const nlohmann::json& c) { return hf_shape_from_json(c.dump(), "/m/config.json", 64); };
+  auto refusal = [&](const nlohmann::json& c) {
+    try {
+      shape(c);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const nlohmann::json yarn = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32}};
+  nlohmann::json v5 = base, v4 = base, both = base;
+  v5["rope_parameters"] = yarn, v5["rope_parameters"]["rope_theta"] = 500000.0;
+  v4["rope_theta"] = 500000.0, v4["rope_scaling"] = yarn;
+  both["rope_parameters"] = v5["rope_parameters"], both["rope_theta"] = 500000.0, both["rope_scaling"] = yarn;
+  ModelShape a = shape(v5), b = shape(v4), c = shape(both);
+  EXPECT_EQ(a.rope.type, "yarn");
+  EXPECT_EQ(a.rope_theta, 500000.0);
+  EXPECT_EQ(a.rope_factor, 4.0);
+  EXPECT_EQ(a.rope_original_max, 32.0);
+  EXPECT_FALSE(a.hf.legacy_rope);
+  EXPECT_TRUE(b.hf.legacy_rope);
+  b.hf.legacy_rope = false;
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, c);
+  // Without any rotary key: theta 10000, no scaling. {"rope_type": "default"} is no scaling, too.
+  EXPECT_EQ(shape(base).rope_theta, 10000.0);
+  nlohmann::json d = base;
+  d["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_EQ(shape(d).rope.type, "default");
+  EXPECT_EQ(shape(d).rope_factor, 1.0);
+  // The type under its older name, "type".
+  d["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  EXPECT_EQ(shape(d).rope.type, "linear");
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> refused = {
+      {[](nlohmann::json& j) { j["rope_theta"] = 10000.0; }, "rope_theta: 10000.0 disagrees with rope_parameters"},
+      {[](nlohmann::json& j) { j["rope_scaling"] = {{"factor", 8.0}}; },
+       "rope_scaling.factor: 8.0 disagrees with rope_parameters.factor 4.0"},
+      {[](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "su"; }, "rope_parameters.rope_type: 'su' is not"},
+      {[](nlohmann::json& j) { j["rope_parameters"]["mrope_section"] = {1, 2}; },
+       "rope_parameters.mrope_section: is not a rotary setting zinf computes"},
+      {[](nlohmann::json& j) { j["partial_rotary_factor"] = 0.5; }, "partial_rotary_factor: 0.5 is not supported"},
+      {[](nlohmann::json& j) { j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}}}; },
+       "rope_parameters.full_attention: rotary settings per layer type are not supported"},
+      {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "linear"}}; }, "rope_parameters.factor: missing"},
+      {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "longrope"}, {"short_factor", {1.0}}}; },
+       "rope_parameters.short_factor: expected a list of 8 numbers"},
+  };
+  for (const auto& [patch, why] : refused) {
+    nlohmann::json j = v5;
+    patch(j);
+    EXPECT_NE(refusal(j).find(why), std::string::npos) << j.dump() << ": " << refusal(j);
+  }
+}
+
 // Every numeric field of config.json, mutated: out of range, the wrong type, or contradicting
 // another field — each one ConfigError naming the file and the key, before anything is sized.
 TEST(HfFolders, EveryNumericFieldOfConfigJsonIsCheckedBeforeUse) {

@@ -87,6 +87,8 @@ struct Case {
   const char* format;  // v5: rope_parameters; v4: rope_theta and rope_scaling at the top
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.family << " " << c.rope << " " << c.format; }
+
 class TransformersParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TransformersParity, LossesGreedyIdsAndExportMatchTransformers) {

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "app/config/config.h"
 #include "app/config/device_choice.h"
@@ -145,18 +146,22 @@ struct EvalArgs {
 // `zinf generate` take it. A checkpoint that cannot be read is left for the evaluation to report.
 void adopt_checkpoint_shape(Config& c, const std::string& which) {
   if (which.empty() || c.model.shape_given) return;
-  std::string path = which;
+  std::vector<std::string> paths = {which};  // `latest`: the newest whose manifest reads
   if (which == "latest") {
-    const auto all = list_checkpoints(c.train.checkpoint_dir);
-    if (c.train.checkpoint_dir.empty() || all.empty()) return;
-    path = all.front().second;
+    if (c.train.checkpoint_dir.empty()) return;
+    paths.clear();
+    for (const auto& [step, path] : list_checkpoints(c.train.checkpoint_dir)) paths.push_back(path);
   }
-  ModelShape s;
-  try {
-    s = checkpoint_shape(path);
-  } catch (const Error&) {
-    return;
+  std::optional<ModelShape> found;
+  for (const auto& path : paths) {
+    try {
+      found = checkpoint_shape(path);
+      break;
+    } catch (const Error&) {
+    }
   }
+  if (!found) return;
+  const ModelShape s = *found;
   if (c.model.seq_len_given && c.model.seq_len != s.seq_len) return;
   set_model_shape(c.model, s);
   c.model.preset = "";

@@ -264,6 +264,10 @@ void read_rope(const json& c, const std::string& src, ModelShape& s) {
     }
   if (!v5) where = "rope_scaling";
   if (present(c, "rope_theta")) {
+    const json& th = c["rope_theta"];  // a bad number is named as such before any comparison
+    if (!th.is_number()) throw fail("rope_theta", "expected a number, got " + th.dump());
+    if (!std::isfinite(th.get<double>()) || th.get<double>() <= 0)
+      throw fail("rope_theta", "expected a positive number, got " + th.dump());
     if (present(p, "rope_theta") && p["rope_theta"] != c["rope_theta"])
       throw fail("rope_theta", c["rope_theta"].dump() + " disagrees with rope_parameters.rope_theta " +
                                    p["rope_theta"].dump() + "; remove one of the two");

@@ -228,7 +228,7 @@ TEST(Cli, TrainPrintsConfigProgressAndTheFinalLine) {
   const auto fin = r.out.find("final step=4 loss=");
   ASSERT_NE(fin, std::string::npos) << r.out;
   EXPECT_NE(r.out.find("params_digest=", fin), std::string::npos);
-  EXPECT_EQ(lines(slurp(metrics)), 5u);  // 4 steps + the final validation line
+  EXPECT_EQ(lines(slurp(metrics)), 6u);  // the validation before the first step, 4 steps, the final validation
   std::filesystem::remove(metrics);
   // The same run twice gives the same digest; --json gives the summary on stdout.
   Result a = run("train --json --config " + kConfigs + "/tiny.json --set train.steps=2" + small);

@@ -135,6 +135,15 @@ struct ModelConfig {
   double rope_theta = 10000, norm_eps = 1e-5;
   double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4, rope_original_max = 8192;
   int max_positions = 0;  // llama: max_position_embeddings (0 = seq_len)
+  // llama: the rotary scaling type and its parameters, the attention window and where the model
+  // came from (model/shape.h); set from a Hugging Face folder, or "llama3" with model.rope_scaling.
+  RopeParams rope{};
+  int sliding_window = 0;
+  HfOrigin hf{};
+  // Whether the config names the model (preset, init_from or any shape key other than seq_len),
+  // and whether it names seq_len: `zinf eval --checkpoint` takes the shape from the checkpoint when
+  // it does not.
+  bool shape_given = false, seq_len_given = false;
 };
 
 // The shape a run config's `model` section describes (the one way to get it from a config).

@@ -58,6 +58,13 @@
 namespace zinf {
 namespace {
 
+// A loss as the log prints it: rounded to four decimals (4.603172 is 4.6032).
+std::string four_decimals(double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.4f", x);
+  return b;
+}
+
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -853,7 +860,7 @@ bool after_step(Run& run, std::int64_t step, const StepReport& r, TrainResult& r
     res.val_loss = run.evaluate();
     run.metrics.validation(step, res.val_loss);
     run.monitor.validation(step, res.val_loss);
-    run.log("step " + std::to_string(step) + ": val_loss " + std::to_string(res.val_loss).substr(0, 6));
+    run.log("step " + std::to_string(step) + ": val_loss " + four_decimals(res.val_loss));
   }
   if (!c.train.checkpoint_dir.empty() &&
       ((c.train.checkpoint_interval > 0 && step % c.train.checkpoint_interval == 0) || step == c.train.steps || stop))
@@ -914,7 +921,8 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   res.resumed_from = run.resume(plan.load);
   const std::int64_t first_step = res.resumed_from + 1;
   res.first_val_loss = res.val_loss = run.evaluate();
-  run.log("step " + std::to_string(first_step - 1) + ": val_loss " + std::to_string(res.first_val_loss).substr(0, 6));
+  run.log("step " + std::to_string(first_step - 1) + ": val_loss " + four_decimals(res.first_val_loss));
+  run.metrics.validation(first_step - 1, res.first_val_loss);  // as the event file and the log have it
   run.monitor.validation(first_step - 1, res.first_val_loss);
   if (run.stop_asked()) {  // stopped during the first evaluation: nothing was trained, nothing to save
     res.interrupted = true;

@@ -127,15 +127,10 @@ struct EngineState {
   // Every buffer the engine allocates, and the layout they come from (buffer_specs.h): the stages
   // allocate what these say, and `zinf plan` sums the same list.
   const BufferSpecs buffers;
-  const bool mixed;                 // fp16/bf16: the compute copy is 16-bit
-  const bool fp32_work;             // 16-bit runs under the reference kernels: fp32 working weights beside it
-  const std::size_t compute_bytes;  // bytes per element of the compute copy
-  const cpu_adam::HalfType half;
-  const bool optimizer_offloaded, param_offloaded;
-  const int world, rank;
-  // With more than one rank, by the ZeRO stage: which states this rank keeps only its shard of.
-  const bool shard_states, shard_grads, shard_params;
-  const std::size_t bucket, sub_group;  // effective sizes, elements
+  // The placement, decided once from config.plan (buffer_specs.h): every stage reads its settings
+  // here (mixed, fp32_work, the tiers, world and rank, what is sharded, the effective sizes).
+  const Layout& layout;
+  const cpu_adam::HalfType half;  // the 16-bit type of the compute copy (mixed runs)
   // Communicators (null with one rank), one per thread that runs collectives, made in this order on
   // every rank: the trainer's thread (norm parts, checkpoints), the Reduce worker, the Update worker,
   // and the trainer's Fetch; the `d` ones for device memory (all issued by the trainer's thread when
@@ -169,21 +164,10 @@ struct EngineState {
   EngineState(const EngineConfig& cfg, Device& d)
       : config(cfg),
         dev(d),
-        buffers(Engine::plan_input(cfg)),
-        mixed(buffers.layout().mixed),
-        fp32_work(buffers.layout().fp32_work),
-        compute_bytes(buffers.layout().compute_bytes),
-        half(cfg.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
-        optimizer_offloaded(buffers.layout().optimizer_offloaded),
-        param_offloaded(buffers.layout().param_offloaded),
-        world(buffers.layout().world),
-        rank(buffers.layout().rank),
-        shard_states(buffers.layout().shard_states),
-        shard_grads(buffers.layout().shard_grads),
-        shard_params(buffers.layout().shard_params),
-        bucket(buffers.layout().bucket),
-        sub_group(buffers.layout().sub_group),
-        ordered_collectives(world > 1 && cfg.device_comm && cfg.device_comm->stream_ordered()),
+        buffers(cfg.plan),
+        layout(buffers.layout()),
+        half(cfg.plan.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
+        ordered_collectives(layout.parallel && cfg.device_comm && cfg.device_comm->stream_ordered()),
         threads(cfg.host_threads, cfg.pin_threads) {
     disks.trace_to(cfg.trace);
     for (nvme::StoreOptions* o : {&config.optimizer_store, &config.param_store})
@@ -195,8 +179,8 @@ struct EngineState {
     config.param_store.write_span = "param write";
   }
 
-  bool exact() const { return config.overlap == Overlap::exact; }
-  bool parallel() const { return world > 1; }
+  bool exact() const { return layout.exact; }
+  bool parallel() const { return layout.parallel; }
 
   // The spec of `what` for unit `u` (kShared: a shared buffer); null when the engine has none.
   const BufferSpec* find(Buffer what, std::size_t u = kShared) const { return buffers.find(what, u); }
@@ -252,7 +236,7 @@ struct EngineState {
   }
   // The compute copy (compute_bytes per element) of an fp32 range, on the host.
   void to_compute(const float* s, void* d, std::size_t n) {
-    if (mixed)
+    if (layout.mixed)
       to_half(s, d, n);
     else
       std::memcpy(d, s, n * 4);

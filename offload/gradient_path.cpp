@@ -66,15 +66,15 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
       BusyScope busy(state_.dev, r, {"Reduce", static_cast<std::int64_t>(u.index)});
       reduce_scatter_ordered(c, state_.dev, *state_.kern, r, g, counts, device_recv_.as<float>(), &state_.order);
     }
-    if (!state_.shard_grads) state_.order.run(c, state_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
+    if (!state_.layout.shard_grads) state_.order.run(c, state_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
     return;
   }
   // Host memory: the same reduction with the sum spread over the host threads.
-  const std::size_t mine = counts[static_cast<std::size_t>(state_.rank)];
+  const std::size_t mine = counts[static_cast<std::size_t>(state_.layout.rank)];
   const std::vector<std::size_t> recv_counts(counts.size(), mine);
   const std::size_t first =
-      std::max(o, u.bounds[static_cast<std::size_t>(state_.rank)]) - o;  // my part within the bucket
-  const auto W = static_cast<std::size_t>(state_.world);
+      std::max(o, u.bounds[static_cast<std::size_t>(state_.layout.rank)]) - o;  // my part within the bucket
+  const auto W = static_cast<std::size_t>(state_.layout.world);
   Comm& c = *state_.reduce_comm;
   float* recv = reinterpret_cast<float*>(host_recv_.get());
   c.alltoallv(g, counts, recv, recv_counts, 4);
@@ -88,14 +88,14 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
       }
     });
   }
-  if (!state_.shard_grads) c.allgatherv(g, counts, 4);
+  if (!state_.layout.shard_grads) c.allgatherv(g, counts, 4);
 }
 
 void GradientPath::begin_micro_batch(std::int64_t micro) {
   micro_ = micro;
   std::fill(zeroed_.begin(), zeroed_.end(), false);
   if (micro == 0) ++step_;  // sums the worker made for an earlier step no longer count
-  if (micro + 1 == state_.config.grad_accum) {  // every Reduce of the previous step is done (the barrier)
+  if (micro + 1 == state_.layout.grad_accum) {  // every Reduce of the previous step is done (the barrier)
     std::lock_guard<std::mutex> lk(state_.mu);
     for (auto& u : state_.units) u.reduced = false;
   }
@@ -153,7 +153,7 @@ void GradientPath::grads_done(std::size_t u) {
   // The optimizer on the device with a stream-ordered transport: the Reduce's collectives are
   // issued here, on the trainer's thread, in its order (zinf/offload/collectives.h); the worker then
   // only waits for the stream and frees the buffer.
-  const bool issue_here = state_.ordered_collectives && !state_.optimizer_offloaded;
+  const bool issue_here = state_.ordered_collectives && !state_.layout.optimizer_offloaded;
   if (issue_here) {
     state_.dev.wait_event(StreamRole::d2h, std::move(complete));
     try {
@@ -176,15 +176,15 @@ void GradientPath::grads_done(std::size_t u) {
       } else if (device_accum()) {  // summed on the device; the sum leaves it after the last micro batch
         state_.dev.wait_event(StreamRole::d2h, std::move(complete));
         enqueue_on_device(state_.units[u], g, mb);
-        if (mb + 1 == state_.config.grad_accum) grad_out_sum(state_.units[u]);
+        if (mb + 1 == state_.layout.grad_accum) grad_out_sum(state_.units[u]);
         state_.dev.synchronize(StreamRole::d2h);  // d2h has read the gradient: release() may hand it back
       } else {
         state_.dev.wait_event(StreamRole::d2h, std::move(complete));
         grad_out_and_reduce(u, g, mb);
       }
     }  // the device gradient (and its slot) is free again: the backward may go on while the host sums
-    if (mb + 1 == state_.config.grad_accum) {
-      if (state_.optimizer_offloaded && !state_.buffers.layout().speculative) {  // the norm's part, off the barrier
+    if (mb + 1 == state_.layout.grad_accum) {
+      if (state_.layout.optimizer_offloaded && !state_.layout.speculative) {  // the norm's part, off the barrier
         const auto t0 = Clock::now();
         auto [grad, type] = update_input(state_.units[u]);
         sums_[u] = cpu_adam::sum_squares_parts(state_.threads, grad, type, state_.units[u].grad_range.len());
@@ -229,14 +229,14 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
   }
   {
     BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
-    if (state_.mixed) {
+    if (state_.layout.mixed) {
       state_.kern->to_half(grad, g16, u.n, state_.half, r);
       if (fp32_sum()) state_.kern->from_half(g16, grad, u.n, state_.half, r);
     }
   }
   if (state_.parallel())
-    for (std::size_t o = 0; o < u.n; o += state_.bucket)
-      reduce_bucket(u, o, std::min(state_.bucket, u.n - o), grad + o, true);
+    for (std::size_t o = 0; o < u.n; o += state_.layout.bucket)
+      reduce_bucket(u, o, std::min(state_.layout.bucket, u.n - o), grad + o, true);
   // A small unit's shard may be empty on this rank (ZeRO stage ≥ 2): nothing of it to keep.
   if (fp32_sum() && u.grad_range.len()) {
     BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
@@ -251,15 +251,15 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
 void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t mb) {
   Unit& u = state_.units[ui];
   const StreamRole r = StreamRole::d2h;
-  if (!state_.optimizer_offloaded) {
+  if (!state_.layout.optimizer_offloaded) {
     enqueue_on_device(u, grad, mb);
     state_.dev.synchronize(r);
     return;
   }
   // The one device staging buffer (16-bit runs) is reused in d2h stream order.
-  const std::size_t cb = state_.compute_bytes;
+  const std::size_t cb = state_.layout.compute_bytes;
   auto grad_out = [&](std::size_t o, std::size_t len, PinnedBuffer& land) {  // 16 bits in mixed runs
-    if (state_.mixed) {  // rounded into the staging buffer (d2h writes, d2h reads: stream order)
+    if (state_.layout.mixed) {  // rounded into the staging buffer (d2h writes, d2h reads: stream order)
       state_.kern->to_half(grad + o, gradout_stage_.as<void>(), len, state_.half, r);
       state_.dev.copy_to_host(land.data(), gradout_stage_.as<void>(), len * cb, r);
     } else {  // fp32: straight from the gradient buffer, no device copy first
@@ -274,17 +274,17 @@ void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t
     } else if (!state_.parallel()) {  // one rank: straight into the fp32 sum (the whole unit is kept)
       float* acc = reinterpret_cast<float*>(u.host_grad.get()) + (o - u.grad_range.lo);
       const auto* h = static_cast<const std::uint16_t*>(land.data());
-      if (mb == 0 && state_.mixed)
+      if (mb == 0 && state_.layout.mixed)
         state_.from_half(h, acc, len);
       else if (mb == 0)
         std::memcpy(acc, land.data(), len * 4);
-      else if (state_.mixed)
+      else if (state_.layout.mixed)
         cpu_adam::accumulate_half(state_.threads, h, acc, len, state_.half);
       else
         state_.add_into(acc, static_cast<const float*>(land.data()), len);
     } else {
       float* g = reinterpret_cast<float*>(reduce_scratch_.get());
-      if (state_.mixed)
+      if (state_.layout.mixed)
         state_.from_half(land.data(), g, len);
       else
         std::memcpy(g, land.data(), len * 4);
@@ -317,8 +317,8 @@ void GradientPath::grad_out_sum(Unit& u) {
 
 void GradientPath::through_landing(const Unit& u, std::size_t n, const BucketFn& out, const BucketFn& in) {
   const StreamRole r = StreamRole::d2h;
-  const std::size_t L = landing_.size(), nb = (n + state_.bucket - 1) / state_.bucket;
-  auto range = [&](std::size_t kb) { return std::pair{kb * state_.bucket, std::min(state_.bucket, n - kb * state_.bucket)}; };
+  const std::size_t L = landing_.size(), nb = (n + state_.layout.bucket - 1) / state_.layout.bucket;
+  auto range = [&](std::size_t kb) { return std::pair{kb * state_.layout.bucket, std::min(state_.layout.bucket, n - kb * state_.layout.bucket)}; };
   std::vector<EventHandle> landed(L);
   std::size_t enqueued = 0;
   for (std::size_t kb = 0; kb < nb; ++kb) {
@@ -343,12 +343,12 @@ void GradientPath::through_landing(const Unit& u, std::size_t n, const BucketFn&
 std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) const {
   const cpu_adam::GradType g16 =
       state_.half == cpu_adam::HalfType::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
-  if (!state_.optimizer_offloaded) {
+  if (!state_.layout.optimizer_offloaded) {
     if (fp32_sum()) return {u.grad_sum.as<float>(), cpu_adam::GradType::fp32};
-    if (state_.mixed) return {u.grad16.as<void>(), g16};
+    if (state_.layout.mixed) return {u.grad16.as<void>(), g16};
     return {u.grad.as<float>(), cpu_adam::GradType::fp32};
   }
-  if (fp32_sum() || !state_.mixed) return {u.host_grad.get(), cpu_adam::GradType::fp32};
+  if (fp32_sum() || !state_.layout.mixed) return {u.host_grad.get(), cpu_adam::GradType::fp32};
   return {u.host_grad.get(), g16};
 }
 
@@ -359,7 +359,7 @@ std::vector<std::vector<double>> GradientPath::block_sums(
     auto [g, type] = update_input(u);
     in.push_back({g, type, u.grad_range.len()});
   }
-  if (!state_.optimizer_offloaded) {  // one wait for every unit; a rank's empty shards have no blocks
+  if (!state_.layout.optimizer_offloaded) {  // one wait for every unit; a rank's empty shards have no blocks
     std::vector<EngineKernels::NormInput> kept;
     for (const auto& x : in)
       if (x.n) kept.push_back(x);

@@ -63,8 +63,8 @@ class GradientPath {
   void release(std::size_t u);  // unit u's gradient buffer (and slot) free for the next micro batch
   void reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device);
   // The Update reads an fp32 sum of the micro batches' (and ranks') rounded gradients.
-  bool fp32_sum() const { return state_.config.grad_accum > 1 || state_.parallel(); }
-  bool device_accum() const { return state_.buffers.layout().device_accum; }
+  bool fp32_sum() const { return state_.layout.grad_accum > 1 || state_.parallel(); }
+  bool device_accum() const { return state_.layout.device_accum; }
   // device_accum: the step's fp32 sum of unit u leaves the device (bucket by bucket through the
   // landing buffers) into its host gradient.
   void grad_out_sum(Unit& u);
@@ -74,7 +74,7 @@ class GradientPath {
   // many buckets as there are landing buffers.
   using BucketFn = std::function<void(std::size_t o, std::size_t len, PinnedBuffer& landing)>;
   void through_landing(const Unit& u, std::size_t n, const BucketFn& out, const BucketFn& in);
-  std::size_t host_grad_bytes() const { return (fp32_sum() || !state_.mixed) ? 4 : 2; }
+  std::size_t host_grad_bytes() const { return (fp32_sum() || !state_.layout.mixed) ? 4 : 2; }
 
   struct GradSlot {
     DeviceBuffer grad, grad16;  // grad16: the optimizer on the device with partitioned gradients

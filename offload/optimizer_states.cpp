@@ -66,7 +66,7 @@ void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision,
   for (std::size_t ui = 0; ui < s.units.size(); ++ui) {
     Unit& u = s.units[ui];
     const auto [master, m, v] = bases(u);
-    const InPlace a{s.config.optimizer_states, u.state_range.len()};
+    const InPlace a{s.layout.states, u.state_range.len()};
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
       if (spec && spec->pass(ui, ci)) continue;
       const std::size_t o = u.chunks[ci];
@@ -126,14 +126,14 @@ class DeviceStates final : public OptimizerStates {
   // One of u's m, v: fp32 straight from or to the device; another format through a host copy of the
   // array, decoded or encoded there.
   void read_state(Unit& u, StateKind k, DeviceBuffer& a, float* dst) {
-    const InPlace f{state_.config.optimizer_states, u.state_range.len()};
+    const InPlace f{state_.layout.states, u.state_range.len()};
     if (f.f == StateFormat::fp32) return state_.d2h_sync(dst, a.as<void>(), f.n * 4);
     HostMem h = host_alloc(a.size());
     state_.d2h_sync(h.get(), a.as<void>(), a.size());
     f.decode(k, h.get(), dst);
   }
   void write_state(Unit& u, StateKind k, const float* src, DeviceBuffer& a) {
-    const InPlace f{state_.config.optimizer_states, u.state_range.len()};
+    const InPlace f{state_.layout.states, u.state_range.len()};
     if (f.f == StateFormat::fp32) return state_.h2d_sync(a.as<void>(), src, f.n * 4);
     HostMem h = host_alloc(a.size());
     f.encode(k, src, h.get());
@@ -177,7 +177,7 @@ class HostStates final : public OptimizerStates {
   // The same on every rank (the layout's flag), also where this rank keeps no states and its backup
   // has no slot: every rank then decides its steps alike (a clipped step is redone and lands with
   // its gathers on every rank; a skipped one lands nowhere). With no slot, speculate() updates nothing.
-  bool speculative() const override { return state_.buffers.layout().speculative; }
+  bool speculative() const override { return state_.layout.speculative; }
   // Slot k of the backup holds the old master | m | v | scales (SubGroupLayout) of spec_.touched[k].
   void speculate(const std::vector<SubGroupRef>& order, const Gate& gate, const cpu_adam::AdamStep& step,
                  const SubGroupFn& fn) override {
@@ -203,14 +203,14 @@ class HostStates final : public OptimizerStates {
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     const std::size_t n = u.state_range.len();
-    const InPlace a{state_.config.optimizer_states, n};
+    const InPlace a{state_.layout.states, n};
     std::memcpy(master + u.state_range.lo, u.host_master.get(), n * 4);
     if (m) a.decode(StateKind::m, u.host_m.get(), m + u.state_range.lo);
     if (v) a.decode(StateKind::v, u.host_v.get(), v + u.state_range.lo);
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
     const std::size_t n = u.state_range.len();
-    const InPlace a{state_.config.optimizer_states, n};
+    const InPlace a{state_.layout.states, n};
     std::memcpy(u.host_master.get(), master + u.state_range.lo, n * 4);
     a.encode(StateKind::m, m + u.state_range.lo, u.host_m.get());
     a.encode(StateKind::v, v + u.state_range.lo, u.host_v.get());
@@ -220,7 +220,7 @@ class HostStates final : public OptimizerStates {
   // Sub-group ci of unit ui where it lives (as walk_in_place hands it).
   StateSlice slice(std::size_t ui, std::size_t ci) {
     Unit& u = state_.units[ui];
-    const InPlace a{state_.config.optimizer_states, u.state_range.len()};
+    const InPlace a{state_.layout.states, u.state_range.len()};
     const std::size_t i = u.chunks[ci] - u.state_range.lo;
     void *m = u.host_m.get(), *v = u.host_v.get();
     return StateSlice{.master = reinterpret_cast<float*>(u.host_master.get()) + i,
@@ -232,7 +232,7 @@ class HostStates final : public OptimizerStates {
   // Copies sub-group ci of unit ui (at `s`) into backup slot k (`save`), or back from it.
   void backup(const StateSlice& s, std::size_t ui, std::size_t ci, std::size_t k, bool save) {
     const std::size_t len = state_.units[ui].chunk_len(ci);
-    const SubGroupLayout l(len, state_.config.optimizer_states);
+    const SubGroupLayout l(len, state_.layout.states);
     void* b = backup_.get() + k * backup_bytes_;
     const std::size_t elems = cpu_adam::state_elem_bytes(l.format) * len,
                       scales = 4 * cpu_adam::state_scales(l.format, len);
@@ -341,7 +341,7 @@ class NvmeStates final : public OptimizerStates {
   // Speculation: each sub-group's tensor holds two slots; current_ says which one is its state.
   // The speculative Update reads the current slot and writes the other; commit switches, rollback
   // moves nothing.
-  bool speculative() const override { return state_.buffers.layout().speculative; }
+  bool speculative() const override { return state_.layout.speculative; }
   void speculate(const std::vector<SubGroupRef>& order, const Gate& gate, const cpu_adam::AdamStep& step,
                  const SubGroupFn& fn) override {
     std::vector<nvme::SwapItem> items;
@@ -397,12 +397,12 @@ class NvmeStates final : public OptimizerStates {
   // fn(ci, o, layout, buf) for each of u's sub-groups in order, with one pageable staging buffer.
   template <class F>
   void for_each_subgroup(Unit& u, F fn) {
-    const std::size_t cap = layout(std::max<std::size_t>(1, std::min(state_.sub_group, u.state_range.len()))).bytes();
+    const std::size_t cap = layout(std::max<std::size_t>(1, std::min(state_.layout.sub_group, u.state_range.len()))).bytes();
     PinnedPool pool(round_up(cap, PinnedPool::kAlign), /*lock=*/false);
     PinnedBuffer b = pool.acquire(cap);
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) fn(ci, u.chunks[ci], layout(u.chunk_len(ci)), b.data());
   }
-  SubGroupLayout layout(std::size_t len) const { return SubGroupLayout(len, state_.config.optimizer_states); }
+  SubGroupLayout layout(std::size_t len) const { return SubGroupLayout(len, state_.layout.states); }
   static const BufferSpec& swap_spec(EngineState& s) { return s.spec(Buffer::optimizer_swap, kShared, Tier::pinned); }
   // Where sub-group ci of unit ui's current state starts in its tensor.
   std::uint64_t at(std::size_t ui, std::size_t ci, const SubGroupLayout& l) const {
@@ -418,7 +418,7 @@ class NvmeStates final : public OptimizerStates {
 }  // namespace
 
 std::unique_ptr<OptimizerStates> make_optimizer_states(EngineState& s) {
-  switch (s.config.optimizer) {
+  switch (s.layout.optimizer) {
     case OffloadDevice::none: return std::make_unique<DeviceStates>(s);
     case OffloadDevice::cpu: return std::make_unique<HostStates>(s);
     case OffloadDevice::nvme: return std::make_unique<NvmeStates>(s);

@@ -132,7 +132,7 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
   // lands — in order — only when the host has seen that event complete: polled between sub-groups,
   // waited for at the end of the walk. Every sub-group records one (land_chunk: a home that reads
   // the target on the host, as the NVMe home's write to disk, waits for it there).
-  const bool on_device = !state_.optimizer_offloaded;
+  const bool on_device = !state_.layout.optimizer_offloaded;
   std::deque<std::pair<std::size_t, EventHandle>> updated;  // units whose last sub-group is enqueued
   auto land_updated = [&](bool wait) {
     while (!updated.empty() && (wait || updated.front().second->done())) {
@@ -304,16 +304,16 @@ void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, const
   ch.v = states.v;
   ch.m_scale = states.m_scale;
   ch.v_scale = states.v_scale;
-  ch.states = state_.config.optimizer_states;
-  ch.param16 = state_.mixed ? param_out : nullptr;
+  ch.states = state_.layout.states;
+  ch.param16 = state_.layout.mixed ? param_out : nullptr;
   ch.param16_type = state_.half;
-  if (!state_.optimizer_offloaded) {  // the states live on the device: the device's fused Update (run() waits)
+  if (!state_.layout.optimizer_offloaded) {  // the states live on the device: the device's fused Update (run() waits)
     state_.kern->adam_update(st, ch, StreamRole::d2h);
-    if (!state_.mixed && param_out != master) state_.kern->copy(param_out, master, len * 4, StreamRole::d2h);
+    if (!state_.layout.mixed && param_out != master) state_.kern->copy(param_out, master, len * 4, StreamRole::d2h);
     return;
   }
   cpu_adam::adam_update(state_.threads, st, ch);
-  if (!state_.mixed && param_out != master) std::memcpy(param_out, master, len * 4);
+  if (!state_.layout.mixed && param_out != master) std::memcpy(param_out, master, len * 4);
 }
 
 void UpdatePipeline::land(std::size_t ui) {

@@ -125,45 +125,36 @@
 
 namespace zinf::offload {
 
-enum class Overlap { exact, none };
-
 struct EngineConfig {
-  std::vector<std::size_t> units;  // parameters per layer unit, forward order
-  std::vector<bool> persistent;    // units always resident on the device under param offload
-  Precision precision = Precision::fp32;
-  // The model's kernels: reference (16-bit runs keep fp32 working weights on the device for them) or
-  // fast (the model reads the 16-bit compute copy itself: no working weights).
-  Kernels model_kernels = Kernels::reference;
-  OffloadDevice optimizer = OffloadDevice::none;
-  OffloadDevice param = OffloadDevice::none;
-  // How Adam's m and v are stored on the optimizer's tier (zero_optimization.optimizer_states): fp32,
-  // bf16 or q8 (8-bit codes with a power-of-two scale per 256 elements). The master stays fp32.
-  cpu_adam::StateFormat optimizer_states = cpu_adam::StateFormat::fp32;
-  std::int64_t grad_accum = 1;
-  std::size_t sub_group_size = 1'000'000'000;    // elements
-  std::size_t reduce_bucket_size = 500'000'000;  // elements
-  int optimizer_buffer_count = 4;                // swapper buffers, each one sub-group's master|m|v
-  int prefetch_depth = 1;                        // parameter units fetched ahead
+  // Where every state lives, the sizes and the overlap (placement.h): the layout, the plan and the
+  // engine's buffers all come from this one input. Among its settings:
+  //   unit_params, persistent   the layer units in forward order; those always resident on the
+  //                             device under param offload
+  //   precision, fp32_work      the compute copy's type; the reference kernels' fp32 working weights
+  //   optimizer, param          the tiers (offload_optimizer, offload_param)
+  //   optimizer_states          how Adam's m and v are stored on the optimizer's tier (fp32, bf16 or
+  //                             q8: 8-bit codes with a power-of-two scale per 256 elements)
+  //   world, rank, stage        data parallelism: the communicators below must have world ranks, this
+  //                             one being rank; the ZeRO stage (0 every rank keeps every state; 1 the
+  //                             optimizer states are partitioned; 2 the reduced gradients too; 3 the
+  //                             compute copy too, gathered into a window slot ahead of use), with
+  //                             persistence_threshold (stage 3: units this small are kept whole)
+  //   overlap                   Overlap::exact or none
+  //   speculative               the speculative Update (docs/offload-engine.md): with the optimizer
+  //                             off the device and overlap exact, each sub-group's Update of the last
+  //                             micro batch starts once its gradient is reduced, assuming the step is
+  //                             finite and unclipped (Engine::expect_step); a step that turns out
+  //                             otherwise is rolled back and redone. Host memory keeps the old states
+  //                             of at most speculative_backup elements (0: half).
+  //   device_grad_accum         with the optimizer off the device, one rank and grad_accum > 1: the
+  //                             micro batches' gradients are summed on the device and leave it once
+  //                             per step in fp32 (the same sums in the same order: the same bits)
+  //   device_blocks             the device's allocator takes whole blocks (the CUDA device)
+  // The engine reads what it derives from these from its Layout, never a second copy.
+  PlanInput plan;
   nvme::StoreOptions optimizer_store, param_store;
-  bool pin_memory = true;
   int host_threads = 0;      // 0: physical cores
   bool pin_threads = false;  // bind the host workers to cores (hwloc)
-  Overlap overlap = Overlap::exact;
-  // The speculative Update (docs/offload-engine.md): with the optimizer off the device and overlap
-  // exact, each sub-group's Update of the last micro batch starts once its gradient is reduced,
-  // assuming the step is finite and unclipped (the trainer says which step it expects,
-  // Engine::expect_step); a step that turns out otherwise is rolled back and redone. Host memory
-  // keeps the old states of at most `speculative_backup` elements (whole sub-groups; 0: half).
-  bool speculative = false;
-  std::size_t speculative_backup = 0;
-  // With the optimizer off the device, one rank and grad_accum > 1: the micro batches' gradients are
-  // summed on the device (an fp32 sum per unit, 4 bytes a parameter of device memory) and the sum
-  // leaves the device once per step, in fp32, instead of every micro batch's 16-bit gradient being
-  // summed on the host. The same sums in the same order: the same bits either way.
-  bool device_grad_accum = false;
-  // The device's allocator takes whole blocks (the CUDA device): the plan and the fit check count each
-  // device buffer as its block (PlanInput::device_blocks). False for the CPU device.
-  bool device_blocks = false;
   nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
   // Data parallelism: this rank's communicators (zinf/comm.h), `comm` for host-visible buffers and
   // `device_comm` for device memory (the CPU device: the same one; CUDA: NCCL). Null, or one rank:
@@ -172,14 +163,6 @@ struct EngineConfig {
   // model, in one order on every rank (zinf/offload/collectives.h: CollectiveOrder).
   Comm* comm = nullptr;
   Comm* device_comm = nullptr;
-  // ZeRO stage with more than one rank: 0 every rank keeps every state; 1 the optimizer states are
-  // partitioned (each rank updates its shard of every unit, the new compute copy is all-gathered);
-  // 2 the reduced gradients too; 3 the compute copy too (gathered into a window slot ahead of use;
-  // persistent units stay whole). Gradients are reduced every micro batch in every stage.
-  int stage = 0;
-  // Stage 3 with several ranks: units of at most this many parameters are not partitioned (each rank
-  // keeps them whole on the device, as DeepSpeed's stage3_param_persistence_threshold).
-  std::size_t persistence_threshold = 0;
   // The device's kernels for the engine's own work on device memory (required): the backend of the
   // device makes them (zinf/backends/backend.h).
   std::function<std::unique_ptr<EngineKernels>(Device&, cpu_adam::HostThreads&)> kernels;
@@ -218,8 +201,6 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // The placement plan's input for this config: `zinf plan` and the engine share one byte model.
-  static PlanInput plan_input(const EngineConfig& c);
   // Device bytes the engine will allocate for this config (the refusal check uses it).
   static std::size_t device_bytes(const EngineConfig& c);
   // Pinned bytes the engine will take from its pool.
@@ -271,7 +252,7 @@ class Engine {
   // What this engine holds on each tier, as the tiers count it: device memory the device handed out,
   // the pinned pool's blocks in use, host memory, NVMe extents reserved in its stores. Every buffer is
   // allocated at construction, so this is what it holds for its whole life — the totals of
-  // make_plan(plan_input(c)), which sums the same buffer specs (on a device that hands out what is
+  // make_plan(c.plan), which sums the same buffer specs (on a device that hands out what is
   // asked, and NVMe paths with the 4 KiB alignment the plan assumes).
   TierBytes held_bytes() const;
   // Speculative Updates discarded so far (steps that clipped or overflowed after something was

@@ -45,7 +45,6 @@ struct Engine::Impl {
   TierBytes held{};  // what the tiers handed out at construction
 
   Impl(const EngineConfig& c, Device& d) : s(c, d) {}
-  ParamHome& home_of(const Unit& u) { return u.windowed ? *offloaded : *resident; }
   void add_units(const InitFn& init);
   void start_update_early();  // the step's Update from its last micro batch on (SwapIn ahead, speculation)
 };
@@ -115,7 +114,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   if (s.layout.windows) impl.window = std::make_unique<ParamWindow>(s, *impl.offloaded);
   impl.grads->allocate_shared();
   impl.grads->allocate_comm_scratch();
-  impl.update = std::make_unique<UpdatePipeline>(s, *impl.states, *impl.resident, impl.offloaded.get(), *impl.grads);
+  impl.update = std::make_unique<UpdatePipeline>(s, *impl.states, *impl.grads);
   // What the tiers handed out (every buffer is allocated by now, for the engine's whole life).
   impl.held[static_cast<int>(Tier::device)] = dev.in_use() - device_before;
   // Without pin_memory the staging pool's pages are pageable host memory, as the plan counts them.
@@ -142,7 +141,8 @@ void Engine::Impl::add_units(const InitFn& init) {
     const std::string name = "unit " + std::to_string(ui);
     init(ui, master.data());
     states->add(u, name, master.data());
-    home_of(u).place(u, name, master.data());
+    u.home = u.windowed ? offloaded.get() : resident.get();  // placed once: no stage asks again
+    u.home->place(u, name, master.data());
     grads->add(u, name);
     s.units.push_back(std::move(u));
   }
@@ -370,7 +370,7 @@ void Engine::write_states(std::size_t ui, const float* master, const float* m, c
   Impl& impl = *impl_;
   Unit& u = impl.s.units[ui];
   impl.states->write(u, master, m, v);
-  impl.home_of(u).rebuild(u, master);  // the compute copy, exactly as the Update would write it
+  u.home->rebuild(u, master);  // the compute copy, exactly as the Update would write it
   std::lock_guard<std::mutex> lk(impl.s.mu);
   ++impl.s.applied;  // every window slot is stale now; all units are current at the new version
   for (auto& other : impl.s.units) other.version = impl.s.applied;

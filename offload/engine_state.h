@@ -41,8 +41,16 @@
 #include "zinf/offload/engine.h"
 #include "zinf/offload/engine_kernels.h"
 #include "zinf/pinned.h"
+#include "zinf/serial_worker.h"
 
 namespace zinf::offload::detail {
+
+class ParamHome;  // tiers.h
+
+// The stream the device's own Update runs on (the optimizer on the device): Adam, the rounding of the
+// new compute copy, and what its landing waits for. It is the d2h stream's queue, so that the Update
+// reads the gradient the GradOut rounding wrote there in stream order.
+inline constexpr StreamRole kDeviceUpdateStream = StreamRole::d2h;
 
 using Clock = std::chrono::steady_clock;
 inline double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -57,6 +65,41 @@ inline HostMem host_alloc(std::size_t bytes) {
   if (!p) throw Error("host allocation of " + std::to_string(bytes) + " bytes failed");
   return HostMem(static_cast<char*>(p));
 }
+
+// Where a stage's host work runs, decided once from the overlap: on the stage's own worker thread
+// (Overlap::exact), or inline on the calling thread (Overlap::none), where an error throws at once.
+// push() always queues on the worker (work that must run behind the caller, whatever the overlap).
+// `on_error` runs on the worker when one of its jobs throws (before the error is kept for drain()).
+class HostQueue {
+ public:
+  HostQueue(bool threaded, std::function<void()> before_job, std::function<void()> on_start,
+            std::function<void()> on_error = {})
+      : threaded_(threaded), on_error_(std::move(on_error)), worker_(std::move(before_job), std::move(on_start)) {}
+  void run(std::function<void()> job) {
+    if (threaded_)
+      push(std::move(job));
+    else
+      job();
+  }
+  void push(std::function<void()> job) {
+    if (!on_error_) return worker_.push(std::move(job));
+    worker_.push([this, job = std::move(job)] {
+      try {
+        job();
+      } catch (...) {
+        on_error_();
+        throw;
+      }
+    });
+  }
+  void drain() { worker_.drain(); }  // every job pushed so far has run; rethrows the first error
+  void check() { worker_.check(); }  // rethrows the first error without waiting
+
+ private:
+  const bool threaded_;
+  const std::function<void()> on_error_;
+  SerialWorker worker_;  // last: its thread starts after the rest exists
+};
 
 // A unit's version while a discarded speculative Update's rewrite of its compute copy is undone
 // (UpdatePipeline::settle sets it, restore() gives the unit its version back): no landing matches it.
@@ -89,6 +132,7 @@ struct Unit : UnitLayout {
 
   // The compute copy (param_homes.cpp): resident on the device (param16, or fp32 in fp32 runs) with
   // fp32 working weights for 16-bit runs; or its home in pinned memory or on NVMe.
+  ParamHome* home = nullptr;  // the tier of its compute copy: the resident or the windowed units' home
   DeviceBuffer param, work;
   PinnedBuffer pinned_home;
   nvme::TensorStore::Id nvme_param = 0;

@@ -44,14 +44,14 @@ class DeviceHome final : public ParamHome {
     state_.dev.synchronize(StreamRole::h2d);
   }
   void* update_target(Unit& u, std::size_t o, int slot) override {
-    // The device's own Update (on d2h) rewrites the home in place. A Fetch gather that read it (on h2d
+    // The device's own Update (on its stream, kDeviceUpdateStream) rewrites the home in place. A Fetch gather that read it (on h2d
     // with NCCL) is behind it already: the model's stream waited for that gather (slot.ready) before
     // its reads, and d2h waited for the model's event at every grads_done before this Update. The
     // previous landing's fp32 working weights read it on h2d: d2h waits for that landing's event
     // itself (the model's wait for it in weights() orders it too, but only for a caller that asked
     // for the unit's weights in this step).
     if (!state_.layout.optimizer_offloaded) {
-      if (u.landed) state_.dev.wait_event(StreamRole::d2h, u.landed);
+      if (u.landed) state_.dev.wait_event(kDeviceUpdateStream, u.landed);
       return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * state_.layout.compute_bytes;
     }
     auto k = static_cast<std::size_t>(slot);

@@ -38,6 +38,7 @@
 #include "zinf/nvme/store.h"
 #include "zinf/offload/buffer_specs.h"
 #include "zinf/offload/collectives.h"
+#include "zinf/offload/dataflow.h"
 #include "zinf/offload/engine.h"
 #include "zinf/offload/engine_kernels.h"
 #include "zinf/pinned.h"
@@ -46,11 +47,6 @@
 namespace zinf::offload::detail {
 
 class ParamHome;  // tiers.h
-
-// The stream the device's own Update runs on (the optimizer on the device): Adam, the rounding of the
-// new compute copy, and what its landing waits for. It is the d2h stream's queue, so that the Update
-// reads the gradient the GradOut rounding wrote there in stream order.
-inline constexpr StreamRole kDeviceUpdateStream = StreamRole::d2h;
 
 using Clock = std::chrono::steady_clock;
 inline double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }

@@ -11,13 +11,15 @@
 //                                          offload, the device holds the persistent units
 //                                          (embedding, final LayerNorm) plus a window of block slots
 //
-// Supernodes and where they run:
-//   Fetch(u)    param home → device slot          h2d stream (NVMe read first for offload_param nvme)
-//   GradOut(u)  device fp32 grad → 16-bit → pinned landing buffer, bucket by bucket   d2h stream
-//   Reduce(u)   landing → host grad16 (GA = 1) or += host grad32 (GA > 1)            host reduce worker
-//   SwapIn/Out  master|m|v of a sub-group, NVMe ⇄ pinned (the pipelined swapper)     NVMe ring
-//   Update(g)   the fused cpu_adam pass, writing the compute copy into its home or a pinned slot
-//   Upload(g)   pinned slot → device (offload_param none with an offloaded optimizer)  h2d stream
+// One step is a dataflow of supernodes — Fetch, the model's Forward and Backward, GradOut, Reduce,
+// the norm barrier, SwapIn, Update, Upload or the home's write, SwapOut, Land, the checkpoint copies —
+// each on one resource (the compute, h2d and d2h streams, the device's Update stream, the Reduce and
+// Update workers, the NVMe queues). Which ones a placement has, the resource of each, and the handoff
+// that orders every buffer one resource writes and another reads (an event, a host wait, a landing
+// version, stream order within one queue) are one object: the step graph of the layout
+// (zinf/offload/dataflow.h). `zinf plan --dataflow` prints it; tests/offload/dataflow_test.cpp walks
+// it for every placement and fails on an edge between two queues that nothing orders. Each edge
+// names the field or call in offload/ that makes its handoff.
 //
 // Exactness: every placement and both overlap modes run the same float operations on the same
 // values in the same per-element order (the Update is elementwise; the norm is summed per unit over
@@ -26,78 +28,11 @@
 // optimizer sub-groups ahead and writes behind, and lets the next forward of unit u start as soon as
 // u's update has landed; Overlap::none runs every supernode inline, one after another.
 //
-// Ordering: every buffer that one stream (or host worker) writes and another reads, and who hands
-// it over. "compute" is the model's stream (its ops, when the device runs them as stream work, see
-// Device::ops_stream_ordered); "host" is the trainer's thread; Reduce and Update are the engine's
-// host workers. A host wait (⇐) is used only where the host itself touches the buffer.
-//
-//   buffer                   written by              read by                 handed over by
-//   window slot (param/work) h2d (Fetch)             compute (model)         slot.ready: recorded on h2d after the
-//                                                                            copies; compute waits (model_waits_for)
-//   window slot, reuse       h2d (next Fetch)        compute (previous unit) slot.released: recorded on compute at
-//                                                                            done_with; h2d waits before overwriting
-//   param home (pinned/NVMe) Update                  h2d (Fetch)             unit.fetched (h2d) ⇐ Update, before it
-//                                                                            rewrites the home; the Fetch of a unit
-//                                                                            waits for its landing (version)
-//   param shard (stage 3,    Update / h2d (Upload)   the trainer's gather    landing (version[u] = applied, under mu):
-//   several ranks)                                   at Fetch (MPI on the    weights(u) waits for it, and the prefetch
-//                                                    host, or h2d)           waits for it before it asks the window
-//                                                                            whether u is there (a stale slot would
-//                                                                            pass for current and the ranks' gathers
-//                                                                            would go in different orders)
-//   param shard, rewrite     next Update: h2d        the gather (h2d, with   h2d Upload: stream order. The device's
-//                            (Upload) or d2h (the    NCCL)                   own Update on d2h: through compute — it
-//                            device's Update)                                waited slot.ready before the model's
-//                                                                            reads, and d2h waits compute's event at
-//                                                                            every grads_done before the Update
-//   resident param (+fp32)   Update / h2d (Upload,   compute; the next   unit.landed: recorded on h2d behind the
-//                            fp32 working weights)   device Update (d2h) unit's Uploads and fp32 weights before
-//                                                                            version[u] is set (no host wait); the
-//                                                                            model waits it in weights(u), d2h before
-//                                                                            the device's next in-place Update of u.
-//                                                                            Sharded states: ⇐ upload events, h2d sync
-//   what the device's Update d2h (the device's       h2d, compute, the       one event per sub-group on d2h, no sync
-//   writes (states, compute  own Update)             NVMe home's write       between them: the unit's last one ⇐
-//   copy or its home)                                                        before it lands; the NVMe home's write
-//                                                                            ⇐ the sub-group's (land_chunk)
-//   device gradient          compute (backward)      d2h (GradOut)           event recorded on compute at grads_done;
-//                                                                            d2h waits it, the wait enqueued by the
-//                                                                            Reduce worker right before its GradOut
-//                                                                            (d2h is one FIFO: waits enqueued early
-//                                                                            would hold it behind later units); by
-//                                                                            the trainer where it issues the
-//                                                                            collectives itself (ordered transport)
-//   device grad sum          d2h (the round and add  d2h (GradOut of the     stream order; its landing buffers as
-//   (device_grad_accum)      of each micro batch)    sum, last micro batch)  below (fp32 buckets)
-//   device gradient, reuse   compute (next zeroing)  d2h (GradOut)           unit.reducing ⇐ grads(u): the Reduce
-//                                                                            clears it after d2h is drained
-//   grad window slot         compute                 d2h                     as the device gradient; the slot is
-//                                                                            freed by the Reduce (under the lock)
-//   GradOut staging (device) d2h                     d2h                     stream order (16-bit runs; fp32
-//                                                                            buckets go straight to the landing)
-//   landing buffer (pinned)  d2h (GradOut)           Reduce                  one event per bucket ⇐ Reduce; the
-//                                                                            next copy into it is enqueued after
-//   host grad16/grad32       Reduce                  Update, norm            Reduce worker drained at step()
-//   upload slot (pinned)     Update                  h2d (Upload)            upload event ⇐ Update before reuse
-//   optimizer sub-group buf  NVMe (SwapIn; from the  Update                  the swapper's read handle; the states
-//                            last micro batch's                              are read only once the previous step's
-//                            forward on)                                     walk has returned (one update worker)
-//   token/target batch       h2d (trainer's upload)  compute (forward and    the trainer: h2d waits for an event
-//                                                    backward)               recorded on compute after the last
-//                                                                            micro batch's ops (train.cpp)
-//   token/target staging     the trainer             h2d                     per slot of the pinned ring: ⇐ the
-//   (pinned)                                                                 slot's `copied` event (batches.h)
-//   activation checkpoint    compute (the forward's  d2h (to its host row)   `written`: recorded on compute behind
-//   slot (cpu_checkpointing, embedding, or a block's                         the write; d2h waits (model/lm.h,
-//   the model's own)         output copy)                                    Checkpoints)
-//   checkpoint slot, reuse   compute (checkpoint     d2h (checkpoint j)      on_host[j]: recorded on d2h behind the
-//   in the forward           j + 2)                                          copy; compute waits (model_waits_for)
-//   checkpoint host row      d2h (forward)           h2d (backward)          on_host[j]; h2d waits
-//   (pinned, the model's)
-//   checkpoint slot,         h2d (one block ahead)   compute (the block's    on_device[j]: recorded on h2d behind
-//   backward                                         recompute, backward)    the copy; compute waits (acquire)
-//   checkpoint slot, reuse   h2d (checkpoint j)      compute (checkpoint     released: recorded on compute after
-//   in the backward                                  j + 2's block)          the block's backward; h2d waits
+// Ordering: "compute" is the model's stream (its ops, when the device runs them as stream work, see
+// Device::ops_stream_ordered); "trainer" is the trainer's thread. The host waits only where it
+// touches a buffer itself. The step graph's edges are the contract; besides them, within one
+// queue: GradOut's device staging buffer is reused in d2h order, and the device gradient sum of
+// device_grad_accum is written and read on d2h.
 //
 // Memory: all device buffers are allocated up front (a plan that does not fit the device budget is
 // refused before anything is allocated, with the numbers); host staging comes from one PinnedPool

@@ -55,6 +55,13 @@ int StepGraph::find(const std::string& name) const {
   return -1;
 }
 
+int StepGraph::edge(const std::string& from, const std::string& to, Handoff h) const {
+  const int a = find(from), b = find(to);
+  for (std::size_t i = 0; i < edges.size(); ++i)
+    if (edges[i].from == a && edges[i].to == b && edges[i].handoff == h) return static_cast<int>(i);
+  return -1;
+}
+
 namespace {
 
 struct Builder {
@@ -64,7 +71,12 @@ struct Builder {
     return static_cast<int>(g.nodes.size()) - 1;
   }
   void edge(int from, int to, const std::string& buffer, Handoff h, const std::string& by, const std::string& when = "") {
-    g.edges.push_back({from, to, buffer, h, by, when});
+    g.edges.push_back({from, to, buffer, h, by, when, true});
+  }
+  // An edge the trainer or the model hands over, not the engine.
+  void outside(int from, int to, const std::string& buffer, Handoff h, const std::string& by,
+               const std::string& when = "") {
+    g.edges.push_back({from, to, buffer, h, by, when, false});
   }
 };
 
@@ -90,15 +102,15 @@ StepGraph step_graph(const Layout& l) {
   // ---- the forward and backward, on the model's stream ----
   const int fill = b.node("Batch fill", Resource::trainer, "the micro batch's tokens and targets into a pinned staging slot");
   const int batch = b.node("Batch upload", Resource::h2d, "the micro batch's tokens and targets, pinned slot → device");
-  b.edge(fill, batch, "token/target staging (pinned)", Handoff::enqueued_after, "the trainer fills, then enqueues the copy");
-  b.edge(batch, fill, "token/target staging, reuse", Handoff::host_wait, "the slot's `copied` event (app/train/batches.h)",
+  b.outside(fill, batch, "token/target staging (pinned)", Handoff::enqueued_after, "the trainer fills, then enqueues the copy");
+  b.outside(batch, fill, "token/target staging, reuse", Handoff::host_wait, "the slot's `copied` event (app/train/batches.h)",
          "the slot's next micro batch");
   const int fwd = b.node("Forward(u)", Resource::compute, "the model's forward of unit u");
   const int bwd = b.node("Backward(u)", Resource::compute, "recompute (checkpointing) and backward of unit u");
-  b.edge(batch, fwd, "token/target batch", Handoff::event, "the trainer's upload event (train.cpp)");
-  b.edge(fwd, batch, "token/target batch, reuse", Handoff::event,
+  b.outside(batch, fwd, "token/target batch", Handoff::event, "the trainer's upload event (train.cpp)");
+  b.outside(fwd, batch, "token/target batch, reuse", Handoff::event,
          "recorded on compute after the last micro batch's ops; h2d waits (train.cpp)", "next step");
-  b.edge(fwd, bwd, "activations", Handoff::stream_order, "compute stream");
+  b.outside(fwd, bwd, "activations", Handoff::stream_order, "compute stream");
 
   // ---- parameters: a window slot (Fetch) or resident (landed in place) ----
   int fetch = -1, read = -1;
@@ -185,12 +197,17 @@ StepGraph step_graph(const Layout& l) {
   }
   const int land = b.node("Land(u)", Resource::update_worker,
                           "unit u's last sub-group is home: version[u] = applied (units in order)");
+  // Units whose compute copy lives on the device (resident, or a stage-3 shard there): the host
+  // Update's new copy travels through the upload slots.
+  bool on_device = l.param == OffloadDevice::none;
+  for (const UnitLayout& u : l.units) on_device = on_device || !u.windowed;
   int upload = -1, write = -1;
   if (l.param == OffloadDevice::nvme)
     write = b.node("Param write(g)", Resource::nvme_param, "the new compute copy of sub-group g → its NVMe home");
-  else if (l.param == OffloadDevice::none && !device_update)
+  if (on_device && !device_update)
     upload = b.node("Upload(g)", Resource::h2d,
                     std::string("the new compute copy of sub-group g, pinned upload slot → the device") +
+                        (l.windows ? " (the units it lives on)" : "") +
                         (l.fp32_work ? "; at the unit's end its fp32 working weights" : "") +
                         (l.shard_states ? "; the ranks' parts gathered" : ""));
   if (device_update) {
@@ -198,7 +215,7 @@ StepGraph step_graph(const Layout& l) {
            "one event per sub-group on the device Update stream; the unit's last waited on before it lands");
     if (write >= 0)
       b.edge(update, write, "upload slot (pinned)", Handoff::host_wait, "the sub-group's event, waited on in land_chunk");
-    if (l.fp32_work) {  // the resident units' fp32 working weights, from the new compute copy at the landing
+    if (l.fp32_work && on_device) {  // the resident units' fp32 working weights, from the new copy at the landing
       const int work = b.node("Working weights(u)", Resource::h2d,
                               "a resident unit's fp32 working weights from its new compute copy (land_unit)");
       b.edge(update, work, "resident compute copy", Handoff::host_wait, "the unit's last sub-group event, then land_unit");
@@ -221,7 +238,7 @@ StepGraph step_graph(const Layout& l) {
     b.edge(upload, update, "upload slot, reuse", Handoff::host_wait, "the slot's copied event (UploadSlots)", "g + 2");
     b.edge(upload, fwd, "resident compute copy", Handoff::event,
            "unit.landed: recorded on h2d behind the unit's Uploads; compute waits (weights(u))", "next step");
-    if (l.windows)
+    if (l.windows && l.param == OffloadDevice::none)  // stage 3: the windowed units' shards live on the device
       b.edge(upload, fetch, "device shard", Handoff::stream_order, "the h2d stream: the gather follows the Upload",
              "next step");
   }
@@ -243,11 +260,11 @@ StepGraph step_graph(const Layout& l) {
   if (host_ckpt) {
     const int out = b.node("Checkpoint out(j)", Resource::d2h, "block j's checkpointed input, device slot → pinned host row");
     const int in = b.node("Checkpoint in(j)", Resource::h2d, "block j's checkpoint, pinned host row → device slot (one block ahead)");
-    b.edge(fwd, out, "checkpoint slot", Handoff::event, "`written`: recorded on compute behind the write; d2h waits");
-    b.edge(out, fwd, "checkpoint slot, reuse", Handoff::event, "on_host[j]: recorded on d2h; compute waits", "checkpoint j + 2");
-    b.edge(out, in, "checkpoint host row", Handoff::event, "on_host[j]; h2d waits");
-    b.edge(in, bwd, "checkpoint slot", Handoff::event, "on_device[j]: recorded on h2d; compute waits (acquire)");
-    b.edge(bwd, in, "checkpoint slot, reuse", Handoff::event, "released: recorded on compute after the block's backward; h2d waits",
+    b.outside(fwd, out, "checkpoint slot", Handoff::event, "`written`: recorded on compute behind the write; d2h waits");
+    b.outside(out, fwd, "checkpoint slot, reuse", Handoff::event, "on_host[j]: recorded on d2h; compute waits", "checkpoint j + 2");
+    b.outside(out, in, "checkpoint host row", Handoff::event, "on_host[j]; h2d waits");
+    b.outside(in, bwd, "checkpoint slot", Handoff::event, "on_device[j]: recorded on h2d; compute waits (acquire)");
+    b.outside(bwd, in, "checkpoint slot, reuse", Handoff::event, "released: recorded on compute after the block's backward; h2d waits",
            "checkpoint j + 2");
   }
   return b.g;

@@ -90,6 +90,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
     throw Error("offload engine: pin_memory false with the optimizer on the device and the parameters offloaded",
                 "the device's Update writes the parameters' host homes through mapped memory, which must be "
                 "page-locked: keep pin_memory true for this placement");
+  s.claim("Land(u)", "Forward(u)", Handoff::version);  // weights(u) waits for the landing (wait_landed)
   const Plan plan = make_plan(s.buffers);
   const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];
   if (need_device > dev.budget() - dev.in_use())
@@ -403,6 +404,20 @@ std::int64_t Engine::rollbacks() const { return impl_->update->rollbacks(); }
 SpeculationCounts Engine::speculation_counts() const {
   const UpdatePipeline& u = *impl_->update;
   return {u.speculated(), u.rollbacks(), u.restored(), u.landed()};
+}
+
+const StepGraph& Engine::dataflow() const { return impl_->s.graph; }
+
+std::vector<std::string> Engine::unclaimed_handoffs() const {
+  const EngineState& s = impl_->s;
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < s.graph.edges.size(); ++i) {
+    const DataflowEdge& e = s.graph.edges[i];
+    if (e.engine && !s.claimed[i])
+      out.push_back(s.graph.nodes[static_cast<std::size_t>(e.from)].name + " -> " +
+                    s.graph.nodes[static_cast<std::size_t>(e.to)].name + " (" + handoff_name(e.handoff) + ")");
+  }
+  return out;
 }
 
 std::string Engine::describe() const {

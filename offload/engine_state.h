@@ -171,6 +171,12 @@ struct EngineState {
   // here (mixed, fp32_work, the tiers, world and rank, what is sharded, the effective sizes).
   const Layout& layout;
   const cpu_adam::HalfType half;  // the 16-bit type of the compute copy (mixed runs)
+  // The step of this placement as a graph (zinf/offload/dataflow.h). Every stage claims, when it is
+  // made, each edge it hands over, with the handoff it uses: a handoff the graph lacks stops the
+  // construction (claim), and Engine::unclaimed_handoffs lists the graph's engine edges no stage
+  // claimed, so the graph and the code that orders the buffers are held to each other.
+  const StepGraph graph;
+  std::vector<char> claimed;  // per edge of `graph`
   // Communicators (null with one rank), one per thread that runs collectives, made in this order on
   // every rank: the trainer's thread (norm parts, checkpoints), the Reduce worker, the Update worker,
   // and the trainer's Fetch; the `d` ones for device memory (all issued by the trainer's thread when
@@ -207,6 +213,8 @@ struct EngineState {
         buffers(cfg.plan),
         layout(buffers.layout()),
         half(cfg.plan.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
+        graph(step_graph(layout)),
+        claimed(graph.edges.size(), 0),
         ordered_collectives(layout.parallel && cfg.device_comm && cfg.device_comm->stream_ordered()),
         threads(cfg.host_threads, cfg.pin_threads) {
     disks.trace_to(cfg.trace);
@@ -217,6 +225,15 @@ struct EngineState {
     config.optimizer_store.write_span = "SwapOut";
     config.param_store.queue = "parameters", config.param_store.read_span = "Fetch read",
     config.param_store.write_span = "param write";
+  }
+
+  // The stage calling this hands over the edge from `from` to `to` with `h` (construction only).
+  void claim(const char* from, const char* to, Handoff h) {
+    const int e = graph.edge(from, to, h);
+    if (e < 0)
+      throw Error(std::string("offload engine: the step graph has no ") + handoff_name(h) + " handoff from " + from +
+                  " to " + to + " for " + graph.placement);
+    claimed[static_cast<std::size_t>(e)] = 1;
   }
 
   bool exact() const { return layout.exact; }

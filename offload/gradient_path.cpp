@@ -192,6 +192,23 @@ class GradientPath::HostRoute : public HostInput {
 
 std::unique_ptr<GradientPath::Route> GradientPath::make_route() {
   const Layout& l = state_.layout;
+  EngineState& s = state_;
+  // The handoffs of the step graph this path makes: grads_done records `complete` on compute and the
+  // d2h work waits for it; release() hands the device gradient back once d2h is synchronized;
+  // drain() is the barrier.
+  s.claim("Backward(u)", "GradOut(u)", Handoff::event);
+  s.claim("GradOut(u)", "Backward(u)", Handoff::host_wait);
+  if (!l.optimizer_offloaded) {
+    s.claim("GradOut(u)", "Norm", Handoff::host_wait);
+    s.claim("GradOut(u)", "Update(g)", Handoff::stream_order);  // the device Update stream is d2h's queue
+    s.claim("Forward(u)", "Update(g)", Handoff::event);         // `complete`, waited on before the Update
+  } else {
+    s.claim("GradOut(u)", "Reduce(u)", Handoff::host_wait);        // the landing events (through_landing)
+    s.claim("Reduce(u)", "GradOut(u)", Handoff::enqueued_after);   // a landing buffer refilled after it is read
+    s.claim("Reduce(u)", "Norm", Handoff::host_wait);
+    // The speculative Update's gate waits for Unit::reduced; otherwise the barrier's drain.
+    s.claim("Reduce(u)", "Update(g)", l.speculative ? Handoff::version : Handoff::host_wait);
+  }
   if (!l.optimizer_offloaded) {
     if (state_.ordered_collectives) return std::make_unique<OrderedDeviceRoute>(*this);
     return std::make_unique<DeviceRoute>(*this);

@@ -262,7 +262,13 @@ class NvmeStates final : public OptimizerStates {
   explicit NvmeStates(EngineState& s)
       : state_(s),
         store_(s.config.optimizer_store, s.config.optimizer_faults),
-        swapper_(store_, *s.pinned, static_cast<int>(swap_spec(s).count), swap_spec(s).bytes) {}
+        swapper_(store_, *s.pinned, static_cast<int>(swap_spec(s).count), swap_spec(s).bytes) {
+    // The swapper's handoffs in the step graph: the Update waits for a sub-group's read; its write is
+    // issued after the Update; a buffer is read into again once its write has finished.
+    s.claim("SwapIn(g)", "Update(g)", Handoff::host_wait);
+    s.claim("Update(g)", "SwapOut(g)", Handoff::enqueued_after);
+    s.claim("SwapOut(g)", "SwapIn(g)", Handoff::host_wait);
+  }
   void add(Unit& u, const std::string& name, const float* master) override {
     for (const BufferSpec& b : state_.buffers.of_unit(u.index))  // one tensor per sub-group, in order
       if (b.what == Buffer::optimizer_subgroup)

@@ -21,7 +21,21 @@ namespace {
 
 class DeviceHome final : public ParamHome {
  public:
-  DeviceHome(EngineState& s, UploadSlots& up) : state_(s), up_(up) {}
+  DeviceHome(EngineState& s, UploadSlots& up) : state_(s), up_(up) {
+    bool lives_here = s.layout.param == OffloadDevice::none;  // some unit's compute copy is on the device
+    for (const UnitLayout& u : s.layout.units) lives_here = lives_here || !u.windowed;
+    if (!lives_here) return;
+    if (s.layout.optimizer_offloaded) {  // the Upload: the slot's copied event, unit.landed on h2d
+      s.claim("Update(g)", "Upload(g)", Handoff::enqueued_after);
+      s.claim("Upload(g)", "Update(g)", Handoff::host_wait);
+      s.claim("Upload(g)", "Forward(u)", Handoff::event);
+      if (s.layout.windows && s.layout.param == OffloadDevice::none) s.claim("Upload(g)", "Fetch(u)", Handoff::stream_order);
+    } else if (s.layout.fp32_work) {  // the device's Update: the working weights at the landing, unit.landed
+      s.claim("Update(g)", "Working weights(u)", Handoff::host_wait);
+      s.claim("Working weights(u)", "Forward(u)", Handoff::event);
+      s.claim("Working weights(u)", "Update(g)", Handoff::event);
+    }
+  }
   void place(Unit& u, const std::string& name, const float* master) override {
     u.param = DeviceBuffer(state_.dev, state_.spec(Buffer::param, u.index, Tier::device).bytes,
                            name + (state_.layout.mixed ? " param16" : " param"));
@@ -169,7 +183,15 @@ class PinnedHome final : public ParamHome {
 
 class NvmeHome final : public ParamHome {
  public:
-  NvmeHome(EngineState& s, UploadSlots& up) : state_(s), up_(up), store_(s.config.param_store) {}
+  NvmeHome(EngineState& s, UploadSlots& up) : state_(s), up_(up), store_(s.config.param_store) {
+    // The home's write after the Update (waiting for the device Update's event first), waited on
+    // before the unit lands and before its slot is rewritten; the Fetch's read into the staging.
+    s.claim("Update(g)", "Param write(g)", s.layout.optimizer_offloaded ? Handoff::enqueued_after : Handoff::host_wait);
+    s.claim("Param write(g)", "Land(u)", Handoff::host_wait);
+    s.claim("Param write(g)", "Update(g)", Handoff::host_wait);
+    s.claim("Fetch read(u)", "Fetch(u)", Handoff::host_wait);
+    s.claim("Fetch(u)", "Fetch read(u)", Handoff::host_wait);
+  }
   void place(Unit& u, const std::string& name, const float* master) override {
     const std::uint64_t bytes = state_.spec(Buffer::param, u.index, Tier::nvme).bytes;
     if (!bytes) return;  // an empty shard: nothing on disk

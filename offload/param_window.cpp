@@ -4,6 +4,15 @@
 namespace zinf::offload::detail {
 
 ParamWindow::ParamWindow(EngineState& s, ParamHome& home) : state_(s), home_(home) {
+  // The handoffs of the step graph the window makes: slot.ready (h2d → compute), slot.released
+  // (compute → h2d), the landing version a Fetch waits for, and unit.fetched, which the Update
+  // waits for before it rewrites the home.
+  for (const char* use : {"Forward(u)", "Backward(u)"}) {
+    s.claim("Fetch(u)", use, Handoff::event);
+    s.claim(use, "Fetch(u)", Handoff::event);
+  }
+  s.claim("Land(u)", "Fetch(u)", Handoff::version);
+  s.claim("Fetch(u)", "Update(g)", Handoff::host_wait);
   const BufferSpec& param = s.spec(Buffer::param_slot, kShared, Tier::device);
   const BufferSpec* work = s.find(Buffer::work_slot);
   const BufferSpec* staging = s.find(Buffer::param_staging);

@@ -322,7 +322,13 @@ class DeviceUpdater : public Updater {
 }  // namespace
 
 std::unique_ptr<Updater> make_updater(EngineState& s) {
-  if (s.layout.optimizer_offloaded) return std::make_unique<HostUpdater>(s);
+  if (s.layout.optimizer_offloaded) {
+    s.claim("Norm", "Update(g)", Handoff::host_wait);          // the decision's future
+    s.claim("Update(g)", "Land(u)", Handoff::stream_order);    // the worker updates, then lands
+    return std::make_unique<HostUpdater>(s);
+  }
+  s.claim("Norm", "Update(g)", Handoff::enqueued_after);  // the worker takes the decision, then enqueues
+  s.claim("Update(g)", "Land(u)", Handoff::host_wait);    // the unit's last event, waited on before it lands
   return std::make_unique<DeviceUpdater>(s);
 }
 

@@ -118,7 +118,10 @@ TEST(Dataflow, SupernodesFollowThePlacement) {
   g = graph();
   EXPECT_TRUE(g.count("SwapIn(g)") && g.count("SwapOut(g)") && g.count("Fetch(u)") && g.count("Fetch read(u)") &&
               g.count("Param write(g)"));
-  EXPECT_FALSE(g.count("Upload(g)"));
+  EXPECT_TRUE(g.count("Upload(g)"));  // the persistent units stay on the device: their copy is uploaded
+  in.persistent = {false, false, false, false, false};
+  g = graph();
+  EXPECT_FALSE(g.count("Upload(g)"));  // every unit's copy lives on NVMe
   EXPECT_FALSE(g.count("Checkpoint out(j)"));
   in.checkpoint_pinned = 1 << 20;
   g = graph();

@@ -233,7 +233,7 @@ std::uint64_t swap_file_bytes(const fs::path& dir) {
 // For every ZeRO stage, optimizer and parameter tier, precision, accumulation and world size (every
 // rank of it), the engine holds on each tier exactly the plan's bytes — as the tiers count them: the
 // device's bytes in use, the pinned pool's blocks (the pool is exactly full), the host memory the
-// engine allocated, the swap files on disk.
+// engine allocated, the swap files on disk. And its stages claim every handoff of the placement's step graph.
 TEST(OffloadEngine, HoldsThePlansBytesOnEveryTier) {
   Dir dir;
   const OffloadDevice tiers[] = {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme};
@@ -267,6 +267,9 @@ TEST(OffloadEngine, HoldsThePlansBytesOnEveryTier) {
                 Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); });
                 const TierBytes held = e.held_bytes();
                 for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
+                // Every handoff of the placement's step graph is made by a stage that claimed it.
+                const auto unclaimed = e.unclaimed_handoffs();
+                EXPECT_TRUE(unclaimed.empty()) << unclaimed.front();
                 EXPECT_EQ(dev->in_use(), held[static_cast<int>(Tier::device)]);
                 EXPECT_EQ(e.pinned_capacity(), held[static_cast<int>(Tier::pinned)]);
                 EXPECT_EQ(swap_file_bytes(dir.p), held[static_cast<int>(Tier::nvme)]);

@@ -69,6 +69,10 @@ struct DataflowEdge {
   Handoff handoff = Handoff::none;
   std::string by;  // the handoff's name in the code: "slot.ready", "unit.landed", …
   std::string when;  // "" (the same unit) or where the consumer is: "u+1", "next micro batch", "next step", …
+  // The engine makes this handoff (false: the trainer's or the model's own, as the token batch's and
+  // the activation checkpoints'). Each stage of the engine claims the edges it hands over when it is
+  // made (Engine::unclaimed_handoffs lists those no stage claimed).
+  bool engine = true;
 };
 
 struct StepGraph {
@@ -76,6 +80,8 @@ struct StepGraph {
   std::vector<DataflowNode> nodes;
   std::vector<DataflowEdge> edges;
   int find(const std::string& name) const;  // -1 when the graph has no such node
+  // The edge from node `from` to node `to` with handoff `h`: its index, -1 when the graph has none.
+  int edge(const std::string& from, const std::string& to, Handoff h) const;
 };
 
 // The step of this placement.

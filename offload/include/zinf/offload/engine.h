@@ -54,6 +54,7 @@
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/device.h"
 #include "zinf/nvme/store.h"
+#include "zinf/offload/dataflow.h"
 #include "zinf/offload/engine_kernels.h"
 #include "zinf/offload/placement.h"
 #include "zinf/types.h"
@@ -196,6 +197,12 @@ class Engine {
   std::int64_t rollbacks() const;
   SpeculationCounts speculation_counts() const;
   std::string describe() const;  // one line: placement, pinned pool, NVMe engine
+  // The step of this engine's placement (zinf/offload/dataflow.h). Each stage claims the edges it
+  // hands over when it is made (a handoff missing from the graph stops the construction);
+  // unclaimed_handoffs lists the graph's engine edges no stage claimed (empty when the graph and the
+  // engine agree).
+  const StepGraph& dataflow() const;
+  std::vector<std::string> unclaimed_handoffs() const;
 
  private:
   struct Impl;

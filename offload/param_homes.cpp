@@ -19,22 +19,18 @@
 namespace zinf::offload::detail {
 namespace {
 
-class DeviceHome final : public ParamHome {
+// The compute copy on the device: the resident units, and stage-3 shards of the windowed ones. How
+// the Update's new copy gets there is its subclass's (chosen once, by the optimizer's tier):
+// UploadedHome (the host's Update writes a pinned upload slot, copied up on h2d) or InPlaceHome (the
+// device's Update writes it in place).
+class DeviceHome : public ParamHome {
  public:
-  DeviceHome(EngineState& s, UploadSlots& up) : state_(s), up_(up) {
-    bool lives_here = s.layout.param == OffloadDevice::none;  // some unit's compute copy is on the device
-    for (const UnitLayout& u : s.layout.units) lives_here = lives_here || !u.windowed;
-    if (!lives_here) return;
-    if (s.layout.optimizer_offloaded) {  // the Upload: the slot's copied event, unit.landed on h2d
-      s.claim("Update(g)", "Upload(g)", Handoff::enqueued_after);
-      s.claim("Upload(g)", "Update(g)", Handoff::host_wait);
-      s.claim("Upload(g)", "Forward(u)", Handoff::event);
-      if (s.layout.windows && s.layout.param == OffloadDevice::none) s.claim("Upload(g)", "Fetch(u)", Handoff::stream_order);
-    } else if (s.layout.fp32_work) {  // the device's Update: the working weights at the landing, unit.landed
-      s.claim("Update(g)", "Working weights(u)", Handoff::host_wait);
-      s.claim("Working weights(u)", "Forward(u)", Handoff::event);
-      s.claim("Working weights(u)", "Update(g)", Handoff::event);
-    }
+  DeviceHome(EngineState& s, UploadSlots& up) : state_(s), up_(up) {}
+  // Whether some unit's compute copy lives on the device (whose handoffs the home then claims).
+  static bool lives_here(const EngineState& s) {
+    bool here = s.layout.param == OffloadDevice::none;
+    for (const UnitLayout& u : s.layout.units) here = here || !u.windowed;
+    return here;
   }
   void place(Unit& u, const std::string& name, const float* master) override {
     u.param = DeviceBuffer(state_.dev, state_.spec(Buffer::param, u.index, Tier::device).bytes,
@@ -56,32 +52,6 @@ class DeviceHome final : public ParamHome {
     if (state_.layout.fp32_work && !u.windowed)
       state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
     state_.dev.synchronize(StreamRole::h2d);
-  }
-  void* update_target(Unit& u, std::size_t o, int slot) override {
-    // The device's own Update (on its stream, kDeviceUpdateStream) rewrites the home in place. A Fetch gather that read it (on h2d
-    // with NCCL) is behind it already: the model's stream waited for that gather (slot.ready) before
-    // its reads, and d2h waited for the model's event at every grads_done before this Update. The
-    // previous landing's fp32 working weights read it on h2d: d2h waits for that landing's event
-    // itself (the model's wait for it in weights() orders it too, but only for a caller that asked
-    // for the unit's weights in this step).
-    if (!state_.layout.optimizer_offloaded) {
-      if (u.landed) state_.dev.wait_event(kDeviceUpdateStream, u.landed);
-      return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * state_.layout.compute_bytes;
-    }
-    auto k = static_cast<std::size_t>(slot);
-    if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
-    return up_.buffer[k].data();
-  }
-  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot, const EventHandle&) override {
-    if (!state_.layout.optimizer_offloaded) return;  // the device's Update wrote the home in place
-    auto k = static_cast<std::size_t>(slot);
-    char* dst = static_cast<char*>(u.param.as<void>()) +
-                (o - u.param_range.lo) * state_.layout.compute_bytes;  // Upload: pinned → device
-    {
-      BusyScope busy(state_.dev, StreamRole::h2d, {"Upload", static_cast<std::int64_t>(u.index)});
-      state_.dev.copy_to_device(dst, up_.buffer[k].data(), len * state_.layout.compute_bytes, StreamRole::h2d);
-    }
-    up_.copied[k] = state_.dev.record(StreamRole::h2d);
   }
   void land_unit(Unit& u) override {
     if (!u.windowed && !state_.layout.shard_states) {
@@ -141,7 +111,10 @@ class DeviceHome final : public ParamHome {
     });
   }
 
- private:
+ protected:
+  char* home_of(Unit& u, std::size_t o) {
+    return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * state_.layout.compute_bytes;
+  }
   void follow_half(Unit& u) {  // 16-bit runs: the fp32 working weights follow the new 16-bit copy (h2d)
     if (!state_.layout.fp32_work) return;
     BusyScope busy(state_.dev, StreamRole::h2d, {"Upload", static_cast<std::int64_t>(u.index)});
@@ -150,6 +123,52 @@ class DeviceHome final : public ParamHome {
 
   EngineState& state_;
   UploadSlots& up_;
+};
+
+// The host's Update: the new copy of a sub-group leaves the host through a pinned upload slot (h2d).
+class UploadedHome final : public DeviceHome {
+ public:
+  UploadedHome(EngineState& s, UploadSlots& up) : DeviceHome(s, up) {
+    if (!lives_here(s)) return;  // the Upload: the slot's copied event, unit.landed on h2d
+    s.claim("Update(g)", "Upload(g)", Handoff::enqueued_after);
+    s.claim("Upload(g)", "Update(g)", Handoff::host_wait);
+    s.claim("Upload(g)", "Forward(u)", Handoff::event);
+    if (s.layout.windows && s.layout.param == OffloadDevice::none) s.claim("Upload(g)", "Fetch(u)", Handoff::stream_order);
+  }
+  void* update_target(Unit&, std::size_t, int slot) override {
+    auto k = static_cast<std::size_t>(slot);
+    if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
+    return up_.buffer[k].data();
+  }
+  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot, const EventHandle&) override {
+    auto k = static_cast<std::size_t>(slot);
+    {  // Upload: pinned → device
+      BusyScope busy(state_.dev, StreamRole::h2d, {"Upload", static_cast<std::int64_t>(u.index)});
+      state_.dev.copy_to_device(home_of(u, o), up_.buffer[k].data(), len * state_.layout.compute_bytes, StreamRole::h2d);
+    }
+    up_.copied[k] = state_.dev.record(StreamRole::h2d);
+  }
+};
+
+// The device's own Update (on kDeviceUpdateStream) rewrites the home in place. A Fetch gather that
+// read it (on h2d with NCCL) is behind it already: the model's stream waited for that gather
+// (slot.ready) before its reads, and the Update's stream waited for the model's event at every
+// grads_done before this Update. The previous landing's fp32 working weights read it on h2d: the
+// Update's stream waits for that landing's event itself (the model's wait for it in weights()
+// orders it too, but only for a caller that asked for the unit's weights in this step).
+class InPlaceHome final : public DeviceHome {
+ public:
+  InPlaceHome(EngineState& s, UploadSlots& up) : DeviceHome(s, up) {
+    if (!lives_here(s) || !s.layout.fp32_work) return;  // the working weights at the landing, unit.landed
+    s.claim("Update(g)", "Working weights(u)", Handoff::host_wait);
+    s.claim("Working weights(u)", "Forward(u)", Handoff::event);
+    s.claim("Working weights(u)", "Update(g)", Handoff::event);
+  }
+  void* update_target(Unit& u, std::size_t o, int) override {
+    if (u.landed) state_.dev.wait_event(kDeviceUpdateStream, u.landed);
+    return home_of(u, o);
+  }
+  void land_chunk(Unit&, std::size_t, std::size_t, int, const EventHandle&) override {}  // written in place
 };
 
 class PinnedHome final : public ParamHome {
@@ -252,12 +271,13 @@ class NvmeHome final : public ParamHome {
 }  // namespace
 
 std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up) {
-  return std::make_unique<DeviceHome>(s, up);
+  if (s.layout.optimizer_offloaded) return std::make_unique<UploadedHome>(s, up);
+  return std::make_unique<InPlaceHome>(s, up);
 }
 
 std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up) {
   switch (s.layout.param) {
-    case OffloadDevice::none: return s.layout.shard_params ? std::make_unique<DeviceHome>(s, up) : nullptr;
+    case OffloadDevice::none: return s.layout.shard_params ? make_device_home(s, up) : nullptr;
     case OffloadDevice::cpu: return std::make_unique<PinnedHome>(s);
     case OffloadDevice::nvme: return std::make_unique<NvmeHome>(s, up);
   }

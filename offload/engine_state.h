@@ -134,15 +134,10 @@ struct Unit : UnitLayout {
   nvme::TensorStore::Id nvme_param = 0;
   EventHandle fetched;  // h2d: the last Fetch of this unit has read its home
 
-  // Optimizer states (optimizer_states.cpp): on the device, in host memory, or NVMe sub-groups.
-  DeviceBuffer dev_master, dev_m, dev_v;
-  HostMem host_master, host_m, host_v;
-  std::vector<nvme::TensorStore::Id> nvme_subgroups;
+  // Its optimizer states are their tier's own (optimizer_states.cpp: DeviceStates, HostStates, NvmeStates).
 
-  // Gradients (gradient_path.cpp): the model's fp32 device buffer (resident units, optimizer on the
-  // device), its 16-bit rounding and fp32 GA sum on the device; or the Update's input in host memory.
-  DeviceBuffer grad, grad16, grad_sum;
-  HostMem host_grad;
+  // Gradients: the buffers are the gradient path's own (GradientPath::UnitGrads); what the Update
+  // and the trainer share with it is here, under mu.
   int grad_slot = -1;     // under mu: the gradient slot this micro batch's gradient lives in
   bool reducing = false;  // under mu: a GradOut/Reduce of this unit still reads its device gradient
   // Under mu: the Reduce of the step's last micro batch has finished, so the Update's input is final

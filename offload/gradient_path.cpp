@@ -38,9 +38,9 @@ class GradientPath::DeviceRoute : public Route {
     s_.dev.synchronize(StreamRole::d2h);
   }
   std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const override {
-    if (s_.layout.fp32_sum) return {u.grad_sum.as<float>(), cpu_adam::GradType::fp32};
-    if (s_.layout.mixed) return {u.grad16.as<void>(), half_type()};
-    return {u.grad.as<float>(), cpu_adam::GradType::fp32};
+    if (s_.layout.fp32_sum) return {p_.of(u).grad_sum.as<float>(), cpu_adam::GradType::fp32};
+    if (s_.layout.mixed) return {p_.of(u).grad16.as<void>(), half_type()};
+    return {p_.of(u).grad.as<float>(), cpu_adam::GradType::fp32};
   }
   std::vector<std::vector<double>> block_sums(const std::function<bool(std::size_t, std::vector<double>&)>&) override {
     std::vector<EngineKernels::NormInput> in, kept;
@@ -86,7 +86,7 @@ class GradientPath::HostInput : public Route {
     s_.add_host_time(t0, "Norm part", static_cast<std::int64_t>(u.index));
   }
   std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const override {
-    return {u.host_grad.get(), s_.layout.fp32_sum || !s_.layout.mixed ? cpu_adam::GradType::fp32 : half_type()};
+    return {p_.of(u).host_grad.get(), s_.layout.fp32_sum || !s_.layout.mixed ? cpu_adam::GradType::fp32 : half_type()};
   }
   std::vector<std::vector<double>> block_sums(
       const std::function<bool(std::size_t, std::vector<double>&)>& known) override {
@@ -161,11 +161,11 @@ class GradientPath::HostRoute : public HostInput {
   // GA 1, one rank: the landed gradient is the Update's input as it is.
   void copy(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land, std::int64_t) {
     const std::size_t cb = s_.layout.compute_bytes;
-    std::memcpy(u.host_grad.get() + o * cb, land.data(), len * cb);
+    std::memcpy(p_.of(u).host_grad.get() + o * cb, land.data(), len * cb);
   }
   // One rank, GA > 1: straight into the fp32 sum (the whole unit is kept).
   void sum_one_rank(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land, std::int64_t micro) {
-    float* acc = reinterpret_cast<float*>(u.host_grad.get()) + (o - u.grad_range.lo);
+    float* acc = reinterpret_cast<float*>(p_.of(u).host_grad.get()) + (o - u.grad_range.lo);
     if (micro == 0)
       widen(land, acc, len);
     else if (s_.layout.mixed)
@@ -181,7 +181,7 @@ class GradientPath::HostRoute : public HostInput {
     p_.reduce_bucket(u, o, len, g, false);
     const std::size_t a = std::max(o, u.grad_range.lo), b = std::min(o + len, u.grad_range.hi);
     if (b <= a) return;
-    float* acc = reinterpret_cast<float*>(u.host_grad.get()) + (a - u.grad_range.lo);
+    float* acc = reinterpret_cast<float*>(p_.of(u).host_grad.get()) + (a - u.grad_range.lo);
     if (micro == 0)
       std::memcpy(acc, g + (a - o), (b - a) * 4);
     else
@@ -230,16 +230,17 @@ GradientPath::GradientPath(EngineState& s) : state_(s), jitter_(s.dev.jitter(), 
 
 
 void GradientPath::add(Unit& u, const std::string& name) {
+  if (of_.size() <= u.index) of_.resize(u.index + 1);
   // Partitioned gradients, or the optimizer off the device: a block's gradient has no buffer of its
   // own (it passes through the gradient slots).
   if (const BufferSpec* b = state_.find(Buffer::grad, u.index))
-    u.grad = DeviceBuffer(state_.dev, b->bytes, name + " grad");
+    of(u).grad = DeviceBuffer(state_.dev, b->bytes, name + " grad");
   if (const BufferSpec* b = state_.find(Buffer::grad16, u.index))
-    u.grad16 = DeviceBuffer(state_.dev, b->bytes, name + " grad16");
+    of(u).grad16 = DeviceBuffer(state_.dev, b->bytes, name + " grad16");
   if (const BufferSpec* b = state_.find(Buffer::grad_sum, u.index))
-    u.grad_sum = DeviceBuffer(state_.dev, b->bytes, name + " grad32");
+    of(u).grad_sum = DeviceBuffer(state_.dev, b->bytes, name + " grad32");
   if (const BufferSpec* b = state_.find(Buffer::host_grad, u.index))
-    u.host_grad = state_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
+    of(u).host_grad = state_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
 }
 
 void GradientPath::allocate_shared() {
@@ -340,7 +341,7 @@ float* GradientPath::grads(std::size_t u) {
       }
       g = slots_[static_cast<std::size_t>(unit.grad_slot)].grad.as<float>();
     } else {
-      g = unit.grad.as<float>();
+      g = of(unit).grad.as<float>();
     }
   }
   if (!zeroed_[u]) {
@@ -360,7 +361,7 @@ void GradientPath::grads_done(std::size_t u) {
   {
     std::lock_guard<std::mutex> lk(state_.mu);
     ZINF_CHECK(!unit.grad_windowed || unit.grad_slot >= 0);  // grads(u) came first
-    g = unit.grad_windowed ? slots_[static_cast<std::size_t>(unit.grad_slot)].grad.as<float>() : unit.grad.as<float>();
+    g = unit.grad_windowed ? slots_[static_cast<std::size_t>(unit.grad_slot)].grad.as<float>() : of(unit).grad.as<float>();
     unit.reducing = true;
   }
   // The gradient is complete at this point of the compute stream: d2h waits for it before reading
@@ -417,7 +418,7 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
   void* g16 = nullptr;
   {
     std::lock_guard<std::mutex> lk(state_.mu);  // the slot stays this unit's until the job ends
-    g16 = u.grad_windowed ? slots_[static_cast<std::size_t>(u.grad_slot)].grad16.as<void>() : u.grad16.as<void>();
+    g16 = u.grad_windowed ? slots_[static_cast<std::size_t>(u.grad_slot)].grad16.as<void>() : of(u).grad16.as<void>();
   }
   {
     BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
@@ -434,9 +435,9 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
     BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
     const float* kept = grad + u.grad_range.lo;
     if (mb == 0)
-      state_.kern->copy(u.grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
+      state_.kern->copy(of(u).grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
     else
-      state_.kern->add(u.grad_sum.as<float>(), kept, u.grad_range.len(), r);
+      state_.kern->add(of(u).grad_sum.as<float>(), kept, u.grad_range.len(), r);
   }
 }
 
@@ -444,10 +445,10 @@ void GradientPath::grad_out_sum(Unit& u) {
   through_landing(
       u, u.n,
       [&](std::size_t o, std::size_t len, PinnedBuffer& land) {  // after the sum's last add, in d2h stream order
-        state_.dev.copy_to_host(land.data(), u.grad_sum.as<float>() + o, len * 4, StreamRole::d2h);
+        state_.dev.copy_to_host(land.data(), of(u).grad_sum.as<float>() + o, len * 4, StreamRole::d2h);
       },
       [&](std::size_t o, std::size_t len, PinnedBuffer& land) {
-        std::memcpy(reinterpret_cast<float*>(u.host_grad.get()) + o, land.data(), len * 4);
+        std::memcpy(reinterpret_cast<float*>(of(u).host_grad.get()) + o, land.data(), len * 4);
       });
 }
 

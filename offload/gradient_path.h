@@ -85,6 +85,17 @@ class GradientPath {
   using BucketFn = std::function<void(std::size_t o, std::size_t len, PinnedBuffer& landing)>;
   void through_landing(const Unit& u, std::size_t n, const BucketFn& out, const BucketFn& in);
 
+  // Each unit's gradient buffers, as its layout has them (add): the model's fp32 device gradient
+  // (units without a gradient slot), its 16-bit rounding and fp32 sum on the device, and the Update's
+  // input in host memory.
+  struct UnitGrads {
+    DeviceBuffer grad, grad16, grad_sum;
+    HostMem host_grad;
+  };
+  std::vector<UnitGrads> of_;
+  UnitGrads& of(const Unit& u) { return of_[u.index]; }
+  const UnitGrads& of(const Unit& u) const { return of_[u.index]; }
+
   struct GradSlot {
     DeviceBuffer grad, grad16;  // grad16: the optimizer on the device with partitioned gradients
     bool busy = false;          // under mu

@@ -714,8 +714,8 @@ class Run {
       log("init: parameters from " + config.model.init_from + " (" + std::to_string(init_file->tensors.size()) +
           " tensors)");
     }
-    offload::EngineConfig ec = engine_config(config, threads);
-    engine_units = ec.units;
+    offload::EngineConfig ec = engine_config(config, threads, W, rank);
+    engine_units.assign(ec.plan.unit_params.begin(), ec.plan.unit_params.end());
     if (W > 1) {
       ec.comm = &comm;
       ec.device_comm = device_comm ? device_comm.get() : &comm;

@@ -39,7 +39,6 @@ std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / 
 
 void check_input(const PlanInput& in) {
   ZINF_CHECK(!in.unit_params.empty());
-  ZINF_CHECK(in.compute_bytes == 2 || in.compute_bytes == 4);
   ZINF_CHECK(in.persistent.empty() || in.persistent.size() == in.unit_params.size());
   ZINF_CHECK(in.world >= 1 && in.rank >= 0 && in.rank < in.world && in.stage >= 0 && in.stage <= 3);
 }
@@ -187,8 +186,9 @@ Layout make_layout(const PlanInput& in) {
   check_input(in);
   Layout layout;
   layout.pin_memory = in.pin_memory;
-  layout.mixed = in.compute_bytes == 2;
-  layout.compute_bytes = static_cast<std::uint64_t>(in.compute_bytes);
+  layout.precision = in.precision;
+  layout.mixed = in.compute_bytes() == 2;
+  layout.compute_bytes = static_cast<std::uint64_t>(in.compute_bytes());
   layout.fp32_work = layout.mixed && in.fp32_work;
   layout.device_blocks = in.device_blocks;
   layout.optimizer = in.optimizer;
@@ -196,9 +196,13 @@ Layout make_layout(const PlanInput& in) {
   layout.param = in.param;
   layout.optimizer_offloaded = in.optimizer != OffloadDevice::none;
   layout.param_offloaded = in.param != OffloadDevice::none;
-  layout.optimizer_buffers = in.optimizer_buffer_count;
+  layout.exact = in.overlap == Overlap::exact;
+  layout.optimizer_buffers = layout.exact ? in.optimizer_buffer_count : 1;
+  layout.grad_accum = in.grad_accum;
+  layout.prefetch_depth = in.prefetch_depth;
   layout.world = in.world;
   layout.rank = in.rank;
+  layout.stage = in.stage;
   layout.parallel = in.world > 1;
   layout.shard_states = layout.parallel && in.stage >= 1;
   layout.shard_grads = layout.parallel && in.stage >= 2;
@@ -211,7 +215,7 @@ Layout make_layout(const PlanInput& in) {
   layout.checkpoint_device = in.checkpoint_device;
   layout.checkpoint_pinned = in.checkpoint_pinned;
   lay_out_units(in, layout);
-  layout.speculative = in.speculative && layout.optimizer_offloaded;
+  layout.speculative = in.speculative && layout.exact && layout.optimizer_offloaded;
   if (layout.speculative && layout.optimizer == OffloadDevice::cpu) {
     std::uint64_t all = 0;  // the sub-groups this rank keeps
     for (const auto& u : layout.units) all += (u.state_range.len() + layout.sub_group - 1) / layout.sub_group;

@@ -45,50 +45,25 @@ struct Engine::Impl {
   TierBytes held{};  // what the tiers handed out at construction
 
   Impl(const EngineConfig& c, Device& d) : s(c, d) {}
-  ParamHome& home_of(const Unit& u) { return u.windowed ? *offloaded : *resident; }
   void add_units(const InitFn& init);
   void start_update_early();  // the step's Update from its last micro batch on (SwapIn ahead, speculation)
 };
 
 // ---- sizes: the plan's byte model is the engine's ----------------------------------------------------
 
-PlanInput Engine::plan_input(const EngineConfig& c) {
-  PlanInput in;
-  for (auto n : c.units) in.unit_params.push_back(static_cast<std::int64_t>(n));
-  in.persistent = c.persistent;
-  in.compute_bytes = c.precision == Precision::fp32 ? 4 : 2;
-  in.optimizer = c.optimizer;
-  in.param = c.param;
-  in.optimizer_states = c.optimizer_states;
-  in.grad_accum = c.grad_accum;
-  in.sub_group_size = static_cast<std::int64_t>(c.sub_group_size);
-  in.reduce_bucket_size = static_cast<std::int64_t>(c.reduce_bucket_size);
-  in.optimizer_buffer_count = c.overlap == Overlap::exact ? c.optimizer_buffer_count : 1;
-  in.prefetch_depth = c.prefetch_depth;
-  // The reference kernels compute on fp32 working weights; the fast kernels read the 16-bit copy.
-  in.fp32_work = c.model_kernels == Kernels::reference;
-  in.device_blocks = c.device_blocks;
-  in.world = c.comm ? c.comm->size() : 1;
-  in.rank = c.comm ? c.comm->rank() : 0;
-  in.stage = c.stage;
-  in.persistence_threshold = static_cast<std::int64_t>(c.persistence_threshold);
-  in.speculative = c.speculative && c.overlap == Overlap::exact;
-  in.speculative_backup = static_cast<std::int64_t>(c.speculative_backup);
-  in.pin_memory = c.pin_memory;
-  in.device_grad_accum = c.device_grad_accum;
-  return in;
-}
-
 std::size_t Engine::device_bytes(const EngineConfig& c) {
-  return make_plan(plan_input(c)).totals[static_cast<int>(Tier::device)];
+  return make_plan(c.plan).totals[static_cast<int>(Tier::device)];
 }
-std::size_t Engine::pinned_bytes(const EngineConfig& c) { return make_plan(plan_input(c)).pinned_pool; }
+std::size_t Engine::pinned_bytes(const EngineConfig& c) { return make_plan(c.plan).pinned_pool; }
 
 // ---- construction ------------------------------------------------------------------------------------
 
 Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
-  ZINF_CHECK(!cfg.units.empty() && cfg.persistent.size() == cfg.units.size());
-  ZINF_CHECK(cfg.stage >= 0 && cfg.stage <= 3);
+  const PlanInput& in = cfg.plan;
+  ZINF_CHECK(!in.unit_params.empty() && in.persistent.size() == in.unit_params.size());
+  ZINF_CHECK(in.stage >= 0 && in.stage <= 3);
+  // The plan's ranks are the communicators' (one rank without them).
+  ZINF_CHECK(in.world == (cfg.comm ? cfg.comm->size() : 1) && in.rank == (cfg.comm ? cfg.comm->rank() : 0));
   impl_ = std::make_unique<Impl>(cfg, dev);
   Impl& impl = *impl_;
   EngineState& s = impl.s;
@@ -106,15 +81,16 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   }
   if (!cfg.kernels) throw Error("offload engine: no kernels for the device (EngineConfig::kernels is empty)");
   s.kern = cfg.kernels(dev, s.threads);
-  if (!s.optimizer_offloaded && !s.kern->takes_states(cfg.optimizer_states))
+  if (!s.layout.optimizer_offloaded && !s.kern->takes_states(s.layout.states))
     throw Error(std::string("zero_optimization.optimizer_states \"") +
-                cpu_adam::state_format_name(cfg.optimizer_states) +
+                cpu_adam::state_format_name(s.layout.states) +
                 "\" with the optimizer on this device: its Update kernel does not take that format (use fp32, or "
                 "offload_optimizer.device cpu or nvme)");
-  if (!c.pin_memory && !s.optimizer_offloaded && s.param_offloaded)
+  if (!s.layout.pin_memory && !s.layout.optimizer_offloaded && s.layout.param_offloaded)
     throw Error("offload engine: pin_memory false with the optimizer on the device and the parameters offloaded",
                 "the device's Update writes the parameters' host homes through mapped memory, which must be "
                 "page-locked: keep pin_memory true for this placement");
+  s.claim("Land(u)", "Forward(u)", Handoff::version);  // weights(u) waits for the landing (wait_landed)
   const Plan plan = make_plan(s.buffers);
   const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];
   if (need_device > dev.budget() - dev.in_use())
@@ -122,10 +98,10 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
         "the offload plan needs " + std::to_string(need_device) + " bytes of device memory for states and windows, " +
             std::to_string(dev.budget() - dev.in_use()) + " are left in the budget of " + std::to_string(dev.budget()),
         "offload more (offload_optimizer / offload_param), raise device.memory_budget, or see `zinf plan`");
-  s.pinned = std::make_unique<PinnedPool>(plan.pinned_pool, c.pin_memory);
+  s.pinned = std::make_unique<PinnedPool>(plan.pinned_pool, s.layout.pin_memory);
   // Registered only when page-locked (CUDA: one copy, no bounce); pageable staging (pin_memory false)
   // copies through the driver's own staging.
-  if (s.pinned->capacity() && c.pin_memory) dev.register_host(s.pinned->slab().iov_base, s.pinned->capacity());
+  if (s.pinned->capacity() && s.layout.pin_memory) dev.register_host(s.pinned->slab().iov_base, s.pinned->capacity());
 
   const std::size_t device_before = dev.in_use();
   impl.states = make_optimizer_states(s);
@@ -136,14 +112,14 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   impl.offloaded = make_offload_home(s, impl.uploads);
   impl.grads = std::make_unique<GradientPath>(s);
   impl.add_units(init);
-  if (s.buffers.layout().windows) impl.window = std::make_unique<ParamWindow>(s, *impl.offloaded);
+  if (s.layout.windows) impl.window = std::make_unique<ParamWindow>(s, *impl.offloaded);
   impl.grads->allocate_shared();
   impl.grads->allocate_comm_scratch();
-  impl.update = std::make_unique<UpdatePipeline>(s, *impl.states, *impl.resident, impl.offloaded.get(), *impl.grads);
+  impl.update = std::make_unique<UpdatePipeline>(s, *impl.states, *impl.grads);
   // What the tiers handed out (every buffer is allocated by now, for the engine's whole life).
   impl.held[static_cast<int>(Tier::device)] = dev.in_use() - device_before;
   // Without pin_memory the staging pool's pages are pageable host memory, as the plan counts them.
-  impl.held[static_cast<int>(c.pin_memory ? Tier::pinned : Tier::host)] += s.pinned->in_use();
+  impl.held[static_cast<int>(s.layout.pin_memory ? Tier::pinned : Tier::host)] += s.pinned->in_use();
   impl.held[static_cast<int>(Tier::host)] += s.host_bytes;
   for (nvme::TensorStore* st : {impl.states->store(), impl.offloaded ? impl.offloaded->store() : nullptr})
     if (st) impl.held[static_cast<int>(Tier::nvme)] += st->reserved();
@@ -160,13 +136,14 @@ void Engine::Impl::add_units(const InitFn& init) {
     Unit u;
     static_cast<UnitLayout&>(u) = layout.units[ui];
     u.index = ui;
-    for (int r = 0; r < s.world; ++r) u.bounds.push_back(shard_of(u.n, s.world, r).lo);
+    for (int r = 0; r < s.layout.world; ++r) u.bounds.push_back(shard_of(u.n, s.layout.world, r).lo);
     u.bounds.push_back(u.n);
-    for (std::size_t o = u.state_range.lo; o < u.state_range.hi; o += s.sub_group) u.chunks.push_back(o);
+    for (std::size_t o = u.state_range.lo; o < u.state_range.hi; o += s.layout.sub_group) u.chunks.push_back(o);
     const std::string name = "unit " + std::to_string(ui);
     init(ui, master.data());
     states->add(u, name, master.data());
-    home_of(u).place(u, name, master.data());
+    u.home = u.windowed ? offloaded.get() : resident.get();  // placed once: no stage asks again
+    u.home->place(u, name, master.data());
     grads->add(u, name);
     s.units.push_back(std::move(u));
   }
@@ -220,15 +197,15 @@ void Engine::Impl::start_update_early() {
     std::lock_guard<std::mutex> lk(s.mu);
     if (s.update_failed) return;  // the next model-facing call reports the error; start nothing behind it
   }
-  const bool last = grads->micro() == s.config.grad_accum - 1;
-  if (last && expected && s.exact() && s.config.speculative && states->speculative() && !update->speculating()) {
+  const bool last = grads->micro() == s.layout.grad_accum - 1;
+  if (last && expected && s.exact() && s.layout.speculative && states->speculative() && !update->speculating()) {
     // The step as the trainer expects it, unclipped: the speculative Update assumes it (step()
     // keeps its results only when the decided step is this one, bit for bit).
     const StepOptions& e = *expected;
     assumed = cpu_adam::make_adam_step(e.hyper, e.step, static_cast<float>(1.0 / e.loss_scale));
     update->speculate(*assumed, e.loss_scale, e.gradient_clipping);
     expected.reset();
-  } else if (s.exact() && s.config.optimizer == OffloadDevice::nvme && last && !update->started_early() &&
+  } else if (s.exact() && s.layout.optimizer == OffloadDevice::nvme && last && !update->started_early() &&
              !update->speculating()) {
     update->start_early();
   }
@@ -252,12 +229,12 @@ const void* Engine::weights(std::size_t u) {
       impl.resident->finish_landing(unit);
       model_waits_for(impl.s.dev, impl.s.dev.record(StreamRole::h2d));
     }
-    return impl.s.fp32_work ? unit.work.as<void>() : unit.param.as<void>();
+    return impl.s.layout.fp32_work ? unit.work.as<void>() : unit.param.as<void>();
   }
   return impl.window->acquire(u, impl.backward);
 }
 
-Precision Engine::weights_precision() const { return impl_->s.fp32_work ? Precision::fp32 : impl_->s.config.precision; }
+Precision Engine::weights_precision() const { return impl_->s.layout.fp32_work ? Precision::fp32 : impl_->s.layout.precision; }
 
 void Engine::done_with(std::size_t u) {
   if (impl_->s.units[u].windowed) impl_->window->release(u);
@@ -295,7 +272,7 @@ StepOutcome Engine::step(const StepOptions& o) {
   const auto parts = impl.grads->block_sums([&](std::size_t u, std::vector<double>& sums) {
     return impl.update->known_sums(u, sums);
   });
-  if (!impl.s.shard_grads) {
+  if (!impl.s.layout.shard_grads) {
     for (const auto& unit_parts : parts) {  // units in order, 64 Ki blocks in order: the same sum on every placement
       double part = 0;
       for (double p : unit_parts) part += p;
@@ -307,7 +284,7 @@ StepOutcome Engine::step(const StepOptions& o) {
     // added per unit in block order (shards start on block boundaries), then units in order, which
     // is the one-rank sum exactly.
     std::vector<double> mine;
-    std::vector<std::size_t> counts(static_cast<std::size_t>(impl.s.world), 0);
+    std::vector<std::size_t> counts(static_cast<std::size_t>(impl.s.layout.world), 0);
     auto blocks = [](std::size_t a, std::size_t b) {
       return (b - a + cpu_adam::kNormBlock - 1) / cpu_adam::kNormBlock;
     };
@@ -319,7 +296,7 @@ StepOutcome Engine::step(const StepOptions& o) {
     std::vector<double> all;
     for (auto c : counts) all.resize(all.size() + c);
     std::size_t at = 0;
-    for (std::size_t r = 0; r < static_cast<std::size_t>(impl.s.rank); ++r) at += counts[r];
+    for (std::size_t r = 0; r < static_cast<std::size_t>(impl.s.layout.rank); ++r) at += counts[r];
     std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(at));
     impl.s.front_comm->allgatherv(all.data(), counts, sizeof(double));
     std::vector<std::size_t> next(counts.size(), 0);  // each rank's read position, rank-major
@@ -374,7 +351,7 @@ void Engine::synchronize() {
 
 // ---- checkpoints ----------------------------------------------------------------------------------
 
-bool Engine::states_partitioned() const { return impl_->s.shard_states; }
+bool Engine::states_partitioned() const { return impl_->s.layout.shard_states; }
 
 void Engine::read_master(std::size_t u, float* dst) { read_states(u, dst, nullptr, nullptr); }
 
@@ -383,7 +360,7 @@ void Engine::read_states(std::size_t ui, float* master, float* m, float* v) {
   Impl& impl = *impl_;
   Unit& u = impl.s.units[ui];
   impl.states->read(u, master, m, v);
-  if (!impl.s.shard_states) return;
+  if (!impl.s.layout.shard_states) return;
   const auto counts = u.counts_in(0, u.n);  // every rank's shard, gathered into the whole unit
   for (float* p : {master, m, v})
     if (p) impl.s.front_comm->allgatherv(p, counts, 4);
@@ -394,7 +371,7 @@ void Engine::write_states(std::size_t ui, const float* master, const float* m, c
   Impl& impl = *impl_;
   Unit& u = impl.s.units[ui];
   impl.states->write(u, master, m, v);
-  impl.home_of(u).rebuild(u, master);  // the compute copy, exactly as the Update would write it
+  u.home->rebuild(u, master);  // the compute copy, exactly as the Update would write it
   std::lock_guard<std::mutex> lk(impl.s.mu);
   ++impl.s.applied;  // every window slot is stale now; all units are current at the new version
   for (auto& other : impl.s.units) other.version = impl.s.applied;
@@ -429,18 +406,32 @@ SpeculationCounts Engine::speculation_counts() const {
   return {u.speculated(), u.rollbacks(), u.restored(), u.landed()};
 }
 
+const StepGraph& Engine::dataflow() const { return impl_->s.graph; }
+
+std::vector<std::string> Engine::unclaimed_handoffs() const {
+  const EngineState& s = impl_->s;
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < s.graph.edges.size(); ++i) {
+    const DataflowEdge& e = s.graph.edges[i];
+    if (e.engine && !s.claimed[i])
+      out.push_back(s.graph.nodes[static_cast<std::size_t>(e.from)].name + " -> " +
+                    s.graph.nodes[static_cast<std::size_t>(e.to)].name + " (" + handoff_name(e.handoff) + ")");
+  }
+  return out;
+}
+
 std::string Engine::describe() const {
   Impl& impl = *impl_;
-  std::string d = "offload_optimizer=" + std::string(to_string(impl.s.config.optimizer)) +
-                  " offload_param=" + std::string(to_string(impl.s.config.param)) + ", overlap " +
+  std::string d = "offload_optimizer=" + std::string(to_string(impl.s.layout.optimizer)) +
+                  " offload_param=" + std::string(to_string(impl.s.layout.param)) + ", overlap " +
                   (impl.s.exact() ? "exact" : "none") + ", pinned pool " + std::to_string(impl.s.pinned->capacity()) +
                   " bytes";
   if (impl.s.parallel()) {
-    d += "; rank " + std::to_string(impl.s.rank) + " of " + std::to_string(impl.s.world) + ", ZeRO stage " +
-         std::to_string(impl.s.config.stage);
-    d += impl.s.shard_params   ? " (optimizer states, gradients and parameters partitioned)"
-         : impl.s.shard_grads  ? " (optimizer states and gradients partitioned)"
-         : impl.s.shard_states ? " (optimizer states partitioned)"
+    d += "; rank " + std::to_string(impl.s.layout.rank) + " of " + std::to_string(impl.s.layout.world) + ", ZeRO stage " +
+         std::to_string(impl.s.layout.stage);
+    d += impl.s.layout.shard_params   ? " (optimizer states, gradients and parameters partitioned)"
+         : impl.s.layout.shard_grads  ? " (optimizer states and gradients partitioned)"
+         : impl.s.layout.shard_states ? " (optimizer states partitioned)"
                                : " (every state on every rank)";
   }
   nvme::TensorStore* stores[] = {impl.states->store(), impl.offloaded ? impl.offloaded->store() : nullptr};

@@ -38,11 +38,15 @@
 #include "zinf/nvme/store.h"
 #include "zinf/offload/buffer_specs.h"
 #include "zinf/offload/collectives.h"
+#include "zinf/offload/dataflow.h"
 #include "zinf/offload/engine.h"
 #include "zinf/offload/engine_kernels.h"
 #include "zinf/pinned.h"
+#include "zinf/serial_worker.h"
 
 namespace zinf::offload::detail {
+
+class ParamHome;  // tiers.h
 
 using Clock = std::chrono::steady_clock;
 inline double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -57,6 +61,41 @@ inline HostMem host_alloc(std::size_t bytes) {
   if (!p) throw Error("host allocation of " + std::to_string(bytes) + " bytes failed");
   return HostMem(static_cast<char*>(p));
 }
+
+// Where a stage's host work runs, decided once from the overlap: on the stage's own worker thread
+// (Overlap::exact), or inline on the calling thread (Overlap::none), where an error throws at once.
+// push() always queues on the worker (work that must run behind the caller, whatever the overlap).
+// `on_error` runs on the worker when one of its jobs throws (before the error is kept for drain()).
+class HostQueue {
+ public:
+  HostQueue(bool threaded, std::function<void()> before_job, std::function<void()> on_start,
+            std::function<void()> on_error = {})
+      : threaded_(threaded), on_error_(std::move(on_error)), worker_(std::move(before_job), std::move(on_start)) {}
+  void run(std::function<void()> job) {
+    if (threaded_)
+      push(std::move(job));
+    else
+      job();
+  }
+  void push(std::function<void()> job) {
+    if (!on_error_) return worker_.push(std::move(job));
+    worker_.push([this, job = std::move(job)] {
+      try {
+        job();
+      } catch (...) {
+        on_error_();
+        throw;
+      }
+    });
+  }
+  void drain() { worker_.drain(); }  // every job pushed so far has run; rethrows the first error
+  void check() { worker_.check(); }  // rethrows the first error without waiting
+
+ private:
+  const bool threaded_;
+  const std::function<void()> on_error_;
+  SerialWorker worker_;  // last: its thread starts after the rest exists
+};
 
 // A unit's version while a discarded speculative Update's rewrite of its compute copy is undone
 // (UpdatePipeline::settle sets it, restore() gives the unit its version back): no landing matches it.
@@ -89,20 +128,16 @@ struct Unit : UnitLayout {
 
   // The compute copy (param_homes.cpp): resident on the device (param16, or fp32 in fp32 runs) with
   // fp32 working weights for 16-bit runs; or its home in pinned memory or on NVMe.
+  ParamHome* home = nullptr;  // the tier of its compute copy: the resident or the windowed units' home
   DeviceBuffer param, work;
   PinnedBuffer pinned_home;
   nvme::TensorStore::Id nvme_param = 0;
   EventHandle fetched;  // h2d: the last Fetch of this unit has read its home
 
-  // Optimizer states (optimizer_states.cpp): on the device, in host memory, or NVMe sub-groups.
-  DeviceBuffer dev_master, dev_m, dev_v;
-  HostMem host_master, host_m, host_v;
-  std::vector<nvme::TensorStore::Id> nvme_subgroups;
+  // Its optimizer states are their tier's own (optimizer_states.cpp: DeviceStates, HostStates, NvmeStates).
 
-  // Gradients (gradient_path.cpp): the model's fp32 device buffer (resident units, optimizer on the
-  // device), its 16-bit rounding and fp32 GA sum on the device; or the Update's input in host memory.
-  DeviceBuffer grad, grad16, grad_sum;
-  HostMem host_grad;
+  // Gradients: the buffers are the gradient path's own (GradientPath::UnitGrads); what the Update
+  // and the trainer share with it is here, under mu.
   int grad_slot = -1;     // under mu: the gradient slot this micro batch's gradient lives in
   bool reducing = false;  // under mu: a GradOut/Reduce of this unit still reads its device gradient
   // Under mu: the Reduce of the step's last micro batch has finished, so the Update's input is final
@@ -127,15 +162,16 @@ struct EngineState {
   // Every buffer the engine allocates, and the layout they come from (buffer_specs.h): the stages
   // allocate what these say, and `zinf plan` sums the same list.
   const BufferSpecs buffers;
-  const bool mixed;                 // fp16/bf16: the compute copy is 16-bit
-  const bool fp32_work;             // 16-bit runs under the reference kernels: fp32 working weights beside it
-  const std::size_t compute_bytes;  // bytes per element of the compute copy
-  const cpu_adam::HalfType half;
-  const bool optimizer_offloaded, param_offloaded;
-  const int world, rank;
-  // With more than one rank, by the ZeRO stage: which states this rank keeps only its shard of.
-  const bool shard_states, shard_grads, shard_params;
-  const std::size_t bucket, sub_group;  // effective sizes, elements
+  // The placement, decided once from config.plan (buffer_specs.h): every stage reads its settings
+  // here (mixed, fp32_work, the tiers, world and rank, what is sharded, the effective sizes).
+  const Layout& layout;
+  const cpu_adam::HalfType half;  // the 16-bit type of the compute copy (mixed runs)
+  // The step of this placement as a graph (zinf/offload/dataflow.h). Every stage claims, when it is
+  // made, each edge it hands over, with the handoff it uses: a handoff the graph lacks stops the
+  // construction (claim), and Engine::unclaimed_handoffs lists the graph's engine edges no stage
+  // claimed, so the graph and the code that orders the buffers are held to each other.
+  const StepGraph graph;
+  std::vector<char> claimed;  // per edge of `graph`
   // Communicators (null with one rank), one per thread that runs collectives, made in this order on
   // every rank: the trainer's thread (norm parts, checkpoints), the Reduce worker, the Update worker,
   // and the trainer's Fetch; the `d` ones for device memory (all issued by the trainer's thread when
@@ -169,21 +205,12 @@ struct EngineState {
   EngineState(const EngineConfig& cfg, Device& d)
       : config(cfg),
         dev(d),
-        buffers(Engine::plan_input(cfg)),
-        mixed(buffers.layout().mixed),
-        fp32_work(buffers.layout().fp32_work),
-        compute_bytes(buffers.layout().compute_bytes),
-        half(cfg.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
-        optimizer_offloaded(buffers.layout().optimizer_offloaded),
-        param_offloaded(buffers.layout().param_offloaded),
-        world(buffers.layout().world),
-        rank(buffers.layout().rank),
-        shard_states(buffers.layout().shard_states),
-        shard_grads(buffers.layout().shard_grads),
-        shard_params(buffers.layout().shard_params),
-        bucket(buffers.layout().bucket),
-        sub_group(buffers.layout().sub_group),
-        ordered_collectives(world > 1 && cfg.device_comm && cfg.device_comm->stream_ordered()),
+        buffers(cfg.plan),
+        layout(buffers.layout()),
+        half(cfg.plan.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
+        graph(step_graph(layout)),
+        claimed(graph.edges.size(), 0),
+        ordered_collectives(layout.parallel && cfg.device_comm && cfg.device_comm->stream_ordered()),
         threads(cfg.host_threads, cfg.pin_threads) {
     disks.trace_to(cfg.trace);
     for (nvme::StoreOptions* o : {&config.optimizer_store, &config.param_store})
@@ -195,8 +222,17 @@ struct EngineState {
     config.param_store.write_span = "param write";
   }
 
-  bool exact() const { return config.overlap == Overlap::exact; }
-  bool parallel() const { return world > 1; }
+  // The stage calling this hands over the edge from `from` to `to` with `h` (construction only).
+  void claim(const char* from, const char* to, Handoff h) {
+    const int e = graph.edge(from, to, h);
+    if (e < 0)
+      throw Error(std::string("offload engine: the step graph has no ") + handoff_name(h) + " handoff from " + from +
+                  " to " + to + " for " + graph.placement);
+    claimed[static_cast<std::size_t>(e)] = 1;
+  }
+
+  bool exact() const { return layout.exact; }
+  bool parallel() const { return layout.parallel; }
 
   // The spec of `what` for unit `u` (kShared: a shared buffer); null when the engine has none.
   const BufferSpec* find(Buffer what, std::size_t u = kShared) const { return buffers.find(what, u); }
@@ -252,7 +288,7 @@ struct EngineState {
   }
   // The compute copy (compute_bytes per element) of an fp32 range, on the host.
   void to_compute(const float* s, void* d, std::size_t n) {
-    if (mixed)
+    if (layout.mixed)
       to_half(s, d, n);
     else
       std::memcpy(d, s, n * 4);

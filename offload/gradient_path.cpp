@@ -3,25 +3,244 @@
 
 namespace zinf::offload::detail {
 
+// ---- the routes -----------------------------------------------------------------------------------------
+
+class GradientPath::Route {
+ public:
+  explicit Route(GradientPath& p) : p_(p), s_(p.state_) {}
+  virtual ~Route() = default;
+  // At grads_done, on the trainer's thread: what must be issued there (nothing but for ordered collectives).
+  virtual void on_trainer(Unit&, float*, std::int64_t, EventHandle&) {}
+  // On the Reduce worker (or inline): GradOut and Reduce of the micro batch's gradient `g`, complete
+  // at `complete` on the compute stream; d2h has read `g` when this returns.
+  virtual void on_worker(Unit& u, float* g, std::int64_t micro, EventHandle complete) = 0;
+  // After the step's last micro batch of unit u, on the worker: the norm's part, when the host sums it.
+  virtual void norm_part(Unit&, std::uint64_t) {}
+  virtual std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const = 0;
+  virtual std::vector<std::vector<double>> block_sums(const std::function<bool(std::size_t, std::vector<double>&)>& known) = 0;
+
+ protected:
+  cpu_adam::GradType half_type() const {
+    return s_.half == cpu_adam::HalfType::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
+  }
+  GradientPath& p_;
+  EngineState& s_;
+};
+
+// The optimizer on the device: the Update reads device buffers, so the gradient is rounded (and
+// summed, and reduced across ranks) in place on d2h; one wait for the device gives every norm part.
+class GradientPath::DeviceRoute : public Route {
+ public:
+  using Route::Route;
+  void on_worker(Unit& u, float* g, std::int64_t micro, EventHandle complete) override {
+    s_.dev.wait_event(StreamRole::d2h, std::move(complete));
+    p_.enqueue_on_device(u, g, micro);
+    s_.dev.synchronize(StreamRole::d2h);
+  }
+  std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const override {
+    if (s_.layout.fp32_sum) return {p_.of(u).grad_sum.as<float>(), cpu_adam::GradType::fp32};
+    if (s_.layout.mixed) return {p_.of(u).grad16.as<void>(), half_type()};
+    return {p_.of(u).grad.as<float>(), cpu_adam::GradType::fp32};
+  }
+  std::vector<std::vector<double>> block_sums(const std::function<bool(std::size_t, std::vector<double>&)>&) override {
+    std::vector<EngineKernels::NormInput> in, kept;
+    for (auto& u : s_.units) {
+      auto [g, type] = update_input(u);
+      in.push_back({g, type, u.grad_range.len()});
+    }
+    for (const auto& x : in)  // a rank's empty shards have no blocks
+      if (x.n) kept.push_back(x);
+    auto sums = s_.kern->block_sums(kept, StreamRole::d2h);
+    std::vector<std::vector<double>> out(in.size());
+    for (std::size_t i = 0, k = 0; i < in.size(); ++i)
+      if (in[i].n) out[i] = std::move(sums[k++]);
+    return out;
+  }
+};
+
+// The same with a stream-ordered transport: the Reduce's collectives are issued at grads_done, on the
+// trainer's thread, in its order (zinf/offload/collectives.h); the worker then only waits for the
+// stream and frees the buffer.
+class GradientPath::OrderedDeviceRoute : public DeviceRoute {
+ public:
+  using DeviceRoute::DeviceRoute;
+  void on_trainer(Unit& u, float* g, std::int64_t micro, EventHandle& complete) override {
+    s_.dev.wait_event(StreamRole::d2h, std::move(complete));
+    p_.enqueue_on_device(u, g, micro);
+  }
+  void on_worker(Unit&, float*, std::int64_t, EventHandle) override { s_.dev.synchronize(StreamRole::d2h); }
+};
+
+// The optimizer off the device: the Update's input in host memory, whose norm parts the Reduce worker
+// sums as each unit's last micro batch is in (under the backward, not at the barrier) — unless the
+// speculative Update sums them itself.
+class GradientPath::HostInput : public Route {
+ public:
+  using Route::Route;
+  void norm_part(Unit& u, std::uint64_t step) override {
+    if (s_.layout.speculative) return;
+    const auto t0 = Clock::now();
+    auto [grad, type] = update_input(u);
+    p_.sums_[u.index] = cpu_adam::sum_squares_parts(s_.threads, grad, type, u.grad_range.len());
+    p_.summed_step_[u.index] = step;
+    s_.add_host_time(t0, "Norm part", static_cast<std::int64_t>(u.index));
+  }
+  std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const override {
+    return {p_.of(u).host_grad.get(), s_.layout.fp32_sum || !s_.layout.mixed ? cpu_adam::GradType::fp32 : half_type()};
+  }
+  std::vector<std::vector<double>> block_sums(
+      const std::function<bool(std::size_t, std::vector<double>&)>& known) override {
+    std::vector<std::vector<double>> out(s_.units.size());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (known && known(i, out[i])) continue;
+      if (p_.summed_step_[i] == p_.step_) {  // the worker's, for this step (it is drained: the barrier)
+        out[i] = p_.sums_[i];
+      } else {
+        auto [g, type] = update_input(s_.units[i]);
+        out[i] = cpu_adam::sum_squares_parts(s_.threads, g, type, s_.units[i].grad_range.len());
+      }
+    }
+    return out;
+  }
+};
+
+// device_accum (the optimizer off the device, one rank, GA > 1): each micro batch is rounded and summed
+// on the device; after the last, the fp32 sum leaves it through the landing buffers.
+class GradientPath::AccumRoute : public HostInput {
+ public:
+  using HostInput::HostInput;
+  void on_worker(Unit& u, float* g, std::int64_t micro, EventHandle complete) override {
+    s_.dev.wait_event(StreamRole::d2h, std::move(complete));
+    p_.enqueue_on_device(u, g, micro);
+    if (micro + 1 == s_.layout.grad_accum) p_.grad_out_sum(u);
+    s_.dev.synchronize(StreamRole::d2h);  // d2h has read the gradient: release() may hand it back
+  }
+};
+
+// GradOut bucket by bucket through the landing buffers (16 bits in mixed runs, rounded into the one
+// device staging buffer in d2h stream order; fp32 straight from the gradient buffer), then the Reduce
+// into the Update's input. The landing event also says d2h has read the bucket of the gradient buffer;
+// the buffer itself is handed back to compute by release() after the d2h sync at the end.
+class GradientPath::HostRoute : public HostInput {
+ public:
+  // The Reduce of one landed bucket [o, o+len) of micro batch `micro` into unit u's host gradient.
+  using ReduceFn = void (HostRoute::*)(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land,
+                                       std::int64_t micro);
+  explicit HostRoute(GradientPath& p)
+      : HostInput(p),
+        reduce_(!s_.layout.fp32_sum   ? &HostRoute::copy
+                : !s_.layout.parallel ? &HostRoute::sum_one_rank
+                                      : &HostRoute::sum_across_ranks) {}
+
+  void on_worker(Unit& u, float* g, std::int64_t micro, EventHandle complete) override {
+    const StreamRole r = StreamRole::d2h;
+    s_.dev.wait_event(r, std::move(complete));
+    const std::size_t cb = s_.layout.compute_bytes;
+    p_.through_landing(
+        u, u.n,
+        [&](std::size_t o, std::size_t len, PinnedBuffer& land) {
+          if (s_.layout.mixed) {  // rounded into the staging buffer (d2h writes, d2h reads: stream order)
+            s_.kern->to_half(g + o, p_.gradout_stage_.as<void>(), len, s_.half, r);
+            s_.dev.copy_to_host(land.data(), p_.gradout_stage_.as<void>(), len * cb, r);
+          } else {
+            s_.dev.copy_to_host(land.data(), g + o, len * cb, r);
+          }
+        },
+        [&](std::size_t o, std::size_t len, PinnedBuffer& land) { (this->*reduce_)(u, o, len, land, micro); });
+    s_.dev.synchronize(r);  // an error on the d2h stream surfaces here (events carry none)
+  }
+
+ private:
+  // The landed bucket as fp32 into `dst`.
+  void widen(const PinnedBuffer& land, float* dst, std::size_t len) {
+    if (s_.layout.mixed)
+      s_.from_half(land.data(), dst, len);
+    else
+      std::memcpy(dst, land.data(), len * 4);
+  }
+  // GA 1, one rank: the landed gradient is the Update's input as it is.
+  void copy(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land, std::int64_t) {
+    const std::size_t cb = s_.layout.compute_bytes;
+    std::memcpy(p_.of(u).host_grad.get() + o * cb, land.data(), len * cb);
+  }
+  // One rank, GA > 1: straight into the fp32 sum (the whole unit is kept).
+  void sum_one_rank(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land, std::int64_t micro) {
+    float* acc = reinterpret_cast<float*>(p_.of(u).host_grad.get()) + (o - u.grad_range.lo);
+    if (micro == 0)
+      widen(land, acc, len);
+    else if (s_.layout.mixed)
+      cpu_adam::accumulate_half(s_.threads, static_cast<const std::uint16_t*>(land.data()), acc, len, s_.half);
+    else
+      s_.add_into(acc, static_cast<const float*>(land.data()), len);
+  }
+  // Several ranks: the bucket reduced across them, then the part this rank keeps summed over micro
+  // batches in fp32.
+  void sum_across_ranks(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land, std::int64_t micro) {
+    float* g = reinterpret_cast<float*>(p_.reduce_scratch_.get());
+    widen(land, g, len);
+    p_.reduce_bucket(u, o, len, g, false);
+    const std::size_t a = std::max(o, u.grad_range.lo), b = std::min(o + len, u.grad_range.hi);
+    if (b <= a) return;
+    float* acc = reinterpret_cast<float*>(p_.of(u).host_grad.get()) + (a - u.grad_range.lo);
+    if (micro == 0)
+      std::memcpy(acc, g + (a - o), (b - a) * 4);
+    else
+      s_.add_into(acc, g + (a - o), b - a);
+  }
+  ReduceFn reduce_;
+};
+
+std::unique_ptr<GradientPath::Route> GradientPath::make_route() {
+  const Layout& l = state_.layout;
+  EngineState& s = state_;
+  // The handoffs of the step graph this path makes: grads_done records `complete` on compute and the
+  // d2h work waits for it; release() hands the device gradient back once d2h is synchronized;
+  // drain() is the barrier.
+  s.claim("Backward(u)", "GradOut(u)", Handoff::event);
+  s.claim("GradOut(u)", "Backward(u)", Handoff::host_wait);
+  if (!l.optimizer_offloaded) {
+    s.claim("GradOut(u)", "Norm", Handoff::host_wait);
+    s.claim("GradOut(u)", "Update(g)", Handoff::stream_order);  // the device Update stream is d2h's queue
+    s.claim("Forward(u)", "Update(g)", Handoff::event);         // `complete`, waited on before the Update
+  } else {
+    s.claim("GradOut(u)", "Reduce(u)", Handoff::host_wait);        // the landing events (through_landing)
+    s.claim("Reduce(u)", "GradOut(u)", Handoff::enqueued_after);   // a landing buffer refilled after it is read
+    s.claim("Reduce(u)", "Norm", Handoff::host_wait);
+    // The speculative Update's gate waits for Unit::reduced; otherwise the barrier's drain.
+    s.claim("Reduce(u)", "Update(g)", l.speculative ? Handoff::version : Handoff::host_wait);
+  }
+  if (!l.optimizer_offloaded) {
+    if (state_.ordered_collectives) return std::make_unique<OrderedDeviceRoute>(*this);
+    return std::make_unique<DeviceRoute>(*this);
+  }
+  if (l.device_accum) return std::make_unique<AccumRoute>(*this);
+  return std::make_unique<HostRoute>(*this);
+}
+
+GradientPath::~GradientPath() = default;
+
 GradientPath::GradientPath(EngineState& s) : state_(s), jitter_(s.dev.jitter(), 11) {
   auto on_start = [this] {
     state_.dev.bind_thread();
     state_.name_thread("Reduce worker");
   };
-  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); }, on_start);
+  route_ = make_route();
+  worker_ = std::make_unique<HostQueue>(s.exact(), [this] { jitter_.delay(); }, on_start);
 }
 
+
 void GradientPath::add(Unit& u, const std::string& name) {
+  if (of_.size() <= u.index) of_.resize(u.index + 1);
   // Partitioned gradients, or the optimizer off the device: a block's gradient has no buffer of its
   // own (it passes through the gradient slots).
   if (const BufferSpec* b = state_.find(Buffer::grad, u.index))
-    u.grad = DeviceBuffer(state_.dev, b->bytes, name + " grad");
+    of(u).grad = DeviceBuffer(state_.dev, b->bytes, name + " grad");
   if (const BufferSpec* b = state_.find(Buffer::grad16, u.index))
-    u.grad16 = DeviceBuffer(state_.dev, b->bytes, name + " grad16");
+    of(u).grad16 = DeviceBuffer(state_.dev, b->bytes, name + " grad16");
   if (const BufferSpec* b = state_.find(Buffer::grad_sum, u.index))
-    u.grad_sum = DeviceBuffer(state_.dev, b->bytes, name + " grad32");
+    of(u).grad_sum = DeviceBuffer(state_.dev, b->bytes, name + " grad32");
   if (const BufferSpec* b = state_.find(Buffer::host_grad, u.index))
-    u.host_grad = state_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
+    of(u).host_grad = state_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
 }
 
 void GradientPath::allocate_shared() {
@@ -66,15 +285,15 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
       BusyScope busy(state_.dev, r, {"Reduce", static_cast<std::int64_t>(u.index)});
       reduce_scatter_ordered(c, state_.dev, *state_.kern, r, g, counts, device_recv_.as<float>(), &state_.order);
     }
-    if (!state_.shard_grads) state_.order.run(c, state_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
+    if (!state_.layout.shard_grads) state_.order.run(c, state_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
     return;
   }
   // Host memory: the same reduction with the sum spread over the host threads.
-  const std::size_t mine = counts[static_cast<std::size_t>(state_.rank)];
+  const std::size_t mine = counts[static_cast<std::size_t>(state_.layout.rank)];
   const std::vector<std::size_t> recv_counts(counts.size(), mine);
   const std::size_t first =
-      std::max(o, u.bounds[static_cast<std::size_t>(state_.rank)]) - o;  // my part within the bucket
-  const auto W = static_cast<std::size_t>(state_.world);
+      std::max(o, u.bounds[static_cast<std::size_t>(state_.layout.rank)]) - o;  // my part within the bucket
+  const auto W = static_cast<std::size_t>(state_.layout.world);
   Comm& c = *state_.reduce_comm;
   float* recv = reinterpret_cast<float*>(host_recv_.get());
   c.alltoallv(g, counts, recv, recv_counts, 4);
@@ -88,14 +307,14 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
       }
     });
   }
-  if (!state_.shard_grads) c.allgatherv(g, counts, 4);
+  if (!state_.layout.shard_grads) c.allgatherv(g, counts, 4);
 }
 
 void GradientPath::begin_micro_batch(std::int64_t micro) {
   micro_ = micro;
   std::fill(zeroed_.begin(), zeroed_.end(), false);
   if (micro == 0) ++step_;  // sums the worker made for an earlier step no longer count
-  if (micro + 1 == state_.config.grad_accum) {  // every Reduce of the previous step is done (the barrier)
+  if (micro + 1 == state_.layout.grad_accum) {  // every Reduce of the previous step is done (the barrier)
     std::lock_guard<std::mutex> lk(state_.mu);
     for (auto& u : state_.units) u.reduced = false;
   }
@@ -122,7 +341,7 @@ float* GradientPath::grads(std::size_t u) {
       }
       g = slots_[static_cast<std::size_t>(unit.grad_slot)].grad.as<float>();
     } else {
-      g = unit.grad.as<float>();
+      g = of(unit).grad.as<float>();
     }
   }
   if (!zeroed_[u]) {
@@ -142,7 +361,7 @@ void GradientPath::grads_done(std::size_t u) {
   {
     std::lock_guard<std::mutex> lk(state_.mu);
     ZINF_CHECK(!unit.grad_windowed || unit.grad_slot >= 0);  // grads(u) came first
-    g = unit.grad_windowed ? slots_[static_cast<std::size_t>(unit.grad_slot)].grad.as<float>() : unit.grad.as<float>();
+    g = unit.grad_windowed ? slots_[static_cast<std::size_t>(unit.grad_slot)].grad.as<float>() : of(unit).grad.as<float>();
     unit.reducing = true;
   }
   // The gradient is complete at this point of the compute stream: d2h waits for it before reading
@@ -150,47 +369,24 @@ void GradientPath::grads_done(std::size_t u) {
   // it here for a worker's later GradOut, d2h (one FIFO) would hold every GradOut behind the waits
   // for all the units the trainer has reached since — the whole backward, enqueued far ahead.
   EventHandle complete = state_.dev.record(StreamRole::compute);
-  // The optimizer on the device with a stream-ordered transport: the Reduce's collectives are
-  // issued here, on the trainer's thread, in its order (zinf/offload/collectives.h); the worker then
-  // only waits for the stream and frees the buffer.
-  const bool issue_here = state_.ordered_collectives && !state_.optimizer_offloaded;
-  if (issue_here) {
-    state_.dev.wait_event(StreamRole::d2h, std::move(complete));
-    try {
-      enqueue_on_device(unit, g, mb);
-    } catch (...) {
-      release(u);
-      throw;
-    }
+  try {
+    route_->on_trainer(unit, g, mb, complete);
+  } catch (...) {
+    release(u);
+    throw;
   }
   const std::uint64_t step = step_;
-  auto job = [this, u, g, mb, issue_here, step, complete = std::move(complete)]() mutable {
+  auto job = [this, u, g, mb, step, complete = std::move(complete)]() mutable {
     {
       struct Release {  // also on an exception, so nobody waits forever on the buffer
         GradientPath& p;
         std::size_t u;
         ~Release() { p.release(u); }
       } release{*this, u};
-      if (issue_here) {
-        state_.dev.synchronize(StreamRole::d2h);
-      } else if (device_accum()) {  // summed on the device; the sum leaves it after the last micro batch
-        state_.dev.wait_event(StreamRole::d2h, std::move(complete));
-        enqueue_on_device(state_.units[u], g, mb);
-        if (mb + 1 == state_.config.grad_accum) grad_out_sum(state_.units[u]);
-        state_.dev.synchronize(StreamRole::d2h);  // d2h has read the gradient: release() may hand it back
-      } else {
-        state_.dev.wait_event(StreamRole::d2h, std::move(complete));
-        grad_out_and_reduce(u, g, mb);
-      }
+      route_->on_worker(state_.units[u], g, mb, std::move(complete));
     }  // the device gradient (and its slot) is free again: the backward may go on while the host sums
-    if (mb + 1 == state_.config.grad_accum) {
-      if (state_.optimizer_offloaded && !state_.buffers.layout().speculative) {  // the norm's part, off the barrier
-        const auto t0 = Clock::now();
-        auto [grad, type] = update_input(state_.units[u]);
-        sums_[u] = cpu_adam::sum_squares_parts(state_.threads, grad, type, state_.units[u].grad_range.len());
-        summed_step_[u] = step;
-        state_.add_host_time(t0, "Norm part", static_cast<std::int64_t>(u));
-      }
+    if (mb + 1 == state_.layout.grad_accum) {
+      route_->norm_part(state_.units[u], step);
       {
         std::lock_guard<std::mutex> lk(state_.mu);
         state_.units[u].reduced = true;
@@ -198,10 +394,7 @@ void GradientPath::grads_done(std::size_t u) {
       state_.cv.notify_all();
     }
   };
-  if (state_.exact())
-    worker_->push(job);
-  else
-    job();
+  worker_->run(std::move(job));
 }
 
 void GradientPath::release(std::size_t u) {
@@ -225,100 +418,44 @@ void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
   void* g16 = nullptr;
   {
     std::lock_guard<std::mutex> lk(state_.mu);  // the slot stays this unit's until the job ends
-    g16 = u.grad_windowed ? slots_[static_cast<std::size_t>(u.grad_slot)].grad16.as<void>() : u.grad16.as<void>();
+    g16 = u.grad_windowed ? slots_[static_cast<std::size_t>(u.grad_slot)].grad16.as<void>() : of(u).grad16.as<void>();
   }
   {
     BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
-    if (state_.mixed) {
+    if (state_.layout.mixed) {
       state_.kern->to_half(grad, g16, u.n, state_.half, r);
-      if (fp32_sum()) state_.kern->from_half(g16, grad, u.n, state_.half, r);
+      if (state_.layout.fp32_sum) state_.kern->from_half(g16, grad, u.n, state_.half, r);
     }
   }
   if (state_.parallel())
-    for (std::size_t o = 0; o < u.n; o += state_.bucket)
-      reduce_bucket(u, o, std::min(state_.bucket, u.n - o), grad + o, true);
+    for (std::size_t o = 0; o < u.n; o += state_.layout.bucket)
+      reduce_bucket(u, o, std::min(state_.layout.bucket, u.n - o), grad + o, true);
   // A small unit's shard may be empty on this rank (ZeRO stage ≥ 2): nothing of it to keep.
-  if (fp32_sum() && u.grad_range.len()) {
+  if (state_.layout.fp32_sum && u.grad_range.len()) {
     BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
     const float* kept = grad + u.grad_range.lo;
     if (mb == 0)
-      state_.kern->copy(u.grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
+      state_.kern->copy(of(u).grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
     else
-      state_.kern->add(u.grad_sum.as<float>(), kept, u.grad_range.len(), r);
+      state_.kern->add(of(u).grad_sum.as<float>(), kept, u.grad_range.len(), r);
   }
-}
-
-void GradientPath::grad_out_and_reduce(std::size_t ui, float* grad, std::int64_t mb) {
-  Unit& u = state_.units[ui];
-  const StreamRole r = StreamRole::d2h;
-  if (!state_.optimizer_offloaded) {
-    enqueue_on_device(u, grad, mb);
-    state_.dev.synchronize(r);
-    return;
-  }
-  // The one device staging buffer (16-bit runs) is reused in d2h stream order.
-  const std::size_t cb = state_.compute_bytes;
-  auto grad_out = [&](std::size_t o, std::size_t len, PinnedBuffer& land) {  // 16 bits in mixed runs
-    if (state_.mixed) {  // rounded into the staging buffer (d2h writes, d2h reads: stream order)
-      state_.kern->to_half(grad + o, gradout_stage_.as<void>(), len, state_.half, r);
-      state_.dev.copy_to_host(land.data(), gradout_stage_.as<void>(), len * cb, r);
-    } else {  // fp32: straight from the gradient buffer, no device copy first
-      state_.dev.copy_to_host(land.data(), grad + o, len * cb, r);
-    }
-  };
-  // The landing event also says d2h has read the bucket of the gradient buffer; the buffer itself
-  // is handed back to compute by release() after the d2h sync at the end.
-  auto reduce = [&](std::size_t o, std::size_t len, PinnedBuffer& land) {  // into the Update's input
-    if (!fp32_sum()) {
-      std::memcpy(u.host_grad.get() + o * host_grad_bytes(), land.data(), len * cb);
-    } else if (!state_.parallel()) {  // one rank: straight into the fp32 sum (the whole unit is kept)
-      float* acc = reinterpret_cast<float*>(u.host_grad.get()) + (o - u.grad_range.lo);
-      const auto* h = static_cast<const std::uint16_t*>(land.data());
-      if (mb == 0 && state_.mixed)
-        state_.from_half(h, acc, len);
-      else if (mb == 0)
-        std::memcpy(acc, land.data(), len * 4);
-      else if (state_.mixed)
-        cpu_adam::accumulate_half(state_.threads, h, acc, len, state_.half);
-      else
-        state_.add_into(acc, static_cast<const float*>(land.data()), len);
-    } else {
-      float* g = reinterpret_cast<float*>(reduce_scratch_.get());
-      if (state_.mixed)
-        state_.from_half(land.data(), g, len);
-      else
-        std::memcpy(g, land.data(), len * 4);
-      if (state_.parallel()) reduce_bucket(u, o, len, g, false);
-      // The part of the bucket this rank keeps, summed over micro batches in fp32.
-      const std::size_t a = std::max(o, u.grad_range.lo), b = std::min(o + len, u.grad_range.hi);
-      if (b > a) {
-        float* acc = reinterpret_cast<float*>(u.host_grad.get()) + (a - u.grad_range.lo);
-        if (mb == 0)
-          std::memcpy(acc, g + (a - o), (b - a) * 4);
-        else
-          state_.add_into(acc, g + (a - o), b - a);
-      }
-    }
-  };
-  through_landing(u, u.n, grad_out, reduce);
-  state_.dev.synchronize(r);  // an error on the d2h stream surfaces here (events carry none)
 }
 
 void GradientPath::grad_out_sum(Unit& u) {
   through_landing(
       u, u.n,
       [&](std::size_t o, std::size_t len, PinnedBuffer& land) {  // after the sum's last add, in d2h stream order
-        state_.dev.copy_to_host(land.data(), u.grad_sum.as<float>() + o, len * 4, StreamRole::d2h);
+        state_.dev.copy_to_host(land.data(), of(u).grad_sum.as<float>() + o, len * 4, StreamRole::d2h);
       },
       [&](std::size_t o, std::size_t len, PinnedBuffer& land) {
-        std::memcpy(reinterpret_cast<float*>(u.host_grad.get()) + o, land.data(), len * 4);
+        std::memcpy(reinterpret_cast<float*>(of(u).host_grad.get()) + o, land.data(), len * 4);
       });
 }
 
 void GradientPath::through_landing(const Unit& u, std::size_t n, const BucketFn& out, const BucketFn& in) {
   const StreamRole r = StreamRole::d2h;
-  const std::size_t L = landing_.size(), nb = (n + state_.bucket - 1) / state_.bucket;
-  auto range = [&](std::size_t kb) { return std::pair{kb * state_.bucket, std::min(state_.bucket, n - kb * state_.bucket)}; };
+  const std::size_t L = landing_.size(), nb = (n + state_.layout.bucket - 1) / state_.layout.bucket;
+  auto range = [&](std::size_t kb) { return std::pair{kb * state_.layout.bucket, std::min(state_.layout.bucket, n - kb * state_.layout.bucket)}; };
   std::vector<EventHandle> landed(L);
   std::size_t enqueued = 0;
   for (std::size_t kb = 0; kb < nb; ++kb) {
@@ -340,44 +477,11 @@ void GradientPath::through_landing(const Unit& u, std::size_t n, const BucketFn&
   }
 }
 
-std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) const {
-  const cpu_adam::GradType g16 =
-      state_.half == cpu_adam::HalfType::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
-  if (!state_.optimizer_offloaded) {
-    if (fp32_sum()) return {u.grad_sum.as<float>(), cpu_adam::GradType::fp32};
-    if (state_.mixed) return {u.grad16.as<void>(), g16};
-    return {u.grad.as<float>(), cpu_adam::GradType::fp32};
-  }
-  if (fp32_sum() || !state_.mixed) return {u.host_grad.get(), cpu_adam::GradType::fp32};
-  return {u.host_grad.get(), g16};
-}
+std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) const { return route_->update_input(u); }
 
 std::vector<std::vector<double>> GradientPath::block_sums(
     const std::function<bool(std::size_t, std::vector<double>&)>& known) {
-  std::vector<EngineKernels::NormInput> in;
-  for (auto& u : state_.units) {
-    auto [g, type] = update_input(u);
-    in.push_back({g, type, u.grad_range.len()});
-  }
-  if (!state_.optimizer_offloaded) {  // one wait for every unit; a rank's empty shards have no blocks
-    std::vector<EngineKernels::NormInput> kept;
-    for (const auto& x : in)
-      if (x.n) kept.push_back(x);
-    auto sums = state_.kern->block_sums(kept, StreamRole::d2h);
-    std::vector<std::vector<double>> out(in.size());
-    for (std::size_t i = 0, k = 0; i < in.size(); ++i)
-      if (in[i].n) out[i] = std::move(sums[k++]);
-    return out;
-  }
-  std::vector<std::vector<double>> out(in.size());
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    if (known && known(i, out[i])) continue;
-    if (summed_step_[i] == step_)  // the worker's, for this step (it is drained: the barrier)
-      out[i] = sums_[i];
-    else
-      out[i] = cpu_adam::sum_squares_parts(state_.threads, in[i].g, in[i].t, in[i].n);
-  }
-  return out;
+  return route_->block_sums(known);
 }
 
 }  // namespace zinf::offload::detail

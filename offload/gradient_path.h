@@ -32,6 +32,7 @@ namespace zinf::offload::detail {
 class GradientPath {
  public:
   explicit GradientPath(EngineState& s);
+  ~GradientPath();
   void add(Unit& u, const std::string& name);  // unit u's gradient buffers (at construction)
   void allocate_shared();                      // slots, landing buffers, staging (after every add)
   void allocate_comm_scratch();                // the receive scratch of the cross-rank reduction
@@ -56,15 +57,24 @@ class GradientPath {
       const std::function<bool(std::size_t, std::vector<double>&)>& known = {});
 
  private:
-  void grad_out_and_reduce(std::size_t u, float* grad, std::int64_t micro);
+  // How a unit's gradient becomes the Update's input, chosen once at construction from the layout
+  // (gradient_path.cpp): DeviceRoute (the optimizer on the device: rounded, summed and reduced in
+  // place on d2h), its OrderedDeviceRoute (the same, with the collectives issued from the trainer's
+  // thread), AccumRoute (device_accum: summed on the device, the sum leaves once per step) and
+  // HostRoute (GradOut through the landing buffers, then one of three host Reduces: a 16-bit copy, the
+  // fp32 sum of one rank, or the cross-rank reduction then the sum of this rank's part).
+  class Route;
+  class DeviceRoute;
+  class OrderedDeviceRoute;
+  class HostInput;
+  class AccumRoute;
+  class HostRoute;
+  std::unique_ptr<Route> make_route();
   // The optimizer on the device, or device_accum: the rounding, Reduce and fp32 sum of unit u's
   // gradient, enqueued on the d2h stream (the caller then waits for the stream).
   void enqueue_on_device(Unit& u, float* grad, std::int64_t micro);
   void release(std::size_t u);  // unit u's gradient buffer (and slot) free for the next micro batch
   void reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device);
-  // The Update reads an fp32 sum of the micro batches' (and ranks') rounded gradients.
-  bool fp32_sum() const { return state_.config.grad_accum > 1 || state_.parallel(); }
-  bool device_accum() const { return state_.buffers.layout().device_accum; }
   // device_accum: the step's fp32 sum of unit u leaves the device (bucket by bucket through the
   // landing buffers) into its host gradient.
   void grad_out_sum(Unit& u);
@@ -74,7 +84,17 @@ class GradientPath {
   // many buckets as there are landing buffers.
   using BucketFn = std::function<void(std::size_t o, std::size_t len, PinnedBuffer& landing)>;
   void through_landing(const Unit& u, std::size_t n, const BucketFn& out, const BucketFn& in);
-  std::size_t host_grad_bytes() const { return (fp32_sum() || !state_.mixed) ? 4 : 2; }
+
+  // Each unit's gradient buffers, as its layout has them (add): the model's fp32 device gradient
+  // (units without a gradient slot), its 16-bit rounding and fp32 sum on the device, and the Update's
+  // input in host memory.
+  struct UnitGrads {
+    DeviceBuffer grad, grad16, grad_sum;
+    HostMem host_grad;
+  };
+  std::vector<UnitGrads> of_;
+  UnitGrads& of(const Unit& u) { return of_[u.index]; }
+  const UnitGrads& of(const Unit& u) const { return of_[u.index]; }
 
   struct GradSlot {
     DeviceBuffer grad, grad16;  // grad16: the optimizer on the device with partitioned gradients
@@ -96,8 +116,9 @@ class GradientPath {
   std::vector<std::uint64_t> summed_step_;
   std::uint64_t step_ = 1;
   std::int64_t micro_ = 0;
+  std::unique_ptr<Route> route_;
   Jitter jitter_;
-  std::unique_ptr<SerialWorker> worker_;  // last: its jobs use everything above
+  std::unique_ptr<HostQueue> worker_;  // last: its jobs use everything above
 };
 
 }  // namespace zinf::offload::detail

@@ -66,7 +66,7 @@ void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision,
   for (std::size_t ui = 0; ui < s.units.size(); ++ui) {
     Unit& u = s.units[ui];
     const auto [master, m, v] = bases(u);
-    const InPlace a{s.config.optimizer_states, u.state_range.len()};
+    const InPlace a{s.layout.states, u.state_range.len()};
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) {
       if (spec && spec->pass(ui, ci)) continue;
       const std::size_t o = u.chunks[ci];
@@ -85,55 +85,68 @@ void walk_in_place(EngineState& s, const std::shared_future<Decision>& decision,
 class DeviceStates final : public OptimizerStates {
  public:
   explicit DeviceStates(EngineState& s) : state_(s) {}
+
+ private:
+  // Each unit's master, m and v in device memory (this tier's own per-unit state).
+  struct Buffers {
+    DeviceBuffer master, m, v;
+  };
+  std::vector<Buffers> of_;
+  Buffers& dev(const Unit& u) {
+    if (of_.size() <= u.index) of_.resize(u.index + 1);
+    return of_[u.index];
+  }
+
+ public:
   void add(Unit& u, const std::string& name, const float* master) override {
     const std::size_t n = u.state_range.len();
     // fp32 with whole resident parameters: the compute copy is the master (no second fp32 copy).
     if (const BufferSpec* b = state_.find(Buffer::master, u.index))
-      u.dev_master = DeviceBuffer(state_.dev, b->bytes, name + " master");
+      dev(u).master = DeviceBuffer(state_.dev, b->bytes, name + " master");
     const std::size_t state = state_.spec(Buffer::adam_m, u.index, Tier::device).bytes;
-    u.dev_m = DeviceBuffer(state_.dev, state, name + " adam.m");
-    u.dev_v = DeviceBuffer(state_.dev, state_.spec(Buffer::adam_v, u.index, Tier::device).bytes, name + " adam.v");
+    dev(u).m = DeviceBuffer(state_.dev, state, name + " adam.m");
+    dev(u).v = DeviceBuffer(state_.dev, state_.spec(Buffer::adam_v, u.index, Tier::device).bytes, name + " adam.v");
     if (n) {  // a small unit's shard may be empty on this rank
-      state_.kern->zero(u.dev_m.as<void>(), state, StreamRole::h2d);
-      state_.kern->zero(u.dev_v.as<void>(), state, StreamRole::h2d);
+      state_.kern->zero(dev(u).m.as<void>(), state, StreamRole::h2d);
+      state_.kern->zero(dev(u).v.as<void>(), state, StreamRole::h2d);
     }
-    if (u.dev_master.size()) state_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo, n * 4);
+    if (dev(u).master.size()) state_.h2d_sync(dev(u).master.as<void>(), master + u.state_range.lo, n * 4);
     state_.dev.synchronize(StreamRole::h2d);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
     walk_in_place(state_, decision, fn,
-                  [this](Unit& u) { return std::tuple(master_of(u), u.dev_m.as<void>(), u.dev_v.as<void>()); });
+                  [this](Unit& u) { return std::tuple(master_of(u), dev(u).m.as<void>(), dev(u).v.as<void>()); });
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     const std::size_t n = u.state_range.len();
     state_.d2h_sync(master + u.state_range.lo, master_of(u), n * 4);
-    if (m) read_state(u, StateKind::m, u.dev_m, m + u.state_range.lo);
-    if (v) read_state(u, StateKind::v, u.dev_v, v + u.state_range.lo);
+    if (m) read_state(u, StateKind::m, dev(u).m, m + u.state_range.lo);
+    if (v) read_state(u, StateKind::v, dev(u).v, v + u.state_range.lo);
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
     const std::size_t n = u.state_range.len();
-    if (u.dev_master.size())
-      state_.h2d_sync(u.dev_master.as<void>(), master + u.state_range.lo,
+    if (dev(u).master.size())
+      state_.h2d_sync(dev(u).master.as<void>(), master + u.state_range.lo,
                       n * 4);  // else: the compute copy, rebuilt by its home
-    write_state(u, StateKind::m, m + u.state_range.lo, u.dev_m);
-    write_state(u, StateKind::v, v + u.state_range.lo, u.dev_v);
+    write_state(u, StateKind::m, m + u.state_range.lo, dev(u).m);
+    write_state(u, StateKind::v, v + u.state_range.lo, dev(u).v);
   }
 
  private:
   float* master_of(Unit& u) {
-    return u.dev_master.size() ? u.dev_master.as<float>() : u.param.as<float>() + u.state_range.lo;
+    return dev(u).master.size() ? dev(u).master.as<float>() : u.param.as<float>() + u.state_range.lo;
   }
   // One of u's m, v: fp32 straight from or to the device; another format through a host copy of the
   // array, decoded or encoded there.
   void read_state(Unit& u, StateKind k, DeviceBuffer& a, float* dst) {
-    const InPlace f{state_.config.optimizer_states, u.state_range.len()};
+    const InPlace f{state_.layout.states, u.state_range.len()};
     if (f.f == StateFormat::fp32) return state_.d2h_sync(dst, a.as<void>(), f.n * 4);
     HostMem h = host_alloc(a.size());
     state_.d2h_sync(h.get(), a.as<void>(), a.size());
     f.decode(k, h.get(), dst);
   }
   void write_state(Unit& u, StateKind k, const float* src, DeviceBuffer& a) {
-    const InPlace f{state_.config.optimizer_states, u.state_range.len()};
+    const InPlace f{state_.layout.states, u.state_range.len()};
     if (f.f == StateFormat::fp32) return state_.h2d_sync(a.as<void>(), src, f.n * 4);
     HostMem h = host_alloc(a.size());
     f.encode(k, src, h.get());
@@ -151,15 +164,28 @@ class HostStates final : public OptimizerStates {
       backup_slots_ = b->count;
     }
   }
+
+ private:
+  // Each unit's master, m and v in host memory (this tier's own per-unit state).
+  struct Buffers {
+    HostMem master, m, v;
+  };
+  std::vector<Buffers> of_;
+  Buffers& host(const Unit& u) {
+    if (of_.size() <= u.index) of_.resize(u.index + 1);
+    return of_[u.index];
+  }
+
+ public:
   void add(Unit& u, const std::string&, const float* master) override {
     const std::size_t n = u.state_range.len();
-    u.host_master = state_.alloc_host(state_.spec(Buffer::master, u.index, Tier::host).bytes);
+    host(u).master = state_.alloc_host(state_.spec(Buffer::master, u.index, Tier::host).bytes);
     const std::size_t state = state_.spec(Buffer::adam_m, u.index, Tier::host).bytes;
-    u.host_m = state_.alloc_host(state);
-    u.host_v = state_.alloc_host(state_.spec(Buffer::adam_v, u.index, Tier::host).bytes);
-    std::memcpy(u.host_master.get(), master + u.state_range.lo, n * 4);
-    std::memset(u.host_m.get(), 0, state);
-    std::memset(u.host_v.get(), 0, state);
+    host(u).m = state_.alloc_host(state);
+    host(u).v = state_.alloc_host(state_.spec(Buffer::adam_v, u.index, Tier::host).bytes);
+    std::memcpy(host(u).master.get(), master + u.state_range.lo, n * 4);
+    std::memset(host(u).m.get(), 0, state);
+    std::memset(host(u).v.get(), 0, state);
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
     struct Walked {  // the committed marks are cleared however the walk ends
@@ -168,16 +194,16 @@ class HostStates final : public OptimizerStates {
     } walked{spec_};
     walk_in_place(
         state_, decision, fn,
-        [](Unit& u) {
-          return std::tuple(reinterpret_cast<float*>(u.host_master.get()), static_cast<void*>(u.host_m.get()),
-                            static_cast<void*>(u.host_v.get()));
+        [this](Unit& u) {
+          return std::tuple(reinterpret_cast<float*>(host(u).master.get()), static_cast<void*>(host(u).m.get()),
+                            static_cast<void*>(host(u).v.get()));
         },
         &spec_);
   }
   // The same on every rank (the layout's flag), also where this rank keeps no states and its backup
   // has no slot: every rank then decides its steps alike (a clipped step is redone and lands with
   // its gathers on every rank; a skipped one lands nowhere). With no slot, speculate() updates nothing.
-  bool speculative() const override { return state_.buffers.layout().speculative; }
+  bool speculative() const override { return state_.layout.speculative; }
   // Slot k of the backup holds the old master | m | v | scales (SubGroupLayout) of spec_.touched[k].
   void speculate(const std::vector<SubGroupRef>& order, const Gate& gate, const cpu_adam::AdamStep& step,
                  const SubGroupFn& fn) override {
@@ -203,27 +229,27 @@ class HostStates final : public OptimizerStates {
   }
   void read(Unit& u, float* master, float* m, float* v) override {
     const std::size_t n = u.state_range.len();
-    const InPlace a{state_.config.optimizer_states, n};
-    std::memcpy(master + u.state_range.lo, u.host_master.get(), n * 4);
-    if (m) a.decode(StateKind::m, u.host_m.get(), m + u.state_range.lo);
-    if (v) a.decode(StateKind::v, u.host_v.get(), v + u.state_range.lo);
+    const InPlace a{state_.layout.states, n};
+    std::memcpy(master + u.state_range.lo, host(u).master.get(), n * 4);
+    if (m) a.decode(StateKind::m, host(u).m.get(), m + u.state_range.lo);
+    if (v) a.decode(StateKind::v, host(u).v.get(), v + u.state_range.lo);
   }
   void write(Unit& u, const float* master, const float* m, const float* v) override {
     const std::size_t n = u.state_range.len();
-    const InPlace a{state_.config.optimizer_states, n};
-    std::memcpy(u.host_master.get(), master + u.state_range.lo, n * 4);
-    a.encode(StateKind::m, m + u.state_range.lo, u.host_m.get());
-    a.encode(StateKind::v, v + u.state_range.lo, u.host_v.get());
+    const InPlace a{state_.layout.states, n};
+    std::memcpy(host(u).master.get(), master + u.state_range.lo, n * 4);
+    a.encode(StateKind::m, m + u.state_range.lo, host(u).m.get());
+    a.encode(StateKind::v, v + u.state_range.lo, host(u).v.get());
   }
 
  private:
   // Sub-group ci of unit ui where it lives (as walk_in_place hands it).
   StateSlice slice(std::size_t ui, std::size_t ci) {
     Unit& u = state_.units[ui];
-    const InPlace a{state_.config.optimizer_states, u.state_range.len()};
+    const InPlace a{state_.layout.states, u.state_range.len()};
     const std::size_t i = u.chunks[ci] - u.state_range.lo;
-    void *m = u.host_m.get(), *v = u.host_v.get();
-    return StateSlice{.master = reinterpret_cast<float*>(u.host_master.get()) + i,
+    void *m = host(u).m.get(), *v = host(u).v.get();
+    return StateSlice{.master = reinterpret_cast<float*>(host(u).master.get()) + i,
                       .m = a.elems(m, i),
                       .v = a.elems(v, i),
                       .m_scale = a.scales(m, i),
@@ -232,7 +258,7 @@ class HostStates final : public OptimizerStates {
   // Copies sub-group ci of unit ui (at `s`) into backup slot k (`save`), or back from it.
   void backup(const StateSlice& s, std::size_t ui, std::size_t ci, std::size_t k, bool save) {
     const std::size_t len = state_.units[ui].chunk_len(ci);
-    const SubGroupLayout l(len, state_.config.optimizer_states);
+    const SubGroupLayout l(len, state_.layout.states);
     void* b = backup_.get() + k * backup_bytes_;
     const std::size_t elems = cpu_adam::state_elem_bytes(l.format) * len,
                       scales = 4 * cpu_adam::state_scales(l.format, len);
@@ -262,19 +288,35 @@ class NvmeStates final : public OptimizerStates {
   explicit NvmeStates(EngineState& s)
       : state_(s),
         store_(s.config.optimizer_store, s.config.optimizer_faults),
-        swapper_(store_, *s.pinned, static_cast<int>(swap_spec(s).count), swap_spec(s).bytes) {}
+        swapper_(store_, *s.pinned, static_cast<int>(swap_spec(s).count), swap_spec(s).bytes) {
+    // The swapper's handoffs in the step graph: the Update waits for a sub-group's read; its write is
+    // issued after the Update; a buffer is read into again once its write has finished.
+    s.claim("SwapIn(g)", "Update(g)", Handoff::host_wait);
+    s.claim("Update(g)", "SwapOut(g)", Handoff::enqueued_after);
+    s.claim("SwapOut(g)", "SwapIn(g)", Handoff::host_wait);
+  }
+
+ private:
+  // Each unit's NVMe tensors, one per sub-group holding its master | m | v (this tier's own).
+  std::vector<std::vector<nvme::TensorStore::Id>> subgroups_;
+  std::vector<nvme::TensorStore::Id>& subgroups(const Unit& u) {
+    if (subgroups_.size() <= u.index) subgroups_.resize(u.index + 1);
+    return subgroups_[u.index];
+  }
+
+ public:
   void add(Unit& u, const std::string& name, const float* master) override {
     for (const BufferSpec& b : state_.buffers.of_unit(u.index))  // one tensor per sub-group, in order
       if (b.what == Buffer::optimizer_subgroup)
         for (std::uint64_t k = 0; k < b.count; ++k)
-          u.nvme_subgroups.push_back(store_.add(name + ".sg" + std::to_string(u.nvme_subgroups.size()), b.bytes));
-    ZINF_CHECK(u.nvme_subgroups.size() == u.chunks.size());
+          subgroups(u).push_back(store_.add(name + ".sg" + std::to_string(subgroups(u).size()), b.bytes));
+    ZINF_CHECK(subgroups(u).size() == u.chunks.size());
     if (current_.size() <= u.index) current_.resize(u.index + 1);
     current_[u.index].assign(u.chunks.size(), 0);
     for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {  // initial contents
       std::memset(buf, 0, l.bytes());
       std::memcpy(l.master(buf), master + o, l.len * 4);
-      store_.write(u.nvme_subgroups[ci], buf, at(u.index, ci, l), l.bytes())->wait();
+      store_.write(subgroups(u)[ci], buf, at(u.index, ci, l), l.bytes())->wait();
     });
   }
   void update_walk(const std::shared_future<Decision>& decision, const SubGroupFn& fn) override {
@@ -289,7 +331,7 @@ class NvmeStates final : public OptimizerStates {
         if (spec_.pass(ui, ci)) continue;  // committed by a speculative Update: no I/O
         const SubGroupLayout l = layout(u.chunk_len(ci));
         meta.push_back({ui, u.chunks[ci], u.chunk_len(ci)});
-        items.push_back({u.nvme_subgroups[ci], at(ui, ci, l), l.bytes(), true, true});
+        items.push_back({subgroups(u)[ci], at(ui, ci, l), l.bytes(), true, true});
       }
     }
     struct Walked {  // the committed marks are cleared however the walk ends
@@ -319,9 +361,9 @@ class NvmeStates final : public OptimizerStates {
   void read(Unit& u, float* master, float* m, float* v) override {
     for_each_subgroup(u, [&](std::size_t ci, std::size_t o, const SubGroupLayout& l, void* buf) {
       if (m || v)
-        store_.read(u.nvme_subgroups[ci], buf, at(u.index, ci, l), l.bytes())->wait();
+        store_.read(subgroups(u)[ci], buf, at(u.index, ci, l), l.bytes())->wait();
       else
-        store_.read(u.nvme_subgroups[ci], buf, at(u.index, ci, l), l.master_bytes)->wait();  // the master part only
+        store_.read(subgroups(u)[ci], buf, at(u.index, ci, l), l.master_bytes)->wait();  // the master part only
       std::memcpy(master + o, l.master(buf), l.len * 4);
       if (m) cpu_adam::decode_states(l.format, StateKind::m, l.m(buf), l.m_scale(buf), m + o, l.len);
       if (v) cpu_adam::decode_states(l.format, StateKind::v, l.v(buf), l.v_scale(buf), v + o, l.len);
@@ -333,7 +375,7 @@ class NvmeStates final : public OptimizerStates {
       std::memcpy(l.master(buf), master + o, l.len * 4);
       cpu_adam::encode_states(l.format, StateKind::m, m + o, l.m(buf), l.m_scale(buf), l.len);
       cpu_adam::encode_states(l.format, StateKind::v, v + o, l.v(buf), l.v_scale(buf), l.len);
-      store_.write(u.nvme_subgroups[ci], buf, at(u.index, ci, l), l.bytes())->wait();
+      store_.write(subgroups(u)[ci], buf, at(u.index, ci, l), l.bytes())->wait();
     });
   }
   nvme::TensorStore* store() override { return &store_; }
@@ -341,14 +383,14 @@ class NvmeStates final : public OptimizerStates {
   // Speculation: each sub-group's tensor holds two slots; current_ says which one is its state.
   // The speculative Update reads the current slot and writes the other; commit switches, rollback
   // moves nothing.
-  bool speculative() const override { return state_.buffers.layout().speculative; }
+  bool speculative() const override { return state_.layout.speculative; }
   void speculate(const std::vector<SubGroupRef>& order, const Gate& gate, const cpu_adam::AdamStep& step,
                  const SubGroupFn& fn) override {
     std::vector<nvme::SwapItem> items;
     for (auto [ui, ci] : order) {
       Unit& u = state_.units[ui];
       const SubGroupLayout l = layout(u.chunk_len(ci));
-      nvme::SwapItem it{u.nvme_subgroups[ci], at(ui, ci, l), l.bytes(), true, true};
+      nvme::SwapItem it{subgroups(u)[ci], at(ui, ci, l), l.bytes(), true, true};
       it.write_offset = static_cast<std::int64_t>(l.bytes() - it.offset);  // the other slot
       items.push_back(it);
     }
@@ -381,7 +423,7 @@ class NvmeStates final : public OptimizerStates {
       for (auto [ui, ci] : spec_.touched) {
         Unit& u = state_.units[ui];
         const SubGroupLayout l = layout(u.chunk_len(ci));
-        items.push_back({u.nvme_subgroups[ci], at(ui, ci, l), l.master_bytes, true, false});
+        items.push_back({subgroups(u)[ci], at(ui, ci, l), l.master_bytes, true, false});
       }
       swapper_.run(items, [&](std::size_t k, void* buf, std::size_t) {
         const auto [ui, ci] = spec_.touched[k];
@@ -397,12 +439,12 @@ class NvmeStates final : public OptimizerStates {
   // fn(ci, o, layout, buf) for each of u's sub-groups in order, with one pageable staging buffer.
   template <class F>
   void for_each_subgroup(Unit& u, F fn) {
-    const std::size_t cap = layout(std::max<std::size_t>(1, std::min(state_.sub_group, u.state_range.len()))).bytes();
+    const std::size_t cap = layout(std::max<std::size_t>(1, std::min(state_.layout.sub_group, u.state_range.len()))).bytes();
     PinnedPool pool(round_up(cap, PinnedPool::kAlign), /*lock=*/false);
     PinnedBuffer b = pool.acquire(cap);
     for (std::size_t ci = 0; ci < u.chunks.size(); ++ci) fn(ci, u.chunks[ci], layout(u.chunk_len(ci)), b.data());
   }
-  SubGroupLayout layout(std::size_t len) const { return SubGroupLayout(len, state_.config.optimizer_states); }
+  SubGroupLayout layout(std::size_t len) const { return SubGroupLayout(len, state_.layout.states); }
   static const BufferSpec& swap_spec(EngineState& s) { return s.spec(Buffer::optimizer_swap, kShared, Tier::pinned); }
   // Where sub-group ci of unit ui's current state starts in its tensor.
   std::uint64_t at(std::size_t ui, std::size_t ci, const SubGroupLayout& l) const {
@@ -418,7 +460,7 @@ class NvmeStates final : public OptimizerStates {
 }  // namespace
 
 std::unique_ptr<OptimizerStates> make_optimizer_states(EngineState& s) {
-  switch (s.config.optimizer) {
+  switch (s.layout.optimizer) {
     case OffloadDevice::none: return std::make_unique<DeviceStates>(s);
     case OffloadDevice::cpu: return std::make_unique<HostStates>(s);
     case OffloadDevice::nvme: return std::make_unique<NvmeStates>(s);

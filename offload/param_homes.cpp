@@ -19,19 +19,29 @@
 namespace zinf::offload::detail {
 namespace {
 
-class DeviceHome final : public ParamHome {
+// The compute copy on the device: the resident units, and stage-3 shards of the windowed ones. How
+// the Update's new copy gets there is its subclass's (chosen once, by the optimizer's tier):
+// UploadedHome (the host's Update writes a pinned upload slot, copied up on h2d) or InPlaceHome (the
+// device's Update writes it in place).
+class DeviceHome : public ParamHome {
  public:
   DeviceHome(EngineState& s, UploadSlots& up) : state_(s), up_(up) {}
+  // Whether some unit's compute copy lives on the device (whose handoffs the home then claims).
+  static bool lives_here(const EngineState& s) {
+    bool here = s.layout.param == OffloadDevice::none;
+    for (const UnitLayout& u : s.layout.units) here = here || !u.windowed;
+    return here;
+  }
   void place(Unit& u, const std::string& name, const float* master) override {
     u.param = DeviceBuffer(state_.dev, state_.spec(Buffer::param, u.index, Tier::device).bytes,
-                           name + (state_.mixed ? " param16" : " param"));
+                           name + (state_.layout.mixed ? " param16" : " param"));
     if (const BufferSpec* work = state_.find(Buffer::work, u.index))
       u.work = DeviceBuffer(state_.dev, work->bytes, name + " fp32 working weights");
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
     // On the host, then up, a piece at a time: the host copy stays a few MiB whatever the unit.
-    const std::size_t n = u.param_range.len(), cb = state_.compute_bytes;
+    const std::size_t n = u.param_range.len(), cb = state_.layout.compute_bytes;
     const std::size_t piece = std::min<std::size_t>(n, std::size_t{1} << 22);
     std::vector<char> copy(piece * cb);
     for (std::size_t o = 0; o < n; o += piece) {
@@ -39,38 +49,12 @@ class DeviceHome final : public ParamHome {
       state_.to_compute(master + u.param_range.lo + o, copy.data(), len);
       state_.h2d_sync(static_cast<char*>(u.param.as<void>()) + o * cb, copy.data(), len * cb);
     }
-    if (state_.fp32_work && !u.windowed)
+    if (state_.layout.fp32_work && !u.windowed)
       state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
     state_.dev.synchronize(StreamRole::h2d);
   }
-  void* update_target(Unit& u, std::size_t o, int slot) override {
-    // The device's own Update (on d2h) rewrites the home in place. A Fetch gather that read it (on h2d
-    // with NCCL) is behind it already: the model's stream waited for that gather (slot.ready) before
-    // its reads, and d2h waited for the model's event at every grads_done before this Update. The
-    // previous landing's fp32 working weights read it on h2d: d2h waits for that landing's event
-    // itself (the model's wait for it in weights() orders it too, but only for a caller that asked
-    // for the unit's weights in this step).
-    if (!state_.optimizer_offloaded) {
-      if (u.landed) state_.dev.wait_event(StreamRole::d2h, u.landed);
-      return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * state_.compute_bytes;
-    }
-    auto k = static_cast<std::size_t>(slot);
-    if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
-    return up_.buffer[k].data();
-  }
-  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot, const EventHandle&) override {
-    if (!state_.optimizer_offloaded) return;  // the device's Update wrote the home in place
-    auto k = static_cast<std::size_t>(slot);
-    char* dst = static_cast<char*>(u.param.as<void>()) +
-                (o - u.param_range.lo) * state_.compute_bytes;  // Upload: pinned → device
-    {
-      BusyScope busy(state_.dev, StreamRole::h2d, {"Upload", static_cast<std::int64_t>(u.index)});
-      state_.dev.copy_to_device(dst, up_.buffer[k].data(), len * state_.compute_bytes, StreamRole::h2d);
-    }
-    up_.copied[k] = state_.dev.record(StreamRole::h2d);
-  }
   void land_unit(Unit& u) override {
-    if (!u.windowed && !state_.shard_states) {
+    if (!u.windowed && !state_.layout.shard_states) {
       // The whole unit is this rank's: its Uploads, then its fp32 working weights, are h2d work in
       // stream order, and the model's stream waits for the event behind them (weights()), so the
       // update worker goes on to the next unit while h2d finishes this one. The upload slots are
@@ -82,7 +66,7 @@ class DeviceHome final : public ParamHome {
     for (auto& e : up_.copied)
       if (e) e->wait();
     if (u.windowed) return;  // a shard: gathered at Fetch
-    if (state_.shard_states && (state_.shard_params || state_.ordered_collectives)) {
+    if (state_.layout.shard_states && (state_.layout.shard_params || state_.ordered_collectives)) {
       // Stage 3 (the trainer also gathers windowed units on h2d, at Fetch), or a stream-ordered
       // transport (the trainer issues every device collective): the trainer gathers this unit too, at
       // its first use (finish_landing). Two threads issuing collectives on one stream would issue
@@ -92,11 +76,11 @@ class DeviceHome final : public ParamHome {
       state_.dev.synchronize(StreamRole::h2d);
       return;
     }
-    if (state_.shard_states) {         // every rank updated its part: gather the new compute copy
+    if (state_.layout.shard_states) {         // every rank updated its part: gather the new compute copy
       Comm& c = *state_.update_dcomm;  // a host transport: on this (the Update worker's) thread
       BusyScope busy(state_.dev, StreamRole::h2d, {"Gather", static_cast<std::int64_t>(u.index)});
       on_stream(c, state_.dev, StreamRole::h2d,
-                [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), state_.compute_bytes, st); });
+                [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), state_.layout.compute_bytes, st); });
     }
     follow_half(u);
     state_.dev.synchronize(StreamRole::h2d);
@@ -114,7 +98,7 @@ class DeviceHome final : public ParamHome {
     {
       BusyScope busy(state_.dev, StreamRole::h2d, {"Gather", static_cast<std::int64_t>(u.index)});
       state_.order.run(c, state_.dev, StreamRole::h2d, [&](void* st) {
-        c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), state_.compute_bytes, st);
+        c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), state_.layout.compute_bytes, st);
       });
     }
     follow_half(u);
@@ -123,19 +107,68 @@ class DeviceHome final : public ParamHome {
     if (!u.windowed) throw Error("offload: a resident unit is never fetched");
     Comm& c = *state_.fetch_dcomm;  // the shards of every rank, straight into the slot
     state_.order.run(c, state_.dev, StreamRole::h2d, [&](void* st) {
-      c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), state_.compute_bytes, st);
+      c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), state_.layout.compute_bytes, st);
     });
   }
 
- private:
+ protected:
+  char* home_of(Unit& u, std::size_t o) {
+    return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * state_.layout.compute_bytes;
+  }
   void follow_half(Unit& u) {  // 16-bit runs: the fp32 working weights follow the new 16-bit copy (h2d)
-    if (!state_.fp32_work) return;
+    if (!state_.layout.fp32_work) return;
     BusyScope busy(state_.dev, StreamRole::h2d, {"Upload", static_cast<std::int64_t>(u.index)});
     state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
   }
 
   EngineState& state_;
   UploadSlots& up_;
+};
+
+// The host's Update: the new copy of a sub-group leaves the host through a pinned upload slot (h2d).
+class UploadedHome final : public DeviceHome {
+ public:
+  UploadedHome(EngineState& s, UploadSlots& up) : DeviceHome(s, up) {
+    if (!lives_here(s)) return;  // the Upload: the slot's copied event, unit.landed on h2d
+    s.claim("Update(g)", "Upload(g)", Handoff::enqueued_after);
+    s.claim("Upload(g)", "Update(g)", Handoff::host_wait);
+    s.claim("Upload(g)", "Forward(u)", Handoff::event);
+    if (s.layout.windows && s.layout.param == OffloadDevice::none) s.claim("Upload(g)", "Fetch(u)", Handoff::stream_order);
+  }
+  void* update_target(Unit&, std::size_t, int slot) override {
+    auto k = static_cast<std::size_t>(slot);
+    if (up_.copied[k]) up_.copied[k]->wait();  // its previous Upload has left the slot
+    return up_.buffer[k].data();
+  }
+  void land_chunk(Unit& u, std::size_t o, std::size_t len, int slot, const EventHandle&) override {
+    auto k = static_cast<std::size_t>(slot);
+    {  // Upload: pinned → device
+      BusyScope busy(state_.dev, StreamRole::h2d, {"Upload", static_cast<std::int64_t>(u.index)});
+      state_.dev.copy_to_device(home_of(u, o), up_.buffer[k].data(), len * state_.layout.compute_bytes, StreamRole::h2d);
+    }
+    up_.copied[k] = state_.dev.record(StreamRole::h2d);
+  }
+};
+
+// The device's own Update (on kDeviceUpdateStream) rewrites the home in place. A Fetch gather that
+// read it (on h2d with NCCL) is behind it already: the model's stream waited for that gather
+// (slot.ready) before its reads, and the Update's stream waited for the model's event at every
+// grads_done before this Update. The previous landing's fp32 working weights read it on h2d: the
+// Update's stream waits for that landing's event itself (the model's wait for it in weights()
+// orders it too, but only for a caller that asked for the unit's weights in this step).
+class InPlaceHome final : public DeviceHome {
+ public:
+  InPlaceHome(EngineState& s, UploadSlots& up) : DeviceHome(s, up) {
+    if (!lives_here(s) || !s.layout.fp32_work) return;  // the working weights at the landing, unit.landed
+    s.claim("Update(g)", "Working weights(u)", Handoff::host_wait);
+    s.claim("Working weights(u)", "Forward(u)", Handoff::event);
+    s.claim("Working weights(u)", "Update(g)", Handoff::event);
+  }
+  void* update_target(Unit& u, std::size_t o, int) override {
+    if (u.landed) state_.dev.wait_event(kDeviceUpdateStream, u.landed);
+    return home_of(u, o);
+  }
+  void land_chunk(Unit&, std::size_t, std::size_t, int, const EventHandle&) override {}  // written in place
 };
 
 class PinnedHome final : public ParamHome {
@@ -150,17 +183,17 @@ class PinnedHome final : public ParamHome {
   }
   void* update_target(Unit& u, std::size_t o, int) override {
     if (u.fetched) u.fetched->wait();  // no Fetch may still be reading the home we overwrite
-    return static_cast<char*>(u.pinned_home.data()) + (o - u.param_range.lo) * state_.compute_bytes;
+    return static_cast<char*>(u.pinned_home.data()) + (o - u.param_range.lo) * state_.layout.compute_bytes;
   }
   // Written in place; the device's Update, if it wrote it, is waited for before the unit lands.
   void land_chunk(Unit&, std::size_t, std::size_t, int, const EventHandle&) override {}
   void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
     const void* src = u.pinned_home.data();
-    if (state_.shard_params) {  // every rank's shard into the staging buffer first
-      state_.fetch_comm->allgatherv(u.pinned_home.data(), staging.data(), u.counts_in(0, u.n), state_.compute_bytes);
+    if (state_.layout.shard_params) {  // every rank's shard into the staging buffer first
+      state_.fetch_comm->allgatherv(u.pinned_home.data(), staging.data(), u.counts_in(0, u.n), state_.layout.compute_bytes);
       src = staging.data();
     }
-    state_.dev.copy_to_device(slot, src, u.n * state_.compute_bytes, StreamRole::h2d);
+    state_.dev.copy_to_device(slot, src, u.n * state_.layout.compute_bytes, StreamRole::h2d);
   }
 
  private:
@@ -169,7 +202,15 @@ class PinnedHome final : public ParamHome {
 
 class NvmeHome final : public ParamHome {
  public:
-  NvmeHome(EngineState& s, UploadSlots& up) : state_(s), up_(up), store_(s.config.param_store) {}
+  NvmeHome(EngineState& s, UploadSlots& up) : state_(s), up_(up), store_(s.config.param_store) {
+    // The home's write after the Update (waiting for the device Update's event first), waited on
+    // before the unit lands and before its slot is rewritten; the Fetch's read into the staging.
+    s.claim("Update(g)", "Param write(g)", s.layout.optimizer_offloaded ? Handoff::enqueued_after : Handoff::host_wait);
+    s.claim("Param write(g)", "Land(u)", Handoff::host_wait);
+    s.claim("Param write(g)", "Update(g)", Handoff::host_wait);
+    s.claim("Fetch read(u)", "Fetch(u)", Handoff::host_wait);
+    s.claim("Fetch(u)", "Fetch read(u)", Handoff::host_wait);
+  }
   void place(Unit& u, const std::string& name, const float* master) override {
     const std::uint64_t bytes = state_.spec(Buffer::param, u.index, Tier::nvme).bytes;
     if (!bytes) return;  // an empty shard: nothing on disk
@@ -177,7 +218,7 @@ class NvmeHome final : public ParamHome {
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
-    const std::size_t n = u.param_range.len(), bytes = n * state_.compute_bytes;
+    const std::size_t n = u.param_range.len(), bytes = n * state_.layout.compute_bytes;
     if (!n) return;
     PinnedPool pool(round_up(bytes, PinnedPool::kAlign), /*lock=*/false);  // pageable: used once
     PinnedBuffer b = pool.acquire(bytes);
@@ -196,19 +237,19 @@ class NvmeHome final : public ParamHome {
     // The slot is reused next: wait for the write (the swapper's sub-group reads keep the disk busy).
     const auto k = static_cast<std::size_t>(slot);
     store_
-        .write(u.nvme_param, up_.buffer[k].data(), (o - u.param_range.lo) * state_.compute_bytes,
-               len * state_.compute_bytes)
+        .write(u.nvme_param, up_.buffer[k].data(), (o - u.param_range.lo) * state_.layout.compute_bytes,
+               len * state_.layout.compute_bytes)
         ->wait();
     up_.copied[k] = nullptr;
   }
   void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
-    const std::size_t cb = state_.compute_bytes, bytes = u.n * cb;
+    const std::size_t cb = state_.layout.compute_bytes, bytes = u.n * cb;
     char* buf = static_cast<char*>(staging.data());
     const auto id = u.nvme_param;
-    if (!state_.shard_params && state_.pinned->locked()) {
+    if (!state_.layout.shard_params && state_.pinned->locked()) {
       // NVMe → pinned in h2d stream order, before the copy (its time is the store's, not the link's).
       state_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
-    } else if (!state_.shard_params) {
+    } else if (!state_.layout.shard_params) {
       // Pageable staging (pin_memory false): a copy from it reads its source when it is made, not in
       // stream order (CUDA stages pageable memory at once), so the read is done here, before it.
       store_.read(id, buf, 0, bytes)->wait();
@@ -230,12 +271,13 @@ class NvmeHome final : public ParamHome {
 }  // namespace
 
 std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up) {
-  return std::make_unique<DeviceHome>(s, up);
+  if (s.layout.optimizer_offloaded) return std::make_unique<UploadedHome>(s, up);
+  return std::make_unique<InPlaceHome>(s, up);
 }
 
 std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up) {
-  switch (s.config.param) {
-    case OffloadDevice::none: return s.shard_params ? std::make_unique<DeviceHome>(s, up) : nullptr;
+  switch (s.layout.param) {
+    case OffloadDevice::none: return s.layout.shard_params ? make_device_home(s, up) : nullptr;
     case OffloadDevice::cpu: return std::make_unique<PinnedHome>(s);
     case OffloadDevice::nvme: return std::make_unique<NvmeHome>(s, up);
   }

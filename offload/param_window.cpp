@@ -4,6 +4,15 @@
 namespace zinf::offload::detail {
 
 ParamWindow::ParamWindow(EngineState& s, ParamHome& home) : state_(s), home_(home) {
+  // The handoffs of the step graph the window makes: slot.ready (h2d → compute), slot.released
+  // (compute → h2d), the landing version a Fetch waits for, and unit.fetched, which the Update
+  // waits for before it rewrites the home.
+  for (const char* use : {"Forward(u)", "Backward(u)"}) {
+    s.claim("Fetch(u)", use, Handoff::event);
+    s.claim(use, "Fetch(u)", Handoff::event);
+  }
+  s.claim("Land(u)", "Fetch(u)", Handoff::version);
+  s.claim("Fetch(u)", "Update(g)", Handoff::host_wait);
   const BufferSpec& param = s.spec(Buffer::param_slot, kShared, Tier::device);
   const BufferSpec* work = s.find(Buffer::work_slot);
   const BufferSpec* staging = s.find(Buffer::param_staging);
@@ -48,7 +57,7 @@ int ParamWindow::fetch(std::size_t u) {
   {
     BusyScope busy(state_.dev, StreamRole::h2d, {"Fetch", static_cast<std::int64_t>(u)});  // home → device
     home_.fetch_into(unit, slot.param.as<void>(), slot.staging);
-    if (state_.fp32_work)
+    if (state_.layout.fp32_work)
       state_.kern->from_half(slot.param.as<void>(), slot.work.as<float>(), unit.n, state_.half, StreamRole::h2d);
   }
   slot.ready = state_.dev.record(StreamRole::h2d);
@@ -59,7 +68,7 @@ int ParamWindow::fetch(std::size_t u) {
 
 void ParamWindow::prefetch_after(std::size_t u, bool backward) {
   if (!state_.exact()) return;
-  for (int k = 1; k <= state_.config.prefetch_depth; ++k) {
+  for (int k = 1; k <= state_.layout.prefetch_depth; ++k) {
     const long next = backward ? static_cast<long>(u) - k : static_cast<long>(u) + k;
     if (next < 0 || next >= static_cast<long>(state_.units.size())) break;
     const auto v = static_cast<std::size_t>(next);
@@ -70,7 +79,7 @@ void ParamWindow::prefetch_after(std::size_t u, bool backward) {
       // prefetch waits for the landing (the Update worker sets version[v] = applied under mu once
       // v's shard is home; that is what hands the shard to this thread's gather) instead of
       // depending on its timing.
-      if (state_.shard_params)
+      if (state_.layout.shard_params)
         state_.cv.wait(lk, [&] { return state_.units[v].version == state_.applied || state_.update_failed; });
       if (state_.units[v].version != state_.applied) break;  // its update has not landed yet: fetch on demand
     }
@@ -93,7 +102,7 @@ const void* ParamWindow::acquire(std::size_t u, bool backward) {
   ++slot.users;
   slot.last_use = ++tick_;
   prefetch_after(u, backward);
-  return state_.fp32_work ? slot.work.as<void>() : slot.param.as<void>();
+  return state_.layout.fp32_work ? slot.work.as<void>() : slot.param.as<void>();
 }
 
 void ParamWindow::release(std::size_t u) {

@@ -2,7 +2,7 @@
 // device holds a few slots, each one unit's compute copy (and fp32 working weights in 16-bit runs
 // under the reference kernels);
 // a unit is fetched from its home into a slot on the h2d stream when the model asks for it, or
-// ahead of that (prefetch, c.prefetch_depth units) in the pass's direction. A slot is reused least
+// ahead of that (prefetch, Layout::prefetch_depth units) in the pass's direction. A slot is reused least
 // recently used first, once nobody holds it and the compute stream has passed the model's last read.
 // Called from the trainer's thread only.
 #pragma once

@@ -2,7 +2,9 @@
 // compressed state format means one more class here; the stages only call these interfaces.
 //
 //   OptimizerStates  master, m, v     DeviceStates | HostStates | NvmeStates  (optimizer_states.cpp)
-//   ParamHome        the compute copy DeviceHome (resident units) | PinnedHome | NvmeHome  (param_homes.cpp)
+//   ParamHome        the compute copy DeviceHome (resident units; UploadedHome with the host's
+//                                     Update, InPlaceHome with the device's) | PinnedHome | NvmeHome
+//                                     (param_homes.cpp)
 #pragma once
 
 #include <future>

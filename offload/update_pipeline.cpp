@@ -7,19 +7,25 @@
 
 namespace zinf::offload::detail {
 
-UpdatePipeline::UpdatePipeline(EngineState& s, OptimizerStates& states, ParamHome& resident, ParamHome* offloaded,
-                               GradientPath& grads)
+UpdatePipeline::UpdatePipeline(EngineState& s, OptimizerStates& states, GradientPath& grads)
     : state_(s),
       states_(states),
-      resident_(resident),
-      offloaded_(offloaded),
       grads_(grads),
       jitter_(s.dev.jitter(), 12) {
   auto on_start = [this] {
     state_.dev.bind_thread();
     state_.name_thread("Update worker");
   };
-  worker_ = std::make_unique<SerialWorker>([this] { jitter_.delay(); }, on_start);
+  // A failure wakes everyone waiting for a landing.
+  auto on_error = [this] {
+    {
+      std::lock_guard<std::mutex> lk(state_.mu);
+      state_.update_failed = true;
+    }
+    state_.cv.notify_all();
+  };
+  worker_ = std::make_unique<HostQueue>(s.exact(), [this] { jitter_.delay(); }, on_start, on_error);
+  updater_ = make_updater(s);
 }
 
 UpdatePipeline::~UpdatePipeline() {
@@ -30,32 +36,17 @@ UpdatePipeline::~UpdatePipeline() {
   }
 }
 
-void UpdatePipeline::push(std::function<void()> job) {
-  worker_->push([this, job = std::move(job)] {
-    try {
-      job();
-    } catch (...) {
-      {
-        std::lock_guard<std::mutex> lk(state_.mu);
-        state_.update_failed = true;
-      }
-      state_.cv.notify_all();
-      throw;
-    }
-  });
-}
-
 void UpdatePipeline::start_early() {
   decision_ = std::make_unique<std::promise<Decision>>();
   auto fut = decision_->get_future().share();
-  push([this, fut] { run(fut); });  // SwapIn of the first sub-groups starts now
+  worker_->push([this, fut] { run(fut); });  // SwapIn of the first sub-groups starts now
 }
 
 void UpdatePipeline::speculate(const cpu_adam::AdamStep& assumed, double loss_scale, double clip) {
   verdict_ = std::make_unique<std::promise<Verdict>>();
   auto fut = verdict_->get_future().share();
   const std::uint64_t gen = ++generation_;
-  push([this, assumed, loss_scale, clip, gen, fut] { run_speculative(assumed, loss_scale, clip, gen, fut); });
+  worker_->push([this, assumed, loss_scale, clip, gen, fut] { run_speculative(assumed, loss_scale, clip, gen, fut); });
 }
 
 // The verdict goes to the worker through the promise; decided_ (under mu, with a notify) wakes a
@@ -109,10 +100,7 @@ void UpdatePipeline::launch(const cpu_adam::AdamStep& st, bool as_assumed) {
   std::promise<Decision> p;
   p.set_value(st);
   auto fut = p.get_future().share();
-  if (state_.exact())
-    push([this, fut] { run(fut); });
-  else
-    run(fut);
+  worker_->run([this, fut] { run(fut); });  // on the worker (overlap exact) or now
 }
 
 void UpdatePipeline::drain() { worker_->drain(); }
@@ -124,19 +112,13 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
   auto land_through = [&](std::size_t ui) {
     while (next <= ui) land(next++);
   };
-  // The device's own Update is d2h stream work: its sub-groups are enqueued back to back, with no
-  // wait between them. What the Update writes on the device (the unit's master, m, v and compute
-  // copy, or its home in pinned memory) is read next by other streams and by other threads once the
-  // unit has landed (the gather and the fp32 working weights on h2d, the model on compute, a Fetch
-  // from the pinned home); so the unit's last sub-group records an event on d2h, and the unit
-  // lands — in order — only when the host has seen that event complete: polled between sub-groups,
-  // waited for at the end of the walk. Every sub-group records one (land_chunk: a home that reads
-  // the target on the host, as the NVMe home's write to disk, waits for it there).
-  const bool on_device = !state_.optimizer_offloaded;
-  std::deque<std::pair<std::size_t, EventHandle>> updated;  // units whose last sub-group is enqueued
+  // Units whose last sub-group is updated, in order, each with the event that says the Updater has
+  // written it (null: written already, by the host). A unit lands — in order — once the host has
+  // seen its event complete: polled after every sub-group, waited for at the end of the walk.
+  std::deque<std::pair<std::size_t, EventHandle>> updated;
   auto land_updated = [&](bool wait) {
-    while (!updated.empty() && (wait || updated.front().second->done())) {
-      updated.front().second->wait();
+    while (!updated.empty() && (wait || !updated.front().second || updated.front().second->done())) {
+      if (updated.front().second) updated.front().second->wait();
       land_through(updated.front().first);
       updated.pop_front();
     }
@@ -144,35 +126,23 @@ void UpdatePipeline::run(const std::shared_future<Decision>& d) {
   states_.update_walk(d, [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
                              const cpu_adam::AdamStep& st) {
     Unit& u = state_.units[ui];
-    // The units before this one are complete (a speculative Update may have done all of a unit's
-    // sub-groups already: the walk passes them by).
-    if (!on_device && ui > 0) land_through(ui - 1);
-    ParamHome& home = home_of(u);
+    // The units before this one are complete once their own events are (a speculative Update may
+    // have done all of a unit's sub-groups already: the walk passes them by).
+    if (ui > 0) updated.emplace_back(ui - 1, nullptr);
+    ParamHome& home = *u.home;
     const int slot = k++ % 2;
     void* out = home.update_target(u, o, slot);
-    const auto t0 = Clock::now();
-    update_chunk(u, o, len, states, st, out);
-    state_.add_host_time(t0, "Update", static_cast<std::int64_t>(ui));
-    // The device's Update: one event per sub-group, for a home that reads the target on the host.
-    EventHandle written = on_device ? state_.dev.record(StreamRole::d2h) : nullptr;
+    EventHandle written = update_chunk(u, o, len, states, st, out);
     home.land_chunk(u, o, len, slot, written);  // Upload
-    const bool last = o + len == u.state_range.hi;
-    if (!on_device) {
-      if (last) land_through(ui);
-      return;
-    }
-    if (last) updated.emplace_back(ui, std::move(written));
+    if (o + len == u.state_range.hi) updated.emplace_back(ui, std::move(written));
     land_updated(false);
   });
-  if (on_device) {
-    // The walk enqueues faster than d2h runs it: the units land one by one as their events complete,
-    // so the next forward starts on the first unit while the device still updates the others. Then
-    // the stream is synchronized, where an error of its work surfaces on a device whose events carry
-    // none (the CPU device: its tail units may have landed by then, as earlier ones could before; the
-    // CUDA device's event wait reports the error already).
-    land_updated(true);
-    state_.dev.synchronize(StreamRole::d2h);
-  }
+  // The device's Update is enqueued faster than its stream runs it: the units land one by one as
+  // their events complete, so the next forward starts on the first unit while the device still
+  // updates the others. Then the Updater finishes (the device's stream synchronized, where an error
+  // of its work surfaces on a device whose events carry none).
+  land_updated(true);
+  updater_->finish();
   if (d.get() && !state_.units.empty()) land_through(state_.units.size() - 1);
 }
 
@@ -256,7 +226,7 @@ void UpdatePipeline::restore(std::uint64_t gen, int& k) {
   OptimizerStates::SubGroupFn rewrite = [&](std::size_t ui, std::size_t o, std::size_t len, const StateSlice& states,
                                             const cpu_adam::AdamStep&) {
     Unit& u = state_.units[ui];
-    ParamHome& home = home_of(u);
+    ParamHome& home = *u.home;
     const int slot = k++ % 2;
     void* out = home.update_target(u, o, slot);
     state_.to_compute(states.master, out, len);  // as the Update writes it
@@ -271,7 +241,7 @@ void UpdatePipeline::restore(std::uint64_t gen, int& k) {
   }
   for (std::size_t ui : held) {
     Unit& u = state_.units[ui];
-    home_of(u).restored(u);
+    u.home->restored(u);
     {
       std::lock_guard<std::mutex> lk(state_.mu);
       u.version = state_.applied;
@@ -283,42 +253,88 @@ void UpdatePipeline::restore(std::uint64_t gen, int& k) {
 
 void UpdatePipeline::update_and_upload(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,
                                        const cpu_adam::AdamStep& st, int slot) {
-  ParamHome& home = home_of(u);
+  ParamHome& home = *u.home;
   void* out = home.update_target(u, o, slot);
-  const auto t0 = Clock::now();
-  update_chunk(u, o, len, states, st, out);
-  state_.add_host_time(t0, "Update", static_cast<std::int64_t>(u.index));
-  home.land_chunk(u, o, len, slot, nullptr);  // the host wrote it: nothing to wait for
+  EventHandle written = update_chunk(u, o, len, states, st, out);
+  home.land_chunk(u, o, len, slot, written);
 }
 
-void UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,
-                                  const cpu_adam::AdamStep& st, void* param_out) {
-  float* master = states.master;
+EventHandle UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,
+                                         const cpu_adam::AdamStep& st, void* param_out) {
   auto [g, type] = grads_.update_input(u);
   cpu_adam::UpdateChunk ch;
   ch.n = len;
   ch.grad = static_cast<const char*>(g) + (o - u.grad_range.lo) * (type == cpu_adam::GradType::fp32 ? 4 : 2);
   ch.grad_type = type;
-  ch.master = master;
+  ch.master = states.master;
   ch.m = states.m;
   ch.v = states.v;
   ch.m_scale = states.m_scale;
   ch.v_scale = states.v_scale;
-  ch.states = state_.config.optimizer_states;
-  ch.param16 = state_.mixed ? param_out : nullptr;
+  ch.states = state_.layout.states;
+  ch.param16 = state_.layout.mixed ? param_out : nullptr;
   ch.param16_type = state_.half;
-  if (!state_.optimizer_offloaded) {  // the states live on the device: the device's fused Update (run() waits)
-    state_.kern->adam_update(st, ch, StreamRole::d2h);
-    if (!state_.mixed && param_out != master) state_.kern->copy(param_out, master, len * 4, StreamRole::d2h);
-    return;
+  const auto t0 = Clock::now();
+  EventHandle written = updater_->update(st, ch, param_out);
+  state_.add_host_time(t0, "Update", static_cast<std::int64_t>(u.index));
+  return written;
+}
+
+// ---- the Updaters: where a sub-group's Update runs, chosen once from the optimizer's tier ----------------
+
+namespace {
+
+// The states in host memory or on NVMe: cpu_adam's fused pass on the host threads.
+class HostUpdater : public Updater {
+ public:
+  explicit HostUpdater(EngineState& s) : s_(s) {}
+  EventHandle update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& ch, void* param_out) override {
+    cpu_adam::adam_update(s_.threads, st, ch);
+    if (!ch.param16 && param_out != ch.master) std::memcpy(param_out, ch.master, ch.n * 4);  // fp32 runs
+    return nullptr;
   }
-  cpu_adam::adam_update(state_.threads, st, ch);
-  if (!state_.mixed && param_out != master) std::memcpy(param_out, master, len * 4);
+
+ private:
+  EngineState& s_;
+};
+
+// The states on the device: the device's fused Update, enqueued on the device Update stream
+// (kDeviceUpdateStream) back to back, with no wait between sub-groups. What it writes (the unit's
+// master, m, v and compute copy, or its home in pinned memory) is read next by other streams and by
+// other threads once the unit has landed (the gather and the fp32 working weights on h2d, the model
+// on compute, a Fetch from the pinned home); so every sub-group records an event behind its work —
+// the unit lands once its last one has completed, and a home that reads the target on the host (the
+// NVMe home's write to disk) waits for it in land_chunk.
+class DeviceUpdater : public Updater {
+ public:
+  explicit DeviceUpdater(EngineState& s) : s_(s) {}
+  EventHandle update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& ch, void* param_out) override {
+    s_.kern->adam_update(st, ch, kDeviceUpdateStream);
+    if (!ch.param16 && param_out != ch.master) s_.kern->copy(param_out, ch.master, ch.n * 4, kDeviceUpdateStream);
+    return s_.dev.record(kDeviceUpdateStream);
+  }
+  void finish() override { s_.dev.synchronize(kDeviceUpdateStream); }
+
+ private:
+  EngineState& s_;
+};
+
+}  // namespace
+
+std::unique_ptr<Updater> make_updater(EngineState& s) {
+  if (s.layout.optimizer_offloaded) {
+    s.claim("Norm", "Update(g)", Handoff::host_wait);          // the decision's future
+    s.claim("Update(g)", "Land(u)", Handoff::stream_order);    // the worker updates, then lands
+    return std::make_unique<HostUpdater>(s);
+  }
+  s.claim("Norm", "Update(g)", Handoff::enqueued_after);  // the worker takes the decision, then enqueues
+  s.claim("Update(g)", "Land(u)", Handoff::host_wait);    // the unit's last event, waited on before it lands
+  return std::make_unique<DeviceUpdater>(s);
 }
 
 void UpdatePipeline::land(std::size_t ui) {
   Unit& u = state_.units[ui];
-  home_of(u).land_unit(u);
+  u.home->land_unit(u);
   ++landed_;
   {
     std::lock_guard<std::mutex> lk(state_.mu);

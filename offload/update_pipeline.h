@@ -36,10 +36,21 @@
 
 namespace zinf::offload::detail {
 
+// Where a sub-group's Update runs, chosen once from the optimizer's tier (update_pipeline.cpp): the
+// host's cpu_adam pass (HostUpdater) or the device's kernel on the device Update stream
+// (DeviceUpdater). update() writes the new compute copy to `param_out` and returns the event after
+// which it is written (null: written already); finish() ends a walk (the device's stream synchronized).
+class Updater {
+ public:
+  virtual ~Updater() = default;
+  virtual EventHandle update(const cpu_adam::AdamStep& st, const cpu_adam::UpdateChunk& ch, void* param_out) = 0;
+  virtual void finish() {}
+};
+std::unique_ptr<Updater> make_updater(EngineState& s);
+
 class UpdatePipeline {
  public:
-  UpdatePipeline(EngineState& s, OptimizerStates& states, ParamHome& resident, ParamHome* offloaded,
-                 GradientPath& grads);
+  UpdatePipeline(EngineState& s, OptimizerStates& states, GradientPath& grads);
   ~UpdatePipeline();
 
   // NVMe optimizer, overlap exact: starts the walk at the last micro batch's forward so that the
@@ -74,11 +85,11 @@ class UpdatePipeline {
   void check();  // rethrows its error without waiting
 
  private:
-  void push(std::function<void()> job);  // a failure wakes everyone waiting for a landing
   void run(const std::shared_future<Decision>& d);
-  void update_chunk(Unit& u, std::size_t o, std::size_t len, const StateSlice& states, const cpu_adam::AdamStep& st,
-                    void* param_out);
-  ParamHome& home_of(const Unit& u) { return u.windowed ? *offloaded_ : resident_; }
+  // The Update of [o, o+len) of unit u, its new compute copy into `param_out`: the event after which it
+  // is written (null: written already).
+  EventHandle update_chunk(Unit& u, std::size_t o, std::size_t len, const StateSlice& states,
+                           const cpu_adam::AdamStep& st, void* param_out);
   void land(std::size_t u);
   struct Verdict {
     enum Kind { keep, redo, skip, abandon } kind = skip;
@@ -97,8 +108,6 @@ class UpdatePipeline {
 
   EngineState& state_;
   OptimizerStates& states_;
-  ParamHome& resident_;
-  ParamHome* offloaded_;
   GradientPath& grads_;
   std::unique_ptr<std::promise<Decision>> decision_;
   // The speculation in flight: its verdict (set by the trainer's thread, read by the worker through
@@ -116,7 +125,8 @@ class UpdatePipeline {
   std::vector<std::vector<double>> sums_;
   std::vector<std::uint64_t> sums_of_;
   Jitter jitter_;
-  std::unique_ptr<SerialWorker> worker_;  // last: its jobs use everything above
+  std::unique_ptr<Updater> updater_;
+  std::unique_ptr<HostQueue> worker_;  // last: its jobs use everything above
 };
 
 }  // namespace zinf::offload::detail

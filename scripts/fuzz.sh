@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz: the run config, safetensors, a Hugging Face config.json
-# and index, llm.c token files, checkpoint manifests, chat JSONL, tokenizer.json files) with clang, ASan and UBSan in their own build
+# and index, llm.c token files, checkpoint manifests, chat JSONL, tokenizer.json files, chat templates) with clang, ASan and UBSan in their own build
 # directory (default build-fuzz/; no CUDA, no tests, no benches: only the parsers and what they
 # call), then runs each from its seed corpus for a short while. A finding fails the script; its
 # reproducer is saved under <build>/fuzz-artifacts/ and named, with its bytes in base64, in the output.
@@ -11,7 +11,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${1:-$root/build-fuzz}"
 secs="${ZINF_FUZZ_SECONDS:-15}"
-targets="${ZINF_FUZZ_TARGETS:-config safetensors hf_config hf_index token_file checkpoint instruct tokenizer_json}"
+targets="${ZINF_FUZZ_TARGETS:-config safetensors hf_config hf_index token_file checkpoint instruct tokenizer_json jinja}"
 cxx="$(command -v clang++-14 || command -v clang++ || true)"
 cc="$(command -v clang-14 || command -v clang || true)"
 if [ -z "$cxx" ] || [ -z "$cc" ]; then

@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh correctness   does the CUDA path compute what the CPU computes?
 #   scripts/gpu-check.sh speed         how fast is it, beside PyTorch, and where does the step go?
 #
-# Each stage has a budget (ZINF_GPU_CHECK_SECONDS; correctness 420 s, speed 300 s by default) and
+# Each stage has a budget (ZINF_GPU_CHECK_SECONDS; correctness 450 s, speed 320 s by default) and
 # always ends inside it: its sections run one after another, each under its own cap (below; the cap
 # is cut to what is left of the budget), stopped with SIGTERM at the cap less a 5 s grace and with
 # SIGKILL at the cap, its whole process group with it. A section that no longer fits is "not run".
@@ -13,7 +13,7 @@
 # line, when `zinf info` lists no GPU; a skipped GPU test is a failure; a section that ran out of
 # time is TIMEOUT, not FAILED.
 #
-# correctness (420 s)                                                                      cap s
+# correctness (450 s)                                                                      cap s
 #   build      sm_90, only the targets the stage runs (--targets)                            180
 #   gpu        `zinf info --json` lists a GPU, or the stage stops here                         10
 #   tests      ctest -L gpu and the GPU cases of other binaries (--cases), fast-vs-twin op     80
@@ -28,9 +28,11 @@
 #              summed on the device, parameters on NVMe), bf16 and 8-bit states: one digest each
 #   fast       device.kernels fast against reference on the GPU (per-step losses within 2e-2)  20
 #              and against the CPU twin (within 5e-3)
+#   attention  cuDNN's attention against the wmma kernel and the CPU twin at the two check        40
+#              shapes, forward and backward, two runs bitwise equal
 #   memcheck   compute-sanitizer memcheck on the GPU test binaries at small shapes             30
 #   racecheck  compute-sanitizer racecheck on the same                                         30
-# speed (300 s)
+# speed (320 s)
 #   build      as above (nothing to do when the correctness stage's build is still there)      90
 #   gpu        as above                                                                        10
 #   pcie       zinf bench pcie (256 MiB, 3 repetitions)                                        10
@@ -42,6 +44,7 @@
 #              timeline (trace.json) and its picture (trace.svg)
 #   offload    the speculative Update and the activation checkpoints in host memory, each      20
 #              against the run without (zinf bench step): overlap ratios, one digest
+#   attention-speed  attention forward+backward: cuDNN, wmma, PyTorch's SDPA at the check shapes   30
 # The caps of the first GPU run are generous estimates; docs/gpu.md says where each comes from and
 # is where measured times replace them.
 #
@@ -63,6 +66,7 @@
 #
 #   scripts/gpu-check.sh --targets     the build targets the stages run (scripts/test.sh uses them)
 #   scripts/gpu-check.sh --cases       the ctest regex of the GPU cases in binaries not labelled gpu
+#   scripts/gpu-check.sh --executor-cases   the regex of the GPU cases only the executor runs (its fakes' hooks)
 # shellcheck disable=SC2317  # the part_* functions are called by name
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -79,12 +83,15 @@ export ZINF_GPU_CHECK_SWAP="$swap"
 gpu_test_targets() { sed -n 's/^ *zinf_test(\([A-Za-z0-9_]*\) LABEL gpu .*/\1/p' "$root/tests/CMakeLists.txt"; }
 # Binaries not labelled gpu that hold GPU cases, and those cases.
 gpu_case_targets="train_test fast_ops_twin_test ops_table_test generate_test"
-gpu_cases='^(TrainGpu\.|FastOpsTwin\.EveryOpOnTheGpu|OpsTable\.Cuda|Generate\.Cuda)'
+gpu_cases='^(TrainGpu\.|FastOpsTwin\.EveryOpOnTheGpu|FastOpsTwin\.AttentionChoices|OpsTable\.Cuda|Generate\.Cuda)'
+# GPU cases that need the executor's library fakes (their test hooks): run on the executor only.
+executor_cases='^FastOpsTwin\.CudnnRefusedShape'
 # Tests about a machine without a GPU: they skip where one is visible, so the GPU stages leave them out.
 no_gpu_tests='WithoutAGpu'
 case "${1:-}" in
   --targets) echo zinf $gpu_case_targets $(gpu_test_targets); exit 0 ;;
   --cases) echo "$gpu_cases"; exit 0 ;;
+  --executor-cases) echo "$executor_cases"; exit 0 ;;
 esac
 
 # Shapes: the GPU's, or small ones on the executor (the same sections, minutes instead of hours).
@@ -95,12 +102,17 @@ if [ "$executor" = 1 ]; then
   states_model=("${small[@]}")
   repeat_target=2
   sanitizer="$root/tests/scripts/sanitizer_standin.sh"
+  attention_shapes="2,40,5,5,64;1,48,4,2,128"
+  attention_bench_shapes="1,32,2,2,64 1,32,4,2,128"
 else
   small=()
   digest_model=(--set model.n_layer=4)
   states_model=(--set model.n_layer=2)
   repeat_target="${ZINF_GPU_REPEATS:-20}"
   sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  # GPT-2 small's heads at 1024 tokens (an odd head count), and Llama 3 8B's at 4096 (GQA 32/8, D 128).
+  attention_shapes="4,1024,25,25,64;1,4096,32,8,128"
+  attention_bench_shapes="4,1024,25,25,64 1,4096,32,8,128"
 fi
 
 # Fails (1) when a gtest or ctest log ($1) reports a skipped test, naming them.
@@ -123,7 +135,8 @@ part_build() {
     extra+=(-DZINF_CUDA_EXECUTOR=ON)
   else
     # Warnings stay warnings: the lent machine's compiler may not be Debian 12's GCC.
-    extra+=(-DZINF_CUDA=ON -DZINF_CUDA_ARCHS=90 -DZINF_WERROR=OFF)
+    # cuDNN is required: the correctness stage checks its attention against the wmma kernel.
+    extra+=(-DZINF_CUDA=ON -DZINF_CUDNN=ON -DZINF_CUDA_ARCHS=90 -DZINF_WERROR=OFF)
   fi
   cmake -S "$root" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZINF_BUILD_BENCH=OFF "${extra[@]}" > /dev/null ||
     return 1
@@ -227,9 +240,57 @@ sys.exit(0 if ok else 1)
 PY
 }
 
+part_attention() {  # cuDNN against the wmma kernel and the CPU twin at the check's shapes, bf16, fwd+bwd
+  local log="$raw/attention-test.log"
+  ZINF_ATTENTION_CHECK_SHAPES="$attention_shapes" "$bld/tests/flash_attention_test" \
+    --gtest_filter='FlashAttention.CudnnAgainstWmmaAndTwinAtCheckShapes' > "$log" 2>&1 ||
+    { tail -20 "$log"; echo "attention: FAILED"; return 1; }
+  no_skips "$log" || return 1
+  grep '^attention-check:' "$log"
+  echo "attention: ok, cuDNN and the wmma kernel within their bounds of the CPU twin and of each other at" \
+    "$(tr ';' ' ' <<< "$attention_shapes") (B,T,H,KV,D), bf16, forward and backward; two runs bitwise equal"
+}
+
+part_attention_speed() {  # forward+backward time and TFLOPS: cuDNN, the wmma kernel, PyTorch's SDPA
+  local shape kind rc=0 out="$raw/attention.jsonl" one="$raw/attention-one.json"
+  : > "$out"
+  # Each run's JSON object, as one line of attention.jsonl.
+  add_line() { python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$one" >> "$out"; }
+  for shape in $attention_bench_shapes; do
+    for kind in cudnn wmma; do
+      if "$zinf" bench attention --shape "$shape" --attention "$kind" --iters 5 --json > "$one" 2>> "$raw/attention-bench.log"; then
+        add_line || rc=1
+      else
+        echo "attention: zinf bench attention --shape $shape --attention $kind FAILED"
+        rc=1
+      fi
+    done
+    if [ "$executor" != 1 ]; then
+      if python3 "$root/bench/torch_sdpa.py" --shape "$shape" --iters 5 > "$one" 2>> "$raw/attention-bench.log"; then
+        add_line || rc=1
+      else
+        echo "attention: PyTorch's SDPA at $shape FAILED (raw/attention-bench.log)"
+        rc=1
+      fi
+    fi
+  done
+  grep -h 'cuDNN refused' "$raw/attention-bench.log" 2> /dev/null | sort -u | sed 's/^/attention: (cudnn rows are the wmma kernel where) /'
+  python3 - "$out" << 'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for r in rows:
+    s = r["shape"]
+    print("attention %-10s B %d T %d H %d KV %d D %d: %8.3f ms  %6.1f TFLOPS"
+          % (r["attention"], s["B"], s["T"], s["H"], s["KV"], s["D"], 1e3 * r["fwd_bwd_s"], r["tflops"]))
+PY
+  [ "$rc" = 0 ] && echo "attention: ok, $(wc -l < "$out") runs (raw/attention.jsonl)"
+  return "$rc"
+}
+
 # The GPU test binaries (every `LABEL gpu` test but the PCIe benchmark) and the tests of each that run
-# at small shapes, as binary:filter pairs.
-sanitize_tests_default="cuda_ops_test:CudaOps.EveryOpMatchesTheCpuReference cuda_rows_test:* flash_attention_test:*
+# at small shapes, as binary:filter pairs (the attention check's shapes are the attention section's).
+sanitize_tests_default="cuda_ops_test:CudaOps.EveryOpMatchesTheCpuReference cuda_rows_test:*
+  flash_attention_test:FlashAttention.MatchesCpuTwin:FlashAttention.CudnnMatchesCpuTwin:FlashAttention.Refuses*
   cuda_gemm_test:* cuda_scratch_test:* device_cuda_test:CudaDevice.*:CudaEngineKernels.*"
 
 part_sanitize() {  # memcheck | racecheck on the GPU tests' small shapes
@@ -330,7 +391,8 @@ if [ "${1:-}" = --part ]; then
   raw="$3"
   shift 3
   case "$p" in
-    build | gpu | tests | digests | states | fast | pcie | trace | offload) "part_$p" ;;
+    build | gpu | tests | digests | states | fast | pcie | trace | offload | attention) "part_$p" ;;
+    attention-speed) part_attention_speed ;;
     repeat) part_repeat "$1" ;;
     memcheck | racecheck) part_sanitize "$p" ;;
     compare-a) part_compare "a" ;;
@@ -345,13 +407,17 @@ fi
 # ---- the stage -------------------------------------------------------------------------------------
 stage="${1:-}"
 case "$stage" in
-  correctness) plan="build:180 gpu:10 tests:80 repeat:40 digests:45 states:40 fast:20 memcheck:30 racecheck:30"
-               default_budget=420 ;;
-  speed) plan="build:90 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:30 offload:20"
-         default_budget=300 ;;
+  correctness) plan="build:180 gpu:10 tests:80 repeat:40 digests:45 states:40 fast:20 attention:40 memcheck:30 racecheck:30"
+               default_budget=450 ;;
+  speed) plan="build:90 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:30 offload:20 attention-speed:30"
+         default_budget=320 ;;
   *) echo "usage: scripts/gpu-check.sh correctness|speed   (or --targets, --cases; see the header)" >&2; exit 2 ;;
 esac
 budget="${ZINF_GPU_CHECK_SECONDS:-$default_budget}"
+# On the CPU executor every section runs at small shapes but far slower than on a GPU: its caps are
+# the GPU's times ZINF_GPU_CHECK_CAP_SCALE (default 2 there, 1 on a GPU; the budget is the caller's).
+cap_scale="${ZINF_GPU_CHECK_CAP_SCALE:-$([ "$executor" = 1 ] && echo 2 || echo 1)}"
+case "$cap_scale" in [1-9]|[1-9][0-9]) ;; *) echo "gpu-check: ZINF_GPU_CHECK_CAP_SCALE must be an integer 1..99, got '$cap_scale'" >&2; exit 2 ;; esac
 grace=5    # SIGTERM this long before a section's cap, SIGKILL at the cap
 reserve=3  # kept for the last results file
 out_dir="${OUT:-$root/gpu-check-out/$stage}"
@@ -411,6 +477,8 @@ results = {"stage": stage, "ok": ok, "complete": complete, "stopped": stopped or
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpus": gpus,
            "command": "scripts/gpu-check.sh " + stage, "wall_s": int(wall), "budget_s": int(budget),
            "sections": sections, "fast": load("fast.json"), "pcie": load("pcie.json"), "offload": load("offload.json"),
+           "attention": [json.loads(l) for l in open(os.path.join(raw, "attention.jsonl")) if l.strip()]
+                        if os.path.exists(os.path.join(raw, "attention.jsonl")) else [],
            "compare": compare, "targets": targets}
 tmp = os.path.join(out, "results.json.tmp")
 json.dump(results, open(tmp, "w"), indent=1)
@@ -429,6 +497,12 @@ with open(os.path.join(out, "results.md.tmp"), "w") as md:
         for t in targets:
             met = "not judged (executor)" if "met" not in t else ("yes" if t["met"] else "NO")
             md.write(f"| {t['name']} | {t['ratio']:.3f} | {t['at_most']} | {met} |\n")
+    if results["attention"]:
+        md.write("\n| attention | B | T | H | KV | D | fwd+bwd ms | TFLOPS |\n|---|---|---|---|---|---|---|---|\n")
+        for r in results["attention"]:
+            sh = r["shape"]
+            md.write(f"| {r['attention']} | {sh['B']} | {sh['T']} | {sh['H']} | {sh['KV']} | {sh['D']} | "
+                     f"{1e3 * r['fwd_bwd_s']:.3f} | {r['tflops']:.1f} |\n")
     table = os.path.join(raw, "compare.md")
     if compare and os.path.exists(table):
         md.write("\n" + open(table).read())
@@ -530,7 +604,7 @@ log "== setup: $((SECONDS - start)) s"
 
 for item in $plan; do
   name="${item%%:*}"
-  section "$name" "${item##*:}"
+  section "$name" "$((${item##*:} * cap_scale))"
   rc=$?
   if [ "$name" = build ] && [ "$rc" != 0 ] && [[ "$parts" == *" build "* ]]; then
     stopped="the build failed: nothing to run (raw/build.log)"

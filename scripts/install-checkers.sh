@@ -2,15 +2,17 @@
 # Installs the independent checkers some tests compare zinf against, from PyPI into the virtual
 # environment .venv-check/ at the repository root: Hugging Face's `tokenizers` (tokenizer.json ids),
 # `tensorboard` (reads back the event files zinf writes), `safetensors` and `numpy` (reads model
-# folders without zinf). Tests that need one skip, naming it, when it is missing; this script never
-# fails the build: without network or pip it says so and exits 0. Idempotent: an environment that
+# folders without zinf), `transformers` with `torch` (makes, runs and reads Hugging Face models),
+# `jinja2` (chat templates) and `sentencepiece` (tokenizer.model files). Tests that need one skip,
+# naming it, when it is missing; this script never fails the build: without network or pip it says
+# so and exits 0. Idempotent: an environment that
 # already has every package is left alone.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="$root/.venv-check"
-pkgs=(tokenizers tensorboard safetensors numpy)
+pkgs=(tokenizers tensorboard safetensors numpy transformers torch jinja2 sentencepiece)
 py="$venv/bin/python3"
-if [ -x "$py" ] && "$py" -c 'import tokenizers, tensorboard, safetensors, numpy' 2>/dev/null; then
+if [ -x "$py" ] && "$py" -c 'import tokenizers, tensorboard, safetensors, numpy, transformers, torch, jinja2, sentencepiece' 2>/dev/null; then
   echo "install-checkers: ${pkgs[*]} present in $venv"
   exit 0
 fi

@@ -8,22 +8,32 @@ folder zinf reads (data.tokenizer, zinf tokenize --tokenizer): tokenizer.json, t
                 Llama 3 ships); BOS <|begin_of_text|>, EOS <|eot_id|> and <|end_of_text|>.
 --style smollm: Digits (one piece per digit), then ByteLevel with GPT-2's pattern (as SmolLM ships);
                 BOS = EOS = <|endoftext|>.
---nfc adds an NFC normalizer (as Qwen2 ships). The special tokens of both chat formats come first
+--style qwen2:  a Split with Qwen2's pattern (single digits), then ByteLevel without a pattern, an NFC
+                normalizer (as Qwen2 ships); no BOS, EOS <|im_end|> and <|endoftext|>.
+--nfc adds an NFC normalizer (as Qwen2 ships).
+The post-processor is as each family ships it: llama3 puts <|begin_of_text|> before a text
+(TemplateProcessing), the others add nothing (ByteLevel). The special tokens of both chat formats come first
 in the vocabulary (ids 0-7).
 
 Runs with the checkers' python (scripts/install-checkers.sh: .venv-check/bin/python).
 
-usage: make-tokenizer.py OUTPUT_DIR VOCAB_SIZE TEXT_FILE... [--style gpt2|llama3|smollm] [--nfc]
+usage: make-tokenizer.py OUTPUT_DIR VOCAB_SIZE TEXT_FILE... [--style gpt2|llama3|smollm|qwen2] [--nfc]
 """
 import argparse
 import json
 import os
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 # Llama 3's split pattern (tokenizer.json of Meta-Llama-3-8B).
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# Qwen2's split pattern (tokenizer.json of Qwen2-7B-Instruct): Llama 3's with single digits.
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
@@ -38,14 +48,18 @@ CHAT_TEMPLATES = {
     "llama3": ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
                "{{ m['content'] }}<|eot_id|>{% endfor %}"
                "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"),
+    "qwen2": ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+              "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+              "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
     "smollm": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
 }
 
 
 def build(style, nfc):
-    tok = Tokenizer(models.BPE(ignore_merges=(style == "llama3")))
-    if nfc:
+    tok = Tokenizer(models.BPE(ignore_merges=(style in ("llama3", "qwen2"))))
+    if nfc or style == "qwen2":
         tok.normalizer = normalizers.NFC()
     if style == "gpt2":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -55,8 +69,9 @@ def build(style, nfc):
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ])
     else:
+        pattern = LLAMA3_PATTERN if style == "llama3" else QWEN2_PATTERN
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     tok.decoder = decoders.ByteLevel()
@@ -68,7 +83,7 @@ def main():
     ap.add_argument("output", help="folder to write (created if missing)")
     ap.add_argument("vocab_size", type=int, help="vocabulary size, specials and the 256 bytes included")
     ap.add_argument("inputs", nargs="+", help="text files to train on")
-    ap.add_argument("--style", choices=["gpt2", "llama3", "smollm"], default="gpt2")
+    ap.add_argument("--style", choices=["gpt2", "llama3", "smollm", "qwen2"], default="gpt2")
     ap.add_argument("--nfc", action="store_true", help="add an NFC normalizer")
     a = ap.parse_args()
     if a.vocab_size < 256 + len(SPECIALS):
@@ -78,11 +93,22 @@ def main():
     trainer = trainers.BpeTrainer(vocab_size=a.vocab_size, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train(a.inputs, trainer)
+    if a.style == "llama3":
+        bos_id = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
+                                          special_tokens=[("<|begin_of_text|>", bos_id)]),
+        ])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
     os.makedirs(a.output, exist_ok=True)
     tok.save(os.path.join(a.output, "tokenizer.json"))
 
     if a.style in ("gpt2", "smollm"):
         bos, eos = "<|endoftext|>", ["<|endoftext|>"]
+    elif a.style == "qwen2":
+        bos, eos = None, ["<|im_end|>", "<|endoftext|>"]
     else:
         bos, eos = "<|begin_of_text|>", ["<|eot_id|>", "<|end_of_text|>"]
     config = {"bos_token": bos, "eos_token": eos[0], "model_max_length": 1 << 20,
@@ -92,7 +118,7 @@ def main():
     with open(os.path.join(a.output, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=2)
     with open(os.path.join(a.output, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": tok.token_to_id(bos),
+        json.dump({"bos_token_id": tok.token_to_id(bos) if bos else None,
                    "eos_token_id": [tok.token_to_id(e) for e in eos]}, f, indent=2)
     print(f"{a.output}: {a.style} byte-level BPE, {tok.get_vocab_size()} ids")
 

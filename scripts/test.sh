@@ -44,10 +44,10 @@ if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
   # The CUDA device's own sources built as C++ on the executor (tests/cuda_executor), with the tests
   # that hold GPU cases; none of them may skip, except the ones about a machine without a GPU.
   # The GPU check's own lists: the targets its stages build, the GPU cases in binaries not labelled gpu.
-  exe_targets="executor_test cublas_fake_test nccl_fake_test $("$root/scripts/gpu-check.sh" --targets)"
+  exe_targets="executor_test cublas_fake_test nccl_fake_test cudnn_fake_test $("$root/scripts/gpu-check.sh" --targets)"
   ZINF_BUILD_TARGETS="$exe_targets" "$root/scripts/build.sh" "$root/build-executor" -DZINF_CUDA_EXECUTOR=ON \
     -DZINF_BUILD_BENCH=OFF
-  gpu_cases="$("$root/scripts/gpu-check.sh" --cases)"
+  gpu_cases="$("$root/scripts/gpu-check.sh" --cases)|$("$root/scripts/gpu-check.sh" --executor-cases)"
   for order in fifo lifo; do  # a failed test ends the script (pipefail); a skipped one is checked below
     log="$root/build-executor/ctest-$order.log"
     ZINF_CUDAX_ORDER=$order ctest --test-dir "$root/build-executor" --output-on-failure -j "$(nproc)" -L 'gpu|executor' \

@@ -51,11 +51,22 @@ constexpr std::uint64_t gemm_workspace_bytes(bool fast) {
   return fast ? kGemmWorkspaceBytesFast : kGemmWorkspaceBytesReference;
 }
 
+// cuDNN's fused attention (device.attention cudnn): one workspace per ops backend, taken on the first
+// shape cuDNN accepts (grown for a larger one), of 64 MiB plus two fp32 copies of the query rows —
+// B·T·C elements each, room for a deterministic backward's fp32 dQ accumulator and its row sums. Only
+// engines whose workspace fits are chosen, so a run takes exactly this.
+constexpr std::uint64_t kCudnnWorkspaceBaseBytes = std::uint64_t{64} << 20;
+constexpr std::uint64_t cudnn_workspace_bytes(std::uint64_t query_elems) {
+  return kCudnnWorkspaceBaseBytes + 2 * query_elems * 4;
+}
+
 // What the ops' own scratch depends on: the model family and shape, the micro batch and the kernels.
 struct OpsScratchShape {
   bool llama = false;  // GPT: packed qkv attention; llama: separate q/k/v (GQA)
   std::uint64_t batch = 1, seq = 1, heads = 1, width = 1;
+  std::uint64_t kv_heads = 0;  // 0: as many as heads
   bool fast = false;  // device.kernels: fast (the tensor-core kernels); else the reference kernels
+  bool cudnn = false;  // fast with cuDNN's attention
 };
 
 // Bounds the fast kernels must stay within (the plan counts exactly these):
@@ -73,7 +84,9 @@ constexpr std::uint64_t kTokenSortSlackInts = std::uint64_t{1} << 16;
 //   reference llama: the attention backward's per-row sums, B*H*T floats;
 //   fast:            the workspace (kGemmWorkspaceBytesFast); the flash backward's scratch, 4*B*H*T floats; the column
 //                    partials of the norms' and biases' backward, 2*C*min(B*T, 1024) floats; the
-//                    embedding backward's token sort, (2*B*T + 65536) ints.
+//                    embedding backward's token sort, (2*B*T + 65536) ints;
+//   fast with cuDNN: also cuDNN's workspace (cudnn_workspace_bytes(B*T*C)) and, for grouped key/value heads
+//                    (kv_heads < heads), the per-query-head key and value gradients, 2*B*T*width floats.
 // The reference kernels' norms and column sums use no scratch.
 inline std::vector<std::uint64_t> ops_scratch_blocks(const OpsScratchShape& s) {
   const std::uint64_t rows = s.batch * s.seq, bht = s.batch * s.heads * s.seq;
@@ -85,6 +98,10 @@ inline std::vector<std::uint64_t> ops_scratch_blocks(const OpsScratchShape& s) {
   blocks.push_back(kFlashScratchFloatsPerRow * bht * 4);
   blocks.push_back(2 * s.width * std::min(rows, kPartialRowsMax) * 4);
   blocks.push_back((2 * rows + kTokenSortSlackInts) * 4);
+  if (s.cudnn) {
+    blocks.push_back(cudnn_workspace_bytes(rows * s.width));
+    if (s.kv_heads != 0 && s.kv_heads < s.heads) blocks.push_back(2 * rows * s.width * 4);
+  }
   return blocks;
 }
 

@@ -18,6 +18,11 @@ enum class ModelFamily { gpt2, llama };
 // weights stored in the run's precision; on CUDA the tensor-core kernels, on the CPU device the twin
 // that stores and rounds exactly as they do).
 enum class Kernels { reference, fast };
+// The attention of the CUDA kernel sets (device.attention): `cudnn` (cuDNN's fused flash attention,
+// the fast kernels' default where this zinf was built with cuDNN), `wmma` (the project's own flash
+// kernel, cuda/ops/flash_attention.cu), `reference` (the reference kernels' attention); `automatic`
+// is the kernel set's default (resolve_attention).
+enum class Attention { automatic, cudnn, wmma, reference };
 
 // One name table per enum (the names are the config's words); the switches look alike by nature.
 constexpr std::string_view to_string(OffloadDevice d) {
@@ -46,6 +51,24 @@ constexpr std::string_view to_string(DeviceType d) {
 }
 
 constexpr std::string_view to_string(Kernels k) { return k == Kernels::fast ? "fast" : "reference"; }
+
+constexpr std::string_view to_string(Attention a) {
+  switch (a) {
+    case Attention::automatic: return "auto";
+    case Attention::cudnn: return "cudnn";
+    case Attention::wmma: return "wmma";
+    case Attention::reference: return "reference";
+  }
+  return "?";
+}
+// What `auto` means for a kernel set: the reference kernels' own attention, or under `fast` cuDNN's
+// where this build has it and the wmma kernel otherwise. Other choices are kept as they are (the
+// config refuses the ones that do not belong to the kernel set).
+constexpr Attention resolve_attention(Attention a, Kernels k, bool have_cudnn) {
+  if (a != Attention::automatic) return a;
+  if (k == Kernels::reference) return Attention::reference;
+  return have_cudnn ? Attention::cudnn : Attention::wmma;
+}
 
 constexpr std::string_view to_string(ModelFamily f) { return f == ModelFamily::gpt2 ? "gpt2" : "llama"; }
 

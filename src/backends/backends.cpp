@@ -13,6 +13,9 @@
 #if ZINF_HAVE_CUDA
 #include "cuda/cuda.h"
 #endif
+#if ZINF_HAVE_CUDNN
+#include "cuda/cudnn_attention_version.h"
+#endif
 
 namespace zinf {
 
@@ -30,6 +33,14 @@ const backends::Backend& backends::backend_for(DeviceType type) {
   }
   throw Error("device.type auto must be resolved to cpu or cuda before a backend is chosen");
 }
+
+#if ZINF_HAVE_CUDNN
+bool backends::cudnn_built() { return true; }
+std::string backends::cudnn_version() { return cuda::cudnn_build_version(); }
+#else
+bool backends::cudnn_built() { return false; }
+std::string backends::cudnn_version() { return "built without"; }
+#endif
 
 #if !ZINF_HAVE_CUDA
 cuda::GpuQuery cuda::query_gpus(int) {

@@ -525,7 +525,67 @@ class BpeTokenizer final : public Tokenizer {
       id_bytes_[a.id] = a.content;
       id_known_[a.id] = true;
     }
+    if (j.contains("post_processor") && !j["post_processor"].is_null()) post_processor(j["post_processor"], where);
   }
+
+  // The tokens a post-processor adds around one text: ByteLevel adds none (its offset trimming
+  // changes no id); TemplateProcessing's "single" template names them; a Sequence holds both.
+  void post_processor(const json& pp, const std::string& where) {
+    const std::string type = pp.is_object() ? pp.value("type", std::string()) : std::string();
+    if (type == "ByteLevel") return;
+    if (type == "Sequence" && pp.contains("processors") && pp["processors"].is_array()) {
+      for (const json& p : pp["processors"]) post_processor(p, where);
+      return;
+    }
+    if (type != "TemplateProcessing")
+      throw ConfigError(where + ": post_processor " + (type.empty() ? pp.dump() : type) +
+                            " is not supported (ByteLevel, TemplateProcessing or a Sequence of them)",
+                        "zinf reads byte-level BPE tokenizer.json files (GPT-2, Llama 3, Qwen2)");
+    if (!pp.contains("single") || !pp["single"].is_array())
+      throw ConfigError(where + ": post_processor TemplateProcessing has no \"single\" list");
+    const json specials = pp.value("special_tokens", json::object());
+    bool seen_text = false;
+    prefix_.clear();
+    suffix_.clear();
+    for (const json& piece : pp["single"]) {
+      if (piece.contains("Sequence")) {
+        seen_text = true;
+        continue;
+      }
+      if (!piece.contains("SpecialToken") || !piece["SpecialToken"].contains("id"))
+        throw ConfigError(where + ": post_processor TemplateProcessing: an item of \"single\" is neither a Sequence "
+                                  "nor a SpecialToken");
+      if (!piece["SpecialToken"]["id"].is_string())
+        throw ConfigError(where + ": post_processor TemplateProcessing: a SpecialToken's id must be a string");
+      const std::string name = piece["SpecialToken"]["id"].get<std::string>();
+      std::vector<std::uint32_t> ids;
+      if (specials.contains(name) && specials[name].contains("ids") && specials[name]["ids"].is_array()) {
+        for (const json& id : specials[name]["ids"]) {
+          if (!id.is_number_unsigned() || id.get<std::uint64_t>() >= id_bytes_.size())
+            throw ConfigError(where + ": post_processor TemplateProcessing: an id of " + name + " (" + id.dump() +
+                              ") is not in the vocabulary");
+          ids.push_back(id.get<std::uint32_t>());
+        }
+      } else if (const auto id = token_id(name)) {
+        ids.push_back(*id);
+      } else {
+        throw ConfigError(where + ": post_processor TemplateProcessing names the token " + name +
+                          ", which the tokenizer does not have");
+      }
+      for (std::uint32_t id : ids)
+        if (id >= id_bytes_.size() || !id_known_[id])
+          throw ConfigError(where + ": post_processor TemplateProcessing: the id " + std::to_string(id) + " of " +
+                            name + " is not in the vocabulary");
+      auto& dst = seen_text ? suffix_ : prefix_;
+      dst.insert(dst.end(), ids.begin(), ids.end());
+    }
+  }
+
+ public:
+  std::vector<std::uint32_t> prompt_prefix() const override { return prefix_; }
+  std::vector<std::uint32_t> prompt_suffix() const override { return suffix_; }
+
+ private:
 
   // Text between added tokens: normalized, split, and each piece merged.
   void encode_segment(std::string_view seg, std::vector<std::uint32_t>& out, std::size_t chunk) const {
@@ -727,6 +787,7 @@ class BpeTokenizer final : public Tokenizer {
   std::array<std::vector<const AddedToken*>, 256> first_all_, first_plain_;  // by first byte, longest first
   std::vector<std::string> id_bytes_;                                        // id -> the bytes it decodes to
   std::vector<bool> id_known_;
+  std::vector<std::uint32_t> prefix_, suffix_;  // the post-processor's tokens around a text
 };
 
 }  // namespace

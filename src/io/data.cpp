@@ -92,15 +92,14 @@ TokenData TokenData::load_chat(const DataConfig& cfg, int vocab_size, int seq_le
     throw ConfigError("data.tokenizer " + cfg.tokenizer + ": the tokenizer has " + std::to_string(tok->vocab_size()) +
                           " tokens, more than model.vocab_size " + std::to_string(vocab_size),
                       "set model.vocab_size to at least " + std::to_string(tok->vocab_size()));
-  ChatTemplate t = cfg.chat_template;
-  std::string why = "data.chat_template";
-  if (t == ChatTemplate::automatic) t = detect_chat_template(cfg.tokenizer, &why);
+  const ChatFormat format = chat_format(cfg.chat_template, cfg.tokenizer, *tok, "data.chat_template");
+  const ChatTemplate t = format.kind;
+  const std::string why = format.reason;
   const std::vector<ChatExample> examples = parse_chat_jsonl(read_input_file(cfg.path, "data.path"), cfg.path);
   if (examples.empty()) throw ConfigError("data.path " + cfg.path + ": no examples (the file holds only blank lines)");
   const std::vector<std::uint32_t> eos = tok->eos_ids();
   const std::uint32_t pad = eos.empty() ? 0 : eos.front();  // any id: padding positions are masked
-  auto set = std::make_shared<InstructSet>(make_instruct_windows(examples, t, *tok, seq_len, pad));
-  set->template_reason = why;
+  auto set = std::make_shared<InstructSet>(make_instruct_windows(examples, format, *tok, seq_len, pad));
   const std::size_t n = set->windows.size();
   const std::size_t val = std::max<std::size_t>(1, static_cast<std::size_t>(static_cast<double>(n) * cfg.val_fraction));
   if (n < val + 1) {

@@ -18,6 +18,7 @@
 #include <set>
 
 #include "io/files.h"
+#include "model/llama.h"
 #include "zinf/error.h"
 
 namespace zinf {
@@ -61,10 +62,40 @@ std::string shard_name(std::size_t k, std::size_t n) {
   return b;
 }
 
-// config.json of a llama-family model, as transformers writes LlamaConfig / Qwen2Config.
+// The rotary settings of a llama-family shape as transformers names them (without rope_theta);
+// {"rope_type": "default"} when there is no scaling.
+json rope_json(const ModelShape& s) {
+  const ops::RopeScaling sc = llama_rope_scaling(s);
+  json r = {{"rope_type", sc.type == "llama3" && s.rope_factor == 1 ? "default" : sc.type}};
+  const std::string& t = r["rope_type"].get_ref<const std::string&>();
+  if (t == "default") return r;
+  r["factor"] = s.rope_factor;
+  if (t == "llama3")
+    r.update({{"low_freq_factor", s.rope_low_freq_factor}, {"high_freq_factor", s.rope_high_freq_factor}});
+  if (t == "llama3" || t == "yarn" || t == "longrope")  // a whole number, as transformers writes it
+    r["original_max_position_embeddings"] = s.rope_original_max == std::floor(s.rope_original_max)
+                                                ? json(static_cast<std::int64_t>(s.rope_original_max))
+                                                : json(s.rope_original_max);
+  if ((t == "yarn" || t == "longrope") && s.rope.attention_factor > 0) r["attention_factor"] = s.rope.attention_factor;
+  if (t == "yarn") {
+    r.update({{"beta_fast", s.rope.beta_fast}, {"beta_slow", s.rope.beta_slow}, {"truncate", s.rope.truncate}});
+    if (s.rope.mscale != 0) r["mscale"] = s.rope.mscale;
+    if (s.rope.mscale_all_dim != 0) r["mscale_all_dim"] = s.rope.mscale_all_dim;
+  }
+  if (t == "longrope") r.update({{"short_factor", s.rope.short_factor}, {"long_factor", s.rope.long_factor}});
+  return r;
+}
+
+// config.json of a llama-family model, as transformers writes LlamaConfig, MistralConfig and
+// Qwen2Config: the model_type the folder it came from had (else qwen2 with q/k/v biases, llama
+// without). The rotary settings in the form that folder used: rope_parameters (transformers 5) or
+// rope_theta and rope_scaling (earlier); a model not from a folder gets both, which every version
+// reads the same.
 json llama_config(const ModelShape& s, const char* torch_dtype) {
-  json c = {{"architectures", {s.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-            {"model_type", s.qkv_bias ? "qwen2" : "llama"},
+  const std::string type = !s.hf.model_type.empty() ? s.hf.model_type : s.qkv_bias ? "qwen2" : "llama";
+  const char* arch = type == "qwen2" ? "Qwen2ForCausalLM" : type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM";
+  json c = {{"architectures", {arch}},
+            {"model_type", type},
             {"hidden_size", s.d_model},
             {"intermediate_size", s.d_ff},
             {"num_attention_heads", s.n_head},
@@ -73,19 +104,28 @@ json llama_config(const ModelShape& s, const char* torch_dtype) {
             {"vocab_size", s.vocab_size},
             {"max_position_embeddings", s.max_positions > 0 ? s.max_positions : s.seq_len},
             {"rms_norm_eps", s.norm_eps},
-            {"rope_theta", s.rope_theta},
             {"tie_word_embeddings", s.tie_embeddings},
             {"hidden_act", "silu"},
             {"torch_dtype", torch_dtype}};
-  if (!s.qkv_bias) c["attention_bias"] = false;
-  if (s.rope_factor != 1)
-    c["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", s.rope_factor},
-                         {"low_freq_factor", s.rope_low_freq_factor},
-                         {"high_freq_factor", s.rope_high_freq_factor},
-                         {"original_max_position_embeddings", s.rope_original_max}};
-  else
-    c["rope_scaling"] = nullptr;
+  if (type == "llama") c["attention_bias"] = false, c["mlp_bias"] = false;
+  if (type == "mistral") c["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json(nullptr);
+  if (type == "qwen2") {
+    const bool use = s.hf.max_window_layers >= 0;
+    c["use_sliding_window"] = use;
+    c["sliding_window"] = use ? json(s.hf.window) : json(nullptr);
+    c["max_window_layers"] = use ? s.hf.max_window_layers : s.n_layer;
+  }
+  const json rope = rope_json(s);
+  const bool both = s.hf.model_type.empty();
+  if (!s.hf.legacy_rope || both) {
+    json p = {{"rope_theta", s.rope_theta}};
+    p.update(rope);
+    c["rope_parameters"] = p;
+  }
+  if (s.hf.legacy_rope || both) {
+    c["rope_theta"] = s.rope_theta;
+    c["rope_scaling"] = rope["rope_type"] == "default" ? json(nullptr) : rope;
+  }
   return c;
 }
 
@@ -184,6 +224,191 @@ ModelShape gpt2_shape_of(const json& c, const std::string& src, int seq_len) {
   return s;
 }
 
+bool present(const json& o, const char* key) { return o.contains(key) && !o[key].is_null(); }
+
+// The keys of rope_parameters / rope_scaling zinf reads; any other one is refused, since it would
+// change the rotary positions in a way zinf does not compute.
+const std::set<std::string>& rope_keys() {
+  static const std::set<std::string> k = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
+                                          "high_freq_factor", "original_max_position_embeddings", "attention_factor",
+                                          "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
+                                          "short_factor", "long_factor", "partial_rotary_factor"};
+  return k;
+}
+
+// The rotary settings: transformers 5 writes them as rope_parameters (rope_theta inside), earlier
+// versions as rope_theta and rope_scaling at the top. Both are read; where a file has both, they
+// must agree. What transformers computes from them is in model/host_math.h (RopeScaling).
+void read_rope(const json& c, const std::string& src, ModelShape& s) {
+  auto fail = [&](const std::string& key, const std::string& why) -> ConfigError {
+    return ConfigError(src + ": " + key + ": " + why);
+  };
+  const bool v5 = present(c, "rope_parameters"), v4 = present(c, "rope_scaling");
+  for (const char* k : {"rope_parameters", "rope_scaling"})
+    if (present(c, k) && !c[k].is_object()) throw fail(k, "expected an object or null, got " + c[k].dump());
+  // The merged view, each key from whichever of the two holds it; a key both hold must be equal.
+  json p = json::object();
+  const char* where = "rope_parameters";
+  if (v5) {
+    for (auto it = c["rope_parameters"].begin(); it != c["rope_parameters"].end(); ++it)
+      if (it.value().is_object())  // transformers' per-layer-type form (one dict per attention kind)
+        throw fail("rope_parameters." + it.key(), "rotary settings per layer type are not supported");
+    p = c["rope_parameters"];
+  }
+  if (v4)
+    for (auto it = c["rope_scaling"].begin(); it != c["rope_scaling"].end(); ++it) {
+      if (p.contains(it.key()) && p[it.key()] != it.value())
+        throw fail("rope_scaling." + it.key(), it.value().dump() + " disagrees with rope_parameters." + it.key() + " " +
+                                                   p[it.key()].dump() + "; remove one of the two");
+      p[it.key()] = it.value();
+    }
+  if (!v5) where = "rope_scaling";
+  if (present(c, "rope_theta")) {
+    const json& th = c["rope_theta"];  // a bad number is named as such before any comparison
+    if (!th.is_number()) throw fail("rope_theta", "expected a number, got " + th.dump());
+    if (!std::isfinite(th.get<double>()) || th.get<double>() <= 0)
+      throw fail("rope_theta", "expected a positive number, got " + th.dump());
+    if (present(p, "rope_theta") && p["rope_theta"] != c["rope_theta"])
+      throw fail("rope_theta", c["rope_theta"].dump() + " disagrees with rope_parameters.rope_theta " +
+                                   p["rope_theta"].dump() + "; remove one of the two");
+    p["rope_theta"] = c["rope_theta"];
+  }
+  if (present(c, "partial_rotary_factor")) p["partial_rotary_factor"] = c["partial_rotary_factor"];
+  s.hf.legacy_rope = !v5 && (v4 || present(c, "rope_theta"));
+  for (auto it = p.begin(); it != p.end(); ++it)
+    if (!rope_keys().count(it.key()))
+      throw fail(std::string(where) + "." + it.key(), "is not a rotary setting zinf computes; it would change the model");
+  const std::string pre = std::string(where) + ".";
+  auto num = [&](const char* key, std::optional<double> def) -> double {
+    if (!present(p, key)) {
+      if (def) return *def;
+      throw fail(pre + key, "missing");
+    }
+    const json& v = p[key];
+    const std::string name = std::string(key) == "rope_theta" && !v5 ? key : pre + key;
+    if (!v.is_number()) throw fail(name, "expected a number, got " + v.dump());
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x <= 0) throw fail(name, "expected a positive number, got " + v.dump());
+    return x;
+  };
+  s.rope_theta = num("rope_theta", 10000.0);
+  if (present(p, "partial_rotary_factor") &&
+      (!p["partial_rotary_factor"].is_number() || p["partial_rotary_factor"].get<double>() != 1))
+    throw fail("partial_rotary_factor",
+               p["partial_rotary_factor"].dump() + " is not supported (zinf rotates the whole head width)");
+  const json& kind_v = present(p, "rope_type") ? p["rope_type"] : present(p, "type") ? p["type"] : json("default");
+  if (!kind_v.is_string()) throw fail(pre + "rope_type", "expected a string, got " + kind_v.dump());
+  const std::string kind = kind_v.get<std::string>();
+  RopeParams& r = s.rope;
+  r.type = kind;
+  // transformers takes original_max_position_embeddings from the top of config.json first, then
+  // from the rotary settings, then max_position_embeddings.
+  const double omax = present(c, "original_max_position_embeddings")
+                          ? static_cast<double>(positive_int(c, src, "original_max_position_embeddings",
+                                                             std::numeric_limits<int>::max()))
+                          : num("original_max_position_embeddings", static_cast<double>(s.max_positions));
+  if (kind == "default") return;
+  if (kind == "linear" || kind == "dynamic") {
+    s.rope_factor = num("factor", std::nullopt);
+    return;
+  }
+  s.rope_original_max = omax;
+  if (kind == "llama3") {
+    s.rope_factor = num("factor", std::nullopt);
+    s.rope_low_freq_factor = num("low_freq_factor", 1.0);
+    s.rope_high_freq_factor = num("high_freq_factor", 4.0);
+    if (s.rope_factor < 1) throw fail(pre + "factor", "expected at least 1, got " + p["factor"].dump());
+    if (s.rope_factor != 1 && s.rope_high_freq_factor <= s.rope_low_freq_factor)
+      throw fail(pre + "high_freq_factor", "must exceed low_freq_factor");
+    return;
+  }
+  if (kind != "yarn" && kind != "longrope")
+    throw fail(pre + "rope_type",
+               "'" + kind + "' is not supported (default, linear, dynamic, yarn, longrope, llama3 are)");
+  // Both derive a missing factor from the two context lengths, as transformers does.
+  s.rope_factor = num("factor", s.max_positions / omax);
+  r.attention_factor = num("attention_factor", 0.0);
+  if (kind == "yarn") {
+    // transformers reads these with `or`: 0 (or absent) is the default.
+    auto or_default = [&](const char* key, double def) {
+      if (present(p, key) && p[key].is_number() && p[key].get<double>() == 0) return def;
+      return num(key, def);
+    };
+    r.beta_fast = or_default("beta_fast", 32), r.beta_slow = or_default("beta_slow", 1);
+    r.mscale = or_default("mscale", 0), r.mscale_all_dim = or_default("mscale_all_dim", 0);
+    if (present(p, "truncate")) {
+      if (!p["truncate"].is_boolean()) throw fail(pre + "truncate", "expected true or false, got " + p["truncate"].dump());
+      r.truncate = p["truncate"].get<bool>();
+    }
+    return;
+  }
+  const std::size_t half = static_cast<std::size_t>(s.head_dim() / 2);
+  for (auto [key, dst] : {std::pair{"short_factor", &r.short_factor}, {"long_factor", &r.long_factor}}) {
+    if (!present(p, key) || !p[key].is_array() || p[key].size() != half)
+      throw fail(pre + key, "expected a list of " + std::to_string(half) + " numbers (head width / 2), got " +
+                                (present(p, key) ? p[key].dump() : std::string("nothing")));
+    for (const json& v : p[key]) {
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0)
+        throw fail(pre + key, "expected positive numbers, got " + v.dump());
+      dst->push_back(v.get<double>());
+    }
+  }
+}
+
+// Mistral's and Qwen2's sliding-window attention. Mistral: every layer, sliding_window (absent:
+// 4096, transformers' default; null: none). Qwen2: with use_sliding_window, the layers from
+// max_window_layers on, or those layer_types names sliding_attention.
+void read_sliding_window(const json& c, const std::string& src, const std::string& type, ModelShape& s) {
+  auto fail = [&](const std::string& key, const std::string& why) -> ConfigError {
+    return ConfigError(src + ": " + key + ": " + why);
+  };
+  if (type == "llama") return;  // LlamaConfig has no window
+  // A window: a positive integer; one past an int is longer than any sequence zinf runs and is held
+  // as the largest int.
+  auto window_of = [&]() {
+    const json& w = c["sliding_window"];
+    if (w.is_number_unsigned() && w.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
+      return std::numeric_limits<int>::max();
+    return positive_int(c, src, "sliding_window", std::numeric_limits<int>::max());
+  };
+  bool sliding = false;
+  if (type == "mistral") {
+    sliding = !c.contains("sliding_window") || !c["sliding_window"].is_null();
+  } else {
+    if (present(c, "use_sliding_window") && !c["use_sliding_window"].is_boolean())
+      throw fail("use_sliding_window", "expected true or false, got " + c["use_sliding_window"].dump());
+    const bool use = c.value("use_sliding_window", false) && present(c, "sliding_window");
+    int first = 28;  // transformers' default max_window_layers
+    if (present(c, "max_window_layers")) {
+      const json& m = c["max_window_layers"];
+      if (!m.is_number_integer() || m.get<std::int64_t>() < 0)
+        throw fail("max_window_layers", "expected a non-negative integer, got " + m.dump());
+      first = static_cast<int>(std::min<std::int64_t>(m.get<std::int64_t>(), s.n_layer));
+    }
+    if (present(c, "layer_types")) {
+      const json& lt = c["layer_types"];
+      if (!lt.is_array() || lt.size() != static_cast<std::size_t>(s.n_layer))
+        throw fail("layer_types", "expected a list of num_hidden_layers (" + std::to_string(s.n_layer) +
+                                      ") attention kinds, got " + lt.dump());
+      for (const json& k : lt) {
+        if (k != "full_attention" && k != "sliding_attention")
+          throw fail("layer_types", k.dump() + " is not full_attention or sliding_attention");
+        if (k == "sliding_attention") sliding = use;
+      }
+    } else {
+      sliding = use && first < s.n_layer;
+    }
+    s.hf.max_window_layers = use ? first : -1;
+    if (use) s.hf.window = window_of();
+  }
+  if (!sliding) return;
+  const int window = present(c, "sliding_window") ? window_of() : 4096;
+  s.sliding_window = window;
+  if (window < s.seq_len)
+    throw fail("sliding_window", std::to_string(window) + " is shorter than model.seq_len " +
+                                     std::to_string(s.seq_len) + " (zinf attends over the whole sequence)");
+}
+
 ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
   auto fail = [&](const std::string& key, const std::string& why) -> ConfigError {
     return ConfigError(src + ": " + key + ": " + why);
@@ -230,7 +455,6 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
   s.norm_eps = get_num("rms_norm_eps", 1e-6);
   if (s.norm_eps >= 1)
     throw fail("rms_norm_eps", "expected a small positive number (e.g. 1e-5), got " + c["rms_norm_eps"].dump());
-  s.rope_theta = get_num("rope_theta", 10000);
   s.tie_embeddings = get_bool("tie_word_embeddings", false);
   s.qkv_bias = type == "qwen2";
   if (s.d_model % s.n_head != 0) throw fail("hidden_size", "not a multiple of num_attention_heads");
@@ -243,30 +467,13 @@ ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {
   if (get_bool("mlp_bias", false)) throw fail("mlp_bias", "MLP biases are not supported");
   if (type == "llama" && get_bool("attention_bias", false))
     throw fail("attention_bias", "attention biases (q, k, v and o) are not supported");
-  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
-    const json& r = c["rope_scaling"];
-    if (!r.is_object()) throw fail("rope_scaling", "expected an object or null, got " + r.dump());
-    const json& kind_v = r.contains("rope_type") ? r["rope_type"] : r.contains("type") ? r["type"] : json("");
-    const std::string kind = kind_v.is_string() ? kind_v.get<std::string>() : kind_v.dump();
-    if (kind != "llama3") throw fail("rope_scaling", "type '" + kind + "' is not supported (llama3 is)");
-    s.rope_factor = positive(r, "factor", 1.0, "rope_scaling.");
-    s.rope_low_freq_factor = positive(r, "low_freq_factor", 1.0, "rope_scaling.");
-    s.rope_high_freq_factor = positive(r, "high_freq_factor", 4.0, "rope_scaling.");
-    s.rope_original_max = positive(r, "original_max_position_embeddings", 8192.0, "rope_scaling.");
-    if (s.rope_factor < 1) throw fail("rope_scaling.factor", "expected at least 1, got " + r["factor"].dump());
-    if (s.rope_factor != 1 && s.rope_high_freq_factor <= s.rope_low_freq_factor)
-      throw fail("rope_scaling.high_freq_factor", "must exceed low_freq_factor");
-  }
+  read_rope(c, src, s);
+  s.hf.model_type = type;
   s.seq_len = seq_len > 0 ? seq_len : std::min(2048, s.max_positions);
   if (s.seq_len > s.max_positions)
     throw ConfigError(src + ": max_position_embeddings is " + std::to_string(s.max_positions) +
                       ", below model.seq_len " + std::to_string(s.seq_len));
-  const bool sliding = type == "mistral" ? true : get_bool("use_sliding_window", false);
-  if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() &&
-      c["sliding_window"].get<std::int64_t>() < s.seq_len)
-    throw fail("sliding_window", std::to_string(c["sliding_window"].get<std::int64_t>()) +
-                                     " is shorter than model.seq_len " + std::to_string(s.seq_len) +
-                                     " (zinf attends over the whole sequence)");
+  read_sliding_window(c, src, type, s);
   if ((s.head_dim()) % 2 != 0) throw fail("num_attention_heads", "the head width must be even for rotary positions");
   return s;
 }

@@ -1,11 +1,13 @@
 // tokenize.cpp — the byte and SentencePiece tokenizers (byte-level BPE: io/bpe.cpp), open_tokenizer (io/tokenizer.h),
 // and llm.c token files (io/data.h).
 #include <sentencepiece_processor.h>
+#include <utf8proc.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -128,6 +130,41 @@ class SentencePieceTokenizer final : public Tokenizer {
     encode_plain(text.substr(start), out);
     return out;
   }
+  std::vector<std::uint32_t> encode_with_ends(std::string_view text, bool special,
+                                              std::vector<std::size_t>& ends) const override {
+    std::vector<std::uint32_t> out;
+    ends.clear();
+    const auto plain = [&](std::size_t from, std::size_t to) {
+      if (to <= from) return;
+      const auto spt = sp_.EncodeAsImmutableProto(text.substr(from, to - from));
+      for (const auto& p : spt.pieces()) {
+        out.push_back(p.id());
+        ends.push_back(from + p.end());
+      }
+    };
+    std::size_t start = 0, i = 0;
+    while (special && i < text.size()) {
+      std::size_t best = 0;
+      int best_id = -1;
+      for (const auto& [p, id] : specials_)
+        if (p.size() > best && text.substr(i, p.size()) == p) best = p.size(), best_id = id;
+      if (best_id < 0) {
+        ++i;
+        continue;
+      }
+      plain(start, i);
+      out.push_back(static_cast<std::uint32_t>(best_id));
+      i += best;
+      ends.push_back(i);
+      start = i;
+    }
+    plain(start, text.size());
+    return out;
+  }
+  std::vector<std::uint32_t> prompt_prefix() const override {
+    if (sp_.bos_id() < 0) return {};
+    return {static_cast<std::uint32_t>(sp_.bos_id())};
+  }
   std::string decode(const std::vector<std::uint32_t>& ids) const override {
     std::vector<int> v;
     v.reserve(ids.size());
@@ -178,15 +215,92 @@ std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokeni
 
 namespace {
 
+// NFC of `s` (utf8proc); `s` itself when it is not valid UTF-8.
+std::string nfc(std::string_view s) {
+  utf8proc_uint8_t* res = nullptr;
+  const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                                &res, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  std::string out = len < 0 ? std::string(s) : std::string(reinterpret_cast<const char*>(res), static_cast<std::size_t>(len));
+  std::free(res);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::uint32_t> Tokenizer::encode_with_ends(std::string_view text, bool special,
+                                                       std::vector<std::size_t>& ends) const {
+  std::vector<std::uint32_t> ids = encode(text, special);
+  ends.assign(ids.size(), 0);
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    at += decode({ids[k]}).size();
+    ends[k] = at;
+  }
+  if (at == text.size()) return ids;
+  // A normalizer changed the text: the ends above count normalized bytes. Map them back at the
+  // places where normalizing the text piecewise gives the same as normalizing it whole: before
+  // each ASCII byte (NFC never joins an ASCII character to the one before it), and inside a run of
+  // other characters at each character boundary where the run's NFC is the NFC of its two sides.
+  std::vector<std::pair<std::size_t, std::size_t>> anchors = {{0, 0}};  // (normalized, original)
+  std::size_t norm = 0, q = 0;
+  std::size_t run_end = 0;   // the next ASCII byte (or the end) at or after p
+  std::string run_nfc;       // NFC of text[q, run_end)
+  for (std::size_t p = 1; p <= text.size(); ++p) {
+    const bool ascii = p == text.size() || static_cast<unsigned char>(text[p]) < 0x80;
+    if (!ascii && (static_cast<unsigned char>(text[p]) & 0xC0) == 0x80) continue;  // inside a character
+    if (!ascii) {
+      if (run_end <= p) {
+        run_end = p;
+        while (run_end < text.size() && static_cast<unsigned char>(text[run_end]) >= 0x80) ++run_end;
+        run_nfc.clear();
+      }
+      if (run_nfc.empty()) run_nfc = nfc(text.substr(q, run_end - q));
+      const std::string left = nfc(text.substr(q, p - q));
+      if (run_nfc != left + nfc(text.substr(p, run_end - p))) continue;
+      norm += left.size();
+      run_nfc.erase(0, left.size());
+    } else {
+      norm += nfc(text.substr(q, p - q)).size();
+      run_nfc.clear();
+    }
+    q = p;
+    anchors.emplace_back(norm, p);
+  }
+  std::size_t a = 0;
+  for (std::size_t& e : ends) {
+    while (a + 1 < anchors.size() && anchors[a].first < e) ++a;  // the first anchor at or past e
+    e = anchors[a].second;
+  }
+  return ids;
+}
+
+std::vector<std::uint32_t> Tokenizer::encode_prompt(std::string_view text, bool special) const {
+  std::vector<std::uint32_t> ids = prompt_prefix();
+  const std::vector<std::uint32_t> body = encode(text, special);
+  ids.insert(ids.end(), body.begin(), body.end());
+  const std::vector<std::uint32_t> suffix = prompt_suffix();
+  ids.insert(ids.end(), suffix.begin(), suffix.end());
+  return ids;
+}
+
+namespace {
+
 // A tokenizer with the BOS/EOS its model folder names (tokenizer_config.json, generation_config.json).
 class FolderTokenizer final : public Tokenizer {
  public:
-  FolderTokenizer(std::unique_ptr<Tokenizer> t, std::optional<std::uint32_t> bos, std::vector<std::uint32_t> eos)
-      : t_(std::move(t)), bos_(bos), eos_(std::move(eos)) {}
+  FolderTokenizer(std::unique_ptr<Tokenizer> t, std::optional<std::uint32_t> bos, std::vector<std::uint32_t> eos,
+                  std::vector<std::uint32_t> prefix, std::vector<std::uint32_t> suffix)
+      : t_(std::move(t)), bos_(bos), eos_(std::move(eos)), prefix_(std::move(prefix)), suffix_(std::move(suffix)) {}
   std::string kind() const override { return t_->kind(); }
   std::vector<std::uint32_t> encode(std::string_view text, bool special) const override {
     return t_->encode(text, special);
   }
+  std::vector<std::uint32_t> encode_with_ends(std::string_view text, bool special,
+                                              std::vector<std::size_t>& ends) const override {
+    return t_->encode_with_ends(text, special, ends);
+  }
+  std::vector<std::uint32_t> prompt_prefix() const override { return prefix_; }
+  std::vector<std::uint32_t> prompt_suffix() const override { return suffix_; }
   std::string decode(const std::vector<std::uint32_t>& ids) const override { return t_->decode(ids); }
   int vocab_size() const override { return t_->vocab_size(); }
   std::optional<std::uint32_t> token_id(std::string_view piece) const override { return t_->token_id(piece); }
@@ -199,6 +313,7 @@ class FolderTokenizer final : public Tokenizer {
   std::unique_ptr<Tokenizer> t_;
   std::optional<std::uint32_t> bos_;
   std::vector<std::uint32_t> eos_;
+  std::vector<std::uint32_t> prefix_, suffix_;
 };
 
 // BOS/EOS named by a model folder: tokenizer_config.json's bos_token/eos_token (a string or
@@ -230,8 +345,26 @@ std::unique_ptr<Tokenizer> with_folder_specials(std::unique_ptr<Tokenizer> t, co
     return v.get<std::uint32_t>();
   };
   bool eos_named = false;
+  // The post-processor's tokens; tokenizer_config.json's add_bos_token / add_eos_token, when either is
+  // given, replace them with [bos_token] TEXT [eos_token] as each says (transformers' rule).
+  std::vector<std::uint32_t> prefix = t->prompt_prefix(), suffix = t->prompt_suffix();
   if (const auto tc = read_folder_json(dir / "tokenizer_config.json", what); tc && tc->is_object()) {
     const std::string where = (dir / "tokenizer_config.json").string();
+    const auto flag = [&](const char* key) -> std::optional<bool> {
+      if (!tc->contains(key) || (*tc)[key].is_null()) return std::nullopt;
+      if (!(*tc)[key].is_boolean()) throw ConfigError(what + " " + where + " " + key + ": must be true or false");
+      return (*tc)[key].get<bool>();
+    };
+    const std::optional<bool> bos_flag = flag("add_bos_token"), eos_flag = flag("add_eos_token");
+    if (bos_flag || eos_flag) {
+      prefix.clear();
+      suffix.clear();
+      std::optional<std::uint32_t> b, e;
+      if (tc->contains("bos_token")) b = id_of((*tc)["bos_token"], where + " bos_token");
+      if (tc->contains("eos_token")) e = id_of((*tc)["eos_token"], where + " eos_token");
+      if (bos_flag.value_or(false) && b) prefix.push_back(*b);
+      if (eos_flag.value_or(false) && e) suffix.push_back(*e);
+    }
     if (tc->contains("bos_token"))
       if (auto id = id_of((*tc)["bos_token"], where + " bos_token")) bos = id;
     if (tc->contains("eos_token"))
@@ -253,7 +386,7 @@ std::unique_ptr<Tokenizer> with_folder_specials(std::unique_ptr<Tokenizer> t, co
         add_eos(check_id(e, where + " eos_token_id"));
     }
   }
-  return std::make_unique<FolderTokenizer>(std::move(t), bos, std::move(eos));
+  return std::make_unique<FolderTokenizer>(std::move(t), bos, std::move(eos), std::move(prefix), std::move(suffix));
 }
 
 }  // namespace

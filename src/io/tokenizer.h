@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,6 +31,17 @@ class Tokenizer {
   // chat marker). A tokenizer.json's added tokens that are not special are matched either way, as
   // Hugging Face does.
   virtual std::vector<std::uint32_t> encode(std::string_view text, bool special = false) const = 0;
+  // encode(text, special) and, per id, the byte offset in `text` where its piece ends (to map spans
+  // of the text onto tokens). Where a normalizer changed the text (NFC), offsets inside a run of
+  // non-ASCII characters are rounded to the run's end.
+  virtual std::vector<std::uint32_t> encode_with_ends(std::string_view text, bool special,
+                                                      std::vector<std::size_t>& ends) const;
+  // A prompt as the tokenizer encodes a text with its special tokens added (Hugging Face's
+  // tokenizer(text)["input_ids"]): the post-processor's tokens around encode(text, special) — for a
+  // tokenizer.json its TemplateProcessing (Llama 3: <|begin_of_text|> first; GPT-2 and Qwen2: none),
+  // changed by the folder's tokenizer_config.json add_bos_token / add_eos_token; for SentencePiece
+  // BOS first (add_bos_token true unless the folder says otherwise); for bytes nothing.
+  virtual std::vector<std::uint32_t> encode_prompt(std::string_view text, bool special) const;
   // The bytes of `ids`, special tokens written out as their text. Ids outside the vocabulary are an
   // Error. Byte-level BPE pieces that split a UTF-8 character come back as the raw bytes.
   virtual std::string decode(const std::vector<std::uint32_t>& ids) const = 0;
@@ -43,6 +55,9 @@ class Tokenizer {
   virtual std::vector<std::uint32_t> eos_ids() const { return {}; }
   // A short description for logs: the file and the vocabulary.
   virtual std::string description() const = 0;
+  // The ids the post-processor puts before and after a single text (see encode_prompt).
+  virtual std::vector<std::uint32_t> prompt_prefix() const { return {}; }
+  virtual std::vector<std::uint32_t> prompt_suffix() const { return {}; }
 };
 
 // One token per byte; decode writes the bytes back.

@@ -96,6 +96,15 @@ KvDecoder::KvDecoder(const ModelShape& s, Device& dev, OpsBackend& ops, std::vec
   if (capacity < 1 || capacity > s.seq_len)
     throw ConfigError("generation context of " + std::to_string(capacity) + " positions: the model has " +
                       std::to_string(s.seq_len));
+  // transformers switches longrope to its long factors once the sequence passes the original
+  // context, keeping the keys cached before with the short ones: one table cannot match that.
+  if (s.family == ModelFamily::llama && s.rope.type == "longrope" && capacity > s.rope_original_max)
+    throw ConfigError("generation context of " + std::to_string(capacity) +
+                      " positions: a longrope model generates here only within its original_max_position_embeddings " +
+                      std::to_string(static_cast<long long>(s.rope_original_max)));
+  if (s.family == ModelFamily::llama && s.sliding_window > 0 && capacity > s.sliding_window)
+    throw ConfigError("generation context of " + std::to_string(capacity) + " positions: longer than the model's "
+                      "sliding_window " + std::to_string(s.sliding_window) + " (zinf attends over the whole context)");
   if (units_.size() != layer_units(s).size())
     throw Error("generate: " + std::to_string(units_.size()) + " weight units for a model of " +
                 std::to_string(layer_units(s).size()));

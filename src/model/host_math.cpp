@@ -1,6 +1,7 @@
 // host_math.cpp — see host_math.h.
 #include "model/host_math.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/fixed_math.h"
@@ -14,10 +15,65 @@ double mean_loss(const float* losses, int R) {
   return total / R;
 }
 
-std::vector<double> rope_inv_freq(int D, double theta, const RopeScaling& sc) {
+namespace {
+// YaRN's attention scale for a stretch of `scale` (its paper's eq. 21).
+double yarn_mscale(double scale, double mscale = 1) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * fixed::log(scale) + 1.0;
+}
+}  // namespace
+
+double rope_attention_factor(const RopeScaling& sc) {
+  if (sc.type != "yarn" && sc.type != "longrope") return 1;
+  if (sc.attention_factor > 0) return sc.attention_factor;
+  if (sc.type == "yarn")
+    return sc.mscale != 0 && sc.mscale_all_dim != 0 ? yarn_mscale(sc.factor, sc.mscale) / yarn_mscale(sc.factor, sc.mscale_all_dim)
+                                                    : yarn_mscale(sc.factor);
+  return sc.factor <= 1 ? 1.0
+                        : std::sqrt(1 + fixed::log(sc.factor) / fixed::log(sc.original_max_position_embeddings));
+}
+
+std::vector<double> rope_inv_freq(int D, double theta, const RopeScaling& sc, int T) {
   ZINF_CHECK(D > 0 && D % 2 == 0);
   std::vector<double> f(static_cast<std::size_t>(D / 2));
   for (int i = 0; i < D / 2; ++i) f[static_cast<std::size_t>(i)] = fixed::pow_positive(theta, -2.0 * i / D);
+  if (sc.type == "default") return f;
+  if (sc.type == "linear") {
+    for (double& x : f) x /= sc.factor;
+    return f;
+  }
+  if (sc.type == "dynamic") {
+    // NTK-aware scaling only changes theta for sequences past max_position_embeddings.
+    if (sc.max_position_embeddings > 0 && T > sc.max_position_embeddings)
+      throw ConfigError("rope_type dynamic: " + std::to_string(T) + " positions are more than max_position_embeddings " +
+                        std::to_string(static_cast<long long>(sc.max_position_embeddings)) +
+                        "; zinf computes dynamic scaling only up to there (where it equals the default)");
+    return f;
+  }
+  if (sc.type == "longrope") {
+    const auto& ext = T > sc.original_max_position_embeddings ? sc.long_factor : sc.short_factor;
+    ZINF_CHECK(ext.size() == f.size());
+    for (std::size_t i = 0; i < f.size(); ++i) f[i] /= ext[i];
+    return f;
+  }
+  if (sc.type == "yarn") {
+    // Dimensions that turn fewer than beta_slow times over the original context are interpolated
+    // (divided by factor), those that turn more than beta_fast times are kept, and a linear ramp
+    // over the dimension index blends the ones between.
+    const double lb = fixed::log(theta);
+    auto correction_dim = [&](double rotations) {
+      return D * fixed::log(sc.original_max_position_embeddings / (rotations * 2 * M_PI)) / (2 * lb);
+    };
+    double low = correction_dim(sc.beta_fast), high = correction_dim(sc.beta_slow);
+    if (sc.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, static_cast<double>(D - 1));
+    if (low == high) high += 0.001;
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      f[i] = f[i] / sc.factor * ramp + f[i] * (1 - ramp);
+    }
+    return f;
+  }
+  ZINF_CHECK(sc.type == "llama3");
   if (sc.factor == 1) return f;
   // Llama 3: wavelengths shorter than old_len / high_freq_factor keep their frequency, those longer
   // than old_len / low_freq_factor are slowed by `factor`, and the band between is interpolated.
@@ -37,7 +93,8 @@ std::vector<double> rope_inv_freq(int D, double theta, const RopeScaling& sc) {
   return f;
 }
 
-void rope_tables(const std::vector<double>& inv_freq, int T, std::vector<float>& cos_t, std::vector<float>& sin_t) {
+void rope_tables(const std::vector<double>& inv_freq, int T, std::vector<float>& cos_t, std::vector<float>& sin_t,
+                 double scale) {
   const std::size_t half = inv_freq.size();
   cos_t.resize(static_cast<std::size_t>(T) * half);
   sin_t.resize(cos_t.size());
@@ -46,8 +103,8 @@ void rope_tables(const std::vector<double>& inv_freq, int T, std::vector<float>&
       const double a = t * inv_freq[i];
       double s, c;
       fixed::sincos(a, s, c);
-      cos_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(c);
-      sin_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(s);
+      cos_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(c * scale);
+      sin_t[static_cast<std::size_t>(t) * half + i] = static_cast<float>(s * scale);
     }
 }
 

@@ -126,7 +126,7 @@ class ViewCursor {
 // the forward, and comes back on the h2d stream one block ahead of its recomputation in the backward.
 // The last kSlots checkpoints never leave the device: the backward starts with them.
 //
-// Handoffs (the engine's ordering table, zinf/offload/engine.h, lists them beside its own):
+// Handoffs (the step graph, zinf/offload/dataflow.h, draws them beside the engine's own):
 //   slot, forward:  written by compute (the embedding, or the copy of a block's output), read by d2h
 //                   — d2h waits for `written` recorded on compute behind the write; compute writes
 //                   checkpoint j + kSlots over it only after `on_host[j]`, recorded on d2h behind the

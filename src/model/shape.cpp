@@ -14,6 +14,7 @@ ModelShape llama(int L, int H, int KV, int C, int F, int V, double theta, bool t
   s.family = ModelFamily::llama;
   s.n_kv_head = KV, s.d_ff = F, s.tie_embeddings = tied, s.qkv_bias = qkv_bias;
   s.rope_theta = theta, s.norm_eps = eps, s.rope_factor = rope_factor;
+  if (rope_factor != 1) s.rope.type = "llama3";
   return s;
 }
 }  // namespace

@@ -20,6 +20,32 @@
 
 namespace zinf {
 
+// The rotary scaling of the Llama family, as transformers names it (rope_type and its parameters);
+// rope_factor, rope_low_freq_factor, rope_high_freq_factor and rope_original_max of ModelShape are
+// the shared factor, llama3's two band factors and original_max_position_embeddings.
+//   default  theta^(-2i/D)                          dynamic  default while seq_len <= max_positions
+//   linear   default / factor                       llama3   Llama 3's banded slow-down
+//   yarn     extrapolation/interpolation blend, cos and sin scaled by attention_factor
+//   longrope default / short_factor[i] (long_factor[i] past original_max), cos and sin scaled
+struct RopeParams {
+  std::string type = "default";  // default, linear, dynamic, yarn, longrope, llama3
+  double attention_factor = 0;   // yarn, longrope: 0 = derived from the factor as transformers does
+  double beta_fast = 32, beta_slow = 1, mscale = 0, mscale_all_dim = 0;  // yarn (mscale 0: absent)
+  bool truncate = true;                                                   // yarn
+  std::vector<double> short_factor, long_factor;  // longrope: D/2 each
+  bool operator==(const RopeParams&) const = default;
+};
+
+// Where a Hugging Face folder's model came from, so that an export writes it back the same way.
+struct HfOrigin {
+  std::string model_type;      // "llama", "mistral", "qwen2" ("": not from a folder; export derives it)
+  bool legacy_rope = false;    // rope_theta / rope_scaling at the top (transformers 4), not rope_parameters
+  // Qwen2 with use_sliding_window: max_window_layers and sliding_window as config.json gave them
+  // (-1 and 0 otherwise).
+  int max_window_layers = -1, window = 0;
+  bool operator==(const HfOrigin&) const = default;
+};
+
 struct ModelShape {
   int n_layer = 0, n_head = 0, d_model = 0, vocab_size = 0, seq_len = 0;
   ModelFamily family = ModelFamily::gpt2;
@@ -29,6 +55,13 @@ struct ModelShape {
   double rope_theta = 10000, norm_eps = 1e-5;
   double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4, rope_original_max = 8192;
   int max_positions = 0;  // the positions the model was made for (config.json's max_position_embeddings; 0 = seq_len)
+  // The rotary scaling beyond theta (config.json's rope_parameters / rope_scaling), and where the
+  // model came from. Empty or zero fields are "absent" (see RopeParams).
+  RopeParams rope{};
+  // Mistral / Qwen2: the attention window in tokens (0: none). zinf attends over the whole sequence,
+  // so sequences (and generations) longer than the window are refused; it is kept to be exported.
+  int sliding_window = 0;
+  HfOrigin hf{};
   bool operator==(const ModelShape&) const = default;
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_dim() const { return d_model / n_head; }

@@ -217,6 +217,27 @@ TEST(Config, DeviceKernelsDefaultsToTheReferenceAndRefusesOtherWords) {
   EXPECT_NE(e.find("cfg.json: device.kernels: 'wrong' is not one of reference, fast"), std::string::npos) << e;
 }
 
+TEST(Config, DeviceAttentionBelongsToItsKernelSet) {
+  EXPECT_EQ(ok(kMinimal).device.attention, Attention::automatic);
+  EXPECT_EQ(ok(kMinimal, {"device.kernels=fast", "device.attention=cudnn"}).device.attention, Attention::cudnn);
+  EXPECT_EQ(ok(kMinimal, {"device.kernels=fast", "device.attention=wmma"}).device.attention, Attention::wmma);
+  EXPECT_EQ(ok(kMinimal, {"device.attention=reference"}).device.attention, Attention::reference);
+  std::string e = error_of(R"({"train_batch_size": 8, "device": {"kernels": "fast", "attention": "flash"}})");
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;  // one line
+  EXPECT_NE(e.find("device.attention: 'flash' is not one of auto, cudnn, wmma, reference"), std::string::npos) << e;
+  e = error_of(R"({"train_batch_size": 8, "device": {"attention": "cudnn"}})");  // reference kernels
+  EXPECT_NE(e.find("device.attention: cudnn is an attention of the fast kernels"), std::string::npos) << e;
+  e = error_of(R"({"train_batch_size": 8, "device": {"kernels": "fast", "attention": "reference"}})");
+  EXPECT_NE(e.find("device.attention: reference is the reference kernels' attention"), std::string::npos) << e;
+  e = error_of(R"({"train_batch_size": 8, "device": {"type": "cpu", "kernels": "fast", "attention": "wmma"}})");
+  EXPECT_NE(e.find("device.attention: wmma runs on the CUDA device only"), std::string::npos) << e;
+  // What auto means (zinf/types.h): the kernel set's own attention, cuDNN's under fast where built.
+  EXPECT_EQ(resolve_attention(Attention::automatic, Kernels::fast, true), Attention::cudnn);
+  EXPECT_EQ(resolve_attention(Attention::automatic, Kernels::fast, false), Attention::wmma);
+  EXPECT_EQ(resolve_attention(Attention::automatic, Kernels::reference, true), Attention::reference);
+  EXPECT_EQ(resolve_attention(Attention::wmma, Kernels::fast, true), Attention::wmma);
+}
+
 TEST(Config, RangesPrintIntegersAsWritten) {
   std::string e = error_of(R"({"train_batch_size": 8, "device": {"jitter_us": 2000000}})");
   EXPECT_NE(e.find("value 2000000 is out of range; expected a value in [1, 1000000]"), std::string::npos) << e;

@@ -85,6 +85,15 @@ TEST(DeviceChoice, ResolveDeviceFillsTheConfigOnceAndChecksWhatDependsOnIt) {
     EXPECT_NE(std::string(e.what()).find("device.comm nccl"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("device.type auto is the CPU device"), std::string::npos) << e.what();
   }
+  // So does a CUDA attention: it would be ignored on the CPU device, and it changes results.
+  Config att = parse_config(R"({"train_batch_size": 4, "device": {"kernels": "fast", "attention": "cudnn"}})");
+  try {
+    resolve_device(att, kOneGpu);
+    FAIL() << "auto + device.attention cudnn resolved to the CPU device was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("device.attention cudnn runs on the CUDA device only"), std::string::npos)
+        << e.what();
+  }
 }
 
 // For the same config on the same machine, `zinf plan` (plan_run) and `zinf train` (which resolves
@@ -106,8 +115,8 @@ TEST(DeviceChoice, PlanAndTrainPickTheSameDeviceAndBudget) {
       EXPECT_EQ(plan.device.reason, run.device.type_reason);
       EXPECT_EQ(plan.device.type, std::string(type) == "cuda" ? DeviceType::cuda : DeviceType::cpu);
       // The engine train builds plans device memory as the plan does (allocator blocks on CUDA).
-      EXPECT_EQ(engine_config(run, 1).device_blocks, run.device.type == DeviceType::cuda);
-      EXPECT_EQ(make_plan_input(run, plan.shape).device_blocks, engine_config(run, 1).device_blocks);
+      EXPECT_EQ(engine_config(run, 1).plan.device_blocks, run.device.type == DeviceType::cuda);
+      EXPECT_EQ(make_plan_input(run, plan.shape).device_blocks, engine_config(run, 1).plan.device_blocks);
       // The budget the device takes: on CUDA the free memory of this process's GPU (GPU 2 of 4: its
       // own, not GPU 0) less the reserve, as the CUDA device computes it; on the CPU device half the
       // host's memory, as the CPU backend takes it. A plan for the GPU while train runs on the CPU

@@ -35,7 +35,7 @@ TEST(DeviceGradAccumulation, ReachesTheEngineAndIsRefusedWhereItCannotApply) {
   };
   const Config on = cfg("cpu", 4);
   EXPECT_TRUE(on.zero.offload_optimizer.device_grad_accumulation);
-  EXPECT_TRUE(engine_config(on, 1).device_grad_accum);
+  EXPECT_TRUE(engine_config(on, 1).plan.device_grad_accum);
   EXPECT_TRUE(on.notes.empty() || on.notes[0].find("device_grad_accumulation") == std::string::npos);
   bool noted = false;
   for (const auto& n : cfg("nvme", 1).notes) noted |= n.find("device_grad_accumulation: no effect") != std::string::npos;
@@ -52,7 +52,7 @@ TEST(DeviceGradAccumulation, ReachesTheEngineAndIsRefusedWhereItCannotApply) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   }
-  EXPECT_FALSE(engine_config(parse_config(R"({"train_batch_size": 8})"), 1).device_grad_accum);
+  EXPECT_FALSE(engine_config(parse_config(R"({"train_batch_size": 8})"), 1).plan.device_grad_accum);
 }
 
 // pin_memory false in either offload section leaves the staging pageable — but for the optimizer on
@@ -71,7 +71,7 @@ TEST(PinMemory, FalseIsHonouredWhereNothingNeedsMappedMemory) {
       for (const char* param : {"none", "cpu"}) {
         const Config c = cfg(opt, param, which);
         EXPECT_FALSE(pin_memory(c)) << opt << " " << param;
-        EXPECT_FALSE(engine_config(c, 1).pin_memory);
+        EXPECT_FALSE(engine_config(c, 1).plan.pin_memory);
         for (const auto& n : c.notes) EXPECT_EQ(n.find("pin_memory"), std::string::npos) << n;
       }
     const Config mapped = cfg("none", "cpu", which);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -184,6 +185,13 @@ TEST(MonitorRun, TrainWritesEventsCsvAndTheProfile) {
         j.contains("loss") ? j["loss"].get<double>() : j["val_loss"].get<double>();
   }
   ASSERT_EQ(loss.size(), 4u);
+  EXPECT_EQ(val.size(), 3u);  // before the first step (step 0), at step 2 and at the last, as the CSV has them
+  // The log prints each validation loss rounded to four decimals.
+  for (const auto& [step2, v] : val) {
+    char want[64];
+    std::snprintf(want, sizeof want, "step %lld: val_loss %.4f\n", static_cast<long long>(step2 / 2), v);
+    EXPECT_NE((r.out + r.err).find(want), std::string::npos) << want << (r.out + r.err);
+  }
   std::string header;
   EXPECT_EQ(csv_rows(out + "/tiny_csv/Train_Samples_train_loss.csv", &header), loss);  // exact: shortest round trip
   EXPECT_EQ(header, "step,train_loss");

@@ -3,6 +3,7 @@
 
 #include "app/config/config.h"
 #include "app/plan/plan.h"
+#include "zinf/backends/backend.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/offload/buffer_specs.h"
@@ -158,6 +159,16 @@ TEST(Plan, OpsScratchOfBothKernelSets) {
   EXPECT_EQ(ops_scratch_blocks(s), fast);  // one flash kernel for both families
   s.batch = 1, s.seq = 64;                 // fewer rows than the partials' cap
   EXPECT_EQ(ops_scratch_blocks(s)[2], 2ull * 1600 * 64 * 4);
+  // cuDNN's attention: its fixed workspace, and for grouped key/value heads the per-query-head key and
+  // value gradients, 2·B·T·C floats.
+  s.cudnn = true;
+  EXPECT_EQ(ops_scratch_blocks(s).size(), 5u);
+  EXPECT_EQ(ops_scratch_blocks(s)[4], (64ull << 20) + 2ull * 64 * 1600 * 4);
+  s.llama = true, s.kv_heads = 5;
+  EXPECT_EQ(ops_scratch_blocks(s).size(), 6u);
+  EXPECT_EQ(ops_scratch_blocks(s)[5], 2ull * 64 * 1600 * 4);
+  s.kv_heads = 25;  // as many as the query heads: no group sums
+  EXPECT_EQ(ops_scratch_blocks(s).size(), 5u);
 }
 
 // device.kernels: fast in a bf16 run on the CUDA device: the plan is the reference plan less, row by
@@ -204,9 +215,10 @@ TEST(Plan, FastKernelsPlanTheirOwnStorageAndScratch) {
   EXPECT_GT(ref_acts - fast_acts, L * (5 * B * H * T * T - 4 * B * H * T) - L * 16 * B * T);
   // Ops scratch: each kernel set's own blocks.
   const std::vector<std::uint64_t> ref_scratch{kGemmWorkspaceBytesReference, B * H * T * T * 4};
-  const std::vector<std::uint64_t> fast_scratch{kGemmWorkspaceBytesFast, 4 * B * H * T * 4,
-                                                2 * C * std::min<std::uint64_t>(B * T, 1024) * 4,
-                                                (2 * B * T + 65536) * 4};
+  std::vector<std::uint64_t> fast_scratch{kGemmWorkspaceBytesFast, 4 * B * H * T * 4,
+                                          2 * C * std::min<std::uint64_t>(B * T, 1024) * 4, (2 * B * T + 65536) * 4};
+  // device.attention auto under fast is cuDNN's where this build has it: its workspace too.
+  if (backends::cudnn_built()) fast_scratch.push_back(cudnn_workspace_bytes(B * T * C));
   EXPECT_EQ(estimate_ops_scratch(ref, r.shape), ref_scratch);
   EXPECT_EQ(estimate_ops_scratch(fast, f.shape), fast_scratch);
   std::uint64_t ref_blocks = 0, fast_blocks = 0;

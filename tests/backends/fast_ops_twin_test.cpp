@@ -470,9 +470,19 @@ TEST(FastOpsTwin, EveryOpOnTheGpuMatchesTheCpuTwinAndRepeatsBitwise) {
   spec.budget_bytes = std::size_t{1} << 30;
   auto gdev = gpu.make_device(spec);
   auto cdev = cpu.make_device(spec);
-  for (Precision p : {Precision::bf16, Precision::fp32}) {
+  // Each attention of the fast kernels: the wmma kernel and, where this zinf has cuDNN, cuDNN's
+  // (16-bit only: fp32 runs keep the wmma path's FMA tiles whatever device.attention says).
+  struct Run {
+    Precision p;
+    Attention attention;
+  };
+  std::vector<Run> runs{{Precision::bf16, Attention::wmma}, {Precision::fp32, Attention::wmma}};
+  if (backends::cudnn_built()) runs.push_back({Precision::bf16, Attention::cudnn});
+  for (const Run& run : runs) {
+    const Precision p = run.p;
     const DType S = dtype_of(p);
-    auto fast = gpu.make_ops(*gdev, p, 1, Kernels::fast);
+    SCOPED_TRACE(std::string("device.attention ") + std::string(to_string(run.attention)));
+    auto fast = gpu.make_ops(*gdev, p, 1, Kernels::fast, run.attention);
     auto twin = cpu.make_ops(*cdev, p, 2, Kernels::fast);
     ASSERT_EQ(fast->storage_dtype(), S);
     ASSERT_EQ(twin->storage_dtype(), S);
@@ -509,10 +519,86 @@ TEST(FastOpsTwin, EveryOpOnTheGpuMatchesTheCpuTwinAndRepeatsBitwise) {
             ADD_FAILURE() << "tensor " << k << "[" << j << "]: GPU " << widen(got[k], x.t, j) << ", twin "
                           << widen(want[k], x.t, j) << " (tolerance " << tol << ")";
         }
-        RecordProperty(std::string(to_string(S)) + "." + e.name + ".t" + std::to_string(k) + ".worst_over_tol",
+        RecordProperty(std::string(to_string(S)) + "." + std::string(to_string(run.attention)) + "." + e.name + ".t" +
+                           std::to_string(k) + ".worst_over_tol",
                        std::to_string(worst / tol));
       }
     }
+  }
+}
+
+// The cuDNN fallback that cannot surprise: a shape cuDNN refuses while its plans are built runs the
+// wmma kernel (the same bits as device.attention wmma) with one line naming the shape, said once;
+// a failure while running a plan is an Error, never a switch. On the executor the fake's test hooks
+// refuse the shape (ZINF_CUDNN_FAKE_REFUSE: the query tensor's dims [B, H, T, D]) and fail the run
+// (ZINF_CUDNN_FAKE_FAIL_EXECUTE); on a GPU, with the real cuDNN, the test skips.
+TEST(FastOpsTwin, CudnnRefusedShapeRunsTheWmmaKernelAndARunFailureThrows) {
+  const cuda::GpuQuery q = cuda::query_gpus();
+  if (q.gpus.empty()) GTEST_SKIP() << "no GPU: " << q.status;
+  if (!backends::cudnn_built()) GTEST_SKIP() << "this zinf was built without cuDNN (ZINF_CUDNN)";
+#if !ZINF_CUDA_EXECUTOR
+  GTEST_SKIP() << "needs the executor's cuDNN fake, whose hooks refuse a shape and fail a run";
+#else
+  const backends::Backend& gpu = backends::backend_for(DeviceType::cuda);
+  const backends::Backend& cpu = backends::backend_for(DeviceType::cpu);
+  backends::DeviceSpec spec;
+  spec.budget_bytes = std::size_t{1} << 30;
+  auto gdev = gpu.make_device(spec);
+  auto cdev = cpu.make_device(spec);
+  auto twin = cpu.make_ops(*cdev, Precision::bf16, 2, Kernels::fast);
+  auto wmma = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::wmma);
+  const auto find = [](const char* name) {
+    for (const OpEntry& e : kCases)
+      if (std::string(e.name) == name) return e;
+    throw Error(std::string("no case ") + name);
+  };
+  for (const char* name : {"gqa_attention_forward", "gqa_attention_backward"}) {
+    SCOPED_TRACE(name);
+    Case c;
+    c.S = DType::bf16;
+    c.twin = twin.get();
+    find(name).make(c);
+    const std::string dims = std::to_string(B) + "," + std::to_string(LH) + "," + std::to_string(T) + "," +
+                             std::to_string(D);
+    setenv("ZINF_CUDNN_FAKE_REFUSE", dims.c_str(), 1);
+    auto cudnn = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn);
+    ::testing::internal::CaptureStderr();
+    const auto got = run_on_gpu(c, *gdev, *cudnn);
+    const auto again = run_on_gpu(c, *gdev, *cudnn);
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    unsetenv("ZINF_CUDNN_FAKE_REFUSE");
+    const auto want = run_on_gpu(c, *gdev, *wmma);
+    EXPECT_TRUE(got == want) << "a refused shape must run the wmma kernel";
+    EXPECT_TRUE(again == want);
+    std::size_t lines = 0;
+    for (std::size_t at = said.find("cuDNN refused attention"); at != std::string::npos;
+         at = said.find("cuDNN refused attention", at + 1))
+      ++lines;
+    EXPECT_EQ(lines, 1u) << "said once per shape: " << said;
+    EXPECT_NE(said.find("B " + std::to_string(B) + ", T " + std::to_string(T) + ", H " + std::to_string(LH) +
+                        ", KV " + std::to_string(KV) + ", D " + std::to_string(D)),
+              std::string::npos)
+        << "the line names the shape: " << said;
+
+    // Accepted at plan time, failing while it runs: an Error, not the wmma kernel.
+    auto failing = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn);
+    setenv("ZINF_CUDNN_FAKE_FAIL_EXECUTE", "1", 1);
+    EXPECT_THROW(run_on_gpu(c, *gdev, *failing), Error);
+    unsetenv("ZINF_CUDNN_FAKE_FAIL_EXECUTE");
+  }
+#endif
+}
+
+TEST(FastOpsTwin, AttentionChoicesOutsideTheFastKernelsAreRefused) {
+  const cuda::GpuQuery q = cuda::query_gpus();
+  if (q.gpus.empty()) GTEST_SKIP() << "no GPU: " << q.status;
+  const backends::Backend& gpu = backends::backend_for(DeviceType::cuda);
+  backends::DeviceSpec spec;
+  spec.budget_bytes = std::size_t{1} << 30;
+  auto gdev = gpu.make_device(spec);
+  EXPECT_THROW(gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::reference), ConfigError);
+  if (!backends::cudnn_built()) {
+    EXPECT_THROW(gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn), ConfigError);
   }
 }
 

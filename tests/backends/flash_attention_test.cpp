@@ -7,19 +7,32 @@
 //   16-bit |gpu − cpu| ≤ u·|cpu| + 2u·max|cpu|, u = 2^-8 (bf16) or 2^-11 (fp16): the output's own
 //          rounding plus a few P or dS elements that round the other way.
 // Also: two runs give the same bits (no atomics). Skips with the reason without a GPU.
+//
+// cuDNN's fused attention (cuda/cudnn_attention.h, in builds with cuDNN) runs the same 16-bit cases
+// against the same twin. Its kernel rounds P where its own tiling puts the rounding, not where the
+// twin's tiles do, so it is held to twice the wmma kernel's bound: |gpu − cpu| ≤ 2u·|cpu| + 4u·max|cpu|;
+// two runs give the same bits (deterministic engines only). On the executor it runs the cuDNN fake.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu/ops_attention_tiled.h"
 #include "cuda/ops/flash_attention.cuh"
+#if ZINF_HAVE_CUDNN
+#include "cuda/cuda.h"
+#include "cuda/cudnn_attention.h"
+#endif
 #include "zinf/backends/gpu.h"
 #include "zinf/cpu_adam/spec.h"
 
@@ -80,23 +93,35 @@ std::vector<std::uint8_t> down(const DevMem& d, std::size_t bytes) {
   return b;
 }
 
-void expect_close(const VF& g, const VF& c, double u, const char* what) {
+// The attention under test: the wmma flash kernel, or cuDNN's.
+enum class Attn { wmma, cudnn };
+
+void expect_close(const VF& g, const VF& c, double u, const char* what, double widen = 1) {
   ASSERT_EQ(g.size(), c.size());
   double amax = 0;
   for (float x : c) amax = std::max(amax, static_cast<double>(std::fabs(x)));
   std::size_t bad = 0, first = 0;
   for (std::size_t i = 0; i < g.size(); ++i) {
-    const double tol = u == 0 ? 1e-5 * (std::fabs(c[i]) + amax) : u * std::fabs(c[i]) + 2 * u * amax;
+    const double tol = u == 0 ? 1e-5 * (std::fabs(c[i]) + amax) : widen * (u * std::fabs(c[i]) + 2 * u * amax);
     if (!(std::fabs(static_cast<double>(g[i]) - c[i]) <= tol) && bad++ == 0) first = i;
   }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << g.size() << " off; first at " << first << " gpu " << g[first]
                      << " cpu " << c[first];
 }
 
-// One case: separate q [R, H·D], k, v [R, KV·D] (Llama) or packed qkv [R, 3C] (GPT, KV = H).
-void check_case(int B, int T, int H, int KV, int D, bool packed, DType S) {
+// What a case's GPU run gave (the second run's, equal to the first's).
+struct Outputs {
+  VF out, lse, dq, dk, dv;
+};
+
+// One case: separate q [R, H·D], k, v [R, KV·D] (Llama) or packed qkv [R, 3C] (GPT, KV = H). `keep`
+// receives the GPU's outputs; `threads` runs the twin on that many threads (its results do not
+// depend on them).
+void check_case(int B, int T, int H, int KV, int D, bool packed, DType S, Attn attn = Attn::wmma,
+                Outputs* keep = nullptr, int threads = 1) {
   SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " H=" << H << " KV=" << KV << " D=" << D
-                                    << (packed ? " packed" : " gqa") << " " << to_string(S));
+                                    << (packed ? " packed" : " gqa") << " " << to_string(S)
+                                    << (attn == Attn::cudnn ? " cudnn" : " wmma"));
   const std::size_t R = static_cast<std::size_t>(B) * T;
   const long qw = static_cast<long>(H) * D, kw = static_cast<long>(KV) * D;
   // The layout: GPT keeps q, k, v in one buffer; Llama in three.
@@ -114,7 +139,7 @@ void check_case(int B, int T, int H, int KV, int D, bool packed, DType S) {
   const ops::TiledAttention tl = ops::cuda_tiling(D, S);
 
   // CPU twin; its out is rounded to S before the backward reads it, as the GPU's is.
-  ops::ChunkPool pool(1);
+  ops::ChunkPool pool(threads);
   VF out(R * qw), lse(static_cast<std::size_t>(B) * H * T);
   ops::tiled_attention_forward(pool, out.data(), lse.data(), qb.data(), kb.data() + koff, vb.data() + voff, a, tl);
   const VF out_s = round_to(out, S);
@@ -141,10 +166,32 @@ void check_case(int B, int T, int H, int KV, int D, bool packed, DType S) {
   void* gdkp = packed ? dq8 + koff * es : gdk.p;
   void* gdvp = packed ? dq8 + voff * es : gdv.p;
   VF g_out, g_lse, g_dq, g_dk, g_dv;
+#if ZINF_HAVE_CUDNN
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<cuda::CudnnAttention> cudnn;
+  cudaStream_t stream = nullptr;
+  if (attn == Attn::cudnn) {
+    dev = cuda::make_cuda_device(0, std::size_t{1} << 30);
+    stream = static_cast<cudaStream_t>(dev->native_stream(StreamRole::compute));
+    cudnn = std::make_unique<cuda::CudnnAttention>(*dev, stream);
+    ASSERT_TRUE(cudnn->accepts(a, S)) << "cuDNN refused the shape";
+  }
+#else
+  ASSERT_EQ(attn, Attn::wmma) << "this build has no cuDNN";
+#endif
   for (int run = 0; run < 2; ++run) {
-    cuda::fast::flash_attention_forward(gout.p, static_cast<float*>(glse.p), gq.p, gkp, gvp, a, S, nullptr);
-    cuda::fast::flash_attention_backward(gdq.p, gdkp, gdvp, gdo.p, gq.p, gkp, gvp, gout.p,
-                                         static_cast<const float*>(glse.p), a, S, scratch.p, nullptr);
+#if ZINF_HAVE_CUDNN
+    if (attn == Attn::cudnn) {
+      cudnn->forward(gout.p, static_cast<float*>(glse.p), gq.p, gkp, gvp, a, S);
+      cudnn->backward(gdq.p, gdkp, gdvp, gdo.p, gq.p, gkp, gvp, gout.p, static_cast<const float*>(glse.p), a, S);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    } else
+#endif
+    {
+      cuda::fast::flash_attention_forward(gout.p, static_cast<float*>(glse.p), gq.p, gkp, gvp, a, S, nullptr);
+      cuda::fast::flash_attention_backward(gdq.p, gdkp, gdvp, gdo.p, gq.p, gkp, gvp, gout.p,
+                                           static_cast<const float*>(glse.p), a, S, scratch.p, nullptr);
+    }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const VF o = from_bytes(down(gout, R * qw * es), S), l = from_bytes(down(glse, lse.size() * 4), DType::fp32);
     const VF q_ = from_bytes(down(gdq, R * qs * es), S);
@@ -160,12 +207,14 @@ void check_case(int B, int T, int H, int KV, int D, bool packed, DType S) {
     g_out = o, g_lse = l, g_dq = q_, g_dk = k_, g_dv = v_;
   }
   const double u = S == DType::bf16 ? std::ldexp(1.0, -8) : S == DType::fp16 ? std::ldexp(1.0, -11) : 0.0;
-  expect_close(g_out, out, u, "out");
+  if (keep) *keep = Outputs{g_out, g_lse, g_dq, g_dk, g_dv};
+  const double w = attn == Attn::cudnn ? 2 : 1;
+  expect_close(g_out, out, u, "out", w);
   expect_close(g_lse, lse, 0.0, "lse");
-  expect_close(g_dq, dq, u, packed ? "dqkv" : "dq");
+  expect_close(g_dq, dq, u, packed ? "dqkv" : "dq", w);
   if (!packed) {
-    expect_close(g_dk, dk, u, "dk");
-    expect_close(g_dv, dv, u, "dv");
+    expect_close(g_dk, dk, u, "dk", w);
+    expect_close(g_dv, dv, u, "dv", w);
   }
 }
 
@@ -185,6 +234,76 @@ TEST(FlashAttention, MatchesCpuTwin) {
     check_case(1, 40, 3, 1, 24, false, S);   // not a multiple of 16: the FMA tiles
     check_case(3, 1, 2, 2, 64, true, S);     // T = 1
   }
+}
+
+// cuDNN's attention, the same 16-bit cases (head widths 24 and 32 are not Llama's or GPT-2's, but
+// cuDNN takes any width that is a multiple of 8 and the fake any width; a shape cuDNN refuses would
+// fail here, not fall back: the fallback is the fast ops' and has its own test).
+TEST(FlashAttention, CudnnMatchesCpuTwin) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+#if !ZINF_HAVE_CUDNN
+  GTEST_SKIP() << "this zinf was built without cuDNN (ZINF_CUDNN)";
+#else
+  for (const DType S : {DType::bf16, DType::fp16}) {
+    check_case(2, 77, 2, 2, 64, true, S, Attn::cudnn);    // GPT-2's head width, packed qkv
+    check_case(1, 70, 8, 2, 128, false, S, Attn::cudnn);  // Llama GQA, 128-wide heads
+    check_case(2, 33, 4, 4, 32, false, S, Attn::cudnn);   // a narrow head, KV = H unpacked
+    check_case(3, 1, 2, 2, 64, true, S, Attn::cudnn);     // T = 1
+  }
+#endif
+}
+
+// The GPU check's attention section: at each shape of ZINF_ATTENTION_CHECK_SHAPES ("B,T,H,KV,D;…",
+// default two small ones with the same head pattern as the GPU's (B 4, T 1024, H 25, D 64) and
+// (B 1, T 4096, H 32, KV 8, D 128)), bf16, forward and backward: cuDNN and the wmma kernel each
+// against the twin (their bounds above), cuDNN against the wmma kernel within the sum of the two
+// bounds, and each run twice with the same bits. Prints one line per shape with the worst error as
+// a fraction of its bound.
+#if ZINF_HAVE_CUDNN
+double worst_over_bound(const VF& g, const VF& c, double u, double widen) {
+  double amax = 0, worst = 0;
+  for (float x : c) amax = std::max(amax, static_cast<double>(std::fabs(x)));
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double tol = widen * (u * std::fabs(c[i]) + 2 * u * amax);
+    worst = std::max(worst, std::fabs(static_cast<double>(g[i]) - c[i]) / tol);
+  }
+  return worst;
+}
+#endif
+
+TEST(FlashAttention, CudnnAgainstWmmaAndTwinAtCheckShapes) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+#if !ZINF_HAVE_CUDNN
+  GTEST_SKIP() << "this zinf was built without cuDNN (ZINF_CUDNN)";
+#else
+  const char* env = std::getenv("ZINF_ATTENTION_CHECK_SHAPES");
+  const std::string shapes = env && *env ? env : "2,40,5,5,64;1,48,4,2,128";
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::size_t start = 0;
+  while (start < shapes.size()) {
+    std::size_t end = shapes.find(';', start);
+    if (end == std::string::npos) end = shapes.size();
+    int B = 0, T = 0, H = 0, KV = 0, D = 0;
+    ASSERT_EQ(std::sscanf(shapes.substr(start, end - start).c_str(), "%d,%d,%d,%d,%d", &B, &T, &H, &KV, &D), 5)
+        << "ZINF_ATTENTION_CHECK_SHAPES: expected B,T,H,KV,D;… , got " << shapes;
+    start = end + 1;
+    const bool packed = KV == H;  // GPT's packed qkv where the heads are not grouped, Llama's layout else
+    Outputs wmma, cudnn;
+    check_case(B, T, H, KV, D, packed, DType::bf16, Attn::wmma, &wmma, threads);
+    check_case(B, T, H, KV, D, packed, DType::bf16, Attn::cudnn, &cudnn, threads);
+    const double u = std::ldexp(1.0, -8);
+    // cuDNN against the wmma kernel: each is within its bound of the twin, so within 3u|x| + 6u·max.
+    const double o = worst_over_bound(cudnn.out, wmma.out, u, 3), q = worst_over_bound(cudnn.dq, wmma.dq, u, 3);
+    const double k = packed ? 0 : worst_over_bound(cudnn.dk, wmma.dk, u, 3);
+    const double v = packed ? 0 : worst_over_bound(cudnn.dv, wmma.dv, u, 3);
+    EXPECT_LE(std::max({o, q, k, v}), 1.0) << "cuDNN and the wmma kernel differ beyond the sum of their bounds";
+    std::printf("attention-check: B %d T %d H %d KV %d D %d bf16: cudnn vs wmma worst/bound out %.3f dq %.3f dk %.3f "
+                "dv %.3f; both within their bounds of the CPU twin; two runs bitwise equal\n",
+                B, T, H, KV, D, o, q, k, v);
+  }
+#endif
 }
 
 TEST(FlashAttention, RefusesWideHeadsAndSkipsEmptyShapes) {

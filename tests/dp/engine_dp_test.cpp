@@ -25,12 +25,12 @@ using zinf::test::world;
 EngineConfig dp_config(int stage, OffloadDevice opt, OffloadDevice param, Precision prec, std::int64_t ga, Overlap ov,
                        const std::string& dir) {
   EngineConfig c = config(opt, param, prec, ga, ov, dir);
-  c.units = {5000, 200000, 90000, 140000, 300};
-  c.persistent = {true, false, false, false, true};
-  c.sub_group_size = 32768;
-  c.reduce_bucket_size = 40960;
-  c.stage = stage;
-  c.comm = &world();
+  c.plan.unit_params = {5000, 200000, 90000, 140000, 300};
+  c.plan.persistent = {true, false, false, false, true};
+  c.plan.sub_group_size = 32768;
+  c.plan.reduce_bucket_size = 40960;
+  c.plan.stage = stage;
+  use_comm(c, &world());
   return c;
 }
 
@@ -156,7 +156,7 @@ TEST(EngineDp, RanksMatchOneRankWithTheirAccumulation) {
     for (std::int64_t ga : {1, 2}) {
       const auto dp = run_dp(dp_config(2, OffloadDevice::cpu, OffloadDevice::none, prec, ga, Overlap::exact, dir.p), 3);
       EngineConfig one = dp_config(0, OffloadDevice::cpu, OffloadDevice::none, prec, ga * W, Overlap::exact, dir.p);
-      one.comm = nullptr;  // this rank alone
+      use_comm(one, nullptr);  // this rank alone
       const auto solo = run(one, 3);
       if (ga == 1) {  // contributions summed in rank order = one rank's micro batches in order: exact
         EXPECT_EQ(digest(dp), digest(solo)) << to_string(prec);
@@ -182,10 +182,10 @@ TEST(EngineDp, AnAbandonedSpeculationOnOneRankIssuesNoCollective) {
   const int R = world().rank(), W = world().size();
   for (OffloadDevice opt : {OffloadDevice::cpu, OffloadDevice::nvme}) {
     EngineConfig c = dp_config(2, opt, OffloadDevice::none, Precision::fp32, 1, Overlap::exact, dir.p);
-    c.speculative = true;
+    c.plan.speculative = true;
     auto dev = make_cpu_device(256 << 20);
     within(120, std::string("an abandoned speculation, optimizer ") + std::string(to_string(opt)), [&] {
-      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
       e.expect_step(options(1, 0));
       forward_backward(e, c, 1, R, W);
       EXPECT_TRUE(e.step(options(1, 0)).finite);
@@ -265,8 +265,8 @@ TEST(EngineDp, EmptyShardsMakeNoEmptyKernelCalls) {
   Dir dir("zinf-dp-test");
   auto small = [&](int stage, Precision prec, Overlap ov) {
     EngineConfig c = dp_config(stage, OffloadDevice::none, OffloadDevice::none, prec, 2, ov, dir.p);
-    c.units = {5000, 8, 200000, 9, 90000, 300};
-    c.persistent = {true, false, false, false, false, true};
+    c.plan.unit_params = {5000, 8, 200000, 9, 90000, 300};
+    c.plan.persistent = {true, false, false, false, false, true};
     return c;
   };
   for (Precision prec : {Precision::fp32, Precision::bf16}) {
@@ -294,13 +294,12 @@ TEST(EngineDp, EachRankAllocatesWhatItsPlanSays) {
       for (std::int64_t ga : {1, 2}) {
         const EngineConfig c = dp_config(k.stage, k.opt, k.param, prec, ga, Overlap::exact, dir.p);
         auto dev = make_cpu_device(256 << 20);
-        Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+        Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
         EXPECT_EQ(dev->in_use(), Engine::device_bytes(c)) << name(k, Overlap::exact) << " GA " << ga;
         EXPECT_EQ(e.pinned_capacity(), Engine::pinned_bytes(c)) << name(k, Overlap::exact) << " GA " << ga;
       }
   // And partitioning shrinks a rank's share: stage 3 holds less on the device than stage 0.
-  PlanInput in = Engine::plan_input(
-      dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::fp16, 1, Overlap::exact, dir.p));
+  PlanInput in = dp_config(0, OffloadDevice::none, OffloadDevice::none, Precision::fp16, 1, Overlap::exact, dir.p).plan;
   const auto s0 = make_plan(in).totals[0];
   in.stage = 3;
   EXPECT_LT(make_plan(in).totals[0], s0);
@@ -312,7 +311,7 @@ TEST(EngineDp, CheckpointStatesMoveBetweenStagesAndWorldSizes) {
   const int W = world().size(), R = world().rank();
   auto make = [&](int stage, OffloadDevice opt, OffloadDevice param, bool solo) {
     EngineConfig c = dp_config(stage, opt, param, Precision::bf16, solo ? W : 1, Overlap::exact, dir.p);
-    if (solo) c.comm = nullptr;
+    if (solo) use_comm(c, nullptr);
     return c;
   };
   // Three steps straight through (stage 2, optimizer on NVMe) against two steps whose states are read

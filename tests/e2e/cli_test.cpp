@@ -120,6 +120,34 @@ TEST(Cli, PlanWithOverride) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["model"]["n_layer"], 8);
 }
 
+// `zinf plan --dataflow` prints the step of the configured placement: its supernodes with their
+// resources and its edges with their handoffs; `--dot` the same for Graphviz. The placement decides
+// what is drawn: the optimizer in host memory has a Reduce and an Upload, on NVMe a SwapIn and SwapOut.
+TEST(Cli, PlanPrintsTheStepAsADataflow) {
+  Result r = run("plan --dataflow --config " + kConfigs + "/tiny.json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (const char* s : {"step dataflow: offload_optimizer cpu, offload_param none", "GradOut(u)  [d2h stream]",
+                        "Reduce(u)  [Reduce worker]", "Update(g)  [Update worker]", "Upload(g)  [h2d stream]",
+                        "GradOut(u) -> Reduce(u)", "host wait"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  EXPECT_EQ(r.out.find("SwapIn(g)"), std::string::npos);
+  r = run("plan --dataflow --config " + kConfigs + "/tiny.json --set zero_optimization.offload_optimizer.device=none");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("Update(g)  [device Update stream]"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Reduce(u)"), std::string::npos);
+  r = run("plan --dataflow --dot --config " + kConfigs + "/6.7b-nvme.json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("digraph step {", 0), 0u) << r.out;
+  for (const char* s : {"label=\"SwapIn(g)\"", "label=\"SwapOut(g)\"", "label=\"Fetch(u)\"", "subgraph cluster_"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s;
+  // --dot belongs to --dataflow, which is not --json: usage errors.
+  for (const std::string args : {"plan --dot --config ", "plan --dataflow --json --config "}) {
+    r = run(args + kConfigs + "/tiny.json");
+    EXPECT_EQ(r.rc, 2) << args;
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+  }
+}
+
 // `zinf plan` and `zinf train` say which device device.type resolved to, and why: auto is the CPU
 // device at this version, GPU or not.
 TEST(Cli, PlanAndTrainPrintTheResolvedDevice) {
@@ -228,7 +256,7 @@ TEST(Cli, TrainPrintsConfigProgressAndTheFinalLine) {
   const auto fin = r.out.find("final step=4 loss=");
   ASSERT_NE(fin, std::string::npos) << r.out;
   EXPECT_NE(r.out.find("params_digest=", fin), std::string::npos);
-  EXPECT_EQ(lines(slurp(metrics)), 5u);  // 4 steps + the final validation line
+  EXPECT_EQ(lines(slurp(metrics)), 6u);  // the validation before the first step, 4 steps, the final validation
   std::filesystem::remove(metrics);
   // The same run twice gives the same digest; --json gives the summary on stdout.
   Result a = run("train --json --config " + kConfigs + "/tiny.json --set train.steps=2" + small);

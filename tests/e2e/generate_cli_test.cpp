@@ -99,7 +99,8 @@ TEST_F(GenerateCli, LlamaCheckpointAndItsHuggingFaceFolderGiveTheSameTokens) {
 }
 
 // --chat none on a byte model: the prompt is the user's text as is (no markers, no BOS), so the
-// tokens equal a plain prompt's; --system without --chat and an unknown template are refused.
+// tokens equal a plain prompt's; --system without --chat, an unknown template and --no-special with
+// --chat are refused.
 TEST_F(GenerateCli, ChatNoneOnAByteModelIsThePlainPrompt) {
   const std::string args = " --json --prompt 'The ' --max-new-tokens 8 --seed 2 --threads 1";
   const Result plain = run("generate --model " + ckpts() + args);
@@ -119,7 +120,9 @@ TEST_F(GenerateCli, ChatNoneOnAByteModelIsThePlainPrompt) {
   EXPECT_EQ(no_markers.rc, 2) << no_markers.err;
   EXPECT_NE(no_markers.err.find("--chat llama3: the tokenizer (bytes"), std::string::npos) << no_markers.err;
   EXPECT_NE(no_markers.err.find("has no special token <|begin_of_text|>"), std::string::npos) << no_markers.err;
-  for (const std::string& bad : {std::string(" --system 'Be brief.'"), std::string(" --chat jinja")}) {
+  // --no-special applies to a plain prompt: a chat prompt is encoded as its template renders it.
+  for (const std::string& bad : {std::string(" --system 'Be brief.'"), std::string(" --chat jinja"),
+                                 std::string(" --chat none --no-special")}) {
     const Result r = run("generate --model " + ckpts() + " --prompt hi" + bad);
     EXPECT_EQ(r.rc, 2) << bad << ": " << r.err;
     EXPECT_EQ(lines(r.err), 1u) << r.err;

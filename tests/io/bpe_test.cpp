@@ -210,6 +210,17 @@ TEST(Bpe, ClearErrors) {
   EXPECT_NE(error_of(j).find("model.vocab has no token for 1 of the 256 bytes (0xFF (" + byte_char(0xFF) + "))"),
             std::string::npos)
       << error_of(j);
+  // Post-processors: TemplateProcessing and ByteLevel are read, others refused, bad ids named.
+  j = good;
+  j["post_processor"] = {{"type", "BertProcessing"}};
+  EXPECT_NE(error_of(j).find("post_processor BertProcessing is not supported"), std::string::npos) << error_of(j);
+  j = good;
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", {{{"SpecialToken", {{"id", "<nope>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}}}}}},
+                         {"special_tokens", json::object()}};
+  EXPECT_NE(error_of(j).find("names the token <nope>"), std::string::npos) << error_of(j);
+  j["post_processor"]["special_tokens"] = {{"<nope>", {{"id", "<nope>"}, {"ids", {-1}}}}};
+  EXPECT_NE(error_of(j).find("an id of <nope> (-1) is not in the vocabulary"), std::string::npos) << error_of(j);
   try {
     bpe_tokenizer_from_json("{\"model\": ", "/models/x/tokenizer.json", "--tokenizer");
     ADD_FAILURE() << "parsed";

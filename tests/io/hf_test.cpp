@@ -53,7 +53,9 @@ TEST(HfFolders, WriteReadAndWriteAgainIsByteIdenticalInEveryDtypeAndSharding) {
         EXPECT_EQ(fs::exists(fs::path(a) / "model.safetensors.index.json"), shard < (1u << 20));
         // The shape comes back from config.json.
         const ModelShape h = hf_shape(a, 16);
-        EXPECT_EQ(h, s);
+        ModelShape want = s;  // the folder now names its model type
+        want.hf.model_type = s.qkv_bias ? "qwen2" : "llama";
+        EXPECT_EQ(h, want);
         HfModelReader r(a);
         r.check(s);
         std::vector<std::vector<float>> back;
@@ -102,6 +104,7 @@ TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
   EXPECT_EQ(model_shape(c.model), [&] {
     ModelShape w = s;
     w.seq_len = 16;
+    w.hf.model_type = "llama";
     return w;
   }());
   // train.steps 0: the parameters are exactly the folder's (the digest hashes every unit in order).
@@ -117,6 +120,17 @@ TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
                           (t / "ck/step-00000002") + " -o " + (t / "out") + " > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   ASSERT_TRUE(fs::exists(t / "out/model.safetensors.index.json"));
+  // `zinf eval --checkpoint` takes the model from the checkpoint, as export does: a config without
+  // model.init_from evaluates it, and gets the loss the run ended with.
+  std::ofstream(t / "eval.json") << R"({"train": {"eval_batches": 2},
+      "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1}, "train_micro_batch_size_per_gpu": 2})";
+  const std::string eval = std::string(ZINF_BIN) + " eval --json --config " + (t / "eval.json") + " --checkpoint " +
+                           (t / "ck/step-00000002") + " > " + (t / "eval.out") + " 2>&1";
+  ASSERT_EQ(std::system(eval.c_str()), 0) << slurp(t / "eval.out");
+  const std::string eval_out = slurp(t / "eval.out");
+  const auto brace = eval_out.find("{\n");
+  ASSERT_NE(brace, std::string::npos) << eval_out;
+  EXPECT_EQ(nlohmann::json::parse(eval_out.substr(brace))["val_loss"].get<double>(), r.val_loss) << eval_out;
   HfModelReader back(t / "out");
   const ModelShape bs = hf_shape(t / "out", 16);
   back.check(bs);
@@ -128,6 +142,47 @@ TEST(HfFolders, AConfigPointedAtAFolderTakesItsShapeAndTrainsFromItsWeights) {
     std::vector<float> got(units[u].size());
     back.load_unit(bs, u, got.data());
     EXPECT_EQ(got, masters[u]) << "unit " << u;
+  }
+}
+
+// A folder's model type, window and rotary settings live in the checkpoint's manifest, so an export
+// of a run started from a Mistral folder is a Mistral folder again, in the source's config format.
+TEST(HfFolders, ACheckpointOfAFolderExportsItsModelTypeWindowAndRotaryFormat) {
+  for (const bool legacy : {false, true}) {
+    SCOPED_TRACE(legacy ? "rope_theta and rope_scaling" : "rope_parameters");
+    TempDir t("hf-test");
+    const ModelShape s = tiny(false, false);
+    write_hf_folder(t / "m", s, random_units(s, StDtype::f32, 7, 0.05f), StDtype::f32);
+    nlohmann::json c = nlohmann::json::parse(slurp(t / "m/config.json"));
+    const nlohmann::json yarn = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16},
+                                 {"beta_fast", 8.0}, {"beta_slow", 1.0}, {"truncate", false}};
+    c.erase("rope_parameters"), c.erase("rope_scaling"), c.erase("rope_theta"), c.erase("attention_bias");
+    c.erase("mlp_bias");
+    c["model_type"] = "mistral", c["architectures"] = {"MistralForCausalLM"}, c["sliding_window"] = 48;
+    if (legacy) {
+      c["rope_theta"] = 500.0, c["rope_scaling"] = yarn;
+    } else {
+      c["rope_parameters"] = yarn;
+      c["rope_parameters"]["rope_theta"] = 500.0;
+    }
+    std::ofstream(t / "m/config.json") << c.dump();
+    const std::string cfg = R"({"model": {"init_from": ")" + (t / "m") + R"(", "seq_len": 16},
+        "train": {"steps": 1, "eval_batches": 1, "checkpoint_dir": ")" + (t / "ck") + R"("},
+        "device": {"type": "cpu", "memory_budget": "256MiB", "threads": 1}, "train_micro_batch_size_per_gpu": 2})";
+    train(parse_config(cfg), TrainHooks{});
+    const std::string cmd = std::string(ZINF_BIN) + " export --format hf --checkpoint " + (t / "ck/step-00000001") +
+                            " -o " + (t / "out") + " > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    const nlohmann::json e = nlohmann::json::parse(slurp(t / "out/config.json"));
+    EXPECT_EQ(e["architectures"], nlohmann::json({"MistralForCausalLM"})) << e.dump();
+    EXPECT_EQ(e["model_type"], "mistral");
+    EXPECT_EQ(e["sliding_window"], 48);
+    EXPECT_EQ(e.contains("rope_parameters"), !legacy) << e.dump();
+    EXPECT_EQ(e.contains("rope_scaling"), legacy) << e.dump();
+    const nlohmann::json& r = legacy ? e["rope_scaling"] : e["rope_parameters"];
+    for (const auto& [k, v] : yarn.items()) EXPECT_EQ(r[k], v) << k << ": " << r.dump();
+    EXPECT_EQ(legacy ? e["rope_theta"] : r["rope_theta"], 500.0);
+    EXPECT_EQ(hf_shape(t / "out", 16), hf_shape(t / "m", 16));
   }
 }
 
@@ -158,9 +213,11 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
   EXPECT_NE(error().find("config.json: model_type: 'gpt_neox' is not a family zinf trains"), std::string::npos)
       << error();
   patch([](nlohmann::json& c) {
-    c["model_type"] = "llama", c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}};
+    c["model_type"] = "llama", c["rope_scaling"] = {{"rope_type", "mrope"}, {"factor", 4}};
+    c.erase("rope_parameters");
   });
-  EXPECT_NE(error().find("config.json: rope_scaling: type 'yarn' is not supported"), std::string::npos) << error();
+  EXPECT_NE(error().find("config.json: rope_scaling.rope_type: 'mrope' is not supported"), std::string::npos)
+      << error();
   // Numbers past the shape limits are refused from config.json itself, before anything is sized.
   patch([](nlohmann::json& c) { c["rope_scaling"] = nullptr, c["num_hidden_layers"] = 1000000000; });
   EXPECT_NE(error().find("config.json: num_hidden_layers: expected a positive integer of at most 4096, got 1000000000"),
@@ -178,6 +235,66 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("tensor(s) the model needs are missing: model.layers.2."), std::string::npos)
         << e.what();
+  }
+}
+
+// transformers 5's rope_parameters and transformers 4's rope_theta / rope_scaling give one shape;
+// where a file holds both they must agree, and what zinf does not compute is refused by name.
+TEST(HfFolders, RotarySettingsReadAlikeInBothFormats) {
+  const nlohmann::json base = {{"model_type", "llama"},    {"hidden_size", 64},        {"intermediate_size", 96},
+                               {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"num_hidden_layers", 2},
+                               {"vocab_size", 256},        {"max_position_embeddings", 128}};
+  auto shape = [](const nlohmann::json& c) { return hf_shape_from_json(c.dump(), "/m/config.json", 64); };
+  auto refusal = [&](const nlohmann::json& c) {
+    try {
+      shape(c);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const nlohmann::json yarn = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32}};
+  nlohmann::json v5 = base, v4 = base, both = base;
+  v5["rope_parameters"] = yarn, v5["rope_parameters"]["rope_theta"] = 500000.0;
+  v4["rope_theta"] = 500000.0, v4["rope_scaling"] = yarn;
+  both["rope_parameters"] = v5["rope_parameters"], both["rope_theta"] = 500000.0, both["rope_scaling"] = yarn;
+  ModelShape a = shape(v5), b = shape(v4), c = shape(both);
+  EXPECT_EQ(a.rope.type, "yarn");
+  EXPECT_EQ(a.rope_theta, 500000.0);
+  EXPECT_EQ(a.rope_factor, 4.0);
+  EXPECT_EQ(a.rope_original_max, 32.0);
+  EXPECT_FALSE(a.hf.legacy_rope);
+  EXPECT_TRUE(b.hf.legacy_rope);
+  b.hf.legacy_rope = false;
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, c);
+  // Without any rotary key: theta 10000, no scaling. {"rope_type": "default"} is no scaling, too.
+  EXPECT_EQ(shape(base).rope_theta, 10000.0);
+  nlohmann::json d = base;
+  d["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_EQ(shape(d).rope.type, "default");
+  EXPECT_EQ(shape(d).rope_factor, 1.0);
+  // The type under its older name, "type".
+  d["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  EXPECT_EQ(shape(d).rope.type, "linear");
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> refused = {
+      {[](nlohmann::json& j) { j["rope_theta"] = 10000.0; }, "rope_theta: 10000.0 disagrees with rope_parameters"},
+      {[](nlohmann::json& j) { j["rope_scaling"] = {{"factor", 8.0}}; },
+       "rope_scaling.factor: 8.0 disagrees with rope_parameters.factor 4.0"},
+      {[](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "su"; }, "rope_parameters.rope_type: 'su' is not"},
+      {[](nlohmann::json& j) { j["rope_parameters"]["mrope_section"] = {1, 2}; },
+       "rope_parameters.mrope_section: is not a rotary setting zinf computes"},
+      {[](nlohmann::json& j) { j["partial_rotary_factor"] = 0.5; }, "partial_rotary_factor: 0.5 is not supported"},
+      {[](nlohmann::json& j) { j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}}}; },
+       "rope_parameters.full_attention: rotary settings per layer type are not supported"},
+      {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "linear"}}; }, "rope_parameters.factor: missing"},
+      {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "longrope"}, {"short_factor", {1.0}}}; },
+       "rope_parameters.short_factor: expected a list of 8 numbers"},
+  };
+  for (const auto& [patch, why] : refused) {
+    nlohmann::json j = v5;
+    patch(j);
+    EXPECT_NE(refusal(j).find(why), std::string::npos) << j.dump() << ": " << refusal(j);
   }
 }
 

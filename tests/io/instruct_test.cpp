@@ -144,8 +144,14 @@ TEST(ChatJsonl, BadLinesAreOneErrorNamingTheLine) {
   }
 }
 
+ChatFormat fmt(ChatTemplate t, const Tokenizer& tok) { return chat_format(t, "", tok, "data.chat_template"); }
+
+TokenizedExample chat(const ChatExample& ex, ChatTemplate t, const Tokenizer& tok) {
+  return tokenize_chat(ex, fmt(t, tok), tok);
+}
+
 TEST(ChatTemplates, Llama3RendersExactlyAndTrainsOnTheAssistantTurnWithItsEot) {
-  const TokenizedExample te = tokenize_chat(render_chat(kExample, ChatTemplate::llama3), llama3_tok());
+  const TokenizedExample te = chat(kExample, ChatTemplate::llama3, llama3_tok());
   EXPECT_EQ(llama3_tok().decode(te.ids),
             "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
@@ -156,8 +162,18 @@ TEST(ChatTemplates, Llama3RendersExactlyAndTrainsOnTheAssistantTurnWithItsEot) {
   EXPECT_TRUE(te.target.back());
 }
 
+// Llama 3's template trims each message: an answer ending in a newline is trained without it.
+TEST(ChatTemplates, Llama3TrimsEachMessage) {
+  const ChatExample ex = {{"user", "\n Hi? "}, {"assistant", "Hello.\n"}};
+  const TokenizedExample te = chat(ex, ChatTemplate::llama3, llama3_tok());
+  EXPECT_EQ(llama3_tok().decode(te.ids),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>");
+  EXPECT_EQ(target_text(te, llama3_tok()), "Hello.<|eot_id|>");
+}
+
 TEST(ChatTemplates, ChatmlRendersExactlyAndTrainsOnTheAssistantTurnWithItsEnd) {
-  const TokenizedExample te = tokenize_chat(render_chat(kExample, ChatTemplate::chatml), chatml_tok());
+  const TokenizedExample te = chat(kExample, ChatTemplate::chatml, chatml_tok());
   EXPECT_EQ(chatml_tok().decode(te.ids),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
             "<|im_start|>assistant\nHello.<|im_end|>\n");
@@ -165,55 +181,78 @@ TEST(ChatTemplates, ChatmlRendersExactlyAndTrainsOnTheAssistantTurnWithItsEnd) {
   EXPECT_FALSE(te.target.back());  // the newline after <|im_end|> belongs to no turn
 }
 
+// A conversation opened by the assistant: Llama 3's generation prompt for no messages lacks the BOS
+// the full rendering starts with, so the turn's start is found from the rendering itself.
+TEST(ChatTemplates, AnAssistantFirstConversationTrainsItsTurns) {
+  const ChatExample ex = {{"assistant", "Hello."}, {"user", "Hi?"}, {"assistant", "Bye."}};
+  const TokenizedExample te = chat(ex, ChatTemplate::llama3, llama3_tok());
+  EXPECT_EQ(target_text(te, llama3_tok()), "Hello.<|eot_id|>Bye.<|eot_id|>");
+}
+
+// Qwen2's template adds its default system turn when the conversation has none; ChatML does not.
+TEST(ChatTemplates, Qwen2AddsItsDefaultSystemTurn) {
+  const ChatExample ex = {{"user", "Hi?"}, {"assistant", "Hello."}, {"user", "And?"}, {"assistant", "Bye."}};
+  const TokenizedExample q = chat(ex, ChatTemplate::qwen2, chatml_tok());
+  EXPECT_EQ(chatml_tok().decode(q.ids),
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n"
+            "<|im_start|>assistant\nBye.<|im_end|>\n");
+  EXPECT_EQ(target_text(q, chatml_tok()), "Hello.<|im_end|>Bye.<|im_end|>");
+  const TokenizedExample with_system = chat(kExample, ChatTemplate::qwen2, chatml_tok());
+  EXPECT_EQ(chatml_tok().decode(with_system.ids), chatml_tok().decode(chat(kExample, ChatTemplate::chatml, chatml_tok()).ids));
+}
+
 // The generation prompt is the conversation so far, then the assistant's header and nothing after
 // it: what the model continues when it answers.
 TEST(ChatTemplates, GenerationPromptEndsWithTheAssistantsHeader) {
   const ChatExample ex = {{"system", "Be brief."}, {"user", "Hi?"}};
-  const TokenizedExample l = tokenize_chat(render_generation_prompt(ex, ChatTemplate::llama3), llama3_tok());
-  EXPECT_EQ(llama3_tok().decode(l.ids),
+  const std::vector<std::uint32_t> l = chat_prompt_ids(ex, fmt(ChatTemplate::llama3, llama3_tok()), llama3_tok());
+  EXPECT_EQ(llama3_tok().decode(l),
             "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  const TokenizedExample c = tokenize_chat(render_generation_prompt(ex, ChatTemplate::chatml), chatml_tok());
-  EXPECT_EQ(chatml_tok().decode(c.ids),
+  const std::vector<std::uint32_t> c = chat_prompt_ids(ex, fmt(ChatTemplate::chatml, chatml_tok()), chatml_tok());
+  EXPECT_EQ(chatml_tok().decode(c),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n");
   // The training rendering of the same turns plus an answer starts with the generation prompt.
   const ChatExample full = {{"system", "Be brief."}, {"user", "Hi?"}, {"assistant", "Hello."}};
-  const TokenizedExample t = tokenize_chat(render_chat(full, ChatTemplate::llama3), llama3_tok());
-  ASSERT_GT(t.ids.size(), l.ids.size());
-  EXPECT_TRUE(std::equal(l.ids.begin(), l.ids.end(), t.ids.begin()));
-  for (bool target : l.target) EXPECT_FALSE(target);
+  const TokenizedExample t = chat(full, ChatTemplate::llama3, llama3_tok());
+  ASSERT_GT(t.ids.size(), l.size());
+  EXPECT_TRUE(std::equal(l.begin(), l.end(), t.ids.begin()));
+  for (std::size_t i = 0; i < l.size(); ++i) EXPECT_FALSE(t.target[i]) << i;
   const FakeTokenizer tok({"<s>", "</s>"}, 256, 257);
-  const TokenizedExample n = tokenize_chat(render_generation_prompt({{"user", "Hi?"}}, ChatTemplate::none, 256), tok);
-  EXPECT_EQ(tok.decode(n.ids), "<s>Hi?");
+  EXPECT_EQ(tok.decode(chat_prompt_ids({{"user", "Hi?"}}, fmt(ChatTemplate::none, tok), tok)), "<s>Hi?");
+  EXPECT_EQ(tok.decode(chat_prompt_ids({{"user", "Hi?"}}, fmt(ChatTemplate::none, tok), tok, false)), "Hi?");
 }
 
 TEST(ChatTemplates, NoneIsBosPromptCompletionEos) {
   const FakeTokenizer tok({"<s>", "</s>"}, 256, 257);
   const ChatExample ex = {{"user", "Q:"}, {"assistant", " A"}};
-  const TokenizedExample te = tokenize_chat(render_chat(ex, ChatTemplate::none, 256u, 257u), tok);
+  const TokenizedExample te = chat(ex, ChatTemplate::none, tok);
   EXPECT_EQ(tok.decode(te.ids), "<s>Q: A</s>");
   EXPECT_EQ(te.ids.front(), 256u);
   EXPECT_EQ(te.ids.back(), 257u);
   EXPECT_EQ(target_text(te, tok), " A</s>");
   // Without BOS/EOS: the texts alone.
-  const TokenizedExample bare = tokenize_chat(render_chat(ex, ChatTemplate::none), tok);
-  EXPECT_EQ(tok.decode(bare.ids), "Q: A");
-  EXPECT_EQ(target_text(bare, tok), " A");
+  const FakeTokenizer plain({"<s>", "</s>"});
+  const TokenizedExample bare = chat(ex, ChatTemplate::none, plain);
+  EXPECT_EQ(plain.decode(bare.ids), "Q: A");
+  EXPECT_EQ(target_text(bare, plain), " A");
 }
 
-TEST(ChatTemplates, ContentCannotForgeAMarker) {
+// The rendered conversation is encoded as the tokenizer encodes text (apply_chat_template's default):
+// special-token text inside a message becomes that token, as the template's own markers do.
+TEST(ChatTemplates, SpecialTokenTextInAMessageIsTheSpecialToken) {
   const ChatExample ex = {{"user", "<|eot_id|><|start_header_id|>"}, {"assistant", "ok"}};
-  const TokenizedExample te = tokenize_chat(render_chat(ex, ChatTemplate::llama3), llama3_tok());
+  const TokenizedExample te = chat(ex, ChatTemplate::llama3, llama3_tok());
   std::size_t specials = 0;
   for (std::uint32_t id : te.ids) specials += id >= 256;
-  EXPECT_EQ(specials,
-            1u + 3 * 2);  // begin_of_text, then header start/end and eot per message: the user's text is bytes
+  EXPECT_EQ(specials, 1u + 3 * 2 + 2);  // begin_of_text, header start/end and eot per message, the user's two
 }
 
 TEST(ChatTemplates, MissingMarkersInTheTokenizerAreAConfigError) {
   try {
-    make_instruct_windows({kExample}, ChatTemplate::llama3, chatml_tok(), 64, 0);
+    fmt(ChatTemplate::llama3, chatml_tok());
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("data.chat_template llama3"), std::string::npos) << e.what();
@@ -223,12 +262,12 @@ TEST(ChatTemplates, MissingMarkersInTheTokenizerAreAConfigError) {
 
 TEST(ChatWindows, TargetsAreTheNextTokenWhereItIsATargetAndPaddingIsMasked) {
   const int T = 96;
-  const InstructSet set = make_instruct_windows({kExample}, ChatTemplate::chatml, chatml_tok(), T, 7);
+  const InstructSet set = make_instruct_windows({kExample}, fmt(ChatTemplate::chatml, chatml_tok()), chatml_tok(), T, 7);
   ASSERT_EQ(set.windows.size(), 1u);
   const ExampleWindow& w = set.windows[0];
   std::vector<int> in(T, -5), tg(T, -5);  // write() sets every position
   set.write(0, in.data(), tg.data());
-  const TokenizedExample te = tokenize_chat(render_chat(kExample, ChatTemplate::chatml), chatml_tok());
+  const TokenizedExample te = chat(kExample, ChatTemplate::chatml, chatml_tok());
   ASSERT_LT(te.ids.size(), static_cast<std::size_t>(T));
   std::size_t n = 0;
   for (int t = 0; t < T; ++t) {
@@ -254,8 +293,8 @@ TEST(ChatWindows, LongExamplesAreCutAndExamplesWithoutTargetsDropped) {
   const ChatExample long_prompt = {{"user", std::string(200, 'y')}, {"assistant", "z"}};
   const ChatExample short_one = {{"user", "q"}, {"assistant", "a"}};
   const int T = 64;
-  const InstructSet set =
-      make_instruct_windows({long_answer, long_prompt, short_one}, ChatTemplate::chatml, chatml_tok(), T, 0);
+  const InstructSet set = make_instruct_windows({long_answer, long_prompt, short_one},
+                                                fmt(ChatTemplate::chatml, chatml_tok()), chatml_tok(), T, 0);
   EXPECT_EQ(set.examples, 3u);
   EXPECT_EQ(set.truncated, 2u);
   EXPECT_EQ(set.dropped, 1u);  // the long prompt leaves no room for its answer
@@ -282,15 +321,69 @@ TEST(ChatTemplates, AutoReadsTheModelFolder) {
   const std::string qw = folder("qw", R"({"chat_template": [{"name": "default", "template": "<|im_start|>"}]})", "");
   const std::string qw_cfg = folder("qwcfg", "{}", R"({"model_type": "qwen2"})");
   const std::string l2 = folder("l2", R"({"bos_token": "<s>"})", R"({"model_type": "llama"})");
+  const std::string jinja_file = folder("jf", R"({"chat_template": "ignored"})", "");
+  t.write("jf/chat_template.jinja", "{% for m in messages %}[{{ m.content }}]{% endfor %}\n");
   const std::string bad = folder("bad", "{", "");
-  EXPECT_EQ(detect_chat_template(l3), ChatTemplate::llama3);
-  EXPECT_EQ(detect_chat_template(t / "l3/tokenizer.json"), ChatTemplate::llama3);  // a file: its folder
-  EXPECT_EQ(detect_chat_template(qw), ChatTemplate::chatml);
-  EXPECT_EQ(detect_chat_template(qw_cfg), ChatTemplate::chatml);
+  EXPECT_EQ(detect_chat_template(l3), ChatTemplate::model);
+  EXPECT_EQ(detect_chat_template(t / "l3/tokenizer.json"), ChatTemplate::model);  // a file: its folder
+  EXPECT_EQ(detect_chat_template(qw), ChatTemplate::model);
+  EXPECT_EQ(folder_chat_template(qw, "x"), std::optional<std::string>("<|im_start|>"));
+  EXPECT_EQ(detect_chat_template(qw_cfg), ChatTemplate::qwen2);
   std::string why;
   EXPECT_EQ(detect_chat_template(l2, &why), ChatTemplate::none);
   EXPECT_FALSE(why.empty());
   EXPECT_THROW(detect_chat_template(bad), ConfigError);
+  // chat_template.jinja comes before tokenizer_config.json's (transformers 5 saves it so).
+  std::string source;
+  EXPECT_EQ(folder_chat_template(jinja_file, "x", &source),
+            std::optional<std::string>("{% for m in messages %}[{{ m.content }}]{% endfor %}\n"));
+  EXPECT_NE(source.find("chat_template.jinja"), std::string::npos) << source;
+  const FakeTokenizer tok({"<s>"});
+  const ChatFormat f = chat_format(ChatTemplate::automatic, jinja_file, tok, "data.chat_template");
+  EXPECT_EQ(f.kind, ChatTemplate::model);
+  const RenderedChat r = render_chat({{"user", "a"}, {"assistant", "b"}}, f, false);
+  EXPECT_EQ(r.text, "[a][b]");
+  ASSERT_EQ(r.spans.size(), 1u);
+  EXPECT_EQ(r.spans[0], std::make_pair(std::size_t{3}, std::size_t{6}));
+}
+
+// A folder template outside the subset, or one that renders earlier turns differently once later
+// ones follow, is one ConfigError naming the cause.
+TEST(ChatTemplates, FolderTemplatesTheRendererCannotUseAreRefused) {
+  TempDir t("instruct-refuse");
+  const FakeTokenizer tok({"<s>"});
+  for (const char* d : {"m", "p", "r", "none-here"}) std::filesystem::create_directories(t / d);
+  t.write("m/tokenizer_config.json", R"({"chat_template": "{% for m in messages %}\n{% macro f() %}{% endmacro %}{% endfor %}"})");
+  try {
+    chat_format(ChatTemplate::model, t / "m", tok, "data.chat_template");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("line 2"), std::string::npos) << w;
+    EXPECT_NE(w.find("{% macro %}"), std::string::npos) << w;
+    EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+  }
+  // The last message rendered apart from the others: prefixes do not agree.
+  t.write("p/tokenizer_config.json",
+          R"({"chat_template": "{% for m in messages %}{% if loop.last %}LAST:{% endif %}{{ m.content }};{% endfor %}"})");
+  const ChatFormat f = chat_format(ChatTemplate::model, t / "p", tok, "data.chat_template");
+  try {
+    tokenize_chat({{"user", "a"}, {"assistant", "b"}, {"user", "c"}}, f, tok, "example 3");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("example 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("message 2"), std::string::npos) << e.what();
+  }
+  // raise_exception: the template's message, naming the example.
+  t.write("r/tokenizer_config.json", R"({"chat_template": "{{ raise_exception('roles must alternate') }}"})");
+  try {
+    tokenize_chat({{"user", "a"}, {"assistant", "b"}}, chat_format(ChatTemplate::model, t / "r", tok, "x"), tok, "example 1");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("example 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("roles must alternate"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(chat_format(ChatTemplate::model, t / "none-here", tok, "x"), ConfigError);
 }
 
 // The masked cross-entropy against the same rows without the masked ones: equal losses (masked rows
@@ -376,7 +469,7 @@ TEST(ChatConfig, KeysAreReadAndBadValuesAreOneErrorNamingTheKey) {
   EXPECT_TRUE(is_chat_data(f.data));
   EXPECT_EQ(f.data.chat_template, ChatTemplate::automatic);
   EXPECT_NE(config_error(R"({"path": "x.jsonl", "tokenizer": "m", "chat_template": "llama2"})")
-                .find("data.chat_template: 'llama2' is not one of auto, llama3, chatml, none"),
+                .find("data.chat_template: 'llama2' is not one of auto, llama3, chatml, qwen2, model, none"),
             std::string::npos);
   EXPECT_NE(config_error(R"({"path": "x.jsonl"})").find("data.tokenizer:"), std::string::npos);
   EXPECT_NE(config_error(R"({"format": "jsonl", "tokenizer": "m"})").find("data.format:"), std::string::npos);

@@ -16,6 +16,7 @@
 #include "model/host_math.h"
 #include "model/llama.h"
 #include "common/random_floats.h"
+#include "zinf/error.h"
 #include "zinf/backends/cpu.h"
 #include "zinf/device.h"
 
@@ -117,6 +118,70 @@ TEST(OpsLlama, RopeRotatesPairsAndItsBackwardIsTheInverseRotation) {
   VF dx = g;
   ops::rope_apply(par(), dx.data(), co.data(), si.data(), R, T, heads, D, true);
   check_grad("rope dx", dx, xd, [&] { return dot(ref_rope(xd, R, T, heads, D, f), g); });
+}
+
+// The other rotary types of transformers' rope_type, against their definitions.
+ops::RopeScaling rope_of(const char* type) {
+  ops::RopeScaling r;
+  r.type = type;
+  return r;
+}
+
+TEST(OpsLlama, RopeFrequenciesOfLinearYarnAndLongrope) {
+  const int D = 32;
+  const double theta = 10000;
+  const auto plain = ops::rope_inv_freq(D, theta, rope_of("default"));
+  EXPECT_EQ(plain, ops::rope_inv_freq(D, theta));  // llama3 with factor 1 is no scaling too
+  ops::RopeScaling lin = rope_of("linear");
+  lin.factor = 4;
+  const auto l = ops::rope_inv_freq(D, theta, lin);
+  for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_DOUBLE_EQ(l[i], plain[i] / 4) << i;
+  EXPECT_EQ(ops::rope_attention_factor(lin), 1.0);
+  // YaRN: the dimensions before the ramp keep their frequency, those after it are divided by factor.
+  ops::RopeScaling y = rope_of("yarn");
+  y.factor = 8, y.original_max_position_embeddings = 256;
+  const auto f = ops::rope_inv_freq(D, theta, y);
+  const double low = std::floor(D * std::log(256 / (32 * 2 * M_PI)) / (2 * std::log(theta)));
+  const double high = std::ceil(D * std::log(256 / (1 * 2 * M_PI)) / (2 * std::log(theta)));
+  ASSERT_LT(low + 1, high);
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    if (static_cast<double>(i) <= low) {
+      EXPECT_DOUBLE_EQ(f[i], plain[i]) << i;
+    } else if (static_cast<double>(i) >= high) {
+      EXPECT_DOUBLE_EQ(f[i], plain[i] / 8) << i;
+    } else {
+      EXPECT_LT(f[i], plain[i]) << i;
+      EXPECT_GT(f[i], plain[i] / 8) << i;
+    }
+  }
+  EXPECT_NEAR(ops::rope_attention_factor(y), 0.1 * std::log(8.0) + 1, 1e-15);
+  y.mscale = 1, y.mscale_all_dim = 0.5;
+  EXPECT_NEAR(ops::rope_attention_factor(y), (0.1 * std::log(8.0) + 1) / (0.05 * std::log(8.0) + 1), 1e-15);
+  y.attention_factor = 1.25;
+  EXPECT_EQ(ops::rope_attention_factor(y), 1.25);
+  // longrope: short factors up to the original context, long ones past it.
+  ops::RopeScaling r = rope_of("longrope");
+  r.factor = 4, r.original_max_position_embeddings = 64;
+  for (int i = 0; i < D / 2; ++i) r.short_factor.push_back(1 + i), r.long_factor.push_back(10 + i);
+  const auto s = ops::rope_inv_freq(D, theta, r, 64), g = ops::rope_inv_freq(D, theta, r, 65);
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_DOUBLE_EQ(s[i], plain[i] / (1.0 + static_cast<double>(i))) << i;
+    EXPECT_DOUBLE_EQ(g[i], plain[i] / (10.0 + static_cast<double>(i))) << i;
+  }
+  EXPECT_NEAR(ops::rope_attention_factor(r), std::sqrt(1 + std::log(4.0) / std::log(64.0)), 1e-15);
+  // The factor multiplies both tables.
+  std::vector<float> c1, s1, c2, s2;
+  ops::rope_tables(plain, 5, c1, s1);
+  ops::rope_tables(plain, 5, c2, s2, 1.5);
+  for (std::size_t i = 0; i < c1.size(); ++i) {
+    EXPECT_NEAR(c2[i], 1.5f * c1[i], 1e-6) << i;
+    EXPECT_NEAR(s2[i], 1.5f * s1[i], 1e-6) << i;
+  }
+  // dynamic: the default frequencies up to max_position_embeddings; a longer table is refused.
+  ops::RopeScaling dyn = rope_of("dynamic");
+  dyn.factor = 2, dyn.max_position_embeddings = 64;
+  EXPECT_EQ(ops::rope_inv_freq(D, theta, dyn, 64), plain);
+  EXPECT_THROW(ops::rope_inv_freq(D, theta, dyn, 65), ConfigError);
 }
 
 TEST(OpsLlama, RopeFrequenciesFollowLlama3Scaling) {

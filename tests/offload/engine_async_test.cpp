@@ -86,8 +86,8 @@ TEST(OffloadEngineAsync, GradientsSummedOnTheDeviceEqualTheSynchronousRunUnderJi
     expect_placements_equal(
         dir.p, {OffloadDevice::cpu, OffloadDevice::nvme}, prec, 3, 1, seed,
         [](EngineConfig& c) {
-          c.device_grad_accum = true;
-          ASSERT_TRUE(BufferSpecs(Engine::plan_input(c)).layout().device_accum);
+          c.plan.device_grad_accum = true;
+          ASSERT_TRUE(BufferSpecs(c.plan).layout().device_accum);
         },
         run_jittered);
   EXPECT_TRUE(fs::is_empty(dir.p));
@@ -101,7 +101,7 @@ TEST(OffloadEngineAsync, PageableStagingEqualsPinnedStagingUnderJitter) {
   std::uint64_t seed = 100;
   for (Precision prec : {Precision::fp32, Precision::bf16})
     expect_placements_equal(
-        dir.p, {OffloadDevice::cpu, OffloadDevice::nvme}, prec, 2, 1, seed, [](EngineConfig& c) { c.pin_memory = false; },
+        dir.p, {OffloadDevice::cpu, OffloadDevice::nvme}, prec, 2, 1, seed, [](EngineConfig& c) { c.plan.pin_memory = false; },
         [](const EngineConfig& c, std::uint64_t s) {
           ::zinf::test::ForwardingDevice dev(make_cpu_device(64 << 20, jittered(s)));
           dev.pageable_copies(true);
@@ -120,7 +120,7 @@ TEST(OffloadEngineAsync, EachStateFormatEqualsTheSynchronousRunUnderJitter) {
   for (auto f : {cpu_adam::StateFormat::bf16, cpu_adam::StateFormat::q8}) {
     auto cfg = [&](OffloadDevice opt, OffloadDevice param, Overlap ov) {
       EngineConfig c = config(opt, param, Precision::bf16, 2, ov, dir.p);
-      c.optimizer_states = f;
+      c.plan.optimizer_states = f;
       return c;
     };
     const auto ref = run(cfg(OffloadDevice::none, OffloadDevice::none, Overlap::none), 3);
@@ -145,10 +145,10 @@ TEST(OffloadEngineAsync, GradientSlotsAreReusedOnlyAfterTheirReduceUnderJitter) 
   for (auto opt : {OffloadDevice::cpu, OffloadDevice::nvme})
     for (Precision prec : {Precision::fp32, Precision::bf16}) {
       EngineConfig c = config(opt, OffloadDevice::cpu, prec, 3, Overlap::exact, dir.p);
-      c.units = {5000, 20000, 20000, 300};
-      c.persistent = {true, false, false, true};
+      c.plan.unit_params = {5000, 20000, 20000, 300};
+      c.plan.persistent = {true, false, false, true};
       EngineConfig sync_c = c;
-      sync_c.overlap = Overlap::none;
+      sync_c.plan.overlap = Overlap::none;
       const auto ref = run(sync_c, 2);
       for (std::uint64_t seed = 1; seed <= static_cast<std::uint64_t>(4 * seeds()); ++seed) {
         SCOPED_TRACE(::testing::Message() << "opt " << static_cast<int>(opt) << " prec " << static_cast<int>(prec)

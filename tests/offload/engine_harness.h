@@ -41,22 +41,30 @@ struct Dir {
 inline EngineConfig config(OffloadDevice opt, OffloadDevice param, Precision prec, std::int64_t ga, Overlap ov,
                            const std::string& dir) {
   EngineConfig c;
-  c.units = {5000, 20000, 9000, 20000, 300};
-  c.persistent = {true, false, false, false, true};
-  c.precision = prec;
-  c.optimizer = opt;
-  c.param = param;
-  c.grad_accum = ga;
-  c.sub_group_size = 8192;
-  c.reduce_bucket_size = 4096;
-  c.optimizer_buffer_count = 3;
-  c.prefetch_depth = 1;
+  c.plan.unit_params = {5000, 20000, 9000, 20000, 300};
+  c.plan.persistent = {true, false, false, false, true};
+  c.plan.precision = prec;
+  c.plan.optimizer = opt;
+  c.plan.param = param;
+  c.plan.grad_accum = ga;
+  c.plan.sub_group_size = 8192;
+  c.plan.reduce_bucket_size = 4096;
+  c.plan.optimizer_buffer_count = 3;
+  c.plan.prefetch_depth = 1;
   c.optimizer_store.parent = c.param_store.parent = dir;
   c.optimizer_store.io.block_size = c.param_store.io.block_size = 64 << 10;
   c.host_threads = 2;
-  c.overlap = ov;
+  c.plan.overlap = ov;
   c.kernels = make_cpu_engine_kernels;
   return c;
+}
+
+// Makes the engine rank comm->rank() of comm->size() (null: one rank alone): its communicator and
+// the plan's ranks.
+inline void use_comm(EngineConfig& c, Comm* comm) {
+  c.comm = comm;
+  c.plan.world = comm ? comm->size() : 1;
+  c.plan.rank = comm ? comm->rank() : 0;
 }
 
 inline void init(std::size_t u, float* p, std::size_t n) {
@@ -80,18 +88,18 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
   std::vector<std::vector<float>> out;
   const bool on_stream = dev.ops_stream_ordered();
   {
-    Engine e(c, dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+    Engine e(c, dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
     if (load)
-      for (std::size_t u = 0; u < c.units.size(); ++u)
+      for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u)
         e.write_states(u, load->master[u].data(), load->m[u].data(), load->v[u].data());
-    auto wsum = std::make_shared<std::vector<float>>(c.units.size());
+    auto wsum = std::make_shared<std::vector<float>>(c.plan.unit_params.size());
     for (int s = first; s < first + steps; ++s) {
-      for (std::int64_t mb = 0; mb < c.grad_accum; ++mb) {
+      for (std::int64_t mb = 0; mb < c.plan.grad_accum; ++mb) {
         e.begin_micro_batch(mb);
         e.begin_forward();
-        for (std::size_t u = 0; u < c.units.size(); ++u) {
+        for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
           const float* w = static_cast<const float*>(e.weights(u));
-          const std::size_t n = c.units[u];
+          const std::size_t n = c.plan.unit_params[u];
           auto read = [wsum, w, u, n] { (*wsum)[u] = w[7] + w[n - 1]; };
           if (on_stream)
             dev.launch(StreamRole::compute, read);
@@ -101,9 +109,9 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
         }
         e.begin_backward();
         const auto j = static_cast<std::size_t>(mb * world + rank);
-        for (std::size_t u = c.units.size(); u-- > 0;) {
+        for (std::size_t u = c.plan.unit_params.size(); u-- > 0;) {
           float* g = e.grads(u);
-          const std::size_t n = c.units[u];
+          const std::size_t n = c.plan.unit_params[u];
           auto write = [wsum, g, u, n, s, j] {
             for (std::size_t i = 0; i < n; ++i)
               g[i] += 0.01f * std::sin(static_cast<float>(i * (u + 1) + 31 * static_cast<std::size_t>(s) + 7 * j)) +
@@ -117,7 +125,7 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
         }
       }
       StepOptions o;
-      o.loss_scale = c.precision == Precision::fp16 ? 1024 : 1;
+      o.loss_scale = c.plan.precision == Precision::fp16 ? 1024 : 1;
       o.gradient_clipping = 1.0;
       o.hyper.lr = 1e-2f;
       o.hyper.weight_decay = 0.01f;
@@ -126,14 +134,14 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
       EXPECT_TRUE(r.finite);
       EXPECT_GT(r.norm, 0.0);
     }
-    for (std::size_t u = 0; u < c.units.size(); ++u) {
-      out.emplace_back(c.units[u]);
+    for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
+      out.emplace_back(c.plan.unit_params[u]);
       e.read_master(u, out.back().data());
     }
     if (save) {
       *save = States{};
-      for (std::size_t u = 0; u < c.units.size(); ++u) {
-        save->master.emplace_back(c.units[u]), save->m.emplace_back(c.units[u]), save->v.emplace_back(c.units[u]);
+      for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
+        save->master.emplace_back(c.plan.unit_params[u]), save->m.emplace_back(c.plan.unit_params[u]), save->v.emplace_back(c.plan.unit_params[u]);
         e.read_states(u, save->master.back().data(), save->m.back().data(), save->v.back().data());
       }
     }
@@ -147,20 +155,20 @@ inline std::vector<std::vector<float>> run_on(Device& dev, const EngineConfig& c
 // and writes inline), with the gradients run_on gives; `poison`: unit 0's gradient is infinite.
 inline void forward_backward(Engine& e, const EngineConfig& c, int s, int rank = 0, int world = 1,
                              bool poison = false) {
-  std::vector<float> wsum(c.units.size());
-  for (std::int64_t mb = 0; mb < c.grad_accum; ++mb) {
+  std::vector<float> wsum(c.plan.unit_params.size());
+  for (std::int64_t mb = 0; mb < c.plan.grad_accum; ++mb) {
     e.begin_micro_batch(mb);
     e.begin_forward();
-    for (std::size_t u = 0; u < c.units.size(); ++u) {
+    for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
       const float* w = static_cast<const float*>(e.weights(u));
-      wsum[u] = w[7] + w[c.units[u] - 1];
+      wsum[u] = w[7] + w[c.plan.unit_params[u] - 1];
       e.done_with(u);
     }
     e.begin_backward();
     const auto j = static_cast<std::size_t>(mb * world + rank);
-    for (std::size_t u = c.units.size(); u-- > 0;) {
+    for (std::size_t u = c.plan.unit_params.size(); u-- > 0;) {
       float* g = e.grads(u);
-      for (std::size_t i = 0; i < c.units[u]; ++i)
+      for (std::size_t i = 0; i < static_cast<std::size_t>(c.plan.unit_params[u]); ++i)
         g[i] += 0.01f * std::sin(static_cast<float>(i * (u + 1) + 31 * static_cast<std::size_t>(s) + 7 * j)) +
                 0.1f * wsum[u];
       if (poison && u == 0) g[3] = INFINITY;
@@ -182,8 +190,8 @@ inline StepOptions options(int s, double clip) {
 
 inline States read_all(Engine& e, const EngineConfig& c) {
   States st;
-  for (std::size_t u = 0; u < c.units.size(); ++u) {
-    st.master.emplace_back(c.units[u]), st.m.emplace_back(c.units[u]), st.v.emplace_back(c.units[u]);
+  for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
+    st.master.emplace_back(c.plan.unit_params[u]), st.m.emplace_back(c.plan.unit_params[u]), st.v.emplace_back(c.plan.unit_params[u]);
     e.read_states(u, st.master.back().data(), st.m.back().data(), st.v.back().data());
   }
   return st;
@@ -193,9 +201,9 @@ inline States read_all(Engine& e, const EngineConfig& c) {
 inline std::vector<std::vector<float>> weights_of(Engine& e, const EngineConfig& c) {
   std::vector<std::vector<float>> w;
   e.begin_forward();
-  for (std::size_t u = 0; u < c.units.size(); ++u) {
+  for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
     const float* p = static_cast<const float*>(e.weights(u));
-    w.emplace_back(p, p + c.units[u]);
+    w.emplace_back(p, p + c.plan.unit_params[u]);
     e.done_with(u);
   }
   return w;

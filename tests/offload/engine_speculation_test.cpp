@@ -22,7 +22,7 @@ StepOutcome full_step(Engine& e, const EngineConfig& c, int s, double clip, bool
 
 EngineConfig speculating(OffloadDevice opt, OffloadDevice param, const std::string& dir) {
   EngineConfig c = config(opt, param, Precision::fp32, 1, Overlap::exact, dir);
-  c.speculative = true;
+  c.plan.speculative = true;
   return c;
 }
 
@@ -39,15 +39,15 @@ TEST(EngineSpeculation, ASkippedStepRebuildsOnlyWhatSpeculationRewroteAndLandsNo
     std::vector<std::vector<float>> plain;
     {
       EngineConfig c = speculating(opt, param, dir.p.string());
-      c.speculative = false;
+      c.plan.speculative = false;
       auto dev = make_cpu_device(64 << 20);
-      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
       for (int s = 1; s <= 3; ++s) EXPECT_EQ(full_step(e, c, s, 0, s == 2).finite, s != 2);
       plain = read_all(e, c).master;
     }
     const EngineConfig c = speculating(opt, param, dir.p.string());
     auto dev = make_cpu_device(64 << 20);
-    Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+    Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
     ASSERT_TRUE(full_step(e, c, 1, 0).finite);
     const States before = read_all(e, c);
     const auto weights = weights_of(e, c);
@@ -84,13 +84,13 @@ TEST(EngineSpeculation, AnAbandonedSpeculationRestoresEverythingAndLandsNothing)
     std::vector<std::vector<float>> plain;
     {
       auto dev = make_cpu_device(64 << 20);
-      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
       for (int s = 1; s <= 3; ++s) EXPECT_TRUE(full_step(e, c, s, 0).finite);
       plain = read_all(e, c).master;
     }
     auto dev = make_cpu_device(64 << 20);
     {
-      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
       ASSERT_TRUE(full_step(e, c, 1, 0).finite);
       const States before = read_all(e, c);
       const auto weights = weights_of(e, c);
@@ -112,7 +112,7 @@ TEST(EngineSpeculation, AnAbandonedSpeculationRestoresEverythingAndLandsNothing)
       EXPECT_TRUE(same_bits(read_all(e, c).master, plain));
     }
     {  // torn down with a speculation in flight
-      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
       ASSERT_TRUE(full_step(e, c, 1, 0).finite);
       const std::int64_t updated = e.speculation_counts().updated;
       e.expect_step(options(2, 0));
@@ -130,7 +130,7 @@ TEST(EngineSpeculation, ASkippedStepWithoutSpeculationWritesNoStatesBack) {
   Dir dir;
   EngineConfig c = config(OffloadDevice::nvme, OffloadDevice::none, Precision::fp32, 1, Overlap::exact, dir.p.string());
   auto dev = make_cpu_device(64 << 20);
-  Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+  Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
   // One step's NVMe traffic: the step, then its Update walk to the end (it overlaps what follows).
   auto step_io = [&](int s, bool poison) {
     (void)e.take_times();

@@ -60,7 +60,7 @@ TEST(OffloadEngine, EachStateFormatIsBitIdenticalOverEveryPlacement) {
   for (StateFormat f : {StateFormat::fp32, StateFormat::bf16, StateFormat::q8}) {
     auto cfg = [&](OffloadDevice opt, OffloadDevice param, Overlap ov) {
       EngineConfig c = config(opt, param, Precision::bf16, 2, ov, dir.p);
-      c.optimizer_states = f;
+      c.plan.optimizer_states = f;
       return c;
     };
     refs.push_back(run(cfg(OffloadDevice::none, OffloadDevice::none, Overlap::none), 3));
@@ -90,7 +90,7 @@ TEST(OffloadEngine, StatesResumeExactlyInEveryFormatAndTier) {
   for (StateFormat f : {StateFormat::fp32, StateFormat::bf16, StateFormat::q8}) {
     auto cfg = [&](OffloadDevice opt) {
       EngineConfig c = config(opt, OffloadDevice::none, Precision::fp16, 1, Overlap::exact, dir.p);
-      c.optimizer_states = f;
+      c.plan.optimizer_states = f;
       return c;
     };
     const auto straight = run(cfg(OffloadDevice::none), 4);
@@ -116,7 +116,7 @@ TEST(OffloadEngine, StatesResumeExactlyInEveryFormatAndTier) {
   auto dev = make_cpu_device(64 << 20);
   EngineConfig c = config(OffloadDevice::cpu, OffloadDevice::none, Precision::fp16, 1, Overlap::exact, dir.p);
   run_on(*dev, c, 2, 0, 1, 1, nullptr, &saved);
-  c.optimizer_states = StateFormat::q8;
+  c.plan.optimizer_states = StateFormat::q8;
   run_on(*dev, c, 0, 0, 1, 3, &saved, &got);
   for (std::size_t u = 0; u < saved.m.size(); ++u) {
     const std::size_t n = saved.m[u].size();
@@ -154,7 +154,7 @@ TEST(OffloadEngine, ADeviceKernelWithoutTheFormatRefusesItOnTheDevice) {
   };
   for (auto opt : {OffloadDevice::none, OffloadDevice::cpu}) {
     EngineConfig c = config(opt, OffloadDevice::none, Precision::bf16, 1, Overlap::exact, dir.p);
-    c.optimizer_states = cpu_adam::StateFormat::bf16;
+    c.plan.optimizer_states = cpu_adam::StateFormat::bf16;
     c.kernels = [](Device& d, cpu_adam::HostThreads& t) {
       auto w = std::make_unique<Fp32Only>();
       w->k = make_cpu_engine_kernels(d, t);
@@ -162,10 +162,10 @@ TEST(OffloadEngine, ADeviceKernelWithoutTheFormatRefusesItOnTheDevice) {
     };
     auto dev = make_cpu_device(64 << 20);
     if (opt == OffloadDevice::cpu) {
-      EXPECT_NO_THROW(Engine(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); }));
+      EXPECT_NO_THROW(Engine(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); }));
       continue;
     }
-    const std::string what = ::zinf::test::error_of<Error>([&] { Engine(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); }); });
+    const std::string what = ::zinf::test::error_of<Error>([&] { Engine(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); }); });
     EXPECT_NE(what.find("zero_optimization.optimizer_states \"bf16\""), std::string::npos) << what;
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
@@ -190,9 +190,9 @@ TEST(OffloadEngine, AllocatesExactlyWhatThePlanSays) {
         SCOPED_TRACE(::testing::Message() << "opt " << static_cast<int>(opt) << " param " << static_cast<int>(param)
                                           << " states " << cpu_adam::state_format_name(f));
         EngineConfig c = config(opt, param, prec, 2, Overlap::exact, dir.p);
-        c.optimizer_states = f;
+        c.plan.optimizer_states = f;
         auto dev = make_cpu_device(64 << 20);
-        Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+        Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
         EXPECT_EQ(dev->in_use(), Engine::device_bytes(c));
         EXPECT_EQ(e.pinned_capacity(), Engine::pinned_bytes(c));
       }
@@ -233,7 +233,7 @@ std::uint64_t swap_file_bytes(const fs::path& dir) {
 // For every ZeRO stage, optimizer and parameter tier, precision, accumulation and world size (every
 // rank of it), the engine holds on each tier exactly the plan's bytes — as the tiers count them: the
 // device's bytes in use, the pinned pool's blocks (the pool is exactly full), the host memory the
-// engine allocated, the swap files on disk.
+// engine allocated, the swap files on disk. And its stages claim every handoff of the placement's step graph.
 TEST(OffloadEngine, HoldsThePlansBytesOnEveryTier) {
   Dir dir;
   const OffloadDevice tiers[] = {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme};
@@ -255,18 +255,21 @@ TEST(OffloadEngine, HoldsThePlansBytesOnEveryTier) {
                 EngineConfig c = config(opt, param, prec, ga, Overlap::exact, dir.p);
                 // Units that split unevenly over 2 and 3 ranks (shards are 64 Ki-aligned) and one at the
                 // persistence threshold (kept whole at stage 3).
-                c.units = {5000, 140000, 70000, 131073, 300};
-                c.sub_group_size = 32768;
-                c.reduce_bucket_size = 40960;
-                c.persistence_threshold = 70000;
-                c.stage = stage;
+                c.plan.unit_params = {5000, 140000, 70000, 131073, 300};
+                c.plan.sub_group_size = 32768;
+                c.plan.reduce_bucket_size = 40960;
+                c.plan.persistence_threshold = 70000;
+                c.plan.stage = stage;
                 RankOnly comm(rank, world);
-                if (world > 1) c.comm = &comm;
-                const Plan plan = make_plan(Engine::plan_input(c));
+                if (world > 1) use_comm(c, &comm);
+                const Plan plan = make_plan(c.plan);
                 auto dev = make_cpu_device(64 << 20);
-                Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.units[u], 0.01f); });
+                Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); });
                 const TierBytes held = e.held_bytes();
                 for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
+                // Every handoff of the placement's step graph is made by a stage that claimed it.
+                const auto unclaimed = e.unclaimed_handoffs();
+                EXPECT_TRUE(unclaimed.empty()) << unclaimed.front();
                 EXPECT_EQ(dev->in_use(), held[static_cast<int>(Tier::device)]);
                 EXPECT_EQ(e.pinned_capacity(), held[static_cast<int>(Tier::pinned)]);
                 EXPECT_EQ(swap_file_bytes(dir.p), held[static_cast<int>(Tier::nvme)]);
@@ -288,12 +291,12 @@ TEST(OffloadEngine, GradientsSummedOnTheDeviceArePlannedAndHeld) {
         SCOPED_TRACE("optimizer " + std::string(to_string(opt)) + " param " + std::string(to_string(param)) + " " +
                      std::string(to_string(prec)));
         EngineConfig c = config(opt, param, prec, 2, Overlap::exact, dir.p);
-        if (param != OffloadDevice::none) c.stage = 3;
-        const Plan host_sum = make_plan(Engine::plan_input(c));
-        c.device_grad_accum = true;
-        const Plan plan = make_plan(Engine::plan_input(c));
+        if (param != OffloadDevice::none) c.plan.stage = 3;
+        const Plan host_sum = make_plan(c.plan);
+        c.plan.device_grad_accum = true;
+        const Plan plan = make_plan(c.plan);
         constexpr int D = static_cast<int>(Tier::device), H = static_cast<int>(Tier::host);
-        const std::uint64_t n = std::accumulate(c.units.begin(), c.units.end(), std::uint64_t{0});
+        const std::uint64_t n = std::accumulate(c.plan.unit_params.begin(), c.plan.unit_params.end(), std::uint64_t{0});
         auto row = [](const Plan& p, const std::string& name, int t) {
           std::uint64_t b = 0;
           for (const auto& r : p.states)
@@ -309,14 +312,14 @@ TEST(OffloadEngine, GradientsSummedOnTheDeviceArePlannedAndHeld) {
         EXPECT_GT(plan.totals[D], host_sum.totals[D]);
         auto dev = make_cpu_device(64 << 20);
         {
-          Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.units[u], 0.01f); });
+          Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); });
           const TierBytes held = e.held_bytes();
           for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
           EXPECT_EQ(dev->in_use(), held[D]);
         }
         EngineConfig ga1 = c;
-        ga1.grad_accum = 1;
-        EXPECT_FALSE(BufferSpecs(Engine::plan_input(ga1)).layout().device_accum) << "nothing to sum with GA 1";
+        ga1.plan.grad_accum = 1;
+        EXPECT_FALSE(BufferSpecs(ga1.plan).layout().device_accum) << "nothing to sum with GA 1";
       }
 }
 
@@ -339,10 +342,10 @@ TEST(OffloadEngine, PageableStagingIsPlannedAndHeldAsHostMemory) {
     for (auto param : {OffloadDevice::none, OffloadDevice::cpu}) {
       SCOPED_TRACE("optimizer " + std::string(to_string(opt)) + " param " + std::string(to_string(param)));
       EngineConfig c = config(opt, param, Precision::bf16, 2, Overlap::exact, dir.p);
-      if (param != OffloadDevice::none) c.stage = 3;
-      const Plan pinned = make_plan(Engine::plan_input(c));
-      c.pin_memory = false;
-      const Plan pageable = make_plan(Engine::plan_input(c));
+      if (param != OffloadDevice::none) c.plan.stage = 3;
+      const Plan pinned = make_plan(c.plan);
+      c.plan.pin_memory = false;
+      const Plan pageable = make_plan(c.plan);
       constexpr int P = static_cast<int>(Tier::pinned), H = static_cast<int>(Tier::host);
       ASSERT_GT(pinned.totals[P], 0u);
       EXPECT_TRUE(pinned.pinned);
@@ -353,9 +356,9 @@ TEST(OffloadEngine, PageableStagingIsPlannedAndHeldAsHostMemory) {
       for (const auto& r : pageable.buffers) EXPECT_EQ(r.bytes[P], 0u) << r.name;
       for (const auto& r : pageable.states) EXPECT_EQ(r.bytes[P], 0u) << r.name;
       for (bool pin : {true, false}) {
-        c.pin_memory = pin;
+        c.plan.pin_memory = pin;
         RegisterCountingDevice dev(64 << 20);
-        Engine e(c, dev, [&](std::size_t u, float* p) { std::fill(p, p + c.units[u], 0.01f); });
+        Engine e(c, dev, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); });
         const TierBytes held = e.held_bytes();
         const Plan& plan = pin ? pinned : pageable;
         for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
@@ -365,11 +368,11 @@ TEST(OffloadEngine, PageableStagingIsPlannedAndHeldAsHostMemory) {
     }
   // The device's own Update writes offloaded parameter homes through mapped (page-locked) memory.
   EngineConfig mapped = config(OffloadDevice::none, OffloadDevice::cpu, Precision::bf16, 1, Overlap::exact, dir.p);
-  mapped.stage = 3;
-  mapped.pin_memory = false;
+  mapped.plan.stage = 3;
+  mapped.plan.pin_memory = false;
   auto dev = make_cpu_device(64 << 20);
   try {
-    Engine e(mapped, *dev, [&](std::size_t u, float* p) { std::fill(p, p + mapped.units[u], 0.01f); });
+    Engine e(mapped, *dev, [&](std::size_t u, float* p) { std::fill(p, p + mapped.plan.unit_params[u], 0.01f); });
     ADD_FAILURE() << "pageable homes for the device's Update were accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("pin_memory false"), std::string::npos) << e.what();
@@ -398,25 +401,25 @@ TEST(OffloadEngine, HoldsThePlansBlocksOnABlockDevice) {
         SCOPED_TRACE(std::string(to_string(opt)) + " " + std::string(to_string(param)) + " world " +
                      std::to_string(world));
         EngineConfig c = config(opt, param, Precision::bf16, world > 1 ? 1 : 2, Overlap::exact, dir.p);
-        c.units = {5000, 140000, 70000, 300};  // none a multiple of 512 bytes in bf16 or fp32
-        c.persistent = {true, false, false, true};
+        c.plan.unit_params = {5000, 140000, 70000, 300};  // none a multiple of 512 bytes in bf16 or fp32
+        c.plan.persistent = {true, false, false, true};
         RankOnly comm(world - 1, world);  // the last rank: the shortest (here empty) shards
-        if (world > 1) c.comm = &comm, c.stage = 3;
-        c.device_blocks = true;
-        const Plan plan = make_plan(Engine::plan_input(c));
+        if (world > 1) use_comm(c, &comm), c.plan.stage = 3;
+        c.plan.device_blocks = true;
+        const Plan plan = make_plan(c.plan);
         EngineConfig exact_cfg = c;
-        exact_cfg.device_blocks = false;
-        const std::uint64_t exact = make_plan(Engine::plan_input(exact_cfg)).totals[static_cast<int>(Tier::device)];
+        exact_cfg.plan.device_blocks = false;
+        const std::uint64_t exact = make_plan(exact_cfg.plan).totals[static_cast<int>(Tier::device)];
         const std::uint64_t blocks = plan.totals[static_cast<int>(Tier::device)];
         EXPECT_GT(blocks, exact);
         {
           BlockDevice dev(64 << 20);
-          Engine e(c, dev, [&](std::size_t u, float* p) { std::fill(p, p + c.units[u], 0.01f); });
+          Engine e(c, dev, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); });
           EXPECT_EQ(e.held_bytes()[static_cast<int>(Tier::device)], blocks);
           EXPECT_EQ(dev.in_use(), blocks);
         }
         BlockDevice tight(static_cast<std::size_t>(exact));  // the exact bytes fit, the blocks do not
-        EXPECT_THROW(Engine(c, tight, [&](std::size_t u, float* p) { std::fill(p, p + c.units[u], 0.01f); }),
+        EXPECT_THROW(Engine(c, tight, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); }),
                      DeviceMemoryError);
         EXPECT_EQ(tight.peak(), 0u);
       }
@@ -432,26 +435,26 @@ TEST(OffloadEngine, FastKernelsHoldNoFp32WorkingWeights) {
     SCOPED_TRACE(std::string("param ") + std::string(to_string(param)));
     EngineConfig ref = config(OffloadDevice::cpu, param, Precision::bf16, 1, Overlap::exact, dir.p);
     EngineConfig fast = ref;
-    fast.model_kernels = Kernels::fast;
-    const BufferSpecs ref_specs(Engine::plan_input(ref)), fast_specs(Engine::plan_input(fast));
+    fast.plan.fp32_work = false;  // the fast kernels
+    const BufferSpecs ref_specs(ref.plan), fast_specs(fast.plan);
     std::uint64_t work_bytes = 0;
     for (const BufferSpec& b : ref_specs.all())
       if (b.what == Buffer::work || b.what == Buffer::work_slot) work_bytes += b.bytes * b.count;
     ASSERT_GT(work_bytes, 0u);
     for (const BufferSpec& b : fast_specs.all()) EXPECT_TRUE(b.what != Buffer::work && b.what != Buffer::work_slot);
-    const Plan plan = make_plan(Engine::plan_input(fast));
+    const Plan plan = make_plan(fast.plan);
     const int device = static_cast<int>(Tier::device);
-    EXPECT_EQ(plan.totals[device] + work_bytes, make_plan(Engine::plan_input(ref)).totals[device]);
+    EXPECT_EQ(plan.totals[device] + work_bytes, make_plan(ref.plan).totals[device]);
 
     auto dev = make_cpu_device(64 << 20);
-    Engine e(fast, *dev, [&](std::size_t u, float* p) { init(u, p, fast.units[u]); });
+    Engine e(fast, *dev, [&](std::size_t u, float* p) { init(u, p, fast.plan.unit_params[u]); });
     EXPECT_EQ(e.held_bytes()[device], plan.totals[device]);
     EXPECT_EQ(dev->in_use(), plan.totals[device]);
     EXPECT_EQ(e.weights_precision(), Precision::bf16);
     e.begin_micro_batch(0);
     e.begin_forward();
-    for (std::size_t u = 0; u < fast.units.size(); ++u) {
-      const std::size_t n = fast.units[u];
+    for (std::size_t u = 0; u < fast.plan.unit_params.size(); ++u) {
+      const std::size_t n = fast.plan.unit_params[u];
       std::vector<float> master(n);
       init(u, master.data(), n);
       const auto* w = static_cast<const std::uint16_t*>(e.weights(u));
@@ -468,7 +471,7 @@ TEST(OffloadEngine, RefusesAPlanOverTheBudgetBeforeAllocating) {
   auto dev = make_cpu_device(100000);
   const EngineConfig c = config(OffloadDevice::none, OffloadDevice::none, Precision::fp32, 1, Overlap::exact, dir.p);
   try {
-    Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+    Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
     FAIL();
   } catch (const DeviceMemoryError& err) {
     EXPECT_NE(std::string(err.what()).find("the offload plan needs"), std::string::npos) << err.what();
@@ -486,20 +489,20 @@ TEST(OffloadEngine, NvmeReadFailureDuringTheUpdateFailsCleanly) {
     auto dev = make_cpu_device(64 << 20);
     bool failed = false;
     {
-      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.units[u]); });
+      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
       faults.fail_at = faults.seen.load() + 3;  // a read of the first Update's sub-groups
       try {
         for (int s = 1; s <= 2; ++s) {
           e.begin_micro_batch(0);
           e.begin_forward();
-          for (std::size_t u = 0; u < c.units.size(); ++u) {
+          for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
             e.weights(u);
             e.done_with(u);
           }
           e.begin_backward();
-          for (std::size_t u = c.units.size(); u-- > 0;) {
+          for (std::size_t u = c.plan.unit_params.size(); u-- > 0;) {
             float* g = e.grads(u);
-            for (std::size_t i = 0; i < c.units[u]; ++i) g[i] = 1e-3f;
+            for (std::size_t i = 0; i < static_cast<std::size_t>(c.plan.unit_params[u]); ++i) g[i] = 1e-3f;
             e.grads_done(u);
           }
           StepOptions o;

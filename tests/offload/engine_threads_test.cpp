@@ -46,7 +46,7 @@ TEST(OffloadEngineThreads, TheDevicesUpdateDoesNotWaitForEverySubGroup) {
       std::vector<std::vector<float>> masters[2];
       for (int i = 0; i < 2; ++i) {
         EngineConfig c = config(OffloadDevice::none, param, prec, 1, Overlap::exact, dir.p);
-        c.sub_group_size = i == 0 ? 8192 : 1024;
+        c.plan.sub_group_size = i == 0 ? 8192 : 1024;
         zinf::test::ForwardingDevice dev(make_cpu_device(64 << 20));
         masters[i] = run_on(dev, c, 2);
         syncs[i] = dev.syncs(StreamRole::d2h);

@@ -18,7 +18,7 @@ constexpr int D = 0, P = 1, H = 2, NV = 3;
 PlanInput input(OffloadDevice opt, OffloadDevice param, std::int64_t ga, int cb = 2) {
   return PlanInput{.unit_params = {4096, 8192, 8192, 2048},
                    .persistent = {true, false, false, true},
-                   .compute_bytes = cb,
+                   .precision = cb == 4 ? Precision::fp32 : Precision::fp16,
                    .optimizer = opt,
                    .param = param,
                    .grad_accum = ga,

@@ -1,4 +1,5 @@
-// bench.cpp — `zinf bench <what>`: the command line of the measurements (adam, nvme, pcie, comm, tokenize)
+// bench.cpp — `zinf bench <what>`: the command line of the measurements (adam, nvme, pcie, comm, tokenize,
+// attention)
 // and of `bench step` (training runs through train()), each as a ratio against a limit measured in
 // the same run.
 #include <CLI/CLI.hpp>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <ctime>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "app/config/config.h"
@@ -28,6 +30,7 @@
 #include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/cpu_adam/host_threads.h"
+#include "zinf/cpu_adam/spec.h"
 #include "zinf/cpu_adam/simd.h"
 #include "zinf/device.h"
 #include "zinf/error.h"
@@ -542,6 +545,89 @@ int run_pcie(const PcieArgs& a) {
   return 0;
 }
 
+// `zinf bench attention --help`.
+constexpr const char* kBenchAttentionAbout =
+    "The CUDA fast kernels' causal attention, forward then backward, on one shape: cuDNN's fused flash attention "
+    "(--attention cudnn) or the project's wmma flash kernel (wmma), Llama's layout (q [B·T, H·D], k and v "
+    "[B·T, KV·D]; KV = H is GPT's heads). Reports seconds per forward+backward (median of --iters after one "
+    "untimed call, which builds cuDNN's plans) and TFLOPS counting the products causal attention needs: "
+    "7·B·H·T²·D (forward 2, backward 5 of B·H·T²·D each: S, O; S again, dV, dP, dQ, dK; half of every T×T product "
+    "is masked). Correctness is the GPU check's (scripts/gpu-check.sh correctness, its attention section)";
+
+struct AttentionArgs {
+  std::string shape = "4,1024,25,25,64";
+  std::string attention = "cudnn";
+  std::string dtype = "bf16";
+  int iters = 10;
+  bool json = false;
+};
+
+int run_attention(const AttentionArgs& a) {
+  int B = 0, T = 0, H = 0, KV = 0, D = 0;
+  if (std::sscanf(a.shape.c_str(), "%d,%d,%d,%d,%d", &B, &T, &H, &KV, &D) != 5 || B < 1 || T < 1 || H < 1 ||
+      KV < 1 || D < 1 || H % KV != 0)
+    throw ConfigError("--shape: expected B,T,H,KV,D with positive sizes and KV dividing H, got '" + a.shape + "'");
+  const Precision p = a.dtype == "fp16" ? Precision::fp16 : Precision::bf16;
+  const Attention attention = a.attention == "wmma" ? Attention::wmma : Attention::cudnn;
+  const backends::Backend& be = backends::backend_for(DeviceType::cuda);
+  backends::DeviceSpec spec;
+  auto dev = be.make_device(spec);
+  auto ops = be.make_ops(*dev, p, 1, Kernels::fast, attention);
+  const DType S = dtype_of(p);
+  const std::size_t R = static_cast<std::size_t>(B) * static_cast<std::size_t>(T);
+  const std::size_t qn = R * static_cast<std::size_t>(H) * D, kn = R * static_cast<std::size_t>(KV) * D,
+                    ln = static_cast<std::size_t>(B) * H * T, e = dtype_bytes(S);
+  // Inputs of magnitude about 1 (a fixed pattern: the time does not depend on the values).
+  auto filled = [&](std::size_t n, unsigned salt) {
+    std::vector<std::uint16_t> h(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float x = static_cast<float>(static_cast<int>((i * 2654435761u + salt) % 2001u) - 1000) / 1000.0f;
+      std::uint32_t b;
+      std::memcpy(&b, &x, 4);
+      h[i] = S == DType::bf16 ? static_cast<std::uint16_t>(b >> 16) : cpu_adam::spec::fp32_to_fp16(x);
+    }
+    DeviceBuffer d(*dev, n * e, "bench attention");
+    dev->copy_to_device(d.as<void>(), h.data(), n * e, StreamRole::compute);
+    dev->synchronize(StreamRole::compute);
+    return d;
+  };
+  DeviceBuffer q = filled(qn, 1), k = filled(kn, 2), v = filled(kn, 3), dout = filled(qn, 4);
+  DeviceBuffer out(*dev, qn * e, "bench attention"), lse(*dev, ln * 4, "bench attention"),
+      dq(*dev, qn * e, "bench attention"), dk(*dev, kn * e, "bench attention"), dv(*dev, kn * e, "bench attention");
+  auto view = [&](DeviceBuffer& b, std::size_t n, DType t) { return TensorView(b.as<void>(), t, n); };
+  auto once = [&] {
+    ops->gqa_attention_forward(view(out, qn, S), view(lse, ln, DType::fp32), view(q, qn, S), view(k, kn, S),
+                               view(v, kn, S), B, T, H, KV, D);
+    ops->gqa_attention_backward(view(dq, qn, S), view(dk, kn, S), view(dv, kn, S), view(dout, qn, S), view(q, qn, S),
+                                view(k, kn, S), view(v, kn, S), view(lse, ln, DType::fp32), view(out, qn, S), B, T,
+                                H, KV, D);
+  };
+  once();  // builds cuDNN's plans (or says the shape runs the wmma kernel)
+  dev->synchronize(StreamRole::compute);
+  std::vector<double> times;
+  for (int i = 0; i < a.iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    once();
+    dev->synchronize(StreamRole::compute);
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  const double sec = times[times.size() / 2];
+  const double flops = 7.0 * B * H * static_cast<double>(T) * T * D;
+  if (a.json) {
+    print_json({{"shape", {{"B", B}, {"T", T}, {"H", H}, {"KV", KV}, {"D", D}}},
+                {"attention", a.attention},
+                {"dtype", std::string(to_string(S))},
+                {"iters", a.iters},
+                {"fwd_bwd_s", sec},
+                {"tflops", flops / sec / 1e12}});
+    return 0;
+  }
+  std::printf("zinf bench attention — %s, B %d T %d H %d KV %d D %d, %s: %.3f ms forward+backward, %.1f TFLOPS\n",
+              a.attention.c_str(), B, T, H, KV, D, std::string(to_string(S)).c_str(), sec * 1e3, flops / sec / 1e12);
+  return 0;
+}
+
 // `zinf bench comm --help`.
 constexpr const char* kBenchCommAbout =
     "The data-parallel collectives as zinf's engine uses them — all-gather, all-to-all, reduce-scatter (all-to-all, "
@@ -767,6 +853,23 @@ Command add_bench_pcie(CLI::App& bench) {
   return command(sub, args, run_pcie);
 }
 
+Command add_bench_attention(CLI::App& bench) {
+  auto [sub, args] = add_subcommand<AttentionArgs>(bench, "attention", kBenchAttentionAbout);
+  sub->add_option("--shape", args->shape, "B,T,H,KV,D (batch, sequence, heads, key/value heads, head width)")
+      ->capture_default_str();
+  sub->add_option("--attention", args->attention, "cudnn or wmma")
+      ->check(CLI::IsMember({"cudnn", "wmma"}))
+      ->capture_default_str();
+  sub->add_option("--dtype", args->dtype, "bf16 or fp16")
+      ->check(CLI::IsMember({"bf16", "fp16"}))
+      ->capture_default_str();
+  sub->add_option("--iters", args->iters, "Timed forward+backward calls; the median is reported")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  sub->add_flag("--json", args->json, "Print one JSON object");
+  return command(sub, args, run_attention);
+}
+
 Command add_bench_comm(CLI::App& bench) {
   auto [sub, args] = add_subcommand<CommArgs>(bench, "comm", kBenchCommAbout);
   sub->add_option("--sizes", args->sizes, "Buffer sizes (every rank's parts together)")
@@ -788,8 +891,8 @@ std::vector<Command> add_bench(CLI::App& app) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Measure what this machine can do, as ratios against limits measured in the same run");
   bench->require_subcommand(1);
-  return {add_bench_adam(*bench), add_bench_nvme(*bench), add_bench_step(*bench), add_bench_pcie(*bench),
-          add_bench_comm(*bench), add_bench_tokenize(*bench)};
+  return {add_bench_adam(*bench),  add_bench_nvme(*bench), add_bench_step(*bench),     add_bench_pcie(*bench),
+          add_bench_comm(*bench), add_bench_tokenize(*bench), add_bench_attention(*bench)};
 }
 
 }  // namespace zinf::cli

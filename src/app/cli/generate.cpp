@@ -40,7 +40,7 @@ struct GenerateArgs {
   int max_new_tokens = 64, top_k = 0, n_head = 0, threads = 0;
   double temperature = 0, top_p = 1;
   std::uint64_t seed = 1;
-  bool json = false, no_bos = false;
+  bool json = false, no_bos = false, no_special = false;
 };
 
 // The model's weights, unit by unit, on the host, and where a tokenizer may lie beside it.
@@ -143,15 +143,6 @@ std::string read_prompt(const GenerateArgs& a) {
   return a.prompt_file.empty() ? a.prompt : read_input_file(a.prompt_file, "--prompt-file");
 }
 
-// --chat's value: a template name, as data.chat_template takes it.
-ChatTemplate parse_chat_flag(const std::string& v) {
-  if (v == "auto") return ChatTemplate::automatic;
-  if (v == "llama3") return ChatTemplate::llama3;
-  if (v == "chatml") return ChatTemplate::chatml;
-  if (v == "none") return ChatTemplate::none;
-  throw ConfigError("--chat: '" + v + "' is not a chat template (auto, llama3, chatml, none)");
-}
-
 const char* stop_reason(const GenerateResult& r) {
   return r.stopped_at_eos ? "eos" : r.context_full ? "context_full" : "max_new_tokens";
 }
@@ -161,7 +152,9 @@ int run_generate(const GenerateArgs& a) {
     throw ConfigError("give the prompt with one of --prompt TEXT or --prompt-file FILE");
   if (!a.system.empty() && a.chat.empty())
     throw ConfigError("--system needs --chat (a system turn is part of a chat prompt)");
-  if (!a.chat.empty()) parse_chat_flag(a.chat);  // refused before the model is read
+  if (!a.chat.empty()) parse_chat_template_name(a.chat, "--chat");  // refused before the model is read
+  if (a.no_special && !a.chat.empty())
+    throw ConfigError("--no-special applies to a plain prompt; a --chat prompt is encoded as its template renders it");
   if (a.max_new_tokens < 0) throw ConfigError("--max-new-tokens: " + std::to_string(a.max_new_tokens) + " is negative");
   if (a.device != "auto" && a.device != "cpu" && a.device != "cuda")
     throw ConfigError("--device: '" + a.device + "' is not a device (auto, cpu, cuda)");
@@ -182,30 +175,22 @@ int run_generate(const GenerateArgs& a) {
   so.vocab = tok->vocab_size();  // a vocabulary padded past the tokenizer's never yields a padding id
   std::vector<int> prompt;
   std::string chat_note;
-  if (a.chat.empty()) {
-    if (!a.no_bos && tok->bos_id()) prompt.push_back(static_cast<int>(*tok->bos_id()));
-    for (std::uint32_t id : tok->encode(text)) prompt.push_back(static_cast<int>(id));
-  } else {
+  PromptOptions po;
+  po.system = a.system;
+  po.bos = !a.no_bos;
+  po.special = !a.no_special;
+  std::optional<ChatFormat> format;
+  if (!a.chat.empty()) {
     // The prompt is one user turn (after an optional system turn), rendered as in training on chat
     // data, followed by the assistant's header: the model answers as the assistant.
-    ChatTemplate t = parse_chat_flag(a.chat);
-    if (t == ChatTemplate::automatic) {
-      const std::string where = !a.tokenizer.empty() ? a.tokenizer : m.folder;
-      std::string why = "no model folder";
-      t = where.empty() ? ChatTemplate::none : detect_chat_template(where, &why);
-      chat_note = chat_template_name(t) + " (" + why + ")";
-    } else {
-      chat_note = chat_template_name(t);
-    }
-    check_chat_markers(t, *tok, "--chat");
-    ChatExample ex;
-    if (!a.system.empty()) ex.push_back({"system", a.system});
-    ex.push_back({"user", text});
-    std::optional<std::uint32_t> bos;
-    if (!a.no_bos) bos = tok->bos_id();
-    for (std::uint32_t id : tokenize_chat(render_generation_prompt(ex, t, bos), *tok).ids)
-      prompt.push_back(static_cast<int>(id));
+    const std::string where = !a.tokenizer.empty() ? a.tokenizer : m.folder;
+    const ChatTemplate asked = parse_chat_template_name(a.chat, "--chat");
+    format = chat_format(asked, where, *tok, "--chat");
+    chat_note = chat_template_name(format->kind);
+    if (asked == ChatTemplate::automatic || asked == ChatTemplate::model) chat_note += " (" + format->reason + ")";
+    po.chat = &*format;
   }
+  for (std::uint32_t id : encode_generation_prompt(text, *tok, po)) prompt.push_back(static_cast<int>(id));
   std::vector<int> eos;
   for (std::uint32_t id : tok->eos_ids()) eos.push_back(static_cast<int>(id));
 
@@ -304,11 +289,16 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--n-head", args->n_head, "GPT-2 safetensors: attention heads (default d_model / 64)")
       ->check(CLI::Range(std::int64_t{1}, shape_limits::heads));
   sub->add_option("--chat", args->chat,
-                  "Render the prompt as a user turn with a chat template (auto, llama3, chatml, none; auto reads the "
-                  "model folder as data.chat_template does) and answer as the assistant")
+                  "Render the prompt as a user turn with a chat format (auto, model, llama3, chatml, qwen2, none; auto "
+                  "and model read the model folder's template as data.chat_template does) and answer as the assistant")
       ->type_name("TEMPLATE");
   sub->add_option("--system", args->system, "With --chat: a system turn before the prompt")->type_name("TEXT");
-  sub->add_flag("--no-bos", args->no_bos, "Do not start the prompt with the tokenizer's BOS token");
+  sub->add_flag("--no-bos", args->no_bos,
+                "Add none of the tokens the tokenizer's post-processor puts around a prompt (Llama 3: its BOS); "
+                "with --chat none, no BOS");
+  sub->add_flag("--no-special", args->no_special,
+                "Encode special-token text in the prompt (\"<|eot_id|>\") as plain text; by default it becomes the "
+                "special token, as the tokenizer does");
   sub->add_flag("--json", args->json, "Print one JSON object (prompt, ids, text, timings)");
   return command(sub, args, run_generate);
 }

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "commands.h"
+#include "zinf/backends/backend.h"
 #include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/nvme/probe.h"
@@ -47,7 +48,8 @@ nlohmann::json machine_json(const MachineInfo& m, const std::vector<nvme::PathPr
                {"status", m.gpu_status},
                {"runtime", m.cuda_runtime},
                {"driver", m.cuda_driver},
-               {"nccl", m.nccl}};
+               {"nccl", m.nccl},
+               {"cudnn", backends::cudnn_version()}};
   j["gpus"] = nlohmann::json::array();
   // The JSON objects read as tables, a few keys a line. free_bytes is null on the GPUs other than this
   // process's: reading it would open a CUDA context there.
@@ -86,6 +88,11 @@ void print_machine(const MachineInfo& m, const std::vector<nvme::PathProbe>& pro
     std::printf(" — runtime %s, driver %s, NCCL %s", m.cuda_runtime.empty() ? "?" : m.cuda_runtime.c_str(),
                 m.cuda_driver.empty() ? "none" : m.cuda_driver.c_str(), m.nccl.empty() ? "?" : m.nccl.c_str());
   std::printf("\n");
+  if (m.cuda_built)
+    std::printf("attention  %s\n", backends::cudnn_built()
+                                       ? ("cuDNN " + backends::cudnn_version() +
+                                          " for the fast kernels (device.attention auto = cudnn)").c_str()
+                                       : "built without cuDNN: the fast kernels run the wmma flash kernel");
   for (const auto& g : m.gpus) {
     // Only this process's GPU is opened (a CUDA context) to read its free memory.
     const std::string free = g.free_known           ? format_bytes(g.free_bytes) + " free"

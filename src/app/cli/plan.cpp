@@ -1,5 +1,6 @@
-// plan.cpp — `zinf plan --config C [--set k=v]... [--json]`: where every byte of the training state
-// lives, whether it fits this machine, and what runs out first.
+// plan.cpp — `zinf plan --config C [--set k=v]... [--json | --dataflow [--dot]]`: where every byte of
+// the training state lives, whether it fits this machine, and what runs out first; or one training
+// step of this placement as a dataflow graph (zinf/offload/dataflow.h).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,8 @@
 #include "commands.h"
 #include "zinf/backends/world.h"
 #include "zinf/comm.h"
+#include "zinf/offload/buffer_specs.h"
+#include "zinf/offload/dataflow.h"
 
 namespace zinf::cli {
 namespace {
@@ -24,6 +27,8 @@ constexpr const char* kPlanAbout =
 struct PlanArgs {
   ConfigArgs config;
   bool json = false;
+  bool dataflow = false;  // the step's supernodes, resources and handoffs instead of the bytes
+  bool dot = false;       // with dataflow: as Graphviz
   int world = 0;  // 0: the launcher's world (1 for a process started alone)
 };
 
@@ -245,6 +250,12 @@ int run_plan(const PlanArgs& a) {
   if (world.rank != 0) return 0;  // under mpirun: one plan, from rank 0
   const Config config = load_run_config(a.config, a.world > 0 ? a.world : world.size);
   print_notes(config);
+  if (a.dataflow) {  // the placement alone decides the graph: the machine is not asked
+    const offload::PlanInput in = make_plan_input(config, model_shape(config.model));
+    const offload::StepGraph g = offload::step_graph(offload::make_layout(in));
+    std::fputs((a.dot ? offload::to_dot(g) : offload::to_text(g)).c_str(), stdout);
+    return 0;
+  }
   // The machine as this process's rank sees it: the free memory of its own GPU (zinf/backends/gpu.h).
   const RunPlan run = plan_run(config, query_machine(world.local_rank));
   if (a.json) {
@@ -266,7 +277,12 @@ int run_plan(const PlanArgs& a) {
 Command add_plan(CLI::App& app) {
   auto [sub, args] = add_subcommand<PlanArgs>(app, "plan", kPlanAbout);
   add_config_options(*sub, args->config);
-  sub->add_flag("--json", args->json, "Print one JSON object instead of the table");
+  auto* json = sub->add_flag("--json", args->json, "Print one JSON object instead of the table");
+  auto* dataflow = sub->add_flag("--dataflow", args->dataflow,
+                                 "Print one training step of this placement as a dataflow: its supernodes, the "
+                                 "resource each runs on, and the handoff that orders each edge between them");
+  dataflow->excludes(json);
+  sub->add_flag("--dot", args->dot, "With --dataflow: print the graph for Graphviz (dot -Tsvg)")->needs(dataflow);
   sub->add_option("--world", args->world,
                   "Data-parallel ranks to plan for (per-rank bytes; default: the ranks mpirun started, or 1)")
       ->check(CLI::Range(1, 1 << 20));

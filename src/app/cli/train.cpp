@@ -5,10 +5,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "app/config/config.h"
 #include "app/config/device_choice.h"
 #include "app/plan/plan.h"
+#include "app/train/checkpoint.h"
 #include "app/train/train.h"
 #include "commands.h"
 #include "signals.h"
@@ -140,6 +142,35 @@ struct EvalArgs {
   bool json = false;
 };
 
+// `zinf eval --checkpoint` of a config that does not name the model (no preset, init_from or shape
+// key; seq_len, if given, the checkpoint's): the model is the checkpoint's, as `zinf export` and
+// `zinf generate` take it. A checkpoint that cannot be read is left for the evaluation to report.
+void adopt_checkpoint_shape(Config& c, const std::string& which) {
+  if (which.empty() || c.model.shape_given) return;
+  std::vector<std::string> paths = {which};  // `latest`: the newest whose manifest reads
+  if (which == "latest") {
+    if (c.train.checkpoint_dir.empty()) return;
+    paths.clear();
+    for (const auto& [step, path] : list_checkpoints(c.train.checkpoint_dir)) paths.push_back(path);
+  }
+  std::optional<ModelShape> found;
+  for (const auto& path : paths) {
+    try {
+      found = checkpoint_shape(path);
+      break;
+    } catch (const Error&) {
+    }
+  }
+  if (!found) return;
+  const ModelShape s = *found;
+  if (c.model.seq_len_given && c.model.seq_len != s.seq_len) return;
+  set_model_shape(c.model, s);
+  c.model.preset = "";
+  std::erase_if(c.notes, [](const std::string& n) { return n.rfind("model: no model section", 0) == 0; });
+  c.notes.push_back("the model is the checkpoint's (" + std::to_string(s.n_layer) + " layers, d_model " +
+                    std::to_string(s.d_model) + ", family " + std::string(to_string(s.family)) + ")");
+}
+
 int run_eval(const EvalArgs& a) {
   if (!a.checkpoint.empty() && !a.weights.empty())
     throw ConfigError("zinf eval: give --checkpoint or --weights, not both");
@@ -147,7 +178,8 @@ int run_eval(const EvalArgs& a) {
   overrides.insert(overrides.end(), no_monitor_overrides().begin(), no_monitor_overrides().end());
   if (!a.weights.empty()) overrides.push_back("model.init_from=" + nlohmann::json(a.weights).dump());
   const World world = detect_world();
-  const Config c = load_run_config(a.config, world.size, overrides);
+  Config c = load_run_config(a.config, world.size, overrides);
+  adopt_checkpoint_shape(c, a.checkpoint);
   if (world.rank != 0) return run_other_rank(c, a.checkpoint);
   print_notes(c);
   TrainHooks hooks;

@@ -354,6 +354,11 @@ void read_model(Section s, ModelConfig& m) {
   m.seq_len = static_cast<int>(s.get_int("seq_len", base.seq_len, 1, shape_limits::positions));
   m.activation_checkpointing = s.get_bool("activation_checkpointing", false);
   m.init_from = s.get_str("init_from", "");
+  m.seq_len_given = s.present("seq_len");
+  m.shape_given = !m.init_from.empty();
+  for (const char* k : {"preset", "family", "n_layer", "n_head", "d_model", "vocab_size", "n_kv_head", "d_ff",
+                        "tie_embeddings", "qkv_bias", "rope_theta", "norm_eps", "rope_scaling"})
+    m.shape_given = m.shape_given || s.present(k);
   if (!m.init_from.empty() && !is_hf_folder(m.init_from)) {  // refused now, not after the data is loaded
     std::error_code ec;
     if (std::filesystem::is_directory(m.init_from, ec))
@@ -371,6 +376,8 @@ void read_model(Section s, ModelConfig& m) {
       ModelShape want = base, got = h;
       want.seq_len = got.seq_len = 0;
       want.max_positions = got.max_positions = 0;
+      want.hf = got.hf = {};
+      want.sliding_window = got.sliding_window = 0;
       if (!(want == got))
         s.fail("preset", "'" + preset + "' does not match " + m.init_from + "/config.json (" +
                              std::to_string(h.n_layer) + " layers, hidden_size " + std::to_string(h.d_model) +
@@ -410,6 +417,8 @@ void read_model(Section s, ModelConfig& m) {
     m.rope_high_freq_factor = rs.get_num("high_freq_factor", base.rope_high_freq_factor, 1e-6, 1e6);
     m.rope_original_max = rs.get_num("original_max_position_embeddings", base.rope_original_max, 1, 1e9);
     rs.finish();
+    m.rope = base.rope;
+    m.rope.type = m.rope_factor != 1 ? "llama3" : "default";
     if (m.rope_factor != 1 && m.rope_high_freq_factor <= m.rope_low_freq_factor)
       s.fail("rope_scaling", "high_freq_factor must exceed low_freq_factor");
     if (m.n_head % m.n_kv_head != 0)
@@ -441,6 +450,8 @@ void read_data(Section s, DataConfig& d) {
                                              {{"auto", ChatTemplate::automatic},
                                               {"llama3", ChatTemplate::llama3},
                                               {"chatml", ChatTemplate::chatml},
+                                              {"qwen2", ChatTemplate::qwen2},
+                                              {"model", ChatTemplate::model},
                                               {"none", ChatTemplate::none}});
   if (is_chat_data(d)) {
     if (d.path.empty()) s.fail("format", "jsonl needs a data.path (a .jsonl file)");
@@ -486,6 +497,19 @@ void read_device(Section s, DeviceConfig& d) {
   d.kernels = s.get_enum<Kernels>("kernels", Kernels::reference,
                                   {{std::string(to_string(Kernels::reference)), Kernels::reference},
                                    {std::string(to_string(Kernels::fast)), Kernels::fast}});
+  d.attention = s.get_enum<Attention>("attention", Attention::automatic,
+                                      {{"auto", Attention::automatic},
+                                       {"cudnn", Attention::cudnn},
+                                       {"wmma", Attention::wmma},
+                                       {"reference", Attention::reference}});
+  if (d.kernels == Kernels::reference && (d.attention == Attention::cudnn || d.attention == Attention::wmma))
+    s.fail("attention", std::string(to_string(d.attention)) +
+                            " is an attention of the fast kernels; set device.kernels to fast (or attention to auto)");
+  if (d.kernels == Kernels::fast && d.attention == Attention::reference)
+    s.fail("attention", "reference is the reference kernels' attention; the fast kernels run cudnn or wmma (or auto)");
+  if (d.type == DeviceType::cpu && (d.attention == Attention::cudnn || d.attention == Attention::wmma))
+    s.fail("attention", std::string(to_string(d.attention)) + " runs on the CUDA device only (the CPU device's fast "
+                            "kernels have one attention, the twin of the wmma kernel)");
   if (d.type == DeviceType::cpu && d.comm == "nccl")
     s.fail("comm", "nccl moves CUDA device memory; the CPU device's ranks use mpi");
   if (d.type == DeviceType::cuda && (d.async || d.jitter_seed))
@@ -1125,6 +1149,7 @@ void set_model_shape(ModelConfig& m, const ModelShape& s) {
   m.rope_low_freq_factor = s.rope_low_freq_factor;
   m.rope_high_freq_factor = s.rope_high_freq_factor, m.rope_original_max = s.rope_original_max,
   m.max_positions = s.max_positions;
+  m.rope = s.rope, m.sliding_window = s.sliding_window, m.hf = s.hf;
 }
 
 // The shape a run config's `model` section describes.
@@ -1137,6 +1162,7 @@ ModelShape model_shape(const ModelConfig& m) {
     s.rope_low_freq_factor = m.rope_low_freq_factor, s.rope_high_freq_factor = m.rope_high_freq_factor;
     s.rope_original_max = m.rope_original_max;
     s.max_positions = m.max_positions;
+    s.rope = m.rope, s.sliding_window = m.sliding_window, s.hf = m.hf;
   }
   return s;
 }

@@ -136,6 +136,15 @@ struct ModelConfig {
   double rope_theta = 10000, norm_eps = 1e-5;
   double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4, rope_original_max = 8192;
   int max_positions = 0;  // llama: max_position_embeddings (0 = seq_len)
+  // llama: the rotary scaling type and its parameters, the attention window and where the model
+  // came from (model/shape.h); set from a Hugging Face folder, or "llama3" with model.rope_scaling.
+  RopeParams rope{};
+  int sliding_window = 0;
+  HfOrigin hf{};
+  // Whether the config names the model (preset, init_from or any shape key other than seq_len),
+  // and whether it names seq_len: `zinf eval --checkpoint` takes the shape from the checkpoint when
+  // it does not.
+  bool shape_given = false, seq_len_given = false;
 };
 
 // The shape a run config's `model` section describes (the one way to get it from a config).
@@ -174,6 +183,9 @@ struct DeviceConfig {
   std::uint64_t jitter_seed = 0;         // CPU device: seeded delays before every stream/worker job; 0 = off
   int jitter_us = 200;                   // the longest such delay, microseconds
   Kernels kernels = Kernels::reference;  // reference (fp32 oracle kernels) | fast (storage in the run's precision)
+  // auto|cudnn|wmma|reference: the CUDA kernels' attention (resolve_attention in zinf/types.h says what
+  // auto means); cudnn and wmma belong to the fast kernels, reference to the reference kernels.
+  Attention attention = Attention::automatic;
   std::string comm = "auto";  // data-parallel transport: auto (nccl on CUDA, mpi on the CPU device) | mpi | nccl
 };
 

@@ -48,6 +48,10 @@ void resolve_device(Config& c, const std::vector<GpuInfo>& gpus) {
   if (d.type == DeviceType::cpu && c.device.comm == "nccl")
     throw ConfigError(as + ", and device.comm nccl moves CUDA device memory",
                       "set device.type cuda, or device.comm mpi (or auto)");
+  if (d.type == DeviceType::cpu && (c.device.attention == Attention::cudnn || c.device.attention == Attention::wmma))
+    throw ConfigError(as + ", and device.attention " + std::string(to_string(c.device.attention)) +
+                          " runs on the CUDA device only",
+                      "set device.type cuda, or device.attention auto");
   if (d.type == DeviceType::cuda && (c.device.async || c.device.jitter_seed))
     throw ConfigError(
         as + ", and device." + (c.device.async ? "async" : "jitter_seed") + " applies to the CPU device only",

@@ -34,36 +34,44 @@ bool pin_memory(const Config& c) {
   return (c.zero.offload_optimizer.pin_memory && c.zero.offload_param.pin_memory) || device_update_writes_homes;
 }
 
-offload::EngineConfig engine_config(const Config& c, int host_threads) {
-  const ModelShape shape = model_shape(c.model);
-  offload::EngineConfig e;
+offload::PlanInput plan_input(const Config& c, const ModelShape& shape, int world, int rank) {
+  offload::PlanInput in;
   const auto units = layer_units(shape);
   for (std::size_t u = 0; u < units.size(); ++u) {
-    e.units.push_back(static_cast<std::size_t>(units[u].params));
-    e.persistent.push_back(u == 0 || u + 1 == units.size());  // the embedding and the final LayerNorm
+    in.unit_params.push_back(units[u].params);
+    in.persistent.push_back(u == 0 || u + 1 == units.size());  // the embedding and the final LayerNorm
   }
-  e.precision = c.precision();
-  e.model_kernels = c.device.kernels;
-  e.optimizer = c.zero.offload_optimizer.device;
-  e.optimizer_states = c.zero.optimizer_states;
-  e.param = c.zero.offload_param.device;
-  e.grad_accum = c.gradient_accumulation_steps;
-  e.sub_group_size = static_cast<std::size_t>(c.zero.sub_group_size);
-  e.reduce_bucket_size = static_cast<std::size_t>(c.zero.reduce_bucket_size);
-  e.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
-  e.speculative = c.zero.offload_optimizer.speculative;
-  e.speculative_backup = static_cast<std::size_t>(c.zero.offload_optimizer.speculative_backup_size);
-  e.device_grad_accum = c.zero.offload_optimizer.device_grad_accumulation;
-  e.prefetch_depth = prefetch_depth(c, shape);
-  e.stage = c.zero.stage;
-  e.persistence_threshold = static_cast<std::size_t>(c.zero.param_persistence_threshold);
+  in.precision = c.precision();
+  // The reference kernels compute on fp32 working weights; the fast kernels read the 16-bit copy.
+  in.fp32_work = c.device.kernels == Kernels::reference;
+  in.optimizer = c.zero.offload_optimizer.device;
+  in.optimizer_states = c.zero.optimizer_states;
+  in.param = c.zero.offload_param.device;
+  in.grad_accum = c.gradient_accumulation_steps;
+  in.sub_group_size = c.zero.sub_group_size;
+  in.reduce_bucket_size = c.zero.reduce_bucket_size;
+  in.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
+  in.speculative = c.zero.offload_optimizer.speculative;
+  in.speculative_backup = c.zero.offload_optimizer.speculative_backup_size;
+  in.device_grad_accum = c.zero.offload_optimizer.device_grad_accumulation;
+  in.prefetch_depth = prefetch_depth(c, shape);
+  in.world = world;
+  in.rank = rank;
+  in.stage = c.zero.stage;
+  in.persistence_threshold = c.zero.param_persistence_threshold;
+  in.pin_memory = pin_memory(c);
+  in.overlap = c.train.overlap_none ? offload::Overlap::none : offload::Overlap::exact;
+  in.device_blocks = run_device_type(c) == DeviceType::cuda;  // the device train makes (device_choice.h)
+  return in;
+}
+
+offload::EngineConfig engine_config(const Config& c, int host_threads, int world, int rank) {
+  offload::EngineConfig e;
+  e.plan = plan_input(c, model_shape(c.model), world, rank);
   e.optimizer_store = store_options(c.aio, c.zero.offload_optimizer.nvme_path);
   e.param_store = store_options(c.aio, c.zero.offload_param.nvme_path);
-  e.pin_memory = pin_memory(c);
   e.host_threads = host_threads;
   e.pin_threads = c.device.pin_threads;
-  e.overlap = c.train.overlap_none ? offload::Overlap::none : offload::Overlap::exact;
-  e.device_blocks = run_device_type(c) == DeviceType::cuda;  // the device train makes (device_choice.h)
   return e;
 }
 

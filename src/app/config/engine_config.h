@@ -31,7 +31,11 @@ int prefetch_depth(const Config& c, const ModelShape& s);
 // has no key of its own) pageable — but for the optimizer on the device with the parameters
 // offloaded: the device's Update writes their host homes through mapped memory (config notes it).
 bool pin_memory(const Config& c);
-// The engine configuration a run of `c` uses; the embedding and the final LayerNorm are persistent.
-offload::EngineConfig engine_config(const Config& c, int host_threads);
+// The placement input of a run of `c` with the model `shape`, for rank `rank` of `world` data-parallel
+// ranks: every setting the plan and the engine decide the layout from (the embedding and the final
+// LayerNorm are persistent). `zinf plan` and `zinf train` both make theirs here.
+offload::PlanInput plan_input(const Config& c, const ModelShape& shape, int world, int rank);
+// The engine configuration of rank `rank` of `world` in a run of `c`: its plan_input and the rest.
+offload::EngineConfig engine_config(const Config& c, int host_threads, int world = 1, int rank = 0);
 
 }  // namespace zinf

@@ -11,6 +11,7 @@
 #include "app/config/engine_config.h"
 #include "io/data.h"
 #include "model/lm.h"
+#include "zinf/backends/backend.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
@@ -62,20 +63,18 @@ std::vector<std::uint64_t> estimate_ops_scratch(const Config& c, const ModelShap
   s.heads = static_cast<std::uint64_t>(shape.n_head);
   s.width = static_cast<std::uint64_t>(shape.d_model);
   s.fast = c.device.kernels == Kernels::fast;
+  s.kv_heads = static_cast<std::uint64_t>(shape.kv_heads());
+  s.cudnn = s.fast && c.precision() != Precision::fp32 &&
+            resolve_attention(c.device.attention, c.device.kernels, backends::cudnn_built()) == Attention::cudnn;
   return ops_scratch_blocks(s);
 }
 
 offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
-  Config sized = c;
-  set_model_shape(sized.model, shape);
-  offload::PlanInput in = offload::Engine::plan_input(engine_config(sized, 1));
-  in.world = c.world_size;  // rank 0: the largest shards
-  in.rank = 0;
-  in.stage = c.zero.stage;
-  in.activation_bytes = estimate_activation_bytes(shape, c.micro_batch_size, in.compute_bytes,
+  offload::PlanInput in = plan_input(c, shape, c.world_size, 0);  // rank 0: the largest shards
+  in.activation_bytes = estimate_activation_bytes(shape, c.micro_batch_size, in.compute_bytes(),
                                                   c.model.activation_checkpointing, c.device.kernels, c.device.type);
   const CheckpointBytes ckpt =
-      estimate_checkpoint_bytes(shape, c.micro_batch_size, in.compute_bytes, c.model.activation_checkpointing,
+      estimate_checkpoint_bytes(shape, c.micro_batch_size, in.compute_bytes(), c.model.activation_checkpointing,
                                 c.model.cpu_checkpointing, c.device.kernels);
   in.activation_bytes -= std::min(in.activation_bytes, ckpt.device + ckpt.host);  // their own row
   in.checkpoint_device = ckpt.device;
@@ -305,12 +304,12 @@ RunPlan plan_run(const Config& config, const MachineInfo& m) {
   r.plan = offload::make_plan(in);
   r.capacity = machine_capacity(c, m);
   r.activations_plain =
-      estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, false, c.device.kernels, c.device.type);
+      estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes(), false, c.device.kernels, c.device.type);
   r.activations_checkpointed =
-      estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true, c.device.kernels, c.device.type);
+      estimate_activation_bytes(r.shape, c.micro_batch_size, in.compute_bytes(), true, c.device.kernels, c.device.type);
   r.activations_cpu_checkpointed =
       r.activations_checkpointed -
-      estimate_checkpoint_bytes(r.shape, c.micro_batch_size, in.compute_bytes, true, true, c.device.kernels).host;
+      estimate_checkpoint_bytes(r.shape, c.micro_batch_size, in.compute_bytes(), true, true, c.device.kernels).host;
   const NvmeProbe swap_probe = probe_nvme_capacity(c, r);
   note_large_swap_buffers(c, r);
   r.verdict = offload::judge(r.plan, r.capacity);

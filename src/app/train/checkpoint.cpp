@@ -252,6 +252,27 @@ json shape_json(const ModelShape& s) {
               {"rope_high_freq_factor", s.rope_high_freq_factor},
               {"rope_original_max", s.rope_original_max},
               {"max_positions", s.max_positions}});
+  // Written only where they differ from what a manifest without them means (Llama 3's scaling when
+  // rope_factor != 1, no window, not from a folder), so earlier manifests read the same.
+  if (s.family == ModelFamily::llama) {
+    const std::string implied = s.rope_factor != 1 ? "llama3" : "default";
+    RopeParams plain;
+    plain.type = s.rope.type;
+    if (s.rope.type != implied || s.rope != plain) {
+      const RopeParams& r = s.rope;
+      m["rope"] = {{"type", r.type},           {"attention_factor", r.attention_factor},
+                   {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow},
+                   {"mscale", r.mscale},       {"mscale_all_dim", r.mscale_all_dim},
+                   {"truncate", r.truncate},   {"short_factor", r.short_factor},
+                   {"long_factor", r.long_factor}};
+    }
+    if (s.sliding_window > 0) m["sliding_window"] = s.sliding_window;
+    if (!(s.hf == HfOrigin{}))
+      m["hf"] = {{"model_type", s.hf.model_type},
+                 {"legacy_rope", s.hf.legacy_rope},
+                 {"max_window_layers", s.hf.max_window_layers},
+                 {"window", s.hf.window}};
+  }
   return m;
 }
 // Throws json::exception on a missing key or a wrong type, Error (naming `mf`) on a size no config
@@ -276,6 +297,30 @@ ModelShape shape_from_json(const json& m, const std::string& mf) {
     s.rope_high_freq_factor = m.at("rope_high_freq_factor").get<double>(),
     s.rope_original_max = m.at("rope_original_max").get<double>();
     s.max_positions = m.contains("max_positions") ? size("max_positions", 1 << 30, 0) : 0;  // 0: seq_len
+    s.rope.type = s.rope_factor != 1 ? "llama3" : "default";
+    if (m.contains("rope")) {
+      const json& r = m.at("rope");
+      RopeParams& p = s.rope;
+      p.type = r.at("type").get<std::string>();
+      p.attention_factor = r.at("attention_factor").get<double>();
+      p.beta_fast = r.at("beta_fast").get<double>(), p.beta_slow = r.at("beta_slow").get<double>();
+      p.mscale = r.at("mscale").get<double>(), p.mscale_all_dim = r.at("mscale_all_dim").get<double>();
+      p.truncate = r.at("truncate").get<bool>();
+      p.short_factor = r.at("short_factor").get<std::vector<double>>();
+      p.long_factor = r.at("long_factor").get<std::vector<double>>();
+      const std::size_t half = static_cast<std::size_t>(s.d_model / s.n_head / 2);
+      const std::set<std::string> types = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"};
+      if (!types.count(p.type) ||
+          (p.type == "longrope" && (p.short_factor.size() != half || p.long_factor.size() != half)))
+        throw CorruptCheckpoint("checkpoint " + mf + ": model.rope: " + r.dump() +
+                                " is not a rotary scaling zinf computes for this shape");
+    }
+    if (m.contains("sliding_window")) s.sliding_window = size("sliding_window", std::numeric_limits<int>::max());
+    if (m.contains("hf")) {
+      const json& h = m.at("hf");
+      s.hf.model_type = h.at("model_type").get<std::string>(), s.hf.legacy_rope = h.at("legacy_rope").get<bool>();
+      s.hf.max_window_layers = h.at("max_window_layers").get<int>(), s.hf.window = h.at("window").get<int>();
+    }
     // The real numbers: positive and finite (norm_eps below 1; the original context may be 0).
     const std::pair<const char*, double> reals[] = {{"rope_theta", s.rope_theta},
                                                     {"norm_eps", s.norm_eps},
@@ -312,7 +357,12 @@ void check_shape(const json& j, const ModelShape& s, const std::string& path) {
                                      std::string(to_string(got.family)) + ", config " +
                                      std::string(to_string(s.family)) + ")",
                                  hint);
-  if (!(got == s))
+  // Where the model came from and its attention window (which zinf only checks against the sequence)
+  // do not change the arithmetic: manifests written before they were kept resume alike.
+  ModelShape a = got, b = s;
+  a.hf = b.hf = HfOrigin{};
+  a.sliding_window = b.sliding_window = 0;
+  if (!(a == b))
     throw IncompatibleCheckpoint("checkpoint " + path + ": model shape differs (checkpoint n_layer " +
                                      std::to_string(got.n_layer) + ", d_model " + std::to_string(got.d_model) +
                                      ", n_head " + std::to_string(got.n_head) + ", vocab " +

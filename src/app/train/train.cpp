@@ -59,6 +59,13 @@
 namespace zinf {
 namespace {
 
+// A loss as the log prints it: rounded to four decimals (4.603172 is 4.6032).
+std::string four_decimals(double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.4f", x);
+  return b;
+}
+
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -222,7 +229,7 @@ std::unique_ptr<Device> make_device(const Config& c, const backends::Backend& be
 // *profile.
 std::unique_ptr<OpsBackend> make_ops(const Config& c, const backends::Backend& be, Device& dev, int threads,
                                      std::shared_ptr<OpProfile>* profile, const ModelShape& shape) {
-  std::unique_ptr<OpsBackend> ops = be.make_ops(dev, c.precision(), threads, c.device.kernels);
+  std::unique_ptr<OpsBackend> ops = be.make_ops(dev, c.precision(), threads, c.device.kernels, c.device.attention);
   return profile ? make_profile_ops(dev, shape, std::move(ops), profile) : std::move(ops);
 }
 
@@ -708,8 +715,8 @@ class Run {
       log("init: parameters from " + config.model.init_from + " (" + std::to_string(init_file->tensors.size()) +
           " tensors)");
     }
-    offload::EngineConfig ec = engine_config(config, threads);
-    engine_units = ec.units;
+    offload::EngineConfig ec = engine_config(config, threads, W, rank);
+    engine_units.assign(ec.plan.unit_params.begin(), ec.plan.unit_params.end());
     if (W > 1) {
       ec.comm = &comm;
       ec.device_comm = device_comm ? device_comm.get() : &comm;
@@ -854,7 +861,7 @@ bool after_step(Run& run, std::int64_t step, const StepReport& r, TrainResult& r
     res.val_loss = run.evaluate();
     run.metrics.validation(step, res.val_loss);
     run.monitor.validation(step, res.val_loss);
-    run.log("step " + std::to_string(step) + ": val_loss " + std::to_string(res.val_loss).substr(0, 6));
+    run.log("step " + std::to_string(step) + ": val_loss " + four_decimals(res.val_loss));
   }
   if (!c.train.checkpoint_dir.empty() &&
       ((c.train.checkpoint_interval > 0 && step % c.train.checkpoint_interval == 0) || step == c.train.steps || stop))
@@ -915,7 +922,8 @@ TrainResult train(const Config& c, const TrainHooks& hooks) {
   res.resumed_from = run.resume(plan.load);
   const std::int64_t first_step = res.resumed_from + 1;
   res.first_val_loss = res.val_loss = run.evaluate();
-  run.log("step " + std::to_string(first_step - 1) + ": val_loss " + std::to_string(res.first_val_loss).substr(0, 6));
+  run.log("step " + std::to_string(first_step - 1) + ": val_loss " + four_decimals(res.first_val_loss));
+  run.metrics.validation(first_step - 1, res.first_val_loss);  // as the event file and the log have it
   run.monitor.validation(first_step - 1, res.first_val_loss);
   if (run.stop_asked()) {  // stopped during the first evaluation: nothing was trained, nothing to save
     res.interrupted = true;

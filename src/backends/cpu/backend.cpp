@@ -26,7 +26,7 @@ class CpuBackend final : public backends::Backend {
     const std::size_t budget = spec.budget_bytes ? spec.budget_bytes : available_host_memory() / 2;
     return make_cpu_device(budget, spec.cpu);
   }
-  std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int threads, Kernels kernels) const override {
+  std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int threads, Kernels kernels, Attention) const override {
     std::unique_ptr<OpsBackend> ops =
         kernels == Kernels::fast
             ? make_twin_ops(precision, threads)

@@ -13,8 +13,10 @@ class CudaBackend final : public backends::Backend {
   std::unique_ptr<Device> make_device(const backends::DeviceSpec& spec) const override {
     return make_cuda_device(spec.local_rank, spec.budget_bytes);
   }
-  std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int, Kernels kernels) const override {
-    if (kernels == Kernels::fast) return make_cuda_fast_ops(dev, precision);
+  std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int, Kernels kernels,
+                                       Attention attention) const override {
+    if (kernels == Kernels::fast)
+      return make_cuda_fast_ops(dev, precision, resolve_attention(attention, kernels, backends::cudnn_built()));
     return make_cuda_ops(dev, precision);
   }
   std::unique_ptr<offload::EngineKernels> make_engine_kernels(Device& dev, cpu_adam::HostThreads&) const override {

@@ -14,6 +14,9 @@
 #include <string>
 
 #include "cuda/cuda_check.cuh"
+#if ZINF_HAVE_CUDNN
+#include "cuda/cudnn_attention.h"
+#endif
 #include "cuda/fast_ops.h"
 #include "cuda/gemm.h"
 #include "cuda/gemm_plan.h"
@@ -33,13 +36,26 @@ class CudaFastOps final : public OpsBackend {
   // cuBLASLt's workspace: Hopper's kernels ask for up to 32 MiB; taken once from the device budget.
   static constexpr std::size_t kWorkspaceBytes = kGemmWorkspaceBytesFast;
 
-  CudaFastOps(Device& dev, Precision p)
+  CudaFastOps(Device& dev, Precision p, Attention attention)
       : dev_(dev),
         stream_(checked(static_cast<cudaStream_t>(dev.native_stream(StreamRole::compute)))),
         S_(dtype_of(p)),
         // 32F compute: 16-bit operands multiply exactly on the tensor cores, sums in fp32; fp32 runs
         // stay plain fp32 (no TF32).
-        gemm_(dev, GemmMath::fp32, kWorkspaceBytes) {}
+        gemm_(dev, GemmMath::fp32, kWorkspaceBytes) {
+    if (attention == Attention::reference || attention == Attention::automatic)
+      throw ConfigError("device.attention " + std::string(to_string(attention)) +
+                            ": the fast kernels' attention is cudnn or wmma",
+                        "set device.attention to auto, cudnn or wmma, or device.kernels to reference");
+#if ZINF_HAVE_CUDNN
+    if (attention == Attention::cudnn) cudnn_ = std::make_unique<CudnnAttention>(dev, stream_);
+#else
+    if (attention == Attention::cudnn)
+      throw ConfigError("device.attention cudnn: this zinf was built without cuDNN",
+                        "install cuDNN 9 beside the CUDA toolkit and rebuild (ZINF_CUDNN=AUTO finds it), or set "
+                        "device.attention to wmma");
+#endif
+  }
   // The caching allocator is not stream-ordered: queued kernels may still use the scratch blocks.
   ~CudaFastOps() override { cudaStreamSynchronize(stream_); }
 
@@ -124,8 +140,7 @@ class CudaFastOps final : public OpsBackend {
     float* lse = f32(op, "att", att);
     const void* x = act(op, "qkv", qkv);
     if (B <= 0 || T <= 0) return;
-    const fast::AttnShape a = packed_shape(B, T, C, H);
-    fast::flash_attention_forward(o, lse, x, at(x, C), at(x, 2L * C), a, S_, stream_);
+    attention_forward_of(o, lse, x, at(x, C), at(x, 2L * C), packed_shape(B, T, C, H));
   }
   void attention_backward(TensorView dqkv, ConstTensorView dout, ConstTensorView qkv, ConstTensorView att,
                           ConstTensorView out, int B, int T, int C, int H) override {
@@ -223,7 +238,7 @@ class CudaFastOps final : public OpsBackend {
     float* lse = f32(op, "att", att);
     const void *qp = act(op, "q", q), *kp = act(op, "k", k), *vp = act(op, "v", v);
     if (B <= 0 || T <= 0) return;
-    fast::flash_attention_forward(o, lse, qp, kp, vp, gqa_shape(B, T, H, KV, D), S_, stream_);
+    attention_forward_of(o, lse, qp, kp, vp, gqa_shape(B, T, H, KV, D));
   }
   void gqa_attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q,
                               ConstTensorView k, ConstTensorView v, ConstTensorView att, ConstTensorView out, int B,
@@ -357,9 +372,30 @@ class CudaFastOps final : public OpsBackend {
     return a;
   }
 
-  // The flash backward: it reads the forward's output `out` and the lse the forward kept.
+  // The attention: cuDNN's where it was chosen and accepts the shape (the plans are built on the
+  // shape's first forward; a refused shape was said once and runs the wmma kernel both ways), else
+  // the wmma flash kernel.
+  bool cudnn_runs(const fast::AttnShape& a) {
+#if ZINF_HAVE_CUDNN
+    return cudnn_ && cudnn_->accepts(a, S_);
+#else
+    (void)a;
+    return false;
+#endif
+  }
+  void attention_forward_of(void* out, float* lse, const void* q, const void* k, const void* v,
+                            const fast::AttnShape& a) {
+#if ZINF_HAVE_CUDNN
+    if (cudnn_runs(a)) return cudnn_->forward(out, lse, q, k, v, a, S_);
+#endif
+    fast::flash_attention_forward(out, lse, q, k, v, a, S_, stream_);
+  }
+  // The backward reads the forward's output `out` and the lse the forward kept.
   void attention_backward_of(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                              const void* v, const void* out, const float* lse, const fast::AttnShape& a) {
+#if ZINF_HAVE_CUDNN
+    if (cudnn_runs(a)) return cudnn_->backward(dq, dk, dv, dout, q, k, v, out, lse, a, S_);
+#endif
     void* scratch = flash_.get(dev_, stream_, fast::flash_backward_scratch_bytes(a));
     fast::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, a, S_, scratch, stream_);
   }
@@ -391,12 +427,15 @@ class CudaFastOps final : public OpsBackend {
   Scratch flash_{"fast ops: flash attention backward scratch"};
   Scratch bias_grad_{"fast ops: bias-gradient vector"};
   Scratch unfused_{"fast ops: unfused GEMM result"};
+#if ZINF_HAVE_CUDNN
+  std::unique_ptr<CudnnAttention> cudnn_;  // null: the wmma kernel
+#endif
 };
 
 }  // namespace
 
-std::unique_ptr<OpsBackend> make_cuda_fast_ops(Device& dev, Precision p) {
-  return std::make_unique<CudaFastOps>(dev, p);
+std::unique_ptr<OpsBackend> make_cuda_fast_ops(Device& dev, Precision p, Attention attention) {
+  return std::make_unique<CudaFastOps>(dev, p, attention);
 }
 
 }  // namespace zinf::cuda

@@ -15,7 +15,8 @@
 
 namespace zinf::cuda {
 
-// `dev` must be the CUDA device; everything is enqueued on its compute stream.
-std::unique_ptr<OpsBackend> make_cuda_fast_ops(Device& dev, Precision precision);
+// `dev` must be the CUDA device; everything is enqueued on its compute stream. `attention` is resolved
+// (cudnn or wmma; cudnn in a build without cuDNN throws ConfigError, reference throws too).
+std::unique_ptr<OpsBackend> make_cuda_fast_ops(Device& dev, Precision precision, Attention attention);
 
 }  // namespace zinf::cuda

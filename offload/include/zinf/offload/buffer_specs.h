@@ -37,15 +37,19 @@ struct UnitLayout {
 
 struct Layout {
   bool pin_memory = true;           // PlanInput::pin_memory (the plan's columns only; the specs keep Tier::pinned)
+  Precision precision = Precision::fp16;  // PlanInput::precision
   bool mixed = false;               // fp16/bf16: the compute copy is 16-bit
   std::uint64_t compute_bytes = 4;  // bytes per element of the compute copy
   bool fp32_work = false;           // 16-bit runs keep fp32 working weights beside the resident copy
   bool device_blocks = false;       // device buffers take whole allocator blocks (footprint)
   bool optimizer_offloaded = false, param_offloaded = false;
   OffloadDevice optimizer = OffloadDevice::none, param = OffloadDevice::none;
-  int optimizer_buffers = 0;  // the swapper's buffers (optimizer on NVMe)
+  bool exact = true;          // PlanInput::overlap is Overlap::exact
+  int optimizer_buffers = 0;  // the swapper's buffers (optimizer on NVMe; one without overlap)
   cpu_adam::StateFormat states = cpu_adam::StateFormat::fp32;  // how m and v are stored
-  int world = 1, rank = 0;
+  std::int64_t grad_accum = 1;  // micro batches per step
+  int prefetch_depth = 1;       // parameter units fetched ahead (with windows)
+  int world = 1, rank = 0, stage = 0;
   bool parallel = false;                                                 // more than one rank
   bool shard_states = false, shard_grads = false, shard_params = false;  // by the ZeRO stage, with several ranks
   bool fp32_sum = false;                    // the Update reads an fp32 sum of micro batches (and ranks)
@@ -64,7 +68,7 @@ struct Layout {
   std::uint64_t comm_scratch = 0;           // elements: every rank's contribution to this rank's part of a bucket
   std::uint64_t n_params = 0;
   std::uint64_t batch_tokens = 0;  // tokens per micro batch of the training loop's batch slots (0: none)
-  // The speculative Update (PlanInput::speculative, with the optimizer off the device): NVMe
+  // The speculative Update (PlanInput::speculative, with the optimizer off the device and overlap exact): NVMe
   // sub-group tensors hold two slots; host memory backs up at most `backup_subgroups` sub-groups.
   bool speculative = false;
   std::uint64_t backup_subgroups = 0;
@@ -72,7 +76,7 @@ struct Layout {
   std::vector<UnitLayout> units;
 };
 
-// Throws (ZINF_CHECK) on inputs no engine could run: no units, a compute size other than 2 or 4, a
+// Throws (ZINF_CHECK) on inputs no engine could run: no units, a
 // rank outside the world, a stage outside 0–3, a persistence list of the wrong length.
 Layout make_layout(const PlanInput& in);
 

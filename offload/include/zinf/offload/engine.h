@@ -11,13 +11,15 @@
 //                                          offload, the device holds the persistent units
 //                                          (embedding, final LayerNorm) plus a window of block slots
 //
-// Supernodes and where they run:
-//   Fetch(u)    param home → device slot          h2d stream (NVMe read first for offload_param nvme)
-//   GradOut(u)  device fp32 grad → 16-bit → pinned landing buffer, bucket by bucket   d2h stream
-//   Reduce(u)   landing → host grad16 (GA = 1) or += host grad32 (GA > 1)            host reduce worker
-//   SwapIn/Out  master|m|v of a sub-group, NVMe ⇄ pinned (the pipelined swapper)     NVMe ring
-//   Update(g)   the fused cpu_adam pass, writing the compute copy into its home or a pinned slot
-//   Upload(g)   pinned slot → device (offload_param none with an offloaded optimizer)  h2d stream
+// One step is a dataflow of supernodes — Fetch, the model's Forward and Backward, GradOut, Reduce,
+// the norm barrier, SwapIn, Update, Upload or the home's write, SwapOut, Land, the checkpoint copies —
+// each on one resource (the compute, h2d and d2h streams, the device's Update stream, the Reduce and
+// Update workers, the NVMe queues). Which ones a placement has, the resource of each, and the handoff
+// that orders every buffer one resource writes and another reads (an event, a host wait, a landing
+// version, stream order within one queue) are one object: the step graph of the layout
+// (zinf/offload/dataflow.h). `zinf plan --dataflow` prints it; tests/offload/dataflow_test.cpp walks
+// it for every placement and fails on an edge between two queues that nothing orders. Each edge
+// names the field or call in offload/ that makes its handoff.
 //
 // Exactness: every placement and both overlap modes run the same float operations on the same
 // values in the same per-element order (the Update is elementwise; the norm is summed per unit over
@@ -26,78 +28,11 @@
 // optimizer sub-groups ahead and writes behind, and lets the next forward of unit u start as soon as
 // u's update has landed; Overlap::none runs every supernode inline, one after another.
 //
-// Ordering: every buffer that one stream (or host worker) writes and another reads, and who hands
-// it over. "compute" is the model's stream (its ops, when the device runs them as stream work, see
-// Device::ops_stream_ordered); "host" is the trainer's thread; Reduce and Update are the engine's
-// host workers. A host wait (⇐) is used only where the host itself touches the buffer.
-//
-//   buffer                   written by              read by                 handed over by
-//   window slot (param/work) h2d (Fetch)             compute (model)         slot.ready: recorded on h2d after the
-//                                                                            copies; compute waits (model_waits_for)
-//   window slot, reuse       h2d (next Fetch)        compute (previous unit) slot.released: recorded on compute at
-//                                                                            done_with; h2d waits before overwriting
-//   param home (pinned/NVMe) Update                  h2d (Fetch)             unit.fetched (h2d) ⇐ Update, before it
-//                                                                            rewrites the home; the Fetch of a unit
-//                                                                            waits for its landing (version)
-//   param shard (stage 3,    Update / h2d (Upload)   the trainer's gather    landing (version[u] = applied, under mu):
-//   several ranks)                                   at Fetch (MPI on the    weights(u) waits for it, and the prefetch
-//                                                    host, or h2d)           waits for it before it asks the window
-//                                                                            whether u is there (a stale slot would
-//                                                                            pass for current and the ranks' gathers
-//                                                                            would go in different orders)
-//   param shard, rewrite     next Update: h2d        the gather (h2d, with   h2d Upload: stream order. The device's
-//                            (Upload) or d2h (the    NCCL)                   own Update on d2h: through compute — it
-//                            device's Update)                                waited slot.ready before the model's
-//                                                                            reads, and d2h waits compute's event at
-//                                                                            every grads_done before the Update
-//   resident param (+fp32)   Update / h2d (Upload,   compute; the next   unit.landed: recorded on h2d behind the
-//                            fp32 working weights)   device Update (d2h) unit's Uploads and fp32 weights before
-//                                                                            version[u] is set (no host wait); the
-//                                                                            model waits it in weights(u), d2h before
-//                                                                            the device's next in-place Update of u.
-//                                                                            Sharded states: ⇐ upload events, h2d sync
-//   what the device's Update d2h (the device's       h2d, compute, the       one event per sub-group on d2h, no sync
-//   writes (states, compute  own Update)             NVMe home's write       between them: the unit's last one ⇐
-//   copy or its home)                                                        before it lands; the NVMe home's write
-//                                                                            ⇐ the sub-group's (land_chunk)
-//   device gradient          compute (backward)      d2h (GradOut)           event recorded on compute at grads_done;
-//                                                                            d2h waits it, the wait enqueued by the
-//                                                                            Reduce worker right before its GradOut
-//                                                                            (d2h is one FIFO: waits enqueued early
-//                                                                            would hold it behind later units); by
-//                                                                            the trainer where it issues the
-//                                                                            collectives itself (ordered transport)
-//   device grad sum          d2h (the round and add  d2h (GradOut of the     stream order; its landing buffers as
-//   (device_grad_accum)      of each micro batch)    sum, last micro batch)  below (fp32 buckets)
-//   device gradient, reuse   compute (next zeroing)  d2h (GradOut)           unit.reducing ⇐ grads(u): the Reduce
-//                                                                            clears it after d2h is drained
-//   grad window slot         compute                 d2h                     as the device gradient; the slot is
-//                                                                            freed by the Reduce (under the lock)
-//   GradOut staging (device) d2h                     d2h                     stream order (16-bit runs; fp32
-//                                                                            buckets go straight to the landing)
-//   landing buffer (pinned)  d2h (GradOut)           Reduce                  one event per bucket ⇐ Reduce; the
-//                                                                            next copy into it is enqueued after
-//   host grad16/grad32       Reduce                  Update, norm            Reduce worker drained at step()
-//   upload slot (pinned)     Update                  h2d (Upload)            upload event ⇐ Update before reuse
-//   optimizer sub-group buf  NVMe (SwapIn; from the  Update                  the swapper's read handle; the states
-//                            last micro batch's                              are read only once the previous step's
-//                            forward on)                                     walk has returned (one update worker)
-//   token/target batch       h2d (trainer's upload)  compute (forward and    the trainer: h2d waits for an event
-//                                                    backward)               recorded on compute after the last
-//                                                                            micro batch's ops (train.cpp)
-//   token/target staging     the trainer             h2d                     per slot of the pinned ring: ⇐ the
-//   (pinned)                                                                 slot's `copied` event (batches.h)
-//   activation checkpoint    compute (the forward's  d2h (to its host row)   `written`: recorded on compute behind
-//   slot (cpu_checkpointing, embedding, or a block's                         the write; d2h waits (model/lm.h,
-//   the model's own)         output copy)                                    Checkpoints)
-//   checkpoint slot, reuse   compute (checkpoint     d2h (checkpoint j)      on_host[j]: recorded on d2h behind the
-//   in the forward           j + 2)                                          copy; compute waits (model_waits_for)
-//   checkpoint host row      d2h (forward)           h2d (backward)          on_host[j]; h2d waits
-//   (pinned, the model's)
-//   checkpoint slot,         h2d (one block ahead)   compute (the block's    on_device[j]: recorded on h2d behind
-//   backward                                         recompute, backward)    the copy; compute waits (acquire)
-//   checkpoint slot, reuse   h2d (checkpoint j)      compute (checkpoint     released: recorded on compute after
-//   in the backward                                  j + 2's block)          the block's backward; h2d waits
+// Ordering: "compute" is the model's stream (its ops, when the device runs them as stream work, see
+// Device::ops_stream_ordered); "trainer" is the trainer's thread. The host waits only where it
+// touches a buffer itself. The step graph's edges are the contract; besides them, within one
+// queue: GradOut's device staging buffer is reused in d2h order, and the device gradient sum of
+// device_grad_accum is written and read on d2h.
 //
 // Memory: all device buffers are allocated up front (a plan that does not fit the device budget is
 // refused before anything is allocated, with the numbers); host staging comes from one PinnedPool
@@ -119,51 +54,43 @@
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/device.h"
 #include "zinf/nvme/store.h"
+#include "zinf/offload/dataflow.h"
 #include "zinf/offload/engine_kernels.h"
 #include "zinf/offload/placement.h"
 #include "zinf/types.h"
 
 namespace zinf::offload {
 
-enum class Overlap { exact, none };
-
 struct EngineConfig {
-  std::vector<std::size_t> units;  // parameters per layer unit, forward order
-  std::vector<bool> persistent;    // units always resident on the device under param offload
-  Precision precision = Precision::fp32;
-  // The model's kernels: reference (16-bit runs keep fp32 working weights on the device for them) or
-  // fast (the model reads the 16-bit compute copy itself: no working weights).
-  Kernels model_kernels = Kernels::reference;
-  OffloadDevice optimizer = OffloadDevice::none;
-  OffloadDevice param = OffloadDevice::none;
-  // How Adam's m and v are stored on the optimizer's tier (zero_optimization.optimizer_states): fp32,
-  // bf16 or q8 (8-bit codes with a power-of-two scale per 256 elements). The master stays fp32.
-  cpu_adam::StateFormat optimizer_states = cpu_adam::StateFormat::fp32;
-  std::int64_t grad_accum = 1;
-  std::size_t sub_group_size = 1'000'000'000;    // elements
-  std::size_t reduce_bucket_size = 500'000'000;  // elements
-  int optimizer_buffer_count = 4;                // swapper buffers, each one sub-group's master|m|v
-  int prefetch_depth = 1;                        // parameter units fetched ahead
+  // Where every state lives, the sizes and the overlap (placement.h): the layout, the plan and the
+  // engine's buffers all come from this one input. Among its settings:
+  //   unit_params, persistent   the layer units in forward order; those always resident on the
+  //                             device under param offload
+  //   precision, fp32_work      the compute copy's type; the reference kernels' fp32 working weights
+  //   optimizer, param          the tiers (offload_optimizer, offload_param)
+  //   optimizer_states          how Adam's m and v are stored on the optimizer's tier (fp32, bf16 or
+  //                             q8: 8-bit codes with a power-of-two scale per 256 elements)
+  //   world, rank, stage        data parallelism: the communicators below must have world ranks, this
+  //                             one being rank; the ZeRO stage (0 every rank keeps every state; 1 the
+  //                             optimizer states are partitioned; 2 the reduced gradients too; 3 the
+  //                             compute copy too, gathered into a window slot ahead of use), with
+  //                             persistence_threshold (stage 3: units this small are kept whole)
+  //   overlap                   Overlap::exact or none
+  //   speculative               the speculative Update (docs/offload-engine.md): with the optimizer
+  //                             off the device and overlap exact, each sub-group's Update of the last
+  //                             micro batch starts once its gradient is reduced, assuming the step is
+  //                             finite and unclipped (Engine::expect_step); a step that turns out
+  //                             otherwise is rolled back and redone. Host memory keeps the old states
+  //                             of at most speculative_backup elements (0: half).
+  //   device_grad_accum         with the optimizer off the device, one rank and grad_accum > 1: the
+  //                             micro batches' gradients are summed on the device and leave it once
+  //                             per step in fp32 (the same sums in the same order: the same bits)
+  //   device_blocks             the device's allocator takes whole blocks (the CUDA device)
+  // The engine reads what it derives from these from its Layout, never a second copy.
+  PlanInput plan;
   nvme::StoreOptions optimizer_store, param_store;
-  bool pin_memory = true;
   int host_threads = 0;      // 0: physical cores
   bool pin_threads = false;  // bind the host workers to cores (hwloc)
-  Overlap overlap = Overlap::exact;
-  // The speculative Update (docs/offload-engine.md): with the optimizer off the device and overlap
-  // exact, each sub-group's Update of the last micro batch starts once its gradient is reduced,
-  // assuming the step is finite and unclipped (the trainer says which step it expects,
-  // Engine::expect_step); a step that turns out otherwise is rolled back and redone. Host memory
-  // keeps the old states of at most `speculative_backup` elements (whole sub-groups; 0: half).
-  bool speculative = false;
-  std::size_t speculative_backup = 0;
-  // With the optimizer off the device, one rank and grad_accum > 1: the micro batches' gradients are
-  // summed on the device (an fp32 sum per unit, 4 bytes a parameter of device memory) and the sum
-  // leaves the device once per step, in fp32, instead of every micro batch's 16-bit gradient being
-  // summed on the host. The same sums in the same order: the same bits either way.
-  bool device_grad_accum = false;
-  // The device's allocator takes whole blocks (the CUDA device): the plan and the fit check count each
-  // device buffer as its block (PlanInput::device_blocks). False for the CPU device.
-  bool device_blocks = false;
   nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
   // Data parallelism: this rank's communicators (zinf/comm.h), `comm` for host-visible buffers and
   // `device_comm` for device memory (the CPU device: the same one; CUDA: NCCL). Null, or one rank:
@@ -172,14 +99,6 @@ struct EngineConfig {
   // model, in one order on every rank (zinf/offload/collectives.h: CollectiveOrder).
   Comm* comm = nullptr;
   Comm* device_comm = nullptr;
-  // ZeRO stage with more than one rank: 0 every rank keeps every state; 1 the optimizer states are
-  // partitioned (each rank updates its shard of every unit, the new compute copy is all-gathered);
-  // 2 the reduced gradients too; 3 the compute copy too (gathered into a window slot ahead of use;
-  // persistent units stay whole). Gradients are reduced every micro batch in every stage.
-  int stage = 0;
-  // Stage 3 with several ranks: units of at most this many parameters are not partitioned (each rank
-  // keeps them whole on the device, as DeepSpeed's stage3_param_persistence_threshold).
-  std::size_t persistence_threshold = 0;
   // The device's kernels for the engine's own work on device memory (required): the backend of the
   // device makes them (zinf/backends/backend.h).
   std::function<std::unique_ptr<EngineKernels>(Device&, cpu_adam::HostThreads&)> kernels;
@@ -218,8 +137,6 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // The placement plan's input for this config: `zinf plan` and the engine share one byte model.
-  static PlanInput plan_input(const EngineConfig& c);
   // Device bytes the engine will allocate for this config (the refusal check uses it).
   static std::size_t device_bytes(const EngineConfig& c);
   // Pinned bytes the engine will take from its pool.
@@ -271,7 +188,7 @@ class Engine {
   // What this engine holds on each tier, as the tiers count it: device memory the device handed out,
   // the pinned pool's blocks in use, host memory, NVMe extents reserved in its stores. Every buffer is
   // allocated at construction, so this is what it holds for its whole life — the totals of
-  // make_plan(plan_input(c)), which sums the same buffer specs (on a device that hands out what is
+  // make_plan(c.plan), which sums the same buffer specs (on a device that hands out what is
   // asked, and NVMe paths with the 4 KiB alignment the plan assumes).
   TierBytes held_bytes() const;
   // Speculative Updates discarded so far (steps that clipped or overflowed after something was
@@ -280,6 +197,12 @@ class Engine {
   std::int64_t rollbacks() const;
   SpeculationCounts speculation_counts() const;
   std::string describe() const;  // one line: placement, pinned pool, NVMe engine
+  // The step of this engine's placement (zinf/offload/dataflow.h). Each stage claims the edges it
+  // hands over when it is made (a handoff missing from the graph stops the construction);
+  // unclaimed_handoffs lists the graph's engine edges no stage claimed (empty when the graph and the
+  // engine agree).
+  const StepGraph& dataflow() const;
+  std::vector<std::string> unclaimed_handoffs() const;
 
  private:
   struct Impl;

@@ -34,10 +34,19 @@ struct Shard {
 };
 Shard shard_of(std::uint64_t n, int world, int rank);
 
+// How the engine overlaps its supernodes: exact streams GradOut/Reduce behind the backward, prefetches
+// parameter windows, reads optimizer sub-groups ahead and writes behind; none runs every supernode
+// inline, one after another. Both give the same bits.
+enum class Overlap { exact, none };
+
+// Every setting that decides where the states live and which buffers the engine has: the one input of
+// the layout (buffer_specs.h), the plan and the engine (EngineConfig::plan). Nothing derived from these
+// is stored beside them; the layout derives it once.
 struct PlanInput {
   std::vector<std::int64_t> unit_params;  // per layer unit, forward order
   std::vector<bool> persistent;           // units kept on the device under param offload (empty: none)
-  int compute_bytes = 2;                  // 2 for fp16/bf16, 4 for fp32
+  Precision precision = Precision::fp16;  // of the compute copy: 16-bit (fp16, bf16) or fp32
+  int compute_bytes() const { return precision == Precision::fp32 ? 4 : 2; }
   OffloadDevice optimizer = OffloadDevice::none;
   OffloadDevice param = OffloadDevice::none;
   // How Adam's m and v are stored, on whichever tier holds them (the master stays fp32).
@@ -45,9 +54,11 @@ struct PlanInput {
   std::int64_t grad_accum = 1;
   std::int64_t sub_group_size = 1'000'000'000;
   std::int64_t reduce_bucket_size = 500'000'000;
-  int optimizer_buffer_count = 4;
+  int optimizer_buffer_count = 4;      // the swapper's buffers under Overlap::exact (one without overlap)
   int prefetch_depth = 1;              // parameter window: max(2, 1 + prefetch_depth) slots
-  bool fp32_work = true;               // the CPU device keeps fp32 working weights of 16-bit params
+  // The model's kernels are the reference ones, which compute on fp32 working weights of 16-bit
+  // parameters (the fast kernels read the 16-bit compute copy itself).
+  bool fp32_work = true;
   std::uint64_t activation_bytes = 0;  // device bytes for one micro batch (the caller's estimate)
   // With activation checkpointing, the checkpointed block inputs (the caller's estimate, beside
   // activation_bytes): on the device, and in pinned host memory (cpu_checkpointing; a pool of the
@@ -66,7 +77,7 @@ struct PlanInput {
   int world = 1, rank = 0;                 // data-parallel ranks, and the rank this plan is for
   int stage = 0;                           // ZeRO stage (partitioning applies with world > 1)
   std::int64_t persistence_threshold = 0;  // stage 3, world > 1: units this small are not partitioned
-  // The speculative Update (optimizer off the device, overlap exact; docs/offload-engine.md): NVMe
+  // The speculative Update (optimizer off the device, Overlap::exact; docs/offload-engine.md): NVMe
   // keeps two slots per sub-group; host memory keeps a backup of the old states of
   // `speculative_backup` elements (whole sub-groups; 0: half the sub-groups this rank keeps).
   bool speculative = false;
@@ -76,6 +87,7 @@ struct PlanInput {
   // memory), so the plan counts what would be pinned in the host column (Plan::pinned_pool still
   // sizes the staging pool).
   bool pin_memory = true;
+  Overlap overlap = Overlap::exact;
 };
 
 struct Row {

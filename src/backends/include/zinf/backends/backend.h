@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "model/backend.h"
 #include "zinf/backends/cpu.h"
@@ -35,14 +36,22 @@ class Backend {
   // sizes the CPU reference's pool; `precision` picks the CUDA GEMMs' 16-bit inputs and, with
   // `kernels` fast, the dtype the model stores its activations and weights in (the CPU device's twin
   // of the CUDA fast path stores and rounds as the GPU does).
-  virtual std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int threads,
-                                               Kernels kernels) const = 0;
+  // `attention` (device.attention) picks the CUDA fast kernels' attention: cuDNN's or the wmma
+  // kernel (resolve_attention; cudnn in a build without cuDNN throws ConfigError). The CPU backend's
+  // twin has one attention and ignores it.
+  virtual std::unique_ptr<OpsBackend> make_ops(Device& dev, Precision precision, int threads, Kernels kernels,
+                                               Attention attention = Attention::automatic) const = 0;
   virtual std::unique_ptr<offload::EngineKernels> make_engine_kernels(Device& dev,
                                                                       cpu_adam::HostThreads& pool) const = 0;
   // The collectives over this device's memory, bootstrapped through the host communicator; nullptr
   // when the host communicator can move device memory itself (the CPU device's memory is host memory).
   virtual std::unique_ptr<Comm> make_device_comm(Comm& host, int local_rank) const = 0;
 };
+
+// Whether this build has cuDNN (the CUDA fast kernels' attention: device.attention auto means cudnn).
+bool cudnn_built();
+// "x.y.z", the cuDNN this zinf runs with, or "built without" (zinf info).
+std::string cudnn_version();
 
 // The backend for a device type. Throws zinf::Error with a hint when this build does not have it.
 const Backend& backend_for(DeviceType type);

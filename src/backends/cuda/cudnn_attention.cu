@@ -1,0 +1,566 @@
+// cudnn_attention.cu — CudnnAttention (cudnn_attention.h): cuDNN's fused flash attention through the
+// graph backend API (cudnnBackendCreateDescriptor / SetAttribute / Finalize / Execute), no frontend.
+//
+// Shapes, spelled once: B batch, T sequence, H query heads, KV key/value heads (G = H / KV query heads
+// per key/value head), D head width, scale = 1/√D. Every graph tensor is 4-D [b, h, row, col] with
+// strides in elements over zinf's row-major buffers (rows b·T + t of stride q/k/v/o_stride, head h at
+// column h·D), so nothing is copied or transposed: a transpose is a tensor whose last two strides are
+// swapped. K and V carry KV heads where Q carries H: cuDNN's SDPA convention for grouped-query heads
+// (query head h reads key/value head h / G).
+//
+// Forward graph (S, P [B, H, T, T] are virtual: the fused kernel never writes them):
+//   S  = matmul(Q, Kᵀ) · scale;  S masked to -inf where key j > query i (GEN_INDEX rows and columns,
+//   CMP_GE, BINARY_SELECT);  m = max_j S;  e = exp(S - m);  l = Σ_j e;
+//   stats = m + log(l)  → lse [B, H, T, 1] (fp32, the state the backward reads);
+//   P = e / l (rounded to S: the tensor cores' input);  O = matmul(P, V).
+// Backward graph, in the transposed orientation [b, h, key j, query i] so that every product reads
+// its operands as stored:
+//   Sᵀ = matmul(K, Qᵀ) · scale, masked (j > i);  Pᵀ = exp(Sᵀ - statsᵀ);
+//   dV_h = matmul(Pᵀ, dO);  dPᵀ = matmul(V, dOᵀ);  Δ = Σ_d dO ∘ O (as [b, h, 1, i]);
+//   dSᵀ = Pᵀ ∘ (dPᵀ - Δ) · scale (rounded to S);  dK_h = matmul(dSᵀ, Q);  dQᵀ = matmul(Kᵀ, dSᵀ).
+// With KV < H the graph writes dK_h and dV_h per query head (fp32, in scratch) and a kernel here sums
+// each group in head order into dK and dV (rounded once to S): deterministic, no atomics.
+//
+// Plans: heuristics mode A, the first engine configuration without the NONDETERMINISTIC numerical
+// note whose workspace fits cudnn_workspace_bytes(B·T·H·D) (zinf/device_memory.h: device memory taken
+// on the first accepted shape, grown for a larger one, counted by zinf plan).
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda/cuda_check.cuh"
+#include "cuda/cudnn_attention.h"
+#include "cuda/round16.cuh"
+#include "zinf/device_memory.h"
+#include "zinf/error.h"
+
+namespace zinf::cuda {
+namespace {
+
+using Desc = cudnnBackendDescriptor_t;
+
+std::string status_text(cudnnStatus_t st) {
+  return std::string(cudnnGetErrorString(st)) + " (" + std::to_string(static_cast<int>(st)) + ")";
+}
+// The NOT_SUPPORTED family (3000..3999): the graph, the shape or the GPU is outside what cuDNN runs.
+bool refused(cudnnStatus_t st) { return static_cast<int>(st) / 1000 == 3; }
+
+// Thrown while a plan is built when cuDNN answers NOT_SUPPORTED; anything else is a zinf::Error.
+struct Refused {
+  std::string why;
+};
+
+void check(cudnnStatus_t st, const char* call) {
+  if (st == CUDNN_STATUS_SUCCESS) return;
+  if (refused(st)) throw Refused{std::string(call) + ": " + status_text(st)};
+  throw Error(std::string("cuDNN attention: ") + call + " failed: " + status_text(st));
+}
+#define ZINF_CUDNN(x) check((x), #x)
+
+// One backend descriptor, destroyed with its owner.
+class Owned {
+ public:
+  explicit Owned(cudnnBackendDescriptorType_t t) { ZINF_CUDNN(cudnnBackendCreateDescriptor(t, &d_)); }
+  ~Owned() {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+  }
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  Owned(Owned&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
+  Desc get() const { return d_; }
+  void set(cudnnBackendAttributeName_t n, cudnnBackendAttributeType_t t, std::int64_t count, const void* v) {
+    ZINF_CUDNN(cudnnBackendSetAttribute(d_, n, t, count, v));
+  }
+  void set_desc(cudnnBackendAttributeName_t n, const Owned& o) {
+    Desc d = o.get();
+    set(n, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &d);
+  }
+  void set_i64(cudnnBackendAttributeName_t n, std::int64_t v) { set(n, CUDNN_TYPE_INT64, 1, &v); }
+  void set_type(cudnnBackendAttributeName_t n, cudnnDataType_t v) { set(n, CUDNN_TYPE_DATA_TYPE, 1, &v); }
+  void finalize() { ZINF_CUDNN(cudnnBackendFinalize(d_)); }
+
+ private:
+  Desc d_ = nullptr;
+};
+
+// Tensor unique ids of the graphs' inputs and outputs (the variant pack's keys).
+enum Uid : std::int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kScale,
+  kNegInf,
+  kVirtual = 100,  // and up: the graphs' virtual tensors
+};
+
+cudnnDataType_t cudnn_type(DType S) { return S == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
+
+// A graph under construction: tensors and operations, owned until the graph is finalized.
+class Graph {
+ public:
+  explicit Graph(cudnnHandle_t h) : handle_(h) {}
+
+  const Owned& tensor(std::int64_t uid, cudnnDataType_t type, std::vector<std::int64_t> dims,
+                      std::vector<std::int64_t> strides, bool is_virtual = false, bool by_value = false,
+                      std::int64_t align = 16) {
+    Owned t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    t.set_type(CUDNN_ATTR_TENSOR_DATA_TYPE, type);
+    t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, static_cast<std::int64_t>(dims.size()), dims.data());
+    t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, static_cast<std::int64_t>(strides.size()), strides.data());
+    t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
+    t.set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, align);
+    if (is_virtual) {
+      bool yes = true;
+      t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes);
+    }
+    if (by_value) {
+      bool yes = true;
+      t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes);
+    }
+    t.finalize();
+    keep_.push_back(std::move(t));
+    return keep_.back();
+  }
+  // A virtual tensor of `dims`, packed row-major.
+  const Owned& virt(cudnnDataType_t type, const std::vector<std::int64_t>& dims) {
+    std::vector<std::int64_t> strides(dims.size());
+    std::int64_t s = 1;
+    for (std::size_t i = dims.size(); i-- > 0;) strides[i] = s, s *= dims[i];
+    return tensor(next_virtual_++, type, dims, strides, true);
+  }
+  // A scalar passed by value in the variant pack (the scale, -inf).
+  const Owned& scalar(std::int64_t uid) {
+    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  }
+
+  void matmul(const Owned& a, const Owned& b, const Owned& c) {
+    Owned mm(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    mm.set_type(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
+    mm.finalize();
+    Owned op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
+    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
+    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
+    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
+    op.finalize();
+    keep_.push_back(std::move(mm));
+    add(std::move(op));
+  }
+  // y = mode(x[, b][, t]); axis only for GEN_INDEX.
+  void pointwise(cudnnPointwiseMode_t mode, const Owned& x, const Owned* b, const Owned& y, const Owned* t = nullptr,
+                 std::int64_t axis = -1) {
+    Owned pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    pw.set_type(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT);
+    if (axis >= 0) pw.set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
+    pw.finalize();
+    Owned op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+    if (b) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+    if (t) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    op.finalize();
+    keep_.push_back(std::move(pw));
+    add(std::move(op));
+  }
+  // y = reduce(x) over the dimensions where y's extent is 1 and x's is not.
+  void reduction(cudnnReduceTensorOp_t mode, const Owned& x, const Owned& y) {
+    Owned rd(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    rd.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
+    rd.set_type(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT);
+    rd.finalize();
+    Owned op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
+    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
+    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd);
+    op.finalize();
+    keep_.push_back(std::move(rd));
+    add(std::move(op));
+  }
+
+  // The causal mask on a [b, h, i, j] (forward: query rows i, key columns j) or [b, h, j, i] (backward)
+  // score tensor: masked where key > query.
+  const Owned& causal(const Owned& s, const std::vector<std::int64_t>& dims, bool transposed) {
+    const Owned& row = virt(CUDNN_DATA_INT32, dims);
+    const Owned& col = virt(CUDNN_DATA_INT32, dims);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, 3);
+    const Owned& keep = virt(CUDNN_DATA_BOOLEAN, dims);
+    // keep where query ≥ key: forward row i ≥ column j; backward row j ≤ column i.
+    pointwise(transposed ? CUDNN_POINTWISE_CMP_LE : CUDNN_POINTWISE_CMP_GE, row, &col, keep);
+    const Owned& out = virt(CUDNN_DATA_FLOAT, dims);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &scalar(kNegInf), out, &keep);
+    return out;
+  }
+
+  // Finalizes the operation graph and builds a plan from the first deterministic engine configuration
+  // whose workspace fits; returns the plan (Refused when cuDNN offers none).
+  Owned plan(std::int64_t workspace_limit, std::int64_t& workspace) {
+    Owned g(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    std::vector<Desc> ops;
+    for (const Owned& o : ops_) ops.push_back(o.get());
+    g.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<std::int64_t>(ops.size()),
+          ops.data());
+    cudnnHandle_t h = handle_;
+    g.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    g.finalize();
+
+    Owned heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g);
+    cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    heur.finalize();
+    constexpr int kMaxConfigs = 16;
+    std::vector<Owned> cfgs;
+    std::vector<Desc> cfg_ptrs;
+    for (int i = 0; i < kMaxConfigs; ++i) {
+      cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      cfg_ptrs.push_back(cfgs.back().get());
+    }
+    std::int64_t n = 0;
+    ZINF_CUDNN(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                        kMaxConfigs, &n, cfg_ptrs.data()));
+    std::string why = "no engine configuration";
+    for (std::int64_t i = 0; i < n && i < kMaxConfigs; ++i) {
+      Owned engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+      Desc e = engine.get();
+      std::int64_t got = 0;
+      ZINF_CUDNN(cudnnBackendGetAttribute(cfg_ptrs[static_cast<std::size_t>(i)], CUDNN_ATTR_ENGINECFG_ENGINE,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got, &e));
+      cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+      std::int64_t n_notes = 0;
+      ZINF_CUDNN(cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                          CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n_notes, notes));
+      bool deterministic = true;
+      for (std::int64_t k = 0; k < n_notes; ++k)
+        if (notes[k] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) deterministic = false;
+      if (!deterministic) {
+        why = "only nondeterministic engines";
+        continue;
+      }
+      try {
+        Owned p(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        p.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+        Desc c = cfg_ptrs[static_cast<std::size_t>(i)];
+        p.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+        p.finalize();
+        std::int64_t ws = 0;
+        ZINF_CUDNN(cudnnBackendGetAttribute(p.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                            &got, &ws));
+        if (ws > workspace_limit) {
+          why = "every deterministic engine needs more than " + std::to_string(workspace_limit >> 20) +
+                " MiB of workspace";
+          continue;
+        }
+        workspace = ws;
+        return p;
+      } catch (const Refused& r) {
+        why = r.why;
+      }
+    }
+    throw Refused{why};
+  }
+
+ private:
+  void add(Owned op) { ops_.push_back(std::move(op)); }
+  cudnnHandle_t handle_;
+  std::int64_t next_virtual_ = kVirtual;
+  std::deque<Owned> keep_;  // tensors and op descriptors the operations point at (references stay valid)
+  std::vector<Owned> ops_;
+};
+
+// 4-D views of zinf's row-major buffers: [b, h, t, d] of rows with stride `row`, head width D.
+std::vector<std::int64_t> bhtd_strides(const fast::AttnShape& a, long row) {
+  return {static_cast<std::int64_t>(a.T) * row, a.D, row, 1};
+}
+std::vector<std::int64_t> bhdt_strides(const fast::AttnShape& a, long row) {  // the transpose [b, h, d, t]
+  return {static_cast<std::int64_t>(a.T) * row, a.D, 1, row};
+}
+std::int64_t alignment(const fast::AttnShape& a, DType S) {
+  const long e = static_cast<long>(dtype_bytes(S));
+  for (long s : {a.q_stride, a.k_stride, a.v_stride, a.o_stride, static_cast<long>(a.D)})
+    if ((s * e) % 16 != 0) return e;
+  return 16;
+}
+
+using Key = std::tuple<int, int, int, int, int, long, long, long, long, int>;
+Key key_of(const fast::AttnShape& a, DType S) {
+  return {a.B, a.T, a.H, a.KV, a.D, a.q_stride, a.k_stride, a.v_stride, a.o_stride, static_cast<int>(S)};
+}
+
+std::string shape_text(const fast::AttnShape& a, DType S) {
+  return "B " + std::to_string(a.B) + ", T " + std::to_string(a.T) + ", H " + std::to_string(a.H) + ", KV " +
+         std::to_string(a.KV) + ", D " + std::to_string(a.D) + ", " + std::string(to_string(S));
+}
+
+// dst[b, t, g, :] (rows of stride `row`) = Σ_{h in group g, in order} src[b, h, t, :] (fp32 [B, H, T, D]),
+// rounded once to S.
+__device__ inline __nv_bfloat16 round16(float x, __nv_bfloat16*) { return round_bf16(x); }
+__device__ inline __half round16(float x, __half*) { return round_fp16(x); }
+
+template <class T>
+__global__ void sum_groups(T* dst, long row, const float* src, int B, int T_, int H, int KV, int D) {
+  const long n = static_cast<long>(B) * T_ * KV * D;
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int d = static_cast<int>(i % D);
+  const int g = static_cast<int>((i / D) % KV);
+  const int t = static_cast<int>((i / (static_cast<long>(D) * KV)) % T_);
+  const int b = static_cast<int>(i / (static_cast<long>(D) * KV * T_));
+  const int G = H / KV;
+  float acc = 0.0f;
+  for (int j = 0; j < G; ++j) {
+    const int h = g * G + j;
+    acc += src[((static_cast<long>(b) * H + h) * T_ + t) * D + d];
+  }
+  dst[(static_cast<long>(b) * T_ + t) * row + static_cast<long>(g) * D + d] = round16(acc, static_cast<T*>(nullptr));
+}
+
+template <class T>
+void launch_sum_groups(void* dst, long row, const float* src, const fast::AttnShape& a, cudaStream_t s) {
+  const long n = static_cast<long>(a.B) * a.T * a.KV * a.D;
+  constexpr unsigned kBlock = 256;
+  const unsigned grid = static_cast<unsigned>((n + kBlock - 1) / kBlock);
+  launch(sum_groups<T>, grid, kBlock, 0, s, static_cast<T*>(dst), row, src, a.B, a.T, a.H, a.KV, a.D);
+  ZINF_CUDA_LAUNCH_CHECK("cudnn_attention_sum_groups");
+}
+
+}  // namespace
+
+struct CudnnAttention::Impl {
+  struct Plans {
+    bool accepted = false;
+    std::optional<Owned> fwd, bwd;
+    std::int64_t fwd_ws = 0, bwd_ws = 0;
+  };
+  Device& dev;
+  cudaStream_t stream;
+  cudnnHandle_t handle = nullptr;
+  std::map<Key, std::unique_ptr<Plans>> plans;
+  DeviceBuffer workspace;  // workspace_limit of the largest accepted shape
+
+  static std::size_t workspace_limit(const fast::AttnShape& a) {
+    return static_cast<std::size_t>(
+        cudnn_workspace_bytes(static_cast<std::uint64_t>(a.B) * static_cast<std::uint64_t>(a.T) *
+                              static_cast<std::uint64_t>(a.H) * static_cast<std::uint64_t>(a.D)));
+  }
+  DeviceBuffer grouped;  // dK_h and dV_h of grouped shapes (grown after draining the stream)
+
+  Impl(Device& d, cudaStream_t s) : dev(d), stream(s) {
+    const cudnnStatus_t st = cudnnCreate(&handle);
+    if (st != CUDNN_STATUS_SUCCESS)
+      throw Error("cuDNN attention: cudnnCreate failed: " + status_text(st),
+                  "set device.attention to wmma to run the project's own flash kernel");
+    if (const cudnnStatus_t e = cudnnSetStream(handle, stream); e != CUDNN_STATUS_SUCCESS)
+      throw Error("cuDNN attention: cudnnSetStream failed: " + status_text(e));
+  }
+  ~Impl() {
+    plans.clear();
+    if (handle) cudnnDestroy(handle);
+  }
+
+  void build(Plans& p, const fast::AttnShape& a, DType S) {
+    const cudnnDataType_t io = cudnn_type(S);
+    const std::int64_t B = a.B, T = a.T, H = a.H, KV = a.KV, D = a.D;
+    const std::int64_t al = alignment(a, S);
+    const std::vector<std::int64_t> bhtt{B, H, T, T}, stats_dims{B, H, T, 1}, stats_strides{H * T, T, 1, 1};
+    const std::int64_t limit = static_cast<std::int64_t>(workspace_limit(a));
+    {  // forward
+      Graph g(handle);
+      const Owned& q = g.tensor(kQ, io, {B, H, T, D}, bhtd_strides(a, a.q_stride), false, false, al);
+      const Owned& kt = g.tensor(kK, io, {B, KV, D, T}, bhdt_strides(a, a.k_stride), false, false, al);
+      const Owned& v = g.tensor(kV, io, {B, KV, T, D}, bhtd_strides(a, a.v_stride), false, false, al);
+      const Owned& o = g.tensor(kO, io, {B, H, T, D}, bhtd_strides(a, a.o_stride), false, false, al);
+      const Owned& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stats_dims, stats_strides);
+      const Owned& s = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.matmul(q, kt, s);
+      const Owned& ss = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.pointwise(CUDNN_POINTWISE_MUL, s, &g.scalar(kScale), ss);
+      const Owned& sm = g.causal(ss, bhtt, false);
+      const Owned& mx = g.virt(CUDNN_DATA_FLOAT, stats_dims);
+      g.reduction(CUDNN_REDUCE_TENSOR_MAX, sm, mx);
+      const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.pointwise(CUDNN_POINTWISE_SUB, sm, &mx, sub);
+      const Owned& e = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.pointwise(CUDNN_POINTWISE_EXP, sub, nullptr, e);
+      const Owned& l = g.virt(CUDNN_DATA_FLOAT, stats_dims);
+      g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, l);
+      const Owned& logl = g.virt(CUDNN_DATA_FLOAT, stats_dims);
+      g.pointwise(CUDNN_POINTWISE_LOG, l, nullptr, logl);
+      g.pointwise(CUDNN_POINTWISE_ADD, mx, &logl, stats);
+      const Owned& pr = g.virt(io, bhtt);
+      g.pointwise(CUDNN_POINTWISE_DIV, e, &l, pr);
+      g.matmul(pr, v, o);
+      p.fwd.emplace(g.plan(limit, p.fwd_ws));
+    }
+    {  // backward, in the [b, h, key j, query i] orientation
+      Graph g(handle);
+      const bool grouped_heads = KV != H;
+      const Owned& k = g.tensor(kK, io, {B, KV, T, D}, bhtd_strides(a, a.k_stride), false, false, al);
+      const Owned& kt = g.tensor(kK + 1000, io, {B, KV, D, T}, bhdt_strides(a, a.k_stride), false, false, al);
+      const Owned& q = g.tensor(kQ, io, {B, H, T, D}, bhtd_strides(a, a.q_stride), false, false, al);
+      const Owned& qt = g.tensor(kQ + 1000, io, {B, H, D, T}, bhdt_strides(a, a.q_stride), false, false, al);
+      const Owned& v = g.tensor(kV, io, {B, KV, T, D}, bhtd_strides(a, a.v_stride), false, false, al);
+      const Owned& ot = g.tensor(kO, io, {B, H, D, T}, bhdt_strides(a, a.o_stride), false, false, al);
+      const Owned& dout = g.tensor(kDO, io, {B, H, T, D}, bhtd_strides(a, a.o_stride), false, false, al);
+      const Owned& doutt = g.tensor(kDO + 1000, io, {B, H, D, T}, bhdt_strides(a, a.o_stride), false, false, al);
+      const Owned& statst = g.tensor(kStats, CUDNN_DATA_FLOAT, {B, H, 1, T}, {H * T, T, T, 1});
+      const Owned& dqt = g.tensor(kDQ, io, {B, H, D, T}, bhdt_strides(a, a.q_stride), false, false, al);
+      // dK_h, dV_h: straight into dK, dV, or per query head into fp32 scratch [B, H, T, D].
+      const std::vector<std::int64_t> packed{H * T * D, T * D, D, 1};
+      const Owned& dk = grouped_heads ? g.tensor(kDK, CUDNN_DATA_FLOAT, {B, H, T, D}, packed)
+                                      : g.tensor(kDK, io, {B, H, T, D}, bhtd_strides(a, a.k_stride), false, false, al);
+      const Owned& dv = grouped_heads ? g.tensor(kDV, CUDNN_DATA_FLOAT, {B, H, T, D}, packed)
+                                      : g.tensor(kDV, io, {B, H, T, D}, bhtd_strides(a, a.v_stride), false, false, al);
+      const Owned& st = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.matmul(k, qt, st);
+      const Owned& sts = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.pointwise(CUDNN_POINTWISE_MUL, st, &g.scalar(kScale), sts);
+      const Owned& stm = g.causal(sts, bhtt, true);
+      const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.pointwise(CUDNN_POINTWISE_SUB, stm, &statst, sub);
+      const Owned& pt = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.pointwise(CUDNN_POINTWISE_EXP, sub, nullptr, pt);
+      const Owned& pt16 = g.virt(io, bhtt);
+      g.pointwise(CUDNN_POINTWISE_IDENTITY, pt, nullptr, pt16);
+      g.matmul(pt16, dout, dv);
+      const Owned& dpt = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.matmul(v, doutt, dpt);
+      const Owned& prod = g.virt(CUDNN_DATA_FLOAT, {B, H, D, T});
+      g.pointwise(CUDNN_POINTWISE_MUL, doutt, &ot, prod);
+      const Owned& delta = g.virt(CUDNN_DATA_FLOAT, {B, H, 1, T});
+      g.reduction(CUDNN_REDUCE_TENSOR_ADD, prod, delta);
+      const Owned& diff = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.pointwise(CUDNN_POINTWISE_SUB, dpt, &delta, diff);
+      const Owned& ds = g.virt(CUDNN_DATA_FLOAT, bhtt);
+      g.pointwise(CUDNN_POINTWISE_MUL, pt, &diff, ds);
+      const Owned& ds16 = g.virt(io, bhtt);
+      g.pointwise(CUDNN_POINTWISE_MUL, ds, &g.scalar(kScale), ds16);
+      g.matmul(ds16, q, dk);
+      g.matmul(kt, ds16, dqt);
+      p.bwd.emplace(g.plan(limit, p.bwd_ws));
+    }
+  }
+
+  // The shape's plans, built on the first ask. A refusal is remembered (and said once); any other
+  // failure while building throws and leaves nothing cached, so the next call fails the same way
+  // instead of switching kernels.
+  Plans& plans_for(const fast::AttnShape& a, DType S) {
+    const Key key = key_of(a, S);
+    if (auto it = plans.find(key); it != plans.end()) return *it->second;
+    auto p = std::make_unique<Plans>();
+    if (S == DType::bf16 || S == DType::fp16) {  // fp32 runs stay on the wmma path's FMA tiles
+      try {
+        build(*p, a, S);
+        const std::size_t need = workspace_limit(a);
+        if (workspace.size() < need) {
+          ZINF_CUDA(cudaStreamSynchronize(stream));  // queued plans may still use the old block
+          workspace.reset();
+          workspace = DeviceBuffer(dev, need, "cuDNN attention workspace");
+        }
+        p->accepted = true;
+      } catch (const Refused& r) {
+        std::fprintf(stderr, "zinf: cuDNN refused attention at %s (%s); this shape runs the wmma flash kernel\n",
+                     shape_text(a, S).c_str(), r.why.c_str());
+      }
+    }
+    return *plans.emplace(key, std::move(p)).first->second;
+  }
+
+  void execute(Desc plan, const std::vector<std::int64_t>& uids, const std::vector<void*>& ptrs, const char* what) {
+    Owned pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    try {
+      pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<std::int64_t>(uids.size()),
+               uids.data());
+      pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<std::int64_t>(ptrs.size()),
+               ptrs.data());
+      void* ws = workspace.as<void>();
+      pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+      pack.finalize();
+      ZINF_CUDNN(cudnnBackendExecute(handle, plan, pack.get()));
+    } catch (const Refused& r) {  // after the plan was built, a refusal is a failure like any other
+      throw Error(std::string("cuDNN attention ") + what + " failed while running: " + r.why);
+    }
+  }
+};
+
+CudnnAttention::CudnnAttention(Device& dev, cudaStream_t stream) : impl_(std::make_unique<Impl>(dev, stream)) {}
+CudnnAttention::~CudnnAttention() = default;
+
+bool CudnnAttention::accepts(const fast::AttnShape& a, DType S) { return impl_->plans_for(a, S).accepted; }
+
+std::size_t CudnnAttention::grouped_scratch_bytes(const fast::AttnShape& a) {
+  if (a.KV == a.H) return 0;
+  return 2 * static_cast<std::size_t>(a.B) * a.H * a.T * a.D * sizeof(float);
+}
+
+void CudnnAttention::forward(void* out, float* lse, const void* q, const void* k, const void* v,
+                             const fast::AttnShape& a, DType S) {
+  Impl::Plans& p = impl_->plans_for(a, S);
+  if (!p.accepted) throw Error("cuDNN attention: forward called for a shape cuDNN refused (" + shape_text(a, S) + ")");
+  float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
+  float neg_inf = -std::numeric_limits<float>::infinity();
+  impl_->execute(p.fwd->get(), {kQ, kK, kV, kO, kStats, kScale, kNegInf},
+                 {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale, &neg_inf},
+                 "forward");
+}
+
+void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                              const void* v, const void* out, const float* lse, const fast::AttnShape& a, DType S) {
+  Impl::Plans& p = impl_->plans_for(a, S);
+  if (!p.accepted) throw Error("cuDNN attention: backward called for a shape cuDNN refused (" + shape_text(a, S) + ")");
+  float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
+  float neg_inf = -std::numeric_limits<float>::infinity();
+  void* dk_h = dk;
+  void* dv_h = dv;
+  const std::size_t grouped = grouped_scratch_bytes(a);
+  if (grouped) {
+    if (impl_->grouped.size() < grouped) {
+      ZINF_CUDA(cudaStreamSynchronize(impl_->stream));  // queued work may still read the old block
+      impl_->grouped.reset();
+      impl_->grouped = DeviceBuffer(impl_->dev, grouped, "cuDNN attention: grouped key/value gradients");
+    }
+    dk_h = impl_->grouped.as<char>();
+    dv_h = impl_->grouped.as<char>() + grouped / 2;
+  }
+  auto in = [](const void* x) { return const_cast<void*>(x); };
+  impl_->execute(
+      p.bwd->get(), {kK, kK + 1000, kQ, kQ + 1000, kV, kO, kDO, kDO + 1000, kStats, kDQ, kDK, kDV, kScale, kNegInf},
+      {in(k), in(k), in(q), in(q), in(v), in(out), in(dout), in(dout), in(lse), dq, dk_h, dv_h, &scale, &neg_inf},
+      "backward");
+  if (!grouped) return;
+  if (S == DType::bf16) {
+    launch_sum_groups<__nv_bfloat16>(dk, a.k_stride, static_cast<const float*>(dk_h), a, impl_->stream);
+    launch_sum_groups<__nv_bfloat16>(dv, a.v_stride, static_cast<const float*>(dv_h), a, impl_->stream);
+  } else {
+    launch_sum_groups<__half>(dk, a.k_stride, static_cast<const float*>(dk_h), a, impl_->stream);
+    launch_sum_groups<__half>(dv, a.v_stride, static_cast<const float*>(dv_h), a, impl_->stream);
+  }
+}
+
+const char* cudnn_build_version() {
+  static const std::string v = [] {
+    const std::size_t n = cudnnGetVersion();
+    return std::to_string(n / 10000) + "." + std::to_string((n / 100) % 100) + "." + std::to_string(n % 100);
+  }();
+  return v.c_str();
+}
+
+}  // namespace zinf::cuda

@@ -1,48 +1,44 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): install dependencies (and, from PyPI, the independent
-# checkers some tests compare against: scripts/install-checkers.sh), build, run the whole suite; then build
-# the unit and nvme tests (only those, CUDA off) with AddressSanitizer + UBSan and run them again;
-# then build the `async` tests (the ordering contract on the asynchronous, jittered CPU device) with
-# ThreadSanitizer and run them, with the CUDA kernels' tests on the CPU executor; then build the CUDA
-# device on the CPU executor (tests/cuda_executor), run every GPU test there under two thread orders,
-# none skipped, train end to end on it (scripts/executor-e2e.sh) and run both stages of the GPU check
-# on it (scripts/gpu-check.sh, small shapes); last, build the parsers'
-# libFuzzer targets with clang and run each briefly (scripts/fuzz.sh).
-# ZINF_SKIP_SANITIZE=1 skips both sanitizer passes, ZINF_SKIP_TSAN=1 the last one, ZINF_SKIP_FUZZ=1
-# the fuzzing, ZINF_SKIP_EXECUTOR=1 the executor pass.
+# The test command (README, docs/testing.md). Usage: scripts/test.sh [--full]
+#
+# scripts/test.sh: install dependencies (and, from PyPI, the independent checkers some tests compare
+# against: scripts/install-checkers.sh), build build-test/ — a test build: the CUDA sources for one
+# architecture (sm_90) and no micro benches — and run the whole suite there; then build the CUDA
+# device on the CPU executor (build-executor/, tests/cuda_executor), run every GPU test there under
+# two thread orders, none skipped, train end to end on it (scripts/executor-e2e.sh) and run both
+# stages of the GPU check on it (scripts/gpu-check.sh, small shapes).
+#
+# scripts/test.sh --full (what CI runs, .ci/run): the same, with the suite built and run in build/ in
+# the shipped configuration (sm_90 and sm_80, the micro benches); then build the unit and nvme tests
+# (only those, CUDA off) with AddressSanitizer + UBSan and run them again; build the `async` tests
+# (the ordering contract on the asynchronous, jittered CPU device) with ThreadSanitizer and run them,
+# with the CUDA kernels' tests on the CPU executor; last, build the parsers' libFuzzer targets with
+# clang and run each briefly (scripts/fuzz.sh).
+#
+# ZINF_SKIP_EXECUTOR=1 skips the executor pass; with --full, ZINF_SKIP_SANITIZE=1 skips both
+# sanitizer passes, ZINF_SKIP_TSAN=1 the thread one, ZINF_SKIP_FUZZ=1 the fuzzing.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+full=0
+for a in "$@"; do
+  case "$a" in
+    --full) full=1 ;;
+    *) echo "test.sh: unknown argument '$a' (usage: scripts/test.sh [--full])" >&2; exit 2 ;;
+  esac
+done
 "$root/scripts/install-deps.sh"
 "$root/scripts/install-checkers.sh"
-"$root/scripts/build.sh" "$root/build"
-ctest --test-dir "$root/build" --output-on-failure -j "$(nproc)"
-if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ]; then
-  echo "== sanitizer pass (address,undefined): unit and nvme tests"
-  # Build only what this pass runs: the test binaries labelled unit or nvme (read from their
-  # registrations, so a new test is picked up), on the CPU device, without benches.
-  asan_targets=$(awk 'match($0, /zinf_test\(([A-Za-z0-9_]+) +LABEL +(unit|nvme)[ )]/) {
-                        split(substr($0, RSTART + 10), a, " "); print a[1] }' "$root/tests/CMakeLists.txt")
-  [ -n "$asan_targets" ] || { echo "test.sh: no unit or nvme test found in tests/CMakeLists.txt" >&2; exit 1; }
-  ZINF_BUILD_TARGETS="$asan_targets" "$root/scripts/build.sh" "$root/build-asan" \
-    -DZINF_SANITIZE=address,undefined -DZINF_BUILD_BENCH=OFF -DZINF_CUDA=OFF
-  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -L 'unit|nvme'
+if [ "$full" = 1 ]; then
+  # The shipped configuration (CMakeLists.txt's defaults), so CI compiles every architecture it ships.
+  rel="$root/build"
+  "$root/scripts/build.sh" "$rel" -UZINF_CUDA_ARCHS -UZINF_BUILD_BENCH
+else
+  # A test build: one CUDA architecture (each one more compiles every .cu file again) and no micro
+  # benches (run by hand, never by a test), in its own folder so build/ keeps the shipped configuration.
+  rel="$root/build-test"
+  "$root/scripts/build.sh" "$rel" -DZINF_CUDA_ARCHS=90 -DZINF_BUILD_BENCH=OFF
 fi
-if [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TSAN:-0}" != "1" ]; then
-  echo "== sanitizer pass (thread): the async label, one jitter seed per configuration; the CUDA kernels' tests on the executor"
-  tsan_targets=$(awk 'match($0, /zinf_test\(([A-Za-z0-9_]+) +LABEL +async[ )]/) {
-                        split(substr($0, RSTART + 10), a, " "); print a[1] }' "$root/tests/CMakeLists.txt")
-  [ -n "$tsan_targets" ] || { echo "test.sh: no async test found in tests/CMakeLists.txt" >&2; exit 1; }
-  # The CUDA device on the CPU executor (its kernels' shared-memory races are reported by line); the
-  # async tests run on the CPU device as before.
-  ZINF_BUILD_TARGETS="$tsan_targets executor_test cuda_rows_test flash_attention_test" "$root/scripts/build.sh" \
-    "$root/build-tsan" -DZINF_SANITIZE=thread -DZINF_BUILD_BENCH=OFF -DZINF_CUDA_EXECUTOR=ON
-  TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_ASYNC_SEEDS=1 \
-    ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" -L async
-  TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_CUDAX_ORDER=random \
-    ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" \
-      -R '^(Executor|ExecutorTsan|Runtime)\.|^CudaRows\.(Elementwise|Convert|Rope|Embeddings|CrossEntropy|EmptyShapes)|^FlashAttention\.Refuses'
-fi
+ctest --test-dir "$rel" --output-on-failure -j "$(nproc)"
 if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
   echo "== the CUDA path on the CPU executor: every GPU test under the fifo and lifo thread orders"
   # The CUDA device's own sources built as C++ on the executor (tests/cuda_executor), with the tests
@@ -68,7 +64,34 @@ if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
       OUT="$root/build-executor/gpu-check/$stage" "$root/scripts/gpu-check.sh" "$stage"
   done
 fi
-if [ "${ZINF_SKIP_FUZZ:-0}" != "1" ]; then
+if [ "$full" = 1 ] && [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ]; then
+  echo "== sanitizer pass (address,undefined): unit and nvme tests"
+  # Build only what this pass runs: the test binaries labelled unit or nvme (read from their
+  # registrations, so a new test is picked up), on the CPU device, without benches.
+  asan_targets=$(awk 'match($0, /zinf_test\(([A-Za-z0-9_]+) +LABEL +(unit|nvme)[ )]/) {
+                        split(substr($0, RSTART + 10), a, " "); print a[1] }' "$root/tests/CMakeLists.txt")
+  [ -n "$asan_targets" ] || { echo "test.sh: no unit or nvme test found in tests/CMakeLists.txt" >&2; exit 1; }
+  ZINF_BUILD_TARGETS="$asan_targets" "$root/scripts/build.sh" "$root/build-asan" \
+    -DZINF_SANITIZE=address,undefined -DZINF_BUILD_BENCH=OFF -DZINF_CUDA=OFF
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -L 'unit|nvme'
+fi
+if [ "$full" = 1 ] && [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TSAN:-0}" != "1" ]; then
+  echo "== sanitizer pass (thread): the async label, one jitter seed per configuration; the CUDA kernels' tests on the executor"
+  tsan_targets=$(awk 'match($0, /zinf_test\(([A-Za-z0-9_]+) +LABEL +async[ )]/) {
+                        split(substr($0, RSTART + 10), a, " "); print a[1] }' "$root/tests/CMakeLists.txt")
+  [ -n "$tsan_targets" ] || { echo "test.sh: no async test found in tests/CMakeLists.txt" >&2; exit 1; }
+  # The CUDA device on the CPU executor (its kernels' shared-memory races are reported by line); the
+  # async tests run on the CPU device as before.
+  ZINF_BUILD_TARGETS="$tsan_targets executor_test cuda_rows_test flash_attention_test" "$root/scripts/build.sh" \
+    "$root/build-tsan" -DZINF_SANITIZE=thread -DZINF_BUILD_BENCH=OFF -DZINF_CUDA_EXECUTOR=ON
+  TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_ASYNC_SEEDS=1 \
+    ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" -L async
+  TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_CUDAX_ORDER=random \
+    ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" \
+      -R '^(Executor|ExecutorTsan|Runtime)\.|^CudaRows\.(Elementwise|Convert|Rope|Embeddings|CrossEntropy|EmptyShapes)|^FlashAttention\.Refuses'
+fi
+if [ "$full" = 1 ] && [ "${ZINF_SKIP_FUZZ:-0}" != "1" ]; then
   echo "== fuzzing (libFuzzer, address,undefined): each parser from its seed corpus for ${ZINF_FUZZ_SECONDS:-15}s"
   "$root/scripts/fuzz.sh" "$root/build-fuzz"
 fi

@@ -48,7 +48,14 @@ namespace zinf {
 
 enum class StreamRole { compute = 0, h2d = 1, d2h = 2 };
 constexpr int kStreamRoles = 3;
-const char* to_string(StreamRole r);
+constexpr const char* to_string(StreamRole r) {
+  switch (r) {
+    case StreamRole::compute: return "compute";
+    case StreamRole::h2d: return "h2d";
+    case StreamRole::d2h: return "d2h";
+  }
+  return "?";
+}
 
 // What a busy mark holds, as the trace names it: a supernode or the model's pass ("Fetch", "forward")
 // with static storage, and the layer unit (-1: none).
@@ -61,8 +68,8 @@ class DeviceMemoryError : public Error {
  public:
   using Error::Error;
 };
-// What every device says when an allocation of `bytes` for `what` would pass its budget.
-DeviceMemoryError over_budget_error(const std::string& what, std::size_t bytes, std::size_t in_use, std::size_t budget);
+// What every device says when an allocation would pass its budget: over_budget_error
+// (zinf/backends/sysinfo.h).
 
 // An event recorded on a stream; completes when the work enqueued before it has run.
 class DeviceEvent {

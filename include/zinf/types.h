@@ -51,12 +51,6 @@ constexpr std::string_view to_string(DeviceType d) {
 }
 
 constexpr std::string_view to_string(Kernels k) { return k == Kernels::fast ? "fast" : "reference"; }
-// The Kernels of a config word; false when `name` is neither.
-constexpr bool parse_kernels(std::string_view name, Kernels& out) {
-  if (name == "reference") return out = Kernels::reference, true;
-  if (name == "fast") return out = Kernels::fast, true;
-  return false;
-}
 
 constexpr std::string_view to_string(Attention a) {
   switch (a) {
@@ -123,9 +117,7 @@ struct BusyTimes {
     if (b == h2d) return "h2d";
     return "d2h";
   }
-  // Every disk together: reads' and writes' busy seconds, and bytes.
-  double nvme_read() const { return sum(&DiskBusy::read); }
-  double nvme_write() const { return sum(&DiskBusy::write); }
+  // Every disk together: the bytes read and written.
   double nvme_read_bytes() const { return sum(&DiskBusy::read_bytes); }
   double nvme_write_bytes() const { return sum(&DiskBusy::write_bytes); }
 

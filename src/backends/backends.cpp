@@ -5,9 +5,10 @@
 #include "cpu/cpu.h"
 #include "zinf/backends/backend.h"
 #include "zinf/backends/gpu.h"
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/error.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 #if ZINF_HAVE_CUDA
 #include "cuda/cuda.h"
@@ -17,14 +18,6 @@
 #endif
 
 namespace zinf {
-
-DeviceMemoryError over_budget_error(const std::string& what, std::size_t bytes, std::size_t in_use,
-                                    std::size_t budget) {
-  return DeviceMemoryError("device memory budget exceeded allocating " + what + " (" + format_bytes(bytes) +
-                               "): " + format_bytes(in_use) + " of " + format_bytes(budget) + " already in use",
-                           "raise device.memory_budget, lower the micro batch, enable model.activation_checkpointing, "
-                           "or offload (see `zinf plan`)");
-}
 
 const backends::Backend& backends::backend_for(DeviceType type) {
   switch (type) {

@@ -1,6 +1,6 @@
-// sysinfo.cpp — machine facts for `zinf info` and `zinf plan` (zinf/sysinfo.h).
+// sysinfo.cpp — machine facts for `zinf info` and `zinf plan` (zinf/backends/sysinfo.h).
 #include <atomic>
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 #include <hwloc.h>
 #include <sys/resource.h>
@@ -57,6 +57,14 @@ std::string format_bytes(std::uint64_t b) {
   else
     std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
   return buf;
+}
+
+DeviceMemoryError over_budget_error(const std::string& what, std::size_t bytes, std::size_t in_use,
+                                    std::size_t budget) {
+  return DeviceMemoryError("device memory budget exceeded allocating " + what + " (" + format_bytes(bytes) +
+                               "): " + format_bytes(in_use) + " of " + format_bytes(budget) + " already in use",
+                           "raise device.memory_budget, lower the micro batch, enable model.activation_checkpointing, "
+                           "or offload (see `zinf plan`)");
 }
 
 std::string format_count(std::int64_t n) {

@@ -47,19 +47,10 @@ class OpsBackend {
 
   // Every op of model/op_list.h, e.g.
   //   virtual void matmul_forward(TensorView out, ConstTensorView inp, ..., int OC) = 0;
-  // A backend must have GPT-2's; the Llama family's raise the ConfigError of no_llama() unless it
-  // overrides them (and has_llama_ops()).
+  // Every backend has every op of the list, GPT-2's and the Llama family's alike.
 #define ZINF_DECLARE_OP(name, info, params, args) virtual void name params = 0;
-  ZINF_GPT_OPS(ZINF_DECLARE_OP)
+  ZINF_OPS(ZINF_DECLARE_OP)
 #undef ZINF_DECLARE_OP
-#define ZINF_DECLARE_LLAMA_OP(name, info, params, args) \
-  virtual void name params {                            \
-    ignore_args args;                                   \
-    no_llama();                                         \
-  }
-  ZINF_LLAMA_OPS(ZINF_DECLARE_LLAMA_OP)
-#undef ZINF_DECLARE_LLAMA_OP
-  virtual bool has_llama_ops() const { return false; }
 
   // The dtype the model stores its activations (and activation gradients, the LM head's probs and
   // dlogits) in for this backend. LayerNorm mean/rstd, RMSNorm rstd, the attention state, row
@@ -74,12 +65,6 @@ class OpsBackend {
   // The layout of the probs and dlogits buffers this backend's LM head ops take (logits_rows_of):
   // views of R · logits_row_stride(V, logits_rows()) elements.
   virtual LogitsRows logits_rows() const { return LogitsRows::packed; }
-
-  [[noreturn]] static void no_llama();  // the ConfigError a backend without llama kernels raises
-
- private:
-  template <class... A>
-  static void ignore_args(const A&...) {}
 };
 
 // A backend whose kernels take fp32 pointers: each op checks its views are fp32 (a zinf::Error

@@ -109,7 +109,6 @@ KvDecoder::KvDecoder(const ModelShape& s, Device& dev, OpsBackend& ops, std::vec
     throw Error("generate: " + std::to_string(units_.size()) + " weight units for a model of " +
                 std::to_string(layer_units(s).size()));
   const bool llama = s.family == ModelFamily::llama;
-  if (llama && !ops.has_llama_ops()) OpsBackend::no_llama();
   const std::size_t P = static_cast<std::size_t>(P_), C = static_cast<std::size_t>(C_),
                     F = static_cast<std::size_t>(F_), V = static_cast<std::size_t>(V_),
                     L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(KV_) * D_;

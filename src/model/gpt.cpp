@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "model/unit_walk.h"
+
 namespace zinf {
 
 namespace {
@@ -141,105 +143,53 @@ void GptModel::block_backward(const Weights& w, const Grads& g, ConstTensorView 
   ops_.layernorm_backward(dx, g.ln1w, g.ln1b, dln_, x, w.ln1w, a.ln1_mean, a.ln1_rstd, R, C);
 }
 
+// The family's steps of the unit walk (unit_walk.h).
+void GptModel::embed_forward(ConstTensorView emb, const int* tokens) {
+  const int C = shape_.d_model, T = shape_.seq_len;
+  const std::size_t VC = static_cast<std::size_t>(shape_.vocab_size) * C, TC = static_cast<std::size_t>(T) * C;
+  ops_.encoder_forward(acts_.x0, tokens, slice(emb, 0, VC), slice(emb, VC, TC), B_, T, C);
+}
+
+GptModel::Weights GptModel::block_weights(ConstTensorView unit) const { return block_view(unit, shape_.d_model); }
+GptModel::Grads GptModel::block_grads(float* unit) const { return block_view(TensorView(unit), shape_.d_model); }
+
+void GptModel::norm_forward(ConstTensorView lnf, ConstTensorView x) {
+  const int C = shape_.d_model;
+  ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, slice(lnf, 0, C), slice(lnf, C, C), R_, C);
+}
+
+void GptModel::head_forward(ConstTensorView emb, const int* targets) {
+  const int C = shape_.d_model, V = shape_.vocab_size;
+  ops_.lm_head_forward(probs_, losses_, lnf_, slice(emb, 0, static_cast<std::size_t>(V) * C), targets, R_, C, V);
+}
+
+void GptModel::head_backward(ConstTensorView emb, float* demb, const int* targets, float dscale) {
+  const int C = shape_.d_model, V = shape_.vocab_size;
+  const std::size_t VC = static_cast<std::size_t>(V) * C;
+  ops_.lm_head_backward(dln_, slice(TensorView(demb, VC), 0, VC), dlogits_, probs_, lnf_, slice(emb, 0, VC), targets,
+                        dscale, R_, C, V);
+}
+
+void GptModel::norm_backward(ConstTensorView lnf, float* dlnf_p, ConstTensorView x) {
+  const int C = shape_.d_model;
+  const TensorView dlnf(dlnf_p, 2 * static_cast<std::size_t>(C));
+  ops_.layernorm_backward(dres_a_, slice(dlnf, 0, C), slice(dlnf, C, C), dln_, x, slice(lnf, 0, C), lnf_mean_,
+                          lnf_rstd_, R_, C);
+}
+
+void GptModel::embed_backward(float* demb_p, ConstTensorView dout, const int* tokens) {
+  const int C = shape_.d_model, T = shape_.seq_len;
+  const std::size_t VC = static_cast<std::size_t>(shape_.vocab_size) * C, TC = static_cast<std::size_t>(T) * C;
+  const TensorView demb(demb_p, VC + TC);
+  ops_.encoder_backward(slice(demb, 0, VC), slice(demb, VC, TC), dout, tokens, B_, T, C);
+}
+
 void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
-  const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
-  const int C = shape_.d_model, V = shape_.vocab_size, T = shape_.seq_len;
-  const std::size_t VC = static_cast<std::size_t>(V) * C, TC = static_cast<std::size_t>(T) * C;
-  ConstTensorView emb = src.weights(0);
-  acts_.before_write(0);
-  {
-    BusyScope busy(dev_, StreamRole::compute, {"forward", 0});
-    ops_.encoder_forward(acts_.x0, tokens, slice(emb, 0, VC), slice(emb, VC, TC), B_, T, C);
-  }
-  acts_.written(0);
-  src.done_with(0);
-  ConstTensorView x = acts_.x0;
-  for (std::size_t l = 0; l < L; ++l) {
-    const Weights bw = block_view(src.weights(l + 1), C);
-    {
-      BusyScope busy(dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(l + 1)});
-      if (ckpt_) {
-        block_forward(bw, x, acts_.recompute);
-        acts_.before_write(l + 1);
-        ops_.copy(acts_.blocks[l].out, acts_.recompute.out, static_cast<std::size_t>(R_) * C);
-        acts_.written(l + 1);
-      } else {
-        block_forward(bw, x, acts_.blocks[l]);
-      }
-    }
-    src.done_with(l + 1);
-    x = acts_.blocks[l].out;
-  }
-  const ConstTensorView lnf = src.weights(L + 1);
-  {
-    BusyScope busy(dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(L + 1)});
-    ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, slice(lnf, 0, C), slice(lnf, C, C), R_, C);
-  }
-  src.done_with(L + 1);
-  emb = src.weights(0);
-  {
-    BusyScope busy(dev_, StreamRole::compute, {"forward", 0});
-    ops_.lm_head_forward(probs_, losses_, lnf_, slice(emb, 0, VC), targets, R_, C, V);
-  }
-  src.done_with(0);
+  UnitWalk<GptModel>::forward(*this, src, tokens, targets);
 }
 
 void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {
-  const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
-  const int C = shape_.d_model, V = shape_.vocab_size, T = shape_.seq_len;
-  const std::size_t RC = static_cast<std::size_t>(R_) * C;
-  const std::size_t VC = static_cast<std::size_t>(V) * C, TC = static_cast<std::size_t>(T) * C;
-  const ConstTensorView emb = src.weights(0);
-  TensorView demb(src.grads(0), VC + TC);
-  {
-    BusyScope busy(dev_, StreamRole::compute, {"backward", 0});
-    ops_.lm_head_backward(dln_, slice(demb, 0, VC), dlogits_, probs_, lnf_, slice(emb, 0, VC), targets, dscale, R_, C,
-                          V);
-  }
-  src.done_with(0);
-  ConstTensorView last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
-  // The backward's last unit (the final norm) and the handoff of its gradients are written as in
-  // llama.cpp: each family names its own norm op and buffers, which a shared helper would have to take
-  // as a dozen parameters.
-  const ConstTensorView lnf = src.weights(L + 1);
-  const TensorView dlnf(src.grads(L + 1), 2 * static_cast<std::size_t>(C));
-  acts_.acquire(L);
-  {
-    BusyScope busy(dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(L + 1)});
-    ops_.zero(dres_a_, RC);
-    ops_.layernorm_backward(dres_a_, slice(dlnf, 0, C), slice(dlnf, C, C), dln_, last, slice(lnf, 0, C), lnf_mean_,
-                            lnf_rstd_, R_, C);
-  }
-  acts_.release(L);
-  src.grads_done(L + 1);
-  src.done_with(L + 1);
-  TensorView dout = dres_a_;
-  TensorView dx = dres_b_;
-  for (std::size_t l = L; l-- > 0;) {
-    acts_.acquire(l);
-    ConstTensorView x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
-    const Weights bw = block_view(src.weights(l + 1), C);
-    const Grads bg = block_view(TensorView(src.grads(l + 1)), C);
-    {
-      BusyScope busy(dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(l + 1)});
-      const BlockActs* a = &acts_.blocks[l];
-      if (ckpt_) {  // recompute this block's activations from its kept input
-        block_forward(bw, x, acts_.recompute);
-        a = &acts_.recompute;
-      }
-      block_backward(bw, bg, x, *a, dout, dx);
-    }
-    acts_.release(l);
-    src.grads_done(l + 1);
-    src.done_with(l + 1);
-    std::swap(dout, dx);
-  }
-  demb = TensorView(src.grads(0), VC + TC);
-  {
-    BusyScope busy(dev_, StreamRole::compute, {"backward", 0});
-    ops_.encoder_backward(slice(demb, 0, VC), slice(demb, VC, TC), dout, tokens, B_, T, C);
-  }
-  src.grads_done(0);
+  UnitWalk<GptModel>::backward(*this, src, tokens, targets, dscale);
 }
 
 }  // namespace zinf

@@ -66,6 +66,17 @@ class GptModel final : public LanguageModel {
   void block_forward(const Weights& w, ConstTensorView x, const BlockActs& a);
   void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const BlockActs& a, ConstTensorView dout,
                       TensorView dx);
+  // The family's steps of the one walk over the units (model/unit_walk.h).
+  friend struct UnitWalk<GptModel>;
+  void embed_forward(ConstTensorView emb, const int* tokens);
+  Weights block_weights(ConstTensorView unit) const;
+  Grads block_grads(float* unit) const;
+  void norm_forward(ConstTensorView fin, ConstTensorView x);
+  bool head_in_embedding() const { return true; }
+  void head_forward(ConstTensorView unit, const int* targets);
+  void head_backward(ConstTensorView unit, float* dunit, const int* targets, float dscale);
+  void norm_backward(ConstTensorView fin, float* dfin, ConstTensorView x);
+  void embed_backward(float* demb, ConstTensorView dout, const int* tokens);
 
   ModelShape shape_;
   int B_, R_;

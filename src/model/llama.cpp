@@ -6,6 +6,7 @@
 
 #include "model/host_math.h"
 #include "model/init.h"
+#include "model/unit_walk.h"
 #include "zinf/error.h"
 
 namespace zinf {
@@ -96,7 +97,6 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
       dev_(dev),
       ops_(ops) {
   ZINF_CHECK(s.family == ModelFamily::llama && H_ % KV_ == 0 && D_ % 2 == 0 && F_ > 0);
-  if (!ops.has_llama_ops()) OpsBackend::no_llama();
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
                     L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(KV_) * D_,
                     F = static_cast<std::size_t>(F_);
@@ -189,115 +189,48 @@ void LlamaModel::block_backward(const Weights& w, const Grads& g, ConstTensorVie
   ops_.rmsnorm_backward(dx, g.attn_norm, dn_, x, w.attn_norm, a.an_rstd, R, C);
 }
 
+// The family's steps of the unit walk (unit_walk.h). Untied, the LM head is unit L+1's matrix after
+// the norm's weight; tied, unit 0's embedding.
+void LlamaModel::embed_forward(ConstTensorView emb, const int* tokens) {
+  ops_.embedding_forward(acts_.x0, tokens, slice(emb, 0, static_cast<std::size_t>(shape_.vocab_size) * C_), R_, C_);
+}
+
+LlamaModel::Weights LlamaModel::block_weights(ConstTensorView unit) const { return llama_block_view(unit, shape_); }
+LlamaModel::Grads LlamaModel::block_grads(float* unit) const { return llama_block_view(TensorView(unit), shape_); }
+
+void LlamaModel::norm_forward(ConstTensorView fin, ConstTensorView x) {
+  ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, slice(fin, 0, C_), R_, C_, static_cast<float>(shape_.norm_eps));
+}
+
+void LlamaModel::head_forward(ConstTensorView unit, const int* targets) {
+  const int V = shape_.vocab_size;
+  const std::size_t off = shape_.tie_embeddings ? 0 : static_cast<std::size_t>(C_);
+  ops_.lm_head_forward(probs_, losses_, lnf_, slice(unit, off, static_cast<std::size_t>(V) * C_), targets, R_, C_, V);
+}
+
+void LlamaModel::head_backward(ConstTensorView unit, float* dunit, const int* targets, float dscale) {
+  const int V = shape_.vocab_size;
+  const std::size_t VC = static_cast<std::size_t>(V) * C_;
+  const std::size_t off = shape_.tie_embeddings ? 0 : static_cast<std::size_t>(C_);
+  ops_.lm_head_backward(dn_, slice(TensorView(dunit, off + VC), off, VC), dlogits_, probs_, lnf_, slice(unit, off, VC),
+                        targets, dscale, R_, C_, V);
+}
+
+void LlamaModel::norm_backward(ConstTensorView fin, float* dfin, ConstTensorView x) {
+  ops_.rmsnorm_backward(dres_a_, slice(TensorView(dfin, static_cast<std::size_t>(C_)), 0, C_), dn_, x,
+                        slice(fin, 0, C_), lnf_rstd_, R_, C_);
+}
+
+void LlamaModel::embed_backward(float* dwte, ConstTensorView dout, const int* tokens) {
+  ops_.embedding_backward(TensorView(dwte, static_cast<std::size_t>(shape_.vocab_size) * C_), dout, tokens, R_, C_);
+}
+
 void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets) {
-  const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
-  const int C = C_, V = shape_.vocab_size;
-  const std::size_t VC = static_cast<std::size_t>(V) * C;
-  ConstTensorView wte = slice(src.weights(0), 0, VC);
-  acts_.before_write(0);
-  {
-    BusyScope busy(dev_, StreamRole::compute, {"forward", 0});
-    ops_.embedding_forward(acts_.x0, tokens, wte, R_, C);
-  }
-  acts_.written(0);
-  src.done_with(0);
-  ConstTensorView x = acts_.x0;
-  for (std::size_t l = 0; l < L; ++l) {
-    const Weights bw = llama_block_view(src.weights(l + 1), shape_);
-    {
-      BusyScope busy(dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(l + 1)});
-      if (ckpt_) {
-        block_forward(bw, x, acts_.recompute);
-        acts_.before_write(l + 1);
-        ops_.copy(acts_.blocks[l].out, acts_.recompute.out, static_cast<std::size_t>(R_) * C);
-        acts_.written(l + 1);
-      } else {
-        block_forward(bw, x, acts_.blocks[l]);
-      }
-    }
-    src.done_with(l + 1);
-    x = acts_.blocks[l].out;
-  }
-  const ConstTensorView fin = src.weights(L + 1);
-  const float eps = static_cast<float>(shape_.norm_eps);
-  if (shape_.tie_embeddings) {
-    {
-      BusyScope busy(dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(L + 1)});
-      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, slice(fin, 0, C), R_, C, eps);
-    }
-    src.done_with(L + 1);
-    wte = slice(src.weights(0), 0, VC);
-    {
-      BusyScope busy(dev_, StreamRole::compute, {"forward", 0});
-      ops_.lm_head_forward(probs_, losses_, lnf_, wte, targets, R_, C, V);
-    }
-    src.done_with(0);
-  } else {
-    {
-      BusyScope busy(dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(L + 1)});
-      ops_.rmsnorm_forward(lnf_, lnf_rstd_, x, slice(fin, 0, C), R_, C, eps);
-      ops_.lm_head_forward(probs_, losses_, lnf_, slice(fin, C, VC), targets, R_, C, V);
-    }
-    src.done_with(L + 1);
-  }
+  UnitWalk<LlamaModel>::forward(*this, src, tokens, targets);
 }
 
 void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {
-  const std::size_t L = static_cast<std::size_t>(shape_.n_layer);
-  const int C = C_, V = shape_.vocab_size;
-  const std::size_t RC = static_cast<std::size_t>(R_) * C, VC = static_cast<std::size_t>(V) * C;
-  ConstTensorView last = L > 0 ? acts_.blocks[L - 1].out : acts_.x0;
-  const ConstTensorView fin = src.weights(L + 1);
-  const TensorView dfin(src.grads(L + 1), shape_.tie_embeddings ? static_cast<std::size_t>(C) : C + VC);
-  if (shape_.tie_embeddings) {
-    const ConstTensorView wte = slice(src.weights(0), 0, VC);
-    const TensorView dwte(src.grads(0), VC);
-    {
-      BusyScope busy(dev_, StreamRole::compute, {"backward", 0});
-      ops_.lm_head_backward(dn_, dwte, dlogits_, probs_, lnf_, wte, targets, dscale, R_, C, V);
-    }
-    src.done_with(0);
-  } else {
-    BusyScope busy(dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(L + 1)});
-    ops_.lm_head_backward(dn_, slice(dfin, C, VC), dlogits_, probs_, lnf_, slice(fin, C, VC), targets, dscale, R_, C,
-                          V);
-  }
-  acts_.acquire(L);
-  {
-    BusyScope busy(dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(L + 1)});
-    ops_.zero(dres_a_, RC);
-    ops_.rmsnorm_backward(dres_a_, slice(dfin, 0, C), dn_, last, slice(fin, 0, C), lnf_rstd_, R_, C);
-  }
-  acts_.release(L);
-  src.grads_done(L + 1);
-  src.done_with(L + 1);
-  TensorView dout = dres_a_;
-  TensorView dx = dres_b_;
-  for (std::size_t l = L; l-- > 0;) {
-    acts_.acquire(l);
-    ConstTensorView x = l > 0 ? acts_.blocks[l - 1].out : acts_.x0;
-    const Weights bw = llama_block_view(src.weights(l + 1), shape_);
-    const Grads bg = llama_block_view(TensorView(src.grads(l + 1)), shape_);
-    {
-      BusyScope busy(dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(l + 1)});
-      const Acts* a = &acts_.blocks[l];
-      if (ckpt_) {  // recompute this block's activations from its kept input
-        block_forward(bw, x, acts_.recompute);
-        a = &acts_.recompute;
-      }
-      block_backward(bw, bg, x, *a, dout, dx);
-    }
-    acts_.release(l);
-    src.grads_done(l + 1);
-    src.done_with(l + 1);
-    std::swap(dout, dx);
-  }
-  const TensorView dwte(src.grads(0), VC);
-  {
-    BusyScope busy(dev_, StreamRole::compute, {"backward", 0});
-    ops_.embedding_backward(dwte, dout, tokens, R_, C);
-  }
-  src.grads_done(0);
+  UnitWalk<LlamaModel>::backward(*this, src, tokens, targets, dscale);
 }
 
 void llama_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed) {

@@ -56,6 +56,17 @@ class LlamaModel final : public LanguageModel {
   void block_forward(const Weights& w, ConstTensorView x, const Acts& a);
   void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const Acts& a, ConstTensorView dout,
                       TensorView dx);
+  // The family's steps of the one walk over the units (model/unit_walk.h).
+  friend struct UnitWalk<LlamaModel>;
+  void embed_forward(ConstTensorView emb, const int* tokens);
+  Weights block_weights(ConstTensorView unit) const;
+  Grads block_grads(float* unit) const;
+  void norm_forward(ConstTensorView fin, ConstTensorView x);
+  bool head_in_embedding() const { return shape_.tie_embeddings; }
+  void head_forward(ConstTensorView unit, const int* targets);
+  void head_backward(ConstTensorView unit, float* dunit, const int* targets, float dscale);
+  void norm_backward(ConstTensorView fin, float* dfin, ConstTensorView x);
+  void embed_backward(float* demb, ConstTensorView dout, const int* tokens);
 
   ModelShape shape_;
   int B_, T_, R_, C_, H_, KV_, D_, F_;

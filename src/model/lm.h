@@ -54,6 +54,10 @@ class ResidentUnits final : public UnitSource {
   std::vector<std::size_t> sizes_;
 };
 
+// The one walk over a family's units, forward and backward (model/unit_walk.h).
+template <class M>
+struct UnitWalk;
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;

@@ -15,16 +15,17 @@
 // Every op returns void and runs in stream order on the device's compute stream.
 //
 // To add an op:
-//   1. add its entry here (GPT-2's ops or the Llama family's: a backend without Llama kernels raises
-//      the "no llama kernels" ConfigError for those);
+//   1. add its entry here (among GPT-2's ops or the Llama family's: both halves are one list, and every
+//      backend implements every op of it);
 //   2. write the CPU reference ops::name in src/backends/cpu/ops_gpt.cpp or ops_llama.cpp (declared in
 //      ops_gpt.h / ops_llama.h), taking float pointers where the entry has views;
 //   3. write the CUDA kernel (src/backends/cuda/ops/) and CudaOps::fp32_name (src/backends/cuda/cuda_ops.cu),
-//      with the same float-pointer parameters;
+//      with the same float-pointer parameters, and CudaFastOps::name (src/backends/cuda/fast_ops.cu: the op
+//      in 16-bit storage, or its error where the fast kernels refuse it);
 //   4. give it a case in tests/backends/ops_table_test.cpp (the test does not compile without one), and
 //      in tests/backends/fast_ops_twin_test.cpp, whose table the list generates too;
 //   5. call it from the model.
-// Nothing else changes: the wrappers forward every op of the list.
+// Nothing else changes: the wrappers forward every op of the list (docs/layout.md counts the files).
 #pragma once
 
 #include <cstddef>
@@ -164,6 +165,7 @@ constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
   X(lm_head_logits, lm_head_info(R, C, V, false),                                                                      \
     (TensorView logits, ConstTensorView x, ConstTensorView wte, int R, int C, int V), (logits, x, wte, R, C, V))
 
+// The one list: every backend implements every op of it (model/backend.h declares them all pure virtual).
 #define ZINF_OPS(X) ZINF_GPT_OPS(X) ZINF_LLAMA_OPS(X)
 
 // Helpers for expanding the lists: ZINF_OP_UNPAREN (a, b) is a, b.

@@ -6,15 +6,7 @@
 // pointers, not the data they point to.
 #include "model/ops_forward.h"
 
-#include "zinf/error.h"
-
 namespace zinf {
-
-void OpsBackend::no_llama() {
-  throw ConfigError(
-      "model.family llama: this device's backend has no llama kernels yet; train it on the CPU device (device.type "
-      "cpu)");
-}
 
 #define ZINF_FORWARD_OP(name, info, params, args) \
   void ForwardingOps::name params {               \

@@ -21,7 +21,6 @@ class ForwardingOps : public OpsBackend {
 #define ZINF_FORWARD_OP(name, info, params, args) void name params override;
   ZINF_OPS(ZINF_FORWARD_OP)
 #undef ZINF_FORWARD_OP
-  bool has_llama_ops() const override { return in_->has_llama_ops(); }
   DType storage_dtype() const override { return in_->storage_dtype(); }
   std::size_t attention_state_elems(int B, int H, int T) const override { return in_->attention_state_elems(B, H, T); }
   LogitsRows logits_rows() const override { return in_->logits_rows(); }

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "../model/random_floats.h"
+#include "common/random_floats.h"
 #include "cuda/cuda.h"
 #include "cuda/gemm.h"
 #include "cuda/gemm_plan.h"

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "../model/random_floats.h"
+#include "common/random_floats.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda.h"
 #include "cuda/cuda_ops.h"

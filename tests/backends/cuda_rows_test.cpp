@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "../model/random_floats.h"
+#include "common/random_floats.h"
 #include "cpu/ops_gpt.h"
 #include "cpu/ops_llama.h"
 #include "cuda/ops/rows.cuh"

@@ -15,6 +15,7 @@
 
 #include "cuda/cuda.h"
 #include "zinf/backends/gpu.h"
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/device.h"
 #if ZINF_CUDA_EXECUTOR

@@ -12,7 +12,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "../model/random_floats.h"
+#include "common/random_floats.h"
 #include "cpu/ops_gpt.h"
 #include "cuda/gemm_plan.h"
 #include "gemm_reference.h"

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "../model/random_floats.h"
+#include "common/random_floats.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/ops_stream.h"
 #include "model/backend.h"
@@ -87,7 +87,6 @@ class Recorder final : public OpsBackend {
   }
   ZINF_OPS(ZINF_RECORD_OP)
 #undef ZINF_RECORD_OP
-  bool has_llama_ops() const override { return in_.has_llama_ops(); }
 
  private:
   OpsBackend& in_;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 
 namespace zinf::test {

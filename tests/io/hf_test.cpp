@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "../model/random_floats.h"
+#include "common/random_floats.h"
 #include "app/config/config.h"
 #include "app/train/checkpoint.h"
 #include "app/train/train.h"

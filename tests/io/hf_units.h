@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "../model/random_floats.h"
+#include "common/random_floats.h"
 #include "io/safetensors.h"
 #include "model/shape.h"
 #include "zinf/cpu_adam/convert.h"

@@ -12,7 +12,7 @@
 
 #include "model/host_math.h"
 #include "model/lm.h"
-#include "random_floats.h"
+#include "common/random_floats.h"
 
 namespace zinf::test {
 

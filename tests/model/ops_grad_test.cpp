@@ -14,7 +14,7 @@
 #include "grad_check.h"
 #include "model/gpt.h"
 #include "model/host_math.h"
-#include "random_floats.h"
+#include "common/random_floats.h"
 #include "zinf/backends/cpu.h"
 #include "zinf/device.h"
 

@@ -15,8 +15,8 @@
 #include "grad_check.h"
 #include "model/host_math.h"
 #include "model/llama.h"
+#include "common/random_floats.h"
 #include "zinf/error.h"
-#include "random_floats.h"
 #include "zinf/backends/cpu.h"
 #include "zinf/device.h"
 

@@ -27,6 +27,7 @@
 #include "model/shape.h"
 #include "zinf/backends/backend.h"
 #include "zinf/backends/gpu.h"
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/cpu_adam/host_threads.h"
 #include "zinf/cpu_adam/spec.h"
@@ -34,7 +35,7 @@
 #include "zinf/device.h"
 #include "zinf/error.h"
 #include "zinf/offload/engine_kernels.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf::cli {
 namespace {

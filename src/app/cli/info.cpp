@@ -8,9 +8,10 @@
 
 #include "commands.h"
 #include "zinf/backends/backend.h"
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/nvme/probe.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf::cli {
 namespace {

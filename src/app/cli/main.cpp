@@ -12,10 +12,11 @@
 
 #include "commands.h"
 #include "signals.h"
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/error.h"
 #include "zinf/nvme/store.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace {
 

@@ -10,6 +10,7 @@
 #include "app/config/config.h"
 #include "app/plan/plan.h"
 #include "commands.h"
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/offload/buffer_specs.h"
 #include "zinf/offload/dataflow.h"

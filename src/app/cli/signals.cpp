@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/nvme/store.h"
 

@@ -14,9 +14,10 @@
 #include "app/train/train.h"
 #include "commands.h"
 #include "signals.h"
+#include "zinf/backends/world.h"
 #include "zinf/error.h"
 #include "zinf/offload/placement.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf::cli {
 namespace {

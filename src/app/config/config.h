@@ -17,6 +17,7 @@
 #include "io/data.h"
 #include "model/shape.h"
 #include "zinf/cpu_adam/adam.h"
+#include "zinf/nvme/async_io.h"
 #include "zinf/types.h"
 
 namespace zinf {
@@ -24,7 +25,7 @@ namespace zinf {
 enum class OptimizerType { adam, adamw };
 enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr };
 enum class WarmupType { log, linear };
-enum class AsyncIoKind { automatic, uring, posix };
+using nvme::AsyncIoKind;  // aio.engine: auto, uring, posix (the NVMe tier's back ends)
 
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::adamw;

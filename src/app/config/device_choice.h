@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "app/config/config.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 #include "zinf/types.h"
 
 namespace zinf {

@@ -10,9 +10,7 @@ namespace zinf {
 nvme::StoreOptions store_options(const AioConfig& a, const std::string& nvme_path) {
   nvme::StoreOptions o;
   o.parent = nvme_path;
-  o.io_kind = a.engine == AsyncIoKind::uring   ? nvme::AsyncIoKind::uring
-              : a.engine == AsyncIoKind::posix ? nvme::AsyncIoKind::posix
-                                               : nvme::AsyncIoKind::automatic;
+  o.io_kind = a.engine;
   o.io.block_size = static_cast<std::size_t>(a.block_size);
   o.io.queue_depth = a.queue_depth;
   o.io.threads = a.intra_op_parallelism;

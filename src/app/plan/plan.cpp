@@ -16,7 +16,7 @@
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
 #include "zinf/offload/engine.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf {
 

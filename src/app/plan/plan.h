@@ -15,7 +15,7 @@
 #include "app/config/device_choice.h"
 #include "model/shape.h"
 #include "zinf/offload/placement.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf {
 

@@ -57,7 +57,6 @@ class Monitor {
   // The scalars of one step as written, for tests.
   std::vector<std::pair<std::string, double>> scalars(const StepReport& r) const;
   std::int64_t samples(std::int64_t step) const { return step * batch_; }
-  std::string tensorboard_file() const { return tb_ ? tb_->path() : std::string(); }
 
  private:
   void write(std::int64_t step, const std::vector<std::pair<std::string, double>>& values);

@@ -46,13 +46,14 @@
 #include "model/lm.h"
 #include "model/ops_profile.h"
 #include "zinf/backends/backend.h"
+#include "zinf/backends/world.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/host_threads.h"
 #include "zinf/device.h"
 #include "zinf/error.h"
 #include "zinf/offload/engine.h"
 #include "zinf/pinned.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 #include "zinf/trace.h"
 
 namespace zinf {

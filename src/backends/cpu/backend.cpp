@@ -5,7 +5,7 @@
 #include "cpu/cpu_ops.h"
 #include "cpu/ops_stream.h"
 #include "cpu/twin_ops.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf::cpu {
 namespace {

@@ -18,18 +18,9 @@
 #include "zinf/backends/cpu.h"
 #include "zinf/device.h"
 #include "zinf/serial_worker.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf {
-
-const char* to_string(StreamRole r) {
-  switch (r) {
-    case StreamRole::compute: return "compute";
-    case StreamRole::h2d: return "h2d";
-    case StreamRole::d2h: return "d2h";
-  }
-  return "?";
-}
 
 namespace {
 

@@ -21,7 +21,6 @@ class CpuOps : public OpsBackend {
   }
   ZINF_OPS(ZINF_CPU_OP)
 #undef ZINF_CPU_OP
-  bool has_llama_ops() const override { return true; }
 
  private:
   ops::ChunkPool& pool_;

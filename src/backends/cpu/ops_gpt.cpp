@@ -1,4 +1,4 @@
-// ops_gpt.cpp — the reference GPT ops, the CPU backend (see ops.h for the determinism rules).
+// ops_gpt.cpp — the reference GPT ops, the CPU backend (see ops_gpt.h for the determinism rules).
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>

@@ -1,7 +1,7 @@
 // ops_llama.h — the reference operations of the Llama family (Llama 2/3, Mistral, Qwen2, TinyLlama,
-// SmolLM) beside GPT-2's (ops.h), in fp32 on the CPU: RMSNorm, rotary position embeddings (with
+// SmolLM) beside GPT-2's (ops_gpt.h), in fp32 on the CPU: RMSNorm, rotary position embeddings (with
 // Llama 3's frequency scaling), the SwiGLU activation, and causal attention with grouped-query heads.
-// The rules of ops.h hold: every op is parallel over fixed chunks and every cross-row sum is done by
+// The rules of ops_gpt.h hold: every op is parallel over fixed chunks and every cross-row sum is done by
 // one thread in row order, so results do not depend on the thread count; backward ops accumulate
 // (+=) into weight gradients and, where noted, into input gradients.
 //

@@ -152,7 +152,6 @@ class TwinOpsBase : public OpsBackend {
   }
   ZINF_OPS(ZINF_TWIN_OP)
 #undef ZINF_TWIN_OP
-  bool has_llama_ops() const override { return true; }
   DType storage_dtype() const override { return storage_; }
 
  protected:

@@ -19,7 +19,7 @@
 
 #include "zinf/device.h"
 #include "zinf/device_memory.h"
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf::cuda {
 

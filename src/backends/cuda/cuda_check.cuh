@@ -1,4 +1,4 @@
-// zinf/cuda_check.cuh — CUDA error checks for every .cu file (the only header here with CUDA types;
+// cuda_check.cuh — CUDA error checks for every .cu file (the only header here with CUDA types;
 // plain C++ never includes it). ZINF_CUDA(call) throws zinf::Error naming the call and the error;
 // every launch_<op> calls ZINF_CUDA_LAUNCH_CHECK so a bad configuration fails at the call that
 // caused it, with its name.

@@ -109,7 +109,6 @@ class CudaOps final : public Fp32Ops<CudaOps> {
   }
   void fp32_zero(float* p, std::size_t n) { ZINF_CUDA(cudaMemsetAsync(p, 0, n * sizeof(float), stream_)); }
 
-  bool has_llama_ops() const override { return true; }
   void fp32_rmsnorm_forward(float* o, float* rstd, const float* i, const float* w, int R, int C, float eps) {
     ops::launch_rmsnorm_forward(o, rstd, i, w, R, C, eps, stream_);
   }

@@ -65,7 +65,6 @@ class CudaFastOps final : public OpsBackend {
   std::size_t attention_state_elems(int B, int H, int T) const override {
     return static_cast<std::size_t>(B) * static_cast<std::size_t>(H) * static_cast<std::size_t>(T);
   }
-  bool has_llama_ops() const override { return true; }
   // The logits rows padded to a multiple of 64 elements, 128-byte aligned in 16-bit storage, for the
   // LM head's GEMMs (model/backend.h).
   LogitsRows logits_rows() const override { return logits_rows_of(DeviceType::cuda, Kernels::fast); }
@@ -263,7 +262,7 @@ class CudaFastOps final : public OpsBackend {
 
   // ---- generation ----------------------------------------------------------------------------------
   // Generation (model/generate.h) runs on the reference kernels in fp32; the fast kernels have no
-  // decode ops, and say so rather than the Llama default's "no llama kernels".
+  // decode ops, and say so.
   void attention_decode(TensorView, ConstTensorView, ConstTensorView, ConstTensorView, int, int, int, int, int, int,
                         int) override {
     no_decode("attention_decode");

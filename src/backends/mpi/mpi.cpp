@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "zinf/backends/world.h"
 #include "zinf/comm.h"
 #include "zinf/error.h"
 #include "zinf/nvme/store.h"

@@ -1,4 +1,4 @@
-// llama.cuh — the Llama family's ops on the GPU (shapes and semantics as in model/ops_llama.h): RMSNorm,
+// llama.cuh — the Llama family's ops on the GPU (shapes and semantics as in cpu/ops_llama.h): RMSNorm,
 // rotary positions, SwiGLU, grouped-query causal attention, token embedding without positions. Every
 // reduction has one owner thread that sums in a fixed order, so results are deterministic.
 #pragma once

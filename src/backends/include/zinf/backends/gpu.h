@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "zinf/sysinfo.h"
+#include "zinf/backends/sysinfo.h"
 
 namespace zinf::cuda {
 

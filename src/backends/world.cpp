@@ -1,37 +1,12 @@
-// comm.cpp — the host helpers of zinf/comm.h, the solo communicator and launch detection.
+// world.cpp — the solo communicator and the launch detection of zinf/backends/world.h.
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
-#include "zinf/comm.h"
+#include "zinf/backends/world.h"
 #include "zinf/error.h"
 
 namespace zinf {
-
-std::vector<double> Comm::allgather(const double* mine, std::size_t n) {
-  std::vector<double> all(n * static_cast<std::size_t>(size()));
-  std::memcpy(all.data() + n * static_cast<std::size_t>(rank()), mine, n * sizeof(double));
-  allgatherv(all.data(), std::vector<std::size_t>(static_cast<std::size_t>(size()), n), sizeof(double));
-  return all;
-}
-
-double Comm::sum(double mine) {
-  const auto all = allgather(&mine, 1);
-  double s = all[0];
-  for (std::size_t r = 1; r < all.size(); ++r) s += all[r];  // rank order
-  return s;
-}
-
-bool Comm::any(bool mine) { return sum(mine ? 1.0 : 0.0) > 0; }
-
-bool Comm::same(std::uint64_t mine) {
-  // Two doubles carry the 64 bits exactly (32 each).
-  const double parts[2] = {static_cast<double>(mine >> 32), static_cast<double>(mine & 0xffffffffu)};
-  const auto all = allgather(parts, 2);
-  for (std::size_t r = 0; r < all.size(); r += 2)
-    if (all[r] != parts[0] || all[r + 1] != parts[1]) return false;
-  return true;
-}
 
 namespace {
 

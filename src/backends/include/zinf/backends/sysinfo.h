@@ -1,13 +1,16 @@
-// zinf/sysinfo.h — the machine as an offload engine sees it (`zinf info`).
+// zinf/backends/sysinfo.h — the machine as an offload engine sees it (`zinf info`).
 //
 // CPU, NUMA nodes and their memory (hwloc), the SIMD path cpu_adam will run, host memory, the
 // locked-memory limit that bounds pinned buffers, and the GPUs CUDA sees with their PCIe links.
 // Read-only queries; safe to call from any thread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "zinf/device.h"
 
 namespace zinf {
 
@@ -74,5 +77,8 @@ std::uint64_t startup_resident_bytes();
 std::string format_bytes(std::uint64_t bytes);
 // "1.23M", "7.1B" style parameter counts.
 std::string format_count(std::int64_t n);
+
+// What every device says when an allocation of `bytes` for `what` would pass its budget.
+DeviceMemoryError over_budget_error(const std::string& what, std::size_t bytes, std::size_t in_use, std::size_t budget);
 
 }  // namespace zinf

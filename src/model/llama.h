@@ -53,9 +53,9 @@ class LlamaModel final : public LanguageModel {
   Acts carve(ViewCursor& c) const;
   using Weights = LlamaBlock<ConstTensorView>;
   using Grads = LlamaBlock<TensorView>;
-  void block_forward(const Weights& w, ConstTensorView x, const Acts& a);
+  void block_forward(const Weights& w, ConstTensorView x, const Acts& a, int W);  // W: the layer's window
   void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const Acts& a, ConstTensorView dout,
-                      TensorView dx);
+                      TensorView dx, int W);
 
   ModelShape shape_;
   int B_, T_, R_, C_, H_, KV_, D_, F_;

@@ -286,24 +286,33 @@ void case_swiglu_backward(Case& c) {
     o.swiglu_backward(t.w(dg), t.w(du), t.r(dout), t.r(gate), t.r(up), sz(R) * F);
   };
 }
+// Each attention case runs its op twice: without a window and with a sliding window of 7 keys.
+constexpr int kWindow = 7;
 void case_gqa_attention_forward(Case& c) {
   const int out = c.act(sz(R) * LH * D, T), att = c.f32(sz(B) * LH * T, T), q = c.act(sz(R) * LH * D),
-            k = c.act(sz(R) * KV * D), v = c.act(sz(R) * KV * D);
+            k = c.act(sz(R) * KV * D), v = c.act(sz(R) * KV * D), wout = c.act(sz(R) * LH * D, kWindow),
+            watt = c.f32(sz(B) * LH * T, kWindow);
   c.call = [=](OpsBackend& o, const Bufs& t) {
-    o.gqa_attention_forward(t.w(out), t.w(att), t.r(q), t.r(k), t.r(v), B, T, LH, KV, D);
+    o.gqa_attention_forward(t.w(out), t.w(att), t.r(q), t.r(k), t.r(v), B, T, LH, KV, D, 0);
+    o.gqa_attention_forward(t.w(wout), t.w(watt), t.r(q), t.r(k), t.r(v), B, T, LH, KV, D, kWindow);
   };
 }
 void case_gqa_attention_backward(Case& c) {
   const double kv_terms = static_cast<double>(T) * (LH / KV);  // a key/value head sums its query heads' rows
   const int dq = c.act(sz(R) * LH * D, T), dk = c.act(sz(R) * KV * D, kv_terms), dv = c.act(sz(R) * KV * D, kv_terms),
             dout = c.act(sz(R) * LH * D), q = c.act(sz(R) * LH * D), k = c.act(sz(R) * KV * D),
-            v = c.act(sz(R) * KV * D), att = c.f32(sz(B) * LH * T), out = c.act(sz(R) * LH * D);
+            v = c.act(sz(R) * KV * D), att = c.f32(sz(B) * LH * T), out = c.act(sz(R) * LH * D),
+            wdq = c.act(sz(R) * LH * D, kWindow), wdk = c.act(sz(R) * KV * D, kv_terms),
+            wdv = c.act(sz(R) * KV * D, kv_terms), watt = c.f32(sz(B) * LH * T), wout = c.act(sz(R) * LH * D);
   c.prepare([=](OpsBackend& o, const Bufs& t) {
-    o.gqa_attention_forward(t.w(out), t.w(att), t.r(q), t.r(k), t.r(v), B, T, LH, KV, D);
+    o.gqa_attention_forward(t.w(out), t.w(att), t.r(q), t.r(k), t.r(v), B, T, LH, KV, D, 0);
+    o.gqa_attention_forward(t.w(wout), t.w(watt), t.r(q), t.r(k), t.r(v), B, T, LH, KV, D, kWindow);
   });
   c.call = [=](OpsBackend& o, const Bufs& t) {
     o.gqa_attention_backward(t.w(dq), t.w(dk), t.w(dv), t.r(dout), t.r(q), t.r(k), t.r(v), t.r(att), t.r(out), B, T, LH,
-                             KV, D);
+                             KV, D, 0);
+    o.gqa_attention_backward(t.w(wdq), t.w(wdk), t.w(wdv), t.r(dout), t.r(q), t.r(k), t.r(v), t.r(watt), t.r(wout), B,
+                             T, LH, KV, D, kWindow);
   };
 }
 void case_embedding_forward(Case& c) {
@@ -587,6 +596,31 @@ TEST(FastOpsTwin, CudnnRefusedShapeRunsTheWmmaKernelAndARunFailureThrows) {
     unsetenv("ZINF_CUDNN_FAKE_FAIL_EXECUTE");
   }
 #endif
+}
+
+// cuDNN's graph masks causally only: a windowed attention under device.attention cudnn runs the wmma
+// kernel, forward and backward, giving its bits (the unwindowed calls of the same ops run cuDNN).
+TEST(FastOpsTwin, AWindowedAttentionUnderCudnnRunsTheWmmaKernel) {
+  const cuda::GpuQuery q = cuda::query_gpus();
+  if (q.gpus.empty()) GTEST_SKIP() << "no GPU: " << q.status;
+  if (!backends::cudnn_built()) GTEST_SKIP() << "this zinf was built without cuDNN (ZINF_CUDNN)";
+  const backends::Backend& gpu = backends::backend_for(DeviceType::cuda);
+  backends::DeviceSpec spec;
+  spec.budget_bytes = std::size_t{1} << 30;
+  auto gdev = gpu.make_device(spec);
+  auto wmma = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::wmma);
+  auto cudnn = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn);
+  Case c;
+  c.S = DType::bf16;
+  const int out = c.act(sz(R) * LH * D), lse = c.f32(sz(B) * LH * T), qq = c.act(sz(R) * LH * D),
+            k = c.act(sz(R) * KV * D), v = c.act(sz(R) * KV * D), dout = c.act(sz(R) * LH * D),
+            dq = c.act(sz(R) * LH * D), dk = c.act(sz(R) * KV * D), dv = c.act(sz(R) * KV * D);
+  c.call = [=](OpsBackend& o, const Bufs& t) {
+    o.gqa_attention_forward(t.w(out), t.w(lse), t.r(qq), t.r(k), t.r(v), B, T, LH, KV, D, kWindow);
+    o.gqa_attention_backward(t.w(dq), t.w(dk), t.w(dv), t.r(dout), t.r(qq), t.r(k), t.r(v), t.r(lse), t.r(out), B, T,
+                             LH, KV, D, kWindow);
+  };
+  EXPECT_TRUE(run_on_gpu(c, *gdev, *cudnn) == run_on_gpu(c, *gdev, *wmma));
 }
 
 TEST(FastOpsTwin, AttentionChoicesOutsideTheFastKernelsAreRefused) {

@@ -158,7 +158,7 @@ TEST(HfFolders, ACheckpointOfAFolderExportsItsModelTypeWindowAndRotaryFormat) {
                                  {"beta_fast", 8.0}, {"beta_slow", 1.0}, {"truncate", false}};
     c.erase("rope_parameters"), c.erase("rope_scaling"), c.erase("rope_theta"), c.erase("attention_bias");
     c.erase("mlp_bias");
-    c["model_type"] = "mistral", c["architectures"] = {"MistralForCausalLM"}, c["sliding_window"] = 48;
+    c["model_type"] = "mistral", c["architectures"] = {"MistralForCausalLM"}, c["sliding_window"] = 8;  // trains windowed
     if (legacy) {
       c["rope_theta"] = 500.0, c["rope_scaling"] = yarn;
     } else {
@@ -176,7 +176,7 @@ TEST(HfFolders, ACheckpointOfAFolderExportsItsModelTypeWindowAndRotaryFormat) {
     const nlohmann::json e = nlohmann::json::parse(slurp(t / "out/config.json"));
     EXPECT_EQ(e["architectures"], nlohmann::json({"MistralForCausalLM"})) << e.dump();
     EXPECT_EQ(e["model_type"], "mistral");
-    EXPECT_EQ(e["sliding_window"], 48);
+    EXPECT_EQ(e["sliding_window"], 8);
     EXPECT_EQ(e.contains("rope_parameters"), !legacy) << e.dump();
     EXPECT_EQ(e.contains("rope_scaling"), legacy) << e.dump();
     const nlohmann::json& r = legacy ? e["rope_scaling"] : e["rope_parameters"];

@@ -238,6 +238,43 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
   }
 }
 
+// Qwen2's windowed layers: those from max_window_layers on, or those layer_types names
+// sliding_attention (the last ones); an export writes them back so that the folder reads the same.
+TEST(HfFolders, Qwen2WindowedLayersComeFromMaxWindowLayersOrLayerTypes) {
+  const nlohmann::json base = {{"model_type", "qwen2"},       {"hidden_size", 64},        {"intermediate_size", 96},
+                               {"num_attention_heads", 4},    {"num_key_value_heads", 2}, {"num_hidden_layers", 4},
+                               {"vocab_size", 256},           {"max_position_embeddings", 128},
+                               {"use_sliding_window", true},  {"sliding_window", 8},      {"max_window_layers", 2}};
+  auto shape = [](const nlohmann::json& c) { return hf_shape_from_json(c.dump(), "/m/config.json", 64); };
+  const ModelShape a = shape(base);
+  EXPECT_EQ(a.sliding_window, 8);
+  EXPECT_EQ(a.window_from, 2);
+  EXPECT_EQ(a.layer_window(1), 0);
+  EXPECT_EQ(a.layer_window(2), 8);
+  nlohmann::json lt = base;
+  lt["layer_types"] = {"full_attention", "full_attention", "full_attention", "sliding_attention"};
+  const ModelShape b = shape(lt);
+  EXPECT_EQ(b.window_from, 3);
+  EXPECT_EQ(b.layer_window(2), 0);
+  EXPECT_EQ(b.layer_window(3), 8);
+  nlohmann::json off = base;
+  off["use_sliding_window"] = false;
+  EXPECT_EQ(shape(off).layer_window(3), 0);
+  nlohmann::json gap = base;
+  gap["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "sliding_attention"};
+  try {
+    shape(gap);
+    FAIL() << "a full_attention layer after a sliding_attention one was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_types: a full_attention layer after a sliding_attention one"),
+              std::string::npos)
+        << e.what();
+  }
+  TempDir t("hf-test");
+  write_hf_folder(t / "m", b, random_units(b, StDtype::f32, 7, 0.05f), StDtype::f32);
+  EXPECT_EQ(hf_shape(t / "m", 64), b);
+}
+
 // transformers 5's rope_parameters and transformers 4's rope_theta / rope_scaling give one shape;
 // where a file holds both they must agree, and what zinf does not compute is refused by name.
 TEST(HfFolders, RotarySettingsReadAlikeInBothFormats) {

@@ -183,6 +183,17 @@ TEST(HfFolders, ACheckpointOfAFolderExportsItsModelTypeWindowAndRotaryFormat) {
     for (const auto& [k, v] : yarn.items()) EXPECT_EQ(r[k], v) << k << ": " << r.dump();
     EXPECT_EQ(legacy ? e["rope_theta"] : r["rope_theta"], 500.0);
     EXPECT_EQ(hf_shape(t / "out", 16), hf_shape(t / "m", 16));
+    // The window masks (8 < seq_len 16): resuming under another masking window is refused.
+    c["sliding_window"] = 4;
+    std::ofstream(t / "m/config.json") << c.dump();
+    TrainHooks resume;
+    resume.resume = "latest";
+    try {
+      train(parse_config(cfg), resume);
+      ADD_FAILURE() << "resumed under another sliding window";
+    } catch (const IncompatibleCheckpoint& refused) {
+      EXPECT_NE(std::string(refused.what()).find("model shape differs"), std::string::npos) << refused.what();
+    }
   }
 }
 

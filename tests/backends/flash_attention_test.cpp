@@ -8,8 +8,8 @@
 //          rounding plus a few P or dS elements that round the other way.
 // Also: two runs give the same bits (no atomics). Skips with the reason without a GPU.
 //
-// cuDNN's fused attention (cuda/cudnn_attention.h, in builds with cuDNN) runs the same 16-bit cases
-// against the same twin. Its kernel rounds P where its own tiling puts the rounding, not where the
+// cuDNN's fused attention (cuda/cudnn_attention.h, in builds with cuDNN) runs the same 16-bit cases,
+// and sliding windows, against the same twin. Its kernel rounds P where its own tiling puts the rounding, not where the
 // twin's tiles do, so it is held to twice the wmma kernel's bound: |gpu − cpu| ≤ 2u·|cpu| + 4u·max|cpu|;
 // two runs give the same bits (deterministic engines only). On the executor it runs the cuDNN fake.
 #include <cuda_runtime.h>
@@ -264,6 +264,10 @@ TEST(FlashAttention, CudnnMatchesCpuTwin) {
     check_case(1, 70, 8, 2, 128, false, S, Attn::cudnn);  // Llama GQA, 128-wide heads
     check_case(2, 33, 4, 4, 32, false, S, Attn::cudnn);   // a narrow head, KV = H unpacked
     check_case(3, 1, 2, 2, 64, true, S, Attn::cudnn);     // T = 1
+    // sliding windows: shorter than a key block, a single key
+    check_case(1, 150, 4, 2, 64, false, S, Attn::cudnn, nullptr, 1, 5);
+    check_case(2, 70, 8, 2, 128, false, S, Attn::cudnn, nullptr, 1, 33);
+    check_case(1, 40, 2, 2, 32, false, S, Attn::cudnn, nullptr, 1, 1);
   }
 #endif
 }

@@ -375,11 +375,10 @@ class CudaFastOps final : public OpsBackend {
 
   // The attention: cuDNN's where it was chosen and accepts the shape (the plans are built on the
   // shape's first forward; a refused shape was said once and runs the wmma kernel both ways), else
-  // the wmma flash kernel. A sliding window (a.W > 0) always runs the wmma kernel: the cuDNN graph
-  // masks causally only.
+  // the wmma flash kernel.
   bool cudnn_runs(const fast::AttnShape& a) {
 #if ZINF_HAVE_CUDNN
-    return cudnn_ && a.W == 0 && cudnn_->accepts(a, S_);
+    return cudnn_ && cudnn_->accepts(a, S_);
 #else
     (void)a;
     return false;

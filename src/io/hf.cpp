@@ -406,8 +406,9 @@ void read_sliding_window(const json& c, const std::string& src, const std::strin
           throw fail("layer_types", k.dump() + " is not full_attention or sliding_attention");
         if (k == "sliding_attention" && from == s.n_layer) from = static_cast<int>(l);
         if (k == "full_attention" && from < s.n_layer && use)
-          throw fail("layer_types", "a full_attention layer after a sliding_attention one: zinf windows the layers "
-                                    "from one index on");
+          throw fail("layer_types",
+                     "a full_attention layer after a sliding_attention one: zinf windows the layers "
+                     "from one index on");
       }
       sliding = use && from < s.n_layer;
     } else {

@@ -140,7 +140,7 @@ constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
   X(swiglu_backward, kind_info(OpKind::elementwise, true),                                                             \
     (TensorView dgate, TensorView dup, ConstTensorView dout, ConstTensorView gate, ConstTensorView up, std::size_t n), \
     (dgate, dup, dout, gate, up, n))                                                                                   \
-  /* W: the sliding window (0: none): query t attends key s iff s <= t and t - s < W */                               \
+  /* W: the sliding window (0: none): query t attends key s iff s <= t and t - s < W */                                \
   X(gqa_attention_forward, attention_info(B, T, H* D, false),                                                          \
     (TensorView out, TensorView att, ConstTensorView q, ConstTensorView k, ConstTensorView v, int B, int T, int H,     \
      int KV, int D, int W),                                                                                            \

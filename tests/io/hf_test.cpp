@@ -158,7 +158,8 @@ TEST(HfFolders, ACheckpointOfAFolderExportsItsModelTypeWindowAndRotaryFormat) {
                                  {"beta_fast", 8.0}, {"beta_slow", 1.0}, {"truncate", false}};
     c.erase("rope_parameters"), c.erase("rope_scaling"), c.erase("rope_theta"), c.erase("attention_bias");
     c.erase("mlp_bias");
-    c["model_type"] = "mistral", c["architectures"] = {"MistralForCausalLM"}, c["sliding_window"] = 8;  // trains windowed
+    c["model_type"] = "mistral", c["architectures"] = {"MistralForCausalLM"},
+    c["sliding_window"] = 8;  // trains windowed
     if (legacy) {
       c["rope_theta"] = 500.0, c["rope_scaling"] = yarn;
     } else {
@@ -252,10 +253,12 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
 // Qwen2's windowed layers: those from max_window_layers on, or those layer_types names
 // sliding_attention (the last ones); an export writes them back so that the folder reads the same.
 TEST(HfFolders, Qwen2WindowedLayersComeFromMaxWindowLayersOrLayerTypes) {
-  const nlohmann::json base = {{"model_type", "qwen2"},       {"hidden_size", 64},        {"intermediate_size", 96},
-                               {"num_attention_heads", 4},    {"num_key_value_heads", 2}, {"num_hidden_layers", 4},
-                               {"vocab_size", 256},           {"max_position_embeddings", 128},
-                               {"use_sliding_window", true},  {"sliding_window", 8},      {"max_window_layers", 2}};
+  const nlohmann::json base = {{"model_type", "qwen2"},      {"hidden_size", 64},
+                               {"intermediate_size", 96},    {"num_attention_heads", 4},
+                               {"num_key_value_heads", 2},   {"num_hidden_layers", 4},
+                               {"vocab_size", 256},          {"max_position_embeddings", 128},
+                               {"use_sliding_window", true}, {"sliding_window", 8},
+                               {"max_window_layers", 2}};
   auto shape = [](const nlohmann::json& c) { return hf_shape_from_json(c.dump(), "/m/config.json", 64); };
   const ModelShape a = shape(base);
   EXPECT_EQ(a.sliding_window, 8);

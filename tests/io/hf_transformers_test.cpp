@@ -146,20 +146,21 @@ TEST_P(TransformersParity, LossesGreedyIdsAndExportMatchTransformers) {
   EXPECT_EQ(std::stod(checked.output.substr(at + 14)), 0.0) << "the same weights and settings, the same losses";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Folders, TransformersParity,
-    ::testing::Values(Case{"llama", "default", "v5"}, Case{"llama", "default", "v4"}, Case{"llama", "linear", "v5"},
-                      Case{"llama", "dynamic", "v4"}, Case{"llama", "llama3", "v5"}, Case{"llama", "llama3", "v4"},
-                      Case{"llama", "yarn", "v5"}, Case{"llama", "yarn-mscale", "v4"}, Case{"llama", "longrope", "v5"},
-                      Case{"qwen2", "yarn", "v5"}, Case{"qwen2", "default", "v4"}, Case{"mistral", "default", "v5"},
-                      Case{"mistral", "linear", "v4"}, Case{"mistral-window", "default", "v5"},
-                      Case{"qwen2-window", "default", "v5"}, Case{"gpt2", "none", "v5"}),
-    [](const ::testing::TestParamInfo<Case>& i) {
-      std::string n = std::string(i.param.family) + "_" + i.param.rope + "_" + i.param.format;
-      for (char& ch : n)
-        if (ch == '-') ch = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Folders, TransformersParity,
+                         ::testing::Values(Case{"llama", "default", "v5"}, Case{"llama", "default", "v4"},
+                                           Case{"llama", "linear", "v5"}, Case{"llama", "dynamic", "v4"},
+                                           Case{"llama", "llama3", "v5"}, Case{"llama", "llama3", "v4"},
+                                           Case{"llama", "yarn", "v5"}, Case{"llama", "yarn-mscale", "v4"},
+                                           Case{"llama", "longrope", "v5"}, Case{"qwen2", "yarn", "v5"},
+                                           Case{"qwen2", "default", "v4"}, Case{"mistral", "default", "v5"},
+                                           Case{"mistral", "linear", "v4"}, Case{"mistral-window", "default", "v5"},
+                                           Case{"qwen2-window", "default", "v5"}, Case{"gpt2", "none", "v5"}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           std::string n = std::string(i.param.family) + "_" + i.param.rope + "_" + i.param.format;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
 
 // What zinf cannot compute is refused by the command line: one line naming the key, a non-zero exit.
 TEST(TransformersRefusals, UnsupportedRotaryTypesAndForwardChangingKeysAreOneLineAndAFailedExit) {

@@ -83,7 +83,8 @@ VD ref_gqa(const VD& q, const VD& k, const VD& v, int B, int T, int H, int KV, i
           for (int i = 0; i < D; ++i) d += qa(i) * ka(s, i);
           mx = std::max(mx, a[static_cast<std::size_t>(s)] = d / std::sqrt(static_cast<double>(D)));
         }
-        for (int s = 0; s < T; ++s) sum += (a[static_cast<std::size_t>(s)] = seen(s) ? std::exp(a[static_cast<std::size_t>(s)] - mx) : 0.0);
+        for (int s = 0; s < T; ++s)
+          sum += (a[static_cast<std::size_t>(s)] = seen(s) ? std::exp(a[static_cast<std::size_t>(s)] - mx) : 0.0);
         for (int s = 0; s < T; ++s)
           for (int i = 0; i < D; ++i)
             o[(static_cast<std::size_t>(b) * T + t) * H * D + static_cast<std::size_t>(h) * D + i] +=
@@ -231,23 +232,23 @@ TEST(OpsLlama, GroupedQueryAttention) {
   // multi-query, grouped, and plain multi-head; no window, windows shorter than the sequence, one of
   // a single key (each row attends itself only)
   for (int KV : {1, 2, 4})
-  for (int W : {0, 3, 1}) {
-    SCOPED_TRACE("kv heads " + std::to_string(KV) + ", window " + std::to_string(W));
-    const int B = 2, T = 6, H = 4, D = 4, R = B * T;
-    VF q = randf(static_cast<std::size_t>(R) * H * D, 9), k = randf(static_cast<std::size_t>(R) * KV * D, 10),
-       v = randf(static_cast<std::size_t>(R) * KV * D, 11), g = randf(q.size(), 12);
-    VF out(q.size()), att(static_cast<std::size_t>(B) * H * T * T);
-    ops::gqa_attention_forward(par(), out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D, W);
-    VD qd = to_d(q), kd = to_d(k), vd = to_d(v);
-    expect_close("gqa out", out, ref_gqa(qd, kd, vd, B, T, H, KV, D, W));
-    VF dq(q.size()), dk(k.size()), dv(v.size());
-    ops::gqa_attention_backward(par(), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
-                                att.data(), out.data(), B, T, H, KV, D, W);
-    auto J = [&] { return dot(ref_gqa(qd, kd, vd, B, T, H, KV, D, W), g); };
-    check_grad("gqa dq", dq, qd, J);
-    check_grad("gqa dk", dk, kd, J);
-    check_grad("gqa dv", dv, vd, J);
-  }
+    for (int W : {0, 3, 1}) {
+      SCOPED_TRACE("kv heads " + std::to_string(KV) + ", window " + std::to_string(W));
+      const int B = 2, T = 6, H = 4, D = 4, R = B * T;
+      VF q = randf(static_cast<std::size_t>(R) * H * D, 9), k = randf(static_cast<std::size_t>(R) * KV * D, 10),
+         v = randf(static_cast<std::size_t>(R) * KV * D, 11), g = randf(q.size(), 12);
+      VF out(q.size()), att(static_cast<std::size_t>(B) * H * T * T);
+      ops::gqa_attention_forward(par(), out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D, W);
+      VD qd = to_d(q), kd = to_d(k), vd = to_d(v);
+      expect_close("gqa out", out, ref_gqa(qd, kd, vd, B, T, H, KV, D, W));
+      VF dq(q.size()), dk(k.size()), dv(v.size());
+      ops::gqa_attention_backward(par(), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
+                                  att.data(), out.data(), B, T, H, KV, D, W);
+      auto J = [&] { return dot(ref_gqa(qd, kd, vd, B, T, H, KV, D, W), g); };
+      check_grad("gqa dq", dq, qd, J);
+      check_grad("gqa dk", dk, kd, J);
+      check_grad("gqa dv", dv, vd, J);
+    }
 }
 
 TEST(OpsLlama, ResultsDoNotDependOnTheThreadCount) {

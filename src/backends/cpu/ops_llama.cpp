@@ -170,7 +170,8 @@ void attention_decode(ChunkPool& p, float* out, const float* q, const float* k, 
 
 void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q,
                             const float* k, const float* v, const float* att,
-                            const float* /*out: not needed, see ops_llama.h*/, int B, int T, int H, int KV, int D, int W) {
+                            const float* /*out: not needed, see ops_llama.h*/, int B, int T, int H, int KV, int D,
+                            int W) {
   ZINF_CHECK(KV > 0 && H % KV == 0 && W >= 0);
   const int group = H / KV;
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;
@@ -192,7 +193,8 @@ void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const
         const float* dot = dout + row * qw + static_cast<std::size_t>(h) * D;
         const float* qt = q + row * qw + static_cast<std::size_t>(h) * D;
         float* dqt = dq + row * qw + static_cast<std::size_t>(h) * D;
-        const int lo = W > 0 ? std::max(0, t - W + 1) : 0;  // the first key in the window
+        // keys lo..t: those in the window
+        const int lo = W > 0 ? std::max(0, t - W + 1) : 0;
         float weighted = 0;  // Σ_s a_s · datt_s
         for (int s = lo; s <= t; ++s) {
           const std::size_t srow = static_cast<std::size_t>(b) * T + s;

@@ -180,8 +180,7 @@ class TwinOps final : public TwinOpsBase {
                              int B, int T, int H, int KV, int D, int W) override {
     staged(
         "gqa_attention_forward", "(out, att, q, k, v, B, T, H, KV, D, W)",
-        [this](auto... a) { twin_gqa_attention_forward(pool_, storage_, a...); }, out, att, q, k, v, B, T, H, KV, D,
-        W);
+        [this](auto... a) { twin_gqa_attention_forward(pool_, storage_, a...); }, out, att, q, k, v, B, T, H, KV, D, W);
   }
   void gqa_attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q,
                               ConstTensorView k, ConstTensorView v, ConstTensorView att, ConstTensorView out, int B,

@@ -107,7 +107,7 @@ enum Uid : std::int64_t {
   kDV,
   kScale,
   kNegInf,
-  kWindowLast,  // W − 1: the farthest key a query attends back in a sliding window
+  kWindowLast,     // W − 1: the farthest key a query attends back in a sliding window
   kVirtual = 100,  // and up: the graphs' virtual tensors
 };
 
@@ -554,10 +554,10 @@ void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, co
     dv_h = impl_->grouped.as<char>() + grouped / 2;
   }
   auto in = [](const void* x) { return const_cast<void*>(x); };
-  std::vector<std::int64_t> uids{kK, kK + 1000, kQ, kQ + 1000, kV, kO, kDO, kDO + 1000, kStats, kDQ, kDK, kDV, kScale,
-                                 kNegInf};
-  std::vector<void*> ptrs{in(k), in(k), in(q), in(q), in(v), in(out), in(dout), in(dout), in(lse), dq, dk_h, dv_h,
-                          &scale, &neg_inf};
+  std::vector<std::int64_t> uids{kK,         kK + 1000, kQ,  kQ + 1000, kV,  kO,     kDO,
+                                 kDO + 1000, kStats,    kDQ, kDK,       kDV, kScale, kNegInf};
+  std::vector<void*> ptrs{in(k),    in(k),   in(q), in(q), in(v), in(out), in(dout),
+                          in(dout), in(lse), dq,    dk_h,  dv_h,  &scale,  &neg_inf};
   if (a.W > 0) uids.push_back(kWindowLast), ptrs.push_back(&window_last);
   impl_->execute(p.bwd->get(), uids, ptrs, "backward");
   if (!grouped) return;

@@ -31,7 +31,7 @@ constexpr int kThreads = 128;  // 4 warps per CTA
 // S and D, BQ, BK multiples of 16); otherwise the plain-FMA tiles.
 struct Geometry {
   int B, T, H, KV, D, BQ, BK;
-  int W;  // the sliding window (0: none): query t sees key s iff s <= t and t - s < W
+  int W;                // the sliding window (0: none): query t sees key s iff s <= t and t - s < W
   long qs, ks, vs, os;  // row strides of q, k, v and out/dout
   float scale;
   bool tc;
@@ -193,8 +193,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  const int kb_end = (t1 + BK - 1) / BK;  // key blocks up to the one holding the last row's own key
-  for (int kb = g.first_key(t0) / BK; kb < kb_end; ++kb) {  // from the block of the first row's first key
+  // Key blocks from the one holding the first row's first key up to the one holding the last row's own key.
+  const int kb_end = (t1 + BK - 1) / BK;
+  for (int kb = g.first_key(t0) / BK; kb < kb_end; ++kb) {
     const int s0 = kb * BK;
     load_rows(Ks, g.ldh(), k, g.ks, brow + s0, BK, min(BK, seq - s0), j, D);
     load_rows(Vs, g.ldh(), v, g.vs, brow + s0, BK, min(BK, seq - s0), j, D);

@@ -114,6 +114,12 @@ json llama_config(const ModelShape& s, const char* torch_dtype) {
     c["use_sliding_window"] = use;
     c["sliding_window"] = use ? json(s.hf.window) : json(nullptr);
     c["max_window_layers"] = use ? s.hf.max_window_layers : s.n_layer;
+    // Windowed layers from another index than max_window_layers came from layer_types: written back.
+    if (s.sliding_window > 0 && s.window_from != s.hf.max_window_layers) {
+      json lt = json::array();
+      for (int l = 0; l < s.n_layer; ++l) lt.push_back(l >= s.window_from ? "sliding_attention" : "full_attention");
+      c["layer_types"] = lt;
+    }
   }
   const json rope = rope_json(s);
   const bool both = s.hf.model_type.empty();
@@ -357,7 +363,8 @@ void read_rope(const json& c, const std::string& src, ModelShape& s) {
 
 // Mistral's and Qwen2's sliding-window attention. Mistral: every layer, sliding_window (absent:
 // 4096, transformers' default; null: none). Qwen2: with use_sliding_window, the layers from
-// max_window_layers on, or those layer_types names sliding_attention.
+// max_window_layers on, or those layer_types names sliding_attention (which must then be the last
+// ones: zinf windows the layers from one index on).
 void read_sliding_window(const json& c, const std::string& src, const std::string& type, ModelShape& s) {
   auto fail = [&](const std::string& key, const std::string& why) -> ConfigError {
     return ConfigError(src + ": " + key + ": " + why);
@@ -372,6 +379,7 @@ void read_sliding_window(const json& c, const std::string& src, const std::strin
     return positive_int(c, src, "sliding_window", std::numeric_limits<int>::max());
   };
   bool sliding = false;
+  int from = 0;  // the first windowed layer
   if (type == "mistral") {
     sliding = !c.contains("sliding_window") || !c["sliding_window"].is_null();
   } else {
@@ -385,16 +393,24 @@ void read_sliding_window(const json& c, const std::string& src, const std::strin
         throw fail("max_window_layers", "expected a non-negative integer, got " + m.dump());
       first = static_cast<int>(std::min<std::int64_t>(m.get<std::int64_t>(), s.n_layer));
     }
+    from = first;
     if (present(c, "layer_types")) {
       const json& lt = c["layer_types"];
       if (!lt.is_array() || lt.size() != static_cast<std::size_t>(s.n_layer))
         throw fail("layer_types", "expected a list of num_hidden_layers (" + std::to_string(s.n_layer) +
                                       ") attention kinds, got " + lt.dump());
-      for (const json& k : lt) {
+      from = s.n_layer;
+      for (std::size_t l = 0; l < lt.size(); ++l) {
+        const json& k = lt[l];
         if (k != "full_attention" && k != "sliding_attention")
           throw fail("layer_types", k.dump() + " is not full_attention or sliding_attention");
-        if (k == "sliding_attention") sliding = use;
+        if (k == "sliding_attention" && from == s.n_layer) from = static_cast<int>(l);
+        if (k == "full_attention" && from < s.n_layer && use)
+          throw fail("layer_types",
+                     "a full_attention layer after a sliding_attention one: zinf windows the layers "
+                     "from one index on");
       }
+      sliding = use && from < s.n_layer;
     } else {
       sliding = use && first < s.n_layer;
     }
@@ -402,11 +418,8 @@ void read_sliding_window(const json& c, const std::string& src, const std::strin
     if (use) s.hf.window = window_of();
   }
   if (!sliding) return;
-  const int window = present(c, "sliding_window") ? window_of() : 4096;
-  s.sliding_window = window;
-  if (window < s.seq_len)
-    throw fail("sliding_window", std::to_string(window) + " is shorter than model.seq_len " +
-                                     std::to_string(s.seq_len) + " (zinf attends over the whole sequence)");
+  s.sliding_window = present(c, "sliding_window") ? window_of() : 4096;
+  s.window_from = from;
 }
 
 ModelShape hf_shape_of(const json& c, const std::string& src, int seq_len) {

@@ -25,10 +25,10 @@ bool is_hf_folder(const std::string& path);
 // cannot honour is a ConfigError naming the file and the key. The llama family: an unknown
 // model_type, hidden_act other than silu, MLP biases, a rope_scaling type other than llama3, a
 // head_dim other than hidden_size / num_attention_heads, a sequence longer than
-// max_position_embeddings or Mistral's sliding_window. GPT-2: n_inner other than 4 * n_embd,
-// activation_function other than gelu_new, layer_norm_epsilon other than 1e-5, scale_attn_weights
-// false, scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, add_cross_attention, an untied
-// head, a sequence longer than n_positions.
+// max_position_embeddings, Qwen2 layer_types with a full_attention layer after a sliding one.
+// GPT-2: n_inner other than 4 * n_embd, activation_function other than gelu_new,
+// layer_norm_epsilon other than 1e-5, scale_attn_weights false, scale_attn_by_inverse_layer_idx,
+// reorder_and_upcast_attn, add_cross_attention, an untied head, a sequence longer than n_positions.
 // config.json that is not a JSON object, and numbers that cannot be (a non-positive rms_norm_eps,
 // rope_theta or rope_scaling factor) are refused the same way.
 ModelShape hf_shape(const std::string& dir, int seq_len);

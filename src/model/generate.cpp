@@ -102,9 +102,6 @@ KvDecoder::KvDecoder(const ModelShape& s, Device& dev, OpsBackend& ops, std::vec
     throw ConfigError("generation context of " + std::to_string(capacity) +
                       " positions: a longrope model generates here only within its original_max_position_embeddings " +
                       std::to_string(static_cast<long long>(s.rope_original_max)));
-  if (s.family == ModelFamily::llama && s.sliding_window > 0 && capacity > s.sliding_window)
-    throw ConfigError("generation context of " + std::to_string(capacity) + " positions: longer than the model's "
-                      "sliding_window " + std::to_string(s.sliding_window) + " (zinf attends over the whole context)");
   if (units_.size() != layer_units(s).size())
     throw Error("generate: " + std::to_string(units_.size()) + " weight units for a model of " +
                 std::to_string(layer_units(s).size()));
@@ -192,7 +189,19 @@ void KvDecoder::llama_layers(int n) {
     ops_.matmul_forward(vn, ln_, w.wv, w.bv, n, C, KVD);
     ops_.rope_apply(q_, co, si, n, n, H_, D_, false);  // row r of the tables is position pos + r
     ops_.rope_apply(kn, co, si, n, n, KV_, D_, false);
-    ops_.attention_decode(atty_, q_, k_[l], v_[l], n, pos_, H_, KV_, D_, C, KVD);
+    const int W = s_.layer_window(static_cast<int>(l));
+    // The rows whose window still starts at position 0 attend the whole cache so far; each later row
+    // (position p = pos + i) attends the W keys p − W + 1..p: the cache from its window's first key,
+    // so its sums run over the keys gqa_attention_forward sums, in the same order.
+    const int whole = W > 0 ? std::clamp(W - pos_, 0, n) : n;
+    if (whole > 0) ops_.attention_decode(atty_, q_, k_[l], v_[l], whole, pos_, H_, KV_, D_, C, KVD);
+    for (int i = whole; i < n; ++i) {
+      const std::size_t lo = static_cast<std::size_t>(pos_ + i - W + 1), keys = static_cast<std::size_t>(W);
+      ops_.attention_decode(slice(atty_, static_cast<std::size_t>(i) * C, C),
+                            slice(ConstTensorView(q_), static_cast<std::size_t>(i) * C, C),
+                            slice(ConstTensorView(k_[l]), lo * KVD, keys * KVD),
+                            slice(ConstTensorView(v_[l]), lo * KVD, keys * KVD), 1, W - 1, H_, KV_, D_, C, KVD);
+    }
     ops_.matmul_forward(res2_, atty_, w.wo, nullptr, n, C, C);
     ops_.add_inplace(res2_, x, nC);
     ops_.rmsnorm_forward(ln_, rstd_, res2_, w.ffn_norm, n, C, eps);

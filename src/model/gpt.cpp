@@ -109,7 +109,7 @@ GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, 
   grads(gc);
 }
 
-void GptModel::block_forward(const Weights& w, ConstTensorView x, const BlockActs& a) {
+void GptModel::block_forward(const Weights& w, ConstTensorView x, const BlockActs& a, int /*layer*/) {
   const int R = R_, C = shape_.d_model;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, R, C);
@@ -124,7 +124,7 @@ void GptModel::block_forward(const Weights& w, ConstTensorView x, const BlockAct
 }
 
 void GptModel::block_backward(const Weights& w, const Grads& g, ConstTensorView x, const BlockActs& a,
-                              ConstTensorView dout, TensorView dx) {
+                              ConstTensorView dout, TensorView dx, int /*layer*/) {
   const int R = R_, C = shape_.d_model;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   ops_.copy(dres2_, dout, RC);  // the residual path: d(res2) starts as d(out)

@@ -63,9 +63,9 @@ class GptModel final : public LanguageModel {
   BlockActs carve(ViewCursor& c) const;
   using Weights = GptBlock<ConstTensorView>;
   using Grads = GptBlock<TensorView>;
-  void block_forward(const Weights& w, ConstTensorView x, const BlockActs& a);
+  void block_forward(const Weights& w, ConstTensorView x, const BlockActs& a, int layer);  // layer unused: no windows
   void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const BlockActs& a, ConstTensorView dout,
-                      TensorView dx);
+                      TensorView dx, int layer);
   // The family's steps of the one walk over the units (model/unit_walk.h).
   friend struct UnitWalk<GptModel>;
   void embed_forward(ConstTensorView emb, const int* tokens);

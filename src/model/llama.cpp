@@ -143,7 +143,8 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
   dev.synchronize(StreamRole::h2d);
 }
 
-void LlamaModel::block_forward(const Weights& w, ConstTensorView x, const Acts& a) {
+void LlamaModel::block_forward(const Weights& w, ConstTensorView x, const Acts& a, int layer) {
+  const int W = shape_.layer_window(layer);
   const int R = R_, C = C_, KVD = KV_ * D_, F = F_;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   const float eps = static_cast<float>(shape_.norm_eps);
@@ -153,7 +154,7 @@ void LlamaModel::block_forward(const Weights& w, ConstTensorView x, const Acts& 
   ops_.matmul_forward(a.v, a.an, w.wv, w.bv, R, C, KVD);
   ops_.rope_apply(a.q, cos_, sin_, R, T_, H_, D_, false);
   ops_.rope_apply(a.k, cos_, sin_, R, T_, KV_, D_, false);
-  ops_.gqa_attention_forward(a.atty, a.att, a.q, a.k, a.v, B_, T_, H_, KV_, D_);
+  ops_.gqa_attention_forward(a.atty, a.att, a.q, a.k, a.v, B_, T_, H_, KV_, D_, W);
   ops_.matmul_forward(a.res2, a.atty, w.wo, nullptr, R, C, C);
   ops_.add_inplace(a.res2, x, RC);
   ops_.rmsnorm_forward(a.fn, a.fn_rstd, a.res2, w.ffn_norm, R, C, eps);
@@ -165,7 +166,8 @@ void LlamaModel::block_forward(const Weights& w, ConstTensorView x, const Acts& 
 }
 
 void LlamaModel::block_backward(const Weights& w, const Grads& g, ConstTensorView x, const Acts& a,
-                                ConstTensorView dout, TensorView dx) {
+                                ConstTensorView dout, TensorView dx, int layer) {
+  const int W = shape_.layer_window(layer);
   const int R = R_, C = C_, KVD = KV_ * D_, F = F_;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   ops_.copy(dres2_, dout, RC);  // the residual path: d(res2) starts as d(out)
@@ -178,7 +180,7 @@ void LlamaModel::block_backward(const Weights& w, const Grads& g, ConstTensorVie
   ops_.rmsnorm_backward(dres2_, g.ffn_norm, dn_, a.res2, w.ffn_norm, a.fn_rstd, R, C);
   ops_.zero(datty_, RC);
   ops_.matmul_backward(datty_, g.wo, nullptr, dres2_, a.atty, w.wo, R, C, C);
-  ops_.gqa_attention_backward(dq_, dk_, dv_, datty_, a.q, a.k, a.v, a.att, a.atty, B_, T_, H_, KV_, D_);
+  ops_.gqa_attention_backward(dq_, dk_, dv_, datty_, a.q, a.k, a.v, a.att, a.atty, B_, T_, H_, KV_, D_, W);
   ops_.rope_apply(dq_, cos_, sin_, R, T_, H_, D_, true);  // the gradient before the rotation
   ops_.rope_apply(dk_, cos_, sin_, R, T_, KV_, D_, true);
   ops_.zero(dn_, RC);

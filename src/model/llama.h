@@ -53,9 +53,9 @@ class LlamaModel final : public LanguageModel {
   Acts carve(ViewCursor& c) const;
   using Weights = LlamaBlock<ConstTensorView>;
   using Grads = LlamaBlock<TensorView>;
-  void block_forward(const Weights& w, ConstTensorView x, const Acts& a);
+  void block_forward(const Weights& w, ConstTensorView x, const Acts& a, int layer);  // layer: 0..L-1 (its window)
   void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const Acts& a, ConstTensorView dout,
-                      TensorView dx);
+                      TensorView dx, int layer);
   // The family's steps of the one walk over the units (model/unit_walk.h).
   friend struct UnitWalk<LlamaModel>;
   void embed_forward(ConstTensorView emb, const int* tokens);

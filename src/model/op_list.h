@@ -141,15 +141,16 @@ constexpr OpInfo kind_info(OpKind k, bool bwd) { return {k, 0, 0, 0, bwd}; }
   X(swiglu_backward, kind_info(OpKind::elementwise, true),                                                             \
     (TensorView dgate, TensorView dup, ConstTensorView dout, ConstTensorView gate, ConstTensorView up, std::size_t n), \
     (dgate, dup, dout, gate, up, n))                                                                                   \
+  /* W: the sliding window (0: none): query t attends key s iff s <= t and t - s < W */                                \
   X(gqa_attention_forward, attention_info(B, T, H* D, false),                                                          \
     (TensorView out, TensorView att, ConstTensorView q, ConstTensorView k, ConstTensorView v, int B, int T, int H,     \
-     int KV, int D),                                                                                                   \
-    (out, att, q, k, v, B, T, H, KV, D))                                                                               \
+     int KV, int D, int W),                                                                                            \
+    (out, att, q, k, v, B, T, H, KV, D, W))                                                                            \
   /* out: the forward's output as gqa_attention_forward wrote it, as for attention_backward */                         \
   X(gqa_attention_backward, attention_info(B, T, H* D, true),                                                          \
     (TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q, ConstTensorView k,          \
-     ConstTensorView v, ConstTensorView att, ConstTensorView out, int B, int T, int H, int KV, int D),                 \
-    (dq, dk, dv, dout, q, k, v, att, out, B, T, H, KV, D))                                                             \
+     ConstTensorView v, ConstTensorView att, ConstTensorView out, int B, int T, int H, int KV, int D, int W),          \
+    (dq, dk, dv, dout, q, k, v, att, out, B, T, H, KV, D, W))                                                          \
   /* token embedding without positions: out[r] = wte[tokens[r]]; backward dwte[tokens[r]] += dout[r] */                \
   X(embedding_forward, kind_info(OpKind::embedding, false),                                                            \
     (TensorView out, const int* tokens, ConstTensorView wte, int R, int C), (out, tokens, wte, R, C))                  \

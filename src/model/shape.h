@@ -58,13 +58,19 @@ struct ModelShape {
   // The rotary scaling beyond theta (config.json's rope_parameters / rope_scaling), and where the
   // model came from. Empty or zero fields are "absent" (see RopeParams).
   RopeParams rope{};
-  // Mistral / Qwen2: the attention window in tokens (0: none). zinf attends over the whole sequence,
-  // so sequences (and generations) longer than the window are refused; it is kept to be exported.
-  int sliding_window = 0;
+  // Mistral / Qwen2: the attention window in tokens (0: none) of the layers from window_from on
+  // (Mistral: all; Qwen2: those config.json's max_window_layers / layer_types make sliding): query
+  // position t attends key position s iff s <= t and t - s < sliding_window, as transformers masks it.
+  int sliding_window = 0, window_from = 0;
   HfOrigin hf{};
   bool operator==(const ModelShape&) const = default;
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_dim() const { return d_model / n_head; }
+  // The window layer l attends within (0: none). A window as long as the sequence masks nothing, so
+  // it is 0 too and such a model runs exactly as one without a window.
+  int layer_window(int l) const {
+    return sliding_window > 0 && sliding_window < seq_len && l >= window_from ? sliding_window : 0;
+  }
 };
 
 // The largest shape zinf accepts from any source — a config, a Hugging Face config.json, a

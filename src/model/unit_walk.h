@@ -15,7 +15,7 @@
 // BlockActivations) and the residual gradients dres_a_ / dres_b_ ([R, C] each):
 //   embed_forward(w0, tokens)                  writes acts_.x0
 //   block_weights(view), block_grads(float*)   one block's Weights / Grads over its unit
-//   block_forward(w, x, acts), block_backward(w, g, x, acts, dout, dx)
+//   block_forward(w, x, acts, layer), block_backward(w, g, x, acts, dout, dx, layer)  (layer 0..L-1)
 //   norm_forward(fin, x)                       the final norm of x, from unit L+1's weights
 //   head_in_embedding()                        true when the LM head is unit 0's matrix
 //   head_forward(unit, targets)                the LM head from its unit's weights
@@ -52,12 +52,12 @@ struct UnitWalk {
       {
         BusyScope busy(m.dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(l + 1)});
         if (m.ckpt_) {
-          m.block_forward(bw, x, m.acts_.recompute);
+          m.block_forward(bw, x, m.acts_.recompute, static_cast<int>(l));
           m.acts_.before_write(l + 1);
           m.ops_.copy(m.acts_.blocks[l].out, m.acts_.recompute.out, RC);
           m.acts_.written(l + 1);
         } else {
-          m.block_forward(bw, x, m.acts_.blocks[l]);
+          m.block_forward(bw, x, m.acts_.blocks[l], static_cast<int>(l));
         }
       }
       src.done_with(l + 1);
@@ -125,10 +125,10 @@ struct UnitWalk {
         BusyScope busy(m.dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(l + 1)});
         const auto* a = &m.acts_.blocks[l];
         if (m.ckpt_) {  // recompute this block's activations from its kept input
-          m.block_forward(bw, x, m.acts_.recompute);
+          m.block_forward(bw, x, m.acts_.recompute, static_cast<int>(l));
           a = &m.acts_.recompute;
         }
-        m.block_backward(bw, bg, x, *a, dout, dx);
+        m.block_backward(bw, bg, x, *a, dout, dx, static_cast<int>(l));
       }
       m.acts_.release(l);
       src.grads_done(l + 1);

@@ -138,26 +138,29 @@ TEST(AttentionTiled, GqaMatchesPlainReference) {
   const std::size_t R = static_cast<std::size_t>(B) * T;
   const auto q = random_vec(R * H * D, 1, 2.0f), k = random_vec(R * KV * D, 2, 2.0f), v = random_vec(R * KV * D, 3, 1);
   const auto dout = random_vec(R * H * D, 4, 1.0f);
-  const AttnShapeCpu a{B, T, H, KV, D, H * D, KV * D, KV * D, H * D};
-  for (const TiledAttention tl :
-       {cuda_tiling(D, DType::fp32), TiledAttention{16, 16, DType::fp32}, TiledAttention{6, 11, DType::fp32}}) {
-    SCOPED_TRACE(::testing::Message() << "tiles " << tl.block_q << "x" << tl.block_k);
-    ChunkPool pool(1);
-    std::vector<float> out(R * H * D), lse(static_cast<std::size_t>(B) * H * T), dq(R * H * D), dk(R * KV * D),
-        dv(R * KV * D);
-    tiled_attention_forward(pool, out.data(), lse.data(), q.data(), k.data(), v.data(), a, tl);
-    tiled_attention_backward(pool, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                             out.data(), lse.data(), a, tl);
-    std::vector<float> rout(R * H * D), att(static_cast<std::size_t>(B) * H * T * T), rdq(R * H * D), rdk(R * KV * D),
-        rdv(R * KV * D);
-    gqa_attention_forward(pool, rout.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
-    gqa_attention_backward(pool, rdq.data(), rdk.data(), rdv.data(), dout.data(), q.data(), k.data(), v.data(),
-                           att.data(), rout.data(), B, T, H, KV, D);
-    expect_close(out, rout, kRel, "out");
-    expect_close(dq, rdq, kRel, "dq");
-    expect_close(dk, rdk, kRel, "dk");
-    expect_close(dv, rdv, kRel, "dv");
-  }
+  // no window, and sliding windows: one key, shorter than a tile (whole key blocks outside a query
+  // block's windows are skipped, rows see no key of some blocks), longer than a tile, as long as T
+  for (const int W : {0, 1, 7, 20, T})
+    for (const TiledAttention tl :
+         {cuda_tiling(D, DType::fp32), TiledAttention{16, 16, DType::fp32}, TiledAttention{6, 11, DType::fp32}}) {
+      SCOPED_TRACE(::testing::Message() << "tiles " << tl.block_q << "x" << tl.block_k << ", window " << W);
+      const AttnShapeCpu a{B, T, H, KV, D, H * D, KV * D, KV * D, H * D, W};
+      ChunkPool pool(1);
+      std::vector<float> out(R * H * D), lse(static_cast<std::size_t>(B) * H * T), dq(R * H * D), dk(R * KV * D),
+          dv(R * KV * D);
+      tiled_attention_forward(pool, out.data(), lse.data(), q.data(), k.data(), v.data(), a, tl);
+      tiled_attention_backward(pool, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                               out.data(), lse.data(), a, tl);
+      std::vector<float> rout(R * H * D), att(static_cast<std::size_t>(B) * H * T * T), rdq(R * H * D), rdk(R * KV * D),
+          rdv(R * KV * D);
+      gqa_attention_forward(pool, rout.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D, W);
+      gqa_attention_backward(pool, rdq.data(), rdk.data(), rdv.data(), dout.data(), q.data(), k.data(), v.data(),
+                             att.data(), rout.data(), B, T, H, KV, D, W);
+      expect_close(out, rout, kRel, "out");
+      expect_close(dq, rdq, kRel, "dq");
+      expect_close(dk, rdk, kRel, "dk");
+      expect_close(dv, rdv, kRel, "dv");
+    }
 }
 
 TEST(AttentionTiled, TwoThreadsGiveTheBitsOfOne) {

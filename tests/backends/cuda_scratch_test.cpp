@@ -64,7 +64,7 @@ TEST(CudaScratch, GrowingAttentionScratchWaitsForTheStream) {
     const float* x = qkv.as<float>();
     float* dx = dqkv.as<float>();
     ops->gqa_attention_backward(dx, dx + rows * C, dx + 2 * rows * C, dout.as<float>(), x, x + rows * C,
-                                x + 2 * rows * C, att.as<float>(), out.as<float>(), B, T, H, KV, D);
+                                x + 2 * rows * C, att.as<float>(), out.as<float>(), B, T, H, KV, D, 0);
     dev.watching = false;
   }
   dev.synchronize();

@@ -8,8 +8,8 @@
 //          rounding plus a few P or dS elements that round the other way.
 // Also: two runs give the same bits (no atomics). Skips with the reason without a GPU.
 //
-// cuDNN's fused attention (cuda/cudnn_attention.h, in builds with cuDNN) runs the same 16-bit cases
-// against the same twin. Its kernel rounds P where its own tiling puts the rounding, not where the
+// cuDNN's fused attention (cuda/cudnn_attention.h, in builds with cuDNN) runs the same 16-bit cases,
+// and sliding windows, against the same twin. Its kernel rounds P where its own tiling puts the rounding, not where the
 // twin's tiles do, so it is held to twice the wmma kernel's bound: |gpu − cpu| ≤ 2u·|cpu| + 4u·max|cpu|;
 // two runs give the same bits (deterministic engines only). On the executor it runs the cuDNN fake.
 #include <cuda_runtime.h>
@@ -118,8 +118,8 @@ struct Outputs {
 // receives the GPU's outputs; `threads` runs the twin on that many threads (its results do not
 // depend on them).
 void check_case(int B, int T, int H, int KV, int D, bool packed, DType S, Attn attn = Attn::wmma,
-                Outputs* keep = nullptr, int threads = 1) {
-  SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " H=" << H << " KV=" << KV << " D=" << D
+                Outputs* keep = nullptr, int threads = 1, int W = 0) {
+  SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " H=" << H << " KV=" << KV << " D=" << D << " W=" << W
                                     << (packed ? " packed" : " gqa") << " " << to_string(S)
                                     << (attn == Attn::cudnn ? " cudnn" : " wmma"));
   const std::size_t R = static_cast<std::size_t>(B) * T;
@@ -127,7 +127,7 @@ void check_case(int B, int T, int H, int KV, int D, bool packed, DType S, Attn a
   // The layout: GPT keeps q, k, v in one buffer; Llama in three.
   const long qs = packed ? 3 * qw : qw, ks = packed ? 3 * qw : kw, vs = ks;
   const std::size_t koff = packed ? static_cast<std::size_t>(qw) : 0, voff = packed ? 2 * koff : 0;
-  const ops::AttnShapeCpu a{B, T, H, KV, D, qs, ks, vs, qw};
+  const ops::AttnShapeCpu a{B, T, H, KV, D, qs, ks, vs, qw, W};
   std::mt19937 gen(static_cast<unsigned>(B * 1000 + T * 10 + D));
   std::uniform_real_distribution<float> uni(-2.0f, 2.0f);
   auto rnd = [&](std::size_t n) {
@@ -236,6 +236,20 @@ TEST(FlashAttention, MatchesCpuTwin) {
   }
 }
 
+// Sliding windows (W > 0: query t sees keys t − W + 1..t): shorter than a key block (whole blocks
+// skipped, rows that see no key of a block), longer than one, a single key; the twin's windowed
+// arithmetic is checked against the plain reference in attention_tiled_test.
+TEST(FlashAttention, SlidingWindowMatchesCpuTwin) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  for (const DType S : {DType::bf16, DType::fp16, DType::fp32}) {
+    check_case(1, 150, 4, 2, 64, false, S, Attn::wmma, nullptr, 1, 5);
+    check_case(1, 150, 4, 2, 64, false, S, Attn::wmma, nullptr, 1, 70);
+    check_case(2, 100, 2, 1, 128, false, S, Attn::wmma, nullptr, 1, 33);
+    check_case(1, 40, 3, 3, 24, false, S, Attn::wmma, nullptr, 1, 1);
+  }
+}
+
 // cuDNN's attention, the same 16-bit cases (head widths 24 and 32 are not Llama's or GPT-2's, but
 // cuDNN takes any width that is a multiple of 8 and the fake any width; a shape cuDNN refuses would
 // fail here, not fall back: the fallback is the fast ops' and has its own test).
@@ -250,6 +264,10 @@ TEST(FlashAttention, CudnnMatchesCpuTwin) {
     check_case(1, 70, 8, 2, 128, false, S, Attn::cudnn);  // Llama GQA, 128-wide heads
     check_case(2, 33, 4, 4, 32, false, S, Attn::cudnn);   // a narrow head, KV = H unpacked
     check_case(3, 1, 2, 2, 64, true, S, Attn::cudnn);     // T = 1
+    // sliding windows: shorter than a key block, a single key
+    check_case(1, 150, 4, 2, 64, false, S, Attn::cudnn, nullptr, 1, 5);
+    check_case(2, 70, 8, 2, 128, false, S, Attn::cudnn, nullptr, 1, 33);
+    check_case(1, 40, 2, 2, 32, false, S, Attn::cudnn, nullptr, 1, 1);
   }
 #endif
 }

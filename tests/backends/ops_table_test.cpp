@@ -243,22 +243,26 @@ void case_swiglu_backward(Case& c) {
     o.swiglu_backward(t.w(dg), t.w(du), t.r(dout), t.r(gate), t.r(up), sz(R) * F);
   };
 }
+// The attention cases run with a sliding window of 4 keys (T = 9): rows 0..3 see every earlier key,
+// as without a window, the later ones only their window.
+constexpr int kWindow = 4;
 void case_gqa_attention_forward(Case& c) {
   const int out = c.rand(sz(R) * LH * D), att = c.rand(sz(B) * LH * T * T), q = c.rand(sz(R) * LH * D),
             k = c.rand(sz(R) * KV * D), v = c.rand(sz(R) * KV * D);
   c.rel = 1e-4, c.abs = 1e-6;
   c.call = [=](OpsBackend& o, const Bufs& t) {
-    o.gqa_attention_forward(t.w(out), t.w(att), t.r(q), t.r(k), t.r(v), B, T, LH, KV, D);
+    o.gqa_attention_forward(t.w(out), t.w(att), t.r(q), t.r(k), t.r(v), B, T, LH, KV, D, kWindow);
   };
 }
 void case_gqa_attention_backward(Case& c) {
   const int dq = c.rand(sz(R) * LH * D), dk = c.rand(sz(R) * KV * D), dv = c.rand(sz(R) * KV * D),
             dout = c.rand(sz(R) * LH * D), q = c.rand(sz(R) * LH * D), k = c.rand(sz(R) * KV * D),
             v = c.rand(sz(R) * KV * D), att = c.rand(sz(B) * LH * T * T), out = c.rand(sz(R) * LH * D);
-  ops::gqa_attention_forward(ref_par(), c.host(out), c.host(att), c.host(q), c.host(k), c.host(v), B, T, LH, KV, D);
+  ops::gqa_attention_forward(ref_par(), c.host(out), c.host(att), c.host(q), c.host(k), c.host(v), B, T, LH, KV, D,
+                             kWindow);
   c.call = [=](OpsBackend& o, const Bufs& t) {
     o.gqa_attention_backward(t.w(dq), t.w(dk), t.w(dv), t.r(dout), t.r(q), t.r(k), t.r(v), t.r(att), t.r(out), B, T, LH,
-                             KV, D);
+                             KV, D, kWindow);
   };
 }
 void case_embedding_forward(Case& c) {

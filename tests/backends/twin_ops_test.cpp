@@ -137,7 +137,8 @@ TEST(TwinOps, AttentionBackwardWithTheStoredOutputIsTheRecomputedOnesBits) {
   const long c3 = 3L * C, kvd = static_cast<long>(KV) * D;
   const AttnCase cases[] = {
       {"gpt", {B, T, H, H, D, c3, c3, c3, C}, 0, static_cast<std::size_t>(C), 2u * C, R * 3 * C, R * 3 * C},
-      {"gqa", {B, T, H, KV, D, C, kvd, kvd, C}, 0, R * C, R * C + R * KV * D, R * C + 2 * R * KV * D, 0}};
+      {"gqa", {B, T, H, KV, D, C, kvd, kvd, C}, 0, R * C, R * C + R * KV * D, R * C + 2 * R * KV * D, 0},
+      {"gqa window 9", {B, T, H, KV, D, C, kvd, kvd, C, 9}, 0, R * C, R * C + R * KV * D, R * C + 2 * R * KV * D, 0}};
   for (Precision p : {Precision::bf16, Precision::fp16, Precision::fp32}) {
     const DType S = dtype_of(p);
     for (const AttnCase& ac : cases) {
@@ -172,9 +173,9 @@ TEST(TwinOps, AttentionBackwardWithTheStoredOutputIsTheRecomputedOnesBits) {
         twin->attention_backward(g1, dout_v, in_v, ConstTensorView(lse.data(), lse.size()), out_v, B, T, C, H);
       } else {
         twin->gqa_attention_forward(out_v, TensorView(lse.data(), lse.size()), part(0, q_n), part(ac.k_off, kv_n),
-                                    part(ac.v_off, kv_n), B, T, H, KV, D);
+                                    part(ac.v_off, kv_n), B, T, H, KV, D, a.W);
         twin->gqa_attention_backward(g1, g2, g3, dout_v, part(0, q_n), part(ac.k_off, kv_n), part(ac.v_off, kv_n),
-                                     ConstTensorView(lse.data(), lse.size()), out_v, B, T, H, KV, D);
+                                     ConstTensorView(lse.data(), lse.size()), out_v, B, T, H, KV, D, a.W);
       }
       // The recomputation: the tiled forward again (its output rounded to S as stored), then the backward.
       ops::ChunkPool pool(1);

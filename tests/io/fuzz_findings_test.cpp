@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "common/temp_dir.h"
@@ -59,11 +60,14 @@ TEST(FuzzFindings, HfConfigOfTheWrongShapeIsOneConfigError) {
 }
 
 TEST(FuzzFindings, AHugeSlidingWindowIsNotReadAsAShortOne) {
-  // 2^32 + 8 read as an int was 8: "8 is shorter than model.seq_len 16" about a window of four billion.
-  EXPECT_EQ(hf_shape_error(R"({"model_type": "mistral", "sliding_window": 4294967304, )" + kLlama + "}"), "accepted");
-  EXPECT_NE(hf_shape_error(R"({"model_type": "mistral", "sliding_window": 8, )" + kLlama + "}")
-                .find("sliding_window: 8 is shorter"),
-            std::string::npos);
+  // 2^32 + 8 read as an int was 8: a window of four billion masking all but 8 keys.
+  TempDir f("fuzz-findings");
+  f.write("config.json", R"({"model_type": "mistral", "sliding_window": 4294967304, )" + kLlama + "}");
+  const ModelShape huge = hf_shape(f.path.string(), 16);
+  EXPECT_EQ(huge.sliding_window, std::numeric_limits<int>::max());
+  EXPECT_EQ(huge.layer_window(0), 0) << "a window longer than the sequence masks nothing";
+  f.write("config.json", R"({"model_type": "mistral", "sliding_window": 8, )" + kLlama + "}");
+  EXPECT_EQ(hf_shape(f.path.string(), 16).layer_window(1), 8);
 }
 
 // A shape of 2^31 × 2^31 F32 needs 2^64 bytes, which wrapped to 0 and matched data_offsets [0, 0]:

@@ -158,7 +158,8 @@ TEST(HfFolders, ACheckpointOfAFolderExportsItsModelTypeWindowAndRotaryFormat) {
                                  {"beta_fast", 8.0}, {"beta_slow", 1.0}, {"truncate", false}};
     c.erase("rope_parameters"), c.erase("rope_scaling"), c.erase("rope_theta"), c.erase("attention_bias");
     c.erase("mlp_bias");
-    c["model_type"] = "mistral", c["architectures"] = {"MistralForCausalLM"}, c["sliding_window"] = 48;
+    c["model_type"] = "mistral", c["architectures"] = {"MistralForCausalLM"},
+    c["sliding_window"] = 8;  // trains windowed
     if (legacy) {
       c["rope_theta"] = 500.0, c["rope_scaling"] = yarn;
     } else {
@@ -176,13 +177,24 @@ TEST(HfFolders, ACheckpointOfAFolderExportsItsModelTypeWindowAndRotaryFormat) {
     const nlohmann::json e = nlohmann::json::parse(slurp(t / "out/config.json"));
     EXPECT_EQ(e["architectures"], nlohmann::json({"MistralForCausalLM"})) << e.dump();
     EXPECT_EQ(e["model_type"], "mistral");
-    EXPECT_EQ(e["sliding_window"], 48);
+    EXPECT_EQ(e["sliding_window"], 8);
     EXPECT_EQ(e.contains("rope_parameters"), !legacy) << e.dump();
     EXPECT_EQ(e.contains("rope_scaling"), legacy) << e.dump();
     const nlohmann::json& r = legacy ? e["rope_scaling"] : e["rope_parameters"];
     for (const auto& [k, v] : yarn.items()) EXPECT_EQ(r[k], v) << k << ": " << r.dump();
     EXPECT_EQ(legacy ? e["rope_theta"] : r["rope_theta"], 500.0);
     EXPECT_EQ(hf_shape(t / "out", 16), hf_shape(t / "m", 16));
+    // The window masks (8 < seq_len 16): resuming under another masking window is refused.
+    c["sliding_window"] = 4;
+    std::ofstream(t / "m/config.json") << c.dump();
+    TrainHooks resume;
+    resume.resume = "latest";
+    try {
+      train(parse_config(cfg), resume);
+      ADD_FAILURE() << "resumed under another sliding window";
+    } catch (const IncompatibleCheckpoint& refused) {
+      EXPECT_NE(std::string(refused.what()).find("model shape differs"), std::string::npos) << refused.what();
+    }
   }
 }
 
@@ -236,6 +248,45 @@ TEST(HfFolders, WhatZinfCannotHonourIsOneErrorNamingTheKeyOrTensor) {
     EXPECT_NE(std::string(e.what()).find("tensor(s) the model needs are missing: model.layers.2."), std::string::npos)
         << e.what();
   }
+}
+
+// Qwen2's windowed layers: those from max_window_layers on, or those layer_types names
+// sliding_attention (the last ones); an export writes them back so that the folder reads the same.
+TEST(HfFolders, Qwen2WindowedLayersComeFromMaxWindowLayersOrLayerTypes) {
+  const nlohmann::json base = {{"model_type", "qwen2"},      {"hidden_size", 64},
+                               {"intermediate_size", 96},    {"num_attention_heads", 4},
+                               {"num_key_value_heads", 2},   {"num_hidden_layers", 4},
+                               {"vocab_size", 256},          {"max_position_embeddings", 128},
+                               {"use_sliding_window", true}, {"sliding_window", 8},
+                               {"max_window_layers", 2}};
+  auto shape = [](const nlohmann::json& c) { return hf_shape_from_json(c.dump(), "/m/config.json", 64); };
+  const ModelShape a = shape(base);
+  EXPECT_EQ(a.sliding_window, 8);
+  EXPECT_EQ(a.window_from, 2);
+  EXPECT_EQ(a.layer_window(1), 0);
+  EXPECT_EQ(a.layer_window(2), 8);
+  nlohmann::json lt = base;
+  lt["layer_types"] = {"full_attention", "full_attention", "full_attention", "sliding_attention"};
+  const ModelShape b = shape(lt);
+  EXPECT_EQ(b.window_from, 3);
+  EXPECT_EQ(b.layer_window(2), 0);
+  EXPECT_EQ(b.layer_window(3), 8);
+  nlohmann::json off = base;
+  off["use_sliding_window"] = false;
+  EXPECT_EQ(shape(off).layer_window(3), 0);
+  nlohmann::json gap = base;
+  gap["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "sliding_attention"};
+  try {
+    shape(gap);
+    FAIL() << "a full_attention layer after a sliding_attention one was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_types: a full_attention layer after a sliding_attention one"),
+              std::string::npos)
+        << e.what();
+  }
+  TempDir t("hf-test");
+  write_hf_folder(t / "m", b, random_units(b, StDtype::f32, 7, 0.05f), StDtype::f32);
+  EXPECT_EQ(hf_shape(t / "m", 64), b);
 }
 
 // transformers 5's rope_parameters and transformers 4's rope_theta / rope_scaling give one shape;

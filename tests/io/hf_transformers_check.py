@@ -2,7 +2,9 @@
 # and saved by transformers itself (torch, save_pretrained), their per-token losses and greedy
 # generations computed by transformers in float64, and zinf's exports loaded back by transformers.
 #
-#   make DIR FAMILY ROPE FORMAT   a model in DIR (FAMILY llama, qwen2, mistral, gpt2; ROPE a rope_type
+#   make DIR FAMILY ROPE FORMAT   a model in DIR (FAMILY llama, qwen2, mistral, gpt2, or mistral-window
+#                                 (sliding_window 5) or qwen2-window (sliding_window 8 on layer 1 only,
+#                                 max_window_layers 1), windows shorter than T and the generation; ROPE a rope_type
 #                                 or "none"; FORMAT v5 as save_pretrained writes it, or v4: config.json
 #                                 rewritten with rope_theta / rope_scaling at the top, as transformers 4
 #                                 wrote it), and DIR/expect.json: tokens, targets, losses, prompt, ids
@@ -53,6 +55,10 @@ def config(family, rope):
         return transformers.Qwen2Config(use_sliding_window=False, **kw)
     if family == "mistral":
         return transformers.MistralConfig(sliding_window=T, **kw)
+    if family == "mistral-window":
+        return transformers.MistralConfig(sliding_window=5, **kw)
+    if family == "qwen2-window":
+        return transformers.Qwen2Config(use_sliding_window=True, sliding_window=8, max_window_layers=1, **kw)
     raise SystemExit("unknown family " + family)
 
 

@@ -153,6 +153,15 @@ void expect_cache_matches_training_forward(const ModelShape& s) {
 
 TEST(Generate, GptCacheMatchesTheTrainingForward) { expect_cache_matches_training_forward(gpt_shape()); }
 TEST(Generate, LlamaGqaCacheMatchesTheTrainingForward) { expect_cache_matches_training_forward(llama_shape()); }
+// A sliding window of 6 positions on the second layer only (Qwen2's max_window_layers = 1): the
+// 5-token prompt fits it, the later positions and the longer prefixes do not.
+TEST(Generate, LlamaSlidingWindowCacheMatchesTheTrainingForward) {
+  ModelShape s = llama_shape();
+  s.sliding_window = 6, s.window_from = 1;
+  ASSERT_EQ(s.layer_window(0), 0);
+  ASSERT_EQ(s.layer_window(1), 6);
+  expect_cache_matches_training_forward(s);
+}
 
 TEST(Generate, AttentionDecodeRowsAreTheFullForwardsRowsBitwise) {
   constexpr int T = 11, H = 6, KV = 2, D = 8, pos = 7, Q = T - pos;
@@ -167,7 +176,7 @@ TEST(Generate, AttentionDecodeRowsAreTheFullForwardsRowsBitwise) {
              v = rnd(static_cast<std::size_t>(T) * KV * D, 3);
   ops::ChunkPool p(2);
   std::vector<float> full(q.size()), att(static_cast<std::size_t>(H) * T * T), dec(static_cast<std::size_t>(Q) * H * D);
-  ops::gqa_attention_forward(p, full.data(), att.data(), q.data(), k.data(), v.data(), 1, T, H, KV, D);
+  ops::gqa_attention_forward(p, full.data(), att.data(), q.data(), k.data(), v.data(), 1, T, H, KV, D, 0);
   ops::attention_decode(p, dec.data(), q.data() + static_cast<std::size_t>(pos) * H * D, k.data(), v.data(), Q, pos, H,
                         KV, D, H * D, KV * D);
   EXPECT_EQ(std::memcmp(dec.data(), full.data() + static_cast<std::size_t>(pos) * H * D, dec.size() * sizeof(float)),

@@ -56,7 +56,9 @@ VD ref_swiglu(const VD& g, const VD& u) {
   for (std::size_t i = 0; i < g.size(); ++i) o[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
   return o;
 }
-VD ref_gqa(const VD& q, const VD& k, const VD& v, int B, int T, int H, int KV, int D) {
+// Brute force over the full mask: key s is seen from t iff s <= t and (W = 0 or t - s < W), the
+// others' weights exactly 0.
+VD ref_gqa(const VD& q, const VD& k, const VD& v, int B, int T, int H, int KV, int D, int W = 0) {
   VD o(static_cast<std::size_t>(B) * T * H * D, 0.0);
   const int group = H / KV;
   for (int b = 0; b < B; ++b)
@@ -72,15 +74,18 @@ VD ref_gqa(const VD& q, const VD& k, const VD& v, int B, int T, int H, int KV, i
         auto va = [&](int s, int i) {
           return v[(static_cast<std::size_t>(b) * T + s) * KV * D + static_cast<std::size_t>(j) * D + i];
         };
-        VD a(static_cast<std::size_t>(t) + 1);
+        auto seen = [&](int s) { return s <= t && (W == 0 || t - s < W); };
+        VD a(static_cast<std::size_t>(T), 0.0);
         double mx = -1e300, sum = 0;
-        for (int s = 0; s <= t; ++s) {
+        for (int s = 0; s < T; ++s) {
+          if (!seen(s)) continue;
           double d = 0;
           for (int i = 0; i < D; ++i) d += qa(i) * ka(s, i);
           mx = std::max(mx, a[static_cast<std::size_t>(s)] = d / std::sqrt(static_cast<double>(D)));
         }
-        for (auto& x : a) sum += (x = std::exp(x - mx));
-        for (int s = 0; s <= t; ++s)
+        for (int s = 0; s < T; ++s)
+          sum += (a[static_cast<std::size_t>(s)] = seen(s) ? std::exp(a[static_cast<std::size_t>(s)] - mx) : 0.0);
+        for (int s = 0; s < T; ++s)
           for (int i = 0; i < D; ++i)
             o[(static_cast<std::size_t>(b) * T + t) * H * D + static_cast<std::size_t>(h) * D + i] +=
                 a[static_cast<std::size_t>(s)] / sum * va(s, i);
@@ -224,23 +229,26 @@ TEST(OpsLlama, SwiGlu) {
 }
 
 TEST(OpsLlama, GroupedQueryAttention) {
-  for (int KV : {1, 2, 4}) {  // multi-query, grouped, and plain multi-head
-    SCOPED_TRACE("kv heads " + std::to_string(KV));
-    const int B = 2, T = 6, H = 4, D = 4, R = B * T;
-    VF q = randf(static_cast<std::size_t>(R) * H * D, 9), k = randf(static_cast<std::size_t>(R) * KV * D, 10),
-       v = randf(static_cast<std::size_t>(R) * KV * D, 11), g = randf(q.size(), 12);
-    VF out(q.size()), att(static_cast<std::size_t>(B) * H * T * T);
-    ops::gqa_attention_forward(par(), out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
-    VD qd = to_d(q), kd = to_d(k), vd = to_d(v);
-    expect_close("gqa out", out, ref_gqa(qd, kd, vd, B, T, H, KV, D));
-    VF dq(q.size()), dk(k.size()), dv(v.size());
-    ops::gqa_attention_backward(par(), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
-                                att.data(), out.data(), B, T, H, KV, D);
-    auto J = [&] { return dot(ref_gqa(qd, kd, vd, B, T, H, KV, D), g); };
-    check_grad("gqa dq", dq, qd, J);
-    check_grad("gqa dk", dk, kd, J);
-    check_grad("gqa dv", dv, vd, J);
-  }
+  // multi-query, grouped, and plain multi-head; no window, windows shorter than the sequence, one of
+  // a single key (each row attends itself only)
+  for (int KV : {1, 2, 4})
+    for (int W : {0, 3, 1}) {
+      SCOPED_TRACE("kv heads " + std::to_string(KV) + ", window " + std::to_string(W));
+      const int B = 2, T = 6, H = 4, D = 4, R = B * T;
+      VF q = randf(static_cast<std::size_t>(R) * H * D, 9), k = randf(static_cast<std::size_t>(R) * KV * D, 10),
+         v = randf(static_cast<std::size_t>(R) * KV * D, 11), g = randf(q.size(), 12);
+      VF out(q.size()), att(static_cast<std::size_t>(B) * H * T * T);
+      ops::gqa_attention_forward(par(), out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D, W);
+      VD qd = to_d(q), kd = to_d(k), vd = to_d(v);
+      expect_close("gqa out", out, ref_gqa(qd, kd, vd, B, T, H, KV, D, W));
+      VF dq(q.size()), dk(k.size()), dv(v.size());
+      ops::gqa_attention_backward(par(), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
+                                  att.data(), out.data(), B, T, H, KV, D, W);
+      auto J = [&] { return dot(ref_gqa(qd, kd, vd, B, T, H, KV, D, W), g); };
+      check_grad("gqa dq", dq, qd, J);
+      check_grad("gqa dk", dk, kd, J);
+      check_grad("gqa dv", dv, vd, J);
+    }
 }
 
 TEST(OpsLlama, ResultsDoNotDependOnTheThreadCount) {
@@ -252,11 +260,17 @@ TEST(OpsLlama, ResultsDoNotDependOnTheThreadCount) {
         dq(q.size()), dk(k.size()), dv(v.size());
     ops::rmsnorm_forward(par(threads), out.data(), rstd.data(), x.data(), w.data(), R, C, 1e-6f);
     ops::rmsnorm_backward(par(threads), dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), R, C);
-    ops::gqa_attention_forward(par(threads), o.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+    ops::gqa_attention_forward(par(threads), o.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D, 0);
     ops::gqa_attention_backward(par(threads), dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
-                                att.data(), o.data(), B, T, H, KV, D);
+                                att.data(), o.data(), B, T, H, KV, D, 0);
+    // and with a window
+    VF ow(q.size()), dqw(q.size()), dkw(k.size()), dvw(v.size());
+    ops::gqa_attention_forward(par(threads), ow.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, KV, D, 7);
+    ops::gqa_attention_backward(par(threads), dqw.data(), dkw.data(), dvw.data(), g.data(), q.data(), k.data(),
+                                v.data(), att.data(), ow.data(), B, T, H, KV, D, 7);
     VF all;
-    for (const VF* p : {&out, &dx, &dw, &o, &dq, &dk, &dv}) all.insert(all.end(), p->begin(), p->end());
+    for (const VF* p : {&out, &dx, &dw, &o, &dq, &dk, &dv, &ow, &dqw, &dkw, &dvw})
+      all.insert(all.end(), p->begin(), p->end());
     return all;
   };
   const VF one = run(1), two = run(2);

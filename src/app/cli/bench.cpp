@@ -597,10 +597,10 @@ int run_attention(const AttentionArgs& a) {
   auto view = [&](DeviceBuffer& b, std::size_t n, DType t) { return TensorView(b.as<void>(), t, n); };
   auto once = [&] {
     ops->gqa_attention_forward(view(out, qn, S), view(lse, ln, DType::fp32), view(q, qn, S), view(k, kn, S),
-                               view(v, kn, S), B, T, H, KV, D);
+                               view(v, kn, S), B, T, H, KV, D, 0);
     ops->gqa_attention_backward(view(dq, qn, S), view(dk, kn, S), view(dv, kn, S), view(dout, qn, S), view(q, qn, S),
-                                view(k, kn, S), view(v, kn, S), view(lse, ln, DType::fp32), view(out, qn, S), B, T,
-                                H, KV, D);
+                                view(k, kn, S), view(v, kn, S), view(lse, ln, DType::fp32), view(out, qn, S), B, T, H,
+                                KV, D, 0);
   };
   once();  // builds cuDNN's plans (or says the shape runs the wmma kernel)
   dev->synchronize(StreamRole::compute);

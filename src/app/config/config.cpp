@@ -378,6 +378,7 @@ void read_model(Section s, ModelConfig& m) {
       want.max_positions = got.max_positions = 0;
       want.hf = got.hf = {};
       want.sliding_window = got.sliding_window = 0;
+      want.window_from = got.window_from = 0;
       if (!(want == got))
         s.fail("preset", "'" + preset + "' does not match " + m.init_from + "/config.json (" +
                              std::to_string(h.n_layer) + " layers, hidden_size " + std::to_string(h.d_model) +
@@ -1149,7 +1150,7 @@ void set_model_shape(ModelConfig& m, const ModelShape& s) {
   m.rope_low_freq_factor = s.rope_low_freq_factor;
   m.rope_high_freq_factor = s.rope_high_freq_factor, m.rope_original_max = s.rope_original_max,
   m.max_positions = s.max_positions;
-  m.rope = s.rope, m.sliding_window = s.sliding_window, m.hf = s.hf;
+  m.rope = s.rope, m.sliding_window = s.sliding_window, m.window_from = s.window_from, m.hf = s.hf;
 }
 
 // The shape a run config's `model` section describes.
@@ -1162,7 +1163,7 @@ ModelShape model_shape(const ModelConfig& m) {
     s.rope_low_freq_factor = m.rope_low_freq_factor, s.rope_high_freq_factor = m.rope_high_freq_factor;
     s.rope_original_max = m.rope_original_max;
     s.max_positions = m.max_positions;
-    s.rope = m.rope, s.sliding_window = m.sliding_window, s.hf = m.hf;
+    s.rope = m.rope, s.sliding_window = m.sliding_window, s.window_from = m.window_from, s.hf = m.hf;
   }
   return s;
 }

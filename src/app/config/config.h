@@ -139,7 +139,7 @@ struct ModelConfig {
   // llama: the rotary scaling type and its parameters, the attention window and where the model
   // came from (model/shape.h); set from a Hugging Face folder, or "llama3" with model.rope_scaling.
   RopeParams rope{};
-  int sliding_window = 0;
+  int sliding_window = 0, window_from = 0;
   HfOrigin hf{};
   // Whether the config names the model (preset, init_from or any shape key other than seq_len),
   // and whether it names seq_len: `zinf eval --checkpoint` takes the shape from the checkpoint when

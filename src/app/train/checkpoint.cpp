@@ -267,6 +267,7 @@ json shape_json(const ModelShape& s) {
                    {"long_factor", r.long_factor}};
     }
     if (s.sliding_window > 0) m["sliding_window"] = s.sliding_window;
+    if (s.window_from > 0) m["window_from"] = s.window_from;
     if (!(s.hf == HfOrigin{}))
       m["hf"] = {{"model_type", s.hf.model_type},
                  {"legacy_rope", s.hf.legacy_rope},
@@ -316,6 +317,7 @@ ModelShape shape_from_json(const json& m, const std::string& mf) {
                                 " is not a rotary scaling zinf computes for this shape");
     }
     if (m.contains("sliding_window")) s.sliding_window = size("sliding_window", std::numeric_limits<int>::max());
+    if (m.contains("window_from")) s.window_from = size("window_from", s.n_layer, 0);
     if (m.contains("hf")) {
       const json& h = m.at("hf");
       s.hf.model_type = h.at("model_type").get<std::string>(), s.hf.legacy_rope = h.at("legacy_rope").get<bool>();
@@ -357,11 +359,16 @@ void check_shape(const json& j, const ModelShape& s, const std::string& path) {
                                      std::string(to_string(got.family)) + ", config " +
                                      std::string(to_string(s.family)) + ")",
                                  hint);
-  // Where the model came from and its attention window (which zinf only checks against the sequence)
-  // do not change the arithmetic: manifests written before they were kept resume alike.
+  // Where the model came from does not change the arithmetic, nor a window no shorter than the
+  // sequence (which masks nothing): manifests written before they were kept resume alike. A window
+  // that masks must be the same window on the same layers.
   ModelShape a = got, b = s;
   a.hf = b.hf = HfOrigin{};
-  a.sliding_window = b.sliding_window = 0;
+  for (ModelShape* x : {&a, &b}) {
+    bool masks = false;
+    for (int l = 0; l < x->n_layer; ++l) masks = masks || x->layer_window(l) > 0;
+    if (!masks) x->sliding_window = 0, x->window_from = 0;
+  }
   if (!(a == b))
     throw IncompatibleCheckpoint("checkpoint " + path + ": model shape differs (checkpoint n_layer " +
                                      std::to_string(got.n_layer) + ", d_model " + std::to_string(got.d_model) +

@@ -33,6 +33,11 @@ float round_to(float x, DType t) {
 
 int blocks(int n, int b) { return (n + b - 1) / b; }
 
+// The first key query t attends: 0, or with a window W the key W − 1 positions back.
+int first_key(int t, int W) { return W > 0 ? std::max(0, t - W + 1) : 0; }
+// The last query (exclusive bound) that attends key s: every later one, or with a window s + W.
+int query_end(int s, int T, int W) { return W > 0 ? std::min(T, s + W) : T; }
+
 float dot(const float* x, const float* y, int n) {
   float s = 0;
   for (int i = 0; i < n; ++i) s += x[i] * y[i];
@@ -51,7 +56,7 @@ struct Rows {
 };
 
 void check_shape(const AttnShapeCpu& a, const TiledAttention& tl) {
-  ZINF_CHECK(a.B >= 0 && a.T >= 0 && a.H > 0 && a.KV > 0 && a.H % a.KV == 0 && a.D > 0);
+  ZINF_CHECK(a.B >= 0 && a.T >= 0 && a.H > 0 && a.KV > 0 && a.H % a.KV == 0 && a.D > 0 && a.W >= 0);
   ZINF_CHECK(tl.block_q > 0 && tl.block_k > 0);
 }
 
@@ -82,25 +87,26 @@ void tiled_attention_forward(ChunkPool& p, float* out, float* lse, const float* 
     const int j = h / group, t0 = qb * BQ, t1 = std::min(a.T, t0 + BQ);
     std::vector<float> acc(static_cast<std::size_t>(BQ) * D, 0.0f), m(BQ, -INFINITY), l(BQ, 0.0f), s(BK);
     const int kb_end = blocks(t1, BK);  // key blocks up to the block holding the last row's own key
-    for (int kb = 0; kb < kb_end; ++kb) {
+    for (int kb = first_key(t0, a.W) / BK; kb < kb_end; ++kb) {  // from the block of the first row's first key
       const int s0 = kb * BK;
       for (int t = t0; t < t1; ++t) {
-        const int i = t - t0, s1 = std::min(t + 1, s0 + BK);  // keys s0 ≤ s ≤ t of this block
-        if (s1 <= s0) continue;  // the whole block is in this row's future: P = 0, nothing changes
+        // keys max(s0, first) ≤ s ≤ t of this block
+        const int i = t - t0, s1 = std::min(t + 1, s0 + BK), sb = std::max(s0, first_key(t, a.W));
+        if (s1 <= sb) continue;  // no key of the block in this row's window: P = 0, nothing changes
         const float* qt = q + at.q(b, t, h);
         float mx = m[i];
-        for (int sk = s0; sk < s1; ++sk) {
+        for (int sk = sb; sk < s1; ++sk) {
           s[sk - s0] = dot(qt, k + at.k(b, sk, j), D) * scale;
           mx = std::max(mx, s[sk - s0]);
         }
         const float alpha = fixed::expf(m[i] - mx);  // 0 on the first block (m = −inf)
         float sum = 0;
-        for (int sk = s0; sk < s1; ++sk) sum += (s[sk - s0] = fixed::expf(s[sk - s0] - mx));
+        for (int sk = sb; sk < s1; ++sk) sum += (s[sk - s0] = fixed::expf(s[sk - s0] - mx));
         l[i] = l[i] * alpha + sum;
         m[i] = mx;
         float* ai = acc.data() + static_cast<std::size_t>(i) * D;
         for (int d = 0; d < D; ++d) ai[d] *= alpha;
-        for (int sk = s0; sk < s1; ++sk) {  // acc += round(P)·V
+        for (int sk = sb; sk < s1; ++sk) {  // acc += round(P)·V
           const float pr = round_to(s[sk - s0], tl.round_p);
           const float* vs = v + at.v(b, sk, j);
           for (int d = 0; d < D; ++d) ai[d] += pr * vs[d];
@@ -149,11 +155,11 @@ void tiled_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, con
     const int s0 = kb * BK, s1 = std::min(T, s0 + BK);
     std::vector<float> dka(static_cast<std::size_t>(BK) * D, 0.0f), dva(static_cast<std::size_t>(BK) * D, 0.0f);
     for (int h = j * group; h < (j + 1) * group; ++h)
-      for (int qb = s0 / BQ; qb < nq; ++qb)
+      for (int qb = s0 / BQ; qb < blocks(query_end(s1 - 1, T, a.W), BQ); ++qb)  // to the last row that sees the block
         for (int t = qb * BQ; t < std::min(T, qb * BQ + BQ); ++t) {
           const float* dot_t = dout + at.o(b, t, h);
           const float* qt = q + at.q(b, t, h);
-          for (int sk = s0; sk < std::min(s1, t + 1); ++sk) {
+          for (int sk = std::max(s0, first_key(t, a.W)); sk < std::min(s1, t + 1); ++sk) {
             float pr, ds;
             p_ds(b, h, j, t, sk, pr, ds);
             const float pq = round_to(pr, tl.round_p), dsq = round_to(ds, tl.round_p);
@@ -178,10 +184,10 @@ void tiled_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, con
     const int qb = static_cast<int>(c % nq), h = static_cast<int>(c / nq % a.H), b = static_cast<int>(c / nq / a.H);
     const int j = h / group, t0 = qb * BQ, t1 = std::min(T, t0 + BQ);
     std::vector<float> dqa(static_cast<std::size_t>(BQ) * D, 0.0f);
-    for (int kb = 0; kb < blocks(t1, BK); ++kb)
+    for (int kb = first_key(t0, a.W) / BK; kb < blocks(t1, BK); ++kb)
       for (int t = t0; t < t1; ++t) {
         float* dqt = dqa.data() + static_cast<std::size_t>(t - t0) * D;
-        for (int sk = kb * BK; sk < std::min(kb * BK + BK, t + 1); ++sk) {
+        for (int sk = std::max(kb * BK, first_key(t, a.W)); sk < std::min(kb * BK + BK, t + 1); ++sk) {
           float pr, ds;
           p_ds(b, h, j, t, sk, pr, ds);
           const float dsq = round_to(ds, tl.round_p);

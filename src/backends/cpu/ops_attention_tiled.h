@@ -27,6 +27,9 @@ namespace zinf::ops {
 struct AttnShapeCpu {
   int B, T, H, KV, D;
   long q_stride, k_stride, v_stride, o_stride;
+  // The sliding window (0: none): query t attends key s iff s <= t and t - s < W. Key blocks wholly
+  // outside a query block's windows are skipped; inside one, a row's keys outside its window get P = 0.
+  int W = 0;
 };
 
 // The tiles of the flash kernels and the type the P and dS tiles are rounded to before their

@@ -100,8 +100,8 @@ void swiglu_backward(ChunkPool& p, float* dgate, float* dup, const float* dout, 
 }
 
 void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q, const float* k, const float* v, int B,
-                           int T, int H, int KV, int D) {
-  ZINF_CHECK(KV > 0 && H % KV == 0);
+                           int T, int H, int KV, int D, int W) {
+  ZINF_CHECK(KV > 0 && H % KV == 0 && W >= 0);
   const int group = H / KV;
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -110,8 +110,10 @@ void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q,
     for (int t = 0; t < T; ++t) {
       const float* qt = q + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
       float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
+      const int lo = W > 0 ? std::max(0, t - W + 1) : 0;  // the first key in the window
+      for (int s = 0; s < lo; ++s) a[s] = 0;
       float maxv = -INFINITY;
-      for (int s = 0; s <= t; ++s) {
+      for (int s = lo; s <= t; ++s) {
         const float* ks = k + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
         float dot = 0;
         for (int i = 0; i < D; ++i) dot += qt[i] * ks[i];
@@ -119,13 +121,13 @@ void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q,
         maxv = std::max(maxv, a[s]);
       }
       float sum = 0;
-      for (int s = 0; s <= t; ++s) sum += (a[s] = fixed::expf(a[s] - maxv));
+      for (int s = lo; s <= t; ++s) sum += (a[s] = fixed::expf(a[s] - maxv));
       const float inv = 1.0f / sum;
-      for (int s = 0; s <= t; ++s) a[s] *= inv;
+      for (int s = lo; s <= t; ++s) a[s] *= inv;
       for (int s = t + 1; s < T; ++s) a[s] = 0;
       float* o = out + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
       for (int i = 0; i < D; ++i) o[i] = 0;
-      for (int s = 0; s <= t; ++s) {
+      for (int s = lo; s <= t; ++s) {
         const float* vs = v + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
         for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
       }
@@ -168,8 +170,9 @@ void attention_decode(ChunkPool& p, float* out, const float* q, const float* k, 
 
 void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q,
                             const float* k, const float* v, const float* att,
-                            const float* /*out: not needed, see ops_llama.h*/, int B, int T, int H, int KV, int D) {
-  ZINF_CHECK(KV > 0 && H % KV == 0);
+                            const float* /*out: not needed, see ops_llama.h*/, int B, int T, int H, int KV, int D,
+                            int W) {
+  ZINF_CHECK(KV > 0 && H % KV == 0 && W >= 0);
   const int group = H / KV;
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -190,8 +193,10 @@ void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const
         const float* dot = dout + row * qw + static_cast<std::size_t>(h) * D;
         const float* qt = q + row * qw + static_cast<std::size_t>(h) * D;
         float* dqt = dq + row * qw + static_cast<std::size_t>(h) * D;
+        // keys lo..t: those in the window
+        const int lo = W > 0 ? std::max(0, t - W + 1) : 0;
         float weighted = 0;  // Σ_s a_s · datt_s
-        for (int s = 0; s <= t; ++s) {
+        for (int s = lo; s <= t; ++s) {
           const std::size_t srow = static_cast<std::size_t>(b) * T + s;
           const float* vs = v + srow * kw + static_cast<std::size_t>(j) * D;
           float* dvs = dv + srow * kw + static_cast<std::size_t>(j) * D;
@@ -204,7 +209,7 @@ void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const
           weighted += a[s] * d;
         }
         for (int i = 0; i < D; ++i) dqt[i] = 0;
-        for (int s = 0; s <= t; ++s) {
+        for (int s = lo; s <= t; ++s) {
           const float dpre = a[s] * (datt[static_cast<std::size_t>(s)] - weighted) * scale;  // softmax, then the scale
           const std::size_t srow = static_cast<std::size_t>(b) * T + s;
           const float* ks = k + srow * kw + static_cast<std::size_t>(j) * D;

@@ -35,14 +35,17 @@ void swiglu_backward(ChunkPool& p, float* dgate, float* dup, const float* dout, 
 
 // Causal attention with grouped-query heads: q [R, H·D], k and v [R, KV·D], out [R, H·D]; query head
 // h reads key/value head h / (H / KV). att [B, H, T, T] keeps the probabilities for backward.
+// W > 0: a sliding window (Mistral's, Qwen2's) — query t attends only keys s with t - s < W, the sums
+// running over those keys alone (so a cached row of attention_decode, given the window's keys, equals
+// its row here); W = 0: every key s <= t.
 void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q, const float* k, const float* v, int B,
-                           int T, int H, int KV, int D);
+                           int T, int H, int KV, int D, int W);
 // Writes (=) dq, dk, dv; each key/value head's gradient sums its query heads in head order. `out`
 // (the forward's output) is taken for the op list's sake and not read: the probabilities in att give
 // the gradient without it, so this reference recomputes nothing.
 void gqa_attention_backward(ChunkPool& p, float* dq, float* dk, float* dv, const float* dout, const float* q,
                             const float* k, const float* v, const float* att, const float* out, int B, int T, int H,
-                            int KV, int D);
+                            int KV, int D, int W);
 
 // Attention of generation over a key/value cache (one sequence): q holds Q query rows for positions
 // pos..pos+Q-1, k and v the keys and values of positions 0..pos+Q-1 (the new rows included); query row

@@ -96,9 +96,9 @@ ops::AttnShapeCpu packed_shape(int B, int T, int C, int H) {  // GPT's qkv [B,T,
   const long c3 = 3L * C;
   return ops::AttnShapeCpu{B, T, H, H, C / H, c3, c3, c3, static_cast<long>(C)};
 }
-ops::AttnShapeCpu gqa_shape(int B, int T, int H, int KV, int D) {  // Llama's q [R,H·D], k and v [R,KV·D]
+ops::AttnShapeCpu gqa_shape(int B, int T, int H, int KV, int D, int W) {  // Llama's q [R,H·D], k and v [R,KV·D]
   const long kvd = static_cast<long>(KV) * D;
-  return ops::AttnShapeCpu{B, T, H, KV, D, static_cast<long>(H) * D, kvd, kvd, static_cast<long>(H) * D};
+  return ops::AttnShapeCpu{B, T, H, KV, D, static_cast<long>(H) * D, kvd, kvd, static_cast<long>(H) * D, W};
 }
 
 void twin_attention_forward(ops::ChunkPool& p, DType S, float* out, float* att, const float* qkv, int B, int T, int C,
@@ -111,13 +111,13 @@ void twin_attention_backward(ops::ChunkPool& p, DType S, float* dqkv, const floa
                  S);
 }
 void twin_gqa_attention_forward(ops::ChunkPool& p, DType S, float* out, float* att, const float* q, const float* k,
-                                const float* v, int B, int T, int H, int KV, int D) {
-  tiled_forward(p, out, att, q, k, v, gqa_shape(B, T, H, KV, D), S);
+                                const float* v, int B, int T, int H, int KV, int D, int W) {
+  tiled_forward(p, out, att, q, k, v, gqa_shape(B, T, H, KV, D, W), S);
 }
 void twin_gqa_attention_backward(ops::ChunkPool& p, DType S, float* dq, float* dk, float* dv, const float* dout,
                                  const float* q, const float* k, const float* v, const float* att, const float* out,
-                                 int B, int T, int H, int KV, int D) {
-  tiled_backward(p, dq, dk, dv, dout, q, k, v, out, att, gqa_shape(B, T, H, KV, D), S);
+                                 int B, int T, int H, int KV, int D, int W) {
+  tiled_backward(p, dq, dk, dv, dout, q, k, v, out, att, gqa_shape(B, T, H, KV, D, W), S);
 }
 
 // The LM head as the fast kernels run it: the logits GEMM writes the S probs buffer and the softmax
@@ -176,18 +176,18 @@ class TwinOps final : public TwinOpsBase {
         [this](auto... a) { twin_attention_backward(pool_, storage_, a...); }, dqkv, dout, qkv, att, out, B, T, C, H);
   }
   void gqa_attention_forward(TensorView out, TensorView att, ConstTensorView q, ConstTensorView k, ConstTensorView v,
-                             int B, int T, int H, int KV, int D) override {
+                             int B, int T, int H, int KV, int D, int W) override {
     staged(
-        "gqa_attention_forward", "(out, att, q, k, v, B, T, H, KV, D)",
-        [this](auto... a) { twin_gqa_attention_forward(pool_, storage_, a...); }, out, att, q, k, v, B, T, H, KV, D);
+        "gqa_attention_forward", "(out, att, q, k, v, B, T, H, KV, D, W)",
+        [this](auto... a) { twin_gqa_attention_forward(pool_, storage_, a...); }, out, att, q, k, v, B, T, H, KV, D, W);
   }
   void gqa_attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q,
                               ConstTensorView k, ConstTensorView v, ConstTensorView att, ConstTensorView out, int B,
-                              int T, int H, int KV, int D) override {
+                              int T, int H, int KV, int D, int W) override {
     staged(
-        "gqa_attention_backward", "(dq, dk, dv, dout, q, k, v, att, out, B, T, H, KV, D)",
+        "gqa_attention_backward", "(dq, dk, dv, dout, q, k, v, att, out, B, T, H, KV, D, W)",
         [this](auto... a) { twin_gqa_attention_backward(pool_, storage_, a...); }, dq, dk, dv, dout, q, k, v, att, out,
-        B, T, H, KV, D);
+        B, T, H, KV, D, W);
   }
   void lm_head_forward(TensorView probs, TensorView losses, ConstTensorView x, ConstTensorView wte, const int* targets,
                        int R, int C, int V) override {

@@ -126,16 +126,16 @@ class CudaOps final : public Fp32Ops<CudaOps> {
     ops::launch_swiglu_backward(dg, du, dout, g, u, n, stream_);
   }
   void fp32_gqa_attention_forward(float* o, float* att, const float* q, const float* k, const float* v, int B, int T,
-                                  int H, int KV, int D) {
-    ops::launch_gqa_attention_forward(o, att, q, k, v, B, T, H, KV, D, stream_);
+                                  int H, int KV, int D, int W) {
+    ops::launch_gqa_attention_forward(o, att, q, k, v, B, T, H, KV, D, W, stream_);
   }
   // `out` is not read, as in fp32_attention_backward.
   void fp32_gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                                    const float* v, const float* att, const float* /*out*/, int B, int T, int H, int KV,
-                                   int D) {
+                                   int D, int W) {
     const std::size_t need = static_cast<std::size_t>(B) * H * T * sizeof(float);
     ops::launch_gqa_attention_backward(dq, dk, dv, static_cast<float*>(weighted_.get(dev_, stream_, need)), dout, q, k,
-                                       v, att, B, T, H, KV, D, stream_);
+                                       v, att, B, T, H, KV, D, W, stream_);
   }
   void fp32_embedding_forward(float* o, const int* t, const float* wte, int R, int C) {
     ops::launch_embedding_forward(o, t, wte, R, C, stream_);

@@ -10,12 +10,13 @@
 //
 // Forward graph (S, P [B, H, T, T] are virtual: the fused kernel never writes them):
 //   S  = matmul(Q, Kᵀ) · scale;  S masked to -inf where key j > query i (GEN_INDEX rows and columns,
-//   CMP_GE, BINARY_SELECT);  m = max_j S;  e = exp(S - m);  l = Σ_j e;
+//   CMP_GE, BINARY_SELECT; with a sliding window W also where i − j > W − 1: SUB, CMP_LE against the
+//   by-value W − 1, BINARY_SELECT);  m = max_j S;  e = exp(S - m);  l = Σ_j e;
 //   stats = m + log(l)  → lse [B, H, T, 1] (fp32, the state the backward reads);
 //   P = e / l (rounded to S: the tensor cores' input);  O = matmul(P, V).
 // Backward graph, in the transposed orientation [b, h, key j, query i] so that every product reads
 // its operands as stored:
-//   Sᵀ = matmul(K, Qᵀ) · scale, masked (j > i);  Pᵀ = exp(Sᵀ - statsᵀ);
+//   Sᵀ = matmul(K, Qᵀ) · scale, masked (j > i, and i − j > W − 1);  Pᵀ = exp(Sᵀ - statsᵀ);
 //   dV_h = matmul(Pᵀ, dO);  dPᵀ = matmul(V, dOᵀ);  Δ = Σ_d dO ∘ O (as [b, h, 1, i]);
 //   dSᵀ = Pᵀ ∘ (dPᵀ - Δ) · scale (rounded to S);  dK_h = matmul(dSᵀ, Q);  dQᵀ = matmul(Kᵀ, dSᵀ).
 // With KV < H the graph writes dK_h and dV_h per query head (fp32, in scratch) and a kernel here sums
@@ -106,6 +107,7 @@ enum Uid : std::int64_t {
   kDV,
   kScale,
   kNegInf,
+  kWindowLast,     // W − 1: the farthest key a query attends back in a sliding window
   kVirtual = 100,  // and up: the graphs' virtual tensors
 };
 
@@ -196,8 +198,9 @@ class Graph {
   }
 
   // The causal mask on a [b, h, i, j] (forward: query rows i, key columns j) or [b, h, j, i] (backward)
-  // score tensor: masked where key > query.
-  const Owned& causal(const Owned& s, const std::vector<std::int64_t>& dims, bool transposed) {
+  // score tensor: masked where key > query, and with a sliding window also where query − key > W − 1
+  // (the by-value scalar kWindowLast).
+  const Owned& causal(const Owned& s, const std::vector<std::int64_t>& dims, bool transposed, bool window) {
     const Owned& row = virt(CUDNN_DATA_INT32, dims);
     const Owned& col = virt(CUDNN_DATA_INT32, dims);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, 2);
@@ -207,7 +210,15 @@ class Graph {
     pointwise(transposed ? CUDNN_POINTWISE_CMP_LE : CUDNN_POINTWISE_CMP_GE, row, &col, keep);
     const Owned& out = virt(CUDNN_DATA_FLOAT, dims);
     pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &scalar(kNegInf), out, &keep);
-    return out;
+    if (!window) return out;
+    // query − key: forward row − column, backward column − row; kept where ≤ W − 1.
+    const Owned& back = virt(CUDNN_DATA_INT32, dims);
+    pointwise(CUDNN_POINTWISE_SUB, transposed ? col : row, transposed ? &row : &col, back);
+    const Owned& near = virt(CUDNN_DATA_BOOLEAN, dims);
+    pointwise(CUDNN_POINTWISE_CMP_LE, back, &scalar(kWindowLast), near);
+    const Owned& windowed = virt(CUDNN_DATA_FLOAT, dims);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, out, &scalar(kNegInf), windowed, &near);
+    return windowed;
   }
 
   // Finalizes the operation graph and builds a plan from the first deterministic engine configuration
@@ -300,14 +311,15 @@ std::int64_t alignment(const fast::AttnShape& a, DType S) {
   return 16;
 }
 
-using Key = std::tuple<int, int, int, int, int, long, long, long, long, int>;
-Key key_of(const fast::AttnShape& a, DType S) {
-  return {a.B, a.T, a.H, a.KV, a.D, a.q_stride, a.k_stride, a.v_stride, a.o_stride, static_cast<int>(S)};
+using Key = std::tuple<int, int, int, int, int, long, long, long, long, int, bool>;
+Key key_of(const fast::AttnShape& a, DType S) {  // a window's length is passed by value: one plan serves any
+  return {a.B, a.T, a.H, a.KV, a.D, a.q_stride, a.k_stride, a.v_stride, a.o_stride, static_cast<int>(S), a.W > 0};
 }
 
 std::string shape_text(const fast::AttnShape& a, DType S) {
   return "B " + std::to_string(a.B) + ", T " + std::to_string(a.T) + ", H " + std::to_string(a.H) + ", KV " +
-         std::to_string(a.KV) + ", D " + std::to_string(a.D) + ", " + std::string(to_string(S));
+         std::to_string(a.KV) + ", D " + std::to_string(a.D) + (a.W > 0 ? ", window " + std::to_string(a.W) : "") +
+         ", " + std::string(to_string(S));
 }
 
 // dst[b, t, g, :] (rows of stride `row`) = Σ_{h in group g, in order} src[b, h, t, :] (fp32 [B, H, T, D]),
@@ -393,7 +405,7 @@ struct CudnnAttention::Impl {
       g.matmul(q, kt, s);
       const Owned& ss = g.virt(CUDNN_DATA_FLOAT, bhtt);
       g.pointwise(CUDNN_POINTWISE_MUL, s, &g.scalar(kScale), ss);
-      const Owned& sm = g.causal(ss, bhtt, false);
+      const Owned& sm = g.causal(ss, bhtt, false, a.W > 0);
       const Owned& mx = g.virt(CUDNN_DATA_FLOAT, stats_dims);
       g.reduction(CUDNN_REDUCE_TENSOR_MAX, sm, mx);
       const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
@@ -433,7 +445,7 @@ struct CudnnAttention::Impl {
       g.matmul(k, qt, st);
       const Owned& sts = g.virt(CUDNN_DATA_FLOAT, bhtt);
       g.pointwise(CUDNN_POINTWISE_MUL, st, &g.scalar(kScale), sts);
-      const Owned& stm = g.causal(sts, bhtt, true);
+      const Owned& stm = g.causal(sts, bhtt, true, a.W > 0);
       const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
       g.pointwise(CUDNN_POINTWISE_SUB, stm, &statst, sub);
       const Owned& pt = g.virt(CUDNN_DATA_FLOAT, bhtt);
@@ -516,10 +528,11 @@ void CudnnAttention::forward(void* out, float* lse, const void* q, const void* k
   Impl::Plans& p = impl_->plans_for(a, S);
   if (!p.accepted) throw Error("cuDNN attention: forward called for a shape cuDNN refused (" + shape_text(a, S) + ")");
   float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
-  float neg_inf = -std::numeric_limits<float>::infinity();
-  impl_->execute(p.fwd->get(), {kQ, kK, kV, kO, kStats, kScale, kNegInf},
-                 {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale, &neg_inf},
-                 "forward");
+  float neg_inf = -std::numeric_limits<float>::infinity(), window_last = static_cast<float>(a.W - 1);
+  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
+  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale, &neg_inf};
+  if (a.W > 0) uids.push_back(kWindowLast), ptrs.push_back(&window_last);
+  impl_->execute(p.fwd->get(), uids, ptrs, "forward");
 }
 
 void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
@@ -527,7 +540,7 @@ void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, co
   Impl::Plans& p = impl_->plans_for(a, S);
   if (!p.accepted) throw Error("cuDNN attention: backward called for a shape cuDNN refused (" + shape_text(a, S) + ")");
   float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
-  float neg_inf = -std::numeric_limits<float>::infinity();
+  float neg_inf = -std::numeric_limits<float>::infinity(), window_last = static_cast<float>(a.W - 1);
   void* dk_h = dk;
   void* dv_h = dv;
   const std::size_t grouped = grouped_scratch_bytes(a);
@@ -541,10 +554,12 @@ void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, co
     dv_h = impl_->grouped.as<char>() + grouped / 2;
   }
   auto in = [](const void* x) { return const_cast<void*>(x); };
-  impl_->execute(
-      p.bwd->get(), {kK, kK + 1000, kQ, kQ + 1000, kV, kO, kDO, kDO + 1000, kStats, kDQ, kDK, kDV, kScale, kNegInf},
-      {in(k), in(k), in(q), in(q), in(v), in(out), in(dout), in(dout), in(lse), dq, dk_h, dv_h, &scale, &neg_inf},
-      "backward");
+  std::vector<std::int64_t> uids{kK,         kK + 1000, kQ,  kQ + 1000, kV,  kO,     kDO,
+                                 kDO + 1000, kStats,    kDQ, kDK,       kDV, kScale, kNegInf};
+  std::vector<void*> ptrs{in(k),    in(k),   in(q), in(q), in(v), in(out), in(dout),
+                          in(dout), in(lse), dq,    dk_h,  dv_h,  &scale,  &neg_inf};
+  if (a.W > 0) uids.push_back(kWindowLast), ptrs.push_back(&window_last);
+  impl_->execute(p.bwd->get(), uids, ptrs, "backward");
   if (!grouped) return;
   if (S == DType::bf16) {
     launch_sum_groups<__nv_bfloat16>(dk, a.k_stride, static_cast<const float*>(dk_h), a, impl_->stream);

@@ -232,24 +232,24 @@ class CudaFastOps final : public OpsBackend {
                           act(op, "up", up), n, S_, stream_);
   }
   void gqa_attention_forward(TensorView out, TensorView att, ConstTensorView q, ConstTensorView k, ConstTensorView v,
-                             int B, int T, int H, int KV, int D) override {
+                             int B, int T, int H, int KV, int D, int W) override {
     const char* op = "gqa_attention_forward";
     void* o = act(op, "out", out);
     float* lse = f32(op, "att", att);
     const void *qp = act(op, "q", q), *kp = act(op, "k", k), *vp = act(op, "v", v);
     if (B <= 0 || T <= 0) return;
-    attention_forward_of(o, lse, qp, kp, vp, gqa_shape(B, T, H, KV, D));
+    attention_forward_of(o, lse, qp, kp, vp, gqa_shape(B, T, H, KV, D, W));
   }
   void gqa_attention_backward(TensorView dq, TensorView dk, TensorView dv, ConstTensorView dout, ConstTensorView q,
                               ConstTensorView k, ConstTensorView v, ConstTensorView att, ConstTensorView out, int B,
-                              int T, int H, int KV, int D) override {
+                              int T, int H, int KV, int D, int W) override {
     const char* op = "gqa_attention_backward";
     void *dqp = act(op, "dq", dq), *dkp = act(op, "dk", dk), *dvp = act(op, "dv", dv);
     const void *d = act(op, "dout", dout), *qp = act(op, "q", q), *kp = act(op, "k", k), *vp = act(op, "v", v);
     const void* o = act(op, "out", out);
     const float* lse = f32(op, "att", att);
     if (B <= 0 || T <= 0) return;
-    attention_backward_of(dqp, dkp, dvp, d, qp, kp, vp, o, lse, gqa_shape(B, T, H, KV, D));
+    attention_backward_of(dqp, dkp, dvp, d, qp, kp, vp, o, lse, gqa_shape(B, T, H, KV, D, W));
   }
   void embedding_forward(TensorView out, const int* tokens, ConstTensorView wte, int R, int C) override {
     fast::embedding_forward(act("embedding_forward", "out", out), tokens, act("embedding_forward", "wte", wte), R, C,
@@ -363,9 +363,9 @@ class CudaFastOps final : public OpsBackend {
     return a;
   }
   // Llama's q [R, H·D], k and v [R, KV·D], out [R, H·D].
-  static fast::AttnShape gqa_shape(int B, int T, int H, int KV, int D) {
+  static fast::AttnShape gqa_shape(int B, int T, int H, int KV, int D, int W) {
     fast::AttnShape a{};
-    a.B = B, a.T = T, a.H = H, a.KV = KV, a.D = D;
+    a.B = B, a.T = T, a.H = H, a.KV = KV, a.D = D, a.W = W;
     a.q_stride = static_cast<long>(H) * D;
     a.k_stride = a.v_stride = static_cast<long>(KV) * D;
     a.o_stride = static_cast<long>(H) * D;

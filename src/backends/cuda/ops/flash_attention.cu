@@ -31,6 +31,7 @@ constexpr int kThreads = 128;  // 4 warps per CTA
 // S and D, BQ, BK multiples of 16); otherwise the plain-FMA tiles.
 struct Geometry {
   int B, T, H, KV, D, BQ, BK;
+  int W;                // the sliding window (0: none): query t sees key s iff s <= t and t - s < W
   long qs, ks, vs, os;  // row strides of q, k, v and out/dout
   float scale;
   bool tc;
@@ -40,6 +41,10 @@ struct Geometry {
   __host__ __device__ int ldp() const { return BK + 8; }  // the P / dS tile (S)
   __host__ __device__ int lds() const { return BK + 4; }  // the score and dP tiles (fp32)
   __host__ __device__ int ldo() const { return D + 4; }   // the accumulators (fp32)
+  __host__ __device__ bool sees(int t, int s) const { return s <= t && (W == 0 || t - s < W); }
+  // The first key query t sees; one past the last query that sees key s.
+  __host__ __device__ int first_key(int t) const { return W > 0 ? (t - W + 1 > 0 ? t - W + 1 : 0) : 0; }
+  __host__ __device__ int query_end(int s) const { return W > 0 ? (s + W < T ? s + W : T) : T; }
 };
 
 // Carves the dynamic shared memory into 128-byte aligned pieces; run with base = 0 on the host to
@@ -188,33 +193,39 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  const int kb_end = (t1 + BK - 1) / BK;  // key blocks up to the one holding the last row's own key
-  for (int kb = 0; kb < kb_end; ++kb) {
+  // Key blocks from the one holding the first row's first key up to the one holding the last row's own key.
+  const int kb_end = (t1 + BK - 1) / BK;
+  for (int kb = g.first_key(t0) / BK; kb < kb_end; ++kb) {
     const int s0 = kb * BK;
     load_rows(Ks, g.ldh(), k, g.ks, brow + s0, BK, min(BK, seq - s0), j, D);
     load_rows(Vs, g.ldh(), v, g.vs, brow + s0, BK, min(BK, seq - s0), j, D);
     __syncthreads();
     tile_gemm<T, false, true>(Ss, g.lds(), Qs, g.ldh(), Ks, g.ldh(), BQ, BK, D, false, g.tc);  // S = Q·Kᵀ
     __syncthreads();
-    // The online softmax, one thread per row, keys in order. A row whose keys all lie in its future
-    // (s0 > t) keeps m and l (alpha = 1, P = 0), as the CPU twin skips it.
+    // The online softmax, one thread per row, keys in order. A row that sees no key of the block (all
+    // in its future, s0 > t, or before its window) keeps m and l (alpha = 1, P = 0), as the CPU twin
+    // skips it.
     for (int r = tid; r < BQ; r += kThreads) {
       const int t = t0 + r;
       float* srow = Ss + static_cast<std::size_t>(r) * g.lds();
       T* prow = Ps + static_cast<std::size_t>(r) * g.ldp();
       float mx = m[r];
+      bool any = false;
       for (int c = 0; c < BK; ++c) {
         const int sk = s0 + c;
-        if (sk <= t && sk < seq) {
+        if (g.sees(t, sk) && sk < seq) {
           srow[c] = srow[c] * g.scale;
           mx = fmaxf(mx, srow[c]);
+          any = true;
         }
       }
-      const float a = expf(m[r] - mx);  // 0 on the first block (m = −inf), 1 when nothing is new
+      // 0 on the row's first block (m = −inf), 1 when nothing is new; a row that has seen no key yet
+      // (m = mx = −inf, only with a window) stays as it is.
+      const float a = any ? expf(m[r] - mx) : 1.0f;
       float sum = 0.0f;
       for (int c = 0; c < BK; ++c) {
         const int sk = s0 + c;
-        const float p = (sk <= t && sk < seq) ? expf(srow[c] - mx) : 0.0f;
+        const float p = (g.sees(t, sk) && sk < seq) ? expf(srow[c] - mx) : 0.0f;
         sum += p;
         prow[c] = from_f<T>(p);
       }
@@ -291,7 +302,7 @@ __device__ void recompute_p_ds(float* Ss, float* dPs, T* Ps, const T* Qs, const 
   for (int idx = static_cast<int>(threadIdx.x); idx < g.BQ * g.BK; idx += static_cast<int>(blockDim.x)) {
     const int r = idx / g.BK, c = idx % g.BK, t = t0 + r, sk = s0 + c;
     const std::size_t si = static_cast<std::size_t>(r) * g.lds() + c;
-    const float p = (t < g.T && sk <= t) ? expf(Ss[si] * g.scale - lse_s[r]) : 0.0f;
+    const float p = (t < g.T && g.sees(t, sk)) ? expf(Ss[si] * g.scale - lse_s[r]) : 0.0f;
     Ss[si] = p;
     dPs[si] = p * (dPs[si] - delta_s[r]);
     Ps[static_cast<std::size_t>(r) * g.ldp() + c] = from_f<T>(p);
@@ -338,7 +349,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(T* dk, T* dv, const T* d
   const int kb = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y),
             b = static_cast<int>(blockIdx.z);
   const int BQ = g.BQ, BK = g.BK, D = g.D, seq = g.T, group = g.H / g.KV;
-  const int s0 = kb * BK, s1 = min(seq, s0 + BK), nq = (seq + BQ - 1) / BQ;
+  const int s0 = kb * BK, s1 = min(seq, s0 + BK);
+  const int qb_end = (g.query_end(s1 - 1) + BQ - 1) / BQ;  // to the block of the last row that sees the block
   const std::size_t brow = static_cast<std::size_t>(b) * seq;
 
   load_rows(Ks, g.ldh(), k, g.ks, brow + s0, BK, s1 - s0, j, D);
@@ -346,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(T* dk, T* dv, const T* d
   fill(dKs, g.ldo(), BK, D, 0.0f);
   fill(dVs, g.ldo(), BK, D, 0.0f);
   for (int h = j * group; h < (j + 1) * group; ++h)
-    for (int qb = s0 / BQ; qb < nq; ++qb) {
+    for (int qb = s0 / BQ; qb < qb_end; ++qb) {
       const int t0 = qb * BQ;
       __syncthreads();  // the previous block's products are done with Qs, dOs and Ps
       load_query_rows(Qs, dOs, lse_s, delta_s, q, dout, lse, delta, b, h, t0, g);
@@ -397,7 +409,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(T* dq, const T* dout, cons
   load_query_rows(Qs, dOs, lse_s, delta_s, q, dout, lse, delta, b, h, t0, g);
   fill(dQs, g.ldo(), BQ, D, 0.0f);
   const int kb_end = (t1 + BK - 1) / BK;
-  for (int kb = 0; kb < kb_end; ++kb) {
+  for (int kb = g.first_key(t0) / BK; kb < kb_end; ++kb) {
     const int s0 = kb * BK;
     __syncthreads();  // the previous block's products are done with Ks, Vs and Ps
     load_rows(Ks, g.ldh(), k, g.ks, brow + s0, BK, min(BK, seq - s0), j, D);
@@ -421,13 +433,13 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(T* dq, const T* dout, cons
 // ---- host side ----------------------------------------------------------------------------------
 
 Geometry geometry(const AttnShape& a, DType S) {
-  if (a.H <= 0 || a.KV <= 0 || a.H % a.KV != 0 || a.D <= 0)
+  if (a.H <= 0 || a.KV <= 0 || a.H % a.KV != 0 || a.D <= 0 || a.W < 0)
     throw Error("flash attention: bad head counts (H " + std::to_string(a.H) + ", KV " + std::to_string(a.KV) + ", D " +
                 std::to_string(a.D) + "): H must be a positive multiple of KV");
   const ::zinf::ops::TiledAttention tl =
       ::zinf::ops::cuda_tiling(a.D, S);  // throws for heads wider than the kernels take
   Geometry g{};
-  g.B = a.B, g.T = a.T, g.H = a.H, g.KV = a.KV, g.D = a.D, g.BQ = tl.block_q, g.BK = tl.block_k;
+  g.B = a.B, g.T = a.T, g.H = a.H, g.KV = a.KV, g.D = a.D, g.BQ = tl.block_q, g.BK = tl.block_k, g.W = a.W;
   g.qs = a.q_stride, g.ks = a.k_stride, g.vs = a.v_stride, g.os = a.o_stride;
   g.scale = 1.0f / std::sqrt(static_cast<float>(a.D));  // the float the CPU uses
   // The tensor-core branch of cuda_tiling: 16-bit S, D and both tiles multiples of 16 (wmma's shape).

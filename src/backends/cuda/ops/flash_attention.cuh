@@ -22,7 +22,7 @@ namespace zinf::cuda::fast {
 // B, T, H, KV, D and the row strides in elements of q, k, v and out (dout has out's stride).
 using AttnShape = ::zinf::ops::AttnShapeCpu;
 
-// out (stride o_stride) = softmax(q·kᵀ / √D, causal)·v;  lse [B, H, T] fp32.
+// out (stride o_stride) = softmax(q·kᵀ / √D, causal, within a.W keys when a.W > 0)·v;  lse [B, H, T] fp32.
 void flash_attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, const AttnShape& a,
                              DType S, cudaStream_t s);
 // Writes (=) dq, dk, dv (rows of stride q/k/v_stride); scratch: flash_backward_scratch_bytes(a) bytes.

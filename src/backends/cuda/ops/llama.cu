@@ -75,15 +75,17 @@ __global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* do
 }
 // One thread per (batch, head, query position).
 __global__ void gqa_forward_kernel(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                                   int H, int KV, int D, float scale) {
+                                   int H, int KV, int D, int W, float scale) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H * T) return;
   const int t = idx % T, h = (idx / T) % H, b = idx / (T * H), j = h / (H / KV);
+  const int lo = W > 0 ? max(0, t - W + 1) : 0;  // the first key in the window
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;
   const float* qt = q + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
   float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
+  for (int s = 0; s < lo; ++s) a[s] = 0;
   float maxv = -INFINITY;
-  for (int s = 0; s <= t; ++s) {
+  for (int s = lo; s <= t; ++s) {
     const float* ks = k + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
     float dot = 0;
     for (int i = 0; i < D; ++i) dot += qt[i] * ks[i];
@@ -91,13 +93,13 @@ __global__ void gqa_forward_kernel(float* out, float* att, const float* q, const
     maxv = fmaxf(maxv, a[s]);
   }
   float sum = 0;
-  for (int s = 0; s <= t; ++s) sum += (a[s] = expf(a[s] - maxv));
+  for (int s = lo; s <= t; ++s) sum += (a[s] = expf(a[s] - maxv));
   const float inv = 1.0f / sum;
-  for (int s = 0; s <= t; ++s) a[s] *= inv;
+  for (int s = lo; s <= t; ++s) a[s] *= inv;
   for (int s = t + 1; s < T; ++s) a[s] = 0;
   float* o = out + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
   for (int i = 0; i < D; ++i) o[i] = 0;
-  for (int s = 0; s <= t; ++s) {
+  for (int s = lo; s <= t; ++s) {
     const float* vs = v + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
     for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
   }
@@ -134,17 +136,18 @@ __global__ void attention_decode_kernel(float* out, float* scores, const float* 
 }
 // dq and Σ_s a·datt per (batch, head, query position).
 __global__ void gqa_backward_queries(float* dq, float* weighted, const float* dout, const float* q, const float* k,
-                                     const float* v, const float* att, int B, int T, int H, int KV, int D,
+                                     const float* v, const float* att, int B, int T, int H, int KV, int D, int W,
                                      float scale) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H * T) return;
   const int t = idx % T, h = (idx / T) % H, b = idx / (T * H), j = h / (H / KV);
+  const int lo = W > 0 ? max(0, t - W + 1) : 0;  // the first key in the window
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D,
                     row = static_cast<std::size_t>(b) * T + t;
   const float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
   const float* dy = dout + row * qw + static_cast<std::size_t>(h) * D;
   float w = 0;
-  for (int s = 0; s <= t; ++s) {
+  for (int s = lo; s <= t; ++s) {
     const float* vs = v + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
     float d = 0;
     for (int i = 0; i < D; ++i) d += dy[i] * vs[i];
@@ -153,7 +156,7 @@ __global__ void gqa_backward_queries(float* dq, float* weighted, const float* do
   weighted[idx] = w;
   float* dqt = dq + row * qw + static_cast<std::size_t>(h) * D;
   for (int i = 0; i < D; ++i) dqt[i] = 0;
-  for (int s = 0; s <= t; ++s) {
+  for (int s = lo; s <= t; ++s) {
     const std::size_t srow = static_cast<std::size_t>(b) * T + s;
     const float* vs = v + srow * kw + static_cast<std::size_t>(j) * D;
     const float* ks = k + srow * kw + static_cast<std::size_t>(j) * D;
@@ -165,7 +168,8 @@ __global__ void gqa_backward_queries(float* dq, float* weighted, const float* do
 }
 // dk and dv per (batch, key/value head, key position): query heads of the group, then positions, in order.
 __global__ void gqa_backward_keys(float* dk, float* dv, const float* weighted, const float* dout, const float* q,
-                                  const float* v, const float* att, int B, int T, int H, int KV, int D, float scale) {
+                                  const float* v, const float* att, int B, int T, int H, int KV, int D, int W,
+                                  float scale) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * KV * T) return;
   const int s = idx % T, j = (idx / T) % KV, b = idx / (T * KV), group = H / KV;
@@ -176,7 +180,7 @@ __global__ void gqa_backward_keys(float* dk, float* dv, const float* weighted, c
   const float* vs = v + srow * kw + static_cast<std::size_t>(j) * D;
   for (int i = 0; i < D; ++i) dks[i] = dvs[i] = 0;
   for (int h = j * group; h < (j + 1) * group; ++h)
-    for (int t = s; t < T; ++t) {
+    for (int t = s; t < (W > 0 ? min(T, s + W) : T); ++t) {  // the queries whose window holds s
       const std::size_t row = static_cast<std::size_t>(b) * T + t;
       const float a = att[((static_cast<std::size_t>(b) * H + h) * T + t) * T + s];
       const float* dy = dout + row * qw + static_cast<std::size_t>(h) * D;
@@ -237,19 +241,19 @@ void launch_swiglu_backward(float* dgate, float* dup, const float* dout, const f
   ZINF_CUDA_LAUNCH_CHECK("swiglu_backward");
 }
 void launch_gqa_attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                                  int H, int KV, int D, cudaStream_t s) {
+                                  int H, int KV, int D, int W, cudaStream_t s) {
   cuda::launch(gqa_forward_kernel, blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s, out, att, q, k, v, B,
-               T, H, KV, D, attention_scale(D));
+               T, H, KV, D, W, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_forward");
 }
 void launch_gqa_attention_backward(float* dq, float* dk, float* dv, float* weighted, const float* dout, const float* q,
                                    const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D,
-                                   cudaStream_t s) {
+                                   int W, cudaStream_t s) {
   cuda::launch(gqa_backward_queries, blocks_for(static_cast<std::size_t>(B) * H * T, 64), 64, 0, s, dq, weighted, dout,
-               q, k, v, att, B, T, H, KV, D, attention_scale(D));
+               q, k, v, att, B, T, H, KV, D, W, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_backward_queries");
   cuda::launch(gqa_backward_keys, blocks_for(static_cast<std::size_t>(B) * KV * T, 64), 64, 0, s, dk, dv, weighted,
-               dout, q, v, att, B, T, H, KV, D, attention_scale(D));
+               dout, q, v, att, B, T, H, KV, D, W, attention_scale(D));
   ZINF_CUDA_LAUNCH_CHECK("gqa_attention_backward_keys");
 }
 void launch_attention_decode(float* out, float* scores, const float* q, const float* k, const float* v, int Q, int pos,

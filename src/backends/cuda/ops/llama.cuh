@@ -17,12 +17,13 @@ void launch_rope_apply(float* x, const float* cos_t, const float* sin_t, int R, 
 void launch_swiglu_forward(float* out, const float* gate, const float* up, std::size_t n, cudaStream_t s);
 void launch_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                             std::size_t n, cudaStream_t s);
+// W: the sliding window (0: none), as in ops_llama.h.
 void launch_gqa_attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                                  int H, int KV, int D, cudaStream_t s);
+                                  int H, int KV, int D, int W, cudaStream_t s);
 // weighted: scratch of B·H·T floats. Writes (=) dq, dk, dv.
 void launch_gqa_attention_backward(float* dq, float* dk, float* dv, float* weighted, const float* dout, const float* q,
                                    const float* k, const float* v, const float* att, int B, int T, int H, int KV, int D,
-                                   cudaStream_t s);
+                                   int W, cudaStream_t s);
 // Generation's attention over a key/value cache (ops_llama.h, attention_decode); scores: scratch of
 // Q·H·(pos + Q) floats.
 void launch_attention_decode(float* out, float* scores, const float* q, const float* k, const float* v, int Q, int pos,

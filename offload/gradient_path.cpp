@@ -124,13 +124,14 @@ class GradientPath::AccumRoute : public HostInput {
 class GradientPath::HostRoute : public HostInput {
  public:
   // The Reduce of one landed bucket [o, o+len) of micro batch `micro` into unit u's host gradient.
-  using ReduceFn = void (HostRoute::*)(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land,
-                                       std::int64_t micro);
+  // (An enum, not a member-function pointer: GCC's -Wmaybe-uninitialized misreads a call through one
+  // inside the sanitizers' builds.)
+  enum class Reduce { copy, sum_one_rank, sum_across_ranks };
   explicit HostRoute(GradientPath& p)
       : HostInput(p),
-        reduce_(!s_.layout.fp32_sum   ? &HostRoute::copy
-                : !s_.layout.parallel ? &HostRoute::sum_one_rank
-                                      : &HostRoute::sum_across_ranks) {}
+        reduce_(!s_.layout.fp32_sum   ? Reduce::copy
+                : !s_.layout.parallel ? Reduce::sum_one_rank
+                                      : Reduce::sum_across_ranks) {}
 
   void on_worker(Unit& u, float* g, std::int64_t micro, EventHandle complete) override {
     const StreamRole r = StreamRole::d2h;
@@ -146,7 +147,13 @@ class GradientPath::HostRoute : public HostInput {
             s_.dev.copy_to_host(land.data(), g + o, len * cb, r);
           }
         },
-        [&](std::size_t o, std::size_t len, PinnedBuffer& land) { (this->*reduce_)(u, o, len, land, micro); });
+        [&](std::size_t o, std::size_t len, PinnedBuffer& land) {
+          switch (reduce_) {
+            case Reduce::copy: copy(u, o, len, land, micro); break;
+            case Reduce::sum_one_rank: sum_one_rank(u, o, len, land, micro); break;
+            case Reduce::sum_across_ranks: sum_across_ranks(u, o, len, land, micro); break;
+          }
+        });
     s_.dev.synchronize(r);  // an error on the d2h stream surfaces here (events carry none)
   }
 
@@ -187,7 +194,7 @@ class GradientPath::HostRoute : public HostInput {
     else
       s_.add_into(acc, g + (a - o), b - a);
   }
-  ReduceFn reduce_;
+  Reduce reduce_;
 };
 
 std::unique_ptr<GradientPath::Route> GradientPath::make_route() {

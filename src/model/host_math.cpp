@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "model/fixed_math.h"
+#include "model/shape.h"
 #include "zinf/error.h"
 
 namespace zinf::ops {
@@ -109,3 +110,22 @@ void rope_tables(const std::vector<double>& inv_freq, int T, std::vector<float>&
 }
 
 }  // namespace zinf::ops
+
+namespace zinf {
+
+ops::RopeScaling llama_rope_scaling(const ModelShape& s) {
+  ops::RopeScaling sc;
+  // A shape built with rope_factor != 1 and no type (the run config's model.rope_scaling, older
+  // manifests) means Llama 3's scaling, the only one zinf had before the others.
+  sc.type = s.rope.type == "default" && s.rope_factor != 1 ? "llama3" : s.rope.type;
+  sc.factor = s.rope_factor, sc.low_freq_factor = s.rope_low_freq_factor, sc.high_freq_factor = s.rope_high_freq_factor;
+  sc.original_max_position_embeddings = s.rope_original_max;
+  sc.max_position_embeddings = s.max_positions > 0 ? s.max_positions : s.seq_len;
+  sc.attention_factor = s.rope.attention_factor;
+  sc.beta_fast = s.rope.beta_fast, sc.beta_slow = s.rope.beta_slow;
+  sc.mscale = s.rope.mscale, sc.mscale_all_dim = s.rope.mscale_all_dim, sc.truncate = s.rope.truncate;
+  sc.short_factor = s.rope.short_factor, sc.long_factor = s.rope.long_factor;
+  return sc;
+}
+
+}  // namespace zinf

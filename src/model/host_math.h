@@ -6,6 +6,10 @@
 #include <string>
 #include <vector>
 
+namespace zinf {
+struct ModelShape;
+}
+
 namespace zinf::ops {
 
 // The mean of R row losses, summed in row order in double (host memory).
@@ -43,3 +47,8 @@ void rope_tables(const std::vector<double>& inv_freq, int T, std::vector<float>&
                  double scale = 1);
 
 }  // namespace zinf::ops
+
+namespace zinf {
+// The shape's rotary scaling as the host arithmetic above takes it.
+ops::RopeScaling llama_rope_scaling(const ModelShape& s);
+}  // namespace zinf

@@ -266,21 +266,6 @@ void llama_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint6
   }
 }
 
-ops::RopeScaling llama_rope_scaling(const ModelShape& s) {
-  ops::RopeScaling sc;
-  // A shape built with rope_factor != 1 and no type (the run config's model.rope_scaling, older
-  // manifests) means Llama 3's scaling, the only one zinf had before the others.
-  sc.type = s.rope.type == "default" && s.rope_factor != 1 ? "llama3" : s.rope.type;
-  sc.factor = s.rope_factor, sc.low_freq_factor = s.rope_low_freq_factor, sc.high_freq_factor = s.rope_high_freq_factor;
-  sc.original_max_position_embeddings = s.rope_original_max;
-  sc.max_position_embeddings = s.max_positions > 0 ? s.max_positions : s.seq_len;
-  sc.attention_factor = s.rope.attention_factor;
-  sc.beta_fast = s.rope.beta_fast, sc.beta_slow = s.rope.beta_slow;
-  sc.mscale = s.rope.mscale, sc.mscale_all_dim = s.rope.mscale_all_dim, sc.truncate = s.rope.truncate;
-  sc.short_factor = s.rope.short_factor, sc.long_factor = s.rope.long_factor;
-  return sc;
-}
-
 void llama_rope_tables(const ModelShape& s, int T, std::vector<float>& cos_t, std::vector<float>& sin_t) {
   const ops::RopeScaling sc = llama_rope_scaling(s);
   ops::rope_tables(ops::rope_inv_freq(s.head_dim(), s.rope_theta, sc, T), T, cos_t, sin_t,

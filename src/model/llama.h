@@ -84,8 +84,6 @@ class LlamaModel final : public LanguageModel {
 // norms 1.
 void llama_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed);
 
-// The shape's rotary scaling as the host arithmetic takes it (model/host_math.h).
-ops::RopeScaling llama_rope_scaling(const ModelShape& s);
 // The rotary tables of positions 0..T-1 for the shape's head width, rope_theta and rope_scaling
 // (T rows of head_dim / 2), as the training forward and the KV-cache decoder use them.
 void llama_rope_tables(const ModelShape& s, int T, std::vector<float>& cos_t, std::vector<float>& sin_t);

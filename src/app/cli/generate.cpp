@@ -175,10 +175,6 @@ int run_generate(const GenerateArgs& a) {
   so.vocab = tok->vocab_size();  // a vocabulary padded past the tokenizer's never yields a padding id
   std::vector<int> prompt;
   std::string chat_note;
-  PromptOptions po;
-  po.system = a.system;
-  po.bos = !a.no_bos;
-  po.special = !a.no_special;
   std::optional<ChatFormat> format;
   if (!a.chat.empty()) {
     // The prompt is one user turn (after an optional system turn), rendered as in training on chat
@@ -188,8 +184,8 @@ int run_generate(const GenerateArgs& a) {
     format = chat_format(asked, where, *tok, "--chat");
     chat_note = chat_template_name(format->kind);
     if (asked == ChatTemplate::automatic || asked == ChatTemplate::model) chat_note += " (" + format->reason + ")";
-    po.chat = &*format;
   }
+  const PromptOptions po = prompt_options(a.system, a.no_bos, a.no_special, format ? &*format : nullptr);
   for (std::uint32_t id : encode_generation_prompt(text, *tok, po)) prompt.push_back(static_cast<int>(id));
   std::vector<int> eos;
   for (std::uint32_t id : tok->eos_ids()) eos.push_back(static_cast<int>(id));

@@ -43,19 +43,13 @@
 #include "zinf/error.h"
 #include "zinf/jitter.h"
 #include "zinf/trace.h"
+#include "zinf/types.h"
 
 namespace zinf {
 
 enum class StreamRole { compute = 0, h2d = 1, d2h = 2 };
 constexpr int kStreamRoles = 3;
-constexpr const char* to_string(StreamRole r) {
-  switch (r) {
-    case StreamRole::compute: return "compute";
-    case StreamRole::h2d: return "h2d";
-    case StreamRole::d2h: return "d2h";
-  }
-  return "?";
-}
+constexpr const char* to_string(StreamRole r) { return enum_name(r, {"compute", "h2d", "d2h"}); }
 
 // What a busy mark holds, as the trace names it: a supernode or the model's pass ("Fetch", "forward")
 // with static storage, and the layer unit (-1: none).

@@ -39,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "zinf/error.h"
 #include "zinf/jitter.h"
@@ -170,17 +171,16 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   DeviceBuffer(Device& d, std::size_t bytes, const std::string& what)
       : dev_(&d), ptr_(d.allocate(bytes, what)), bytes_(bytes) {}
-  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : dev_(std::exchange(o.dev_, nullptr)),
+        ptr_(std::exchange(o.ptr_, nullptr)),
+        bytes_(std::exchange(o.bytes_, 0)) {}
+  // Takes o's allocation; the one this held is freed with `taken` (a self-move keeps it).
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      dev_ = o.dev_;
-      ptr_ = o.ptr_;
-      bytes_ = o.bytes_;
-      o.dev_ = nullptr;
-      o.ptr_ = nullptr;
-      o.bytes_ = 0;
-    }
+    DeviceBuffer taken(std::move(o));
+    std::swap(dev_, taken.dev_);
+    std::swap(ptr_, taken.ptr_);
+    std::swap(bytes_, taken.bytes_);
     return *this;
   }
   DeviceBuffer(const DeviceBuffer&) = delete;

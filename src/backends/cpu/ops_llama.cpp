@@ -1,5 +1,6 @@
 // ops_llama.cpp — the Llama family's reference ops (ops_llama.h).
 #include "cpu/ops_llama.h"
+#include "cpu/reference_rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,37 +14,26 @@ std::size_t nchunks(std::size_t n, std::size_t c) { return (n + c - 1) / c; }
 constexpr std::size_t kElemChunk = 1 << 14;
 }  // namespace
 
-// Each reference op below and its kernel in src/backends/cuda/ops/llama.cu share their per-row loop on
-// purpose: the kernel follows the reference's order of operations so that the two agree to rounding.
+// The norms' rows are cpu/reference_rows.h's, which the kernels in src/backends/cuda/ops/llama.cu run
+// too; the other kernels there follow the reference's order of operations, so that the two agree to
+// rounding.
 void rmsnorm_forward(ChunkPool& p, float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps) {
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r) {
-      const float* x = inp + static_cast<std::size_t>(r) * C;
-      float ss = 0;
-      for (int i = 0; i < C; ++i) ss += x[i] * x[i];
-      const float s = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
-      rstd[r] = s;
-      float* o = out + static_cast<std::size_t>(r) * C;
-      for (int i = 0; i < C; ++i) o[i] = x[i] * s * w[i];
+      const std::size_t at = static_cast<std::size_t>(r) * C;
+      rstd[r] = reference_rows::rmsnorm_forward(out + at, inp + at, w, C, eps);
     }
   });
 }
 
 void rmsnorm_backward(ChunkPool& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, int R, int C) {
-  // y_i = x_i·s·w_i with s = (mean x² + eps)^-1/2:  dx_i = s·w_i·dy_i − s³/C · x_i · Σ_j w_j·dy_j·x_j
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r) {
-      const float* x = inp + static_cast<std::size_t>(r) * C;
-      const float* dy = dout + static_cast<std::size_t>(r) * C;
-      float* dx = dinp + static_cast<std::size_t>(r) * C;
-      const float s = rstd[r];
-      float dot = 0;
-      for (int i = 0; i < C; ++i) dot += w[i] * dy[i] * x[i];
-      const float k = s * s * s * dot / static_cast<float>(C);
-      for (int i = 0; i < C; ++i) dx[i] += s * w[i] * dy[i] - k * x[i];
+      const std::size_t at = static_cast<std::size_t>(r) * C;
+      reference_rows::rmsnorm_backward(dinp + at, dout + at, inp + at, w, rstd[r], C);
     }
   });
   p.chunks(nchunks(static_cast<std::size_t>(C), kColChunk), [&](std::size_t c) {

@@ -3,6 +3,7 @@
 // key position for the key/value gradients (query heads and positions in order).
 #include <cmath>
 
+#include "cpu/reference_rows.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops/llama.cuh"
 
@@ -13,27 +14,16 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
                                        float eps) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
-  const float* x = inp + static_cast<std::size_t>(r) * C;
-  float ss = 0;
-  for (int i = 0; i < C; ++i) ss += x[i] * x[i];
-  const float s = 1.0f / sqrtf(ss / static_cast<float>(C) + eps);
-  rstd[r] = s;
-  float* o = out + static_cast<std::size_t>(r) * C;
-  for (int i = 0; i < C; ++i) o[i] = x[i] * s * w[i];
+  const std::size_t at = static_cast<std::size_t>(r) * C;
+  rstd[r] = reference_rows::rmsnorm_forward(out + at, inp + at, w, C, eps);
 }
-// One thread per row, as LayerNorm's backward in layernorm.cu: the two share their row setup.
+// One thread per row, the row of the CPU reference (cpu/reference_rows.h), as LayerNorm's in layernorm.cu.
 __global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const float* inp, const float* w,
                                       const float* rstd, int R, int C) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
-  const float* x = inp + static_cast<std::size_t>(r) * C;
-  const float* dy = dout + static_cast<std::size_t>(r) * C;
-  float* dx = dinp + static_cast<std::size_t>(r) * C;
-  const float s = rstd[r];
-  float dot = 0;
-  for (int i = 0; i < C; ++i) dot += w[i] * dy[i] * x[i];
-  const float k = s * s * s * dot / static_cast<float>(C);
-  for (int i = 0; i < C; ++i) dx[i] += s * w[i] * dy[i] - k * x[i];
+  const std::size_t at = static_cast<std::size_t>(r) * C;
+  reference_rows::rmsnorm_backward(dinp + at, dout + at, inp + at, w, rstd[r], C);
 }
 __global__ void rmsnorm_backward_cols(float* dw, const float* dout, const float* inp, const float* rstd, int R, int C) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -12,6 +12,9 @@ namespace zinf::ops {
 namespace {
 std::size_t nchunks(std::size_t n, std::size_t c) { return (n + c - 1) / c; }
 constexpr std::size_t kElemChunk = 1 << 14;
+struct FixedExp {
+  float operator()(float x) const { return fixed::expf(x); }
+};
 }  // namespace
 
 // The norms' rows are cpu/reference_rows.h's, which the kernels in src/backends/cuda/ops/llama.cu run
@@ -97,30 +100,11 @@ void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q,
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   p.chunks(static_cast<std::size_t>(B) * H, [&](std::size_t bh) {
     const int b = static_cast<int>(bh) / H, h = static_cast<int>(bh) % H, j = h / group;
+    const std::size_t kv0 = static_cast<std::size_t>(b) * T * kw + static_cast<std::size_t>(j) * D;
     for (int t = 0; t < T; ++t) {
-      const float* qt = q + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
-      float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
-      const int lo = W > 0 ? std::max(0, t - W + 1) : 0;  // the first key in the window
-      for (int s = 0; s < lo; ++s) a[s] = 0;
-      float maxv = -INFINITY;
-      for (int s = lo; s <= t; ++s) {
-        const float* ks = k + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
-        float dot = 0;
-        for (int i = 0; i < D; ++i) dot += qt[i] * ks[i];
-        a[s] = dot * scale;
-        maxv = std::max(maxv, a[s]);
-      }
-      float sum = 0;
-      for (int s = lo; s <= t; ++s) sum += (a[s] = fixed::expf(a[s] - maxv));
-      const float inv = 1.0f / sum;
-      for (int s = lo; s <= t; ++s) a[s] *= inv;
-      for (int s = t + 1; s < T; ++s) a[s] = 0;
-      float* o = out + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
-      for (int i = 0; i < D; ++i) o[i] = 0;
-      for (int s = lo; s <= t; ++s) {
-        const float* vs = v + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
-        for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
-      }
+      const std::size_t row = (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
+      reference_rows::gqa_forward_row(out + row, att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T, q + row,
+                                      k + kv0, v + kv0, kw, t, T, D, W, scale, FixedExp{});
     }
   });
 }

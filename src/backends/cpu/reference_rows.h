@@ -1,10 +1,12 @@
-// reference_rows.h — one row of the reference LayerNorm and RMSNorm, written once for the CPU
-// reference ops (ops_gpt.cpp, ops_llama.cpp) and the CUDA reference kernels (cuda/ops/layernorm.cu,
-// cuda/ops/llama.cu, one thread per row): both compute a row by the same operations in the same order,
-// so the two agree to rounding. Plain C++17, no CUDA types.
+// reference_rows.h — one row of the reference LayerNorm, RMSNorm and grouped-query attention, written
+// once for the CPU reference ops (ops_gpt.cpp, ops_llama.cpp) and the CUDA reference kernels
+// (cuda/ops/layernorm.cu, cuda/ops/llama.cu, one thread per row): both compute a row by the same
+// operations in the same order, so the two agree to rounding. Plain C++17, no CUDA types.
 #pragma once
 
 #include <math.h>
+
+#include <cstddef>
 
 #include "zinf/host_device.h"
 
@@ -60,6 +62,35 @@ ZINF_HD inline void rmsnorm_backward(float* dx, const float* dy, const float* x,
   for (int i = 0; i < C; ++i) dot += w[i] * dy[i] * x[i];
   const float k = s * s * s * dot / static_cast<float>(C);
   for (int i = 0; i < C; ++i) dx[i] += s * w[i] * dy[i] - k * x[i];
+}
+
+// Query position t of causal grouped-query attention with a window of W keys (0: all): the scores
+// a[0..T) (softmax over the keys in the window, zero elsewhere) and the output o[0..D). qt: the query
+// row; k, v: the head's key and value rows at position 0, `kw` elements apart; exp: the exponential
+// of the implementation (the CPU's fixed::expf, the GPU's expf).
+template <class Exp>
+ZINF_HD inline void gqa_forward_row(float* o, float* a, const float* qt, const float* k, const float* v,
+                                    std::size_t kw, int t, int T, int D, int W, float scale, Exp exp) {
+  const int lo = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;  // the first key in the window
+  for (int s = 0; s < lo; ++s) a[s] = 0;
+  float maxv = -INFINITY;
+  for (int s = lo; s <= t; ++s) {
+    const float* ks = k + static_cast<std::size_t>(s) * kw;
+    float dot = 0;
+    for (int i = 0; i < D; ++i) dot += qt[i] * ks[i];
+    a[s] = dot * scale;
+    maxv = fmaxf(maxv, a[s]);
+  }
+  float sum = 0;
+  for (int s = lo; s <= t; ++s) sum += (a[s] = exp(a[s] - maxv));
+  const float inv = 1.0f / sum;
+  for (int s = lo; s <= t; ++s) a[s] *= inv;
+  for (int s = t + 1; s < T; ++s) a[s] = 0;
+  for (int i = 0; i < D; ++i) o[i] = 0;
+  for (int s = lo; s <= t; ++s) {
+    const float* vs = v + static_cast<std::size_t>(s) * kw;
+    for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
+  }
 }
 
 }  // namespace zinf::reference_rows

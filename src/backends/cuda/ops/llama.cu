@@ -10,6 +10,10 @@
 namespace zinf::cuda::ops {
 namespace {
 
+struct DeviceExp {
+  ZINF_HD float operator()(float x) const { return expf(x); }
+};
+
 __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int R, int C,
                                        float eps) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -69,30 +73,11 @@ __global__ void gqa_forward_kernel(float* out, float* att, const float* q, const
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H * T) return;
   const int t = idx % T, h = (idx / T) % H, b = idx / (T * H), j = h / (H / KV);
-  const int lo = W > 0 ? max(0, t - W + 1) : 0;  // the first key in the window
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;
-  const float* qt = q + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
-  float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
-  for (int s = 0; s < lo; ++s) a[s] = 0;
-  float maxv = -INFINITY;
-  for (int s = lo; s <= t; ++s) {
-    const float* ks = k + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
-    float dot = 0;
-    for (int i = 0; i < D; ++i) dot += qt[i] * ks[i];
-    a[s] = dot * scale;
-    maxv = fmaxf(maxv, a[s]);
-  }
-  float sum = 0;
-  for (int s = lo; s <= t; ++s) sum += (a[s] = expf(a[s] - maxv));
-  const float inv = 1.0f / sum;
-  for (int s = lo; s <= t; ++s) a[s] *= inv;
-  for (int s = t + 1; s < T; ++s) a[s] = 0;
-  float* o = out + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
-  for (int i = 0; i < D; ++i) o[i] = 0;
-  for (int s = lo; s <= t; ++s) {
-    const float* vs = v + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
-    for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
-  }
+  const std::size_t row = (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
+  const std::size_t kv0 = static_cast<std::size_t>(b) * T * kw + static_cast<std::size_t>(j) * D;
+  reference_rows::gqa_forward_row(out + row, att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T, q + row,
+                                  k + kv0, v + kv0, kw, t, T, D, W, scale, DeviceExp{});
 }
 // One thread per (query row, head), in the CPU reference's order; `scores` holds each thread's
 // pos + Q scores (Q·H rows of that length).

@@ -36,19 +36,11 @@ struct Arrays {
         v(new std::uint8_t[count * state_elem_bytes(format)]) {}
   // [b, e): b is a multiple of 1024 (HostThreads' chunks), so a q8 range starts on a block.
   UpdateChunk chunk(std::size_t b, std::size_t e) const {
-    UpdateChunk c;
-    c.n = e - b;
-    c.grad = grad.get() + b;
-    c.grad_type = GradType::fp16;
-    c.master = master.get() + b;
-    c.m = m.get() + b * state_elem_bytes(f);
-    c.v = v.get() + b * state_elem_bytes(f);
-    c.m_scale = m_scale.get() + b / kQ8Block;
-    c.v_scale = v_scale.get() + b / kQ8Block;
-    c.states = f;
-    c.param16 = out.get() + b;
-    c.param16_type = HalfType::fp16;
-    return c;
+    const std::size_t sb = b * state_elem_bytes(f);
+    return {.n = e - b, .grad = grad.get() + b, .grad_type = GradType::fp16, .master = master.get() + b,
+            .m = m.get() + sb, .v = v.get() + sb, .m_scale = m_scale.get() + b / kQ8Block,
+            .v_scale = v_scale.get() + b / kQ8Block, .states = f, .param16 = out.get() + b,
+            .param16_type = HalfType::fp16};
   }
   bool same(const Arrays& o) const {
     const std::size_t sb = n * state_elem_bytes(f), ns = state_scales(f, n) * 4;

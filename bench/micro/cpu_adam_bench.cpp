@@ -49,17 +49,10 @@ struct Arrays {
   }
   // b: a multiple of 1024 (HostThreads' chunks), so a q8 range starts on a block
   UpdateChunk chunk(std::size_t b, std::size_t e) {
-    UpdateChunk c;
-    c.n = e - b;
-    c.grad = grad.data() + b;
-    c.master = master.data() + b;
-    c.m = m.data() + b * state_elem_bytes(f);
-    c.v = v.data() + b * state_elem_bytes(f);
-    c.m_scale = m_scale.data() + b / kQ8Block;
-    c.v_scale = v_scale.data() + b / kQ8Block;
-    c.states = f;
-    c.param16 = out.data() + b;
-    return c;
+    const std::size_t sb = b * state_elem_bytes(f);
+    return {.n = e - b, .grad = grad.data() + b, .master = master.data() + b, .m = m.data() + sb, .v = v.data() + sb,
+            .m_scale = m_scale.data() + b / kQ8Block, .v_scale = v_scale.data() + b / kQ8Block, .states = f,
+            .param16 = out.data() + b};
   }
   bool operator==(const Arrays& o) const {
     return master == o.master && out == o.out && m == o.m && v == o.v && m_scale == o.m_scale && v_scale == o.v_scale;

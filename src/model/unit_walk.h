@@ -169,6 +169,7 @@ struct UnitWalk {
 template <class M, class Acts>
 class FamilyModel : public LanguageModel {
  public:
+  // Each of the B×T rows' cross-entropy into row_losses(); keeps what backward needs.
   void forward(UnitSource& src, const int* tokens, const int* targets) override {
     UnitWalk<M>::forward(self(), src, tokens, targets);
   }

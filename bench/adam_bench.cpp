@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/adam_bench.h"
+#include "bench/adam_chunk.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/cpu_adam/host_threads.h"
@@ -34,13 +35,9 @@ struct Arrays {
         v_scale(new float[state_scales(format, count) + 1]),
         m(new std::uint8_t[count * state_elem_bytes(format)]),
         v(new std::uint8_t[count * state_elem_bytes(format)]) {}
-  // [b, e): b is a multiple of 1024 (HostThreads' chunks), so a q8 range starts on a block.
   UpdateChunk chunk(std::size_t b, std::size_t e) const {
-    const std::size_t sb = b * state_elem_bytes(f);
-    return {.n = e - b, .grad = grad.get() + b, .grad_type = GradType::fp16, .master = master.get() + b,
-            .m = m.get() + sb, .v = v.get() + sb, .m_scale = m_scale.get() + b / kQ8Block,
-            .v_scale = v_scale.get() + b / kQ8Block, .states = f, .param16 = out.get() + b,
-            .param16_type = HalfType::fp16};
+    return bench::adam_chunk(b, e, f, grad.get(), master.get(), m.get(), v.get(), m_scale.get(), v_scale.get(),
+                             out.get());
   }
   bool same(const Arrays& o) const {
     const std::size_t sb = n * state_elem_bytes(f), ns = state_scales(f, n) * 4;

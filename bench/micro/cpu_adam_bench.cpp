@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "bench/adam_chunk.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/cpu_adam/host_threads.h"
@@ -47,12 +48,9 @@ struct Arrays {
     encode_states(f, StateKind::m, m32.data(), m.data(), m_scale.data(), n);
     encode_states(f, StateKind::v, v32.data(), v.data(), v_scale.data(), n);
   }
-  // b: a multiple of 1024 (HostThreads' chunks), so a q8 range starts on a block
   UpdateChunk chunk(std::size_t b, std::size_t e) {
-    const std::size_t sb = b * state_elem_bytes(f);
-    return {.n = e - b, .grad = grad.data() + b, .master = master.data() + b, .m = m.data() + sb, .v = v.data() + sb,
-            .m_scale = m_scale.data() + b / kQ8Block, .v_scale = v_scale.data() + b / kQ8Block, .states = f,
-            .param16 = out.data() + b};
+    return zinf::bench::adam_chunk(b, e, f, grad.data(), master.data(), m.data(), v.data(), m_scale.data(),
+                                   v_scale.data(), out.data());
   }
   bool operator==(const Arrays& o) const {
     return master == o.master && out == o.out && m == o.m && v == o.v && m_scale == o.m_scale && v_scale == o.v_scale;

@@ -171,8 +171,8 @@ void LlamaModel::head_backward(ConstTensorView unit, float* dunit, const int* ta
   const int V = shape_.vocab_size;
   const std::size_t VC = static_cast<std::size_t>(V) * C_;
   const std::size_t off = shape_.tie_embeddings ? 0 : static_cast<std::size_t>(C_);
-  ops_.lm_head_backward(dnorm_, slice(TensorView(dunit, off + VC), off, VC), dlogits_, probs_, lnf_, slice(unit, off, VC),
-                        targets, dscale, R_, C_, V);
+  ops_.lm_head_backward(dnorm_, slice(TensorView(dunit, off + VC), off, VC), dlogits_, probs_, lnf_,
+                        slice(unit, off, VC), targets, dscale, R_, C_, V);
 }
 
 void LlamaModel::norm_backward(ConstTensorView fin, float* dfin, ConstTensorView x) {

@@ -69,8 +69,8 @@ ZINF_HD inline void rmsnorm_backward(float* dx, const float* dy, const float* x,
 // row; k, v: the head's key and value rows at position 0, `kw` elements apart; exp: the exponential
 // of the implementation (the CPU's fixed::expf, the GPU's expf).
 template <class Exp>
-ZINF_HD inline void gqa_forward_row(float* o, float* a, const float* qt, const float* k, const float* v,
-                                    std::size_t kw, int t, int T, int D, int W, float scale, Exp exp) {
+ZINF_HD inline void gqa_forward_row(float* o, float* a, const float* qt, const float* k, const float* v, std::size_t kw,
+                                    int t, int T, int D, int W, float scale, Exp exp) {
   const int lo = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;  // the first key in the window
   for (int s = 0; s < lo; ++s) a[s] = 0;
   float maxv = -INFINITY;

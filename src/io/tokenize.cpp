@@ -218,11 +218,9 @@ namespace {
 // NFC of `s` (utf8proc); `s` itself when it is not valid UTF-8.
 std::string nfc(std::string_view s) {
   utf8proc_uint8_t* res = nullptr;
-  const auto len =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()), &res,
-                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-  std::string out =
-      len < 0 ? std::string(s) : std::string(reinterpret_cast<const char*>(res), static_cast<std::size_t>(len));
+  const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                                &res, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  std::string out = len < 0 ? std::string(s) : std::string(reinterpret_cast<const char*>(res), static_cast<std::size_t>(len));
   std::free(res);
   return out;
 }
@@ -245,8 +243,8 @@ std::vector<std::uint32_t> Tokenizer::encode_with_ends(std::string_view text, bo
   // other characters at each character boundary where the run's NFC is the NFC of its two sides.
   std::vector<std::pair<std::size_t, std::size_t>> anchors = {{0, 0}};  // (normalized, original)
   std::size_t norm = 0, q = 0;
-  std::size_t run_end = 0;  // the next ASCII byte (or the end) at or after p
-  std::string run_nfc;      // NFC of text[q, run_end)
+  std::size_t run_end = 0;   // the next ASCII byte (or the end) at or after p
+  std::string run_nfc;       // NFC of text[q, run_end)
   for (std::size_t p = 1; p <= text.size(); ++p) {
     const bool ascii = p == text.size() || static_cast<unsigned char>(text[p]) < 0x80;
     if (!ascii && (static_cast<unsigned char>(text[p]) & 0xC0) == 0x80) continue;  // inside a character

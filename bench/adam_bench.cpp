@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/adam_bench.h"
+#include "bench/adam_chunk.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/cpu_adam/host_threads.h"
@@ -34,21 +35,9 @@ struct Arrays {
         v_scale(new float[state_scales(format, count) + 1]),
         m(new std::uint8_t[count * state_elem_bytes(format)]),
         v(new std::uint8_t[count * state_elem_bytes(format)]) {}
-  // [b, e): b is a multiple of 1024 (HostThreads' chunks), so a q8 range starts on a block.
   UpdateChunk chunk(std::size_t b, std::size_t e) const {
-    UpdateChunk c;
-    c.n = e - b;
-    c.grad = grad.get() + b;
-    c.grad_type = GradType::fp16;
-    c.master = master.get() + b;
-    c.m = m.get() + b * state_elem_bytes(f);
-    c.v = v.get() + b * state_elem_bytes(f);
-    c.m_scale = m_scale.get() + b / kQ8Block;
-    c.v_scale = v_scale.get() + b / kQ8Block;
-    c.states = f;
-    c.param16 = out.get() + b;
-    c.param16_type = HalfType::fp16;
-    return c;
+    return bench::adam_chunk(b, e, f, grad.get(), master.get(), m.get(), v.get(), m_scale.get(), v_scale.get(),
+                             out.get());
   }
   bool same(const Arrays& o) const {
     const std::size_t sb = n * state_elem_bytes(f), ns = state_scales(f, n) * 4;

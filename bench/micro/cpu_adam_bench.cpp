@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "bench/adam_chunk.h"
 #include "zinf/cpu_adam/adam.h"
 #include "zinf/cpu_adam/convert.h"
 #include "zinf/cpu_adam/host_threads.h"
@@ -47,19 +48,9 @@ struct Arrays {
     encode_states(f, StateKind::m, m32.data(), m.data(), m_scale.data(), n);
     encode_states(f, StateKind::v, v32.data(), v.data(), v_scale.data(), n);
   }
-  // b: a multiple of 1024 (HostThreads' chunks), so a q8 range starts on a block
   UpdateChunk chunk(std::size_t b, std::size_t e) {
-    UpdateChunk c;
-    c.n = e - b;
-    c.grad = grad.data() + b;
-    c.master = master.data() + b;
-    c.m = m.data() + b * state_elem_bytes(f);
-    c.v = v.data() + b * state_elem_bytes(f);
-    c.m_scale = m_scale.data() + b / kQ8Block;
-    c.v_scale = v_scale.data() + b / kQ8Block;
-    c.states = f;
-    c.param16 = out.data() + b;
-    return c;
+    return zinf::bench::adam_chunk(b, e, f, grad.data(), master.data(), m.data(), v.data(), m_scale.data(),
+                                   v_scale.data(), out.data());
   }
   bool operator==(const Arrays& o) const {
     return master == o.master && out == o.out && m == o.m && v == o.v && m_scale == o.m_scale && v_scale == o.v_scale;

@@ -39,23 +39,18 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "zinf/error.h"
 #include "zinf/jitter.h"
 #include "zinf/trace.h"
+#include "zinf/types.h"
 
 namespace zinf {
 
 enum class StreamRole { compute = 0, h2d = 1, d2h = 2 };
 constexpr int kStreamRoles = 3;
-constexpr const char* to_string(StreamRole r) {
-  switch (r) {
-    case StreamRole::compute: return "compute";
-    case StreamRole::h2d: return "h2d";
-    case StreamRole::d2h: return "d2h";
-  }
-  return "?";
-}
+constexpr const char* to_string(StreamRole r) { return enum_name(r, {"compute", "h2d", "d2h"}); }
 
 // What a busy mark holds, as the trace names it: a supernode or the model's pass ("Fetch", "forward")
 // with static storage, and the layer unit (-1: none).
@@ -176,17 +171,16 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   DeviceBuffer(Device& d, std::size_t bytes, const std::string& what)
       : dev_(&d), ptr_(d.allocate(bytes, what)), bytes_(bytes) {}
-  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : dev_(std::exchange(o.dev_, nullptr)),
+        ptr_(std::exchange(o.ptr_, nullptr)),
+        bytes_(std::exchange(o.bytes_, 0)) {}
+  // Takes o's allocation; the one this held is freed with `taken` (a self-move keeps it).
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      dev_ = o.dev_;
-      ptr_ = o.ptr_;
-      bytes_ = o.bytes_;
-      o.dev_ = nullptr;
-      o.ptr_ = nullptr;
-      o.bytes_ = 0;
-    }
+    DeviceBuffer taken(std::move(o));
+    std::swap(dev_, taken.dev_);
+    std::swap(ptr_, taken.ptr_);
+    std::swap(bytes_, taken.bytes_);
     return *this;
   }
   DeviceBuffer(const DeviceBuffer&) = delete;

@@ -25,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "zinf/error.h"
 
@@ -36,7 +37,10 @@ class PinnedPool;
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
-  PinnedBuffer(PinnedBuffer&& o) noexcept { *this = std::move(o); }
+  PinnedBuffer(PinnedBuffer&& o) noexcept
+      : pool_(std::exchange(o.pool_, nullptr)),
+        data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)) {}
   inline PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
@@ -99,18 +103,12 @@ inline std::size_t lockable_bytes() {
   return static_cast<std::size_t>(rl.rlim_cur);
 }
 
-// The move of an owning buffer, as DeviceBuffer's (device.h): the two own different kinds of memory
-// and are released by different calls.
+// Takes o's block; the one this held goes back to its pool with `taken` (a self-move keeps it).
 inline PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
-  if (this != &o) {
-    reset();
-    pool_ = o.pool_;
-    data_ = o.data_;
-    size_ = o.size_;
-    o.pool_ = nullptr;
-    o.data_ = nullptr;
-    o.size_ = 0;
-  }
+  PinnedBuffer taken(std::move(o));
+  std::swap(pool_, taken.pool_);
+  std::swap(data_, taken.data_);
+  std::swap(size_, taken.size_);
   return *this;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,43 +25,22 @@ enum class Kernels { reference, fast };
 // is the kernel set's default (resolve_attention).
 enum class Attention { automatic, cudnn, wmma, reference };
 
-// One name table per enum (the names are the config's words); the switches look alike by nature.
-constexpr std::string_view to_string(OffloadDevice d) {
-  switch (d) {
-    case OffloadDevice::none: return "none";
-    case OffloadDevice::cpu: return "cpu";
-    case OffloadDevice::nvme: return "nvme";
-  }
-  return "?";
+// The name of `v` in `names`, its enum's names in the order of its enumerators (which count from 0
+// without gaps, as every enum given a name table here does); "?" for a value outside the table.
+template <class E, std::size_t N>
+constexpr const char* enum_name(E v, const char* const (&names)[N]) {
+  const auto i = static_cast<std::size_t>(v);
+  return i < N ? names[i] : "?";
 }
-constexpr std::string_view to_string(Precision p) {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::fp16: return "fp16";
-    case Precision::bf16: return "bf16";
-  }
-  return "?";
-}
-constexpr std::string_view to_string(DeviceType d) {
-  switch (d) {
-    case DeviceType::automatic: return "auto";
-    case DeviceType::cpu: return "cpu";
-    case DeviceType::cuda: return "cuda";
-  }
-  return "?";
-}
+
+// One name table per enum (the names are the config's words).
+constexpr std::string_view to_string(OffloadDevice d) { return enum_name(d, {"none", "cpu", "nvme"}); }
+constexpr std::string_view to_string(Precision p) { return enum_name(p, {"fp32", "fp16", "bf16"}); }
+constexpr std::string_view to_string(DeviceType d) { return enum_name(d, {"auto", "cpu", "cuda"}); }
 
 constexpr std::string_view to_string(Kernels k) { return k == Kernels::fast ? "fast" : "reference"; }
 
-constexpr std::string_view to_string(Attention a) {
-  switch (a) {
-    case Attention::automatic: return "auto";
-    case Attention::cudnn: return "cudnn";
-    case Attention::wmma: return "wmma";
-    case Attention::reference: return "reference";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(Attention a) { return enum_name(a, {"auto", "cudnn", "wmma", "reference"}); }
 // What `auto` means for a kernel set: the reference kernels' own attention, or under `fast` cuDNN's
 // where this build has it and the wmma kernel otherwise. Other choices are kept as they are (the
 // config refuses the ones that do not belong to the kernel set).

@@ -112,22 +112,9 @@ class SentencePieceTokenizer final : public Tokenizer {
     }
     // Control pieces written in the text ("<s>", "</s>") become their ids; the text between them is
     // encoded as plain text (SentencePiece matches user-defined pieces itself).
-    std::size_t start = 0, i = 0;
-    while (i < text.size()) {
-      std::size_t best = 0;
-      int best_id = -1;
-      for (const auto& [p, id] : specials_)
-        if (p.size() > best && text.substr(i, p.size()) == p) best = p.size(), best_id = id;
-      if (best_id < 0) {
-        ++i;
-        continue;
-      }
-      encode_plain(text.substr(start, i - start), out);
-      out.push_back(static_cast<std::uint32_t>(best_id));
-      i += best;
-      start = i;
-    }
-    encode_plain(text.substr(start), out);
+    split_at_specials(
+        text, [&](std::size_t from, std::size_t to) { encode_plain(text.substr(from, to - from), out); },
+        [&](int id, std::size_t) { out.push_back(static_cast<std::uint32_t>(id)); });
     return out;
   }
   std::vector<std::uint32_t> encode_with_ends(std::string_view text, bool special,
@@ -142,23 +129,14 @@ class SentencePieceTokenizer final : public Tokenizer {
         ends.push_back(from + p.end());
       }
     };
-    std::size_t start = 0, i = 0;
-    while (special && i < text.size()) {
-      std::size_t best = 0;
-      int best_id = -1;
-      for (const auto& [p, id] : specials_)
-        if (p.size() > best && text.substr(i, p.size()) == p) best = p.size(), best_id = id;
-      if (best_id < 0) {
-        ++i;
-        continue;
-      }
-      plain(start, i);
-      out.push_back(static_cast<std::uint32_t>(best_id));
-      i += best;
-      ends.push_back(i);
-      start = i;
+    if (!special) {
+      plain(0, text.size());
+      return out;
     }
-    plain(start, text.size());
+    split_at_specials(text, plain, [&](int id, std::size_t end) {
+      out.push_back(static_cast<std::uint32_t>(id));
+      ends.push_back(end);
+    });
     return out;
   }
   std::vector<std::uint32_t> prompt_prefix() const override {
@@ -197,6 +175,28 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
 
  private:
+  // Splits `text` at the control pieces written in it, the longest that starts at each position:
+  // plain(from, to) for each stretch between them (possibly empty), control(id, end) for each piece, in
+  // text order.
+  template <class Plain, class Control>
+  void split_at_specials(std::string_view text, Plain&& plain, Control&& control) const {
+    std::size_t start = 0, i = 0;
+    while (i < text.size()) {
+      std::size_t best = 0;
+      int best_id = -1;
+      for (const auto& [p, id] : specials_)
+        if (p.size() > best && text.substr(i, p.size()) == p) best = p.size(), best_id = id;
+      if (best_id < 0) {
+        ++i;
+        continue;
+      }
+      plain(start, i);
+      i += best;
+      control(best_id, i);
+      start = i;
+    }
+    plain(start, text.size());
+  }
   void encode_plain(std::string_view text, std::vector<std::uint32_t>& out) const {
     if (text.empty()) return;
     std::vector<int> ids;

@@ -29,32 +29,18 @@ GptBlock<V> gpt_block(int C, Take take) {
   return v;
 }
 
-template <class View>
-GptBlock<View> typed_block_view(const View& base, int C) {
-  std::size_t at = 0;
-  return gpt_block<View>(C, [&](std::size_t n) {
-    const View v = slice(base, at, n);
-    at += n;
-    return v;
-  });
-}
-
 }  // namespace
 
-BlockView block_view(float* p, int C) {
-  return gpt_block<float*>(C, [&p](std::size_t n) {  // the next n floats of the block
-    float* start = p;
-    p += n;
-    return start;
-  });
+BlockView block_view(float* p, int C) { return gpt_block<float*>(C, take_in_order(p)); }
+GptBlock<ConstTensorView> block_view(const ConstTensorView& base, int C) {
+  return gpt_block<ConstTensorView>(C, take_in_order(base));
 }
-GptBlock<ConstTensorView> block_view(const ConstTensorView& base, int C) { return typed_block_view(base, C); }
-GptBlock<TensorView> block_view(const TensorView& base, int C) { return typed_block_view(base, C); }
+GptBlock<TensorView> block_view(const TensorView& base, int C) { return gpt_block<TensorView>(C, take_in_order(base)); }
 
-GptModel::BlockActs GptModel::carve(ViewCursor& c) const {
+GptActs GptModel::carve(ViewCursor& c) const {
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(shape_.d_model);
   const std::size_t att = ops_.attention_state_elems(B_, shape_.n_head, shape_.seq_len);
-  BlockActs a{};
+  GptActs a{};
   a.ln1 = c.take(R * C);
   a.ln1_mean = c.take_fp32(R);
   a.ln1_rstd = c.take_fp32(R);
@@ -74,42 +60,19 @@ GptModel::BlockActs GptModel::carve(ViewCursor& c) const {
 
 GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
                    bool offload_checkpoints, bool pin_checkpoints)
-    : shape_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), dev_(dev), ops_(ops) {
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(s.d_model),
-                    L = static_cast<std::size_t>(s.n_layer);
-  const DType S = ops.storage_dtype();
-  const LogitsRows logits = ops.logits_rows();
-  acts_.allocate(dev, S, R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
-                 [this](ViewCursor& c) { return carve(c); });
-  auto head = [&](ViewCursor& c) {
-    lnf_ = c.take(R * C);
-    lnf_mean_ = c.take_fp32(R);
-    lnf_rstd_ = c.take_fp32(R);
-    losses_ = c.take_fp32(R);
-    probs_ = c.take_logits(R, s.vocab_size, logits);
-  };
-  auto grads = [&](ViewCursor& c) {
-    dres_a_ = c.take(R * C);
-    dres_b_ = c.take(R * C);
-    dres2_ = c.take(R * C);
-    dln_ = c.take(R * C);
-    datty_ = c.take(R * C);
-    dqkv_ = c.take(R * 3 * C);
-    dfch_ = c.take(R * 4 * C);
-    dfchg_ = c.take(R * 4 * C);
-    dlogits_ = c.take_logits(R, s.vocab_size, logits);
-  };
-  ViewCursor head_size(nullptr, S), grad_size(nullptr, S);
-  head(head_size);
-  grads(grad_size);
-  head_buf_ = DeviceBuffer(dev, head_size.bytes(), "final LayerNorm and logits");
-  grad_buf_ = DeviceBuffer(dev, grad_size.bytes(), "backward scratch");
-  ViewCursor hc(head_buf_.as<void>(), S), gc(grad_buf_.as<void>(), S);
-  head(hc);
-  grads(gc);
+    : FamilyModel(s, B, checkpointing, dev, ops) {
+  allocate(offload_checkpoints, pin_checkpoints, true, "final LayerNorm and logits");
 }
 
-void GptModel::block_forward(const Weights& w, ConstTensorView x, const BlockActs& a, int /*layer*/) {
+// The backward scratch of GPT-2's blocks (between FamilyModel's and d(logits)).
+void GptModel::carve_scratch(ViewCursor& c) {
+  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(shape_.d_model);
+  dqkv_ = c.take(R * 3 * C);
+  dfch_ = c.take(R * 4 * C);
+  dfchg_ = c.take(R * 4 * C);
+}
+
+void GptModel::block_forward(const Weights& w, ConstTensorView x, const GptActs& a, int /*layer*/) {
   const int R = R_, C = shape_.d_model;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
   ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, R, C);
@@ -123,7 +86,7 @@ void GptModel::block_forward(const Weights& w, ConstTensorView x, const BlockAct
   ops_.add_inplace(a.out, a.res2, RC);
 }
 
-void GptModel::block_backward(const Weights& w, const Grads& g, ConstTensorView x, const BlockActs& a,
+void GptModel::block_backward(const Weights& w, const Grads& g, ConstTensorView x, const GptActs& a,
                               ConstTensorView dout, TensorView dx, int /*layer*/) {
   const int R = R_, C = shape_.d_model;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
@@ -131,16 +94,16 @@ void GptModel::block_backward(const Weights& w, const Grads& g, ConstTensorView 
   ops_.zero(dfchg_, RC * 4);
   ops_.matmul_backward(dfchg_, g.fcprojw, g.fcprojb, dout, a.fchg, w.fcprojw, R, 4 * C, C);
   ops_.gelu_backward(dfch_, a.fch, dfchg_, RC * 4);
-  ops_.zero(dln_, RC);
-  ops_.matmul_backward(dln_, g.fcw, g.fcb, dfch_, a.ln2, w.fcw, R, C, 4 * C);
-  ops_.layernorm_backward(dres2_, g.ln2w, g.ln2b, dln_, a.res2, w.ln2w, a.ln2_mean, a.ln2_rstd, R, C);
+  ops_.zero(dnorm_, RC);
+  ops_.matmul_backward(dnorm_, g.fcw, g.fcb, dfch_, a.ln2, w.fcw, R, C, 4 * C);
+  ops_.layernorm_backward(dres2_, g.ln2w, g.ln2b, dnorm_, a.res2, w.ln2w, a.ln2_mean, a.ln2_rstd, R, C);
   ops_.zero(datty_, RC);
   ops_.matmul_backward(datty_, g.projw, g.projb, dres2_, a.atty, w.projw, R, C, C);
   ops_.attention_backward(dqkv_, datty_, a.qkv, a.att, a.atty, B_, shape_.seq_len, C, shape_.n_head);
-  ops_.zero(dln_, RC);
-  ops_.matmul_backward(dln_, g.qkvw, g.qkvb, dqkv_, a.ln1, w.qkvw, R, C, 3 * C);
+  ops_.zero(dnorm_, RC);
+  ops_.matmul_backward(dnorm_, g.qkvw, g.qkvb, dqkv_, a.ln1, w.qkvw, R, C, 3 * C);
   ops_.copy(dx, dres2_, RC);
-  ops_.layernorm_backward(dx, g.ln1w, g.ln1b, dln_, x, w.ln1w, a.ln1_mean, a.ln1_rstd, R, C);
+  ops_.layernorm_backward(dx, g.ln1w, g.ln1b, dnorm_, x, w.ln1w, a.ln1_mean, a.ln1_rstd, R, C);
 }
 
 // The family's steps of the unit walk (unit_walk.h).
@@ -166,14 +129,14 @@ void GptModel::head_forward(ConstTensorView emb, const int* targets) {
 void GptModel::head_backward(ConstTensorView emb, float* demb, const int* targets, float dscale) {
   const int C = shape_.d_model, V = shape_.vocab_size;
   const std::size_t VC = static_cast<std::size_t>(V) * C;
-  ops_.lm_head_backward(dln_, slice(TensorView(demb, VC), 0, VC), dlogits_, probs_, lnf_, slice(emb, 0, VC), targets,
+  ops_.lm_head_backward(dnorm_, slice(TensorView(demb, VC), 0, VC), dlogits_, probs_, lnf_, slice(emb, 0, VC), targets,
                         dscale, R_, C, V);
 }
 
 void GptModel::norm_backward(ConstTensorView lnf, float* dlnf_p, ConstTensorView x) {
   const int C = shape_.d_model;
   const TensorView dlnf(dlnf_p, 2 * static_cast<std::size_t>(C));
-  ops_.layernorm_backward(dres_a_, slice(dlnf, 0, C), slice(dlnf, C, C), dln_, x, slice(lnf, 0, C), lnf_mean_,
+  ops_.layernorm_backward(dres_a_, slice(dlnf, 0, C), slice(dlnf, C, C), dnorm_, x, slice(lnf, 0, C), lnf_mean_,
                           lnf_rstd_, R_, C);
 }
 
@@ -182,14 +145,6 @@ void GptModel::embed_backward(float* demb_p, ConstTensorView dout, const int* to
   const std::size_t VC = static_cast<std::size_t>(shape_.vocab_size) * C, TC = static_cast<std::size_t>(T) * C;
   const TensorView demb(demb_p, VC + TC);
   ops_.encoder_backward(slice(demb, 0, VC), slice(demb, VC, TC), dout, tokens, B_, T, C);
-}
-
-void GptModel::forward(UnitSource& src, const int* tokens, const int* targets) {
-  UnitWalk<GptModel>::forward(*this, src, tokens, targets);
-}
-
-void GptModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {
-  UnitWalk<GptModel>::backward(*this, src, tokens, targets, dscale);
 }
 
 }  // namespace zinf

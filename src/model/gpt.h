@@ -17,6 +17,7 @@
 #include "model/backend.h"
 #include "model/lm.h"
 #include "model/shape.h"
+#include "model/unit_walk.h"
 #include "zinf/device.h"
 
 namespace zinf {
@@ -32,8 +33,14 @@ BlockView block_view(float* base, int C);
 GptBlock<ConstTensorView> block_view(const ConstTensorView& base, int C);
 GptBlock<TensorView> block_view(const TensorView& base, int C);
 
-// Declares the LanguageModel interface (lm.h) for GPT-2, as llama.h does for the Llama family.
-class GptModel final : public LanguageModel {
+// One block's activations in the backend's storage dtype; the LayerNorm statistics and att in fp32.
+struct GptActs {
+  TensorView ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fchg, out;
+};
+
+// The LanguageModel interface (lm.h) for GPT-2 (FamilyModel in model/unit_walk.h: forward, backward,
+// row_losses), as llama.h has it for the Llama family.
+class GptModel final : public FamilyModel<GptModel, GptActs> {
  public:
   // B: micro batch. Activations for B×T tokens are allocated on `dev` now.
   // offload_checkpoints: the checkpointed block inputs live in host memory (lm.h, Checkpoints),
@@ -41,30 +48,17 @@ class GptModel final : public LanguageModel {
   GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
            bool offload_checkpoints = false, bool pin_checkpoints = true);
 
-  // Forward pass: each of the B×T rows' cross-entropy into row_losses(); keeps what backward needs.
-  void forward(UnitSource& src, const int* tokens, const int* targets) override;
-  const float* row_losses() const override { return static_cast<const float*>(losses_.data()); }
-  int rows() const override { return R_; }
-  // Backward of the last forward: each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA)
-  // for a mean loss); the units' gradient buffers are accumulated (+=).
-  void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override;
-  CheckpointTimes take_checkpoint_times() override {
-    return acts_.checkpointing ? acts_.ckpt.take_times() : CheckpointTimes{};
-  }
-
   const ModelShape& shape() const { return shape_; }
   int batch() const { return B_; }
 
  private:
-  // Activations in the backend's storage dtype; the LayerNorm statistics and att in fp32.
-  struct BlockActs {
-    TensorView ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fchg, out;
-  };
-  BlockActs carve(ViewCursor& c) const;
+  friend class FamilyModel<GptModel, GptActs>;
+  GptActs carve(ViewCursor& c) const;
+  void carve_scratch(ViewCursor& c);
   using Weights = GptBlock<ConstTensorView>;
   using Grads = GptBlock<TensorView>;
-  void block_forward(const Weights& w, ConstTensorView x, const BlockActs& a, int layer);  // layer unused: no windows
-  void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const BlockActs& a, ConstTensorView dout,
+  void block_forward(const Weights& w, ConstTensorView x, const GptActs& a, int layer);  // layer unused: no windows
+  void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const GptActs& a, ConstTensorView dout,
                       TensorView dx, int layer);
   // The family's steps of the one walk over the units (model/unit_walk.h).
   friend struct UnitWalk<GptModel>;
@@ -78,15 +72,7 @@ class GptModel final : public LanguageModel {
   void norm_backward(ConstTensorView fin, float* dfin, ConstTensorView x);
   void embed_backward(float* demb, ConstTensorView dout, const int* tokens);
 
-  ModelShape shape_;
-  int B_, R_;
-  bool ckpt_;
-  Device& dev_;
-  OpsBackend& ops_;
-  BlockActivations<BlockActs> acts_;  // x0: the embedding output
-  DeviceBuffer head_buf_, grad_buf_;
-  TensorView lnf_, lnf_mean_, lnf_rstd_, probs_, losses_;
-  TensorView dres_a_, dres_b_, dres2_, dln_, datty_, dqkv_, dfch_, dfchg_, dlogits_;
+  TensorView dqkv_, dfch_, dfchg_;
 };
 
 }  // namespace zinf

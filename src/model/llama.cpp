@@ -34,37 +34,21 @@ LlamaBlock<V> llama_block(const ModelShape& s, Take take) {
   return v;
 }
 
-template <class View>
-LlamaBlock<View> typed_llama_block(const View& base, const ModelShape& s) {
-  std::size_t at = 0;
-  return llama_block<View>(s, [&](std::size_t n) {
-    const View v = slice(base, at, n);
-    at += n;
-    return v;
-  });
-}
-
 }  // namespace
 
-LlamaBlockView llama_block_view(float* p, const ModelShape& s) {
-  return llama_block<float*>(s, [&p](std::size_t n) {
-    float* r = p;
-    p += n;
-    return r;
-  });
-}
+LlamaBlockView llama_block_view(float* p, const ModelShape& s) { return llama_block<float*>(s, take_in_order(p)); }
 LlamaBlock<ConstTensorView> llama_block_view(const ConstTensorView& base, const ModelShape& s) {
-  return typed_llama_block(base, s);
+  return llama_block<ConstTensorView>(s, take_in_order(base));
 }
 LlamaBlock<TensorView> llama_block_view(const TensorView& base, const ModelShape& s) {
-  return typed_llama_block(base, s);
+  return llama_block<TensorView>(s, take_in_order(base));
 }
 
-LlamaModel::Acts LlamaModel::carve(ViewCursor& c) const {
+LlamaActs LlamaModel::carve(ViewCursor& c) const {
   const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
                     KVD = static_cast<std::size_t>(KV_) * D_, F = static_cast<std::size_t>(F_),
                     att = ops_.attention_state_elems(B_, H_, T_);
-  Acts a{};
+  LlamaActs a{};
   a.an = c.take(R * C);
   a.an_rstd = c.take_fp32(R);
   a.q = c.take(R * C);
@@ -84,54 +68,15 @@ LlamaModel::Acts LlamaModel::carve(ViewCursor& c) const {
 
 LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
                        bool offload_checkpoints, bool pin_checkpoints)
-    : shape_(s),
-      B_(B),
+    : FamilyModel(s, B, checkpointing, dev, ops),
       T_(s.seq_len),
-      R_(B * s.seq_len),
       C_(s.d_model),
       H_(s.n_head),
       KV_(s.kv_heads()),
       D_(s.head_dim()),
-      F_(s.d_ff),
-      ckpt_(checkpointing),
-      dev_(dev),
-      ops_(ops) {
+      F_(s.d_ff) {
   ZINF_CHECK(s.family == ModelFamily::llama && H_ % KV_ == 0 && D_ % 2 == 0 && F_ > 0);
-  const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(C_),
-                    L = static_cast<std::size_t>(s.n_layer), KVD = static_cast<std::size_t>(KV_) * D_,
-                    F = static_cast<std::size_t>(F_);
-  const DType S = ops.storage_dtype();
-  const LogitsRows logits = ops.logits_rows();
-  acts_.allocate(dev, S, R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
-                 [this](ViewCursor& c) { return carve(c); });
-  auto head = [&](ViewCursor& c) {
-    lnf_ = c.take(R * C);
-    lnf_rstd_ = c.take_fp32(R);
-    losses_ = c.take_fp32(R);
-    probs_ = c.take_logits(R, s.vocab_size, logits);
-  };
-  auto grads = [&](ViewCursor& c) {
-    dres_a_ = c.take(R * C);
-    dres_b_ = c.take(R * C);
-    dres2_ = c.take(R * C);
-    dn_ = c.take(R * C);
-    datty_ = c.take(R * C);
-    dq_ = c.take(R * C);
-    dk_ = c.take(R * KVD);
-    dv_ = c.take(R * KVD);
-    dh_ = c.take(R * F);
-    dgate_ = c.take(R * F);
-    dup_ = c.take(R * F);
-    dlogits_ = c.take_logits(R, s.vocab_size, logits);
-  };
-  ViewCursor head_size(nullptr, S), grad_size(nullptr, S);
-  head(head_size);
-  grads(grad_size);
-  head_buf_ = DeviceBuffer(dev, head_size.bytes(), "final norm and logits");
-  grad_buf_ = DeviceBuffer(dev, grad_size.bytes(), "backward scratch");
-  ViewCursor hc(head_buf_.as<void>(), S), gc(grad_buf_.as<void>(), S);
-  head(hc);
-  grads(gc);
+  allocate(offload_checkpoints, pin_checkpoints, false, "final norm and logits");
   // Rotary tables, computed once on the host and copied to the device.
   std::vector<float> co, si;
   llama_rope_tables(s, T_, co, si);
@@ -143,7 +88,19 @@ LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& d
   dev.synchronize(StreamRole::h2d);
 }
 
-void LlamaModel::block_forward(const Weights& w, ConstTensorView x, const Acts& a, int layer) {
+// The backward scratch of the Llama blocks (between FamilyModel's and d(logits)).
+void LlamaModel::carve_scratch(ViewCursor& c) {
+  const std::size_t R = static_cast<std::size_t>(R_), KVD = static_cast<std::size_t>(KV_) * D_,
+                    F = static_cast<std::size_t>(F_);
+  dq_ = c.take(R * static_cast<std::size_t>(C_));
+  dk_ = c.take(R * KVD);
+  dv_ = c.take(R * KVD);
+  dh_ = c.take(R * F);
+  dgate_ = c.take(R * F);
+  dup_ = c.take(R * F);
+}
+
+void LlamaModel::block_forward(const Weights& w, ConstTensorView x, const LlamaActs& a, int layer) {
   const int W = shape_.layer_window(layer);
   const int R = R_, C = C_, KVD = KV_ * D_, F = F_;
   const std::size_t RC = static_cast<std::size_t>(R) * C;
@@ -165,7 +122,7 @@ void LlamaModel::block_forward(const Weights& w, ConstTensorView x, const Acts& 
   ops_.add_inplace(a.out, a.res2, RC);
 }
 
-void LlamaModel::block_backward(const Weights& w, const Grads& g, ConstTensorView x, const Acts& a,
+void LlamaModel::block_backward(const Weights& w, const Grads& g, ConstTensorView x, const LlamaActs& a,
                                 ConstTensorView dout, TensorView dx, int layer) {
   const int W = shape_.layer_window(layer);
   const int R = R_, C = C_, KVD = KV_ * D_, F = F_;
@@ -174,21 +131,21 @@ void LlamaModel::block_backward(const Weights& w, const Grads& g, ConstTensorVie
   ops_.zero(dh_, static_cast<std::size_t>(R) * F);
   ops_.matmul_backward(dh_, g.w_down, nullptr, dout, a.h, w.w_down, R, F, C);
   ops_.swiglu_backward(dgate_, dup_, dh_, a.gate, a.up, static_cast<std::size_t>(R) * F);
-  ops_.zero(dn_, RC);
-  ops_.matmul_backward(dn_, g.w_gate, nullptr, dgate_, a.fn, w.w_gate, R, C, F);
-  ops_.matmul_backward(dn_, g.w_up, nullptr, dup_, a.fn, w.w_up, R, C, F);
-  ops_.rmsnorm_backward(dres2_, g.ffn_norm, dn_, a.res2, w.ffn_norm, a.fn_rstd, R, C);
+  ops_.zero(dnorm_, RC);
+  ops_.matmul_backward(dnorm_, g.w_gate, nullptr, dgate_, a.fn, w.w_gate, R, C, F);
+  ops_.matmul_backward(dnorm_, g.w_up, nullptr, dup_, a.fn, w.w_up, R, C, F);
+  ops_.rmsnorm_backward(dres2_, g.ffn_norm, dnorm_, a.res2, w.ffn_norm, a.fn_rstd, R, C);
   ops_.zero(datty_, RC);
   ops_.matmul_backward(datty_, g.wo, nullptr, dres2_, a.atty, w.wo, R, C, C);
   ops_.gqa_attention_backward(dq_, dk_, dv_, datty_, a.q, a.k, a.v, a.att, a.atty, B_, T_, H_, KV_, D_, W);
   ops_.rope_apply(dq_, cos_, sin_, R, T_, H_, D_, true);  // the gradient before the rotation
   ops_.rope_apply(dk_, cos_, sin_, R, T_, KV_, D_, true);
-  ops_.zero(dn_, RC);
-  ops_.matmul_backward(dn_, g.wq, g.bq, dq_, a.an, w.wq, R, C, C);
-  ops_.matmul_backward(dn_, g.wk, g.bk, dk_, a.an, w.wk, R, C, KVD);
-  ops_.matmul_backward(dn_, g.wv, g.bv, dv_, a.an, w.wv, R, C, KVD);
+  ops_.zero(dnorm_, RC);
+  ops_.matmul_backward(dnorm_, g.wq, g.bq, dq_, a.an, w.wq, R, C, C);
+  ops_.matmul_backward(dnorm_, g.wk, g.bk, dk_, a.an, w.wk, R, C, KVD);
+  ops_.matmul_backward(dnorm_, g.wv, g.bv, dv_, a.an, w.wv, R, C, KVD);
   ops_.copy(dx, dres2_, RC);
-  ops_.rmsnorm_backward(dx, g.attn_norm, dn_, x, w.attn_norm, a.an_rstd, R, C);
+  ops_.rmsnorm_backward(dx, g.attn_norm, dnorm_, x, w.attn_norm, a.an_rstd, R, C);
 }
 
 // The family's steps of the unit walk (unit_walk.h). Untied, the LM head is unit L+1's matrix after
@@ -214,25 +171,17 @@ void LlamaModel::head_backward(ConstTensorView unit, float* dunit, const int* ta
   const int V = shape_.vocab_size;
   const std::size_t VC = static_cast<std::size_t>(V) * C_;
   const std::size_t off = shape_.tie_embeddings ? 0 : static_cast<std::size_t>(C_);
-  ops_.lm_head_backward(dn_, slice(TensorView(dunit, off + VC), off, VC), dlogits_, probs_, lnf_, slice(unit, off, VC),
-                        targets, dscale, R_, C_, V);
+  ops_.lm_head_backward(dnorm_, slice(TensorView(dunit, off + VC), off, VC), dlogits_, probs_, lnf_,
+                        slice(unit, off, VC), targets, dscale, R_, C_, V);
 }
 
 void LlamaModel::norm_backward(ConstTensorView fin, float* dfin, ConstTensorView x) {
-  ops_.rmsnorm_backward(dres_a_, slice(TensorView(dfin, static_cast<std::size_t>(C_)), 0, C_), dn_, x,
+  ops_.rmsnorm_backward(dres_a_, slice(TensorView(dfin, static_cast<std::size_t>(C_)), 0, C_), dnorm_, x,
                         slice(fin, 0, C_), lnf_rstd_, R_, C_);
 }
 
 void LlamaModel::embed_backward(float* dwte, ConstTensorView dout, const int* tokens) {
   ops_.embedding_backward(TensorView(dwte, static_cast<std::size_t>(shape_.vocab_size) * C_), dout, tokens, R_, C_);
-}
-
-void LlamaModel::forward(UnitSource& src, const int* tokens, const int* targets) {
-  UnitWalk<LlamaModel>::forward(*this, src, tokens, targets);
-}
-
-void LlamaModel::backward(UnitSource& src, const int* tokens, const int* targets, float dscale) {
-  UnitWalk<LlamaModel>::backward(*this, src, tokens, targets, dscale);
 }
 
 void llama_init_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed) {

@@ -17,6 +17,7 @@
 
 #include "model/host_math.h"
 #include "model/lm.h"
+#include "model/unit_walk.h"
 
 namespace zinf {
 
@@ -31,30 +32,27 @@ LlamaBlockView llama_block_view(float* base, const ModelShape& s);
 LlamaBlock<ConstTensorView> llama_block_view(const ConstTensorView& base, const ModelShape& s);
 LlamaBlock<TensorView> llama_block_view(const TensorView& base, const ModelShape& s);
 
-class LlamaModel final : public LanguageModel {
+// One block's activations in the backend's storage dtype; the RMSNorm rstd and att in fp32.
+struct LlamaActs {
+  TensorView an, an_rstd, q, k, v, att, atty, res2, fn, fn_rstd, gate, up, h, out;
+};
+
+// The LanguageModel interface (lm.h) for the Llama family (FamilyModel in model/unit_walk.h).
+class LlamaModel final : public FamilyModel<LlamaModel, LlamaActs> {
  public:
   // offload_checkpoints: the checkpointed block inputs live in host memory (lm.h, Checkpoints),
   // page-locked unless pin_checkpoints is false.
   LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
              bool offload_checkpoints = false, bool pin_checkpoints = true);
-  void forward(UnitSource& src, const int* tokens, const int* targets) override;
-  const float* row_losses() const override { return static_cast<const float*>(losses_.data()); }
-  int rows() const override { return R_; }
-  void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override;
-  CheckpointTimes take_checkpoint_times() override {
-    return acts_.checkpointing ? acts_.ckpt.take_times() : CheckpointTimes{};
-  }
 
  private:
-  // Activations in the backend's storage dtype; the RMSNorm rstd and att in fp32.
-  struct Acts {
-    TensorView an, an_rstd, q, k, v, att, atty, res2, fn, fn_rstd, gate, up, h, out;
-  };
-  Acts carve(ViewCursor& c) const;
+  friend class FamilyModel<LlamaModel, LlamaActs>;
+  LlamaActs carve(ViewCursor& c) const;
+  void carve_scratch(ViewCursor& c);
   using Weights = LlamaBlock<ConstTensorView>;
   using Grads = LlamaBlock<TensorView>;
-  void block_forward(const Weights& w, ConstTensorView x, const Acts& a, int layer);  // layer: 0..L-1 (its window)
-  void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const Acts& a, ConstTensorView dout,
+  void block_forward(const Weights& w, ConstTensorView x, const LlamaActs& a, int layer);  // layer: 0..L-1 (its window)
+  void block_backward(const Weights& w, const Grads& g, ConstTensorView x, const LlamaActs& a, ConstTensorView dout,
                       TensorView dx, int layer);
   // The family's steps of the one walk over the units (model/unit_walk.h).
   friend struct UnitWalk<LlamaModel>;
@@ -68,16 +66,10 @@ class LlamaModel final : public LanguageModel {
   void norm_backward(ConstTensorView fin, float* dfin, ConstTensorView x);
   void embed_backward(float* demb, ConstTensorView dout, const int* tokens);
 
-  ModelShape shape_;
-  int B_, T_, R_, C_, H_, KV_, D_, F_;
-  bool ckpt_;
-  Device& dev_;
-  OpsBackend& ops_;
-  BlockActivations<Acts> acts_;  // x0: the embedding output
-  DeviceBuffer head_buf_, grad_buf_, rope_buf_;
+  int T_, C_, H_, KV_, D_, F_;
+  DeviceBuffer rope_buf_;
   TensorView cos_, sin_;  // fp32 rotary tables [T, D/2]
-  TensorView lnf_, lnf_rstd_, probs_, losses_;
-  TensorView dres_a_, dres_b_, dres2_, dn_, datty_, dq_, dk_, dv_, dh_, dgate_, dup_, dlogits_;
+  TensorView dq_, dk_, dv_, dh_, dgate_, dup_;
 };
 
 // Llama-style initialisation: N(0, 0.02) matrices, N(0, 0.02/√(2L)) for wo and w_down, zero biases,

@@ -23,14 +23,7 @@ namespace zinf {
 enum class DType : std::uint8_t { fp32, fp16, bf16 };
 
 // The dtype's name in error messages (the config's words for precision live in zinf/types.h).
-constexpr std::string_view to_string(DType t) {
-  switch (t) {
-    case DType::fp32: return "fp32";
-    case DType::fp16: return "fp16";
-    case DType::bf16: return "bf16";
-  }
-  return "?";
-}
+constexpr std::string_view to_string(DType t) { return enum_name(t, {"fp32", "fp16", "bf16"}); }
 constexpr std::size_t dtype_bytes(DType t) { return t == DType::fp32 ? 4 : 2; }
 // The dtype a run of precision p computes its 16-bit (or fp32) copies in.
 constexpr DType dtype_of(Precision p) {

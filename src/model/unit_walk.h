@@ -11,8 +11,8 @@
 //             is done, in 0 again)
 //   backward  the head (in 0, done with it; or in L+1); L+1: the norm; L..1: each block; 0: the
 //             embedding's gradient, which is complete last
-// A family M befriends UnitWalk<M> and has, besides shape_, R_, ckpt_, dev_, ops_, acts_ (lm.h,
-// BlockActivations) and the residual gradients dres_a_ / dres_b_ ([R, C] each):
+// A family M derives from FamilyModel<M, Acts> below (which holds shape_, R_, ckpt_, dev_, ops_, acts_
+// and the residual gradients dres_a_ / dres_b_, [R, C] each), befriends UnitWalk<M> and has:
 //   embed_forward(w0, tokens)                  writes acts_.x0
 //   block_weights(view), block_grads(float*)   one block's Weights / Grads over its unit
 //   block_forward(w, x, acts, layer), block_backward(w, g, x, acts, dout, dx, layer)  (layer 0..L-1)
@@ -26,12 +26,28 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "model/lm.h"
 #include "zinf/device.h"
 
 namespace zinf {
+
+// A unit's tensors one after another from `base` (a float*, a ConstTensorView or a TensorView):
+// each call take(n) gives the next n elements, as a pointer or a view like base.
+template <class V>
+auto take_in_order(V base) {
+  return [base, at = std::size_t{0}](std::size_t n) mutable {
+    V v;
+    if constexpr (std::is_pointer_v<V>)
+      v = base + at;
+    else
+      v = slice(base, at, n);
+    at += n;
+    return v;
+  };
+}
 
 template <class M>
 struct UnitWalk {
@@ -142,6 +158,84 @@ struct UnitWalk {
     }
     src.grads_done(0);
   }
+};
+
+// What the model families share: the LanguageModel calls (the walk above over M's steps), the state
+// the walk reads, and the buffers and views besides the blocks' activations that both carve, in this
+// order. The head buffer: the final norm's output, mean (LayerNorm only) and rstd, the row losses, the
+// logits. The backward scratch: the residual gradients, the final and block norms' input gradient
+// (dnorm_), d(attention output), then the family's own (M's carve_scratch), then d(logits).
+// M has Acts carve(ViewCursor&) const (one block's activations) and void carve_scratch(ViewCursor&).
+template <class M, class Acts>
+class FamilyModel : public LanguageModel {
+ public:
+  // Each of the B×T rows' cross-entropy into row_losses(); keeps what backward needs.
+  void forward(UnitSource& src, const int* tokens, const int* targets) override {
+    UnitWalk<M>::forward(self(), src, tokens, targets);
+  }
+  const float* row_losses() const override { return static_cast<const float*>(losses_.data()); }
+  int rows() const override { return R_; }
+  // Each row's gradient is scaled by `dscale` (loss_scale / (B·T·GA) for a mean loss); the units'
+  // gradient buffers are accumulated (+=).
+  void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override {
+    UnitWalk<M>::backward(self(), src, tokens, targets, dscale);
+  }
+  CheckpointTimes take_checkpoint_times() override {
+    return acts_.checkpointing ? acts_.ckpt.take_times() : CheckpointTimes{};
+  }
+
+ protected:
+  FamilyModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops)
+      : shape_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), dev_(dev), ops_(ops) {}
+
+  // Allocates the activations (checkpointed in host memory with offload_checkpoints, page-locked
+  // unless pin_checkpoints is false), the head buffer (`head_what` in its allocation's name; with
+  // norm_mean the final norm's mean too) and the backward scratch.
+  void allocate(bool offload_checkpoints, bool pin_checkpoints, bool norm_mean, const char* head_what) {
+    const std::size_t R = static_cast<std::size_t>(R_), C = static_cast<std::size_t>(shape_.d_model),
+                      L = static_cast<std::size_t>(shape_.n_layer);
+    const DType S = ops_.storage_dtype();
+    const LogitsRows logits = ops_.logits_rows();
+    acts_.allocate(dev_, S, R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
+                   [this](ViewCursor& c) { return self().carve(c); });
+    auto head = [&](ViewCursor& c) {
+      lnf_ = c.take(R * C);
+      if (norm_mean) lnf_mean_ = c.take_fp32(R);
+      lnf_rstd_ = c.take_fp32(R);
+      losses_ = c.take_fp32(R);
+      probs_ = c.take_logits(R, shape_.vocab_size, logits);
+    };
+    auto scratch = [&](ViewCursor& c) {
+      dres_a_ = c.take(R * C);
+      dres_b_ = c.take(R * C);
+      dres2_ = c.take(R * C);
+      dnorm_ = c.take(R * C);
+      datty_ = c.take(R * C);
+      self().carve_scratch(c);
+      dlogits_ = c.take_logits(R, shape_.vocab_size, logits);
+    };
+    ViewCursor head_size(nullptr, S), scratch_size(nullptr, S);
+    head(head_size);
+    scratch(scratch_size);
+    head_buf_ = DeviceBuffer(dev_, head_size.bytes(), head_what);
+    grad_buf_ = DeviceBuffer(dev_, scratch_size.bytes(), "backward scratch");
+    ViewCursor hc(head_buf_.as<void>(), S), gc(grad_buf_.as<void>(), S);
+    head(hc);
+    scratch(gc);
+  }
+
+  ModelShape shape_;
+  int B_, R_;
+  bool ckpt_;
+  Device& dev_;
+  OpsBackend& ops_;
+  BlockActivations<Acts> acts_;  // x0: the embedding output
+  DeviceBuffer head_buf_, grad_buf_;
+  TensorView lnf_, lnf_mean_, lnf_rstd_, probs_, losses_;
+  TensorView dres_a_, dres_b_, dres2_, dnorm_, datty_, dlogits_;
+
+ private:
+  M& self() { return static_cast<M&>(*this); }
 };
 
 }  // namespace zinf

@@ -7,6 +7,7 @@
 
 #include "app/config/config.h"
 #include "app/config/device_choice.h"
+#include "io/instruct.h"
 
 namespace zinf::cli {
 
@@ -38,5 +39,14 @@ void print_notes(const Config& config) {
 }
 
 void print_json(const nlohmann::json& j) { std::printf("%s\n", j.dump(2).c_str()); }
+
+PromptOptions prompt_options(const std::string& system, bool no_bos, bool no_special, const ChatFormat* chat) {
+  PromptOptions po;
+  po.chat = chat;
+  po.system = system;
+  po.bos = !no_bos;
+  po.special = !no_special;
+  return po;
+}
 
 }  // namespace zinf::cli

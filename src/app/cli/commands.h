@@ -12,7 +12,9 @@
 
 namespace zinf {
 struct Config;
-}
+struct ChatFormat;
+struct PromptOptions;
+}  // namespace zinf
 
 namespace zinf::cli {
 
@@ -71,5 +73,9 @@ void print_notes(const Config& config);
 
 // `j` on stdout, indented, as the commands' --json output.
 void print_json(const nlohmann::json& j);
+
+// How `generate` and `tokenize --prompt` encode a prompt: --system's turn, --no-bos, --no-special and
+// the chat format of --chat (null: a plain prompt; it must outlive the options).
+PromptOptions prompt_options(const std::string& system, bool no_bos, bool no_special, const ChatFormat* chat);
 
 }  // namespace zinf::cli

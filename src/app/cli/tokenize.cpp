@@ -41,15 +41,9 @@ int run_prompt(const TokenizeArgs& a) {
     throw ConfigError("--no-special applies to a plain prompt; a --chat prompt is encoded as its template renders it");
   const ChatTemplate t = a.chat.empty() ? ChatTemplate::none : parse_chat_template_name(a.chat, "--chat");
   const auto tok = a.tokenizer.empty() ? byte_tokenizer() : open_tokenizer(a.tokenizer, "--tokenizer");
-  PromptOptions po;
-  po.system = a.system;
-  po.bos = !a.no_bos;
-  po.special = !a.no_special;
   std::optional<ChatFormat> format;
-  if (!a.chat.empty()) {
-    format = chat_format(t, a.tokenizer, *tok, "--chat");
-    po.chat = &*format;
-  }
+  if (!a.chat.empty()) format = chat_format(t, a.tokenizer, *tok, "--chat");
+  const PromptOptions po = prompt_options(a.system, a.no_bos, a.no_special, format ? &*format : nullptr);
   const std::vector<std::uint32_t> ids = encode_generation_prompt(a.prompt, *tok, po);
   std::printf("%s\n", nlohmann::json(ids).dump().c_str());
   return 0;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu/ops_gpt.h"
+#include "cpu/reference_rows.h"
 #include "model/fixed_math.h"
 #include "model/op_list.h"
 #include "zinf/error.h"
@@ -208,18 +209,8 @@ void layernorm_forward(ChunkPool& p, float* out, float* mean, float* rstd, const
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r) {
-      const float* x = inp + static_cast<std::size_t>(r) * C;
-      float m = 0;
-      for (int i = 0; i < C; ++i) m += x[i];
-      m /= static_cast<float>(C);
-      float v = 0;
-      for (int i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
-      v /= static_cast<float>(C);
-      const float s = 1.0f / std::sqrt(v + 1e-5f);
-      float* o = out + static_cast<std::size_t>(r) * C;
-      for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * w[i] + b[i];
-      mean[r] = m;
-      rstd[r] = s;
+      const std::size_t at = static_cast<std::size_t>(r) * C;
+      reference_rows::layernorm_forward(out + at, mean[r], rstd[r], inp + at, w, b, C);
     }
   });
 }
@@ -229,23 +220,8 @@ void layernorm_backward(ChunkPool& p, float* dinp, float* dw, float* db, const f
   p.chunks(nchunks(R, kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r) {
-      const float* x = inp + static_cast<std::size_t>(r) * C;
-      const float* dy = dout + static_cast<std::size_t>(r) * C;
-      float* dx = dinp + static_cast<std::size_t>(r) * C;
-      const float m = mean[r], s = rstd[r];
-      float dnorm_mean = 0, dnorm_norm_mean = 0;
-      for (int i = 0; i < C; ++i) {
-        const float dnorm = w[i] * dy[i];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * (x[i] - m) * s;
-      }
-      dnorm_mean /= static_cast<float>(C);
-      dnorm_norm_mean /= static_cast<float>(C);
-      for (int i = 0; i < C; ++i) {
-        const float norm = (x[i] - m) * s;
-        const float dnorm = w[i] * dy[i];
-        dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-      }
+      const std::size_t at = static_cast<std::size_t>(r) * C;
+      reference_rows::layernorm_backward(dinp + at, dout + at, inp + at, w, mean[r], rstd[r], C);
     }
   });
   p.chunks(nchunks(C, kColChunk), [&](std::size_t c) {

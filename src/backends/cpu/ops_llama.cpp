@@ -1,5 +1,6 @@
 // ops_llama.cpp — the Llama family's reference ops (ops_llama.h).
 #include "cpu/ops_llama.h"
+#include "cpu/reference_rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,39 +12,31 @@ namespace zinf::ops {
 namespace {
 std::size_t nchunks(std::size_t n, std::size_t c) { return (n + c - 1) / c; }
 constexpr std::size_t kElemChunk = 1 << 14;
+struct FixedExp {
+  float operator()(float x) const { return fixed::expf(x); }
+};
 }  // namespace
 
-// Each reference op below and its kernel in src/backends/cuda/ops/llama.cu share their per-row loop on
-// purpose: the kernel follows the reference's order of operations so that the two agree to rounding.
+// The norms' rows are cpu/reference_rows.h's, which the kernels in src/backends/cuda/ops/llama.cu run
+// too; the other kernels there follow the reference's order of operations, so that the two agree to
+// rounding.
 void rmsnorm_forward(ChunkPool& p, float* out, float* rstd, const float* inp, const float* w, int R, int C, float eps) {
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r) {
-      const float* x = inp + static_cast<std::size_t>(r) * C;
-      float ss = 0;
-      for (int i = 0; i < C; ++i) ss += x[i] * x[i];
-      const float s = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
-      rstd[r] = s;
-      float* o = out + static_cast<std::size_t>(r) * C;
-      for (int i = 0; i < C; ++i) o[i] = x[i] * s * w[i];
+      const std::size_t at = static_cast<std::size_t>(r) * C;
+      rstd[r] = reference_rows::rmsnorm_forward(out + at, inp + at, w, C, eps);
     }
   });
 }
 
 void rmsnorm_backward(ChunkPool& p, float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, int R, int C) {
-  // y_i = x_i·s·w_i with s = (mean x² + eps)^-1/2:  dx_i = s·w_i·dy_i − s³/C · x_i · Σ_j w_j·dy_j·x_j
   p.chunks(nchunks(static_cast<std::size_t>(R), kRowChunk), [&](std::size_t c) {
     const int r0 = static_cast<int>(c) * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
     for (int r = r0; r < r1; ++r) {
-      const float* x = inp + static_cast<std::size_t>(r) * C;
-      const float* dy = dout + static_cast<std::size_t>(r) * C;
-      float* dx = dinp + static_cast<std::size_t>(r) * C;
-      const float s = rstd[r];
-      float dot = 0;
-      for (int i = 0; i < C; ++i) dot += w[i] * dy[i] * x[i];
-      const float k = s * s * s * dot / static_cast<float>(C);
-      for (int i = 0; i < C; ++i) dx[i] += s * w[i] * dy[i] - k * x[i];
+      const std::size_t at = static_cast<std::size_t>(r) * C;
+      reference_rows::rmsnorm_backward(dinp + at, dout + at, inp + at, w, rstd[r], C);
     }
   });
   p.chunks(nchunks(static_cast<std::size_t>(C), kColChunk), [&](std::size_t c) {
@@ -107,30 +100,11 @@ void gqa_attention_forward(ChunkPool& p, float* out, float* att, const float* q,
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   p.chunks(static_cast<std::size_t>(B) * H, [&](std::size_t bh) {
     const int b = static_cast<int>(bh) / H, h = static_cast<int>(bh) % H, j = h / group;
+    const std::size_t kv0 = static_cast<std::size_t>(b) * T * kw + static_cast<std::size_t>(j) * D;
     for (int t = 0; t < T; ++t) {
-      const float* qt = q + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
-      float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
-      const int lo = W > 0 ? std::max(0, t - W + 1) : 0;  // the first key in the window
-      for (int s = 0; s < lo; ++s) a[s] = 0;
-      float maxv = -INFINITY;
-      for (int s = lo; s <= t; ++s) {
-        const float* ks = k + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
-        float dot = 0;
-        for (int i = 0; i < D; ++i) dot += qt[i] * ks[i];
-        a[s] = dot * scale;
-        maxv = std::max(maxv, a[s]);
-      }
-      float sum = 0;
-      for (int s = lo; s <= t; ++s) sum += (a[s] = fixed::expf(a[s] - maxv));
-      const float inv = 1.0f / sum;
-      for (int s = lo; s <= t; ++s) a[s] *= inv;
-      for (int s = t + 1; s < T; ++s) a[s] = 0;
-      float* o = out + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
-      for (int i = 0; i < D; ++i) o[i] = 0;
-      for (int s = lo; s <= t; ++s) {
-        const float* vs = v + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
-        for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
-      }
+      const std::size_t row = (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
+      reference_rows::gqa_forward_row(out + row, att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T, q + row,
+                                      k + kv0, v + kv0, kw, t, T, D, W, scale, FixedExp{});
     }
   });
 }

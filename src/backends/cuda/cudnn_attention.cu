@@ -32,11 +32,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_check.cuh"
@@ -154,15 +156,11 @@ class Graph {
   void matmul(const Owned& a, const Owned& b, const Owned& c) {
     Owned mm(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
     mm.set_type(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
-    mm.finalize();
-    Owned op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
-    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
-    op.finalize();
-    keep_.push_back(std::move(mm));
-    add(std::move(op));
+    operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, mm,
+              {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, &a},
+               {CUDNN_ATTR_OPERATION_MATMUL_BDESC, &b},
+               {CUDNN_ATTR_OPERATION_MATMUL_CDESC, &c},
+               {CUDNN_ATTR_OPERATION_MATMUL_DESC, &mm}});
   }
   // y = mode(x[, b][, t]); axis only for GEN_INDEX.
   void pointwise(cudnnPointwiseMode_t mode, const Owned& x, const Owned* b, const Owned& y, const Owned* t = nullptr,
@@ -171,30 +169,46 @@ class Graph {
     pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     pw.set_type(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT);
     if (axis >= 0) pw.set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
-    pw.finalize();
-    Owned op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
-    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
-    if (b) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
-    if (t) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
-    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    op.finalize();
-    keep_.push_back(std::move(pw));
-    add(std::move(op));
+    operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, pw,
+              {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &pw},
+               {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, &x},
+               {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b},
+               {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t},
+               {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, &y}});
   }
   // y = reduce(x) over the dimensions where y's extent is 1 and x's is not.
   void reduction(cudnnReduceTensorOp_t mode, const Owned& x, const Owned& y) {
     Owned rd(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
     rd.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
     rd.set_type(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT);
-    rd.finalize();
-    Owned op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
-    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
-    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd);
+    operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, rd,
+              {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, &x},
+               {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, &y},
+               {CUDNN_ATTR_OPERATION_REDUCTION_DESC, &rd}});
+  }
+  // Finalizes `desc` (the operation's own matmul, pointwise or reduction descriptor, kept with the
+  // graph from here) and adds an operation of `type` that links each attribute, in order, to its
+  // descriptor (`desc` or a tensor; a null one is left unset).
+  void operation(cudnnBackendDescriptorType_t type, Owned& desc,
+                 std::initializer_list<std::pair<cudnnBackendAttributeName_t, const Owned*>> links) {
+    desc.finalize();
+    Owned op(type);
+    for (const auto& [attr, d] : links)
+      if (d) op.set_desc(attr, *d);
     op.finalize();
-    keep_.push_back(std::move(rd));
+    keep_.push_back(std::move(desc));
     add(std::move(op));
+  }
+
+  // The scores a·b times the by-value scale kScale, causally masked (as causal() below): a [dims]
+  // fp32 tensor.
+  const Owned& masked_scores(const Owned& a, const Owned& b, const std::vector<std::int64_t>& dims, bool transposed,
+                             bool window) {
+    const Owned& s = virt(CUDNN_DATA_FLOAT, dims);
+    matmul(a, b, s);
+    const Owned& scaled = virt(CUDNN_DATA_FLOAT, dims);
+    pointwise(CUDNN_POINTWISE_MUL, s, &scalar(kScale), scaled);
+    return causal(scaled, dims, transposed, window);
   }
 
   // The causal mask on a [b, h, i, j] (forward: query rows i, key columns j) or [b, h, j, i] (backward)
@@ -401,11 +415,7 @@ struct CudnnAttention::Impl {
       const Owned& v = g.tensor(kV, io, {B, KV, T, D}, bhtd_strides(a, a.v_stride), false, false, al);
       const Owned& o = g.tensor(kO, io, {B, H, T, D}, bhtd_strides(a, a.o_stride), false, false, al);
       const Owned& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stats_dims, stats_strides);
-      const Owned& s = g.virt(CUDNN_DATA_FLOAT, bhtt);
-      g.matmul(q, kt, s);
-      const Owned& ss = g.virt(CUDNN_DATA_FLOAT, bhtt);
-      g.pointwise(CUDNN_POINTWISE_MUL, s, &g.scalar(kScale), ss);
-      const Owned& sm = g.causal(ss, bhtt, false, a.W > 0);
+      const Owned& sm = g.masked_scores(q, kt, bhtt, false, a.W > 0);
       const Owned& mx = g.virt(CUDNN_DATA_FLOAT, stats_dims);
       g.reduction(CUDNN_REDUCE_TENSOR_MAX, sm, mx);
       const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
@@ -441,11 +451,7 @@ struct CudnnAttention::Impl {
                                       : g.tensor(kDK, io, {B, H, T, D}, bhtd_strides(a, a.k_stride), false, false, al);
       const Owned& dv = grouped_heads ? g.tensor(kDV, CUDNN_DATA_FLOAT, {B, H, T, D}, packed)
                                       : g.tensor(kDV, io, {B, H, T, D}, bhtd_strides(a, a.v_stride), false, false, al);
-      const Owned& st = g.virt(CUDNN_DATA_FLOAT, bhtt);
-      g.matmul(k, qt, st);
-      const Owned& sts = g.virt(CUDNN_DATA_FLOAT, bhtt);
-      g.pointwise(CUDNN_POINTWISE_MUL, st, &g.scalar(kScale), sts);
-      const Owned& stm = g.causal(sts, bhtt, true, a.W > 0);
+      const Owned& stm = g.masked_scores(k, qt, bhtt, true, a.W > 0);
       const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
       g.pointwise(CUDNN_POINTWISE_SUB, stm, &statst, sub);
       const Owned& pt = g.virt(CUDNN_DATA_FLOAT, bhtt);

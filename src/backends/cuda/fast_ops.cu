@@ -285,13 +285,14 @@ class CudaFastOps final : public OpsBackend {
   [[noreturn]] static void missing(const char* op, const char* name) {
     throw Error(std::string("CUDA fast op ") + op + ": argument '" + name + "' is missing (a null view)");
   }
+  // v's data once its dtype is `want` (an empty view: unless required, its null data).
   template <class View>
-  void check(const char* op, const char* name, const View& v, DType want, bool required) const {
+  auto checked(const char* op, const char* name, const View& v, DType want, bool required) const {
     if (v.empty()) {
       if (required) missing(op, name);
-      return;
+      return v.data();
     }
-    if (v.dtype() == want) return;
+    if (v.dtype() == want) return v.data();
     throw Error(std::string("CUDA fast op ") + op + ": argument '" + name + "' is " +
                     std::string(to_string(v.dtype())) + ", but the fast kernels of a " + std::string(to_string(S_)) +
                     " run take it in " + std::string(to_string(want)),
@@ -299,39 +300,27 @@ class CudaFastOps final : public OpsBackend {
                 "precision; weight gradients, norm statistics, the attention state and row losses in fp32");
   }
   // Activations, weights and their gradients: S.
-  void* act(const char* op, const char* name, const TensorView& v) const {
-    check(op, name, v, S_, true);
-    return v.data();
-  }
+  void* act(const char* op, const char* name, const TensorView& v) const { return checked(op, name, v, S_, true); }
   const void* act(const char* op, const char* name, const ConstTensorView& v) const {
-    check(op, name, v, S_, true);
-    return v.data();
+    return checked(op, name, v, S_, true);
   }
-  void* act_opt(const char* op, const char* name, const TensorView& v) const {
-    check(op, name, v, S_, false);
-    return v.data();
-  }
+  void* act_opt(const char* op, const char* name, const TensorView& v) const { return checked(op, name, v, S_, false); }
   const void* act_opt(const char* op, const char* name, const ConstTensorView& v) const {
-    check(op, name, v, S_, false);
-    return v.data();
+    return checked(op, name, v, S_, false);
   }
   // Weight gradients: fp32, accumulated.
   float* grad(const char* op, const char* name, const TensorView& v) const {
-    check(op, name, v, DType::fp32, true);
-    return static_cast<float*>(v.data());
+    return static_cast<float*>(checked(op, name, v, DType::fp32, true));
   }
   float* grad_opt(const char* op, const char* name, const TensorView& v) const {
-    check(op, name, v, DType::fp32, false);
-    return static_cast<float*>(v.data());
+    return static_cast<float*>(checked(op, name, v, DType::fp32, false));
   }
   // Statistics, the attention state, losses, RoPE tables: fp32.
   float* f32(const char* op, const char* name, const TensorView& v) const {
-    check(op, name, v, DType::fp32, true);
-    return static_cast<float*>(v.data());
+    return static_cast<float*>(checked(op, name, v, DType::fp32, true));
   }
   const float* f32(const char* op, const char* name, const ConstTensorView& v) const {
-    check(op, name, v, DType::fp32, true);
-    return static_cast<const float*>(v.data());
+    return static_cast<const float*>(checked(op, name, v, DType::fp32, true));
   }
 
   // ---- helpers ---------------------------------------------------------------------------------------

@@ -150,6 +150,21 @@ inline GemmCall without_epilogue(GemmCall g) {
 // dimension c, so each op is handed to the column-major GEMM as its transpose. S: the activations'
 // and weights' storage type; weight gradients are fp32.
 
+// A weight gradient, accumulated in fp32 (beta 1), column-major: dw[m,n] (ldc = m) += a[m,k] (lda = m)
+// · bᵀ, b stored n×k (ldb ≥ n); a and b in S. matmul_backward's dW and lm_head_backward's dwte.
+inline GemmCall weight_grad_gemm(float* dw, const void* a, const void* b, int m, int n, int k, int ldb, DType S) {
+  GemmCall g;
+  GemmPlan& p = g.plan;
+  p.tb = true;
+  p.m = m, p.n = n, p.k = k;
+  p.lda = m, p.ldb = ldb, p.ldc = m;
+  p.a_type = p.b_type = S;
+  p.c_type = DType::fp32;
+  p.beta = 1.0f;
+  g.ops = {a, b, dw, nullptr, nullptr, nullptr};
+  return g;
+}
+
 // matmul_forward: out[R,OC] = inp[R,IC]·W[IC,OC] + bias  ⇔  outᵀ[OC,R] = Wᵀ[OC,IC]·inpᵀ[IC,R] (+ bias per
 // row of outᵀ).
 inline GemmCall matmul_forward_gemm(void* out, const void* inp, const void* w, const void* bias, int R, int IC, int OC,
@@ -202,16 +217,9 @@ inline MatmulBackwardGemms matmul_backward_gemms(void* dinp, float* dw, float* d
     p.beta = 1.0f;
     b.dinp.ops = {w, dout, dinp, nullptr, nullptr, nullptr};
   }
-  GemmPlan& p = b.dw.plan;
-  p.tb = true;
-  p.m = OC, p.n = IC, p.k = R;
-  p.lda = OC, p.ldb = IC, p.ldc = OC;
-  p.a_type = p.b_type = S;
-  p.c_type = DType::fp32;
-  p.beta = 1.0f;
-  b.dw.ops = {dout, inp, dw, nullptr, nullptr, nullptr};
+  b.dw = weight_grad_gemm(dw, dout, inp, OC, IC, R, IC, S);
   if (dbias_partial) {
-    p.epilogue = Epilogue::bgrad;
+    b.dw.plan.epilogue = Epilogue::bgrad;
     b.dw.ops.bias_grad = dbias_partial;
     b.dbias_by_epilogue = true;
   }
@@ -248,14 +256,7 @@ inline LmHeadBackwardGemms lm_head_backward_gemms(void* dx, float* dwte, const v
   p.lda = C, p.ldb = ld, p.ldc = C;
   p.a_type = p.b_type = p.c_type = S;
   b.dx.ops = {wte, dlogits, dx, nullptr, nullptr, nullptr};
-  GemmPlan& q = b.dwte.plan;
-  q.tb = true;
-  q.m = C, q.n = V, q.k = R;
-  q.lda = C, q.ldb = ld, q.ldc = C;
-  q.a_type = q.b_type = S;
-  q.c_type = DType::fp32;
-  q.beta = 1.0f;
-  b.dwte.ops = {x, dlogits, dwte, nullptr, nullptr, nullptr};
+  b.dwte = weight_grad_gemm(dwte, x, dlogits, C, V, R, ld, S);
   return b;
 }
 

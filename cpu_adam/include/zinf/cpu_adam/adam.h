@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "zinf/cpu_adam/simd.h"
+#include "zinf/types.h"
 
 namespace zinf::cpu_adam {
 
@@ -75,14 +76,7 @@ std::size_t state_elem_bytes(StateFormat f);             // 4, 2, 1
 std::size_t state_scales(StateFormat f, std::size_t n);  // q8: ceil(n / kQ8Block); otherwise 0
 // "fp32", "bf16", "8bit" (the config words). Inline: the parsers that record a checkpoint's mode
 // need it without the kernels.
-inline const char* state_format_name(StateFormat f) {
-  switch (f) {
-    case StateFormat::fp32: return "fp32";
-    case StateFormat::bf16: return "bf16";
-    case StateFormat::q8: return "8bit";
-  }
-  return "?";
-}
+inline const char* state_format_name(StateFormat f) { return enum_name(f, {"fp32", "bf16", "8bit"}); }
 
 // One chunk of the flat parameter space. master, m, v (and the q8 scales) are read and written in
 // place; grad is read; param16 (may be null: no 16-bit copy) is written. No pointer needs any

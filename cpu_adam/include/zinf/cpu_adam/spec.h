@@ -10,12 +10,7 @@
 #include <cstring>
 
 #include "zinf/cpu_adam/adam.h"
-
-#if defined(__CUDACC__)
-#define ZINF_HD __host__ __device__
-#else
-#define ZINF_HD
-#endif
+#include "zinf/host_device.h"
 
 namespace zinf::cpu_adam::spec {
 

@@ -1,5 +1,6 @@
 // layernorm.cu — one thread per row for the row statistics and dinp; one thread per column for the
 // weight and bias gradients (rows in order), so nothing depends on scheduling.
+#include "cpu/reference_rows.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops/layernorm.cuh"
 
@@ -9,38 +10,16 @@ __global__ void ln_forward_kernel(float* out, float* mean, float* rstd, const fl
                                   const float* b, int R, int C) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
-  const float* x = inp + static_cast<std::size_t>(r) * C;
-  float m = 0;
-  for (int i = 0; i < C; ++i) m += x[i];
-  m /= C;
-  float v = 0;
-  for (int i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
-  v /= C;
-  const float s = 1.0f / sqrtf(v + 1e-5f);
-  float* o = out + static_cast<std::size_t>(r) * C;
-  for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * w[i] + b[i];
-  mean[r] = m;
-  rstd[r] = s;
+  const std::size_t at = static_cast<std::size_t>(r) * C;
+  reference_rows::layernorm_forward(out + at, mean[r], rstd[r], inp + at, w, b, C);
 }
-// One thread per row, the loop of the CPU reference (src/backends/cpu/ops_gpt.cpp) line for line, so the
-// two agree to rounding.
+// One thread per row, the row of the CPU reference (cpu/reference_rows.h), so the two agree to rounding.
 __global__ void ln_backward_rows(float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
                                  const float* rstd, int R, int C) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
-  const float* x = inp + static_cast<std::size_t>(r) * C;
-  const float* dy = dout + static_cast<std::size_t>(r) * C;
-  float* dx = dinp + static_cast<std::size_t>(r) * C;
-  const float m = mean[r], s = rstd[r];
-  float a = 0, bsum = 0;
-  for (int i = 0; i < C; ++i) {
-    const float dn = w[i] * dy[i];
-    a += dn;
-    bsum += dn * (x[i] - m) * s;
-  }
-  a /= C;
-  bsum /= C;
-  for (int i = 0; i < C; ++i) dx[i] += (w[i] * dy[i] - a - (x[i] - m) * s * bsum) * s;
+  const std::size_t at = static_cast<std::size_t>(r) * C;
+  reference_rows::layernorm_backward(dinp + at, dout + at, inp + at, w, mean[r], rstd[r], C);
 }
 __global__ void ln_backward_cols(float* dw, float* db, const float* dout, const float* inp, const float* mean,
                                  const float* rstd, int R, int C) {

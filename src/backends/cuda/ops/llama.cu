@@ -3,37 +3,31 @@
 // key position for the key/value gradients (query heads and positions in order).
 #include <cmath>
 
+#include "cpu/reference_rows.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops/llama.cuh"
 
 namespace zinf::cuda::ops {
 namespace {
 
+struct DeviceExp {
+  ZINF_HD float operator()(float x) const { return expf(x); }
+};
+
 __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int R, int C,
                                        float eps) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
-  const float* x = inp + static_cast<std::size_t>(r) * C;
-  float ss = 0;
-  for (int i = 0; i < C; ++i) ss += x[i] * x[i];
-  const float s = 1.0f / sqrtf(ss / static_cast<float>(C) + eps);
-  rstd[r] = s;
-  float* o = out + static_cast<std::size_t>(r) * C;
-  for (int i = 0; i < C; ++i) o[i] = x[i] * s * w[i];
+  const std::size_t at = static_cast<std::size_t>(r) * C;
+  rstd[r] = reference_rows::rmsnorm_forward(out + at, inp + at, w, C, eps);
 }
-// One thread per row, as LayerNorm's backward in layernorm.cu: the two share their row setup.
+// One thread per row, the row of the CPU reference (cpu/reference_rows.h), as LayerNorm's in layernorm.cu.
 __global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const float* inp, const float* w,
                                       const float* rstd, int R, int C) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= R) return;
-  const float* x = inp + static_cast<std::size_t>(r) * C;
-  const float* dy = dout + static_cast<std::size_t>(r) * C;
-  float* dx = dinp + static_cast<std::size_t>(r) * C;
-  const float s = rstd[r];
-  float dot = 0;
-  for (int i = 0; i < C; ++i) dot += w[i] * dy[i] * x[i];
-  const float k = s * s * s * dot / static_cast<float>(C);
-  for (int i = 0; i < C; ++i) dx[i] += s * w[i] * dy[i] - k * x[i];
+  const std::size_t at = static_cast<std::size_t>(r) * C;
+  reference_rows::rmsnorm_backward(dinp + at, dout + at, inp + at, w, rstd[r], C);
 }
 __global__ void rmsnorm_backward_cols(float* dw, const float* dout, const float* inp, const float* rstd, int R, int C) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -79,30 +73,11 @@ __global__ void gqa_forward_kernel(float* out, float* att, const float* q, const
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H * T) return;
   const int t = idx % T, h = (idx / T) % H, b = idx / (T * H), j = h / (H / KV);
-  const int lo = W > 0 ? max(0, t - W + 1) : 0;  // the first key in the window
   const std::size_t qw = static_cast<std::size_t>(H) * D, kw = static_cast<std::size_t>(KV) * D;
-  const float* qt = q + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
-  float* a = att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T;
-  for (int s = 0; s < lo; ++s) a[s] = 0;
-  float maxv = -INFINITY;
-  for (int s = lo; s <= t; ++s) {
-    const float* ks = k + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
-    float dot = 0;
-    for (int i = 0; i < D; ++i) dot += qt[i] * ks[i];
-    a[s] = dot * scale;
-    maxv = fmaxf(maxv, a[s]);
-  }
-  float sum = 0;
-  for (int s = lo; s <= t; ++s) sum += (a[s] = expf(a[s] - maxv));
-  const float inv = 1.0f / sum;
-  for (int s = lo; s <= t; ++s) a[s] *= inv;
-  for (int s = t + 1; s < T; ++s) a[s] = 0;
-  float* o = out + (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
-  for (int i = 0; i < D; ++i) o[i] = 0;
-  for (int s = lo; s <= t; ++s) {
-    const float* vs = v + (static_cast<std::size_t>(b) * T + s) * kw + static_cast<std::size_t>(j) * D;
-    for (int i = 0; i < D; ++i) o[i] += a[s] * vs[i];
-  }
+  const std::size_t row = (static_cast<std::size_t>(b) * T + t) * qw + static_cast<std::size_t>(h) * D;
+  const std::size_t kv0 = static_cast<std::size_t>(b) * T * kw + static_cast<std::size_t>(j) * D;
+  reference_rows::gqa_forward_row(out + row, att + ((static_cast<std::size_t>(b) * H + h) * T + t) * T, q + row,
+                                  k + kv0, v + kv0, kw, t, T, D, W, scale, DeviceExp{});
 }
 // One thread per (query row, head), in the CPU reference's order; `scores` holds each thread's
 // pos + Q scores (Q·H rows of that length).

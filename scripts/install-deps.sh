@@ -6,7 +6,7 @@
 #   build  what building zinf and its tests needs (the GPU check's stages need no more)
 #   all    (default) that, plus what the whole test command needs: Open MPI for the data-parallel
 #          tests, Google Benchmark, python3-venv for the independent checkers, clang-14 and its
-#          libFuzzer runtime for the fuzz step
+#          libFuzzer runtime for the fuzz step, ccache (CMake uses it where it is found)
 #   --check  install nothing; exit 0 when every package of the set is present, 1 naming the missing
 # A machine that cannot reach Debian's archive (apt-get update fails or takes over a minute) gets
 # one line saying so and exit 1, not a hung apt-get: carry the packages there instead
@@ -20,7 +20,8 @@ build_pkgs=(build-essential cmake ninja-build pkg-config git
 test_pkgs=(libbenchmark-dev
            libopenmpi-dev openmpi-bin  # MPI: data parallelism and its tests (mpirun)
            python3-venv  # scripts/install-checkers.sh: the independent checkers some tests compare against
-           clang-14 libclang-rt-14-dev)  # the libFuzzer targets (scripts/fuzz.sh): clang and its fuzzer runtime
+           clang-14 libclang-rt-14-dev  # the libFuzzer targets (scripts/fuzz.sh): clang and its fuzzer runtime
+           ccache)  # the test command's two trees (test build, executor build) share most objects: compiled once
 check=0
 set_name=all
 for a in "$@"; do

@@ -4,16 +4,19 @@
 # scripts/test.sh: install dependencies (and, from PyPI, the independent checkers some tests compare
 # against: scripts/install-checkers.sh), build build-test/ — a test build: the CUDA sources for one
 # architecture (sm_90) and no micro benches — and run the whole suite there; then build the CUDA
-# device on the CPU executor (build-executor/, tests/cuda_executor), run every GPU test there under
-# two thread orders, none skipped, train end to end on it (scripts/executor-e2e.sh) and run both
-# stages of the GPU check on it (scripts/gpu-check.sh, small shapes).
+# device on the CPU executor (build-executor/, tests/cuda_executor; with ccache, which install-deps.sh
+# installs, every object the two trees share is compiled once), run every GPU test there under two
+# thread orders, none skipped, train end to end on it (scripts/executor-e2e.sh) and run both stages of
+# the GPU check on it (scripts/gpu-check.sh, small shapes). It ends with the time it took.
 #
-# scripts/test.sh --full (what CI runs, .ci/run): the same, with the suite built and run in build/ in
-# the shipped configuration (sm_90 and sm_80, the micro benches); then build the unit and nvme tests
-# (only those, CUDA off) with AddressSanitizer + UBSan and run them again; build the `async` tests
-# (the ordering contract on the asynchronous, jittered CPU device) with ThreadSanitizer and run them,
-# with the CUDA kernels' tests on the CPU executor; last, build the parsers' libFuzzer targets with
-# clang and run each briefly (scripts/fuzz.sh).
+# scripts/test.sh --full (what CI runs, .ci/run): all of that first, timed as above; then build-test/
+# is reconfigured to the shipped configuration (sm_90 and sm_80, the micro benches) and built, which
+# compiles only the CUDA sources again and the benches, so CI compiles every architecture it ships;
+# then the unit and nvme tests (only those, CUDA off) are built with AddressSanitizer + UBSan and run
+# again; the `async` tests (the ordering contract on the asynchronous, jittered CPU device) are built
+# with ThreadSanitizer and run, with the CUDA kernels' tests on the CPU executor; last, the parsers'
+# libFuzzer targets are built with clang and each run briefly (scripts/fuzz.sh). Each step prints the
+# time since the start.
 #
 # ZINF_SKIP_EXECUTOR=1 skips the executor pass; with --full, ZINF_SKIP_SANITIZE=1 skips both
 # sanitizer passes, ZINF_SKIP_TSAN=1 the thread one, ZINF_SKIP_FUZZ=1 the fuzzing.
@@ -26,21 +29,17 @@ for a in "$@"; do
     *) echo "test.sh: unknown argument '$a' (usage: scripts/test.sh [--full])" >&2; exit 2 ;;
   esac
 done
+stamp() { printf '%dm%02ds' $((SECONDS / 60)) $((SECONDS % 60)); }
 "$root/scripts/install-deps.sh"
 "$root/scripts/install-checkers.sh"
-if [ "$full" = 1 ]; then
-  # The shipped configuration (CMakeLists.txt's defaults), so CI compiles every architecture it ships.
-  rel="$root/build"
-  "$root/scripts/build.sh" "$rel" -UZINF_CUDA_ARCHS -UZINF_BUILD_BENCH
-else
-  # A test build: one CUDA architecture (each one more compiles every .cu file again) and no micro
-  # benches (run by hand, never by a test), in its own folder so build/ keeps the shipped configuration.
-  rel="$root/build-test"
-  "$root/scripts/build.sh" "$rel" -DZINF_CUDA_ARCHS=90 -DZINF_BUILD_BENCH=OFF
-fi
+# A test build: one CUDA architecture (each one more compiles every .cu file again) and no micro
+# benches (run by hand, never by a test), in its own folder so build/ keeps the shipped configuration.
+rel="$root/build-test"
+echo "== [$(stamp)] the test build (build-test/: sm_90, no micro benches) and the whole suite"
+"$root/scripts/build.sh" "$rel" -DZINF_CUDA_ARCHS=90 -DZINF_BUILD_BENCH=OFF
 ctest --test-dir "$rel" --output-on-failure -j "$(nproc)"
 if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
-  echo "== the CUDA path on the CPU executor: every GPU test under the fifo and lifo thread orders"
+  echo "== [$(stamp)] the CUDA path on the CPU executor: every GPU test under the fifo and lifo thread orders"
   # The CUDA device's own sources built as C++ on the executor (tests/cuda_executor), with the tests
   # that hold GPU cases; none of them may skip, except the ones about a machine without a GPU.
   # The GPU check's own lists: the targets its stages build, the GPU cases in binaries not labelled gpu.
@@ -58,14 +57,21 @@ if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
     if [ -n "$skipped" ]; then echo "test.sh: GPU tests skipped on the executor ($order):" >&2; echo "$skipped" >&2; exit 1; fi
   done
   "$root/scripts/executor-e2e.sh" "$root/build-executor/src/zinf"
-  echo "== the GPU check's two stages on the executor (small shapes, no timing verdicts): its sections, caps and results files"
+  echo "== [$(stamp)] the GPU check's two stages on the executor (small shapes, no timing verdicts): its sections, caps and results files"
   for stage in correctness speed; do
     ZINF_GPU_CHECK_EXECUTOR=1 ZINF_GPU_BUILD="$root/build-executor" ZINF_GPU_CHECK_SECONDS=900 \
       OUT="$root/build-executor/gpu-check/$stage" "$root/scripts/gpu-check.sh" "$stage"
   done
 fi
+echo "== [$(stamp)] scripts/test.sh: passed"
+if [ "$full" = 1 ]; then
+  echo "== [$(stamp)] the shipped configuration (sm_90 and sm_80, the micro benches): build-test/ reconfigured and built"
+  # CMakeLists.txt's defaults; only the CUDA objects and the benches are compiled again. The suite
+  # above ran on the same C++ objects; the sm_80 code is compiled here, not run (no GPU in CI).
+  "$root/scripts/build.sh" "$rel" -UZINF_CUDA_ARCHS -UZINF_BUILD_BENCH
+fi
 if [ "$full" = 1 ] && [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ]; then
-  echo "== sanitizer pass (address,undefined): unit and nvme tests"
+  echo "== [$(stamp)] sanitizer pass (address,undefined): unit and nvme tests"
   # Build only what this pass runs: the test binaries labelled unit or nvme (read from their
   # registrations, so a new test is picked up), on the CPU device, without benches.
   asan_targets=$(awk 'match($0, /zinf_test\(([A-Za-z0-9_]+) +LABEL +(unit|nvme)[ )]/) {
@@ -77,7 +83,7 @@ if [ "$full" = 1 ] && [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ]; then
     ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -L 'unit|nvme'
 fi
 if [ "$full" = 1 ] && [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TSAN:-0}" != "1" ]; then
-  echo "== sanitizer pass (thread): the async label, one jitter seed per configuration; the CUDA kernels' tests on the executor"
+  echo "== [$(stamp)] sanitizer pass (thread): the async label, one jitter seed per configuration; the CUDA kernels' tests on the executor"
   tsan_targets=$(awk 'match($0, /zinf_test\(([A-Za-z0-9_]+) +LABEL +async[ )]/) {
                         split(substr($0, RSTART + 10), a, " "); print a[1] }' "$root/tests/CMakeLists.txt")
   [ -n "$tsan_targets" ] || { echo "test.sh: no async test found in tests/CMakeLists.txt" >&2; exit 1; }
@@ -92,6 +98,8 @@ if [ "$full" = 1 ] && [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TS
       -R '^(Executor|ExecutorTsan|Runtime)\.|^CudaRows\.(Elementwise|Convert|Rope|Embeddings|CrossEntropy|EmptyShapes)|^FlashAttention\.Refuses'
 fi
 if [ "$full" = 1 ] && [ "${ZINF_SKIP_FUZZ:-0}" != "1" ]; then
-  echo "== fuzzing (libFuzzer, address,undefined): each parser from its seed corpus for ${ZINF_FUZZ_SECONDS:-15}s"
+  echo "== [$(stamp)] fuzzing (libFuzzer, address,undefined): each parser from its seed corpus for ${ZINF_FUZZ_SECONDS:-15}s"
   "$root/scripts/fuzz.sh" "$root/build-fuzz"
 fi
+[ "$full" = 1 ] && echo "== [$(stamp)] scripts/test.sh --full: passed"
+exit 0

@@ -2,8 +2,9 @@
 # The test command (README, docs/testing.md). Usage: scripts/test.sh [--full]
 #
 # scripts/test.sh: install dependencies (and, from PyPI, the independent checkers some tests compare
-# against: scripts/install-checkers.sh), build build-test/ — a test build: the CUDA sources for one
-# architecture (sm_90) and no micro benches — and run the whole suite there; then build the CUDA
+# against: scripts/install-checkers.sh; all but what the configure looks for arrive while the build
+# runs), build build-test/ — a test build: the CUDA sources for one architecture (sm_90) and no
+# micro benches — and run the whole suite there; then build the CUDA
 # device on the CPU executor (build-executor/, tests/cuda_executor; with ccache, which install-deps.sh
 # installs, every object the two trees share is compiled once), run every GPU test there under two
 # thread orders, none skipped, train end to end on it (scripts/executor-e2e.sh) and run both stages of
@@ -30,13 +31,28 @@ for a in "$@"; do
   esac
 done
 stamp() { printf '%dm%02ds' $((SECONDS / 60)) $((SECONDS % 60)); }
-"$root/scripts/install-deps.sh"
-"$root/scripts/install-checkers.sh"
+rel="$root/build-test"
+# What the test build's configure looks for first; the rest of the packages and the independent
+# checkers (a few GB from PyPI on a fresh machine: torch) arrive while it compiles, and the suite
+# waits for them. Their output follows the build's.
+"$root/scripts/install-deps.sh" test-build
+mkdir -p "$rel"
+( "$root/scripts/install-deps.sh" all && "$root/scripts/install-checkers.sh" ) > "$rel/install.log" 2>&1 &
+installing=$!
 # A test build: one CUDA architecture (each one more compiles every .cu file again) and no micro
 # benches (run by hand, never by a test), in its own folder so build/ keeps the shipped configuration.
-rel="$root/build-test"
 echo "== [$(stamp)] the test build (build-test/: sm_90, no micro benches) and the whole suite"
-"$root/scripts/build.sh" "$rel" -DZINF_CUDA_ARCHS=90 -DZINF_BUILD_BENCH=OFF
+if ! "$root/scripts/build.sh" "$rel" -DZINF_CUDA_ARCHS=90 -DZINF_BUILD_BENCH=OFF; then
+  wait "$installing" || true
+  exit 1
+fi
+if ! wait "$installing"; then
+  cat "$rel/install.log"
+  echo "test.sh: installing the test packages or the checkers failed (above)" >&2
+  exit 1
+fi
+cat "$rel/install.log"
+echo "== [$(stamp)] packages and checkers in place; the suite"
 ctest --test-dir "$rel" --output-on-failure -j "$(nproc)"
 if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
   echo "== [$(stamp)] the CUDA path on the CPU executor: every GPU test under the fifo and lifo thread orders"

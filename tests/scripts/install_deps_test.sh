@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# install_deps_test.sh — scripts/install-deps.sh's two package sets and its behaviour without
+# install_deps_test.sh — scripts/install-deps.sh's three package sets and its behaviour without
 # network, with fake dpkg-query and apt-get on PATH (nothing is installed or fetched): an unknown
 # argument is a usage error; with nothing installed, `--check build` names what building needs and
-# none of what only the tests and fuzzers need (clang, MPI, Benchmark, venv), `--check` names both;
+# none of what only the tests and fuzzers need (clang, MPI, Benchmark, venv), `--check test-build`
+# adds MPI and ccache only, `--check` names them all;
 # where Debian's archive cannot be reached, an install says so in one line and exits 1 without
 # calling apt-get install.
 # Usage: tests/scripts/install_deps_test.sh [REPO_ROOT]   (ctest passes the source directory)
@@ -29,6 +30,12 @@ rc=$?
 [ "$rc" = 1 ] && [[ "$out" == *"missing (build)"*cmake*liburing-dev* ]] &&
   ! grep -qE 'clang-14|openmpi|libbenchmark|python3-venv' <<< "$out"
 expect "--check build names what building needs, nothing the tests alone need" $? "exit $rc: $out"
+
+out="$(PATH="$tmp/bin:$PATH" "$root/scripts/install-deps.sh" --check test-build 2>&1)"
+rc=$?
+[ "$rc" = 1 ] && [[ "$out" == *"missing (test-build)"*cmake*libopenmpi-dev*ccache* ]] &&
+  ! grep -qE 'clang-14|libbenchmark|python3-venv' <<< "$out"
+expect "--check test-build adds what the test build's configure looks for (MPI, ccache), not the rest" $? "exit $rc: $out"
 
 out="$(PATH="$tmp/bin:$PATH" "$root/scripts/install-deps.sh" --check 2>&1)"
 rc=$?

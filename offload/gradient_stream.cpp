@@ -32,12 +32,12 @@ void GradientStream::add(Unit& u, const std::string& name) {
 void GradientStream::allocate() {
   const BufferSpec& b = s_.spec(Buffer::grad_ring, kShared, Tier::pinned);
   for (std::uint64_t i = 0; i < b.count; ++i) ring_.push_back(s_.pinned->acquire(b.bytes));
-  holder_.assign(ring_.size(), -1);
+  holder_.assign(ring_.size(), Holder{});
 }
 
 int GradientStream::slot_of_locked(const Unit& u) const {
   for (std::size_t i = 0; i < holder_.size(); ++i)
-    if (holder_[i] == static_cast<std::int64_t>(u.index)) return static_cast<int>(i);
+    if (holder_[i].unit == static_cast<std::int64_t>(u.index)) return static_cast<int>(i);
   return -1;
 }
 
@@ -49,10 +49,10 @@ void GradientStream::acquire(const Unit& u) {
     // the speculation closes the ring when every slot holds a unit it is not waiting for.
     s_.cv.wait(lk, [&] {
       for (std::size_t i = 0; i < holder_.size(); ++i)
-        if (holder_[i] < 0) return (free_slot = static_cast<int>(i)) >= 0;
+        if (holder_[i].unit < 0) return (free_slot = static_cast<int>(i)) >= 0;
       return false;
     });
-    holder_[static_cast<std::size_t>(free_slot)] = static_cast<std::int64_t>(u.index);
+    holder_[static_cast<std::size_t>(free_slot)] = Holder{static_cast<std::int64_t>(u.index), open_ ? open_for_ : 0, false};
     if (free_slot == 0) loaded_ = -1;  // slot 0 no longer holds a unit read back
   }
   s_.cv.notify_all();  // a speculation waiting for this unit (blocked_locked) sees it held
@@ -72,16 +72,18 @@ void GradientStream::written(const Unit& u) {
 }
 
 void GradientStream::reduced_locked(const Unit& u) {
-  if (open_) return;
   const int k = slot_of_locked(u);
-  if (k >= 0) holder_[static_cast<std::size_t>(k)] = -1;
+  if (k < 0) return;
+  Holder& h = holder_[static_cast<std::size_t>(k)];
+  h.filled = true;
+  if (!open_ || h.gen != open_for_) h = Holder{};  // no speculation reads it: free at once
 }
 
 char* GradientStream::input(const Unit& u) {
   std::unique_lock<std::mutex> lk(s_.mu);
   if (const int k = slot_of_locked(u); k >= 0) return static_cast<char*>(ring_[static_cast<std::size_t>(k)].data());
   // The second pass: the Reduce worker is drained and every slot is free (see the header).
-  ZINF_CHECK(holder_[0] < 0);
+  ZINF_CHECK(holder_[0].unit < 0);
   if (loaded_ != static_cast<std::int64_t>(u.index)) {
     lk.unlock();
     const auto t0 = Clock::now();
@@ -93,10 +95,10 @@ char* GradientStream::input(const Unit& u) {
   return static_cast<char*>(ring_[0].data());
 }
 
-void GradientStream::open() {
+void GradientStream::open(std::uint64_t gen) {
   std::lock_guard<std::mutex> lk(s_.mu);
-  for (std::int64_t h : holder_) ZINF_CHECK(h < 0);
   open_ = true;
+  open_for_ = gen;
 }
 
 bool GradientStream::held_locked(const Unit& u) const { return slot_of_locked(u) >= 0; }
@@ -104,8 +106,8 @@ bool GradientStream::held_locked(const Unit& u) const { return slot_of_locked(u)
 bool GradientStream::blocked_locked(const Unit& u) const {
   if (!open_) return true;
   if (slot_of_locked(u) >= 0) return false;
-  for (std::int64_t h : holder_)
-    if (h < 0) return false;
+  for (const Holder& h : holder_)
+    if (h.unit < 0) return false;
   return true;
 }
 
@@ -113,23 +115,23 @@ void GradientStream::consumed(const Unit& u) {
   {
     std::lock_guard<std::mutex> lk(s_.mu);
     const int k = slot_of_locked(u);
-    if (k >= 0) holder_[static_cast<std::size_t>(k)] = -1;
+    if (k >= 0) holder_[static_cast<std::size_t>(k)] = Holder{};
   }
   s_.cv.notify_all();
 }
 
-void GradientStream::close_locked() {
-  open_ = false;
-  // Only slots whose unit is reduced are freed: one the Reduce worker is filling stays its own until
-  // reduced_locked frees it (the ring is closed then).
-  for (std::size_t i = 0; i < holder_.size(); ++i)
-    if (holder_[i] >= 0 && s_.units[static_cast<std::size_t>(holder_[i])].reduced) holder_[i] = -1;
+void GradientStream::close_locked(std::uint64_t gen) {
+  if (gen == open_for_) open_ = false;  // else the next step's speculation has opened it already
+  // Only filled slots are freed: one the Reduce worker is filling stays its own until reduced_locked
+  // frees it (the ring is closed for it then).
+  for (Holder& h : holder_)
+    if (h.unit >= 0 && h.gen == gen && h.filled) h = Holder{};
 }
 
-void GradientStream::close() {
+void GradientStream::close(std::uint64_t gen) {
   {
     std::lock_guard<std::mutex> lk(s_.mu);
-    close_locked();
+    close_locked(gen);
   }
   s_.cv.notify_all();
 }

@@ -51,14 +51,17 @@ class GradientStream {
   char* input(const Unit& u);
 
   // ---- the speculative Update ----
-  void open();                              // the trainer's thread, as the speculation starts (the ring empty)
+  // The trainer's thread, as speculation `gen` starts; only that speculation closes it.
+  void open(std::uint64_t gen);
   bool held_locked(const Unit& u) const;    // under mu: a slot holds u
   // Under mu: u can never reach a slot the speculation will read — the ring is closed, or every slot
   // holds another unit (only the speculation frees them).
   bool blocked_locked(const Unit& u) const;
   void consumed(const Unit& u);  // the speculation has updated u's last sub-group: its slot is free
-  void close_locked();           // under mu: no more slots kept for the speculation; every slot freed
-  void close();
+  // Under mu: no more slots kept for speculation `gen` (the ring closed if it is still open for it);
+  // each of its slots whose unit is reduced freed (one the Reduce still fills is freed when it is).
+  void close_locked(std::uint64_t gen);
+  void close(std::uint64_t gen);
 
  private:
   int slot_of_locked(const Unit& u) const;
@@ -67,8 +70,17 @@ class GradientStream {
   std::vector<nvme::TensorStore::Id> tensor_;  // per unit
   std::vector<std::uint64_t> bytes_;           // per unit: its gradient's bytes
   std::vector<PinnedBuffer> ring_;
-  std::vector<std::int64_t> holder_;  // under mu: the unit each slot holds, -1: free
-  bool open_ = false;                 // under mu: slots are kept for the speculative Update
+  struct Holder {              // under mu
+    std::int64_t unit = -1;    // the unit the slot holds, -1: free
+    std::uint64_t gen = 0;     // the speculation it is kept for (0: none, the ring was closed)
+    bool filled = false;       // its unit is reduced
+  };
+  std::vector<Holder> holder_;
+  bool open_ = false;           // under mu: slots are kept for speculation open_for_
+  std::uint64_t open_for_ = 0;  // under mu
+  // A speculation's walk may still end (and close) after the next step's speculation has opened the
+  // ring (the trainer does not wait for it): a slot is tagged with the speculation it is kept for, and
+  // a close frees that speculation's slots only.
   std::int64_t loaded_ = -1;          // under mu: the unit read back into slot 0 (-1: none)
 };
 

@@ -46,7 +46,7 @@ void UpdatePipeline::speculate(const cpu_adam::AdamStep& assumed, double loss_sc
   verdict_ = std::make_unique<std::promise<Verdict>>();
   auto fut = verdict_->get_future().share();
   const std::uint64_t gen = ++generation_;
-  if (GradientStream* gs = grads_.stream()) gs->open();  // the Reduce keeps each unit's ring slot for this walk
+  if (GradientStream* gs = grads_.stream()) gs->open(gen);  // the Reduce keeps each unit's ring slot for this walk
   worker_->push([this, assumed, loss_scale, clip, gen, fut] { run_speculative(assumed, loss_scale, clip, gen, fut); });
 }
 
@@ -160,10 +160,11 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
   GradientStream* const stream = grads_.stream();
   struct Close {  // however the walk ends, the ring's slots go back to the Reduce
     GradientStream* g;
+    std::uint64_t gen;
     ~Close() {
-      if (g) g->close();
+      if (g) g->close(gen);
     }
-  } close{stream};
+  } close{stream, gen};
   // Each sub-group waits until its unit's last Reduce has finished (the host gradient is handed over
   // by mu, see Unit::reduced); nothing of the backward reads the states or the home it rewrites then.
   auto gate = [&](std::size_t i) {
@@ -176,7 +177,7 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
       if (decided_ >= gen) return false;  // the rest waits for the decision's walk
       if (stream && !stream->held_locked(u)) {  // its gradient will not come through the ring: stop here
         stop = true;
-        stream->close_locked();
+        stream->close_locked(gen);
         lk.unlock();
         state_.cv.notify_all();
         return false;
@@ -217,7 +218,7 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
                       // the unit's last sub-group: its ring slot goes back to the Reduce
                       if (stream && o + len == state_.units[ui].state_range.hi) stream->consumed(state_.units[ui]);
                     });
-  if (stream) stream->close();  // the rest reads its gradients back from NVMe
+  if (stream) stream->close(gen);  // the rest reads its gradients back from NVMe
   const Verdict v = verdict.get();
   auto walk = [&](const cpu_adam::AdamStep& st) {
     std::promise<Decision> p;

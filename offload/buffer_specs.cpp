@@ -228,13 +228,15 @@ Layout make_layout(const PlanInput& in) {
   layout.checkpoint_device = in.checkpoint_device;
   layout.checkpoint_pinned = in.checkpoint_pinned;
   lay_out_units(in, layout);
-  // Streaming hands each unit's gradient straight to the speculative Update: it implies speculation.
+  // Streaming hands each unit's gradient straight to the speculative Update when there is one (the
+  // config reader turns it on with streaming unless told not to); without it, the Update reads every
+  // gradient back from NVMe.
   layout.streaming = in.gradient_streaming;
   if (layout.streaming) {
     layout.stream_slots = 2;
     layout.stream_grad_bytes = layout.fp32_sum || !layout.mixed ? 4 : 2;
   }
-  layout.speculative = (in.speculative || in.gradient_streaming) && layout.exact && layout.optimizer_offloaded;
+  layout.speculative = in.speculative && layout.exact && layout.optimizer_offloaded;
   if (layout.speculative && layout.optimizer == OffloadDevice::cpu) {
     std::uint64_t all = 0;  // the sub-groups this rank keeps
     for (const auto& u : layout.units) all += (u.state_range.len() + layout.sub_group - 1) / layout.sub_group;

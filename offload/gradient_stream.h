@@ -15,6 +15,8 @@
 //                   ring — every slot freed — when it stops (the norm says the step clips or is not
 //                   finite, the host backup is full, the verdict came, or the unit it waits for can
 //                   no longer get a slot) and when it ends
+//   no speculation  (`speculative: false`) the ring is never open: each slot is freed once written, and
+//                   the Update reads every unit back
 //   second pass     the walk after the verdict (sub-groups the speculation did not reach, or a step
 //                   redone with the clip factor) reads each unit's gradient back from NVMe into slot 0
 //                   (input), once per unit

@@ -137,6 +137,19 @@ TEST_F(TrainStreaming, OverflowingStepsEqualTheRunWithoutStreamingAtGa1AndGa4) {
   }
 }
 
+// Without the speculative Update (`speculative: false`): every step's gradient is read back from NVMe.
+TEST_F(TrainStreaming, WithoutSpeculationEqualsTheRunWithoutStreaming) {
+  std::uint64_t seed = 971;
+  for (std::int64_t ga : {1, 4}) {
+    SCOPED_TRACE("GA " + std::to_string(ga));
+    auto o = placement("nvme", ga);
+    for (const char* x : {"zero_optimization.offload_optimizer.speculative=false", "gradient_clipping=0.6"})
+      o.push_back(x);
+    EXPECT_EQ(expect_streaming_exact(o, seed).first, 0);  // nothing to roll back
+    seed += 10;
+  }
+}
+
 // bf16 with 8-bit optimizer states, clipping some steps.
 TEST_F(TrainStreaming, Bf16With8BitStatesEqualsTheRunWithoutStreaming) {
   auto o = placement("nvme", 1);
@@ -176,6 +189,12 @@ TEST(TrainStreamingConfig, EachUnsupportedPlacementIsRefusedWithOneLine) {
                                         "zero_optimization.offload_optimizer.device_grad_accumulation=true",
                                         "zero_optimization.offload_optimizer.gradient_streaming=true"});
   EXPECT_TRUE(on.zero.offload_optimizer.gradient_streaming);
+  EXPECT_TRUE(on.zero.offload_optimizer.speculative);  // implied ...
+  EXPECT_FALSE(parse_config(json, {"zero_optimization.offload_optimizer.device=nvme",
+                                   "zero_optimization.offload_optimizer.device_grad_accumulation=true",
+                                   "zero_optimization.offload_optimizer.gradient_streaming=true",
+                                   "zero_optimization.offload_optimizer.speculative=false"})
+                   .zero.offload_optimizer.speculative);  // ... unless turned off
   EXPECT_FALSE(parse_config(json, {"zero_optimization.offload_optimizer.device=nvme"})
                    .zero.offload_optimizer.gradient_streaming);
 }

@@ -38,7 +38,7 @@ EngineConfig streaming(OffloadDevice param, Precision prec, std::int64_t ga, con
 // The host gradient row is gone; the gradient's bytes (2 a parameter at GA 1 in 16-bit runs, 4 for
 // the fp32 sum at GA > 1 or fp32 training) are on NVMe instead, and the ring is two slots of the
 // largest unit's gradient in pinned memory. Streaming implies the speculative Update (the states'
-// NVMe rows double). Nothing else moves.
+// NVMe rows double, as they do with speculation alone); without it they keep one slot. Nothing else moves.
 TEST(EngineStreaming, ThePlanHasTheRingAndTheNvmeGradientAndNoHostGradient) {
   Dir dir;
   for (Precision prec : {Precision::bf16, Precision::fp32})
@@ -47,7 +47,8 @@ TEST(EngineStreaming, ThePlanHasTheRingAndTheNvmeGradientAndNoHostGradient) {
       EngineConfig off = streaming(OffloadDevice::nvme, prec, ga, dir.p.string());
       off.plan.gradient_streaming = false;
       off.plan.speculative = true;
-      const EngineConfig on = streaming(OffloadDevice::nvme, prec, ga, dir.p.string());
+      EngineConfig on = streaming(OffloadDevice::nvme, prec, ga, dir.p.string());
+      on.plan.speculative = true;
       const Plan a = make_plan(off.plan), b = make_plan(on.plan);
       const std::uint64_t N = 5000 + 20000 + 9000 + 20000 + 300, largest = 20000;
       const std::uint64_t gb = prec == Precision::fp32 || ga > 1 ? 4 : 2;
@@ -64,6 +65,13 @@ TEST(EngineStreaming, ThePlanHasTheRingAndTheNvmeGradientAndNoHostGradient) {
       EXPECT_EQ(b.totals[P], a.totals[P] + row(b.buffers, "grad ring", P));
       EXPECT_EQ(b.totals[D], a.totals[D]);
       EXPECT_EQ(b.totals[NV], a.totals[NV] + nvme);
+      // Without the speculative Update: the states' NVMe rows keep one slot each.
+      off.plan.speculative = on.plan.speculative = false;
+      const Plan c = make_plan(off.plan), d = make_plan(on.plan);
+      EXPECT_EQ(d.totals[NV], c.totals[NV] + nvme);
+      EXPECT_LT(d.totals[NV], b.totals[NV]);
+      EXPECT_EQ(d.totals[P], c.totals[P] + row(b.buffers, "grad ring", P));
+      EXPECT_EQ(d.totals[H], 0u);
     }
 }
 
@@ -73,10 +81,12 @@ TEST(EngineStreaming, HoldsThePlansBytesAndClaimsEveryHandoff) {
   Dir dir;
   for (auto param : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
     for (Precision prec : {Precision::fp32, Precision::bf16})
-      for (std::int64_t ga : {1, 2}) {
+      for (std::int64_t ga : {1, 2})
+        for (bool speculative : {false, true}) {
         SCOPED_TRACE("param " + std::string(to_string(param)) + " " + std::string(to_string(prec)) + " GA " +
-                     std::to_string(ga));
-        const EngineConfig c = streaming(param, prec, ga, dir.p.string());
+                     std::to_string(ga) + (speculative ? " speculative" : ""));
+        EngineConfig c = streaming(param, prec, ga, dir.p.string());
+        c.plan.speculative = speculative;
         const Plan plan = make_plan(c.plan);
         auto dev = make_cpu_device(64 << 20);
         Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); });
@@ -89,7 +99,7 @@ TEST(EngineStreaming, HoldsThePlansBytesAndClaimsEveryHandoff) {
         EXPECT_EQ(swap_file_bytes(dir.p), held[NV]);
         EXPECT_NE(e.dataflow().find("GradWrite(u)"), -1);
         EXPECT_NE(e.dataflow().find("GradRead(u)"), -1);
-      }
+        }
 }
 
 // A placement streaming cannot serve: one line, and nothing allocated (the device's memory untouched,

@@ -719,6 +719,10 @@ void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const Depreca
     const std::string why = gradient_streaming_refusal(oo.device, !overlap_none, world, ga,
                                                                 oo.device_grad_accumulation);
     if (!why.empty()) o.fail("gradient_streaming", why);
+    // Each unit's gradient goes to the speculative Update as it is reduced: on unless the config says
+    // `speculative: false` (then the Update reads every gradient back from NVMe after the barrier,
+    // without the speculation's second NVMe slot of the states).
+    if (!o.present("speculative")) oo.speculative = true;
   }
   o.only_default("ratio", 1.0,
                  "partial offload (Twin-Flow ratio < 1) is not supported; zinf "

@@ -72,7 +72,7 @@ struct Layout {
   // sub-group tensors hold two slots; host memory backs up at most `backup_subgroups` sub-groups.
   bool speculative = false;
   std::uint64_t backup_subgroups = 0;
-  // Gradient streaming (PlanInput::gradient_streaming; implies `speculative`): no host gradient, a ring
+  // Gradient streaming (PlanInput::gradient_streaming; with or without `speculative`): no host gradient, a ring
   // of `stream_slots` pinned buffers of the largest unit's gradient, and each unit's gradient on NVMe,
   // `stream_grad_bytes` bytes per element (2: the 16-bit gradient at GA 1; 4: the fp32 sum, or fp32).
   bool streaming = false;

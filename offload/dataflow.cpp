@@ -193,7 +193,8 @@ StepGraph step_graph(const Layout& l) {
   if (l.streaming) {  // gradient streaming (GradientStream, offload/gradient_stream.h)
     const int gw = b.node("GradWrite(u)", Resource::nvme_gradient, "unit u's gradient, its ring slot → NVMe");
     const int gr = b.node("GradRead(u)", Resource::nvme_gradient,
-                          "unit u's gradient, NVMe → a ring slot, for a sub-group the speculation did not update");
+                          l.speculative ? "unit u's gradient, NVMe → a ring slot, for a sub-group the speculation did not update"
+                                        : "unit u's gradient, NVMe → a ring slot, for the Update after the barrier");
     b.edge(reduce, gw, "grad ring slot (pinned)", Handoff::enqueued_after,
            "the Reduce worker fills the slot, then issues the write (GradientStream::written)");
     b.edge(gw, reduce, "grad ring slot, reuse", Handoff::host_wait,
@@ -205,7 +206,8 @@ StepGraph step_graph(const Layout& l) {
     b.edge(update, gr, "grad ring slot (read back), reuse", Handoff::enqueued_after,
            "the update worker reads the next unit back after its Update of this one", "u + 1");
     b.edge(update, reduce, "grad ring slot, reuse", Handoff::version,
-           "the slot freed under mu when the speculation is done with its unit or stops; the Reduce waits for a free one",
+           "the slot's holder cleared under mu when the speculation is done with its unit or stops (slot 0 read "
+           "back: the next step's backward follows every landing); the Reduce waits for a free one",
            "the slot's next unit");
   }
   int swap_in = -1, swap_out = -1;

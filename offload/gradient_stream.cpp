@@ -66,9 +66,8 @@ void GradientStream::written(const Unit& u) {
     ZINF_CHECK(k >= 0);
     g = static_cast<char*>(ring_[static_cast<std::size_t>(k)].data());
   }
-  const auto t0 = Clock::now();
+  // A wait, not host work: the disk's meter counts the transfer (GradWrite on the gradients' queue).
   store_.write(tensor_[u.index], g, 0, bytes_[u.index])->wait();
-  s_.add_host_time(t0, "GradWrite", static_cast<std::int64_t>(u.index));
 }
 
 void GradientStream::reduced_locked(const Unit& u) {
@@ -86,9 +85,7 @@ char* GradientStream::input(const Unit& u) {
   ZINF_CHECK(holder_[0].unit < 0);
   if (loaded_ != static_cast<std::int64_t>(u.index)) {
     lk.unlock();
-    const auto t0 = Clock::now();
-    store_.read(tensor_[u.index], ring_[0].data(), 0, bytes_[u.index])->wait();
-    s_.add_host_time(t0, "GradRead", static_cast<std::int64_t>(u.index));
+    store_.read(tensor_[u.index], ring_[0].data(), 0, bytes_[u.index])->wait();  // GradRead (the disk's meter)
     lk.lock();
     loaded_ = static_cast<std::int64_t>(u.index);
   }

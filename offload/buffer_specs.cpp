@@ -199,6 +199,7 @@ Layout make_layout(const PlanInput& in) {
   check_input(in);
   Layout layout;
   layout.pin_memory = in.pin_memory;
+  layout.pool_tier = in.pin_memory ? Tier::pinned : Tier::host;
   layout.precision = in.precision;
   layout.mixed = in.compute_bytes() == 2;
   layout.compute_bytes = static_cast<std::uint64_t>(in.compute_bytes());

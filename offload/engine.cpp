@@ -36,6 +36,7 @@ struct Engine::Impl {
   std::unique_ptr<OptimizerStates> states;
   std::unique_ptr<ParamHome> resident, offloaded;  // offloaded: the windowed units' home (null without windows)
   std::unique_ptr<ParamWindow> window;             // null without windowed units
+  std::vector<nvme::TensorStore*> stores;          // the NVMe stores of the tiers (optimizer first)
   std::unique_ptr<GradientPath> grads;
   std::unique_ptr<UpdatePipeline> update;
   bool backward = false;
@@ -73,28 +74,10 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   Impl& impl = *impl_;
   EngineState& s = impl.s;
   const EngineConfig& c = s.config;
-  if (s.parallel()) {  // one communicator per thread that runs collectives, in this order on every rank
-    Comm& hc = *c.comm;
-    Comm& dc = c.device_comm ? *c.device_comm : *c.comm;
-    s.front_comm = hc.dup();
-    s.reduce_comm = hc.dup();
-    s.reduce_dcomm = dc.dup();
-    s.update_comm = hc.dup();
-    if (!s.ordered_collectives) s.update_dcomm = dc.dup();  // (ordered: the trainer gathers at first use instead)
-    s.fetch_comm = hc.dup();
-    s.fetch_dcomm = dc.dup();
-  }
-  if (!cfg.kernels) throw Error("offload engine: no kernels for the device (EngineConfig::kernels is empty)");
-  s.kern = cfg.kernels(dev, s.threads);
-  if (!s.layout.optimizer_offloaded && !s.kern->takes_states(s.layout.states))
-    throw Error(std::string("zero_optimization.optimizer_states \"") +
-                cpu_adam::state_format_name(s.layout.states) +
-                "\" with the optimizer on this device: its Update kernel does not take that format (use fp32, or "
-                "offload_optimizer.device cpu or nvme)");
-  if (!s.layout.pin_memory && !s.layout.optimizer_offloaded && s.layout.param_offloaded)
-    throw Error("offload engine: pin_memory false with the optimizer on the device and the parameters offloaded",
-                "the device's Update writes the parameters' host homes through mapped memory, which must be "
-                "page-locked: keep pin_memory true for this placement");
+  open_communicators(s);
+  if (!c.kernels) throw Error("offload engine: no kernels for the device (EngineConfig::kernels is empty)");
+  s.kern = c.kernels(dev, s.threads);
+  check_placement(s.layout, s.kern->takes_states(s.layout.states));
   s.claim("Land(u)", "Forward(u)", Handoff::version);  // weights(u) waits for the landing (wait_landed)
   const Plan plan = make_plan(s.buffers);
   const std::size_t need_device = plan.totals[static_cast<int>(Tier::device)];
@@ -106,7 +89,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   s.pinned = std::make_unique<PinnedPool>(plan.pinned_pool, s.layout.pin_memory);
   // Registered only when page-locked (CUDA: one copy, no bounce); pageable staging (pin_memory false)
   // copies through the driver's own staging.
-  if (s.pinned->capacity() && s.layout.pin_memory) dev.register_host(s.pinned->slab().iov_base, s.pinned->capacity());
+  if (s.pinned->capacity() && s.pinned->locked()) dev.register_host(s.pinned->slab().iov_base, s.pinned->capacity());
 
   const std::size_t device_before = dev.in_use();
   impl.states = make_optimizer_states(s);
@@ -117,18 +100,19 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   impl.offloaded = make_offload_home(s, impl.uploads);
   impl.grads = std::make_unique<GradientPath>(s);
   impl.add_units(init);
-  if (s.layout.windows) impl.window = std::make_unique<ParamWindow>(s, *impl.offloaded);
+  if (s.find(Buffer::param_slot)) impl.window = std::make_unique<ParamWindow>(s, *impl.offloaded);
   impl.grads->allocate_shared();
   impl.grads->allocate_comm_scratch();
   impl.update = std::make_unique<UpdatePipeline>(s, *impl.states, *impl.grads);
   // What the tiers handed out (every buffer is allocated by now, for the engine's whole life).
   impl.held[static_cast<int>(Tier::device)] = dev.in_use() - device_before;
   // Without pin_memory the staging pool's pages are pageable host memory, as the plan counts them.
-  impl.held[static_cast<int>(s.layout.pin_memory ? Tier::pinned : Tier::host)] += s.pinned->in_use();
+  impl.held[static_cast<int>(s.layout.pool_tier)] += s.pinned->in_use();
   impl.held[static_cast<int>(Tier::host)] += s.host_bytes;
   for (nvme::TensorStore* st : {impl.states->store(), impl.offloaded ? impl.offloaded->store() : nullptr,
                                 impl.grads->stream() ? &impl.grads->stream()->store() : nullptr})
-    if (st) impl.held[static_cast<int>(Tier::nvme)] += st->reserved();
+    if (st) impl.stores.push_back(st);
+  for (nvme::TensorStore* st : impl.stores) impl.held[static_cast<int>(Tier::nvme)] += st->reserved();
 }
 
 // Each unit's buffers and states, in forward order, from its place in the layout.
@@ -148,7 +132,10 @@ void Engine::Impl::add_units(const InitFn& init) {
     const std::string name = "unit " + std::to_string(ui);
     init(ui, master.data());
     states->add(u, name, master.data());
-    u.home = u.windowed ? offloaded.get() : resident.get();  // placed once: no stage asks again
+    switch (s.stages.weights[ui]) {  // placed once: no stage asks again
+      case StagePlan::Weights::resident: u.home = resident.get(); break;
+      case StagePlan::Weights::window: u.home = offloaded.get(); break;
+    }
     u.home->place(u, name, master.data());
     grads->add(u, name);
     s.units.push_back(std::move(u));
@@ -203,17 +190,25 @@ void Engine::Impl::start_update_early() {
     std::lock_guard<std::mutex> lk(s.mu);
     if (s.update_failed) return;  // the next model-facing call reports the error; start nothing behind it
   }
-  const bool last = grads->micro() == s.layout.grad_accum - 1;
-  if (last && expected && s.exact() && s.layout.speculative && states->speculative() && !update->speculating()) {
-    // The step as the trainer expects it, unclipped: the speculative Update assumes it (step()
-    // keeps its results only when the decided step is this one, bit for bit).
-    const StepOptions& e = *expected;
-    assumed = cpu_adam::make_adam_step(e.hyper, e.step, static_cast<float>(1.0 / e.loss_scale));
-    update->speculate(*assumed, e.loss_scale, e.gradient_clipping);
-    expected.reset();
-  } else if (s.exact() && s.layout.optimizer == OffloadDevice::nvme && last && !update->started_early() &&
-             !update->speculating()) {
-    update->start_early();
+  if (grads->micro() != s.layout.grad_accum - 1) return;  // the step's last micro batch only
+  for (StagePlan::EarlyStart e : s.stages.early) {
+    switch (e) {
+      case StagePlan::EarlyStart::speculate:
+        if (!expected || update->speculating()) break;
+        {
+          // The step as the trainer expects it, unclipped: the speculative Update assumes it (step()
+          // keeps its results only when the decided step is this one, bit for bit).
+          const StepOptions& x = *expected;
+          assumed = cpu_adam::make_adam_step(x.hyper, x.step, static_cast<float>(1.0 / x.loss_scale));
+          update->speculate(*assumed, x.loss_scale, x.gradient_clipping);
+          expected.reset();
+        }
+        return;
+      case StagePlan::EarlyStart::swap_in:
+        if (update->started_early() || update->speculating()) break;
+        update->start_early();
+        return;
+    }
   }
 }
 
@@ -229,21 +224,26 @@ const void* Engine::weights(std::size_t u) {
     impl.update->drain();
   });
   Unit& unit = impl.s.units[u];
-  if (!unit.windowed) {
-    model_waits_for(impl.s.dev, unit.landed);  // the landing's h2d work (its Uploads, the fp32 weights)
-    if (unit.gather_pending) {  // the other ranks' parts of its new copy, gathered in the trainer's order of use
-      impl.resident->finish_landing(unit);
-      model_waits_for(impl.s.dev, impl.s.dev.record(StreamRole::h2d));
-    }
-    return impl.s.layout.fp32_work ? unit.work.as<void>() : unit.param.as<void>();
+  switch (impl.s.stages.weights[u]) {
+    case StagePlan::Weights::resident:
+      model_waits_for(impl.s.dev, unit.landed);  // the landing's h2d work (its Uploads, the fp32 weights)
+      if (unit.gather_pending) {  // the other ranks' parts of its new copy, gathered in the trainer's order of use
+        impl.resident->finish_landing(unit);
+        model_waits_for(impl.s.dev, impl.s.dev.record(StreamRole::h2d));
+      }
+      return unit.weights;
+    case StagePlan::Weights::window: return impl.window->acquire(u, impl.backward);
   }
-  return impl.window->acquire(u, impl.backward);
+  throw Error("offload: unknown weights placement");
 }
 
-Precision Engine::weights_precision() const { return impl_->s.layout.fp32_work ? Precision::fp32 : impl_->s.layout.precision; }
+Precision Engine::weights_precision() const { return impl_->s.stages.weights_precision; }
 
 void Engine::done_with(std::size_t u) {
-  if (impl_->s.units[u].windowed) impl_->window->release(u);
+  switch (impl_->s.stages.weights[u]) {
+    case StagePlan::Weights::resident: return;
+    case StagePlan::Weights::window: return impl_->window->release(u);
+  }
 }
 
 float* Engine::grads(std::size_t u) { return impl_->grads->grads(u); }
@@ -278,7 +278,7 @@ StepOutcome Engine::step(const StepOptions& o) {
   const auto parts = impl.grads->block_sums([&](std::size_t u, std::vector<double>& sums) {
     return impl.update->known_sums(u, sums);
   });
-  if (!impl.s.layout.shard_grads) {
+  if (impl.s.stages.norm_sum == StagePlan::NormSum::local) {
     for (const auto& unit_parts : parts) {  // units in order, 64 Ki blocks in order: the same sum on every placement
       double part = 0;
       for (double p : unit_parts) part += p;
@@ -366,7 +366,7 @@ void Engine::read_states(std::size_t ui, float* master, float* m, float* v) {
   Impl& impl = *impl_;
   Unit& u = impl.s.units[ui];
   impl.states->read(u, master, m, v);
-  if (!impl.s.layout.shard_states) return;
+  if (impl.s.stages.state_read == StagePlan::StateRead::whole) return;
   const auto counts = u.counts_in(0, u.n);  // every rank's shard, gathered into the whole unit
   for (float* p : {master, m, v})
     if (p) impl.s.front_comm->allgatherv(p, counts, 4);
@@ -428,24 +428,12 @@ std::vector<std::string> Engine::unclaimed_handoffs() const {
 
 std::string Engine::describe() const {
   Impl& impl = *impl_;
-  std::string d = "offload_optimizer=" + std::string(to_string(impl.s.layout.optimizer)) +
-                  " offload_param=" + std::string(to_string(impl.s.layout.param)) + ", overlap " +
-                  (impl.s.exact() ? "exact" : "none") + ", pinned pool " + std::to_string(impl.s.pinned->capacity()) +
-                  " bytes";
-  if (impl.s.parallel()) {
-    d += "; rank " + std::to_string(impl.s.layout.rank) + " of " + std::to_string(impl.s.layout.world) + ", ZeRO stage " +
-         std::to_string(impl.s.layout.stage);
-    d += impl.s.layout.shard_params   ? " (optimizer states, gradients and parameters partitioned)"
-         : impl.s.layout.shard_grads  ? " (optimizer states and gradients partitioned)"
-         : impl.s.layout.shard_states ? " (optimizer states partitioned)"
-                               : " (every state on every rank)";
-  }
+  std::string d = describe_placement(impl.s.layout, impl.s.pinned->capacity());
   nvme::TensorStore* stores[] = {impl.states->store(), impl.offloaded ? impl.offloaded->store() : nullptr};
   if (stores[0]) d += "; optimizer store: " + stores[0]->description();
   if (stores[1]) d += "; param store: " + stores[1]->description();
-  for (auto* st : stores)
-    if (st)
-      for (const auto& line : st->stale_report()) d += "; stale swap directory " + line;
+  for (auto* st : impl.stores)
+    for (const auto& line : st->stale_report()) d += "; stale swap directory " + line;
   return d;
 }
 

@@ -8,6 +8,7 @@
 //   optimizer_states.cpp  where master, m, v live: device, host memory or NVMe (one class per tier)
 //   param_homes.cpp       where each unit's compute copy lives: device, pinned host or NVMe
 //   engine.cpp            the front the model and the trainer call; construction; the norm barrier
+//   resolve.cpp           the placement resolved once into each stage's variant (StagePlan)
 //
 // Locking: `mu` guards the fields marked "under mu" and the landing versions; `cv` is notified when
 // a unit lands, a gradient buffer is released or the Update fails.
@@ -28,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "compute_format.h"
+#include "resolve.h"
 #include "subgroup_layout.h"
 #include "zinf/comm.h"
 #include "zinf/cpu_adam/adam.h"
@@ -129,6 +132,7 @@ struct Unit : UnitLayout {
   // The compute copy (param_homes.cpp): resident on the device (param16, or fp32 in fp32 runs) with
   // fp32 working weights for 16-bit runs; or its home in pinned memory or on NVMe.
   ParamHome* home = nullptr;  // the tier of its compute copy: the resident or the windowed units' home
+  const void* weights = nullptr;  // a resident unit's for the model: its fp32 working weights or compute copy
   DeviceBuffer param, work;
   PinnedBuffer pinned_home;
   nvme::TensorStore::Id nvme_param = 0;
@@ -162,9 +166,12 @@ struct EngineState {
   // Every buffer the engine allocates, and the layout they come from (buffer_specs.h): the stages
   // allocate what these say, and `zinf plan` sums the same list.
   const BufferSpecs buffers;
-  // The placement, decided once from config.plan (buffer_specs.h): every stage reads its settings
-  // here (mixed, fp32_work, the tiers, world and rank, what is sharded, the effective sizes).
+  // The placement, decided once from config.plan (buffer_specs.h): the sizes, ranges and tiers the
+  // stages allocate and index by (world and rank, the effective sizes, the compute copy's width).
   const Layout& layout;
+  // What each stage does on this placement, resolved once from the layout (resolve.h): the stages
+  // choose their strategies by it when they are made and never ask which tier they are on.
+  const StagePlan stages;
   const cpu_adam::HalfType half;  // the 16-bit type of the compute copy (mixed runs)
   // The step of this placement as a graph (zinf/offload/dataflow.h). Every stage claims, when it is
   // made, each edge it hands over, with the handoff it uses: a handoff the graph lacks stops the
@@ -183,6 +190,7 @@ struct EngineState {
   const bool ordered_collectives;
   CollectiveOrder order;
   cpu_adam::HostThreads threads;
+  const std::unique_ptr<const ComputeFormat> format;  // the compute copy's number format (compute_format.h)
   std::unique_ptr<EngineKernels> kern;  // the engine's own work on device memory
   std::unique_ptr<PinnedPool> pinned;   // declared before every holder of a PinnedBuffer
   std::vector<Unit> units;
@@ -207,11 +215,13 @@ struct EngineState {
         dev(d),
         buffers(cfg.plan),
         layout(buffers.layout()),
+        stages(resolve_stages(layout, cfg)),
         half(cfg.plan.precision == Precision::bf16 ? cpu_adam::HalfType::bf16 : cpu_adam::HalfType::fp16),
         graph(step_graph(layout)),
         claimed(graph.edges.size(), 0),
-        ordered_collectives(layout.parallel && cfg.device_comm && cfg.device_comm->stream_ordered()),
-        threads(cfg.host_threads, cfg.pin_threads) {
+        ordered_collectives(resolve_ordered_collectives(layout, cfg)),
+        threads(cfg.host_threads, cfg.pin_threads),
+        format(make_compute_format(layout, threads, half)) {
     disks.trace_to(cfg.trace);
     for (nvme::StoreOptions* o : {&config.optimizer_store, &config.param_store})
       if (!o->disks) o->disks = &disks;
@@ -274,25 +284,10 @@ struct EngineState {
     dev.copy_to_host(dst, src, bytes, StreamRole::d2h);
     dev.synchronize(StreamRole::d2h);
   }
-  // Host conversions on the host threads (chunked, so the result does not depend on the count).
-  void to_half(const float* s, void* d, std::size_t n) {
-    cpu_adam::to_half(threads, s, static_cast<std::uint16_t*>(d), n, half);
-  }
-  void from_half(const void* s, float* d, std::size_t n) {
-    cpu_adam::from_half(threads, static_cast<const std::uint16_t*>(s), d, n, half);
-  }
-  void add_into(float* acc, const float* x, std::size_t n) {
-    threads.parallel_for(n, 1 << 16, [&](std::size_t b, std::size_t e) {
-      for (std::size_t i = b; i < e; ++i) acc[i] += x[i];
-    });
-  }
+  // Host arithmetic on the host threads (chunked, so the result does not depend on the count).
+  void add_into(float* acc, const float* x, std::size_t n) { add_fp32(threads, acc, x, n); }
   // The compute copy (compute_bytes per element) of an fp32 range, on the host.
-  void to_compute(const float* s, void* d, std::size_t n) {
-    if (layout.mixed)
-      to_half(s, d, n);
-    else
-      std::memcpy(d, s, n * 4);
-  }
+  void to_compute(const float* s, void* d, std::size_t n) { format->from_fp32(s, d, n); }
 
   // Blocks until unit u's latest update has landed; rethrows when the Update failed (`rethrow` drains
   // the update worker, which holds the error).

@@ -16,13 +16,11 @@ class GradientPath::Route {
   virtual void on_worker(Unit& u, float* g, std::int64_t micro, EventHandle complete) = 0;
   // After the step's last micro batch of unit u, on the worker: the norm's part, when the host sums it.
   virtual void norm_part(Unit&, std::uint64_t) {}
-  virtual std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const = 0;
   virtual std::vector<std::vector<double>> block_sums(const std::function<bool(std::size_t, std::vector<double>&)>& known) = 0;
+  // The receive scratch of the cross-rank reduction (several ranks), on the tier this route reduces on.
+  virtual void allocate_receive(const BufferSpec& b) = 0;
 
  protected:
-  cpu_adam::GradType half_type() const {
-    return s_.half == cpu_adam::HalfType::bf16 ? cpu_adam::GradType::bf16 : cpu_adam::GradType::fp16;
-  }
   GradientPath& p_;
   EngineState& s_;
 };
@@ -31,30 +29,31 @@ class GradientPath::Route {
 // summed, and reduced across ranks) in place on d2h; one wait for the device gives every norm part.
 class GradientPath::DeviceRoute : public Route {
  public:
-  using Route::Route;
+  explicit DeviceRoute(GradientPath& p) : Route(p) {
+    s_.claim("GradOut(u)", "Norm", Handoff::host_wait);
+    s_.claim("GradOut(u)", "Update(g)", Handoff::stream_order);  // the device Update stream is d2h's queue
+    s_.claim("Forward(u)", "Update(g)", Handoff::event);         // `complete`, waited on before the Update
+  }
   void on_worker(Unit& u, float* g, std::int64_t micro, EventHandle complete) override {
-    s_.dev.wait_event(StreamRole::d2h, std::move(complete));
-    p_.enqueue_on_device(u, g, micro);
+    p_.enqueue_on_device(u, g, micro, std::move(complete));
     s_.dev.synchronize(StreamRole::d2h);
   }
-  std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const override {
-    if (s_.layout.fp32_sum) return {p_.of(u).grad_sum.as<float>(), cpu_adam::GradType::fp32};
-    if (s_.layout.mixed) return {p_.of(u).grad16.as<void>(), half_type()};
-    return {p_.of(u).grad.as<float>(), cpu_adam::GradType::fp32};
-  }
   std::vector<std::vector<double>> block_sums(const std::function<bool(std::size_t, std::vector<double>&)>&) override {
-    std::vector<EngineKernels::NormInput> in, kept;
+    std::vector<EngineKernels::NormInput> in, nonempty;
     for (auto& u : s_.units) {
-      auto [g, type] = update_input(u);
+      auto [g, type] = p_.update_input(u);
       in.push_back({g, type, u.grad_range.len()});
     }
     for (const auto& x : in)  // a rank's empty shards have no blocks
-      if (x.n) kept.push_back(x);
-    auto sums = s_.kern->block_sums(kept, StreamRole::d2h);
+      if (x.n) nonempty.push_back(x);
+    auto sums = s_.kern->block_sums(nonempty, StreamRole::d2h);
     std::vector<std::vector<double>> out(in.size());
     for (std::size_t i = 0, k = 0; i < in.size(); ++i)
       if (in[i].n) out[i] = std::move(sums[k++]);
     return out;
+  }
+  void allocate_receive(const BufferSpec& b) override {
+    p_.device_recv_ = DeviceBuffer(s_.dev, b.bytes, "gradient receive scratch");
   }
 };
 
@@ -65,8 +64,7 @@ class GradientPath::OrderedDeviceRoute : public DeviceRoute {
  public:
   using DeviceRoute::DeviceRoute;
   void on_trainer(Unit& u, float* g, std::int64_t micro, EventHandle& complete) override {
-    s_.dev.wait_event(StreamRole::d2h, std::move(complete));
-    p_.enqueue_on_device(u, g, micro);
+    p_.enqueue_on_device(u, g, micro, std::move(complete));
   }
   void on_worker(Unit&, float*, std::int64_t, EventHandle) override { s_.dev.synchronize(StreamRole::d2h); }
 };
@@ -76,17 +74,19 @@ class GradientPath::OrderedDeviceRoute : public DeviceRoute {
 // speculative Update sums them itself.
 class GradientPath::HostInput : public Route {
  public:
-  using Route::Route;
+  explicit HostInput(GradientPath& p) : Route(p) {
+    s_.claim("GradOut(u)", "Reduce(u)", Handoff::host_wait);       // the landing events (through_landing)
+    s_.claim("Reduce(u)", "GradOut(u)", Handoff::enqueued_after);  // a landing buffer refilled after it is read
+    s_.claim("Reduce(u)", "Norm", Handoff::host_wait);
+    s_.claim("Reduce(u)", "Update(g)", s_.stages.reduce_to_update);
+  }
   void norm_part(Unit& u, std::uint64_t step) override {
-    if (s_.layout.speculative && !s_.layout.streaming) return;  // streaming: the ring slot is summed here
+    if (s_.stages.host_norm == StagePlan::HostNorm::barrier) return;
     const auto t0 = Clock::now();
-    auto [grad, type] = update_input(u);
+    auto [grad, type] = p_.update_input(u);
     p_.sums_[u.index] = cpu_adam::sum_squares_parts(s_.threads, grad, type, u.grad_range.len());
     p_.summed_step_[u.index] = step;
     s_.add_host_time(t0, "Norm part", static_cast<std::int64_t>(u.index));
-  }
-  std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const override {
-    return {p_.host_input(u), s_.layout.fp32_sum || !s_.layout.mixed ? cpu_adam::GradType::fp32 : half_type()};
   }
   std::vector<std::vector<double>> block_sums(
       const std::function<bool(std::size_t, std::vector<double>&)>& known) override {
@@ -96,12 +96,13 @@ class GradientPath::HostInput : public Route {
       if (p_.summed_step_[i] == p_.step_) {  // the worker's, for this step (it is drained: the barrier)
         out[i] = p_.sums_[i];
       } else {
-        auto [g, type] = update_input(s_.units[i]);
+        auto [g, type] = p_.update_input(s_.units[i]);
         out[i] = cpu_adam::sum_squares_parts(s_.threads, g, type, s_.units[i].grad_range.len());
       }
     }
     return out;
   }
+  void allocate_receive(const BufferSpec& b) override { p_.host_recv_ = s_.alloc_host(b.bytes); }
 };
 
 // device_accum (the optimizer off the device, one rank, GA > 1): each micro batch is rounded and summed
@@ -110,8 +111,7 @@ class GradientPath::AccumRoute : public HostInput {
  public:
   using HostInput::HostInput;
   void on_worker(Unit& u, float* g, std::int64_t micro, EventHandle complete) override {
-    s_.dev.wait_event(StreamRole::d2h, std::move(complete));
-    p_.enqueue_on_device(u, g, micro);
+    p_.enqueue_on_device(u, g, micro, std::move(complete));
     if (micro + 1 == s_.layout.grad_accum) p_.grad_out_sum(u);
     s_.dev.synchronize(StreamRole::d2h);  // d2h has read the gradient: release() may hand it back
   }
@@ -126,26 +126,16 @@ class GradientPath::HostRoute : public HostInput {
   // The Reduce of one landed bucket [o, o+len) of micro batch `micro` into unit u's host gradient.
   // (An enum, not a member-function pointer: GCC's -Wmaybe-uninitialized misreads a call through one
   // inside the sanitizers' builds.)
-  enum class Reduce { copy, sum_one_rank, sum_across_ranks };
-  explicit HostRoute(GradientPath& p)
-      : HostInput(p),
-        reduce_(!s_.layout.fp32_sum   ? Reduce::copy
-                : !s_.layout.parallel ? Reduce::sum_one_rank
-                                      : Reduce::sum_across_ranks) {}
+  using Reduce = StagePlan::HostReduce;
+  explicit HostRoute(GradientPath& p) : HostInput(p), reduce_(s_.stages.host_reduce) {}
 
   void on_worker(Unit& u, float* g, std::int64_t micro, EventHandle complete) override {
     const StreamRole r = StreamRole::d2h;
     s_.dev.wait_event(r, std::move(complete));
-    const std::size_t cb = s_.layout.compute_bytes;
     p_.through_landing(
         u, u.n,
         [&](std::size_t o, std::size_t len, PinnedBuffer& land) {
-          if (s_.layout.mixed) {  // rounded into the staging buffer (d2h writes, d2h reads: stream order)
-            s_.kern->to_half(g + o, p_.gradout_stage_.as<void>(), len, s_.half, r);
-            s_.dev.copy_to_host(land.data(), p_.gradout_stage_.as<void>(), len * cb, r);
-          } else {
-            s_.dev.copy_to_host(land.data(), g + o, len * cb, r);
-          }
+          s_.format->grad_out(s_.dev, *s_.kern, g + o, p_.gradout_stage_.as<void>(), land.data(), len, r);
         },
         [&](std::size_t o, std::size_t len, PinnedBuffer& land) {
           switch (reduce_) {
@@ -159,12 +149,7 @@ class GradientPath::HostRoute : public HostInput {
 
  private:
   // The landed bucket as fp32 into `dst`.
-  void widen(const PinnedBuffer& land, float* dst, std::size_t len) {
-    if (s_.layout.mixed)
-      s_.from_half(land.data(), dst, len);
-    else
-      std::memcpy(dst, land.data(), len * 4);
-  }
+  void widen(const PinnedBuffer& land, float* dst, std::size_t len) { s_.format->to_fp32(land.data(), dst, len); }
   // GA 1, one rank: the landed gradient is the Update's input as it is.
   void copy(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land, std::int64_t) {
     const std::size_t cb = s_.layout.compute_bytes;
@@ -175,10 +160,8 @@ class GradientPath::HostRoute : public HostInput {
     float* acc = reinterpret_cast<float*>(p_.of(u).host_grad.get()) + (o - u.grad_range.lo);
     if (micro == 0)
       widen(land, acc, len);
-    else if (s_.layout.mixed)
-      cpu_adam::accumulate_half(s_.threads, static_cast<const std::uint16_t*>(land.data()), acc, len, s_.half);
     else
-      s_.add_into(acc, static_cast<const float*>(land.data()), len);
+      s_.format->add_to(land.data(), acc, len);
   }
   // Several ranks: the bucket reduced across them, then the part this rank keeps summed over micro
   // batches in fp32.
@@ -197,31 +180,20 @@ class GradientPath::HostRoute : public HostInput {
   Reduce reduce_;
 };
 
+// The route of the placement (StagePlan::route). Each route claims the handoffs of the step graph it
+// makes; these the path makes on every route: grads_done records `complete` on compute and the d2h
+// work waits for it; release() hands the device gradient back once d2h is synchronized; drain() is
+// the barrier.
 std::unique_ptr<GradientPath::Route> GradientPath::make_route() {
-  const Layout& l = state_.layout;
-  EngineState& s = state_;
-  // The handoffs of the step graph this path makes: grads_done records `complete` on compute and the
-  // d2h work waits for it; release() hands the device gradient back once d2h is synchronized;
-  // drain() is the barrier.
-  s.claim("Backward(u)", "GradOut(u)", Handoff::event);
-  s.claim("GradOut(u)", "Backward(u)", Handoff::host_wait);
-  if (!l.optimizer_offloaded) {
-    s.claim("GradOut(u)", "Norm", Handoff::host_wait);
-    s.claim("GradOut(u)", "Update(g)", Handoff::stream_order);  // the device Update stream is d2h's queue
-    s.claim("Forward(u)", "Update(g)", Handoff::event);         // `complete`, waited on before the Update
-  } else {
-    s.claim("GradOut(u)", "Reduce(u)", Handoff::host_wait);        // the landing events (through_landing)
-    s.claim("Reduce(u)", "GradOut(u)", Handoff::enqueued_after);   // a landing buffer refilled after it is read
-    s.claim("Reduce(u)", "Norm", Handoff::host_wait);
-    // The speculative Update's gate waits for Unit::reduced; otherwise the barrier's drain.
-    s.claim("Reduce(u)", "Update(g)", l.speculative ? Handoff::version : Handoff::host_wait);
+  state_.claim("Backward(u)", "GradOut(u)", Handoff::event);
+  state_.claim("GradOut(u)", "Backward(u)", Handoff::host_wait);
+  switch (state_.stages.route) {
+    case StagePlan::Route::device: return std::make_unique<DeviceRoute>(*this);
+    case StagePlan::Route::ordered_device: return std::make_unique<OrderedDeviceRoute>(*this);
+    case StagePlan::Route::accum: return std::make_unique<AccumRoute>(*this);
+    case StagePlan::Route::host: return std::make_unique<HostRoute>(*this);
   }
-  if (!l.optimizer_offloaded) {
-    if (state_.ordered_collectives) return std::make_unique<OrderedDeviceRoute>(*this);
-    return std::make_unique<DeviceRoute>(*this);
-  }
-  if (l.device_accum) return std::make_unique<AccumRoute>(*this);
-  return std::make_unique<HostRoute>(*this);
+  throw Error("offload: unknown gradient route");
 }
 
 GradientPath::~GradientPath() = default;
@@ -245,26 +217,47 @@ void GradientPath::add(Unit& u, const std::string& name) {
     of(u).grad = DeviceBuffer(state_.dev, b->bytes, name + " grad");
   if (const BufferSpec* b = state_.find(Buffer::grad16, u.index))
     of(u).grad16 = DeviceBuffer(state_.dev, b->bytes, name + " grad16");
+  if (of(u).grad.size()) {  // its own buffers: a slot only it takes (the shared ones: allocate_shared)
+    of(u).slots = {slots_.size()};
+    slots_.push_back({of(u).grad.as<float>(), of(u).grad16.as<void>(), false});
+  }
   if (const BufferSpec* b = state_.find(Buffer::grad_sum, u.index))
     of(u).grad_sum = DeviceBuffer(state_.dev, b->bytes, name + " grad32");
   if (const BufferSpec* b = state_.find(Buffer::host_grad, u.index))
     of(u).host_grad = state_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
   if (stream_) stream_->add(u, name);
+  // The Update's input, as the placement has it (StagePlan::input).
+  const void* in = nullptr;
+  switch (state_.stages.input) {
+    case StagePlan::Input::grad: in = of(u).grad.as<void>(); break;
+    case StagePlan::Input::grad16: in = of(u).grad16.as<void>(); break;
+    case StagePlan::Input::grad_sum: in = of(u).grad_sum.as<void>(); break;
+    case StagePlan::Input::host_grad: in = of(u).host_grad.get(); break;
+    case StagePlan::Input::ring: break;  // a ring slot, or read back: GradientStream::input
+  }
+  of(u).input = {in, state_.stages.input_type};
 }
 
 void GradientPath::allocate_shared() {
   zeroed_.assign(state_.units.size(), false);
   sums_.assign(state_.units.size(), {});
   summed_step_.assign(state_.units.size(), 0);
+  std::vector<std::size_t> shared;  // the gradient slots of the units without buffers of their own
   if (const BufferSpec* b = state_.find(Buffer::grad_slot)) {  // see Unit::grad_windowed
     const BufferSpec* half = state_.find(Buffer::grad16_slot);
     for (std::uint64_t i = 0; i < b->count; ++i) {
-      GradSlot g;
-      g.grad = DeviceBuffer(state_.dev, b->bytes, "grad window slot " + std::to_string(i));
-      if (half) g.grad16 = DeviceBuffer(state_.dev, half->bytes, "grad16 window slot " + std::to_string(i));
-      slots_.push_back(std::move(g));
+      slot_memory_.emplace_back(state_.dev, b->bytes, "grad window slot " + std::to_string(i));
+      GradSlot g{slot_memory_.back().as<float>(), nullptr, false};
+      if (half) {
+        slot_memory_.emplace_back(state_.dev, half->bytes, "grad16 window slot " + std::to_string(i));
+        g.grad16 = slot_memory_.back().as<void>();
+      }
+      shared.push_back(slots_.size());
+      slots_.push_back(g);
     }
   }
+  for (auto& g : of_)
+    if (g.slots.empty()) g.slots = shared;
   if (const BufferSpec* b = state_.find(Buffer::grad_landing))
     for (std::uint64_t i = 0; i < b->count; ++i) landing_.push_back(state_.pinned->acquire(b->bytes));
   if (const BufferSpec* b = state_.find(Buffer::grad_out_staging))
@@ -274,12 +267,7 @@ void GradientPath::allocate_shared() {
 }
 
 void GradientPath::allocate_comm_scratch() {
-  const BufferSpec* b = state_.find(Buffer::comm_receive);
-  if (!b) return;
-  if (b->tier == Tier::host)
-    host_recv_ = state_.alloc_host(b->bytes);
-  else
-    device_recv_ = DeviceBuffer(state_.dev, b->bytes, "gradient receive scratch");
+  if (const BufferSpec* b = state_.find(Buffer::comm_receive)) route_->allocate_receive(*b);
 }
 
 // The reduction of one bucket [o, o+len) of unit u across ranks, in place in `g` (the bucket's fp32
@@ -295,7 +283,8 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
       BusyScope busy(state_.dev, r, {"Reduce", static_cast<std::int64_t>(u.index)});
       reduce_scatter_ordered(c, state_.dev, *state_.kern, r, g, counts, device_recv_.as<float>(), &state_.order);
     }
-    if (!state_.layout.shard_grads) state_.order.run(c, state_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
+    if (state_.stages.reduced == StagePlan::Reduced::whole)
+      state_.order.run(c, state_.dev, r, [&](void* st) { c.allgatherv(g, counts, 4, st); });
     return;
   }
   // Host memory: the same reduction with the sum spread over the host threads.
@@ -317,7 +306,7 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
       }
     });
   }
-  if (!state_.layout.shard_grads) c.allgatherv(g, counts, 4);
+  if (state_.stages.reduced == StagePlan::Reduced::whole) c.allgatherv(g, counts, 4);
 }
 
 void GradientPath::begin_micro_batch(std::int64_t micro) {
@@ -338,21 +327,17 @@ float* GradientPath::grads(std::size_t u) {
     // The previous micro batch's GradOut/Reduce of this unit may still read its buffer (and, for a
     // windowed gradient, still hold its slot): the Reduce worker clears `reducing` when it is done.
     state_.cv.wait(lk, [&] { return !unit.reducing; });
-    if (unit.grad_windowed) {
-      if (unit.grad_slot < 0) {
-        int free_slot = -1;
-        state_.cv.wait(lk, [&] {
-          for (std::size_t i = 0; i < slots_.size(); ++i)
-            if (!slots_[i].busy) return (free_slot = static_cast<int>(i)) >= 0;
-          return false;
-        });
-        slots_[static_cast<std::size_t>(free_slot)].busy = true;
-        unit.grad_slot = free_slot;
-      }
-      g = slots_[static_cast<std::size_t>(unit.grad_slot)].grad.as<float>();
-    } else {
-      g = of(unit).grad.as<float>();
+    if (unit.grad_slot < 0) {  // the first free one of the slots it may take (UnitGrads::slots)
+      int free_slot = -1;
+      state_.cv.wait(lk, [&] {
+        for (std::size_t i : of(unit).slots)
+          if (!slots_[i].busy) return (free_slot = static_cast<int>(i)) >= 0;
+        return false;
+      });
+      slots_[static_cast<std::size_t>(free_slot)].busy = true;
+      unit.grad_slot = free_slot;
     }
+    g = slots_[static_cast<std::size_t>(unit.grad_slot)].grad;
   }
   if (!zeroed_[u]) {
     state_.kern->zero(g, unit.n * 4, StreamRole::compute);
@@ -370,8 +355,8 @@ void GradientPath::grads_done(std::size_t u) {
   float* g;
   {
     std::lock_guard<std::mutex> lk(state_.mu);
-    ZINF_CHECK(!unit.grad_windowed || unit.grad_slot >= 0);  // grads(u) came first
-    g = unit.grad_windowed ? slots_[static_cast<std::size_t>(unit.grad_slot)].grad.as<float>() : of(unit).grad.as<float>();
+    ZINF_CHECK(unit.grad_slot >= 0);  // grads(u) came first
+    g = slots_[static_cast<std::size_t>(unit.grad_slot)].grad;
     unit.reducing = true;
   }
   // The gradient is complete at this point of the compute stream: d2h waits for it before reading
@@ -415,7 +400,7 @@ void GradientPath::release(std::size_t u) {
   Unit& x = state_.units[u];
   {
     std::lock_guard<std::mutex> lk(state_.mu);
-    if (x.grad_windowed && x.grad_slot >= 0) {
+    if (x.grad_slot >= 0) {
       slots_[static_cast<std::size_t>(x.grad_slot)].busy = false;
       x.grad_slot = -1;
     }
@@ -427,31 +412,44 @@ void GradientPath::release(std::size_t u) {
 void GradientPath::drain() { worker_->drain(); }
 void GradientPath::check() { worker_->check(); }
 
-void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb) {
+void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb, EventHandle complete) {
   const StreamRole r = StreamRole::d2h;  // the Update reads device buffers: round (and accumulate) in place
+  state_.dev.wait_event(r, std::move(complete));
   void* g16 = nullptr;
   {
     std::lock_guard<std::mutex> lk(state_.mu);  // the slot stays this unit's until the job ends
-    g16 = u.grad_windowed ? slots_[static_cast<std::size_t>(u.grad_slot)].grad16.as<void>() : of(u).grad16.as<void>();
+    g16 = slots_[static_cast<std::size_t>(u.grad_slot)].grad16;
   }
-  {
-    BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
-    if (state_.layout.mixed) {
-      state_.kern->to_half(grad, g16, u.n, state_.half, r);
-      if (state_.layout.fp32_sum) state_.kern->from_half(g16, grad, u.n, state_.half, r);
+  using Action = StagePlan::DeviceAction;
+  for (Action a : state_.stages.device_actions) {
+    switch (a) {
+      case Action::gradout_fp32: {
+        BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});  // nothing to round
+        break;
+      }
+      case Action::gradout16:
+      case Action::gradout16_widen: {
+        BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
+        state_.kern->to_half(grad, g16, u.n, state_.half, r);
+        if (a == Action::gradout16_widen) state_.kern->from_half(g16, grad, u.n, state_.half, r);
+        break;
+      }
+      case Action::reduce:
+        for (std::size_t o = 0; o < u.n; o += state_.layout.bucket)
+          reduce_bucket(u, o, std::min(state_.layout.bucket, u.n - o), grad + o, true);
+        break;
+      case Action::sum: {
+        // A small unit's shard may be empty on this rank (ZeRO stage ≥ 2): nothing of it to keep.
+        if (!u.grad_range.len()) break;
+        BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
+        const float* mine = grad + u.grad_range.lo;
+        if (mb == 0)
+          state_.kern->copy(of(u).grad_sum.as<float>(), mine, u.grad_range.len() * 4, r);
+        else
+          state_.kern->add(of(u).grad_sum.as<float>(), mine, u.grad_range.len(), r);
+        break;
+      }
     }
-  }
-  if (state_.parallel())
-    for (std::size_t o = 0; o < u.n; o += state_.layout.bucket)
-      reduce_bucket(u, o, std::min(state_.layout.bucket, u.n - o), grad + o, true);
-  // A small unit's shard may be empty on this rank (ZeRO stage ≥ 2): nothing of it to keep.
-  if (state_.layout.fp32_sum && u.grad_range.len()) {
-    BusyScope busy(state_.dev, r, {"GradOut", static_cast<std::int64_t>(u.index)});
-    const float* kept = grad + u.grad_range.lo;
-    if (mb == 0)
-      state_.kern->copy(of(u).grad_sum.as<float>(), kept, u.grad_range.len() * 4, r);
-    else
-      state_.kern->add(of(u).grad_sum.as<float>(), kept, u.grad_range.len(), r);
   }
 }
 
@@ -491,7 +489,10 @@ void GradientPath::through_landing(const Unit& u, std::size_t n, const BucketFn&
   }
 }
 
-std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(Unit& u) const { return route_->update_input(u); }
+std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(const Unit& u) const {
+  if (state_.stages.input == StagePlan::Input::ring) return {stream_->input(u), state_.stages.input_type};
+  return of(u).input;
+}
 
 std::vector<std::vector<double>> GradientPath::block_sums(
     const std::function<bool(std::size_t, std::vector<double>&)>& known) {

@@ -46,7 +46,7 @@ class GradientPath {
   void check();                    // rethrows a Reduce error without waiting
 
   // The Update's input for unit u.
-  std::pair<const void*, cpu_adam::GradType> update_input(Unit& u) const;
+  std::pair<const void*, cpu_adam::GradType> update_input(const Unit& u) const;
   // Gradient streaming (gradient_stream.h): the ring and NVMe copy that replace the host gradient; null
   // without it.
   GradientStream* stream() const { return stream_.get(); }
@@ -61,8 +61,8 @@ class GradientPath {
       const std::function<bool(std::size_t, std::vector<double>&)>& known = {});
 
  private:
-  // How a unit's gradient becomes the Update's input, chosen once at construction from the layout
-  // (gradient_path.cpp): DeviceRoute (the optimizer on the device: rounded, summed and reduced in
+  // How a unit's gradient becomes the Update's input, chosen once at construction (StagePlan::route,
+  // resolve.h): DeviceRoute (the optimizer on the device: rounded, summed and reduced in
   // place on d2h), its OrderedDeviceRoute (the same, with the collectives issued from the trainer's
   // thread), AccumRoute (device_accum: summed on the device, the sum leaves once per step) and
   // HostRoute (GradOut through the landing buffers, then one of three host Reduces: a 16-bit copy, the
@@ -75,8 +75,9 @@ class GradientPath {
   class HostRoute;
   std::unique_ptr<Route> make_route();
   // The optimizer on the device, or device_accum: the rounding, Reduce and fp32 sum of unit u's
-  // gradient, enqueued on the d2h stream (the caller then waits for the stream).
-  void enqueue_on_device(Unit& u, float* grad, std::int64_t micro);
+  // gradient (StagePlan::device_actions), enqueued on the d2h stream behind `complete` (the caller
+  // then waits for the stream).
+  void enqueue_on_device(Unit& u, float* grad, std::int64_t micro, EventHandle complete);
   void release(std::size_t u);  // unit u's gradient buffer (and slot) free for the next micro batch
   void reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device);
   // device_accum: the step's fp32 sum of unit u leaves the device (bucket by bucket through the
@@ -91,21 +92,29 @@ class GradientPath {
 
   // Each unit's gradient buffers, as its layout has them (add): the model's fp32 device gradient
   // (units without a gradient slot), its 16-bit rounding and fp32 sum on the device, and the Update's
-  // input in host memory.
+  // input in host memory; `input` is the Update's input among them (StagePlan::input), with its type.
   struct UnitGrads {
     DeviceBuffer grad, grad16, grad_sum;
     HostMem host_grad;
+    std::pair<const void*, cpu_adam::GradType> input{nullptr, cpu_adam::GradType::fp32};
+    // The gradient slots (slots_) this unit's gradient may take: the one over its own buffers, or
+    // the shared gradient slots (Unit::grad_windowed), decided once in add / allocate_shared.
+    std::vector<std::size_t> slots;
   };
   std::vector<UnitGrads> of_;
   UnitGrads& of(const Unit& u) { return of_[u.index]; }
   const UnitGrads& of(const Unit& u) const { return of_[u.index]; }
 
+  // Where a micro batch's gradient of a unit lives: a unit's own buffers, or one of the shared
+  // gradient slots; taken at grads(u) and released when its GradOut/Reduce is done.
   struct GradSlot {
-    DeviceBuffer grad, grad16;  // grad16: the optimizer on the device with partitioned gradients
-    bool busy = false;          // under mu
+    float* grad = nullptr;
+    void* grad16 = nullptr;  // the 16-bit rounding (the optimizer on the device, mixed runs)
+    bool busy = false;       // under mu
   };
   EngineState& state_;
   std::vector<GradSlot> slots_;
+  std::vector<DeviceBuffer> slot_memory_;  // the shared gradient slots' buffers
   std::vector<PinnedBuffer> landing_;  // 2 × bucket × compute_bytes (× 4 bytes with device_accum: the fp32 sum)
   DeviceBuffer gradout_stage_;         // one bucket rounded to 16 bits before it leaves the device
   HostMem reduce_scratch_;             // bucket × 4: the fp32 of a landed bucket (GA > 1, several ranks)
@@ -123,7 +132,7 @@ class GradientPath {
   std::unique_ptr<Route> route_;
   std::unique_ptr<GradientStream> stream_;  // gradient streaming only
   // Where the Reduce writes unit u's Update input: its host gradient, or with streaming its ring slot.
-  char* host_input(Unit& u) const { return stream_ ? stream_->input(u) : of(u).host_grad.get(); }
+  char* host_input(const Unit& u) const { return stream_ ? stream_->input(u) : of(u).host_grad.get(); }
   Jitter jitter_;
   std::unique_ptr<HostQueue> worker_;  // last: its jobs use everything above
 };

@@ -26,6 +26,22 @@ namespace {
 using cpu_adam::StateFormat;
 using cpu_adam::StateKind;
 
+// A tier's own per-unit state: unit u's master, m and v (of buffer type B), by the unit's index.
+template <class B>
+class PerUnit {
+ public:
+  struct Buffers {
+    B master, m, v;
+  };
+  Buffers& operator()(const Unit& u) {
+    if (of_.size() <= u.index) of_.resize(u.index + 1);
+    return of_[u.index];
+  }
+
+ private:
+  std::vector<Buffers> of_;
+};
+
 // In-place state arrays (StateArray): of a range of n elements, the sub-group at element i.
 struct InPlace {
   StateFormat f;
@@ -87,15 +103,7 @@ class DeviceStates final : public OptimizerStates {
   explicit DeviceStates(EngineState& s) : state_(s) {}
 
  private:
-  // Each unit's master, m and v in device memory (this tier's own per-unit state).
-  struct Buffers {
-    DeviceBuffer master, m, v;
-  };
-  std::vector<Buffers> of_;
-  Buffers& dev(const Unit& u) {
-    if (of_.size() <= u.index) of_.resize(u.index + 1);
-    return of_[u.index];
-  }
+  PerUnit<DeviceBuffer> dev;  // each unit's master, m and v in device memory
 
  public:
   void add(Unit& u, const std::string& name, const float* master) override {
@@ -166,15 +174,7 @@ class HostStates final : public OptimizerStates {
   }
 
  private:
-  // Each unit's master, m and v in host memory (this tier's own per-unit state).
-  struct Buffers {
-    HostMem master, m, v;
-  };
-  std::vector<Buffers> of_;
-  Buffers& host(const Unit& u) {
-    if (of_.size() <= u.index) of_.resize(u.index + 1);
-    return of_[u.index];
-  }
+  PerUnit<HostMem> host;  // each unit's master, m and v in host memory
 
  public:
   void add(Unit& u, const std::string&, const float* master) override {
@@ -355,7 +355,7 @@ class NvmeStates final : public OptimizerStates {
                         .v_scale = l.v_scale(buf)},
              *d);
         },
-        state_.exact() ? -1 : 0,
+        state_.stages.swap_ahead,
         [&](std::size_t) { return decision.get().has_value(); });  // blocks only until the barrier decides
   }
   void read(Unit& u, float* master, float* m, float* v) override {
@@ -411,7 +411,7 @@ class NvmeStates final : public OptimizerStates {
              step);
           spec_.touched.push_back(order[k]);
         },
-        state_.exact() ? -1 : 0, gate);
+        state_.stages.swap_ahead, gate);
   }
   void commit() override {
     for (auto [ui, ci] : spec_.touched) current_[ui][ci] ^= 1;

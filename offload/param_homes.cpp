@@ -26,17 +26,14 @@ namespace {
 class DeviceHome : public ParamHome {
  public:
   DeviceHome(EngineState& s, UploadSlots& up) : state_(s), up_(up) {}
-  // Whether some unit's compute copy lives on the device (whose handoffs the home then claims).
-  static bool lives_here(const EngineState& s) {
-    bool here = s.layout.param == OffloadDevice::none;
-    for (const UnitLayout& u : s.layout.units) here = here || !u.windowed;
-    return here;
-  }
   void place(Unit& u, const std::string& name, const float* master) override {
     u.param = DeviceBuffer(state_.dev, state_.spec(Buffer::param, u.index, Tier::device).bytes,
-                           name + (state_.layout.mixed ? " param16" : " param"));
-    if (const BufferSpec* work = state_.find(Buffer::work, u.index))
+                           name + state_.format->param_name());
+    u.weights = u.param.as<void>();
+    if (const BufferSpec* work = state_.find(Buffer::work, u.index)) {  // the model reads these instead
       u.work = DeviceBuffer(state_.dev, work->bytes, name + " fp32 working weights");
+      u.weights = u.work.as<void>();
+    }
     rebuild(u, master);
   }
   void rebuild(Unit& u, const float* master) override {
@@ -49,12 +46,14 @@ class DeviceHome : public ParamHome {
       state_.to_compute(master + u.param_range.lo + o, copy.data(), len);
       state_.h2d_sync(static_cast<char*>(u.param.as<void>()) + o * cb, copy.data(), len * cb);
     }
-    if (state_.layout.fp32_work && !u.windowed)
+    if (u.work.size())  // a resident 16-bit unit's fp32 working weights
       state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
     state_.dev.synchronize(StreamRole::h2d);
   }
+  // The unit's landing as StagePlan::landing resolved it.
   void land_unit(Unit& u) override {
-    if (!u.windowed && !state_.layout.shard_states) {
+    const StagePlan::Landing how = state_.stages.landing[u.index];
+    if (how == StagePlan::Landing::in_stream) {
       // The whole unit is this rank's: its Uploads, then its fp32 working weights, are h2d work in
       // stream order, and the model's stream waits for the event behind them (weights()), so the
       // update worker goes on to the next unit while h2d finishes this one. The upload slots are
@@ -65,22 +64,22 @@ class DeviceHome : public ParamHome {
     }
     for (auto& e : up_.copied)
       if (e) e->wait();
-    if (u.windowed) return;  // a shard: gathered at Fetch
-    if (state_.layout.shard_states && (state_.layout.shard_params || state_.ordered_collectives)) {
-      // Stage 3 (the trainer also gathers windowed units on h2d, at Fetch), or a stream-ordered
-      // transport (the trainer issues every device collective): the trainer gathers this unit too, at
-      // its first use (finish_landing). Two threads issuing collectives on one stream would issue
-      // them in a timing-dependent order — different on each rank, which hangs stream-ordered
-      // transports.
-      u.gather_pending = true;
-      state_.dev.synchronize(StreamRole::h2d);
-      return;
-    }
-    if (state_.layout.shard_states) {         // every rank updated its part: gather the new compute copy
-      Comm& c = *state_.update_dcomm;  // a host transport: on this (the Update worker's) thread
-      BusyScope busy(state_.dev, StreamRole::h2d, {"Gather", static_cast<std::int64_t>(u.index)});
-      on_stream(c, state_.dev, StreamRole::h2d,
-                [&](void* st) { c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), state_.layout.compute_bytes, st); });
+    switch (how) {
+      case StagePlan::Landing::in_stream:
+      case StagePlan::Landing::shard: return;  // a shard: gathered at Fetch
+      case StagePlan::Landing::gather_by_trainer:
+        // The trainer gathers this unit at its first use (finish_landing), in its order of use.
+        u.gather_pending = true;
+        state_.dev.synchronize(StreamRole::h2d);
+        return;
+      case StagePlan::Landing::gather_here: {  // every rank updated its part: gather the new compute copy
+        Comm& c = *state_.update_dcomm;        // a host transport: on this (the Update worker's) thread
+        BusyScope busy(state_.dev, StreamRole::h2d, {"Gather", static_cast<std::int64_t>(u.index)});
+        on_stream(c, state_.dev, StreamRole::h2d, [&](void* st) {
+          c.allgatherv(u.param.as<void>(), u.counts_in(0, u.n), state_.layout.compute_bytes, st);
+        });
+        break;
+      }
     }
     follow_half(u);
     state_.dev.synchronize(StreamRole::h2d);
@@ -103,8 +102,7 @@ class DeviceHome : public ParamHome {
     }
     follow_half(u);
   }
-  void fetch_into(Unit& u, void* slot, PinnedBuffer&) override {
-    if (!u.windowed) throw Error("offload: a resident unit is never fetched");
+  void fetch_into(Unit& u, void* slot, PinnedBuffer&) override {  // stage-3 shards (the window's units only)
     Comm& c = *state_.fetch_dcomm;  // the shards of every rank, straight into the slot
     state_.order.run(c, state_.dev, StreamRole::h2d, [&](void* st) {
       c.allgatherv(u.param.as<void>(), slot, u.counts_in(0, u.n), state_.layout.compute_bytes, st);
@@ -116,7 +114,7 @@ class DeviceHome : public ParamHome {
     return static_cast<char*>(u.param.as<void>()) + (o - u.param_range.lo) * state_.layout.compute_bytes;
   }
   void follow_half(Unit& u) {  // 16-bit runs: the fp32 working weights follow the new 16-bit copy (h2d)
-    if (!state_.layout.fp32_work) return;
+    if (!u.work.size()) return;
     BusyScope busy(state_.dev, StreamRole::h2d, {"Upload", static_cast<std::int64_t>(u.index)});
     state_.kern->from_half(u.param.as<void>(), u.work.as<float>(), u.n, state_.half, StreamRole::h2d);
   }
@@ -129,11 +127,11 @@ class DeviceHome : public ParamHome {
 class UploadedHome final : public DeviceHome {
  public:
   UploadedHome(EngineState& s, UploadSlots& up) : DeviceHome(s, up) {
-    if (!lives_here(s)) return;  // the Upload: the slot's copied event, unit.landed on h2d
+    if (!s.stages.device_home_claims) return;  // the Upload: the slot's copied event, unit.landed on h2d
     s.claim("Update(g)", "Upload(g)", Handoff::enqueued_after);
     s.claim("Upload(g)", "Update(g)", Handoff::host_wait);
     s.claim("Upload(g)", "Forward(u)", Handoff::event);
-    if (s.layout.windows && s.layout.param == OffloadDevice::none) s.claim("Upload(g)", "Fetch(u)", Handoff::stream_order);
+    if (s.stages.upload_to_fetch) s.claim("Upload(g)", "Fetch(u)", Handoff::stream_order);
   }
   void* update_target(Unit&, std::size_t, int slot) override {
     auto k = static_cast<std::size_t>(slot);
@@ -159,7 +157,7 @@ class UploadedHome final : public DeviceHome {
 class InPlaceHome final : public DeviceHome {
  public:
   InPlaceHome(EngineState& s, UploadSlots& up) : DeviceHome(s, up) {
-    if (!lives_here(s) || !s.layout.fp32_work) return;  // the working weights at the landing, unit.landed
+    if (!s.stages.working_weights_claims) return;  // the working weights at the landing, unit.landed
     s.claim("Update(g)", "Working weights(u)", Handoff::host_wait);
     s.claim("Working weights(u)", "Forward(u)", Handoff::event);
     s.claim("Working weights(u)", "Update(g)", Handoff::event);
@@ -189,7 +187,7 @@ class PinnedHome final : public ParamHome {
   void land_chunk(Unit&, std::size_t, std::size_t, int, const EventHandle&) override {}
   void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) override {
     const void* src = u.pinned_home.data();
-    if (state_.layout.shard_params) {  // every rank's shard into the staging buffer first
+    if (state_.stages.fetch == StagePlan::Fetch::gather) {  // every rank's shard into the staging buffer first
       state_.fetch_comm->allgatherv(u.pinned_home.data(), staging.data(), u.counts_in(0, u.n), state_.layout.compute_bytes);
       src = staging.data();
     }
@@ -205,7 +203,7 @@ class NvmeHome final : public ParamHome {
   NvmeHome(EngineState& s, UploadSlots& up) : state_(s), up_(up), store_(s.config.param_store) {
     // The home's write after the Update (waiting for the device Update's event first), waited on
     // before the unit lands and before its slot is rewritten; the Fetch's read into the staging.
-    s.claim("Update(g)", "Param write(g)", s.layout.optimizer_offloaded ? Handoff::enqueued_after : Handoff::host_wait);
+    s.claim("Update(g)", "Param write(g)", s.stages.update_to_param_write);
     s.claim("Param write(g)", "Land(u)", Handoff::host_wait);
     s.claim("Param write(g)", "Update(g)", Handoff::host_wait);
     s.claim("Fetch read(u)", "Fetch(u)", Handoff::host_wait);
@@ -246,17 +244,21 @@ class NvmeHome final : public ParamHome {
     const std::size_t cb = state_.layout.compute_bytes, bytes = u.n * cb;
     char* buf = static_cast<char*>(staging.data());
     const auto id = u.nvme_param;
-    if (!state_.layout.shard_params && state_.pinned->locked()) {
-      // NVMe → pinned in h2d stream order, before the copy (its time is the store's, not the link's).
-      state_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
-    } else if (!state_.layout.shard_params) {
-      // Pageable staging (pin_memory false): a copy from it reads its source when it is made, not in
-      // stream order (CUDA stages pageable memory at once), so the read is done here, before it.
-      store_.read(id, buf, 0, bytes)->wait();
-    } else {  // this rank's shard from disk into its place, then every other rank's
-      if (u.param_range.hi > u.param_range.lo)
-        store_.read(id, buf + u.param_range.lo * cb, 0, u.param_range.len() * cb)->wait();
-      state_.fetch_comm->allgatherv(buf, u.counts_in(0, u.n), cb);
+    switch (state_.stages.fetch) {
+      case StagePlan::Fetch::in_stream:
+        // NVMe → pinned in h2d stream order, before the copy (its time is the store's, not the link's).
+        state_.dev.launch(StreamRole::h2d, [this, buf, bytes, id] { store_.read(id, buf, 0, bytes)->wait(); });
+        break;
+      case StagePlan::Fetch::read_first:
+        // Pageable staging (pin_memory false): a copy from it reads its source when it is made, not in
+        // stream order (CUDA stages pageable memory at once), so the read is done here, before it.
+        store_.read(id, buf, 0, bytes)->wait();
+        break;
+      case StagePlan::Fetch::gather:  // this rank's shard from disk into its place, then every other rank's
+        if (u.param_range.hi > u.param_range.lo)
+          store_.read(id, buf + u.param_range.lo * cb, 0, u.param_range.len() * cb)->wait();
+        state_.fetch_comm->allgatherv(buf, u.counts_in(0, u.n), cb);
+        break;
     }
     state_.dev.copy_to_device(slot, buf, bytes, StreamRole::h2d);
   }
@@ -271,17 +273,21 @@ class NvmeHome final : public ParamHome {
 }  // namespace
 
 std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up) {
-  if (s.layout.optimizer_offloaded) return std::make_unique<UploadedHome>(s, up);
-  return std::make_unique<InPlaceHome>(s, up);
+  switch (s.stages.device_home) {
+    case StagePlan::DeviceHome::uploaded: return std::make_unique<UploadedHome>(s, up);
+    case StagePlan::DeviceHome::in_place: return std::make_unique<InPlaceHome>(s, up);
+  }
+  throw Error("offload: unknown device home");
 }
 
 std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up) {
-  switch (s.layout.param) {
-    case OffloadDevice::none: return s.layout.shard_params ? make_device_home(s, up) : nullptr;
-    case OffloadDevice::cpu: return std::make_unique<PinnedHome>(s);
-    case OffloadDevice::nvme: return std::make_unique<NvmeHome>(s, up);
+  switch (s.stages.offload_home) {
+    case StagePlan::OffloadHome::none: return nullptr;
+    case StagePlan::OffloadHome::device: return make_device_home(s, up);
+    case StagePlan::OffloadHome::pinned: return std::make_unique<PinnedHome>(s);
+    case StagePlan::OffloadHome::nvme: return std::make_unique<NvmeHome>(s, up);
   }
-  throw Error("offload: unknown parameter tier");
+  throw Error("offload: unknown parameter home");
 }
 
 }  // namespace zinf::offload::detail

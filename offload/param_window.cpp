@@ -19,7 +19,11 @@ ParamWindow::ParamWindow(EngineState& s, ParamHome& home) : state_(s), home_(hom
   for (std::uint64_t i = 0; i < param.count; ++i) {
     Slot slot;
     slot.param = DeviceBuffer(s.dev, param.bytes, "param window slot " + std::to_string(i));
-    if (work) slot.work = DeviceBuffer(s.dev, work->bytes, "fp32 working weights slot " + std::to_string(i));
+    slot.weights = slot.param.as<void>();
+    if (work) {  // 16-bit runs with fp32 working weights: the model reads these
+      slot.work = DeviceBuffer(s.dev, work->bytes, "fp32 working weights slot " + std::to_string(i));
+      slot.weights = slot.work.as<void>();
+    }
     if (staging) slot.staging = s.pinned->acquire(staging->bytes);
     slots_.push_back(std::move(slot));
   }
@@ -57,29 +61,25 @@ int ParamWindow::fetch(std::size_t u) {
   {
     BusyScope busy(state_.dev, StreamRole::h2d, {"Fetch", static_cast<std::int64_t>(u)});  // home → device
     home_.fetch_into(unit, slot.param.as<void>(), slot.staging);
-    if (state_.layout.fp32_work)
+    if (slot.work.size())  // the fp32 working weights follow the fetched 16-bit copy
       state_.kern->from_half(slot.param.as<void>(), slot.work.as<float>(), unit.n, state_.half, StreamRole::h2d);
   }
   slot.ready = state_.dev.record(StreamRole::h2d);
   unit.fetched = slot.ready;
-  if (!state_.exact()) slot.ready->wait();
+  if (state_.stages.fetch_done == StagePlan::FetchDone::synchronous) slot.ready->wait();
   return best;
 }
 
+// The units StagePlan::prefetch lists for u in the pass's direction (none without overlap), nearest first.
 void ParamWindow::prefetch_after(std::size_t u, bool backward) {
-  if (!state_.exact()) return;
-  for (int k = 1; k <= state_.layout.prefetch_depth; ++k) {
-    const long next = backward ? static_cast<long>(u) - k : static_cast<long>(u) + k;
-    if (next < 0 || next >= static_cast<long>(state_.units.size())) break;
-    const auto v = static_cast<std::size_t>(next);
-    if (!state_.units[v].windowed) continue;
+  for (const std::size_t v : state_.stages.prefetch[backward ? 1 : 0][u]) {
     {
       std::unique_lock<std::mutex> lk(state_.mu);
       // Partitioned parameters: every rank must gather the same units in the same order, so the
       // prefetch waits for the landing (the Update worker sets version[v] = applied under mu once
       // v's shard is home; that is what hands the shard to this thread's gather) instead of
       // depending on its timing.
-      if (state_.layout.shard_params)
+      if (state_.stages.prefetch_wait == StagePlan::PrefetchWait::wait_landing)
         state_.cv.wait(lk, [&] { return state_.units[v].version == state_.applied || state_.update_failed; });
       if (state_.units[v].version != state_.applied) break;  // its update has not landed yet: fetch on demand
     }
@@ -102,7 +102,7 @@ const void* ParamWindow::acquire(std::size_t u, bool backward) {
   ++slot.users;
   slot.last_use = ++tick_;
   prefetch_after(u, backward);
-  return state_.layout.fp32_work ? slot.work.as<void>() : slot.param.as<void>();
+  return slot.weights;
 }
 
 void ParamWindow::release(std::size_t u) {

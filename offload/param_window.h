@@ -27,6 +27,7 @@ class ParamWindow {
  private:
   struct Slot {
     DeviceBuffer param, work;
+    const void* weights = nullptr;  // what the model reads: the fp32 working weights, or the compute copy
     PinnedBuffer staging;  // offload_param nvme: the read's target before the h2d copy
     int unit = -1;
     std::int64_t version = -1;

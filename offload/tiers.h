@@ -111,7 +111,8 @@ class ParamHome {
   virtual void fetch_into(Unit& u, void* slot, PinnedBuffer& staging) = 0;
   virtual nvme::TensorStore* store() { return nullptr; }
 };
-// The home of resident units, and the home of windowed units for the configured offload_param.
+// The home of resident units (StagePlan::device_home), and the home of windowed units
+// (StagePlan::offload_home).
 std::unique_ptr<ParamHome> make_device_home(EngineState& s, UploadSlots& up);
 // Null without offload_param, unless the parameters are partitioned (ZeRO stage 3 with several ranks).
 std::unique_ptr<ParamHome> make_offload_home(EngineState& s, UploadSlots& up);

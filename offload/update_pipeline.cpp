@@ -291,7 +291,7 @@ EventHandle UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len
   ch.m_scale = states.m_scale;
   ch.v_scale = states.v_scale;
   ch.states = state_.layout.states;
-  ch.param16 = state_.layout.mixed ? param_out : nullptr;
+  ch.param16 = state_.format->update_half(param_out);
   ch.param16_type = state_.half;
   const auto t0 = Clock::now();
   EventHandle written = updater_->update(st, ch, param_out);
@@ -299,7 +299,7 @@ EventHandle UpdatePipeline::update_chunk(Unit& u, std::size_t o, std::size_t len
   return written;
 }
 
-// ---- the Updaters: where a sub-group's Update runs, chosen once from the optimizer's tier ----------------
+// ---- the Updaters: where a sub-group's Update runs, chosen once (StagePlan::updater) ---------------------
 
 namespace {
 
@@ -341,14 +341,17 @@ class DeviceUpdater : public Updater {
 }  // namespace
 
 std::unique_ptr<Updater> make_updater(EngineState& s) {
-  if (s.layout.optimizer_offloaded) {
-    s.claim("Norm", "Update(g)", Handoff::host_wait);          // the decision's future
-    s.claim("Update(g)", "Land(u)", Handoff::stream_order);    // the worker updates, then lands
-    return std::make_unique<HostUpdater>(s);
+  switch (s.stages.updater) {
+    case StagePlan::Updater::host:
+      s.claim("Norm", "Update(g)", Handoff::host_wait);        // the decision's future
+      s.claim("Update(g)", "Land(u)", Handoff::stream_order);  // the worker updates, then lands
+      return std::make_unique<HostUpdater>(s);
+    case StagePlan::Updater::device:
+      s.claim("Norm", "Update(g)", Handoff::enqueued_after);  // the worker takes the decision, then enqueues
+      s.claim("Update(g)", "Land(u)", Handoff::host_wait);    // the unit's last event, waited on before it lands
+      return std::make_unique<DeviceUpdater>(s);
   }
-  s.claim("Norm", "Update(g)", Handoff::enqueued_after);  // the worker takes the decision, then enqueues
-  s.claim("Update(g)", "Land(u)", Handoff::host_wait);    // the unit's last event, waited on before it lands
-  return std::make_unique<DeviceUpdater>(s);
+  throw Error("offload: unknown Update placement");
 }
 
 void UpdatePipeline::land(std::size_t ui) {

@@ -37,6 +37,7 @@ struct UnitLayout {
 
 struct Layout {
   bool pin_memory = true;           // PlanInput::pin_memory (the plan's columns only; the specs keep Tier::pinned)
+  Tier pool_tier = Tier::pinned;    // where the staging pool's pages count: pinned, or host memory without pin_memory
   Precision precision = Precision::fp16;  // PlanInput::precision
   bool mixed = false;               // fp16/bf16: the compute copy is 16-bit
   std::uint64_t compute_bytes = 4;  // bytes per element of the compute copy

@@ -97,6 +97,13 @@ void unit_param_and_grads(const Layout& layout, std::size_t i, const std::functi
   if (!layout.optimizer_offloaded) {
     if (!u.grad_windowed && layout.mixed) fn(spec(Buffer::grad16, Tier::device, u.n * 2, PlanRow::grad16, i));
     if (layout.fp32_sum) fn(spec(Buffer::grad_sum, Tier::device, kept * 4, PlanRow::grad32, i));
+  } else if (layout.streaming) {  // the Update's input on NVMe; in host memory only in the ring (staging)
+    fn(spec(Buffer::nvme_grad, Tier::nvme, kept * layout.stream_grad_bytes,
+            layout.stream_grad_bytes == 4 ? PlanRow::grad32 : PlanRow::grad16, i));
+    if (layout.device_accum) {
+      if (!u.grad_windowed && layout.mixed) fn(spec(Buffer::grad16, Tier::device, u.n * 2, PlanRow::grad16, i));
+      fn(spec(Buffer::grad_sum, Tier::device, kept * 4, PlanRow::grad32, i));
+    }
   } else if (layout.fp32_sum || !layout.mixed) {
     if (layout.device_accum) {  // the micro batches' sum on the device (rounded to 16 bits first, as GradOut does)
       if (!u.grad_windowed && layout.mixed) fn(spec(Buffer::grad16, Tier::device, u.n * 2, PlanRow::grad16, i));
@@ -170,6 +177,12 @@ void staging(const Layout& layout, const std::function<void(const BufferSpec&)>&
   if (layout.backup_subgroups)
     fn(spec(Buffer::speculation_backup, Tier::host, detail::SubGroupLayout::bytes_for(layout.sub_group, layout.states),
             PlanRow::speculation_backup, kShared, layout.backup_subgroups));
+  if (layout.streaming) {  // one unit's gradient each (the largest unit's this rank keeps)
+    std::uint64_t kept = 0;
+    for (const auto& u : layout.units) kept = std::max(kept, u.grad_range.len());
+    fn(spec(Buffer::grad_ring, Tier::pinned, kept * layout.stream_grad_bytes, PlanRow::grad_ring, kShared,
+            layout.stream_slots));
+  }
   if (layout.parallel)
     fn(spec(Buffer::comm_receive, layout.optimizer_offloaded ? Tier::host : Tier::device, layout.comm_scratch * 4,
             PlanRow::comm_receive));
@@ -216,6 +229,14 @@ Layout make_layout(const PlanInput& in) {
   layout.checkpoint_device = in.checkpoint_device;
   layout.checkpoint_pinned = in.checkpoint_pinned;
   lay_out_units(in, layout);
+  // Streaming hands each unit's gradient straight to the speculative Update when there is one (the
+  // config reader turns it on with streaming unless told not to); without it, the Update reads every
+  // gradient back from NVMe.
+  layout.streaming = in.gradient_streaming;
+  if (layout.streaming) {
+    layout.stream_slots = 2;
+    layout.stream_grad_bytes = layout.fp32_sum || !layout.mixed ? 4 : 2;
+  }
   layout.speculative = in.speculative && layout.exact && layout.optimizer_offloaded;
   if (layout.speculative && layout.optimizer == OffloadDevice::cpu) {
     std::uint64_t all = 0;  // the sub-groups this rank keeps

@@ -18,6 +18,7 @@ const char* resource_name(Resource r) {
     case Resource::update_worker: return "Update worker";
     case Resource::nvme_optimizer: return "NVMe queue (optimizer states)";
     case Resource::nvme_param: return "NVMe queue (parameters)";
+    case Resource::nvme_gradient: return "NVMe queue (gradients)";
   }
   return "?";
 }
@@ -93,6 +94,7 @@ StepGraph step_graph(const Layout& l) {
     p << ", overlap " << (l.exact ? "exact" : "none");
     if (l.device_accum) p << ", gradients summed on the device";
     if (l.speculative) p << ", speculative Update";
+    if (l.streaming) p << ", gradients streamed";
     b.g.placement = p.str();
   }
   const bool device_update = !l.optimizer_offloaded;
@@ -148,6 +150,8 @@ StepGraph step_graph(const Layout& l) {
                                               : "bucket by bucket: the fp32 gradient → a pinned landing buffer");
     reduce = b.node("Reduce(u)", Resource::reduce_worker,
                     l.parallel ? "landing → fp32, reduced across ranks, summed over micro batches into this rank's part"
+                    : l.streaming ? (l.device_accum ? "landing → the fp32 sum into a grad ring slot (pinned)"
+                                                    : "landing → the Update's input into a grad ring slot (pinned)")
                     : l.fp32_sum ? "landing → += the fp32 sum of micro batches (host)"
                     : l.mixed    ? "landing → the Update's 16-bit input (host)"
                                  : "landing → the Update's fp32 input (host)");
@@ -182,10 +186,30 @@ StepGraph step_graph(const Layout& l) {
     b.edge(gradout, update, "device gradient (16-bit or fp32 sum)", Handoff::stream_order,
            "the d2h queue: the Update is enqueued behind the rounding");
   else if (l.speculative)
-    b.edge(reduce, update, "host gradient", Handoff::version,
+    b.edge(reduce, update, l.streaming ? "grad ring slot (pinned)" : "host gradient", Handoff::version,
            "Unit::reduced under mu (the speculative Update's gate)");
   else
     b.edge(reduce, update, "host gradient", Handoff::host_wait, "the Reduce worker drained at step()");
+  if (l.streaming) {  // gradient streaming (GradientStream, offload/gradient_stream.h)
+    const int gw = b.node("GradWrite(u)", Resource::nvme_gradient, "unit u's gradient, its ring slot → NVMe");
+    const int gr = b.node("GradRead(u)", Resource::nvme_gradient,
+                          l.speculative ? "unit u's gradient, NVMe → a ring slot, for a sub-group the speculation did not update"
+                                        : "unit u's gradient, NVMe → a ring slot, for the Update after the barrier");
+    b.edge(reduce, gw, "grad ring slot (pinned)", Handoff::enqueued_after,
+           "the Reduce worker fills the slot, then issues the write (GradientStream::written)");
+    b.edge(gw, reduce, "grad ring slot, reuse", Handoff::host_wait,
+           "the write's handle, waited on by the Reduce worker before it sets Unit::reduced", "the slot's next unit");
+    b.edge(gw, gr, "NVMe gradient", Handoff::host_wait,
+           "the Reduce worker waited for the write; the barrier drains it before any read back");
+    b.edge(gr, update, "grad ring slot (read back)", Handoff::host_wait,
+           "the read's handle, waited on by the update worker (GradientStream::input)");
+    b.edge(update, gr, "grad ring slot (read back), reuse", Handoff::enqueued_after,
+           "the update worker reads the next unit back after its Update of this one", "u + 1");
+    b.edge(update, reduce, "grad ring slot, reuse", Handoff::version,
+           "the slot's holder cleared under mu when the speculation is done with its unit or stops (slot 0 read "
+           "back: the next step's backward follows every landing); the Reduce waits for a free one",
+           "the slot's next unit");
+  }
   int swap_in = -1, swap_out = -1;
   if (l.optimizer == OffloadDevice::nvme) {
     swap_in = b.node("SwapIn(g)", Resource::nvme_optimizer, "master | m | v of sub-group g, NVMe → a swapper buffer");
@@ -326,7 +350,7 @@ std::string to_dot(const StepGraph& g) {
   std::ostringstream o;
   o << "digraph step {\n  label=" << quote(g.placement) << ";\n  rankdir=LR;\n  node [shape=box];\n";
   // One cluster per resource: its nodes run in one queue's order.
-  for (int r = 0; r <= static_cast<int>(Resource::nvme_param); ++r) {
+  for (int r = 0; r <= static_cast<int>(Resource::nvme_gradient); ++r) {
     bool any = false;
     for (const auto& n : g.nodes) any = any || static_cast<int>(n.resource) == r;
     if (!any) continue;

@@ -65,6 +65,11 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   ZINF_CHECK(in.stage >= 0 && in.stage <= 3);
   // The plan's ranks are the communicators' (one rank without them).
   ZINF_CHECK(in.world == (cfg.comm ? cfg.comm->size() : 1) && in.rank == (cfg.comm ? cfg.comm->rank() : 0));
+  if (in.gradient_streaming) {  // before anything is allocated
+    const std::string why = gradient_streaming_refusal(in.optimizer, in.overlap == Overlap::exact, in.world,
+                                                       in.grad_accum, in.device_grad_accum);
+    if (!why.empty()) throw Error("offload engine: gradient_streaming " + why);
+  }
   impl_ = std::make_unique<Impl>(cfg, dev);
   Impl& impl = *impl_;
   EngineState& s = impl.s;
@@ -104,7 +109,8 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   // Without pin_memory the staging pool's pages are pageable host memory, as the plan counts them.
   impl.held[static_cast<int>(s.layout.pool_tier)] += s.pinned->in_use();
   impl.held[static_cast<int>(Tier::host)] += s.host_bytes;
-  for (nvme::TensorStore* st : {impl.states->store(), impl.offloaded ? impl.offloaded->store() : nullptr})
+  for (nvme::TensorStore* st : {impl.states->store(), impl.offloaded ? impl.offloaded->store() : nullptr,
+                                impl.grads->stream() ? &impl.grads->stream()->store() : nullptr})
     if (st) impl.stores.push_back(st);
   for (nvme::TensorStore* st : impl.stores) impl.held[static_cast<int>(Tier::nvme)] += st->reserved();
 }

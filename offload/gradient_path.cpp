@@ -153,7 +153,7 @@ class GradientPath::HostRoute : public HostInput {
   // GA 1, one rank: the landed gradient is the Update's input as it is.
   void copy(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land, std::int64_t) {
     const std::size_t cb = s_.layout.compute_bytes;
-    std::memcpy(p_.of(u).host_grad.get() + o * cb, land.data(), len * cb);
+    std::memcpy(p_.host_input(u) + o * cb, land.data(), len * cb);
   }
   // One rank, GA > 1: straight into the fp32 sum (the whole unit is kept).
   void sum_one_rank(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land, std::int64_t micro) {
@@ -204,6 +204,7 @@ GradientPath::GradientPath(EngineState& s) : state_(s), jitter_(s.dev.jitter(), 
     state_.name_thread("Reduce worker");
   };
   route_ = make_route();
+  if (s.layout.streaming) stream_ = std::make_unique<GradientStream>(s);
   worker_ = std::make_unique<HostQueue>(s.exact(), [this] { jitter_.delay(); }, on_start);
 }
 
@@ -224,6 +225,7 @@ void GradientPath::add(Unit& u, const std::string& name) {
     of(u).grad_sum = DeviceBuffer(state_.dev, b->bytes, name + " grad32");
   if (const BufferSpec* b = state_.find(Buffer::host_grad, u.index))
     of(u).host_grad = state_.alloc_host(b->bytes);  // the reduced gradient this rank keeps
+  if (stream_) stream_->add(u, name);
   // The Update's input, as the placement has it (StagePlan::input).
   const void* in = nullptr;
   switch (state_.stages.input) {
@@ -231,6 +233,7 @@ void GradientPath::add(Unit& u, const std::string& name) {
     case StagePlan::Input::grad16: in = of(u).grad16.as<void>(); break;
     case StagePlan::Input::grad_sum: in = of(u).grad_sum.as<void>(); break;
     case StagePlan::Input::host_grad: in = of(u).host_grad.get(); break;
+    case StagePlan::Input::ring: break;  // a ring slot, or read back: GradientStream::input
   }
   of(u).input = {in, state_.stages.input_type};
 }
@@ -260,6 +263,7 @@ void GradientPath::allocate_shared() {
   if (const BufferSpec* b = state_.find(Buffer::grad_out_staging))
     gradout_stage_ = DeviceBuffer(state_.dev, b->bytes, "grad out staging");
   if (const BufferSpec* b = state_.find(Buffer::reduce_scratch)) reduce_scratch_ = state_.alloc_host(b->bytes);
+  if (stream_) stream_->allocate();
 }
 
 void GradientPath::allocate_comm_scratch() {
@@ -368,6 +372,8 @@ void GradientPath::grads_done(std::size_t u) {
   }
   const std::uint64_t step = step_;
   auto job = [this, u, g, mb, step, complete = std::move(complete)]() mutable {
+    const bool last = mb + 1 == state_.layout.grad_accum;
+    if (last && stream_) stream_->acquire(state_.units[u]);  // the ring slot the Reduce writes into
     {
       struct Release {  // also on an exception, so nobody waits forever on the buffer
         GradientPath& p;
@@ -376,11 +382,13 @@ void GradientPath::grads_done(std::size_t u) {
       } release{*this, u};
       route_->on_worker(state_.units[u], g, mb, std::move(complete));
     }  // the device gradient (and its slot) is free again: the backward may go on while the host sums
-    if (mb + 1 == state_.layout.grad_accum) {
+    if (last) {
+      if (stream_) stream_->written(state_.units[u]);  // the NVMe copy, before the unit is reduced
       route_->norm_part(state_.units[u], step);
       {
         std::lock_guard<std::mutex> lk(state_.mu);
         state_.units[u].reduced = true;
+        if (stream_) stream_->reduced_locked(state_.units[u]);
       }
       state_.cv.notify_all();
     }
@@ -452,7 +460,7 @@ void GradientPath::grad_out_sum(Unit& u) {
         state_.dev.copy_to_host(land.data(), of(u).grad_sum.as<float>() + o, len * 4, StreamRole::d2h);
       },
       [&](std::size_t o, std::size_t len, PinnedBuffer& land) {
-        std::memcpy(reinterpret_cast<float*>(of(u).host_grad.get()) + o, land.data(), len * 4);
+        std::memcpy(reinterpret_cast<float*>(host_input(u)) + o, land.data(), len * 4);
       });
 }
 
@@ -481,7 +489,10 @@ void GradientPath::through_landing(const Unit& u, std::size_t n, const BucketFn&
   }
 }
 
-std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(const Unit& u) const { return of(u).input; }
+std::pair<const void*, cpu_adam::GradType> GradientPath::update_input(const Unit& u) const {
+  if (state_.stages.input == StagePlan::Input::ring) return {stream_->input(u), state_.stages.input_type};
+  return of(u).input;
+}
 
 std::vector<std::vector<double>> GradientPath::block_sums(
     const std::function<bool(std::size_t, std::vector<double>&)>& known) {

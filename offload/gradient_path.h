@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engine_state.h"
+#include "gradient_stream.h"
 #include "zinf/jitter.h"
 #include "zinf/serial_worker.h"
 
@@ -46,6 +47,9 @@ class GradientPath {
 
   // The Update's input for unit u.
   std::pair<const void*, cpu_adam::GradType> update_input(const Unit& u) const;
+  // Gradient streaming (gradient_stream.h): the ring and NVMe copy that replace the host gradient; null
+  // without it.
+  GradientStream* stream() const { return stream_.get(); }
   // Every unit's 64 Ki-block sums of squares of its kept range, units in order (the norm's parts;
   // synchronous, one wait for the device for all units). Added in block order they are the unit's
   // sum of squares; with partitioned gradients the ranks' blocks are gathered first.
@@ -126,6 +130,9 @@ class GradientPath {
   std::uint64_t step_ = 1;
   std::int64_t micro_ = 0;
   std::unique_ptr<Route> route_;
+  std::unique_ptr<GradientStream> stream_;  // gradient streaming only
+  // Where the Reduce writes unit u's Update input: its host gradient, or with streaming its ring slot.
+  char* host_input(const Unit& u) const { return stream_ ? stream_->input(u) : of(u).host_grad.get(); }
   Jitter jitter_;
   std::unique_ptr<HostQueue> worker_;  // last: its jobs use everything above
 };

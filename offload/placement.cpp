@@ -85,6 +85,10 @@ RowSums empty_rows(const Layout& layout) {
        "",
        {},
        std::to_string(layout.backup_subgroups) + " x sub-group master|m|v: the speculative Update's rollback"},
+      {"grad ring",
+       "",
+       {},
+       std::to_string(layout.stream_slots) + " x largest unit's gradient: streamed to the Update (its NVMe copy: grad row)"},
       {"token batches", "", {}, "2 slots x tokens and targets (int32), pinned staging and device copies"},
   }}};
 }

@@ -32,14 +32,15 @@ StagePlan resolve_stages(const Layout& l, const EngineConfig& cfg) {
   if (l.fp32_sum) p.device_actions.push_back(P::DeviceAction::sum);
   p.reduced = l.shard_grads ? P::Reduced::own_part : P::Reduced::whole;
   if (l.optimizer_offloaded) {  // the host's Update reads host memory: the fp32 sum, or the landed gradient
-    p.input = P::Input::host_grad;
+    p.input = l.streaming ? P::Input::ring : P::Input::host_grad;
     p.input_type = l.fp32_sum || !l.mixed ? cpu_adam::GradType::fp32 : half;
   } else if (l.fp32_sum) {
     p.input = P::Input::grad_sum;
   } else if (l.mixed) {
     p.input = P::Input::grad16, p.input_type = half;
   }
-  p.host_norm = l.speculative ? P::HostNorm::barrier : P::HostNorm::reduce_worker;
+  // (Streaming: the Reduce worker sums the ring slot, which is freed before the barrier.)
+  p.host_norm = l.speculative && !l.streaming ? P::HostNorm::barrier : P::HostNorm::reduce_worker;
   // The speculative Update's gate waits for Unit::reduced; otherwise the barrier's drain.
   p.reduce_to_update = l.speculative ? Handoff::version : Handoff::host_wait;
 

@@ -37,7 +37,8 @@ struct StagePlan {
   // reduce-scatter), or this rank's part only (partitioned gradients).
   enum class Reduced { whole, own_part } reduced = Reduced::whole;
   // The Update's input: which of a unit's gradient buffers, and its type.
-  enum class Input { grad, grad16, grad_sum, host_grad } input = Input::grad;
+  // ring: gradient streaming's ring slot of the unit, or its gradient read back from NVMe (gradient_stream.h).
+  enum class Input { grad, grad16, grad_sum, host_grad, ring } input = Input::grad;
   cpu_adam::GradType input_type = cpu_adam::GradType::fp32;
   // Who sums a host input's norm parts: the Reduce worker as each unit's last micro batch is in, or
   // the barrier (and the speculative Update, which sums them itself).

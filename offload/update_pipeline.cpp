@@ -46,6 +46,7 @@ void UpdatePipeline::speculate(const cpu_adam::AdamStep& assumed, double loss_sc
   verdict_ = std::make_unique<std::promise<Verdict>>();
   auto fut = verdict_->get_future().share();
   const std::uint64_t gen = ++generation_;
+  if (GradientStream* gs = grads_.stream()) gs->open(gen);  // the Reduce keeps each unit's ring slot for this walk
   worker_->push([this, assumed, loss_scale, clip, gen, fut] { run_speculative(assumed, loss_scale, clip, gen, fut); });
 }
 
@@ -156,6 +157,14 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
   double sumsq = 0;  // this rank's gradient so far, loss-scaled, units in the order reduced
   bool stop = false;
   int k = 0;  // alternates the two upload slots
+  GradientStream* const stream = grads_.stream();
+  struct Close {  // however the walk ends, the ring's slots go back to the Reduce
+    GradientStream* g;
+    std::uint64_t gen;
+    ~Close() {
+      if (g) g->close(gen);
+    }
+  } close{stream, gen};
   // Each sub-group waits until its unit's last Reduce has finished (the host gradient is handed over
   // by mu, see Unit::reduced); nothing of the backward reads the states or the home it rewrites then.
   auto gate = [&](std::size_t i) {
@@ -164,8 +173,15 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
     if (stop) return false;
     {
       std::unique_lock<std::mutex> lk(state_.mu);
-      state_.cv.wait(lk, [&] { return u.reduced || decided_ >= gen; });
+      state_.cv.wait(lk, [&] { return u.reduced || decided_ >= gen || (stream && stream->blocked_locked(u)); });
       if (decided_ >= gen) return false;  // the rest waits for the decision's walk
+      if (stream && !stream->held_locked(u)) {  // its gradient will not come through the ring: stop here
+        stop = true;
+        stream->close_locked(gen);
+        lk.unlock();
+        state_.cv.notify_all();
+        return false;
+      }
     }
     if (!summed[ui]) {
       summed[ui] = 1;
@@ -199,7 +215,10 @@ void UpdatePipeline::run_speculative(const cpu_adam::AdamStep& assumed, double l
                         const cpu_adam::AdamStep& st) {
                       update_and_upload(state_.units[ui], o, len, states, st, k++ % 2);
                       ++speculated_;
+                      // the unit's last sub-group: its ring slot goes back to the Reduce
+                      if (stream && o + len == state_.units[ui].state_range.hi) stream->consumed(state_.units[ui]);
                     });
+  if (stream) stream->close(gen);  // the rest reads its gradients back from NVMe
   const Verdict v = verdict.get();
   auto walk = [&](const cpu_adam::AdamStep& st) {
     std::promise<Decision> p;

@@ -31,7 +31,7 @@ struct Case {
 // Every placement the engine runs: optimizer and parameters on each tier, each precision with the
 // reference and the fast kernels, one and three ranks at each ZeRO stage, accumulation 1 and 2, both
 // overlap modes, gradients summed on the device, the speculative Update, activation checkpoints in
-// host memory.
+// host memory, gradient streaming.
 std::vector<Case> every_placement() {
   std::vector<Case> out;
   for (auto opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
@@ -42,13 +42,17 @@ std::vector<Case> every_placement() {
             for (int stage : {0, 1, 2, 3})
               for (std::int64_t ga : {1, 2})
                 for (Overlap ov : {Overlap::exact, Overlap::none})
-                  for (int extra = 0; extra < 3; ++extra) {
+                  for (int extra = 0; extra < 5; ++extra) {
                     if (world == 1 && stage > 0) continue;
+                    // gradient streaming, where it applies (the optimizer on NVMe, one rank, exact)
+                    if (extra >= 3 && (opt != OffloadDevice::nvme || world > 1 || ov != Overlap::exact)) continue;
                     PlanInput in = base();
                     in.optimizer = opt, in.param = param, in.precision = prec, in.fp32_work = fp32_work;
                     in.world = world, in.rank = world - 1, in.stage = stage, in.grad_accum = ga, in.overlap = ov;
                     in.device_grad_accum = extra == 1;
-                    in.speculative = extra == 2;
+                    in.speculative = extra == 2 || extra == 4;
+                    in.gradient_streaming = extra >= 3;  // with and without the speculative Update
+                    if (extra >= 3) in.device_grad_accum = ga > 1;
                     in.checkpoint_pinned = extra == 2 ? 1 << 20 : 0;
                     out.push_back({in, std::string(to_string(opt)) + "/" + std::string(to_string(param)) + " " +
                                            std::string(to_string(prec)) + (fp32_work ? " work" : "") + " world " +
@@ -95,7 +99,7 @@ TEST(Dataflow, EveryEdgeBetweenTwoQueuesHasAHandoffInEveryPlacement) {
           << g.nodes[i].name;
     ++graphs;
   }
-  EXPECT_EQ(graphs, 3 * 3 * 2 * 2 * (1 + 4) * 2 * 2 * 3);
+  EXPECT_EQ(graphs, 3 * 3 * 2 * 2 * (1 + 4) * 2 * 2 * 3 + 2 * 3 * 2 * 2 * 2);  // + streaming: optimizer nvme, one rank, exact
   EXPECT_GT(crossing, 0);
 }
 

@@ -25,6 +25,7 @@
 #include "io/json_keys.h"
 #include "model/shape.h"
 #include "zinf/error.h"
+#include "zinf/gradient_streaming.h"
 
 namespace zinf {
 namespace {
@@ -712,6 +713,17 @@ void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const Depreca
                                            "): with several, every micro batch's gradients are reduced across ranks");
   if (oo.device_grad_accumulation && ga == 1)
     o.notes()->push_back(o.join("device_grad_accumulation") + ": no effect with gradient_accumulation_steps 1");
+  // zinf: gradient streaming (docs/offload-engine.md): the host keeps no whole gradient.
+  oo.gradient_streaming = o.get_bool("gradient_streaming", false);
+  if (oo.gradient_streaming) {
+    const std::string why = gradient_streaming_refusal(oo.device, !overlap_none, world, ga,
+                                                                oo.device_grad_accumulation);
+    if (!why.empty()) o.fail("gradient_streaming", why);
+    // Each unit's gradient goes to the speculative Update as it is reduced: on unless the config says
+    // `speculative: false` (then the Update reads every gradient back from NVMe after the barrier,
+    // without the speculation's second NVMe slot of the states).
+    if (!o.present("speculative")) oo.speculative = true;
+  }
   o.only_default("ratio", 1.0,
                  "partial offload (Twin-Flow ratio < 1) is not supported; zinf "
                  "updates every sub-group on the host");

@@ -54,6 +54,7 @@ offload::PlanInput plan_input(const Config& c, const ModelShape& shape, int worl
   in.speculative = c.zero.offload_optimizer.speculative;
   in.speculative_backup = c.zero.offload_optimizer.speculative_backup_size;
   in.device_grad_accum = c.zero.offload_optimizer.device_grad_accumulation;
+  in.gradient_streaming = c.zero.offload_optimizer.gradient_streaming;
   in.prefetch_depth = prefetch_depth(c, shape);
   in.world = world;
   in.rank = rank;

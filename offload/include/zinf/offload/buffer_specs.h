@@ -73,6 +73,11 @@ struct Layout {
   // sub-group tensors hold two slots; host memory backs up at most `backup_subgroups` sub-groups.
   bool speculative = false;
   std::uint64_t backup_subgroups = 0;
+  // Gradient streaming (PlanInput::gradient_streaming; with or without `speculative`): no host gradient, a ring
+  // of `stream_slots` pinned buffers of the largest unit's gradient, and each unit's gradient on NVMe,
+  // `stream_grad_bytes` bytes per element (2: the 16-bit gradient at GA 1; 4: the fp32 sum, or fp32).
+  bool streaming = false;
+  std::uint64_t stream_slots = 0, stream_grad_bytes = 0;
   std::uint64_t checkpoint_device = 0, checkpoint_pinned = 0;  // activation checkpoints (PlanInput)
   std::vector<UnitLayout> units;
 };
@@ -90,6 +95,7 @@ enum class Buffer {
   grad16,     // its 16-bit rounding on the device: the device Update's input
   grad_sum,   // the fp32 sum of micro batches (and ranks) on the device
   host_grad,  // the Update's input in host memory: the fp32 sum, or the landed 16-bit gradient
+  nvme_grad,  // gradient streaming: the Update's input of the unit on NVMe (read back for a second pass)
   master,
   adam_m,
   adam_v,              // optimizer states on the device or in host memory (m, v: the state format, then
@@ -113,6 +119,7 @@ enum class Buffer {
   reduce_scratch,    // the fp32 of one landed bucket (host)
   comm_receive,      // every rank's part of a bucket, received for the cross-rank reduction
   speculation_backup,  // host memory: the old master | m | v of speculatively updated sub-groups, one each
+  grad_ring,         // gradient streaming: pinned buffers of one unit's reduced gradient each
   token_staging,     // the training loop's pinned token and target staging, two slots (the caller's)
   token_slot,        // their device copies, two slots (the caller's)
 };
@@ -140,6 +147,7 @@ enum class PlanRow {
   reduce_scratch,
   comm_receive,
   speculation_backup,
+  grad_ring,
   token_batches,
 };
 constexpr int kPlanRows = static_cast<int>(PlanRow::token_batches) + 1;

@@ -34,6 +34,7 @@ enum class Resource {
   update_worker,  // the engine's Update worker (host): the host Update, landings
   nvme_optimizer, // the optimizer store's queue: SwapIn, SwapOut
   nvme_param,     // the parameter store's queue: the NVMe read of a Fetch, the home's write
+  nvme_gradient,  // gradient streaming: the gradient store's queue (each unit's gradient written, read back)
 };
 const char* resource_name(Resource r);
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "zinf/cpu_adam/adam.h"
+#include "zinf/gradient_streaming.h"
 #include "zinf/types.h"
 
 namespace zinf::offload {
@@ -83,6 +84,12 @@ struct PlanInput {
   bool speculative = false;
   std::int64_t speculative_backup = 0;
   bool device_grad_accum = false;  // EngineConfig::device_grad_accum
+  // Gradient streaming (docs/offload-engine.md, "Streaming gradients"): the host holds no model-sized
+  // gradient; each unit's reduced gradient passes through a ring of pinned buffers to the speculative
+  // Update (with `speculative`; the config reader turns it on with streaming unless told not to) and is
+  // written to NVMe, from where the Update after the barrier reads what it still needs. Needs the optimizer on NVMe,
+  // overlap exact, one rank and, with GA > 1, device_grad_accum (streaming_refusal says why not).
+  bool gradient_streaming = false;
   // DeepSpeed's pin_memory: false leaves every staging buffer pageable (the pools allocate plain host
   // memory), so the plan counts what would be pinned in the host column (Plan::pinned_pool still
   // sizes the staging pool).

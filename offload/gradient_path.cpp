@@ -374,17 +374,24 @@ void GradientPath::grads_done(std::size_t u) {
   auto job = [this, u, g, mb, step, complete = std::move(complete)]() mutable {
     const bool last = mb + 1 == state_.layout.grad_accum;
     if (last && stream_) stream_->acquire(state_.units[u]);  // the ring slot the Reduce writes into
-    {
-      struct Release {  // also on an exception, so nobody waits forever on the buffer
-        GradientPath& p;
-        std::size_t u;
-        ~Release() { p.release(u); }
-      } release{*this, u};
-      route_->on_worker(state_.units[u], g, mb, std::move(complete));
-    }  // the device gradient (and its slot) is free again: the backward may go on while the host sums
+    try {
+      {
+        struct Release {  // also on an exception, so nobody waits forever on the buffer
+          GradientPath& p;
+          std::size_t u;
+          ~Release() { p.release(u); }
+        } release{*this, u};
+        route_->on_worker(state_.units[u], g, mb, std::move(complete));
+      }  // the device gradient (and its slot) is free again: the backward may go on while the host sums
+      if (last) {
+        if (stream_) stream_->written(state_.units[u]);  // the NVMe copy, before the unit is reduced
+        route_->norm_part(state_.units[u], step);
+      }
+    } catch (...) {
+      if (last && stream_) stream_->failed(state_.units[u]);  // its ring slot, and the speculation's wait
+      throw;
+    }
     if (last) {
-      if (stream_) stream_->written(state_.units[u]);  // the NVMe copy, before the unit is reduced
-      route_->norm_part(state_.units[u], step);
       {
         std::lock_guard<std::mutex> lk(state_.mu);
         state_.units[u].reduced = true;

@@ -12,7 +12,7 @@ nvme::StoreOptions gradient_store(const EngineState& s) {
 }
 }  // namespace
 
-GradientStream::GradientStream(EngineState& s) : s_(s), store_(gradient_store(s)) {
+GradientStream::GradientStream(EngineState& s) : s_(s), store_(gradient_store(s), s.config.gradient_faults) {
   // The handoffs of the step graph this stage makes (dataflow.cpp, "gradient streaming").
   s.claim("Reduce(u)", "GradWrite(u)", Handoff::enqueued_after);  // written(): the slot is full, then the write
   s.claim("GradWrite(u)", "Reduce(u)", Handoff::host_wait);       // written() waits for the write's handle
@@ -123,6 +123,19 @@ void GradientStream::close_locked(std::uint64_t gen) {
   // frees it (the ring is closed for it then).
   for (Holder& h : holder_)
     if (h.unit >= 0 && h.gen == gen && h.filled) h = Holder{};
+}
+
+void GradientStream::failed(const Unit& u) {
+  {
+    std::lock_guard<std::mutex> lk(s_.mu);
+    const int k = slot_of_locked(u);
+    if (k >= 0) {
+      const std::uint64_t gen = holder_[static_cast<std::size_t>(k)].gen;
+      holder_[static_cast<std::size_t>(k)] = Holder{};  // never filled: nobody else frees it
+      if (gen != 0) close_locked(gen);  // the speculation stops waiting (blocked_locked), its slots free
+    }
+  }
+  s_.cv.notify_all();  // a Reduce waiting in acquire, a walk waiting for u
 }
 
 void GradientStream::close(std::uint64_t gen) {

@@ -46,6 +46,11 @@ class GradientStream {
   void acquire(const Unit& u);  // a slot for u's gradient (waits for a free one)
   void written(const Unit& u);  // u's gradient is complete in its slot: → NVMe, waited for
   void reduced_locked(const Unit& u);  // under mu, as u is marked reduced: its slot freed unless the ring is open
+  // The Reduce of u's last micro batch failed after acquire (its copy off the device, its NVMe write):
+  // u's slot is freed and the ring closed for the speculation it was kept for, so that neither a
+  // later Reduce (acquire) nor the walk (waiting for u) waits forever; the error reaches step() when
+  // it drains the Reduce worker.
+  void failed(const Unit& u);
 
   // ---- the Update's input ----
   // u's gradient: its slot while it holds one, else read back from NVMe into slot 0 (the update worker,

@@ -8,6 +8,8 @@
 #include <algorithm>
 
 #include "engine_harness.h"
+#include "zinf/error.h"
+#include "zinf/nvme/async_io.h"
 #include "zinf/offload/placement.h"
 
 namespace zinf::offload::test {
@@ -190,6 +192,50 @@ TEST(EngineStreaming, RefusesEachUnsupportedPlacementBeforeAllocating) {
     }
     EXPECT_EQ(dev->peak(), 0u);
     EXPECT_TRUE(fs::is_empty(dir.p));
+  }
+}
+
+// A streamed gradient's NVMe write fails (the disk full, an I/O error) while the speculation waits for
+// that unit: the failed Reduce frees its ring slot and closes the ring, so the later Reduces find a slot
+// and step() ends with the write's error instead of waiting forever (five units, two slots: without
+// that, the third Reduce waits for a slot nobody frees, and step() waits for it).
+TEST(EngineStreaming, AFailedGradientWriteEndsTheStepWithItsError) {
+  Dir dir;
+  for (bool speculative : {true, false}) {
+    SCOPED_TRACE(speculative ? "speculative" : "no speculation");
+    nvme::FaultPlan faults;
+    faults.fail_errno = ENOSPC;
+    EngineConfig c = streaming(OffloadDevice::none, Precision::bf16, 1, dir.p.string());
+    c.plan.speculative = speculative;
+    c.gradient_faults = &faults;
+    auto dev = make_cpu_device(64 << 20);
+    bool failed = false;
+    {
+      Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
+      faults.fail_at = faults.seen.load() + 1;  // the first gradient written: the last unit's
+      try {
+        e.expect_step(options(1, 0));
+        e.begin_micro_batch(0);
+        e.begin_forward();
+        for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
+          e.weights(u);
+          e.done_with(u);
+        }
+        e.begin_backward();
+        for (std::size_t u = c.plan.unit_params.size(); u-- > 0;) {
+          float* g = e.grads(u);
+          for (std::size_t i = 0; i < static_cast<std::size_t>(c.plan.unit_params[u]); ++i) g[i] = 1e-3f;
+          e.grads_done(u);
+        }
+        e.step(options(1, 0));
+        e.synchronize();
+      } catch (const IoError& err) {
+        failed = true;
+        EXPECT_EQ(err.error_number(), ENOSPC) << err.what();
+      }
+    }
+    EXPECT_TRUE(failed);
+    EXPECT_EQ(dev->in_use(), 0u);
   }
 }
 

@@ -92,6 +92,7 @@ struct EngineConfig {
   int host_threads = 0;      // 0: physical cores
   bool pin_threads = false;  // bind the host workers to cores (hwloc)
   nvme::FaultPlan* optimizer_faults = nullptr;  // tests: fault injection on the optimizer store
+  nvme::FaultPlan* gradient_faults = nullptr;   // tests: fault injection on the streamed gradients' store
   // Data parallelism: this rank's communicators (zinf/comm.h), `comm` for host-visible buffers and
   // `device_comm` for device memory (the CPU device: the same one; CUDA: NCCL). Null, or one rank:
   // no communication. The engine takes a dup() of each for every thread that runs collectives; a

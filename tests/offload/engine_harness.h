@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -174,6 +175,23 @@ inline void forward_backward(Engine& e, const EngineConfig& c, int s, int rank =
       if (poison && u == 0) g[3] = INFINITY;
       e.grads_done(u);
     }
+  }
+}
+
+// One micro batch of the engine's unit protocol with a constant gradient: every unit's weights in
+// forward order, then every unit's gradient set to `grad` in backward order (the failure tests).
+inline void constant_gradient_pass(Engine& e, const EngineConfig& c, float grad) {
+  e.begin_micro_batch(0);
+  e.begin_forward();
+  for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
+    e.weights(u);
+    e.done_with(u);
+  }
+  e.begin_backward();
+  for (std::size_t u = c.plan.unit_params.size(); u-- > 0;) {
+    float* g = e.grads(u);
+    std::fill(g, g + c.plan.unit_params[u], grad);
+    e.grads_done(u);
   }
 }
 

@@ -215,18 +215,7 @@ TEST(EngineStreaming, AFailedGradientWriteEndsTheStepWithItsError) {
       faults.fail_at = faults.seen.load() + 1;  // the first gradient written: the last unit's
       try {
         e.expect_step(options(1, 0));
-        e.begin_micro_batch(0);
-        e.begin_forward();
-        for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
-          e.weights(u);
-          e.done_with(u);
-        }
-        e.begin_backward();
-        for (std::size_t u = c.plan.unit_params.size(); u-- > 0;) {
-          float* g = e.grads(u);
-          for (std::size_t i = 0; i < static_cast<std::size_t>(c.plan.unit_params[u]); ++i) g[i] = 1e-3f;
-          e.grads_done(u);
-        }
+        constant_gradient_pass(e, c, 1e-3f);
         e.step(options(1, 0));
         e.synchronize();
       } catch (const IoError& err) {

@@ -493,18 +493,7 @@ TEST(OffloadEngine, NvmeReadFailureDuringTheUpdateFailsCleanly) {
       faults.fail_at = faults.seen.load() + 3;  // a read of the first Update's sub-groups
       try {
         for (int s = 1; s <= 2; ++s) {
-          e.begin_micro_batch(0);
-          e.begin_forward();
-          for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
-            e.weights(u);
-            e.done_with(u);
-          }
-          e.begin_backward();
-          for (std::size_t u = c.plan.unit_params.size(); u-- > 0;) {
-            float* g = e.grads(u);
-            for (std::size_t i = 0; i < static_cast<std::size_t>(c.plan.unit_params[u]); ++i) g[i] = 1e-3f;
-            e.grads_done(u);
-          }
+          constant_gradient_pass(e, c, 1e-3f);
           StepOptions o;
           o.hyper.lr = 1e-3f;
           o.step = s;

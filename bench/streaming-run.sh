@@ -106,7 +106,8 @@ if device_share:
 print(f"| disk space taken (df, polled every 2 s; other processes' writes count too) | {disk_taken / GiB:.2f} GiB "
       f"| {need / GiB:.2f} GiB NVMe | {disk_taken / need if need else 0:.3f} |")
 if sizes:
-    print(f"| the NVMe folder's largest size (du, polled every 2 s) | {folder / GiB:.2f} GiB | {need / GiB:.2f} GiB NVMe "
+    print(f"| the NVMe folder's largest size (du, polled every 2 s) | {folder / GiB:.2f} GiB "
+          f"| {need / GiB:.2f} GiB NVMe "
           f"| {folder / need if need else 0:.3f} |")
 print()
 print(f"params_digest {run['params_digest']}, final loss {run['loss']:.6f}, val_loss {run['val_loss']:.6f}, "
@@ -149,7 +150,8 @@ while [ ! -e "$at" ]; do at="$(dirname "$at")"; done
 free=$(df -B1 --output=avail "$at" | tail -1 | tr -d ' ')
 need=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["totals"]["nvme"]))' "$out/plan.json")
 if [ "$need" -gt "$free" ]; then
-  python3 -c 'import sys; n,f=map(int,sys.argv[2:4]); print("streaming-run.sh: %s: the plan puts %.2f GiB on NVMe there, %.2f GiB is free" % (sys.argv[1], n/2**30, f/2**30), file=sys.stderr)' "$nvme" "$need" "$free"
+  gib() { awk -v b="$1" 'BEGIN { printf "%.2f GiB", b / 1073741824 }'; }
+  echo "streaming-run.sh: $nvme: the plan puts $(gib "$need") on NVMe there, $(gib "$free") is free" >&2
   exit 1
 fi
 
@@ -165,7 +167,8 @@ trap 'kill $poll 2>/dev/null || true' EXIT
 timer=()
 [ -x /usr/bin/time ] && timer=(/usr/bin/time -v -o "$out/time.txt")
 t0=$(date +%s)
-{ echo "$config"; echo "$nvme"; echo 0; for a in "${sets[@]}"; do [ "$a" = --set ] || echo "$a"; done; } > "$out/run.txt"
+{ echo "$config"; echo "$nvme"; echo 0
+  for a in "${sets[@]}"; do [ "$a" = --set ] || echo "$a"; done; } > "$out/run.txt"
 rc=0
 "${timer[@]}" "$zinf" train --json --config "$config" "${sets[@]}" > "$out/train.json" 2> "$out/train.log" || rc=$?
 t1=$(date +%s)

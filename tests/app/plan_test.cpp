@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "app/config/config.h"
 #include "app/plan/plan.h"
@@ -432,9 +435,9 @@ TEST(Plan, NvmeSpaceSumsThePlansNvmeBytesPerFilesystem) {
   test::TempDir dir("plan-nvme-space");
   const std::string opt = dir / "states", par = dir / "params/new";
   Config c = parse_config(R"({"train_batch_size": 1, "model": {"preset": "gpt2-124m"}, "bf16": {"enabled": true},
-      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + opt + R"(",
-                                                              "gradient_streaming": true},
-                            "offload_param": {"device": "nvme", "nvme_path": ")" + par + R"("}}})");
+      "zero_optimization": {"stage": 3,
+          "offload_optimizer": {"device": "nvme", "gradient_streaming": true, "nvme_path": ")" + opt + R"("},
+          "offload_param": {"device": "nvme", "nvme_path": ")" + par + R"("}}})");
   const offload::Plan p = offload::make_plan(make_plan_input(c, model_shape(c.model)));
   constexpr int kNvme = static_cast<int>(offload::Tier::nvme);
   std::uint64_t param16 = 0, grad = 0;
@@ -457,8 +460,28 @@ TEST(Plan, NvmeSpaceSumsThePlansNvmeBytesPerFilesystem) {
   const std::uint64_t free_now = static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
   EXPECT_LT(spaces[0].free, free_now + (std::uint64_t{256} << 20));  // the same filesystem, moments apart
   EXPECT_GT(spaces[0].free + (std::uint64_t{256} << 20), free_now);
+  // A swap folder a killed run left in nvme_path (its process gone, its marker naming it): the stores
+  // remove it at start, so its blocks count as reclaimable; nothing is removed by measuring.
+  {
+    const pid_t dead = ::fork();
+    if (dead == 0) ::_exit(0);
+    ::waitpid(dead, nullptr, 0);
+    std::string boot;
+    std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot);
+    const std::string left = opt + "/zinf-" + std::to_string(dead) + "-0000beef";
+    std::filesystem::create_directories(left);
+    std::ofstream(left + "/.zinf-swap") << "zinf swap directory\npid " << dead << "\nboot " << boot << "\n";
+    std::ofstream(left + "/store.0") << std::string(4 << 20, 'x');
+    const auto with_stale = nvme_space(c, p);
+    ASSERT_EQ(with_stale.size(), 1u);
+    EXPECT_GE(with_stale[0].reclaimable, std::uint64_t{4} << 20);
+    EXPECT_LT(with_stale[0].reclaimable, std::uint64_t{5} << 20);
+    EXPECT_TRUE(std::filesystem::exists(left + "/store.0"));
+    std::filesystem::remove_all(opt);
+  }
   // On two filesystems (where /dev/shm is one of its own) each path gets its own part.
-  struct stat a {}, b {};
+  struct stat a {};
+  struct stat b {};
   if (::stat("/dev/shm", &b) == 0 && ::access("/dev/shm", W_OK) == 0 && ::stat(dir.path.c_str(), &a) == 0 &&
       a.st_dev != b.st_dev) {
     c.zero.offload_param.nvme_path = "/dev/shm/zinf-plan-nvme-space-never-created";

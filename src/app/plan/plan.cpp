@@ -363,7 +363,9 @@ std::vector<NvmeSpace> nvme_space(const Config& c, const offload::Plan& p) {
     std::uint64_t bytes;
   };
   std::vector<Need> needs;
-  if (opt) needs.push_back({"zero_optimization.offload_optimizer.nvme_path", c.zero.offload_optimizer.nvme_path, optimizer_bytes});
+  if (opt)
+    needs.push_back(
+        {"zero_optimization.offload_optimizer.nvme_path", c.zero.offload_optimizer.nvme_path, optimizer_bytes});
   if (par) needs.push_back({"zero_optimization.offload_param.nvme_path", c.zero.offload_param.nvme_path, param_bytes});
   std::vector<NvmeSpace> spaces;
   std::vector<dev_t> devices;
@@ -397,7 +399,8 @@ std::vector<NvmeSpace> nvme_space(const Config& c, const offload::Plan& p) {
     s->paths.push_back(n.path);
     s->needed += n.bytes;
     // The stores remove the leftovers under nvme_path itself (once a folder, however many stores).
-    if (std::find(parents.begin(), parents.end(), n.path) == parents.end() && std::filesystem::is_directory(n.path, ec)) {
+    if (std::find(parents.begin(), parents.end(), n.path) == parents.end() &&
+        std::filesystem::is_directory(n.path, ec)) {
       parents.push_back(n.path);
       s->reclaimable += nvme::stale_swap_bytes(n.path);
     }

@@ -152,7 +152,8 @@ struct NvmeSpace {
 };
 // The filesystems of `c`'s NVMe swap paths with the bytes `p` needs on each, measured now (nothing
 // created); empty when nothing swaps to NVMe. A path that cannot be measured or written (its nearest
-// existing folder is not writable, statvfs fails or reports no blocks, as /proc does) is left out: creating it fails with its own error.
+// existing folder is not writable, statvfs fails or reports no blocks, as /proc does) is left out:
+// creating it fails with its own error.
 std::vector<NvmeSpace> nvme_space(const Config& c, const offload::Plan& p);
 // One line refusing the first filesystem whose needed bytes exceed free + reclaimable, naming its
 // path(s) and the bytes needed and free in GiB; "" when every one has room.

@@ -92,7 +92,11 @@ void unit_param_and_grads(const Layout& layout, std::size_t i, const std::functi
                                                           : Tier::device;  // a stage-3 shard on the device
   fn(spec(Buffer::param, home, u.param_range.len() * cb, PlanRow::param16, i));
   if (layout.fp32_work && !u.windowed) fn(spec(Buffer::work, Tier::device, u.n * 4, PlanRow::fp32_work, i));
-  if (!u.grad_windowed) fn(spec(Buffer::grad, Tier::device, u.n * 4, PlanRow::grad, i));
+  if (!u.grad_windowed) {
+    const bool open_together = layout.layer_major && static_cast<int>(i) == layout.head_unit;
+    fn(spec(Buffer::grad, Tier::device, u.n * 4, PlanRow::grad, i,
+            open_together ? static_cast<std::uint64_t>(layout.grad_accum) : 1));
+  }
   const std::uint64_t kept = u.grad_range.len();
   if (!layout.optimizer_offloaded) {
     if (!u.grad_windowed && layout.mixed) fn(spec(Buffer::grad16, Tier::device, u.n * 2, PlanRow::grad16, i));
@@ -186,8 +190,9 @@ void staging(const Layout& layout, const std::function<void(const BufferSpec&)>&
   if (layout.parallel)
     fn(spec(Buffer::comm_receive, layout.optimizer_offloaded ? Tier::host : Tier::device, layout.comm_scratch * 4,
             PlanRow::comm_receive));
-  if (layout.batch_tokens) {  // tokens and targets (int32) of two slots: four arrays on each side
-    const std::uint64_t bytes = layout.batch_tokens * 4, arrays = 2 * kTwo;
+  if (layout.batch_tokens) {  // tokens and targets (int32) of two slots (GA with layer_major): two arrays each
+    const std::uint64_t slots = layout.layer_major ? std::max<std::uint64_t>(kTwo, static_cast<std::uint64_t>(layout.grad_accum)) : kTwo;
+    const std::uint64_t bytes = layout.batch_tokens * 4, arrays = 2 * slots;
     fn(spec(Buffer::token_staging, Tier::pinned, bytes, PlanRow::token_batches, kShared, arrays));
     fn(spec(Buffer::token_slot, Tier::device, bytes, PlanRow::token_batches, kShared, arrays));
   }
@@ -223,6 +228,8 @@ Layout make_layout(const PlanInput& in) {
   layout.shard_params = layout.parallel && in.stage >= 3;
   layout.fp32_sum = in.grad_accum > 1 || layout.parallel;
   layout.device_accum = in.device_grad_accum && layout.optimizer_offloaded && !layout.parallel && in.grad_accum > 1;
+  layout.layer_major = in.layer_major && layout.optimizer_offloaded && in.grad_accum > 1 && !layout.device_accum;
+  layout.head_unit = layout.layer_major ? in.head_unit : -1;
   layout.windows = layout.param_offloaded || layout.shard_params;
   layout.window_slots = layout.windows ? std::max(2, 1 + in.prefetch_depth) : 0;
   layout.batch_tokens = in.batch_tokens;

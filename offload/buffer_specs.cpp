@@ -240,11 +240,14 @@ Layout make_layout(const PlanInput& in) {
   // config reader turns it on with streaming unless told not to); without it, the Update reads every
   // gradient back from NVMe.
   layout.streaming = in.gradient_streaming;
+  layout.speculative = in.speculative && layout.exact && layout.optimizer_offloaded;
   if (layout.streaming) {
-    layout.stream_slots = 2;
+    // Two slots: the Reduce fills one while the speculation still reads the other. Without
+    // speculation a slot is free again once its NVMe write is done, before the (serial) Reduce worker
+    // takes the next unit: one is enough.
+    layout.stream_slots = layout.speculative ? 2 : 1;
     layout.stream_grad_bytes = layout.fp32_sum || !layout.mixed ? 4 : 2;
   }
-  layout.speculative = in.speculative && layout.exact && layout.optimizer_offloaded;
   if (layout.speculative && layout.optimizer == OffloadDevice::cpu) {
     std::uint64_t all = 0;  // the sub-groups this rank keeps
     for (const auto& u : layout.units) all += (u.state_range.len() + layout.sub_group - 1) / layout.sub_group;

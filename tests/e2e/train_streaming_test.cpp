@@ -180,7 +180,8 @@ TEST(TrainStreamingConfig, EachUnsupportedPlacementIsRefusedWithOneLine) {
            "zero_optimization.offload_optimizer.device_grad_accumulation=true"},
           "needs train.overlap \"exact\"");
   refused({"zero_optimization.offload_optimizer.device=nvme", "gradient_accumulation_steps=2"},
-          "needs offload_optimizer.device_grad_accumulation true");
+          "needs offload_optimizer.layer_major true (each unit's micro batches one after another) or "
+          "device_grad_accumulation true");
   refused({"zero_optimization.offload_optimizer.device=nvme", "gradient_accumulation_steps=1",
            "train_batch_size=4"},
           "takes one rank (this job has 2)", 2);

@@ -321,6 +321,10 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
 
 void GradientPath::begin_micro_batch(std::int64_t micro) {
   micro_ = micro;
+  // A gradient asked for but never done (a pass that ended in an error) does not carry over: its
+  // slot is freed, and the next request takes (and zeroes) one afresh.
+  for (auto& open : open_)
+    if (int& slot = open[static_cast<std::size_t>(micro)]; slot >= 0) release(std::exchange(slot, -1));
   if (micro == 0) ++step_;  // sums the worker made for an earlier step no longer count
   if (micro + 1 == state_.layout.grad_accum) {  // every Reduce of the previous step is done (the barrier)
     std::lock_guard<std::mutex> lk(state_.mu);
@@ -329,8 +333,7 @@ void GradientPath::begin_micro_batch(std::int64_t micro) {
 }
 
 void GradientPath::begin_micro_batches() {
-  begin_micro_batch(0);
-  begin_micro_batch(state_.layout.grad_accum - 1);  // the step's last micro batch has begun too
+  for (std::int64_t m = 0; m < state_.layout.grad_accum; ++m) begin_micro_batch(m);  // the last one too
   micro_ = 0;
 }
 

@@ -405,6 +405,56 @@ TEST(EngineDp, StreamingGivesTheMastersOfTheRanksWithoutIt) {
   }
 }
 
+// The speculative Update across ranks takes each unit's kept gradient from its ring slot: with no
+// clipping its sub-groups are updated speculatively and kept (nothing read back); with every step
+// clipped they are redone with the gradients read back from NVMe. The masters equal the ranks'
+// speculative Update without streaming bit for bit, and the ranks agree; three steps, stages 1, 2, 3.
+TEST(EngineDp, StreamedSpeculationTakesTheKeptGradientFromTheRing) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  const int R = world().rank(), W = world().size();
+  for (int stage : {1, 2, 3})
+    for (double clip : {0.0, 1.0}) {
+      const std::string what = "stage " + std::to_string(stage) + " clip " + std::to_string(clip);
+      std::vector<std::uint64_t> digests;
+      std::int64_t updated = 0, rollbacks = 0;
+      for (bool on : {true, false}) {
+        EngineConfig c = streaming_dp(stage, OffloadDevice::none, Precision::bf16, dir.p.string(), on);
+        c.plan.speculative = true;
+        auto dev = make_cpu_device(256 << 20);
+        std::vector<std::vector<float>> masters;
+        within(120, what, [&] {
+          Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
+          for (int s = 1; s <= 3; ++s) {
+            e.expect_step(options(s, clip));
+            forward_backward(e, c, s, R, W);
+            EXPECT_TRUE(e.step(options(s, clip)).finite);
+          }
+          e.synchronize();
+          for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
+            masters.emplace_back(c.plan.unit_params[u]);
+            e.read_master(u, masters.back().data());
+          }
+          if (on) updated = e.speculation_counts().updated, rollbacks = e.speculation_counts().rollbacks;
+        });
+        digests.push_back(digest(masters));
+      }
+      EXPECT_EQ(digests[0], digests[1]) << what;
+      EXPECT_TRUE(world().same(digests[0])) << what;
+      // Every rank keeps sub-groups of the large units (stage ≥ 1 shards the states): unclipped, each
+      // speculates from its ring and keeps it all. Clipped (the norm is about 6), the speculation stops
+      // once a rank's norm so far passes the clip — on a rank whose first unit is large, before it
+      // updates anything —, and some rank's is redone.
+      const double rolled = world().sum(static_cast<double>(rollbacks));
+      if (clip == 0.0) {
+        EXPECT_GT(updated, 0) << what << ": nothing updated speculatively from the ring";
+        EXPECT_EQ(rollbacks, 0) << what;
+      } else {
+        EXPECT_GT(rolled, 0.0) << what << ": every step clips";
+      }
+    }
+}
+
 // What stays refused with several ranks: gradient accumulation (each rank sums its micro batches'
 // reduced gradients in host memory, which streaming does not keep). One line, before the engine
 // allocates anything and before any collective.

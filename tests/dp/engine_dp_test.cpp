@@ -369,8 +369,7 @@ TEST(EngineDp, StreamingRanksHoldTheirKeptGradientOnNvmeAndTheirPlansBytes) {
         {
           Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
           const TierBytes held = e.held_bytes();
-          for (int t = 0; t < kTiers; ++t)
-            EXPECT_EQ(held[t], on_plan.totals[t]) << tier_name(static_cast<Tier>(t));
+          for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], on_plan.totals[t]) << tier_name(static_cast<Tier>(t));
           EXPECT_EQ(e.pinned_capacity(), held[P]);
           EXPECT_EQ(swap_file_bytes(dir.p), held[NV]);
           const auto unclaimed = e.unclaimed_handoffs();
@@ -393,8 +392,8 @@ TEST(EngineDp, StreamingGivesTheMastersOfTheRanksWithoutIt) {
       for (auto param : {OffloadDevice::none, OffloadDevice::nvme})
         for (bool async : {false, true}) {
           if (param != OffloadDevice::none && stage < 3) continue;
-          const std::string what = "stage " + std::to_string(stage) + " param " + std::string(to_string(param)) +
-                                   " " + std::string(to_string(prec)) + (async ? " async" : "");
+          const std::string what = "stage " + std::to_string(stage) + " param " + std::string(to_string(param)) + " " +
+                                   std::string(to_string(prec)) + (async ? " async" : "");
           CpuDeviceOptions o;
           o.async = async;
           o.jitter = async ? JitterSpec{9 + static_cast<std::uint64_t>(world().rank()), 100} : JitterSpec{};

@@ -12,7 +12,9 @@ namespace zinf {
 
 // Why gradient streaming cannot apply to this placement (one line, for the config key), or "" when it
 // can: it writes the gradient to the optimizer's NVMe tier, hands it to the speculative Update (overlap
-// exact), holds whole units of one rank, and with GA > 1 needs the micro batches summed on the device.
+// exact), and holds one unit's reduced gradient at a time (the part this rank keeps), so each unit's
+// micro batches must be summed before it reaches the host: on the device with one rank
+// (device_grad_accumulation); with several ranks, whose Reduce sums them on the host, only GA 1.
 inline std::string gradient_streaming_refusal(OffloadDevice optimizer, bool overlap_exact, int world,
                                               std::int64_t grad_accum, bool device_grad_accum) {
   if (optimizer != OffloadDevice::nvme)
@@ -20,7 +22,10 @@ inline std::string gradient_streaming_refusal(OffloadDevice optimizer, bool over
            "): the streamed gradient's second copy is written to the optimizer's NVMe folder";
   if (!overlap_exact)
     return "needs train.overlap \"exact\" (it is \"none\"): the gradient is streamed to the speculative Update";
-  if (world > 1) return "takes one rank (this job has " + std::to_string(world) + ")";
+  if (world > 1 && grad_accum > 1)
+    return "with several ranks (this job has " + std::to_string(world) +
+           ") takes gradient_accumulation_steps 1 (it is " + std::to_string(grad_accum) +
+           "): each rank sums its micro batches' reduced gradients in host memory";
   if (grad_accum > 1 && !device_grad_accum)
     return "with gradient_accumulation_steps " + std::to_string(grad_accum) +
            " needs offload_optimizer.device_grad_accumulation true (the micro batches summed on the device)";

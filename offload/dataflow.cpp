@@ -150,7 +150,10 @@ StepGraph step_graph(const Layout& l) {
                                     : l.mixed ? "bucket by bucket: round to 16 bits, → a pinned landing buffer"
                                               : "bucket by bucket: the fp32 gradient → a pinned landing buffer");
     reduce = b.node("Reduce(u)", Resource::reduce_worker,
-                    l.parallel ? "landing → fp32, reduced across ranks, summed over micro batches into this rank's part"
+                    l.parallel && l.streaming
+                        ? "landing → fp32, reduced across ranks; this rank's part into a grad ring slot (pinned)"
+                    : l.parallel
+                        ? "landing → fp32, reduced across ranks, summed over micro batches into this rank's part"
                     : l.streaming ? (l.device_accum ? "landing → the fp32 sum into a grad ring slot (pinned)"
                                                     : "landing → the Update's input into a grad ring slot (pinned)")
                     : l.layer_major ? "landing → += the fp32 sum of the unit's micro batches, one after another (host)"

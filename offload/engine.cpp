@@ -67,7 +67,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   ZINF_CHECK(in.world == (cfg.comm ? cfg.comm->size() : 1) && in.rank == (cfg.comm ? cfg.comm->rank() : 0));
   if (in.gradient_streaming) {  // before anything is allocated
     const std::string why = gradient_streaming_refusal(in.optimizer, in.overlap == Overlap::exact, in.world,
-                                                       in.grad_accum, in.device_grad_accum || in.layer_major);
+                                                       in.grad_accum, in.device_grad_accum, in.layer_major);
     if (!why.empty()) throw Error("offload engine: gradient_streaming " + why);
   }
   impl_ = std::make_unique<Impl>(cfg, dev);

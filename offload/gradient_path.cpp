@@ -171,7 +171,8 @@ class GradientPath::HostRoute : public HostInput {
     p_.reduce_bucket(u, o, len, g, false);
     const std::size_t a = std::max(o, u.grad_range.lo), b = std::min(o + len, u.grad_range.hi);
     if (b <= a) return;
-    float* acc = reinterpret_cast<float*>(p_.of(u).host_grad.get()) + (a - u.grad_range.lo);
+    // (With streaming, GA 1: the ring slot holds this rank's kept range, as host_grad would.)
+    float* acc = reinterpret_cast<float*>(p_.host_input(u)) + (a - u.grad_range.lo);
     if (micro == 0)
       std::memcpy(acc, g + (a - o), (b - a) * 4);
     else

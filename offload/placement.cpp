@@ -102,7 +102,10 @@ RowSums empty_rows(const Layout& layout) {
       {"grad ring",
        "",
        {},
-       std::to_string(layout.stream_slots) + " x largest unit's gradient: streamed to the Update (its NVMe copy: grad row)"},
+       std::to_string(layout.stream_slots) +
+           (layout.parallel ? " x the largest part of a unit's gradient this rank keeps"
+                            : " x largest unit's gradient") +
+           ": streamed to the Update (its NVMe copy: grad row)"},
       {"token batches",
        "",
        {},

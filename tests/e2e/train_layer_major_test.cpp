@@ -208,14 +208,17 @@ TEST(TrainLayerMajorConfig, EachUnsupportedPlacementIsRefusedWithOneLine) {
            "zero_optimization.offload_optimizer.device_grad_accumulation=true"},
           "two ways to sum the micro batches");
   refused({"zero_optimization.offload_optimizer.device=cpu"}, "needs model.activation_checkpointing true");
-  refused({"zero_optimization.offload_optimizer.device=cpu", "model.activation_checkpointing=true",
-           "train_batch_size=8"},
-          "takes one rank (this job has 2)", 2);
   // Accepted where it applies (a note at GA 1, where it changes nothing), off by default.
   const Config on = parse_config(json, {"zero_optimization.offload_optimizer.device=cpu",
                                         "model.activation_checkpointing=true",
                                         "zero_optimization.offload_optimizer.layer_major=true"});
   EXPECT_TRUE(on.zero.offload_optimizer.layer_major);
+  EXPECT_TRUE(parse_config(json,
+                           {"zero_optimization.offload_optimizer.device=nvme", "model.activation_checkpointing=true",
+                            "train_batch_size=8", "zero_optimization.offload_optimizer.layer_major=true",
+                            "zero_optimization.offload_optimizer.gradient_streaming=true"},
+                           "<string>", 2)
+                  .zero.offload_optimizer.layer_major);  // several ranks, streaming too
   const std::vector<std::string> notes =
       parse_config(json, {"zero_optimization.offload_optimizer.device=cpu", "model.activation_checkpointing=true",
                           "gradient_accumulation_steps=1", "zero_optimization.offload_optimizer.layer_major=true"})

@@ -724,15 +724,13 @@ void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const Depreca
   if (oo.layer_major && !checkpointing)
     o.fail("layer_major", "needs model.activation_checkpointing true: the forward keeps every micro batch's block "
                           "inputs, not their activations");
-  if (oo.layer_major && world > 1)
-    o.fail("layer_major", "takes one rank (this job has " + std::to_string(world) + ")");
   if (oo.layer_major && ga == 1)
     o.notes()->push_back(o.join("layer_major") + ": no effect with gradient_accumulation_steps 1");
   // zinf: gradient streaming (docs/offload-engine.md): the host keeps no whole gradient.
   oo.gradient_streaming = o.get_bool("gradient_streaming", false);
   if (oo.gradient_streaming) {
     const std::string why = gradient_streaming_refusal(oo.device, !overlap_none, world, ga,
-                                                                oo.device_grad_accumulation || oo.layer_major);
+                                                       oo.device_grad_accumulation, oo.layer_major);
     if (!why.empty()) o.fail("gradient_streaming", why);
     // Each unit's gradient goes to the speculative Update as it is reduced: on unless the config says
     // `speculative: false` (then the Update reads every gradient back from NVMe after the barrier,

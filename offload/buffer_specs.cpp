@@ -93,9 +93,13 @@ void unit_param_and_grads(const Layout& layout, std::size_t i, const std::functi
   fn(spec(Buffer::param, home, u.param_range.len() * cb, PlanRow::param16, i));
   if (layout.fp32_work && !u.windowed) fn(spec(Buffer::work, Tier::device, u.n * 4, PlanRow::fp32_work, i));
   if (!u.grad_windowed) {
-    const bool open_together = layout.layer_major && static_cast<int>(i) == layout.head_unit;
-    fn(spec(Buffer::grad, Tier::device, u.n * 4, PlanRow::grad, i,
-            open_together ? static_cast<std::uint64_t>(layout.grad_accum) : 1));
+    // Layer-major: the unit the tied head shares has every micro batch's gradient open at once; the
+    // other units with buffers of their own take two, so that a micro batch's backward need not wait
+    // for the previous one's GradOut and Reduce (the micro-batch order has a whole pass between them).
+    const std::uint64_t count = !layout.layer_major                       ? 1
+                                : static_cast<int>(i) == layout.head_unit ? static_cast<std::uint64_t>(layout.grad_accum)
+                                                                          : kTwo;
+    fn(spec(Buffer::grad, Tier::device, u.n * 4, PlanRow::grad, i, count));
   }
   const std::uint64_t kept = u.grad_range.len();
   if (!layout.optimizer_offloaded) {
@@ -236,6 +240,9 @@ Layout make_layout(const PlanInput& in) {
   layout.checkpoint_device = in.checkpoint_device;
   layout.checkpoint_pinned = in.checkpoint_pinned;
   lay_out_units(in, layout);
+  // The head's unit keeps buffers of its own (persistent), not the shared gradient slots.
+  ZINF_CHECK(layout.head_unit < 0 ||
+             (static_cast<std::size_t>(layout.head_unit) < layout.units.size() && layout.units[static_cast<std::size_t>(layout.head_unit)].persistent));
   // Streaming hands each unit's gradient straight to the speculative Update when there is one (the
   // config reader turns it on with streaming unless told not to); without it, the Update reads every
   // gradient back from NVMe.

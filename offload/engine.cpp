@@ -176,7 +176,7 @@ void Engine::begin_micro_batches() {
   impl_->training_micro = true;
 }
 void Engine::micro_batch(std::int64_t micro) {
-  ZINF_CHECK(micro >= 0 && micro < impl_->s.layout.grad_accum);
+  ZINF_CHECK(impl_->s.layout.layer_major && micro >= 0 && micro < impl_->s.layout.grad_accum);
   impl_->grads->set_micro(micro);
 }
 // The last micro batch's forward starts the step's Update early: with the states on NVMe its SwapIn

@@ -221,11 +221,11 @@ void GradientPath::add(Unit& u, const std::string& name) {
   if (of(u).grad.size()) {  // its own buffers: a slot only it takes (the shared ones: allocate_shared)
     of(u).slots = {slots_.size()};
     slots_.push_back({of(u).grad.as<float>(), of(u).grad16.as<void>(), false});
-    // Layer-major, the unit the tied head shares: one buffer per micro batch (the 16-bit rounding is
-    // not kept on this route: the optimizer is off the device and the micro batches sum on the host).
+    // Layer-major: two buffers, or one per micro batch for the unit the tied head shares (no 16-bit
+    // rounding buffer beside them: the optimizer is off the device and the micro batches sum on the host).
     const BufferSpec* b = state_.find(Buffer::grad, u.index);
     for (std::uint64_t i = 1; i < b->count; ++i) {
-      of(u).more.emplace_back(state_.dev, b->bytes, name + " grad (micro batch " + std::to_string(i) + ")");
+      of(u).more.emplace_back(state_.dev, b->bytes, name + " grad " + std::to_string(i));
       of(u).slots.push_back(slots_.size());
       slots_.push_back({of(u).more.back().as<float>(), nullptr, false});
     }
@@ -322,10 +322,12 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
 
 void GradientPath::begin_micro_batch(std::int64_t micro) {
   micro_ = micro;
-  // A gradient asked for but never done (a pass that ended in an error) does not carry over: its
-  // slot is freed, and the next request takes (and zeroes) one afresh.
-  for (auto& open : open_)
-    if (int& slot = open[static_cast<std::size_t>(micro)]; slot >= 0) release(std::exchange(slot, -1));
+  // A gradient asked for but never done (a pass that ended in an error) does not carry over into a new
+  // step: its slot is freed, and the next request takes (and zeroes) one afresh.
+  if (micro == 0)
+    for (auto& open : open_)
+      for (int& slot : open)
+        if (slot >= 0) release(std::exchange(slot, -1));
   if (micro == 0) ++step_;  // sums the worker made for an earlier step no longer count
   if (micro + 1 == state_.layout.grad_accum) {  // every Reduce of the previous step is done (the barrier)
     std::lock_guard<std::mutex> lk(state_.mu);

@@ -102,7 +102,7 @@ class GradientPath {
   // input in host memory; `input` is the Update's input among them (StagePlan::input), with its type.
   struct UnitGrads {
     DeviceBuffer grad, grad16, grad_sum;
-    std::vector<DeviceBuffer> more;  // layer-major, the head's unit: the other micro batches' gradients
+    std::vector<DeviceBuffer> more;  // layer-major: its other gradient buffers (BufferSpec::count − 1)
     HostMem host_grad;
     std::pair<const void*, cpu_adam::GradType> input{nullptr, cpu_adam::GradType::fp32};
     // The gradient slots (slots_) this unit's gradient may take: the one over its own buffers, or

@@ -61,7 +61,7 @@ RowSums empty_rows(const Layout& layout) {
        "fp32",
        {},
        !layout.optimizer_offloaded ? ""
-       : layout.head_unit >= 0    ? "device: persistent units, the tied head's once per micro batch; host: the Update's input"
+       : layout.layer_major       ? "device: persistent units, 2 each (the tied head's: 1 per micro batch); host: the Update's input"
                                   : "device: persistent units; host: the Update's input"},
       {"grad16", "16-bit", {}, ""},
       {"grad32", "fp32", {}, "gradient accumulation buffer"},

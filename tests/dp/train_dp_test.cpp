@@ -366,10 +366,15 @@ TEST(TrainDp, LayerMajorGivesTheDigestOfTheMicroBatchOrder) {
     auto micro = o;
     micro.push_back("zero_optimization.offload_optimizer.layer_major=false");
     const Steps ref = run_steps(dir.p, micro);
-    for (const char* streaming : {"false", "true"}) {
+    // Streaming with the speculative Update (two ring slots) and without it (one).
+    for (const char* streaming : {"false", "true", "true speculative=false"}) {
+      if (!full && streaming[0] == 't' && streaming[4] == ' ') continue;
       auto with = o;
+      if (std::string(streaming) == "true speculative=false")
+        with.push_back("zero_optimization.offload_optimizer.speculative=false");
       for (const std::string& x : {std::string("zero_optimization.offload_optimizer.layer_major=true"),
-                                   "zero_optimization.offload_optimizer.gradient_streaming=" + std::string(streaming),
+                                   "zero_optimization.offload_optimizer.gradient_streaming=" +
+                                       std::string(streaming).substr(0, std::string(streaming).find(' ')),
                                    std::string("device.async=true"), "device.jitter_seed=" + std::to_string(seed++),
                                    std::string("device.jitter_us=100")})
         with.push_back(x);

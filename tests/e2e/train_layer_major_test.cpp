@@ -117,8 +117,9 @@ TEST_F(TrainLayerMajor, EqualsTheMicroBatchOrderForEveryPlacement) {
 }
 
 // Checkpoints in host memory (the Checkpoints ring of two device rows, each holding every micro
-// batch's row), an odd GA, and an untied Llama (unit 0 is then only the embedding).
-TEST_F(TrainLayerMajor, CheckpointsInHostMemoryOddGaAndAnUntiedLlama) {
+// batch's row), an odd GA, an untied Llama (unit 0 is then only the embedding), and no overlap (the
+// GradOut and Reduce jobs run inline on the trainer's thread).
+TEST_F(TrainLayerMajor, CheckpointsInHostMemoryOddGaAnUntiedLlamaAndNoOverlap) {
   {
     SCOPED_TRACE("cpu_checkpointing, GA 3");
     auto o = placement("cpu", "nvme", 3);
@@ -131,6 +132,12 @@ TEST_F(TrainLayerMajor, CheckpointsInHostMemoryOddGaAndAnUntiedLlama) {
     for (const char* x : {"model.family=llama", "model.n_kv_head=1", "model.d_ff=64", "model.tie_embeddings=false"})
       o.push_back(x);
     expect_layer_major_exact(o, 1211);
+  }
+  {
+    SCOPED_TRACE("train.overlap none, GA 4");
+    auto o = placement("nvme", "nvme", 4);
+    o.push_back("train.overlap=none");
+    expect_layer_major_exact(o, 1221);
   }
 }
 

@@ -79,6 +79,46 @@ TEST(EngineStreaming, ThePlanHasTheRingAndTheNvmeGradientAndNoHostGradient) {
     }
 }
 
+// The layer-major order (PlanInput::layer_major): the unit the tied head shares (unit 0 here) has GA
+// device gradient buffers, the other unit with buffers of its own (unit 4) two, the blocks the two
+// shared gradient slots as before; without streaming the host gradient is the fp32 sum, with it the
+// ring of fp32 slots. The engine holds exactly those bytes on every tier, and claims every handoff.
+TEST(EngineStreaming, LayerMajorPlansTheHeadsBuffersPerMicroBatchAndTheEngineHoldsThem) {
+  Dir dir;
+  for (OffloadDevice opt : {OffloadDevice::cpu, OffloadDevice::nvme})
+    for (bool stream : {false, true})
+      for (std::int64_t ga : {2, 4})
+        for (int head : {0, -1}) {
+          if (stream && opt != OffloadDevice::nvme) continue;
+          SCOPED_TRACE(std::string(to_string(opt)) + (stream ? " streaming" : "") + " GA " + std::to_string(ga) +
+                       " head " + std::to_string(head));
+          EngineConfig c = config(opt, OffloadDevice::nvme, Precision::bf16, ga, Overlap::exact, dir.p.string());
+          c.plan.gradient_streaming = stream;
+          c.plan.layer_major = true;
+          c.plan.head_unit = head;
+          EngineConfig micro = c;
+          micro.plan.layer_major = false;
+          micro.plan.gradient_streaming = false;
+          const Plan plan = make_plan(c.plan), usual = make_plan(micro.plan);
+          const std::uint64_t heads = head == 0 ? static_cast<std::uint64_t>(ga) : 2;
+          EXPECT_EQ(row(plan.states, "grad", D), (heads * 5000 + 2 * 300) * 4);
+          EXPECT_EQ(row(usual.states, "grad", D), (5000 + 300) * 4u);
+          EXPECT_EQ(row(plan.buffers, "grad window", D), row(usual.buffers, "grad window", D));
+          if (stream) {
+            EXPECT_EQ(row(plan.states, "grad32", H), 0u);
+            EXPECT_EQ(row(plan.buffers, "grad ring", P), (20000 * 4 + 4095) / 4096 * 4096);  // one: no speculation
+          } else {
+            EXPECT_EQ(row(plan.states, "grad32", H), row(usual.states, "grad32", H));
+          }
+          auto dev = make_cpu_device(64 << 20);
+          Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); });
+          const TierBytes held = e.held_bytes();
+          for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
+          const auto unclaimed = e.unclaimed_handoffs();
+          EXPECT_TRUE(unclaimed.empty()) << unclaimed.front();
+        }
+}
+
 // The engine holds exactly the plan's bytes on every tier (its gradient store's files included), and
 // its stages claim every handoff of the streaming step graph.
 TEST(EngineStreaming, HoldsThePlansBytesAndClaimsEveryHandoff) {

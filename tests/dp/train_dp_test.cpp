@@ -344,6 +344,50 @@ TEST(TrainDp, StreamingGradientsGiveTheDigestAndNormsOfTheRunWithoutThem) {
   EXPECT_GT(world().sum(static_cast<double>(rollbacks)), 0.0) << "no speculation redone or undone";
 }
 
+// The layer-major order (offload_optimizer.layer_major) across ranks, GA 3: every rank walks the same
+// units in the same order, so each micro batch's buckets are reduced across ranks as they come, and
+// each rank sums its part of a unit's micro batches one after another — in its host gradient, or with
+// streaming in a ring slot. The digest and every step must be those of the micro-batch order on the
+// synchronous device, for ZeRO stages 1-3 (and parameters on NVMe), clipping some steps.
+TEST(TrainDp, LayerMajorGivesTheDigestOfTheMicroBatchOrder) {
+  ZINF_NEED_RANKS();
+  SharedDir dir;
+  const bool full = world().size() == 2;
+  std::vector<std::vector<std::string>> placements = {
+      {"zero_optimization.stage=1"}, {"zero_optimization.stage=2"}, {"zero_optimization.stage=3"}};
+  if (full) placements.push_back({"zero_optimization.stage=3", "zero_optimization.offload_param.device=nvme"});
+  std::uint64_t seed = 61;
+  for (const auto& placement : placements) {
+    std::vector<std::string> o = {"zero_optimization.offload_optimizer.device=nvme", "gradient_accumulation_steps=3",
+                                  "model.activation_checkpointing=true", "gradient_clipping=0.3"};
+    o.insert(o.end(), placement.begin(), placement.end());
+    std::string what;
+    for (const auto& x : placement) what += x + " ";
+    auto micro = o;
+    micro.push_back("zero_optimization.offload_optimizer.layer_major=false");
+    const Steps ref = run_steps(dir.p, micro);
+    // Streaming with the speculative Update (two ring slots) and without it (one).
+    for (const char* streaming : {"false", "true", "true speculative=false"}) {
+      if (!full && streaming[0] == 't' && streaming[4] == ' ') continue;
+      auto with = o;
+      if (std::string(streaming) == "true speculative=false")
+        with.push_back("zero_optimization.offload_optimizer.speculative=false");
+      for (const std::string& x : {std::string("zero_optimization.offload_optimizer.layer_major=true"),
+                                   "zero_optimization.offload_optimizer.gradient_streaming=" +
+                                       std::string(streaming).substr(0, std::string(streaming).find(' ')),
+                                   std::string("device.async=true"), "device.jitter_seed=" + std::to_string(seed++),
+                                   std::string("device.jitter_us=100")})
+        with.push_back(x);
+      Steps got;
+      within(120, what + "layer-major, streaming " + streaming, [&] { got = run_steps(dir.p, with); });
+      EXPECT_EQ(got.digest, ref.digest) << what << "streaming " << streaming;
+      if (world().rank() == 0) {
+        EXPECT_EQ(got.steps, ref.steps) << what << "streaming " << streaming;
+      }
+    }
+  }
+}
+
 TEST(TrainDp, RanksWithDifferentConfigsAreRefusedAtStart) {
   ZINF_NEED_RANKS();
   SharedDir dir;

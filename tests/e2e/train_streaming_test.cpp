@@ -180,10 +180,12 @@ TEST(TrainStreamingConfig, EachUnsupportedPlacementIsRefusedWithOneLine) {
            "zero_optimization.offload_optimizer.device_grad_accumulation=true"},
           "needs train.overlap \"exact\"");
   refused({"zero_optimization.offload_optimizer.device=nvme", "gradient_accumulation_steps=2"},
-          "needs offload_optimizer.device_grad_accumulation true");
-  // Several ranks: GA 1 only (device_grad_accumulation takes one rank).
+          "needs offload_optimizer.layer_major true (each unit's micro batches one after another) or "
+          "device_grad_accumulation true");
+  // Several ranks with GA > 1: the layer-major order only (device_grad_accumulation takes one rank).
   refused({"zero_optimization.offload_optimizer.device=nvme", "gradient_accumulation_steps=2", "train_batch_size=8"},
-          "with several ranks (this job has 2) takes gradient_accumulation_steps 1 (it is 2)", 2);
+          "with several ranks (this job has 2) and gradient_accumulation_steps 2 needs offload_optimizer.layer_major true",
+          2);
   // Accepted where it applies, and off by default.
   const Config on = parse_config(json, {"zero_optimization.offload_optimizer.device=nvme",
                                         "zero_optimization.offload_optimizer.device_grad_accumulation=true",

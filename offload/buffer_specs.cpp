@@ -92,7 +92,15 @@ void unit_param_and_grads(const Layout& layout, std::size_t i, const std::functi
                                                           : Tier::device;  // a stage-3 shard on the device
   fn(spec(Buffer::param, home, u.param_range.len() * cb, PlanRow::param16, i));
   if (layout.fp32_work && !u.windowed) fn(spec(Buffer::work, Tier::device, u.n * 4, PlanRow::fp32_work, i));
-  if (!u.grad_windowed) fn(spec(Buffer::grad, Tier::device, u.n * 4, PlanRow::grad, i));
+  if (!u.grad_windowed) {
+    // Layer-major: the unit the tied head shares has every micro batch's gradient open at once; the
+    // other units with buffers of their own take two, so that a micro batch's backward need not wait
+    // for the previous one's GradOut and Reduce (the micro-batch order has a whole pass between them).
+    const std::uint64_t count = !layout.layer_major                       ? 1
+                                : static_cast<int>(i) == layout.head_unit ? static_cast<std::uint64_t>(layout.grad_accum)
+                                                                          : kTwo;
+    fn(spec(Buffer::grad, Tier::device, u.n * 4, PlanRow::grad, i, count));
+  }
   const std::uint64_t kept = u.grad_range.len();
   if (!layout.optimizer_offloaded) {
     if (!u.grad_windowed && layout.mixed) fn(spec(Buffer::grad16, Tier::device, u.n * 2, PlanRow::grad16, i));
@@ -186,8 +194,9 @@ void staging(const Layout& layout, const std::function<void(const BufferSpec&)>&
   if (layout.parallel)
     fn(spec(Buffer::comm_receive, layout.optimizer_offloaded ? Tier::host : Tier::device, layout.comm_scratch * 4,
             PlanRow::comm_receive));
-  if (layout.batch_tokens) {  // tokens and targets (int32) of two slots: four arrays on each side
-    const std::uint64_t bytes = layout.batch_tokens * 4, arrays = 2 * kTwo;
+  if (layout.batch_tokens) {  // tokens and targets (int32) of two slots (GA with layer_major): two arrays each
+    const std::uint64_t slots = layout.layer_major ? std::max<std::uint64_t>(kTwo, static_cast<std::uint64_t>(layout.grad_accum)) : kTwo;
+    const std::uint64_t bytes = layout.batch_tokens * 4, arrays = 2 * slots;
     fn(spec(Buffer::token_staging, Tier::pinned, bytes, PlanRow::token_batches, kShared, arrays));
     fn(spec(Buffer::token_slot, Tier::device, bytes, PlanRow::token_batches, kShared, arrays));
   }
@@ -223,21 +232,29 @@ Layout make_layout(const PlanInput& in) {
   layout.shard_params = layout.parallel && in.stage >= 3;
   layout.fp32_sum = in.grad_accum > 1 || layout.parallel;
   layout.device_accum = in.device_grad_accum && layout.optimizer_offloaded && !layout.parallel && in.grad_accum > 1;
+  layout.layer_major = in.layer_major && layout.optimizer_offloaded && in.grad_accum > 1 && !layout.device_accum;
+  layout.head_unit = layout.layer_major ? in.head_unit : -1;
   layout.windows = layout.param_offloaded || layout.shard_params;
   layout.window_slots = layout.windows ? std::max(2, 1 + in.prefetch_depth) : 0;
   layout.batch_tokens = in.batch_tokens;
   layout.checkpoint_device = in.checkpoint_device;
   layout.checkpoint_pinned = in.checkpoint_pinned;
   lay_out_units(in, layout);
+  // The head's unit keeps buffers of its own (persistent), not the shared gradient slots.
+  ZINF_CHECK(layout.head_unit < 0 ||
+             (static_cast<std::size_t>(layout.head_unit) < layout.units.size() && layout.units[static_cast<std::size_t>(layout.head_unit)].persistent));
   // Streaming hands each unit's gradient straight to the speculative Update when there is one (the
   // config reader turns it on with streaming unless told not to); without it, the Update reads every
   // gradient back from NVMe.
   layout.streaming = in.gradient_streaming;
+  layout.speculative = in.speculative && layout.exact && layout.optimizer_offloaded;
   if (layout.streaming) {
-    layout.stream_slots = 2;
+    // Two slots: the Reduce fills one while the speculation still reads the other. Without
+    // speculation a slot is free again once its NVMe write is done, before the (serial) Reduce worker
+    // takes the next unit: one is enough.
+    layout.stream_slots = layout.speculative ? 2 : 1;
     layout.stream_grad_bytes = layout.fp32_sum || !layout.mixed ? 4 : 2;
   }
-  layout.speculative = in.speculative && layout.exact && layout.optimizer_offloaded;
   if (layout.speculative && layout.optimizer == OffloadDevice::cpu) {
     std::uint64_t all = 0;  // the sub-groups this rank keeps
     for (const auto& u : layout.units) all += (u.state_range.len() + layout.sub_group - 1) / layout.sub_group;

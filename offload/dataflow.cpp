@@ -141,7 +141,8 @@ StepGraph step_graph(const Layout& l) {
                          (l.parallel ? "; reduce it across ranks on the device" : ""));
     b.edge(bwd, gradout, "device gradient", Handoff::event, "recorded on compute at grads_done; d2h waits");
     b.edge(gradout, bwd, "device gradient, reuse", Handoff::host_wait,
-           "d2h synchronized by the Reduce worker, then unit.reducing cleared; grads(u) waits", "next micro batch");
+           "d2h synchronized by the Reduce worker, then the slot freed; grads(u) waits for a free slot",
+           "next micro batch");
   } else {
     gradout = b.node("GradOut(u)", Resource::d2h,
                      l.device_accum ? "round and add the micro batch into the device's fp32 sum; after the last, the "
@@ -149,9 +150,13 @@ StepGraph step_graph(const Layout& l) {
                                     : l.mixed ? "bucket by bucket: round to 16 bits, → a pinned landing buffer"
                                               : "bucket by bucket: the fp32 gradient → a pinned landing buffer");
     reduce = b.node("Reduce(u)", Resource::reduce_worker,
-                    l.parallel ? "landing → fp32, reduced across ranks, summed over micro batches into this rank's part"
+                    l.parallel && l.streaming
+                        ? "landing → fp32, reduced across ranks; this rank's part into a grad ring slot (pinned)"
+                    : l.parallel
+                        ? "landing → fp32, reduced across ranks, summed over micro batches into this rank's part"
                     : l.streaming ? (l.device_accum ? "landing → the fp32 sum into a grad ring slot (pinned)"
                                                     : "landing → the Update's input into a grad ring slot (pinned)")
+                    : l.layer_major ? "landing → += the fp32 sum of the unit's micro batches, one after another (host)"
                     : l.fp32_sum ? "landing → += the fp32 sum of micro batches (host)"
                     : l.mixed    ? "landing → the Update's 16-bit input (host)"
                                  : "landing → the Update's fp32 input (host)");
@@ -161,7 +166,7 @@ StepGraph step_graph(const Layout& l) {
     b.edge(reduce, gradout, "grad landing, reuse", Handoff::enqueued_after,
            "the next copy into it is enqueued after it is read (through_landing)", "bucket + landing buffers");
     b.edge(gradout, bwd, "device gradient (or gradient slot), reuse", Handoff::host_wait,
-           "d2h synchronized by the Reduce worker, then unit.reducing (and the slot) cleared; grads(u) waits",
+           "d2h synchronized by the Reduce worker, then the slot freed; grads(u) waits for a free slot",
            "next micro batch");
   }
 

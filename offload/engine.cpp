@@ -67,7 +67,7 @@ Engine::Engine(const EngineConfig& cfg, Device& dev, const InitFn& init) {
   ZINF_CHECK(in.world == (cfg.comm ? cfg.comm->size() : 1) && in.rank == (cfg.comm ? cfg.comm->rank() : 0));
   if (in.gradient_streaming) {  // before anything is allocated
     const std::string why = gradient_streaming_refusal(in.optimizer, in.overlap == Overlap::exact, in.world,
-                                                       in.grad_accum, in.device_grad_accum);
+                                                       in.grad_accum, in.device_grad_accum, in.layer_major);
     if (!why.empty()) throw Error("offload engine: gradient_streaming " + why);
   }
   impl_ = std::make_unique<Impl>(cfg, dev);
@@ -166,8 +166,18 @@ Engine::~Engine() {
 
 void Engine::expect_step(const StepOptions& o) { impl_->expected = o; }
 void Engine::begin_micro_batch(std::int64_t micro) {
+  ZINF_CHECK(!impl_->s.layout.layer_major);  // the layer-major order begins them together
   impl_->grads->begin_micro_batch(micro);
   impl_->training_micro = true;
+}
+void Engine::begin_micro_batches() {
+  ZINF_CHECK(impl_->s.layout.layer_major);
+  impl_->grads->begin_micro_batches();  // the last one has begun: its forward starts the Update early
+  impl_->training_micro = true;
+}
+void Engine::micro_batch(std::int64_t micro) {
+  ZINF_CHECK(impl_->s.layout.layer_major && micro >= 0 && micro < impl_->s.layout.grad_accum);
+  impl_->grads->set_micro(micro);
 }
 // The last micro batch's forward starts the step's Update early: with the states on NVMe its SwapIn
 // reads ahead under this forward (into the swapper's buffer_count buffers) instead of waiting for the
@@ -190,7 +200,9 @@ void Engine::Impl::start_update_early() {
     std::lock_guard<std::mutex> lk(s.mu);
     if (s.update_failed) return;  // the next model-facing call reports the error; start nothing behind it
   }
-  if (grads->micro() != s.layout.grad_accum - 1) return;  // the step's last micro batch only
+  // The step's last micro batch only (in the layer-major order every micro batch's forward is the
+  // last one's).
+  if (!s.layout.layer_major && grads->micro() != s.layout.grad_accum - 1) return;
   for (StagePlan::EarlyStart e : s.stages.early) {
     switch (e) {
       case StagePlan::EarlyStart::speculate:

@@ -142,8 +142,6 @@ struct Unit : UnitLayout {
 
   // Gradients: the buffers are the gradient path's own (GradientPath::UnitGrads); what the Update
   // and the trainer share with it is here, under mu.
-  int grad_slot = -1;     // under mu: the gradient slot this micro batch's gradient lives in
-  bool reducing = false;  // under mu: a GradOut/Reduce of this unit still reads its device gradient
   // Under mu: the Reduce of the step's last micro batch has finished, so the Update's input is final
   // (set by the Reduce worker, cleared when the last micro batch begins; the speculative Update waits
   // for it — the mutex hands the host gradient over from the Reduce worker to the update worker).

@@ -157,7 +157,7 @@ class GradientPath::HostRoute : public HostInput {
   }
   // One rank, GA > 1: straight into the fp32 sum (the whole unit is kept).
   void sum_one_rank(Unit& u, std::size_t o, std::size_t len, const PinnedBuffer& land, std::int64_t micro) {
-    float* acc = reinterpret_cast<float*>(p_.of(u).host_grad.get()) + (o - u.grad_range.lo);
+    float* acc = reinterpret_cast<float*>(p_.host_input(u)) + (o - u.grad_range.lo);
     if (micro == 0)
       widen(land, acc, len);
     else
@@ -171,7 +171,8 @@ class GradientPath::HostRoute : public HostInput {
     p_.reduce_bucket(u, o, len, g, false);
     const std::size_t a = std::max(o, u.grad_range.lo), b = std::min(o + len, u.grad_range.hi);
     if (b <= a) return;
-    float* acc = reinterpret_cast<float*>(p_.of(u).host_grad.get()) + (a - u.grad_range.lo);
+    // (With streaming, GA 1: the ring slot holds this rank's kept range, as host_grad would.)
+    float* acc = reinterpret_cast<float*>(p_.host_input(u)) + (a - u.grad_range.lo);
     if (micro == 0)
       std::memcpy(acc, g + (a - o), (b - a) * 4);
     else
@@ -220,6 +221,14 @@ void GradientPath::add(Unit& u, const std::string& name) {
   if (of(u).grad.size()) {  // its own buffers: a slot only it takes (the shared ones: allocate_shared)
     of(u).slots = {slots_.size()};
     slots_.push_back({of(u).grad.as<float>(), of(u).grad16.as<void>(), false});
+    // Layer-major: two buffers, or one per micro batch for the unit the tied head shares (no 16-bit
+    // rounding buffer beside them: the optimizer is off the device and the micro batches sum on the host).
+    const BufferSpec* b = state_.find(Buffer::grad, u.index);
+    for (std::uint64_t i = 1; i < b->count; ++i) {
+      of(u).more.emplace_back(state_.dev, b->bytes, name + " grad " + std::to_string(i));
+      of(u).slots.push_back(slots_.size());
+      slots_.push_back({of(u).more.back().as<float>(), nullptr, false});
+    }
   }
   if (const BufferSpec* b = state_.find(Buffer::grad_sum, u.index))
     of(u).grad_sum = DeviceBuffer(state_.dev, b->bytes, name + " grad32");
@@ -239,7 +248,9 @@ void GradientPath::add(Unit& u, const std::string& name) {
 }
 
 void GradientPath::allocate_shared() {
-  zeroed_.assign(state_.units.size(), false);
+  open_.assign(state_.units.size(),
+               std::vector<int>(static_cast<std::size_t>(std::max<std::int64_t>(1, state_.layout.grad_accum)), -1));
+  failed_step_.assign(state_.units.size(), 0);
   sums_.assign(state_.units.size(), {});
   summed_step_.assign(state_.units.size(), 0);
   std::vector<std::size_t> shared;  // the gradient slots of the units without buffers of their own
@@ -311,7 +322,12 @@ void GradientPath::reduce_bucket(Unit& u, std::size_t o, std::size_t len, float*
 
 void GradientPath::begin_micro_batch(std::int64_t micro) {
   micro_ = micro;
-  std::fill(zeroed_.begin(), zeroed_.end(), false);
+  // A gradient asked for but never done (a pass that ended in an error) does not carry over into a new
+  // step: its slot is freed, and the next request takes (and zeroes) one afresh.
+  if (micro == 0)
+    for (auto& open : open_)
+      for (int& slot : open)
+        if (slot >= 0) release(std::exchange(slot, -1));
   if (micro == 0) ++step_;  // sums the worker made for an earlier step no longer count
   if (micro + 1 == state_.layout.grad_accum) {  // every Reduce of the previous step is done (the barrier)
     std::lock_guard<std::mutex> lk(state_.mu);
@@ -319,46 +335,42 @@ void GradientPath::begin_micro_batch(std::int64_t micro) {
   }
 }
 
+void GradientPath::begin_micro_batches() {
+  for (std::int64_t m = 0; m < state_.layout.grad_accum; ++m) begin_micro_batch(m);  // the last one too
+  micro_ = 0;
+}
+
 float* GradientPath::grads(std::size_t u) {
   Unit& unit = state_.units[u];
-  float* g;
+  int& open = open_[u][static_cast<std::size_t>(micro_)];
+  if (open >= 0) return slots_[static_cast<std::size_t>(open)].grad;  // asked for again in this micro batch
   {
+    // The first free one of the slots it may take (UnitGrads::slots). A slot an earlier micro batch
+    // of this unit (or another unit) used is busy until its GradOut/Reduce has read it (release).
     std::unique_lock<std::mutex> lk(state_.mu);
-    // The previous micro batch's GradOut/Reduce of this unit may still read its buffer (and, for a
-    // windowed gradient, still hold its slot): the Reduce worker clears `reducing` when it is done.
-    state_.cv.wait(lk, [&] { return !unit.reducing; });
-    if (unit.grad_slot < 0) {  // the first free one of the slots it may take (UnitGrads::slots)
-      int free_slot = -1;
-      state_.cv.wait(lk, [&] {
-        for (std::size_t i : of(unit).slots)
-          if (!slots_[i].busy) return (free_slot = static_cast<int>(i)) >= 0;
-        return false;
-      });
-      slots_[static_cast<std::size_t>(free_slot)].busy = true;
-      unit.grad_slot = free_slot;
-    }
-    g = slots_[static_cast<std::size_t>(unit.grad_slot)].grad;
+    int free_slot = -1;
+    state_.cv.wait(lk, [&] {
+      for (std::size_t i : of(unit).slots)
+        if (!slots_[i].busy) return (free_slot = static_cast<int>(i)) >= 0;
+      return false;
+    });
+    slots_[static_cast<std::size_t>(free_slot)].busy = true;
+    open = free_slot;
   }
-  if (!zeroed_[u]) {
-    state_.kern->zero(g, unit.n * 4, StreamRole::compute);
-    // A model whose ops are compute-stream work is ordered behind the zeros already; one that runs
-    // on the host must see them now.
-    if (!state_.dev.ops_stream_ordered()) state_.dev.synchronize(StreamRole::compute);
-    zeroed_[u] = true;
-  }
+  float* g = slots_[static_cast<std::size_t>(open)].grad;
+  state_.kern->zero(g, unit.n * 4, StreamRole::compute);
+  // A model whose ops are compute-stream work is ordered behind the zeros already; one that runs
+  // on the host must see them now.
+  if (!state_.dev.ops_stream_ordered()) state_.dev.synchronize(StreamRole::compute);
   return g;
 }
 
 void GradientPath::grads_done(std::size_t u) {
   Unit& unit = state_.units[u];
   const std::int64_t mb = micro_;
-  float* g;
-  {
-    std::lock_guard<std::mutex> lk(state_.mu);
-    ZINF_CHECK(unit.grad_slot >= 0);  // grads(u) came first
-    g = slots_[static_cast<std::size_t>(unit.grad_slot)].grad;
-    unit.reducing = true;
-  }
+  const int slot = std::exchange(open_[u][static_cast<std::size_t>(mb)], -1);  // now the job's
+  ZINF_CHECK(slot >= 0);  // grads(u) came first
+  float* g = slots_[static_cast<std::size_t>(slot)].grad;
   // The gradient is complete at this point of the compute stream: d2h waits for it before reading
   // it. Whoever enqueues the d2h work enqueues the wait, just before it: were the trainer to enqueue
   // it here for a worker's later GradOut, d2h (one FIFO) would hold every GradOut behind the waits
@@ -367,20 +379,30 @@ void GradientPath::grads_done(std::size_t u) {
   try {
     route_->on_trainer(unit, g, mb, complete);
   } catch (...) {
-    release(u);
+    release(slot);
     throw;
   }
   const std::uint64_t step = step_;
-  auto job = [this, u, g, mb, step, complete = std::move(complete)]() mutable {
+  auto job = [this, u, slot, g, mb, step, complete = std::move(complete)]() mutable {
     const bool last = mb + 1 == state_.layout.grad_accum;
-    if (last && stream_) stream_->acquire(state_.units[u]);  // the ring slot the Reduce writes into
+    // With streaming the Reduce writes into a ring slot: taken by the first micro batch that writes
+    // the Update's input (the last with device_accum, which sums on the device; every one otherwise,
+    // the first taking it) and held until the unit is reduced.
+    const bool accum = state_.stages.route == StagePlan::Route::accum;
+    const bool ring = stream_ && (!accum || last);
+    struct Release {  // also on an exception, so nobody waits forever on the buffer
+      GradientPath& p;
+      int slot;
+      ~Release() { p.release(slot); }
+    };
+    if (ring && failed_step_[u] == step) {  // an earlier micro batch of u failed: its ring slot is gone
+      Release release{*this, slot};
+      return;
+    }
+    if (ring && (accum || mb == 0)) stream_->acquire(state_.units[u]);  // the ring slot the Reduce writes into
     try {
       {
-        struct Release {  // also on an exception, so nobody waits forever on the buffer
-          GradientPath& p;
-          std::size_t u;
-          ~Release() { p.release(u); }
-        } release{*this, u};
+        Release release{*this, slot};
         route_->on_worker(state_.units[u], g, mb, std::move(complete));
       }  // the device gradient (and its slot) is free again: the backward may go on while the host sums
       if (last) {
@@ -388,7 +410,10 @@ void GradientPath::grads_done(std::size_t u) {
         route_->norm_part(state_.units[u], step);
       }
     } catch (...) {
-      if (last && stream_) stream_->failed(state_.units[u]);  // its ring slot, and the speculation's wait
+      if (ring) {
+        failed_step_[u] = step;
+        stream_->failed(state_.units[u]);  // its ring slot, and the speculation's wait
+      }
       throw;
     }
     if (last) {
@@ -403,17 +428,18 @@ void GradientPath::grads_done(std::size_t u) {
   worker_->run(std::move(job));
 }
 
-void GradientPath::release(std::size_t u) {
-  Unit& x = state_.units[u];
+void GradientPath::release(int slot) {
   {
     std::lock_guard<std::mutex> lk(state_.mu);
-    if (x.grad_slot >= 0) {
-      slots_[static_cast<std::size_t>(x.grad_slot)].busy = false;
-      x.grad_slot = -1;
-    }
-    x.reducing = false;
+    slots_[static_cast<std::size_t>(slot)].busy = false;
   }
   state_.cv.notify_all();
+}
+
+void* GradientPath::grad16_of(const float* grad) const {
+  for (const GradSlot& s : slots_)  // fixed once allocate_shared has run
+    if (s.grad == grad) return s.grad16;
+  return nullptr;
 }
 
 void GradientPath::drain() { worker_->drain(); }
@@ -422,11 +448,7 @@ void GradientPath::check() { worker_->check(); }
 void GradientPath::enqueue_on_device(Unit& u, float* grad, std::int64_t mb, EventHandle complete) {
   const StreamRole r = StreamRole::d2h;  // the Update reads device buffers: round (and accumulate) in place
   state_.dev.wait_event(r, std::move(complete));
-  void* g16 = nullptr;
-  {
-    std::lock_guard<std::mutex> lk(state_.mu);  // the slot stays this unit's until the job ends
-    g16 = slots_[static_cast<std::size_t>(u.grad_slot)].grad16;
-  }
+  void* g16 = grad16_of(grad);  // the slot stays this unit's until the job ends
   using Action = StagePlan::DeviceAction;
   for (Action a : state_.stages.device_actions) {
     switch (a) {

@@ -39,8 +39,14 @@ class GradientPath {
   void allocate_comm_scratch();                // the receive scratch of the cross-rank reduction
 
   void begin_micro_batch(std::int64_t micro);
+  // The layer-major order (Layout::layer_major): the step's micro batches begin together, and
+  // set_micro says which one the next grads / grads_done are for.
+  void begin_micro_batches();
+  void set_micro(std::int64_t micro) { micro_ = micro; }
   std::int64_t micro() const { return micro_; }
-  float* grads(std::size_t u);     // zeroed at the first request of a micro batch
+  // Unit u's gradient of the current micro batch: a gradient slot taken (and zeroed) at its first
+  // request, held until grads_done hands it to the GradOut/Reduce job, which frees it.
+  float* grads(std::size_t u);
   void grads_done(std::size_t u);  // starts GradOut + Reduce of u
   void drain();                    // the barrier: every Reduce has finished; rethrows its error
   void check();                    // rethrows a Reduce error without waiting
@@ -78,7 +84,8 @@ class GradientPath {
   // gradient (StagePlan::device_actions), enqueued on the d2h stream behind `complete` (the caller
   // then waits for the stream).
   void enqueue_on_device(Unit& u, float* grad, std::int64_t micro, EventHandle complete);
-  void release(std::size_t u);  // unit u's gradient buffer (and slot) free for the next micro batch
+  void release(int slot);  // a gradient slot free for the next micro batch (or unit)
+  void* grad16_of(const float* grad) const;  // the 16-bit rounding buffer beside a slot's gradient
   void reduce_bucket(Unit& u, std::size_t o, std::size_t len, float* g, bool on_device);
   // device_accum: the step's fp32 sum of unit u leaves the device (bucket by bucket through the
   // landing buffers) into its host gradient.
@@ -95,6 +102,7 @@ class GradientPath {
   // input in host memory; `input` is the Update's input among them (StagePlan::input), with its type.
   struct UnitGrads {
     DeviceBuffer grad, grad16, grad_sum;
+    std::vector<DeviceBuffer> more;  // layer-major: its other gradient buffers (BufferSpec::count − 1)
     HostMem host_grad;
     std::pair<const void*, cpu_adam::GradType> input{nullptr, cpu_adam::GradType::fp32};
     // The gradient slots (slots_) this unit's gradient may take: the one over its own buffers, or
@@ -106,7 +114,8 @@ class GradientPath {
   const UnitGrads& of(const Unit& u) const { return of_[u.index]; }
 
   // Where a micro batch's gradient of a unit lives: a unit's own buffers, or one of the shared
-  // gradient slots; taken at grads(u) and released when its GradOut/Reduce is done.
+  // gradient slots; taken at grads(u) (open_, the trainer's thread), handed to the GradOut/Reduce job
+  // at grads_done(u) and released (busy cleared) when it is done.
   struct GradSlot {
     float* grad = nullptr;
     void* grad16 = nullptr;  // the 16-bit rounding (the optimizer on the device, mixed runs)
@@ -120,7 +129,12 @@ class GradientPath {
   HostMem reduce_scratch_;             // bucket × 4: the fp32 of a landed bucket (GA > 1, several ranks)
   HostMem host_recv_;                  // several ranks: every rank's part of a bucket, received
   DeviceBuffer device_recv_;           //   (host when the optimizer is offloaded, else device)
-  std::vector<bool> zeroed_;           // this micro batch's gradient of unit u is zeroed
+  // The trainer's thread only: open_[u][m] is the slot of unit u's open gradient of micro batch m
+  // (asked for, not yet done), −1 none.
+  std::vector<std::vector<int>> open_;
+  // The Reduce worker only: the step in which a Reduce job of unit u failed (with streaming, the
+  // unit's later micro batches then do nothing: its ring slot is gone).
+  std::vector<std::uint64_t> failed_step_;
   // The Reduce worker's block sums of unit u's step gradient (optimizer off the device, no
   // speculation) and the step they are of: written by the worker only, read by block_sums() after
   // drain() (the barrier). step_ counts steps (begin_micro_batch(0)) on the trainer's thread; a job

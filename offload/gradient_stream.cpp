@@ -66,6 +66,7 @@ void GradientStream::written(const Unit& u) {
     ZINF_CHECK(k >= 0);
     g = static_cast<char*>(ring_[static_cast<std::size_t>(k)].data());
   }
+  if (!bytes_[u.index]) return;  // several ranks: this rank keeps nothing of a small unit (an empty shard)
   // A wait, not host work: the disk's meter counts the transfer (GradWrite on the gradients' queue).
   store_.write(tensor_[u.index], g, 0, bytes_[u.index])->wait();
 }
@@ -75,7 +76,10 @@ void GradientStream::reduced_locked(const Unit& u) {
   if (k < 0) return;
   Holder& h = holder_[static_cast<std::size_t>(k)];
   h.filled = true;
-  if (!open_ || h.gen != open_for_) h = Holder{};  // no speculation reads it: free at once
+  // No speculation reads it: free at once. Nor does one read a unit of which this rank updates no
+  // sub-group (several ranks: an empty shard of the optimizer states; its slot would be held until
+  // the walk ends, and the walk would stop when it needs that slot).
+  if (!open_ || h.gen != open_for_ || !u.state_range.len()) h = Holder{};
 }
 
 char* GradientStream::input(const Unit& u) {
@@ -83,7 +87,7 @@ char* GradientStream::input(const Unit& u) {
   if (const int k = slot_of_locked(u); k >= 0) return static_cast<char*>(ring_[static_cast<std::size_t>(k)].data());
   // The second pass: the Reduce worker is drained and every slot is free (see the header).
   ZINF_CHECK(holder_[0].unit < 0);
-  if (loaded_ != static_cast<std::int64_t>(u.index)) {
+  if (loaded_ != static_cast<std::int64_t>(u.index) && bytes_[u.index]) {
     lk.unlock();
     store_.read(tensor_[u.index], ring_[0].data(), 0, bytes_[u.index])->wait();  // GradRead (the disk's meter)
     lk.lock();

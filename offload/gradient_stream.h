@@ -1,10 +1,13 @@
 // gradient_stream.h — gradient streaming (internal to zinf_offload; offload_optimizer.gradient_streaming,
 // docs/offload-engine.md "Streaming gradients"): the host holds no model-sized gradient buffer.
 //
-// With the optimizer on NVMe, one rank, overlap exact (and with GA > 1 the micro batches summed on the
+// With the optimizer on NVMe, overlap exact (and with GA > 1 one rank, the micro batches summed on the
 // device), the Reduce of a unit's last micro batch lands its gradient — the Update's input, 16-bit at
-// GA 1, the fp32 sum at GA > 1 — in one of a few pinned ring slots, each the size of the largest
-// unit's gradient, instead of a host gradient buffer of its own:
+// GA 1 on one rank, else the fp32 sum — in one of a few pinned ring slots, each the size of the largest
+// unit's gradient this rank keeps, instead of a host gradient buffer of its own. With several ranks
+// the slot holds the bucket-wise cross-rank reduction of the part this rank keeps (Unit::grad_range:
+// its shard under ZeRO stage ≥ 2, else the whole unit), and so does its NVMe copy; a rank's empty
+// shard writes and reads nothing:
 //
 //   Reduce worker   acquire(u): waits for a free slot; the landing buckets fill it; written(u): the
 //                   slot → the unit's NVMe tensor (waited for); then the unit is reduced (under mu,

@@ -57,14 +57,28 @@ RowSums empty_rows(const Layout& layout) {
        {},
        layout.param_offloaded ? "persistent units on the device, the rest in their home" : ""},
       {"fp32 work", "fp32", {}, "CPU device: fp32 copy of the resident 16-bit weights"},
-      {"grad", "fp32", {}, layout.optimizer_offloaded ? "device: persistent units; host: the Update's input" : ""},
+      {"grad",
+       "fp32",
+       {},
+       !layout.optimizer_offloaded ? ""
+       : layout.layer_major       ? "device: persistent units, 2 each (the tied head's: 1 per micro batch); host: the Update's input"
+                                  : "device: persistent units; host: the Update's input"},
       {"grad16", "16-bit", {}, ""},
       {"grad32", "fp32", {}, "gradient accumulation buffer"},
       {"master", "fp32", {}, master_is_param ? "fp32 training: param16 is the master" : ""},
       {"adam.m", states, {}, states_note},
       {"adam.v", states, {}, states_note},
-      {"activations", "", {}, "estimate for one micro batch"},
-      {"activation ckpts", "", {}, "block inputs kept for the recompute; host: cpu_checkpointing"},
+      {"activations",
+       "",
+       {},
+       layout.layer_major ? "estimate for one micro batch, + every micro batch's residual gradient (x2)"
+                          : "estimate for one micro batch"},
+      {"activation ckpts",
+       "",
+       {},
+       layout.layer_major ? "block inputs of all " + std::to_string(layout.grad_accum) +
+                                " micro batches (layer_major) kept for the recompute; host: cpu_checkpointing"
+                          : std::string("block inputs kept for the recompute; host: cpu_checkpointing")},
       {"ops scratch", "", {}, "the ops' own blocks: GEMM workspace, attention backward, partials"},
       {"param window", "", {}, std::to_string(layout.window_slots) + " slots x largest block"},
       {"param staging",
@@ -88,8 +102,15 @@ RowSums empty_rows(const Layout& layout) {
       {"grad ring",
        "",
        {},
-       std::to_string(layout.stream_slots) + " x largest unit's gradient: streamed to the Update (its NVMe copy: grad row)"},
-      {"token batches", "", {}, "2 slots x tokens and targets (int32), pinned staging and device copies"},
+       std::to_string(layout.stream_slots) +
+           (layout.parallel ? " x the largest part of a unit's gradient this rank keeps"
+                            : " x largest unit's gradient") +
+           ": streamed to the Update (its NVMe copy: grad row)"},
+      {"token batches",
+       "",
+       {},
+       std::to_string(layout.layer_major ? std::max<std::int64_t>(2, layout.grad_accum) : 2) +
+           " slots x tokens and targets (int32), pinned staging and device copies"},
   }}};
 }
 

@@ -12,18 +12,28 @@ namespace zinf {
 
 // Why gradient streaming cannot apply to this placement (one line, for the config key), or "" when it
 // can: it writes the gradient to the optimizer's NVMe tier, hands it to the speculative Update (overlap
-// exact), holds whole units of one rank, and with GA > 1 needs the micro batches summed on the device.
+// exact), and holds one unit's reduced gradient at a time (the part this rank keeps), so with GA > 1
+// a unit's micro batches must be summed before the next unit's arrive: one after another, in the
+// layer-major order (layer_major, any number of ranks), or on the device (device_grad_accumulation,
+// one rank).
 inline std::string gradient_streaming_refusal(OffloadDevice optimizer, bool overlap_exact, int world,
-                                              std::int64_t grad_accum, bool device_grad_accum) {
+                                              std::int64_t grad_accum, bool device_grad_accum, bool layer_major) {
   if (optimizer != OffloadDevice::nvme)
     return "needs offload_optimizer.device nvme (it is " + std::string(to_string(optimizer)) +
            "): the streamed gradient's second copy is written to the optimizer's NVMe folder";
   if (!overlap_exact)
     return "needs train.overlap \"exact\" (it is \"none\"): the gradient is streamed to the speculative Update";
-  if (world > 1) return "takes one rank (this job has " + std::to_string(world) + ")";
-  if (grad_accum > 1 && !device_grad_accum)
-    return "with gradient_accumulation_steps " + std::to_string(grad_accum) +
-           " needs offload_optimizer.device_grad_accumulation true (the micro batches summed on the device)";
+  if (grad_accum > 1 && !layer_major) {
+    if (world > 1)
+      return "with several ranks (this job has " + std::to_string(world) + ") and gradient_accumulation_steps " +
+             std::to_string(grad_accum) +
+             " needs offload_optimizer.layer_major true (each unit's micro batches one after another): each rank "
+             "sums its micro batches' reduced gradients in host memory";
+    if (!device_grad_accum)
+      return "with gradient_accumulation_steps " + std::to_string(grad_accum) +
+             " needs offload_optimizer.layer_major true (each unit's micro batches one after another) or "
+             "device_grad_accumulation true (the micro batches summed on the device)";
+  }
   return "";
 }
 

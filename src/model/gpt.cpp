@@ -59,8 +59,8 @@ GptActs GptModel::carve(ViewCursor& c) const {
 }
 
 GptModel::GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
-                   bool offload_checkpoints, bool pin_checkpoints)
-    : FamilyModel(s, B, checkpointing, dev, ops) {
+                   bool offload_checkpoints, bool pin_checkpoints, int micro_batches)
+    : FamilyModel(s, B, checkpointing, dev, ops, micro_batches) {
   allocate(offload_checkpoints, pin_checkpoints, true, "final LayerNorm and logits");
 }
 

@@ -46,7 +46,7 @@ class GptModel final : public FamilyModel<GptModel, GptActs> {
   // offload_checkpoints: the checkpointed block inputs live in host memory (lm.h, Checkpoints),
   // page-locked unless pin_checkpoints is false.
   GptModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
-           bool offload_checkpoints = false, bool pin_checkpoints = true);
+           bool offload_checkpoints = false, bool pin_checkpoints = true, int micro_batches = 1);
 
   const ModelShape& shape() const { return shape_; }
   int batch() const { return B_; }

@@ -67,8 +67,8 @@ LlamaActs LlamaModel::carve(ViewCursor& c) const {
 }
 
 LlamaModel::LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
-                       bool offload_checkpoints, bool pin_checkpoints)
-    : FamilyModel(s, B, checkpointing, dev, ops),
+                       bool offload_checkpoints, bool pin_checkpoints, int micro_batches)
+    : FamilyModel(s, B, checkpointing, dev, ops, micro_batches),
       T_(s.seq_len),
       C_(s.d_model),
       H_(s.n_head),

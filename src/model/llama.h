@@ -43,7 +43,7 @@ class LlamaModel final : public FamilyModel<LlamaModel, LlamaActs> {
   // offload_checkpoints: the checkpointed block inputs live in host memory (lm.h, Checkpoints),
   // page-locked unless pin_checkpoints is false.
   LlamaModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
-             bool offload_checkpoints = false, bool pin_checkpoints = true);
+             bool offload_checkpoints = false, bool pin_checkpoints = true, int micro_batches = 1);
 
  private:
   friend class FamilyModel<LlamaModel, LlamaActs>;

@@ -24,12 +24,21 @@ double forward_mean_loss(LanguageModel& m, Device& dev, UnitSource& src, const i
   return ops::mean_loss(rows.data(), m.rows());
 }
 
+void LanguageModel::forward_layers(UnitSource&, int, const int* const*) {
+  throw Error("this model has no layer-major walk");
+}
+void LanguageModel::backward_layers(UnitSource&, int, const int* const*, const int* const*, float,
+                                    const std::function<void(int)>&) {
+  throw Error("this model has no layer-major walk");
+}
+
 std::unique_ptr<LanguageModel> make_model(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
-                                          bool offload_checkpoints, bool pin_checkpoints) {
+                                          bool offload_checkpoints, bool pin_checkpoints, int micro_batches) {
   const bool offload = checkpointing && offload_checkpoints;
+  ZINF_CHECK(micro_batches >= 1 && (micro_batches == 1 || checkpointing));
   if (s.family == ModelFamily::llama)
-    return std::make_unique<LlamaModel>(s, B, checkpointing, dev, ops, offload, pin_checkpoints);
-  return std::make_unique<GptModel>(s, B, checkpointing, dev, ops, offload, pin_checkpoints);
+    return std::make_unique<LlamaModel>(s, B, checkpointing, dev, ops, offload, pin_checkpoints, micro_batches);
+  return std::make_unique<GptModel>(s, B, checkpointing, dev, ops, offload, pin_checkpoints, micro_batches);
 }
 
 void Checkpoints::allocate(Device& dev, DType storage, std::size_t row_elems, std::size_t row_bytes, std::size_t n,

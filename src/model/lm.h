@@ -31,6 +31,9 @@ class UnitSource {
   virtual void done_with(std::size_t unit) = 0;
   virtual float* grads(std::size_t unit) = 0;     // fp32 device buffer, zero at first request per micro batch
   virtual void grads_done(std::size_t unit) = 0;  // this micro batch's gradient of the unit is complete
+  // The layer-major walk (LanguageModel::forward_backward_layers): the following grads / grads_done
+  // are of micro batch m.
+  virtual void micro_batch(std::int64_t) {}
 };
 
 // Every unit resident: plain arrays (tests, and the simplest engine).
@@ -71,6 +74,19 @@ class LanguageModel {
   // for a mean loss; loss_scale / the step's unmasked targets with masked targets); the units'
   // gradient buffers are accumulated (+=).
   virtual void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) = 0;
+  // Forward and backward of n micro batches in the layer-major order (a model made for n micro
+  // batches, make_model; checkpointing): each unit's weights are asked for once per pass and every
+  // micro batch goes through a unit before the next unit. forward_layers runs the embedding and the
+  // blocks, keeping every micro batch's checkpoints; backward_layers runs the top micro batch by micro
+  // batch — the final norm and the head forward, `loss(m)` while micro batch m's row losses are in
+  // row_losses(), their backward — then the blocks and the embedding backward. Unit u's gradient of
+  // micro batch m is asked for and completed after src.micro_batch(m), the micro batches of a unit one
+  // after another (those of the unit the tied LM head shares with the embedding stay open from the
+  // head's backward to the embedding's). Every op is the one forward() and backward() run for that
+  // micro batch, on the same inputs: the gradients are bitwise those of the micro batches in turn.
+  virtual void forward_layers(UnitSource& src, int n, const int* const* tokens);
+  virtual void backward_layers(UnitSource& src, int n, const int* const* tokens, const int* const* targets,
+                               float dscale, const std::function<void(int)>& loss);
   // With activation_checkpointing.cpu_checkpointing, the checkpoint copies' and waits' seconds since
   // the last call (Checkpoints::take_times); nothing otherwise.
   virtual CheckpointTimes take_checkpoint_times() { return {}; }
@@ -247,8 +263,11 @@ struct BlockActivations {
 // `offload_checkpoints` (activation_checkpointing.cpu_checkpointing, with `checkpointing` only): the
 // checkpointed block inputs live in host memory (Checkpoints), page-locked unless `pin_checkpoints`
 // is false (the offload sections' pin_memory).
+// `micro_batches` > 1 (with checkpointing only): the model keeps the checkpoints of that many micro
+// batches, for forward_backward_layers.
 std::unique_ptr<LanguageModel> make_model(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops,
-                                          bool offload_checkpoints = false, bool pin_checkpoints = true);
+                                          bool offload_checkpoints = false, bool pin_checkpoints = true,
+                                          int micro_batches = 1);
 // The family's initialisation of unit `unit` (deterministic per unit and seed).
 void init_model_unit(float* p, std::size_t unit, const ModelShape& s, std::uint64_t seed);
 

@@ -31,6 +31,7 @@
 
 #include "model/lm.h"
 #include "zinf/device.h"
+#include "zinf/error.h"
 
 namespace zinf {
 
@@ -158,6 +159,120 @@ struct UnitWalk {
     }
     src.grads_done(0);
   }
+
+  // The layer-major order (LanguageModel::forward_backward_layers): the same ops as forward() then
+  // backward() for each micro batch in turn, each unit's micro batches one after another. Checkpoint
+  // j holds every micro batch's row (FamilyModel::select picks one), so the Checkpoints protocol —
+  // forward before_write / written for j = 0..L, backward acquire / release for j = L..0 — is
+  // unchanged; each micro batch's residual gradient is kept (dres_mb_) from one unit to the next.
+  static void forward_layers(M& m, UnitSource& src, int G, const int* const* tokens) {
+    const std::size_t L = static_cast<std::size_t>(m.shape_.n_layer);
+    const std::size_t RC = static_cast<std::size_t>(m.R_) * static_cast<std::size_t>(m.shape_.d_model);
+    ZINF_CHECK(m.ckpt_ && G >= 1 && G <= m.G_);
+    auto input_of = [&](std::size_t l) -> ConstTensorView { return l > 0 ? m.acts_.blocks[l - 1].out : m.acts_.x0; };
+    // Forward: the embedding, then each block, every micro batch through it.
+    {
+      const ConstTensorView emb = src.weights(0);
+      m.acts_.before_write(0);
+      for (int mb = 0; mb < G; ++mb) {
+        m.select(mb);
+        BusyScope busy(m.dev_, StreamRole::compute, {"forward", 0});
+        m.embed_forward(emb, tokens[mb]);
+      }
+      m.acts_.written(0);
+      src.done_with(0);
+    }
+    for (std::size_t l = 0; l < L; ++l) {
+      const auto bw = m.block_weights(src.weights(l + 1));
+      m.acts_.before_write(l + 1);
+      for (int mb = 0; mb < G; ++mb) {
+        m.select(mb);
+        BusyScope busy(m.dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(l + 1)});
+        m.block_forward(bw, input_of(l), m.acts_.recompute, static_cast<int>(l));
+        m.ops_.copy(m.acts_.blocks[l].out, m.acts_.recompute.out, RC);
+      }
+      m.acts_.written(l + 1);
+      src.done_with(l + 1);
+    }
+  }
+
+  static void backward_layers(M& m, UnitSource& src, int G, const int* const* tokens, const int* const* targets,
+                              float dscale, const std::function<void(int)>& loss) {
+    const std::size_t L = static_cast<std::size_t>(m.shape_.n_layer);
+    const std::size_t RC = static_cast<std::size_t>(m.R_) * static_cast<std::size_t>(m.shape_.d_model);
+    ZINF_CHECK(m.ckpt_ && G >= 1 && G <= m.G_);
+    auto input_of = [&](std::size_t l) -> ConstTensorView { return l > 0 ? m.acts_.blocks[l - 1].out : m.acts_.x0; };
+    // The top, micro batch by micro batch: the final norm and the head forward, the loss, their
+    // backward. With the head in the embedding, unit 0's gradient of each micro batch stays open until
+    // the embedding's backward at the end.
+    const bool tied = m.head_in_embedding();
+    const ConstTensorView fin = src.weights(L + 1);
+    const ConstTensorView head = tied ? src.weights(0) : fin;
+    const std::size_t head_unit = tied ? 0 : L + 1;
+    m.acts_.acquire(L);
+    for (int mb = 0; mb < G; ++mb) {
+      m.select(mb);
+      const ConstTensorView last = input_of(L);
+      {
+        BusyScope busy(m.dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(L + 1)});
+        m.norm_forward(fin, last);
+      }
+      {
+        BusyScope busy(m.dev_, StreamRole::compute, {"forward", static_cast<std::int64_t>(head_unit)});
+        m.head_forward(head, targets[mb]);
+      }
+      loss(mb);
+      src.micro_batch(mb);
+      float* dhead = src.grads(head_unit);
+      {
+        BusyScope busy(m.dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(head_unit)});
+        m.head_backward(head, dhead, targets[mb], dscale);
+      }
+      float* dfin = tied ? src.grads(L + 1) : dhead;
+      {
+        BusyScope busy(m.dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(L + 1)});
+        m.dres_a_ = m.dres_mb_[0][static_cast<std::size_t>(mb)];
+        m.ops_.zero(m.dres_a_, RC);
+        m.norm_backward(fin, dfin, last);
+      }
+      src.grads_done(L + 1);
+    }
+    m.acts_.release(L);
+    if (tied) src.done_with(0);
+    src.done_with(L + 1);
+    // Backward: each block, every micro batch through it (recomputed from its checkpoint).
+    std::size_t cur = 0;  // dres_mb_[cur][mb]: micro batch mb's gradient of the current block's output
+    for (std::size_t l = L; l-- > 0;) {
+      m.acts_.acquire(l);
+      const auto bw = m.block_weights(src.weights(l + 1));
+      for (int mb = 0; mb < G; ++mb) {
+        m.select(mb);
+        src.micro_batch(mb);
+        const auto bg = m.block_grads(src.grads(l + 1));
+        {
+          BusyScope busy(m.dev_, StreamRole::compute, {"backward", static_cast<std::int64_t>(l + 1)});
+          m.block_forward(bw, input_of(l), m.acts_.recompute, static_cast<int>(l));
+          m.block_backward(bw, bg, input_of(l), m.acts_.recompute, m.dres_mb_[cur][static_cast<std::size_t>(mb)],
+                           m.dres_mb_[cur ^ 1][static_cast<std::size_t>(mb)], static_cast<int>(l));
+        }
+        src.grads_done(l + 1);
+      }
+      m.acts_.release(l);
+      src.done_with(l + 1);
+      cur ^= 1;
+    }
+    for (int mb = 0; mb < G; ++mb) {
+      src.micro_batch(mb);
+      float* d0 = src.grads(0);
+      {
+        BusyScope busy(m.dev_, StreamRole::compute, {"backward", 0});
+        m.embed_backward(d0, m.dres_mb_[cur][static_cast<std::size_t>(mb)], tokens[mb]);
+      }
+      src.grads_done(0);
+    }
+    m.select(0);
+    m.dres_a_ = m.dres_a_home_;
+  }
 };
 
 // What the model families share: the LanguageModel calls (the walk above over M's steps), the state
@@ -180,13 +295,20 @@ class FamilyModel : public LanguageModel {
   void backward(UnitSource& src, const int* tokens, const int* targets, float dscale) override {
     UnitWalk<M>::backward(self(), src, tokens, targets, dscale);
   }
+  void forward_layers(UnitSource& src, int n, const int* const* tokens) override {
+    UnitWalk<M>::forward_layers(self(), src, n, tokens);
+  }
+  void backward_layers(UnitSource& src, int n, const int* const* tokens, const int* const* targets, float dscale,
+                       const std::function<void(int)>& loss) override {
+    UnitWalk<M>::backward_layers(self(), src, n, tokens, targets, dscale, loss);
+  }
   CheckpointTimes take_checkpoint_times() override {
     return acts_.checkpointing ? acts_.ckpt.take_times() : CheckpointTimes{};
   }
 
  protected:
-  FamilyModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops)
-      : shape_(s), B_(B), R_(B * s.seq_len), ckpt_(checkpointing), dev_(dev), ops_(ops) {}
+  FamilyModel(const ModelShape& s, int B, bool checkpointing, Device& dev, OpsBackend& ops, int micro_batches = 1)
+      : shape_(s), B_(B), R_(B * s.seq_len), G_(micro_batches), ckpt_(checkpointing), dev_(dev), ops_(ops) {}
 
   // Allocates the activations (checkpointed in host memory with offload_checkpoints, page-locked
   // unless pin_checkpoints is false), the head buffer (`head_what` in its allocation's name; with
@@ -196,8 +318,18 @@ class FamilyModel : public LanguageModel {
                       L = static_cast<std::size_t>(shape_.n_layer);
     const DType S = ops_.storage_dtype();
     const LogitsRows logits = ops_.logits_rows();
-    acts_.allocate(dev_, S, R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
+    const auto G = static_cast<std::size_t>(G_);  // a checkpoint row holds every micro batch's
+    acts_.allocate(dev_, S, G * R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
                    [this](ViewCursor& c) { return self().carve(c); });
+    if (G > 1) {  // each micro batch's residual gradient, twice (a block's output and input)
+      ViewCursor measure(nullptr, S);
+      for (std::size_t i = 0; i < 2 * G; ++i) measure.take(R * C);
+      dres_mb_buf_ = DeviceBuffer(dev_, measure.bytes(), "residual gradients of the micro batches");
+      ViewCursor c(dres_mb_buf_.as<void>(), S);
+      for (auto& set : dres_mb_)
+        for (std::size_t i = 0; i < G; ++i) set.push_back(c.take(R * C));
+    }
+    select(0);
     auto head = [&](ViewCursor& c) {
       lnf_ = c.take(R * C);
       if (norm_mean) lnf_mean_ = c.take_fp32(R);
@@ -222,10 +354,21 @@ class FamilyModel : public LanguageModel {
     ViewCursor hc(head_buf_.as<void>(), S), gc(grad_buf_.as<void>(), S);
     head(hc);
     scratch(gc);
+    dres_a_home_ = dres_a_;
+  }
+
+  // The views x0 and each block's .out of micro batch mb's row in every checkpoint.
+  void select(int mb) {
+    if (!ckpt_) return;
+    const std::size_t RC = static_cast<std::size_t>(R_) * static_cast<std::size_t>(shape_.d_model),
+                      at = static_cast<std::size_t>(mb) * RC;
+    acts_.x0 = slice(acts_.ckpt.at(0), at, RC);
+    for (std::size_t l = 0; l < acts_.blocks.size(); ++l) acts_.blocks[l].out = slice(acts_.ckpt.at(l + 1), at, RC);
   }
 
   ModelShape shape_;
   int B_, R_;
+  int G_;  // the micro batches the checkpoints hold (forward_backward_layers)
   bool ckpt_;
   Device& dev_;
   OpsBackend& ops_;
@@ -233,6 +376,9 @@ class FamilyModel : public LanguageModel {
   DeviceBuffer head_buf_, grad_buf_;
   TensorView lnf_, lnf_mean_, lnf_rstd_, probs_, losses_;
   TensorView dres_a_, dres_b_, dres2_, dnorm_, datty_, dlogits_;
+  TensorView dres_a_home_;                  // dres_a_ as allocated (the layer-major walk points it elsewhere)
+  DeviceBuffer dres_mb_buf_;                // G_ > 1: the micro batches' residual gradients
+  std::vector<TensorView> dres_mb_[2];      //   [set][micro batch]
 
  private:
   M& self() { return static_cast<M&>(*this); }

@@ -12,6 +12,7 @@
 #include "../offload/engine_harness.h"
 #include "dp_world.h"
 #include "stream_comm.h"
+#include "zinf/error.h"
 #include "zinf/offload/placement.h"
 
 namespace zinf::offload::test {
@@ -303,6 +304,180 @@ TEST(EngineDp, EachRankAllocatesWhatItsPlanSays) {
   const auto s0 = make_plan(in).totals[0];
   in.stage = 3;
   EXPECT_LT(make_plan(in).totals[0], s0);
+}
+
+// ---- gradient streaming (offload_optimizer.gradient_streaming) across ranks ----
+
+std::uint64_t plan_row(const std::vector<Row>& rows, const std::string& name, int tier) {
+  for (const Row& r : rows)
+    if (r.name == name) return r.bytes[static_cast<std::size_t>(tier)];
+  return 0;
+}
+
+std::uint64_t swap_file_bytes(const fs::path& dir) {
+  std::uint64_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && e.path().filename().string().rfind("store.", 0) == 0) total += e.file_size();
+  return total;
+}
+
+EngineConfig streaming_dp(int stage, OffloadDevice param, Precision prec, const std::string& dir, bool on = true) {
+  EngineConfig c = dp_config(stage, OffloadDevice::nvme, param, prec, 1, Overlap::exact, dir);
+  c.plan.gradient_streaming = on;
+  return c;
+}
+
+// Each rank's plan with streaming: no host gradient; on NVMe the fp32 reduced gradient of the part it
+// keeps (its shard under stage ≥ 2, with 3 ranks an empty one for the 300-parameter unit, else every
+// unit whole), each unit's tensor padded to 4 KiB; in pinned memory two ring slots of the largest of
+// those parts. The engine holds exactly the plan's bytes on every tier, its swap files included, and
+// claims every handoff of its step graph.
+TEST(EngineDp, StreamingRanksHoldTheirKeptGradientOnNvmeAndTheirPlansBytes) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  constexpr int D = 0, P = 1, H = 2, NV = 3;
+  const int W = world().size(), R = world().rank();
+  for (int stage : {1, 2, 3})
+    for (auto param : {OffloadDevice::none, OffloadDevice::nvme})
+      for (bool speculative : {false, true}) {
+        if (param != OffloadDevice::none && stage < 3) continue;
+        SCOPED_TRACE("stage " + std::to_string(stage) + " param " + std::string(to_string(param)) +
+                     (speculative ? " speculative" : ""));
+        EngineConfig c = streaming_dp(stage, param, Precision::bf16, dir.p.string());
+        c.plan.speculative = speculative;
+        EngineConfig off = c;
+        off.plan.gradient_streaming = false;
+        const Plan on_plan = make_plan(c.plan), off_plan = make_plan(off.plan);
+        std::uint64_t nvme = 0, largest = 0, whole = 0;
+        for (std::int64_t n : c.plan.unit_params) {
+          const std::uint64_t N = static_cast<std::uint64_t>(n);
+          const std::uint64_t kept = stage >= 2 ? shard_of(N, W, R).len() : N;
+          nvme += (kept * 4 + 4095) / 4096 * 4096;
+          largest = std::max(largest, kept);
+          whole += kept * 4;
+        }
+        EXPECT_EQ(plan_row(off_plan.states, "grad32", H), whole) << "without streaming: the kept fp32 sum on the host";
+        EXPECT_EQ(plan_row(on_plan.states, "grad32", H), 0u);
+        EXPECT_EQ(plan_row(on_plan.states, "grad32", NV), nvme);
+        const std::uint64_t ring = (speculative ? 2 : 1) * ((largest * 4 + 4095) / 4096 * 4096);  // one: no speculation
+        EXPECT_EQ(plan_row(on_plan.buffers, "grad ring", P), ring);
+        EXPECT_EQ(on_plan.totals[H], off_plan.totals[H] - whole);
+        EXPECT_EQ(on_plan.totals[P], off_plan.totals[P] + ring);
+        EXPECT_EQ(on_plan.totals[NV], off_plan.totals[NV] + nvme);
+        EXPECT_EQ(on_plan.totals[D], off_plan.totals[D]);
+        auto dev = make_cpu_device(256 << 20);
+        {
+          Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
+          const TierBytes held = e.held_bytes();
+          for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], on_plan.totals[t]) << tier_name(static_cast<Tier>(t));
+          EXPECT_EQ(e.pinned_capacity(), held[P]);
+          EXPECT_EQ(swap_file_bytes(dir.p), held[NV]);
+          const auto unclaimed = e.unclaimed_handoffs();
+          EXPECT_TRUE(unclaimed.empty()) << unclaimed.front();
+        }
+        EXPECT_EQ(dev->in_use(), 0u);
+      }
+}
+
+// Streamed gradients across ranks give the masters of the same ranks without streaming, bit for bit:
+// ZeRO stages 1, 2 and 3 (parameters on the device and on NVMe), fp32 and fp16, on the synchronous
+// and the jittered asynchronous device; the Update reads every unit's kept gradient back from NVMe
+// (run_on expects no step, so nothing speculates: train_dp_test covers the speculation).
+TEST(EngineDp, StreamingGivesTheMastersOfTheRanksWithoutIt) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  for (Precision prec : {Precision::fp32, Precision::fp16}) {
+    const auto ref = run_dp(streaming_dp(2, OffloadDevice::none, prec, dir.p.string(), false), 3);
+    for (int stage : {1, 2, 3})
+      for (auto param : {OffloadDevice::none, OffloadDevice::nvme})
+        for (bool async : {false, true}) {
+          if (param != OffloadDevice::none && stage < 3) continue;
+          const std::string what = "stage " + std::to_string(stage) + " param " + std::string(to_string(param)) + " " +
+                                   std::string(to_string(prec)) + (async ? " async" : "");
+          CpuDeviceOptions o;
+          o.async = async;
+          o.jitter = async ? JitterSpec{9 + static_cast<std::uint64_t>(world().rank()), 100} : JitterSpec{};
+          std::vector<std::vector<float>> got;
+          within(120, what, [&] { got = run_dp(streaming_dp(stage, param, prec, dir.p.string()), 3, o); });
+          EXPECT_EQ(digest(got), digest(ref)) << what;
+        }
+  }
+}
+
+// The speculative Update across ranks takes each unit's kept gradient from its ring slot: with no
+// clipping its sub-groups are updated speculatively and kept (nothing read back); with every step
+// clipped they are redone with the gradients read back from NVMe. The masters equal the ranks'
+// speculative Update without streaming bit for bit, and the ranks agree; three steps, stages 1, 2, 3.
+TEST(EngineDp, StreamedSpeculationTakesTheKeptGradientFromTheRing) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  const int R = world().rank(), W = world().size();
+  for (int stage : {1, 2, 3})
+    for (double clip : {0.0, 1.0}) {
+      const std::string what = "stage " + std::to_string(stage) + " clip " + std::to_string(clip);
+      std::vector<std::uint64_t> digests;
+      std::int64_t updated = 0, rollbacks = 0;
+      for (bool on : {true, false}) {
+        EngineConfig c = streaming_dp(stage, OffloadDevice::none, Precision::bf16, dir.p.string(), on);
+        c.plan.speculative = true;
+        auto dev = make_cpu_device(256 << 20);
+        std::vector<std::vector<float>> masters;
+        within(120, what, [&] {
+          Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
+          for (int s = 1; s <= 3; ++s) {
+            e.expect_step(options(s, clip));
+            forward_backward(e, c, s, R, W);
+            EXPECT_TRUE(e.step(options(s, clip)).finite);
+          }
+          e.synchronize();
+          for (std::size_t u = 0; u < c.plan.unit_params.size(); ++u) {
+            masters.emplace_back(c.plan.unit_params[u]);
+            e.read_master(u, masters.back().data());
+          }
+          if (on) updated = e.speculation_counts().updated, rollbacks = e.speculation_counts().rollbacks;
+        });
+        digests.push_back(digest(masters));
+      }
+      EXPECT_EQ(digests[0], digests[1]) << what;
+      EXPECT_TRUE(world().same(digests[0])) << what;
+      // Every rank keeps sub-groups of the large units (stage ≥ 1 shards the states): unclipped, each
+      // speculates from its ring and keeps it all. Clipped (the norm is about 6), the speculation stops
+      // once a rank's norm so far passes the clip — on a rank whose first unit is large, before it
+      // updates anything —, and some rank's is redone.
+      const double rolled = world().sum(static_cast<double>(rollbacks));
+      if (clip == 0.0) {
+        EXPECT_GT(updated, 0) << what << ": nothing updated speculatively from the ring";
+        EXPECT_EQ(rollbacks, 0) << what;
+      } else {
+        EXPECT_GT(rolled, 0.0) << what << ": every step clips";
+      }
+    }
+}
+
+// What stays refused with several ranks: gradient accumulation in the micro-batch order (each rank
+// sums its micro batches' reduced gradients in host memory, which the ring keeps only for a unit whose
+// micro batches come one after another: layer_major). One line, before the engine allocates anything
+// and before any collective.
+TEST(EngineDp, StreamingWithGradientAccumulationIsRefusedBeforeAllocating) {
+  ZINF_NEED_RANKS();
+  Dir dir("zinf-dp-test");
+  EngineConfig c = dp_config(2, OffloadDevice::nvme, OffloadDevice::none, Precision::bf16, 2, Overlap::exact, dir.p);
+  c.plan.gradient_streaming = true;
+  auto dev = make_cpu_device(256 << 20);
+  try {
+    Engine e(c, *dev, [&](std::size_t u, float* p) { init(u, p, c.plan.unit_params[u]); });
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("offload engine: gradient_streaming with several ranks (this job has " +
+                     std::to_string(world().size()) +
+                     ") and gradient_accumulation_steps 2 needs offload_optimizer.layer_major true"),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  EXPECT_EQ(dev->peak(), 0u);
+  EXPECT_TRUE(fs::is_empty(dir.p));
 }
 
 TEST(EngineDp, CheckpointStatesMoveBetweenStagesAndWorldSizes) {

@@ -10,12 +10,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "app/config/config.h"
 #include "app/train/train.h"
 #include "dp_world.h"
+#include "nlohmann/json.hpp"
 #include "zinf/error.h"
 
 namespace zinf::test {
@@ -236,6 +238,154 @@ TEST(TrainDp, CheckpointsResumeOnAnotherWorldSize) {
           false, "latest");
   EXPECT_EQ(resumed.resumed_from, 2);
   EXPECT_EQ(resumed.params_digest, straight.params_digest);
+}
+
+// ---- gradient streaming (offload_optimizer.gradient_streaming) across ranks ----
+
+// A run's digest and every step's loss, loss scale, gradient norm and skip (rank 0's metrics file:
+// the same path on every rank of a job, whose configs must agree; a solo run's is its rank's own).
+struct Steps {
+  std::string digest;
+  std::vector<std::string> steps;  // rank 0 only
+  std::int64_t rollbacks = 0, skipped = 0;
+};
+
+Steps run_steps(const std::string& dir, std::vector<std::string> over, bool solo = false) {
+  const std::string metrics =
+      dir + (solo ? "/metrics-solo-" + std::to_string(world().rank()) + ".jsonl" : std::string("/metrics.jsonl"));
+  if (solo || world().rank() == 0) fs::remove(metrics);
+  over.push_back("train.metrics_file=" + metrics);
+  const TrainResult r = run(dir, over, solo);
+  Steps out{r.params_digest, {}, r.rollbacks, r.skipped};
+  if (solo || world().rank() == 0) {
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("loss")) continue;
+      out.steps.push_back(nlohmann::json{{"loss", j["loss"]},
+                                         {"loss_scale", j["loss_scale"]},
+                                         {"grad_norm", j["grad_norm"]},
+                                         {"skipped", j["skipped"]}}
+                              .dump());
+    }
+  }
+  if (!solo) world().barrier();  // rank 0 has read the file before the next run rewrites it
+  return out;
+}
+
+// Streamed gradients across ranks (GA 1; the optimizer on NVMe): the Reduce lands each unit's part
+// this rank keeps in a ring slot, writes it to NVMe, and hands it to the speculative Update, or (with
+// `speculative: false`) to the Update after the barrier, which reads it back. For ZeRO stages 1, 2
+// and 3 (parameters on the device and on NVMe), with steps that never clip, sometimes clip (redone
+// with the gradients read back) and always clip, and overflowing fp16 steps: the digest and every
+// step's loss, loss scale, norm and skip equal the same ranks without streaming, on the jittered
+// asynchronous device; and the ranks' norms equal one rank's with their accumulation, bit for bit.
+TEST(TrainDp, StreamingGradientsGiveTheDigestAndNormsOfTheRunWithoutThem) {
+  ZINF_NEED_RANKS();
+  SharedDir dir;
+  const bool full = world().size() == 2;  // 3 ranks (an odd world, an empty last shard): fewer cases
+  const std::vector<std::vector<std::string>> settings = {
+      {"gradient_clipping=1e9"},
+      {"gradient_clipping=3"},
+      {"gradient_clipping=0.05"},
+      {"fp16.initial_scale_power=18", "fp16.hysteresis=1", "gradient_clipping=0", "train.steps=4"},
+  };
+  std::vector<std::vector<std::string>> placements = {
+      {"zero_optimization.stage=1"}, {"zero_optimization.stage=2"}, {"zero_optimization.stage=3"}};
+  if (full) placements.push_back({"zero_optimization.stage=3", "zero_optimization.offload_param.device=nvme"});
+  std::uint64_t seed = 31;
+  std::int64_t rollbacks = 0;
+  for (std::size_t k = 0; k < settings.size(); ++k) {
+    if (!full && k == 1) continue;
+    std::string setting;
+    for (const auto& x : settings[k]) setting += x + " ";
+    std::vector<std::string> base = settings[k];
+    base.push_back("zero_optimization.offload_optimizer.device=nvme");
+    base.push_back("zero_optimization.stage=1");  // (one rank; each placement below sets its own)
+    const Steps one = run_steps(dir.p, base, /*solo=*/true);
+    EXPECT_FALSE(one.steps.empty()) << setting;
+    if (k == 3) {  // some steps overflow and are skipped, the others applied
+      EXPECT_GT(one.skipped, 0) << "the config does overflow";
+      EXPECT_LT(one.skipped, static_cast<std::int64_t>(one.steps.size()));
+    }
+    for (const auto& placement : placements) {
+      std::vector<std::string> o = base;
+      o.insert(o.end(), placement.begin(), placement.end());
+      std::string what = setting;
+      for (const auto& x : placement) what += x + " ";
+      auto without = o;
+      without.push_back("zero_optimization.offload_optimizer.gradient_streaming=false");
+      const Steps ref = run_steps(dir.p, without);
+      EXPECT_EQ(ref.digest, one.digest) << what;
+      if (world().rank() == 0) {
+        EXPECT_EQ(ref.steps, one.steps) << what << "(the ranks' norms are one rank's)";
+      }
+      for (const char* speculative : {"true", "false"}) {
+        auto with = o;
+        for (const std::string& x :
+             {std::string("zero_optimization.offload_optimizer.gradient_streaming=true"),
+              "zero_optimization.offload_optimizer.speculative=" + std::string(speculative),
+              std::string("device.async=true"), "device.jitter_seed=" + std::to_string(seed++),
+              std::string("device.jitter_us=100")})
+          with.push_back(x);
+        Steps got;
+        within(120, what + "streaming, speculative " + speculative, [&] { got = run_steps(dir.p, with); });
+        EXPECT_EQ(got.digest, ref.digest) << what << "speculative " << speculative;
+        EXPECT_EQ(got.skipped, ref.skipped) << what << "speculative " << speculative;
+        if (world().rank() == 0) {
+          EXPECT_EQ(got.steps, ref.steps) << what << "speculative " << speculative;
+        }
+        rollbacks += got.rollbacks;
+      }
+    }
+  }
+  // Some speculation ran ahead of a clipped or overflowed step, and was redone with the gradients read
+  // back from NVMe or undone.
+  EXPECT_GT(world().sum(static_cast<double>(rollbacks)), 0.0) << "no speculation redone or undone";
+}
+
+// The layer-major order (offload_optimizer.layer_major) across ranks, GA 3: every rank walks the same
+// units in the same order, so each micro batch's buckets are reduced across ranks as they come, and
+// each rank sums its part of a unit's micro batches one after another — in its host gradient, or with
+// streaming in a ring slot. The digest and every step must be those of the micro-batch order on the
+// synchronous device, for ZeRO stages 1-3 (and parameters on NVMe), clipping some steps.
+TEST(TrainDp, LayerMajorGivesTheDigestOfTheMicroBatchOrder) {
+  ZINF_NEED_RANKS();
+  SharedDir dir;
+  const bool full = world().size() == 2;
+  std::vector<std::vector<std::string>> placements = {
+      {"zero_optimization.stage=1"}, {"zero_optimization.stage=2"}, {"zero_optimization.stage=3"}};
+  if (full) placements.push_back({"zero_optimization.stage=3", "zero_optimization.offload_param.device=nvme"});
+  std::uint64_t seed = 61;
+  for (const auto& placement : placements) {
+    std::vector<std::string> o = {"zero_optimization.offload_optimizer.device=nvme", "gradient_accumulation_steps=3",
+                                  "model.activation_checkpointing=true", "gradient_clipping=0.3"};
+    o.insert(o.end(), placement.begin(), placement.end());
+    std::string what;
+    for (const auto& x : placement) what += x + " ";
+    auto micro = o;
+    micro.push_back("zero_optimization.offload_optimizer.layer_major=false");
+    const Steps ref = run_steps(dir.p, micro);
+    // Streaming with the speculative Update (two ring slots) and without it (one).
+    for (const char* streaming : {"false", "true", "true speculative=false"}) {
+      if (!full && streaming[0] == 't' && streaming[4] == ' ') continue;
+      auto with = o;
+      if (std::string(streaming) == "true speculative=false")
+        with.push_back("zero_optimization.offload_optimizer.speculative=false");
+      for (const std::string& x : {std::string("zero_optimization.offload_optimizer.layer_major=true"),
+                                   "zero_optimization.offload_optimizer.gradient_streaming=" +
+                                       std::string(streaming).substr(0, std::string(streaming).find(' ')),
+                                   std::string("device.async=true"), "device.jitter_seed=" + std::to_string(seed++),
+                                   std::string("device.jitter_us=100")})
+        with.push_back(x);
+      Steps got;
+      within(120, what + "layer-major, streaming " + streaming, [&] { got = run_steps(dir.p, with); });
+      EXPECT_EQ(got.digest, ref.digest) << what << "streaming " << streaming;
+      if (world().rank() == 0) {
+        EXPECT_EQ(got.steps, ref.steps) << what << "streaming " << streaming;
+      }
+    }
+  }
 }
 
 TEST(TrainDp, RanksWithDifferentConfigsAreRefusedAtStart) {

@@ -6,7 +6,7 @@
 // asynchronous CPU device: GA 1 (the 16-bit gradient) and GA 4 (the fp32 sum made on the device with
 // device_grad_accumulation), steps that never clip, sometimes clip and always clip, overflowing fp16
 // steps, parameters on the device and on NVMe, 8-bit optimizer states. Each placement streaming cannot
-// serve is refused by the config reader with one line naming the key.
+// serve is refused by the config reader with one line naming the key. (Several ranks: dp_test.)
 // Seeds per configuration: ZINF_ASYNC_SEEDS (default 2).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -180,15 +180,22 @@ TEST(TrainStreamingConfig, EachUnsupportedPlacementIsRefusedWithOneLine) {
            "zero_optimization.offload_optimizer.device_grad_accumulation=true"},
           "needs train.overlap \"exact\"");
   refused({"zero_optimization.offload_optimizer.device=nvme", "gradient_accumulation_steps=2"},
-          "needs offload_optimizer.device_grad_accumulation true");
-  refused({"zero_optimization.offload_optimizer.device=nvme", "gradient_accumulation_steps=1",
-           "train_batch_size=4"},
-          "takes one rank (this job has 2)", 2);
+          "needs offload_optimizer.layer_major true (each unit's micro batches one after another) or "
+          "device_grad_accumulation true");
+  // Several ranks with GA > 1: the layer-major order only (device_grad_accumulation takes one rank).
+  refused({"zero_optimization.offload_optimizer.device=nvme", "gradient_accumulation_steps=2", "train_batch_size=8"},
+          "with several ranks (this job has 2) and gradient_accumulation_steps 2 needs offload_optimizer.layer_major true",
+          2);
   // Accepted where it applies, and off by default.
   const Config on = parse_config(json, {"zero_optimization.offload_optimizer.device=nvme",
                                         "zero_optimization.offload_optimizer.device_grad_accumulation=true",
                                         "zero_optimization.offload_optimizer.gradient_streaming=true"});
   EXPECT_TRUE(on.zero.offload_optimizer.gradient_streaming);
+  EXPECT_TRUE(parse_config(json,
+                           {"zero_optimization.offload_optimizer.device=nvme", "gradient_accumulation_steps=1",
+                            "train_batch_size=4", "zero_optimization.offload_optimizer.gradient_streaming=true"},
+                           "<string>", 2)
+                  .zero.offload_optimizer.gradient_streaming);  // two ranks at GA 1
   EXPECT_TRUE(on.zero.offload_optimizer.speculative);  // implied ...
   EXPECT_FALSE(parse_config(json, {"zero_optimization.offload_optimizer.device=nvme",
                                    "zero_optimization.offload_optimizer.device_grad_accumulation=true",

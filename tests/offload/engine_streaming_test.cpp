@@ -39,7 +39,7 @@ EngineConfig streaming(OffloadDevice param, Precision prec, std::int64_t ga, con
 
 // The host gradient row is gone; the gradient's bytes (2 a parameter at GA 1 in 16-bit runs, 4 for
 // the fp32 sum at GA > 1 or fp32 training) are on NVMe instead, and the ring is two slots of the
-// largest unit's gradient in pinned memory. Streaming implies the speculative Update (the states'
+// largest unit's gradient in pinned memory (one without speculation). Streaming implies the speculative Update (the states'
 // NVMe rows double, as they do with speculation alone); without it they keep one slot. Nothing else moves.
 TEST(EngineStreaming, ThePlanHasTheRingAndTheNvmeGradientAndNoHostGradient) {
   Dir dir;
@@ -67,14 +67,56 @@ TEST(EngineStreaming, ThePlanHasTheRingAndTheNvmeGradientAndNoHostGradient) {
       EXPECT_EQ(b.totals[P], a.totals[P] + row(b.buffers, "grad ring", P));
       EXPECT_EQ(b.totals[D], a.totals[D]);
       EXPECT_EQ(b.totals[NV], a.totals[NV] + nvme);
-      // Without the speculative Update: the states' NVMe rows keep one slot each.
+      // Without the speculative Update: the states' NVMe rows keep one slot each, and the ring one slot
+      // (freed by its NVMe write before the serial Reduce worker takes the next unit).
       off.plan.speculative = on.plan.speculative = false;
       const Plan c = make_plan(off.plan), d = make_plan(on.plan);
       EXPECT_EQ(d.totals[NV], c.totals[NV] + nvme);
       EXPECT_LT(d.totals[NV], b.totals[NV]);
-      EXPECT_EQ(d.totals[P], c.totals[P] + row(b.buffers, "grad ring", P));
+      EXPECT_EQ(row(d.buffers, "grad ring", P), (largest * gb + 4095) / 4096 * 4096);
+      EXPECT_EQ(d.totals[P], c.totals[P] + row(d.buffers, "grad ring", P));
       EXPECT_EQ(d.totals[H], 0u);
     }
+}
+
+// The layer-major order (PlanInput::layer_major): the unit the tied head shares (unit 0 here) has GA
+// device gradient buffers, the other unit with buffers of its own (unit 4) two, the blocks the two
+// shared gradient slots as before; without streaming the host gradient is the fp32 sum, with it the
+// ring of fp32 slots. The engine holds exactly those bytes on every tier, and claims every handoff.
+TEST(EngineStreaming, LayerMajorPlansTheHeadsBuffersPerMicroBatchAndTheEngineHoldsThem) {
+  Dir dir;
+  for (OffloadDevice opt : {OffloadDevice::cpu, OffloadDevice::nvme})
+    for (bool stream : {false, true})
+      for (std::int64_t ga : {2, 4})
+        for (int head : {0, -1}) {
+          if (stream && opt != OffloadDevice::nvme) continue;
+          SCOPED_TRACE(std::string(to_string(opt)) + (stream ? " streaming" : "") + " GA " + std::to_string(ga) +
+                       " head " + std::to_string(head));
+          EngineConfig c = config(opt, OffloadDevice::nvme, Precision::bf16, ga, Overlap::exact, dir.p.string());
+          c.plan.gradient_streaming = stream;
+          c.plan.layer_major = true;
+          c.plan.head_unit = head;
+          EngineConfig micro = c;
+          micro.plan.layer_major = false;
+          micro.plan.gradient_streaming = false;
+          const Plan plan = make_plan(c.plan), usual = make_plan(micro.plan);
+          const std::uint64_t heads = head == 0 ? static_cast<std::uint64_t>(ga) : 2;
+          EXPECT_EQ(row(plan.states, "grad", D), (heads * 5000 + 2 * 300) * 4);
+          EXPECT_EQ(row(usual.states, "grad", D), (5000 + 300) * 4u);
+          EXPECT_EQ(row(plan.buffers, "grad window", D), row(usual.buffers, "grad window", D));
+          if (stream) {
+            EXPECT_EQ(row(plan.states, "grad32", H), 0u);
+            EXPECT_EQ(row(plan.buffers, "grad ring", P), (20000 * 4 + 4095) / 4096 * 4096);  // one: no speculation
+          } else {
+            EXPECT_EQ(row(plan.states, "grad32", H), row(usual.states, "grad32", H));
+          }
+          auto dev = make_cpu_device(64 << 20);
+          Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); });
+          const TierBytes held = e.held_bytes();
+          for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
+          const auto unclaimed = e.unclaimed_handoffs();
+          EXPECT_TRUE(unclaimed.empty()) << unclaimed.front();
+        }
 }
 
 // The engine holds exactly the plan's bytes on every tier (its gradient store's files included), and
@@ -176,7 +218,8 @@ TEST(EngineStreaming, RefusesEachUnsupportedPlacementBeforeAllocating) {
   {
     EngineConfig c = streaming(OffloadDevice::none, Precision::bf16, 2, dir.p.string());
     c.plan.device_grad_accum = false;
-    cases.push_back({c, "needs offload_optimizer.device_grad_accumulation true"});
+    cases.push_back({c, "needs offload_optimizer.layer_major true (each unit's micro batches one after another) or "
+                        "device_grad_accumulation true"});
   }
   for (auto& [c, why] : cases) {
     SCOPED_TRACE(why);

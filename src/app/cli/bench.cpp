@@ -320,13 +320,15 @@ StepRuns run_step_pair(const StepArgs& a, const World& world) {
     runs.checkpoints_compared = true;
   }
   if (!a.baseline) return runs;
-  // Nothing offloaded: no speculation and no device_grad_accumulation (they need the optimizer off the
-  // device), no checkpoints moved.
+  // Nothing offloaded: no speculation, device_grad_accumulation, layer_major or gradient streaming (they
+  // need the optimizer off the device), no checkpoints moved.
   std::vector<std::string> none = common;
   for (const char* o :
        {"zero_optimization.offload_optimizer.device=none", "zero_optimization.offload_param.device=none",
         "zero_optimization.offload_optimizer.speculative=false",
         "zero_optimization.offload_optimizer.device_grad_accumulation=false",
+        "zero_optimization.offload_optimizer.layer_major=false",
+        "zero_optimization.offload_optimizer.gradient_streaming=false",
         "activation_checkpointing.cpu_checkpointing=false"})
     none.push_back(o);
   const Config no_offload = load_run_config(a.config, world.size, none);

@@ -683,7 +683,7 @@ DeprecatedOffload read_deprecated_offload(Section& s) {
 }
 
 void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const DeprecatedOffload& dep, int stage,
-                            bool overlap_none, std::int64_t ga, int world) {
+                            bool overlap_none, std::int64_t ga, int world, bool checkpointing) {
   oo.device = o.get_enum<OffloadDevice>("device", dep.optimizer_cpu ? OffloadDevice::cpu : OffloadDevice::none,
                                         kOffloadDevices);
   oo.nvme_path = o.get_str("nvme_path", "");
@@ -713,11 +713,24 @@ void read_offload_optimizer(Section o, OffloadOptimizerConfig& oo, const Depreca
                                            "): with several, every micro batch's gradients are reduced across ranks");
   if (oo.device_grad_accumulation && ga == 1)
     o.notes()->push_back(o.join("device_grad_accumulation") + ": no effect with gradient_accumulation_steps 1");
+  // zinf: the layer-major order of gradient accumulation (docs/offload-engine.md): every micro batch
+  // through a unit before the next unit, each unit's gradient complete after its micro batches.
+  oo.layer_major = o.get_bool("layer_major", false);
+  if (oo.layer_major && oo.device == OffloadDevice::none)
+    o.fail("layer_major", "needs the optimizer off the device (device cpu or nvme): the micro batches of a unit "
+                          "are summed on the host");
+  if (oo.layer_major && oo.device_grad_accumulation)
+    o.fail("layer_major", "and device_grad_accumulation are two ways to sum the micro batches: choose one");
+  if (oo.layer_major && !checkpointing)
+    o.fail("layer_major", "needs model.activation_checkpointing true: the forward keeps every micro batch's block "
+                          "inputs, not their activations");
+  if (oo.layer_major && ga == 1)
+    o.notes()->push_back(o.join("layer_major") + ": no effect with gradient_accumulation_steps 1");
   // zinf: gradient streaming (docs/offload-engine.md): the host keeps no whole gradient.
   oo.gradient_streaming = o.get_bool("gradient_streaming", false);
   if (oo.gradient_streaming) {
     const std::string why = gradient_streaming_refusal(oo.device, !overlap_none, world, ga,
-                                                                oo.device_grad_accumulation);
+                                                       oo.device_grad_accumulation, oo.layer_major);
     if (!why.empty()) o.fail("gradient_streaming", why);
     // Each unit's gradient goes to the speculative Update as it is reduced: on unless the config says
     // `speculative: false` (then the Update reads every gradient back from NVMe after the barrier,
@@ -804,7 +817,8 @@ void read_zero(Section s, ZeroConfig& z, const ModelConfig& model, bool overlap_
   k = s.pick({"stage3_param_persistence_threshold", "param_persistence_threshold"});
   z.param_persistence_threshold = s.get_int(k, 100'000, 0, kMaxI64, AutoRule::to(10 * d));
   const DeprecatedOffload dep = read_deprecated_offload(s);
-  read_offload_optimizer(s.child("offload_optimizer"), z.offload_optimizer, dep, z.stage, overlap_none, ga, world);
+  read_offload_optimizer(s.child("offload_optimizer"), z.offload_optimizer, dep, z.stage, overlap_none, ga, world,
+                         model.activation_checkpointing);
   z.optimizer_states_given = s.present("optimizer_states");
   z.optimizer_states = s.get_enum<cpu_adam::StateFormat>("optimizer_states", cpu_adam::StateFormat::fp32,
                                                          {{"fp32", cpu_adam::StateFormat::fp32},

@@ -80,6 +80,9 @@ struct OffloadOptimizerConfig {
   std::int64_t speculative_backup_size = 0;
   // zinf extension: sum the micro batches' gradients on the device, once per step to the host.
   bool device_grad_accumulation = false;
+  // zinf extension: the layer-major order of gradient accumulation (every micro batch through a unit
+  // before the next unit).
+  bool layer_major = false;
   // zinf extension: stream the gradient to the Update through a ring of pinned buffers and NVMe
   // instead of holding it whole on the host (implies speculative).
   bool gradient_streaming = false;

@@ -55,6 +55,8 @@ offload::PlanInput plan_input(const Config& c, const ModelShape& shape, int worl
   in.speculative_backup = c.zero.offload_optimizer.speculative_backup_size;
   in.device_grad_accum = c.zero.offload_optimizer.device_grad_accumulation;
   in.gradient_streaming = c.zero.offload_optimizer.gradient_streaming;
+  in.layer_major = c.zero.offload_optimizer.layer_major;
+  in.head_unit = shape.family == ModelFamily::llama && !shape.tie_embeddings ? -1 : 0;
   in.prefetch_depth = prefetch_depth(c, shape);
   in.world = world;
   in.rank = rank;

@@ -80,8 +80,19 @@ offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape) {
       estimate_checkpoint_bytes(shape, c.micro_batch_size, in.compute_bytes(), c.model.activation_checkpointing,
                                 c.model.cpu_checkpointing, c.device.kernels);
   in.activation_bytes -= std::min(in.activation_bytes, ckpt.device + ckpt.host);  // their own row
-  in.checkpoint_device = ckpt.device;
-  in.checkpoint_pinned = ckpt.host;
+  // The layer-major order keeps every micro batch's checkpoints (a row of each checkpoint per micro
+  // batch) and, twice, every micro batch's residual gradient.
+  const std::int64_t G = c.zero.offload_optimizer.layer_major ? c.gradient_accumulation_steps : 1;
+  const CheckpointBytes kept =
+      G > 1 ? estimate_checkpoint_bytes(shape, c.micro_batch_size * G, in.compute_bytes(),
+                                        c.model.activation_checkpointing, c.model.cpu_checkpointing, c.device.kernels)
+            : ckpt;
+  if (G > 1)
+    in.activation_bytes += 2 * static_cast<std::uint64_t>(G) * static_cast<std::uint64_t>(c.micro_batch_size) *
+                           static_cast<std::uint64_t>(shape.seq_len) * static_cast<std::uint64_t>(shape.d_model) *
+                           (c.device.kernels == Kernels::fast ? static_cast<std::uint64_t>(in.compute_bytes()) : 4);
+  in.checkpoint_device = kept.device;
+  in.checkpoint_pinned = kept.host;
   in.ops_scratch = estimate_ops_scratch(c, shape);
   in.batch_tokens = static_cast<std::uint64_t>(c.micro_batch_size) * static_cast<std::uint64_t>(shape.seq_len);
   return in;

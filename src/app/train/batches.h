@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "zinf/device.h"
 #include "zinf/pinned.h"
@@ -11,7 +12,8 @@
 namespace zinf {
 
 // The token and target batch on the device, in two slots so that the host can fill and upload the
-// next micro batch while the model still reads the previous one. The host side of each slot lives in
+// next micro batch while the model still reads the previous one (more for the layer-major order,
+// whose walk reads every micro batch of a step). The host side of each slot lives in
 // page-locked memory registered with the device (one small pool of the batches' own): a copy from
 // pageable memory would first be staged by the driver, blocking the trainer's thread.
 //
@@ -30,16 +32,17 @@ struct Batch {
 };
 class BatchSlots {
  public:
-  // `tokens`: tokens (and targets) per batch.
-  BatchSlots(Device& device, std::size_t tokens)
+  // `tokens`: tokens (and targets) per batch; `slots`: batches on the device at once (at least 2).
+  BatchSlots(Device& device, std::size_t tokens, int slots = 2)
       : device_(device),
         tokens_(tokens),
-        pool_(std::max<std::size_t>(1, 4 * stride(tokens)) * PinnedPool::kAlign, /*lock=*/false),
+        slots_(static_cast<std::size_t>(std::max(2, slots))),
+        pool_(std::max<std::size_t>(1, 2 * slots_.size() * stride(tokens)) * PinnedPool::kAlign, /*lock=*/false),
         staging_(pool_.acquire(pool_.capacity())) {
     device_.register_host(staging_.data(), pool_.capacity());
     int* host = static_cast<int*>(staging_.data());
     const std::size_t step = stride(tokens) * PinnedPool::kAlign / sizeof(int);
-    for (int i = 0; i < 2; ++i) {
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
       slots_[i].tokens_device = DeviceBuffer(device, tokens * 4, "tokens " + std::to_string(i));
       slots_[i].targets_device = DeviceBuffer(device, tokens * 4, "targets " + std::to_string(i));
       slots_[i].tokens_host = host + (2 * i) * step;
@@ -59,7 +62,7 @@ class BatchSlots {
   template <class Fill>
   Batch& next(Fill fill) {
     Batch& b = slots_[next_];
-    next_ ^= 1;
+    next_ = (next_ + 1) % slots_.size();
     if (b.copied) b.copied->wait();  // the slot's staging: h2d has read it
     fill(b.tokens_host, b.targets_host);
     if (b.used) device_.wait_event(StreamRole::h2d, b.used);  // the slot's device buffers: compute has read them
@@ -77,10 +80,10 @@ class BatchSlots {
   static std::size_t stride(std::size_t tokens) { return (tokens * 4 + PinnedPool::kAlign - 1) / PinnedPool::kAlign; }
   Device& device_;
   std::size_t tokens_;
+  std::vector<Batch> slots_;
   PinnedPool pool_;
   PinnedBuffer staging_;  // the four staging arrays (tokens, targets of each slot)
-  Batch slots_[2];
-  int next_ = 0;  // the slot next() fills
+  std::size_t next_ = 0;  // the slot next() fills
 };
 
 }  // namespace zinf

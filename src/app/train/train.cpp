@@ -332,6 +332,7 @@ class EngineUnits final : public UnitSource {
     return ConstTensorView(w, dtype_of(engine_.weights_precision()), unit_params_[u]);
   }
   void done_with(std::size_t u) override { engine_.done_with(u); }
+  void micro_batch(std::int64_t m) override { engine_.micro_batch(m); }
   float* grads(std::size_t u) override {
     return timed(u, [&] { return engine_.grads(u); });
   }
@@ -399,9 +400,10 @@ class Run {
         device_comm(make_device_comm(local_rank)),
         backend(make_ops(cfg, device_backend_, *dev, threads,
                          h.profile || (cfg.flops_profiler.enabled && cm.rank() == 0) ? &profile : nullptr, shape)),
+        layer_major(cfg.zero.offload_optimizer.layer_major && cfg.gradient_accumulation_steps > 1),
         model(make_model(shape, micro_batch, cfg.model.activation_checkpointing, *dev, *backend,
-                         cfg.model.cpu_checkpointing, pin_memory(cfg))),
-        batches(*dev, static_cast<std::size_t>(micro_batch) * seq_len),
+                         cfg.model.cpu_checkpointing, pin_memory(cfg), layer_major ? static_cast<int>(grad_accum) : 1)),
+        batches(*dev, static_cast<std::size_t>(micro_batch) * seq_len, layer_major ? static_cast<int>(grad_accum) : 2),
         losses(*dev, model->rows(), static_cast<int>(std::max<std::int64_t>(grad_accum, 8))),
         engine(make_engine()),
         units(*engine, engine_units),
@@ -506,7 +508,7 @@ class Run {
     const float dscale = data.masked() ? static_cast<float>(scale / static_cast<double>(step_targets))
                                        : static_cast<float>(scale / (static_cast<double>(micro_batch) * seq_len *
                                                                      static_cast<double>(grad_accum) * W));
-    for (std::int64_t micro = 0; micro < grad_accum; ++micro) {
+    auto next_batch = [&]() -> Batch& {
       Batch& b = batches.next([&](int* tok, int* tgt) {
         rng.discard(static_cast<unsigned long long>(micro_batch) *
                     static_cast<unsigned long long>(rank));  // the rows of lower ranks
@@ -514,6 +516,31 @@ class Run {
         rng.discard(static_cast<unsigned long long>(micro_batch) * static_cast<unsigned long long>(W - 1 - rank));
       });
       rows_drawn += static_cast<std::int64_t>(micro_batch) * W;
+      return b;
+    };
+    if (layer_major) {  // every micro batch through a unit before the next unit: one forward, one backward
+      std::vector<Batch*> bs;
+      std::vector<const int*> tokens, targets;
+      for (std::int64_t micro = 0; micro < grad_accum; ++micro) {
+        bs.push_back(&next_batch());
+        tokens.push_back(bs.back()->tokens());
+        targets.push_back(bs.back()->targets());
+      }
+      const int n = static_cast<int>(grad_accum);
+      engine->begin_micro_batches();
+      engine->begin_forward();
+      t_fwd += model_time("forward", [&] { model->forward_layers(units, n, tokens.data()); });
+      engine->begin_backward();
+      t_bwd += model_time("backward", [&] {
+        model->backward_layers(units, n, tokens.data(), targets.data(), dscale, [&](int micro) {
+          losses.take(static_cast<std::size_t>(micro), model->row_losses());
+        });
+      });
+      for (Batch* b : bs) batches.done_with(*b);
+      return;
+    }
+    for (std::int64_t micro = 0; micro < grad_accum; ++micro) {
+      Batch& b = next_batch();
       engine->begin_micro_batch(micro);
       engine->begin_forward();
       t_fwd += model_time("forward", [&] {
@@ -662,6 +689,9 @@ class Run {
   std::unique_ptr<Comm> device_comm;   // NCCL for the CUDA device's memory (several ranks)
   std::shared_ptr<OpProfile> profile;  // TrainHooks::profile: the op profiler's times
   std::unique_ptr<OpsBackend> backend;
+  // offload_optimizer.layer_major with GA > 1: a step's micro batches go through the model together,
+  // unit by unit (LanguageModel::forward_layers / backward_layers), in GA batch slots.
+  const bool layer_major;
   std::unique_ptr<LanguageModel> model;
   BatchSlots batches;
   LossRows losses;                        // each micro batch's row losses, read at the step's end

@@ -57,6 +57,11 @@ struct Layout {
   // PlanInput::device_grad_accum where it applies (optimizer off the device, one rank, GA > 1): an
   // fp32 sum per unit on the device, and GradOut of that sum (fp32) once per step.
   bool device_accum = false;
+  // PlanInput::layer_major where it applies (optimizer off the device, GA > 1): the Reduce sums each
+  // unit's micro batches as they come one after another; `head_unit` (PlanInput) has GA device
+  // gradient buffers, its micro batches' gradients being open together.
+  bool layer_major = false;
+  int head_unit = -1;
   bool windows = false;                     // some units visit a parameter window slot
   // Effective reduce-bucket and sub-group sizes, elements: the configured ones, at most the largest unit;
   // with one rank the bucket, and with the optimizer in host memory the sub-group, at most 4M elements

@@ -150,6 +150,11 @@ class Engine {
   // backward; without it (or without EngineConfig::speculative) nothing is speculated.
   void expect_step(const StepOptions& o);
   void begin_micro_batch(std::int64_t micro);  // 0 … grad_accum−1
+  // The layer-major order (PlanInput::layer_major): the step's micro batches all begin here, before
+  // one forward and one backward over the units that take every micro batch through each unit;
+  // micro_batch(m) says which micro batch the following grads / grads_done are for.
+  void begin_micro_batches();
+  void micro_batch(std::int64_t micro);
   void begin_forward();
   void begin_backward();
   // Unit u's weights on the device, valid until done_with(u): weights_precision() elements (fp32

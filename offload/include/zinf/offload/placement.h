@@ -84,11 +84,21 @@ struct PlanInput {
   bool speculative = false;
   std::int64_t speculative_backup = 0;
   bool device_grad_accum = false;  // EngineConfig::device_grad_accum
+  // The layer-major order of gradient accumulation (GA > 1, the optimizer off the device): every
+  // micro batch passes through a unit before the next unit, so each unit's gradient is complete after
+  // its micro batches, one after another, and the Reduce sums them in host memory (or a streaming ring
+  // slot) unit by unit. The model then keeps GA micro batches' checkpoints (the caller's
+  // checkpoint_device / checkpoint_pinned count them) and each unit's weights are asked for once per
+  // pass instead of once per micro batch. `head_unit`: the unit whose gradient the tied LM head and the
+  // embedding share (its GA micro batches' gradients are open together: GA device buffers); -1: none.
+  bool layer_major = false;
+  int head_unit = -1;
   // Gradient streaming (docs/offload-engine.md, "Streaming gradients"): the host holds no model-sized
   // gradient; each unit's reduced gradient passes through a ring of pinned buffers to the speculative
   // Update (with `speculative`; the config reader turns it on with streaming unless told not to) and is
   // written to NVMe, from where the Update after the barrier reads what it still needs. Needs the optimizer on NVMe,
-  // overlap exact, one rank and, with GA > 1, device_grad_accum (streaming_refusal says why not).
+  // overlap exact, one rank and, with GA > 1, device_grad_accum or layer_major (streaming_refusal says
+  // why not).
   bool gradient_streaming = false;
   // DeepSpeed's pin_memory: false leaves every staging buffer pageable (the pools allocate plain host
   // memory), so the plan counts what would be pinned in the host column (Plan::pinned_pool still

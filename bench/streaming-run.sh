@@ -16,9 +16,9 @@
 #   --out DIR      where plan.json, train.json, train.log, metrics.jsonl, time.txt and df.txt go
 #                  (default: a new folder under ${TMPDIR:-/tmp}); kept after the run.
 #   --report OUT   print the tables of an earlier run again, from its output folder; runs nothing.
-#   --set k=v      passed to both `zinf plan` and `zinf train`, e.g. --set train_batch_size=4
-#                  (GA 4 at micro batch 1), --set model.n_layer=4, --set
-#                  zero_optimization.offload_optimizer.speculative=true.
+#   --set k=v      passed to both `zinf plan` and `zinf train`, e.g. --set train_batch_size=4 --set
+#                  zero_optimization.offload_optimizer.layer_major=true (GA 4 at micro batch 1,
+#                  streamed), --set model.n_layer=4, --set zero_optimization.offload_optimizer.speculative=true.
 #
 # Before anything runs, the free space under --nvme (df, at the folder or its nearest existing parent)
 # is compared with the plan's NVMe bytes (`zinf plan --json`, totals.nvme): too little is refused with

@@ -158,7 +158,11 @@ void SwapDir::remove() {
   path_.clear();
 }
 
-std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
+namespace {
+
+// The leftover directories under `parent` that clean_stale_swap_dirs removes: removed (dry_run
+// false), or only their files' allocated bytes summed into *bytes (dry_run true).
+std::vector<std::string> scan_stale_swap_dirs(const std::string& parent, bool dry_run, std::uint64_t* bytes) {
   // Provably zinf's and stale: the name is zinf-<pid>-<tag>, every entry is zinf's (the marker or
   // store.N), the owner process is gone, and either the marker names that owner or — a run killed
   // between mkdir and the marker — there is no data in it at all.
@@ -198,6 +202,7 @@ std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
     const bool marked = magic == kMagic && mpid == pid;
     std::vector<std::string> files;
     bool foreign = false, data = false;
+    std::uint64_t allocated = 0;  // the files' blocks on the disk
     if (DIR* sub = ::fdopendir(::fcntl(dfd, F_DUPFD_CLOEXEC, 0))) {
       while (dirent* f = ::readdir(sub)) {
         const std::string n = f->d_name;
@@ -206,6 +211,7 @@ std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
         const bool regular = ::fstatat(dfd, n.c_str(), &fst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fst.st_mode);
         if (regular && (n == kMarker || n.rfind("store.", 0) == 0)) {
           files.push_back(n);
+          allocated += static_cast<std::uint64_t>(fst.st_blocks) * 512u;
           data = data || n != kMarker;
         } else {
           foreign = true;
@@ -229,6 +235,12 @@ std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
       report.push_back(dir + ": kept (no zinf marker)");
       continue;
     }
+    if (dry_run) {
+      ::close(dfd);
+      if (bytes) *bytes += allocated;
+      report.push_back(dir + ": would be removed (left by process " + std::to_string(pid) + ", which is gone)");
+      continue;
+    }
     for (const auto& f : files) ::unlinkat(dfd, f.c_str(), 0);
     ::close(dfd);
     if (::rmdir(dir.c_str()) == 0)
@@ -238,6 +250,18 @@ std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
   }
   ::closedir(d);
   return report;
+}
+
+}  // namespace
+
+std::vector<std::string> clean_stale_swap_dirs(const std::string& parent) {
+  return scan_stale_swap_dirs(parent, false, nullptr);
+}
+
+std::uint64_t stale_swap_bytes(const std::string& parent) {
+  std::uint64_t bytes = 0;
+  scan_stale_swap_dirs(parent, true, &bytes);
+  return bytes;
 }
 
 }  // namespace zinf::nvme

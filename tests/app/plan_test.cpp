@@ -1,8 +1,16 @@
 // plan_test.cpp — `zinf plan` joined to a machine: activation estimates, capacities, largest fits.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "app/config/config.h"
 #include "app/plan/plan.h"
+#include "common/temp_dir.h"
 #include "zinf/backends/backend.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
@@ -418,6 +426,110 @@ TEST(Plan, HostFootprintCountsTheCpuDevicesMemoryAndTheTransients) {
   Config ck = parse_config(base + R"(, "device": {"type": "cuda"}, "train": {"checkpoint_dir": "/tmp/x"}})");
   const offload::Plan p = offload::make_plan(make_plan_input(ck, model_shape(ck.model)));
   EXPECT_EQ(host_footprint(ck, p, model_shape(ck.model)).transient, 12u * static_cast<std::uint64_t>(p.largest_unit));
+}
+
+// The NVMe need of a run per filesystem: the parameters' store (param16) in offload_param.nvme_path,
+// every other NVMe byte in offload_optimizer.nvme_path, two paths on one filesystem summed, measured
+// where a missing path will be created, which it does not create.
+TEST(Plan, NvmeSpaceSumsThePlansNvmeBytesPerFilesystem) {
+  test::TempDir dir("plan-nvme-space");
+  const std::string opt = dir / "states", par = dir / "params/new";
+  Config c = parse_config(R"({"train_batch_size": 1, "model": {"preset": "gpt2-124m"}, "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3,
+          "offload_optimizer": {"device": "nvme", "gradient_streaming": true, "nvme_path": ")" + opt + R"("},
+          "offload_param": {"device": "nvme", "nvme_path": ")" + par + R"("}}})");
+  const offload::Plan p = offload::make_plan(make_plan_input(c, model_shape(c.model)));
+  constexpr int kNvme = static_cast<int>(offload::Tier::nvme);
+  std::uint64_t param16 = 0, grad = 0;
+  for (const auto& r : p.states) {
+    if (r.name == "param16") param16 = r.bytes[kNvme];
+    if (r.name == "grad16") grad = r.bytes[kNvme];
+  }
+  ASSERT_GT(param16, 0u);
+  ASSERT_GT(grad, 0u);  // the streamed gradient's store: the optimizer's folder
+  const auto spaces = nvme_space(c, p);
+  ASSERT_EQ(spaces.size(), 1u);  // both under one temporary folder
+  EXPECT_EQ(spaces[0].needed, p.totals[kNvme]);
+  ASSERT_EQ(spaces[0].keys.size(), 2u);
+  EXPECT_EQ(spaces[0].keys[0], "zero_optimization.offload_optimizer.nvme_path");
+  EXPECT_EQ(spaces[0].probed, dir.path.string());  // neither exists yet: their parent is measured
+  EXPECT_FALSE(std::filesystem::exists(opt));
+  EXPECT_FALSE(std::filesystem::exists(par));
+  struct statvfs v {};
+  ASSERT_EQ(::statvfs(dir.path.c_str(), &v), 0);
+  const std::uint64_t free_now = static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
+  EXPECT_LT(spaces[0].free, free_now + (std::uint64_t{256} << 20));  // the same filesystem, moments apart
+  EXPECT_GT(spaces[0].free + (std::uint64_t{256} << 20), free_now);
+  // A swap folder a killed run left in nvme_path (its process gone, its marker naming it): the stores
+  // remove it at start, so its blocks count as reclaimable; nothing is removed by measuring.
+  {
+    const pid_t dead = ::fork();
+    if (dead == 0) ::_exit(0);
+    ::waitpid(dead, nullptr, 0);
+    std::string boot;
+    std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot);
+    const std::string left = opt + "/zinf-" + std::to_string(dead) + "-0000beef";
+    std::filesystem::create_directories(left);
+    std::ofstream(left + "/.zinf-swap") << "zinf swap directory\npid " << dead << "\nboot " << boot << "\n";
+    std::ofstream(left + "/store.0") << std::string(4 << 20, 'x');
+    const auto with_stale = nvme_space(c, p);
+    ASSERT_EQ(with_stale.size(), 1u);
+    EXPECT_GE(with_stale[0].reclaimable, std::uint64_t{4} << 20);
+    EXPECT_LT(with_stale[0].reclaimable, std::uint64_t{5} << 20);
+    EXPECT_TRUE(std::filesystem::exists(left + "/store.0"));
+    std::filesystem::remove_all(opt);
+  }
+  // On two filesystems (where /dev/shm is one of its own) each path gets its own part.
+  struct stat a {};
+  struct stat b {};
+  if (::stat("/dev/shm", &b) == 0 && ::access("/dev/shm", W_OK) == 0 && ::stat(dir.path.c_str(), &a) == 0 &&
+      a.st_dev != b.st_dev) {
+    c.zero.offload_param.nvme_path = "/dev/shm/zinf-plan-nvme-space-never-created";
+    const auto two = nvme_space(c, p);
+    ASSERT_EQ(two.size(), 2u);
+    EXPECT_EQ(two[0].needed, p.totals[kNvme] - param16);
+    EXPECT_EQ(two[1].needed, param16);
+    EXPECT_EQ(two[1].probed, "/dev/shm");
+    EXPECT_FALSE(std::filesystem::exists(c.zero.offload_param.nvme_path));
+  }
+  // Nothing on NVMe: nothing to measure.
+  c.zero.offload_optimizer.device = c.zero.offload_param.device = OffloadDevice::cpu;
+  EXPECT_TRUE(nvme_space(c, offload::make_plan(make_plan_input(c, model_shape(c.model)))).empty());
+}
+
+// The refusal names the path(s), the bytes needed and free in GiB; space a sweep of a gone run's
+// swap folders gives back counts as free.
+TEST(Plan, NvmeSpaceProblemNamesThePathAndTheBytes) {
+  NvmeSpace s;
+  s.keys = {"zero_optimization.offload_optimizer.nvme_path"};
+  s.paths = {"/mnt/nvme/swap"};
+  s.probed = "/mnt/nvme/swap";
+  s.needed = std::uint64_t{3} << 30;
+  s.free = std::uint64_t{2} << 30;
+  std::string line = nvme_space_problem({s});
+  EXPECT_EQ(line,
+            "zero_optimization.offload_optimizer.nvme_path /mnt/nvme/swap: the NVMe stores need 3.00 GiB there, "
+            "2.00 GiB is free");
+  s.reclaimable = (std::uint64_t{1} << 30) - 1;  // one byte short
+  EXPECT_NE(nvme_space_problem({s}).find("(+ 1.00 GiB in swap folders of runs that are gone)"), std::string::npos);
+  s.reclaimable += 1;
+  EXPECT_EQ(nvme_space_problem({s}), "");
+  s.reclaimable = 0;
+  s.free = s.needed;  // exactly enough
+  EXPECT_EQ(nvme_space_problem({s}), "");
+  // Two paths on one filesystem, the first missing: both named, and where it was measured.
+  NvmeSpace t = s;
+  t.keys.push_back("zero_optimization.offload_param.nvme_path");
+  t.paths.push_back("/mnt/nvme/params");
+  t.probed = "/mnt/nvme";
+  t.missing = true;
+  t.needed = t.free + 1;
+  line = nvme_space_problem({s, t});
+  EXPECT_NE(line.find("offload_optimizer.nvme_path /mnt/nvme/swap and zero_optimization.offload_param.nvme_path "
+                      "/mnt/nvme/params: "),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("one filesystem (measured at /mnt/nvme, where it will be created)"), std::string::npos) << line;
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -685,6 +687,42 @@ TEST(Cli, AMetricsFileOrLogThatCannotBeWrittenIsAnError) {
   EXPECT_EQ(log.rc, 1);
   EXPECT_NE(log.err.find("stdout: cannot write the progress log (No space left on device)"), std::string::npos)
       << log.err;
+}
+
+// A run whose NVMe stores do not fit the free space under nvme_path is refused with one line naming
+// the path and the bytes, before anything is created: the model is scaled (n_layer) until `zinf plan`
+// puts more NVMe bytes there than the whole filesystem holds. Under a file size limit, so that a run
+// that went ahead anyway would fail at its first large reservation instead of filling the disk.
+TEST(Cli, TrainRefusesNvmeStoresLargerThanTheFreeSpaceBeforeCreatingAnything) {
+  const fs::path parent = fs::temp_directory_path() / ("zinf-cli-space-" + std::to_string(::getpid()));
+  const std::string swap = (parent / "swap").string();
+  const std::string paths = " --set zero_optimization.offload_optimizer.nvme_path=\"" + swap +
+                            "\" --set zero_optimization.offload_param.nvme_path=\"" + swap + "\"";
+  const std::string config = "--config " + kConfigs + "/6.7b-stream-nvme.json" + paths;
+  auto nvme_bytes = [&](int n_layer) {
+    const auto j = run_json("plan --json " + config + " --set model.n_layer=" + std::to_string(n_layer));
+    return j.empty() ? 0.0 : j["totals"]["nvme"].get<double>();
+  };
+  struct statvfs v {};
+  ASSERT_EQ(::statvfs(fs::temp_directory_path().c_str(), &v), 0);
+  const double disk = static_cast<double>(v.f_blocks) * static_cast<double>(v.f_frsize);
+  const double two = nvme_bytes(2), per_layer = (nvme_bytes(4) - two) / 2;
+  ASSERT_GT(per_layer, 0);
+  const int n_layer = 2 + static_cast<int>(std::ceil(std::max(0.0, disk - two) / per_layer)) + 1;
+  ASSERT_GT(nvme_bytes(n_layer), disk) << n_layer;
+  const Result r = run_limited(64 << 10, "train " + config + " --set model.n_layer=" + std::to_string(n_layer));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(error_lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("zero_optimization.offload_optimizer.nvme_path " + swap +
+                       " and zero_optimization.offload_param.nvme_path " + swap + ": the NVMe stores need "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find(" GiB is free, one filesystem (measured at " + fs::temp_directory_path().string()),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("\nstep "), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(parent));  // neither nvme_path nor its parent was created
+  fs::remove_all(parent);
 }
 
 }  // namespace

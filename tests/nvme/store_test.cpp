@@ -358,7 +358,7 @@ TEST(TensorStore, StaleDirectoriesAreRemovedOnlyWhenProvablyZinfs) {
     const std::string d = dir.str() + "/" + n;
     fs::create_directories(d);
     if (marker) std::ofstream(d + "/.zinf-swap") << "zinf swap directory\npid " << dead << "\nboot " << boot << "\n";
-    std::ofstream(d + "/store.0") << "x";
+    std::ofstream(d + "/store.0") << std::string(1 << 20, 'x');  // 1 MiB each
     if (foreign) std::ofstream(d + "/notes.txt") << "mine";
     return d;
   };
@@ -373,6 +373,12 @@ TEST(TensorStore, StaleDirectoriesAreRemovedOnlyWhenProvablyZinfs) {
   const std::string empty = dir.str() + "/zinf-" + tag + "-0000abc0";  // a run killed between mkdir and marker
   fs::create_directories(empty);
   const std::string other = make("not-zinf", true, false);
+  // What a sweep would free, counted without removing anything: the 1 MiB of `ours` (and its marker's
+  // block), not the 3 MiB of the folders it keeps, nor the live store's.
+  const std::uint64_t reclaimable = stale_swap_bytes(dir.str());
+  EXPECT_GE(reclaimable, 1u << 20);
+  EXPECT_LT(reclaimable, (1u << 20) + (256u << 10));
+  EXPECT_TRUE(fs::exists(ours) && fs::exists(empty));
   auto report = clean_stale_swap_dirs(dir.str());
   EXPECT_FALSE(fs::exists(ours));
   EXPECT_TRUE(fs::exists(foreign));

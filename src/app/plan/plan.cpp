@@ -1,6 +1,8 @@
 // plan.cpp — `zinf plan` arithmetic joined to the machine (plan.h).
 #include "app/plan/plan.h"
 
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 #include "zinf/nvme/probe.h"
+#include "zinf/nvme/store.h"
 #include "zinf/offload/engine.h"
 #include "zinf/backends/sysinfo.h"
 
@@ -348,6 +351,92 @@ RunPlan plan_run(const Config& config, const MachineInfo& m) {
     for (const auto f : kStateFormats) r.per_states.push_back(per_param(plan_with_states(in, f), f));
   r.footprint = host_footprint(c, r.plan, r.shape);
   return r;
+}
+
+}  // namespace zinf
+
+namespace zinf {
+
+std::vector<NvmeSpace> nvme_space(const Config& c, const offload::Plan& p) {
+  const bool opt = c.zero.offload_optimizer.device == OffloadDevice::nvme;
+  const bool par = c.zero.offload_param.device == OffloadDevice::nvme;
+  if (!opt && !par) return {};
+  // param16 is the parameters' store; every other NVMe byte (master, m, v — two slots each with the
+  // speculative Update — and the streamed gradient) is the optimizer's.
+  constexpr int kNvme = static_cast<int>(offload::Tier::nvme);
+  std::uint64_t param_bytes = 0;
+  for (const auto& r : p.states)
+    if (r.name == "param16") param_bytes += r.bytes[kNvme];
+  if (!par) param_bytes = 0;
+  const std::uint64_t optimizer_bytes = p.totals[kNvme] - param_bytes;
+  struct Need {
+    std::string key, path;
+    std::uint64_t bytes;
+  };
+  std::vector<Need> needs;
+  if (opt)
+    needs.push_back(
+        {"zero_optimization.offload_optimizer.nvme_path", c.zero.offload_optimizer.nvme_path, optimizer_bytes});
+  if (par) needs.push_back({"zero_optimization.offload_param.nvme_path", c.zero.offload_param.nvme_path, param_bytes});
+  std::vector<NvmeSpace> spaces;
+  std::vector<dev_t> devices;
+  std::vector<std::string> parents;  // the folders whose stale swap folders were counted
+  for (const auto& n : needs) {
+    // Where the path is, or will be created (zinf train creates a missing nvme_path).
+    std::error_code ec;
+    std::filesystem::path at = std::filesystem::absolute(n.path.empty() ? "." : n.path, ec);
+    if (ec) continue;
+    while (at.has_parent_path() && at != at.parent_path() && !std::filesystem::exists(at, ec)) at = at.parent_path();
+    struct stat st {};
+    struct statvfs vfs {};
+    // Not writable here, or no filesystem of blocks (/proc reports none): the folder's own check says
+    // why more usefully than a free space of 0.
+    if (::access(at.c_str(), W_OK) != 0 || ::stat(at.c_str(), &st) != 0 || ::statvfs(at.c_str(), &vfs) != 0 ||
+        vfs.f_blocks == 0)
+      continue;
+    const auto same = std::find(devices.begin(), devices.end(), st.st_dev);
+    NvmeSpace* s = nullptr;
+    if (same == devices.end()) {
+      devices.push_back(st.st_dev);
+      spaces.emplace_back();
+      s = &spaces.back();
+      s->probed = at.string();
+      s->free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+      s->missing = !std::filesystem::exists(n.path, ec);
+    } else {
+      s = &spaces[static_cast<std::size_t>(same - devices.begin())];
+    }
+    s->keys.push_back(n.key);
+    s->paths.push_back(n.path);
+    s->needed += n.bytes;
+    // The stores remove the leftovers under nvme_path itself (once a folder, however many stores).
+    if (std::find(parents.begin(), parents.end(), n.path) == parents.end() &&
+        std::filesystem::is_directory(n.path, ec)) {
+      parents.push_back(n.path);
+      s->reclaimable += nvme::stale_swap_bytes(n.path);
+    }
+  }
+  return spaces;
+}
+
+std::string nvme_space_problem(const std::vector<NvmeSpace>& spaces) {
+  auto gib = [](std::uint64_t b) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%.2f GiB", static_cast<double>(b) / static_cast<double>(std::uint64_t{1} << 30));
+    return std::string(t);
+  };
+  for (const auto& s : spaces) {
+    if (s.needed <= s.free + s.reclaimable) continue;
+    std::string where;
+    for (std::size_t i = 0; i < s.keys.size(); ++i)
+      where += (i ? " and " : "") + s.keys[i] + " " + s.paths[i];
+    std::string line = where + ": the NVMe stores need " + gib(s.needed) + " there, " + gib(s.free) + " is free";
+    if (s.reclaimable) line += " (+ " + gib(s.reclaimable) + " in swap folders of runs that are gone)";
+    if (s.keys.size() > 1) line += ", one filesystem";
+    if (s.missing) line += " (measured at " + s.probed + ", where it will be created)";
+    return line;
+  }
+  return "";
 }
 
 }  // namespace zinf

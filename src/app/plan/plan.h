@@ -135,4 +135,28 @@ struct RunPlan {
 // The plan of `c` on machine `m`, with device.type resolved from m.gpus.
 RunPlan plan_run(const Config& c, const MachineInfo& m);
 
+// One filesystem that holds NVMe stores of a run: the swap paths on it (config keys and folders),
+// the bytes the plan's NVMe column puts there, and what the run can have there. The parameters'
+// store (param16) lives in offload_param.nvme_path; the optimizer's states and, with
+// gradient_streaming, the gradient store in offload_optimizer.nvme_path. Two paths on one
+// filesystem share its free space.
+struct NvmeSpace {
+  std::vector<std::string> keys, paths;  // e.g. "zero_optimization.offload_optimizer.nvme_path", its folder
+  std::string probed;                    // the folder measured: the path, or its nearest existing parent
+  std::uint64_t needed = 0;              // the plan's NVMe bytes there
+  std::uint64_t free = 0;                // statvfs's f_bavail × f_frsize: what this user may still write
+  // Leftover swap folders of runs that are gone, which the stores remove at start
+  // (zinf/nvme/store.h, clean_stale_swap_dirs): their blocks count as free.
+  std::uint64_t reclaimable = 0;
+  bool missing = false;  // the first path does not exist yet: `probed` is where it will be created
+};
+// The filesystems of `c`'s NVMe swap paths with the bytes `p` needs on each, measured now (nothing
+// created); empty when nothing swaps to NVMe. A path that cannot be measured or written (its nearest
+// existing folder is not writable, statvfs fails or reports no blocks, as /proc does) is left out:
+// creating it fails with its own error.
+std::vector<NvmeSpace> nvme_space(const Config& c, const offload::Plan& p);
+// One line refusing the first filesystem whose needed bytes exceed free + reclaimable, naming its
+// path(s) and the bytes needed and free in GiB; "" when every one has room.
+std::string nvme_space_problem(const std::vector<NvmeSpace>& spaces);
+
 }  // namespace zinf

@@ -32,6 +32,7 @@
 
 #include "app/config/device_choice.h"
 #include "app/config/engine_config.h"
+#include "app/plan/plan.h"
 #include "app/train/batches.h"
 #include "app/train/checkpoint.h"
 #include "app/train/monitor.h"
@@ -84,6 +85,16 @@ bool ensure_writable_dir(const std::string& dir, const std::string& what) {
   ::close(fd);
   ::unlink(probe.c_str());
   return !existed;
+}
+
+// The filesystems of the NVMe swap paths have room for the stores the plan puts there (nvme_space in
+// app/plan/plan.h; the stores reserve exactly the plan's NVMe bytes), checked before any folder is
+// created or anything allocated. Rank 0's plan: the largest shards.
+void check_nvme_space(const Config& c, const ModelShape& shape) {
+  const std::string problem = nvme_space_problem(nvme_space(c, offload::make_plan(make_plan_input(c, shape))));
+  if (!problem.empty())
+    throw ConfigError(problem, "free space there, point nvme_path at a larger drive, or see `zinf plan` for what "
+                               "takes the space");
 }
 
 // Everything a run will write, checked before anything is built; one line per directory created.
@@ -805,6 +816,7 @@ CheckpointPlan prepare_outputs(const Config& c, const TrainHooks& hooks, const M
   CheckpointPlan plan;
   std::exception_ptr prepared;
   if (comm.rank() == 0) try {
+      check_nvme_space(c, shape);
       plan = plan_checkpoints(c, hooks.resume, shape, hooks);
       check_output_paths(c, hooks);
       for (const auto& p : plan.corrupt) {  // kept for inspection, out of latest's and keep_last's way

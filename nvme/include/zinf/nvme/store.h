@@ -64,6 +64,9 @@ void remove_live_swap_dirs();
 // is gone; returns one line per directory found (removed or kept, and why). This process's own
 // directories (another store of the same run) are passed over in silence.
 std::vector<std::string> clean_stale_swap_dirs(const std::string& parent);
+// The bytes on the disk of the directories clean_stale_swap_dirs(parent) would remove now (their
+// files' allocated blocks), removing nothing: space a new store under `parent` gets back at start.
+std::uint64_t stale_swap_bytes(const std::string& parent);
 
 struct StoreOptions {
   std::string parent;  // nvme_path

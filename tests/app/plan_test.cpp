@@ -77,13 +77,50 @@ TEST(Plan, OffloadLetsLargerModelsFitAndTheVerdictIsConsistent) {
                               "zero_optimization": {"stage": 3}, "bf16": {"enabled": true},
                               "device": {"type": "cuda", "memory_budget": "4GiB"}})");
   RunPlan r = plan_run(c, fake_machine(64ull << 30, 4ull << 30));
-  ASSERT_EQ(r.largest.size(), 5u);
+  ASSERT_EQ(r.largest.size(), 6u);
   // No offload fits fewer layers than optimizer offload, which fits fewer than optimizer + params.
   EXPECT_LT(r.largest[0].n_layer, r.largest[1].n_layer);
   EXPECT_LE(r.largest[1].n_layer, r.largest[2].n_layer);
   // The verdict agrees with the search: this model fits iff its n_layer is within the no-offload bound.
   EXPECT_EQ(r.verdict.fits, c.model.n_layer <= r.largest[0].n_layer);
   for (const auto& f : r.largest) EXPECT_EQ(f.params, f.n_layer ? f.params : 0);
+}
+
+// The streaming row: everything on NVMe with no model-sized gradient on the host. Where host memory
+// is what runs out first it fits a deeper model of the same width than the same placement without
+// streaming; its plan under that setting has no host gradient, and a config that streams already has
+// the other rows counted without streaming (a cpu optimizer cannot stream).
+TEST(Plan, TheStreamingRowFitsMoreWhereHostMemoryIsTheLimit) {
+  for (const char* ga : {"1", "4"}) {
+    SCOPED_TRACE(std::string("GA ") + ga);
+    const std::string json = std::string(R"({"train_batch_size": )") + ga + R"(, "gradient_accumulation_steps": )" + ga +
+                             R"(, "model": {"preset": "gpt2-350m", "activation_checkpointing": true},
+                              "zero_optimization": {"stage": 3, "sub_group_size": 20000000,
+                                "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+                                "offload_param": {"device": "nvme", "nvme_path": "/tmp"}},
+                              "bf16": {"enabled": true}, "device": {"type": "cuda", "memory_budget": "8GiB"}})";
+    // 3 GiB of host memory, 8 GiB of device memory, 1 TiB of NVMe.
+    offload::Capacity cap;
+    cap.device = 8ull << 30;
+    cap.host = cap.pinnable = 3ull << 30;
+    cap.nvme = 1ull << 40;
+    cap.nvme_known = true;
+    for (const bool streams : {false, true}) {
+      Config c = parse_config(json, {std::string("zero_optimization.offload_optimizer.gradient_streaming=") +
+                                         (streams ? "true" : "false"),
+                                     std::string("zero_optimization.offload_optimizer.layer_major=") +
+                                         (streams ? "true" : "false")});
+      const std::vector<LargestFit> largest = largest_fits(c, model_shape(c.model), cap);
+      ASSERT_EQ(largest.size(), 6u);
+      const LargestFit &plain = largest[4], &streaming = largest[5];
+      EXPECT_FALSE(plain.streaming);
+      EXPECT_TRUE(streaming.streaming);
+      EXPECT_EQ(streaming.setting, "optimizer=nvme param=nvme streaming");
+      EXPECT_GT(plain.n_layer, 0);
+      EXPECT_GT(streaming.n_layer, plain.n_layer);
+      EXPECT_GT(largest[1].n_layer, 0) << "optimizer=cpu is counted without streaming";
+    }
+  }
 }
 
 // Per placement, the largest real model (a llama-family preset) that fits: offloading more never

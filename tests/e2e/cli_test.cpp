@@ -110,7 +110,7 @@ TEST(Cli, PlanEveryShippedConfig) {
     for (auto& [tier, b] : j["model_states"].items()) total += b.get<std::uint64_t>();
     EXPECT_EQ(sum, total);
     EXPECT_GT(j["model"]["params"].get<std::int64_t>(), 0);
-    EXPECT_EQ(j["largest_fit"].size(), 5u);
+    EXPECT_EQ(j["largest_fit"].size(), 6u);
     ++n;
   }
   EXPECT_GE(n, 6);

@@ -101,6 +101,7 @@ nlohmann::json plan_json(const Config& config, const RunPlan& run) {
   for (const auto& f : run.largest)
     j["largest_fit"].push_back({{"optimizer", to_string(f.optimizer)},
                                 {"param", to_string(f.param)},
+                                {"gradient_streaming", f.streaming},
                                 {"n_layer", f.n_layer},
                                 {"params", f.params},
                                 {"largest_preset", f.largest_preset}});
@@ -238,9 +239,9 @@ void print_largest_fits(const RunPlan& run) {
   for (const auto& f : run.largest) {
     const std::string real = f.largest_preset.empty() ? "none" : f.largest_preset;
     if (f.n_layer == 0)
-      std::printf("  %-30s  not even one block              | %s\n", f.setting.c_str(), real.c_str());
+      std::printf("  %-36s  not even one block              | %s\n", f.setting.c_str(), real.c_str());
     else
-      std::printf("  %-30s  n_layer %-7d %-14s params | %s\n", f.setting.c_str(), f.n_layer,
+      std::printf("  %-36s  n_layer %-7d %-14s params | %s\n", f.setting.c_str(), f.n_layer,
                   format_count(f.params).c_str(), real.c_str());
   }
 }

@@ -12,6 +12,7 @@
 #include "app/config/device_choice.h"
 #include "app/config/engine_config.h"
 #include "io/data.h"
+#include "zinf/gradient_streaming.h"
 #include "model/lm.h"
 #include "zinf/backends/backend.h"
 #include "zinf/device_memory.h"
@@ -241,13 +242,41 @@ void note_large_swap_buffers(const Config& c, RunPlan& r) {
 
 struct OffloadSetting {
   OffloadDevice optimizer, param;
+  bool streaming = false;  // LargestFit::streaming
 };
+
+// The config as it would run under `setting`: the offload devices; the optimizer's zinf options kept
+// where they apply (off with the optimizer on the device); streaming on or off as the setting says.
+Config under(const Config& c, OffloadSetting setting) {
+  Config x = c;
+  auto& oo = x.zero.offload_optimizer;
+  oo.device = setting.optimizer;
+  x.zero.offload_param.device = setting.param;
+  const bool off = setting.optimizer != OffloadDevice::none;
+  oo.gradient_streaming = setting.streaming;
+  if (setting.streaming) {  // the variant that takes the least NVMe: no speculation's second state slots
+    const bool ga = x.gradient_accumulation_steps > 1;
+    oo.speculative = false;
+    oo.layer_major = ga && x.model.activation_checkpointing;
+    oo.device_grad_accumulation = ga && !oo.layer_major;
+  } else {
+    oo.speculative = oo.speculative && off;
+    oo.layer_major = oo.layer_major && off;
+    oo.device_grad_accumulation = oo.device_grad_accumulation && off;
+  }
+  return x;
+}
 
 // Whether a model of `shape` fits `capacity` (its NVMe space taken as known) with this offload setting.
 bool fits_under(const Config& c, const ModelShape& shape, OffloadSetting setting, offload::Capacity capacity) {
-  offload::PlanInput in = make_plan_input(c, shape);
-  in.optimizer = setting.optimizer;
-  in.param = setting.param;
+  const Config x = under(c, setting);
+  const auto& oo = x.zero.offload_optimizer;
+  if (oo.gradient_streaming &&
+      !gradient_streaming_refusal(oo.device, !x.train.overlap_none, x.world_size, x.gradient_accumulation_steps,
+                                  oo.device_grad_accumulation, oo.layer_major)
+           .empty())
+    return false;  // streaming cannot serve this run at all
+  offload::PlanInput in = make_plan_input(x, shape);
   capacity.nvme_known = true;
   return offload::judge(offload::make_plan(in), capacity).fits;
 }
@@ -259,8 +288,9 @@ LargestFit largest_fit(const Config& c, const ModelShape& shape, OffloadSetting 
   LargestFit f;
   f.optimizer = setting.optimizer;
   f.param = setting.param;
-  f.setting =
-      "optimizer=" + std::string(to_string(setting.optimizer)) + " param=" + std::string(to_string(setting.param));
+  f.streaming = setting.streaming;
+  f.setting = "optimizer=" + std::string(to_string(setting.optimizer)) +
+              " param=" + std::string(to_string(setting.param)) + (setting.streaming ? " streaming" : "");
   auto fits = [&](int layers) {
     ModelShape sh = shape;
     sh.n_layer = layers;
@@ -296,6 +326,18 @@ LargestFit largest_fit(const Config& c, const ModelShape& shape, OffloadSetting 
 }
 
 }  // namespace
+
+std::vector<LargestFit> largest_fits(const Config& c, const ModelShape& shape, const offload::Capacity& capacity) {
+  const OffloadSetting settings[] = {{OffloadDevice::none, OffloadDevice::none},
+                                     {OffloadDevice::cpu, OffloadDevice::none},
+                                     {OffloadDevice::cpu, OffloadDevice::cpu},
+                                     {OffloadDevice::nvme, OffloadDevice::cpu},
+                                     {OffloadDevice::nvme, OffloadDevice::nvme},
+                                     {OffloadDevice::nvme, OffloadDevice::nvme, /*streaming=*/true}};
+  std::vector<LargestFit> out;
+  for (const auto& setting : settings) out.push_back(largest_fit(c, shape, setting, capacity));
+  return out;
+}
 
 RunPlan plan_run(const Config& config, const MachineInfo& m) {
   Config c = config;
@@ -337,15 +379,9 @@ RunPlan plan_run(const Config& config, const MachineInfo& m) {
       r.plan.n_params, r.plan.largest_unit, c.zero.offload_optimizer.device != OffloadDevice::none,
       c.zero.offload_param.device != OffloadDevice::none, /*zero_init=*/true);
 
-  // Largest model that fits under each offload setting.
-  const OffloadSetting settings[] = {{OffloadDevice::none, OffloadDevice::none},
-                                     {OffloadDevice::cpu, OffloadDevice::none},
-                                     {OffloadDevice::cpu, OffloadDevice::cpu},
-                                     {OffloadDevice::nvme, OffloadDevice::cpu},
-                                     {OffloadDevice::nvme, OffloadDevice::nvme}};
   offload::Capacity capacity = r.capacity;
   if (!capacity.nvme_known) capacity.nvme = 0;
-  for (const auto& setting : settings) r.largest.push_back(largest_fit(c, r.shape, setting, capacity));
+  r.largest = largest_fits(c, r.shape, capacity);
   r.per_param = per_param(r.plan, c.zero.optimizer_states);
   if (!c.zero.optimizer_states_given)
     for (const auto f : kStateFormats) r.per_states.push_back(per_param(plan_with_states(in, f), f));

@@ -59,8 +59,11 @@ offload::PlanInput make_plan_input(const Config& c, const ModelShape& shape);
 offload::Capacity machine_capacity(const Config& c, const MachineInfo& m);
 
 struct LargestFit {
-  std::string setting;  // "optimizer=cpu param=none"
+  std::string setting;  // "optimizer=cpu param=none", "optimizer=nvme param=nvme streaming"
   OffloadDevice optimizer = OffloadDevice::none, param = OffloadDevice::none;
+  // gradient_streaming without the speculative Update (and with GA > 1 the layer-major order, or on
+  // one rank without checkpointing device_grad_accumulation): no model-sized gradient on the host.
+  bool streaming = false;
   int n_layer = 0;  // 0: not even one block fits
   std::int64_t params = 0;
   std::string largest_preset;  // the largest llama-family preset that fits ("" when none does)
@@ -134,6 +137,10 @@ struct RunPlan {
 
 // The plan of `c` on machine `m`, with device.type resolved from m.gpus.
 RunPlan plan_run(const Config& c, const MachineInfo& m);
+// The largest model of this width, and the largest llama-family preset, that fit `capacity` (its NVMe
+// space as given) under each offload setting: none, optimizer cpu, optimizer and parameters cpu,
+// optimizer nvme with parameters cpu, both nvme, and both nvme with gradient streaming.
+std::vector<LargestFit> largest_fits(const Config& c, const ModelShape& shape, const offload::Capacity& capacity);
 
 // One filesystem that holds NVMe stores of a run: the swap paths on it (config keys and folders),
 // the bytes the plan's NVMe column puts there, and what the run can have there. The parameters'

@@ -319,7 +319,7 @@ class FamilyModel : public LanguageModel {
     const DType S = ops_.storage_dtype();
     const LogitsRows logits = ops_.logits_rows();
     const auto G = static_cast<std::size_t>(G_);  // a checkpoint row holds every micro batch's
-    acts_.allocate(dev_, S, G * R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
+    acts_.allocate(dev_, S, G > 1 ? G * micro_stride() : R * C, L, ckpt_, offload_checkpoints, pin_checkpoints,
                    [this](ViewCursor& c) { return self().carve(c); });
     if (G > 1) {  // each micro batch's residual gradient, twice (a block's output and input)
       ViewCursor measure(nullptr, S);
@@ -357,11 +357,16 @@ class FamilyModel : public LanguageModel {
     dres_a_home_ = dres_a_;
   }
 
+  // Elements between two micro batches' rows in a checkpoint (G_ > 1): [R, C] rounded up to 8
+  // elements, so that each starts 16-byte aligned as the views of a ViewCursor do.
+  std::size_t micro_stride() const {
+    return (static_cast<std::size_t>(R_) * static_cast<std::size_t>(shape_.d_model) + 7) / 8 * 8;
+  }
   // The views x0 and each block's .out of micro batch mb's row in every checkpoint.
   void select(int mb) {
     if (!ckpt_) return;
     const std::size_t RC = static_cast<std::size_t>(R_) * static_cast<std::size_t>(shape_.d_model),
-                      at = static_cast<std::size_t>(mb) * RC;
+                      at = static_cast<std::size_t>(mb) * micro_stride();
     acts_.x0 = slice(acts_.ckpt.at(0), at, RC);
     for (std::size_t l = 0; l < acts_.blocks.size(); ++l) acts_.blocks[l].out = slice(acts_.ckpt.at(l + 1), at, RC);
   }

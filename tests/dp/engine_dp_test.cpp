@@ -308,18 +308,6 @@ TEST(EngineDp, EachRankAllocatesWhatItsPlanSays) {
 
 // ---- gradient streaming (offload_optimizer.gradient_streaming) across ranks ----
 
-std::uint64_t plan_row(const std::vector<Row>& rows, const std::string& name, int tier) {
-  for (const Row& r : rows)
-    if (r.name == name) return r.bytes[static_cast<std::size_t>(tier)];
-  return 0;
-}
-
-std::uint64_t swap_file_bytes(const fs::path& dir) {
-  std::uint64_t total = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file() && e.path().filename().string().rfind("store.", 0) == 0) total += e.file_size();
-  return total;
-}
 
 EngineConfig streaming_dp(int stage, OffloadDevice param, Precision prec, const std::string& dir, bool on = true) {
   EngineConfig c = dp_config(stage, OffloadDevice::nvme, param, prec, 1, Overlap::exact, dir);

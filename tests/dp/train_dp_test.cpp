@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../e2e/metrics_steps.h"
 #include "app/config/config.h"
 #include "app/train/train.h"
 #include "dp_world.h"
@@ -257,18 +258,7 @@ Steps run_steps(const std::string& dir, std::vector<std::string> over, bool solo
   over.push_back("train.metrics_file=" + metrics);
   const TrainResult r = run(dir, over, solo);
   Steps out{r.params_digest, {}, r.rollbacks, r.skipped};
-  if (solo || world().rank() == 0) {
-    std::ifstream in(metrics);
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line);
-      if (!j.contains("loss")) continue;
-      out.steps.push_back(nlohmann::json{{"loss", j["loss"]},
-                                         {"loss_scale", j["loss_scale"]},
-                                         {"grad_norm", j["grad_norm"]},
-                                         {"skipped", j["skipped"]}}
-                              .dump());
-    }
-  }
+  if (solo || world().rank() == 0) out.steps = test::metrics_steps(metrics).steps;
   if (!solo) world().barrier();  // rank 0 has read the file before the next run rewrites it
   return out;
 }

@@ -22,6 +22,7 @@
 #include "app/config/config.h"
 #include "app/train/train.h"
 #include "nlohmann/json.hpp"
+#include "metrics_steps.h"
 #include "small_train.h"
 #include "zinf/error.h"
 
@@ -52,20 +53,8 @@ RunResult run(std::vector<std::string> overrides) {
   overrides.push_back("train.steps=4");
   overrides.push_back("model.activation_checkpointing=true");
   const TrainResult r = train(parse_config(test::small_train_config(swap.string()), overrides), TrainHooks{});
-  RunResult out{r.params_digest, {}, 0, r.skipped};
-  std::ifstream in(metrics);
-  int step = 0;
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (!j.contains("loss")) continue;
-    out.steps.push_back(nlohmann::json{{"loss", j["loss"]},
-                                       {"loss_scale", j["loss_scale"]},
-                                       {"grad_norm", j["grad_norm"]},
-                                       {"skipped", j["skipped"]}}
-                            .dump());
-    if (++step > 1 && j.contains("nvme_bytes")) out.nvme_read += j["nvme_bytes"]["read"].get<double>();
-  }
-  return out;
+  const test::MetricsSteps m = test::metrics_steps(metrics.string());
+  return RunResult{r.params_digest, m.steps, m.nvme_read_after_first, r.skipped};
 }
 
 // `overrides` in the layer-major order on the jittered async device (seeds first, first+1, …) against

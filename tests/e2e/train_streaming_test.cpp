@@ -19,6 +19,7 @@
 #include "app/config/config.h"
 #include "app/train/train.h"
 #include "nlohmann/json.hpp"
+#include "metrics_steps.h"
 #include "small_train.h"
 #include "zinf/error.h"
 
@@ -47,17 +48,7 @@ Run run(std::vector<std::string> overrides) {
   overrides.push_back("train.metrics_file=" + metrics.string());
   overrides.push_back("train.steps=5");
   const TrainResult r = train(parse_config(test::small_train_config(swap.string()), overrides), TrainHooks{});
-  Run out{r.params_digest, {}, r.rollbacks, r.skipped};
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (!j.contains("loss")) continue;
-    out.steps.push_back(nlohmann::json{{"loss", j["loss"]},
-                                       {"loss_scale", j["loss_scale"]},
-                                       {"grad_norm", j["grad_norm"]},
-                                       {"skipped", j["skipped"]}}
-                            .dump());
-  }
+  Run out{r.params_digest, test::metrics_steps(metrics.string()).steps, r.rollbacks, r.skipped};
   EXPECT_TRUE(fs::is_empty(swap));  // the gradient store's folder is removed with the optimizer's
   return out;
 }

@@ -25,6 +25,7 @@
 #include "zinf/backends/cpu.h"
 #include "zinf/device.h"
 #include "zinf/offload/engine.h"
+#include "zinf/offload/placement.h"
 
 namespace zinf::offload::test {
 
@@ -38,6 +39,21 @@ struct Dir {
   }
   ~Dir() { fs::remove_all(p); }
 };
+
+// The bytes of the plan row `name` on tier `tier` (0 when the plan has no such row).
+inline std::uint64_t plan_row(const std::vector<Row>& rows, const std::string& name, int tier) {
+  for (const Row& r : rows)
+    if (r.name == name) return r.bytes[static_cast<std::size_t>(tier)];
+  return 0;
+}
+
+// The bytes of the NVMe stores' files under `dir` (their names start with "store.").
+inline std::uint64_t swap_file_bytes(const fs::path& dir) {
+  std::uint64_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && e.path().filename().string().rfind("store.", 0) == 0) total += e.file_size();
+  return total;
+}
 
 inline EngineConfig config(OffloadDevice opt, OffloadDevice param, Precision prec, std::int64_t ga, Overlap ov,
                            const std::string& dir) {

@@ -17,18 +17,7 @@ namespace {
 
 constexpr int D = 0, P = 1, H = 2, NV = 3;
 
-std::uint64_t row(const std::vector<Row>& rows, const std::string& name, int tier) {
-  for (const Row& r : rows)
-    if (r.name == name) return r.bytes[static_cast<std::size_t>(tier)];
-  return 0;
-}
-
-std::uint64_t swap_file_bytes(const fs::path& dir) {
-  std::uint64_t total = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file() && e.path().filename().string().rfind("store.", 0) == 0) total += e.file_size();
-  return total;
-}
+std::uint64_t row(const std::vector<Row>& rows, const std::string& name, int tier) { return plan_row(rows, name, tier); }
 
 EngineConfig streaming(OffloadDevice param, Precision prec, std::int64_t ga, const std::string& dir) {
   EngineConfig c = config(OffloadDevice::nvme, param, prec, ga, Overlap::exact, dir);

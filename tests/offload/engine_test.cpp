@@ -222,14 +222,6 @@ class RankOnly final : public Comm {
   int rank_, world_;
 };
 
-// Bytes of the swap files under `dir`, as the filesystem reports them.
-std::uint64_t swap_file_bytes(const fs::path& dir) {
-  std::uint64_t total = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file() && e.path().filename().string().rfind("store.", 0) == 0) total += e.file_size();
-  return total;
-}
-
 // For every ZeRO stage, optimizer and parameter tier, precision, accumulation and world size (every
 // rank of it), the engine holds on each tier exactly the plan's bytes — as the tiers count them: the
 // device's bytes in use, the pinned pool's blocks (the pool is exactly full), the host memory the

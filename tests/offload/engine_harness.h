@@ -55,6 +55,15 @@ inline std::uint64_t swap_file_bytes(const fs::path& dir) {
   return total;
 }
 
+// The engine holds exactly the plan's bytes on every tier, and every handoff of its step graph is
+// made by a stage that claimed it.
+inline void expect_holds_the_plan(const Engine& e, const Plan& plan) {
+  const TierBytes held = e.held_bytes();
+  for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
+  const auto unclaimed = e.unclaimed_handoffs();
+  EXPECT_TRUE(unclaimed.empty()) << unclaimed.front();
+}
+
 inline EngineConfig config(OffloadDevice opt, OffloadDevice param, Precision prec, std::int64_t ga, Overlap ov,
                            const std::string& dir) {
   EngineConfig c;

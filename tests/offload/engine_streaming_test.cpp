@@ -101,10 +101,7 @@ TEST(EngineStreaming, LayerMajorPlansTheHeadsBuffersPerMicroBatchAndTheEngineHol
           }
           auto dev = make_cpu_device(64 << 20);
           Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); });
-          const TierBytes held = e.held_bytes();
-          for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
-          const auto unclaimed = e.unclaimed_handoffs();
-          EXPECT_TRUE(unclaimed.empty()) << unclaimed.front();
+          expect_holds_the_plan(e, plan);
         }
 }
 
@@ -123,11 +120,9 @@ TEST(EngineStreaming, HoldsThePlansBytesAndClaimsEveryHandoff) {
         const Plan plan = make_plan(c.plan);
         auto dev = make_cpu_device(64 << 20);
         Engine e(c, *dev, [&](std::size_t u, float* p) { std::fill(p, p + c.plan.unit_params[u], 0.01f); });
+        expect_holds_the_plan(e, plan);
         const TierBytes held = e.held_bytes();
-        for (int t = 0; t < kTiers; ++t) EXPECT_EQ(held[t], plan.totals[t]) << tier_name(static_cast<Tier>(t));
         EXPECT_EQ(held[H], 0u);
-        const auto unclaimed = e.unclaimed_handoffs();
-        EXPECT_TRUE(unclaimed.empty()) << unclaimed.front();
         EXPECT_EQ(e.pinned_capacity(), held[P]);
         EXPECT_EQ(swap_file_bytes(dir.p), held[NV]);
         EXPECT_NE(e.dataflow().find("GradWrite(u)"), -1);

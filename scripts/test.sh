@@ -13,8 +13,10 @@
 # scripts/test.sh --full (what CI runs, .ci/run): all of that first, timed as above; then build-test/
 # is reconfigured to the shipped configuration (sm_90 and sm_80, the micro benches) and built, which
 # compiles only the CUDA sources again and the benches, so CI compiles every architecture it ships;
-# then the unit and nvme tests (only those, CUDA off) are built with AddressSanitizer + UBSan and run
-# again; the `async` tests (the ordering contract on the asynchronous, jittered CPU device) are built
+# then the unit and nvme tests are built with AddressSanitizer + UBSan and run again, in an executor
+# build that also runs every GPU test and GPU case there, once (the executor poisons what lies past
+# each device buffer and a freed cached block, so a kernel or copy out of bounds is reported, as
+# compute-sanitizer's memcheck would on a GPU); the `async` tests (the ordering contract on the asynchronous, jittered CPU device) are built
 # with ThreadSanitizer and run, with the CUDA kernels' tests on the CPU executor; last, the parsers'
 # libFuzzer targets are built with clang and each run briefly (scripts/fuzz.sh). Each step prints the
 # time since the start.
@@ -31,6 +33,18 @@ for a in "$@"; do
   esac
 done
 stamp() { printf '%dm%02ds' $((SECONDS / 60)) $((SECONDS % 60)); }
+# Every GPU test of an executor build (the gpu and executor labels, then the GPU cases of other
+# binaries) under one thread order; none may skip but the tests about a machine without a GPU.
+# Usage: executor_gpu_tests BUILD_DIR ORDER; a failed test ends the script (pipefail).
+executor_gpu_tests() {
+  local build="$1" order="$2" log="$1/ctest-$2.log" skipped
+  local cases
+  cases="$("$root/scripts/gpu-check.sh" --cases)|$("$root/scripts/gpu-check.sh" --executor-cases)"
+  ZINF_CUDAX_ORDER=$order ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -L 'gpu|executor' 2>&1 | tee "$log"
+  ZINF_CUDAX_ORDER=$order ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -R "$cases" 2>&1 | tee -a "$log"
+  skipped=$(grep -E '\*\*\*Skipped' "$log" | grep -vE 'WithoutAGpu' || true)
+  if [ -n "$skipped" ]; then echo "test.sh: GPU tests skipped on the executor ($build, $order):" >&2; echo "$skipped" >&2; exit 1; fi
+}
 rel="$root/build-test"
 # What the test build's configure looks for first; the rest of the packages and the independent
 # checkers (a few GB from PyPI on a fresh machine: torch) arrive while it compiles, and the suite
@@ -62,16 +76,7 @@ if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
   exe_targets="executor_test cublas_fake_test nccl_fake_test cudnn_fake_test $("$root/scripts/gpu-check.sh" --targets)"
   ZINF_BUILD_TARGETS="$exe_targets" "$root/scripts/build.sh" "$root/build-executor" -DZINF_CUDA_EXECUTOR=ON \
     -DZINF_BUILD_BENCH=OFF
-  gpu_cases="$("$root/scripts/gpu-check.sh" --cases)|$("$root/scripts/gpu-check.sh" --executor-cases)"
-  for order in fifo lifo; do  # a failed test ends the script (pipefail); a skipped one is checked below
-    log="$root/build-executor/ctest-$order.log"
-    ZINF_CUDAX_ORDER=$order ctest --test-dir "$root/build-executor" --output-on-failure -j "$(nproc)" -L 'gpu|executor' \
-      2>&1 | tee "$log"
-    ZINF_CUDAX_ORDER=$order ctest --test-dir "$root/build-executor" --output-on-failure -j "$(nproc)" -R "$gpu_cases" \
-      2>&1 | tee -a "$log"
-    skipped=$(grep -E '\*\*\*Skipped' "$log" | grep -vE 'WithoutAGpu' || true)
-    if [ -n "$skipped" ]; then echo "test.sh: GPU tests skipped on the executor ($order):" >&2; echo "$skipped" >&2; exit 1; fi
-  done
+  for order in fifo lifo; do executor_gpu_tests "$root/build-executor" "$order"; done
   "$root/scripts/executor-e2e.sh" "$root/build-executor/src/zinf"
   echo "== [$(stamp)] the GPU check's two stages on the executor (small shapes, no timing verdicts): its sections, caps and results files"
   for stage in correctness speed; do
@@ -87,16 +92,20 @@ if [ "$full" = 1 ]; then
   "$root/scripts/build.sh" "$rel" -UZINF_CUDA_ARCHS -UZINF_BUILD_BENCH
 fi
 if [ "$full" = 1 ] && [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ]; then
-  echo "== [$(stamp)] sanitizer pass (address,undefined): unit and nvme tests"
+  echo "== [$(stamp)] sanitizer pass (address,undefined): unit and nvme tests, and the GPU tests on the executor"
   # Build only what this pass runs: the test binaries labelled unit or nvme (read from their
-  # registrations, so a new test is picked up), on the CPU device, without benches.
+  # registrations, so a new test is picked up), without benches, and the executor pass's targets:
+  # the CUDA device on the CPU executor, whose device memory is host memory ASan watches.
   asan_targets=$(awk 'match($0, /zinf_test\(([A-Za-z0-9_]+) +LABEL +(unit|nvme)[ )]/) {
                         split(substr($0, RSTART + 10), a, " "); print a[1] }' "$root/tests/CMakeLists.txt")
   [ -n "$asan_targets" ] || { echo "test.sh: no unit or nvme test found in tests/CMakeLists.txt" >&2; exit 1; }
+  asan_targets="$asan_targets executor_test cublas_fake_test nccl_fake_test cudnn_fake_test $("$root/scripts/gpu-check.sh" --targets)"
   ZINF_BUILD_TARGETS="$asan_targets" "$root/scripts/build.sh" "$root/build-asan" \
-    -DZINF_SANITIZE=address,undefined -DZINF_BUILD_BENCH=OFF -DZINF_CUDA=OFF
-  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -L 'unit|nvme'
+    -DZINF_SANITIZE=address,undefined -DZINF_BUILD_BENCH=OFF -DZINF_CUDA_EXECUTOR=ON
+  export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
+  ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -L 'unit|nvme'
+  executor_gpu_tests "$root/build-asan" random
+  unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
 if [ "$full" = 1 ] && [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TSAN:-0}" != "1" ]; then
   echo "== [$(stamp)] sanitizer pass (thread): the async label, one jitter seed per configuration; the CUDA kernels' tests on the executor"

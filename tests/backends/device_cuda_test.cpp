@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -21,6 +22,7 @@
 #if ZINF_CUDA_EXECUTOR
 #include "cudax/runtime.h"
 #endif
+#include "common/child_run.h"
 
 namespace zinf {
 namespace {
@@ -308,6 +310,67 @@ TEST(Nccl, OneRankCollectivesOnDeviceMemory) {
   auto twin = nccl->dup();
   EXPECT_EQ(twin->size(), 1);
 }
+
+#if ZINF_CUDA_EXECUTOR && defined(__SANITIZE_ADDRESS__)
+// On the executor under AddressSanitizer the caching allocator marks what no work may touch: a
+// block's bytes past the request (the allocator rounds 100 bytes up to 512, where a GPU's memcheck
+// sees nothing wrong) and a freed block waiting in the cache. Each case runs in a child process,
+// whose report the parent reads.
+TEST(CudaDeviceAsan, ACopyPastABuffersEndIsReported) {
+  std::string why;
+  auto dev = gpu_or_skip(8 << 20, &why);
+  if (!dev) GTEST_SKIP() << "no GPU: " << why;
+  if (std::getenv("ZINF_ASAN_CHILD")) {
+    std::vector<unsigned char> src(104, 7);
+    DeviceBuffer d(*dev, 100, "one hundred bytes");
+    dev->copy_to_device(d.as<void>(), src.data(), src.size(), StreamRole::h2d);
+    dev->synchronize(StreamRole::h2d);
+    return;
+  }
+  const std::string out =
+      testing_support::run_in_child("ZINF_ASAN_CHILD=1 ASAN_OPTIONS=detect_leaks=0", "CudaDeviceAsan.ACopyPast*");
+  EXPECT_NE(out.find("AddressSanitizer: use-after-poison"), std::string::npos) << out;
+}
+
+TEST(CudaDeviceAsan, WorkStillQueuedOnAFreedBufferIsReported) {
+  std::string why;
+  auto dev = gpu_or_skip(8 << 20, &why);
+  if (!dev) GTEST_SKIP() << "no GPU: " << why;
+  if (std::getenv("ZINF_ASAN_CHILD")) {
+    std::vector<float> src(1024, 1.0f);
+    dev->register_host(src.data(), src.size() * 4);
+    std::atomic<bool> go{false};
+    {
+      DeviceBuffer d(*dev, src.size() * 4, "freed too early");
+      dev->launch(StreamRole::h2d, [&go] {
+        while (!go.load()) std::this_thread::yield();
+      });
+      dev->copy_to_device(d.as<void>(), src.data(), src.size() * 4, StreamRole::h2d);
+    }  // freed while the copy into it is still queued: the block may be handed out again at once
+    go.store(true);
+    dev->synchronize(StreamRole::h2d);
+    dev->unregister_host(src.data());
+    return;
+  }
+  const std::string out =
+      testing_support::run_in_child("ZINF_ASAN_CHILD=1 ASAN_OPTIONS=detect_leaks=0", "CudaDeviceAsan.WorkStillQueued*");
+  EXPECT_NE(out.find("AddressSanitizer: use-after-poison"), std::string::npos) << out;
+}
+
+TEST(CudaDeviceAsan, ABufferUsedWithinItsSizeAndLifeIsQuiet) {
+  std::string why;
+  auto dev = gpu_or_skip(8 << 20, &why);
+  if (!dev) GTEST_SKIP() << "no GPU: " << why;
+  std::vector<unsigned char> src(100, 7), back(100, 0);
+  for (int round = 0; round < 2; ++round) {  // the second round takes the cached block again
+    DeviceBuffer d(*dev, 100, "one hundred bytes");
+    dev->copy_to_device(d.as<void>(), src.data(), src.size(), StreamRole::h2d);
+    dev->copy_to_host(back.data(), d.as<void>(), back.size(), StreamRole::h2d);
+    dev->synchronize(StreamRole::h2d);
+    EXPECT_EQ(back, src);
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace zinf

@@ -8,13 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "common/child_run.h"
 #include "cudax/runtime.h"
 
 namespace {
@@ -594,14 +594,8 @@ TEST(ExecutorTsan, AnUnorderedSharedMemoryAccessIsReportedWithItsLine) {
     cudaDeviceSynchronize();
     return;
   }
-  const std::string cmd = "ZINF_CUDAX_TSAN_CHILD=1 TSAN_OPTIONS='halt_on_error=0 exitcode=0 report_signal_unsafe=0' "
-                          "/proc/" + std::to_string(getpid()) + "/exe --gtest_filter=ExecutorTsan.AnUnordered* 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  ASSERT_NE(f, nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
-  pclose(f);
+  const std::string out = zinf::testing_support::run_in_child(
+      "ZINF_CUDAX_TSAN_CHILD=1 TSAN_OPTIONS='halt_on_error=0 exitcode=0 report_signal_unsafe=0'", "ExecutorTsan.AnUnordered*");
   EXPECT_NE(out.find("ThreadSanitizer: data race"), std::string::npos) << out;
   EXPECT_NE(out.find("executor_test.cpp:" + std::to_string(kRacyLine)), std::string::npos) << out;
   EXPECT_NE(out.find("executor_test.cpp:" + std::to_string(kRacyStoreLine)), std::string::npos)
@@ -620,6 +614,59 @@ TEST(ExecutorTsan, BarrierOrderedKernelsAreQuiet) {
   });
   cudaFree(dx);
   cudaFree(dout);
+}
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+// AddressSanitizer mode: what compute-sanitizer's memcheck reports on a GPU, reported here with the
+// kernel's line. Past the end of a cudaMalloc'd buffer (inside the executor's rounding, so only the
+// poisoning catches it) and past a launch's dynamic shared memory. Each case runs in a child process
+// of this binary (ASan ends the process at its first report), whose output is read back.
+constexpr int kPastEndLine = __LINE__ + 1;
+__global__ void read_one_past(const float* x, float* out, int n) { out[0] = x[n]; }
+
+constexpr int kPastSharedLine = __LINE__ + 3;
+__global__ void write_past_shared(int n) {
+  int* s = reinterpret_cast<int*>(zinf::cudax::dynamic_shared());
+  if (threadIdx.x == 0) s[n] = 1;
+}
+
+TEST(ExecutorAsan, AReadPastADeviceBuffersEndIsReportedWithItsLine) {
+  if (std::getenv("ZINF_CUDAX_ASAN_CHILD")) {
+    float* x = device_alloc<float>(3);  // 12 bytes of a 256-byte allocation
+    float* out = device_alloc<float>(1);
+    launch(read_one_past, dim3(1), dim3(1), 0, nullptr, x, out, 3);
+    cudaDeviceSynchronize();
+    return;
+  }
+  const std::string out = zinf::testing_support::run_in_child(
+      "ZINF_CUDAX_ASAN_CHILD=1 ASAN_OPTIONS=detect_leaks=0", "ExecutorAsan.AReadPastADeviceBuffersEnd*");
+  EXPECT_NE(out.find("AddressSanitizer: use-after-poison"), std::string::npos) << out;
+  EXPECT_NE(out.find("executor_test.cpp:" + std::to_string(kPastEndLine)), std::string::npos) << out;
+}
+
+TEST(ExecutorAsan, AWritePastDynamicSharedMemoryIsReportedWithItsLine) {
+  if (std::getenv("ZINF_CUDAX_ASAN_CHILD")) {
+    launch(write_past_shared, dim3(1), dim3(32), 100 * sizeof(int), nullptr, 100);
+    cudaDeviceSynchronize();
+    return;
+  }
+  const std::string out = zinf::testing_support::run_in_child(
+      "ZINF_CUDAX_ASAN_CHILD=1 ASAN_OPTIONS=detect_leaks=0", "ExecutorAsan.AWritePastDynamicShared*");
+  EXPECT_NE(out.find("AddressSanitizer: use-after-poison"), std::string::npos) << out;
+  EXPECT_NE(out.find("executor_test.cpp:" + std::to_string(kPastSharedLine)), std::string::npos) << out;
+}
+
+TEST(ExecutorAsan, InBoundsAccessesAreQuiet) {
+  float* x = device_alloc<float>(3);
+  float* out = device_alloc<float>(1);
+  to_device(x, std::vector<float>{1.0f, 2.0f, 3.0f});
+  launch(read_one_past, dim3(1), dim3(1), 0, nullptr, x, out, 2);  // x[2]: the last element
+  EXPECT_EQ(to_host(out, 1)[0], 3.0f);
+  launch(write_past_shared, dim3(1), dim3(32), 100 * sizeof(int), nullptr, 99);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(x);
+  cudaFree(out);
 }
 #endif
 

@@ -11,6 +11,25 @@
 
 #include "cudax/runtime.h"
 
+// ZINF_CUDAX_ASAN: this build uses AddressSanitizer. The executor then tells it about every fiber
+// switch (so a fiber's stack is its own), and marks the bytes past each allocation's requested size
+// (device, pinned, a launch's dynamic shared memory) as poisoned, so a kernel or copy that reads or
+// writes past its buffer is reported with its line, as compute-sanitizer's memcheck would on a GPU.
+#if defined(__SANITIZE_ADDRESS__)
+#define ZINF_CUDAX_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ZINF_CUDAX_ASAN 1
+#endif
+#endif
+#ifndef ZINF_CUDAX_ASAN
+#define ZINF_CUDAX_ASAN 0
+#endif
+#if ZINF_CUDAX_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace zinf::cudax {
 
 // The device the executor reports and checks launches against: an sm_90 part (H100/H200 class).
@@ -34,5 +53,16 @@ cudaError_t run_grid(const LaunchShape& shape, const std::function<void()>& body
 
 // Prints one line to stderr, prefixed "cudax: " (kernel faults, misuse of the runtime).
 void report(const std::string& line);
+
+// Under AddressSanitizer: [p, p + size) addressable, [p + size, p + capacity) poisoned. Nothing
+// otherwise.
+inline void poison_tail(void* p, std::size_t size, std::size_t capacity) {
+#if ZINF_CUDAX_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(p, size);
+  if (capacity > size) ASAN_POISON_MEMORY_REGION(static_cast<unsigned char*>(p) + size, capacity - size);
+#else
+  (void)p, (void)size, (void)capacity;
+#endif
+}
 
 }  // namespace zinf::cudax

@@ -17,6 +17,10 @@
 // Under ThreadSanitizer (-fsanitize=thread) every fiber is a TSan fiber, switched without implied
 // synchronisation; the collectives release and acquire, so shared- or global-memory accesses that
 // no barrier orders are reported as races with their file and line.
+//
+// Under AddressSanitizer every switch is announced (__sanitizer_start_switch_fiber / _finish_), so
+// ASan knows which stack is running, and a fiber's stack is unpoisoned before it is reused (a fault
+// abandons fibers mid-call, leaving their frames' redzones behind).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -88,7 +92,7 @@ zinf_cudax_fiber_start:
 
 namespace zinf::cudax {
 
-thread_local const Coordinates* tl_coords = nullptr;
+thread_local constinit const Coordinates* tl_coords = nullptr;
 
 namespace {
 
@@ -110,6 +114,9 @@ struct ThreadState {
   Stack stack;
 #if ZINF_CUDAX_TSAN
   void* tsan_fiber = nullptr;
+#endif
+#if ZINF_CUDAX_ASAN
+  void* asan_fake_stack = nullptr;  // ASan's fake stack of this fiber while it is switched out
 #endif
   std::uint64_t result = 0;  // a warp collective's result for this lane
 };
@@ -174,6 +181,11 @@ struct BlockRun {
     return i;
   }
   std::uint64_t barrier_gen = 0;  // barriers completed
+#if ZINF_CUDAX_ASAN
+  void* main_asan_fake_stack = nullptr;
+  const void* main_stack_bottom = nullptr;  // the scheduler's stack, as ASan reports it on a switch
+  std::size_t main_stack_size = 0;
+#endif
 #if ZINF_CUDAX_TSAN
   void* main_tsan_fiber = nullptr;
   // Addresses TSan synchronises on. A barrier (and a warp's collective) alternates between two, by
@@ -230,6 +242,10 @@ void prepare(ThreadState& t) {
     t.tsan_fiber = __tsan_create_fiber(0);
 #endif
   }
+#if ZINF_CUDAX_ASAN
+  // A fiber abandoned by a fault left its frames' redzones poisoned on this stack.
+  ASAN_UNPOISON_MEMORY_REGION(t.stack.base + (t.stack.bytes - kStackBytes), kStackBytes);
+#endif
   // The first switch pops: mxcsr/fpcw, r15, r14, r13 (entry), r12 (argument), rbx, rbp, then returns
   // into zinf_cudax_fiber_start with the stack 16-byte aligned.
   auto top = reinterpret_cast<std::uintptr_t>(t.stack.base + t.stack.bytes) & ~std::uintptr_t{15};
@@ -262,7 +278,15 @@ void yield_to_main() {
   // scheduler to a fiber without, so fibers stay unordered unless a collective orders them.
   __tsan_switch_to_fiber(r.main_tsan_fiber, 0);
 #endif
+#if ZINF_CUDAX_ASAN
+  // A fiber that is done is never resumed: ASan may drop its fake stack.
+  __sanitizer_start_switch_fiber(t->status == Status::done ? nullptr : &t->asan_fake_stack, r.main_stack_bottom,
+                                 r.main_stack_size);
+#endif
   zinf_cudax_switch(&t->sp, r.main_sp);
+#if ZINF_CUDAX_ASAN
+  __sanitizer_finish_switch_fiber(t->asan_fake_stack, &r.main_stack_bottom, &r.main_stack_size);
+#endif
   tl_coords = &t->coords;  // resumed: the scheduler set current back to this fiber
 }
 
@@ -272,13 +296,23 @@ void resume(BlockRun& r, ThreadState& t) {
 #if ZINF_CUDAX_TSAN
   __tsan_switch_to_fiber(t.tsan_fiber, __tsan_switch_to_fiber_no_sync);
 #endif
+#if ZINF_CUDAX_ASAN
+  __sanitizer_start_switch_fiber(&r.main_asan_fake_stack, t.stack.base + (t.stack.bytes - kStackBytes), kStackBytes);
+#endif
   zinf_cudax_switch(&r.main_sp, t.sp);
+#if ZINF_CUDAX_ASAN
+  __sanitizer_finish_switch_fiber(r.main_asan_fake_stack, nullptr, nullptr);
+#endif
   r.current = nullptr;
 }
 
 void fiber_entry(void* arg) {
   auto* t = static_cast<ThreadState*>(arg);
   BlockRun& r = *tl_run;
+#if ZINF_CUDAX_ASAN
+  // The first switch into this fiber: no fake stack of its own yet; learn the scheduler's stack.
+  __sanitizer_finish_switch_fiber(nullptr, &r.main_stack_bottom, &r.main_stack_size);
+#endif
 #if ZINF_CUDAX_TSAN
   __tsan_acquire(&r.block_start);
 #endif
@@ -292,11 +326,15 @@ void fiber_entry(void* arg) {
   std::abort();  // a finished fiber is never resumed
 }
 
-[[noreturn]] void fault_here(const std::string& what) {
+// Ends the calling fiber with a fault whose line `what()` makes. The fiber is abandoned mid-call,
+// so nothing its frames own is ever destroyed: the message is built here, into the block's record,
+// and its temporaries are gone before the switch.
+template <typename What>
+[[noreturn]] void fault_here(const What& what) {
   BlockRun& r = *tl_run;
   if (!r.failed) {
     r.failed = true;
-    r.fault = what;
+    r.fault = what();
   }
 #if ZINF_CUDAX_TSAN
   __tsan_release(&r.block_end);  // the launch's memory is freed after the fault
@@ -324,8 +362,8 @@ void warp_collective(unsigned mask, int kind, std::uint64_t key0, std::uint64_t 
   WarpState& w = r.warps[static_cast<std::size_t>(t.warp)];
   const unsigned bit = 1u << t.lane;
   if (!(mask & bit))
-    fault_here(std::string(name) + " at " + where_str(site) + ": calling lane " + std::to_string(t.lane) +
-               " is not in the mask 0x" + [&] { char b[16]; std::snprintf(b, sizeof b, "%08x", mask); return std::string(b); }());
+    fault_here([&] { return std::string(name) + " at " + where_str(site) + ": calling lane " + std::to_string(t.lane) +
+               " is not in the mask 0x" + [&] { char b[16]; std::snprintf(b, sizeof b, "%08x", mask); return std::string(b); }(); });
   // A lane joins the collective in progress with its mask (and not yet joined by it); otherwise it
   // starts one. Lanes may take part in collectives of other masks in between (legal since sm_70:
   // each lane performs its own in program order); real mismatches end in the deadlock report.
@@ -341,7 +379,7 @@ void warp_collective(unsigned mask, int kind, std::uint64_t key0, std::uint64_t 
         p = &q;
         break;
       }
-    if (!p) fault_here(std::string(name) + " at " + where_str(site) + ": more than 32 warp collectives at once in one warp");
+    if (!p) fault_here([&] { return std::string(name) + " at " + where_str(site) + ": more than 32 warp collectives at once in one warp"; });
     p->active = true;
     p->arrived = 0;
     p->mask = mask;
@@ -351,8 +389,8 @@ void warp_collective(unsigned mask, int kind, std::uint64_t key0, std::uint64_t 
     p->first = site;
     p->width = width;
   } else if (p->kind != kind || p->key0 != key0 || p->key1 != key1 || p->width != width) {
-    fault_here(std::string(name) + " at " + where_str(site) + " meets a different warp operation (or other arguments) at " +
-               where_str(p->first) + " in lanes of the same mask");
+    fault_here([&] { return std::string(name) + " at " + where_str(site) + " meets a different warp operation (or other arguments) at " +
+               where_str(p->first) + " in lanes of the same mask"; });
   }
   p->arrived |= bit;
   p->values[t.lane] = value;
@@ -552,7 +590,9 @@ unsigned activemask() {
   return tl_run->warps[static_cast<std::size_t>(t.warp)].live;
 }
 
-void kernel_fault(Site site, const char* what) { fault_here(std::string(what) + " at " + where_str(site)); }
+void kernel_fault(Site site, const char* what) {
+  fault_here([&] { return std::string(what) + " at " + where_str(site); });
+}
 
 unsigned char* dynamic_shared() {
   me();
@@ -593,6 +633,9 @@ cudaError_t run_grid(const LaunchShape& shape, const std::function<void()>& body
   std::vector<unsigned char> smem(shape.dynamic_smem + 128);
   auto* aligned = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem.data()) + 127) & ~std::uintptr_t{127});
   r.dynamic_smem = aligned;
+  // Past the launch's dynamic shared memory (the alignment slack) is out of bounds, as on a GPU.
+  poison_tail(smem.data(), 0, static_cast<std::size_t>(aligned - smem.data()));
+  poison_tail(aligned, shape.dynamic_smem, smem.size() - static_cast<std::size_t>(aligned - smem.data()));
   BlockRun* outer = tl_run;
   const Coordinates* outer_coords = tl_coords;
   tl_run = &r;
@@ -641,6 +684,7 @@ cudaError_t run_grid(const LaunchShape& shape, const std::function<void()>& body
       break;
     }
   }
+  poison_tail(smem.data(), smem.size(), smem.size());  // back to the allocator as it was handed out
   tl_run = outer;
   tl_coords = outer_coords;
   return err;

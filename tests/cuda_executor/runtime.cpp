@@ -34,7 +34,6 @@
 #include <memory>
 #include <mutex>
 #include <random>
-#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -209,19 +208,22 @@ struct Event {
   std::chrono::steady_clock::time_point when{};
   unsigned flags = 0;
 };
+// The live events by handle. Work queued on a stream holds its event too, so an event destroyed
+// while a record or wait of it is queued lives until that work has run (CUDA defers the release to
+// the event's completion in the same way).
 struct Events {
   std::mutex mu;
-  std::set<Event*> live;
+  std::map<Event*, std::shared_ptr<Event>> live;
 };
 Events& events() {
   static Events e;
   return e;
 }
-Event* find_event(cudaEvent_t e) {
+std::shared_ptr<Event> find_event(cudaEvent_t e) {
   Events& es = events();
   std::lock_guard<std::mutex> g(es.mu);
-  auto* p = reinterpret_cast<Event*>(e);
-  return es.live.count(p) ? p : nullptr;
+  const auto it = es.live.find(reinterpret_cast<Event*>(e));
+  return it == es.live.end() ? nullptr : it->second;
 }
 
 struct FuncAttrs {
@@ -593,6 +595,7 @@ cudaError_t cudaMalloc(void** p, std::size_t size) {
     return fail(cudaErrorMemoryAllocation);
   }
   std::memset(m, 0xFF, size);
+  poison_tail(m, size, (size + 255) / 256 * 256);
   ZINF_CHECK_RANGE(add_range(m, size, MemKind::device));
   *p = m;
   return cudaSuccess;
@@ -608,6 +611,7 @@ cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned /*flags*/) {
   if (size == 0) return cudaSuccess;
   void* m = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
   if (!m) return fail(cudaErrorMemoryAllocation);
+  poison_tail(m, size, (size + 4095) / 4096 * 4096);
   ZINF_CHECK_RANGE(add_range(m, size, MemKind::pinned));
   *p = m;
   return cudaSuccess;
@@ -845,34 +849,30 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   use_context();
   ZINF_CUDAX_STICKY();
   if (!e) return fail(cudaErrorInvalidValue);
-  auto* ev = new Event;
+  auto ev = std::make_shared<Event>();
   ev->flags = flags;
   Events& es = events();
   std::lock_guard<std::mutex> g(es.mu);
-  es.live.insert(ev);
-  *e = reinterpret_cast<cudaEvent_t>(ev);
+  es.live.emplace(ev.get(), ev);
+  *e = reinterpret_cast<cudaEvent_t>(ev.get());
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   use_context();
-  Event* ev = find_event(e);
+  const std::shared_ptr<Event> ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
-  {
-    Events& es = events();
-    std::lock_guard<std::mutex> g(es.mu);
-    es.live.erase(ev);
-  }
-  // Work already queued that records or waits on it still holds the pointer: keep the object (CUDA
-  // defers the release to the event's completion in the same way). Events are few and small.
+  Events& es = events();
+  std::lock_guard<std::mutex> g(es.mu);
+  es.live.erase(ev.get());  // freed here, or by the last queued record or wait that holds it
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   use_context();
   ZINF_CUDAX_STICKY();
-  Event* ev = find_event(e);
+  const std::shared_ptr<Event> ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
   const bool legacy = s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread;
   const std::shared_ptr<Stream> target = legacy ? nullptr : find_stream(s);
@@ -909,7 +909,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   use_context();
   ZINF_CUDAX_STICKY();
-  Event* ev = find_event(e);
+  const std::shared_ptr<Event> ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> g(ev->mu);
   return ev->completed >= ev->recorded ? cudaSuccess : cudaErrorNotReady;
@@ -918,7 +918,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   use_context();
   ZINF_CUDAX_STICKY();
-  Event* ev = find_event(e);
+  const std::shared_ptr<Event> ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
   std::unique_lock<std::mutex> l(ev->mu);
   const std::uint64_t target = ev->recorded;
@@ -930,7 +930,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   use_context();
   ZINF_CUDAX_STICKY();
   if (flags != 0 && flags != cudaEventWaitDefault) return fail(cudaErrorInvalidValue);
-  Event* ev = find_event(e);
+  const std::shared_ptr<Event> ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);
   std::uint64_t target = 0;
   {
@@ -949,8 +949,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   use_context();
   ZINF_CUDAX_STICKY();
   if (!ms) return fail(cudaErrorInvalidValue);
-  Event* a = find_event(start);
-  Event* b = find_event(end);
+  const std::shared_ptr<Event> a = find_event(start);
+  const std::shared_ptr<Event> b = find_event(end);
   if (!a || !b) return fail(cudaErrorInvalidResourceHandle);
   if ((a->flags | b->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
   std::scoped_lock l(a->mu, b->mu);

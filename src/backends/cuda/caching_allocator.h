@@ -7,6 +7,11 @@
 // it, the cache is released first, and if it still would, the request fails with an error naming
 // the allocation and the budget — never an out-of-memory abort. Peak in-use bytes are tracked.
 // Thread-safe.
+//
+// On the CPU executor under AddressSanitizer (where device memory is host memory) it also marks what
+// no buffer may touch: the bytes of a block past the request, and a freed block while it waits in the
+// cache. So a kernel or copy past its buffer's end, or one still queued on a buffer already freed
+// (this cache is not stream-ordered: the block may be handed out again at once), is reported.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +25,13 @@
 #include "zinf/device.h"
 #include "zinf/device_memory.h"
 #include "zinf/backends/sysinfo.h"
+
+#if defined(ZINF_CUDA_EXECUTOR) && defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define ZINF_POISON_DEVICE_MEMORY 1
+#else
+#define ZINF_POISON_DEVICE_MEMORY 0
+#endif
 
 namespace zinf::cuda {
 
@@ -58,6 +70,10 @@ class CachingAllocator {
       reserved_ += size;
     }
     sizes_[p] = size;
+#if ZINF_POISON_DEVICE_MEMORY
+    ASAN_UNPOISON_MEMORY_REGION(p, bytes);
+    ASAN_POISON_MEMORY_REGION(static_cast<unsigned char*>(p) + bytes, size - bytes);
+#endif
     in_use_ += size;
     peak_ = std::max(peak_, in_use_);
     return p;
@@ -70,6 +86,9 @@ class CachingAllocator {
     ZINF_CHECK(it != sizes_.end());
     in_use_ -= it->second;
     cached_ += it->second;
+#if ZINF_POISON_DEVICE_MEMORY
+    ASAN_POISON_MEMORY_REGION(p, it->second);
+#endif
     cache_[it->second].push_back(p);
     sizes_.erase(it);
   }
@@ -92,7 +111,12 @@ class CachingAllocator {
   }
   void release_cache_locked() {
     for (auto& [size, blocks] : cache_) {
-      for (void* b : blocks) free_(b);
+      for (void* b : blocks) {
+#if ZINF_POISON_DEVICE_MEMORY
+        ASAN_UNPOISON_MEMORY_REGION(b, size);
+#endif
+        free_(b);
+      }
       reserved_ -= size * blocks.size();
       blocks.clear();
     }

@@ -36,7 +36,9 @@ struct Coordinates {
   dim3 block_dim;
   dim3 grid_dim;
 };
-extern thread_local const Coordinates* tl_coords;
+// constinit: no dynamic initialisation, so every read is a plain TLS load (no wrapper call; GCC 12's
+// UBSan null check on the wrapper's result misfires inside a kernel).
+extern thread_local constinit const Coordinates* tl_coords;
 
 // Collectives: each returns once every thread it names has arrived (or reports the divergence and
 // ends the kernel). `site` is the caller's file and line, named in reports.

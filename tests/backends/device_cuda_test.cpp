@@ -23,6 +23,8 @@
 #include "cudax/runtime.h"
 #endif
 #include "common/child_run.h"
+#include "app/config/config.h"
+#include "app/train/train.h"
 
 namespace zinf {
 namespace {
@@ -310,6 +312,60 @@ TEST(Nccl, OneRankCollectivesOnDeviceMemory) {
   auto twin = nccl->dup();
   EXPECT_EQ(twin->size(), 1);
 }
+
+#if ZINF_CUDA_EXECUTOR
+// What a steady training step asks of the CUDA runtime, counted by the executor between the
+// progress lines of steps 3 to 6: a step that allocates device or pinned memory, drains the device,
+// or copies through pageable memory (a staged copy, synchronous on a GPU) loses the GPU's time to the
+// host. For each placement the offload engine has on a GPU, with both kernel sets.
+TEST(CudaDeviceSteps, ASteadyStepAllocatesNothingAndNeverDrainsTheDevice) {
+  std::string why;
+  if (!gpu_or_skip(8 << 20, &why)) GTEST_SKIP() << "no GPU: " << why;
+  const std::string json = R"({"model": {"n_layer": 2, "n_head": 2, "d_model": 32, "vocab_size": 256, "seq_len": 32},
+      "train": {"steps": 6, "eval_interval": 0, "eval_batches": 2, "seed": 7},
+      "device": {"type": "cuda", "memory_budget": "1GiB"}, "bf16": {"enabled": true},
+      "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}, "gradient_clipping": 1.0})";
+  struct Placement {
+    const char* name;
+    std::vector<std::string> set;
+  };
+  const std::vector<Placement> placements = {
+      {"resident", {"zero_optimization.stage=0"}},
+      {"optimizer on the cpu", {"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"}},
+      {"optimizer and parameters on the cpu",
+       {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+        "zero_optimization.offload_param.device=cpu"}},
+  };
+  for (const char* kernels : {"reference", "fast"}) {
+    for (const Placement& pl : placements) {
+      SCOPED_TRACE(std::string(pl.name) + ", " + kernels + " kernels");
+      std::vector<std::string> set = pl.set;
+      set.push_back(std::string("device.kernels=\"") + kernels + "\"");
+      std::vector<cudax::ApiCounts> at;  // after each step's progress line
+      TrainHooks hooks;
+      hooks.log = [&](const std::string& line) {
+        if (line.rfind("step ", 0) == 0 && line.find(" | loss ") != std::string::npos) at.push_back(cudax::api_counts());
+      };
+      train(parse_config(json, set), hooks);
+      ASSERT_EQ(at.size(), 6u);
+      const cudax::ApiCounts& a = at[2];
+      const cudax::ApiCounts& b = at[5];
+      SCOPED_TRACE("over steps 4-6: " + std::to_string(b.launches - a.launches) + " launches, " +
+                   std::to_string(b.stream_syncs - a.stream_syncs) + " stream and " +
+                   std::to_string(b.event_syncs - a.event_syncs) + " event synchronisations (host threads waiting)");
+      EXPECT_GT(b.launches, a.launches) << "the steps ran kernels";
+      EXPECT_EQ(b.device_allocs, a.device_allocs) << "cudaMalloc in a steady step";
+      EXPECT_EQ(b.device_frees, a.device_frees) << "cudaFree in a steady step";
+      EXPECT_EQ(b.pinned_allocs, a.pinned_allocs) << "pinned memory allocated or registered in a steady step";
+      EXPECT_EQ(b.device_syncs, a.device_syncs) << "cudaDeviceSynchronize in a steady step";
+      EXPECT_EQ(b.blocking_copies, a.blocking_copies) << "cudaMemcpy in a steady step";
+      // At most the norm's partial sums, read back once a step when the optimizer is on the device.
+      EXPECT_LE(b.pageable_copies - a.pageable_copies, 3u) << "copies through pageable memory in a steady step";
+    }
+  }
+}
+#endif
 
 #if ZINF_CUDA_EXECUTOR && defined(__SANITIZE_ADDRESS__)
 // On the executor under AddressSanitizer the caching allocator marks what no work may touch: a

@@ -343,6 +343,33 @@ std::size_t max_dynamic_smem(const void* kernel) {
   return it == f.max_dynamic_smem.end() ? kDefaultDynamicSmem : it->second;
 }
 
+namespace {
+struct Counters {
+  std::atomic<std::uint64_t> launches{0}, device_allocs{0}, device_frees{0}, pinned_allocs{0}, device_syncs{0},
+      stream_syncs{0}, event_syncs{0}, pageable_copies{0}, blocking_copies{0};
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+void count(std::atomic<std::uint64_t> Counters::*which) { (counters().*which).fetch_add(1, std::memory_order_relaxed); }
+}  // namespace
+
+ApiCounts api_counts() {
+  const Counters& c = counters();
+  ApiCounts a;
+  a.launches = c.launches.load();
+  a.device_allocs = c.device_allocs.load();
+  a.device_frees = c.device_frees.load();
+  a.pinned_allocs = c.pinned_allocs.load();
+  a.device_syncs = c.device_syncs.load();
+  a.stream_syncs = c.stream_syncs.load();
+  a.event_syncs = c.event_syncs.load();
+  a.pageable_copies = c.pageable_copies.load();
+  a.blocking_copies = c.blocking_copies.load();
+  return a;
+}
+
 cudaError_t launch_body(const void* kernel, const LaunchShape& shape, cudaStream_t stream, std::function<void()> body) {
   use_context();
   if (const cudaError_t e = sticky()) return fail(e);
@@ -358,6 +385,7 @@ cudaError_t launch_body(const void* kernel, const LaunchShape& shape, cudaStream
     return run_grid(shape, body, name);
   });
   if (e != cudaSuccess) return fail(e);
+  count(&Counters::launches);
   return cudaSuccess;
 }
 
@@ -513,6 +541,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 
 cudaError_t cudaDeviceSynchronize() {
   use_context();
+  count(&Counters::device_syncs);
   for (const auto& s : live_streams()) s->drain();
   return sticky();
 }
@@ -597,11 +626,15 @@ cudaError_t cudaMalloc(void** p, std::size_t size) {
   std::memset(m, 0xFF, size);
   poison_tail(m, size, (size + 255) / 256 * 256);
   ZINF_CHECK_RANGE(add_range(m, size, MemKind::device));
+  count(&Counters::device_allocs);
   *p = m;
   return cudaSuccess;
 }
 
-cudaError_t cudaFree(void* p) { return free_allocation(p, MemKind::device, "cudaFree"); }
+cudaError_t cudaFree(void* p) {
+  if (p) count(&Counters::device_frees);
+  return free_allocation(p, MemKind::device, "cudaFree");
+}
 
 cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned /*flags*/) {
   use_context();
@@ -613,6 +646,7 @@ cudaError_t cudaHostAlloc(void** p, std::size_t size, unsigned /*flags*/) {
   if (!m) return fail(cudaErrorMemoryAllocation);
   poison_tail(m, size, (size + 4095) / 4096 * 4096);
   ZINF_CHECK_RANGE(add_range(m, size, MemKind::pinned));
+  count(&Counters::pinned_allocs);
   *p = m;
   return cudaSuccess;
 }
@@ -626,6 +660,7 @@ cudaError_t cudaHostRegister(void* p, std::size_t size, unsigned /*flags*/) {
   if (!p || size == 0) return fail(cudaErrorInvalidValue);
   if (where(p).kind != MemKind::pageable) return fail(cudaErrorHostMemoryAlreadyRegistered);
   const cudaError_t e = add_range(p, size, MemKind::registered);
+  if (e == cudaSuccess) count(&Counters::pinned_allocs);
   return e == cudaSuccess ? e : fail(e);
 }
 cudaError_t cudaHostUnregister(void* p) {
@@ -723,6 +758,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
   if (!dst || !src) return fail(cudaErrorInvalidValue);
   bool dst_pageable = false, src_pageable = false;
   if (const cudaError_t e = check_copy(dst, src, n, kind, &dst_pageable, &src_pageable)) return fail(e);
+  if (src_pageable || dst_pageable) count(&Counters::pageable_copies);
   if (src_pageable && !dst_pageable) {
     // Staged: the source is read now, the destination written in stream order.
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
@@ -750,6 +786,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind) {
+  count(&Counters::blocking_copies);
   const cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, nullptr);
   return e;
 }
@@ -813,6 +850,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   use_context();
+  count(&Counters::stream_syncs);
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
     drain_blocking_streams();
     return sticky();
@@ -917,6 +955,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   use_context();
+  count(&Counters::event_syncs);
   ZINF_CUDAX_STICKY();
   const std::shared_ptr<Event> ev = find_event(e);
   if (!ev) return fail(cudaErrorInvalidResourceHandle);

@@ -68,4 +68,20 @@ void set_device_count(int n);
 // The seed the run uses for jitter and random thread orders (ZINF_CUDAX_SEED, default 1).
 unsigned long seed();
 
+// The calls that cost a GPU time when a training step makes them, counted since the process
+// started (every thread): a test reads them around steps to check that a steady step allocates
+// nothing, never drains the device, and copies only between device and pinned memory.
+struct ApiCounts {
+  std::uint64_t launches = 0;         // kernels launched (the library fakes' work not included)
+  std::uint64_t device_allocs = 0;    // cudaMalloc (on a GPU: slow, and it may synchronise)
+  std::uint64_t device_frees = 0;     // cudaFree (on a GPU: synchronises the device)
+  std::uint64_t pinned_allocs = 0;    // cudaHostAlloc / cudaMallocHost / cudaHostRegister
+  std::uint64_t device_syncs = 0;     // cudaDeviceSynchronize
+  std::uint64_t stream_syncs = 0;     // cudaStreamSynchronize
+  std::uint64_t event_syncs = 0;      // cudaEventSynchronize
+  std::uint64_t pageable_copies = 0;  // async copies to or from pageable host memory (staged, not async)
+  std::uint64_t blocking_copies = 0;  // cudaMemcpy, which waits for the copy and the legacy stream
+};
+ApiCounts api_counts();
+
 }  // namespace zinf::cudax

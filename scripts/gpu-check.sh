@@ -85,7 +85,7 @@ gpu_test_targets() { sed -n 's/^ *zinf_test(\([A-Za-z0-9_]*\) LABEL gpu .*/\1/p'
 gpu_case_targets="train_test fast_ops_twin_test ops_table_test generate_test"
 gpu_cases='^(TrainGpu\.|FastOpsTwin\.EveryOpOnTheGpu|FastOpsTwin\.AttentionChoices|OpsTable\.Cuda|Generate\.Cuda)'
 # GPU cases that need the executor's library fakes (their test hooks): run on the executor only.
-executor_cases='^FastOpsTwin\.CudnnRefusedShape'
+executor_cases='^FastOpsTwin\.CudnnRefused(Shape|Backward)'
 # Tests about a machine without a GPU: they skip where one is visible, so the GPU stages leave them out.
 no_gpu_tests='WithoutAGpu'
 case "${1:-}" in

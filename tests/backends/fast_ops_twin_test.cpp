@@ -599,6 +599,55 @@ TEST(FastOpsTwin, CudnnRefusedShapeRunsTheWmmaKernelAndARunFailureThrows) {
 #endif
 }
 
+// cuDNN accepting a shape's forward and refusing its backward (the fake refuses the backward's
+// transposed statistics [B, H, 1, T], a tensor the forward does not have): the forward runs cuDNN's
+// plan, the backward the wmma kernel, and one line a shape says so.
+TEST(FastOpsTwin, CudnnRefusedBackwardRunsTheWmmaBackwardAfterCudnnsForward) {
+  const cuda::GpuQuery q = cuda::query_gpus();
+  if (q.gpus.empty()) GTEST_SKIP() << "no GPU: " << q.status;
+  if (!backends::cudnn_built()) GTEST_SKIP() << "this zinf was built without cuDNN (ZINF_CUDNN)";
+#if !ZINF_CUDA_EXECUTOR
+  GTEST_SKIP() << "needs the executor's cuDNN fake, whose hook refuses the backward's graph";
+#else
+  const backends::Backend& gpu = backends::backend_for(DeviceType::cuda);
+  const backends::Backend& cpu = backends::backend_for(DeviceType::cpu);
+  backends::DeviceSpec spec;
+  spec.budget_bytes = std::size_t{1} << 30;
+  auto gdev = gpu.make_device(spec);
+  auto cdev = cpu.make_device(spec);
+  auto twin = cpu.make_ops(*cdev, Precision::bf16, 2, Kernels::fast);
+  auto wmma = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::wmma);
+  auto cudnn = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn);
+  const auto make = [&](const char* name) {
+    Case c;
+    c.S = DType::bf16;
+    c.twin = twin.get();
+    for (const OpEntry& e : kCases)
+      if (std::string(e.name) == name) e.make(c);
+    return c;
+  };
+  const Case fwd = make("gqa_attention_forward"), bwd = make("gqa_attention_backward");
+  ASSERT_FALSE(fwd.t.empty());
+  ASSERT_FALSE(bwd.t.empty());
+  const std::string stats_t = std::to_string(B) + "," + std::to_string(LH) + ",1," + std::to_string(T);
+  setenv("ZINF_CUDNN_FAKE_REFUSE", stats_t.c_str(), 1);
+  auto mixed = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn);
+  ::testing::internal::CaptureStderr();
+  const auto fwd_got = run_on_gpu(fwd, *gdev, *mixed);  // builds the plans: the backward's is refused
+  const auto bwd_got = run_on_gpu(bwd, *gdev, *mixed);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  unsetenv("ZINF_CUDNN_FAKE_REFUSE");
+  EXPECT_TRUE(fwd_got == run_on_gpu(fwd, *gdev, *cudnn)) << "the forward runs cuDNN's plan";
+  EXPECT_TRUE(bwd_got == run_on_gpu(bwd, *gdev, *wmma)) << "the backward runs the wmma kernel";
+  std::size_t lines = 0;
+  for (std::size_t at = said.find("cuDNN refused the attention backward"); at != std::string::npos;
+       at = said.find("cuDNN refused the attention backward", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 2u) << "said once per shape (without and with the window): " << said;
+  EXPECT_EQ(said.find("cuDNN refused attention at"), std::string::npos) << "the forward was accepted: " << said;
+#endif
+}
+
 TEST(FastOpsTwin, AttentionChoicesOutsideTheFastKernelsAreRefused) {
   const cuda::GpuQuery q = cuda::query_gpus();
   if (q.gpus.empty()) GTEST_SKIP() << "no GPU: " << q.status;

@@ -372,7 +372,8 @@ void launch_sum_groups(void* dst, long row, const float* src, const fast::AttnSh
 
 struct CudnnAttention::Impl {
   struct Plans {
-    bool accepted = false;
+    bool accepted = false;           // the forward runs on cuDNN
+    bool backward_accepted = false;  // and the backward too (else the wmma kernel's, from the same lse)
     std::optional<Owned> fwd, bwd;
     std::int64_t fwd_ws = 0, bwd_ws = 0;
   };
@@ -402,13 +403,13 @@ struct CudnnAttention::Impl {
     if (handle) cudnnDestroy(handle);
   }
 
-  void build(Plans& p, const fast::AttnShape& a, DType S) {
+  void build_forward(Plans& p, const fast::AttnShape& a, DType S) {
     const cudnnDataType_t io = cudnn_type(S);
     const std::int64_t B = a.B, T = a.T, H = a.H, KV = a.KV, D = a.D;
     const std::int64_t al = alignment(a, S);
     const std::vector<std::int64_t> bhtt{B, H, T, T}, stats_dims{B, H, T, 1}, stats_strides{H * T, T, 1, 1};
     const std::int64_t limit = static_cast<std::int64_t>(workspace_limit(a));
-    {  // forward
+    {
       Graph g(handle);
       const Owned& q = g.tensor(kQ, io, {B, H, T, D}, bhtd_strides(a, a.q_stride), false, false, al);
       const Owned& kt = g.tensor(kK, io, {B, KV, D, T}, bhdt_strides(a, a.k_stride), false, false, al);
@@ -432,7 +433,16 @@ struct CudnnAttention::Impl {
       g.matmul(pr, v, o);
       p.fwd.emplace(g.plan(limit, p.fwd_ws));
     }
-    {  // backward, in the [b, h, key j, query i] orientation
+  }
+
+  // The backward, in the [b, h, key j, query i] orientation.
+  void build_backward(Plans& p, const fast::AttnShape& a, DType S) {
+    const cudnnDataType_t io = cudnn_type(S);
+    const std::int64_t B = a.B, T = a.T, H = a.H, KV = a.KV, D = a.D;
+    const std::int64_t al = alignment(a, S);
+    const std::vector<std::int64_t> bhtt{B, H, T, T};
+    const std::int64_t limit = static_cast<std::int64_t>(workspace_limit(a));
+    {
       Graph g(handle);
       const bool grouped_heads = KV != H;
       const Owned& k = g.tensor(kK, io, {B, KV, T, D}, bhtd_strides(a, a.k_stride), false, false, al);
@@ -477,16 +487,27 @@ struct CudnnAttention::Impl {
     }
   }
 
-  // The shape's plans, built on the first ask. A refusal is remembered (and said once); any other
-  // failure while building throws and leaves nothing cached, so the next call fails the same way
-  // instead of switching kernels.
+  // The shape's plans, built on the first ask. A refusal is remembered (and said once): of the
+  // forward, the shape runs the wmma kernel both ways; of the backward alone, cuDNN's forward and the
+  // wmma kernel's backward, which reads the same output and log-sum-exp. Any other failure while
+  // building throws and leaves nothing cached, so the next call fails the same way instead of
+  // switching kernels.
   Plans& plans_for(const fast::AttnShape& a, DType S) {
     const Key key = key_of(a, S);
     if (auto it = plans.find(key); it != plans.end()) return *it->second;
     auto p = std::make_unique<Plans>();
     if (S == DType::bf16 || S == DType::fp16) {  // fp32 runs stay on the wmma path's FMA tiles
       try {
-        build(*p, a, S);
+        build_forward(*p, a, S);
+        try {
+          build_backward(*p, a, S);
+          p->backward_accepted = true;
+        } catch (const Refused& r) {
+          std::fprintf(stderr,
+                       "zinf: cuDNN refused the attention backward at %s (%s); this shape's backward runs the wmma "
+                       "flash kernel, its forward cuDNN's\n",
+                       shape_text(a, S).c_str(), r.why.c_str());
+        }
         const std::size_t need = workspace_limit(a);
         if (workspace.size() < need) {
           ZINF_CUDA(cudaStreamSynchronize(stream));  // queued plans may still use the old block
@@ -523,6 +544,9 @@ CudnnAttention::CudnnAttention(Device& dev, cudaStream_t stream) : impl_(std::ma
 CudnnAttention::~CudnnAttention() = default;
 
 bool CudnnAttention::accepts(const fast::AttnShape& a, DType S) { return impl_->plans_for(a, S).accepted; }
+bool CudnnAttention::accepts_backward(const fast::AttnShape& a, DType S) {
+  return impl_->plans_for(a, S).backward_accepted;
+}
 
 std::size_t CudnnAttention::grouped_scratch_bytes(const fast::AttnShape& a) {
   if (a.KV == a.H) return 0;
@@ -544,7 +568,8 @@ void CudnnAttention::forward(void* out, float* lse, const void* q, const void* k
 void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                               const void* v, const void* out, const float* lse, const fast::AttnShape& a, DType S) {
   Impl::Plans& p = impl_->plans_for(a, S);
-  if (!p.accepted) throw Error("cuDNN attention: backward called for a shape cuDNN refused (" + shape_text(a, S) + ")");
+  if (!p.backward_accepted)
+    throw Error("cuDNN attention: backward called for a shape whose backward cuDNN refused (" + shape_text(a, S) + ")");
   float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
   float neg_inf = -std::numeric_limits<float>::infinity(), window_last = static_cast<float>(a.W - 1);
   void* dk_h = dk;

@@ -9,7 +9,9 @@
 //
 // A shape cuDNN refuses while its plans are built (a NOT_SUPPORTED status: the graph, the GPU or every
 // deterministic engine) is refused once, with one line on stderr naming the shape, and the caller runs
-// the wmma kernel for it from then on; any failure after a plan exists (running it) throws zinf::Error.
+// the wmma kernel for it from then on; a shape whose backward alone is refused runs cuDNN's forward
+// and the wmma kernel's backward (both keep the same log-sum-exp), also said once. Any failure after
+// a plan exists (running it) throws zinf::Error.
 // Only deterministic engines are chosen (no NONDETERMINISTIC numerical note), so two runs give the
 // same bits. Built only where cuDNN was found (ZINF_HAVE_CUDNN); everything is enqueued on `stream`.
 // Not thread-safe: one per ops backend, used from the thread that drives its stream.
@@ -36,9 +38,12 @@ class CudnnAttention {
   // Whether cuDNN runs shape `a` in dtype S; builds (and caches) both plans on the first ask. False
   // (said once on stderr) when cuDNN refused the shape: the caller uses the wmma kernel.
   bool accepts(const fast::AttnShape& a, DType S);
+  // Whether cuDNN also runs the backward of shape `a` (false: the wmma kernel's backward, from cuDNN's
+  // forward output and log-sum-exp).
+  bool accepts_backward(const fast::AttnShape& a, DType S);
 
-  // Enqueue the forward / backward of an accepted shape (accepts() true). Throws zinf::Error when
-  // cuDNN fails to run a plan.
+  // Enqueue the forward of an accepted shape (accepts() true) / the backward of one whose backward is
+  // accepted (accepts_backward() true). Throws zinf::Error when cuDNN fails to run a plan.
   void forward(void* out, float* lse, const void* q, const void* k, const void* v, const fast::AttnShape& a, DType S);
   void backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                 const void* out, const float* lse, const fast::AttnShape& a, DType S);

@@ -362,13 +362,13 @@ class CudaFastOps final : public OpsBackend {
   }
 
   // The attention: cuDNN's where it was chosen and accepts the shape (the plans are built on the
-  // shape's first forward; a refused shape was said once and runs the wmma kernel both ways), else
-  // the wmma flash kernel.
-  bool cudnn_runs(const fast::AttnShape& a) {
+  // shape's first forward; a refused shape was said once and runs the wmma kernel both ways, one whose
+  // backward alone was refused runs the wmma kernel's backward), else the wmma flash kernel.
+  bool cudnn_runs(const fast::AttnShape& a, bool backward = false) {
 #if ZINF_HAVE_CUDNN
-    return cudnn_ && cudnn_->accepts(a, S_);
+    return cudnn_ && cudnn_->accepts(a, S_) && (!backward || cudnn_->accepts_backward(a, S_));
 #else
-    (void)a;
+    (void)a, (void)backward;
     return false;
 #endif
   }
@@ -383,7 +383,7 @@ class CudaFastOps final : public OpsBackend {
   void attention_backward_of(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                              const void* v, const void* out, const float* lse, const fast::AttnShape& a) {
 #if ZINF_HAVE_CUDNN
-    if (cudnn_runs(a)) return cudnn_->backward(dq, dk, dv, dout, q, k, v, out, lse, a, S_);
+    if (cudnn_runs(a, true)) return cudnn_->backward(dq, dk, dv, dout, q, k, v, out, lse, a, S_);
 #endif
     void* scratch = flash_.get(dev_, stream_, fast::flash_backward_scratch_bytes(a));
     fast::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, a, S_, scratch, stream_);

@@ -8,8 +8,8 @@
 //   - Handles (cudnnCreate/Destroy/SetStream), cudnnGetVersion (9.0.0: the API level the fake
 //     follows), cudnnGetErrorString.
 //   - Descriptors: create, set attribute, get attribute, finalize, destroy, for TENSOR, MATMUL,
-//     POINTWISE, REDUCTION, OPERATION_{MATMUL,POINTWISE,REDUCTION}, OPERATIONGRAPH, ENGINEHEUR, ENGINECFG,
-//     ENGINE, EXECUTION_PLAN and VARIANT_PACK; cudnnBackendExecute on the handle's stream. Any other
+//     POINTWISE, REDUCTION, OPERATION_{MATMUL,POINTWISE,REDUCTION,RESHAPE}, OPERATIONGRAPH, ENGINEHEUR,
+//     ENGINECFG, ENGINE, EXECUTION_PLAN and VARIANT_PACK; cudnnBackendExecute on the handle's stream. Any other
 //     descriptor type, attribute or pointwise mode is refused: NOT_SUPPORTED, nothing changed.
 //   - A finalized operation graph is copied whole into a program (its tensors and nodes by value), so a
 //     plan outlives the descriptors it was built from, as cuDNN's plans do.
@@ -20,13 +20,29 @@
 //               tensor (its pointer read when cudnnBackendExecute is called).
 //   matmul      C[..., m, n] = Σ_k A[..., m, k]·B[..., k, n] over the last two dims; a batch dim of A or
 //               B equal to C's is indexed as C's, 1 is broadcast, and one dividing C's (the grouped
-//               heads of SDPA: K, V with h_k heads against Q's h_q) is indexed c / (C's / its). Sums in
-//               double, one rounding to C's type.
+//               heads of SDPA: K, V with h_k heads against Q's h_q) is indexed c / (C's / its). A and B
+//               may differ in type (the backward's dQ = dS·K: dS fp32, K 16-bit); each is read as its
+//               own type. Sums in double, one rounding to C's type.
 //   pointwise   y = f(x[, b][, t]) elementwise over y's dims; an input dim of 1 is broadcast. Modes:
 //               ADD, SUB, MUL, DIV, EXP, LOG, IDENTITY, CMP_GE, CMP_LE (1 or 0), BINARY_SELECT (y = t ?
 //               x : b) and GEN_INDEX (y = the element's index along CUDNN_ATTR_POINTWISE_AXIS). Math
 //               in float (CUDNN_ATTR_POINTWISE_MATH_PREC must be FLOAT).
-//   reduction   y = ADD or MAX of x over the dims where y's extent is 1 and x's is not (others equal).
+//   reduction   y = ADD or MAX of x over the dims where y's extent is 1 and x's is not; a dim where y's
+//               extent is neither 1 nor x's but divides it (x's = G × y's) is reduced in groups, ADD
+//               only: y's element o along it sums x's o·G … o·G + G - 1. Consecutive groups: the
+//               frontend's SDPA backward sums dK and dV from query heads to key/value heads this way
+//               (its comment: reduce "b (hk g) skv d -> b hk skv d"; its tests expand K and V so query
+//               head h reads key/value head h / G), the transpose of the matmul's grouping above.
+//               x's elements are folded in ascending index order, as fp32 values summed in double,
+//               one rounding to y's type.
+//   reshape     y is a view of x: as many elements, every element offset of y (Σ index·stride under
+//               y's dims and strides) an element offset of x (under x's own strides, also for a virtual
+//               x), else BAD_PARAM at finalize; y's element at index j is x's element at that offset,
+//               stored rounded to y's type (cudnn-frontend's SDPA backward reshapes the fp32 P and dS
+//               to Q's 16-bit type as their transposes, and a stride-swapped Kᵀ into K). The frontend
+//               documents reshape as a new logical shape and stride over the same data; cuDNN 9.0's
+//               backend has no reshape mode attribute, so only these views are run. x and y may each
+//               be virtual or not; a non-virtual y is written at its own offsets in its own memory.
 //   Stores round to the tensor's type (fp16/bf16 to nearest even with NVIDIA's host conversions;
 //   INT32 and BOOLEAN hold the value). A virtual tensor of a 16-bit type therefore holds the rounded
 //   value, as the fused kernels' tensor-core operands do.
@@ -78,13 +94,13 @@ struct Tensor {
   bool is_virtual = false, by_value = false;
 };
 
-enum class NodeKind { matmul, pointwise, reduction };
+enum class NodeKind { matmul, pointwise, reduction, reshape };
 struct Node {
   NodeKind kind;
   cudnnPointwiseMode_t pw = CUDNN_POINTWISE_ADD;
   cudnnReduceTensorOp_t red = CUDNN_REDUCE_TENSOR_ADD;
   std::int64_t axis = -1;
-  std::int64_t x = -1, b = -1, t = -1, y = -1;  // uids (matmul: x = A, b = B, y = C)
+  std::int64_t x = -1, b = -1, t = -1, y = -1;  // uids (matmul: x = A, b = B, y = C; reshape: x, y)
 };
 
 struct Program {
@@ -221,6 +237,12 @@ cudnnStatus_t set_attr(Desc& d, cudnnBackendAttributeName_t name, cudnnBackendAt
         case CUDNN_ATTR_OPERATION_REDUCTION_DESC: return set_ref(d, name, t, n, v, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
         default: return CUDNN_STATUS_NOT_SUPPORTED;
       }
+    case CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR:
+      switch (name) {
+        case CUDNN_ATTR_OPERATION_RESHAPE_XDESC:
+        case CUDNN_ATTR_OPERATION_RESHAPE_YDESC: return set_ref(d, name, t, n, v, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+        default: return CUDNN_STATUS_NOT_SUPPORTED;
+      }
     case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR:
       if (name == CUDNN_ATTR_OPERATIONGRAPH_HANDLE) {
         cudnnHandle_t h = nullptr;
@@ -237,7 +259,8 @@ cudnnStatus_t set_attr(Desc& d, cudnnBackendAttributeName_t name, cudnnBackendAt
           if (!o || !o->finalized) return CUDNN_STATUS_BAD_PARAM;
           if (o->type != CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR &&
               o->type != CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR &&
-              o->type != CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR)
+              o->type != CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR &&
+              o->type != CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR)
             return CUDNN_STATUS_NOT_SUPPORTED;
           d.ops.push_back(*o);
         }
@@ -297,6 +320,45 @@ bool refused_dims(const Tensor& t) {
   return want == t.dims;
 }
 
+std::int64_t elements(const Tensor& t) {
+  std::int64_t e = 1;
+  for (std::int64_t d : t.dims) e *= d;
+  return e;
+}
+std::int64_t extent(const Tensor& t) {  // elements spanned: 1 + Σ (dim-1)·stride
+  std::int64_t e = 1;
+  for (std::size_t i = 0; i < t.dims.size(); ++i) e += (t.dims[i] - 1) * t.strides[i];
+  return e;
+}
+bool next(std::vector<std::int64_t>& idx, const std::vector<std::int64_t>& dims) {
+  for (std::size_t i = idx.size(); i-- > 0;) {
+    if (++idx[i] < dims[i]) return true;
+    idx[i] = 0;
+  }
+  return false;
+}
+std::int64_t dot(const std::vector<std::int64_t>& idx, const std::vector<std::int64_t>& strides) {
+  std::int64_t off = 0;
+  for (std::size_t i = 0; i < idx.size(); ++i) off += idx[i] * strides[i];
+  return off;
+}
+
+// A RESHAPE's output is a view of its input: as many elements, and every element offset of y (under
+// y's strides) an element offset of x (under x's).
+bool is_view(const Tensor& x, const Tensor& y) {
+  if (elements(x) != elements(y)) return false;
+  std::vector<bool> held(static_cast<std::size_t>(extent(x)), false);
+  std::vector<std::int64_t> i(x.dims.size(), 0);
+  do held[static_cast<std::size_t>(dot(i, x.strides))] = true;
+  while (next(i, x.dims));
+  std::vector<std::int64_t> j(y.dims.size(), 0);
+  do {
+    const std::int64_t off = dot(j, y.strides);
+    if (off >= static_cast<std::int64_t>(held.size()) || !held[static_cast<std::size_t>(off)]) return false;
+  } while (next(j, y.dims));
+  return true;
+}
+
 // Shapes of a node's tensors against its semantics; the graph's program once every check passed.
 cudnnStatus_t build_program(const Desc& g, Program& prog) {
   std::vector<Node> nodes;
@@ -328,6 +390,13 @@ cudnnStatus_t build_program(const Desc& g, Program& prog) {
                    *y = ref_tensor(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC);
       n.x = x->uid, n.y = y->uid, n.b = b ? b->uid : -1, n.t = t ? t->uid : -1;
       for (const Tensor* u : {x, b, t, y})
+        if (const cudnnStatus_t st = add_tensor(u); st != CUDNN_STATUS_SUCCESS) return st;
+    } else if (op.type == CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR) {
+      const Tensor *x = ref_tensor(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC),
+                   *y = ref_tensor(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC);
+      n.kind = NodeKind::reshape;
+      n.x = x->uid, n.y = y->uid;
+      for (const Tensor* u : {x, y})
         if (const cudnnStatus_t st = add_tensor(u); st != CUDNN_STATUS_SUCCESS) return st;
     } else {
       const Desc& rd = op.refs.at(CUDNN_ATTR_OPERATION_REDUCTION_DESC);
@@ -408,11 +477,16 @@ cudnnStatus_t build_program(const Desc& g, Program& prog) {
         for (std::size_t i = 0; i < r; ++i)
           if (in.dims[i] != y.dims[i] && in.dims[i] != 1) return CUDNN_STATUS_BAD_PARAM;
       }
+    } else if (n.kind == NodeKind::reshape) {
+      if (!is_view(x, y)) return CUDNN_STATUS_BAD_PARAM;
     } else {
       if (n.red != CUDNN_REDUCE_TENSOR_ADD && n.red != CUDNN_REDUCE_TENSOR_MAX) return CUDNN_STATUS_NOT_SUPPORTED;
       if (x.dims.size() != r) return CUDNN_STATUS_BAD_PARAM;
-      for (std::size_t i = 0; i < r; ++i)
-        if (y.dims[i] != x.dims[i] && y.dims[i] != 1) return CUDNN_STATUS_BAD_PARAM;
+      for (std::size_t i = 0; i < r; ++i) {
+        if (y.dims[i] == x.dims[i] || y.dims[i] == 1) continue;
+        if (x.dims[i] % y.dims[i] != 0) return CUDNN_STATUS_BAD_PARAM;
+        if (n.red != CUDNN_REDUCE_TENSOR_ADD) return CUDNN_STATUS_NOT_SUPPORTED;  // grouped: ADD only
+      }
     }
   }
   return CUDNN_STATUS_SUCCESS;
@@ -456,6 +530,10 @@ cudnnStatus_t finalize(Desc& d) {
                     CUDNN_ATTR_OPERATION_REDUCTION_DESC})
         if (!d.refs.count(a)) return CUDNN_STATUS_BAD_PARAM;
       break;
+    case CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR:
+      for (int a : {CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_ATTR_OPERATION_RESHAPE_YDESC})
+        if (!d.refs.count(a)) return CUDNN_STATUS_BAD_PARAM;
+      break;
     case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR: {
       if (!d.handle || d.ops.empty()) return CUDNN_STATUS_BAD_PARAM;
       auto prog = std::make_shared<Program>();
@@ -490,12 +568,6 @@ struct Bound {  // a tensor with its memory for one execution
   std::vector<float> own;  // virtual tensors
   float value = 0;         // by-value
 };
-
-std::int64_t extent(const Tensor& t) {  // elements spanned: 1 + Σ (dim-1)·stride
-  std::int64_t e = 1;
-  for (std::size_t i = 0; i < t.dims.size(); ++i) e += (t.dims[i] - 1) * t.strides[i];
-  return e;
-}
 
 float load(const Bound& b, std::int64_t off) {
   if (b.t->by_value) return b.value;
@@ -575,14 +647,6 @@ std::int64_t offset_of(const Tensor& t, const std::vector<std::int64_t>& idx, co
   }
   return off;
 }
-bool next(std::vector<std::int64_t>& idx, const std::vector<std::int64_t>& dims) {
-  for (std::size_t i = idx.size(); i-- > 0;) {
-    if (++idx[i] < dims[i]) return true;
-    idx[i] = 0;
-  }
-  return false;
-}
-
 void run_node(const Node& n, std::map<std::int64_t, Bound>& m) {
   Bound& y = m.at(n.y);
   const Bound& x = m.at(n.x);
@@ -607,21 +671,35 @@ void run_node(const Node& n, std::map<std::int64_t, Bound>& m) {
     } while (next(idx, yd));
     return;
   }
+  if (n.kind == NodeKind::reshape) {
+    // y's element at index j is x's element stored at y's offset of j (finalize checked that it is one
+    // of x's offsets), rounded to y's type.
+    do {
+      const std::int64_t off = dot(idx, y.t->strides);
+      store(y, off, load(x, off));
+    } while (next(idx, yd));
+    return;
+  }
   if (n.kind == NodeKind::reduction) {
     // Every output element starts at the operation's identity; x's elements are then folded in order.
     std::vector<double> acc(static_cast<std::size_t>(extent(*y.t)), n.red == CUDNN_REDUCE_TENSOR_MAX ? -INFINITY : 0.0);
     const std::vector<std::int64_t>& xd = x.t->dims;
     std::vector<std::int64_t> ix(xd.size(), 0);
     do {
+      // y's index: x's where the extents are equal, 0 where y's is 1, and x's over the group size where
+      // y's divides x's (consecutive groups: y's element o sums x's o·G … o·G + G - 1).
       std::vector<std::int64_t> iy = ix;
       for (std::size_t i = 0; i < r; ++i)
-        if (yd[i] == 1) iy[i] = 0;
+        if (yd[i] == 1)
+          iy[i] = 0;
+        else if (yd[i] != xd[i])
+          iy[i] = ix[i] / (xd[i] / yd[i]);
       const std::int64_t o = offset_of(*y.t, iy, yd);
       const double v = load(x, offset_of(*x.t, ix, xd));
       double& a = acc[static_cast<std::size_t>(o)];
       a = n.red == CUDNN_REDUCE_TENSOR_MAX ? std::max(a, v) : a + static_cast<double>(static_cast<float>(v));
     } while (next(ix, xd));
-    do store(y, offset_of(*y.t, idx, yd), static_cast<float>(acc[static_cast<std::size_t>(offset_of(*y.t, idx, yd))]));
+    do store(y, offset_of(*y.t, idx, yd), acc[static_cast<std::size_t>(offset_of(*y.t, idx, yd))]);
     while (next(idx, yd));
     return;
   }
@@ -737,6 +815,7 @@ cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t type, cu
     case CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR:
     case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR:
     case CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR:
+    case CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR:
     case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR:
     case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR:
     case CUDNN_BACKEND_ENGINECFG_DESCRIPTOR:

@@ -1,7 +1,8 @@
 // cudnn_fake_test.cpp — hand-worked checks of the CPU executor's cuDNN graph backend (cudnn.cpp): the
 // graphs are built here with the backend API alone, and every expected number is worked out in the
 // comments from the operations' documented semantics (matmul over the last two dims with batch
-// broadcasting, pointwise with broadcasting, reductions to dims of extent 1), not taken from a run.
+// broadcasting, pointwise with broadcasting, reductions to dims of extent 1 or in consecutive groups,
+// reshapes as views of the same offsets), not taken from a run.
 //
 // The attention case, T = 2 tokens, D = 2, scale 1 (passed by value), causal:
 //   q = [[1, 0], [0, 1]], k = [[0, 0], [0, ln 3]], v = [[1, 2], [5, 6]]
@@ -9,6 +10,7 @@
 //   P: row 0 = (1, 0), row 1 = (1, 3)/4;  stats = log Σ exp s: row 0 = 0, row 1 = ln 4
 //   O = P·v: row 0 = (1, 2), row 1 = (1/4)(1, 2) + (3/4)(5, 6) = (4, 5)
 //   Without the mask row 0 would be P = (1/2, 1/2) (q0·k1 = 0) and O = (3, 4).
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <gtest/gtest.h>
@@ -34,6 +36,26 @@ struct Dev {
   std::vector<float> get() const {
     std::vector<float> o(n);
     EXPECT_EQ(cudaMemcpy(o.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return o;
+  }
+  std::size_t n;
+  void* p = nullptr;
+};
+
+// Device memory of bf16 elements holding `v` rounded (to nearest even); read back as floats.
+struct Dev16 {
+  explicit Dev16(const std::vector<float>& v) : n(v.size()) {
+    std::vector<__nv_bfloat16> h;
+    for (float f : v) h.push_back(__float2bfloat16_rn(f));
+    EXPECT_EQ(cudaMalloc(&p, n * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev16() { cudaFree(p); }
+  std::vector<float> get() const {
+    std::vector<__nv_bfloat16> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<float> o;
+    for (__nv_bfloat16 x : h) o.push_back(__bfloat162float(x));
     return o;
   }
   std::size_t n;
@@ -110,6 +132,13 @@ class G {
     EXPECT_EQ(cudnnBackendFinalize(op), 0);
     ops_.push_back(op);
     return CUDNN_STATUS_SUCCESS;
+  }
+  void reshape(Desc x, Desc y) {
+    Desc op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
+    EXPECT_EQ(cudnnBackendFinalize(op), 0);
+    ops_.push_back(op);
   }
   void reduce(cudnnReduceTensorOp_t m, Desc x, Desc y) {
     Desc r = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
@@ -338,6 +367,146 @@ TEST(CudnnFake, SixteenBitVirtualTensorsHoldRoundedValues) {
   ASSERT_EQ(g.run({kQ, kO, kK, kV}, {xd.p, yd.p, x3d.p, y3d.p}), CUDNN_STATUS_SUCCESS);
   EXPECT_EQ(yd.get(), (std::vector<float>{1.0f, 1.0f + std::ldexp(1.0f, -7)}));
   EXPECT_EQ(y3d.get(), (std::vector<float>{1.0f + std::ldexp(1.0f, -6)}));
+}
+
+TEST(CudnnFake, ReshapeTransposesAVirtualTensorRoundingToItsType) {
+  // P = [[1, 2, 3], [4, 5, 1 + 2^-9]] ([T_q 2, T_kv 3], a virtual fp32 tensor with dense strides
+  // {3, 1}) reshaped to Pᵀ: dims [3, 2], strides {1, 3} — the same offsets, Pᵀ[j][i] = P[i][j] — in
+  // bf16, as the frontend's backward makes its 16-bit Pᵀ. bf16 holds 1, 2, 3, 4, 5 but not 1 + 2^-9,
+  // which rounds to 1 (its neighbours are 1 and 1 + 2^-7). So
+  //   Pᵀ = [[1, 4], [2, 5], [3, 1]]                           (copied out through an identity)
+  //   Pᵀ·(1, 1)ᵀ = (1 + 4, 2 + 5, 3 + 1) = (5, 7, 4)          (the rounded 1, not 1 + 2^-9, is summed)
+  G g;
+  Desc a = g.tensor(kQ, {1, 1, 2, 3}, {6, 6, 3, 1});
+  Desc p = g.virt({1, 1, 2, 3});
+  Desc pt = g.tensor(2000, {1, 1, 3, 2}, {6, 6, 1, 3}, true, CUDNN_DATA_BFLOAT16);
+  Desc out = g.tensor(kO, {1, 1, 3, 2}, {6, 6, 2, 1});
+  Desc ones = g.tensor(kDO, {1, 1, 2, 1}, {2, 2, 1, 1}), sums = g.tensor(kDV, {1, 1, 3, 1}, {3, 3, 1, 1});
+  g.pw(CUDNN_POINTWISE_IDENTITY, a, nullptr, p);
+  g.reshape(p, pt);
+  g.pw(CUDNN_POINTWISE_IDENTITY, pt, nullptr, out);
+  g.matmul(pt, ones, sums);
+  ASSERT_EQ(g.build(), CUDNN_STATUS_SUCCESS);
+  Dev ad({1, 2, 3, 4, 5, 1.0f + std::ldexp(1.0f, -9)}), od(std::vector<float>(6, NAN)), onesd({1, 1}),
+      sd({NAN, NAN, NAN});
+  ASSERT_EQ(g.run({kQ, kO, kDO, kDV}, {ad.p, od.p, onesd.p, sd.p}), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(od.get(), (std::vector<float>{1, 4, 2, 5, 3, 1}));
+  EXPECT_EQ(sd.get(), (std::vector<float>{5, 7, 4}));
+}
+
+TEST(CudnnFake, ReshapeWritesANonVirtualViewAtItsOwnOffsets) {
+  // K's rows are 4 elements apart in memory (T 3 rows of D 2, then 2 padding elements): Kᵀ is the
+  // non-virtual [D 2, T 3] with strides {1, 4} (Kᵀ[d][s] at 4s + d), and the RESHAPE's non-virtual
+  // output is K: [T 3, D 2], strides {4, 1} (K[s][d] at 4s + d). Both span the offsets
+  // {0, 1, 4, 5, 8, 9}: the output gets the input's values there and nothing elsewhere — the padding
+  // (99 in the input, NaN in the output) is neither read nor written.
+  G g;
+  Desc kt = g.tensor(kKt, {1, 1, 2, 3}, {12, 12, 1, 4}), k = g.tensor(kK, {1, 1, 3, 2}, {12, 12, 4, 1});
+  g.reshape(kt, k);
+  ASSERT_EQ(g.build(), CUDNN_STATUS_SUCCESS);
+  Dev in({1, 2, 99, 99, 3, 4, 99, 99, 5, 6, 99, 99}), out(std::vector<float>(12, NAN));
+  ASSERT_EQ(g.run({kKt, kK}, {in.p, out.p}), CUDNN_STATUS_SUCCESS);
+  const std::vector<float> got = out.get();
+  const std::vector<float> want{1, 2, NAN, NAN, 3, 4, NAN, NAN, 5, 6, NAN, NAN};
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (std::isnan(want[i])) {
+      EXPECT_TRUE(std::isnan(got[i])) << "element " << i << " is padding, never written";
+    } else {
+      EXPECT_EQ(got[i], want[i]) << "element " << i;
+    }
+  }
+}
+
+TEST(CudnnFake, MatmulReadsEachOperandAsItsOwnType) {
+  // The backward's dQ = dS·K with dS a virtual fp32 tensor and K the bf16 RESHAPE of the non-virtual
+  // bf16 Kᵀ (strides {1, 2}: K row-major in memory).
+  //   dS = [[1 + 2^-9, 0, 0], [0, 1, 1]] (fp32 holds 1 + 2^-9; bf16 would not)
+  //   K  = [[1, 0], [2, 3], [0.5, -1]]   (all exact in bf16)
+  //   dQ row 0 = (1 + 2^-9)·(1, 0) = (1 + 2^-9, 0); row 1 = (2, 3) + (0.5, -1) = (2.5, 2)
+  // into fp32 dQ exactly, and into a bf16 virtual dQ (then copied out) rounded: 1 + 2^-9 → 1.
+  G g;
+  Desc dsin = g.tensor(kDO, {1, 1, 2, 3}, {6, 6, 3, 1}), ds = g.virt({1, 1, 2, 3});
+  Desc kt = g.tensor(kKt, {1, 1, 2, 3}, {6, 6, 1, 2}, false, CUDNN_DATA_BFLOAT16);
+  Desc k = g.tensor(2000, {1, 1, 3, 2}, {6, 6, 2, 1}, true, CUDNN_DATA_BFLOAT16);
+  Desc dq = g.tensor(kDQ, {1, 1, 2, 2}, {4, 4, 2, 1}), dq16 = g.virt({1, 1, 2, 2}, CUDNN_DATA_BFLOAT16);
+  Desc out16 = g.tensor(kO, {1, 1, 2, 2}, {4, 4, 2, 1});
+  g.pw(CUDNN_POINTWISE_IDENTITY, dsin, nullptr, ds);
+  g.reshape(kt, k);
+  g.matmul(ds, k, dq);
+  g.matmul(ds, k, dq16);
+  g.pw(CUDNN_POINTWISE_IDENTITY, dq16, nullptr, out16);
+  ASSERT_EQ(g.build(), CUDNN_STATUS_SUCCESS);
+  const float one_plus = 1.0f + std::ldexp(1.0f, -9);
+  Dev dsd({one_plus, 0, 0, 0, 1, 1}), dqd(std::vector<float>(4, NAN)), o16(std::vector<float>(4, NAN));
+  Dev16 ktd({1, 0, 2, 3, 0.5f, -1});
+  ASSERT_EQ(g.run({kDO, kKt, kDQ, kO}, {dsd.p, ktd.p, dqd.p, o16.p}), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(dqd.get(), (std::vector<float>{one_plus, 0, 2.5f, 2}));
+  EXPECT_EQ(o16.get(), (std::vector<float>{1, 0, 2.5f, 2}));
+}
+
+TEST(CudnnFake, GroupedReductionSumsConsecutiveHeads) {
+  // dK from per-query-head rows: x [B 1, H_q 4, T 1, D 2] → y [1, H_k 2, 1, 2], G = 2. Key/value head
+  // o sums query heads 2o and 2o + 1 (query head h reads key/value head h / G, as the matmul groups):
+  //   heads (1, 2), (10, 20), (100, 200), (1000, 2000) → (11, 22), (1100, 2200).
+  // The interleaved grouping (h mod H_k) would give (101, 202), (1010, 2020).
+  {
+    G g;
+    Desc x = g.tensor(kQ, {1, 4, 1, 2}, {8, 2, 2, 1}), fh = g.virt({1, 4, 1, 2});
+    Desc y = g.tensor(kDK, {1, 2, 1, 2}, {4, 2, 2, 1});
+    g.pw(CUDNN_POINTWISE_IDENTITY, x, nullptr, fh);
+    g.reduce(CUDNN_REDUCE_TENSOR_ADD, fh, y);
+    ASSERT_EQ(g.build(), CUDNN_STATUS_SUCCESS);
+    Dev xd({1, 2, 10, 20, 100, 200, 1000, 2000}), yd(std::vector<float>(4, NAN));
+    ASSERT_EQ(g.run({kQ, kDK}, {xd.p, yd.p}), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(yd.get(), (std::vector<float>{11, 22, 1100, 2200}));
+  }
+  // Summed in fp32, one rounding to a bf16 y: heads (1, 2^-9, 1, 3·2^-8), G = 2 →
+  //   1 + 2^-9 → 1 (neighbours 1 and 1 + 2^-7), 1 + 3·2^-8 → halfway between 1 + 2^-7 and 1 + 2^-6,
+  //   to the even one, 1 + 2^-6.
+  G g;
+  Desc x = g.tensor(kQ, {1, 4, 1, 1}, {4, 1, 1, 1}), fh = g.virt({1, 4, 1, 1});
+  Desc y = g.tensor(kDK, {1, 2, 1, 1}, {2, 1, 1, 1}, false, CUDNN_DATA_BFLOAT16);
+  g.pw(CUDNN_POINTWISE_IDENTITY, x, nullptr, fh);
+  g.reduce(CUDNN_REDUCE_TENSOR_ADD, fh, y);
+  ASSERT_EQ(g.build(), CUDNN_STATUS_SUCCESS);
+  Dev xd({1, std::ldexp(1.0f, -9), 1, 3 * std::ldexp(1.0f, -8)});
+  Dev16 yd({NAN, NAN});
+  ASSERT_EQ(g.run({kQ, kDK}, {xd.p, yd.p}), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(yd.get(), (std::vector<float>{1, 1 + std::ldexp(1.0f, -6)}));
+}
+
+TEST(CudnnFake, RefusesReshapesThatAreNotViewsAndReductionsThatDoNotGroup) {
+  auto reshape_status = [](std::vector<std::int64_t> xd, std::vector<std::int64_t> xs, std::vector<std::int64_t> yd,
+                           std::vector<std::int64_t> ys) {
+    G g;
+    g.reshape(g.tensor(kQ, xd, xs), g.tensor(kO, yd, ys));
+    return g.build();
+  };
+  // 6 elements into 4.
+  EXPECT_EQ(reshape_status({1, 1, 2, 3}, {6, 6, 3, 1}, {1, 1, 2, 2}, {4, 4, 2, 1}), CUDNN_STATUS_BAD_PARAM);
+  // y's offsets {0, 1, 3, 4, 6, 7}: 6 and 7 lie past x's {0 … 5}.
+  EXPECT_EQ(reshape_status({1, 1, 2, 3}, {6, 6, 3, 1}, {1, 1, 3, 2}, {6, 6, 3, 1}), CUDNN_STATUS_BAD_PARAM);
+  // x's offsets {0, 1, 4, 5}, y's {0, 1, 2, 3}: 2 and 3 are inside x's span but not x's elements.
+  EXPECT_EQ(reshape_status({1, 1, 2, 2}, {8, 8, 4, 1}, {1, 1, 4, 1}, {8, 8, 1, 1}), CUDNN_STATUS_BAD_PARAM);
+  // The same 4 offsets in another order of dims is a view.
+  EXPECT_EQ(reshape_status({1, 1, 2, 2}, {8, 8, 4, 1}, {1, 1, 2, 2}, {8, 8, 1, 4}), CUDNN_STATUS_SUCCESS);
+  {
+    G g;  // a RESHAPE without its output, and an attribute a RESHAPE does not have
+    Desc op = g.make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    Desc x = g.tensor(kQ, {1, 1, 1, 2}, {2, 2, 2, 1});
+    g.set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
+    EXPECT_EQ(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x),
+              CUDNN_STATUS_NOT_SUPPORTED);
+    EXPECT_EQ(cudnnBackendFinalize(op), CUDNN_STATUS_BAD_PARAM);
+  }
+  auto reduce_status = [](cudnnReduceTensorOp_t m, std::vector<std::int64_t> yd, std::vector<std::int64_t> ys) {
+    G g;
+    g.reduce(m, g.tensor(kQ, {1, 4, 1, 2}, {8, 2, 2, 1}), g.tensor(kO, yd, ys));
+    return g.build();
+  };
+  EXPECT_EQ(reduce_status(CUDNN_REDUCE_TENSOR_ADD, {1, 3, 1, 2}, {6, 2, 2, 1}), CUDNN_STATUS_BAD_PARAM);  // 3 ∤ 4
+  EXPECT_EQ(reduce_status(CUDNN_REDUCE_TENSOR_MAX, {1, 2, 1, 2}, {4, 2, 2, 1}), CUDNN_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(reduce_status(CUDNN_REDUCE_TENSOR_ADD, {1, 2, 1, 2}, {4, 2, 2, 1}), CUDNN_STATUS_SUCCESS);
 }
 
 TEST(CudnnFake, RefusesWhatItDoesNotImplement) {

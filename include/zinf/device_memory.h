@@ -52,13 +52,18 @@ constexpr std::uint64_t gemm_workspace_bytes(bool fast) {
 }
 
 // cuDNN's fused attention (device.attention cudnn): one workspace per ops backend, taken on the first
-// shape cuDNN accepts (grown for a larger one), of 64 MiB plus two fp32 copies of the query rows —
-// B·T·C elements each, room for a deterministic backward's fp32 dQ accumulator and its row sums. Only
-// engines whose workspace fits are chosen, so a run takes exactly this.
+// shape cuDNN accepts (grown for a larger one), of 64 MiB plus two fp32 copies of the query rows
+// (B·T·C elements each) plus the deterministic Hopper backward's dP workspace, B·H rows of 16-bit
+// scores with both sequence dimensions padded to 64. Only engines whose workspace fits are chosen,
+// and a run takes exactly this.
 constexpr std::uint64_t kCudnnWorkspaceBaseBytes = std::uint64_t{64} << 20;
-constexpr std::uint64_t cudnn_workspace_bytes(std::uint64_t query_elems) {
-  return kCudnnWorkspaceBaseBytes + 2 * query_elems * 4;
+constexpr std::uint64_t cudnn_workspace_bytes(std::uint64_t batch_heads, std::uint64_t seq, std::uint64_t query_elems) {
+  const std::uint64_t padded = (seq + 63) / 64 * 64;
+  return kCudnnWorkspaceBaseBytes + 2 * query_elems * 4 + batch_heads * padded * padded * 2;
 }
+// The backward's softmax sums Δ = Σ_d dO ∘ O, one float per (batch, head, position): a graph output
+// in the ops' own scratch.
+constexpr std::uint64_t cudnn_backward_scratch_bytes(std::uint64_t batch_heads_seq) { return batch_heads_seq * 4; }
 
 // What the ops' own scratch depends on: the model family and shape, the micro batch and the kernels.
 struct OpsScratchShape {
@@ -85,8 +90,8 @@ constexpr std::uint64_t kTokenSortSlackInts = std::uint64_t{1} << 16;
 //   fast:            the workspace (kGemmWorkspaceBytesFast); the flash backward's scratch, 4*B*H*T floats; the column
 //                    partials of the norms' and biases' backward, 2*C*min(B*T, 1024) floats; the
 //                    embedding backward's token sort, (2*B*T + 65536) ints;
-//   fast with cuDNN: also cuDNN's workspace (cudnn_workspace_bytes(B*T*C)) and, for grouped key/value heads
-//                    (kv_heads < heads), the per-query-head key and value gradients, 2*B*T*width floats.
+//   fast with cuDNN: also cuDNN's workspace (cudnn_workspace_bytes(B*H, T, B*T*C)) and the backward's
+//                    softmax sums, B*H*T floats.
 // The reference kernels' norms and column sums use no scratch.
 inline std::vector<std::uint64_t> ops_scratch_blocks(const OpsScratchShape& s) {
   const std::uint64_t rows = s.batch * s.seq, bht = s.batch * s.heads * s.seq;
@@ -99,8 +104,8 @@ inline std::vector<std::uint64_t> ops_scratch_blocks(const OpsScratchShape& s) {
   blocks.push_back(2 * s.width * std::min(rows, kPartialRowsMax) * 4);
   blocks.push_back((2 * rows + kTokenSortSlackInts) * 4);
   if (s.cudnn) {
-    blocks.push_back(cudnn_workspace_bytes(rows * s.width));
-    if (s.kv_heads != 0 && s.kv_heads < s.heads) blocks.push_back(2 * rows * s.width * 4);
+    blocks.push_back(cudnn_workspace_bytes(s.batch * s.heads, s.seq, rows * s.width));
+    blocks.push_back(cudnn_backward_scratch_bytes(bht));
   }
   return blocks;
 }

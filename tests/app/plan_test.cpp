@@ -204,16 +204,18 @@ TEST(Plan, OpsScratchOfBothKernelSets) {
   EXPECT_EQ(ops_scratch_blocks(s), fast);  // one flash kernel for both families
   s.batch = 1, s.seq = 64;                 // fewer rows than the partials' cap
   EXPECT_EQ(ops_scratch_blocks(s)[2], 2ull * 1600 * 64 * 4);
-  // cuDNN's attention: its fixed workspace, and for grouped key/value heads the per-query-head key and
-  // value gradients, 2·B·T·C floats.
+  // cuDNN's attention: its workspace — 64 MiB, two fp32 copies of the query rows (B·T·C) and the
+  // deterministic backward's 16-bit B·H·T'·T' scores, T' the sequence padded to 64 — and the
+  // backward's softmax sums, B·H·T floats; grouped key/value heads add nothing (the graph sums them).
   s.cudnn = true;
-  EXPECT_EQ(ops_scratch_blocks(s).size(), 5u);
-  EXPECT_EQ(ops_scratch_blocks(s)[4], (64ull << 20) + 2ull * 64 * 1600 * 4);
-  s.llama = true, s.kv_heads = 5;
   EXPECT_EQ(ops_scratch_blocks(s).size(), 6u);
-  EXPECT_EQ(ops_scratch_blocks(s)[5], 2ull * 64 * 1600 * 4);
-  s.kv_heads = 25;  // as many as the query heads: no group sums
-  EXPECT_EQ(ops_scratch_blocks(s).size(), 5u);
+  EXPECT_EQ(ops_scratch_blocks(s)[4], (64ull << 20) + 2ull * 64 * 1600 * 4 + 25ull * 64 * 64 * 2);
+  EXPECT_EQ(ops_scratch_blocks(s)[5], 25ull * 64 * 4);
+  s.seq = 65;  // padded to 128 for the scores
+  EXPECT_EQ(ops_scratch_blocks(s)[4], (64ull << 20) + 2ull * 65 * 1600 * 4 + 25ull * 128 * 128 * 2);
+  const auto mha = ops_scratch_blocks(s);
+  s.llama = true, s.kv_heads = 5;
+  EXPECT_EQ(ops_scratch_blocks(s), mha);
 }
 
 // device.kernels: fast in a bf16 run on the CUDA device: the plan is the reference plan less, row by
@@ -263,7 +265,10 @@ TEST(Plan, FastKernelsPlanTheirOwnStorageAndScratch) {
   std::vector<std::uint64_t> fast_scratch{kGemmWorkspaceBytesFast, 4 * B * H * T * 4,
                                           2 * C * std::min<std::uint64_t>(B * T, 1024) * 4, (2 * B * T + 65536) * 4};
   // device.attention auto under fast is cuDNN's where this build has it: its workspace too.
-  if (backends::cudnn_built()) fast_scratch.push_back(cudnn_workspace_bytes(B * T * C));
+  if (backends::cudnn_built()) {
+    fast_scratch.push_back(cudnn_workspace_bytes(B * H, T, B * T * C));
+    fast_scratch.push_back(B * H * T * 4);  // the backward's softmax sums
+  }
   EXPECT_EQ(estimate_ops_scratch(ref, r.shape), ref_scratch);
   EXPECT_EQ(estimate_ops_scratch(fast, f.shape), fast_scratch);
   std::uint64_t ref_blocks = 0, fast_blocks = 0;

@@ -599,9 +599,9 @@ TEST(FastOpsTwin, CudnnRefusedShapeRunsTheWmmaKernelAndARunFailureThrows) {
 #endif
 }
 
-// cuDNN accepting a shape's forward and refusing its backward (the fake refuses the backward's
-// transposed statistics [B, H, 1, T], a tensor the forward does not have): the forward runs cuDNN's
-// plan, the backward the wmma kernel, and one line a shape says so.
+// cuDNN accepting a shape's forward and refusing its backward (the fake refuses graphs with RESHAPE
+// nodes, which the backward has and the forward has not): the forward runs cuDNN's plan, the
+// backward the wmma kernel, and one line a shape says so.
 TEST(FastOpsTwin, CudnnRefusedBackwardRunsTheWmmaBackwardAfterCudnnsForward) {
   const cuda::GpuQuery q = cuda::query_gpus();
   if (q.gpus.empty()) GTEST_SKIP() << "no GPU: " << q.status;
@@ -629,14 +629,13 @@ TEST(FastOpsTwin, CudnnRefusedBackwardRunsTheWmmaBackwardAfterCudnnsForward) {
   const Case fwd = make("gqa_attention_forward"), bwd = make("gqa_attention_backward");
   ASSERT_FALSE(fwd.t.empty());
   ASSERT_FALSE(bwd.t.empty());
-  const std::string stats_t = std::to_string(B) + "," + std::to_string(LH) + ",1," + std::to_string(T);
-  setenv("ZINF_CUDNN_FAKE_REFUSE", stats_t.c_str(), 1);
+  setenv("ZINF_CUDNN_FAKE_REFUSE_RESHAPE", "1", 1);
   auto mixed = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn);
   ::testing::internal::CaptureStderr();
   const auto fwd_got = run_on_gpu(fwd, *gdev, *mixed);  // builds the plans: the backward's is refused
   const auto bwd_got = run_on_gpu(bwd, *gdev, *mixed);
   const std::string said = ::testing::internal::GetCapturedStderr();
-  unsetenv("ZINF_CUDNN_FAKE_REFUSE");
+  unsetenv("ZINF_CUDNN_FAKE_REFUSE_RESHAPE");
   EXPECT_TRUE(fwd_got == run_on_gpu(fwd, *gdev, *cudnn)) << "the forward runs cuDNN's plan";
   EXPECT_TRUE(bwd_got == run_on_gpu(bwd, *gdev, *wmma)) << "the backward runs the wmma kernel";
   std::size_t lines = 0;

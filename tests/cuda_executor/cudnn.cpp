@@ -56,6 +56,9 @@
 //   ZINF_CUDNN_FAKE_REFUSE=d0,d1,...   finalizing an operation graph with a non-virtual tensor of these
 //                                      dims answers CUDNN_STATUS_NOT_SUPPORTED_SHAPE (a shape cuDNN
 //                                      refuses while a plan is built);
+//   ZINF_CUDNN_FAKE_REFUSE_RESHAPE=1   finalizing an operation graph that holds a RESHAPE node answers
+//                                      CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN (a graph form no engine
+//                                      takes, such as a backward the GPU's cuDNN does not fuse);
 //   ZINF_CUDNN_FAKE_FAIL_EXECUTE=1     cudnnBackendExecute answers CUDNN_STATUS_EXECUTION_FAILED.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -412,6 +415,9 @@ cudnnStatus_t build_program(const Desc& g, Program& prog) {
   }
   for (const auto& [uid, t] : prog.tensors)
     if (!t.is_virtual && refused_dims(t)) return CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
+  if (const char* r = std::getenv("ZINF_CUDNN_FAKE_REFUSE_RESHAPE"); r && std::string(r) == "1")
+    for (const Node& n : nodes)
+      if (n.kind == NodeKind::reshape) return CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN;
   // Each tensor written once; nodes in dependency order.
   std::set<std::int64_t> written, ready;
   for (const Node& n : nodes)
@@ -783,6 +789,7 @@ const char* cudnnGetErrorString(cudnnStatus_t status) {
     case CUDNN_STATUS_BAD_PARAM_NULL_POINTER: return "CUDNN_STATUS_BAD_PARAM_NULL_POINTER";
     case CUDNN_STATUS_NOT_SUPPORTED: return "CUDNN_STATUS_NOT_SUPPORTED";
     case CUDNN_STATUS_NOT_SUPPORTED_SHAPE: return "CUDNN_STATUS_NOT_SUPPORTED_SHAPE";
+    case CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN: return "CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN";
     case CUDNN_STATUS_EXECUTION_FAILED: return "CUDNN_STATUS_EXECUTION_FAILED";
     default: return "CUDNN_STATUS (unknown to the executor's fake)";
   }

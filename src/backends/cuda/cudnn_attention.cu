@@ -14,17 +14,19 @@
 //   by-value W − 1, BINARY_SELECT);  m = max_j S;  e = exp(S - m);  l = Σ_j e;
 //   stats = m + log(l)  → lse [B, H, T, 1] (fp32, the state the backward reads);
 //   P = e / l (rounded to S: the tensor cores' input);  O = matmul(P, V).
-// Backward graph, in the transposed orientation [b, h, key j, query i] so that every product reads
-// its operands as stored:
-//   Sᵀ = matmul(K, Qᵀ) · scale, masked (j > i, and i − j > W − 1);  Pᵀ = exp(Sᵀ - statsᵀ);
-//   dV_h = matmul(Pᵀ, dO);  dPᵀ = matmul(V, dOᵀ);  Δ = Σ_d dO ∘ O (as [b, h, 1, i]);
-//   dSᵀ = Pᵀ ∘ (dPᵀ - Δ) · scale (rounded to S);  dK_h = matmul(dSᵀ, Q);  dQᵀ = matmul(Kᵀ, dSᵀ).
-// With KV < H the graph writes dK_h and dV_h per query head (fp32, in scratch) and a kernel here sums
-// each group in head order into dK and dV (rounded once to S): deterministic, no atomics.
+// Backward graph, in the form cudnn-frontend's SDPA backward takes to cuDNN (the form its fused
+// engines recognise): the query-by-key orientation, every graph input with its last stride 1 but the
+// stride-swapped Kᵀ and Vᵀ views, and transposes as RESHAPE nodes (a view of the same elements):
+//   Δ = (Σ_d dO ∘ O) · 1  → softmax_sum [B, H, T, 1] fp32, a graph output in zinf's scratch;
+//   P = exp(mask(Q·Kᵀ · scale) − stats);  Pᵀ = reshape(P) (rounded to S);  dV = Pᵀ·dO;
+//   dS = P ∘ (dO·Vᵀ − Δ) · scale (fp32);  dSᵀ = reshape(dS) (rounded to S);  dK = dSᵀ·Q;
+//   K = reshape(Kᵀ);  dQ = dS·K, written directly (no fp32 accumulator: the deterministic form).
+// With KV < H the dK and dV products run per query head into virtual [B, H, T, D] tensors that a
+// reduction sums into the KV heads (query head h belongs to key/value head h / G), inside the graph.
 //
 // Plans: heuristics mode A, the first engine configuration without the NONDETERMINISTIC numerical
-// note whose workspace fits cudnn_workspace_bytes(B·T·H·D) (zinf/device_memory.h: device memory taken
-// on the first accepted shape, grown for a larger one, counted by zinf plan).
+// note whose workspace fits cudnn_workspace_bytes (zinf/device_memory.h: device memory taken on the
+// first accepted shape, grown for a larger one, counted by zinf plan).
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -43,7 +45,6 @@
 
 #include "cuda/cuda_check.cuh"
 #include "cuda/cudnn_attention.h"
-#include "cuda/round16.cuh"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 
@@ -110,6 +111,8 @@ enum Uid : std::int64_t {
   kScale,
   kNegInf,
   kWindowLast,     // W − 1: the farthest key a query attends back in a sliding window
+  kOne,            // 1.0 by value: the softmax sum's scale (the frontend's form)
+  kSoftmaxSum,     // Δ [B, H, T, 1] fp32: written by the backward graph, in zinf's scratch
   kVirtual = 100,  // and up: the graphs' virtual tensors
 };
 
@@ -148,6 +151,10 @@ class Graph {
     for (std::size_t i = dims.size(); i-- > 0;) strides[i] = s, s *= dims[i];
     return tensor(next_virtual_++, type, dims, strides, true);
   }
+  // A virtual tensor of `dims` with the strides given (a RESHAPE's view of another tensor's elements).
+  const Owned& view(cudnnDataType_t type, const std::vector<std::int64_t>& dims, const std::vector<std::int64_t>& strides) {
+    return tensor(next_virtual_++, type, dims, strides, true);
+  }
   // A scalar passed by value in the variant pack (the scale, -inf).
   const Owned& scalar(std::int64_t uid) {
     return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
@@ -176,7 +183,16 @@ class Graph {
                {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t},
                {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, &y}});
   }
-  // y = reduce(x) over the dimensions where y's extent is 1 and x's is not.
+  // y = x viewed with y's dims and strides (the same elements, stored in y's type).
+  void reshape(const Owned& x, const Owned& y) {
+    Owned op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
+    op.set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
+    op.finalize();
+    add(std::move(op));
+  }
+  // y = reduce(x) over the dimensions where y's extent is 1 and x's is not, and over the groups of a
+  // dimension y holds fewer of (x's extent G times y's: element o sums x's o·G … o·G + G − 1).
   void reduction(cudnnReduceTensorOp_t mode, const Owned& x, const Owned& y) {
     Owned rd(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
     rd.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
@@ -336,38 +352,6 @@ std::string shape_text(const fast::AttnShape& a, DType S) {
          ", " + std::string(to_string(S));
 }
 
-// dst[b, t, g, :] (rows of stride `row`) = Σ_{h in group g, in order} src[b, h, t, :] (fp32 [B, H, T, D]),
-// rounded once to S.
-__device__ inline __nv_bfloat16 round16(float x, __nv_bfloat16*) { return round_bf16(x); }
-__device__ inline __half round16(float x, __half*) { return round_fp16(x); }
-
-template <class T>
-__global__ void sum_groups(T* dst, long row, const float* src, int B, int T_, int H, int KV, int D) {
-  const long n = static_cast<long>(B) * T_ * KV * D;
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const int d = static_cast<int>(i % D);
-  const int g = static_cast<int>((i / D) % KV);
-  const int t = static_cast<int>((i / (static_cast<long>(D) * KV)) % T_);
-  const int b = static_cast<int>(i / (static_cast<long>(D) * KV * T_));
-  const int G = H / KV;
-  float acc = 0.0f;
-  for (int j = 0; j < G; ++j) {
-    const int h = g * G + j;
-    acc += src[((static_cast<long>(b) * H + h) * T_ + t) * D + d];
-  }
-  dst[(static_cast<long>(b) * T_ + t) * row + static_cast<long>(g) * D + d] = round16(acc, static_cast<T*>(nullptr));
-}
-
-template <class T>
-void launch_sum_groups(void* dst, long row, const float* src, const fast::AttnShape& a, cudaStream_t s) {
-  const long n = static_cast<long>(a.B) * a.T * a.KV * a.D;
-  constexpr unsigned kBlock = 256;
-  const unsigned grid = static_cast<unsigned>((n + kBlock - 1) / kBlock);
-  launch(sum_groups<T>, grid, kBlock, 0, s, static_cast<T*>(dst), row, src, a.B, a.T, a.H, a.KV, a.D);
-  ZINF_CUDA_LAUNCH_CHECK("cudnn_attention_sum_groups");
-}
-
 }  // namespace
 
 struct CudnnAttention::Impl {
@@ -384,11 +368,11 @@ struct CudnnAttention::Impl {
   DeviceBuffer workspace;  // workspace_limit of the largest accepted shape
 
   static std::size_t workspace_limit(const fast::AttnShape& a) {
-    return static_cast<std::size_t>(
-        cudnn_workspace_bytes(static_cast<std::uint64_t>(a.B) * static_cast<std::uint64_t>(a.T) *
-                              static_cast<std::uint64_t>(a.H) * static_cast<std::uint64_t>(a.D)));
+    const std::uint64_t bh = static_cast<std::uint64_t>(a.B) * static_cast<std::uint64_t>(a.H);
+    return static_cast<std::size_t>(cudnn_workspace_bytes(bh, static_cast<std::uint64_t>(a.T),
+                                                          bh * static_cast<std::uint64_t>(a.T) * static_cast<std::uint64_t>(a.D)));
   }
-  DeviceBuffer grouped;  // dK_h and dV_h of grouped shapes (grown after draining the stream)
+  DeviceBuffer softmax_sum;  // the backward's Δ, B·H·T floats (grown after draining the stream)
 
   Impl(Device& d, cudaStream_t s) : dev(d), stream(s) {
     const cudnnStatus_t st = cudnnCreate(&handle);
@@ -435,56 +419,67 @@ struct CudnnAttention::Impl {
     }
   }
 
-  // The backward, in the [b, h, key j, query i] orientation.
+  // The backward, in cudnn-frontend's form (the file's header).
   void build_backward(Plans& p, const fast::AttnShape& a, DType S) {
     const cudnnDataType_t io = cudnn_type(S);
     const std::int64_t B = a.B, T = a.T, H = a.H, KV = a.KV, D = a.D;
     const std::int64_t al = alignment(a, S);
-    const std::vector<std::int64_t> bhtt{B, H, T, T};
+    const std::vector<std::int64_t> bhtt{B, H, T, T}, stats_dims{B, H, T, 1}, stats_strides{H * T, T, 1, 1};
+    const std::vector<std::int64_t> transposed{H * T * T, T * T, 1, T};  // [b, h, j, i] over a packed [b, h, i, j]
     const std::int64_t limit = static_cast<std::int64_t>(workspace_limit(a));
-    {
-      Graph g(handle);
-      const bool grouped_heads = KV != H;
-      const Owned& k = g.tensor(kK, io, {B, KV, T, D}, bhtd_strides(a, a.k_stride), false, false, al);
-      const Owned& kt = g.tensor(kK + 1000, io, {B, KV, D, T}, bhdt_strides(a, a.k_stride), false, false, al);
-      const Owned& q = g.tensor(kQ, io, {B, H, T, D}, bhtd_strides(a, a.q_stride), false, false, al);
-      const Owned& qt = g.tensor(kQ + 1000, io, {B, H, D, T}, bhdt_strides(a, a.q_stride), false, false, al);
-      const Owned& v = g.tensor(kV, io, {B, KV, T, D}, bhtd_strides(a, a.v_stride), false, false, al);
-      const Owned& ot = g.tensor(kO, io, {B, H, D, T}, bhdt_strides(a, a.o_stride), false, false, al);
-      const Owned& dout = g.tensor(kDO, io, {B, H, T, D}, bhtd_strides(a, a.o_stride), false, false, al);
-      const Owned& doutt = g.tensor(kDO + 1000, io, {B, H, D, T}, bhdt_strides(a, a.o_stride), false, false, al);
-      const Owned& statst = g.tensor(kStats, CUDNN_DATA_FLOAT, {B, H, 1, T}, {H * T, T, T, 1});
-      const Owned& dqt = g.tensor(kDQ, io, {B, H, D, T}, bhdt_strides(a, a.q_stride), false, false, al);
-      // dK_h, dV_h: straight into dK, dV, or per query head into fp32 scratch [B, H, T, D].
-      const std::vector<std::int64_t> packed{H * T * D, T * D, D, 1};
-      const Owned& dk = grouped_heads ? g.tensor(kDK, CUDNN_DATA_FLOAT, {B, H, T, D}, packed)
-                                      : g.tensor(kDK, io, {B, H, T, D}, bhtd_strides(a, a.k_stride), false, false, al);
-      const Owned& dv = grouped_heads ? g.tensor(kDV, CUDNN_DATA_FLOAT, {B, H, T, D}, packed)
-                                      : g.tensor(kDV, io, {B, H, T, D}, bhtd_strides(a, a.v_stride), false, false, al);
-      const Owned& stm = g.masked_scores(k, qt, bhtt, true, a.W > 0);
-      const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
-      g.pointwise(CUDNN_POINTWISE_SUB, stm, &statst, sub);
-      const Owned& pt = g.virt(CUDNN_DATA_FLOAT, bhtt);
-      g.pointwise(CUDNN_POINTWISE_EXP, sub, nullptr, pt);
-      const Owned& pt16 = g.virt(io, bhtt);
-      g.pointwise(CUDNN_POINTWISE_IDENTITY, pt, nullptr, pt16);
-      g.matmul(pt16, dout, dv);
-      const Owned& dpt = g.virt(CUDNN_DATA_FLOAT, bhtt);
-      g.matmul(v, doutt, dpt);
-      const Owned& prod = g.virt(CUDNN_DATA_FLOAT, {B, H, D, T});
-      g.pointwise(CUDNN_POINTWISE_MUL, doutt, &ot, prod);
-      const Owned& delta = g.virt(CUDNN_DATA_FLOAT, {B, H, 1, T});
-      g.reduction(CUDNN_REDUCE_TENSOR_ADD, prod, delta);
-      const Owned& diff = g.virt(CUDNN_DATA_FLOAT, bhtt);
-      g.pointwise(CUDNN_POINTWISE_SUB, dpt, &delta, diff);
-      const Owned& ds = g.virt(CUDNN_DATA_FLOAT, bhtt);
-      g.pointwise(CUDNN_POINTWISE_MUL, pt, &diff, ds);
-      const Owned& ds16 = g.virt(io, bhtt);
-      g.pointwise(CUDNN_POINTWISE_MUL, ds, &g.scalar(kScale), ds16);
-      g.matmul(ds16, q, dk);
-      g.matmul(kt, ds16, dqt);
-      p.bwd.emplace(g.plan(limit, p.bwd_ws));
-    }
+    Graph g(handle);
+    const Owned& q = g.tensor(kQ, io, {B, H, T, D}, bhtd_strides(a, a.q_stride), false, false, al);
+    const Owned& kt = g.tensor(kK, io, {B, KV, D, T}, bhdt_strides(a, a.k_stride), false, false, al);
+    const Owned& vt = g.tensor(kV, io, {B, KV, D, T}, bhdt_strides(a, a.v_stride), false, false, al);
+    const Owned& o = g.tensor(kO, io, {B, H, T, D}, bhtd_strides(a, a.o_stride), false, false, al);
+    const Owned& dout = g.tensor(kDO, io, {B, H, T, D}, bhtd_strides(a, a.o_stride), false, false, al);
+    const Owned& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stats_dims, stats_strides);
+    const Owned& delta = g.tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, stats_dims, stats_strides);
+    const Owned& dq = g.tensor(kDQ, io, {B, H, T, D}, bhtd_strides(a, a.q_stride), false, false, al);
+    const Owned& dk = g.tensor(kDK, io, {B, KV, T, D}, bhtd_strides(a, a.k_stride), false, false, al);
+    const Owned& dv = g.tensor(kDV, io, {B, KV, T, D}, bhtd_strides(a, a.v_stride), false, false, al);
+    // Δ = (Σ_d dO ∘ O) · 1
+    const Owned& prod = g.virt(CUDNN_DATA_FLOAT, {B, H, T, D});
+    g.pointwise(CUDNN_POINTWISE_MUL, dout, &o, prod);
+    const Owned& rowsum = g.virt(CUDNN_DATA_FLOAT, stats_dims);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, prod, rowsum);
+    g.pointwise(CUDNN_POINTWISE_MUL, rowsum, &g.scalar(kOne), delta);
+    // P = exp(mask(Q·Kᵀ · scale) − stats)
+    const Owned& sm = g.masked_scores(q, kt, bhtt, false, a.W > 0);
+    const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
+    g.pointwise(CUDNN_POINTWISE_SUB, sm, &stats, sub);
+    const Owned& pr = g.virt(CUDNN_DATA_FLOAT, bhtt);
+    g.pointwise(CUDNN_POINTWISE_EXP, sub, nullptr, pr);
+    // dV = Pᵀ·dO, summed over each key/value head's query heads when they are grouped.
+    const Owned& prt = g.view(io, bhtt, transposed);
+    g.reshape(pr, prt);
+    grouped_product(g, prt, dout, dv, {B, H, T, D}, io, KV != H);
+    // dS = P ∘ (dO·Vᵀ − Δ) · scale
+    const Owned& dp = g.virt(CUDNN_DATA_FLOAT, bhtt);
+    g.matmul(dout, vt, dp);
+    const Owned& diff = g.virt(CUDNN_DATA_FLOAT, bhtt);
+    g.pointwise(CUDNN_POINTWISE_SUB, dp, &delta, diff);
+    const Owned& pds = g.virt(CUDNN_DATA_FLOAT, bhtt);
+    g.pointwise(CUDNN_POINTWISE_MUL, diff, &pr, pds);
+    const Owned& ds = g.virt(CUDNN_DATA_FLOAT, bhtt);
+    g.pointwise(CUDNN_POINTWISE_MUL, pds, &g.scalar(kScale), ds);
+    // dK = dSᵀ·Q (grouped as dV); dQ = dS·K, K the view of Kᵀ's elements.
+    const Owned& dst = g.view(io, bhtt, transposed);
+    g.reshape(ds, dst);
+    grouped_product(g, dst, q, dk, {B, H, T, D}, io, KV != H);
+    const Owned& k = g.view(io, {B, KV, T, D}, bhtd_strides(a, a.k_stride));
+    g.reshape(kt, k);
+    g.matmul(ds, k, dq);
+    p.bwd.emplace(g.plan(limit, p.bwd_ws));
+  }
+  // c = a·b into the KV heads of c: directly, or per query head into a virtual `full` tensor that a
+  // reduction sums by group.
+  static void grouped_product(Graph& g, const Owned& a, const Owned& b, const Owned& c,
+                              const std::vector<std::int64_t>& full, cudnnDataType_t io, bool grouped) {
+    if (!grouped) return g.matmul(a, b, c);
+    const Owned& per_head = g.virt(io, full);
+    g.matmul(a, b, per_head);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, per_head, c);
   }
 
   // The shape's plans, built on the first ask. A refusal is remembered (and said once): of the
@@ -548,9 +543,8 @@ bool CudnnAttention::accepts_backward(const fast::AttnShape& a, DType S) {
   return impl_->plans_for(a, S).backward_accepted;
 }
 
-std::size_t CudnnAttention::grouped_scratch_bytes(const fast::AttnShape& a) {
-  if (a.KV == a.H) return 0;
-  return 2 * static_cast<std::size_t>(a.B) * a.H * a.T * a.D * sizeof(float);
+std::size_t CudnnAttention::backward_scratch_bytes(const fast::AttnShape& a) {
+  return static_cast<std::size_t>(cudnn_backward_scratch_bytes(static_cast<std::uint64_t>(a.B) * a.H * a.T));
 }
 
 void CudnnAttention::forward(void* out, float* lse, const void* q, const void* k, const void* v,
@@ -571,34 +565,19 @@ void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, co
   if (!p.backward_accepted)
     throw Error("cuDNN attention: backward called for a shape whose backward cuDNN refused (" + shape_text(a, S) + ")");
   float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
-  float neg_inf = -std::numeric_limits<float>::infinity(), window_last = static_cast<float>(a.W - 1);
-  void* dk_h = dk;
-  void* dv_h = dv;
-  const std::size_t grouped = grouped_scratch_bytes(a);
-  if (grouped) {
-    if (impl_->grouped.size() < grouped) {
-      ZINF_CUDA(cudaStreamSynchronize(impl_->stream));  // queued work may still read the old block
-      impl_->grouped.reset();
-      impl_->grouped = DeviceBuffer(impl_->dev, grouped, "cuDNN attention: grouped key/value gradients");
-    }
-    dk_h = impl_->grouped.as<char>();
-    dv_h = impl_->grouped.as<char>() + grouped / 2;
+  float neg_inf = -std::numeric_limits<float>::infinity(), window_last = static_cast<float>(a.W - 1), one = 1.0f;
+  const std::size_t sums = backward_scratch_bytes(a);
+  if (impl_->softmax_sum.size() < sums) {
+    ZINF_CUDA(cudaStreamSynchronize(impl_->stream));  // queued work may still use the old block
+    impl_->softmax_sum.reset();
+    impl_->softmax_sum = DeviceBuffer(impl_->dev, sums, "cuDNN attention: the backward's softmax sums");
   }
   auto in = [](const void* x) { return const_cast<void*>(x); };
-  std::vector<std::int64_t> uids{kK,         kK + 1000, kQ,  kQ + 1000, kV,  kO,     kDO,
-                                 kDO + 1000, kStats,    kDQ, kDK,       kDV, kScale, kNegInf};
-  std::vector<void*> ptrs{in(k),    in(k),   in(q), in(q), in(v), in(out), in(dout),
-                          in(dout), in(lse), dq,    dk_h,  dv_h,  &scale,  &neg_inf};
+  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kSoftmaxSum, kDQ, kDK, kDV, kScale, kNegInf, kOne};
+  std::vector<void*> ptrs{in(q), in(k),  in(v),  in(out),  in(dout), in(lse), impl_->softmax_sum.as<void>(),
+                          dq,    dk,     dv,     &scale,   &neg_inf, &one};
   if (a.W > 0) uids.push_back(kWindowLast), ptrs.push_back(&window_last);
   impl_->execute(p.bwd->get(), uids, ptrs, "backward");
-  if (!grouped) return;
-  if (S == DType::bf16) {
-    launch_sum_groups<__nv_bfloat16>(dk, a.k_stride, static_cast<const float*>(dk_h), a, impl_->stream);
-    launch_sum_groups<__nv_bfloat16>(dv, a.v_stride, static_cast<const float*>(dv_h), a, impl_->stream);
-  } else {
-    launch_sum_groups<__half>(dk, a.k_stride, static_cast<const float*>(dk_h), a, impl_->stream);
-    launch_sum_groups<__half>(dv, a.v_stride, static_cast<const float*>(dv_h), a, impl_->stream);
-  }
 }
 
 const char* cudnn_build_version() {

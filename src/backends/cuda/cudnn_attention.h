@@ -48,10 +48,9 @@ class CudnnAttention {
   void backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v,
                 const void* out, const float* lse, const fast::AttnShape& a, DType S);
 
-  // The device scratch cuDNN's attention takes for shape `a` beside its fixed workspace: the
-  // per-query-head key and value gradients of a grouped shape (KV < H), 2·B·H·T·D floats, summed per
-  // group afterwards in head order. 0 when KV == H.
-  static std::size_t grouped_scratch_bytes(const fast::AttnShape& a);
+  // The device scratch cuDNN's attention takes for shape `a` beside its workspace: the backward's
+  // softmax sums Δ = Σ_d dO ∘ O, B·H·T floats (a graph output, as the frontend's form has it).
+  static std::size_t backward_scratch_bytes(const fast::AttnShape& a);
 
  private:
   struct Impl;

@@ -1,7 +1,8 @@
 // cudnn_attention.h — causal attention of the fast kernels through cuDNN's fused flash attention: the
 // forward (output and the per-row log-sum-exp) and the backward as two operation graphs of cuDNN's
-// graph backend API (matmul, pointwise and reduction nodes that cuDNN's runtime fusion engine runs
-// as one flash-attention kernel each), built once per shape and dtype and cached.
+// graph backend API (matmul, pointwise, reduction and reshape nodes in the form cudnn-frontend's SDPA
+// nodes give cuDNN, which its fused flash-attention engines run as one kernel each), built once per
+// shape and dtype and cached.
 //
 // Layouts are those of the wmma kernel (ops/flash_attention.cuh): rows of stride q/k/v/o_stride, GPT's
 // packed qkv and Llama's separate q, k, v with grouped key/value heads, lse [B, H, T] fp32. 16-bit S

@@ -536,6 +536,34 @@ TEST(FastOpsTwin, EveryOpOnTheGpuMatchesTheCpuTwinAndRepeatsBitwise) {
   }
 }
 
+// What the cuDNN fallback tests share: a device, the twin and the wmma kernels, and a case by name.
+struct FallbackRig {
+  const backends::Backend& gpu = backends::backend_for(DeviceType::cuda);
+  const backends::Backend& cpu = backends::backend_for(DeviceType::cpu);
+  std::unique_ptr<Device> gdev, cdev;
+  std::unique_ptr<OpsBackend> twin, wmma;
+  FallbackRig() {
+    backends::DeviceSpec spec;
+    spec.budget_bytes = std::size_t{1} << 30;
+    gdev = gpu.make_device(spec);
+    cdev = cpu.make_device(spec);
+    twin = cpu.make_ops(*cdev, Precision::bf16, 2, Kernels::fast);
+    wmma = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::wmma);
+  }
+  std::unique_ptr<OpsBackend> cudnn() { return gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn); }
+  Case make(const char* name) {
+    Case c;
+    c.S = DType::bf16;
+    c.twin = twin.get();
+    for (const OpEntry& e : kCases)
+      if (std::string(e.name) == name) {
+        e.make(c);
+        return c;
+      }
+    throw Error(std::string("no case ") + name);
+  }
+};
+
 // The cuDNN fallback that cannot surprise: a shape cuDNN refuses while its plans are built runs the
 // wmma kernel (the same bits as device.attention wmma) with one line naming the shape, said once;
 // a failure while running a plan is an Error, never a switch. On the executor the fake's test hooks
@@ -548,35 +576,21 @@ TEST(FastOpsTwin, CudnnRefusedShapeRunsTheWmmaKernelAndARunFailureThrows) {
 #if !ZINF_CUDA_EXECUTOR
   GTEST_SKIP() << "needs the executor's cuDNN fake, whose hooks refuse a shape and fail a run";
 #else
-  const backends::Backend& gpu = backends::backend_for(DeviceType::cuda);
-  const backends::Backend& cpu = backends::backend_for(DeviceType::cpu);
-  backends::DeviceSpec spec;
-  spec.budget_bytes = std::size_t{1} << 30;
-  auto gdev = gpu.make_device(spec);
-  auto cdev = cpu.make_device(spec);
-  auto twin = cpu.make_ops(*cdev, Precision::bf16, 2, Kernels::fast);
-  auto wmma = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::wmma);
-  const auto find = [](const char* name) {
-    for (const OpEntry& e : kCases)
-      if (std::string(e.name) == name) return e;
-    throw Error(std::string("no case ") + name);
-  };
+  FallbackRig rig;
+  Device* gdev = rig.gdev.get();
   for (const char* name : {"gqa_attention_forward", "gqa_attention_backward"}) {
     SCOPED_TRACE(name);
-    Case c;
-    c.S = DType::bf16;
-    c.twin = twin.get();
-    find(name).make(c);
+    const Case c = rig.make(name);
     const std::string dims = std::to_string(B) + "," + std::to_string(LH) + "," + std::to_string(T) + "," +
                              std::to_string(D);
     setenv("ZINF_CUDNN_FAKE_REFUSE", dims.c_str(), 1);
-    auto cudnn = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn);
+    auto cudnn = rig.cudnn();
     ::testing::internal::CaptureStderr();
     const auto got = run_on_gpu(c, *gdev, *cudnn);
     const auto again = run_on_gpu(c, *gdev, *cudnn);
     const std::string said = ::testing::internal::GetCapturedStderr();
     unsetenv("ZINF_CUDNN_FAKE_REFUSE");
-    const auto want = run_on_gpu(c, *gdev, *wmma);
+    const auto want = run_on_gpu(c, *gdev, *rig.wmma);
     EXPECT_TRUE(got == want) << "a refused shape must run the wmma kernel";
     EXPECT_TRUE(again == want);
     std::size_t lines = 0;
@@ -591,7 +605,7 @@ TEST(FastOpsTwin, CudnnRefusedShapeRunsTheWmmaKernelAndARunFailureThrows) {
         << "the line names the shape: " << said;
 
     // Accepted at plan time, failing while it runs: an Error, not the wmma kernel.
-    auto failing = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn);
+    auto failing = rig.cudnn();
     setenv("ZINF_CUDNN_FAKE_FAIL_EXECUTE", "1", 1);
     EXPECT_THROW(run_on_gpu(c, *gdev, *failing), Error);
     unsetenv("ZINF_CUDNN_FAKE_FAIL_EXECUTE");
@@ -609,35 +623,21 @@ TEST(FastOpsTwin, CudnnRefusedBackwardRunsTheWmmaBackwardAfterCudnnsForward) {
 #if !ZINF_CUDA_EXECUTOR
   GTEST_SKIP() << "needs the executor's cuDNN fake, whose hook refuses the backward's graph";
 #else
-  const backends::Backend& gpu = backends::backend_for(DeviceType::cuda);
-  const backends::Backend& cpu = backends::backend_for(DeviceType::cpu);
-  backends::DeviceSpec spec;
-  spec.budget_bytes = std::size_t{1} << 30;
-  auto gdev = gpu.make_device(spec);
-  auto cdev = cpu.make_device(spec);
-  auto twin = cpu.make_ops(*cdev, Precision::bf16, 2, Kernels::fast);
-  auto wmma = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::wmma);
-  auto cudnn = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn);
-  const auto make = [&](const char* name) {
-    Case c;
-    c.S = DType::bf16;
-    c.twin = twin.get();
-    for (const OpEntry& e : kCases)
-      if (std::string(e.name) == name) e.make(c);
-    return c;
-  };
-  const Case fwd = make("gqa_attention_forward"), bwd = make("gqa_attention_backward");
+  FallbackRig rig;
+  Device* gdev = rig.gdev.get();
+  auto cudnn = rig.cudnn();
+  const Case fwd = rig.make("gqa_attention_forward"), bwd = rig.make("gqa_attention_backward");
   ASSERT_FALSE(fwd.t.empty());
   ASSERT_FALSE(bwd.t.empty());
   setenv("ZINF_CUDNN_FAKE_REFUSE_RESHAPE", "1", 1);
-  auto mixed = gpu.make_ops(*gdev, Precision::bf16, 1, Kernels::fast, Attention::cudnn);
+  auto mixed = rig.cudnn();
   ::testing::internal::CaptureStderr();
   const auto fwd_got = run_on_gpu(fwd, *gdev, *mixed);  // builds the plans: the backward's is refused
   const auto bwd_got = run_on_gpu(bwd, *gdev, *mixed);
   const std::string said = ::testing::internal::GetCapturedStderr();
   unsetenv("ZINF_CUDNN_FAKE_REFUSE_RESHAPE");
   EXPECT_TRUE(fwd_got == run_on_gpu(fwd, *gdev, *cudnn)) << "the forward runs cuDNN's plan";
-  EXPECT_TRUE(bwd_got == run_on_gpu(bwd, *gdev, *wmma)) << "the backward runs the wmma kernel";
+  EXPECT_TRUE(bwd_got == run_on_gpu(bwd, *gdev, *rig.wmma)) << "the backward runs the wmma kernel";
   std::size_t lines = 0;
   for (std::size_t at = said.find("cuDNN refused the attention backward"); at != std::string::npos;
        at = said.find("cuDNN refused the attention backward", at + 1))

@@ -5,8 +5,8 @@
 // calls it.
 //
 // What it implements
-//   - Handles (cudnnCreate/Destroy/SetStream), cudnnGetVersion (9.0.0: the API level the fake
-//     follows), cudnnGetErrorString.
+//   - Handles (cudnnCreate/Destroy/SetStream), cudnnGetVersion (CUDNN_VERSION of the headers it is
+//     built with: it stands in for that library; the semantics follow the 9.0 API), cudnnGetErrorString.
 //   - Descriptors: create, set attribute, get attribute, finalize, destroy, for TENSOR, MATMUL,
 //     POINTWISE, REDUCTION, OPERATION_{MATMUL,POINTWISE,REDUCTION,RESHAPE}, OPERATIONGRAPH, ENGINEHEUR,
 //     ENGINECFG, ENGINE, EXECUTION_PLAN and VARIANT_PACK; cudnnBackendExecute on the handle's stream. Any other
@@ -60,6 +60,7 @@
 //                                      CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN (a graph form no engine
 //                                      takes, such as a backward the GPU's cuDNN does not fuse);
 //   ZINF_CUDNN_FAKE_FAIL_EXECUTE=1     cudnnBackendExecute answers CUDNN_STATUS_EXECUTION_FAILED.
+//   ZINF_CUDNN_FAKE_VERSION=N          cudnnGetVersion answers N (e.g. 91500 for 9.15.0).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cudnn.h>
@@ -779,7 +780,10 @@ namespace fake = zinf::cudax::cudnn_fake;
 
 extern "C" {
 
-size_t cudnnGetVersion(void) { return 90000; }
+size_t cudnnGetVersion(void) {
+  if (const char* v = std::getenv("ZINF_CUDNN_FAKE_VERSION"); v && *v) return static_cast<size_t>(std::atoll(v));
+  return CUDNN_VERSION;
+}
 
 const char* cudnnGetErrorString(cudnnStatus_t status) {
   switch (status) {

@@ -18,9 +18,12 @@
 // engines recognise): the query-by-key orientation, every graph input with its last stride 1 but the
 // stride-swapped Kᵀ and Vᵀ views, and transposes as RESHAPE nodes (a view of the same elements):
 //   Δ = (Σ_d dO ∘ O) · 1  → softmax_sum [B, H, T, 1] fp32, a graph output in zinf's scratch;
-//   P = exp(mask(Q·Kᵀ · scale) − stats);  Pᵀ = reshape(P) (rounded to S);  dV = Pᵀ·dO;
+//   P = exp(mask(Q·Kᵀ · scale − stats));  Pᵀ = reshape(P) (rounded to S);  dV = Pᵀ·dO;
 //   dS = P ∘ (dO·Vᵀ − Δ) · scale (fp32);  dSᵀ = reshape(dS) (rounded to S);  dK = dSᵀ·Q;
-//   K = reshape(Kᵀ);  dQ = dS·K, written directly (no fp32 accumulator: the deterministic form).
+//   K = reshape(Kᵀ) (as fp32);  dQ = dS·K, written directly (no fp32 accumulator: the deterministic form).
+// The backward is refused (the wmma kernel's runs) where the frontend refuses or works around it:
+// cuDNN 9.10.0 and 9.10.1, cuDNN before 9.16 at a sequence length that is not a multiple of 128, and
+// a sequence of one position.
 // With KV < H the dK and dV products run per query head into virtual [B, H, T, D] tensors that a
 // reduction sums into the KV heads (query head h belongs to key/value head h / G), inside the graph.
 //
@@ -155,9 +158,13 @@ class Graph {
   const Owned& view(cudnnDataType_t type, const std::vector<std::int64_t>& dims, const std::vector<std::int64_t>& strides) {
     return tensor(next_virtual_++, type, dims, strides, true);
   }
-  // A scalar passed by value in the variant pack (the scale, -inf).
+  // A scalar passed by value in the variant pack (the scale, -inf): one descriptor per uid, however
+  // many nodes read it.
   const Owned& scalar(std::int64_t uid) {
-    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+    if (auto it = scalars_.find(uid); it != scalars_.end()) return *it->second;
+    const Owned& t = tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+    scalars_.emplace(uid, &t);
+    return t;
   }
 
   void matmul(const Owned& a, const Owned& b, const Owned& c) {
@@ -218,32 +225,28 @@ class Graph {
 
   // The scores a·b times the by-value scale kScale, causally masked (as causal() below): a [dims]
   // fp32 tensor.
-  const Owned& masked_scores(const Owned& a, const Owned& b, const std::vector<std::int64_t>& dims, bool transposed,
-                             bool window) {
+  const Owned& masked_scores(const Owned& a, const Owned& b, const std::vector<std::int64_t>& dims, bool window) {
     const Owned& s = virt(CUDNN_DATA_FLOAT, dims);
     matmul(a, b, s);
     const Owned& scaled = virt(CUDNN_DATA_FLOAT, dims);
     pointwise(CUDNN_POINTWISE_MUL, s, &scalar(kScale), scaled);
-    return causal(scaled, dims, transposed, window);
+    return causal(scaled, dims, window);
   }
 
-  // The causal mask on a [b, h, i, j] (forward: query rows i, key columns j) or [b, h, j, i] (backward)
-  // score tensor: masked where key > query, and with a sliding window also where query − key > W − 1
-  // (the by-value scalar kWindowLast).
-  const Owned& causal(const Owned& s, const std::vector<std::int64_t>& dims, bool transposed, bool window) {
+  // The causal mask on a [b, h, query i, key j] score tensor: masked (-inf) where j > i, and with a
+  // sliding window also where i − j > W − 1 (the by-value scalar kWindowLast).
+  const Owned& causal(const Owned& s, const std::vector<std::int64_t>& dims, bool window) {
     const Owned& row = virt(CUDNN_DATA_INT32, dims);
     const Owned& col = virt(CUDNN_DATA_INT32, dims);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, 2);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, 3);
     const Owned& keep = virt(CUDNN_DATA_BOOLEAN, dims);
-    // keep where query ≥ key: forward row i ≥ column j; backward row j ≤ column i.
-    pointwise(transposed ? CUDNN_POINTWISE_CMP_LE : CUDNN_POINTWISE_CMP_GE, row, &col, keep);
+    pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, keep);
     const Owned& out = virt(CUDNN_DATA_FLOAT, dims);
     pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &scalar(kNegInf), out, &keep);
     if (!window) return out;
-    // query − key: forward row − column, backward column − row; kept where ≤ W − 1.
-    const Owned& back = virt(CUDNN_DATA_INT32, dims);
-    pointwise(CUDNN_POINTWISE_SUB, transposed ? col : row, transposed ? &row : &col, back);
+    const Owned& back = virt(CUDNN_DATA_INT32, dims);  // i − j, kept where ≤ W − 1
+    pointwise(CUDNN_POINTWISE_SUB, row, &col, back);
     const Owned& near = virt(CUDNN_DATA_BOOLEAN, dims);
     pointwise(CUDNN_POINTWISE_CMP_LE, back, &scalar(kWindowLast), near);
     const Owned& windowed = virt(CUDNN_DATA_FLOAT, dims);
@@ -324,6 +327,7 @@ class Graph {
   cudnnHandle_t handle_;
   std::int64_t next_virtual_ = kVirtual;
   std::deque<Owned> keep_;  // tensors and op descriptors the operations point at (references stay valid)
+  std::map<std::int64_t, const Owned*> scalars_;
   std::vector<Owned> ops_;
 };
 
@@ -400,7 +404,7 @@ struct CudnnAttention::Impl {
       const Owned& v = g.tensor(kV, io, {B, KV, T, D}, bhtd_strides(a, a.v_stride), false, false, al);
       const Owned& o = g.tensor(kO, io, {B, H, T, D}, bhtd_strides(a, a.o_stride), false, false, al);
       const Owned& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stats_dims, stats_strides);
-      const Owned& sm = g.masked_scores(q, kt, bhtt, false, a.W > 0);
+      const Owned& sm = g.masked_scores(q, kt, bhtt, a.W > 0);
       const Owned& mx = g.virt(CUDNN_DATA_FLOAT, stats_dims);
       g.reduction(CUDNN_REDUCE_TENSOR_MAX, sm, mx);
       const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
@@ -427,6 +431,13 @@ struct CudnnAttention::Impl {
     const std::vector<std::int64_t> bhtt{B, H, T, T}, stats_dims{B, H, T, 1}, stats_strides{H * T, T, 1, 1};
     const std::vector<std::int64_t> transposed{H * T * T, T * T, 1, T};  // [b, h, j, i] over a packed [b, h, i, j]
     const std::int64_t limit = static_cast<std::int64_t>(workspace_limit(a));
+    // What cudnn-frontend refuses or works around for this backward, refused here: the wmma kernel's
+    // backward runs instead.
+    const std::size_t version = cudnnGetVersion();
+    if (version >= 91000 && version < 91002) throw Refused{"cuDNN 9.10.0 and 9.10.1 have known faults in it"};
+    if (version < 91600 && T % 128 != 0)
+      throw Refused{"cuDNN before 9.16 needs a sequence length that is a multiple of 128 for it"};
+    if (T == 1) throw Refused{"a sequence of one position"};
     Graph g(handle);
     const Owned& q = g.tensor(kQ, io, {B, H, T, D}, bhtd_strides(a, a.q_stride), false, false, al);
     const Owned& kt = g.tensor(kK, io, {B, KV, D, T}, bhdt_strides(a, a.k_stride), false, false, al);
@@ -444,12 +455,16 @@ struct CudnnAttention::Impl {
     const Owned& rowsum = g.virt(CUDNN_DATA_FLOAT, stats_dims);
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, prod, rowsum);
     g.pointwise(CUDNN_POINTWISE_MUL, rowsum, &g.scalar(kOne), delta);
-    // P = exp(mask(Q·Kᵀ · scale) − stats)
-    const Owned& sm = g.masked_scores(q, kt, bhtt, false, a.W > 0);
+    // P = exp(mask(Q·Kᵀ · scale − stats)): the mask after the subtraction, as the frontend has it
+    const Owned& s = g.virt(CUDNN_DATA_FLOAT, bhtt);
+    g.matmul(q, kt, s);
+    const Owned& scaled = g.virt(CUDNN_DATA_FLOAT, bhtt);
+    g.pointwise(CUDNN_POINTWISE_MUL, s, &g.scalar(kScale), scaled);
     const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
-    g.pointwise(CUDNN_POINTWISE_SUB, sm, &stats, sub);
+    g.pointwise(CUDNN_POINTWISE_SUB, scaled, &stats, sub);
+    const Owned& masked = g.causal(sub, bhtt, a.W > 0);
     const Owned& pr = g.virt(CUDNN_DATA_FLOAT, bhtt);
-    g.pointwise(CUDNN_POINTWISE_EXP, sub, nullptr, pr);
+    g.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, pr);
     // dV = Pᵀ·dO, summed over each key/value head's query heads when they are grouped.
     const Owned& prt = g.view(io, bhtt, transposed);
     g.reshape(pr, prt);
@@ -463,11 +478,11 @@ struct CudnnAttention::Impl {
     g.pointwise(CUDNN_POINTWISE_MUL, diff, &pr, pds);
     const Owned& ds = g.virt(CUDNN_DATA_FLOAT, bhtt);
     g.pointwise(CUDNN_POINTWISE_MUL, pds, &g.scalar(kScale), ds);
-    // dK = dSᵀ·Q (grouped as dV); dQ = dS·K, K the view of Kᵀ's elements.
+    // dK = dSᵀ·Q (grouped as dV); dQ = dS·K, K the view of Kᵀ's elements, read as fp32 like dS.
     const Owned& dst = g.view(io, bhtt, transposed);
     g.reshape(ds, dst);
     grouped_product(g, dst, q, dk, {B, H, T, D}, io, KV != H);
-    const Owned& k = g.view(io, {B, KV, T, D}, bhtd_strides(a, a.k_stride));
+    const Owned& k = g.view(CUDNN_DATA_FLOAT, {B, KV, T, D}, bhtd_strides(a, a.k_stride));
     g.reshape(kt, k);
     g.matmul(ds, k, dq);
     p.bwd.emplace(g.plan(limit, p.bwd_ws));

@@ -26,7 +26,8 @@
 //   pointwise   y = f(x[, b][, t]) elementwise over y's dims; an input dim of 1 is broadcast. Modes:
 //               ADD, SUB, MUL, DIV, EXP, LOG, IDENTITY, CMP_GE, CMP_LE (1 or 0), BINARY_SELECT (y = t ?
 //               x : b) and GEN_INDEX (y = the element's index along CUDNN_ATTR_POINTWISE_AXIS). Math
-//               in float (CUDNN_ATTR_POINTWISE_MATH_PREC must be FLOAT).
+//               in float (CUDNN_ATTR_POINTWISE_MATH_PREC must be FLOAT; BOOLEAN too for the
+//               comparisons, as cudnn-frontend sets it for its causal mask: the same 1 or 0).
 //   reduction   y = ADD or MAX of x over the dims where y's extent is 1 and x's is not; a dim where y's
 //               extent is neither 1 nor x's but divides it (x's = G × y's) is reduced in groups, ADD
 //               only: y's element o along it sums x's o·G … o·G + G - 1. Consecutive groups: the
@@ -518,10 +519,13 @@ cudnnStatus_t finalize(Desc& d) {
       if (d.comp != CUDNN_DATA_FLOAT) return CUDNN_STATUS_NOT_SUPPORTED;
       if (d.type == CUDNN_BACKEND_REDUCTION_DESCRIPTOR && !d.has_mode) return CUDNN_STATUS_BAD_PARAM;
       break;
-    case CUDNN_BACKEND_POINTWISE_DESCRIPTOR:
+    case CUDNN_BACKEND_POINTWISE_DESCRIPTOR: {
       if (!d.has_mode) return CUDNN_STATUS_BAD_PARAM;
-      if (d.has_comp && d.comp != CUDNN_DATA_FLOAT) return CUDNN_STATUS_NOT_SUPPORTED;
+      const bool comparison = d.pw_mode == CUDNN_POINTWISE_CMP_GE || d.pw_mode == CUDNN_POINTWISE_CMP_LE;
+      if (d.has_comp && d.comp != CUDNN_DATA_FLOAT && !(comparison && d.comp == CUDNN_DATA_BOOLEAN))
+        return CUDNN_STATUS_NOT_SUPPORTED;
       break;
+    }
     case CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR:
       for (int a : {CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_ATTR_OPERATION_MATMUL_BDESC,
                     CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_ATTR_OPERATION_MATMUL_DESC})

@@ -527,6 +527,24 @@ TEST(CudnnFake, RefusesWhatItDoesNotImplement) {
             CUDNN_STATUS_BAD_PARAM);
 }
 
+// A pointwise descriptor's math precision: FLOAT for every mode, BOOLEAN for the comparisons only.
+TEST(CudnnFake, ComparisonsTakeABooleanMathPrecisionOthersDoNot) {
+  const auto finalize_with = [](cudnnPointwiseMode_t m, cudnnDataType_t prec) {
+    cudnnBackendDescriptor_t p = nullptr;
+    EXPECT_EQ(cudnnBackendCreateDescriptor(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &p), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnBackendSetAttribute(p, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &m), 0);
+    EXPECT_EQ(cudnnBackendSetAttribute(p, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec), 0);
+    const cudnnStatus_t st = cudnnBackendFinalize(p);
+    cudnnBackendDestroyDescriptor(p);
+    return st;
+  };
+  EXPECT_EQ(finalize_with(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(finalize_with(CUDNN_POINTWISE_CMP_LE, CUDNN_DATA_BOOLEAN), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(finalize_with(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_FLOAT), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(finalize_with(CUDNN_POINTWISE_MUL, CUDNN_DATA_BOOLEAN), CUDNN_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(finalize_with(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_HALF), CUDNN_STATUS_NOT_SUPPORTED);
+}
+
 TEST(CudnnFake, ExecuteChecksMemoryWorkspaceAndAlignment) {
   G g;
   ASSERT_EQ(forward_graph(g, 1, 1, 1, 2, 2, 2), CUDNN_STATUS_SUCCESS);

@@ -177,11 +177,13 @@ class Graph {
                {CUDNN_ATTR_OPERATION_MATMUL_DESC, &mm}});
   }
   // y = mode(x[, b][, t]); axis only for GEN_INDEX.
+  // Math in fp32, the comparisons' in BOOLEAN (as cudnn-frontend builds its causal mask).
   void pointwise(cudnnPointwiseMode_t mode, const Owned& x, const Owned* b, const Owned& y, const Owned* t = nullptr,
                  std::int64_t axis = -1) {
     Owned pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
     pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    pw.set_type(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT);
+    const bool comparison = mode == CUDNN_POINTWISE_CMP_GE || mode == CUDNN_POINTWISE_CMP_LE;
+    pw.set_type(CUDNN_ATTR_POINTWISE_MATH_PREC, comparison ? CUDNN_DATA_BOOLEAN : CUDNN_DATA_FLOAT);
     if (axis >= 0) pw.set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
     operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, pw,
               {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &pw},

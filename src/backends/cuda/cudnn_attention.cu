@@ -48,6 +48,7 @@
 
 #include "cuda/cuda_check.cuh"
 #include "cuda/cudnn_attention.h"
+#include "cuda/scratch.h"
 #include "zinf/device_memory.h"
 #include "zinf/error.h"
 
@@ -152,7 +153,7 @@ class Graph {
     std::vector<std::int64_t> strides(dims.size());
     std::int64_t s = 1;
     for (std::size_t i = dims.size(); i-- > 0;) strides[i] = s, s *= dims[i];
-    return tensor(next_virtual_++, type, dims, strides, true);
+    return view(type, dims, strides);
   }
   // A virtual tensor of `dims` with the strides given (a RESHAPE's view of another tensor's elements).
   const Owned& view(cudnnDataType_t type, const std::vector<std::int64_t>& dims, const std::vector<std::int64_t>& strides) {
@@ -225,14 +226,14 @@ class Graph {
     add(std::move(op));
   }
 
-  // The scores a·b times the by-value scale kScale, causally masked (as causal() below): a [dims]
-  // fp32 tensor.
-  const Owned& masked_scores(const Owned& a, const Owned& b, const std::vector<std::int64_t>& dims, bool window) {
+  // The scores a·b times the by-value scale kScale: a [dims] fp32 tensor, masked by causal() below
+  // (the forward masks them at once, the backward after subtracting the statistics).
+  const Owned& scaled_scores(const Owned& a, const Owned& b, const std::vector<std::int64_t>& dims) {
     const Owned& s = virt(CUDNN_DATA_FLOAT, dims);
     matmul(a, b, s);
     const Owned& scaled = virt(CUDNN_DATA_FLOAT, dims);
     pointwise(CUDNN_POINTWISE_MUL, s, &scalar(kScale), scaled);
-    return causal(scaled, dims, window);
+    return scaled;
   }
 
   // The causal mask on a [b, h, query i, key j] score tensor: masked (-inf) where j > i, and with a
@@ -378,7 +379,7 @@ struct CudnnAttention::Impl {
     return static_cast<std::size_t>(cudnn_workspace_bytes(bh, static_cast<std::uint64_t>(a.T),
                                                           bh * static_cast<std::uint64_t>(a.T) * static_cast<std::uint64_t>(a.D)));
   }
-  DeviceBuffer softmax_sum;  // the backward's Δ, B·H·T floats (grown after draining the stream)
+  Scratch softmax_sum{"cuDNN attention: the backward's softmax sums"};  // Δ, B·H·T floats
 
   Impl(Device& d, cudaStream_t s) : dev(d), stream(s) {
     const cudnnStatus_t st = cudnnCreate(&handle);
@@ -406,7 +407,7 @@ struct CudnnAttention::Impl {
       const Owned& v = g.tensor(kV, io, {B, KV, T, D}, bhtd_strides(a, a.v_stride), false, false, al);
       const Owned& o = g.tensor(kO, io, {B, H, T, D}, bhtd_strides(a, a.o_stride), false, false, al);
       const Owned& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stats_dims, stats_strides);
-      const Owned& sm = g.masked_scores(q, kt, bhtt, a.W > 0);
+      const Owned& sm = g.causal(g.scaled_scores(q, kt, bhtt), bhtt, a.W > 0);
       const Owned& mx = g.virt(CUDNN_DATA_FLOAT, stats_dims);
       g.reduction(CUDNN_REDUCE_TENSOR_MAX, sm, mx);
       const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
@@ -458,12 +459,9 @@ struct CudnnAttention::Impl {
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, prod, rowsum);
     g.pointwise(CUDNN_POINTWISE_MUL, rowsum, &g.scalar(kOne), delta);
     // P = exp(mask(Q·Kᵀ · scale − stats)): the mask after the subtraction, as the frontend has it
-    const Owned& s = g.virt(CUDNN_DATA_FLOAT, bhtt);
-    g.matmul(q, kt, s);
-    const Owned& scaled = g.virt(CUDNN_DATA_FLOAT, bhtt);
-    g.pointwise(CUDNN_POINTWISE_MUL, s, &g.scalar(kScale), scaled);
+    const Owned& scores = g.scaled_scores(q, kt, bhtt);
     const Owned& sub = g.virt(CUDNN_DATA_FLOAT, bhtt);
-    g.pointwise(CUDNN_POINTWISE_SUB, scaled, &stats, sub);
+    g.pointwise(CUDNN_POINTWISE_SUB, scores, &stats, sub);
     const Owned& masked = g.causal(sub, bhtt, a.W > 0);
     const Owned& pr = g.virt(CUDNN_DATA_FLOAT, bhtt);
     g.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, pr);
@@ -583,15 +581,10 @@ void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, co
     throw Error("cuDNN attention: backward called for a shape whose backward cuDNN refused (" + shape_text(a, S) + ")");
   float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
   float neg_inf = -std::numeric_limits<float>::infinity(), window_last = static_cast<float>(a.W - 1), one = 1.0f;
-  const std::size_t sums = backward_scratch_bytes(a);
-  if (impl_->softmax_sum.size() < sums) {
-    ZINF_CUDA(cudaStreamSynchronize(impl_->stream));  // queued work may still use the old block
-    impl_->softmax_sum.reset();
-    impl_->softmax_sum = DeviceBuffer(impl_->dev, sums, "cuDNN attention: the backward's softmax sums");
-  }
+  void* sums = impl_->softmax_sum.get(impl_->dev, impl_->stream, backward_scratch_bytes(a));
   auto in = [](const void* x) { return const_cast<void*>(x); };
   std::vector<std::int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kSoftmaxSum, kDQ, kDK, kDV, kScale, kNegInf, kOne};
-  std::vector<void*> ptrs{in(q), in(k),  in(v),  in(out),  in(dout), in(lse), impl_->softmax_sum.as<void>(),
+  std::vector<void*> ptrs{in(q), in(k),  in(v),  in(out),  in(dout), in(lse), sums,
                           dq,    dk,     dv,     &scale,   &neg_inf, &one};
   if (a.W > 0) uids.push_back(kWindowLast), ptrs.push_back(&window_last);
   impl_->execute(p.bwd->get(), uids, ptrs, "backward");

@@ -60,6 +60,7 @@
 # and no figure is judged against a target. It proves the script — its parsing, counting, caps and
 # results files — not the GPU.
 # ZINF_GPU_BUILD: the build folder (default build-gpu/, build-executor/ with the executor).
+# ZINF_GPU_CMAKE_EXTRA: more arguments for the build's configure (words), e.g. -DZINF_CUDA_LIBS_FROM=wheel.
 # On a machine that reaches no package registry, carry the .debs/ folder scripts/fetch-debs.sh
 # fills (or ZINF_DEBS); without it and without the packages, the stage tries scripts/install-deps.sh
 # for at most 2 minutes.
@@ -129,20 +130,23 @@ no_skips() {
 part_build() {
   local gen=() extra=() targets=()
   command -v ninja > /dev/null 2>&1 && [ ! -f "$bld/CMakeCache.txt" ] && gen=(-G Ninja)
-  # shellcheck disable=SC2206  # the NCCL paths found by setup, as words
+  # shellcheck disable=SC2206  # more configure arguments from the caller (ZINF_GPU_CMAKE_EXTRA), as words
   extra=(${ZINF_GPU_CMAKE_EXTRA:-})
   if [ "$executor" = 1 ]; then
     extra+=(-DZINF_CUDA_EXECUTOR=ON)
   else
     # Warnings stay warnings: the lent machine's compiler may not be Debian 12's GCC.
-    # cuDNN is required: the correctness stage checks its attention against the wmma kernel.
-    extra+=(-DZINF_CUDA=ON -DZINF_CUDNN=ON -DZINF_CUDA_ARCHS=90 -DZINF_WERROR=OFF)
+    # cuDNN, NCCL and NVRTC are found beside the toolkit, in the system or in the Python wheels of
+    # python3 (cmake/CudaLibraries.cmake). Without cuDNN the build goes on: only the attention
+    # sections fail, saying so.
+    extra+=(-DZINF_CUDA=ON -DZINF_CUDA_ARCHS=90 -DZINF_WERROR=OFF)
   fi
-  cmake -S "$root" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZINF_BUILD_BENCH=OFF "${extra[@]}" > /dev/null ||
-    return 1
+  mkdir -p "$bld"
+  cmake -S "$root" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZINF_BUILD_BENCH=OFF "${extra[@]}" > "$bld/configure.log" 2>&1 ||
+    { tail -20 "$bld/configure.log"; return 1; }
   for t in $("$self" --targets); do targets+=(--target "$t"); done
   cmake --build "$bld" -j "$(nproc)" "${targets[@]}" || return 1
-  echo "build: ok, $("$self" --targets | wc -w) targets in $bld"
+  echo "build: ok, $("$self" --targets | wc -w) targets in $bld; $(grep -h '^-- zinf: ' "$bld/configure.log" | tr '\n' ' ')"
 }
 
 part_gpu() {  # one line: the GPUs `zinf info` lists, or why there is none (then the stage stops)
@@ -579,25 +583,8 @@ if [[ "$parts" == *" build "* ]]; then
     log "== deps: installing the build's packages (scripts/install-deps.sh build, at most 120 s)"
     timeout -k 5 120 "$root/scripts/install-deps.sh" build >> "$log_file" 2>&1 || log "== deps: FAILED (see gpu-check.log)"
   fi
-  export ZINF_GPU_CMAKE_EXTRA=""
-  if [ "$executor" != 1 ]; then
-    nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
-    cuda_root="$(dirname "$(dirname "$nvcc_bin")")"
-    if ! compgen -G "$cuda_root/lib64/libnccl.so*" > /dev/null && ! compgen -G "/usr/lib/x86_64-linux-gnu/libnccl.so*" > /dev/null; then
-      nccl_dir="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null || true)"
-      nccl_lib="$(compgen -G "$nccl_dir/lib/libnccl.so*" | head -1)"
-      if [ -n "$nccl_dir" ] && [ -n "$nccl_lib" ] && [ -f "$nccl_dir/include/nccl.h" ]; then
-        ZINF_GPU_CMAKE_EXTRA="-DZINF_NCCL_LIBRARY=$nccl_lib -DZINF_NCCL_INCLUDE=$nccl_dir/include"
-        log "== nccl: $nccl_lib (Python wheel)"
-      else
-        log "== nccl: none found; the CUDA device builds without it (one rank per machine)"
-      fi
-    fi
-  fi
 fi
 if [ "$executor" != 1 ]; then
-  nccl_dir="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null || true)"
-  [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   nvidia-smi >> "$log_file" 2>&1 || log "== nvidia-smi: not found or failed"
 fi
 log "== setup: $((SECONDS - start)) s"
@@ -606,6 +593,13 @@ for item in $plan; do
   name="${item%%:*}"
   section "$name" "$((${item##*:} * cap_scale))"
   rc=$?
+  # The folders of the CUDA libraries the build found outside the loader's own (a wheel's cuDNN,
+  # NCCL, NVRTC), for every section after the build.
+  if [ "$name" = build ] && [ -f "$bld/cuda-libs.env" ]; then
+    # shellcheck disable=SC1091  # written by the configure
+    . "$bld/cuda-libs.env"
+    log "== libraries: LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  fi
   if [ "$name" = build ] && [ "$rc" != 0 ] && [[ "$parts" == *" build "* ]]; then
     stopped="the build failed: nothing to run (raw/build.log)"
   elif [ "$name" = gpu ] && [ "$rc" != 0 ]; then

@@ -74,8 +74,19 @@ if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
   # that hold GPU cases; none of them may skip, except the ones about a machine without a GPU.
   # The GPU check's own lists: the targets its stages build, the GPU cases in binaries not labelled gpu.
   exe_targets="executor_test cublas_fake_test nccl_fake_test cudnn_fake_test $("$root/scripts/gpu-check.sh" --targets)"
-  ZINF_BUILD_TARGETS="$exe_targets" "$root/scripts/build.sh" "$root/build-executor" -DZINF_CUDA_EXECUTOR=ON \
-    -DZINF_BUILD_BENCH=OFF
+  # cuDNN found as the GPU machine's image has it, in a Python wheel: the executor's CUDA headers are
+  # the toolkit's without cuDNN's, cuDNN's come from a tree laid out like nvidia-cudnn-cu13 (the
+  # toolkit's files linked in), and the configure looks in wheels only. The ASan pass's executor
+  # build below takes cuDNN from beside the toolkit, so both ways are built.
+  wheels="$root/build-executor/fake-wheels"
+  "$root/tests/scripts/fake_cuda_wheels.sh" "$wheels"
+  PYTHONPATH="$wheels/site${PYTHONPATH:+:$PYTHONPATH}" ZINF_BUILD_TARGETS="$exe_targets" "$root/scripts/build.sh" \
+    "$root/build-executor" -DZINF_CUDA_EXECUTOR=ON -DZINF_BUILD_BENCH=OFF -DZINF_CUDA_INCLUDE="$wheels/cuda-include" \
+    -DZINF_CUDA_LIBS_FROM=wheel -DZINF_CUDNN=ON -UZINF_CUDNN_INCLUDE
+  if ! grep -qx 'ZINF_CUDNN_FROM:INTERNAL=wheel' "$root/build-executor/CMakeCache.txt"; then
+    echo "test.sh: the executor build did not take cuDNN from the wheel-shaped tree ($wheels)" >&2
+    exit 1
+  fi
   for order in fifo lifo; do executor_gpu_tests "$root/build-executor" "$order"; done
   "$root/scripts/executor-e2e.sh" "$root/build-executor/src/zinf"
   echo "== [$(stamp)] the GPU check's two stages on the executor (small shapes, no timing verdicts): its sections, caps and results files"

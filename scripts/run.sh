@@ -9,5 +9,8 @@ echo "== building zinf into $root/build (the first build takes a few minutes; la
 # Only the binary the run needs: the test binaries are left to scripts/test.sh, which builds them in
 # the same directory with the same configuration and so reuses every object compiled here.
 ZINF_BUILD_TARGETS=zinf "$root/scripts/build.sh" "$root/build"
+# The CUDA libraries' folders outside the loader's own, when the configure found any (cuda-libs.env).
+# shellcheck disable=SC1091  # written by the configure
+[ -f "$root/build/cuda-libs.env" ] && . "$root/build/cuda-libs.env"
 echo "== training: $root/build/src/zinf train --config configs/tiny.json $*"
 exec "$root/build/src/zinf" train --config "$root/configs/tiny.json" "$@"

@@ -85,6 +85,7 @@
 # for at most 2 minutes.
 #
 #   scripts/gpu-check.sh --targets     the build targets the stages run (scripts/test.sh uses them)
+#   scripts/gpu-check.sh --stages      the stages, in the order of the windows they are for
 #   scripts/gpu-check.sh --sections STAGE   the sections of a stage, in order
 #   scripts/gpu-check.sh --cases       the ctest regex of the GPU cases in binaries not labelled gpu
 #   scripts/gpu-check.sh --executor-cases   the regex of the GPU cases only the executor runs (its fakes' hooks)
@@ -127,6 +128,7 @@ stage_targets() {
 }
 case "${1:-}" in
   --targets) stage_targets all; exit 0 ;;
+  --stages) echo "$stages"; exit 0 ;;
   --sections)
     stage_plan "${2:-}" > /dev/null || { echo "gpu-check: --sections $stages, not '${2:-}'" >&2; exit 2; }
     stage_plan "$2" | sed 's/:[0-9]*//g'; exit 0 ;;

@@ -13,6 +13,8 @@ set -uo pipefail
 root="${1:-$(cd "$(dirname "$0")/../.." && pwd)}"
 tmp="$(mktemp -d)"
 trap 'pkill -f "$tmp" 2> /dev/null; rm -rf "$tmp"' EXIT
+# The stages' scratch folders too (a stage killed half way leaves its own behind).
+export TMPDIR="$tmp"
 fake="$tmp/build"
 mkdir -p "$fake/src"
 # The fake zinf: `info --json` lists one GPU, or none when FAKE_GPUS=0 (as a machine whose driver is

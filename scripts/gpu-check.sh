@@ -373,7 +373,7 @@ part_sanitize() {  # memcheck | racecheck on the GPU tests' small shapes
   [ -x "$sanitizer" ] || { echo "$tool: FAILED, compute-sanitizer not found"; return 1; }
   if [ "$tool" = racecheck ]; then
     # --kernel-name in current releases; older ones spell it --kernel-regex (same keys).
-    if "$sanitizer" --help 2>&1 | grep -q -- '--kernel-name '; then
+    if "$sanitizer" --help 2>&1 | grep -qE -- '--kernel-name([^-]|$)'; then
       only=(--kernel-name "$racecheck_kernels")
     elif "$sanitizer" --help 2>&1 | grep -q -- '--kernel-regex'; then
       only=(--kernel-regex "$racecheck_kernels")

@@ -1,24 +1,40 @@
 #!/usr/bin/env bash
-# The GPU check, in two stages, each ONE command on the lent GPU machine (one H200, 16 cores):
+# The GPU check, in three stages, each ONE command on the lent GPU machine (one H100 or H200, 16
+# cores), each fitting one window of that machine (15 minutes, its 1-3 minute start included; the
+# machine comes up bare, so every stage builds what it runs):
 #
-#   scripts/gpu-check.sh correctness   does the CUDA path compute what the CPU computes?
-#   scripts/gpu-check.sh speed         how fast is it, beside PyTorch, and where does the step go?
+#   scripts/gpu-check.sh first-contact   the most answers in one window: the GPU tests, cuDNN's
+#                                        attention, placements' digests, one side by side
+#   scripts/gpu-check.sh correctness     does the CUDA path compute what the CPU computes?
+#   scripts/gpu-check.sh speed           how fast is it, beside PyTorch, and where does the step go?
 #
-# Each stage has a budget (ZINF_GPU_CHECK_SECONDS; correctness 450 s, speed 320 s by default) and
-# always ends inside it: its sections run one after another, each under its own cap (below; the cap
-# is cut to what is left of the budget), stopped with SIGTERM at the cap less a 5 s grace and with
-# SIGKILL at the cap, its whole process group with it. A section that no longer fits is "not run".
-# After every section the stage rewrites results.json and results.md, so a run cut short still says
+# Each stage has a budget (ZINF_GPU_CHECK_SECONDS; 540 s by default, the build on 16 cores included)
+# and always ends inside it: its sections run one after another, each under its own cap (below; the
+# cap is cut to what is left of the budget), stopped with SIGTERM at the cap less a 5 s grace and
+# with SIGKILL at the cap, its whole process group with it. A section that no longer fits is "not
+# run". After every section the stage rewrites its four output files, so a run cut short still says
 # what finished. The verdict is on the code, not on the script: the stage stops at once, with one
 # line, when `zinf info` lists no GPU; a skipped GPU test is a failure; a section that ran out of
 # time is TIMEOUT, not FAILED.
 #
-# correctness (450 s)                                                                      cap s
-#   build      sm_90, only the targets the stage runs (--targets)                            180
+# first-contact (540 s)                                                                    cap s
+#   build      sm_90, every target the stages run (--targets)                                180
 #   gpu        `zinf info --json` lists a GPU, or the stage stops here                         10
 #   tests      ctest -L gpu and the GPU cases of other binaries (--cases), fast-vs-twin op     80
 #              test included; a skip fails (the tests about a machine without a GPU are not
 #              run: they cannot apply on one)
+#   attention  cuDNN's attention against the wmma kernel and the CPU twin at the two check      40
+#              shapes, forward and backward, two runs bitwise equal; cuDNN must take both
+#              directions at both shapes (a "cuDNN refused" line or a wmma fallback fails)
+#   digests-exact  the 6 placements of `digests` with overlap exact only: one params_digest    30
+#   fast       device.kernels fast against reference on the GPU (per-step losses within 2e-2)  20
+#              and against the CPU twin (within 5e-3)
+#   pcie       zinf bench pcie (256 MiB, 3 repetitions)                                        10
+#   compare-a  zinf beside PyTorch: 303M, 24 x 1024, micro batch 8, seq 512, resident          40
+# correctness (540 s)
+#   build      as above                                                                       180
+#   gpu        as above                                                                        10
+#   tests      as above                                                                        80
 #   repeat     TrainGpu.* (every placement bit-identical on the GPU, close to the CPU) 20      40
 #              times, or as often as the cap allows (then "incomplete")
 #   digests    a 4-layer model, 3 steps, every placement (optimizer none/cpu/nvme x params     45
@@ -26,17 +42,16 @@
 #   states     2 layers, 2 steps, overlap exact: fp32 states with their variants (activation   40
 #              checkpoints in host memory, the speculative Update, pageable staging, gradients
 #              summed on the device, parameters on NVMe), bf16 and 8-bit states: one digest each
-#   fast       device.kernels fast against reference on the GPU (per-step losses within 2e-2)  20
-#              and against the CPU twin (within 5e-3)
-#   attention  cuDNN's attention against the wmma kernel and the CPU twin at the two check        40
-#              shapes, forward and backward, two runs bitwise equal
-#   memcheck   compute-sanitizer memcheck on the GPU test binaries at small shapes             30
-#   racecheck  compute-sanitizer racecheck on the same                                         30
-# speed (320 s)
-#   build      as above (nothing to do when the correctness stage's build is still there)      90
+#   fast       as above                                                                        20
+#   attention  as above                                                                        40
+#   memcheck   compute-sanitizer memcheck on the GPU test binaries at small shapes (cuDNN's    30
+#              attention at one small shape)
+#   racecheck  compute-sanitizer racecheck on the same, zinf's own kernels only               30
+# speed (540 s)
+#   build      sm_90, zinf alone (the speed sections run nothing else)                        150
 #   gpu        as above                                                                        10
-#   pcie       zinf bench pcie (256 MiB, 3 repetitions)                                        10
-#   compare-a  zinf beside PyTorch: 303M, 24 x 1024, micro batch 8, seq 512, resident          40
+#   pcie       as above                                                                        10
+#   compare-a  as above                                                                        40
 #   compare-b  GPT-2 XL's shape (48 x 1600, 25 heads), vocab 50304, seq 1024, micro batch 4    50
 #   compare-ga4  b at GA 4 resident, and with the optimizer states on the CPU                  50
 #   compare-off  b at GA 4, optimizer and parameters on the CPU, beside PyTorch FSDP offload   60
@@ -48,10 +63,15 @@
 # The caps of the first GPU run are generous estimates; docs/gpu.md says where each comes from and
 # is where measured times replace them.
 #
-# Output under $OUT (the device tool's folder; default gpu-check-out/STAGE): results.json (the stage,
-# commit, GPU, every section's status, seconds, cap and verdict line, the figures), results.md (one
-# table), gpu-check.log (all the sections printed) and raw/ (each section's log and files). Exits 0
-# only when every section is ok.
+# Output under $OUT (the device tool's folder; default gpu-check-out/STAGE), four files and nothing
+# else, since a run brings back only a few: results.json (the stage, commit, GPU, every section's
+# status, seconds, cap and verdict line, the figures, what the archive had to leave out),
+# results.md (one table), gpu-check-tail.log (the last ZINF_GPU_CHECK_TAIL_KIB KiB, default 256, of
+# the full log) and raw.tar.gz (gpu-check.log, every section printed, and raw/, each section's log
+# and files; at most ZINF_GPU_CHECK_ARCHIVE_MAX bytes, default 16 MiB: past that the biggest files
+# are cut to their ends or left out, and results.json's "archive" names them). The working files
+# live in a scratch folder (ZINF_GPU_CHECK_WORK, default under $TMPDIR), removed at the end; each
+# output file is replaced whole (written aside, then renamed). Exits 0 only when every section is ok.
 #
 # ZINF_GPU_CHECK_PARTS picks sections (default: all of the stage; setup always runs).
 # ZINF_GPU_CHECK_EXECUTOR=1 runs the stage on the project's CPU executor of the CUDA sources instead
@@ -66,6 +86,8 @@
 # for at most 2 minutes.
 #
 #   scripts/gpu-check.sh --targets     the build targets the stages run (scripts/test.sh uses them)
+#   scripts/gpu-check.sh --stages      the stages, in the order of the windows they are for
+#   scripts/gpu-check.sh --sections STAGE   the sections of a stage, in order
 #   scripts/gpu-check.sh --cases       the ctest regex of the GPU cases in binaries not labelled gpu
 #   scripts/gpu-check.sh --executor-cases   the regex of the GPU cases only the executor runs (its fakes' hooks)
 # shellcheck disable=SC2317  # the part_* functions are called by name
@@ -89,8 +111,28 @@ gpu_cases='^(TrainGpu\.|FastOpsTwin\.EveryOpOnTheGpu|FastOpsTwin\.AttentionChoic
 executor_cases='^FastOpsTwin\.CudnnRefused(Shape|Backward)'
 # Tests about a machine without a GPU: they skip where one is visible, so the GPU stages leave them out.
 no_gpu_tests='WithoutAGpu'
+# Each stage's sections and their caps in seconds, in order (the header says what each runs). A stage
+# fits one window of the GPU machine: the caps, the build's included, sum to at most its budget.
+stage_plan() {
+  case "$1" in
+    first-contact) echo "build:180 gpu:10 tests:80 attention:40 digests-exact:30 fast:20 pcie:10 compare-a:40" ;;
+    correctness) echo "build:180 gpu:10 tests:80 repeat:40 digests:45 states:40 fast:20 attention:40 memcheck:30 racecheck:30" ;;
+    speed) echo "build:150 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:30 offload:20 attention-speed:30" ;;
+    *) return 1 ;;
+  esac
+}
+stages="first-contact correctness speed"
+# What a stage builds: speed runs zinf alone; the others run the test binaries too.
+stage_targets() {
+  # shellcheck disable=SC2046,SC2086  # the lists, as words
+  if [ "$1" = speed ]; then echo zinf; else echo zinf $gpu_case_targets $(gpu_test_targets); fi
+}
 case "${1:-}" in
-  --targets) echo zinf $gpu_case_targets $(gpu_test_targets); exit 0 ;;
+  --targets) stage_targets all; exit 0 ;;
+  --stages) echo "$stages"; exit 0 ;;
+  --sections)
+    stage_plan "${2:-}" > /dev/null || { echo "gpu-check: --sections $stages, not '${2:-}'" >&2; exit 2; }
+    stage_plan "$2" | sed 's/:[0-9]*//g'; exit 0 ;;
   --cases) echo "$gpu_cases"; exit 0 ;;
   --executor-cases) echo "$executor_cases"; exit 0 ;;
 esac
@@ -144,9 +186,9 @@ part_build() {
   mkdir -p "$bld"
   cmake -S "$root" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZINF_BUILD_BENCH=OFF "${extra[@]}" > "$bld/configure.log" 2>&1 ||
     { tail -20 "$bld/configure.log"; return 1; }
-  for t in $("$self" --targets); do targets+=(--target "$t"); done
+  for t in $(stage_targets "${ZINF_GPU_CHECK_STAGE:-all}"); do targets+=(--target "$t"); done
   cmake --build "$bld" -j "$(nproc)" "${targets[@]}" || return 1
-  echo "build: ok, $("$self" --targets | wc -w) targets in $bld; $(grep -h '^-- zinf: ' "$bld/configure.log" | tr '\n' ' ')"
+  echo "build: ok, ${#targets[@]} targets in $bld; $(grep -h '^-- zinf: ' "$bld/configure.log" | tr '\n' ' ')"
 }
 
 part_gpu() {  # one line: the GPUs `zinf info` lists, or why there is none (then the stage stops)
@@ -163,7 +205,7 @@ PY
 
 part_tests() {  # every gpu test and the GPU cases of the other binaries; a skip fails
   local log="$raw/tests-ctest.log" rc=0
-  ctest --test-dir "$bld" -L gpu -E "$no_gpu_tests" --output-on-failure 2>&1 | tee "$log" || rc=1
+  ctest --test-dir "$bld" -L gpu -E "$no_gpu_tests" --no-tests=error --output-on-failure 2>&1 | tee "$log" || rc=1
   ctest --test-dir "$bld" -R "$gpu_cases" -E "$no_gpu_tests" --no-tests=error --output-on-failure 2>&1 | tee -a "$log" || rc=1
   no_skips "$log" || return 1
   [ "$rc" = 0 ] || { echo "tests: FAILED ($(grep -cE '\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout' "$log") failed)"; return 1; }
@@ -192,6 +234,10 @@ part_repeat() {  # TrainGpu.* up to the target count while the cap allows
 
 part_digests() {
   ZINF_DIGEST_ROUNDS=1 ZINF_DIGEST_STEPS=3 "$root/scripts/digest-check.sh" "$zinf" "$config" "$swap" "${digest_model[@]}"
+}
+
+part_digests_exact() {  # the first window's share of `digests`: every placement, overlap exact only
+  ZINF_DIGEST_OVERLAPS=exact part_digests
 }
 
 # Variants of the placements that must not change the digest: activation checkpoints in host memory,
@@ -245,14 +291,35 @@ PY
 }
 
 part_attention() {  # cuDNN against the wmma kernel and the CPU twin at the check's shapes, bf16, fwd+bwd
-  local log="$raw/attention-test.log"
+  local log="$raw/attention-test.log" checks shapes fallback
   ZINF_ATTENTION_CHECK_SHAPES="$attention_shapes" "$bld/tests/flash_attention_test" \
     --gtest_filter='FlashAttention.CudnnAgainstWmmaAndTwinAtCheckShapes' > "$log" 2>&1 ||
     { tail -20 "$log"; echo "attention: FAILED"; return 1; }
   no_skips "$log" || return 1
-  grep '^attention-check:' "$log"
-  echo "attention: ok, cuDNN and the wmma kernel within their bounds of the CPU twin and of each other at" \
-    "$(tr ';' ' ' <<< "$attention_shapes") (B,T,H,KV,D), bf16, forward and backward; two runs bitwise equal"
+  # One line per check shape, naming what ran each direction (fwd=cudnn|wmma bwd=cudnn|wmma).
+  checks="$(grep '^attention-check:' "$log")"
+  [ -n "$checks" ] || { echo "attention: FAILED, the test printed no attention-check line (raw/attention-test.log)"; return 1; }
+  echo "$checks"
+  # Each shape as "B4 T1024 H25 KV25 D64: fwd=cudnn bwd=cudnn", for the verdict line.
+  shapes="$(awk '{
+      sh = ""; f = "fwd=?"; b = "bwd=?"; delete seen
+      for (i = 2; i <= NF; i++) {
+        if ($i ~ /^(B|T|H|KV|D)$/ && $(i + 1) ~ /^[0-9]+$/ && !seen[$i]++) sh = sh (sh == "" ? "" : " ") $i $(i + 1)
+        if ($i ~ /^fwd=/) { f = $i; sub(/[^a-z=]+$/, "", f) }
+        if ($i ~ /^bwd=/) { b = $i; sub(/[^a-z=]+$/, "", b) }
+      }
+      printf "%s%s: %s %s", (NR > 1 ? "; " : ""), sh, f, b
+    }' <<< "$checks")"
+  # cuDNN must take both directions at every check shape: a fallback to the wmma kernel there is
+  # what the GPU check exists to catch, not a pass with another kernel.
+  fallback="$(grep -E '(^|[^a-z])(fwd|bwd)=wmma' <<< "$checks"; grep 'cuDNN refused' "$log")"
+  if [ -n "$fallback" ]; then
+    echo "$fallback" | sed 's/^/attention: fallback: /'
+    echo "attention: FAILED, cuDNN did not take every check shape in both directions: $shapes"
+    return 1
+  fi
+  echo "attention: ok, cuDNN within its bound of the wmma kernel and the CPU twin, forward and backward, two" \
+    "runs bitwise equal, bf16: $shapes"
 }
 
 part_attention_speed() {  # forward+backward time and TFLOPS: cuDNN, the wmma kernel, PyTorch's SDPA
@@ -292,14 +359,33 @@ PY
 }
 
 # The GPU test binaries (every `LABEL gpu` test but the PCIe benchmark) and the tests of each that run
-# at small shapes, as binary:filter pairs (the attention check's shapes are the attention section's).
+# at small shapes, as binary:filter pairs. cuDNN's attention runs at one small shape only
+# (sanitize_attention_shape, through the check-shapes test): each shape costs cuDNN a cold plan per
+# direction, and under the sanitizer a plan's build is most of the time.
 sanitize_tests_default="cuda_ops_test:CudaOps.EveryOpMatchesTheCpuReference cuda_rows_test:*
-  flash_attention_test:FlashAttention.MatchesCpuTwin:FlashAttention.CudnnMatchesCpuTwin:FlashAttention.Refuses*
+  flash_attention_test:FlashAttention.MatchesCpuTwin:FlashAttention.CudnnAgainstWmmaAndTwinAtCheckShapes:FlashAttention.Refuses*
   cuda_gemm_test:* cuda_scratch_test:* device_cuda_test:CudaDevice.*:CudaEngineKernels.*"
+sanitize_attention_shape="1,64,2,2,64"
+# racecheck instruments only zinf's own kernels (every one is in namespace zinf::cuda, so "zinf" is
+# in its name, mangled or not); cuBLASLt's and cuDNN's kernels run unchecked. racecheck reports
+# shared-memory hazards between the threads of one kernel; it says nothing about races between
+# streams (the executor's jittered streams and the CPU device's digests check those).
+racecheck_kernels="kns=zinf"
 
 part_sanitize() {  # memcheck | racecheck on the GPU tests' small shapes
-  local tool="$1" rc=0 ran=0 bin filter log
+  local tool="$1" rc=0 ran=0 bin filter log only=()
   [ -x "$sanitizer" ] || { echo "$tool: FAILED, compute-sanitizer not found"; return 1; }
+  if [ "$tool" = racecheck ]; then
+    # --kernel-name in current releases; older ones spell it --kernel-regex (same keys).
+    if "$sanitizer" --help 2>&1 | grep -qE -- '--kernel-name([^-]|$)'; then
+      only=(--kernel-name "$racecheck_kernels")
+    elif "$sanitizer" --help 2>&1 | grep -q -- '--kernel-regex'; then
+      only=(--kernel-regex "$racecheck_kernels")
+    else
+      echo "$tool: FAILED, $sanitizer takes neither --kernel-name nor --kernel-regex"
+      return 1
+    fi
+  fi
   set -f  # the filters' `*` are gtest's, not the shell's
   # A binary named here that the build did not make fails the check: a renamed test must not drop
   # out of the sanitizer runs unnoticed.
@@ -307,12 +393,13 @@ part_sanitize() {  # memcheck | racecheck on the GPU tests' small shapes
     bin="$bld/tests/${pair%%:*}" filter="${pair#*:}" log="$raw/$tool-${pair%%:*}.log"
     [ -x "$bin" ] || { echo "$tool: ${pair%%:*} FAILED, not built (no such gpu test?)"; rc=1; continue; }
     ran=$((ran + 1))
-    "$sanitizer" --tool "$tool" --error-exitcode 1 "$bin" --gtest_filter="$filter-*$no_gpu_tests*" > "$log" 2>&1 ||
+    ZINF_ATTENTION_CHECK_SHAPES="$sanitize_attention_shape" \
+      "$sanitizer" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter="$filter-*$no_gpu_tests*" > "$log" 2>&1 ||
       { tail -20 "$log"; echo "$tool: ${pair%%:*} FAILED"; rc=1; continue; }
     no_skips "$log" || rc=1
   done
   [ "$ran" -gt 0 ] || { echo "$tool: FAILED, no gpu test binary built"; return 1; }
-  [ "$rc" = 0 ] && echo "$tool: ok, clean on $ran gpu test binaries"
+  [ "$rc" = 0 ] && echo "$tool: ok, clean on $ran gpu test binaries${only:+ (${only[*]})}"
   return "$rc"
 }
 
@@ -397,6 +484,7 @@ if [ "${1:-}" = --part ]; then
   case "$p" in
     build | gpu | tests | digests | states | fast | pcie | trace | offload | attention) "part_$p" ;;
     attention-speed) part_attention_speed ;;
+    digests-exact) part_digests_exact ;;
     repeat) part_repeat "$1" ;;
     memcheck | racecheck) part_sanitize "$p" ;;
     compare-a) part_compare "a" ;;
@@ -410,26 +498,33 @@ fi
 
 # ---- the stage -------------------------------------------------------------------------------------
 stage="${1:-}"
-case "$stage" in
-  correctness) plan="build:180 gpu:10 tests:80 repeat:40 digests:45 states:40 fast:20 attention:40 memcheck:30 racecheck:30"
-               default_budget=450 ;;
-  speed) plan="build:90 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:30 offload:20 attention-speed:30"
-         default_budget=320 ;;
-  *) echo "usage: scripts/gpu-check.sh correctness|speed   (or --targets, --cases; see the header)" >&2; exit 2 ;;
-esac
-budget="${ZINF_GPU_CHECK_SECONDS:-$default_budget}"
+plan="$(stage_plan "$stage")" ||
+  { echo "usage: scripts/gpu-check.sh first-contact|correctness|speed   (or --targets, --sections STAGE, --cases; see the header)" >&2; exit 2; }
+export ZINF_GPU_CHECK_STAGE="$stage"
+# 540 s: a window of 15 minutes less the machine's start (up to 3) leaves a command of about 10
+# minutes; 60 s of it stay for the transfers and a late start.
+budget="${ZINF_GPU_CHECK_SECONDS:-540}"
 # On the CPU executor every section runs at small shapes but far slower than on a GPU: its caps are
 # the GPU's times ZINF_GPU_CHECK_CAP_SCALE (default 2 there, 1 on a GPU; the budget is the caller's).
 cap_scale="${ZINF_GPU_CHECK_CAP_SCALE:-$([ "$executor" = 1 ] && echo 2 || echo 1)}"
 case "$cap_scale" in [1-9]|[1-9][0-9]) ;; *) echo "gpu-check: ZINF_GPU_CHECK_CAP_SCALE must be an integer 1..99, got '$cap_scale'" >&2; exit 2 ;; esac
 grace=5    # SIGTERM this long before a section's cap, SIGKILL at the cap
-reserve=3  # kept for the last results file
+reserve=5  # kept for the last results files
 out_dir="${OUT:-$root/gpu-check-out/$stage}"
-raw="$out_dir/raw"
+# The working files: a scratch folder outside $OUT (what comes back from $OUT is only its four files).
+work="${ZINF_GPU_CHECK_WORK:-${TMPDIR:-/tmp}/zinf-gpu-check-$stage.$$}"
+raw="$work/raw"
+archive_max="${ZINF_GPU_CHECK_ARCHIVE_MAX:-16777216}"
+tail_kib="${ZINF_GPU_CHECK_TAIL_KIB:-256}"
+case "$archive_max$tail_kib" in *[!0-9]*) echo "gpu-check: ZINF_GPU_CHECK_ARCHIVE_MAX and ZINF_GPU_CHECK_TAIL_KIB are numbers" >&2; exit 2 ;; esac
 parts=" ${ZINF_GPU_CHECK_PARTS:-$(sed 's/:[0-9]*//g' <<< "$plan")} "
 start=$SECONDS
-mkdir -p "$raw"
-log_file="$out_dir/gpu-check.log"
+mkdir -p "$out_dir"
+rm -rf "$raw"
+mkdir -p "$raw" || exit 2
+# Only this stage's own outputs are replaced; the folder's other files are not this script's.
+rm -f "$out_dir/results.json" "$out_dir/results.md" "$out_dir/gpu-check-tail.log" "$out_dir/raw.tar.gz"
+log_file="$work/gpu-check.log"
 sections="$raw/sections.tsv"
 : > "$log_file"
 : > "$sections"
@@ -443,8 +538,9 @@ log() { echo "$*" | tee -a "$log_file"; }
 write_results() {
   python3 - "$raw" "$out_dir" "$stage" "$budget" "$((SECONDS - start))" "$1" "$executor" "$stopped" \
     "$commit" << 'PY' 2>> "$log_file"
-import json, os, sys, time
+import json, os, shutil, sys, time
 raw, out, stage, budget, wall, complete, executor, stopped, commit = sys.argv[1:10]
+work = os.path.dirname(raw)
 def load(name):
     try:
         return json.load(open(os.path.join(raw, name)))
@@ -483,12 +579,20 @@ results = {"stage": stage, "ok": ok, "complete": complete, "stopped": stopped or
            "sections": sections, "fast": load("fast.json"), "pcie": load("pcie.json"), "offload": load("offload.json"),
            "attention": [json.loads(l) for l in open(os.path.join(raw, "attention.jsonl")) if l.strip()]
                         if os.path.exists(os.path.join(raw, "attention.jsonl")) else [],
-           "compare": compare, "targets": targets}
-tmp = os.path.join(out, "results.json.tmp")
-json.dump(results, open(tmp, "w"), indent=1)
-os.replace(tmp, os.path.join(out, "results.json"))
+           "compare": compare, "targets": targets,
+           "archive": json.load(open(os.path.join(work, "archive.json")))
+                      if os.path.exists(os.path.join(work, "archive.json")) else None}
+def publish(name):  # the scratch folder's NAME.tmp replaces $OUT/NAME whole
+    tmp = os.path.join(work, name + ".tmp")
+    if os.stat(work).st_dev != os.stat(out).st_dev:  # a rename across file systems is a copy: make it here
+        shutil.copyfile(tmp, os.path.join(out, "." + name + ".tmp"))
+        os.remove(tmp)
+        tmp = os.path.join(out, "." + name + ".tmp")
+    os.replace(tmp, os.path.join(out, name))
+json.dump(results, open(os.path.join(work, "results.json.tmp"), "w"), indent=1)
+publish("results.json")
 verdict = "ok" if ok else ("running" if not complete else "FAILED")
-with open(os.path.join(out, "results.md.tmp"), "w") as md:
+with open(os.path.join(work, "results.md.tmp"), "w") as md:
     md.write(f"GPU check, {stage} stage ({results['mode']}): {verdict}, {wall} s of {budget} s; commit {commit}, "
              f"{', '.join(gpus) or 'no GPU'}, {results['date']}\n\n")
     if stopped:
@@ -510,12 +614,64 @@ with open(os.path.join(out, "results.md.tmp"), "w") as md:
     table = os.path.join(raw, "compare.md")
     if compare and os.path.exists(table):
         md.write("\n" + open(table).read())
-os.replace(os.path.join(out, "results.md.tmp"), os.path.join(out, "results.md"))
+publish("results.md")
+PY
+}
+
+# raw.tar.gz (gpu-check.log and raw/) and gpu-check-tail.log in $OUT, each replaced whole. The
+# archive stays within archive_max bytes: while it is over, its biggest file is cut to its last
+# quarter (a log) or left out (anything else); archive.json says which, for results.json.
+write_archive() {
+  python3 - "$work" "$out_dir" "$archive_max" "$((tail_kib * 1024))" << 'PY' 2>> "$log_file"
+import io, json, os, shutil, sys, tarfile
+work, out, limit, tail_bytes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def publish(name):  # the scratch folder's NAME.tmp replaces $OUT/NAME whole
+    tmp = os.path.join(work, name + ".tmp")
+    if os.stat(work).st_dev != os.stat(out).st_dev:
+        shutil.copyfile(tmp, os.path.join(out, "." + name + ".tmp"))
+        os.remove(tmp)
+        tmp = os.path.join(out, "." + name + ".tmp")
+    os.replace(tmp, os.path.join(out, name))
+log = os.path.join(work, "gpu-check.log")
+with open(log, "rb") as f:
+    f.seek(max(0, os.path.getsize(log) - tail_bytes))
+    open(os.path.join(work, "gpu-check-tail.log.tmp"), "wb").write(f.read())
+publish("gpu-check-tail.log")
+files = {"gpu-check.log": log}
+for d, _, names in os.walk(os.path.join(work, "raw")):
+    for n in sorted(names):
+        path = os.path.join(d, n)
+        if os.path.isfile(path) and not os.path.islink(path):
+            files[os.path.relpath(path, work)] = path
+size = {name: os.path.getsize(path) for name, path in files.items()}
+keep = dict(size)  # the bytes of each file that go in, from its end
+tmp = os.path.join(work, "raw.tar.gz.tmp")
+while True:
+    with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
+        for name in sorted(keep):
+            with open(files[name], "rb") as f:
+                f.seek(max(0, size[name] - keep[name]))
+                data = f.read(keep[name])
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), int(os.path.getmtime(files[name])), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    if os.path.getsize(tmp) <= limit or not keep:
+        break
+    biggest = max(keep, key=lambda n: keep[n])
+    if biggest.endswith(".log") and keep[biggest] > 4096:
+        keep[biggest] //= 4
+    else:
+        del keep[biggest]
+json.dump({"bytes": os.path.getsize(tmp), "limit": limit, "left_out": sorted(n for n in size if n not in keep),
+           "cut": {n: "its last %d of %d bytes" % (keep[n], size[n]) for n in sorted(keep) if keep[n] < size[n]}},
+          open(os.path.join(work, "archive.json"), "w"))
+publish("raw.tar.gz")
 PY
 }
 
 record() {  # name status seconds cap detail
   printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >> "$sections"
+  write_archive
   write_results running
 }
 
@@ -544,7 +700,8 @@ section() {
   # timeout signals the part's process group; ctest starts each test in a group of its own, so what
   # is left of the section afterwards is found by a token in its environment and killed too.
   token="$$-$name-$RANDOM"
-  ZINF_GPU_CHECK_TOKEN="$token" timeout --signal=TERM --kill-after="$grace" "$((cap - grace))" \
+  # OUT is the scratch folder's raw/ for the part: whatever a tool writes under $OUT lands in the archive.
+  OUT="$raw" ZINF_GPU_CHECK_TOKEN="$token" timeout --signal=TERM --kill-after="$grace" "$((cap - grace))" \
     "$self" --part "$name" "$raw" $arg > "$raw/$name.log" 2>&1
   rc=$?
   left_behind="$(reap "$token")"
@@ -555,7 +712,7 @@ section() {
     124 | 137) status=TIMEOUT ;;
     *) status=FAILED ;;
   esac
-  detail="$(grep -v '^[[:space:]]*$' "$raw/$name.log" | tail -1 | tr '\t' ' ' | cut -c1-300)"
+  detail="$(grep -v '^[[:space:]]*$' "$raw/$name.log" | tail -1 | tr '\t' ' ' | cut -c1-400)"
   [ "$status" = TIMEOUT ] && detail="stopped at its cap of $cap s; last line: $detail"
   [ -n "$left_behind" ] && detail="$detail $left_behind"
   log "== $name: $status ($((SECONDS - t0)) s) $detail"
@@ -563,8 +720,9 @@ section() {
   [ "$status" = ok ] || return 1
 }
 
+log "== gpu-check $stage: budget $budget s, $([ "$executor" = 1 ] && echo "on the CPU executor ($bld)" || echo "$bld"); working files in $work"
+write_archive
 write_results running
-log "== gpu-check $stage: budget $budget s, $([ "$executor" = 1 ] && echo "on the CPU executor ($bld)" || echo "$bld")"
 
 # setup: the Debian packages the build needs (not those only the tests and fuzzers need), NCCL
 # (optional: without it the CUDA device builds and runs one rank).
@@ -610,12 +768,17 @@ for item in $plan; do
     break
   fi
 done
-if [ "$stage" = speed ] && [ -z "$stopped" ]; then  # the side-by-side table over every case that ran
+if [ -s "$raw/compare.jsonl" ] && [ -z "$stopped" ]; then  # the side-by-side table over every case that ran
   OUT="$raw" ZINF_BIN="$zinf" ZINF_COMPARE_APPEND=1 ZINF_COMPARE_CASES=none "$root/scripts/compare-torch.sh" \
     > /dev/null 2>> "$log_file"
 fi
 rm -rf "$swap"
+log "== done in $((SECONDS - start)) s; results in $out_dir: results.json, results.md, gpu-check-tail.log, raw.tar.gz"
+write_archive
 write_results final
 cat "$out_dir/results.md"
-log "== done in $((SECONDS - start)) s; results in $out_dir/results.json and results.md"
+# The archive holds the working files now: remove what this stage made in the scratch folder.
+rm -rf "$raw"
+rm -f "$log_file" "$work/archive.json" "$work"/*.tmp
+rmdir "$work" 2> /dev/null
 python3 -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$out_dir/results.json"

@@ -7,8 +7,9 @@
 # micro benches — and run the whole suite there; then build the CUDA
 # device on the CPU executor (build-executor/, tests/cuda_executor; with ccache, which install-deps.sh
 # installs, every object the two trees share is compiled once), run every GPU test there under two
-# thread orders, none skipped, train end to end on it (scripts/executor-e2e.sh) and run both stages of
-# the GPU check on it (scripts/gpu-check.sh, small shapes). It ends with the time it took.
+# thread orders, none skipped, train end to end on it (scripts/executor-e2e.sh) and run the three
+# stages of the GPU check on it (scripts/gpu-check.sh, small shapes, each section once). It ends with
+# the time it took.
 #
 # scripts/test.sh --full (what CI runs, .ci/run): all of that first, timed as above; then build-test/
 # is reconfigured to the shipped configuration (sm_90 and sm_80, the micro benches) and built, which
@@ -89,9 +90,18 @@ if [ "${ZINF_SKIP_EXECUTOR:-0}" != "1" ]; then
   fi
   for order in fifo lifo; do executor_gpu_tests "$root/build-executor" "$order"; done
   "$root/scripts/executor-e2e.sh" "$root/build-executor/src/zinf"
-  echo "== [$(stamp)] the GPU check's two stages on the executor (small shapes, no timing verdicts): its sections, caps and results files"
-  for stage in correctness speed; do
-    ZINF_GPU_CHECK_EXECUTOR=1 ZINF_GPU_BUILD="$root/build-executor" ZINF_GPU_CHECK_SECONDS=900 \
+  echo "== [$(stamp)] the GPU check's three stages on the executor (small shapes, no timing verdicts): its sections, caps and output files"
+  # first-contact runs whole; the later stages leave out the sections an earlier one ran (the same
+  # code at the same small shapes), but each builds and queries the GPU, so every section runs once.
+  ran=""
+  for stage in $("$root/scripts/gpu-check.sh" --stages); do
+    parts=""
+    for part in $("$root/scripts/gpu-check.sh" --sections "$stage"); do
+      case " $ran " in *" $part "*) [ "$part" = build ] || [ "$part" = gpu ] || continue ;; esac
+      parts="$parts $part"
+    done
+    ran="$ran $parts"
+    ZINF_GPU_CHECK_EXECUTOR=1 ZINF_GPU_BUILD="$root/build-executor" ZINF_GPU_CHECK_SECONDS=900 ZINF_GPU_CHECK_PARTS="$parts" \
       OUT="$root/build-executor/gpu-check/$stage" "$root/scripts/gpu-check.sh" "$stage"
   done
 fi

@@ -121,7 +121,7 @@ enum Uid : std::int64_t {
   kDK,
   kDV,
   kScale,
-  kNegInf,
+  kMask,           // by value: what masked scores are set to, mask_value(the cuDNN version)
   kWindow,         // W, as a float: a sliding window's length (query i sees keys j with j + W > i)
   kOne,            // 1.0 by value: the softmax sum's scale (the frontend's form)
   kSoftmaxSum,     // Δ [B, H, T, 1] fp32: written by the backward graph, in zinf's scratch
@@ -167,8 +167,8 @@ class Graph {
   const Owned& view(cudnnDataType_t type, const std::vector<std::int64_t>& dims, const std::vector<std::int64_t>& strides) {
     return tensor(next_virtual_++, type, dims, strides, true);
   }
-  // A scalar passed by value in the variant pack (the scale, -inf): one descriptor per uid, however
-  // many nodes read it.
+  // A scalar passed by value in the variant pack (the scale, the mask value, the window): one
+  // descriptor per uid, however many nodes read it.
   const Owned& scalar(std::int64_t uid) {
     if (auto it = scalars_.find(uid); it != scalars_.end()) return *it->second;
     const Owned& t = tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
@@ -244,7 +244,7 @@ class Graph {
     return scaled;
   }
 
-  // The causal mask on a [b, h, query i, key j] score tensor: masked (to the by-value kNegInf) where
+  // The causal mask on a [b, h, query i, key j] score tensor: masked (to the by-value kMask) where
   // j > i — the frontend's right bound of 0, row CMP_GE column — and with a sliding window also where
   // j + W ≤ i — its top-left left bound: the column index plus the by-value W (as a float), CMP_GT the
   // row index, over fresh indices of the causally masked scores, as the frontend's band node expands.
@@ -252,7 +252,7 @@ class Graph {
     const Owned& out = band(s, dims, false);
     return window ? band(out, dims, true) : out;
   }
-  // One bound of the band: s where the comparison holds, kNegInf elsewhere.
+  // One bound of the band: s where the comparison holds, kMask elsewhere.
   const Owned& band(const Owned& s, const std::vector<std::int64_t>& dims, bool left) {
     const Owned& row = virt(CUDNN_DATA_INT32, dims);
     const Owned& col = virt(CUDNN_DATA_INT32, dims);
@@ -267,7 +267,7 @@ class Graph {
       pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, keep);
     }
     const Owned& out = virt(CUDNN_DATA_FLOAT, dims);
-    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &scalar(kNegInf), out, &keep);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &scalar(kMask), out, &keep);
     return out;
   }
 
@@ -616,7 +616,7 @@ void CudnnAttention::forward(void* out, float* lse, const void* q, const void* k
   if (!p.accepted) throw Error("cuDNN attention: forward called for a shape cuDNN refused (" + shape_text(a, S) + ")");
   float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
   float masked = p.mask, window = static_cast<float>(a.W);
-  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
+  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kMask};
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale, &masked};
   if (a.W > 0) uids.push_back(kWindow), ptrs.push_back(&window);
   impl_->execute(p.fwd->get(), uids, ptrs, "forward");
@@ -632,7 +632,7 @@ void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, co
   float masked = p.mask, window = static_cast<float>(a.W), one = 1.0f;
   void* sums = impl_->softmax_sum.get(impl_->dev, impl_->stream, backward_scratch_bytes(a));
   auto in = [](const void* x) { return const_cast<void*>(x); };
-  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kSoftmaxSum, kDQ, kDK, kDV, kScale, kNegInf, kOne};
+  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kSoftmaxSum, kDQ, kDK, kDV, kScale, kMask, kOne};
   std::vector<void*> ptrs{in(q), in(k), in(v), in(out), in(dout), in(lse), sums, dq, dk, dv, &scale, &masked, &one};
   if (a.W > 0) uids.push_back(kWindow), ptrs.push_back(&window);
   impl_->execute(p.bwd->get(), uids, ptrs, "backward");

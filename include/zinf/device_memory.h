@@ -54,8 +54,9 @@ constexpr std::uint64_t gemm_workspace_bytes(bool fast) {
 // cuDNN's fused attention (device.attention cudnn): one workspace per ops backend, taken on the first
 // shape cuDNN accepts (grown for a larger one), of 64 MiB plus two fp32 copies of the query rows
 // (B·T·C elements each) plus the deterministic Hopper backward's dP workspace, B·H rows of 16-bit
-// scores with both sequence dimensions padded to 64. Only engines whose workspace fits are chosen,
-// and a run takes exactly this.
+// scores with both sequence dimensions padded to 64. This is the ceiling: only engines whose
+// workspace fits are chosen, and the workspace taken is the chosen plans' own need (at most this), so
+// zinf plan's count is an upper bound.
 constexpr std::uint64_t kCudnnWorkspaceBaseBytes = std::uint64_t{64} << 20;
 constexpr std::uint64_t cudnn_workspace_bytes(std::uint64_t batch_heads, std::uint64_t seq, std::uint64_t query_elems) {
   const std::uint64_t padded = (seq + 63) / 64 * 64;

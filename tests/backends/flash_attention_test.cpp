@@ -12,8 +12,15 @@
 // and sliding windows, against the same twin. Its kernel rounds P where its own tiling puts the rounding, not where the
 // twin's tiles do, so it is held to twice the wmma kernel's bound: |gpu − cpu| ≤ 2u·|cpu| + 4u·max|cpu|;
 // two runs give the same bits (deterministic engines only). On the executor it runs the cuDNN fake.
+// Every cuDNN case of a process shares one device, cuDNN handle and plan cache (planning a shape can
+// take seconds on a GPU), and each plan's build time is logged (ZINF_CUDNN_LOG_PLANS=1, set here
+// unless the environment sets it). ZINF_ATTENTION_SANITIZE_SHAPES=1 keeps CudnnMatchesCpuTwin to one
+// small shape, for the sanitizer runs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,10 +28,13 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cpu/ops_attention_tiled.h"
@@ -32,9 +42,13 @@
 #if ZINF_HAVE_CUDNN
 #include "cuda/cuda.h"
 #include "cuda/cudnn_attention.h"
+#if ZINF_CUDA_EXECUTOR
+#include "cudax/cudnn_fake.h"
+#endif
 #endif
 #include "zinf/backends/gpu.h"
 #include "zinf/cpu_adam/spec.h"
+#include "zinf/device_memory.h"
 
 namespace zinf {
 namespace {
@@ -96,6 +110,57 @@ std::vector<std::uint8_t> down(const DevMem& d, std::size_t bytes) {
 // The attention under test: the wmma flash kernel, or cuDNN's.
 enum class Attn { wmma, cudnn };
 
+// A case's layout: separate q [R, H·D], k, v [R, KV·D] (Llama) or packed qkv [R, 3C] (GPT, KV = H).
+ops::AttnShapeCpu shape_of(int B, int T, int H, int KV, int D, bool packed, int W) {
+  const long qw = static_cast<long>(H) * D, kw = static_cast<long>(KV) * D;
+  const long qs = packed ? 3 * qw : qw, ks = packed ? 3 * qw : kw;
+  return ops::AttnShapeCpu{B, T, H, KV, D, qs, ks, ks, qw, W};
+}
+
+#if ZINF_HAVE_CUDNN
+// A device and cuDNN's attention on its compute stream.
+struct CudnnRig {
+  std::unique_ptr<Device> dev;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<cuda::CudnnAttention> attn;
+  // The device's budget: room for the deterministic backward's workspace at the GPU check's shapes.
+  static constexpr std::size_t kBudget = std::size_t{8} << 30;
+  CudnnRig() : dev(cuda::make_cuda_device(0, kBudget)) {
+    stream = static_cast<cudaStream_t>(dev->native_stream(StreamRole::compute));
+    attn = std::make_unique<cuda::CudnnAttention>(*dev, stream);
+  }
+  // A second plan cache on the same device (a test that changes the fake's answers needs a fresh one).
+  explicit CudnnRig(Device& d) : stream(static_cast<cudaStream_t>(d.native_stream(StreamRole::compute))) {
+    attn = std::make_unique<cuda::CudnnAttention>(d, stream);
+  }
+  ~CudnnRig() {
+    if (stream) cudaStreamSynchronize(stream);
+    attn.reset();
+  }
+};
+
+// The one rig the cuDNN cases of this process share, made on first use and released by gtest's
+// environment teardown (before the CUDA runtime's own teardown at exit).
+CudnnRig*& shared_slot() {
+  static CudnnRig* rig = nullptr;
+  return rig;
+}
+CudnnRig& shared_cudnn() {
+  if (!shared_slot()) shared_slot() = new CudnnRig();
+  return *shared_slot();
+}
+class CudnnEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override { setenv("ZINF_CUDNN_LOG_PLANS", "1", 0); }  // the plans' build times in the log
+  void TearDown() override {
+    delete shared_slot();
+    shared_slot() = nullptr;
+  }
+};
+[[maybe_unused]] ::testing::Environment* const cudnn_environment =
+    ::testing::AddGlobalTestEnvironment(new CudnnEnvironment);
+#endif
+
 void expect_close(const VF& g, const VF& c, double u, const char* what, double widen = 1) {
   ASSERT_EQ(g.size(), c.size());
   double amax = 0;
@@ -114,11 +179,12 @@ struct Outputs {
   VF out, lse, dq, dk, dv;
 };
 
-// One case: separate q [R, H·D], k, v [R, KV·D] (Llama) or packed qkv [R, 3C] (GPT, KV = H). `keep`
-// receives the GPU's outputs; `threads` runs the twin on that many threads (its results do not
-// depend on them).
+// One case (shape_of's layouts). `keep` receives the GPU's outputs; `threads` runs the twin on that
+// many threads (its results do not depend on them). cuDNN's cases run on `rig`, by default the
+// process's shared one.
+struct CudnnRig;
 void check_case(int B, int T, int H, int KV, int D, bool packed, DType S, Attn attn = Attn::wmma,
-                Outputs* keep = nullptr, int threads = 1, int W = 0) {
+                Outputs* keep = nullptr, int threads = 1, int W = 0, CudnnRig* rig = nullptr) {
   SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " H=" << H << " KV=" << KV << " D=" << D << " W=" << W
                                     << (packed ? " packed" : " gqa") << " " << to_string(S)
                                     << (attn == Attn::cudnn ? " cudnn" : " wmma"));
@@ -127,7 +193,7 @@ void check_case(int B, int T, int H, int KV, int D, bool packed, DType S, Attn a
   // The layout: GPT keeps q, k, v in one buffer; Llama in three.
   const long qs = packed ? 3 * qw : qw, ks = packed ? 3 * qw : kw, vs = ks;
   const std::size_t koff = packed ? static_cast<std::size_t>(qw) : 0, voff = packed ? 2 * koff : 0;
-  const ops::AttnShapeCpu a{B, T, H, KV, D, qs, ks, vs, qw, W};
+  const ops::AttnShapeCpu a = shape_of(B, T, H, KV, D, packed, W);
   std::mt19937 gen(static_cast<unsigned>(B * 1000 + T * 10 + D));
   std::uniform_real_distribution<float> uni(-2.0f, 2.0f);
   auto rnd = [&](std::size_t n) {
@@ -167,13 +233,12 @@ void check_case(int B, int T, int H, int KV, int D, bool packed, DType S, Attn a
   void* gdvp = packed ? dq8 + voff * es : gdv.p;
   VF g_out, g_lse, g_dq, g_dk, g_dv;
 #if ZINF_HAVE_CUDNN
-  std::unique_ptr<Device> dev;
-  std::unique_ptr<cuda::CudnnAttention> cudnn;
+  cuda::CudnnAttention* cudnn = nullptr;
   cudaStream_t stream = nullptr;
   if (attn == Attn::cudnn) {
-    dev = cuda::make_cuda_device(0, std::size_t{1} << 30);
-    stream = static_cast<cudaStream_t>(dev->native_stream(StreamRole::compute));
-    cudnn = std::make_unique<cuda::CudnnAttention>(*dev, stream);
+    CudnnRig& r = rig ? *rig : shared_cudnn();
+    cudnn = r.attn.get();
+    stream = r.stream;
     ASSERT_TRUE(cudnn->accepts(a, S)) << "cuDNN refused the shape";
     // A backward zinf refuses (as cudnn-frontend does) runs the wmma kernel's, from cuDNN's forward.
     if (a.T == 1) {
@@ -181,6 +246,7 @@ void check_case(int B, int T, int H, int KV, int D, bool packed, DType S, Attn a
     }
   }
 #else
+  (void)rig;
   ASSERT_EQ(attn, Attn::wmma) << "this build has no cuDNN";
 #endif
   for (int run = 0; run < 2; ++run) {
@@ -260,13 +326,21 @@ TEST(FlashAttention, SlidingWindowMatchesCpuTwin) {
 
 // cuDNN's attention, the same 16-bit cases (head widths 24 and 32 are not Llama's or GPT-2's, but
 // cuDNN takes any width that is a multiple of 8 and the fake any width; a shape cuDNN refuses would
-// fail here, not fall back: the fallback is the fast ops' and has its own test).
+// fail here, not fall back: the fallback is the fast ops' and has its own test). With
+// ZINF_ATTENTION_SANITIZE_SHAPES=1 (the sanitizer runs: memcheck and racecheck are slow) only one
+// small shape, Llama's grouped heads in bf16, at a sequence length every accepted cuDNN version runs
+// the backward at.
 TEST(FlashAttention, CudnnMatchesCpuTwin) {
   std::string why;
   if (!have_gpu(&why)) GTEST_SKIP() << why;
 #if !ZINF_HAVE_CUDNN
   GTEST_SKIP() << "this zinf was built without cuDNN (ZINF_CUDNN)";
 #else
+  if (const char* e = std::getenv("ZINF_ATTENTION_SANITIZE_SHAPES"); e && std::string(e) == "1") {
+    std::printf("cuDNN cases: one small shape (ZINF_ATTENTION_SANITIZE_SHAPES=1)\n");
+    check_case(1, 128, 2, 1, 32, false, DType::bf16, Attn::cudnn);
+    return;
+  }
   for (const DType S : {DType::bf16, DType::fp16}) {
     check_case(2, 77, 2, 2, 64, true, S, Attn::cudnn);    // GPT-2's head width, packed qkv
     check_case(1, 70, 8, 2, 128, false, S, Attn::cudnn);  // Llama GQA, 128-wide heads
@@ -280,12 +354,19 @@ TEST(FlashAttention, CudnnMatchesCpuTwin) {
 #endif
 }
 
-// The GPU check's attention section: at each shape of ZINF_ATTENTION_CHECK_SHAPES ("B,T,H,KV,D;…",
-// default two small ones with the same head pattern as the GPU's (B 4, T 1024, H 25, D 64) and
-// (B 1, T 4096, H 32, KV 8, D 128)), bf16, forward and backward: cuDNN and the wmma kernel each
-// against the twin (their bounds above), cuDNN against the wmma kernel within the sum of the two
-// bounds, and each run twice with the same bits. Prints one line per shape with the worst error as
-// a fraction of its bound.
+// The GPU check's attention section: at each shape of ZINF_ATTENTION_CHECK_SHAPES
+// ("B,T,H,KV,D[,W];…", W a sliding window; default two small ones with the same head pattern as the
+// GPU's (B 4, T 1024, H 25, D 64) and (B 1, T 4096, H 32, KV 8, D 128)), plus one windowed shape at
+// a sequence length that is a multiple of 128 (B 1, T 128, H 4, KV 2, D 64, W 48) where the list has
+// none, bf16, forward and backward: cuDNN and the wmma kernel each against the twin (their bounds
+// above), cuDNN against the wmma kernel within the sum of the two bounds, every output finite, and
+// each run twice with the same bits.
+//
+// No silent fallback: cuDNN must run the forward at every check shape, and the backward wherever zinf
+// does not refuse it by the frontend's rules for this cuDNN version and sequence length
+// (CudnnAttention::backward_refusal) — the plan cache says which ran. Per shape one line
+//   attention-check: B 4 T 1024 H 25 KV 25 D 64 W 0 bf16: fwd=cudnn bwd=cudnn; …
+// (fwd/bwd = cudnn or wmma: what ran), printed before the assertions, for the GPU check's log.
 #if ZINF_HAVE_CUDNN
 double worst_over_bound(const VF& g, const VF& c, double u, double widen) {
   double amax = 0, worst = 0;
@@ -296,6 +377,15 @@ double worst_over_bound(const VF& g, const VF& c, double u, double widen) {
   }
   return worst;
 }
+std::size_t non_finite(const Outputs& o) {
+  std::size_t n = 0;
+  for (const VF* v : {&o.out, &o.lse, &o.dq, &o.dk, &o.dv})
+    for (float x : *v) n += std::isfinite(x) ? 0 : 1;
+  return n;
+}
+std::string version_text(std::size_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." + std::to_string(v % 100);
+}
 #endif
 
 TEST(FlashAttention, CudnnAgainstWmmaAndTwinAtCheckShapes) {
@@ -305,32 +395,198 @@ TEST(FlashAttention, CudnnAgainstWmmaAndTwinAtCheckShapes) {
   GTEST_SKIP() << "this zinf was built without cuDNN (ZINF_CUDNN)";
 #else
   const char* env = std::getenv("ZINF_ATTENTION_CHECK_SHAPES");
-  const std::string shapes = env && *env ? env : "2,40,5,5,64;1,48,4,2,128";
-  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::size_t start = 0;
-  while (start < shapes.size()) {
-    std::size_t end = shapes.find(';', start);
-    if (end == std::string::npos) end = shapes.size();
-    int B = 0, T = 0, H = 0, KV = 0, D = 0;
-    ASSERT_EQ(std::sscanf(shapes.substr(start, end - start).c_str(), "%d,%d,%d,%d,%d", &B, &T, &H, &KV, &D), 5)
-        << "ZINF_ATTENTION_CHECK_SHAPES: expected B,T,H,KV,D;… , got " << shapes;
+  const std::string list = env && *env ? env : "2,40,5,5,64;1,48,4,2,128";
+  struct Shape {
+    int B, T, H, KV, D, W;
+  };
+  std::vector<Shape> shapes;
+  for (std::size_t start = 0; start < list.size();) {
+    std::size_t end = list.find(';', start);
+    if (end == std::string::npos) end = list.size();
+    Shape sh{0, 0, 0, 0, 0, 0};
+    const int got = std::sscanf(list.substr(start, end - start).c_str(), "%d,%d,%d,%d,%d,%d", &sh.B, &sh.T, &sh.H,
+                                &sh.KV, &sh.D, &sh.W);
+    ASSERT_TRUE(got == 5 || got == 6) << "ZINF_ATTENTION_CHECK_SHAPES: expected B,T,H,KV,D[,W];… , got " << list;
+    shapes.push_back(sh);
     start = end + 1;
-    const bool packed = KV == H;  // GPT's packed qkv where the heads are not grouped, Llama's layout else
+  }
+  if (std::none_of(shapes.begin(), shapes.end(), [](const Shape& sh) { return sh.W > 0; }))
+    shapes.push_back({1, 128, 4, 2, 64, 48});  // a sliding window shorter than the sequence
+  const std::size_t version = cuda::CudnnAttention::runtime_version();
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  CudnnRig& rig = shared_cudnn();
+  for (const Shape& sh : shapes) {
+    const auto [B, T, H, KV, D, W] = sh;
+    SCOPED_TRACE(::testing::Message() << "check shape B " << B << " T " << T << " H " << H << " KV " << KV << " D "
+                                      << D << " W " << W);
+    const bool packed = KV == H && W == 0;  // GPT's packed qkv where the heads are not grouped, Llama's layout else
     Outputs wmma, cudnn;
-    check_case(B, T, H, KV, D, packed, DType::bf16, Attn::wmma, &wmma, threads);
-    check_case(B, T, H, KV, D, packed, DType::bf16, Attn::cudnn, &cudnn, threads);
+    check_case(B, T, H, KV, D, packed, DType::bf16, Attn::wmma, &wmma, threads, W);
+    check_case(B, T, H, KV, D, packed, DType::bf16, Attn::cudnn, &cudnn, threads, W);
+    const cuda::CudnnAttention::Route route = rig.attn->route(shape_of(B, T, H, KV, D, packed, W), DType::bf16);
+    const bool fwd = route.forward_cudnn && route.forward_runs > 0;
+    const bool bwd = route.backward_cudnn && route.backward_runs > 0;
     const double u = std::ldexp(1.0, -8);
     // cuDNN against the wmma kernel: each is within its bound of the twin, so within 3u|x| + 6u·max.
     const double o = worst_over_bound(cudnn.out, wmma.out, u, 3), q = worst_over_bound(cudnn.dq, wmma.dq, u, 3);
     const double k = packed ? 0 : worst_over_bound(cudnn.dk, wmma.dk, u, 3);
     const double v = packed ? 0 : worst_over_bound(cudnn.dv, wmma.dv, u, 3);
+    std::printf("attention-check: B %d T %d H %d KV %d D %d W %d bf16: fwd=%s bwd=%s; cudnn vs wmma worst/bound "
+                "out %.3f dq %.3f dk %.3f dv %.3f; plans built in %.1f ms (fwd) and %.1f ms (bwd), workspace %zu "
+                "bytes; cuDNN %s%s%s\n",
+                B, T, H, KV, D, W, fwd ? "cudnn" : "wmma", bwd ? "cudnn" : "wmma", o, q, k, v, route.forward_build_ms,
+                route.backward_build_ms, std::max(route.forward_workspace, route.backward_workspace),
+                version_text(version).c_str(), route.refusal.empty() ? "" : "; refused: ", route.refusal.c_str());
+    std::fflush(stdout);
+    EXPECT_TRUE(fwd) << "cuDNN did not run the forward at a check shape: " << route.refusal;
+    const std::string zinf_refuses = cuda::CudnnAttention::backward_refusal(version, T);
+    if (zinf_refuses.empty()) {
+      EXPECT_TRUE(bwd) << "cuDNN refused the backward at a check shape (cuDNN " << version_text(version)
+                       << ", where the frontend accepts it): " << route.refusal;
+    }
+    EXPECT_EQ(non_finite(wmma), 0u) << "the wmma kernel's outputs hold a NaN or an infinity";
+    EXPECT_EQ(non_finite(cudnn), 0u) << "cuDNN's outputs hold a NaN or an infinity";
     EXPECT_LE(std::max({o, q, k, v}), 1.0) << "cuDNN and the wmma kernel differ beyond the sum of their bounds";
-    std::printf("attention-check: B %d T %d H %d KV %d D %d bf16: cudnn vs wmma worst/bound out %.3f dq %.3f dk %.3f "
-                "dv %.3f; both within their bounds of the CPU twin; two runs bitwise equal\n",
-                B, T, H, KV, D, o, q, k, v);
   }
 #endif
 }
+
+#if ZINF_HAVE_CUDNN
+// The rules zinf takes from cudnn-frontend, as functions of the cuDNN version (no GPU needed): the
+// backward's refusals, and the mask value (the lowest float before 9.10.0, −∞ from 9.10.0 on).
+TEST(FlashAttention, CudnnRulesFollowTheFrontendByVersion) {
+  using cuda::CudnnAttention;
+  EXPECT_EQ(CudnnAttention::mask_value(90900), std::numeric_limits<float>::lowest());
+  EXPECT_EQ(CudnnAttention::mask_value(90999), std::numeric_limits<float>::lowest());
+  EXPECT_EQ(CudnnAttention::mask_value(91000), -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(CudnnAttention::mask_value(92100), -std::numeric_limits<float>::infinity());
+  EXPECT_NE(CudnnAttention::backward_refusal(91000, 128), "");  // 9.10.0 and 9.10.1: known faults
+  EXPECT_NE(CudnnAttention::backward_refusal(91001, 128), "");
+  EXPECT_EQ(CudnnAttention::backward_refusal(91002, 128), "");
+  EXPECT_NE(CudnnAttention::backward_refusal(91500, 40), "");  // before 9.16: T a multiple of 128
+  EXPECT_EQ(CudnnAttention::backward_refusal(91500, 256), "");
+  EXPECT_EQ(CudnnAttention::backward_refusal(91600, 40), "");
+  EXPECT_NE(CudnnAttention::backward_refusal(91900, 1), "");  // one position
+}
+#endif
+
+#if ZINF_HAVE_CUDNN && ZINF_CUDA_EXECUTOR
+// The tests below need the executor's cuDNN fake (its hooks plant a refusal, another version, another
+// workspace size); they are built only there, so a GPU run never skips them.
+
+// Runs this binary's check-shape test in a child process with `env` (VAR=value … ) in front; returns
+// its exit status and what it printed.
+std::pair<int, std::string> run_check_shapes(const std::string& env) {
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);  // this binary, not the child's shell
+  if (len <= 0) return {-1, "readlink /proc/self/exe failed"};
+  self[len] = '\0';
+  const std::string cmd =
+      "env " + env + " '" + self + "' --gtest_filter=FlashAttention.CudnnAgainstWmmaAndTwinAtCheckShapes 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, out};
+}
+
+// A planted cuDNN backward refusal at a check shape fails the check (no silent wmma backward): the
+// fake refusing every graph with a RESHAPE node — the backward's — at one windowed check shape, and
+// the same run passing without it.
+TEST(FlashAttention, CheckShapesFailWhenCudnnRefusesTheBackward) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const std::string shape = "ZINF_ATTENTION_CHECK_SHAPES=1,128,2,1,32,40";
+  {
+    const auto [rc, out] = run_check_shapes(shape);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("attention-check: B 1 T 128 H 2 KV 1 D 32 W 40 bf16: fwd=cudnn bwd=cudnn"), std::string::npos)
+        << out;
+    EXPECT_NE(out.find("zinf: cuDNN attention backward plan at B 1, T 128, H 2, KV 1, D 32, window 40, bf16: built in"),
+              std::string::npos)
+        << "each plan's build time is logged: " << out;
+  }
+  const auto [rc, out] = run_check_shapes(shape + " ZINF_CUDNN_FAKE_REFUSE_RESHAPE=1");
+  EXPECT_NE(rc, 0) << "a refused backward at a check shape must fail the check: " << out;
+  EXPECT_NE(out.find("attention-check: B 1 T 128 H 2 KV 1 D 32 W 40 bf16: fwd=cudnn bwd=wmma"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("cuDNN refused the backward at a check shape"), std::string::npos) << out;
+}
+
+// The mask value follows the cuDNN version the library reports at run time: the fake, answering
+// 9.9.0, gets the lowest float in the variant pack, and 9.19.0 −∞; both give the twin's results.
+TEST(FlashAttention, CudnnMaskValueFollowsTheRuntimeVersion) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const float lowest = std::numeric_limits<float>::lowest(), inf = -std::numeric_limits<float>::infinity();
+  for (const auto& [version, want, other] : {std::tuple{"90900", lowest, inf}, std::tuple{"91900", inf, lowest}}) {
+    SCOPED_TRACE(std::string("cuDNN version ") + version);
+    setenv("ZINF_CUDNN_FAKE_VERSION", version, 1);
+    CudnnRig rig(*shared_cudnn().dev);
+    check_case(1, 128, 2, 1, 32, false, DType::bf16, Attn::cudnn, nullptr, 1, 40, &rig);
+    unsetenv("ZINF_CUDNN_FAKE_VERSION");
+    const cuda::CudnnAttention::Route r = rig.attn->route(shape_of(1, 128, 2, 1, 32, false, 40), DType::bf16);
+    EXPECT_TRUE(r.forward_cudnn && r.backward_cudnn) << r.refusal;
+    EXPECT_EQ(r.mask_value, want);
+    const std::vector<float> passed = cudax::cudnn_fake_last_scalars();  // the last run: the backward
+    EXPECT_EQ(std::count(passed.begin(), passed.end(), want), 1) << "the mask value is passed by value";
+    EXPECT_EQ(std::count(passed.begin(), passed.end(), other), 0);
+  }
+}
+
+// The workspace taken is the chosen plans' own need — the fake's choice, 256 bytes per node of each
+// graph (the backward's graph is the larger), or ZINF_CUDNN_FAKE_WORKSPACE — not the cap
+// (cudnn_workspace_bytes, 64 MiB and up), which only bounds the engines: a plan needing more is
+// refused. A shape needing more grows it.
+TEST(FlashAttention, CudnnWorkspaceIsThePlansNeedNotTheCap) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  Device& dev = *shared_cudnn().dev;
+  const ops::AttnShapeCpu a = shape_of(1, 128, 2, 1, 32, false, 0), wide = shape_of(2, 128, 2, 1, 32, false, 0);
+  const std::uint64_t cap = cudnn_workspace_bytes(2, 128, 128 * 64);
+  {
+    CudnnRig rig(dev);
+    const std::size_t before = dev.in_use();
+    ASSERT_TRUE(rig.attn->accepts(a, DType::bf16));
+    const cuda::CudnnAttention::Route r = rig.attn->route(a, DType::bf16);
+    EXPECT_GT(r.forward_workspace, 0u);
+    EXPECT_GT(r.backward_workspace, r.forward_workspace) << "the fake's backward graph has more nodes";
+    EXPECT_EQ(r.forward_workspace % 256, 0u);
+    EXPECT_EQ(rig.attn->workspace_bytes(), r.backward_workspace);
+    EXPECT_EQ(dev.in_use() - before, cuda_block_bytes(r.backward_workspace)) << "allocated: the plans' need";
+    EXPECT_LT(r.backward_workspace, cap);
+  }
+  {
+    CudnnRig rig(dev);
+    setenv("ZINF_CUDNN_FAKE_WORKSPACE", "100000", 1);
+    const std::size_t before = dev.in_use();
+    const bool ok = rig.attn->accepts(a, DType::bf16);
+    setenv("ZINF_CUDNN_FAKE_WORKSPACE", "300000", 1);
+    const bool ok_wide = rig.attn->accepts(wide, DType::bf16);
+    unsetenv("ZINF_CUDNN_FAKE_WORKSPACE");
+    ASSERT_TRUE(ok && ok_wide);
+    EXPECT_EQ(rig.attn->route(a, DType::bf16).forward_workspace, 100000u);
+    EXPECT_EQ(rig.attn->workspace_bytes(), 300000u) << "grown for the shape that needs more";
+    EXPECT_EQ(dev.in_use() - before, cuda_block_bytes(300000)) << "the smaller block went back";
+    // Both shapes run with the workspace held (the fake overwrites all of each plan's need).
+    check_case(1, 128, 2, 1, 32, false, DType::bf16, Attn::cudnn, nullptr, 1, 0, &rig);
+  }
+  {
+    CudnnRig rig(dev);
+    const std::string over = std::to_string(cap + 1);
+    setenv("ZINF_CUDNN_FAKE_WORKSPACE", over.c_str(), 1);
+    ::testing::internal::CaptureStderr();
+    const bool ok = rig.attn->accepts(a, DType::bf16);
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    unsetenv("ZINF_CUDNN_FAKE_WORKSPACE");
+    EXPECT_FALSE(ok) << "a plan needing more than the cap is refused";
+    EXPECT_NE(said.find("MiB of workspace"), std::string::npos) << said;
+    EXPECT_EQ(rig.attn->workspace_bytes(), 0u);
+  }
+}
+#endif
 
 TEST(FlashAttention, RefusesWideHeadsAndSkipsEmptyShapes) {
   std::string why;

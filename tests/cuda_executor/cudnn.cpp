@@ -24,10 +24,13 @@
 //               may differ in type (the backward's dQ = dS·K: dS fp32, K 16-bit); each is read as its
 //               own type. Sums in double, one rounding to C's type.
 //   pointwise   y = f(x[, b][, t]) elementwise over y's dims; an input dim of 1 is broadcast. Modes:
-//               ADD, SUB, MUL, DIV, EXP, LOG, IDENTITY, CMP_GE, CMP_LE (1 or 0), BINARY_SELECT (y = t ?
-//               x : b) and GEN_INDEX (y = the element's index along CUDNN_ATTR_POINTWISE_AXIS). Math
-//               in float (CUDNN_ATTR_POINTWISE_MATH_PREC must be FLOAT; BOOLEAN too for the
-//               comparisons, as cudnn-frontend sets it for its causal mask: the same 1 or 0).
+//               ADD, SUB, MUL, DIV, EXP, LOG, IDENTITY, CMP_GE (y = x ≥ b), CMP_GT (y = x > b),
+//               CMP_LE (y = x ≤ b) (1 or 0), BINARY_SELECT (y = t ? x : b) and GEN_INDEX (y = the
+//               element's index along CUDNN_ATTR_POINTWISE_AXIS). Math in float
+//               (CUDNN_ATTR_POINTWISE_MATH_PREC must be FLOAT; BOOLEAN too for the comparisons, as
+//               cudnn-frontend sets it for its masks: the same 1 or 0). Operands of different types
+//               are each read as their own type (an INT32 index plus a by-value float, as the
+//               frontend's sliding-window bound adds its window length to the column index).
 //   reduction   y = ADD or MAX of x over the dims where y's extent is 1 and x's is not; a dim where y's
 //               extent is neither 1 nor x's but divides it (x's = G × y's) is reduced in groups, ADD
 //               only: y's element o along it sums x's o·G … o·G + G - 1. Consecutive groups: the
@@ -50,8 +53,11 @@
 //   Nodes run in dependency order (the graph's op list may be in any order); a tensor written by two
 //   nodes, or read before any node writes a virtual one, is refused at finalize (BAD_PARAM).
 // Engines: the heuristic offers one engine configuration (global index 0) for every graph it can run,
-// with no numerical notes (deterministic: fixed order everywhere) and a workspace of kWorkspace bytes,
-// which cudnnBackendExecute requires (device memory, at least that size) and overwrites.
+// with no numerical notes (deterministic: fixed order everywhere). Its workspace — what the engine
+// config's and the plan's WORKSPACE_SIZE report — is the fake's own choice, kWorkspacePerNode (256)
+// bytes per operation of the graph (so a forward and a backward plan need different sizes), or
+// ZINF_CUDNN_FAKE_WORKSPACE bytes; cudnnBackendExecute requires it (device memory, at least that
+// size) and overwrites all of it.
 //
 // Test hooks (environment, read at each call):
 //   ZINF_CUDNN_FAKE_REFUSE=d0,d1,...   finalizing an operation graph with a non-virtual tensor of these
@@ -61,7 +67,10 @@
 //                                      CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN (a graph form no engine
 //                                      takes, such as a backward the GPU's cuDNN does not fuse);
 //   ZINF_CUDNN_FAKE_FAIL_EXECUTE=1     cudnnBackendExecute answers CUDNN_STATUS_EXECUTION_FAILED.
-//   ZINF_CUDNN_FAKE_VERSION=N          cudnnGetVersion answers N (e.g. 91500 for 9.15.0).
+//   ZINF_CUDNN_FAKE_VERSION=N          cudnnGetVersion answers N (e.g. 91500 for 9.15.0);
+//   ZINF_CUDNN_FAKE_WORKSPACE=N        every plan built from then on needs N bytes of workspace.
+// And one function for tests, declared in cudnn_fake.h: the by-value scalars of the last
+// cudnnBackendExecute, in ascending uid order (what the caller passed, e.g. its mask value).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cudnn.h>
@@ -73,11 +82,13 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cudax/cudnn_fake.h"
 #include "cudax/runtime.h"
 
 struct cudnnContext {
@@ -89,7 +100,7 @@ namespace zinf::cudax::cudnn_fake {
 namespace {
 
 constexpr std::uint32_t kHandleMagic = 0xC0D11A7E, kDescMagic = 0xDE5C0D17;
-constexpr std::int64_t kWorkspace = 256;
+constexpr std::int64_t kWorkspacePerNode = 256;
 
 struct Tensor {
   cudnnDataType_t type = CUDNN_DATA_FLOAT;
@@ -310,6 +321,12 @@ cudnnStatus_t set_attr(Desc& d, cudnnBackendAttributeName_t name, cudnnBackendAt
 
 // ---- finalize ---------------------------------------------------------------------------------------
 
+// The workspace a plan of `prog` needs: the fake's choice (the file's header).
+std::int64_t plan_workspace(const Program& prog) {
+  if (const char* w = std::getenv("ZINF_CUDNN_FAKE_WORKSPACE"); w && *w) return std::atoll(w);
+  return kWorkspacePerNode * static_cast<std::int64_t>(prog.nodes.size());
+}
+
 const Tensor* ref_tensor(const Desc& op, int name) {
   auto it = op.refs.find(name);
   return it == op.refs.end() ? nullptr : &it->second.tensor;
@@ -464,6 +481,7 @@ cudnnStatus_t build_program(const Desc& g, Program& prog) {
         case CUDNN_POINTWISE_MUL:
         case CUDNN_POINTWISE_DIV:
         case CUDNN_POINTWISE_CMP_GE:
+        case CUDNN_POINTWISE_CMP_GT:
         case CUDNN_POINTWISE_CMP_LE:
           if (n.b < 0) return CUDNN_STATUS_BAD_PARAM;
           break;
@@ -521,7 +539,8 @@ cudnnStatus_t finalize(Desc& d) {
       break;
     case CUDNN_BACKEND_POINTWISE_DESCRIPTOR: {
       if (!d.has_mode) return CUDNN_STATUS_BAD_PARAM;
-      const bool comparison = d.pw_mode == CUDNN_POINTWISE_CMP_GE || d.pw_mode == CUDNN_POINTWISE_CMP_LE;
+      const bool comparison = d.pw_mode == CUDNN_POINTWISE_CMP_GE || d.pw_mode == CUDNN_POINTWISE_CMP_GT ||
+                              d.pw_mode == CUDNN_POINTWISE_CMP_LE;
       if (d.has_comp && d.comp != CUDNN_DATA_FLOAT && !(comparison && d.comp == CUDNN_DATA_BOOLEAN))
         return CUDNN_STATUS_NOT_SUPPORTED;
       break;
@@ -560,7 +579,7 @@ cudnnStatus_t finalize(Desc& d) {
       if (!d.handle || !d.refs.count(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG)) return CUDNN_STATUS_BAD_PARAM;
       d.program = d.refs.at(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG).program;
       if (!d.program) return CUDNN_STATUS_BAD_PARAM;
-      d.workspace = kWorkspace;
+      d.workspace = plan_workspace(*d.program);
       break;
     case CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR:
       if (d.uids.empty() || d.uids.size() != d.ptrs.size()) return CUDNN_STATUS_BAD_PARAM;
@@ -729,6 +748,7 @@ void run_node(const Node& n, std::map<std::int64_t, Bound>& m) {
       case CUDNN_POINTWISE_LOG: v = std::log(xv); break;
       case CUDNN_POINTWISE_IDENTITY: v = xv; break;
       case CUDNN_POINTWISE_CMP_GE: v = xv >= bv ? 1.0f : 0.0f; break;
+      case CUDNN_POINTWISE_CMP_GT: v = xv > bv ? 1.0f : 0.0f; break;
       case CUDNN_POINTWISE_CMP_LE: v = xv <= bv ? 1.0f : 0.0f; break;
       case CUDNN_POINTWISE_BINARY_SELECT: v = load(*t, offset_of(*t->t, idx, yd)) != 0 ? xv : bv; break;
       case CUDNN_POINTWISE_GEN_INDEX: v = static_cast<float>(idx[static_cast<std::size_t>(n.axis)]); break;
@@ -738,9 +758,14 @@ void run_node(const Node& n, std::map<std::int64_t, Bound>& m) {
   } while (next(idx, yd));
 }
 
+// The last call's by-value scalars (cudnn_fake.h), by uid.
+std::mutex last_scalars_mu;
+std::vector<float> last_scalars;
+
 cudnnStatus_t execute(cudnnHandle_t h, const Desc& plan, const Desc& pack) {
   if (const char* f = std::getenv("ZINF_CUDNN_FAKE_FAIL_EXECUTE"); f && std::string(f) == "1")
     return CUDNN_STATUS_EXECUTION_FAILED;
+  std::vector<float> scalars;
   auto prog = plan.program;
   auto bound = std::make_shared<std::map<std::int64_t, Bound>>();
   for (const auto& [uid, t] : prog->tensors) {
@@ -755,6 +780,7 @@ cudnnStatus_t execute(cudnnHandle_t h, const Desc& plan, const Desc& pack) {
       if (t.by_value) {
         if (t.type != CUDNN_DATA_FLOAT) return CUDNN_STATUS_NOT_SUPPORTED;
         std::memcpy(&b.value, p, sizeof(float));  // read at the call: the caller's value may go
+        scalars.push_back(b.value);  // prog->tensors is a map: ascending uids
       } else {
         const std::size_t bytes = static_cast<std::size_t>(extent(t)) * type_bytes(t.type);
         if (!is_device_range(p, bytes)) return CUDNN_STATUS_BAD_PARAM;
@@ -767,10 +793,14 @@ cudnnStatus_t execute(cudnnHandle_t h, const Desc& plan, const Desc& pack) {
   }
   if (plan.workspace > 0 && (!pack.ws || !is_device_range(pack.ws, static_cast<std::size_t>(plan.workspace))))
     return CUDNN_STATUS_BAD_PARAM;
+  {
+    std::lock_guard<std::mutex> lk(last_scalars_mu);
+    last_scalars = scalars;
+  }
   void* ws = pack.ws;
   const std::int64_t ws_bytes = plan.workspace;
   const cudaError_t e = enqueue(h->stream, [prog, bound, ws, ws_bytes] {
-    std::memset(ws, 0xA5, static_cast<std::size_t>(ws_bytes));  // the workspace is the library's to overwrite
+    if (ws_bytes > 0) std::memset(ws, 0xA5, static_cast<std::size_t>(ws_bytes));  // the library's to overwrite
     for (const Node& n : prog->nodes) run_node(n, *bound);
     return cudaSuccess;
   });
@@ -779,6 +809,11 @@ cudnnStatus_t execute(cudnnHandle_t h, const Desc& plan, const Desc& pack) {
 
 }  // namespace
 }  // namespace zinf::cudax::cudnn_fake
+
+std::vector<float> zinf::cudax::cudnn_fake_last_scalars() {
+  std::lock_guard<std::mutex> lk(cudnn_fake::last_scalars_mu);
+  return cudnn_fake::last_scalars;
+}
 
 namespace fake = zinf::cudax::cudnn_fake;
 
@@ -883,7 +918,7 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const desc, cudn
       fake::Desc* cfg = fake::as_desc(static_cast<cudnnBackendDescriptor_t*>(array)[0]);
       if (!cfg || cfg->type != CUDNN_BACKEND_ENGINECFG_DESCRIPTOR) return CUDNN_STATUS_BAD_PARAM;
       cfg->program = d->program;
-      cfg->workspace = fake::kWorkspace;
+      cfg->workspace = fake::plan_workspace(*d->program);
       cfg->finalized = true;
       return CUDNN_STATUS_SUCCESS;
     }

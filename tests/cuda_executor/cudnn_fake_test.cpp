@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cudax/cudnn_fake.h"
 #include "cudax/runtime.h"
 
 namespace {
@@ -208,6 +209,8 @@ class G {
     return st;
   }
   cudnnHandle_t handle() const { return h_; }
+  std::int64_t workspace() const { return workspace_; }
+  cudnnStatus_t execute(Desc pack) { return cudnnBackendExecute(h_, plan_, pack); }
 
  private:
   cudnnHandle_t h_ = nullptr;
@@ -279,6 +282,8 @@ TEST(CudnnFake, ScaleIsReadByValueAtTheCall) {
   scale = 100.0f;
   expect_near(o.get(), {1, 2, 4.6f, 5.6f}, 1e-5f);
   expect_near(st.get(), {0, std::log(10.0f)}, 1e-6f);
+  // What the call read, as cudnn_fake.h reports it: kScale (uid 6) then kNegInf (uid 7).
+  EXPECT_EQ(zinf::cudax::cudnn_fake_last_scalars(), (std::vector<float>{2.0f, -INFINITY}));
 }
 
 TEST(CudnnFake, StridedRowsAndGroupedHeads) {
@@ -295,6 +300,34 @@ TEST(CudnnFake, StridedRowsAndGroupedHeads) {
             CUDNN_STATUS_SUCCESS);
   expect_near(o.get(), {1, 2, 1, 2, 4, 5, 3, 4}, 1e-5f);                 // [t][h][d]
   expect_near(st.get(), {0, std::log(4.0f), 0, std::log(2.0f)}, 1e-6f);  // [h][t]
+}
+
+// A sliding window's left bound in cudnn-frontend's band form: keep s[i][j] where j + W > i — the
+// column index (INT32) plus the by-value W (a float) into a float tensor, CMP_GT the row index — else
+// the by-value mask value. s = [[1, 2, 3], [4, 5, 6], [7, 8, 9]], mask -100:
+//   W = 2: only (2, 0) fails (0 + 2 > 2 is false: the comparison is strict) → 1 … 6, -100, 8, 9
+//   W = 1: j > i - 1 fails at (1, 0), (2, 0), (2, 1) → 1, 2, 3, -100, 5, 6, -100, -100, 9
+// The same plan runs both windows: W is read at each call.
+TEST(CudnnFake, BandMaskAddsTheWindowToTheColumnAndComparesStrictly) {
+  G g;
+  const std::vector<std::int64_t> tt{1, 1, 3, 3}, dense{9, 9, 3, 1};
+  const std::int64_t kWindow = 20;
+  Desc s = g.tensor(kQ, tt, dense), out = g.tensor(kO, tt, dense);
+  Desc row = g.virt(tt, CUDNN_DATA_INT32), col = g.virt(tt, CUDNN_DATA_INT32), shifted = g.virt(tt),
+       keep = g.virt(tt, CUDNN_DATA_BOOLEAN);
+  g.pw(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, 2);
+  g.pw(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, 3);
+  g.pw(CUDNN_POINTWISE_ADD, col, g.scalar(kWindow), shifted);
+  g.pw(CUDNN_POINTWISE_CMP_GT, shifted, row, keep);
+  g.pw(CUDNN_POINTWISE_BINARY_SELECT, s, g.scalar(kNegInf), out, keep);
+  ASSERT_EQ(g.build(), CUDNN_STATUS_SUCCESS);
+  Dev sd({1, 2, 3, 4, 5, 6, 7, 8, 9}), od(std::vector<float>(9, NAN));
+  float mask = -100, window = 2;
+  ASSERT_EQ(g.run({kQ, kO, kNegInf, kWindow}, {sd.p, od.p, &mask, &window}), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(od.get(), (std::vector<float>{1, 2, 3, 4, 5, 6, -100, 8, 9}));
+  window = 1;
+  ASSERT_EQ(g.run({kQ, kO, kNegInf, kWindow}, {sd.p, od.p, &mask, &window}), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(od.get(), (std::vector<float>{1, 2, 3, -100, 5, 6, -100, -100, 9}));
 }
 
 TEST(CudnnFake, BackwardGradients) {
@@ -540,6 +573,7 @@ TEST(CudnnFake, ComparisonsTakeABooleanMathPrecisionOthersDoNot) {
   };
   EXPECT_EQ(finalize_with(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN), CUDNN_STATUS_SUCCESS);
   EXPECT_EQ(finalize_with(CUDNN_POINTWISE_CMP_LE, CUDNN_DATA_BOOLEAN), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(finalize_with(CUDNN_POINTWISE_CMP_GT, CUDNN_DATA_BOOLEAN), CUDNN_STATUS_SUCCESS);
   EXPECT_EQ(finalize_with(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_FLOAT), CUDNN_STATUS_SUCCESS);
   EXPECT_EQ(finalize_with(CUDNN_POINTWISE_MUL, CUDNN_DATA_BOOLEAN), CUDNN_STATUS_NOT_SUPPORTED);
   EXPECT_EQ(finalize_with(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_HALF), CUDNN_STATUS_NOT_SUPPORTED);
@@ -562,6 +596,47 @@ TEST(CudnnFake, ExecuteChecksMemoryWorkspaceAndAlignment) {
   EXPECT_EQ(g.run(uids, {static_cast<char*>(q.p) + 2, k.p, v.p, o.p, st.p, &scale, &neg}), CUDNN_STATUS_BAD_PARAM);
   // Nothing was written by the refused calls.
   for (float x : o.get()) EXPECT_TRUE(std::isnan(x));
+}
+
+// Each plan's workspace is the fake's own choice, 256 bytes per operation of its graph (the forward
+// graph above has 14: two matmuls, ten pointwise, two reductions → 3584 bytes; two identities → 512),
+// or ZINF_CUDNN_FAKE_WORKSPACE bytes; the engine config reports the same.
+TEST(CudnnFake, PlanWorkspaceIsTheFakesChoicePerGraph) {
+  {
+    G g;
+    ASSERT_EQ(forward_graph(g, 1, 1, 1, 2, 2, 2), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(g.workspace(), 14 * 256);
+  }
+  {
+    G g;
+    Desc x = g.tensor(kQ, {1, 1, 1, 2}, {2, 2, 2, 1}), y = g.tensor(kO, {1, 1, 1, 2}, {2, 2, 2, 1});
+    Desc mid = g.virt({1, 1, 1, 2});
+    g.pw(CUDNN_POINTWISE_IDENTITY, x, nullptr, mid);
+    g.pw(CUDNN_POINTWISE_IDENTITY, mid, nullptr, y);
+    ASSERT_EQ(g.build(), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(g.workspace(), 2 * 256);
+  }
+  setenv("ZINF_CUDNN_FAKE_WORKSPACE", "1000", 1);
+  G g;
+  const cudnnStatus_t st = forward_graph(g, 1, 1, 1, 2, 2, 2);
+  unsetenv("ZINF_CUDNN_FAKE_WORKSPACE");
+  ASSERT_EQ(st, CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(g.workspace(), 1000);
+  // A workspace one byte short of the plan's need is refused.
+  Dev q({1, 0, 0, 1}), k({0, 0, 0, kLn3}), v({1, 2, 5, 6}), o(std::vector<float>(4, NAN)), stats({NAN, NAN});
+  void* ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&ws, 999), cudaSuccess);
+  float scale = 1.0f, neg = -INFINITY;
+  const std::vector<std::int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
+  std::vector<void*> ptrs{q.p, k.p, v.p, o.p, stats.p, &scale, &neg};
+  Desc pack = g.make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  EXPECT_EQ(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 7, uids.data()), 0);
+  EXPECT_EQ(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 7, ptrs.data()),
+            0);
+  EXPECT_EQ(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws), 0);
+  EXPECT_EQ(cudnnBackendFinalize(pack), 0);
+  EXPECT_EQ(g.execute(pack), CUDNN_STATUS_BAD_PARAM);
+  cudaFree(ws);
 }
 
 TEST(CudnnFake, TestHooksRefuseAShapeAndFailARun) {

@@ -9,9 +9,11 @@
 // (query head h reads key/value head h / G).
 //
 // Forward graph (S, P [B, H, T, T] are virtual: the fused kernel never writes them):
-//   S  = matmul(Q, Kᵀ) · scale;  S masked to -inf where key j > query i (GEN_INDEX rows and columns,
-//   CMP_GE, BINARY_SELECT; with a sliding window W also where i − j > W − 1: SUB, CMP_LE against the
-//   by-value W − 1, BINARY_SELECT);  m = max_j S;  e = exp(S - m);  l = Σ_j e;
+//   S  = matmul(Q, Kᵀ) · scale;  S masked where key j > query i (GEN_INDEX rows and columns, CMP_GE,
+//   BINARY_SELECT); with a sliding window W also outside the band j + W > i, in the form
+//   cudnn-frontend gives its left bound (fresh GEN_INDEX of the masked scores, ADD of the by-value W
+//   to the column index, CMP_GT against the row index, BINARY_SELECT: the form cuDNN skips whole
+//   tiles for);  m = max_j S;  e = exp(S - m);  l = Σ_j e;
 //   stats = m + log(l)  → lse [B, H, T, 1] (fp32, the state the backward reads);
 //   P = e / l (rounded to S: the tensor cores' input);  O = matmul(P, V).
 // Backward graph, in the form cudnn-frontend's SDPA backward takes to cuDNN (the form its fused
@@ -27,15 +29,21 @@
 // With KV < H the dK and dV products run per query head into virtual [B, H, T, D] tensors that a
 // reduction sums into the KV heads (query head h belongs to key/value head h / G), inside the graph.
 //
+// A masked score is set to mask_value(cudnnGetVersion()), passed by value: the lowest float before
+// cuDNN 9.10.0, −∞ from then on (as cudnn-frontend does).
 // Plans: heuristics mode A, the first engine configuration without the NONDETERMINISTIC numerical
-// note whose workspace fits cudnn_workspace_bytes (zinf/device_memory.h: device memory taken on the
-// first accepted shape, grown for a larger one, counted by zinf plan).
+// note whose workspace fits cudnn_workspace_bytes (zinf/device_memory.h: the ceiling, which zinf
+// plan counts). The workspace taken is the chosen plans' own need (their
+// CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE): taken on the first accepted shape, grown for a shape
+// whose plans need more after the stream drains.
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <initializer_list>
 #include <limits>
@@ -113,8 +121,8 @@ enum Uid : std::int64_t {
   kDK,
   kDV,
   kScale,
-  kNegInf,
-  kWindowLast,     // W − 1: the farthest key a query attends back in a sliding window
+  kMask,           // by value: what masked scores are set to, mask_value(the cuDNN version)
+  kWindow,         // W, as a float: a sliding window's length (query i sees keys j with j + W > i)
   kOne,            // 1.0 by value: the softmax sum's scale (the frontend's form)
   kSoftmaxSum,     // Δ [B, H, T, 1] fp32: written by the backward graph, in zinf's scratch
   kVirtual = 100,  // and up: the graphs' virtual tensors
@@ -159,8 +167,8 @@ class Graph {
   const Owned& view(cudnnDataType_t type, const std::vector<std::int64_t>& dims, const std::vector<std::int64_t>& strides) {
     return tensor(next_virtual_++, type, dims, strides, true);
   }
-  // A scalar passed by value in the variant pack (the scale, -inf): one descriptor per uid, however
-  // many nodes read it.
+  // A scalar passed by value in the variant pack (the scale, the mask value, the window): one
+  // descriptor per uid, however many nodes read it.
   const Owned& scalar(std::int64_t uid) {
     if (auto it = scalars_.find(uid); it != scalars_.end()) return *it->second;
     const Owned& t = tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
@@ -183,7 +191,7 @@ class Graph {
                  std::int64_t axis = -1) {
     Owned pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
     pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    const bool comparison = mode == CUDNN_POINTWISE_CMP_GE || mode == CUDNN_POINTWISE_CMP_LE;
+    const bool comparison = mode == CUDNN_POINTWISE_CMP_GE || mode == CUDNN_POINTWISE_CMP_GT;
     pw.set_type(CUDNN_ATTR_POINTWISE_MATH_PREC, comparison ? CUDNN_DATA_BOOLEAN : CUDNN_DATA_FLOAT);
     if (axis >= 0) pw.set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
     operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, pw,
@@ -236,25 +244,31 @@ class Graph {
     return scaled;
   }
 
-  // The causal mask on a [b, h, query i, key j] score tensor: masked (-inf) where j > i, and with a
-  // sliding window also where i − j > W − 1 (the by-value scalar kWindowLast).
+  // The causal mask on a [b, h, query i, key j] score tensor: masked (to the by-value kMask) where
+  // j > i — the frontend's right bound of 0, row CMP_GE column — and with a sliding window also where
+  // j + W ≤ i — its top-left left bound: the column index plus the by-value W (as a float), CMP_GT the
+  // row index, over fresh indices of the causally masked scores, as the frontend's band node expands.
   const Owned& causal(const Owned& s, const std::vector<std::int64_t>& dims, bool window) {
+    const Owned& out = band(s, dims, false);
+    return window ? band(out, dims, true) : out;
+  }
+  // One bound of the band: s where the comparison holds, kMask elsewhere.
+  const Owned& band(const Owned& s, const std::vector<std::int64_t>& dims, bool left) {
     const Owned& row = virt(CUDNN_DATA_INT32, dims);
     const Owned& col = virt(CUDNN_DATA_INT32, dims);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, 2);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, 3);
     const Owned& keep = virt(CUDNN_DATA_BOOLEAN, dims);
-    pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, keep);
+    if (left) {
+      const Owned& shifted = virt(CUDNN_DATA_FLOAT, dims);  // j + W
+      pointwise(CUDNN_POINTWISE_ADD, col, &scalar(kWindow), shifted);
+      pointwise(CUDNN_POINTWISE_CMP_GT, shifted, &row, keep);
+    } else {
+      pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, keep);
+    }
     const Owned& out = virt(CUDNN_DATA_FLOAT, dims);
-    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &scalar(kNegInf), out, &keep);
-    if (!window) return out;
-    const Owned& back = virt(CUDNN_DATA_INT32, dims);  // i − j, kept where ≤ W − 1
-    pointwise(CUDNN_POINTWISE_SUB, row, &col, back);
-    const Owned& near = virt(CUDNN_DATA_BOOLEAN, dims);
-    pointwise(CUDNN_POINTWISE_CMP_LE, back, &scalar(kWindowLast), near);
-    const Owned& windowed = virt(CUDNN_DATA_FLOAT, dims);
-    pointwise(CUDNN_POINTWISE_BINARY_SELECT, out, &scalar(kNegInf), windowed, &near);
-    return windowed;
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &scalar(kMask), out, &keep);
+    return out;
   }
 
   // Finalizes the operation graph and builds a plan from the first deterministic engine configuration
@@ -366,13 +380,17 @@ struct CudnnAttention::Impl {
     bool accepted = false;           // the forward runs on cuDNN
     bool backward_accepted = false;  // and the backward too (else the wmma kernel's, from the same lse)
     std::optional<Owned> fwd, bwd;
-    std::int64_t fwd_ws = 0, bwd_ws = 0;
+    std::int64_t fwd_ws = 0, bwd_ws = 0;  // each chosen plan's workspace size
+    float mask = 0;                       // mask_value of the cuDNN version the plans were built with
+    long fwd_runs = 0, bwd_runs = 0;
+    double fwd_ms = 0, bwd_ms = 0;
+    std::string refusal;
   };
   Device& dev;
   cudaStream_t stream;
   cudnnHandle_t handle = nullptr;
   std::map<Key, std::unique_ptr<Plans>> plans;
-  DeviceBuffer workspace;  // workspace_limit of the largest accepted shape
+  DeviceBuffer workspace;  // the largest workspace need of the accepted shapes' plans
 
   static std::size_t workspace_limit(const fast::AttnShape& a) {
     const std::uint64_t bh = static_cast<std::uint64_t>(a.B) * static_cast<std::uint64_t>(a.H);
@@ -436,11 +454,7 @@ struct CudnnAttention::Impl {
     const std::int64_t limit = static_cast<std::int64_t>(workspace_limit(a));
     // What cudnn-frontend refuses or works around for this backward, refused here: the wmma kernel's
     // backward runs instead.
-    const std::size_t version = cudnnGetVersion();
-    if (version >= 91000 && version < 91002) throw Refused{"cuDNN 9.10.0 and 9.10.1 have known faults in it"};
-    if (version < 91600 && T % 128 != 0)
-      throw Refused{"cuDNN before 9.16 needs a sequence length that is a multiple of 128 for it"};
-    if (T == 1) throw Refused{"a sequence of one position"};
+    if (std::string why = backward_refusal(cudnnGetVersion(), a.T); !why.empty()) throw Refused{why};
     Graph g(handle);
     const Owned& q = g.tensor(kQ, io, {B, H, T, D}, bhtd_strides(a, a.q_stride), false, false, al);
     const Owned& kt = g.tensor(kK, io, {B, KV, D, T}, bhdt_strides(a, a.k_stride), false, false, al);
@@ -506,19 +520,25 @@ struct CudnnAttention::Impl {
     const Key key = key_of(a, S);
     if (auto it = plans.find(key); it != plans.end()) return *it->second;
     auto p = std::make_unique<Plans>();
+    p->mask = mask_value(cudnnGetVersion());
     if (S == DType::bf16 || S == DType::fp16) {  // fp32 runs stay on the wmma path's FMA tiles
       try {
-        build_forward(*p, a, S);
+        timed(p->fwd_ms, [&] { build_forward(*p, a, S); });
+        log_plan("forward", a, S, p->fwd_ms, p->fwd_ws, nullptr);
         try {
-          build_backward(*p, a, S);
+          timed(p->bwd_ms, [&] { build_backward(*p, a, S); });
+          log_plan("backward", a, S, p->bwd_ms, p->bwd_ws, nullptr);
           p->backward_accepted = true;
         } catch (const Refused& r) {
+          log_plan("backward", a, S, p->bwd_ms, 0, &r);
+          p->refusal = r.why;
           std::fprintf(stderr,
                        "zinf: cuDNN refused the attention backward at %s (%s); this shape's backward runs the wmma "
                        "flash kernel, its forward cuDNN's\n",
                        shape_text(a, S).c_str(), r.why.c_str());
         }
-        const std::size_t need = workspace_limit(a);
+        // The chosen plans' own need (the cap only bounded which engines were eligible).
+        const auto need = static_cast<std::size_t>(std::max(p->fwd_ws, p->backward_accepted ? p->bwd_ws : 0));
         if (workspace.size() < need) {
           ZINF_CUDA(cudaStreamSynchronize(stream));  // queued plans may still use the old block
           workspace.reset();
@@ -526,11 +546,39 @@ struct CudnnAttention::Impl {
         }
         p->accepted = true;
       } catch (const Refused& r) {
+        if (!p->fwd) log_plan("forward", a, S, p->fwd_ms, 0, &r);
+        p->refusal = r.why;
+        p->backward_accepted = false;
         std::fprintf(stderr, "zinf: cuDNN refused attention at %s (%s); this shape runs the wmma flash kernel\n",
                      shape_text(a, S).c_str(), r.why.c_str());
       }
+    } else {
+      p->refusal = "fp32 runs the wmma path's FMA tiles";
     }
     return *plans.emplace(key, std::move(p)).first->second;
+  }
+  // Runs `build`, adding its wall time in milliseconds to `ms` also when it throws.
+  template <class F>
+  static void timed(double& ms, F&& build) {
+    const auto t0 = std::chrono::steady_clock::now();
+    struct Stop {
+      double& ms;
+      std::chrono::steady_clock::time_point t0;
+      ~Stop() { ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); }
+    } stop{ms, t0};
+    build();
+  }
+  // With ZINF_CUDNN_LOG_PLANS=1: one line per plan built (or refused) with its time and workspace.
+  static void log_plan(const char* what, const fast::AttnShape& a, DType S, double ms, std::int64_t ws,
+                       const Refused* refused) {
+    const char* on = std::getenv("ZINF_CUDNN_LOG_PLANS");
+    if (!on || std::string(on) != "1") return;
+    if (refused)
+      std::fprintf(stderr, "zinf: cuDNN attention %s plan at %s: refused after %.1f ms (%s)\n", what,
+                   shape_text(a, S).c_str(), ms, refused->why.c_str());
+    else
+      std::fprintf(stderr, "zinf: cuDNN attention %s plan at %s: built in %.1f ms, workspace %lld bytes\n", what,
+                   shape_text(a, S).c_str(), ms, static_cast<long long>(ws));
   }
 
   void execute(Desc plan, const std::vector<std::int64_t>& uids, const std::vector<void*>& ptrs, const char* what) {
@@ -540,7 +588,7 @@ struct CudnnAttention::Impl {
                uids.data());
       pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<std::int64_t>(ptrs.size()),
                ptrs.data());
-      void* ws = workspace.as<void>();
+      void* ws = workspace.size() > 0 ? workspace.as<void>() : nullptr;
       pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
       pack.finalize();
       ZINF_CUDNN(cudnnBackendExecute(handle, plan, pack.get()));
@@ -567,11 +615,12 @@ void CudnnAttention::forward(void* out, float* lse, const void* q, const void* k
   Impl::Plans& p = impl_->plans_for(a, S);
   if (!p.accepted) throw Error("cuDNN attention: forward called for a shape cuDNN refused (" + shape_text(a, S) + ")");
   float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
-  float neg_inf = -std::numeric_limits<float>::infinity(), window_last = static_cast<float>(a.W - 1);
-  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
-  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale, &neg_inf};
-  if (a.W > 0) uids.push_back(kWindowLast), ptrs.push_back(&window_last);
+  float masked = p.mask, window = static_cast<float>(a.W);
+  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kMask};
+  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale, &masked};
+  if (a.W > 0) uids.push_back(kWindow), ptrs.push_back(&window);
   impl_->execute(p.fwd->get(), uids, ptrs, "forward");
+  ++p.fwd_runs;
 }
 
 void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
@@ -580,14 +629,45 @@ void CudnnAttention::backward(void* dq, void* dk, void* dv, const void* dout, co
   if (!p.backward_accepted)
     throw Error("cuDNN attention: backward called for a shape whose backward cuDNN refused (" + shape_text(a, S) + ")");
   float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
-  float neg_inf = -std::numeric_limits<float>::infinity(), window_last = static_cast<float>(a.W - 1), one = 1.0f;
+  float masked = p.mask, window = static_cast<float>(a.W), one = 1.0f;
   void* sums = impl_->softmax_sum.get(impl_->dev, impl_->stream, backward_scratch_bytes(a));
   auto in = [](const void* x) { return const_cast<void*>(x); };
-  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kSoftmaxSum, kDQ, kDK, kDV, kScale, kNegInf, kOne};
-  std::vector<void*> ptrs{in(q), in(k),  in(v),  in(out),  in(dout), in(lse), sums,
-                          dq,    dk,     dv,     &scale,   &neg_inf, &one};
-  if (a.W > 0) uids.push_back(kWindowLast), ptrs.push_back(&window_last);
+  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kSoftmaxSum, kDQ, kDK, kDV, kScale, kMask, kOne};
+  std::vector<void*> ptrs{in(q), in(k), in(v), in(out), in(dout), in(lse), sums, dq, dk, dv, &scale, &masked, &one};
+  if (a.W > 0) uids.push_back(kWindow), ptrs.push_back(&window);
   impl_->execute(p.bwd->get(), uids, ptrs, "backward");
+  ++p.bwd_runs;
+}
+
+CudnnAttention::Route CudnnAttention::route(const fast::AttnShape& a, DType S) const {
+  Route r;
+  const auto it = impl_->plans.find(key_of(a, S));
+  if (it == impl_->plans.end()) return r;
+  const Impl::Plans& p = *it->second;
+  r.planned = true;
+  r.forward_cudnn = p.accepted;
+  r.backward_cudnn = p.accepted && p.backward_accepted;
+  r.forward_runs = p.fwd_runs, r.backward_runs = p.bwd_runs;
+  r.forward_build_ms = p.fwd_ms, r.backward_build_ms = p.bwd_ms;
+  r.forward_workspace = static_cast<std::size_t>(p.fwd_ws), r.backward_workspace = static_cast<std::size_t>(p.bwd_ws);
+  r.mask_value = p.mask;
+  r.refusal = p.refusal;
+  return r;
+}
+
+std::size_t CudnnAttention::workspace_bytes() const { return impl_->workspace.size(); }
+
+std::size_t CudnnAttention::runtime_version() { return cudnnGetVersion(); }
+
+std::string CudnnAttention::backward_refusal(std::size_t version, int T) {
+  if (version >= 91000 && version < 91002) return "cuDNN 9.10.0 and 9.10.1 have known faults in it";
+  if (version < 91600 && T % 128 != 0) return "cuDNN before 9.16 needs a sequence length that is a multiple of 128 for it";
+  if (T == 1) return "a sequence of one position";
+  return {};
+}
+
+float CudnnAttention::mask_value(std::size_t version) {
+  return version < 91000 ? std::numeric_limits<float>::lowest() : -std::numeric_limits<float>::infinity();
 }
 
 const char* cudnn_build_version() {

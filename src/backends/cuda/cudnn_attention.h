@@ -16,12 +16,16 @@
 // Only deterministic engines are chosen (no NONDETERMINISTIC numerical note), so two runs give the
 // same bits. Built only where cuDNN was found (ZINF_HAVE_CUDNN); everything is enqueued on `stream`.
 // Not thread-safe: one per ops backend, used from the thread that drives its stream.
+//
+// With ZINF_CUDNN_LOG_PLANS=1 in the environment each plan built says on stderr how long it took
+// (one line per plan: the direction, the shape, milliseconds, the workspace it needs).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "cuda/cudnn_attention_version.h"
 #include "cuda/ops/flash_attention.cuh"
@@ -52,6 +56,32 @@ class CudnnAttention {
   // The device scratch cuDNN's attention takes for shape `a` beside its workspace: the backward's
   // softmax sums Δ = Σ_d dO ∘ O, B·H·T floats (a graph output, as the frontend's form has it).
   static std::size_t backward_scratch_bytes(const fast::AttnShape& a);
+
+  // What the plan cache decided for one shape and dtype, and what ran since: for the tests and the GPU
+  // check, which must tell a shape cuDNN ran both ways from one whose backward fell back.
+  struct Route {
+    bool planned = false;         // the shape was asked for (accepts / forward / backward)
+    bool forward_cudnn = false;   // the forward runs cuDNN's plan (else the caller runs the wmma kernel)
+    bool backward_cudnn = false;  // the backward runs cuDNN's plan (else the wmma kernel's backward)
+    long forward_runs = 0, backward_runs = 0;  // cuDNN plans executed in each direction
+    double forward_build_ms = 0, backward_build_ms = 0;  // heuristics, plan finalisation, any compile
+    std::size_t forward_workspace = 0, backward_workspace = 0;  // each plan's own need, in bytes
+    float mask_value = 0;  // what the masked scores are set to (mask_value below, by the cuDNN version)
+    std::string refusal;   // why cuDNN refused (the forward, or the backward alone); empty if neither
+  };
+  Route route(const fast::AttnShape& a, DType S) const;
+  // The device workspace held now: the largest need of the plans built so far (not the cap).
+  std::size_t workspace_bytes() const;
+
+  // The cuDNN version the library reports at run time (cudnnGetVersion: 91900 for 9.19.0).
+  static std::size_t runtime_version();
+  // Why zinf refuses the backward at cuDNN `version` and sequence length T, as cudnn-frontend refuses
+  // or works around it (empty: zinf builds it): 9.10.0 and 9.10.1, before 9.16 a T that is not a
+  // multiple of 128, and T = 1.
+  static std::string backward_refusal(std::size_t version, int T);
+  // The value masked scores take: cudnn-frontend passes the lowest float before cuDNN 9.10.0 and −∞
+  // from then on.
+  static float mask_value(std::size_t version);
 
  private:
   struct Impl;

@@ -153,8 +153,9 @@ else
   states_model=(--set model.n_layer=2)
   repeat_target="${ZINF_GPU_REPEATS:-20}"
   sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-  # GPT-2 small's heads at 1024 tokens (an odd head count), and Llama 3 8B's at 4096 (GQA 32/8, D 128).
-  attention_shapes="4,1024,25,25,64;1,4096,32,8,128"
+  # GPT-2 small's heads at 1024 tokens (an odd head count), Llama 3 8B's at 4096 (GQA 32/8, D 128),
+  # and a Mistral-like sliding window of 256 at 1024 tokens (GQA 8/2, D 128).
+  attention_shapes="4,1024,25,25,64;1,4096,32,8,128;1,1024,8,2,128,256"
   attention_bench_shapes="4,1024,25,25,64 1,4096,32,8,128"
 fi
 
@@ -304,7 +305,7 @@ part_attention() {  # cuDNN against the wmma kernel and the CPU twin at the chec
   shapes="$(awk '{
       sh = ""; f = "fwd=?"; b = "bwd=?"; delete seen
       for (i = 2; i <= NF; i++) {
-        if ($i ~ /^(B|T|H|KV|D)$/ && $(i + 1) ~ /^[0-9]+$/ && !seen[$i]++) sh = sh (sh == "" ? "" : " ") $i $(i + 1)
+        if ($i ~ /^(B|T|H|KV|D|W)$/ && $(i + 1) ~ /^[0-9]+$/ && !seen[$i]++) sh = sh (sh == "" ? "" : " ") $i $(i + 1)
         if ($i ~ /^fwd=/) { f = $i; sub(/[^a-z=]+$/, "", f) }
         if ($i ~ /^bwd=/) { b = $i; sub(/[^a-z=]+$/, "", b) }
       }
@@ -365,7 +366,9 @@ PY
 sanitize_tests_default="cuda_ops_test:CudaOps.EveryOpMatchesTheCpuReference cuda_rows_test:*
   flash_attention_test:FlashAttention.MatchesCpuTwin:FlashAttention.CudnnAgainstWmmaAndTwinAtCheckShapes:FlashAttention.Refuses*
   cuda_gemm_test:* cuda_scratch_test:* device_cuda_test:CudaDevice.*:CudaEngineKernels.*"
-sanitize_attention_shape="1,64,2,2,64"
+# One small shape, with a sliding window (the test adds a windowed shape to a list without one), at
+# a length every cuDNN the frontend accepts runs the backward at.
+sanitize_attention_shape="1,128,2,2,64,48"
 # racecheck instruments only zinf's own kernels (every one is in namespace zinf::cuda, so "zinf" is
 # in its name, mangled or not); cuBLASLt's and cuDNN's kernels run unchecked. racecheck reports
 # shared-memory hazards between the threads of one kernel; it says nothing about races between
@@ -393,7 +396,7 @@ part_sanitize() {  # memcheck | racecheck on the GPU tests' small shapes
     bin="$bld/tests/${pair%%:*}" filter="${pair#*:}" log="$raw/$tool-${pair%%:*}.log"
     [ -x "$bin" ] || { echo "$tool: ${pair%%:*} FAILED, not built (no such gpu test?)"; rc=1; continue; }
     ran=$((ran + 1))
-    ZINF_ATTENTION_CHECK_SHAPES="$sanitize_attention_shape" \
+    ZINF_ATTENTION_CHECK_SHAPES="$sanitize_attention_shape" ZINF_ATTENTION_SANITIZE_SHAPES=1 \
       "$sanitizer" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter="$filter-*$no_gpu_tests*" > "$log" 2>&1 ||
       { tail -20 "$log"; echo "$tool: ${pair%%:*} FAILED"; rc=1; continue; }
     no_skips "$log" || rc=1

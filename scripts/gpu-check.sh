@@ -204,13 +204,32 @@ print("gpu: ok, %s" % ", ".join("%s (cc %s)" % (g["name"], g["compute_capability
 PY
 }
 
+# Empty when this zinf runs cuDNN; otherwise why not, as `zinf info` says (the gpu section's
+# info.json, or a fresh query).
+no_cudnn() {
+  [ -s "$raw/info.json" ] || "$zinf" info --json > "$raw/info.json" 2> /dev/null
+  python3 -c 'import json, sys
+try:
+    c = json.load(open(sys.argv[1])).get("cuda", {})
+except (OSError, ValueError):
+    c = {}
+if not c.get("cudnn"):
+    print("this zinf was built without cuDNN (the configure looked beside the toolkit, in the system and in "
+          "python3'"'"'s NVIDIA wheels: raw/build.log)")' "$raw/info.json"
+}
+# The tests that need cuDNN: a build without it leaves them out of the tests and sanitizer sections
+# (they would skip), and the attention sections fail instead, with one line.
+cudnn_tests='[.](Cudnn|CheckShapesFailWhenCudnn)'
+
 part_tests() {  # every gpu test and the GPU cases of the other binaries; a skip fails
-  local log="$raw/tests-ctest.log" rc=0
-  ctest --test-dir "$bld" -L gpu -E "$no_gpu_tests" --no-tests=error --output-on-failure 2>&1 | tee "$log" || rc=1
-  ctest --test-dir "$bld" -R "$gpu_cases" -E "$no_gpu_tests" --no-tests=error --output-on-failure 2>&1 | tee -a "$log" || rc=1
+  local log="$raw/tests-ctest.log" rc=0 exclude="$no_gpu_tests" without note=""
+  without="$(no_cudnn)"
+  if [ -n "$without" ]; then exclude="$exclude|$cudnn_tests" note="; cuDNN's tests left out: $without"; fi
+  ctest --test-dir "$bld" -L gpu -E "$exclude" --no-tests=error --output-on-failure 2>&1 | tee "$log" || rc=1
+  ctest --test-dir "$bld" -R "$gpu_cases" -E "$exclude" --no-tests=error --output-on-failure 2>&1 | tee -a "$log" || rc=1
   no_skips "$log" || return 1
-  [ "$rc" = 0 ] || { echo "tests: FAILED ($(grep -cE '\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout' "$log") failed)"; return 1; }
-  echo "tests: ok, $(grep -cE 'Test +#[0-9]+: .* Passed' "$log") passed, none skipped"
+  [ "$rc" = 0 ] || { echo "tests: FAILED ($(grep -cE '\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout' "$log") failed)$note"; return 1; }
+  echo "tests: ok, $(grep -cE 'Test +#[0-9]+: .* Passed' "$log") passed, none skipped$note"
 }
 
 part_repeat() {  # TrainGpu.* up to the target count while the cap allows
@@ -292,7 +311,9 @@ PY
 }
 
 part_attention() {  # cuDNN against the wmma kernel and the CPU twin at the check's shapes, bf16, fwd+bwd
-  local log="$raw/attention-test.log" checks shapes fallback
+  local log="$raw/attention-test.log" checks shapes fallback without
+  without="$(no_cudnn)"
+  [ -z "$without" ] || { echo "attention: FAILED, $without"; return 1; }
   ZINF_ATTENTION_CHECK_SHAPES="$attention_shapes" "$bld/tests/flash_attention_test" \
     --gtest_filter='FlashAttention.CudnnAgainstWmmaAndTwinAtCheckShapes' > "$log" 2>&1 ||
     { tail -20 "$log"; echo "attention: FAILED"; return 1; }
@@ -324,7 +345,9 @@ part_attention() {  # cuDNN against the wmma kernel and the CPU twin at the chec
 }
 
 part_attention_speed() {  # forward+backward time and TFLOPS: cuDNN, the wmma kernel, PyTorch's SDPA
-  local shape kind rc=0 out="$raw/attention.jsonl" one="$raw/attention-one.json"
+  local shape kind rc=0 out="$raw/attention.jsonl" one="$raw/attention-one.json" without
+  without="$(no_cudnn)"
+  [ -z "$without" ] || { echo "attention-speed: FAILED, $without"; return 1; }
   : > "$out"
   # Each run's JSON object, as one line of attention.jsonl.
   add_line() { python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$one" >> "$out"; }
@@ -389,6 +412,9 @@ part_sanitize() {  # memcheck | racecheck on the GPU tests' small shapes
       return 1
     fi
   fi
+  local negative="*$no_gpu_tests*" without note=""
+  without="$(no_cudnn)"
+  if [ -n "$without" ]; then negative="$negative:*Cudnn*" note=" (cuDNN's cases left out: $without)"; fi
   set -f  # the filters' `*` are gtest's, not the shell's
   # A binary named here that the build did not make fails the check: a renamed test must not drop
   # out of the sanitizer runs unnoticed.
@@ -397,12 +423,12 @@ part_sanitize() {  # memcheck | racecheck on the GPU tests' small shapes
     [ -x "$bin" ] || { echo "$tool: ${pair%%:*} FAILED, not built (no such gpu test?)"; rc=1; continue; }
     ran=$((ran + 1))
     ZINF_ATTENTION_CHECK_SHAPES="$sanitize_attention_shape" ZINF_ATTENTION_SANITIZE_SHAPES=1 \
-      "$sanitizer" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter="$filter-*$no_gpu_tests*" > "$log" 2>&1 ||
+      "$sanitizer" --tool "$tool" "${only[@]}" --error-exitcode 1 "$bin" --gtest_filter="$filter-$negative" > "$log" 2>&1 ||
       { tail -20 "$log"; echo "$tool: ${pair%%:*} FAILED"; rc=1; continue; }
     no_skips "$log" || rc=1
   done
   [ "$ran" -gt 0 ] || { echo "$tool: FAILED, no gpu test binary built"; return 1; }
-  [ "$rc" = 0 ] && echo "$tool: ok, clean on $ran gpu test binaries${only:+ (${only[*]})}"
+  [ "$rc" = 0 ] && echo "$tool: ok, clean on $ran gpu test binaries${only:+ (${only[*]})}$note"
   return "$rc"
 }
 

@@ -18,14 +18,16 @@ export TMPDIR="$tmp"
 fake="$tmp/build"
 mkdir -p "$fake/src"
 # The fake zinf: `info --json` lists one GPU, or none when FAKE_GPUS=0 (as a machine whose driver is
-# too old for the runtime answers).
+# too old for the runtime answers); its cuDNN is 9.19.0, or none with FAKE_CUDNN=0.
 cat > "$fake/src/zinf" << 'FAKE'
 #!/usr/bin/env bash
 [ "$1 $2" = "info --json" ] || { echo "fake zinf: only info --json" >&2; exit 2; }
 if [ "${FAKE_GPUS:-1}" = 0 ]; then
   echo '{"cuda": {"built": true, "status": "no GPU visible (CUDA driver version is insufficient for CUDA runtime version)"}, "gpus": []}'
 else
-  echo '{"cuda": {"built": true, "status": "1 GPU"}, "gpus": [{"index": 0, "name": "Fake H200", "compute_capability": "9.0"}]}'
+  cudnn='"9.19.0"'
+  [ "${FAKE_CUDNN:-1}" = 0 ] && cudnn=null
+  echo '{"cuda": {"built": true, "status": "1 GPU", "cudnn": '"$cudnn"'}, "gpus": [{"index": 0, "name": "Fake H200", "compute_capability": "9.0"}]}'
 fi
 FAKE
 chmod +x "$fake/src/zinf"
@@ -43,8 +45,8 @@ bwd=cudnn
 [ "${FAKE_ATTN:-}" = refused ] && echo "zinf: cuDNN refused the attention backward at B 2 T 40 (fake); this shape's backward runs the wmma kernel's"
 IFS=';' read -r -a shapes <<< "${ZINF_ATTENTION_CHECK_SHAPES:-2,40,5,5,64}"
 for sh in "${shapes[@]}"; do
-  IFS=, read -r b t h kv d <<< "$sh"
-  echo "attention-check: B $b T $t H $h KV $kv D $d bf16: fwd=cudnn bwd=$bwd; cudnn vs wmma worst/bound out 0.1 dq 0.2"
+  IFS=, read -r b t h kv d w <<< "$sh"
+  echo "attention-check: B $b T $t H $h KV $kv D $d W ${w:-0} bf16: fwd=cudnn bwd=$bwd; cudnn vs wmma worst/bound out 0.1 dq 0.2"
 done
 echo '[       OK ] FlashAttention.CudnnAgainstWmmaAndTwinAtCheckShapes'
 FAKE
@@ -159,8 +161,8 @@ attention() {  # out folder, then env assignments: runs gpu and attention
 attention "$tmp/att-ok"
 [ "$rc" = 0 ] && [ "$(field "$tmp/att-ok/results.json" '[s["status"] for s in r["sections"]]')" = "['ok', 'ok']" ] &&
   field "$tmp/att-ok/results.json" 'r["sections"][1]["detail"]' |
-    grep -q 'B4 T1024 H25 KV25 D64: fwd=cudnn bwd=cudnn; B1 T4096 H32 KV8 D128: fwd=cudnn bwd=cudnn'
-expect "attention: cuDNN at both shapes passes, every attention-check line in the verdict" $? \
+    grep -q 'B4 T1024 H25 KV25 D64 W0: fwd=cudnn bwd=cudnn; B1 T4096 H32 KV8 D128 W0: fwd=cudnn bwd=cudnn; B1 T1024 H8 KV2 D128 W256: fwd=cudnn bwd=cudnn'
+expect "attention: cuDNN at every check shape passes, every attention-check line in the verdict" $? \
   "exit $rc; $(field "$tmp/att-ok/results.json" 'r["sections"]')"
 for kind in wmma refused; do
   attention "$tmp/att-$kind" FAKE_ATTN=$kind
@@ -168,6 +170,22 @@ for kind in wmma refused; do
   expect "attention: a fake test whose cuDNN $kind fails the section" $? \
     "exit $rc; $(field "$tmp/att-$kind/results.json" 'r["sections"]')"
 done
+
+# A build without cuDNN: the attention section fails with one line, and the tests section leaves the
+# tests that need cuDNN out (the fake one fails when run) and passes, saying so.
+cat >> "$fake/CTestTestfile.cmake" << EOF
+add_test(FakeGpu.CudnnCase "/bin/bash" "-c" "[ \"\$ENV{FAKE_CUDNN}\" != 0 ]")
+set_tests_properties(FakeGpu.CudnnCase PROPERTIES LABELS gpu)
+EOF
+out="$(env OUT="$tmp/nocudnn" ZINF_GPU_BUILD="$fake" ZINF_GPU_CHECK_PARTS="gpu tests attention" ZINF_GPU_CHECK_COMMIT=fake \
+       FAKE_CUDNN=0 "$root/scripts/gpu-check.sh" correctness 2>&1)"
+rc=$?
+[ "$rc" = 1 ] && [ "$(field "$tmp/nocudnn/results.json" '[s["status"] for s in r["sections"]]')" = "['ok', 'ok', 'FAILED']" ] &&
+  field "$tmp/nocudnn/results.json" 'r["sections"][1]["detail"]' | grep -q "cuDNN's tests left out: this zinf was built without cuDNN" &&
+  [ "$(field "$tmp/nocudnn/results.json" 'r["sections"][2]["detail"]')" = \
+    "attention: FAILED, this zinf was built without cuDNN (the configure looked beside the toolkit, in the system and in python3's NVIDIA wheels: raw/build.log)" ]
+expect "no cuDNN: only the attention section fails, with one line; cuDNN's tests are left out" $? \
+  "exit $rc; $(field "$tmp/nocudnn/results.json" 'r["sections"]')"
 
 # Past its size limit the archive cuts its biggest logs to their ends, and results.json says so.
 attention "$tmp/big" FAKE_ATTN_BIG=3000000 ZINF_GPU_CHECK_ARCHIVE_MAX=400000
@@ -185,7 +203,7 @@ out="$(env OUT="$tmp/race" ZINF_GPU_BUILD="$fake" ZINF_GPU_CHECK_EXECUTOR=1 ZINF
 rc=$?
 u="$(unpacked "$tmp/race")"
 [ "$rc" = 0 ] && grep -q 'kernels kns=zinf' "$u/raw/racecheck-flash_attention_test.log" &&
-  [ "$(cat "$tmp/race-env" 2> /dev/null)" = "shapes=1,64,2,2,64" ]
+  [ "$(cat "$tmp/race-env" 2> /dev/null)" = "shapes=1,128,2,2,64,48" ]
 expect "racecheck checks zinf's kernels only; the sanitizers run cuDNN at one small shape" $? \
   "exit $rc; $(cat "$tmp/race-env" 2> /dev/null); $(cat "$u/raw/racecheck.log" 2> /dev/null)"
 

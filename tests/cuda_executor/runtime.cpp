@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -126,10 +127,16 @@ void use_context() { use_context(tl_device); }
 
 // ---- streams ---------------------------------------------------------------------------------------
 
+// One item of a stream's work; `device` when it is device work (it runs with device memory open).
+struct Item {
+  std::function<cudaError_t()> fn;
+  bool device = true;
+};
+
 struct Stream {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::function<cudaError_t()>> work;
+  std::deque<Item> work;
   bool busy = false;
   bool stop = false;
   unsigned flags = 0;
@@ -138,15 +145,22 @@ struct Stream {
 
   void run() {
     const std::uint64_t jitter = env_u64("ZINF_CUDAX_JITTER_US", 40);
+    // Device memory stays open across consecutive device items and closes when the stream goes idle
+    // or reaches a host function: under the arena guard each opening and closing is an mprotect,
+    // and a busy stream would otherwise pay two per item.
+    std::optional<DeviceAccess> open;
     std::unique_lock<std::mutex> l(mu);
     for (;;) {
       cv.wait(l, [&] { return stop || !work.empty(); });
       if (work.empty()) return;
-      std::function<cudaError_t()> fn = std::move(work.front());
+      Item item = std::move(work.front());
       work.pop_front();
       busy = true;
       const std::uint64_t delay = jitter ? rng() % (jitter + 1) : 0;
       l.unlock();
+      if (item.device && !open) open.emplace();
+      if (!item.device) open.reset();
+      const std::function<cudaError_t()>& fn = item.fn;
       if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
       // After a fault the context is unusable, as on a GPU: later work is dropped.
       if (!sticky()) {
@@ -157,6 +171,11 @@ struct Stream {
         }
       }
       l.lock();
+      if (open && work.empty()) {  // closed before a synchronising host thread can go on
+        l.unlock();
+        open.reset();
+        l.lock();
+      }
       busy = false;
       cv.notify_all();
     }
@@ -317,17 +336,14 @@ void forget_contexts() { g_context_devices.store(0); }
 void set_device_count(int n) { g_device_count.store(std::clamp(n, 0, 64)); }
 
 namespace {
-// Runs fn in stream order on s, as enqueue does, without opening device memory (host functions and
-// the runtime's own bookkeeping: events).
-cudaError_t enqueue_host(cudaStream_t s, std::function<cudaError_t()> fn);
+// Runs fn in stream order on s; `device`: it is device work, and runs with device memory open.
+cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn, bool device);
+// As enqueue, without opening device memory (host functions and the runtime's own bookkeeping:
+// events).
+cudaError_t enqueue_host(cudaStream_t s, std::function<cudaError_t()> fn) { return submit(s, std::move(fn), false); }
 }  // namespace
 
-cudaError_t enqueue(cudaStream_t s, std::function<cudaError_t()> fn) {
-  return enqueue_host(s, [fn = std::move(fn)] {
-    const DeviceAccess device_work;
-    return fn();
-  });
-}
+cudaError_t enqueue(cudaStream_t s, std::function<cudaError_t()> fn) { return submit(s, std::move(fn), true); }
 
 std::size_t memory_budget() { return memory_total(); }
 
@@ -352,12 +368,15 @@ void describe_device_address(std::uintptr_t a, char* out, std::size_t n) noexcep
 }
 
 namespace {
-cudaError_t enqueue_host(cudaStream_t s, std::function<cudaError_t()> fn) {
+cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn, bool device) {
   use_context();
   if (const cudaError_t e = sticky()) return e;
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
     drain_blocking_streams();
+    std::optional<DeviceAccess> open;
+    if (device) open.emplace();
     const cudaError_t e = fn();
+    open.reset();
     if (e != cudaSuccess) {
       int expected = 0;
       g_sticky.compare_exchange_strong(expected, static_cast<int>(e));
@@ -368,7 +387,7 @@ cudaError_t enqueue_host(cudaStream_t s, std::function<cudaError_t()> fn) {
   if (!st) return cudaErrorInvalidResourceHandle;
   {
     std::lock_guard<std::mutex> g(st->mu);
-    st->work.push_back(std::move(fn));
+    st->work.push_back(Item{std::move(fn), device});
   }
   st->cv.notify_all();
   return cudaSuccess;

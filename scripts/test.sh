@@ -141,7 +141,7 @@ if [ "$full" = 1 ] && [ "${ZINF_SKIP_SANITIZE:-0}" != "1" ] && [ "${ZINF_SKIP_TS
     ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" -L async
   TSAN_OPTIONS="suppressions=$root/scripts/tsan.supp halt_on_error=1" ZINF_CUDAX_ORDER=random \
     ctest --test-dir "$root/build-tsan" --output-on-failure -j "$(nproc)" \
-      -R '^(Executor|ExecutorTsan|Runtime)\.|^CudaRows\.(Elementwise|Convert|Rope|Embeddings|CrossEntropy|EmptyShapes)|^FlashAttention\.Refuses'
+      -R '^(Executor|ExecutorTsan|DeviceGuard|Runtime)\.|^CudaRows\.(Elementwise|Convert|Rope|Embeddings|CrossEntropy|EmptyShapes)|^FlashAttention\.Refuses'
 fi
 if [ "$full" = 1 ] && [ "${ZINF_SKIP_FUZZ:-0}" != "1" ]; then
   echo "== [$(stamp)] fuzzing (libFuzzer, address,undefined): each parser from its seed corpus for ${ZINF_FUZZ_SECONDS:-15}s"

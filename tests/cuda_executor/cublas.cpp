@@ -383,7 +383,10 @@ void run_instance(const Problem& p, std::int64_t t, float alpha, float beta) {
   } else {
     std::vector<std::thread> pool;
     for (std::int64_t w = 0; w < threads; ++w)
-      pool.emplace_back(columns, n * w / threads, n * (w + 1) / threads);
+      pool.emplace_back([&columns, lo = n * w / threads, hi = n * (w + 1) / threads] {
+        const DeviceAccess device_work;  // this thread's own: the guard is per thread where it can be
+        columns(lo, hi);
+      });
     for (std::thread& th : pool) th.join();
   }
 

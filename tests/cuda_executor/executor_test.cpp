@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -450,12 +452,13 @@ TEST(Executor, WmmaRefusesMisalignedPointersAndStrides) {
 }
 
 __global__ void math_kernel(float* f, int* i) {
-  f[0] = rsqrtf(4.0f);
+  f[0] = __frcp_rn(2.0f);
   f[1] = max(1.5f, -2.0f);
   f[2] = min(1.5f, -2.0f);
   f[3] = max(__int_as_float(0x7FC00000), 3.0f);  // CUDA's float max is fmaxf: a NaN gives way
-  f[4] = __fdividef(1.0f, 8.0f);
+  f[4] = __fdiv_rn(1.0f, 8.0f);
   f[5] = __saturatef(1.5f);
+  f[6] = __saturatef(__int_as_float(0x7FC00000));  // NaN saturates to +0
   i[0] = __clz(1);
   i[1] = __clz(0);
   i[2] = __popc(0xF0F0u);
@@ -467,10 +470,10 @@ __global__ void math_kernel(float* f, int* i) {
 
 // The math the kernels use, at values whose results CUDA's Math API documentation fixes exactly.
 TEST(Executor, DeviceMathFollowsCudasDefinitions) {
-  float* f = device_alloc<float>(6);
+  float* f = device_alloc<float>(7);
   int* i = device_alloc<int>(7);
   launch(math_kernel, dim3(1), dim3(1), 0, nullptr, f, i);
-  const auto hf = to_host(f, 6);
+  const auto hf = to_host(f, 7);
   const auto hi = to_host(i, 7);
   EXPECT_EQ(hf[0], 0.5f);
   EXPECT_EQ(hf[1], 1.5f);
@@ -478,6 +481,8 @@ TEST(Executor, DeviceMathFollowsCudasDefinitions) {
   EXPECT_EQ(hf[3], 3.0f);
   EXPECT_EQ(hf[4], 0.125f);
   EXPECT_EQ(hf[5], 1.0f);
+  EXPECT_EQ(hf[6], 0.0f);
+  EXPECT_FALSE(std::signbit(hf[6]));
   EXPECT_EQ(hi[0], 31);
   EXPECT_EQ(hi[1], 32);
   EXPECT_EQ(hi[2], 8);
@@ -487,6 +492,175 @@ TEST(Executor, DeviceMathFollowsCudasDefinitions) {
   EXPECT_EQ(hi[6], 0x3F800000);
   cudaFree(f);
   cudaFree(i);
+}
+
+// The signed distance from `want` to `got` in adjacent floats (both finite, of one sign).
+std::int64_t ulps_between(float got, float want) {
+  std::int32_t a, b;
+  std::memcpy(&a, &got, 4);
+  std::memcpy(&b, &want, 4);
+  return static_cast<std::int64_t>(a & 0x7FFFFFFF) - static_cast<std::int64_t>(b & 0x7FFFFFFF);
+}
+
+constexpr int kApproxInputs = 4096;
+__global__ void approx_kernel(const float* x, const float* y, float* rsq, float* div, float* ex) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= kApproxInputs) return;
+  rsq[i] = rsqrtf(x[i]);
+  div[i] = __fdividef(x[i], y[i]);
+  ex[i] = __expf(y[i]);
+}
+
+// CUDA's approximate functions are approximations on the executor too: within the error bound the
+// CUDA C++ Programming Guide documents, measured from the correctly rounded result, and not exact
+// for many inputs (code that relies on them being exact shows it here as on a GPU). The same inputs
+// give the same results every run.
+TEST(Executor, ApproximateIntrinsicsStayWithinTheirDocumentedBoundsAndAreNotExact) {
+  std::vector<float> x(kApproxInputs), y(kApproxInputs);
+  for (int i = 0; i < kApproxInputs; ++i) {
+    x[static_cast<std::size_t>(i)] = std::ldexp(1.0f + static_cast<float>(i % 509) / 509.0f, i % 61 - 30);
+    y[static_cast<std::size_t>(i)] = (i % 2 ? -1.0f : 1.0f) * (0.01f + static_cast<float>(i) * 0.0197f);
+  }
+  float* dx = device_alloc<float>(kApproxInputs);
+  float* dy = device_alloc<float>(kApproxInputs);
+  float* out[3] = {device_alloc<float>(kApproxInputs), device_alloc<float>(kApproxInputs), device_alloc<float>(kApproxInputs)};
+  to_device(dx, x);
+  to_device(dy, y);
+  launch(approx_kernel, dim3(kApproxInputs / 128), dim3(128), 0, nullptr, dx, dy, out[0], out[1], out[2]);
+  const auto rsq = to_host(out[0], kApproxInputs), div = to_host(out[1], kApproxInputs), ex = to_host(out[2], kApproxInputs);
+  int off[3] = {0, 0, 0};
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float r = static_cast<float>(1.0 / std::sqrt(static_cast<double>(x[i])));
+    const float d = x[i] / y[i];
+    const float e = static_cast<float>(std::exp(static_cast<double>(y[i])));
+    const std::int64_t bound_e = 2 + static_cast<std::int64_t>(std::floor(std::fabs(1.173 * y[i])));
+    ASSERT_LE(std::llabs(ulps_between(rsq[i], r)), 2) << "rsqrtf(" << x[i] << ")";
+    ASSERT_LE(std::llabs(ulps_between(div[i], d)), 2) << "__fdividef(" << x[i] << ", " << y[i] << ")";
+    ASSERT_LE(std::llabs(ulps_between(ex[i], e)), bound_e) << "__expf(" << y[i] << ")";
+    off[0] += rsq[i] != r;
+    off[1] += div[i] != d;
+    off[2] += ex[i] != e;
+  }
+  for (int k = 0; k < 3; ++k) EXPECT_GT(off[k], kApproxInputs / 2) << "function " << k << " is exact too often";
+  // Outside 2^-126 <= |y| <= 2^126, __fdividef's documented results; special values as CUDA's.
+  EXPECT_EQ(__fdividef(1.0f, 0x1.8p127f), 0.0f);
+  EXPECT_TRUE(std::isnan(__fdividef(INFINITY, 0x1.8p127f)));
+  EXPECT_EQ(rsqrtf(INFINITY), 0.0f);
+  EXPECT_EQ(rsqrtf(0.0f), INFINITY);
+  EXPECT_TRUE(std::isnan(rsqrtf(-1.0f)));
+  EXPECT_EQ(__expf(-INFINITY), 0.0f);
+  // Deterministic: the same input, the same result.
+  EXPECT_EQ(rsqrtf(x[7]), rsq[7]);
+  for (float* p : out) cudaFree(p);
+  cudaFree(dx);
+  cudaFree(dy);
+}
+
+__global__ void fill_kernel(float* p, int n, float v) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) p[i] = v;
+}
+
+// Device memory is closed to host code, as on a GPU: a host read or write of it ends the process
+// with one line naming the access, the allocation and the offset. Each planted access runs in a
+// child process of this binary, whose output is read back.
+TEST(DeviceGuard, AHostReadOfDeviceMemoryFaultsNamingIt) {
+  if (std::getenv("ZINF_CUDAX_GUARD_CHILD")) {
+    float* d = device_alloc<float>(64);
+    launch(fill_kernel, dim3(1), dim3(64), 0, nullptr, d, 64, 2.0f);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::printf("survived: %g\n", static_cast<double>(static_cast<volatile float*>(d)[3]));
+    return;
+  }
+  const std::string out = zinf::testing_support::run_in_child("ZINF_CUDAX_GUARD_CHILD=1", "DeviceGuard.AHostReadOf*");
+  EXPECT_NE(out.find("cudax: host code reads device memory at 0x"), std::string::npos) << out;
+  EXPECT_NE(out.find("(byte 12 of the 256-byte device allocation at 0x"), std::string::npos) << out;
+  EXPECT_EQ(out.find("survived"), std::string::npos) << out;
+}
+
+TEST(DeviceGuard, AHostWriteOfDeviceMemoryFaultsNamingIt) {
+  if (std::getenv("ZINF_CUDAX_GUARD_CHILD")) {
+    char* d = device_alloc<char>(1000);
+    static_cast<volatile char*>(d)[999] = 1;
+    std::printf("survived\n");
+    return;
+  }
+  const std::string out = zinf::testing_support::run_in_child("ZINF_CUDAX_GUARD_CHILD=1", "DeviceGuard.AHostWriteOf*");
+  EXPECT_NE(out.find("cudax: host code writes device memory at 0x"), std::string::npos) << out;
+  EXPECT_NE(out.find("(byte 999 of the 1000-byte device allocation at 0x"), std::string::npos) << out;
+  EXPECT_EQ(out.find("survived"), std::string::npos) << out;
+}
+
+TEST(DeviceGuard, AHostReadOfFreedDeviceMemoryFaults) {
+  if (std::getenv("ZINF_CUDAX_GUARD_CHILD")) {
+    int* d = device_alloc<int>(16);
+    cudaFree(d);
+    std::printf("survived: %d\n", static_cast<volatile int*>(d)[0]);
+    return;
+  }
+  const std::string out = zinf::testing_support::run_in_child("ZINF_CUDAX_GUARD_CHILD=1 ASAN_OPTIONS=detect_leaks=0",
+                                                              "DeviceGuard.AHostReadOfFreed*");
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer sees it first: the executor poisons a freed range of the arena.
+  EXPECT_NE(out.find("AddressSanitizer: use-after-poison"), std::string::npos) << out;
+#else
+  EXPECT_NE(out.find("cudax: host code reads device memory at 0x"), std::string::npos) << out;
+  EXPECT_NE(out.find("in no live allocation"), std::string::npos) << out;
+#endif
+  EXPECT_EQ(out.find("survived"), std::string::npos) << out;
+}
+
+void CUDART_CB host_fn_reads(void* p) { *static_cast<int*>(p) += 1; }
+
+// Device work is quiet: kernels, copies, memsets and host functions on a stream, the fill of fresh
+// memory, and host code using pinned memory while device work runs on it.
+TEST(DeviceGuard, DeviceWorkAndPinnedMemoryAreQuiet) {
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  float* d = device_alloc<float>(256);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 256 * sizeof(float), cudaHostAllocDefault), cudaSuccess);
+  for (int i = 0; i < 256; ++i) pinned[i] = static_cast<float>(i);
+  int calls = 0;
+  for (int round = 0; round < 10; ++round) {
+    ASSERT_EQ(cudaMemsetAsync(d, 0, 256 * sizeof(float), s), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(d, pinned, 128 * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+    launch(fill_kernel, dim3(1), dim3(128), 0, s, d + 128, 128, static_cast<float>(round));
+    ASSERT_EQ(cudaLaunchHostFunc(s, host_fn_reads, &calls), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(pinned + 128, d + 128, 128 * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_EQ(pinned[200], static_cast<float>(round));
+    pinned[200] = -1.0f;  // host code may write pinned memory
+  }
+  EXPECT_EQ(calls, 10);
+  const auto h = to_host(d, 256);
+  EXPECT_EQ(h[5], 5.0f);
+  EXPECT_EQ(h[255], 9.0f);
+  EXPECT_NE(zinf::cudax::guard(), zinf::cudax::Guard::off) << "ZINF_CUDAX_GUARD=off in the environment";
+  cudaFree(d);
+  cudaFreeHost(pinned);
+  cudaStreamDestroy(s);
+}
+
+// The guard uses protection keys where the CPU and kernel have them (exact, per thread), and the
+// arena's mprotect otherwise (or what ZINF_CUDAX_GUARD names).
+TEST(DeviceGuard, UsesProtectionKeysWhereTheMachineHasThem) {
+  const char* g = std::getenv("ZINF_CUDAX_GUARD");
+  const std::string asked = g && *g ? g : "auto";
+  FILE* f = std::fopen("/proc/cpuinfo", "r");
+  ASSERT_NE(f, nullptr);
+  std::string flags;
+  char line[8192];
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "flags", 5) == 0) {
+      flags = line;
+      break;
+    }
+  std::fclose(f);
+  const bool keys = flags.find(" pku") != std::string::npos && flags.find(" ospke") != std::string::npos;
+  using zinf::cudax::Guard;
+  const Guard want = asked == "off" ? Guard::off : asked == "arena" || !keys ? Guard::arena : Guard::pkey;
+  EXPECT_EQ(zinf::cudax::guard(), want) << "ZINF_CUDAX_GUARD=" << asked << "; " << flags;
 }
 
 TEST(Runtime, CopiesAreCheckedAgainstWhereTheirPointersLive) {

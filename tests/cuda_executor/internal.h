@@ -54,6 +54,18 @@ cudaError_t run_grid(const LaunchShape& shape, const std::function<void()>& body
 // Prints one line to stderr, prefixed "cudax: " (kernel faults, misuse of the runtime).
 void report(const std::string& line);
 
+// ZINF_CUDAX_MEMORY_MIB in bytes: what cudaMalloc may hand out in all (runtime.cpp).
+std::size_t memory_budget();
+
+// The device memory arena (device_memory.cpp): `bytes` rounded up to 256, 256-byte aligned, closed
+// to host code outside a DeviceAccess scope; nullptr when the arena is full.
+void* device_memory_allocate(std::size_t bytes);
+void device_memory_free(void* p, std::size_t bytes);
+bool in_device_arena(const void* p);
+// For the fault handler: which allocation holds address a and at what offset ("byte 8 of the
+// 64-byte device allocation at 0x..."), or that none does. Takes no lock it could wait on (runtime.cpp).
+void describe_device_address(std::uintptr_t a, char* out, std::size_t n) noexcept;
+
 // Under AddressSanitizer: [p, p + size) addressable, [p + size, p + capacity) poisoned. Nothing
 // otherwise.
 inline void poison_tail(void* p, std::size_t size, std::size_t capacity) {

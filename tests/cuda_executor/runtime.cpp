@@ -18,7 +18,9 @@
 // contexts the process made or used, by the rules of CUDA 13 (below, "devices and their primary contexts").
 // "Device" memory is charged against ZINF_CUDAX_MEMORY_MIB (default 16384), which cudaMemGetInfo
 // reports; fresh device allocations are filled with 0xFF bytes (NaN in fp32, bf16 and fp16), so a
-// read of memory nothing wrote shows.
+// read of memory nothing wrote shows. Device memory lives in an arena closed to host code
+// (device_memory.cpp): every stream item that is device work (a kernel, a copy, a memset, a library
+// fake's work) runs inside a DeviceAccess scope; host functions and event records do not.
 #include <dlfcn.h>
 #include <cxxabi.h>
 
@@ -33,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -124,10 +127,16 @@ void use_context() { use_context(tl_device); }
 
 // ---- streams ---------------------------------------------------------------------------------------
 
+// One item of a stream's work; `device` when it is device work (it runs with device memory open).
+struct Item {
+  std::function<cudaError_t()> fn;
+  bool device = true;
+};
+
 struct Stream {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::function<cudaError_t()>> work;
+  std::deque<Item> work;
   bool busy = false;
   bool stop = false;
   unsigned flags = 0;
@@ -136,15 +145,22 @@ struct Stream {
 
   void run() {
     const std::uint64_t jitter = env_u64("ZINF_CUDAX_JITTER_US", 40);
+    // Device memory stays open across consecutive device items and closes when the stream goes idle
+    // or reaches a host function: under the arena guard each opening and closing is an mprotect,
+    // and a busy stream would otherwise pay two per item.
+    std::optional<DeviceAccess> open;
     std::unique_lock<std::mutex> l(mu);
     for (;;) {
       cv.wait(l, [&] { return stop || !work.empty(); });
       if (work.empty()) return;
-      std::function<cudaError_t()> fn = std::move(work.front());
+      Item item = std::move(work.front());
       work.pop_front();
       busy = true;
       const std::uint64_t delay = jitter ? rng() % (jitter + 1) : 0;
       l.unlock();
+      if (item.device && !open) open.emplace();
+      if (!item.device) open.reset();
+      const std::function<cudaError_t()>& fn = item.fn;
       if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
       // After a fault the context is unusable, as on a GPU: later work is dropped.
       if (!sticky()) {
@@ -155,6 +171,11 @@ struct Stream {
         }
       }
       l.lock();
+      if (open && work.empty()) {  // closed before a synchronising host thread can go on
+        l.unlock();
+        open.reset();
+        l.lock();
+      }
       busy = false;
       cv.notify_all();
     }
@@ -314,12 +335,48 @@ std::uint64_t context_devices() { return g_context_devices.load(); }
 void forget_contexts() { g_context_devices.store(0); }
 void set_device_count(int n) { g_device_count.store(std::clamp(n, 0, 64)); }
 
-cudaError_t enqueue(cudaStream_t s, std::function<cudaError_t()> fn) {
+namespace {
+// Runs fn in stream order on s; `device`: it is device work, and runs with device memory open.
+cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn, bool device);
+// As enqueue, without opening device memory (host functions and the runtime's own bookkeeping:
+// events).
+cudaError_t enqueue_host(cudaStream_t s, std::function<cudaError_t()> fn) { return submit(s, std::move(fn), false); }
+}  // namespace
+
+cudaError_t enqueue(cudaStream_t s, std::function<cudaError_t()> fn) { return submit(s, std::move(fn), true); }
+
+std::size_t memory_budget() { return memory_total(); }
+
+void describe_device_address(std::uintptr_t a, char* out, std::size_t n) noexcept {
+  Registry& r = registry();
+  std::unique_lock<std::mutex> l(r.mu, std::try_to_lock);
+  if (!l.owns_lock()) {
+    std::snprintf(out, n, "the allocation is unknown: the registry was busy");
+    return;
+  }
+  auto it = r.ranges.upper_bound(a);
+  if (it != r.ranges.begin()) {
+    --it;
+    if (it->second.kind == MemKind::device && a < it->first + (it->second.size + 255) / 256 * 256) {
+      const std::size_t off = a - it->first;
+      std::snprintf(out, n, "byte %zu of the %zu-byte device allocation at %p%s", off, it->second.size,
+                    reinterpret_cast<void*>(it->first), off >= it->second.size ? ", past its end" : "");
+      return;
+    }
+  }
+  std::snprintf(out, n, "in no live allocation: freed or never allocated device memory");
+}
+
+namespace {
+cudaError_t submit(cudaStream_t s, std::function<cudaError_t()> fn, bool device) {
   use_context();
   if (const cudaError_t e = sticky()) return e;
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
     drain_blocking_streams();
+    std::optional<DeviceAccess> open;
+    if (device) open.emplace();
     const cudaError_t e = fn();
+    open.reset();
     if (e != cudaSuccess) {
       int expected = 0;
       g_sticky.compare_exchange_strong(expected, static_cast<int>(e));
@@ -330,11 +387,12 @@ cudaError_t enqueue(cudaStream_t s, std::function<cudaError_t()> fn) {
   if (!st) return cudaErrorInvalidResourceHandle;
   {
     std::lock_guard<std::mutex> g(st->mu);
-    st->work.push_back(std::move(fn));
+    st->work.push_back(Item{std::move(fn), device});
   }
   st->cv.notify_all();
   return cudaSuccess;
 }
+}  // namespace
 
 std::size_t max_dynamic_smem(const void* kernel) {
   FuncAttrs& f = func_attrs();
@@ -579,13 +637,14 @@ cudaError_t add_range(void* p, std::size_t size, MemKind kind) {
   r.ranges[a] = Allocation{size, kind};
   return cudaSuccess;
 }
-// Removes the allocation starting exactly at p if it has `kind`.
-bool remove_range(void* p, MemKind kind) {
+// Removes the allocation starting exactly at p if it has `kind`; *size is its size.
+bool remove_range(void* p, MemKind kind, std::size_t* size = nullptr) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
   auto it = r.ranges.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == r.ranges.end() || it->second.kind != kind) return false;
   if (kind == MemKind::device) r.device_bytes -= it->second.size;
+  if (size) *size = it->second.size;
   r.ranges.erase(it);
   return true;
 }
@@ -596,11 +655,15 @@ cudaError_t free_allocation(void* p, MemKind kind, const char* call) {
   ZINF_CUDAX_STICKY();
   if (!p) return cudaSuccess;
   cudaDeviceSynchronize();
-  if (!remove_range(p, kind)) {
+  std::size_t size = 0;
+  if (!remove_range(p, kind, &size)) {
     report(std::string(call) + " of a pointer that is not the start of a live " + to_string(kind) + " allocation");
     return fail(cudaErrorInvalidValue);
   }
-  std::free(p);
+  if (kind == MemKind::device)
+    device_memory_free(p, size);
+  else
+    std::free(p);
   return cudaSuccess;
 }
 }  // namespace
@@ -617,14 +680,17 @@ cudaError_t cudaMalloc(void** p, std::size_t size) {
     if (r.device_bytes + size > memory_total()) return fail(cudaErrorMemoryAllocation);
     r.device_bytes += size;
   }
-  void* m = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  void* m = device_memory_allocate(size);
   if (!m) {
     std::lock_guard<std::mutex> g(r.mu);
     r.device_bytes -= size;
     return fail(cudaErrorMemoryAllocation);
   }
-  std::memset(m, 0xFF, size);
   poison_tail(m, size, (size + 255) / 256 * 256);
+  {
+    const DeviceAccess fill;
+    std::memset(m, 0xFF, size);
+  }
   ZINF_CHECK_RANGE(add_range(m, size, MemKind::device));
   count(&Counters::device_allocs);
   *p = m;
@@ -874,8 +940,8 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
   ZINF_CUDAX_STICKY();
   if (!fn) return fail(cudaErrorInvalidValue);
-  const cudaError_t e = enqueue(s, [fn, data] {
-    fn(data);
+  const cudaError_t e = enqueue_host(s, [fn, data] {
+    fn(data);  // host code: device memory stays closed to it
     return cudaSuccess;
   });
   return e == cudaSuccess ? e : fail(e);
@@ -932,7 +998,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
       return cudaSuccess;
     }
   }
-  const cudaError_t r = enqueue(s, [ev, n] {
+  const cudaError_t r = enqueue_host(s, [ev, n] {
     std::lock_guard<std::mutex> g(ev->mu);
     if (n > ev->completed) {
       ev->completed = n;
@@ -976,7 +1042,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     std::lock_guard<std::mutex> g(ev->mu);
     target = ev->recorded;  // the most recent record at the time of the call
   }
-  const cudaError_t r = enqueue(s, [ev, target] {
+  const cudaError_t r = enqueue_host(s, [ev, target] {
     std::unique_lock<std::mutex> l(ev->mu);
     while (ev->completed < target && !sticky()) ev->cv.wait_for(l, std::chrono::milliseconds(5));
     return cudaSuccess;

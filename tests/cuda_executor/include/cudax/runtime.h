@@ -3,7 +3,8 @@
 // events, ...) is NVIDIA's declarations from <cuda_runtime_api.h>, implemented in runtime.cpp.
 //
 // Memory: every "device" allocation is host memory recorded in one registry with its kind, so a
-// copy or a library call can be checked against where its pointers really live.
+// copy or a library call can be checked against where its pointers really live; device memory is
+// closed to host code (DeviceAccess, below).
 // Streams: each created stream is a worker thread running its work in order, with a seeded random
 // delay before each item (ZINF_CUDAX_JITTER=0 turns it off; ZINF_CUDAX_SEED picks the seed). Stream
 // 0 (the legacy default stream) runs its work on the calling thread, in call order.
@@ -37,6 +38,29 @@ MemRange where(const void* p);
 
 // True when [p, p + bytes) lies inside one device allocation.
 bool is_device_range(const void* p, std::size_t bytes);
+
+// Device memory is guarded as a GPU's is: host code that reads or writes it faults, with one
+// "cudax:" line naming the access, the allocation and the offset (device_memory.cpp). Only device
+// work may touch it — what runs through enqueue (kernels, copies, memsets, the library fakes'
+// work) and the runtime's own accesses — and that runs inside a DeviceAccess scope. A library fake
+// that hands device work to threads of its own opens one on each of them.
+// ZINF_CUDAX_GUARD picks how: auto (default: pkey where the CPU and kernel have protection keys,
+// else arena), pkey, arena, or off.
+//   pkey:  per thread and exact (a scope opens device memory to its own thread only);
+//   arena: device memory is inaccessible while no scope is open anywhere in the process, and open
+//          to every thread while one is, so a host access made while device work runs elsewhere is
+//          not caught.
+enum class Guard { off, arena, pkey };
+Guard guard();
+// How many times the arena guard has changed the arena's protection (its cost: one mprotect each).
+std::uint64_t guard_transitions();
+class DeviceAccess {
+ public:
+  DeviceAccess();
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
 
 // Runs fn in stream order on s, on s's worker (or, for stream 0, on the calling thread before this
 // returns). fn returns cudaSuccess or an error; an error becomes the stream's sticky error, reported

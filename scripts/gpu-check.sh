@@ -192,9 +192,12 @@ part_digests() {
 
 # Variants of the placements that must not change the digest: activation checkpoints in host memory,
 # the speculative Update (the config clips at 1.0, so its steps roll back and redo), pageable staging,
-# the micro batches' gradients summed on the device (the config's GA is 2), and pageable staging with
-# the parameters on NVMe (their reads land in pageable memory, then go up).
-state_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false;--set zero_optimization.offload_optimizer.device_grad_accumulation=true;--set zero_optimization.offload_optimizer.pin_memory=false --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path=\"$swap\""
+# the micro batches' gradients summed on the device (the config's GA is 2), pageable staging with
+# the parameters on NVMe (their reads land in pageable memory, then go up), and with the optimizer on
+# NVMe the layer-major order (the tied head's gradient buffer per micro batch on the GPU, every micro
+# batch's checkpoints) without and with gradient streaming (the ring's pinned slots written to NVMe
+# and read back for a clipped step's redone Update).
+state_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false;--set zero_optimization.offload_optimizer.device_grad_accumulation=true;--set zero_optimization.offload_optimizer.pin_memory=false --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path=\"$swap\";--set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=\"$swap\" --set zero_optimization.offload_optimizer.layer_major=true;--set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=\"$swap\" --set zero_optimization.offload_optimizer.layer_major=true --set zero_optimization.offload_optimizer.gradient_streaming=true"
 
 part_states() {  # one digest per optimizer-state format over its placements and variants
   local rc=0 mode variants

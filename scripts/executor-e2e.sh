@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # `zinf train --device cuda` end to end on the CPU executor build (ZINF_CUDA_EXECUTOR=ON): for each
 # kernel set (reference, fast) and precision (fp32, bf16), configs/gpu-check.json's placements
-# (optimizer none/cpu/nvme x parameters none/cpu/nvme x both overlap modes)
-# under two jitter seeds of the executor's streams and thread orders must give one params_digest;
-# and the per-step losses must stay within a stated tolerance of the CPU device's (fp32: the
-# reference ops; bf16: the CPU twin of the fast kernels). A shrunken model keeps it to minutes.
+# (optimizer none/cpu/nvme x parameters none/cpu/nvme x both overlap modes) and the variants for
+# gradient accumulation (the config's GA is 2) — the layer-major order with the optimizer in host
+# memory and on NVMe, with the checkpoints in pinned host memory and the parameters on NVMe, and
+# gradient streaming with and without the speculative Update — under two jitter seeds of the
+# executor's streams and thread orders must give one params_digest (the config clips every step, so
+# the streamed Updates are redone from the NVMe copy of the gradient); without clipping, gradient
+# streaming must equal the usual order on NVMe with every speculative Update kept (no rollback); and
+# the per-step losses must stay within a stated tolerance of the CPU device's (fp32: the reference
+# ops; bf16: the CPU twin of the fast kernels). A shrunken model keeps it to minutes: at this version
+# the layer-major and streaming runs add about a quarter to the script's time (both kernel sets).
 # Usage: scripts/executor-e2e.sh ZINF   (the executor build's zinf); exits 0 when every check holds.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,6 +34,29 @@ for opt in none cpu nvme; do
   done
 done
 param_nvme="${param_nvme#;}"
+# The layer-major order and gradient streaming (both with GA > 1 only; streaming needs the optimizer
+# on NVMe, overlap exact and, at GA > 1, the layer-major order). On the CUDA device they own the tied
+# head's gradient buffer per micro batch, every micro batch's checkpoint rows (on the device, or in
+# pinned host memory) and the ring slots, registered pinned memory written to NVMe with O_DIRECT.
+lm="--set zero_optimization.offload_optimizer.layer_major=true"
+stream="--set zero_optimization.offload_optimizer.device=nvme $lm"
+stream="$stream --set zero_optimization.offload_optimizer.gradient_streaming=true"
+ga_variants="$lm;--set zero_optimization.offload_optimizer.device=nvme $lm"
+ga_variants="$ga_variants;--set zero_optimization.offload_optimizer.device=nvme $lm"
+ga_variants="$ga_variants --set activation_checkpointing.cpu_checkpointing=true"
+ga_variants="$ga_variants --set zero_optimization.offload_param.device=nvme"
+ga_variants="$ga_variants --set zero_optimization.offload_param.nvme_path=\"$swap\""
+ga_variants="$ga_variants;$stream;$stream --set zero_optimization.offload_optimizer.speculative=false"
+# Without clipping: gradient streaming against the usual order, both with the optimizer on NVMe.
+# Prints the run's digest and its last step's rollbacks ("DIGEST ROLLBACKS"), or nothing if it failed.
+unclipped() {
+  mkdir -p "$swap"
+  "$zinf" train --config "$config" "${args[@]}" --set train.steps=$steps --set gradient_clipping=0 \
+    --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_param.device=none \
+    --set train.overlap=exact --set "zero_optimization.offload_optimizer.nvme_path=\"$swap\"" "$@" 2>&1 |
+    awk '/\| rollbacks / {r = $NF} /^final .*params_digest=/ {sub(/.*params_digest=/, ""); d = $1}
+         END {if (d != "") print d, (r == "" ? "-" : r)}'
+}
 for kernels in reference fast; do
   for precision in fp32 bf16; do
     prec=(--set bf16.enabled=false)
@@ -39,10 +68,20 @@ for kernels in reference fast; do
       order=fifo
       [ "$seed" = 2 ] && order=lifo
       out="$(ZINF_CUDAX_SEED=$seed ZINF_CUDAX_ORDER=$order ZINF_DIGEST_STEPS=$steps \
-             ZINF_DIGEST_VARIANTS="$param_nvme" \
+             ZINF_DIGEST_VARIANTS="$param_nvme;$ga_variants" \
              "$root/scripts/digest-check.sh" "$zinf" "$config" "$swap" "${args[@]}")"
       rc=$?
       echo "$out" | sed "s/^/  [$kernels $precision seed $seed $order] /"
+      read -r usual _ <<< "$(ZINF_CUDAX_SEED=$seed ZINF_CUDAX_ORDER=$order unclipped)"
+      # shellcheck disable=SC2086  # the arguments, as words
+      read -r kept rollbacks <<< "$(ZINF_CUDAX_SEED=$seed ZINF_CUDAX_ORDER=$order unclipped $stream)"
+      tag="executor-e2e: $kernels $precision seed $seed $order: unclipped gradient streaming"
+      if [ -n "${usual:-}" ] && [ "${kept:-}" = "$usual" ] && [ "${rollbacks:-}" = 0 ]; then
+        echo "$tag: $kept, equal to the usual order, no rollback"
+      else
+        echo "$tag: FAILED (usual order: ${usual:-none}, streamed: ${kept:-none}, rollbacks ${rollbacks:-none})"
+        fails=$((fails + 1))
+      fi
       if [ "$rc" -ne 0 ]; then fails=$((fails + 1)); continue; fi
       digests="$digests $(grep -oE 'one digest over [0-9]+ runs: [0-9a-f]+' <<< "$out" | awk '{print $NF}')"
     done

@@ -35,13 +35,14 @@
 #   build      as above                                                                       180
 #   gpu        as above                                                                        10
 #   tests      as above                                                                        80
-#   repeat     TrainGpu.* (every placement bit-identical on the GPU, close to the CPU) 20      40
+#   repeat     TrainGpu.* (every placement bit-identical on the GPU, close to the CPU) 10      40
 #              times, or as often as the cap allows (then "incomplete")
 #   digests    a 4-layer model, 3 steps, every placement (optimizer none/cpu/nvme x params     45
 #              none/cpu x overlap exact/none): one params_digest (scripts/digest-check.sh)
-#   states     2 layers, 2 steps, overlap exact: fp32 states with their variants (activation   40
+#   states     2 layers, 2 steps, overlap exact: fp32 states with their variants (activation   45
 #              checkpoints in host memory, the speculative Update, pageable staging, gradients
-#              summed on the device, parameters on NVMe), bf16 and 8-bit states: one digest each
+#              summed on the device, parameters on NVMe, the layer-major order and gradient
+#              streaming with the optimizer on NVMe), bf16 and 8-bit states: one digest each
 #   fast       as above                                                                        20
 #   attention  as above                                                                        40
 #   memcheck   compute-sanitizer memcheck on the GPU test binaries at small shapes (cuDNN's    30
@@ -116,7 +117,7 @@ no_gpu_tests='WithoutAGpu'
 stage_plan() {
   case "$1" in
     first-contact) echo "build:180 gpu:10 tests:80 attention:40 digests-exact:30 fast:20 pcie:10 compare-a:40" ;;
-    correctness) echo "build:180 gpu:10 tests:80 repeat:40 digests:45 states:40 fast:20 attention:40 memcheck:30 racecheck:30" ;;
+    correctness) echo "build:180 gpu:10 tests:80 repeat:40 digests:45 states:45 fast:20 attention:40 memcheck:30 racecheck:30" ;;
     speed) echo "build:150 gpu:10 pcie:10 compare-a:40 compare-b:50 compare-ga4:50 compare-off:60 trace:30 offload:20 attention-speed:30" ;;
     *) return 1 ;;
   esac
@@ -151,7 +152,7 @@ else
   small=()
   digest_model=(--set model.n_layer=4)
   states_model=(--set model.n_layer=2)
-  repeat_target="${ZINF_GPU_REPEATS:-20}"
+  repeat_target="${ZINF_GPU_REPEATS:-10}"
   sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   # GPT-2 small's heads at 1024 tokens (an odd head count), Llama 3 8B's at 4096 (GQA 32/8, D 128),
   # and a Mistral-like sliding window of 256 at 1024 tokens (GQA 8/2, D 128).
@@ -262,9 +263,12 @@ part_digests_exact() {  # the first window's share of `digests`: every placement
 
 # Variants of the placements that must not change the digest: activation checkpoints in host memory,
 # the speculative Update (the config clips at 1.0, so its steps roll back and redo), pageable staging,
-# the micro batches' gradients summed on the device (the config's GA is 2), and pageable staging with
-# the parameters on NVMe (their reads land in pageable memory, then go up).
-state_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false;--set zero_optimization.offload_optimizer.device_grad_accumulation=true;--set zero_optimization.offload_optimizer.pin_memory=false --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path=\"$swap\""
+# the micro batches' gradients summed on the device (the config's GA is 2), pageable staging with
+# the parameters on NVMe (their reads land in pageable memory, then go up), and with the optimizer on
+# NVMe the layer-major order (the tied head's gradient buffer per micro batch on the GPU, every micro
+# batch's checkpoints) without and with gradient streaming (the ring's pinned slots written to NVMe
+# and read back for a clipped step's redone Update).
+state_variants="--set activation_checkpointing.cpu_checkpointing=true;--set zero_optimization.offload_optimizer.speculative=true;--set zero_optimization.offload_optimizer.pin_memory=false;--set zero_optimization.offload_optimizer.device_grad_accumulation=true;--set zero_optimization.offload_optimizer.pin_memory=false --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path=\"$swap\";--set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=\"$swap\" --set zero_optimization.offload_optimizer.layer_major=true;--set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=\"$swap\" --set zero_optimization.offload_optimizer.layer_major=true --set zero_optimization.offload_optimizer.gradient_streaming=true"
 
 part_states() {  # one digest per optimizer-state format over its placements and variants
   local rc=0 mode variants

@@ -251,6 +251,57 @@ TEST(TrainGpu, PlacementsAreBitIdenticalOnTheGpuAndCloseToTheCpu) {
   std::filesystem::remove_all(swap);
 }
 
+// Gradient accumulation's layer-major order and gradient streaming on the CUDA device (GA 2, the
+// optimizer on NVMe, bf16, the LM head tied to the embedding): the parameters are bitwise those of
+// the usual order with a host gradient. What of them is the CUDA device's own: the tied head's
+// gradient buffer per micro batch in device memory, every micro batch's checkpoint rows (in device
+// memory, and with cpu_checkpointing in pinned host memory), and the ring slots in registered pinned
+// memory written to the gradient store with O_DIRECT and read back. At clipping 1.0 every step
+// clips, so each streamed step's speculative Update is rolled back and redone from the NVMe copy;
+// without clipping no step is rolled back: the speculation keeps its Update, made from the ring's
+// slots as the units are reduced. The fast kernels (their own LM head) run every case; the reference
+// ones the streamed, clipped one. TrainGpu.* is repeated by the GPU check: the runs are few and short.
+TEST(TrainGpu, LayerMajorAndGradientStreamingEqualTheUsualOrder) {
+  const cuda::GpuQuery q = cuda::query_gpus();
+  if (q.gpus.empty()) GTEST_SKIP() << "no GPU: " << q.status;
+  const std::string swap = std::filesystem::temp_directory_path() / ("zinf-gpu-stream-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(swap);
+  const std::string lm = "zero_optimization.offload_optimizer.layer_major=true";
+  const std::string streaming = "zero_optimization.offload_optimizer.gradient_streaming=true";
+  for (const bool fast : {true, false}) {
+    SCOPED_TRACE(fast ? "fast kernels" : "reference kernels");
+    const std::vector<std::string> gpu = {"device.type=cuda",
+                                          "device.memory_budget=\"1GiB\"",
+                                          std::string("device.kernels=\"") + (fast ? "fast" : "reference") + "\"",
+                                          "bf16.enabled=true",
+                                          "gradient_accumulation_steps=2",
+                                          "model.activation_checkpointing=true",
+                                          "train.eval_batches=1",
+                                          "zero_optimization.stage=3",
+                                          "zero_optimization.offload_optimizer.device=nvme",
+                                          "zero_optimization.offload_optimizer.nvme_path=\"" + swap + "\""};
+    auto with = [&](std::vector<std::string> more) {
+      more.insert(more.begin(), gpu.begin(), gpu.end());
+      return run(small(3), more);
+    };
+    const TrainResult usual = with({});
+    // The ring, the checkpoint rows on the device.
+    const TrainResult clipped = with({lm, streaming});
+    EXPECT_EQ(clipped.params_digest, usual.params_digest) << "gradient_streaming";
+    EXPECT_EQ(clipped.rollbacks, 3) << "every step clips: its Update is redone from the NVMe copy";
+    if (!fast) continue;
+    // The host gradient, each micro batch's checkpoint rows in pinned host memory.
+    EXPECT_EQ(with({lm, "activation_checkpointing.cpu_checkpointing=true"}).params_digest, usual.params_digest)
+        << "layer_major, checkpoints in host memory";
+    const TrainResult usual_free = with({"gradient_clipping=0"});
+    const TrainResult kept = with({lm, streaming, "gradient_clipping=0"});
+    EXPECT_EQ(kept.params_digest, usual_free.params_digest) << "gradient_streaming, no clipping";
+    EXPECT_EQ(kept.rollbacks, 0) << "no step clips: the speculation's Update is kept";
+    EXPECT_NE(usual_free.params_digest, usual.params_digest) << "clipping changes the steps";
+  }
+  std::filesystem::remove_all(swap);
+}
+
 // The fast kernels store the logits rows padded to a multiple of 64 classes on the GPU
 // (model/backend.h) and packed on the CPU device's twin: at a vocabulary that is not a multiple of 64
 // the losses still follow the twin's within executor-e2e.sh's tolerances (fp32 2e-3, bf16 3e-2

@@ -24,8 +24,9 @@
 //   dS = P ∘ (dO·Vᵀ − Δ) · scale (fp32);  dSᵀ = reshape(dS) (rounded to S);  dK = dSᵀ·Q;
 //   K = reshape(Kᵀ) (as fp32);  dQ = dS·K, written directly (no fp32 accumulator: the deterministic form).
 // The backward is refused (the wmma kernel's runs) where the frontend refuses or works around it:
-// cuDNN 9.10.0 and 9.10.1, cuDNN before 9.16 at a sequence length that is not a multiple of 128, and
-// a sequence of one position.
+// cuDNN 9.10.0 and 9.10.1, cuDNN 9.15.0 and earlier at a sequence length that is not a multiple of
+// 128, and a sequence of one position; the 16-bit forward is refused too at 9.10.0 and 9.10.1, and a
+// sliding window before 9.2, as the frontend refuses them.
 // With KV < H the dK and dV products run per query head into virtual [B, H, T, D] tensors that a
 // reduction sums into the KV heads (query head h belongs to key/value head h / G), inside the graph.
 //
@@ -334,6 +335,8 @@ class Graph {
         return p;
       } catch (const Refused& r) {
         why = r.why;
+      } catch (const Error& err) {  // this configuration failed to build (a runtime compile, say): the next
+        why = err.what();
       }
     }
     throw Refused{why};
@@ -413,6 +416,8 @@ struct CudnnAttention::Impl {
   }
 
   void build_forward(Plans& p, const fast::AttnShape& a, DType S) {
+    // What cudnn-frontend refuses for a 16-bit forward, refused here: the wmma kernel runs instead.
+    if (std::string why = forward_refusal(cudnnGetVersion(), a.W > 0); !why.empty()) throw Refused{why};
     const cudnnDataType_t io = cudnn_type(S);
     const std::int64_t B = a.B, T = a.T, H = a.H, KV = a.KV, D = a.D;
     const std::int64_t al = alignment(a, S);
@@ -541,8 +546,10 @@ struct CudnnAttention::Impl {
         const auto need = static_cast<std::size_t>(std::max(p->fwd_ws, p->backward_accepted ? p->bwd_ws : 0));
         if (workspace.size() < need) {
           ZINF_CUDA(cudaStreamSynchronize(stream));  // queued plans may still use the old block
-          workspace.reset();
-          workspace = DeviceBuffer(dev, need, "cuDNN attention workspace");
+          // Made before the old block goes: if it cannot be had, the error leaves this shape uncached
+          // and the shapes planned before keep the block their plans need.
+          DeviceBuffer grown(dev, need, "cuDNN attention workspace");
+          workspace = std::move(grown);
         }
         p->accepted = true;
       } catch (const Refused& r) {
@@ -659,9 +666,16 @@ std::size_t CudnnAttention::workspace_bytes() const { return impl_->workspace.si
 
 std::size_t CudnnAttention::runtime_version() { return cudnnGetVersion(); }
 
+std::string CudnnAttention::forward_refusal(std::size_t version, bool windowed) {
+  if (version >= 91000 && version < 91002) return "cuDNN 9.10.0 and 9.10.1 have known faults in the 16-bit forward";
+  if (windowed && version < 90200) return "a sliding window needs cuDNN 9.2 or later";
+  return {};
+}
+
 std::string CudnnAttention::backward_refusal(std::size_t version, int T) {
   if (version >= 91000 && version < 91002) return "cuDNN 9.10.0 and 9.10.1 have known faults in it";
-  if (version < 91600 && T % 128 != 0) return "cuDNN before 9.16 needs a sequence length that is a multiple of 128 for it";
+  if (version <= 91500 && T % 128 != 0)
+    return "cuDNN 9.15.0 and earlier need a sequence length that is a multiple of 128 for it";
   if (T == 1) return "a sequence of one position";
   return {};
 }

@@ -75,8 +75,12 @@ class CudnnAttention {
 
   // The cuDNN version the library reports at run time (cudnnGetVersion: 91900 for 9.19.0).
   static std::size_t runtime_version();
+  // Why zinf refuses the 16-bit forward (and so the backward too) at cuDNN `version`, as
+  // cudnn-frontend refuses it (empty: zinf builds it): 9.10.0 and 9.10.1, and a sliding window
+  // before 9.2.
+  static std::string forward_refusal(std::size_t version, bool windowed);
   // Why zinf refuses the backward at cuDNN `version` and sequence length T, as cudnn-frontend refuses
-  // or works around it (empty: zinf builds it): 9.10.0 and 9.10.1, before 9.16 a T that is not a
+  // or works around it (empty: zinf builds it): 9.10.0 and 9.10.1, up to 9.15.0 a T that is not a
   // multiple of 128, and T = 1.
   static std::string backward_refusal(std::size_t version, int T);
   // The value masked scores take: cudnn-frontend passes the lowest float before cuDNN 9.10.0 and −∞

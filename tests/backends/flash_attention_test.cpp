@@ -19,9 +19,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -43,6 +40,7 @@
 #include "cuda/cuda.h"
 #include "cuda/cudnn_attention.h"
 #if ZINF_CUDA_EXECUTOR
+#include "common/child_run.h"
 #include "cudax/cudnn_fake.h"
 #endif
 #endif
@@ -488,19 +486,7 @@ TEST(FlashAttention, CudnnRulesFollowTheFrontendByVersion) {
 // Runs this binary's check-shape test in a child process with `env` (VAR=value … ) in front; returns
 // its exit status and what it printed.
 std::pair<int, std::string> run_check_shapes(const std::string& env) {
-  char self[4096];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);  // this binary, not the child's shell
-  if (len <= 0) return {-1, "readlink /proc/self/exe failed"};
-  self[len] = '\0';
-  const std::string cmd =
-      "env " + env + " '" + self + "' --gtest_filter=FlashAttention.CudnnAgainstWmmaAndTwinAtCheckShapes 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, out};
+  return zinf::testing_support::run_child(env, "FlashAttention.CudnnAgainstWmmaAndTwinAtCheckShapes");
 }
 
 // A planted cuDNN backward refusal at a check shape fails the check (no silent wmma backward): the
